@@ -1,0 +1,5 @@
+import sys
+
+from raftmq.cli import main
+
+sys.exit(main())

@@ -1,0 +1,46 @@
+"""The ``raftmq`` command: one argparse tree, one module per sub-command.
+
+Each module in ``COMMAND_MODULES`` exposes ``register(subparsers)``, which adds its parser and sets
+``func=run`` where ``run(args) -> int`` is the exit status. Only this module configures logging handlers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from remoting.config import ConfigError
+
+COMMAND_MODULES = (
+    "raftmq.commands.namesrv",
+    "raftmq.commands.bench",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="raftmq", description="RocketMQ's architecture on Raft groups, in Python.")
+    parser.add_argument("--log-level", default="INFO", type=str.upper,
+                        choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="logging level (default INFO)")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as e:
+        parser.exit(2, f"raftmq: error: {e}\n")
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""Running a trio server from the CLI: ready line, clean shutdown on SIGTERM/SIGINT.
+
+Every server prints exactly one ready line once it is listening, ``ready kind=<kind> key=value ...``; the test
+process fixtures and ``raftmq dev`` parse it to learn the bound ports (servers bind port 0 in tests).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import trio
+
+log = logging.getLogger(__name__)
+
+
+def announce_ready(kind: str, **fields: Any) -> None:
+    parts = [f"kind={kind}", f"pid={os.getpid()}"] + [f"{k}={v}" for k, v in fields.items()]
+    print("ready " + " ".join(parts), flush=True)
+
+
+def run_until_signalled(main: Callable[[trio.Nursery], Awaitable[None]]) -> int:
+    """Run ``main(nursery)`` (which starts the servers and returns) until SIGTERM or SIGINT, then cancel
+    everything and return 0. Servers do their final flush in their own shielded ``finally`` blocks."""
+
+    async def _run() -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async with trio.open_nursery() as nursery:
+                await main(nursery)
+
+                async def _wait_signal() -> None:
+                    async for signum in signals:
+                        log.info("shutting down signal=%s", signal.Signals(signum).name)
+                        nursery.cancel_scope.cancel()
+                        return
+
+                nursery.start_soon(_wait_signal)
+
+    trio.run(_run)
+    sys.stdout.flush()
+    return 0

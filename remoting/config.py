@@ -1,0 +1,172 @@
+"""Frozen-dataclass configuration loaded from TOML, shared by every process kind.
+
+Each process kind (name server, broker, ...) declares one frozen dataclass whose fields carry their defaults and,
+through ``field(metadata=...)``, their bounds. ``load_config`` builds it from a TOML file or a mapping and rejects
+what a user could get wrong with a sentence that names the key and the value: unknown keys (a misspelt option
+must never be silently ignored), wrong types, values out of bounds. Nested dataclasses are TOML tables.
+
+Metadata keys understood on a field: ``min`` / ``max`` (inclusive numeric bounds), ``choices`` (allowed values),
+``check`` (a callable returning an error sentence or None) and ``doc`` (one line shown in errors and docs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+__all__ = ["ConfigError", "load_config", "config_from_mapping", "bounded", "parse_host_port"]
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A configuration file or option is wrong; the message names the key and the value."""
+
+
+def bounded(default: Any, *, min: Any = None, max: Any = None, choices: Any = None, check: Any = None,
+            doc: str = "") -> Any:
+    """A dataclass field with validation metadata (see the module docstring)."""
+    meta = {"min": min, "max": max, "choices": tuple(choices) if choices is not None else None,
+            "check": check, "doc": doc}
+    if isinstance(default, (list, dict, set)):
+        return dataclasses.field(default_factory=lambda: type(default)(default), metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def parse_host_port(value: str, *, key: str = "address") -> tuple[str, int]:
+    """``"127.0.0.1:9876"`` → ``("127.0.0.1", 9876)``; port 0 means "any free port"."""
+    if not isinstance(value, str) or ":" not in value:
+        raise ConfigError(f"{key} must look like HOST:PORT, got {value!r}")
+    host, _, port_text = value.rpartition(":")
+    host = host.strip("[]")
+    if not host:
+        raise ConfigError(f"{key} must name a host, got {value!r}")
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ConfigError(f"{key} must end in a numeric port, got {value!r}") from None
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"{key} port must be within 0..65535, got {port}")
+    return host, port
+
+
+def load_config(cls: type[T], path: str | Path | None = None, *, overrides: Mapping[str, Any] | None = None) -> T:
+    """Read ``path`` (TOML) into ``cls``; ``overrides`` (dotted keys, e.g. ``{"store.segment_size_bytes": 1}``)
+    win over the file. With no path the defaults apply."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            with open(path, "rb") as f:
+                data = tomllib.load(f)
+        except FileNotFoundError:
+            raise ConfigError(f"config file {str(path)!r} does not exist") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"config file {str(path)!r} is not valid TOML: {e}") from None
+    for dotted, value in (overrides or {}).items():
+        target = data
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            target = target.setdefault(part, {})
+        target[leaf] = value
+    return config_from_mapping(cls, data)
+
+
+def config_from_mapping(cls: type[T], data: Mapping[str, Any], *, prefix: str = "") -> T:
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'} must be a table, got {data!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    hints = typing.get_type_hints(cls)
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(
+            f"unknown config key {prefix}{unknown[0]!r} (known keys: {', '.join(sorted(fields))})")
+    kwargs: dict[str, Any] = {}
+    for name, value in data.items():
+        key = prefix + name
+        kwargs[name] = _convert(hints[name], value, key)
+        _check(fields[name], kwargs[name], key)
+    try:
+        obj = cls(**kwargs)
+    except (TypeError, ValueError) as e:
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: {e}") from None
+    # Defaults are trusted, but a __post_init__ may cross-check fields and raise ConfigError itself.
+    return obj
+
+
+def _convert(hint: Any, value: Any, key: str) -> Any:
+    origin = typing.get_origin(hint)
+    if dataclasses.is_dataclass(hint):
+        return config_from_mapping(hint, value, prefix=key + ".")  # type: ignore[arg-type]
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if value is None and len(args) != len(typing.get_args(hint)):
+            return None
+        errors = []
+        for arg in args:
+            try:
+                return _convert(arg, value, key)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0])
+    if origin is typing.Literal:
+        allowed = typing.get_args(hint)
+        if value not in allowed:
+            raise ConfigError(f"{key} must be one of {', '.join(map(repr, allowed))}, got {value!r}")
+        return value
+    if origin in (tuple, list):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key} must be a list, got {value!r}")
+        (item_hint, *_) = typing.get_args(hint) or (Any,)
+        items = [_convert(item_hint, v, f"{key}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{key} must be a table, got {value!r}")
+        return dict(value)
+    if hint is Any:
+        return value
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key} must be true or false, got {value!r}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key} must be an integer, got {value!r}")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key} must be a number, got {value!r}")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key} must be a string, got {value!r}")
+        return value
+    if isinstance(hint, type) and issubclass(hint, Path):
+        if not isinstance(value, (str, Path)):
+            raise ConfigError(f"{key} must be a path string, got {value!r}")
+        return Path(value)
+    return value
+
+
+def _check(field: dataclasses.Field, value: Any, key: str) -> None:
+    meta = field.metadata
+    if not meta or value is None:
+        return
+    lo, hi, choices, check = meta.get("min"), meta.get("max"), meta.get("choices"), meta.get("check")
+    if lo is not None and value < lo:
+        raise ConfigError(f"{key} must be >= {lo}, got {value!r}")
+    if hi is not None and value > hi:
+        raise ConfigError(f"{key} must be <= {hi}, got {value!r}")
+    if choices is not None and value not in choices:
+        raise ConfigError(f"{key} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+    if check is not None:
+        problem = check(value)
+        if problem:
+            raise ConfigError(f"{key} {problem}, got {value!r}")
