@@ -84,7 +84,7 @@ def config_from_mapping(cls: type[T], data: Mapping[str, Any], *, prefix: str = 
     unknown = sorted(set(data) - set(fields))
     if unknown:
         raise ConfigError(
-            f"unknown config key {prefix}{unknown[0]!r} (known keys: {', '.join(sorted(fields))})")
+            f"unknown config key {prefix + unknown[0]!r} (known keys: {', '.join(sorted(fields))})")
     kwargs: dict[str, Any] = {}
     for name, value in data.items():
         key = prefix + name
