@@ -1,0 +1,219 @@
+"""Who is connected: RocketMQ's ConsumerManager and ProducerManager.
+
+Clients send HEART_BEAT every few seconds with the producer and consumer groups they belong to. The broker keeps,
+per consumer group, the live members (client id → connection, last heartbeat) and their subscriptions, answers
+GET_CONSUMER_LIST_BY_GROUP from it, and tells the members of a group when membership changes so they rebalance at
+once (NOTIFY_CONSUMER_IDS_CHANGED, oneway; clients also re-run rebalancing periodically, so a lost notification
+costs only a delay). A member leaves on UNREGISTER_CLIENT, when its connection closes, or when it has been silent
+for ``channel_expired_timeout_ms``.
+
+Membership is deliberately *not* replicated: it is soft state rebuilt by heartbeats, which clients send to every
+node of a group they talk to, as RocketMQ's clients send to every broker of a route.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from broker.filter import SubscriptionParseError, TagFilter, parse_tag_expression
+
+log = logging.getLogger(__name__)
+
+CONSUME_TYPES = ("CONSUME_PASSIVELY", "CONSUME_ACTIVELY")
+MESSAGE_MODELS = ("CLUSTERING", "BROADCASTING")
+
+
+class HeartbeatError(ValueError):
+    def __init__(self, message: str, *, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+@dataclasses.dataclass(frozen=True)
+class SubscriptionData:
+    topic: str
+    expression: str
+    sub_version: int
+    filter: TagFilter
+
+
+@dataclasses.dataclass(frozen=True)
+class ConsumerData:
+    consumer_group: str
+    consume_type: str
+    message_model: str
+    consume_from_where: str
+    subscriptions: tuple[SubscriptionData, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class HeartbeatData:
+    client_id: str
+    producer_groups: tuple[str, ...]
+    consumers: tuple[ConsumerData, ...]
+
+
+def _str(data: Mapping[str, Any], key: str, where: str, default: str | None = None) -> str:
+    value = data.get(key, default)
+    if not isinstance(value, str) or not value:
+        raise HeartbeatError(f"{where}{key} must be a non-empty string, got {value!r}", field=key)
+    return value
+
+
+def parse_heartbeat(body: Any) -> HeartbeatData:
+    """Validate a decoded HEART_BEAT body (schema in docs/protocol.md)."""
+    if not isinstance(body, Mapping):
+        raise HeartbeatError(f"heartbeat body must be a CBOR map, got {type(body).__name__}", field="body")
+    client_id = _str(body, "client_id", "")
+    producers = body.get("producers", [])
+    consumers = body.get("consumers", [])
+    if not isinstance(producers, list) or not isinstance(consumers, list):
+        raise HeartbeatError("heartbeat producers and consumers must be lists", field="producers")
+    producer_groups = []
+    for i, p in enumerate(producers):
+        if not isinstance(p, Mapping):
+            raise HeartbeatError(f"producers[{i}] must be a map, got {p!r}", field="producers")
+        producer_groups.append(_str(p, "producer_group", f"producers[{i}]."))
+    parsed_consumers = []
+    for i, c in enumerate(consumers):
+        where = f"consumers[{i}]."
+        if not isinstance(c, Mapping):
+            raise HeartbeatError(f"consumers[{i}] must be a map, got {c!r}", field="consumers")
+        group = _str(c, "consumer_group", where)
+        consume_type = _str(c, "consume_type", where, "CONSUME_PASSIVELY")
+        if consume_type not in CONSUME_TYPES:
+            raise HeartbeatError(f"{where}consume_type must be one of {', '.join(CONSUME_TYPES)}, got "
+                                 f"{consume_type!r}", field="consume_type")
+        model = _str(c, "message_model", where, "CLUSTERING")
+        if model not in MESSAGE_MODELS:
+            raise HeartbeatError(f"{where}message_model must be one of {', '.join(MESSAGE_MODELS)}, got "
+                                 f"{model!r}", field="message_model")
+        where_from = _str(c, "consume_from_where", where, "CONSUME_FROM_LAST_OFFSET")
+        subs_raw = c.get("subscriptions", [])
+        if not isinstance(subs_raw, list):
+            raise HeartbeatError(f"{where}subscriptions must be a list, got {subs_raw!r}", field="subscriptions")
+        subs = []
+        for j, s in enumerate(subs_raw):
+            swhere = f"{where}subscriptions[{j}]."
+            if not isinstance(s, Mapping):
+                raise HeartbeatError(f"{swhere[:-1]} must be a map, got {s!r}", field="subscriptions")
+            topic = _str(s, "topic", swhere)
+            expression = s.get("expression", "*")
+            try:
+                tag_filter = parse_tag_expression(expression)
+            except SubscriptionParseError as e:
+                raise HeartbeatError(f"{swhere}expression: {e}", field="expression") from None
+            version = s.get("sub_version", 0)
+            if isinstance(version, bool) or not isinstance(version, int):
+                raise HeartbeatError(f"{swhere}sub_version must be an integer, got {version!r}",
+                                     field="sub_version")
+            subs.append(SubscriptionData(topic, tag_filter.expression, version, tag_filter))
+        parsed_consumers.append(ConsumerData(group, consume_type, model, where_from, tuple(subs)))
+    return HeartbeatData(client_id, tuple(producer_groups), tuple(parsed_consumers))
+
+
+@dataclasses.dataclass
+class ClientChannel:
+    client_id: str
+    conn: Any  # remoting ServerConnection
+    last_update_s: float
+
+
+@dataclasses.dataclass
+class ConsumerGroupInfo:
+    consumer_group: str
+    consume_type: str = "CONSUME_PASSIVELY"
+    message_model: str = "CLUSTERING"
+    consume_from_where: str = "CONSUME_FROM_LAST_OFFSET"
+    channels: dict[str, ClientChannel] = dataclasses.field(default_factory=dict)
+    subscriptions: dict[str, SubscriptionData] = dataclasses.field(default_factory=dict)
+
+
+class ClientManager:
+    """Producer and consumer membership of one broker node. ``on_consumer_ids_changed(group, conns)`` is called
+    after a consumer group's member set changed, with the connections of the remaining members."""
+
+    def __init__(self, *, channel_expired_timeout_ms: int = 120_000,
+                 on_consumer_ids_changed: Callable[[str, list[Any]], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._expire_s = channel_expired_timeout_ms / 1000
+        self._notify = on_consumer_ids_changed or (lambda group, conns: None)
+        self._clock = clock
+        self.consumer_groups: dict[str, ConsumerGroupInfo] = {}
+        self.producer_groups: dict[str, dict[str, ClientChannel]] = {}
+
+    def heartbeat(self, data: HeartbeatData, conn: Any) -> None:
+        now = self._clock()
+        for group in data.producer_groups:
+            self.producer_groups.setdefault(group, {})[data.client_id] = ClientChannel(data.client_id, conn, now)
+        for consumer in data.consumers:
+            info = self.consumer_groups.get(consumer.consumer_group)
+            if info is None:
+                info = self.consumer_groups[consumer.consumer_group] = ConsumerGroupInfo(consumer.consumer_group)
+            info.consume_type = consumer.consume_type
+            info.message_model = consumer.message_model
+            info.consume_from_where = consumer.consume_from_where
+            for sub in consumer.subscriptions:
+                old = info.subscriptions.get(sub.topic)
+                if old is None or sub.sub_version >= old.sub_version:
+                    info.subscriptions[sub.topic] = sub
+            channel = info.channels.get(data.client_id)
+            if channel is None or channel.conn is not conn:
+                joined = channel is None
+                info.channels[data.client_id] = ClientChannel(data.client_id, conn, now)
+                if joined:
+                    log.info("consumer joined consumer_group=%s client_id=%s members=%d",
+                             consumer.consumer_group, data.client_id, len(info.channels))
+                    self._changed(info)
+            else:
+                channel.last_update_s = now
+
+    def unregister(self, client_id: str, producer_group: str | None, consumer_group: str | None) -> None:
+        if producer_group:
+            self.producer_groups.get(producer_group, {}).pop(client_id, None)
+        if consumer_group:
+            info = self.consumer_groups.get(consumer_group)
+            if info is not None and info.channels.pop(client_id, None) is not None:
+                log.info("consumer left consumer_group=%s client_id=%s reason=unregister", consumer_group,
+                         client_id)
+                self._changed(info)
+
+    def connection_closed(self, conn: Any) -> None:
+        self._remove_where(lambda ch: ch.conn is conn, "connection closed")
+
+    def scan_expired(self) -> None:
+        deadline = self._clock() - self._expire_s
+        self._remove_where(lambda ch: ch.last_update_s < deadline, "expired")
+
+    def _remove_where(self, pred: Callable[[ClientChannel], bool], reason: str) -> None:
+        for channels in self.producer_groups.values():
+            for client_id in [cid for cid, ch in channels.items() if pred(ch)]:
+                del channels[client_id]
+        for info in list(self.consumer_groups.values()):
+            gone = [cid for cid, ch in info.channels.items() if pred(ch)]
+            for client_id in gone:
+                del info.channels[client_id]
+                log.info("consumer left consumer_group=%s client_id=%s reason=%s", info.consumer_group,
+                         client_id, reason)
+            if gone:
+                self._changed(info)
+
+    def _changed(self, info: ConsumerGroupInfo) -> None:
+        self._notify(info.consumer_group, [ch.conn for ch in info.channels.values()])
+
+    def consumer_ids(self, consumer_group: str) -> list[str]:
+        info = self.consumer_groups.get(consumer_group)
+        return sorted(info.channels) if info else []
+
+    def find_subscription(self, consumer_group: str, topic: str) -> SubscriptionData | None:
+        info = self.consumer_groups.get(consumer_group)
+        return info.subscriptions.get(topic) if info else None
+
+    def connection_count(self) -> int:
+        conns = {id(ch.conn) for info in self.consumer_groups.values() for ch in info.channels.values()}
+        conns |= {id(ch.conn) for chans in self.producer_groups.values() for ch in chans.values()}
+        return len(conns)

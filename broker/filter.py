@@ -1,0 +1,63 @@
+"""Tag expressions on the broker side: ``"*"`` or ``"TagA || TagB"`` → the set of tags codes to match.
+
+The ConsumeQueue keeps a tags code per message (Java's ``String.hashCode()`` of the tag, as RocketMQ stores it),
+so the broker filters on codes only; two tags can share a code, and the client re-checks the tag string. The
+hash must be computed exactly as the client's ``client/filter.py`` does; a unit test pins both to golden values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+SUB_ALL = "*"
+MAX_EXPRESSION_LENGTH = 4096
+
+
+class SubscriptionParseError(ValueError):
+    pass
+
+
+def tags_code(tag: str) -> int:
+    """Java ``String.hashCode()`` over UTF-16 code units, as a signed 32-bit value."""
+    h = 0
+    data = tag.encode("utf-16-be")
+    for i in range(0, len(data), 2):
+        h = (31 * h + ((data[i] << 8) | data[i + 1])) & 0xFFFFFFFF
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TagFilter:
+    expression: str
+    tags: frozenset[str]
+    codes: frozenset[int]
+
+    @property
+    def matches_all(self) -> bool:
+        return not self.tags
+
+    def matches_code(self, code: int) -> bool:
+        return not self.codes or code in self.codes
+
+
+def parse_tag_expression(expression: object) -> TagFilter:
+    """None, empty and ``*`` match everything; otherwise tags separated by ``||``."""
+    if expression is None:
+        return TagFilter(SUB_ALL, frozenset(), frozenset())
+    if not isinstance(expression, str):
+        raise SubscriptionParseError(f"subscription must be a tag expression string, got {expression!r}")
+    if len(expression) > MAX_EXPRESSION_LENGTH:
+        raise SubscriptionParseError(
+            f"subscription is {len(expression)} characters long; at most {MAX_EXPRESSION_LENGTH} are allowed")
+    text = expression.strip()
+    if text in ("", SUB_ALL):
+        return TagFilter(SUB_ALL, frozenset(), frozenset())
+    tags = []
+    for part in text.split("||"):
+        tag = part.strip()
+        if not tag:
+            raise SubscriptionParseError(f"subscription {expression!r} has an empty tag between '||'")
+        if tag == SUB_ALL:
+            return TagFilter(SUB_ALL, frozenset(), frozenset())
+        tags.append(tag)
+    return TagFilter(text, frozenset(tags), frozenset(tags_code(t) for t in tags))

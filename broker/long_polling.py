@@ -1,0 +1,163 @@
+"""Long polling: RocketMQ's PullRequestHoldService on trio.
+
+A pull that finds no new message is *held* instead of answered: the processor returns no response and registers
+the request here with the offset it is waiting past and a deadline (``suspend_timeout_millis`` from the client,
+capped by the broker's ``long_polling_timeout_ms``). The request is resumed, i.e. the pull is executed again and
+its response sent, as soon as one of these happens:
+
+* the dispatch path reports a queue's new max offset beyond the held offset (``notify_message_arriving``);
+* the deadline passes (the re-executed pull then answers PULL_NOT_FOUND, so the client simply pulls again);
+* a periodic check (``check_interval_ms``) sees the queue's max offset moved, in case a notification was missed
+  (dispatch on a follower can race a hold that was registered a moment later);
+
+Resumes run as tasks in the service's nursery, never inline in ``notify_message_arriving``, because that is called
+from the store's dispatch path which must not block on sockets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import itertools
+import logging
+import math
+from collections.abc import Awaitable, Callable
+
+import trio
+
+log = logging.getLogger(__name__)
+
+ResumeFn = Callable[[bool], Awaitable[None]]  # resume(timed_out)
+
+
+@dataclasses.dataclass(eq=False)
+class HeldPull:
+    topic: str
+    queue_id: int
+    offset: int
+    deadline: float  # trio.current_time() based
+    resume: ResumeFn
+    done: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class LongPollingStatistics:
+    held: int
+    resumed_by_arrival: int
+    resumed_by_timeout: int
+
+
+class PullRequestHoldService:
+    def __init__(self, max_offset: Callable[[str, int], int], *, check_interval_ms: int = 1000) -> None:
+        self._max_offset = max_offset
+        self._check_interval_s = check_interval_ms / 1000
+        self._by_queue: dict[tuple[str, int], list[HeldPull]] = {}
+        self._deadlines: list[tuple[float, int, HeldPull]] = []
+        self._seq = itertools.count()
+        self._held = 0
+        self._by_arrival = 0
+        self._by_timeout = 0
+        self._send, self._receive = trio.open_memory_channel[tuple[HeldPull, bool]](math.inf)
+        self._deadline_changed = trio.Event()
+        self._running = False
+
+    def statistics(self) -> LongPollingStatistics:
+        return LongPollingStatistics(self._held, self._by_arrival, self._by_timeout)
+
+    def hold(self, topic: str, queue_id: int, offset: int, timeout_s: float, resume: ResumeFn) -> None:
+        """Hold a pull waiting for messages at ``offset`` or beyond in (topic, queue_id)."""
+        req = HeldPull(topic, queue_id, offset, trio.current_time() + timeout_s, resume)
+        if not self._running:
+            self._finish(req, True)
+            return
+        if self._max_offset(topic, queue_id) > offset:
+            # The message arrived between the pull's read and this hold: resume at once.
+            self._finish(req, False)
+            return
+        self._by_queue.setdefault((topic, queue_id), []).append(req)
+        heapq.heappush(self._deadlines, (req.deadline, next(self._seq), req))
+        self._held += 1
+        if self._deadlines[0][2] is req:
+            self._deadline_changed.set()
+
+    def notify_message_arriving(self, topic: str, queue_id: int, max_offset: int) -> None:
+        """Called on the trio thread by the dispatch path with the queue's new max offset (exclusive end)."""
+        waiting = self._by_queue.get((topic, queue_id))
+        if not waiting:
+            return
+        keep = []
+        for req in waiting:
+            if max_offset > req.offset:
+                self._finish(req, False)
+            else:
+                keep.append(req)
+        if keep:
+            self._by_queue[(topic, queue_id)] = keep
+        else:
+            del self._by_queue[(topic, queue_id)]
+
+    def _finish(self, req: HeldPull, timed_out: bool) -> None:
+        if req.done:
+            return
+        req.done = True
+        if not timed_out:
+            self._by_arrival += 1
+        else:
+            self._by_timeout += 1
+        self._send.send_nowait((req, timed_out))
+
+    def _expire_and_check(self) -> None:
+        now = trio.current_time()
+        while self._deadlines and (self._deadlines[0][2].done or self._deadlines[0][0] <= now):
+            _, _, req = heapq.heappop(self._deadlines)
+            if not req.done:
+                self._remove(req)
+                self._finish(req, True)
+
+    def _check_moved(self) -> None:
+        for (topic, queue_id), _ in list(self._by_queue.items()):
+            self.notify_message_arriving(topic, queue_id, self._max_offset(topic, queue_id))
+
+    def _remove(self, req: HeldPull) -> None:
+        waiting = self._by_queue.get((req.topic, req.queue_id))
+        if waiting and req in waiting:
+            waiting.remove(req)
+            if not waiting:
+                del self._by_queue[(req.topic, req.queue_id)]
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._running = True
+            nursery.start_soon(self._resumer, nursery)
+            task_status.started()
+            try:
+                next_check = trio.current_time() + self._check_interval_s
+                while True:
+                    wake_at = next_check
+                    if self._deadlines:
+                        wake_at = min(wake_at, self._deadlines[0][0])
+                    self._deadline_changed = trio.Event()
+                    with trio.move_on_at(wake_at):
+                        await self._deadline_changed.wait()
+                    self._expire_and_check()
+                    if trio.current_time() >= next_check:
+                        self._check_moved()
+                        next_check = trio.current_time() + self._check_interval_s
+            finally:
+                self._running = False
+                # Held pulls die with their connections when the broker stops; the clients re-pull elsewhere.
+                self._by_queue.clear()
+                self._deadlines.clear()
+
+    async def _resumer(self, nursery: trio.Nursery) -> None:
+        async for req, timed_out in self._receive:
+            nursery.start_soon(self._run_resume, req, timed_out)
+
+    @staticmethod
+    async def _run_resume(req: HeldPull, timed_out: bool) -> None:
+        try:
+            await req.resume(timed_out)
+        except trio.Cancelled:
+            raise
+        except Exception:
+            log.exception("resuming a held pull failed topic=%s queue_id=%d", req.topic, req.queue_id)

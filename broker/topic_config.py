@@ -1,0 +1,190 @@
+"""Topic configs: RocketMQ's TopicConfig and TopicConfigManager, as replicated state.
+
+A topic config changes only through the group's Raft log (create/update/delete are proposed as metadata commands
+and applied on every node), so every node of a group holds the same table and a new leader already knows every
+topic. This module is the pure part: the dataclass, the name rules, the table with its ``data_version`` and the
+apply functions; ``broker/node.py`` wires it to replication and re-registers with the name servers after a change.
+
+Name rules are RocketMQ's (``TopicValidator``): ``[%|a-zA-Z0-9_-]``, at most 127 characters, and a few reserved
+system names that a producer may not send to. Auto-created topics get RocketMQ's defaults: 4 read and 4 write
+queues, permission read|write (6).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+PERM_PRIORITY = 0x8
+PERM_READ = 0x4
+PERM_WRITE = 0x2
+PERM_INHERIT = 0x1
+PERM_READ_WRITE = PERM_READ | PERM_WRITE
+
+TOPIC_MAX_LENGTH = 127
+MAX_QUEUE_NUMS = 1024
+DEFAULT_TOPIC_QUEUE_NUMS = 4
+# The template topic clients send to when they want a topic auto-created (RocketMQ's AUTO_CREATE_TOPIC_KEY).
+AUTO_CREATE_TOPIC_KEY = "TBW102"
+# Topics a producer may not send to directly (they exist for the broker's own use).
+NOT_ALLOWED_SEND_TOPICS = frozenset({
+    AUTO_CREATE_TOPIC_KEY, "SCHEDULE_TOPIC_XXXX", "BenchmarkTest", "RMQ_SYS_TRANS_HALF_TOPIC",
+    "RMQ_SYS_TRACE_TOPIC", "RMQ_SYS_TRANS_OP_HALF_TOPIC", "TRANS_CHECK_MAX_TIME_TOPIC", "SELF_TEST_TOPIC",
+    "OFFSET_MOVED_EVENT",
+})
+_TOPIC_RE = re.compile(r"^[%|a-zA-Z0-9_-]+$")
+_FILTER_TYPES = ("SINGLE_TAG", "MULTI_TAG")
+
+
+class TopicConfigError(ValueError):
+    """A topic name or config field is invalid; the message names the field and the value."""
+
+    def __init__(self, message: str, *, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def validate_topic_name(topic: Any) -> str:
+    """Return ``topic`` if it is a legal topic name, else raise ``TopicConfigError`` naming the problem."""
+    if not isinstance(topic, str) or not topic:
+        raise TopicConfigError(f"topic must be a non-empty string, got {topic!r}", field="topic")
+    if len(topic) > TOPIC_MAX_LENGTH:
+        raise TopicConfigError(
+            f"topic {topic[:40]!r}... is {len(topic)} characters long; at most {TOPIC_MAX_LENGTH} are allowed",
+            field="topic")
+    if not _TOPIC_RE.match(topic):
+        raise TopicConfigError(
+            f"topic {topic!r} contains illegal characters; allowed are letters, digits, '%', '|', '_' and '-'",
+            field="topic")
+    return topic
+
+
+def check_sendable_topic(topic: str) -> None:
+    if topic in NOT_ALLOWED_SEND_TOPICS:
+        raise TopicConfigError(f"topic {topic!r} is reserved for the broker; producers may not send to it",
+                               field="topic")
+
+
+@dataclasses.dataclass(frozen=True)
+class TopicConfig:
+    topic_name: str
+    read_queue_nums: int = DEFAULT_TOPIC_QUEUE_NUMS
+    write_queue_nums: int = DEFAULT_TOPIC_QUEUE_NUMS
+    perm: int = PERM_READ_WRITE
+    topic_filter_type: str = "SINGLE_TAG"
+    topic_sys_flag: int = 0
+    order: bool = False
+
+    @property
+    def readable(self) -> bool:
+        return bool(self.perm & PERM_READ)
+
+    @property
+    def writable(self) -> bool:
+        return bool(self.perm & PERM_WRITE)
+
+    def to_wire(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_wire(cls, data: Mapping[str, Any]) -> TopicConfig:
+        """Build and validate a config from a request's ext or a replicated command (snake_case keys)."""
+        if not isinstance(data, Mapping):
+            raise TopicConfigError(f"topic config must be a map, got {type(data).__name__}", field="topic_config")
+        topic = validate_topic_name(data.get("topic_name", data.get("topic")))
+        kwargs: dict[str, Any] = {"topic_name": topic}
+        for name in ("read_queue_nums", "write_queue_nums", "perm", "topic_sys_flag"):
+            if name in data and data[name] is not None:
+                value = data[name]
+                if isinstance(value, bool) or not isinstance(value, int):
+                    raise TopicConfigError(f"{name} must be an integer, got {value!r}", field=name)
+                kwargs[name] = value
+        for name in ("read_queue_nums", "write_queue_nums"):
+            value = kwargs.get(name, DEFAULT_TOPIC_QUEUE_NUMS)
+            if not 1 <= value <= MAX_QUEUE_NUMS:
+                raise TopicConfigError(f"{name} must be within 1..{MAX_QUEUE_NUMS}, got {value}", field=name)
+        perm = kwargs.get("perm", PERM_READ_WRITE)
+        if not 0 <= perm <= 0xF:
+            raise TopicConfigError(f"perm must be a combination of 8|4|2|1 (0..15), got {perm}", field="perm")
+        if "topic_filter_type" in data and data["topic_filter_type"] is not None:
+            if data["topic_filter_type"] not in _FILTER_TYPES:
+                raise TopicConfigError(f"topic_filter_type must be one of {', '.join(_FILTER_TYPES)}, got "
+                                       f"{data['topic_filter_type']!r}", field="topic_filter_type")
+            kwargs["topic_filter_type"] = data["topic_filter_type"]
+        if "order" in data and data["order"] is not None:
+            if not isinstance(data["order"], bool):
+                raise TopicConfigError(f"order must be true or false, got {data['order']!r}", field="order")
+            kwargs["order"] = data["order"]
+        return cls(**kwargs)
+
+
+class TopicConfigTable:
+    """The topics of one broker group. Mutated only by the ``apply_*`` methods, which run in Raft-log order on
+    every node; ``data_version`` counts changes so the name server can tell a stale registration."""
+
+    def __init__(self, configs: Iterable[TopicConfig] = ()) -> None:
+        self._configs: dict[str, TopicConfig] = {c.topic_name: c for c in configs}
+        self.data_version = 0
+        self._listeners: list[Any] = []
+
+    def add_change_listener(self, callback: Any) -> None:
+        """``callback()`` runs after every applied change (on whichever thread applied it)."""
+        self._listeners.append(callback)
+
+    def get(self, topic: str) -> TopicConfig | None:
+        return self._configs.get(topic)
+
+    def __contains__(self, topic: str) -> bool:
+        return topic in self._configs
+
+    def __len__(self) -> int:
+        return len(self._configs)
+
+    def all(self) -> list[TopicConfig]:
+        return list(self._configs.values())
+
+    def to_wire(self) -> dict[str, dict[str, Any]]:
+        return {name: c.to_wire() for name, c in sorted(self._configs.items())}
+
+    def apply_update(self, config: TopicConfig) -> bool:
+        """Create or replace; returns False when nothing changed (replays and repeated auto-creates)."""
+        if self._configs.get(config.topic_name) == config:
+            return False
+        self._configs[config.topic_name] = config
+        self._changed("update", config.topic_name)
+        return True
+
+    def apply_delete(self, topic: str) -> bool:
+        if self._configs.pop(topic, None) is None:
+            return False
+        self._changed("delete", topic)
+        return True
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"data_version": self.data_version, "topics": [c.to_wire() for c in self._configs.values()]}
+
+    def restore(self, snap: Mapping[str, Any]) -> None:
+        self._configs = {c.topic_name: c for c in (TopicConfig.from_wire(t) for t in snap.get("topics", ()))}
+        self.data_version = int(snap.get("data_version", 0))
+        self._notify("restore", "*")
+
+    def _changed(self, what: str, topic: str) -> None:
+        self.data_version += 1
+        self._notify(what, topic)
+
+    def _notify(self, what: str, topic: str) -> None:
+        log.info("topic config %s topic=%s data_version=%d", what, topic, self.data_version)
+        for callback in self._listeners:
+            callback()
+
+
+def auto_create_config(topic: str, default_queue_nums: int = DEFAULT_TOPIC_QUEUE_NUMS) -> TopicConfig:
+    """RocketMQ's auto-created topic: ``default_queue_nums`` read and write queues, perm read|write."""
+    validate_topic_name(topic)
+    return TopicConfig(topic_name=topic, read_queue_nums=default_queue_nums, write_queue_nums=default_queue_nums,
+                       perm=PERM_READ_WRITE)

@@ -1,0 +1,64 @@
+from __future__ import annotations
+
+import pytest
+
+from broker.consumer_manager import ClientManager, HeartbeatError, parse_heartbeat
+from broker.filter import SubscriptionParseError, parse_tag_expression, tags_code
+
+
+def test_tags_code_matches_java_string_hashcode():
+    # Values of "TagA".hashCode() etc. in Java.
+    assert tags_code("TagA") == 2598919
+    assert tags_code("") == 0
+    assert tags_code("hello") == 99162322
+    assert tags_code("polygenelubricants") == -2147483648  # the famous Java hashCode == Integer.MIN_VALUE
+    assert -(1 << 31) <= tags_code("some-long-tag-value-here") < (1 << 31)
+
+
+def test_tag_expressions():
+    assert parse_tag_expression("*").matches_all and parse_tag_expression(None).matches_all
+    f = parse_tag_expression(" TagA || TagB ")
+    assert f.tags == {"TagA", "TagB"} and f.matches_code(tags_code("TagB")) and not f.matches_code(1)
+    with pytest.raises(SubscriptionParseError, match="empty tag"):
+        parse_tag_expression("TagA || ")
+    with pytest.raises(SubscriptionParseError, match="string"):
+        parse_tag_expression(5)
+
+
+def _hb(client_id, group="cg", expression="*"):
+    return parse_heartbeat({"client_id": client_id, "producers": [{"producer_group": "pg"}],
+                            "consumers": [{"consumer_group": group, "subscriptions": [
+                                {"topic": "T", "expression": expression, "sub_version": 1}]}]})
+
+
+def test_heartbeat_validation_names_the_field():
+    with pytest.raises(HeartbeatError, match="client_id must be a non-empty string"):
+        parse_heartbeat({"client_id": ""})
+    with pytest.raises(HeartbeatError, match=r"consumers\[0\].message_model must be one of"):
+        parse_heartbeat({"client_id": "c", "consumers": [{"consumer_group": "g", "message_model": "X"}]})
+    with pytest.raises(HeartbeatError, match="expression"):
+        parse_heartbeat({"client_id": "c", "consumers": [{"consumer_group": "g", "subscriptions": [
+            {"topic": "T", "expression": "a||"}]}]})
+    with pytest.raises(HeartbeatError, match="CBOR map"):
+        parse_heartbeat([1])
+
+
+def test_membership_join_leave_expire_notifies():
+    now = [0.0]
+    changes = []
+    manager = ClientManager(channel_expired_timeout_ms=1000, clock=lambda: now[0],
+                            on_consumer_ids_changed=lambda g, conns: changes.append((g, len(conns))))
+    conn_a, conn_b = object(), object()
+    manager.heartbeat(_hb("a"), conn_a)
+    manager.heartbeat(_hb("a"), conn_a)  # a repeated heartbeat is not a change
+    manager.heartbeat(_hb("b", expression="TagA"), conn_b)
+    assert manager.consumer_ids("cg") == ["a", "b"] and changes == [("cg", 1), ("cg", 2)]
+    assert manager.find_subscription("cg", "T").expression == "TagA"
+    manager.connection_closed(conn_a)
+    assert manager.consumer_ids("cg") == ["b"] and changes[-1] == ("cg", 1)
+    now[0] = 2.0
+    manager.scan_expired()
+    assert manager.consumer_ids("cg") == [] and changes[-1] == ("cg", 0)
+    manager.heartbeat(_hb("c"), conn_a)
+    manager.unregister("c", "pg", "cg")
+    assert manager.consumer_ids("cg") == [] and "c" not in manager.producer_groups["pg"]

@@ -1,0 +1,36 @@
+from __future__ import annotations
+
+from broker.offset_manager import ConsumerOffsetTable
+
+
+def test_leader_sees_its_pending_commits_before_replication():
+    table = ConsumerOffsetTable()
+    assert table.query("g", "T", 0) is None
+    table.commit("g", "T", 0, 5)
+    table.commit("g", "T", 0, 7)
+    assert table.query("g", "T", 0) == 7
+    batch = table.take_pending()
+    assert batch == [("g", "T", 0, 7)] and not table.has_pending()
+    table.apply_batch(batch)
+    assert table.query("g", "T", 0) == 7 and len(table) == 1
+
+
+def test_failed_proposal_requeues_without_overwriting_newer():
+    table = ConsumerOffsetTable()
+    table.commit("g", "T", 0, 5)
+    table.commit("g", "T", 1, 3)
+    batch = table.take_pending()
+    table.commit("g", "T", 0, 9)
+    table.requeue(batch)
+    assert sorted(table.take_pending()) == [("g", "T", 0, 9), ("g", "T", 1, 3)]
+
+
+def test_delete_topic_and_snapshot():
+    table = ConsumerOffsetTable()
+    table.apply_batch([("g", "T", 0, 1), ("g", "U", 0, 2), ("h", "T", 3, 4)])
+    assert table.groups_of_topic("T") == {"g", "h"}
+    assert table.offsets_of_group("g") == {("T", 0): 1, ("U", 0): 2}
+    table.apply_delete_topic("T")
+    other = ConsumerOffsetTable()
+    other.restore(table.snapshot())
+    assert other.snapshot() == [("g", "U", 0, 2)]
