@@ -1,0 +1,45 @@
+"""The name server's configuration: one frozen dataclass, loaded from TOML by ``remoting.config.load_config``.
+
+Defaults are RocketMQ's: a node silent for two minutes is evicted, and the table is scanned every five seconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from remoting.config import ConfigError, bounded, load_config, parse_host_port
+
+__all__ = ["NamesrvConfig", "load_namesrv_config"]
+
+
+def _check_listen(value: str) -> str | None:
+    try:
+        parse_host_port(value, key="listen")
+    except ConfigError:
+        return "must look like HOST:PORT with a port within 0..65535"
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class NamesrvConfig:
+    listen: str = bounded("127.0.0.1:9876", check=_check_listen,
+                          doc="address to listen on; port 0 picks a free port")
+    broker_expired_ms: int = bounded(120_000, min=1, max=86_400_000,
+                                     doc="a node silent this long is evicted from routes")
+    scan_interval_ms: int = bounded(5_000, min=1, max=3_600_000, doc="how often silent nodes are looked for")
+    max_frame_size_bytes: int = bounded(16 * 1024 * 1024, min=1024, max=1 << 30,
+                                        doc="a bigger frame closes its connection")
+
+    @property
+    def listen_address(self) -> tuple[str, int]:
+        return parse_host_port(self.listen, key="listen")
+
+
+def load_namesrv_config(path: str | Path | None = None, *, listen: str | None = None) -> NamesrvConfig:
+    """The TOML file at ``path`` (defaults without one), with ``--listen`` winning over the file."""
+    overrides: dict[str, Any] = {}
+    if listen is not None:
+        overrides["listen"] = listen
+    return load_config(NamesrvConfig, path, overrides=overrides)

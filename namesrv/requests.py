@@ -1,0 +1,146 @@
+"""Decoding and validating the fields of name-server requests (the layouts are in docs/protocol.md).
+
+Pure functions over a request's ``ext`` map and ``body`` bytes; each failure raises ``InvalidRequestError``
+naming the field, which the processor answers with INVALID_REQUEST. A name server must never let a malformed
+registration into its table: a bad route would send every client of the cluster astray.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import cbor2
+
+from namesrv.route_info import ROLES, Registration, TopicConfig
+from remoting.config import ConfigError, parse_host_port
+
+__all__ = ["InvalidRequestError", "parse_register_broker", "parse_unregister_broker", "parse_topic",
+           "decode_topic_configs", "encode_topic_configs"]
+
+# RocketMQ's topic rule (TopicValidator): letters, digits, '%', '|', '_', '-'; at most 127 characters.
+_TOPIC_RE = re.compile(r"[%|a-zA-Z0-9_-]{1,127}")
+_NAME_RE = re.compile(r"[a-zA-Z0-9_.-]{1,127}")
+_ALLOWED = {_TOPIC_RE: "letters, digits and %|_-", _NAME_RE: "letters, digits and _.-"}
+_PERM_MAX = 0xF  # PRIORITY | READ | WRITE | INHERIT
+_MAX_QUEUE_NUMS = 1 << 16
+
+
+class InvalidRequestError(ValueError):
+    """A request field is missing or wrong; ``field`` names it and the message reads as a sentence."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def _require(ext: Mapping[str, Any], name: str) -> Any:
+    if name not in ext or ext[name] is None:
+        raise InvalidRequestError(name, f"request field {name!r} is missing")
+    return ext[name]
+
+
+def _int_field(value: Any, name: str, *, lo: int, hi: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidRequestError(name, f"request field {name!r} must be an integer, got {value!r}")
+    if value < lo or (hi is not None and value > hi):
+        bounds = f">= {lo}" if hi is None else f"within {lo}..{hi}"
+        raise InvalidRequestError(name, f"request field {name!r} must be {bounds}, got {value!r}")
+    return value
+
+
+def _name_field(value: Any, name: str, pattern: re.Pattern[str] = _NAME_RE) -> str:
+    if not isinstance(value, str):
+        raise InvalidRequestError(name, f"request field {name!r} must be a string, got {value!r}")
+    if not pattern.fullmatch(value):
+        raise InvalidRequestError(
+            name, f"request field {name!r} must be 1 to 127 {_ALLOWED[pattern]}, got {value!r}")
+    return value
+
+
+def _addr_field(value: Any, name: str) -> str:
+    if not isinstance(value, str):
+        raise InvalidRequestError(name, f"request field {name!r} must be a 'host:port' string, got {value!r}")
+    try:
+        _, port = parse_host_port(value, key=name)
+    except ConfigError as e:
+        raise InvalidRequestError(name, f"request field {e}") from None
+    if port == 0:
+        raise InvalidRequestError(name, f"request field {name!r} must have a non-zero port, got {value!r}")
+    return value
+
+
+def parse_topic(ext: Mapping[str, Any]) -> str:
+    return _name_field(_require(ext, "topic"), "topic", _TOPIC_RE)
+
+
+def decode_topic_configs(body: bytes) -> dict[str, TopicConfig]:
+    """The REGISTER_BROKER body: a CBOR map ``{topic: {read_queue_nums, write_queue_nums, perm,
+    topic_sys_flag?, order?}}``; an empty body means no topics."""
+    if not body:
+        return {}
+    try:
+        data = cbor2.loads(body)
+    except Exception as e:  # cbor2 raises several unrelated types on garbage
+        raise InvalidRequestError("body", f"request body is not valid CBOR: {e}") from None
+    if not isinstance(data, Mapping):
+        raise InvalidRequestError("body", f"request body must be a CBOR map of topic configs, got {type(data).__name__}")
+    configs: dict[str, TopicConfig] = {}
+    for topic, raw in data.items():
+        where = f"body[{topic!r}]"
+        _name_field(topic, "body topic", _TOPIC_RE)
+        if not isinstance(raw, Mapping):
+            raise InvalidRequestError(where, f"{where} must be a map of topic config fields, got {raw!r}")
+        unknown = sorted(set(raw) - {"read_queue_nums", "write_queue_nums", "perm", "topic_sys_flag", "order"},
+                         key=str)
+        if unknown:
+            raise InvalidRequestError(f"{where}.{unknown[0]}", f"{where} has an unknown field {unknown[0]!r}")
+        fields: dict[str, Any] = {}
+        for key in ("read_queue_nums", "write_queue_nums", "perm"):
+            if key not in raw:
+                raise InvalidRequestError(f"{where}.{key}", f"{where}.{key} is missing")
+        fields["read_queue_nums"] = _int_field(raw["read_queue_nums"], f"{where}.read_queue_nums", lo=0,
+                                               hi=_MAX_QUEUE_NUMS)
+        fields["write_queue_nums"] = _int_field(raw["write_queue_nums"], f"{where}.write_queue_nums", lo=0,
+                                                hi=_MAX_QUEUE_NUMS)
+        fields["perm"] = _int_field(raw["perm"], f"{where}.perm", lo=0, hi=_PERM_MAX)
+        fields["topic_sys_flag"] = _int_field(raw.get("topic_sys_flag", 0), f"{where}.topic_sys_flag", lo=0)
+        order = raw.get("order", False)
+        if not isinstance(order, bool):
+            raise InvalidRequestError(f"{where}.order", f"{where}.order must be true or false, got {order!r}")
+        fields["order"] = order
+        configs[topic] = TopicConfig(**fields)
+    return configs
+
+
+def encode_topic_configs(configs: Mapping[str, TopicConfig]) -> bytes:
+    """The inverse of ``decode_topic_configs`` (tests and tools build registrations with it)."""
+    return cbor2.dumps({t: {"read_queue_nums": c.read_queue_nums, "write_queue_nums": c.write_queue_nums,
+                            "perm": c.perm, "topic_sys_flag": c.topic_sys_flag, "order": c.order}
+                        for t, c in configs.items()})
+
+
+def parse_register_broker(ext: Mapping[str, Any], body: bytes) -> Registration:
+    role = _require(ext, "role")
+    if role not in ROLES:
+        raise InvalidRequestError("role", f"request field 'role' must be one of {', '.join(ROLES)}, got {role!r}")
+    return Registration(
+        cluster_name=_name_field(_require(ext, "cluster_name"), "cluster_name"),
+        broker_name=_name_field(_require(ext, "broker_name"), "broker_name"),
+        broker_id=_int_field(_require(ext, "broker_id"), "broker_id", lo=1),
+        broker_addr=_addr_field(_require(ext, "broker_addr"), "broker_addr"),
+        role=role,
+        term=_int_field(_require(ext, "term"), "term", lo=0),
+        data_version=_int_field(_require(ext, "data_version"), "data_version", lo=0),
+        topic_configs=decode_topic_configs(body),
+    )
+
+
+def parse_unregister_broker(ext: Mapping[str, Any]) -> tuple[str, str, int, str | None]:
+    """``(cluster_name, broker_name, broker_id, broker_addr or None)``."""
+    addr = ext.get("broker_addr")
+    return (_name_field(_require(ext, "cluster_name"), "cluster_name"),
+            _name_field(_require(ext, "broker_name"), "broker_name"),
+            _int_field(_require(ext, "broker_id"), "broker_id", lo=1),
+            _addr_field(addr, "broker_addr") if addr is not None else None)
