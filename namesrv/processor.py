@@ -1,0 +1,94 @@
+"""Name-server request handling: one ``handle`` for the remoting server, a method per request code.
+
+Bad input never reaches the route table: a missing or ill-typed field is answered INVALID_REQUEST with a remark
+naming it (and ``ext.field``), an unknown code REQUEST_CODE_NOT_SUPPORTED. Everything else unexpected is left
+to the transport, which logs it with its traceback and answers SYSTEM_ERROR.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import cbor2
+import trio
+
+from namesrv.requests import InvalidRequestError, parse_register_broker, parse_topic, parse_unregister_broker
+from namesrv.route_info import RouteConflictError, RouteInfoManager
+from remoting.codec import Frame, make_response
+from remoting.codes import RequestCode, ResponseCode
+
+log = logging.getLogger(__name__)
+
+__all__ = ["NamesrvProcessor"]
+
+
+def _now_ms() -> int:
+    return int(trio.current_time() * 1000)
+
+
+class NamesrvProcessor:
+    """The remoting handler of a name server; ``route_info`` is its whole state."""
+
+    def __init__(self, route_info: RouteInfoManager, *, clock_ms: Callable[[], int] = _now_ms) -> None:
+        self.route_info = route_info
+        self._clock_ms = clock_ms
+        self._handlers: dict[int, Callable[[Frame, Any], Frame]] = {
+            RequestCode.REGISTER_BROKER: self._register_broker,
+            RequestCode.UNREGISTER_BROKER: self._unregister_broker,
+            RequestCode.GET_ROUTEINFO_BY_TOPIC: self._get_route_info_by_topic,
+            RequestCode.GET_BROKER_CLUSTER_INFO: self._get_broker_cluster_info,
+            RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER: self._get_all_topic_list,
+        }
+
+    async def handle(self, request: Frame, conn: Any) -> Frame | None:
+        handler = self._handlers.get(request.code)
+        if handler is None:
+            response = make_response(request, ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
+                                     remark=f"request code {request.code} is not supported by the name server")
+        else:
+            try:
+                response = handler(request, conn)
+            except InvalidRequestError as e:
+                response = make_response(request, ResponseCode.INVALID_REQUEST, remark=str(e),
+                                         ext={"field": e.field})
+            except RouteConflictError as e:
+                log.warning("registration rejected: %s", e)
+                response = make_response(request, ResponseCode.INVALID_REQUEST, remark=str(e),
+                                         ext={"field": e.field})
+        return None if request.is_oneway else response
+
+    def connection_closed(self, conn: Any) -> None:
+        for node in self.route_info.connection_closed(conn):
+            log.info("node evicted on closed connection broker_name=%s broker_id=%d broker_addr=%s",
+                     node.broker_name, node.broker_id, node.broker_addr)
+
+    # ---- one method per request code ---------------------------------------------------------------------
+
+    def _register_broker(self, request: Frame, conn: Any) -> Frame:
+        registration = parse_register_broker(request.ext, request.body)
+        result = self.route_info.register_broker(registration, now_ms=self._clock_ms(), conn_key=conn)
+        ext = {k: v for k, v in result.to_wire().items() if v is not None}
+        return make_response(request, ResponseCode.SUCCESS, ext=ext)
+
+    def _unregister_broker(self, request: Frame, conn: Any) -> Frame:
+        cluster_name, broker_name, broker_id, broker_addr = parse_unregister_broker(request.ext)
+        removed = self.route_info.unregister_broker(cluster_name, broker_name, broker_id, broker_addr)
+        return make_response(request, ResponseCode.SUCCESS, ext={"removed": removed is not None})
+
+    def _get_route_info_by_topic(self, request: Frame, conn: Any) -> Frame:
+        topic = parse_topic(request.ext)
+        route = self.route_info.pickup_topic_route(topic)
+        if route is None:
+            return make_response(request, ResponseCode.TOPIC_NOT_EXIST, ext={"topic": topic},
+                                 remark=f"no route info in this name server for topic {topic!r}")
+        return make_response(request, ResponseCode.SUCCESS, body=cbor2.dumps(route.to_wire()))
+
+    def _get_broker_cluster_info(self, request: Frame, conn: Any) -> Frame:
+        info = self.route_info.cluster_info(self._clock_ms())
+        return make_response(request, ResponseCode.SUCCESS, body=cbor2.dumps(info.to_wire()))
+
+    def _get_all_topic_list(self, request: Frame, conn: Any) -> Frame:
+        return make_response(request, ResponseCode.SUCCESS,
+                             body=cbor2.dumps({"topic_list": self.route_info.topic_list()}))

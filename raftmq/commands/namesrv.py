@@ -1,0 +1,37 @@
+"""``raftmq namesrv [--config namesrv.toml] [--listen HOST:PORT]``: one name server until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import logging
+from pathlib import Path
+
+import trio
+
+from namesrv import load_namesrv_config, serve_namesrv
+from raftmq.runner import announce_ready, run_until_signalled
+
+log = logging.getLogger(__name__)
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("namesrv", help="run a name server (stateless route registry)",
+                                   description="Run a name server: brokers register with it, clients ask it "
+                                               "for topic routes. Prints one ready line once listening.")
+    parser.add_argument("--config", type=Path, metavar="FILE", help="TOML file (keys: listen, broker_expired_ms, "
+                                                                    "scan_interval_ms, max_frame_size_bytes)")
+    parser.add_argument("--listen", metavar="HOST:PORT",
+                        help="address to listen on, wins over the file (default 127.0.0.1:9876; port 0 = any)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    # Config errors surface here, before anything listens; cli.py turns them into exit status 2.
+    config = load_namesrv_config(args.config, listen=args.listen)
+
+    async def main(nursery: trio.Nursery) -> None:
+        host, port = await nursery.start(functools.partial(serve_namesrv, config))
+        announce_ready("namesrv", listen=f"{host}:{port}")
+
+    return run_until_signalled(main)
