@@ -1,0 +1,419 @@
+"""Message layouts shared by clients, the wire and the store: the batch layout and the commit-log record.
+
+Two layouts, each defined once here next to its ``struct.Struct`` and mirrored in ``docs/store-format.md``.
+All integers are big-endian, as RocketMQ writes them.
+
+**Batch** (what a producer sends as a SEND_BATCH_MESSAGE body and what one Raft entry carries)::
+
+    0        4        8                 12       16
+    | magic  | count  | store_host ip   | port   |      BATCH_HEAD, 16 bytes
+    then `count` entries, each:
+    | entry_size 4 | queue_id 4 | flag 4 | sys_flag 4 | born_timestamp 8 | born ip 4 | born port 4 |
+    | reconsume_times 4 | prepared_transaction_offset 8 |                         ENTRY_HEAD, 44 bytes
+    | body_len 4 | body | topic_len 1 | topic | properties_len 2 | properties |   the record tail
+
+**Commit-log record**::
+
+    | total_size 4 | magic 4 | body_crc 4 | queue_id 4 | flag 4 | queue_offset 8 | phy_offset 8 |
+    | sys_flag 4 | born_timestamp 8 | born ip 4 | born port 4 | store_timestamp 8 | store ip 4 | store port 4 |
+    | reconsume_times 4 | prepared_transaction_offset 8 |                         RECORD_HEAD, 84 bytes
+    | body_len 4 | body | topic_len 1 | topic | properties_len 2 | properties |   the record tail
+
+The record tail is byte-for-byte the batch entry's tail, so the store appends a batch with one ``pack_into`` of
+the 84-byte head and one slice copy per message, never re-encoding bodies or properties. ``body_crc`` is the
+crc32c of the body. Properties are RocketMQ's encoding: ``name \\x01 value \\x02`` per pair, UTF-8; names and
+values may not contain those two separator bytes. A message id is RocketMQ's offset message id: store host ip
+(4) + port (4) + phy_offset (8), upper-case hex.
+
+This module is pure ``struct``: no I/O, no trio; the store and the client both import it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import socket
+import struct
+from collections.abc import Iterator, Mapping, Sequence
+from functools import lru_cache
+
+from crc32c import crc32c
+
+__all__ = [
+    "MessageInput", "MessageView", "MessageFormatError",
+    "encode_batch", "decode_batch", "validate_batch", "batch_count", "batch_store_host",
+    "encode_record", "decode_record", "iter_records", "record_size",
+    "encode_properties", "decode_properties", "create_msg_id", "parse_msg_id", "tags_code", "check_topic",
+    "BATCH_HEAD", "ENTRY_HEAD", "RECORD_HEAD", "BATCH_MAGIC", "MESSAGE_MAGIC", "BLANK_MAGIC",
+    "MAX_TOPIC_LENGTH", "MAX_PROPERTIES_SIZE", "DEFAULT_MAX_MESSAGE_SIZE",
+    "PROPERTY_TAGS", "PROPERTY_KEYS", "PROPERTY_UNIQ_KEY", "KEY_SEPARATOR",
+]
+
+BATCH_MAGIC = 0x524D4231  # "RMB1"
+MESSAGE_MAGIC = 0xDAA320A7  # RocketMQ's MESSAGE_MAGIC_CODE (-626843481 as a Java int)
+BLANK_MAGIC = 0xCBD43194  # RocketMQ's BLANK_MAGIC_CODE: the end-of-segment filler
+
+BATCH_HEAD = struct.Struct(">II4sI")
+# entry_size, queue_id, flag, sys_flag, born_timestamp, born_ip, born_port, reconsume_times, prepared_tx_offset
+ENTRY_HEAD = struct.Struct(">iiiiq4sIiq")
+# total_size, magic, body_crc, queue_id, flag, queue_offset, phy_offset, sys_flag, born_timestamp, born_ip,
+# born_port, store_timestamp, store_ip, store_port, reconsume_times, prepared_transaction_offset
+RECORD_HEAD = struct.Struct(">iIIiiqqiq4sIq4sIiq")
+BODY_LEN = struct.Struct(">i")
+PROPS_LEN = struct.Struct(">H")
+MSG_ID = struct.Struct(">4sIq")
+
+MAX_TOPIC_LENGTH = 127  # RocketMQ's TOPIC_MAX_LENGTH
+MAX_PROPERTIES_SIZE = 32767  # RocketMQ stores the properties length as a Java short
+DEFAULT_MAX_MESSAGE_SIZE = 4 * 1024 * 1024
+PROPERTY_TAGS = "TAGS"
+PROPERTY_KEYS = "KEYS"
+PROPERTY_UNIQ_KEY = "UNIQ_KEY"
+KEY_SEPARATOR = " "
+
+_TOPIC_RE = re.compile(r"[%|a-zA-Z0-9_-]+")
+_TAIL_FIXED = BODY_LEN.size + 1 + PROPS_LEN.size  # body_len + topic_len + properties_len
+
+
+class MessageFormatError(ValueError):
+    """A message or batch is malformed; ``field`` names what was wrong (``topic``, ``body``, ``properties``,
+    ``batch``, ``born_host`` ...)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MessageInput:
+    """One message as a producer hands it over; ``properties`` carries TAGS, KEYS and UNIQ_KEY."""
+
+    topic: str
+    queue_id: int
+    body: bytes
+    properties: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    flag: int = 0
+    sys_flag: int = 0
+    born_timestamp: int = 0
+    born_host: tuple[str, int] = ("127.0.0.1", 0)
+    reconsume_times: int = 0
+    prepared_transaction_offset: int = 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MessageView:
+    """One decoded commit-log record."""
+
+    topic: str
+    queue_id: int
+    queue_offset: int
+    phy_offset: int
+    size: int
+    flag: int
+    sys_flag: int
+    born_timestamp: int
+    born_host: tuple[str, int]
+    store_timestamp: int
+    store_host: tuple[str, int]
+    reconsume_times: int
+    prepared_transaction_offset: int
+    body_crc: int
+    body: bytes
+    properties: dict[str, str]
+
+    @property
+    def msg_id(self) -> str:
+        return create_msg_id(self.store_host, self.phy_offset)
+
+    @property
+    def tags(self) -> str | None:
+        return self.properties.get(PROPERTY_TAGS)
+
+    @property
+    def keys(self) -> list[str]:
+        raw = self.properties.get(PROPERTY_KEYS)
+        return [k for k in raw.split(KEY_SEPARATOR) if k] if raw else []
+
+    @property
+    def uniq_key(self) -> str | None:
+        return self.properties.get(PROPERTY_UNIQ_KEY)
+
+
+@lru_cache(maxsize=4096)
+def _ip_bytes(ip: str, field: str = "host") -> bytes:
+    try:
+        return socket.inet_pton(socket.AF_INET, ip)
+    except (OSError, TypeError):
+        raise MessageFormatError(field, f"{field} must be an IPv4 address, got {ip!r}") from None
+
+
+def _host_bytes(host: tuple[str, int], field: str) -> tuple[bytes, int]:
+    try:
+        ip, port = host
+    except (TypeError, ValueError):
+        raise MessageFormatError(field, f"{field} must be (ip, port), got {host!r}") from None
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise MessageFormatError(field, f"{field} port must be within 0..65535, got {port!r}")
+    return _ip_bytes(ip, field), port
+
+
+@lru_cache(maxsize=4096)
+def check_topic(topic: str) -> bytes:
+    """The UTF-8 topic if it is legal (RocketMQ's charset ``%|a-zA-Z0-9_-``, 1..127 chars), else raise."""
+    if not isinstance(topic, str) or not topic:
+        raise MessageFormatError("topic", f"topic must be a non-empty string, got {topic!r}")
+    if len(topic) > MAX_TOPIC_LENGTH:
+        raise MessageFormatError("topic", f"topic is {len(topic)} chars long, more than {MAX_TOPIC_LENGTH}")
+    if not _TOPIC_RE.fullmatch(topic):
+        raise MessageFormatError("topic", f"topic {topic!r} contains characters outside %|a-zA-Z0-9_-")
+    return topic.encode("ascii")
+
+
+def encode_properties(properties: Mapping[str, str]) -> bytes:
+    parts = []
+    for name, value in properties.items():
+        if not isinstance(name, str) or not isinstance(value, str) or not name:
+            raise MessageFormatError("properties", f"property {name!r}={value!r} must map a non-empty str to a str")
+        if "\x01" in name or "\x02" in name or "\x01" in value or "\x02" in value:
+            raise MessageFormatError("properties", f"property {name!r} contains a \\x01 or \\x02 separator byte")
+        parts.append(f"{name}\x01{value}\x02")
+    data = "".join(parts).encode("utf-8")
+    if len(data) > MAX_PROPERTIES_SIZE:
+        raise MessageFormatError("properties",
+                                 f"properties take {len(data)} bytes encoded, more than {MAX_PROPERTIES_SIZE}")
+    return data
+
+
+def decode_properties(data: bytes | memoryview) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for pair in bytes(data).decode("utf-8").split("\x02"):
+        if pair:
+            name, _, value = pair.partition("\x01")
+            out[name] = value
+    return out
+
+
+def _int_field(value: object, name: str, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise MessageFormatError(name, f"{name} must be an integer within {lo}..{hi}, got {value!r}")
+    return value
+
+
+_I32 = (-(2 ** 31), 2 ** 31 - 1)
+_I64 = (-(2 ** 63), 2 ** 63 - 1)
+
+
+def encode_batch(messages: Sequence[MessageInput], store_host: tuple[str, int], *,
+                 max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE) -> bytes:
+    """The batch layout of ``messages``; raises ``MessageFormatError`` naming the first bad field."""
+    if not messages:
+        raise MessageFormatError("batch", "a batch must hold at least one message")
+    store_ip, store_port = _host_bytes(store_host, "store_host")
+    out = bytearray(BATCH_HEAD.pack(BATCH_MAGIC, len(messages), store_ip, store_port))
+    for m in messages:
+        topic = check_topic(m.topic)
+        body = m.body
+        if not isinstance(body, (bytes, bytearray, memoryview)):
+            raise MessageFormatError("body", f"body must be bytes, got {type(body).__name__}")
+        if len(body) > max_message_size:
+            raise MessageFormatError("body", f"body of {len(body)} bytes exceeds max_message_size {max_message_size}")
+        props = encode_properties(m.properties) if m.properties else b""
+        born_ip, born_port = _host_bytes(m.born_host, "born_host")
+        entry_size = ENTRY_HEAD.size + _TAIL_FIXED + len(body) + len(topic) + len(props)
+        out += ENTRY_HEAD.pack(entry_size, _int_field(m.queue_id, "queue_id", 0, _I32[1]),
+                               _int_field(m.flag, "flag", *_I32), _int_field(m.sys_flag, "sys_flag", *_I32),
+                               _int_field(m.born_timestamp, "born_timestamp", *_I64), born_ip, born_port,
+                               _int_field(m.reconsume_times, "reconsume_times", *_I32),
+                               _int_field(m.prepared_transaction_offset, "prepared_transaction_offset", *_I64))
+        out += BODY_LEN.pack(len(body))
+        out += body
+        out.append(len(topic))
+        out += topic
+        out += PROPS_LEN.pack(len(props))
+        out += props
+    return bytes(out)
+
+
+def batch_count(batch: bytes | memoryview) -> int:
+    return BATCH_HEAD.unpack_from(batch, 0)[1]
+
+
+def batch_store_host(batch: bytes | memoryview) -> tuple[str, int]:
+    _, _, ip, port = BATCH_HEAD.unpack_from(batch, 0)
+    return socket.inet_ntop(socket.AF_INET, ip), port
+
+
+def validate_batch(batch: bytes | memoryview, *, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE) -> int:
+    """Check the whole batch structure (sizes, topics, properties length) without decoding bodies; returns the
+    message count or raises ``MessageFormatError``. The store calls this before writing any byte."""
+    n = len(batch)
+    if n < BATCH_HEAD.size:
+        raise MessageFormatError("batch", f"batch of {n} bytes is shorter than its {BATCH_HEAD.size}-byte header")
+    magic, count, _, _ = BATCH_HEAD.unpack_from(batch, 0)
+    if magic != BATCH_MAGIC:
+        raise MessageFormatError("batch", f"batch magic is {magic:#x}, expected {BATCH_MAGIC:#x}")
+    if count <= 0:
+        raise MessageFormatError("batch", "a batch must hold at least one message")
+    pos = BATCH_HEAD.size
+    unpack_entry = ENTRY_HEAD.unpack_from
+    unpack_i = BODY_LEN.unpack_from
+    unpack_h = PROPS_LEN.unpack_from
+    head = ENTRY_HEAD.size
+    for i in range(count):
+        if pos + head + _TAIL_FIXED > n:
+            raise MessageFormatError("batch", f"batch ends inside message {i} header")
+        entry_size, queue_id = unpack_entry(batch, pos)[:2]
+        end = pos + entry_size
+        if entry_size < head + _TAIL_FIXED or end > n:
+            raise MessageFormatError("batch", f"message {i} size {entry_size} does not fit the batch")
+        if queue_id < 0:
+            raise MessageFormatError("queue_id", f"message {i} queue_id must be >= 0, got {queue_id}")
+        body_len = unpack_i(batch, pos + head)[0]
+        if body_len < 0 or body_len > max_message_size:
+            raise MessageFormatError("body", f"message {i} body of {body_len} bytes exceeds max_message_size "
+                                             f"{max_message_size}")
+        t = pos + head + 4 + body_len
+        if t + 3 > end:
+            raise MessageFormatError("batch", f"message {i} body length {body_len} overruns its entry")
+        topic_len = batch[t]
+        topic = bytes(batch[t + 1:t + 1 + topic_len])
+        _check_topic_bytes(topic, i)
+        p = t + 1 + topic_len
+        if p + 2 > end:
+            raise MessageFormatError("batch", f"message {i} topic length overruns its entry")
+        props_len = unpack_h(batch, p)[0]
+        if props_len > MAX_PROPERTIES_SIZE:
+            raise MessageFormatError("properties", f"message {i} properties take {props_len} bytes, more than "
+                                                   f"{MAX_PROPERTIES_SIZE}")
+        if p + 2 + props_len != end:
+            raise MessageFormatError("batch", f"message {i} entry size {entry_size} disagrees with its fields")
+        pos = end
+    if pos != n:
+        raise MessageFormatError("batch", f"batch has {n - pos} trailing bytes after {count} messages")
+    return count
+
+
+@lru_cache(maxsize=4096)
+def _check_topic_bytes(topic: bytes, index: int = 0) -> None:
+    try:
+        text = topic.decode("ascii")
+    except UnicodeDecodeError:
+        raise MessageFormatError("topic", f"message {index} topic {topic!r} is not ASCII") from None
+    check_topic(text)
+
+
+def decode_batch(batch: bytes | memoryview) -> tuple[tuple[str, int], list[MessageInput]]:
+    """``(store_host, messages)`` of a batch (validated first)."""
+    count = validate_batch(batch, max_message_size=2 ** 31 - 1)
+    mv = memoryview(batch)
+    store_host = batch_store_host(mv)
+    out = []
+    pos = BATCH_HEAD.size
+    for _ in range(count):
+        (entry_size, queue_id, flag, sys_flag, born_ts, born_ip, born_port, reconsume,
+         prepared) = ENTRY_HEAD.unpack_from(mv, pos)
+        body, topic, props = _split_tail(mv, pos + ENTRY_HEAD.size)
+        out.append(MessageInput(topic, queue_id, body, decode_properties(props), flag, sys_flag, born_ts,
+                                (socket.inet_ntop(socket.AF_INET, born_ip), born_port), reconsume, prepared))
+        pos += entry_size
+    return store_host, out
+
+
+def _split_tail(mv: memoryview, pos: int) -> tuple[bytes, str, memoryview]:
+    body_len = BODY_LEN.unpack_from(mv, pos)[0]
+    b = pos + 4
+    t = b + body_len
+    topic_len = mv[t]
+    p = t + 1 + topic_len
+    props_len = PROPS_LEN.unpack_from(mv, p)[0]
+    return bytes(mv[b:t]), str(mv[t + 1:p], "ascii"), mv[p + 2:p + 2 + props_len]
+
+
+def record_size(body_len: int, topic_len: int, properties_len: int) -> int:
+    return RECORD_HEAD.size + _TAIL_FIXED + body_len + topic_len + properties_len
+
+
+def encode_record(buf: bytearray | memoryview, offset: int, message: MessageInput, *, queue_offset: int,
+                  phy_offset: int, store_timestamp: int, store_host: tuple[str, int]) -> int:
+    """Write one record of ``message`` at ``buf[offset:]``; returns its size. The store's hot path copies
+    batch tails instead; this is the reference the tests and tools use."""
+    topic = check_topic(message.topic)
+    props = encode_properties(message.properties) if message.properties else b""
+    body = bytes(message.body)
+    size = record_size(len(body), len(topic), len(props))
+    born_ip, born_port = _host_bytes(message.born_host, "born_host")
+    store_ip, store_port = _host_bytes(store_host, "store_host")
+    RECORD_HEAD.pack_into(buf, offset, size, MESSAGE_MAGIC, crc32c(body), message.queue_id, message.flag,
+                          queue_offset, phy_offset, message.sys_flag, message.born_timestamp, born_ip, born_port,
+                          store_timestamp, store_ip, store_port, message.reconsume_times,
+                          message.prepared_transaction_offset)
+    pos = offset + RECORD_HEAD.size
+    tail = BODY_LEN.pack(len(body)) + body + bytes([len(topic)]) + topic + PROPS_LEN.pack(len(props)) + props
+    buf[pos:pos + len(tail)] = tail
+    return size
+
+
+def decode_record(data: bytes | memoryview, offset: int = 0, *, check_crc: bool = True) -> MessageView:
+    """Decode the record at ``data[offset:]``; raises ``MessageFormatError`` if it is not a whole, valid one."""
+    mv = memoryview(data)
+    if offset + RECORD_HEAD.size + _TAIL_FIXED > len(mv):
+        raise MessageFormatError("record", f"record at {offset} is truncated")
+    (size, magic, body_crc, queue_id, flag, queue_offset, phy_offset, sys_flag, born_ts, born_ip, born_port,
+     store_ts, store_ip, store_port, reconsume, prepared) = RECORD_HEAD.unpack_from(mv, offset)
+    if magic != MESSAGE_MAGIC:
+        raise MessageFormatError("record", f"record at {offset} has magic {magic:#x}, not a message")
+    if size < RECORD_HEAD.size + _TAIL_FIXED or offset + size > len(mv):
+        raise MessageFormatError("record", f"record at {offset} has a bad size {size}")
+    body_len = BODY_LEN.unpack_from(mv, offset + RECORD_HEAD.size)[0]
+    if body_len < 0 or RECORD_HEAD.size + _TAIL_FIXED + body_len > size:
+        raise MessageFormatError("record", f"record at {offset} has a bad body length {body_len}")
+    body, topic, props = _split_tail(mv[:offset + size], offset + RECORD_HEAD.size)
+    if check_crc and crc32c(body) != body_crc:
+        raise MessageFormatError("record", f"record at {offset} fails its body CRC")
+    return MessageView(topic, queue_id, queue_offset, phy_offset, size, flag, sys_flag, born_ts,
+                       (socket.inet_ntop(socket.AF_INET, born_ip), born_port), store_ts,
+                       (socket.inet_ntop(socket.AF_INET, store_ip), store_port), reconsume, prepared, body_crc,
+                       body, decode_properties(props))
+
+
+def iter_records(data: bytes | memoryview, *, check_crc: bool = True) -> Iterator[MessageView]:
+    """Decode consecutive records (a pulled message set is a concatenation of raw records)."""
+    mv = memoryview(data)
+    pos = 0
+    while pos < len(mv):
+        view = decode_record(mv, pos, check_crc=check_crc)
+        yield view
+        pos += view.size
+
+
+def create_msg_id(store_host: tuple[str, int], phy_offset: int) -> str:
+    ip, port = _host_bytes(store_host, "store_host")
+    return MSG_ID.pack(ip, port, phy_offset).hex().upper()
+
+
+def parse_msg_id(msg_id: str) -> tuple[tuple[str, int], int]:
+    """``((store ip, port), phy_offset)`` of an offset message id."""
+    try:
+        raw = bytes.fromhex(msg_id)
+    except (ValueError, TypeError):
+        raise MessageFormatError("msg_id", f"msg_id {msg_id!r} is not hex") from None
+    if len(raw) != MSG_ID.size:
+        raise MessageFormatError("msg_id", f"msg_id {msg_id!r} must be {MSG_ID.size * 2} hex digits")
+    ip, port, phy = MSG_ID.unpack(raw)
+    return (socket.inet_ntop(socket.AF_INET, ip), port), phy
+
+
+@lru_cache(maxsize=65536)
+def tags_code(tags: str | None) -> int:
+    """RocketMQ's tags code: Java's ``String.hashCode`` of the tag (0 for no tag), as a signed 64-bit value."""
+    if not tags:
+        return 0
+    h = 0
+    for ch in tags.encode("utf-16-be").decode("utf-16-be"):
+        cp = ord(ch)
+        if cp > 0xFFFF:  # Java hashes UTF-16 code units: split astral characters into surrogates
+            cp -= 0x10000
+            h = (31 * h + (0xD800 + (cp >> 10))) & 0xFFFFFFFF
+            cp = 0xDC00 + (cp & 0x3FF)
+        h = (31 * h + cp) & 0xFFFFFFFF
+    return h - (1 << 32) if h >= (1 << 31) else h
