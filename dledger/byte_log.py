@@ -1,0 +1,167 @@
+"""``ByteLog``: the smallest real state machine, a CRC-framed append-only log file.
+
+It is what ``raftmq bench dledger`` and the dledger tests replicate when they measure or check the Raft layer
+without the message store, and the reference implementation of ``dledger.state_machine.StateMachine``::
+
+    record = size (uint32 BE, bytes of data) | crc32c(data) (uint32 BE) | data
+    batch payload = record | record | ...         (what join_records builds, appended as one unit)
+    file  = batch payload | batch payload | ...   (offsets are byte positions in the file)
+
+``checksums`` cuts the file into fixed logical segments of ``segment_size_bytes`` (crc32c of each, up to the
+asked offset), the same shape as the message store's per-segment checksums, so ``raftmq verify`` treats both
+alike. On open, a torn tail (a record cut by a crash) is truncated away: only whole, CRC-valid records count.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+import crc32c
+
+from dledger.state_machine import ApplyStatus, BatchResult
+
+__all__ = ["ByteLog", "RECORD_HEADER", "frame_record", "iter_records"]
+
+RECORD_HEADER = struct.Struct(">II")
+
+
+def frame_record(data: bytes) -> bytes:
+    return RECORD_HEADER.pack(len(data), crc32c.crc32c(data)) + data
+
+
+def iter_records(buf: bytes, *, base_offset: int = 0):
+    """Yield ``(offset, data)`` for each whole record; raise ValueError at the first bad one."""
+    pos = 0
+    view = memoryview(buf)
+    while pos < len(buf):
+        if len(buf) - pos < RECORD_HEADER.size:
+            raise ValueError(f"truncated record header at offset {base_offset + pos}")
+        size, crc = RECORD_HEADER.unpack_from(buf, pos)
+        end = pos + RECORD_HEADER.size + size
+        if end > len(buf):
+            raise ValueError(f"record at offset {base_offset + pos} claims {size} bytes, only "
+                             f"{len(buf) - pos - RECORD_HEADER.size} follow")
+        data = view[pos + RECORD_HEADER.size:end]
+        if crc32c.crc32c(data) != crc:
+            raise ValueError(f"record at offset {base_offset + pos} fails its crc32c check")
+        yield base_offset + pos, bytes(data)
+        pos = end
+
+
+class ByteLog:
+    def __init__(self, path: str | os.PathLike[str], *, segment_size_bytes: int = 64 << 20,
+                 fsync: bool = False) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.segment_size_bytes = segment_size_bytes
+        self._fsync = fsync
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._lock = threading.Lock()
+        self._end = self._recover()
+
+    def _recover(self) -> int:
+        size = os.fstat(self._fd).st_size
+        good = 0
+        chunk = 8 << 20
+        pending = b""
+        offset = 0
+        while offset < size:
+            pending += os.pread(self._fd, chunk, offset)
+            offset += chunk
+            pos = 0
+            while len(pending) - pos >= RECORD_HEADER.size:
+                rsize, crc = RECORD_HEADER.unpack_from(pending, pos)
+                end = pos + RECORD_HEADER.size + rsize
+                if end > len(pending):
+                    break
+                if crc32c.crc32c(memoryview(pending)[pos + RECORD_HEADER.size:end]) != crc:
+                    offset = size  # stop: everything from here is a torn or corrupt tail
+                    break
+                pos = end
+            good += pos
+            pending = pending[pos:]
+        if good != size:
+            os.ftruncate(self._fd, good)
+        return good
+
+    @property
+    def end_offset(self) -> int:
+        return self._end
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+    def join_records(self, records: Sequence[bytes]) -> bytes:
+        return b"".join(frame_record(r) for r in records)
+
+    def plan_batch_end(self, payload: bytes, start_offset: int) -> int:
+        return start_offset + len(payload)
+
+    def apply_batch(self, payload: bytes, store_timestamp: int, expected_start_offset: int) -> BatchResult:
+        with self._lock:
+            end = self._end
+            if expected_start_offset < end:
+                return BatchResult(ApplyStatus.DUPLICATE, end)
+            if expected_start_offset > end:
+                return BatchResult(ApplyStatus.REJECTED, end)
+            offsets = []
+            pos = 0
+            while pos < len(payload):
+                size, _crc = RECORD_HEADER.unpack_from(payload, pos)
+                offsets.append(end + pos)
+                pos += RECORD_HEADER.size + size
+            os.pwrite(self._fd, payload, end)
+            if self._fsync:
+                os.fdatasync(self._fd)
+            self._end = end + len(payload)
+            return BatchResult(ApplyStatus.APPLIED, self._end, tuple(offsets))
+
+    def read_raw(self, offset: int, max_bytes: int) -> bytes:
+        """Whole records from ``offset`` (at least one, even if it is bigger than ``max_bytes``)."""
+        end = self._end
+        if offset >= end:
+            return b""
+        buf = os.pread(self._fd, min(max(max_bytes, RECORD_HEADER.size), end - offset), offset)
+        pos = 0
+        while len(buf) - pos >= RECORD_HEADER.size:
+            size, _crc = RECORD_HEADER.unpack_from(buf, pos)
+            if pos + RECORD_HEADER.size + size > len(buf):
+                if pos == 0:
+                    return os.pread(self._fd, RECORD_HEADER.size + size, offset)
+                break
+            pos += RECORD_HEADER.size + size
+        return buf[:pos]
+
+    def write_raw(self, offset: int, data: bytes) -> None:
+        with self._lock:
+            if offset != self._end:
+                raise ValueError(f"write_raw offset {offset} is not the log end {self._end}")
+            for _ in iter_records(data, base_offset=offset):
+                pass
+            os.pwrite(self._fd, data, offset)
+            if self._fsync:
+                os.fdatasync(self._fd)
+            self._end = offset + len(data)
+
+    def read_records(self, offset: int = 0, max_bytes: int = 1 << 30) -> list[tuple[int, bytes]]:
+        return list(iter_records(self.read_raw(offset, max_bytes), base_offset=offset))
+
+    def checksums(self, up_to_offset: int) -> list[tuple[int, int, int]]:
+        up_to = min(up_to_offset, self._end)
+        out = []
+        start = 0
+        while start < up_to:
+            length = min(self.segment_size_bytes, up_to - start)
+            crc = 0
+            pos = start
+            while pos < start + length:
+                block = os.pread(self._fd, min(8 << 20, start + length - pos), pos)
+                crc = crc32c.crc32c(block, crc)
+                pos += len(block)
+            out.append((start, length, crc))
+            start += length
+        return out

@@ -1,0 +1,191 @@
+"""``DLedgerConfig`` (the ``[dledger]`` table) and the ONE place that builds pysyncobj's ``SyncObjConf``.
+
+``SyncObjConf`` reads its options with ``kwargs.get``: a misspelt option is silently ignored. So the conf is
+built only in ``build_syncobj_conf``, every key it passes is checked against the options ``SyncObjConf``
+really has (``unknown_syncobj_options``), and a unit test pins the values that the fixes depend on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Literal
+
+from pysyncobj import SyncObjConf
+
+from dledger.entry import ENTRY_HEADER
+from remoting.config import ConfigError, bounded, parse_host_port
+
+__all__ = ["MemberAddress", "DLedgerConfig", "build_syncobj_conf", "unknown_syncobj_options", "MIN_SECRET_LENGTH"]
+
+MIN_SECRET_LENGTH = 16
+# Bytes pysyncobj adds around an entry in an append_entries message (pickled tuple, dict keys, our frame).
+_WIRE_OVERHEAD_BYTES = 4096
+
+
+def _member_id_ok(value: str) -> str | None:
+    return None if value and all(c.isalnum() or c in "-_" for c in value) else "must be letters, digits, - or _"
+
+
+@dataclass(frozen=True)
+class MemberAddress:
+    id: str = bounded("", check=_member_id_ok, doc="member id, unique in the group")
+    raft_address: str = bounded("", doc="HOST:PORT of the member's Raft (pysyncobj) port, bound exactly")
+    service_address: str = bounded("", doc="HOST:PORT of the member's remoting port (catch-up fetches)")
+
+    def __post_init__(self) -> None:
+        problem = _member_id_ok(self.id)
+        if problem:
+            raise ConfigError(f"member id {problem}, got {self.id!r}")
+        _host, port = parse_host_port(self.raft_address, key=f"members[{self.id}].raft_address")
+        if port == 0:
+            raise ConfigError(f"members[{self.id}].raft_address needs a fixed port (peers dial it), "
+                              f"got {self.raft_address!r}")
+        if self.service_address:
+            parse_host_port(self.service_address, key=f"members[{self.id}].service_address")
+
+
+@dataclass(frozen=True)
+class DLedgerConfig:
+    group: str = bounded("broker-a", check=_member_id_ok, doc="Raft group name (the broker name)")
+    self_id: str = bounded("", doc="which of members is this process")
+    members: tuple[MemberAddress, ...] = ()
+    secret: str = bounded("", doc="cluster secret authenticating every Raft frame (>= 16 characters)")
+    data_dir: Path = Path("data/dledger")
+    flush_disk_type: Literal["ASYNC_FLUSH", "SYNC_FLUSH"] = "ASYNC_FLUSH"
+    election_timeout_min_ms: int = bounded(400, min=20, max=60_000)
+    election_timeout_max_ms: int = bounded(900, min=30, max=120_000)
+    heartbeat_interval_ms: int = bounded(50, min=5, max=10_000)
+    connection_timeout_ms: int = bounded(3500, min=100, max=120_000)
+    leader_fallback_timeout_ms: int = bounded(3000, min=50, max=120_000)
+    max_batch_messages: int = bounded(1024, min=1, max=100_000)
+    max_batch_bytes: int = bounded(64 * 1024, min=1024, max=16 << 20)
+    max_batch_delay_ms: float = bounded(1.0, min=0.0, max=1000.0)
+    max_in_flight_batches: int = bounded(4, min=1, max=64)
+    max_pending_records: int = bounded(100_000, min=1, max=10_000_000)
+    append_entries_batch_size_bytes: int = bounded(512 * 1024, min=16 * 1024, max=64 << 20)
+    socket_buffer_bytes: int = bounded(4 << 20, min=64 * 1024, max=256 << 20)
+    log_compaction_min_entries: int = bounded(500, min=2, max=10_000_000)
+    log_compaction_min_time_s: int = bounded(60, min=1, max=86_400)
+    catch_up_chunk_bytes: int = bounded(1 << 20, min=4096, max=64 << 20)
+    status_poll_interval_ms: int = bounded(20, min=1, max=5000)
+
+    def __post_init__(self) -> None:
+        if len(self.secret) < MIN_SECRET_LENGTH:
+            raise ConfigError(f"dledger.secret must be at least {MIN_SECRET_LENGTH} characters (every Raft frame "
+                              f"is authenticated with it; `raftmq dev` generates one), got "
+                              f"{len(self.secret)} characters")
+        ids = [m.id for m in self.members]
+        if len(set(ids)) != len(ids):
+            raise ConfigError(f"dledger.members ids must be unique, got {ids}")
+        if self.self_id not in ids:
+            raise ConfigError(f"dledger.self_id must name one of members {ids}, got {self.self_id!r}")
+        raft = [m.raft_address for m in self.members]
+        if len(set(raft)) != len(raft):
+            raise ConfigError(f"dledger.members raft_address values must be unique, got {raft}")
+        if self.election_timeout_max_ms <= self.election_timeout_min_ms:
+            raise ConfigError(f"dledger.election_timeout_max_ms must be > election_timeout_min_ms "
+                              f"({self.election_timeout_min_ms}), got {self.election_timeout_max_ms}")
+        if self.election_timeout_min_ms <= 3 * self.heartbeat_interval_ms:
+            raise ConfigError(f"dledger.election_timeout_min_ms must be > 3 x heartbeat_interval_ms "
+                              f"({3 * self.heartbeat_interval_ms}), got {self.election_timeout_min_ms}")
+        if self.connection_timeout_ms < self.election_timeout_max_ms:
+            raise ConfigError(f"dledger.connection_timeout_ms must be >= election_timeout_max_ms "
+                              f"({self.election_timeout_max_ms}), got {self.connection_timeout_ms}")
+        if self.leader_fallback_timeout_ms <= self.heartbeat_interval_ms:
+            raise ConfigError(f"dledger.leader_fallback_timeout_ms must be > heartbeat_interval_ms, "
+                              f"got {self.leader_fallback_timeout_ms}")
+        if self.max_batch_bytes + ENTRY_HEADER.size > self.max_entry_bytes:
+            raise ConfigError(
+                f"dledger.max_batch_bytes must be <= {self.max_entry_bytes - ENTRY_HEADER.size} (half of "
+                f"append_entries_batch_size_bytes minus overheads, below pysyncobj's chunked-send threshold), "
+                f"got {self.max_batch_bytes}")
+
+    @property
+    def max_entry_bytes(self) -> int:
+        """Largest entry the batcher may propose: half the pysyncobj batch size, minus wire overhead."""
+        return self.append_entries_batch_size_bytes // 2 - _WIRE_OVERHEAD_BYTES
+
+    @property
+    def self_member(self) -> MemberAddress:
+        return next(m for m in self.members if m.id == self.self_id)
+
+    @property
+    def peers(self) -> tuple[MemberAddress, ...]:
+        return tuple(m for m in self.members if m.id != self.self_id)
+
+    def member_by_raft_address(self, raft_address: str) -> MemberAddress | None:
+        return next((m for m in self.members if m.raft_address == raft_address), None)
+
+    @property
+    def journal_path(self) -> Path:
+        return self.data_dir / "raft.journal"
+
+    @property
+    def snapshot_path(self) -> Path:
+        return self.data_dir / "raft.snapshot"
+
+    def replace(self, **changes: Any) -> "DLedgerConfig":
+        return dataclasses.replace(self, **changes)
+
+
+def unknown_syncobj_options(options: dict[str, Any]) -> list[str]:
+    """Keys ``SyncObjConf`` would silently ignore."""
+    known = vars(SyncObjConf())
+    return sorted(k for k in options if k not in known)
+
+
+def syncobj_options(config: DLedgerConfig, *, serializer: Callable | None, deserializer: Callable | None,
+                    on_state_changed: Callable | None) -> dict[str, Any]:
+    member = config.self_member
+    return {
+        # Fix: bind exactly the configured address (pysyncobj's default is 0.0.0.0).
+        "bindAddress": member.raft_address,
+        # Authentication is done by dledger.patches (HMAC before unpickling); pysyncobj's own Fernet password
+        # stays off (it needs `cryptography` and base64-encodes every frame).
+        "password": None,
+        "autoTick": True,
+        "autoTickPeriod": 0.05,
+        "raftMinTimeout": config.election_timeout_min_ms / 1000,
+        "raftMaxTimeout": config.election_timeout_max_ms / 1000,
+        "appendEntriesPeriod": config.heartbeat_interval_ms / 1000,
+        "connectionTimeout": config.connection_timeout_ms / 1000,
+        "connectionRetryTime": 0.2,
+        "leaderFallbackTimeout": config.leader_fallback_timeout_ms / 1000,
+        # Group commit already batches; send each entry at once (0.2-0.5 ms commit vs ~appendEntriesPeriod).
+        "appendEntriesUseBatch": False,
+        "appendEntriesBatchSizeBytes": config.append_entries_batch_size_bytes,
+        "sendBufferSize": config.socket_buffer_bytes,
+        "recvBufferSize": config.socket_buffer_bytes,
+        "commandsQueueSize": 10_000,
+        "commandsWaitLeader": False,
+        "logCompactionMinEntries": config.log_compaction_min_entries,
+        "logCompactionMinTime": config.log_compaction_min_time_s,
+        "logCompactionSplit": False,
+        "logCompactionBatchSize": 1 << 16,
+        "journalFile": str(config.journal_path),
+        "fullDumpFile": str(config.snapshot_path),
+        "serializer": serializer,
+        "deserializer": deserializer,
+        "useFork": False,
+        "dynamicMembershipChange": True,
+        "onStateChanged": on_state_changed,
+        "bindRetryTime": 0.2,
+        "maxBindRetries": 25,
+        "pollerType": "auto",
+        "tcp_keepalive": (16, 3, 5),
+    }
+
+
+def build_syncobj_conf(config: DLedgerConfig, *, serializer: Callable | None = None,
+                       deserializer: Callable | None = None,
+                       on_state_changed: Callable | None = None) -> SyncObjConf:
+    options = syncobj_options(config, serializer=serializer, deserializer=deserializer,
+                              on_state_changed=on_state_changed)
+    unknown = unknown_syncobj_options(options)
+    if unknown:
+        raise ConfigError(f"SyncObjConf has no option(s) {unknown}; pysyncobj would silently ignore them")
+    conf = SyncObjConf(**options)
+    conf.validate()
+    return conf

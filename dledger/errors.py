@@ -1,0 +1,101 @@
+"""Errors of a DLedger group, in the project's one hierarchy (``remoting.errors.RaftMQError``).
+
+``retriable``: the same append may succeed if tried again (on this member or on the new leader);
+``refresh_route``: the caller should look the leader up again.
+"""
+
+from __future__ import annotations
+
+from remoting.errors import RaftMQError
+
+__all__ = ["DLedgerError", "NotLeaderError", "LeaderChangedError", "AppendTimeoutError", "GroupBusyError",
+           "RecordTooLargeError", "BatchRejectedError", "MembershipChangeError", "TransferLeadershipError"]
+
+
+class DLedgerError(RaftMQError):
+    retriable = False
+    refresh_route = False
+
+
+class NotLeaderError(DLedgerError):
+    retriable = True
+    refresh_route = True
+
+    def __init__(self, group: str, leader_id: str | None, leader_service_address: str | None) -> None:
+        where = f"member {leader_id} ({leader_service_address})" if leader_id else "no member yet"
+        super().__init__(f"This member is not the leader of group {group}; the leader is {where}.")
+        self.group = group
+        self.leader_id = leader_id
+        self.leader_addr = leader_service_address
+
+
+class LeaderChangedError(DLedgerError):
+    """The entry was not committed in the term it was proposed in; it will never be applied."""
+
+    retriable = True
+    refresh_route = True
+
+    def __init__(self, group: str, reason: str) -> None:
+        super().__init__(f"The append to group {group} was not committed ({reason}); it was not applied.")
+        self.group = group
+        self.reason = reason
+
+
+class AppendTimeoutError(DLedgerError):
+    """The outcome is unknown: the entry may still commit later."""
+
+    retriable = True
+
+    def __init__(self, group: str, timeout_s: float) -> None:
+        super().__init__(f"The append to group {group} was not confirmed within {timeout_s:g} s; "
+                         f"it may or may not be committed.")
+        self.group = group
+        self.timeout_s = timeout_s
+
+
+class GroupBusyError(DLedgerError):
+    retriable = True
+
+    def __init__(self, group: str, max_pending_records: int) -> None:
+        super().__init__(f"Group {group} already has {max_pending_records} records waiting to be replicated.")
+        self.group = group
+        self.max_pending_records = max_pending_records
+
+
+class RecordTooLargeError(DLedgerError):
+    def __init__(self, size: int, max_size: int) -> None:
+        super().__init__(f"A record of {size} bytes does not fit in one DLedger entry (max {max_size} bytes).")
+        self.size = size
+        self.max_size = max_size
+
+
+class BatchRejectedError(DLedgerError):
+    """The state machine refused the batch (it was planned against an offset the log never reached)."""
+
+    retriable = True
+
+    def __init__(self, group: str, status: str, expected_start_offset: int, end_offset: int) -> None:
+        super().__init__(f"Group {group} {status.lower()} a batch planned at offset {expected_start_offset} "
+                         f"while the commit log ends at {end_offset}; nothing was written.")
+        self.group = group
+        self.status = status
+        self.expected_start_offset = expected_start_offset
+        self.end_offset = end_offset
+
+
+class MembershipChangeError(DLedgerError):
+    def __init__(self, group: str, action: str, member_id: str, reason: str) -> None:
+        super().__init__(f"Could not {action} member {member_id} of group {group}: {reason}.")
+        self.group = group
+        self.member_id = member_id
+        self.reason = reason
+
+
+class TransferLeadershipError(DLedgerError):
+    retriable = True
+
+    def __init__(self, group: str, target: str | None, reason: str) -> None:
+        super().__init__(f"Leadership of group {group} was not transferred to {target or 'any member'}: {reason}.")
+        self.group = group
+        self.target = target
+        self.reason = reason

@@ -1,0 +1,565 @@
+"""The trio face of a DLedger member: ``async with open_dledger_group(config, state_machine) as group``.
+
+Rules of this module (the essay the rest of ``dledger`` leans on):
+
+- **Group commit.** ``await group.append(record)`` queues the record; one batcher task turns queued records into
+  one entry (up to ``max_batch_messages`` / ``max_batch_bytes``; when batches are already in flight it waits up
+  to ``max_batch_delay_ms`` for more) and proposes it with ONE pysyncobj call. At most
+  ``max_in_flight_batches`` entries are in flight. Few Raft calls is what keeps the tick thread (which shares
+  the GIL with trio) on time, and so keeps the term from moving under load.
+- **Planned offsets.** Each entry carries the commit-log offset it expects to start at: the state machine's end
+  when nothing is in flight, else the planned end of the previous in-flight entry (``plan_batch_end``). A leader
+  proposes only once its own no-op entry is applied (every earlier entry is then applied too, so the end is
+  current). After any failure the batcher waits for the pipeline to drain and re-reads the end.
+- **Acknowledgement.** A caller is answered only from the commit callback, i.e. after a majority holds the entry
+  and this member applied it; the answer is the Raft index and that record's result from the state machine.
+  Callbacks run on the tick thread and hop to trio with ``TrioToken.run_sync_soon``.
+- **Roles.** Followers get no leader-change callback from pysyncobj, so a poller task reads role, term and leader
+  every ``status_poll_interval_ms`` and publishes changes (``wait_leader``, ``role_changes``).
+- **Catch-up.** When a loaded snapshot is ahead of the commit log, the catch-up task copies the missing bytes
+  from a peer (``fetch_range``, leader first) while the apply gate is closed; ``serving_reads`` is False until
+  then.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+from pysyncobj import FAIL_REASON
+
+from dledger.config import DLedgerConfig, MemberAddress
+from dledger.entry import encode_entry
+from dledger.errors import (AppendTimeoutError, BatchRejectedError, GroupBusyError, LeaderChangedError,
+                            MembershipChangeError, NotLeaderError, RecordTooLargeError, TransferLeadershipError)
+from dledger.member import RaftMember
+from dledger.state_machine import ApplyStatus, StateMachine
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Role", "RoleChange", "AppendResult", "DLedgerStatistics", "DLedgerGroup", "open_dledger_group",
+           "FetchRange", "MEMBERS_TABLE"]
+
+FetchRange = Callable[[MemberAddress, int, int], Awaitable[bytes]]
+# Metadata table holding members added at run time: id -> [raft_address, service_address].
+MEMBERS_TABLE = "dledger.members"
+_FAIL_NAMES = {v: k for k, v in vars(FAIL_REASON).items() if not k.startswith("_")}
+
+
+class Role(enum.Enum):
+    FOLLOWER = "FOLLOWER"
+    CANDIDATE = "CANDIDATE"
+    LEADER = "LEADER"
+
+
+_ROLE_OF_STATE = {0: Role.FOLLOWER, 1: Role.CANDIDATE, 2: Role.LEADER}
+
+
+@dataclass(frozen=True, slots=True)
+class RoleChange:
+    role: Role
+    term: int
+    leader_id: str | None
+    leader_service_address: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    index: int
+    result: Any
+
+
+@dataclass(frozen=True, slots=True)
+class DLedgerStatistics:
+    group: str
+    self_id: str
+    role: Role
+    term: int
+    leader_id: str | None
+    committed_index: int
+    last_applied_index: int
+    end_offset: int
+    appended_records: int
+    appended_batches: int
+    failed_batches: int
+    in_flight_batches: int
+    pending_records: int
+    applied_batches: int
+    duplicate_batches: int
+    rejected_batches: int
+    snapshots_written: int
+    snapshots_loaded: int
+    journal_flushes: int
+    log_entries_in_memory: int
+    catch_up_bytes: int
+    serving_reads: bool
+
+
+class _Pending:
+    __slots__ = ("record", "event", "index", "result", "error")
+
+    def __init__(self, record: bytes) -> None:
+        self.record = record
+        self.event = trio.Event()
+        self.index = 0
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+
+class DLedgerGroup:
+    def __init__(self, config: DLedgerConfig, state_machine: StateMachine, *,
+                 fetch_range: FetchRange | None = None) -> None:
+        self.config = config
+        self._sm = state_machine
+        self._fetch_range = fetch_range
+        self._member: RaftMember | None = None
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._send, self._recv = trio.open_memory_channel[_Pending](config.max_pending_records)
+        self._slots = trio.Semaphore(config.max_in_flight_batches)
+        self._in_flight = 0
+        self._drained = trio.Event()
+        self._drained.set()
+        self._replan = True
+        self._planned_end = 0
+        self._last_store_timestamp = 0
+        self._max_record_bytes = config.max_batch_bytes
+        self._role = RoleChange(Role.FOLLOWER, 0, None, None)
+        self._changed = trio.Event()
+        self._role_listeners: list[trio.MemorySendChannel[RoleChange]] = []
+        self._catch_up_wanted = trio.Event()
+        self._catch_up_bytes = 0
+        self._appended_records = 0
+        self._appended_batches = 0
+        self._failed_batches = 0
+
+    # ---- lifecycle ----
+
+    def _start(self, nursery: trio.Nursery) -> None:
+        self._token = trio.lowlevel.current_trio_token()
+        # Constructed on the trio thread on purpose: pysyncobj's tick thread stops when its creator exits.
+        self._member = RaftMember(self.config, self._sm, notify=self._notify_threadsafe)
+        if self._member.catch_up_target is not None:
+            self._catch_up_wanted.set()
+        nursery.start_soon(self._poll_status)
+        nursery.start_soon(self._batcher)
+        nursery.start_soon(self._catch_up_loop)
+
+    def _close(self) -> None:
+        if self._member is not None:
+            self._member.close()
+            log.info("raft member stopped group=%s id=%s", self.config.group, self.config.self_id)
+
+    @property
+    def member(self) -> RaftMember:
+        assert self._member is not None, "the group is not open"
+        return self._member
+
+    # ---- roles ----
+
+    @property
+    def role(self) -> Role:
+        return self._role.role
+
+    @property
+    def term(self) -> int:
+        return self._role.term
+
+    @property
+    def leader_id(self) -> str | None:
+        return self._role.leader_id
+
+    @property
+    def is_leader(self) -> bool:
+        return self._role.role is Role.LEADER
+
+    @property
+    def serving_reads(self) -> bool:
+        """False while the commit log is behind a loaded snapshot (bytes still being copied from a peer)."""
+        return self.member.catch_up_target is None
+
+    def member_address(self, member_id: str) -> MemberAddress | None:
+        for m in self.config.members:
+            if m.id == member_id:
+                return m
+        extra = self.member.metadata(MEMBERS_TABLE).get(member_id)
+        if extra:
+            return MemberAddress(id=member_id, raft_address=extra[0], service_address=extra[1])
+        return None
+
+    def _member_by_raft_address(self, raft_address: str) -> MemberAddress | None:
+        found = self.config.member_by_raft_address(raft_address)
+        if found is not None:
+            return found
+        for member_id, (raft, service) in self.member.metadata(MEMBERS_TABLE).items():
+            if raft == raft_address:
+                return MemberAddress(id=member_id, raft_address=raft, service_address=service)
+        return None
+
+    def _read_role(self) -> RoleChange:
+        m = self.member
+        role = _ROLE_OF_STATE.get(getattr(m, "_SyncObj__raftState", 0), Role.FOLLOWER)
+        leader_node = m._getLeader()
+        leader = self._member_by_raft_address(leader_node.address) if leader_node is not None else None
+        return RoleChange(role, m._getTerm(), leader.id if leader else None,
+                          leader.service_address if leader else None)
+
+    async def _poll_status(self) -> None:
+        interval = self.config.status_poll_interval_ms / 1000
+        while True:
+            current = self._read_role()
+            if current != self._role:
+                previous, self._role = self._role, current
+                if current.role is not previous.role or current.leader_id != previous.leader_id:
+                    log.info("role changed group=%s id=%s role=%s term=%d leader=%s", self.config.group,
+                             self.config.self_id, current.role.value, current.term, current.leader_id)
+                for listener in list(self._role_listeners):
+                    try:
+                        listener.send_nowait(current)
+                    except trio.WouldBlock:
+                        pass
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        self._role_listeners.remove(listener)
+                self._changed.set()
+                self._changed = trio.Event()
+            await trio.sleep(interval)
+
+    async def wait_changed(self) -> None:
+        await self._changed.wait()
+
+    async def wait_leader(self) -> RoleChange:
+        """Wait until a leader is known and return the current role/term/leader."""
+        while self._role.leader_id is None:
+            await self._changed.wait()
+        return self._role
+
+    async def wait_ready_leader(self) -> None:
+        """Wait until this member is leader and may propose (its no-op entry is applied)."""
+        while not self._can_propose():
+            await trio.sleep(self.config.status_poll_interval_ms / 1000)
+
+    @asynccontextmanager
+    async def role_changes(self, buffer: int = 64) -> AsyncIterator[trio.MemoryReceiveChannel[RoleChange]]:
+        """A stream of ``RoleChange``; changes are dropped while the reader lags ``buffer`` behind."""
+        send, recv = trio.open_memory_channel[RoleChange](buffer)
+        self._role_listeners.append(send)
+        try:
+            async with recv:
+                yield recv
+        finally:
+            if send in self._role_listeners:
+                self._role_listeners.remove(send)
+            send.close()
+
+    def _can_propose(self) -> bool:
+        m = self.member
+        noop = m.noop_index
+        return (self._role.role is Role.LEADER and m._isLeader() and noop is not None
+                and m.raftLastApplied >= noop and m.catch_up_target is None)
+
+    def _not_leader(self) -> NotLeaderError:
+        leader_id = self._role.leader_id if self._role.leader_id != self.config.self_id else None
+        return NotLeaderError(self.config.group, leader_id,
+                              self._role.leader_service_address if leader_id else None)
+
+    # ---- append (group commit) ----
+
+    async def append(self, record: bytes, *, timeout_s: float = 3.0) -> AppendResult:
+        """Replicate one record; returns its Raft index and the state machine's result for it once the entry
+        is committed and applied here. Raises NotLeaderError / LeaderChangedError / BatchRejectedError
+        (retriable, nothing applied), AppendTimeoutError (outcome unknown), GroupBusyError, RecordTooLargeError."""
+        if len(record) > self._max_record_bytes:
+            raise RecordTooLargeError(len(record), self._max_record_bytes)
+        if not self.is_leader:
+            raise self._not_leader()
+        pending = _Pending(record)
+        try:
+            self._send.send_nowait(pending)
+        except trio.WouldBlock:
+            raise GroupBusyError(self.config.group, self.config.max_pending_records) from None
+        with trio.move_on_after(timeout_s):
+            await pending.event.wait()
+        if not pending.event.is_set():
+            raise AppendTimeoutError(self.config.group, timeout_s)
+        if pending.error is not None:
+            raise pending.error
+        return AppendResult(pending.index, pending.result)
+
+    async def _batcher(self) -> None:
+        cfg = self.config
+        delay_s = cfg.max_batch_delay_ms / 1000
+        carry: _Pending | None = None
+        while True:
+            first = carry if carry is not None else await self._recv.receive()
+            carry = None
+            batch = [first]
+            size = len(first.record)
+            deadline = trio.current_time() + delay_s
+            while len(batch) < cfg.max_batch_messages:
+                try:
+                    nxt = self._recv.receive_nowait()
+                except trio.WouldBlock:
+                    # Wait for company only when the pipeline is busy anyway; an idle group proposes at once.
+                    if self._in_flight == 0 or delay_s <= 0 or trio.current_time() >= deadline:
+                        break
+                    nxt = None
+                    with trio.move_on_at(deadline):
+                        nxt = await self._recv.receive()
+                    if nxt is None:
+                        break
+                if size + len(nxt.record) > cfg.max_batch_bytes:
+                    carry = nxt
+                    break
+                batch.append(nxt)
+                size += len(nxt.record)
+            await self._propose(batch)
+
+    async def _propose(self, batch: list[_Pending]) -> None:
+        await self._slots.acquire()
+        if self._replan and self._in_flight:
+            await self._drained.wait()
+        if not self._can_propose():
+            self._slots.release()
+            self._fail(batch, self._not_leader())
+            return
+        m = self.member
+        if self._in_flight == 0 or self._replan:
+            start = self._sm.end_offset
+            self._replan = False
+        else:
+            start = self._planned_end
+        try:
+            payload = self._sm.join_records([p.record for p in batch])
+            end = self._sm.plan_batch_end(payload, start)
+            now_ms = int(time.time() * 1000)
+            store_timestamp = max(now_ms, self._last_store_timestamp)
+            entry = encode_entry(start, store_timestamp, payload,
+                                 max_entry_bytes=self.config.max_entry_bytes)
+        except Exception as e:
+            self._slots.release()
+            log.warning("batch not proposed group=%s records=%d error=%s", self.config.group, len(batch), e)
+            self._fail(batch, e)
+            return
+        self._last_store_timestamp = store_timestamp
+        self._planned_end = end
+        self._in_flight += 1
+        if self._drained.is_set():
+            self._drained = trio.Event()
+        m.apply_entry(entry, callback=functools.partial(self._committed_threadsafe, batch, start))
+
+    def _committed_threadsafe(self, batch: list[_Pending], start: int, res: Any, err: int) -> None:
+        # Tick thread: hand over and return at once.
+        try:
+            assert self._token is not None
+            self._token.run_sync_soon(self._committed, batch, start, res, err)
+        except trio.RunFinishedError:
+            pass
+
+    def _committed(self, batch: list[_Pending], start: int, res: Any, err: int) -> None:
+        self._in_flight -= 1
+        self._slots.release()
+        if self._in_flight == 0:
+            self._drained.set()
+        if err == FAIL_REASON.SUCCESS:
+            index, result = res
+            if result.status is ApplyStatus.APPLIED:
+                self._appended_batches += 1
+                self._appended_records += len(batch)
+                for pending, record_result in zip(batch, result.record_results):
+                    pending.index = index
+                    pending.result = record_result
+                    pending.event.set()
+                return
+            error: Exception = BatchRejectedError(self.config.group, result.status.value, start, result.end_offset)
+        else:
+            error = LeaderChangedError(self.config.group, _FAIL_NAMES.get(err, str(err)))
+        self._replan = True
+        self._failed_batches += 1
+        self._fail(batch, error)
+
+    @staticmethod
+    def _fail(batch: list[_Pending], error: BaseException) -> None:
+        for pending in batch:
+            pending.error = error
+            pending.event.set()
+
+    # ---- replicated metadata ----
+
+    async def put_metadata(self, table: str, items: dict[str, Any], *, timeout_s: float = 3.0) -> int:
+        """Replicate key/value changes of a metadata table (None deletes a key); leader only."""
+        if not self.is_leader:
+            raise self._not_leader()
+        outcome = await self._call_replicated(lambda cb: self.member.put_metadata(table, items, callback=cb),
+                                              timeout_s)
+        return outcome
+
+    def metadata(self, table: str) -> dict[str, Any]:
+        """This member's applied copy of a metadata table."""
+        return self.member.metadata(table)
+
+    async def _call_replicated(self, call: Callable[[Callable[[Any, int], None]], None], timeout_s: float) -> Any:
+        done = trio.Event()
+        box: list[Any] = []
+        token = self._token
+        assert token is not None
+
+        def on_result(res: Any, err: int) -> None:
+            def deliver() -> None:
+                box.append((res, err))
+                done.set()
+            try:
+                token.run_sync_soon(deliver)
+            except trio.RunFinishedError:
+                pass
+
+        call(on_result)
+        with trio.move_on_after(timeout_s):
+            await done.wait()
+        if not done.is_set():
+            raise AppendTimeoutError(self.config.group, timeout_s)
+        res, err = box[0]
+        if err != FAIL_REASON.SUCCESS:
+            raise LeaderChangedError(self.config.group, _FAIL_NAMES.get(err, str(err)))
+        return res
+
+    # ---- leadership and membership ----
+
+    async def transfer_leadership(self, to: str | None = None, *, timeout_s: float = 3.0) -> RoleChange:
+        """Hand leadership to member ``to`` (None: the most caught-up follower); returns the new role view."""
+        if not self.is_leader:
+            raise self._not_leader()
+        target = None
+        if to is not None:
+            target_member = self.member_address(to)
+            if target_member is None or to == self.config.self_id:
+                raise TransferLeadershipError(self.config.group, to, "no such other member")
+            target = target_member.raft_address
+        m = self.member
+        try:
+            await self._call_replicated(
+                lambda cb: m.call_on_tick_thread(lambda: m.transferLeadership(target, callback=cb)), timeout_s)
+        except LeaderChangedError as e:
+            raise TransferLeadershipError(self.config.group, to, f"refused ({e.reason}: the target must be "
+                                          f"connected and fully caught up)") from None
+        with trio.move_on_after(timeout_s):
+            while self._role.leader_id in (None, self.config.self_id) or (to and self._role.leader_id != to):
+                await self._changed.wait()
+            return self._role
+        raise TransferLeadershipError(self.config.group, to, f"no new leader within {timeout_s:g} s")
+
+    async def add_member(self, member: MemberAddress, *, timeout_s: float = 5.0) -> None:
+        """Add one member (one change at a time); it must be started with the full new member list."""
+        if not self.is_leader:
+            raise self._not_leader()
+        if self.member_address(member.id) is not None:
+            raise MembershipChangeError(self.config.group, "add", member.id, "a member with this id exists")
+        await self.put_metadata(MEMBERS_TABLE, {member.id: [member.raft_address, member.service_address]},
+                                timeout_s=timeout_s)
+        try:
+            await self._call_replicated(lambda cb: self.member.addNodeToCluster(member.raft_address, callback=cb),
+                                        timeout_s)
+        except LeaderChangedError as e:
+            raise MembershipChangeError(self.config.group, "add", member.id, e.reason) from None
+
+    async def remove_member(self, member_id: str, *, timeout_s: float = 5.0) -> None:
+        if not self.is_leader:
+            raise self._not_leader()
+        target = self.member_address(member_id)
+        if target is None or member_id == self.config.self_id:
+            raise MembershipChangeError(self.config.group, "remove", member_id,
+                                        "not another member of this group (transfer leadership first to "
+                                        "remove the leader)")
+        try:
+            await self._call_replicated(
+                lambda cb: self.member.removeNodeFromCluster(target.raft_address, callback=cb), timeout_s)
+        except LeaderChangedError as e:
+            raise MembershipChangeError(self.config.group, "remove", member_id, e.reason) from None
+        await self.put_metadata(MEMBERS_TABLE, {member_id: None}, timeout_s=timeout_s)
+
+    # ---- catch-up ----
+
+    def _notify_threadsafe(self, kind: str, value: Any) -> None:
+        if kind == "catch_up" and self._token is not None:
+            try:
+                self._token.run_sync_soon(self._catch_up_wanted.set)
+            except trio.RunFinishedError:
+                pass
+
+    def _catch_up_sources(self) -> list[MemberAddress]:
+        peers = [p for p in self.config.peers if p.service_address]
+        leader = self._role.leader_id
+        peers.sort(key=lambda p: p.id != leader)
+        return peers
+
+    async def _catch_up_loop(self) -> None:
+        m = self.member
+        while True:
+            await self._catch_up_wanted.wait()
+            self._catch_up_wanted = trio.Event()
+            while (target := m.catch_up_target) is not None:
+                end = self._sm.end_offset
+                if end >= target:
+                    m.finish_catch_up()
+                    break
+                if self._fetch_range is None:
+                    log.error("commit log behind snapshot end_offset=%d target=%d and no fetch_range: "
+                              "cannot catch up", end, target)
+                    await trio.sleep(1.0)
+                    continue
+                copied = False
+                for peer in self._catch_up_sources():
+                    try:
+                        with trio.fail_after(5.0):
+                            data = await self._fetch_range(peer, end, min(self.config.catch_up_chunk_bytes,
+                                                                          target - end))
+                    except Exception as e:
+                        log.warning("catch-up fetch failed peer=%s offset=%d error=%r", peer.id, end, e)
+                        continue
+                    if not data:
+                        continue
+                    self._sm.write_raw(end, data)
+                    self._catch_up_bytes += len(data)
+                    copied = True
+                    break
+                if not copied:
+                    await trio.sleep(0.2)
+
+    # ---- statistics ----
+
+    def statistics(self) -> DLedgerStatistics:
+        m = self.member
+        counters = m.counters()
+        return DLedgerStatistics(
+            group=self.config.group, self_id=self.config.self_id, role=self._role.role, term=m._getTerm(),
+            leader_id=self._role.leader_id, committed_index=m.raftCommitIndex,
+            last_applied_index=m.raftLastApplied, end_offset=self._sm.end_offset,
+            appended_records=self._appended_records, appended_batches=self._appended_batches,
+            failed_batches=self._failed_batches, in_flight_batches=self._in_flight,
+            pending_records=self._recv.statistics().current_buffer_used,
+            applied_batches=counters["applied_batches"], duplicate_batches=counters["duplicate_batches"],
+            rejected_batches=counters["rejected_batches"], snapshots_written=counters["snapshots_written"],
+            snapshots_loaded=counters["snapshots_loaded"], journal_flushes=counters["journal_flushes"],
+            log_entries_in_memory=counters["log_entries_in_memory"], catch_up_bytes=self._catch_up_bytes,
+            serving_reads=m.catch_up_target is None)
+
+
+@asynccontextmanager
+async def open_dledger_group(config: DLedgerConfig, state_machine: StateMachine, *,
+                             fetch_range: FetchRange | None = None) -> AsyncIterator[DLedgerGroup]:
+    """Start this process's member of the group; on exit stop the tick thread and close the Raft port."""
+    group = DLedgerGroup(config, state_machine, fetch_range=fetch_range)
+    try:
+        async with trio.open_nursery() as nursery:
+            group._start(nursery)
+            try:
+                yield group
+            finally:
+                nursery.cancel_scope.cancel()
+    finally:
+        group._close()

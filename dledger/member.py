@@ -1,0 +1,209 @@
+"""The tick-thread side of a DLedger member: a pysyncobj ``SyncObj`` whose replicated state is small.
+
+Rules (the trio side in ``dledger.group`` relies on them):
+
+- Everything here runs on pysyncobj's tick thread except the constructor and the plain attribute reads the
+  trio side polls (role, term, leader, indexes: single reads under the GIL). Anything that touches pysyncobj's
+  transport from trio goes through ``call_on_tick_thread``.
+- Callbacks never block: results reach trio with ``TrioToken.run_sync_soon`` (a ``sync=True`` call from this
+  thread would deadlock, ``trio.from_thread.run_sync`` would stall Raft for ~80 us per call).
+- The replicated state is only: the applied commit-log end offset and generic metadata tables
+  (``table -> key -> value``: topic configs, subscription groups, consumer offsets). The commit log itself lives
+  in the state machine. Snapshots (log compaction) are therefore tiny; they are written by our own serializer
+  (pickle protocol 5 + crc32c), never pysyncobj's gzip of ``__dict__``.
+- A snapshot whose end offset is ahead of the local commit log closes the apply gate (``dledger.patches``) and
+  asks the trio side to copy the missing bytes from a peer; Raft keeps voting and acknowledging meanwhile.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import pickle
+import struct
+from collections.abc import Callable
+from typing import Any
+
+import crc32c
+from pysyncobj import SyncObj, replicated
+
+from dledger import patches
+from dledger.config import DLedgerConfig, build_syncobj_conf
+from dledger.entry import decode_entry
+from dledger.state_machine import ApplyStatus, BatchResult, StateMachine
+
+patches.apply_patches()
+
+log = logging.getLogger(__name__)
+
+__all__ = ["RaftMember", "SNAPSHOT_MAGIC", "read_snapshot"]
+
+# Snapshot file: magic(8) | crc32c(4, BE) of body | body = pickle5({"version", "group", "end_offset",
+# "metadata", "raft"}), where "raft" is the tuple pysyncobj hands its serializer (last entries, cluster).
+SNAPSHOT_MAGIC = b"RMQDLSN1"
+_CRC = struct.Struct(">I")
+
+
+def read_snapshot(path: str | os.PathLike[str]) -> dict[str, Any]:
+    with open(path, "rb") as f:
+        data = f.read()
+    if data[:8] != SNAPSHOT_MAGIC:
+        raise ValueError(f"{path}: not a DLedger snapshot (bad magic)")
+    (crc,) = _CRC.unpack_from(data, 8)
+    body = data[12:]
+    if crc32c.crc32c(body) != crc:
+        raise ValueError(f"{path}: DLedger snapshot checksum mismatch")
+    return pickle.loads(body)
+
+
+class RaftMember(SyncObj):
+    def __init__(self, config: DLedgerConfig, state_machine: StateMachine, *,
+                 notify: Callable[[str, Any], None]) -> None:
+        """``notify(kind, value)`` is called on the tick thread (it must only schedule work elsewhere):
+        ``("catch_up", target_end_offset)`` when a loaded snapshot is ahead of the state machine."""
+        # Set before SyncObj.__init__: its transport and tick thread start inside it.
+        self._dledger_auth = patches.FrameAuthenticator(config.secret)
+        self._dledger_flush_journal = config.flush_disk_type == "SYNC_FLUSH"
+        self._dledger_journal_flushes = 0
+        self._dledger_apply_gate_open = True
+        self._config = config
+        self._sm = state_machine
+        self._notify = notify
+        self._metadata: dict[str, dict[str, Any]] = {}
+        self._applied_end_offset = state_machine.end_offset
+        self._catch_up_target: int | None = None
+        self._applied_batches = 0
+        self._duplicate_batches = 0
+        self._rejected_batches = 0
+        self._snapshots_written = 0
+        self._snapshots_loaded = 0
+        self._tick_calls: collections.deque[Callable[[], None]] = collections.deque()
+        os.makedirs(config.data_dir, exist_ok=True)
+        conf = build_syncobj_conf(config, serializer=self._write_snapshot, deserializer=self._read_snapshot)
+        me = config.self_member
+        super().__init__(me.raft_address, [p.raft_address for p in config.peers], conf)
+        self.addOnTickCallback(self._run_tick_calls)
+        self.waitBinded()
+        log.info("raft member started group=%s id=%s raft=%s flush=%s", config.group, me.id, me.raft_address,
+                 config.flush_disk_type)
+
+    # pysyncobj's transport asks the SyncObj for its "encryptor"; ours authenticates, see dledger.patches.
+    @property
+    def encryptor(self) -> patches.FrameAuthenticator:
+        return self._dledger_auth
+
+    def _getEncryptor(self) -> patches.FrameAuthenticator:
+        return self._dledger_auth
+
+    # ---- replicated commands (run on every member, in log order) ----
+
+    @replicated
+    def apply_entry(self, entry: bytes) -> tuple[int, BatchResult]:
+        index = self.raftLastApplied + 1
+        decoded = decode_entry(entry)
+        result = self._sm.apply_batch(decoded.payload, decoded.store_timestamp, decoded.expected_start_offset)
+        if result.status is ApplyStatus.APPLIED:
+            self._applied_batches += 1
+        elif result.status is ApplyStatus.DUPLICATE:
+            self._duplicate_batches += 1
+        else:
+            self._rejected_batches += 1
+            log.warning("batch rejected index=%d expected_start_offset=%d end_offset=%d", index,
+                        decoded.expected_start_offset, result.end_offset)
+        self._applied_end_offset = max(self._applied_end_offset, result.end_offset)
+        return index, result
+
+    @replicated
+    def put_metadata(self, table: str, items: dict[str, Any]) -> int:
+        """Set keys of a metadata table (a value of None deletes the key); returns the table size."""
+        target = self._metadata.setdefault(table, {})
+        for key, value in items.items():
+            if value is None:
+                target.pop(key, None)
+            else:
+                target[key] = value
+        return len(target)
+
+    # ---- reads for the trio side ----
+
+    def metadata(self, table: str) -> dict[str, Any]:
+        return dict(self._metadata.get(table, {}))
+
+    @property
+    def applied_end_offset(self) -> int:
+        return self._applied_end_offset
+
+    @property
+    def catch_up_target(self) -> int | None:
+        return self._catch_up_target
+
+    @property
+    def noop_index(self) -> int | None:
+        """Index of this leader's no-op entry; once applied, every earlier entry is applied too."""
+        return getattr(self, "_SyncObj__noopIDx", None)
+
+    @property
+    def journal_flushes(self) -> int:
+        return self._dledger_journal_flushes
+
+    def counters(self) -> dict[str, int]:
+        return {"applied_batches": self._applied_batches, "duplicate_batches": self._duplicate_batches,
+                "rejected_batches": self._rejected_batches, "snapshots_written": self._snapshots_written,
+                "snapshots_loaded": self._snapshots_loaded, "journal_flushes": self._dledger_journal_flushes,
+                "log_entries_in_memory": self._getRaftLogSize()}
+
+    # ---- thread crossing ----
+
+    def call_on_tick_thread(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` at the end of the next tick (pysyncobj's transport is not thread-safe)."""
+        self._tick_calls.append(fn)
+
+    def _run_tick_calls(self) -> None:
+        while self._tick_calls:
+            fn = self._tick_calls.popleft()
+            try:
+                fn()
+            except Exception:
+                log.exception("tick-thread call failed")
+
+    def finish_catch_up(self) -> None:
+        """Called by the trio side once the state machine reached the snapshot's end offset."""
+        target = self._catch_up_target
+        self._catch_up_target = None
+        self._applied_end_offset = max(self._applied_end_offset, self._sm.end_offset)
+        self._dledger_apply_gate_open = True
+        log.info("catch-up finished end_offset=%d target=%s", self._sm.end_offset, target)
+
+    # ---- snapshots (custom serializer: small, checksummed) ----
+
+    def _write_snapshot(self, file_name: str, raft_data: Any) -> None:
+        body = pickle.dumps({"version": 1, "group": self._config.group, "end_offset": self._applied_end_offset,
+                             "metadata": self._metadata, "raft": raft_data}, protocol=5)
+        with open(file_name, "wb") as f:
+            f.write(SNAPSHOT_MAGIC + _CRC.pack(crc32c.crc32c(body)) + body)
+            f.flush()
+            if self._dledger_flush_journal:
+                os.fsync(f.fileno())
+        self._snapshots_written += 1
+
+    def _read_snapshot(self, file_name: str) -> Any:
+        snap = read_snapshot(file_name)
+        if snap.get("group") != self._config.group:
+            raise ValueError(f"snapshot of group {snap.get('group')!r} loaded into group {self._config.group!r}")
+        self._metadata = snap["metadata"]
+        target = snap["end_offset"]
+        self._snapshots_loaded += 1
+        local_end = self._sm.end_offset
+        if local_end < target:
+            # Close the gate before returning: pysyncobj applies the next entries right after this load.
+            self._dledger_apply_gate_open = False
+            self._catch_up_target = target
+            log.info("snapshot ahead of commit log end_offset=%d snapshot_end_offset=%d: catching up from a peer",
+                     local_end, target)
+            self._notify("catch_up", target)
+        self._applied_end_offset = max(local_end, target)
+        return snap["raft"]
+
+    def close(self) -> None:
+        self.destroy_synchronous()

@@ -1,0 +1,208 @@
+"""Containment of pysyncobj 0.3.17's measured defects (see ``docs/architecture.md``, "Replication (dledger)").
+
+Every fix here is a small wrapper around one pysyncobj internal, applied once by ``apply_patches()`` when
+``dledger.member`` is imported, and each has a regression test in ``tests/unit/dledger/test_patches.py`` that
+fails without it. The wrappers reach into name-mangled attributes (``_SyncObj__raftNextIndex``), which is only
+safe for the exact version they were written against: ``check_version()`` refuses any other version at import,
+so a silent upgrade cannot quietly disable a fix.
+
+1. Wire: stock pysyncobj sends ``zlib.compress(pickle.dumps(msg, protocol=2))`` and unpickles the first frame of
+   a new connection before any check (remote code execution for anyone who reaches the port). We replace the
+   frame codec of ``TcpConnection``: ``length(4, native int) | HMAC-SHA256(secret, body)(32) | body`` where
+   ``body = pickle.dumps(msg, protocol=5)``; the tag is verified with ``hmac.compare_digest`` *before*
+   ``pickle.loads`` runs, and a bad tag closes the connection. No zlib: the payloads are message batches that
+   the CPU would rather not compress twice. The authenticator is handed to pysyncobj as its "encryptor", which
+   also switches on its per-connection random-key handshake, so a frame captured on one connection is rejected
+   on every other one.
+2. nextIndex rewind: a success reply for an older append moves ``nextIndex`` backwards, so in-flight entries are
+   re-sent and followers truncate already-applied entries. On success the leader now keeps ``nextIndex`` at
+   ``max(previous, reported)``.
+3. SYNC_FLUSH: pysyncobj never msyncs its mmap'd journal. With ``flush_journal=True`` a member flushes the
+   journal before it acknowledges entries (follower: before ``next_node_idx``; leader: before it sends entries,
+   which is before any majority can include it).
+4. Apply gate: ``SyncObj.__applyLogEntries`` is skipped while ``member._dledger_apply_gate_open`` is False, so a
+   member whose state machine is behind its snapshot keeps voting, appending and acknowledging (Raft stays live)
+   but applies nothing until the missing commit-log bytes were copied from a peer.
+5. Pickle protocol 2 is also used by pysyncobj's command encoding (``pysyncobj.pickle.dumps``); raised to 5 so a
+   bytes payload is one memcpy instead of a latin-1 string round trip.
+
+The chunked-send defect (entries at least ``appendEntriesBatchSizeBytes`` long) is contained by configuration:
+``dledger.config`` keeps the entry size limit below half the batch size and ``dledger.entry`` refuses bigger
+entries.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import pickle
+import struct
+from typing import Any
+
+import pysyncobj.pickle as pso_pickle
+import pysyncobj.syncobj as pso_syncobj
+import pysyncobj.tcp_connection as pso_tcp
+from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
+
+log = logging.getLogger(__name__)
+
+__all__ = ["PINNED_VERSION", "check_version", "apply_patches", "FrameAuthenticator", "WIRE_PICKLE_PROTOCOL"]
+
+PINNED_VERSION = "0.3.17"
+WIRE_PICKLE_PROTOCOL = 5
+_TAG_SIZE = 32
+_LENGTH = struct.Struct("i")  # pysyncobj's own length prefix (native int); both ends run this code
+_patched = False
+
+
+class UnsupportedPySyncObjVersion(ImportError):
+    pass
+
+
+def check_version(found: str = PYSYNCOBJ_VERSION) -> None:
+    if found != PINNED_VERSION:
+        raise UnsupportedPySyncObjVersion(
+            f"dledger patches pysyncobj {PINNED_VERSION} internals but pysyncobj {found} is installed; "
+            f"pin pysyncobj=={PINNED_VERSION} or re-validate every fix in dledger/patches.py")
+
+
+class FrameAuthenticator:
+    """HMAC-SHA256 over each frame body, keyed from the cluster secret.
+
+    Stands where pysyncobj expects its Fernet encryptor (its truthiness turns on the random-key handshake);
+    only ``tag``/``verify`` are used, by the replaced frame codec below.
+    """
+
+    def __init__(self, secret: str) -> None:
+        if not secret:
+            raise ValueError("a DLedger member needs a non-empty cluster secret")
+        self._key = hashlib.sha256(b"raftmq-dledger-v1\x00" + secret.encode()).digest()
+
+    def tag(self, body: bytes) -> bytes:
+        return hmac.digest(self._key, body, "sha256")
+
+    def verify(self, tag: bytes, body: bytes) -> bool:
+        return hmac.compare_digest(tag, hmac.digest(self._key, body, "sha256"))
+
+    def __bool__(self) -> bool:
+        return True
+
+
+def encode_frame(auth: FrameAuthenticator, message: Any) -> bytes:
+    body = pickle.dumps(message, protocol=WIRE_PICKLE_PROTOCOL)
+    return _LENGTH.pack(_TAG_SIZE + len(body)) + auth.tag(body) + body
+
+
+def _send(self: Any, message: Any) -> None:
+    auth = self.encryptor
+    if not auth:
+        # Never reached in dledger (the member refuses to start without a secret); refuse rather than
+        # fall back to an unauthenticated wire.
+        raise RuntimeError("pysyncobj connection without an authenticator")
+    if self.sendRandKey:
+        message = (self.sendRandKey, message)
+    self._TcpConnection__writeBuffer += encode_frame(auth, message)
+    self._TcpConnection__trySendBuffer()
+
+
+def _parse_message(self: Any) -> Any:
+    buf = self._TcpConnection__readBuffer
+    if len(buf) < 4:
+        return None
+    (length,) = _LENGTH.unpack_from(buf, 0)
+    if length < _TAG_SIZE:
+        log.warning("raft frame rejected reason=short_frame length=%d", length)
+        self.disconnect()
+        return None
+    if len(buf) - 4 < length:
+        return None
+    auth = self.encryptor
+    tag = bytes(buf[4:4 + _TAG_SIZE])
+    body = buf[4 + _TAG_SIZE:4 + length]
+    if not auth or not auth.verify(tag, body):
+        # The only path to pickle.loads goes through this check: an unauthenticated peer never gets a byte
+        # unpickled.
+        log.warning("raft frame rejected reason=bad_authentication")
+        self.disconnect()
+        return None
+    try:
+        message = pickle.loads(body)
+        if self.recvRandKey:
+            rand_key, message = message
+            if rand_key != self.recvRandKey:
+                raise ValueError("frame replayed from another connection")
+    except Exception as e:  # an authenticated peer sent nonsense: drop the connection, keep the node
+        log.warning("raft frame rejected reason=%s", e)
+        self.disconnect()
+        return None
+    self._TcpConnection__readBuffer = buf[4 + length:]
+    return message
+
+
+_original_on_message = pso_syncobj.SyncObj._SyncObj__onMessageReceived
+_original_send_next_node_idx = pso_syncobj.SyncObj._SyncObj__sendNextNodeIdx
+_original_send_append_entries = pso_syncobj.SyncObj._SyncObj__sendAppendEntries
+_original_apply_log_entries = pso_syncobj.SyncObj._SyncObj__applyLogEntries
+
+
+def _on_message_monotonic_next_index(self: Any, node: Any, message: Any) -> None:
+    if (isinstance(message, dict) and message.get("type") == "next_node_idx" and message.get("success")
+            and not message.get("reset")):
+        before = self._SyncObj__raftNextIndex.get(node)
+        _original_on_message(self, node, message)
+        after = self._SyncObj__raftNextIndex.get(node)
+        if before is not None and after is not None and after < before:
+            self._SyncObj__raftNextIndex[node] = before
+        return
+    _original_on_message(self, node, message)
+
+
+def _flush_journal(self: Any) -> None:
+    if getattr(self, "_dledger_flush_journal", False):
+        self._SyncObj__raftLog.flush()
+        self._dledger_journal_flushes = getattr(self, "_dledger_journal_flushes", 0) + 1
+
+
+def _send_next_node_idx_flushed(self: Any, node: Any, reset: bool = False, nextNodeIdx: Any = None,
+                                success: bool = False) -> None:
+    if success:
+        _flush_journal(self)
+    _original_send_next_node_idx(self, node, reset=reset, nextNodeIdx=nextNodeIdx, success=success)
+
+
+def _send_append_entries_flushed(self: Any) -> None:
+    _flush_journal(self)
+    _original_send_append_entries(self)
+
+
+def _apply_log_entries_gated(self: Any) -> bool:
+    if not getattr(self, "_dledger_apply_gate_open", True):
+        return False
+    return _original_apply_log_entries(self)
+
+
+def apply_patches() -> None:
+    """Install every fix; idempotent."""
+    global _patched
+    check_version()
+    if _patched:
+        return
+    pso_tcp.TcpConnection.send = _send
+    pso_tcp.TcpConnection._TcpConnection__processParseMessage = _parse_message
+    pso_syncobj.SyncObj._SyncObj__onMessageReceived = _on_message_monotonic_next_index
+    pso_syncobj.SyncObj._SyncObj__sendNextNodeIdx = _send_next_node_idx_flushed
+    pso_syncobj.SyncObj._SyncObj__sendAppendEntries = _send_append_entries_flushed
+    pso_syncobj.SyncObj._SyncObj__applyLogEntries = _apply_log_entries_gated
+    # Module global read by pysyncobj.pickle.dumps (not name-mangled: it is a module, not a class).
+    setattr(pso_pickle, "__protocol", WIRE_PICKLE_PROTOCOL)
+    _patched = True
+    log.debug("pysyncobj patched version=%s", PYSYNCOBJ_VERSION)
+
+
+ORIGINALS = {
+    "on_message": _original_on_message,
+    "send_next_node_idx": _original_send_next_node_idx,
+    "send_append_entries": _original_send_append_entries,
+    "apply_log_entries": _original_apply_log_entries,
+}

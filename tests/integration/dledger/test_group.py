@@ -1,0 +1,86 @@
+"""Three in-process members (three tick threads, one trio loop): append, roles, metadata, transfer."""
+
+from __future__ import annotations
+
+from contextlib import AsyncExitStack
+
+import pytest
+import trio
+
+from dledger import NotLeaderError, Role, open_dledger_group
+from tests.integration.dledger.helpers import make_configs, open_log
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def _leader(groups):
+    with trio.fail_after(10):
+        while True:
+            leaders = [g for g in groups if g.is_leader]
+            if len(leaders) == 1:
+                await leaders[0].wait_ready_leader()
+                return leaders[0]
+            await trio.sleep(0.02)
+
+
+async def test_append_replicates_byte_identical(tmp_path):
+    configs = make_configs(tmp_path)
+    logs = [open_log(tmp_path, c.self_id) for c in configs]
+    async with AsyncExitStack() as stack:
+        groups = [await stack.enter_async_context(open_dledger_group(c, log)) for c, log in zip(configs, logs)]
+        leader = await _leader(groups)
+        results = []
+
+        async def one(i):
+            results.append(await leader.append(b"record-%05d" % i))
+
+        async with trio.open_nursery() as nursery:
+            for i in range(500):
+                nursery.start_soon(one, i)
+        assert len(results) == 500
+        assert len({r.result for r in results}) == 500  # distinct offsets
+        follower = next(g for g in groups if not g.is_leader)
+        with pytest.raises(NotLeaderError) as info:
+            await follower.append(b"x")
+        assert info.value.retriable and info.value.leader_id == leader.config.self_id
+        end = leader.statistics().end_offset
+        with trio.fail_after(5):
+            while any(log.end_offset != end for log in logs):
+                await trio.sleep(0.02)
+        stats = leader.statistics()
+        assert stats.appended_records == 500 and stats.appended_batches < 500
+        assert stats.rejected_batches == 0
+    contents = [log.path.read_bytes() for log in logs]
+    assert contents[0] == contents[1] == contents[2]
+    assert sorted(d for _, d in logs[0].read_records()) == sorted(b"record-%05d" % i for i in range(500))
+    for log in logs:
+        log.close()
+
+
+async def test_metadata_roles_and_transfer(tmp_path):
+    configs = make_configs(tmp_path)
+    logs = [open_log(tmp_path, c.self_id) for c in configs]
+    async with AsyncExitStack() as stack:
+        groups = [await stack.enter_async_context(open_dledger_group(c, log)) for c, log in zip(configs, logs)]
+        leader = await _leader(groups)
+        await leader.put_metadata("topics", {"t1": b"cfg1", "t2": b"cfg2"})
+        await leader.put_metadata("topics", {"t2": None})
+        with trio.fail_after(5):
+            while any(g.metadata("topics") != {"t1": b"cfg1"} for g in groups):
+                await trio.sleep(0.02)
+        for g in groups:
+            info = await g.wait_leader()
+            assert info.leader_id == leader.config.self_id
+        target = next(g for g in groups if not g.is_leader)
+        async with target.role_changes() as changes:
+            new_view = await leader.transfer_leadership(target.config.self_id)
+            assert new_view.leader_id == target.config.self_id
+            with trio.fail_after(5):
+                async for change in changes:
+                    if change.role is Role.LEADER:
+                        break
+        await target.wait_ready_leader()
+        result = await target.append(b"after-transfer")
+        assert result.index > 0
+    for log in logs:
+        log.close()
