@@ -1,0 +1,48 @@
+"""The raftmq client: producer, push and pull consumers, admin (design §5).
+
+    async with open_producer(namesrv="127.0.0.1:9876") as producer:
+        result = await producer.send(Message("TopicTest", b"hello", tags="TagA"))
+"""
+
+from client.admin import AdminClient, ClusterInfo, open_admin
+from client.errors import (
+    BrokerError,
+    ClientClosedError,
+    ClientError,
+    ConfigError,
+    ConnectError,
+    ConnectionClosedError,
+    MessageTooLargeError,
+    NoRouteError,
+    NotLeaderError,
+    RaftMQError,
+    RemotingError,
+    RequestTimeoutError,
+    SendFailedError,
+)
+from client.filter import Subscription, parse_subscription, tags_code
+from client.message import (
+    Message,
+    MessageExt,
+    MessageQueue,
+    PullResult,
+    PullStatus,
+    SendResult,
+    SendStatus,
+)
+from client.producer import Producer, ProducerConfig, open_producer
+from client.pull_consumer import PullConsumer, PullConsumerConfig, open_pull_consumer
+from client.push_consumer import PushConsumer, PushConsumerConfig, open_push_consumer
+from client.rebalance import allocate_average
+
+__all__ = [
+    "open_producer", "Producer", "ProducerConfig",
+    "open_push_consumer", "PushConsumer", "PushConsumerConfig",
+    "open_pull_consumer", "PullConsumer", "PullConsumerConfig",
+    "open_admin", "AdminClient", "ClusterInfo",
+    "Message", "MessageExt", "MessageQueue", "SendResult", "SendStatus", "PullResult", "PullStatus",
+    "Subscription", "parse_subscription", "tags_code", "allocate_average",
+    "RaftMQError", "RemotingError", "ConnectError", "ConnectionClosedError", "RequestTimeoutError", "BrokerError",
+    "NotLeaderError", "ClientError", "NoRouteError", "ClientClosedError", "MessageTooLargeError",
+    "SendFailedError", "ConfigError",
+]

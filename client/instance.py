@@ -1,0 +1,237 @@
+"""What producers, consumers and the admin client share: config, connections, routes, heartbeats.
+
+One ``ClientInstance`` per producer or consumer (RocketMQ's MQClientInstance, without the process-wide
+singleton: trio code opens what it uses and closes it with the ``async with``). It owns the remoting pool (one
+connection per node, many requests in flight on it), the route cache, the fault tracker and two background
+tasks: the periodic route refresh and the heartbeat to every node of every group it knows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import cbor2
+import trio
+
+from client.errors import ClientClosedError, UnknownBrokerError
+from client.route import FaultTracker, RouteCache, decode_route_response
+from remoting.codec import Frame, make_request
+from remoting.codes import RequestCode, ResponseCode
+from remoting.config import bounded, config_from_mapping, parse_host_port
+from remoting.errors import RaftMQError, for_code
+
+__all__ = ["ClientConfig", "ClientInstance", "build_config", "raise_for_response", "open_remoting"]
+
+log = logging.getLogger(__name__)
+
+_instance_counter = itertools.count(1)
+
+
+def _check_addrs(value: tuple[str, ...]) -> str | None:
+    if not value:
+        return "must name at least one name server"
+    for addr in value:
+        parse_host_port(addr, key="namesrv_addrs")
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class ClientConfig:
+    namesrv_addrs: tuple[str, ...] = bounded(("127.0.0.1:9876",), check=_check_addrs,
+                                             doc="name servers, HOST:PORT each")
+    instance_name: str = bounded("DEFAULT", doc="part of the client id")
+    client_ip: str = bounded("127.0.0.1", doc="reported in heartbeats and message born hosts")
+    poll_name_server_interval_ms: int = bounded(30_000, min=10, doc="periodic route refresh")
+    heartbeat_broker_interval_ms: int = bounded(10_000, min=10, doc="heartbeat to every broker node")
+    request_timeout_ms: int = bounded(3_000, min=1, doc="default timeout of one request")
+    connect_timeout_ms: int = bounded(3_000, min=1)
+    fault_isolation_ms: int = bounded(1_000, min=0, doc="how long a failed group is avoided")
+    max_frame_size_bytes: int = bounded(16 * 1024 * 1024, min=1024)
+
+
+def build_config(cls: type, options: Mapping[str, Any]) -> Any:
+    """``cls`` from keyword options, validated like a TOML file; ``namesrv`` may be "a:1;b:2" or a list."""
+    data = dict(options)
+    namesrv = data.pop("namesrv", None)
+    if namesrv is not None:
+        if isinstance(namesrv, str):
+            namesrv = [a.strip() for a in namesrv.replace(",", ";").split(";") if a.strip()]
+        data["namesrv_addrs"] = list(namesrv)
+    return config_from_mapping(cls, data)
+
+
+def open_remoting(config: ClientConfig) -> Any:
+    """The connection pool for one client, sized by ``config``."""
+    from remoting.transport import open_remoting_client  # the trio shell; imported where sockets are needed
+
+    return open_remoting_client(max_frame_size=config.max_frame_size_bytes,
+                                connect_timeout_s=config.connect_timeout_ms / 1000)
+
+
+def raise_for_response(frame: Frame, *, ok: Iterable[int] = (ResponseCode.SUCCESS,), **context: Any) -> Frame:
+    """Return ``frame`` if its code is in ``ok``, else raise the registered ``BrokerError`` for its code."""
+    if frame.code in ok:
+        return frame
+    fields = dict(context)
+    for key in ("leader_addr", "topic", "broker_name"):
+        if key in frame.ext and frame.ext[key] is not None:
+            fields[key] = frame.ext[key]
+    raise for_code(frame.code, frame.remark, **fields)
+
+
+class ClientInstance:
+    def __init__(self, config: ClientConfig, remoting: Any, nursery: trio.Nursery) -> None:
+        self.config = config
+        self.remoting = remoting
+        self.nursery = nursery
+        self.client_id = f"{config.client_ip}@{os.getpid()}#{config.instance_name}#{next(_instance_counter)}"
+        self.routes = RouteCache(config.namesrv_addrs, self._query_route)
+        self.faults = FaultTracker(isolation_ms=config.fault_isolation_ms)
+        self.closed = False
+        # Filled by producers/consumers: what the heartbeat tells brokers about us.
+        self.heartbeat_data: Callable[[], dict[str, Any]] = lambda: {}
+        self._background: list[trio.CancelScope] = []
+        self._refreshing: set[str] = set()
+
+    @property
+    def timeout_s(self) -> float:
+        return self.config.request_timeout_ms / 1000
+
+    # -- requests -------------------------------------------------------------------------------------------------
+    async def invoke(self, addr: str, code: int, ext: Mapping[str, Any] | None = None, body: bytes = b"",
+                     *, timeout_s: float | None = None) -> Frame:
+        if self.closed:
+            raise ClientClosedError("the client is closed")
+        request = make_request(code, ext=dict(ext or {}), body=body)
+        return await self.remoting.invoke(addr, request, timeout_s=timeout_s or self.timeout_s)
+
+    async def invoke_oneway(self, addr: str, code: int, ext: Mapping[str, Any] | None = None,
+                            body: bytes = b"") -> None:
+        if self.closed:
+            raise ClientClosedError("the client is closed")
+        await self.remoting.invoke_oneway(addr, make_request(code, ext=dict(ext or {}), body=body, oneway=True))
+
+    async def invoke_namesrv(self, code: int, ext: Mapping[str, Any] | None = None, body: bytes = b"",
+                             *, ok: Iterable[int] = (ResponseCode.SUCCESS,)) -> Frame:
+        """Ask the name servers in turn until one answers (any answer in ``ok``, else its error)."""
+        last: BaseException | None = None
+        for addr in self.config.namesrv_addrs:
+            try:
+                frame = await self.invoke(addr, code, ext, body)
+            except RaftMQError as e:
+                if not e.retriable:
+                    raise
+                last = e
+                continue
+            return raise_for_response(frame, ok=ok)
+        assert last is not None
+        raise last
+
+    async def _query_route(self, addr: str, topic: str) -> Mapping[str, Any] | None:
+        frame = await self.invoke(addr, RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": topic})
+        if frame.code == ResponseCode.TOPIC_NOT_EXIST:
+            return None
+        raise_for_response(frame, topic=topic)
+        return decode_route_response(frame.ext, frame.body)
+
+    def master_addr(self, broker_name: str) -> str:
+        addr = self.routes.master_addr(broker_name)
+        if not addr:
+            raise UnknownBrokerError(f"broker group {broker_name!r} has no known leader in the cached routes",
+                                     broker_name=broker_name)
+        return addr
+
+    # -- reacting to errors ---------------------------------------------------------------------------------------
+    def on_error(self, error: BaseException, topic: str | None, broker_name: str, addr: str) -> None:
+        """Learn from a failed request: leader hints and an immediate background route refresh."""
+        hint = getattr(error, "leader_addr", None)
+        if hint and hint != addr:
+            self.routes.set_leader_hint(broker_name, hint)
+        else:
+            self.routes.drop_leader_hint(broker_name, addr)
+        if getattr(error, "refresh_route", False) and topic:
+            self.refresh_soon(topic)
+
+    def refresh_soon(self, topic: str) -> None:
+        if topic in self._refreshing or self.closed:
+            return
+        self._refreshing.add(topic)
+
+        async def _refresh() -> None:
+            try:
+                await self.routes.refresh(topic)
+            except RaftMQError as e:
+                log.info("route refresh failed topic=%s error=%s", topic, e)
+            finally:
+                self._refreshing.discard(topic)
+
+        self.nursery.start_soon(_refresh)
+
+    # -- background -----------------------------------------------------------------------------------------------
+    def start_background(self) -> None:
+        self.nursery.start_soon(self._serve_route_refresh)
+        self.nursery.start_soon(self._serve_heartbeat)
+
+    async def _serve_route_refresh(self) -> None:
+        with trio.CancelScope() as scope:
+            self._background.append(scope)
+            while True:
+                await trio.sleep(self.config.poll_name_server_interval_ms / 1000)
+                for topic in self.routes.topics:
+                    try:
+                        await self.routes.refresh(topic)
+                    except RaftMQError as e:
+                        log.info("periodic route refresh failed topic=%s error=%s", topic, e)
+
+    async def _serve_heartbeat(self) -> None:
+        with trio.CancelScope() as scope:
+            self._background.append(scope)
+            while True:
+                await self.send_heartbeat_to_all()
+                await trio.sleep(self.config.heartbeat_broker_interval_ms / 1000)
+
+    async def send_heartbeat_to_all(self) -> None:
+        data = self.heartbeat_data()
+        if not data:
+            return
+        body = cbor2.dumps({"client_id": self.client_id, **data})
+
+        async def _one(addr: str) -> None:
+            try:
+                frame = await self.invoke(addr, RequestCode.HEART_BEAT, None, body)
+                raise_for_response(frame)
+            except RaftMQError as e:
+                log.debug("heartbeat failed addr=%s error=%s", addr, e)
+
+        async with trio.open_nursery() as nursery:
+            for addrs in self.routes.all_broker_addrs().values():
+                for addr in addrs:
+                    nursery.start_soon(_one, addr)
+
+    async def unregister(self, producer_group: str | None, consumer_group: str | None) -> None:
+        ext = {"client_id": self.client_id, "producer_group": producer_group, "consumer_group": consumer_group}
+
+        async def _one(addr: str) -> None:
+            try:
+                await self.invoke(addr, RequestCode.UNREGISTER_CLIENT, ext, timeout_s=1.0)
+            except RaftMQError as e:
+                log.debug("unregister failed addr=%s error=%s", addr, e)
+
+        async with trio.open_nursery() as nursery:
+            for addrs in self.routes.all_broker_addrs().values():
+                for addr in addrs:
+                    nursery.start_soon(_one, addr)
+
+    def stop_background(self) -> None:
+        for scope in self._background:
+            scope.cancel()
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)

@@ -1,0 +1,157 @@
+"""The public value types of the client: what a user sends, what a send returns, what a consumer receives.
+
+RocketMQ keeps tags, keys and the producer-side unique id in the message *properties* (``TAGS``, ``KEYS``,
+``UNIQ_KEY``); we do the same so a message travels unchanged through the store and back. ``Message`` is the
+user's view with ``tags``/``keys`` as attributes; ``Message.wire_properties()`` folds them into the map.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import itertools
+import os
+import struct
+import time
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = [
+    "Message", "MessageQueue", "MessageExt", "SendStatus", "SendResult", "PullStatus", "PullResult",
+    "PROPERTY_TAGS", "PROPERTY_KEYS", "PROPERTY_UNIQ_KEY", "new_uniq_key",
+]
+
+PROPERTY_TAGS = "TAGS"
+PROPERTY_KEYS = "KEYS"
+PROPERTY_UNIQ_KEY = "UNIQ_KEY"
+# RocketMQ joins several keys with a space in the KEYS property.
+KEY_SEPARATOR = " "
+
+# Unique ids follow RocketMQ's MessageClientIDSetter in spirit: a per-process prefix (random + pid) and a
+# time + counter suffix, hex-encoded, so ids from concurrent producers never collide and sort by time.
+_UNIQ_PREFIX = os.urandom(4).hex().upper() + f"{os.getpid() & 0xFFFF:04X}"
+_uniq_counter = itertools.count()
+
+
+def new_uniq_key() -> str:
+    suffix = struct.pack(">IH", int(time.time() * 1000) & 0xFFFFFFFF, next(_uniq_counter) & 0xFFFF)
+    return _UNIQ_PREFIX + suffix.hex().upper()
+
+
+def _check_str(name: str, value: Any) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"Message.{name} must be a string, got {value!r}")
+
+
+@dataclasses.dataclass(slots=True)
+class Message:
+    """A message to send. ``body`` is bytes; ``properties`` are user string properties."""
+
+    topic: str
+    body: bytes
+    tags: str | None = None
+    keys: str | list[str] | None = None
+    properties: dict[str, str] = dataclasses.field(default_factory=dict)
+    flag: int = 0
+
+    def __post_init__(self) -> None:
+        _check_str("topic", self.topic)
+        if not self.topic:
+            raise ValueError("Message.topic must not be empty")
+        if isinstance(self.body, (bytearray, memoryview)):
+            self.body = bytes(self.body)
+        if not isinstance(self.body, bytes):
+            raise TypeError(f"Message.body must be bytes, got {type(self.body).__name__}")
+        if self.tags is not None:
+            _check_str("tags", self.tags)
+        for k, v in self.properties.items():
+            if not isinstance(k, str) or not isinstance(v, str):
+                raise TypeError(f"Message.properties must map str to str, got {k!r}: {v!r}")
+
+    def wire_properties(self) -> dict[str, str]:
+        props = dict(self.properties)
+        if self.tags:
+            props[PROPERTY_TAGS] = self.tags
+        if self.keys:
+            props[PROPERTY_KEYS] = (self.keys if isinstance(self.keys, str)
+                                    else KEY_SEPARATOR.join(self.keys))
+        return props
+
+
+@dataclasses.dataclass(frozen=True, slots=True, order=True)
+class MessageQueue:
+    """One queue of a topic on one broker group: the unit of routing, rebalancing and offsets."""
+
+    topic: str
+    broker_name: str
+    queue_id: int
+
+    def __str__(self) -> str:
+        return f"{self.topic}@{self.broker_name}:{self.queue_id}"
+
+
+class SendStatus(enum.Enum):
+    SEND_OK = "SEND_OK"
+    FLUSH_DISK_TIMEOUT = "FLUSH_DISK_TIMEOUT"
+    FLUSH_SLAVE_TIMEOUT = "FLUSH_SLAVE_TIMEOUT"
+    SLAVE_NOT_AVAILABLE = "SLAVE_NOT_AVAILABLE"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SendResult:
+    send_status: SendStatus
+    msg_id: str            # the producer-side unique id (UNIQ_KEY), as RocketMQ's SendResult.msgId
+    offset_msg_id: str     # the broker's id (store host + physical offset)
+    message_queue: MessageQueue
+    queue_offset: int
+    # For a batch: one unique id per message, in order; offsets are consecutive from queue_offset.
+    msg_ids: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MessageExt:
+    """A consumed message, decoded from its commit-log record."""
+
+    topic: str
+    body: bytes
+    queue_id: int
+    queue_offset: int
+    broker_name: str
+    properties: Mapping[str, str]
+    msg_id: str
+    offset_msg_id: str
+    phy_offset: int
+    born_timestamp: int
+    store_timestamp: int
+    reconsume_times: int = 0
+    sys_flag: int = 0
+    flag: int = 0
+
+    @property
+    def tags(self) -> str | None:
+        return self.properties.get(PROPERTY_TAGS)
+
+    @property
+    def keys(self) -> list[str]:
+        raw = self.properties.get(PROPERTY_KEYS)
+        return raw.split(KEY_SEPARATOR) if raw else []
+
+    @property
+    def message_queue(self) -> MessageQueue:
+        return MessageQueue(self.topic, self.broker_name, self.queue_id)
+
+
+class PullStatus(enum.Enum):
+    FOUND = "FOUND"
+    NO_NEW_MSG = "NO_NEW_MSG"
+    NO_MATCHED_MSG = "NO_MATCHED_MSG"
+    OFFSET_ILLEGAL = "OFFSET_ILLEGAL"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PullResult:
+    status: PullStatus
+    next_begin_offset: int
+    min_offset: int
+    max_offset: int
+    messages: tuple[MessageExt, ...] = ()

@@ -1,0 +1,132 @@
+"""Consume offsets: where a consumer group resumes each queue.
+
+Clustering consumers keep offsets on the broker group (replicated through Raft, so a new leader knows them):
+``RemoteOffsetStore`` caches them in memory, marks them dirty on progress, and ``persist_all`` sends the dirty
+ones with UPDATE_CONSUMER_OFFSET. Broadcasting consumers keep them locally in a JSON file
+(``LocalFileOffsetStore``), written atomically (tmp + rename). Both only ever hold offsets of messages that
+were fully processed, so a crash replays (duplicates), never skips.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Awaitable, Callable, Iterable
+from pathlib import Path
+
+from client.message import MessageQueue
+
+__all__ = ["OffsetStore", "RemoteOffsetStore", "LocalFileOffsetStore"]
+
+log = logging.getLogger(__name__)
+
+
+class OffsetStore:
+    """Offsets in memory with dirty tracking; subclasses load and persist them."""
+
+    def __init__(self) -> None:
+        self._offsets: dict[MessageQueue, int] = {}
+        self._dirty: set[MessageQueue] = set()
+
+    def update(self, mq: MessageQueue, offset: int, *, increase_only: bool = False) -> None:
+        if offset < 0:
+            raise ValueError(f"consume offset of {mq} must be >= 0, got {offset}")
+        old = self._offsets.get(mq)
+        if increase_only and old is not None and offset <= old:
+            return
+        if old != offset:
+            self._offsets[mq] = offset
+            self._dirty.add(mq)
+
+    def read_cached(self, mq: MessageQueue) -> int | None:
+        return self._offsets.get(mq)
+
+    def remove(self, mq: MessageQueue) -> None:
+        self._offsets.pop(mq, None)
+        self._dirty.discard(mq)
+
+    def dirty(self) -> dict[MessageQueue, int]:
+        return {mq: self._offsets[mq] for mq in self._dirty if mq in self._offsets}
+
+    def mark_clean(self, mq: MessageQueue, offset: int) -> None:
+        if self._offsets.get(mq) == offset:
+            self._dirty.discard(mq)
+
+    def snapshot(self) -> dict[MessageQueue, int]:
+        return dict(self._offsets)
+
+
+class RemoteOffsetStore(OffsetStore):
+    """``fetch(mq) -> int | None`` and ``commit(mq, offset)`` talk to the broker group; injected by the
+    consumer so this class needs no sockets."""
+
+    def __init__(self, fetch: Callable[[MessageQueue], Awaitable[int | None]],
+                 commit: Callable[[MessageQueue, int], Awaitable[None]]) -> None:
+        super().__init__()
+        self._fetch = fetch
+        self._commit = commit
+
+    async def read_from_store(self, mq: MessageQueue) -> int | None:
+        """The broker's committed offset (None if the group never committed this queue); caches it."""
+        offset = await self._fetch(mq)
+        if offset is not None and offset >= 0:
+            self._offsets[mq] = offset
+            self._dirty.discard(mq)
+            return offset
+        return None
+
+    async def persist(self, mq: MessageQueue) -> bool:
+        offset = self._offsets.get(mq)
+        if offset is None:
+            return True
+        try:
+            await self._commit(mq, offset)
+        except Exception as e:  # noqa: BLE001 - a failed commit is retried on the next persist
+            log.info("offset commit failed mq=%s offset=%d error=%s", mq, offset, e)
+            return False
+        self.mark_clean(mq, offset)
+        return True
+
+    async def persist_all(self, queues: Iterable[MessageQueue] | None = None) -> int:
+        """Commit every dirty offset (of ``queues`` if given); returns how many failed."""
+        wanted = None if queues is None else set(queues)
+        failed = 0
+        for mq in list(self.dirty()):
+            if wanted is None or mq in wanted:
+                failed += not await self.persist(mq)
+        return failed
+
+
+class LocalFileOffsetStore(OffsetStore):
+    """Offsets in one JSON file, for broadcasting consumers (each member tracks every queue itself)."""
+
+    def __init__(self, path: str | Path) -> None:
+        super().__init__()
+        self.path = Path(path)
+        if self.path.exists():
+            try:
+                data = json.loads(self.path.read_text(encoding="utf-8"))
+                for entry in data["offsets"]:
+                    mq = MessageQueue(entry["topic"], entry["broker_name"], int(entry["queue_id"]))
+                    self._offsets[mq] = int(entry["offset"])
+            except (ValueError, KeyError, TypeError) as e:
+                raise ValueError(f"offset file {str(self.path)!r} is malformed: {e}") from None
+
+    async def read_from_store(self, mq: MessageQueue) -> int | None:
+        return self._offsets.get(mq)
+
+    async def persist_all(self, queues: Iterable[MessageQueue] | None = None) -> int:
+        if not self._dirty:
+            return 0
+        entries = [{"topic": mq.topic, "broker_name": mq.broker_name, "queue_id": mq.queue_id, "offset": off}
+                   for mq, off in sorted(self._offsets.items())]
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(self.path.suffix + ".tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump({"offsets": entries}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+        self._dirty.clear()
+        return 0

@@ -1,0 +1,278 @@
+"""The producer: ``async with open_producer(namesrv=...) as producer: await producer.send(msg)``.
+
+Sending rules (RocketMQ's ``DefaultMQProducerImpl.sendDefaultImpl``, adapted to Raft groups):
+- Pick a queue round-robin, avoiding groups the fault tracker marks slow or failed, and on a retry the group
+  that just failed, so a retry goes to another group where one exists.
+- A NOT_LEADER answer with a leader address is a *redirect*, not a failure: the same queue is tried at once at
+  that address (bounded by ``max_redirects``), and the route is refreshed in the background.
+- A retriable failure (connection lost, timeout, busy, no leader yet) is retried up to ``retry_times`` times
+  with a short growing pause, all within the send's deadline; anything else is raised at once.
+- Concurrency is the caller's: start many ``send`` calls at once (a nursery, or ``send_many``); they share
+  one connection per node, with many requests in flight on it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import time
+import zlib
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import trio
+
+from client.errors import ClientClosedError, MessageTooLargeError, SendFailedError
+from client.instance import open_remoting, ClientConfig, ClientInstance, build_config, now_ms, raise_for_response
+from client.message import PROPERTY_UNIQ_KEY, Message, MessageQueue, SendResult, SendStatus, new_uniq_key
+from remoting.codes import RequestCode, ResponseCode
+from remoting.config import bounded
+from remoting.errors import RaftMQError
+from remoting.message import MessageFormatError, MessageInput, encode_batch
+
+__all__ = ["ProducerConfig", "Producer", "open_producer"]
+
+log = logging.getLogger(__name__)
+
+_SEND_STATUS = {
+    ResponseCode.SUCCESS: SendStatus.SEND_OK,
+    ResponseCode.FLUSH_DISK_TIMEOUT: SendStatus.FLUSH_DISK_TIMEOUT,
+    ResponseCode.FLUSH_SLAVE_TIMEOUT: SendStatus.FLUSH_SLAVE_TIMEOUT,
+    ResponseCode.SLAVE_NOT_AVAILABLE: SendStatus.SLAVE_NOT_AVAILABLE,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ProducerConfig(ClientConfig):
+    producer_group: str = bounded("DEFAULT_PRODUCER", check=lambda v: None if v else "must not be empty")
+    send_msg_timeout_ms: int = bounded(3_000, min=1, doc="deadline of one send, retries included")
+    retry_times_when_send_failed: int = bounded(2, min=0, max=100)
+    max_redirects: int = bounded(5, min=0, max=100, doc="NOT_LEADER redirects followed per send")
+    retry_backoff_ms: int = bounded(50, min=0, doc="pause before the n-th retry: n * retry_backoff_ms")
+    max_message_size_bytes: int = bounded(4 * 1024 * 1024, min=1)
+    send_latency_fault_enable: bool = True
+
+
+@dataclasses.dataclass(slots=True)
+class ProducerStatistics:
+    sent: int = 0
+    failed: int = 0
+    retries: int = 0
+    redirects: int = 0
+
+
+class Producer:
+    def __init__(self, config: ProducerConfig, instance: ClientInstance) -> None:
+        self.config = config
+        self._instance = instance
+        self._stats = ProducerStatistics()
+        instance.heartbeat_data = lambda: {"producers": [{"producer_group": config.producer_group}],
+                                           "consumers": []}
+
+    @property
+    def client_id(self) -> str:
+        return self._instance.client_id
+
+    @property
+    def routes(self):
+        return self._instance.routes
+
+    def statistics(self) -> ProducerStatistics:
+        return dataclasses.replace(self._stats)
+
+    # -- public API -----------------------------------------------------------------------------------------------
+    async def send(self, message: Message, *, queue: MessageQueue | None = None, sharding_key: str | None = None,
+                   timeout_s: float | None = None) -> SendResult:
+        """Send and wait until the group committed it. ``queue`` pins the queue (no retry elsewhere);
+        ``sharding_key`` picks one queue by hash, so equal keys stay in order (ordered send)."""
+        self._check(message)
+        props = message.wire_properties()
+        uniq = props.setdefault(PROPERTY_UNIQ_KEY, new_uniq_key())
+        ext = {"producer_group": self.config.producer_group, "topic": message.topic, "queue_id": 0,
+               "sys_flag": 0, "born_timestamp": now_ms(), "flag": message.flag, "properties": props,
+               "reconsume_times": 0, "batch": False}
+        return await self._send_with_retries(message.topic, RequestCode.SEND_MESSAGE, ext,
+                                             lambda mq, addr: message.body, (uniq,), queue, sharding_key,
+                                             timeout_s)
+
+    async def send_batch(self, messages: Sequence[Message], *, queue: MessageQueue | None = None,
+                         timeout_s: float | None = None) -> SendResult:
+        """Send several messages of one topic as one request, stored consecutively in one queue."""
+        if not messages:
+            raise ValueError("send_batch needs at least one message")
+        topic = messages[0].topic
+        for i, m in enumerate(messages):
+            self._check(m)
+            if m.topic != topic:
+                raise ValueError(f"send_batch messages must share one topic: messages[{i}].topic is {m.topic!r}, "
+                                 f"messages[0].topic is {topic!r}")
+        born = now_ms()
+        props_list = []
+        for m in messages:
+            props = m.wire_properties()
+            props.setdefault(PROPERTY_UNIQ_KEY, new_uniq_key())
+            props_list.append(props)
+        client_host = (self.config.client_ip, 0)
+
+        def _body(mq: MessageQueue, addr: str) -> bytes:
+            inputs = [MessageInput(topic=topic, queue_id=mq.queue_id, body=m.body, properties=p, flag=m.flag,
+                                   born_timestamp=born, born_host=client_host)
+                      for m, p in zip(messages, props_list)]
+            try:
+                return encode_batch(inputs, client_host, max_message_size=self.config.max_message_size_bytes)
+            except MessageFormatError as e:
+                raise ValueError(f"send_batch: {e}") from None
+
+        ext = {"producer_group": self.config.producer_group, "topic": topic, "queue_id": 0, "sys_flag": 0,
+               "born_timestamp": born, "flag": 0, "properties": {}, "reconsume_times": 0, "batch": True}
+        uniqs = tuple(p[PROPERTY_UNIQ_KEY] for p in props_list)
+        return await self._send_with_retries(topic, RequestCode.SEND_BATCH_MESSAGE, ext, _body, uniqs, queue,
+                                             None, timeout_s)
+
+    async def send_oneway(self, message: Message, *, queue: MessageQueue | None = None) -> None:
+        """Fire and forget: no acknowledgement, no retry; a lost connection loses the message."""
+        self._check(message)
+        props = message.wire_properties()
+        props.setdefault(PROPERTY_UNIQ_KEY, new_uniq_key())
+        info = await self.routes.publish_info(message.topic)
+        mq = queue or info.select(self._instance.faults if self.config.send_latency_fault_enable else None)
+        ext = {"producer_group": self.config.producer_group, "topic": message.topic, "queue_id": mq.queue_id,
+               "sys_flag": 0, "born_timestamp": now_ms(), "flag": message.flag, "properties": props,
+               "reconsume_times": 0, "batch": False}
+        addr = self._instance.master_addr(mq.broker_name)
+        try:
+            await self._instance.invoke_oneway(addr, RequestCode.SEND_MESSAGE, ext, message.body)
+        except RaftMQError as e:
+            self._instance.on_error(e, message.topic, mq.broker_name, addr)
+            raise
+
+    async def fetch_publish_queues(self, topic: str) -> list[MessageQueue]:
+        return list((await self.routes.publish_info(topic)).queues)
+
+    # -- internals ------------------------------------------------------------------------------------------------
+    def _check(self, message: Message) -> None:
+        if self._instance.closed:
+            raise ClientClosedError("the producer is closed")
+        if not isinstance(message, Message):
+            raise TypeError(f"send expects a Message, got {type(message).__name__}")
+        if len(message.body) > self.config.max_message_size_bytes:
+            raise MessageTooLargeError(
+                f"message body of {len(message.body)} bytes exceeds max_message_size_bytes "
+                f"{self.config.max_message_size_bytes}", topic=message.topic,
+                max_size=self.config.max_message_size_bytes)
+
+    async def _send_with_retries(self, topic: str, code: int, ext: dict[str, Any], body_for, uniqs: tuple[str, ...],
+                                 queue: MessageQueue | None, sharding_key: str | None,
+                                 timeout_s: float | None) -> SendResult:
+        inst = self._instance
+        timeout = timeout_s if timeout_s is not None else self.config.send_msg_timeout_ms / 1000
+        deadline = time.monotonic() + timeout
+        faults = inst.faults if self.config.send_latency_fault_enable else None
+        pinned = queue is not None or sharding_key is not None
+        last_broker: str | None = None
+        last_error: BaseException | None = None
+        attempts = 0
+        redirects = 0
+        mq: MessageQueue | None = None
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                info = await inst.routes.publish_info(topic)
+                if queue is not None:
+                    mq = queue
+                elif sharding_key is not None:
+                    qs = info.queues
+                    if not qs:
+                        info.select(None)  # raises NoRouteError naming the topic
+                    mq = qs[zlib.crc32(sharding_key.encode()) % len(qs)]
+                elif mq is None or last_error is not None and not getattr(last_error, "leader_addr", None):
+                    mq = info.select(faults, last_broker if not pinned else None)
+                addr = inst.master_addr(mq.broker_name)
+            except RaftMQError as e:
+                last_error = e
+                attempts += 1
+                if not e.retriable or attempts > self.config.retry_times_when_send_failed:
+                    break
+                await self._backoff(attempts, deadline)
+                continue
+            ext["queue_id"] = mq.queue_id
+            started = time.monotonic()
+            try:
+                frame = await inst.invoke(addr, code, ext, body_for(mq, addr), timeout_s=remaining)
+                status = _SEND_STATUS.get(frame.code)
+                if status is None:
+                    raise_for_response(frame, topic=topic, broker_name=mq.broker_name)
+            except RaftMQError as e:
+                latency_ms = (time.monotonic() - started) * 1000
+                isolation = bool(e.refresh_route) and not getattr(e, "leader_addr", None)
+                if faults is not None:
+                    faults.update(mq.broker_name, latency_ms, isolation=isolation)
+                inst.on_error(e, topic, mq.broker_name, addr)
+                last_error = e
+                hint = getattr(e, "leader_addr", None)
+                if hint and hint != addr and redirects < self.config.max_redirects:
+                    redirects += 1
+                    self._stats.redirects += 1
+                    continue
+                attempts += 1
+                if not e.retriable or attempts > self.config.retry_times_when_send_failed:
+                    break
+                self._stats.retries += 1
+                last_broker = mq.broker_name
+                await self._backoff(attempts, deadline)
+                continue
+            if faults is not None:
+                faults.update(mq.broker_name, (time.monotonic() - started) * 1000, isolation=False)
+            self._stats.sent += len(uniqs)
+            return self._result(frame, status, mq, uniqs)
+        self._stats.failed += len(uniqs)
+        if last_error is None:
+            last_error = trio.TooSlowError(f"send timed out after {timeout:.3f}s")
+        if isinstance(last_error, RaftMQError) and not last_error.retriable:
+            raise last_error
+        raise SendFailedError(f"sending to topic {topic!r} failed after {attempts} attempt(s) and {redirects} "
+                              f"redirect(s): {last_error}", attempts=attempts, last_error=last_error,
+                              topic=topic) from last_error
+
+    async def _backoff(self, attempt: int, deadline: float) -> None:
+        pause = min(attempt * self.config.retry_backoff_ms / 1000, max(deadline - time.monotonic(), 0))
+        if pause > 0:
+            await trio.sleep(pause)
+
+    @staticmethod
+    def _result(frame, status: SendStatus, mq: MessageQueue, uniqs: tuple[str, ...]) -> SendResult:
+        ext = frame.ext
+        offset_msg_id = ext.get("msg_id") or ""
+        if isinstance(offset_msg_id, list):
+            offset_msg_id = ",".join(offset_msg_id)
+        queue_id = ext.get("queue_id", mq.queue_id)
+        if queue_id != mq.queue_id:
+            mq = MessageQueue(mq.topic, mq.broker_name, queue_id)
+        return SendResult(send_status=status, msg_id=",".join(uniqs) if len(uniqs) > 1 else uniqs[0],
+                          offset_msg_id=offset_msg_id, message_queue=mq,
+                          queue_offset=int(ext.get("queue_offset", -1)), msg_ids=uniqs)
+
+
+@contextlib.asynccontextmanager
+async def open_producer(namesrv: str | Sequence[str] | None = None, **options: Any) -> AsyncIterator[Producer]:
+    """Open a producer. ``namesrv`` is "host:port[;host:port]"; other options are ``ProducerConfig`` fields."""
+    if namesrv is not None:
+        options["namesrv"] = namesrv
+    config: ProducerConfig = build_config(ProducerConfig, options)
+    async with open_remoting(config) as remoting:
+        async with trio.open_nursery() as nursery:
+            instance = ClientInstance(config, remoting, nursery)
+            instance.start_background()
+            producer = Producer(config, instance)
+            try:
+                yield producer
+            finally:
+                instance.stop_background()
+                with trio.move_on_after(1) as scope:
+                    scope.shield = True
+                    await instance.unregister(config.producer_group, None)
+                instance.closed = True
+                nursery.cancel_scope.cancel()

@@ -1,0 +1,222 @@
+"""Pulling: the request/response layer every consumer uses, and the pull consumer on top of it.
+
+``PullAPI`` turns PULL_MESSAGE and the offset requests into calls with typed answers. Reads go to the group's
+leader; when it cannot be reached they fall back to the other nodes (followers serve pulls from their own
+byte-identical store), so consumption continues through a failover. Offset commits only go to the leader,
+because they are replicated through it.
+
+The pull consumer (``open_pull_consumer``) leaves every decision to the caller: which queue, which offset,
+when to commit (RocketMQ's ``DefaultLitePullConsumer`` in manual-assign mode).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import trio
+
+from client.filter import Subscription, parse_subscription
+from client.instance import open_remoting, ClientConfig, ClientInstance, build_config, raise_for_response
+from client.message import MessageExt, MessageQueue, PullResult, PullStatus
+from remoting.codes import RequestCode, ResponseCode
+from remoting.config import bounded
+from remoting.errors import RaftMQError
+from remoting.message import iter_records
+
+__all__ = ["PullAPI", "PullConsumerConfig", "PullConsumer", "open_pull_consumer", "to_message_ext"]
+
+log = logging.getLogger(__name__)
+
+# RocketMQ's PullSysFlag bits.
+FLAG_COMMIT_OFFSET = 0x1
+FLAG_SUSPEND = 0x2
+FLAG_SUBSCRIPTION = 0x4
+
+_PULL_STATUS = {
+    ResponseCode.SUCCESS: PullStatus.FOUND,
+    ResponseCode.PULL_NOT_FOUND: PullStatus.NO_NEW_MSG,
+    ResponseCode.PULL_RETRY_IMMEDIATELY: PullStatus.NO_MATCHED_MSG,
+    ResponseCode.PULL_OFFSET_MOVED: PullStatus.OFFSET_ILLEGAL,
+}
+
+
+def to_message_ext(view: Any, broker_name: str) -> MessageExt:
+    props = view.properties
+    return MessageExt(topic=view.topic, body=bytes(view.body), queue_id=view.queue_id,
+                      queue_offset=view.queue_offset, broker_name=broker_name, properties=props,
+                      msg_id=props.get("UNIQ_KEY") or view.msg_id, offset_msg_id=view.msg_id,
+                      phy_offset=view.phy_offset, born_timestamp=view.born_timestamp,
+                      store_timestamp=view.store_timestamp, reconsume_times=view.reconsume_times,
+                      sys_flag=view.sys_flag, flag=view.flag)
+
+
+class PullAPI:
+    def __init__(self, instance: ClientInstance, consumer_group: str) -> None:
+        self.instance = instance
+        self.consumer_group = consumer_group
+
+    async def _read_invoke(self, mq: MessageQueue, code: int, ext: dict[str, Any], *, timeout_s: float | None = None,
+                           ok=(ResponseCode.SUCCESS,)):
+        """Invoke on the leader, then on the followers if the leader cannot be reached."""
+        inst = self.instance
+        if not inst.routes.replica_addrs(mq.broker_name):
+            await inst.routes.get(mq.topic)
+        last: BaseException | None = None
+        for addr in inst.routes.replica_addrs(mq.broker_name):
+            try:
+                frame = await inst.invoke(addr, code, ext, timeout_s=timeout_s)
+                return raise_for_response(frame, ok=ok, topic=mq.topic, broker_name=mq.broker_name)
+            except RaftMQError as e:
+                inst.on_error(e, mq.topic, mq.broker_name, addr)
+                last = e
+                if not e.refresh_route or getattr(e, "leader_addr", None):
+                    raise
+        if last is None:
+            inst.master_addr(mq.broker_name)  # raises UnknownBrokerError naming the group
+        assert last is not None
+        raise last
+
+    async def pull(self, mq: MessageQueue, offset: int, max_nums: int, *, subscription: Subscription | None = None,
+                   commit_offset: int | None = None, suspend_timeout_ms: int = 0,
+                   timeout_s: float | None = None) -> PullResult:
+        if offset < 0:
+            raise ValueError(f"pull offset for {mq} must be >= 0, got {offset}")
+        if not 1 <= max_nums <= 1024:
+            raise ValueError(f"max_nums must be within 1..1024, got {max_nums}")
+        sub = subscription or parse_subscription(mq.topic, "*")
+        sys_flag = FLAG_SUBSCRIPTION
+        if suspend_timeout_ms > 0:
+            sys_flag |= FLAG_SUSPEND
+        if commit_offset is not None and commit_offset >= 0:
+            sys_flag |= FLAG_COMMIT_OFFSET
+        ext = {"consumer_group": self.consumer_group, "topic": mq.topic, "queue_id": mq.queue_id,
+               "queue_offset": offset, "max_msg_nums": max_nums, "sys_flag": sys_flag,
+               "commit_offset": commit_offset if commit_offset is not None else -1,
+               "suspend_timeout_millis": suspend_timeout_ms, "subscription": sub.expression,
+               "sub_version": sub.sub_version}
+        if timeout_s is None:
+            timeout_s = self.instance.timeout_s + suspend_timeout_ms / 1000
+        frame = await self._read_invoke(mq, RequestCode.PULL_MESSAGE, ext, timeout_s=timeout_s, ok=_PULL_STATUS)
+        status = _PULL_STATUS[frame.code]
+        fx = frame.ext
+        messages: tuple[MessageExt, ...] = ()
+        if status is PullStatus.FOUND and frame.body:
+            # Tags codes can collide, so the broker's filter is a superset: check the tag strings here.
+            messages = tuple(m for m in (to_message_ext(v, mq.broker_name) for v in iter_records(frame.body))
+                             if sub.matches(m.tags))
+            if not messages:
+                status = PullStatus.NO_MATCHED_MSG
+        return PullResult(status, int(fx.get("next_begin_offset", offset)), int(fx.get("min_offset", 0)),
+                          int(fx.get("max_offset", 0)), messages)
+
+    async def _offset_query(self, mq: MessageQueue, code: int, **extra: Any) -> int:
+        frame = await self._read_invoke(mq, code, {"topic": mq.topic, "queue_id": mq.queue_id, **extra})
+        return int(frame.ext["offset"])
+
+    async def min_offset(self, mq: MessageQueue) -> int:
+        return await self._offset_query(mq, RequestCode.GET_MIN_OFFSET)
+
+    async def max_offset(self, mq: MessageQueue) -> int:
+        return await self._offset_query(mq, RequestCode.GET_MAX_OFFSET)
+
+    async def search_offset(self, mq: MessageQueue, timestamp_ms: int) -> int:
+        return await self._offset_query(mq, RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, timestamp=timestamp_ms)
+
+    async def fetch_consume_offset(self, mq: MessageQueue) -> int | None:
+        """The group's committed offset for ``mq``, or None if it never committed one."""
+        ext = {"consumer_group": self.consumer_group, "topic": mq.topic, "queue_id": mq.queue_id}
+        frame = await self._leader_invoke(mq, RequestCode.QUERY_CONSUMER_OFFSET, ext,
+                                          ok=(ResponseCode.SUCCESS, ResponseCode.QUERY_NOT_FOUND))
+        if frame.code == ResponseCode.QUERY_NOT_FOUND:
+            return None
+        offset = int(frame.ext.get("offset", frame.ext.get("commit_offset", -1)))
+        return offset if offset >= 0 else None
+
+    async def commit_consume_offset(self, mq: MessageQueue, offset: int) -> None:
+        ext = {"consumer_group": self.consumer_group, "topic": mq.topic, "queue_id": mq.queue_id,
+               "commit_offset": offset}
+        await self._leader_invoke(mq, RequestCode.UPDATE_CONSUMER_OFFSET, ext)
+
+    async def _leader_invoke(self, mq: MessageQueue, code: int, ext: dict[str, Any], *, ok=(ResponseCode.SUCCESS,)):
+        inst = self.instance
+        if inst.routes.master_addr(mq.broker_name) is None:
+            await inst.routes.get(mq.topic)
+        redirects = 3
+        while True:
+            addr = inst.master_addr(mq.broker_name)
+            try:
+                frame = await inst.invoke(addr, code, ext)
+                return raise_for_response(frame, ok=ok, topic=mq.topic, broker_name=mq.broker_name)
+            except RaftMQError as e:
+                inst.on_error(e, mq.topic, mq.broker_name, addr)
+                redirects -= 1
+                if not getattr(e, "leader_addr", None) or redirects < 0:
+                    raise
+
+    async def fetch_subscribe_queues(self, topic: str) -> list[MessageQueue]:
+        route = await self.instance.routes.refresh(topic)
+        return route.read_queues()
+
+
+@dataclasses.dataclass(frozen=True)
+class PullConsumerConfig(ClientConfig):
+    consumer_group: str = bounded("DEFAULT_CONSUMER", check=lambda v: None if v else "must not be empty")
+
+
+class PullConsumer:
+    """Explicit pulls: ``await consumer.pull(mq, offset, max_nums)``; offsets are the caller's to keep or commit."""
+
+    def __init__(self, config: PullConsumerConfig, instance: ClientInstance) -> None:
+        self.config = config
+        self._instance = instance
+        self._api = PullAPI(instance, config.consumer_group)
+
+    @property
+    def client_id(self) -> str:
+        return self._instance.client_id
+
+    async def fetch_queues(self, topic: str) -> list[MessageQueue]:
+        return await self._api.fetch_subscribe_queues(topic)
+
+    async def pull(self, mq: MessageQueue, offset: int, max_nums: int = 32, *, expression: str = "*",
+                   block_ms: int = 0) -> PullResult:
+        """Messages of ``mq`` from ``offset``; ``block_ms`` > 0 waits (long polling) for new ones."""
+        sub = parse_subscription(mq.topic, expression)
+        return await self._api.pull(mq, offset, max_nums, subscription=sub, suspend_timeout_ms=block_ms)
+
+    async def min_offset(self, mq: MessageQueue) -> int:
+        return await self._api.min_offset(mq)
+
+    async def max_offset(self, mq: MessageQueue) -> int:
+        return await self._api.max_offset(mq)
+
+    async def search_offset(self, mq: MessageQueue, timestamp_ms: int) -> int:
+        return await self._api.search_offset(mq, timestamp_ms)
+
+    async def committed_offset(self, mq: MessageQueue) -> int | None:
+        return await self._api.fetch_consume_offset(mq)
+
+    async def commit(self, mq: MessageQueue, offset: int) -> None:
+        await self._api.commit_consume_offset(mq, offset)
+
+
+@contextlib.asynccontextmanager
+async def open_pull_consumer(namesrv: str | Sequence[str] | None = None,
+                             **options: Any) -> AsyncIterator[PullConsumer]:
+    if namesrv is not None:
+        options["namesrv"] = namesrv
+    config: PullConsumerConfig = build_config(PullConsumerConfig, options)
+    async with open_remoting(config) as remoting:
+        async with trio.open_nursery() as nursery:
+            instance = ClientInstance(config, remoting, nursery)
+            instance.start_background()
+            try:
+                yield PullConsumer(config, instance)
+            finally:
+                instance.stop_background()
+                instance.closed = True
+                nursery.cancel_scope.cancel()

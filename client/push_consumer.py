@@ -1,0 +1,402 @@
+"""The push consumer: ``async for msg in consumer`` or a handler, with the group's queues shared among members.
+
+How it works (RocketMQ's DefaultMQPushConsumer, as trio tasks):
+- **Rebalance** every ``rebalance_interval_ms`` (and once at start, after a first heartbeat so this member is
+  counted): ask a broker of each subscribed topic for the group's members, allocate the queues averagely, stop
+  the queues that went to someone else (committing their offsets first) and start the new ones.
+- **One pull task per assigned queue**, in its own cancel scope: long-polls the group (held on the broker up to
+  ``broker_suspend_max_time_ms``) and puts what it gets into that queue's ``ProcessQueue``. Flow control: a pull
+  waits while the queue already caches ``pull_threshold_for_queue`` messages not yet consumed.
+- **Delivery**: in iterator form all queues feed one channel, so messages of one queue come out in queue order;
+  a message counts as consumed when the loop asks for the next one. In handler form each queue has its own
+  task calling the handler one message at a time (in order per queue, queues in parallel); a handler that
+  raises is retried after a pause, up to ``max_reconsume_times``, then the message is logged and skipped.
+- **Offsets**: a queue's consume offset is the smallest offset still cached (or one past the last pulled), so
+  it never passes an unprocessed message; dirty offsets are committed every
+  ``persist_consumer_offset_interval_ms``, when a queue is taken away, and on close. Delivery is at least once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import math
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import cbor2
+import trio
+
+from client.filter import Subscription, parse_subscription
+from client.instance import open_remoting, ClientConfig, ClientInstance, build_config, raise_for_response
+from client.message import MessageExt, MessageQueue, PullStatus
+from client.offset_store import LocalFileOffsetStore, RemoteOffsetStore
+from client.pull_consumer import PullAPI
+from client.rebalance import allocate_average, diff_assignment
+from remoting.codes import RequestCode
+from remoting.config import bounded
+from remoting.errors import RaftMQError
+
+__all__ = ["PushConsumerConfig", "PushConsumer", "ProcessQueue", "open_push_consumer", "ConsumerStatistics"]
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[MessageExt], Awaitable[Any]]
+
+CONSUME_FROM = ("CONSUME_FROM_LAST_OFFSET", "CONSUME_FROM_FIRST_OFFSET", "CONSUME_FROM_TIMESTAMP")
+
+
+@dataclasses.dataclass(frozen=True)
+class PushConsumerConfig(ClientConfig):
+    consumer_group: str = bounded("DEFAULT_CONSUMER", check=lambda v: None if v else "must not be empty")
+    message_model: str = bounded("CLUSTERING", choices=("CLUSTERING", "BROADCASTING"))
+    consume_from_where: str = bounded("CONSUME_FROM_LAST_OFFSET", choices=CONSUME_FROM)
+    consume_timestamp_ms: int = bounded(0, min=0, doc="start time for CONSUME_FROM_TIMESTAMP; 0: 30 min ago")
+    pull_batch_size: int = bounded(32, min=1, max=1024)
+    pull_threshold_for_queue: int = bounded(1000, min=1, doc="flow control: messages cached per queue")
+    broker_suspend_max_time_ms: int = bounded(15_000, min=0, doc="long-polling hold on the broker")
+    rebalance_interval_ms: int = bounded(5_000, min=10)
+    persist_consumer_offset_interval_ms: int = bounded(1_000, min=10)
+    pull_time_delay_ms_when_exception: int = bounded(200, min=0)
+    max_reconsume_times: int = bounded(16, min=0)
+    reconsume_delay_ms: int = bounded(1_000, min=0)
+    offset_store_dir: str = bounded(".raftmq-offsets", doc="where BROADCASTING consumers keep offsets")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ConsumerStatistics:
+    assigned_queues: int
+    delivered: int
+    rebalances: int
+    pulls: int
+    pull_errors: int
+    cached: int
+
+
+class ProcessQueue:
+    """Messages of one queue pulled but not yet consumed, in offset order."""
+
+    def __init__(self, mq: MessageQueue) -> None:
+        self.mq = mq
+        self.msgs: dict[int, MessageExt] = {}
+        self.dropped = False
+        self.max_offset_seen = -1
+        self.cancel_scope = trio.CancelScope()
+        self._space = trio.Event()
+        self._space.set()
+
+    @property
+    def count(self) -> int:
+        return len(self.msgs)
+
+    def put(self, msgs: Sequence[MessageExt], threshold: int) -> None:
+        for m in msgs:
+            self.msgs[m.queue_offset] = m
+            self.max_offset_seen = max(self.max_offset_seen, m.queue_offset)
+        if len(self.msgs) >= threshold and self._space.is_set():
+            self._space = trio.Event()
+
+    def remove(self, offset: int, threshold: int) -> int:
+        """Drop a consumed message; returns the queue's new consume offset."""
+        self.msgs.pop(offset, None)
+        if len(self.msgs) < threshold:
+            self._space.set()
+        return self.consume_offset()
+
+    def consume_offset(self) -> int:
+        if self.msgs:
+            return min(self.msgs)  # dicts keep insertion order, but a retried handler may finish out of order
+        return self.max_offset_seen + 1
+
+    async def wait_space(self) -> None:
+        await self._space.wait()
+
+    def drop(self) -> None:
+        self.dropped = True
+        self.cancel_scope.cancel()
+        self._space.set()
+
+
+class PushConsumer:
+    def __init__(self, config: PushConsumerConfig, instance: ClientInstance, subscriptions: Sequence[Subscription],
+                 handler: Handler | None) -> None:
+        if not subscriptions:
+            raise ValueError("a push consumer needs at least one subscription (topic)")
+        self.config = config
+        self._instance = instance
+        self._api = PullAPI(instance, config.consumer_group)
+        self._subs: dict[str, Subscription] = {s.topic: s for s in subscriptions}
+        self._handler = handler
+        if config.message_model == "BROADCASTING":
+            path = Path(config.offset_store_dir) / f"{config.consumer_group}.{instance.client_id}.json"
+            self._offsets: Any = LocalFileOffsetStore(path)
+        else:
+            self._offsets = RemoteOffsetStore(self._api.fetch_consume_offset, self._api.commit_consume_offset)
+        self._pqs: dict[MessageQueue, ProcessQueue] = {}
+        self._send, self._recv = trio.open_memory_channel[tuple[ProcessQueue, MessageExt]](math.inf)
+        self._pending: tuple[ProcessQueue, MessageExt] | None = None
+        self._rebalance_now = trio.Event()
+        self._lock = trio.Lock()
+        self._delivered = 0
+        self._rebalances = 0
+        self._pulls = 0
+        self._pull_errors = 0
+        self._nursery: trio.Nursery | None = None
+        instance.heartbeat_data = self._heartbeat_data
+
+    @property
+    def client_id(self) -> str:
+        return self._instance.client_id
+
+    def assigned_queues(self) -> list[MessageQueue]:
+        return sorted(self._pqs)
+
+    def statistics(self) -> ConsumerStatistics:
+        return ConsumerStatistics(len(self._pqs), self._delivered, self._rebalances, self._pulls,
+                                  self._pull_errors, sum(pq.count for pq in self._pqs.values()))
+
+    def _heartbeat_data(self) -> dict[str, Any]:
+        return {"producers": [], "consumers": [{
+            "consumer_group": self.config.consumer_group, "consume_type": "CONSUME_PASSIVELY",
+            "message_model": self.config.message_model, "consume_from_where": self.config.consume_from_where,
+            "subscriptions": [{"topic": s.topic, "expression": s.expression, "sub_version": s.sub_version}
+                              for s in self._subs.values()]}]}
+
+    # -- iterator form --------------------------------------------------------------------------------------------
+    def __aiter__(self) -> PushConsumer:
+        if self._handler is not None:
+            raise TypeError("this consumer was opened with a handler; it cannot also be iterated")
+        return self
+
+    async def __anext__(self) -> MessageExt:
+        self.ack_pending()
+        while True:
+            try:
+                pq, msg = await self._recv.receive()
+            except (trio.EndOfChannel, trio.ClosedResourceError):
+                raise StopAsyncIteration from None
+            if not pq.dropped:
+                self._pending = (pq, msg)
+                self._delivered += 1
+                return msg
+
+    def ack_pending(self) -> None:
+        """Mark the last message the iterator returned as consumed (done on the next ``__anext__``)."""
+        if self._pending is not None:
+            pq, msg = self._pending
+            self._pending = None
+            self._consumed(pq, msg)
+
+    def _consumed(self, pq: ProcessQueue, msg: MessageExt) -> None:
+        offset = pq.remove(msg.queue_offset, self.config.pull_threshold_for_queue)
+        if not pq.dropped:
+            self._offsets.update(pq.mq, offset, increase_only=True)
+
+    # -- lifecycle ------------------------------------------------------------------------------------------------
+    async def start(self, nursery: trio.Nursery) -> None:
+        self._nursery = nursery
+        for topic in self._subs:
+            await self._instance.routes.get(topic)
+        await self._instance.send_heartbeat_to_all()
+        await self.rebalance()
+        nursery.start_soon(self._serve_rebalance)
+        nursery.start_soon(self._serve_persist)
+
+    async def close(self) -> None:
+        """Stop pulling, commit offsets, leave the group (so the others rebalance at once)."""
+        self.ack_pending()
+        for pq in list(self._pqs.values()):
+            pq.drop()
+        with trio.move_on_after(3) as scope:
+            scope.shield = True
+            await self._offsets.persist_all()
+            await self._instance.unregister(None, self.config.consumer_group)
+        self._pqs.clear()
+        self._send.close()
+
+    def trigger_rebalance(self) -> None:
+        self._rebalance_now.set()
+
+    async def _serve_rebalance(self) -> None:
+        while True:
+            with trio.move_on_after(self.config.rebalance_interval_ms / 1000):
+                await self._rebalance_now.wait()
+            self._rebalance_now = trio.Event()
+            try:
+                await self.rebalance()
+            except RaftMQError as e:
+                log.info("rebalance failed group=%s error=%s", self.config.consumer_group, e)
+
+    async def _serve_persist(self) -> None:
+        while True:
+            await trio.sleep(self.config.persist_consumer_offset_interval_ms / 1000)
+            await self._offsets.persist_all()
+
+    # -- rebalance ------------------------------------------------------------------------------------------------
+    async def find_consumer_ids(self, topic: str) -> list[str]:
+        inst = self._instance
+        route = await inst.routes.get(topic)
+        for b in route.broker_datas:
+            for addr in inst.routes.replica_addrs(b.broker_name):
+                try:
+                    frame = await inst.invoke(addr, RequestCode.GET_CONSUMER_LIST_BY_GROUP,
+                                              {"consumer_group": self.config.consumer_group})
+                    raise_for_response(frame, topic=topic, broker_name=b.broker_name)
+                except RaftMQError as e:
+                    inst.on_error(e, topic, b.broker_name, addr)
+                    continue
+                ids = frame.ext.get("consumer_id_list")
+                if ids is None and frame.body:
+                    decoded = cbor2.loads(frame.body)
+                    ids = decoded.get("consumer_id_list") if isinstance(decoded, Mapping) else decoded
+                return [str(i) for i in ids or ()]
+        return []
+
+    async def rebalance(self) -> None:
+        async with self._lock:
+            for topic in self._subs:
+                route = await self._instance.routes.get(topic)
+                mqs = route.read_queues()
+                if self.config.message_model == "BROADCASTING":
+                    wanted = mqs
+                else:
+                    cids = await self.find_consumer_ids(topic)
+                    if not cids:
+                        log.info("no group members known yet group=%s topic=%s", self.config.consumer_group, topic)
+                        continue
+                    wanted = allocate_average(self.config.consumer_group, self.client_id, mqs, cids)
+                current = [mq for mq in self._pqs if mq.topic == topic]
+                diff = diff_assignment(current, wanted)
+                if not diff.changed:
+                    continue
+                self._rebalances += 1
+                log.info("rebalance group=%s topic=%s client=%s added=%d removed=%d now=%d",
+                         self.config.consumer_group, topic, self.client_id, len(diff.added), len(diff.removed),
+                         len(wanted))
+                for mq in diff.removed:
+                    await self._remove_queue(mq)
+                for mq in diff.added:
+                    self._add_queue(mq)
+
+    async def _remove_queue(self, mq: MessageQueue) -> None:
+        pq = self._pqs.pop(mq)
+        pq.drop()
+        if isinstance(self._offsets, RemoteOffsetStore):
+            await self._offsets.persist(mq)
+        self._offsets.remove(mq)
+
+    def _add_queue(self, mq: MessageQueue) -> None:
+        assert self._nursery is not None
+        pq = ProcessQueue(mq)
+        self._pqs[mq] = pq
+        if self._handler is not None:
+            send, recv = trio.open_memory_channel[tuple[ProcessQueue, MessageExt]](math.inf)
+            self._nursery.start_soon(self._pull_loop, pq, send)
+            self._nursery.start_soon(self._handle_loop, pq, recv)
+        else:
+            self._nursery.start_soon(self._pull_loop, pq, self._send)
+
+    async def _compute_pull_from(self, mq: MessageQueue) -> int:
+        offset = await self._offsets.read_from_store(mq)
+        if offset is not None:
+            return offset
+        where = self.config.consume_from_where
+        if where == "CONSUME_FROM_FIRST_OFFSET":
+            offset = await self._api.min_offset(mq)
+        elif where == "CONSUME_FROM_TIMESTAMP":
+            ts = self.config.consume_timestamp_ms or int(time.time() * 1000) - 30 * 60 * 1000
+            offset = await self._api.search_offset(mq, ts)
+        else:
+            offset = await self._api.max_offset(mq)
+        self._offsets.update(mq, offset)
+        return offset
+
+    async def _pull_loop(self, pq: ProcessQueue, send: trio.MemorySendChannel) -> None:
+        cfg = self.config
+        delay = cfg.pull_time_delay_ms_when_exception / 1000
+        sub = self._subs[pq.mq.topic]
+        with pq.cancel_scope:
+            while True:
+                try:
+                    offset = await self._compute_pull_from(pq.mq)
+                    break
+                except RaftMQError as e:
+                    log.info("cannot find start offset mq=%s error=%s", pq.mq, e)
+                    await trio.sleep(delay)
+            pq.max_offset_seen = offset - 1
+            while not pq.dropped:
+                await pq.wait_space()
+                try:
+                    self._pulls += 1
+                    result = await self._api.pull(pq.mq, offset, cfg.pull_batch_size, subscription=sub,
+                                                  suspend_timeout_ms=cfg.broker_suspend_max_time_ms)
+                except RaftMQError as e:
+                    self._pull_errors += 1
+                    log.debug("pull failed mq=%s offset=%d error=%s", pq.mq, offset, e)
+                    await trio.sleep(delay)
+                    continue
+                if result.status is PullStatus.FOUND:
+                    pq.put(result.messages, cfg.pull_threshold_for_queue)
+                    for m in result.messages:
+                        send.send_nowait((pq, m))
+                elif result.status is PullStatus.OFFSET_ILLEGAL:
+                    log.warning("pull offset moved mq=%s offset=%d next=%d", pq.mq, offset,
+                                result.next_begin_offset)
+                if result.status is not PullStatus.FOUND or not result.messages:
+                    # Filtered-out or moved ranges hold nothing to consume; let the offset pass them.
+                    pq.max_offset_seen = max(pq.max_offset_seen, result.next_begin_offset - 1)
+                    if not pq.msgs and result.next_begin_offset > offset:
+                        self._offsets.update(pq.mq, result.next_begin_offset, increase_only=True)
+                offset = max(offset, result.next_begin_offset)
+
+    async def _handle_loop(self, pq: ProcessQueue, recv: trio.MemoryReceiveChannel) -> None:
+        assert self._handler is not None
+        with pq.cancel_scope:
+            async for _, msg in recv:
+                for attempt in range(self.config.max_reconsume_times + 1):
+                    try:
+                        await self._handler(msg)
+                        break
+                    except Exception:
+                        log.exception("handler failed mq=%s offset=%d attempt=%d", pq.mq, msg.queue_offset,
+                                      attempt + 1)
+                        await trio.sleep(self.config.reconsume_delay_ms / 1000)
+                else:
+                    log.error("message skipped after %d failed attempts mq=%s offset=%d msg_id=%s",
+                              self.config.max_reconsume_times + 1, pq.mq, msg.queue_offset, msg.msg_id)
+                self._delivered += 1
+                self._consumed(pq, msg)
+
+
+@contextlib.asynccontextmanager
+async def open_push_consumer(namesrv: str | Sequence[str] | None = None, *, topic: str | None = None,
+                             expression: str = "*", subscriptions: Mapping[str, str] | None = None,
+                             handler: Handler | None = None, **options: Any) -> AsyncIterator[PushConsumer]:
+    """Open a push consumer subscribed to ``topic`` (with tag ``expression``) or to every ``{topic: expression}``
+    of ``subscriptions``. With ``handler`` it consumes in the background until the block exits; without, iterate
+    it: ``async for msg in consumer``. Other options are ``PushConsumerConfig`` fields."""
+    if namesrv is not None:
+        options["namesrv"] = namesrv
+    config: PushConsumerConfig = build_config(PushConsumerConfig, options)
+    subs = dict(subscriptions or {})
+    if topic is not None:
+        subs[topic] = expression
+    parsed = [parse_subscription(t, e) for t, e in subs.items()]
+    async with open_remoting(config) as remoting:
+        async with trio.open_nursery() as nursery:
+            instance = ClientInstance(config, remoting, nursery)
+            consumer = PushConsumer(config, instance, parsed, handler)
+            instance.start_background()
+            await consumer.start(nursery)
+            try:
+                yield consumer
+            finally:
+                instance.stop_background()
+                await consumer.close()
+                instance.closed = True
+                nursery.cancel_scope.cancel()
+
+

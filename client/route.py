@@ -1,0 +1,341 @@
+"""Topic routes: what the name servers say, cached, refreshed, and the queue choice made from them.
+
+Rules of this module:
+- A route names, per broker group, the address of each node (``broker_addrs[0]`` is the Raft leader, the
+  master) and, per group, how many write/read queues the topic has there.
+- Routes are cached per topic and refreshed every ``poll_name_server_interval_ms`` and *at once* when a broker
+  says NOT_LEADER or a connection fails (``RouteCache.refresh``). Concurrent refreshes of one topic share one
+  name-server query.
+- A NOT_LEADER answer carries the leader's address; it is remembered as a *leader hint* for that group and
+  wins over the cached route, because the name server learns of a new leader only when that leader registers.
+  A hint is dropped when a request to it fails or the route agrees with it.
+- Queue selection is round-robin over writable queues, skipping groups the fault tracker marks unavailable
+  (RocketMQ's ``MQFaultStrategy``) and, on a retry, the group that just failed, falling back to any queue
+  rather than failing when every group looks unavailable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import cbor2
+import trio
+
+from client.errors import NoRouteError
+from client.message import MessageQueue
+
+__all__ = [
+    "PERM_READ", "PERM_WRITE", "PERM_INHERIT", "MASTER_ID", "QueueData", "BrokerData", "TopicRouteData",
+    "FaultTracker", "TopicPublishInfo", "RouteCache", "parse_route",
+]
+
+log = logging.getLogger(__name__)
+
+PERM_INHERIT = 0x1
+PERM_WRITE = 0x2
+PERM_READ = 0x4
+MASTER_ID = 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class QueueData:
+    broker_name: str
+    read_queue_nums: int
+    write_queue_nums: int
+    perm: int = PERM_READ | PERM_WRITE
+    topic_sys_flag: int = 0
+
+    @property
+    def writable(self) -> bool:
+        return bool(self.perm & PERM_WRITE)
+
+    @property
+    def readable(self) -> bool:
+        return bool(self.perm & PERM_READ)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BrokerData:
+    cluster: str
+    broker_name: str
+    broker_addrs: Mapping[int, str]
+
+    @property
+    def master_addr(self) -> str | None:
+        return self.broker_addrs.get(MASTER_ID)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TopicRouteData:
+    topic: str
+    queue_datas: tuple[QueueData, ...]
+    broker_datas: tuple[BrokerData, ...]
+
+    def broker(self, broker_name: str) -> BrokerData | None:
+        for b in self.broker_datas:
+            if b.broker_name == broker_name:
+                return b
+        return None
+
+    def write_queues(self) -> list[MessageQueue]:
+        out = []
+        for qd in sorted(self.queue_datas, key=lambda q: q.broker_name):
+            b = self.broker(qd.broker_name)
+            if qd.writable and b is not None and b.master_addr:
+                out.extend(MessageQueue(self.topic, qd.broker_name, i) for i in range(qd.write_queue_nums))
+        return out
+
+    def read_queues(self) -> list[MessageQueue]:
+        out = []
+        for qd in sorted(self.queue_datas, key=lambda q: q.broker_name):
+            if qd.readable:
+                out.extend(MessageQueue(self.topic, qd.broker_name, i) for i in range(qd.read_queue_nums))
+        return out
+
+
+def _field(d: Mapping[str, Any], *names: str, default: Any = None) -> Any:
+    # Accept RocketMQ's camelCase spelling as well as ours, so a route dumped by either side parses.
+    for name in names:
+        if name in d:
+            return d[name]
+    return default
+
+
+def parse_route(topic: str, data: Mapping[str, Any]) -> TopicRouteData:
+    """Build a ``TopicRouteData`` from the name server's map; raises ``NoRouteError`` if it is malformed."""
+    try:
+        queue_datas = tuple(
+            QueueData(broker_name=str(_field(q, "broker_name", "brokerName")),
+                      read_queue_nums=int(_field(q, "read_queue_nums", "readQueueNums")),
+                      write_queue_nums=int(_field(q, "write_queue_nums", "writeQueueNums")),
+                      perm=int(_field(q, "perm", default=PERM_READ | PERM_WRITE)),
+                      topic_sys_flag=int(_field(q, "topic_sys_flag", "topicSysFlag", default=0)))
+            for q in _field(data, "queue_datas", "queueDatas", default=()))
+        broker_datas = tuple(
+            BrokerData(cluster=str(_field(b, "cluster", default="")),
+                       broker_name=str(_field(b, "broker_name", "brokerName")),
+                       broker_addrs={int(k): str(v)
+                                     for k, v in _field(b, "broker_addrs", "brokerAddrs", default={}).items()})
+            for b in _field(data, "broker_datas", "brokerDatas", default=()))
+    except (TypeError, ValueError, AttributeError) as e:
+        raise NoRouteError(f"the name server's route for topic {topic!r} is malformed: {e}", topic=topic) from e
+    return TopicRouteData(topic, queue_datas, broker_datas)
+
+
+class FaultTracker:
+    """Per-group availability from observed send latency and failures (RocketMQ's LatencyFaultTolerance).
+
+    Slow groups are avoided for a while in proportion to their latency; a failed group is avoided for
+    ``isolation_ms``. Short by default: a failed leader is usually replaced within a second or two, and the
+    route refresh on failure already steers us to the new one.
+    """
+
+    LATENCY_MAX_MS = (50, 100, 550, 1000, 2000, 3000, 15000)
+    NOT_AVAILABLE_MS = (0, 0, 3000, 6000, 12000, 18000, 60000)
+
+    def __init__(self, *, isolation_ms: int = 1000, clock: Callable[[], float] = time.monotonic) -> None:
+        self.isolation_ms = isolation_ms
+        self._clock = clock
+        self._until: dict[str, float] = {}
+
+    def update(self, broker_name: str, latency_ms: float, *, isolation: bool) -> None:
+        if isolation:
+            duration = self.isolation_ms
+        else:
+            duration = 0
+            for limit, avoid in zip(reversed(self.LATENCY_MAX_MS), reversed(self.NOT_AVAILABLE_MS)):
+                if latency_ms >= limit:
+                    duration = avoid
+                    break
+        if duration:
+            self._until[broker_name] = self._clock() + duration / 1000
+        else:
+            self._until.pop(broker_name, None)
+
+    def is_available(self, broker_name: str) -> bool:
+        until = self._until.get(broker_name)
+        if until is None:
+            return True
+        if self._clock() >= until:
+            del self._until[broker_name]
+            return True
+        return False
+
+
+class TopicPublishInfo:
+    """The writable queues of one topic and the round-robin position over them."""
+
+    def __init__(self, route: TopicRouteData) -> None:
+        self.route = route
+        self.queues: list[MessageQueue] = route.write_queues()
+        self._counter = itertools.count(random.randrange(1 << 16))
+
+    def select(self, faults: FaultTracker | None, last_broker: str | None = None) -> MessageQueue:
+        if not self.queues:
+            raise NoRouteError(f"topic {self.route.topic!r} has no writable queue on any broker group",
+                               topic=self.route.topic)
+        n = len(self.queues)
+        start = next(self._counter)
+        if faults is not None:
+            for i in range(n):
+                mq = self.queues[(start + i) % n]
+                if faults.is_available(mq.broker_name) and mq.broker_name != last_broker:
+                    return mq
+        if last_broker is not None:
+            for i in range(n):
+                mq = self.queues[(start + i) % n]
+                if mq.broker_name != last_broker:
+                    return mq
+        return self.queues[start % n]
+
+
+class RouteCache:
+    """Routes per topic from the name servers, with leader hints per broker group.
+
+    ``query(addr, topic) -> Mapping | None`` asks one name server (None: topic unknown there); it is injected
+    so this class stays testable without sockets.
+    """
+
+    def __init__(self, namesrv_addrs: Sequence[str], query: Callable[[str, str], Any]) -> None:
+        if not namesrv_addrs:
+            raise ValueError("namesrv_addrs must name at least one name server")
+        self.namesrv_addrs = list(namesrv_addrs)
+        self._query = query
+        self._routes: dict[str, TopicRouteData] = {}
+        self._publish: dict[str, TopicPublishInfo] = {}
+        self._inflight: dict[str, trio.Event] = {}
+        self._errors: dict[str, BaseException] = {}
+        self._leader_hints: dict[str, str] = {}
+        self._ns_index = random.randrange(len(self.namesrv_addrs))
+        self.refresh_count = 0
+
+    @property
+    def topics(self) -> list[str]:
+        return list(self._routes)
+
+    def cached(self, topic: str) -> TopicRouteData | None:
+        return self._routes.get(topic)
+
+    async def get(self, topic: str) -> TopicRouteData:
+        route = self._routes.get(topic)
+        if route is None:
+            route = await self.refresh(topic)
+        return route
+
+    async def publish_info(self, topic: str) -> TopicPublishInfo:
+        info = self._publish.get(topic)
+        if info is None:
+            await self.get(topic)
+            info = self._publish[topic]
+        return info
+
+    async def refresh(self, topic: str) -> TopicRouteData:
+        """Ask the name servers now; concurrent callers for one topic share one query."""
+        event = self._inflight.get(topic)
+        if event is not None:
+            await event.wait()
+            route = self._routes.get(topic)
+            if route is None:
+                raise self._errors.get(topic) or NoRouteError(f"no route for topic {topic!r}", topic=topic)
+            return route
+        event = self._inflight[topic] = trio.Event()
+        try:
+            route = await self._fetch(topic)
+            self._install(route)
+            self._errors.pop(topic, None)
+            return route
+        except BaseException as e:
+            self._errors[topic] = e
+            raise
+        finally:
+            del self._inflight[topic]
+            event.set()
+
+    async def _fetch(self, topic: str) -> TopicRouteData:
+        last_error: BaseException | None = None
+        n = len(self.namesrv_addrs)
+        for i in range(n):
+            addr = self.namesrv_addrs[(self._ns_index + i) % n]
+            try:
+                data = await self._query(addr, topic)
+            except Exception as e:  # noqa: BLE001 - any name server failure means: try the next one
+                if not getattr(e, "retriable", False) and not getattr(e, "refresh_route", False):
+                    if not isinstance(e, OSError):
+                        raise
+                log.debug("route query failed namesrv=%s topic=%s error=%s", addr, topic, e)
+                last_error = e
+                continue
+            self._ns_index = (self._ns_index + i) % n
+            self.refresh_count += 1
+            if data is None:
+                raise NoRouteError(f"no name server knows topic {topic!r}", topic=topic)
+            return parse_route(topic, data)
+        raise NoRouteError(f"no name server answered for topic {topic!r} (tried {', '.join(self.namesrv_addrs)}): "
+                           f"{last_error}", topic=topic) from last_error
+
+    def _install(self, route: TopicRouteData) -> None:
+        old = self._routes.get(route.topic)
+        self._routes[route.topic] = route
+        if old is None or old.write_queues() != route.write_queues() or old.broker_datas != route.broker_datas:
+            self._publish[route.topic] = TopicPublishInfo(route)
+        for b in route.broker_datas:
+            if self._leader_hints.get(b.broker_name) == b.master_addr:
+                del self._leader_hints[b.broker_name]
+
+    def set_leader_hint(self, broker_name: str, addr: str | None) -> None:
+        if addr:
+            self._leader_hints[broker_name] = addr
+        else:
+            self._leader_hints.pop(broker_name, None)
+
+    def drop_leader_hint(self, broker_name: str, addr: str) -> None:
+        if self._leader_hints.get(broker_name) == addr:
+            del self._leader_hints[broker_name]
+
+    def _broker(self, broker_name: str) -> BrokerData | None:
+        for route in self._routes.values():
+            b = route.broker(broker_name)
+            if b is not None:
+                return b
+        return None
+
+    def master_addr(self, broker_name: str) -> str | None:
+        hint = self._leader_hints.get(broker_name)
+        if hint:
+            return hint
+        b = self._broker(broker_name)
+        return b.master_addr if b else None
+
+    def replica_addrs(self, broker_name: str) -> list[str]:
+        """Every known node of the group, master (or hinted leader) first."""
+        b = self._broker(broker_name)
+        addrs = [] if b is None else [b.broker_addrs[k] for k in sorted(b.broker_addrs)]
+        master = self.master_addr(broker_name)
+        if master:
+            addrs = [master] + [a for a in addrs if a != master]
+        return addrs
+
+    def all_broker_addrs(self) -> dict[str, set[str]]:
+        out: dict[str, set[str]] = {}
+        for route in self._routes.values():
+            for b in route.broker_datas:
+                out.setdefault(b.broker_name, set()).update(b.broker_addrs.values())
+        for name, addr in self._leader_hints.items():
+            out.setdefault(name, set()).add(addr)
+        return out
+
+
+def decode_route_response(ext: Mapping[str, Any], body: bytes) -> Mapping[str, Any]:
+    """The route map from a GET_ROUTEINFO_BY_TOPIC response: a CBOR body, else the ext itself."""
+    if body:
+        data = cbor2.loads(body)
+        if not isinstance(data, Mapping):
+            raise ValueError(f"route body is a {type(data).__name__}, not a map")
+        return data
+    return ext

@@ -1,0 +1,212 @@
+"""Pure client parts: tag filters, tags codes, allocation, routes and queue selection, offsets, messages."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import client
+from client.filter import parse_subscription, tags_code
+from client.message import Message, MessageQueue, new_uniq_key
+from client.offset_store import LocalFileOffsetStore, OffsetStore
+from client.rebalance import allocate_average, diff_assignment
+from client.route import (PERM_READ, PERM_WRITE, FaultTracker, RouteCache, TopicPublishInfo, parse_route)
+from client.errors import NoRouteError
+
+
+# -- filters ---------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("tag,code", [("TagA", 2598919), ("", 0), ("hello", 99162322), ("polygenelubricants", -2147483648),
+                                      ("中文", 646394)])
+def test_tags_code_is_java_string_hashcode(tag, code):
+    # Java's "x".hashCode(); "polygenelubricants" is the well-known Integer.MIN_VALUE case.
+    assert tags_code(tag) == code
+
+
+def test_parse_subscription_all_and_tags():
+    assert parse_subscription("T", "*").matches_all
+    assert parse_subscription("T", None).matches_all
+    assert parse_subscription("T", "  ").matches("anything")
+    sub = parse_subscription("T", "TagB || TagA")
+    assert sub.tags == {"TagA", "TagB"}
+    assert sub.expression == "TagA || TagB"
+    assert sub.codes == {tags_code("TagA"), tags_code("TagB")}
+    assert sub.matches("TagA") and not sub.matches("TagC") and not sub.matches(None)
+
+
+@pytest.mark.parametrize("expr", ["TagA ||", "TagA || *", "TagA | TagB", "||"])
+def test_parse_subscription_rejects_malformed(expr):
+    with pytest.raises(ValueError, match="tag expression"):
+        parse_subscription("T", expr)
+
+
+# -- allocation ------------------------------------------------------------------------------------------------------
+def _queues(n, broker="broker-a"):
+    return [MessageQueue("T", broker, i) for i in range(n)]
+
+
+@pytest.mark.parametrize("n_mq,n_cid", [(8, 2), (8, 3), (3, 5), (16, 3), (1, 1), (7, 7)])
+def test_allocate_average_partitions_every_queue_once(n_mq, n_cid):
+    mqs = _queues(n_mq)
+    cids = [f"c{i}" for i in range(n_cid)]
+    got = [allocate_average("g", c, reversed(mqs), cids) for c in cids]
+    flat = [mq for part in got for mq in part]
+    assert sorted(flat) == sorted(mqs)
+    sizes = [len(p) for p in got]
+    assert max(sizes) - min(sizes) <= 1
+
+
+def test_allocate_average_matches_rocketmq_blocks():
+    mqs = _queues(8)
+    cids = ["a", "b", "c"]
+    assert [q.queue_id for q in allocate_average("g", "a", mqs, cids)] == [0, 1, 2]
+    assert [q.queue_id for q in allocate_average("g", "b", mqs, cids)] == [3, 4, 5]
+    assert [q.queue_id for q in allocate_average("g", "c", mqs, cids)] == [6, 7]
+    assert allocate_average("g", "zzz", mqs, cids) == []
+
+
+def test_diff_assignment():
+    a, b, c = _queues(3)
+    d = diff_assignment([a, b], [b, c])
+    assert d.added == (c,) and d.removed == (a,) and d.changed
+    assert not diff_assignment([a], [a]).changed
+
+
+# -- routes ----------------------------------------------------------------------------------------------------------
+ROUTE = {"queue_datas": [{"broker_name": "broker-b", "read_queue_nums": 2, "write_queue_nums": 2,
+                          "perm": PERM_READ | PERM_WRITE, "topic_sys_flag": 0},
+                         {"broker_name": "broker-a", "read_queue_nums": 4, "write_queue_nums": 3,
+                          "perm": PERM_READ | PERM_WRITE, "topic_sys_flag": 0}],
+         "broker_datas": [{"cluster": "c", "broker_name": "broker-a",
+                           "broker_addrs": {"0": "127.0.0.1:1", "1": "127.0.0.1:2", "2": "127.0.0.1:3"}},
+                          {"cluster": "c", "broker_name": "broker-b", "broker_addrs": {"0": "127.0.0.1:4"}}]}
+
+
+def test_parse_route_and_queues():
+    route = parse_route("T", ROUTE)
+    assert route.broker("broker-a").master_addr == "127.0.0.1:1"
+    assert len(route.write_queues()) == 5
+    assert len(route.read_queues()) == 6
+    assert route.write_queues()[0] == MessageQueue("T", "broker-a", 0)
+
+
+def test_parse_route_malformed_names_topic():
+    with pytest.raises(NoRouteError, match="'T'"):
+        parse_route("T", {"queue_datas": [{"broker_name": "x"}]})
+
+
+def test_write_queues_skip_groups_without_leader_or_write_perm():
+    data = json.loads(json.dumps(ROUTE))
+    data["broker_datas"][1]["broker_addrs"] = {"1": "127.0.0.1:5"}
+    data["queue_datas"][1]["perm"] = PERM_READ
+    route = parse_route("T", data)
+    assert route.write_queues() == []
+    with pytest.raises(NoRouteError, match="no writable queue"):
+        TopicPublishInfo(route).select(None)
+
+
+def test_fault_tracker_avoids_failed_group_for_isolation_period():
+    now = [100.0]
+    ft = FaultTracker(isolation_ms=1000, clock=lambda: now[0])
+    ft.update("a", 5, isolation=True)
+    assert not ft.is_available("a") and ft.is_available("b")
+    now[0] += 1.01
+    assert ft.is_available("a")
+    ft.update("a", 600, isolation=False)  # slow: avoided a while
+    assert not ft.is_available("a")
+    ft.update("a", 1, isolation=False)
+    assert ft.is_available("a")
+
+
+def test_select_round_robin_and_fault_avoidance():
+    info = TopicPublishInfo(parse_route("T", ROUTE))
+    picks = [info.select(None) for _ in range(10)]
+    assert len(set(picks)) == 5  # round robin over every writable queue
+    ft = FaultTracker(clock=lambda: 0.0)
+    ft.update("broker-a", 0, isolation=True)
+    assert {info.select(ft).broker_name for _ in range(10)} == {"broker-b"}
+    # a retry avoids the group that just failed even if the tracker has not marked it
+    assert {info.select(None, last_broker="broker-b").broker_name for _ in range(10)} == {"broker-a"}
+    # everything unavailable: still answers rather than failing
+    ft.update("broker-b", 0, isolation=True)
+    assert info.select(ft).broker_name in {"broker-a", "broker-b"}
+
+
+async def test_route_cache_single_flight_hints_and_failover_between_namesrvs():
+    import trio
+    calls = []
+
+    async def query(addr, topic):
+        calls.append(addr)
+        if addr == "ns:1":
+            raise ConnectionRefusedError("down")
+        await trio.sleep(0.01)
+        return ROUTE if topic == "T" else None
+
+    cache = RouteCache(["ns:1", "ns:2"], query)
+    cache._ns_index = 0
+    async with trio.open_nursery() as n:
+        for _ in range(5):
+            n.start_soon(cache.get, "T")
+    assert calls.count("ns:2") == 1
+    assert cache.master_addr("broker-a") == "127.0.0.1:1"
+    cache.set_leader_hint("broker-a", "127.0.0.1:2")
+    assert cache.master_addr("broker-a") == "127.0.0.1:2"
+    assert cache.replica_addrs("broker-a")[0] == "127.0.0.1:2"
+    assert set(cache.replica_addrs("broker-a")) == {"127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"}
+    cache.drop_leader_hint("broker-a", "127.0.0.1:2")
+    assert cache.master_addr("broker-a") == "127.0.0.1:1"
+    with pytest.raises(NoRouteError, match="no name server knows topic 'U'"):
+        await cache.get("U")
+
+
+# -- offsets ---------------------------------------------------------------------------------------------------------
+def test_offset_store_dirty_and_increase_only():
+    s = OffsetStore()
+    mq = MessageQueue("T", "b", 0)
+    s.update(mq, 5)
+    s.update(mq, 3, increase_only=True)
+    assert s.read_cached(mq) == 5 and s.dirty() == {mq: 5}
+    s.mark_clean(mq, 5)
+    assert s.dirty() == {}
+    with pytest.raises(ValueError, match="must be >= 0"):
+        s.update(mq, -1)
+
+
+async def test_local_file_offset_store_roundtrip(tmp_path):
+    path = tmp_path / "o.json"
+    s = LocalFileOffsetStore(path)
+    mq = MessageQueue("T", "b", 1)
+    s.update(mq, 42)
+    await s.persist_all()
+    assert await LocalFileOffsetStore(path).read_from_store(mq) == 42
+    path.write_text("{nope")
+    with pytest.raises(ValueError, match="malformed"):
+        LocalFileOffsetStore(path)
+
+
+# -- messages and API ------------------------------------------------------------------------------------------------
+def test_message_properties_and_validation():
+    m = Message("T", b"x", tags="TagA", keys=["k1", "k2"], properties={"a": "b"})
+    assert m.wire_properties() == {"a": "b", "TAGS": "TagA", "KEYS": "k1 k2"}
+    with pytest.raises(TypeError, match="body must be bytes"):
+        Message("T", "text")
+    with pytest.raises(ValueError, match="topic must not be empty"):
+        Message("", b"")
+    keys = {new_uniq_key() for _ in range(1000)}
+    assert len(keys) == 1000
+
+
+def test_public_api_is_pinned():
+    assert sorted(client.__all__) == sorted([
+        "open_producer", "Producer", "ProducerConfig",
+        "open_push_consumer", "PushConsumer", "PushConsumerConfig",
+        "open_pull_consumer", "PullConsumer", "PullConsumerConfig",
+        "open_admin", "AdminClient", "ClusterInfo",
+        "Message", "MessageExt", "MessageQueue", "SendResult", "SendStatus", "PullResult", "PullStatus",
+        "Subscription", "parse_subscription", "tags_code", "allocate_average",
+        "RaftMQError", "RemotingError", "ConnectError", "ConnectionClosedError", "RequestTimeoutError",
+        "BrokerError", "NotLeaderError", "ClientError", "NoRouteError", "ClientClosedError",
+        "MessageTooLargeError", "SendFailedError", "ConfigError"])
+    for name in client.__all__:
+        assert hasattr(client, name), name
