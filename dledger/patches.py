@@ -23,7 +23,9 @@ so a silent upgrade cannot quietly disable a fix.
 4. Apply gate: ``SyncObj.__applyLogEntries`` is skipped while ``member._dledger_apply_gate_open`` is False, so a
    member whose state machine is behind its snapshot keeps voting, appending and acknowledging (Raft stays live)
    but applies nothing until the missing commit-log bytes were copied from a peer.
-5. Pickle protocol 2 is also used by pysyncobj's command encoding (``pysyncobj.pickle.dumps``); raised to 5 so a
+5. File handles: pysyncobj leaks the journal meta file it reads and the snapshot file it streams to a lagging
+   follower (closed only by the garbage collector, a ResourceWarning each time). Both are closed here.
+6. Pickle protocol 2 is also used by pysyncobj's command encoding (``pysyncobj.pickle.dumps``); raised to 5 so a
    bytes payload is one memcpy instead of a latin-1 string round trip.
 
 The chunked-send defect (entries at least ``appendEntriesBatchSizeBytes`` long) is contained by configuration:
@@ -40,7 +42,9 @@ import pickle
 import struct
 from typing import Any
 
+import pysyncobj.journal as pso_journal
 import pysyncobj.pickle as pso_pickle
+import pysyncobj.serializer as pso_serializer
 import pysyncobj.syncobj as pso_syncobj
 import pysyncobj.tcp_connection as pso_tcp
 from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
@@ -182,6 +186,37 @@ def _apply_log_entries_gated(self: Any) -> bool:
     return _original_apply_log_entries(self)
 
 
+def _get_meta_closed(self: Any) -> dict:
+    try:
+        with open(self.getPath(), "rb") as f:
+            return pso_journal.loads(f.read())
+    except Exception:
+        return {}
+
+
+_original_get_transmission = pso_serializer.Serializer.getTransmissionData
+_original_cancel_transmission = pso_serializer.Serializer.cancelTransmisstion
+
+
+def _close_finished_transmission(self: Any, transmission_id: Any, before: Any) -> None:
+    if before is not None and transmission_id not in self._Serializer__transmissions and "file" in before:
+        before["file"].close()
+
+
+def _get_transmission_closed(self: Any, transmission_id: Any) -> Any:
+    # A snapshot file is never empty, so the call that opens a transmission is never the one that ends it.
+    before = self._Serializer__transmissions.get(transmission_id)
+    result = _original_get_transmission(self, transmission_id)
+    _close_finished_transmission(self, transmission_id, before)
+    return result
+
+
+def _cancel_transmission_closed(self: Any, transmission_id: Any) -> None:
+    before = self._Serializer__transmissions.get(transmission_id)
+    _original_cancel_transmission(self, transmission_id)
+    _close_finished_transmission(self, transmission_id, before)
+
+
 def apply_patches() -> None:
     """Install every fix; idempotent."""
     global _patched
@@ -194,6 +229,9 @@ def apply_patches() -> None:
     pso_syncobj.SyncObj._SyncObj__sendNextNodeIdx = _send_next_node_idx_flushed
     pso_syncobj.SyncObj._SyncObj__sendAppendEntries = _send_append_entries_flushed
     pso_syncobj.SyncObj._SyncObj__applyLogEntries = _apply_log_entries_gated
+    pso_journal.MetaStorer.getMeta = _get_meta_closed
+    pso_serializer.Serializer.getTransmissionData = _get_transmission_closed
+    pso_serializer.Serializer.cancelTransmisstion = _cancel_transmission_closed
     # Module global read by pysyncobj.pickle.dumps (not name-mangled: it is a module, not a class).
     setattr(pso_pickle, "__protocol", WIRE_PICKLE_PROTOCOL)
     _patched = True
