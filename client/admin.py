@@ -17,7 +17,9 @@ import cbor2
 import trio
 
 from client.errors import ClientError
-from client.instance import open_remoting, ClientConfig, ClientInstance, build_config, raise_for_response
+from client.instance import (
+    ClientConfig, ClientInstance, build_config, open_remoting, raise_for_response,
+)
 from client.route import PERM_READ, PERM_WRITE, TopicRouteData, parse_route
 from remoting.codes import RequestCode, ResponseCode
 from remoting.errors import RaftMQError

@@ -24,7 +24,9 @@ from typing import Any
 import trio
 
 from client.errors import ClientClosedError, MessageTooLargeError, SendFailedError
-from client.instance import open_remoting, ClientConfig, ClientInstance, build_config, now_ms, raise_for_response
+from client.instance import (
+    ClientConfig, ClientInstance, build_config, now_ms, open_remoting, raise_for_response,
+)
 from client.message import PROPERTY_UNIQ_KEY, Message, MessageQueue, SendResult, SendStatus, new_uniq_key
 from remoting.codes import RequestCode, ResponseCode
 from remoting.config import bounded

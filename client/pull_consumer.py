@@ -20,7 +20,9 @@ from typing import Any
 import trio
 
 from client.filter import Subscription, parse_subscription
-from client.instance import open_remoting, ClientConfig, ClientInstance, build_config, raise_for_response
+from client.instance import (
+    ClientConfig, ClientInstance, build_config, open_remoting, raise_for_response,
+)
 from client.message import MessageExt, MessageQueue, PullResult, PullStatus
 from remoting.codes import RequestCode, ResponseCode
 from remoting.config import bounded

@@ -31,7 +31,9 @@ import cbor2
 import trio
 
 from client.filter import Subscription, parse_subscription
-from client.instance import open_remoting, ClientConfig, ClientInstance, build_config, raise_for_response
+from client.instance import (
+    ClientConfig, ClientInstance, build_config, open_remoting, raise_for_response,
+)
 from client.message import MessageExt, MessageQueue, PullStatus
 from client.offset_store import LocalFileOffsetStore, RemoteOffsetStore
 from client.pull_consumer import PullAPI
@@ -292,12 +294,18 @@ class PushConsumer:
         assert self._nursery is not None
         pq = ProcessQueue(mq)
         self._pqs[mq] = pq
-        if self._handler is not None:
+        self._nursery.start_soon(self._run_queue, pq)
+
+    async def _run_queue(self, pq: ProcessQueue) -> None:
+        # One cancel scope per queue stops its pull (and handler) the moment the queue is taken away.
+        with pq.cancel_scope:
+            if self._handler is None:
+                await self._pull_loop(pq, self._send)
+                return
             send, recv = trio.open_memory_channel[tuple[ProcessQueue, MessageExt]](math.inf)
-            self._nursery.start_soon(self._pull_loop, pq, send)
-            self._nursery.start_soon(self._handle_loop, pq, recv)
-        else:
-            self._nursery.start_soon(self._pull_loop, pq, self._send)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._pull_loop, pq, send)
+                nursery.start_soon(self._handle_loop, pq, recv)
 
     async def _compute_pull_from(self, mq: MessageQueue) -> int:
         offset = await self._offsets.read_from_store(mq)
@@ -318,57 +326,57 @@ class PushConsumer:
         cfg = self.config
         delay = cfg.pull_time_delay_ms_when_exception / 1000
         sub = self._subs[pq.mq.topic]
-        with pq.cancel_scope:
-            while True:
-                try:
-                    offset = await self._compute_pull_from(pq.mq)
-                    break
-                except RaftMQError as e:
-                    log.info("cannot find start offset mq=%s error=%s", pq.mq, e)
-                    await trio.sleep(delay)
-            pq.max_offset_seen = offset - 1
-            while not pq.dropped:
-                await pq.wait_space()
-                try:
-                    self._pulls += 1
-                    result = await self._api.pull(pq.mq, offset, cfg.pull_batch_size, subscription=sub,
-                                                  suspend_timeout_ms=cfg.broker_suspend_max_time_ms)
-                except RaftMQError as e:
-                    self._pull_errors += 1
-                    log.debug("pull failed mq=%s offset=%d error=%s", pq.mq, offset, e)
-                    await trio.sleep(delay)
-                    continue
-                if result.status is PullStatus.FOUND:
-                    pq.put(result.messages, cfg.pull_threshold_for_queue)
-                    for m in result.messages:
-                        send.send_nowait((pq, m))
-                elif result.status is PullStatus.OFFSET_ILLEGAL:
-                    log.warning("pull offset moved mq=%s offset=%d next=%d", pq.mq, offset,
-                                result.next_begin_offset)
-                if result.status is not PullStatus.FOUND or not result.messages:
-                    # Filtered-out or moved ranges hold nothing to consume; let the offset pass them.
-                    pq.max_offset_seen = max(pq.max_offset_seen, result.next_begin_offset - 1)
-                    if not pq.msgs and result.next_begin_offset > offset:
-                        self._offsets.update(pq.mq, result.next_begin_offset, increase_only=True)
-                offset = max(offset, result.next_begin_offset)
+        while True:
+            try:
+                offset = await self._compute_pull_from(pq.mq)
+                break
+            except RaftMQError as e:
+                log.info("cannot find start offset mq=%s error=%s", pq.mq, e)
+                await trio.sleep(delay)
+        pq.max_offset_seen = offset - 1
+        while not pq.dropped:
+            await pq.wait_space()
+            try:
+                self._pulls += 1
+                result = await self._api.pull(pq.mq, offset, cfg.pull_batch_size, subscription=sub,
+                                              suspend_timeout_ms=cfg.broker_suspend_max_time_ms)
+            except RaftMQError as e:
+                self._pull_errors += 1
+                log.debug("pull failed mq=%s offset=%d error=%s", pq.mq, offset, e)
+                await trio.sleep(delay)
+                continue
+            if result.status is PullStatus.FOUND:
+                pq.put(result.messages, cfg.pull_threshold_for_queue)
+                for m in result.messages:
+                    send.send_nowait((pq, m))
+            elif result.status is PullStatus.OFFSET_ILLEGAL:
+                log.warning("pull offset moved mq=%s offset=%d next=%d", pq.mq, offset,
+                            result.next_begin_offset)
+            if result.status is not PullStatus.FOUND or not result.messages:
+                # Filtered-out or moved ranges hold nothing to consume; let the offset pass them.
+                pq.max_offset_seen = max(pq.max_offset_seen, result.next_begin_offset - 1)
+                if not pq.msgs and result.next_begin_offset > offset:
+                    self._offsets.update(pq.mq, result.next_begin_offset, increase_only=True)
+            if result.status is PullStatus.NO_MATCHED_MSG and result.next_begin_offset <= offset:
+                await trio.sleep(delay)  # a follower that is behind says "retry": don't spin on it
+            offset = max(offset, result.next_begin_offset)
 
     async def _handle_loop(self, pq: ProcessQueue, recv: trio.MemoryReceiveChannel) -> None:
         assert self._handler is not None
-        with pq.cancel_scope:
-            async for _, msg in recv:
-                for attempt in range(self.config.max_reconsume_times + 1):
-                    try:
-                        await self._handler(msg)
-                        break
-                    except Exception:
-                        log.exception("handler failed mq=%s offset=%d attempt=%d", pq.mq, msg.queue_offset,
-                                      attempt + 1)
-                        await trio.sleep(self.config.reconsume_delay_ms / 1000)
-                else:
-                    log.error("message skipped after %d failed attempts mq=%s offset=%d msg_id=%s",
-                              self.config.max_reconsume_times + 1, pq.mq, msg.queue_offset, msg.msg_id)
-                self._delivered += 1
-                self._consumed(pq, msg)
+        async for _, msg in recv:
+            for attempt in range(self.config.max_reconsume_times + 1):
+                try:
+                    await self._handler(msg)
+                    break
+                except Exception:
+                    log.exception("handler failed mq=%s offset=%d attempt=%d", pq.mq, msg.queue_offset,
+                                  attempt + 1)
+                    await trio.sleep(self.config.reconsume_delay_ms / 1000)
+            else:
+                log.error("message skipped after %d failed attempts mq=%s offset=%d msg_id=%s",
+                          self.config.max_reconsume_times + 1, pq.mq, msg.queue_offset, msg.msg_id)
+            self._delivered += 1
+            self._consumed(pq, msg)
 
 
 @contextlib.asynccontextmanager

@@ -1,0 +1,131 @@
+"""An in-memory stand-in for name servers and broker groups, answering the client's requests by opaque-free
+direct calls. It checks the client's *logic* (redirects, retries, rebalancing, offsets) without sockets; the
+real wire is covered by tests/cluster/test_e2e_*.py."""
+
+from __future__ import annotations
+
+import contextlib
+from collections import defaultdict
+
+import cbor2
+import trio
+
+from remoting.codec import make_response
+from remoting.codes import RequestCode, ResponseCode
+from remoting.errors import ConnectError
+from remoting.message import MessageInput, decode_batch, encode_record, record_size
+
+NAMESRV = "ns:9876"
+
+
+class FakeGroup:
+    def __init__(self, name: str, addrs: list[str], queues: int = 4) -> None:
+        self.name = name
+        self.addrs = addrs
+        self.leader = addrs[0]
+        self.queues = queues
+        self.logs: dict[tuple[str, int], list[bytes]] = defaultdict(list)
+        self.offsets: dict[tuple[str, str, int], int] = {}
+        self.members: dict[str, set[str]] = defaultdict(set)
+        self.dead: set[str] = set()
+        self.phy = 0
+
+    def append(self, topic: str, queue_id: int, m: MessageInput) -> int:
+        log = self.logs[(topic, queue_id)]
+        buf = bytearray(record_size(len(m.body), len(topic), 200 + sum(len(k) + len(v) + 2
+                                                                       for k, v in m.properties.items())))
+        size = encode_record(buf, 0, m, queue_offset=len(log), phy_offset=self.phy, store_timestamp=1,
+                             store_host=("127.0.0.1", 1))
+        self.phy += size
+        log.append(bytes(buf[:size]))
+        return len(log) - 1
+
+
+class FakeRemoting:
+    def __init__(self, groups: list[FakeGroup]) -> None:
+        self.groups = groups
+        self.by_addr = {a: g for g in groups for a in g.addrs}
+        self.calls: list[tuple[str, int]] = []
+        self.wake = trio.Event()
+
+    def route(self, topic: str) -> dict:
+        return {"queue_datas": [{"broker_name": g.name, "read_queue_nums": g.queues, "write_queue_nums": g.queues,
+                                 "perm": 6} for g in self.groups],
+                "broker_datas": [{"cluster": "c", "broker_name": g.name,
+                                  "broker_addrs": {str(i + 1): a for i, a in enumerate(g.addrs)} | {"0": g.leader}}
+                                 for g in self.groups]}
+
+    async def invoke_oneway(self, addr, request):
+        await self.invoke(addr, request)
+
+    async def invoke(self, addr, request, timeout_s=3.0):
+        await trio.lowlevel.checkpoint()
+        self.calls.append((addr, request.code))
+        code, ext = request.code, request.ext
+        if addr == NAMESRV:
+            if code == RequestCode.GET_ROUTEINFO_BY_TOPIC:
+                return make_response(request, ResponseCode.SUCCESS, body=cbor2.dumps(self.route(ext["topic"])))
+            raise AssertionError(code)
+        g = self.by_addr[addr]
+        if addr in g.dead:
+            raise ConnectError(addr, "connection refused")
+        if code == RequestCode.HEART_BEAT:
+            body = cbor2.loads(request.body)
+            for c in body["consumers"]:
+                g.members[c["consumer_group"]].add(body["client_id"])
+            return make_response(request, ResponseCode.SUCCESS)
+        if code == RequestCode.UNREGISTER_CLIENT:
+            g.members[ext["consumer_group"]].discard(ext["client_id"]) if ext.get("consumer_group") else None
+            return make_response(request, ResponseCode.SUCCESS)
+        if code == RequestCode.GET_CONSUMER_LIST_BY_GROUP:
+            return make_response(request, ResponseCode.SUCCESS,
+                                 body=cbor2.dumps({"consumer_id_list": sorted(g.members[ext["consumer_group"]])}))
+        key = (ext.get("topic"), ext.get("queue_id"))
+        if code in (RequestCode.SEND_MESSAGE, RequestCode.SEND_BATCH_MESSAGE, RequestCode.UPDATE_CONSUMER_OFFSET):
+            if addr != g.leader:
+                return make_response(request, ResponseCode.NOT_LEADER, remark="not leader",
+                                     ext={"leader_addr": g.leader})
+        if code == RequestCode.SEND_MESSAGE:
+            if ext["properties"].get("reject"):
+                return make_response(request, ResponseCode.MESSAGE_ILLEGAL, remark="body rejected")
+            m = MessageInput(ext["topic"], ext["queue_id"], request.body, ext["properties"],
+                             born_timestamp=ext["born_timestamp"])
+            off = g.append(ext["topic"], ext["queue_id"], m)
+            self.wake.set()
+            self.wake = trio.Event()
+            return make_response(request, ResponseCode.SUCCESS,
+                                 ext={"msg_id": f"{g.name}-{off}", "queue_id": ext["queue_id"], "queue_offset": off})
+        if code == RequestCode.SEND_BATCH_MESSAGE:
+            _, msgs = decode_batch(request.body)
+            offs = [g.append(ext["topic"], ext["queue_id"], m) for m in msgs]
+            return make_response(request, ResponseCode.SUCCESS,
+                                 ext={"msg_id": ",".join(map(str, offs)), "queue_id": ext["queue_id"],
+                                      "queue_offset": offs[0]})
+        if code == RequestCode.PULL_MESSAGE:
+            log = g.logs[key]
+            start = ext["queue_offset"]
+            if start >= len(log) and ext["suspend_timeout_millis"]:
+                with trio.move_on_after(min(ext["suspend_timeout_millis"] / 1000, 0.05)):
+                    await self.wake.wait()
+            recs = log[start:start + ext["max_msg_nums"]]
+            fx = {"next_begin_offset": start + len(recs), "min_offset": 0, "max_offset": len(log)}
+            if not recs:
+                return make_response(request, ResponseCode.PULL_NOT_FOUND, ext=fx)
+            return make_response(request, ResponseCode.SUCCESS, ext=fx, body=b"".join(recs))
+        if code == RequestCode.QUERY_CONSUMER_OFFSET:
+            off = g.offsets.get((ext["consumer_group"], *key))
+            if off is None:
+                return make_response(request, ResponseCode.QUERY_NOT_FOUND, ext={"offset": -1})
+            return make_response(request, ResponseCode.SUCCESS, ext={"offset": off})
+        if code == RequestCode.UPDATE_CONSUMER_OFFSET:
+            g.offsets[(ext["consumer_group"], *key)] = ext["commit_offset"]
+            return make_response(request, ResponseCode.SUCCESS)
+        if code in (RequestCode.GET_MAX_OFFSET, RequestCode.GET_MIN_OFFSET):
+            return make_response(request, ResponseCode.SUCCESS,
+                                 ext={"offset": len(g.logs[key]) if code == RequestCode.GET_MAX_OFFSET else 0})
+        raise AssertionError(f"fake broker got unexpected code {code}")
+
+
+@contextlib.asynccontextmanager
+async def fake_remoting_ctx(remoting: FakeRemoting):
+    yield remoting

@@ -1,0 +1,145 @@
+"""Producer and consumer logic against the in-memory fake cluster: redirects, retries, fault avoidance,
+rebalancing, offsets, flow control, tag filtering."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+import client.admin
+import client.producer
+import client.pull_consumer
+import client.push_consumer
+from client import (Message, MessageQueue, MessageTooLargeError, SendStatus, open_pull_consumer,
+                    open_push_consumer, open_producer)
+from client.errors import MessageIllegalError
+from tests.unit.client.fake_cluster import NAMESRV, FakeGroup, FakeRemoting, fake_remoting_ctx
+from remoting.codes import RequestCode
+
+
+@pytest.fixture
+def cluster(monkeypatch):
+    groups = [FakeGroup("broker-a", ["a:1", "a:2", "a:3"]), FakeGroup("broker-b", ["b:1", "b:2", "b:3"])]
+    fake = FakeRemoting(groups)
+    for mod in (client.producer, client.pull_consumer, client.push_consumer, client.admin):
+        monkeypatch.setattr(mod, "open_remoting", lambda config: fake_remoting_ctx(fake))
+    return fake
+
+
+async def test_send_round_robin_and_result(cluster):
+    async with open_producer(NAMESRV) as p:
+        results = [await p.send(Message("T", b"x%d" % i, tags="A")) for i in range(16)]
+    assert all(r.send_status is SendStatus.SEND_OK for r in results)
+    assert {r.message_queue for r in results} == {MessageQueue("T", b, q) for b in ("broker-a", "broker-b")
+                                                   for q in range(4)}
+    assert len({r.msg_id for r in results}) == 16
+
+
+async def test_not_leader_redirects_at_once_and_hint_sticks(cluster):
+    a = cluster.groups[0]
+    a.leader = "a:2"  # the route still names a:1 ... until the client refreshes; the first answer redirects
+    cluster.route = (lambda orig: (lambda topic: orig(topic) | {"broker_datas": [
+        {"cluster": "c", "broker_name": "broker-a", "broker_addrs": {"0": "a:1", "1": "a:1", "2": "a:2"}},
+        {"cluster": "c", "broker_name": "broker-b", "broker_addrs": {"0": "b:1"}}]}))(cluster.route)
+    async with open_producer(NAMESRV) as p:
+        mq = MessageQueue("T", "broker-a", 0)
+        r = await p.send(Message("T", b"x"), queue=mq)
+        assert r.queue_offset == 0
+        assert p.statistics().redirects == 1
+        await p.send(Message("T", b"y"), queue=mq)
+        assert p.statistics().redirects == 1  # the hint was remembered
+    sends_to_a1 = [c for c in cluster.calls if c == ("a:1", RequestCode.SEND_MESSAGE)]
+    assert len(sends_to_a1) == 1
+
+
+async def test_dead_group_is_retried_elsewhere_and_avoided(cluster):
+    cluster.groups[0].dead.add("a:1")
+    async with open_producer(NAMESRV, retry_backoff_ms=0) as p:
+        results = [await p.send(Message("T", b"x")) for _ in range(10)]
+    assert {r.message_queue.broker_name for r in results} == {"broker-b"}
+    dead_tries = [c for c in cluster.calls if c == ("a:1", RequestCode.SEND_MESSAGE)]
+    assert len(dead_tries) == 1  # isolated after the first failure
+
+
+async def test_non_retriable_error_and_local_size_check(cluster):
+    async with open_producer(NAMESRV, max_message_size_bytes=10) as p:
+        with pytest.raises(MessageIllegalError, match="body rejected"):
+            await p.send(Message("T", b"x", properties={"reject": "1"}))
+        with pytest.raises(MessageTooLargeError, match="exceeds max_message_size_bytes 10"):
+            await p.send(Message("T", b"x" * 11))
+
+
+async def test_batch_and_pull_consumer_roundtrip(cluster):
+    async with open_producer(NAMESRV) as p:
+        mq = MessageQueue("T", "broker-b", 2)
+        r = await p.send_batch([Message("T", b"m%d" % i, tags="A" if i % 2 else "B") for i in range(5)], queue=mq)
+        assert r.queue_offset == 0 and len(r.msg_ids) == 5
+    async with open_pull_consumer(NAMESRV, consumer_group="g") as c:
+        assert mq in await c.fetch_queues("T")
+        res = await c.pull(mq, 0, 32, expression="A")
+        assert [m.body for m in res.messages] == [b"m1", b"m3"]
+        assert res.next_begin_offset == 5 and res.messages[0].msg_id == r.msg_ids[1]
+        assert await c.committed_offset(mq) is None
+        await c.commit(mq, 5)
+        assert await c.committed_offset(mq) == 5
+
+
+async def test_push_consumer_group_rebalances_and_consumes_everything_in_queue_order(cluster):
+    total = 400
+    seen: dict[str, list] = {}
+    done = trio.Event()
+    counts = {"n": 0}
+
+    def record(name):
+        async def handler(msg):
+            seen.setdefault(name, []).append((msg.message_queue, msg.queue_offset, msg.body))
+            counts["n"] += 1
+            if counts["n"] >= total:
+                done.set()
+        return handler
+
+    opts = dict(consumer_group="g", consume_from_where="CONSUME_FROM_FIRST_OFFSET", rebalance_interval_ms=50,
+                persist_consumer_offset_interval_ms=20, broker_suspend_max_time_ms=50, pull_batch_size=8,
+                pull_threshold_for_queue=16)
+    async with open_producer(NAMESRV) as p:
+        async with open_push_consumer(NAMESRV, topic="T", handler=record("c1"), **opts) as c1:
+            async with open_push_consumer(NAMESRV, topic="T", handler=record("c2"), **opts) as c2:
+                for i in range(total // 2):
+                    await p.send(Message("T", b"%06d" % i))
+                async with open_push_consumer(NAMESRV, topic="T", handler=record("c3"), **opts) as c3:
+                    for i in range(total // 2, total):
+                        await p.send(Message("T", b"%06d" % i))
+                    with trio.fail_after(10):
+                        await done.wait()
+                    await trio.sleep(0.2)
+                    assert len(c3.assigned_queues()) >= 2
+                    parts = [set(c.assigned_queues()) for c in (c1, c2, c3)]
+                    assert sum(len(x) for x in parts) == 8 and len(set().union(*parts)) == 8
+    bodies = [b for msgs in seen.values() for _, _, b in msgs]
+    assert set(bodies) == {b"%06d" % i for i in range(total)}
+    for msgs in seen.values():
+        last: dict = {}
+        for mq, off, _ in msgs:
+            assert off > last.get(mq, -1), "per-queue order broken"
+            last[mq] = off
+    # committed offsets reached the end of every queue
+    for g in cluster.groups:
+        for (topic, qid), log in g.logs.items():
+            assert g.offsets[("g", topic, qid)] == len(log)
+
+
+async def test_push_consumer_iterator_form_tag_filter_and_flow_control(cluster):
+    async with open_producer(NAMESRV) as p:
+        for i in range(60):
+            await p.send(Message("T", b"%d" % i, tags="A" if i % 3 == 0 else "B"))
+    async with open_push_consumer(NAMESRV, topic="T", expression="A", consumer_group="g2",
+                                  consume_from_where="CONSUME_FROM_FIRST_OFFSET", pull_threshold_for_queue=2,
+                                  pull_batch_size=2, broker_suspend_max_time_ms=20) as c:
+        got = []
+        with trio.fail_after(5):
+            async for msg in c:
+                got.append(int(msg.body))
+                assert c.statistics().cached <= 8 * 2 + 2
+                if len(got) == 20:
+                    break
+    assert sorted(got) == list(range(0, 60, 3))
