@@ -144,6 +144,8 @@ def _parse_message(self: Any) -> Any:
     return message
 
 
+_original_parse_message = pso_tcp.TcpConnection._TcpConnection__processParseMessage
+_original_send = pso_tcp.TcpConnection.send
 _original_on_message = pso_syncobj.SyncObj._SyncObj__onMessageReceived
 _original_send_next_node_idx = pso_syncobj.SyncObj._SyncObj__sendNextNodeIdx
 _original_send_append_entries = pso_syncobj.SyncObj._SyncObj__sendAppendEntries
@@ -239,6 +241,8 @@ def apply_patches() -> None:
 
 
 ORIGINALS = {
+    "parse_message": _original_parse_message,
+    "send": _original_send,
     "on_message": _original_on_message,
     "send_next_node_idx": _original_send_next_node_idx,
     "send_append_entries": _original_send_append_entries,

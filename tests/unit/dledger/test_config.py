@@ -1,0 +1,84 @@
+"""DLedgerConfig validation and the one place SyncObjConf is built (pysyncobj ignores misspelt options)."""
+
+from __future__ import annotations
+
+import pytest
+
+from dledger import DLedgerConfig, MemberAddress, build_syncobj_conf
+from dledger.config import syncobj_options, unknown_syncobj_options
+from dledger.entry import ENTRY_HEADER, EntryError, EntryTooLargeError, decode_entry, encode_entry
+from remoting.config import ConfigError, config_from_mapping
+
+MEMBERS = (MemberAddress(id="n0", raft_address="127.0.0.1:20911", service_address="127.0.0.1:30911"),
+           MemberAddress(id="n1", raft_address="127.0.0.1:20912", service_address="127.0.0.1:30912"),
+           MemberAddress(id="n2", raft_address="127.0.0.1:20913", service_address="127.0.0.1:30913"))
+SECRET = "0123456789abcdef-secret"
+
+
+def _config(**kw) -> DLedgerConfig:
+    base = dict(group="broker-a", self_id="n0", members=MEMBERS, secret=SECRET)
+    base.update(kw)
+    return DLedgerConfig(**base)
+
+
+def test_syncobj_conf_values_that_the_fixes_depend_on(tmp_path):
+    cfg = _config(data_dir=tmp_path, flush_disk_type="SYNC_FLUSH")
+    conf = build_syncobj_conf(cfg)
+    assert conf.bindAddress == "127.0.0.1:20911"  # never 0.0.0.0
+    assert conf.password is None  # authentication is dledger's HMAC (patches), not Fernet
+    assert conf.appendEntriesUseBatch is False
+    assert conf.appendEntriesBatchSizeBytes == cfg.append_entries_batch_size_bytes
+    assert cfg.max_entry_bytes < conf.appendEntriesBatchSizeBytes // 2  # chunked-send path unreachable
+    assert conf.dynamicMembershipChange is True
+    assert conf.journalFile == str(tmp_path / "raft.journal")
+    assert conf.fullDumpFile == str(tmp_path / "raft.snapshot")
+    assert conf.raftMinTimeout == 0.4 and conf.raftMaxTimeout == 0.9 and conf.appendEntriesPeriod == 0.05
+    assert conf.commandsWaitLeader is False
+    assert conf.logCompactionMinEntries == cfg.log_compaction_min_entries
+    assert conf.useFork is False
+
+
+def test_every_option_passed_is_a_real_syncobjconf_option():
+    options = syncobj_options(_config(), serializer=None, deserializer=None, on_state_changed=None)
+    assert unknown_syncobj_options(options) == []
+    assert unknown_syncobj_options({"flushJournal": True, "raftMinTimeout": 1}) == ["flushJournal"]
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"secret": ""}, "dledger.secret must be at least 16 characters"),
+    ({"secret": "short"}, "dledger.secret must be at least 16 characters"),
+    ({"self_id": "n9"}, "dledger.self_id must name one of members"),
+    ({"election_timeout_min_ms": 100, "heartbeat_interval_ms": 50}, "must be > 3 x heartbeat_interval_ms"),
+    ({"election_timeout_max_ms": 300}, "election_timeout_max_ms must be > election_timeout_min_ms"),
+    ({"max_batch_bytes": 1 << 20}, "dledger.max_batch_bytes must be <="),
+])
+def test_bad_configs_are_named(changes, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        _config(**changes)
+
+
+def test_loaded_from_a_mapping_with_members_table():
+    cfg = config_from_mapping(DLedgerConfig, {
+        "group": "broker-a", "self_id": "n1", "secret": SECRET,
+        "members": [{"id": m.id, "raft_address": m.raft_address, "service_address": m.service_address}
+                    for m in MEMBERS]})
+    assert cfg.self_member == MEMBERS[1] and [p.id for p in cfg.peers] == ["n0", "n2"]
+    with pytest.raises(ConfigError, match="needs a fixed port"):
+        MemberAddress(id="n0", raft_address="127.0.0.1:0")
+    with pytest.raises(ConfigError, match="unknown config key 'members\\[0\\].bogus'|unknown config key"):
+        config_from_mapping(DLedgerConfig, {"self_id": "n0", "secret": SECRET,
+                                            "members": [{"id": "n0", "raft_address": "1.2.3.4:5", "bogus": 1}]})
+
+
+def test_entry_round_trip_and_size_limit():
+    data = encode_entry(4096, 1_700_000_000_123, b"payload", max_entry_bytes=1024)
+    assert data[:ENTRY_HEADER.size] == bytes.fromhex("d1" "0000000000001000" "0000018bcfe5687b" "00000007")
+    entry = decode_entry(data)
+    assert (entry.expected_start_offset, entry.store_timestamp, entry.payload) == (4096, 1_700_000_000_123,
+                                                                                   b"payload")
+    with pytest.raises(EntryTooLargeError, match="exceeds max_entry_bytes=100"):
+        encode_entry(0, 0, b"x" * 100, max_entry_bytes=100)
+    with pytest.raises(EntryError, match="magic"):
+        decode_entry(b"\x00" + data[1:])
+    with pytest.raises(EntryError, match="payload_length=7"):
+        decode_entry(data[:-1])

@@ -1,0 +1,155 @@
+"""Regression tests for each pysyncobj defect contained in dledger/patches.py.
+
+Each test runs the ORIGINAL pysyncobj code on the same input to show the defect is real, then the patched
+code to show it is gone: remove a patch and its test fails.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import struct
+import zlib
+from types import SimpleNamespace
+
+import pysyncobj.pickle as pso_pickle
+import pysyncobj.tcp_connection as pso_tcp
+import pytest
+
+from dledger import patches
+from dledger.member import RaftMember  # noqa: F401  (importing it applies the patches)
+
+
+class _CreatesFile:
+    """Unpickling this creates a directory: the proof that a frame was unpickled (code ran)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (os.mkdir, (self.path,))
+
+
+def _fake_connection(buffer: bytes, encryptor=None):
+    conn = SimpleNamespace(encryptor=encryptor, recvRandKey=None, recvLastTimestamp=0, sendRandKey=None,
+                           disconnected=False)
+    conn._TcpConnection__readBuffer = buffer
+    conn.disconnect = lambda: setattr(conn, "disconnected", True)
+    return conn
+
+
+def _stock_frame(message) -> bytes:
+    data = zlib.compress(pickle.dumps(message, protocol=2), 3)
+    return struct.pack("i", len(data)) + data
+
+
+def test_stock_wire_unpickles_an_unauthenticated_frame(tmp_path):
+    target = tmp_path / "pwned-stock"
+    conn = _fake_connection(_stock_frame(_CreatesFile(str(target))))
+    patches.ORIGINALS["parse_message"](conn)
+    assert target.exists()  # the defect: code ran on the node
+
+
+def test_patched_wire_never_unpickles_an_unauthenticated_frame(tmp_path):
+    target = tmp_path / "pwned"
+    auth = patches.FrameAuthenticator("the-real-cluster-secret")
+    for frame in (
+        _stock_frame(_CreatesFile(str(target))),
+        patches.encode_frame(patches.FrameAuthenticator("a-wrong-secret-123456"), _CreatesFile(str(target))),
+    ):
+        conn = _fake_connection(frame, encryptor=auth)
+        assert pso_tcp.TcpConnection._TcpConnection__processParseMessage(conn) is None
+        assert conn.disconnected
+    # Without any authenticator configured the patched codec refuses to unpickle too.
+    conn = _fake_connection(_stock_frame(_CreatesFile(str(target))), encryptor=None)
+    assert pso_tcp.TcpConnection._TcpConnection__processParseMessage(conn) is None
+    assert not target.exists()
+
+
+def test_patched_wire_round_trip_is_pickle5_without_zlib():
+    auth = patches.FrameAuthenticator("the-real-cluster-secret")
+    message = {"type": "append_entries", "entries": [(b"x" * 1000, 5, 2)]}
+    frame = patches.encode_frame(auth, message)
+    (length,) = struct.unpack_from("i", frame)
+    body = frame[4 + 32:]
+    assert length == len(frame) - 4
+    assert body[:2] == b"\x80\x05"  # pickle protocol 5 opcode; zlib output would start with 0x78
+    conn = _fake_connection(frame + b"\x00\x01", encryptor=auth)
+    assert pso_tcp.TcpConnection._TcpConnection__processParseMessage(conn) == message
+    assert conn._TcpConnection__readBuffer == b"\x00\x01"  # the rest waits for more data
+
+
+def test_pysyncobj_command_pickles_use_protocol_5():
+    assert pso_pickle.dumps((1, (b"payload",)))[:2] == b"\x80\x05"
+
+
+def test_authenticator_refuses_an_empty_secret():
+    with pytest.raises(ValueError, match="secret"):
+        patches.FrameAuthenticator("")
+
+
+def _leader_fake(next_index: int, match_index: int):
+    node = "n1"
+    fake = SimpleNamespace()
+    fake._SyncObj__raftState = 2  # LEADER
+    fake._SyncObj__raftNextIndex = {node: next_index}
+    fake._SyncObj__raftMatchIndex = {node: match_index}
+    fake._SyncObj__lastResponseTime = {node: 0.0}
+    return fake, node
+
+
+def test_next_index_rewinds_in_stock_and_stays_monotonic_patched():
+    # Leader already sent entries up to 9 (nextIndex 10); a late success reply for entries up to 5 arrives.
+    reply = {"type": "next_node_idx", "next_node_idx": 6, "success": True, "reset": False}
+    stock, node = _leader_fake(10, 3)
+    patches.ORIGINALS["on_message"](stock, node, dict(reply))
+    assert stock._SyncObj__raftNextIndex[node] == 6  # the defect: entries 6..9 get re-sent
+    fixed, node = _leader_fake(10, 3)
+    patches._on_message_monotonic_next_index(fixed, node, dict(reply))
+    assert fixed._SyncObj__raftNextIndex[node] == 10
+    assert fixed._SyncObj__raftMatchIndex[node] == 5
+    # A reset (follower rejected the entries) still moves nextIndex back, as Raft requires.
+    reset = {"type": "next_node_idx", "next_node_idx": 4, "success": False, "reset": True}
+    patches._on_message_monotonic_next_index(fixed, node, reset)
+    assert fixed._SyncObj__raftNextIndex[node] == 4
+
+
+def _flush_fake(flush: bool):
+    events = []
+    fake = SimpleNamespace(_dledger_flush_journal=flush)
+    fake._SyncObj__raftLog = SimpleNamespace(flush=lambda: events.append("flush"))
+    fake._SyncObj__transport = SimpleNamespace(send=lambda node, msg: events.append(("send", msg["type"])))
+    return fake, events
+
+
+def test_sync_flush_flushes_the_journal_before_acknowledging():
+    fake, events = _flush_fake(True)
+    patches.ORIGINALS["send_next_node_idx"](fake, "n0", nextNodeIdx=7, success=True)
+    assert events == [("send", "next_node_idx")]  # stock: acknowledged, journal never flushed
+    fake, events = _flush_fake(True)
+    patches._send_next_node_idx_flushed(fake, "n0", nextNodeIdx=7, success=True)
+    assert events == ["flush", ("send", "next_node_idx")]
+    fake, events = _flush_fake(False)
+    patches._send_next_node_idx_flushed(fake, "n0", nextNodeIdx=7, success=True)
+    assert events == [("send", "next_node_idx")]  # ASYNC_FLUSH pays nothing
+
+
+def test_apply_gate_defers_applying():
+    fake = SimpleNamespace(_dledger_apply_gate_open=False)
+    assert patches._apply_log_entries_gated(fake) is False  # original would touch Raft state; it is not called
+
+
+def test_version_pin_is_checked():
+    patches.check_version("0.3.17")
+    with pytest.raises(ImportError, match="0.3.18"):
+        patches.check_version("0.3.18")
+
+
+def test_meta_file_read_closes_its_handle(tmp_path):
+    import pysyncobj.journal as pso_journal
+
+    path = tmp_path / "journal.meta"
+    path.write_bytes(pso_pickle.dumps({"currentTerm": 3}))
+    assert pso_journal.MetaStorer(str(path)).getMeta() == {"currentTerm": 3}
+    assert pso_journal.MetaStorer(str(tmp_path / "missing")).getMeta() == {}
+    assert os.path.exists(path)
