@@ -84,3 +84,32 @@ async def test_metadata_roles_and_transfer(tmp_path):
         assert result.index > 0
     for log in logs:
         log.close()
+
+
+async def test_sync_flush_and_batches_stay_below_the_chunked_send_threshold(tmp_path):
+    configs = make_configs(tmp_path, flush_disk_type="SYNC_FLUSH", max_batch_bytes=56 * 1024,
+                           append_entries_batch_size_bytes=128 * 1024)
+    logs = [open_log(tmp_path, c.self_id) for c in configs]
+    payload_sizes = []
+    original = logs[0].apply_batch
+
+    def recording_apply(payload, store_timestamp, expected_start_offset):
+        payload_sizes.append(len(payload))
+        return original(payload, store_timestamp, expected_start_offset)
+
+    logs[0].apply_batch = recording_apply
+    async with AsyncExitStack() as stack:
+        groups = [await stack.enter_async_context(open_dledger_group(c, log)) for c, log in zip(configs, logs)]
+        leader = await _leader(groups)
+        async with trio.open_nursery() as nursery:
+            for i in range(40):  # 40 x 20 KiB concurrently: must be split into several entries
+                nursery.start_soon(leader.append, bytes([i]) * 20 * 1024)
+        end = leader.statistics().end_offset
+        with trio.fail_after(5):
+            while any(log.end_offset != end for log in logs):
+                await trio.sleep(0.02)
+        assert all(g.statistics().journal_flushes > 0 for g in groups)
+    assert len(payload_sizes) >= 14
+    assert max(payload_sizes) + 21 <= configs[0].max_entry_bytes < 64 * 1024
+    for log in logs:
+        log.close()
