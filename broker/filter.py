@@ -2,12 +2,14 @@
 
 The ConsumeQueue keeps a tags code per message (Java's ``String.hashCode()`` of the tag, as RocketMQ stores it),
 so the broker filters on codes only; two tags can share a code, and the client re-checks the tag string. The
-hash must be computed exactly as the client's ``client/filter.py`` does; a unit test pins both to golden values.
+hash is ``remoting.message.tags_code``, the one the store writes into the ConsumeQueue.
 """
 
 from __future__ import annotations
 
 import dataclasses
+
+from remoting.message import tags_code
 
 SUB_ALL = "*"
 MAX_EXPRESSION_LENGTH = 4096
@@ -15,15 +17,6 @@ MAX_EXPRESSION_LENGTH = 4096
 
 class SubscriptionParseError(ValueError):
     pass
-
-
-def tags_code(tag: str) -> int:
-    """Java ``String.hashCode()`` over UTF-16 code units, as a signed 32-bit value."""
-    h = 0
-    data = tag.encode("utf-16-be")
-    for i in range(0, len(data), 2):
-        h = (31 * h + ((data[i] << 8) | data[i + 1])) & 0xFFFFFFFF
-    return h - (1 << 32) if h & 0x80000000 else h
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

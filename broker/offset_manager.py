@@ -12,7 +12,7 @@ most one interval of messages, which RocketMQ's at-least-once contract already a
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -21,7 +21,11 @@ OffsetKey = tuple[str, str, int]  # (consumer_group, topic, queue_id)
 
 
 class ConsumerOffsetTable:
-    def __init__(self) -> None:
+    """``read_committed(group, topic, queue_id)``, when given, reads the committed offset from the replicated
+    metadata directly (the broker node's case); without it the table keeps its own committed map."""
+
+    def __init__(self, read_committed: Callable[[str, str, int], int | None] | None = None) -> None:
+        self._read_committed = read_committed
         self._committed: dict[OffsetKey, int] = {}
         self._pending: dict[OffsetKey, int] = {}
 
@@ -63,6 +67,8 @@ class ConsumerOffsetTable:
         key = (consumer_group, topic, queue_id)
         if key in self._pending:
             return self._pending[key]
+        if self._read_committed is not None:
+            return self._read_committed(consumer_group, topic, queue_id)
         return self._committed.get(key)
 
     def groups_of_topic(self, topic: str) -> set[str]:

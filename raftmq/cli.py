@@ -16,6 +16,8 @@ from remoting.config import ConfigError
 COMMAND_MODULES = (
     "raftmq.commands.namesrv",
     "raftmq.commands.bench",
+    "raftmq.commands.broker",
+    "raftmq.commands.dev",
 )
 
 

@@ -3,7 +3,8 @@ from __future__ import annotations
 import pytest
 
 from broker.consumer_manager import ClientManager, HeartbeatError, parse_heartbeat
-from broker.filter import SubscriptionParseError, parse_tag_expression, tags_code
+from broker.filter import SubscriptionParseError, parse_tag_expression
+from remoting.message import tags_code
 
 
 def test_tags_code_matches_java_string_hashcode():

@@ -1,0 +1,112 @@
+"""``BrokerConfig``: one broker node, loaded from ``broker.toml``.
+
+A node is one member of its broker group's Raft group, so the group name, the members and this node's identity
+live in the ``[dledger]`` table (``dledger.config.DLedgerConfig``); the node's ``broker_name`` *is* the group name,
+its ``broker_id`` in routes is its 1-based position in ``dledger.members`` (0 is reserved for "the current
+master"), and it serves remoting on its member's ``service_address`` (peers fetch commit-log bytes there).
+
+Example::
+
+    cluster_name = "DefaultCluster"
+    namesrv_addrs = ["127.0.0.1:9876"]
+    [store]
+    store_dir = "data/n1/store"
+    [dledger]
+    group = "broker-a"
+    self_id = "n1"
+    secret = "at-least-sixteen-characters"
+    data_dir = "data/n1/dledger"
+    members = [{id = "n1", raft_address = "127.0.0.1:20911", service_address = "127.0.0.1:10911"}, ...]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from broker.store.config import StoreConfig
+from dledger.config import DLedgerConfig
+from dledger.entry import ENTRY_HEADER
+from remoting.config import ConfigError, bounded, load_config, parse_host_port
+from remoting.message import BATCH_HEAD, ENTRY_HEAD, MAX_PROPERTIES_SIZE, MAX_TOPIC_LENGTH
+
+__all__ = ["BrokerConfig", "load_broker_config"]
+
+
+def _name_ok(value: str) -> str | None:
+    return None if value and all(c.isalnum() or c in "-_" for c in value) else "must be letters, digits, - or _"
+
+
+def _addrs_ok(value: tuple[str, ...]) -> str | None:
+    for addr in value:
+        try:
+            parse_host_port(addr, key="namesrv_addrs")
+        except ConfigError as e:
+            return str(e)
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class BrokerConfig:
+    cluster_name: str = bounded("DefaultCluster", check=_name_ok, doc="cluster the group registers under")
+    namesrv_addrs: tuple[str, ...] = bounded((), check=_addrs_ok, doc="every name server, HOST:PORT")
+    listen: str = bounded("", doc="HOST:PORT to bind remoting on; default: this member's service_address")
+    store: StoreConfig = dataclasses.field(default_factory=StoreConfig)
+    dledger: DLedgerConfig | None = None
+    auto_create_topic_enable: bool = bounded(True, doc="create unknown topics on first send (RocketMQ default)")
+    default_topic_queue_nums: int = bounded(4, min=1, max=1024, doc="queues of an auto-created topic")
+    long_polling_enable: bool = True
+    long_polling_timeout_ms: int = bounded(15_000, min=1, max=3_600_000, doc="longest hold of a pull")
+    long_polling_check_interval_ms: int = bounded(1000, min=10, max=60_000)
+    max_transfer_count: int = bounded(1024, min=1, max=65_536, doc="messages per pull response, at most")
+    max_transfer_bytes: int = bounded(1 << 20, min=1024, max=64 << 20, doc="bytes per pull response, at most")
+    max_batch_messages: int = bounded(1024, min=1, max=65_536, doc="messages per SEND_BATCH_MESSAGE")
+    register_interval_ms: int = bounded(30_000, min=10, max=600_000, doc="periodic registration")
+    register_timeout_ms: int = bounded(3000, min=10, max=60_000)
+    consumer_offset_flush_interval_ms: int = bounded(200, min=1, max=60_000,
+                                                     doc="how often pending offset commits are replicated")
+    channel_expired_timeout_ms: int = bounded(120_000, min=100, max=3_600_000,
+                                              doc="a client silent this long leaves its groups")
+    role_poll_interval_ms: int = bounded(20, min=1, max=5000, doc="how often the node looks at its Raft role")
+    send_timeout_ms: int = bounded(5000, min=10, max=600_000, doc="longest wait for a Raft commit of a send")
+    max_frame_size: int = bounded(16 << 20, min=1024, max=1 << 30)
+
+    def __post_init__(self) -> None:
+        if self.dledger is None:
+            raise ConfigError("broker config needs a [dledger] table: group, self_id, secret and members")
+        if self.listen:
+            parse_host_port(self.listen, key="listen")
+        else:
+            parse_host_port(self.dledger.self_member.service_address or "", key="dledger.members.service_address")
+
+    @property
+    def broker_name(self) -> str:
+        return self.dledger.group  # type: ignore[union-attr]
+
+    @property
+    def broker_id(self) -> int:
+        """1-based position of this node in the group's members (0 means "master" in routes)."""
+        ids = [m.id for m in self.dledger.members]  # type: ignore[union-attr]
+        return ids.index(self.dledger.self_id) + 1  # type: ignore[union-attr]
+
+    @property
+    def listen_address(self) -> str:
+        return self.listen or self.dledger.self_member.service_address  # type: ignore[union-attr]
+
+    @property
+    def max_message_size(self) -> int:
+        """The largest body a send accepts: the store's limit, and one message must fit one Raft entry."""
+        assert self.dledger is not None
+        overhead = ENTRY_HEADER.size + BATCH_HEAD.size + ENTRY_HEAD.size + 7 + MAX_TOPIC_LENGTH + MAX_PROPERTIES_SIZE
+        return max(1, min(self.store.max_message_size, self.dledger.max_batch_bytes - overhead))
+
+    def member_service_address(self, member_id: str) -> str | None:
+        assert self.dledger is not None
+        for m in self.dledger.members:
+            if m.id == member_id:
+                return m.service_address or None
+        return None
+
+
+def load_broker_config(path: str | Path | None, overrides: dict | None = None) -> BrokerConfig:
+    return load_config(BrokerConfig, path, overrides=overrides)

@@ -1,0 +1,116 @@
+"""The remoting handler of a broker node: request code → processor, and errors → response codes in one place.
+
+Processors raise ``RequestRejected`` for anything a client did wrong or must react to; DLedger's errors are
+mapped here (NotLeader/LeaderChanged/BatchRejected → NOT_LEADER with the leader hint so the client refreshes its
+route and retries, GroupBusy → SYSTEM_BUSY, AppendTimeout → FLUSH_SLAVE_TIMEOUT: the outcome is unknown, as
+RocketMQ's replica timeout, RecordTooLarge → MESSAGE_ILLEGAL). Anything else is logged with its traceback and
+answered SYSTEM_ERROR; the connection and the node live on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import cbor2
+
+from broker.processor.admin import AdminProcessor
+from broker.processor.base import RequestRejected, get_int
+from broker.processor.client_manage import ClientManageProcessor
+from broker.processor.consumer_manage import ConsumerManageProcessor
+from broker.processor.pull_message import PullMessageProcessor
+from broker.processor.query_message import QueryMessageProcessor
+from broker.processor.send_message import SendMessageProcessor
+from dledger import (AppendTimeoutError, BatchRejectedError, GroupBusyError, LeaderChangedError, NotLeaderError,
+                     RecordTooLargeError)
+from remoting.codec import Frame, make_response
+from remoting.codes import RequestCode, ResponseCode
+
+if TYPE_CHECKING:
+    from broker.node import BrokerNode
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[Frame, Any], Awaitable[Frame | None]]
+
+
+class BrokerDispatcher:
+    def __init__(self, node: BrokerNode, machine: Any) -> None:
+        self.node = node
+        self.machine = machine
+        send = SendMessageProcessor(node)
+        pull = PullMessageProcessor(node)
+        clients = ClientManageProcessor(node)
+        offsets = ConsumerManageProcessor(node)
+        admin = AdminProcessor(node)
+        query = QueryMessageProcessor(node)
+        self.handlers: dict[int, Handler] = {
+            RequestCode.SEND_MESSAGE: send.process,
+            RequestCode.SEND_MESSAGE_V2: send.process,
+            RequestCode.SEND_BATCH_MESSAGE: send.process,
+            RequestCode.PULL_MESSAGE: pull.process,
+            RequestCode.HEART_BEAT: clients.heartbeat,
+            RequestCode.UNREGISTER_CLIENT: clients.unregister_client,
+            RequestCode.GET_CONSUMER_LIST_BY_GROUP: clients.get_consumer_list_by_group,
+            RequestCode.QUERY_CONSUMER_OFFSET: offsets.query_consumer_offset,
+            RequestCode.UPDATE_CONSUMER_OFFSET: offsets.update_consumer_offset,
+            RequestCode.UPDATE_AND_CREATE_TOPIC: admin.update_and_create_topic,
+            RequestCode.DELETE_TOPIC_IN_BROKER: admin.delete_topic,
+            RequestCode.GET_ALL_TOPIC_CONFIG: admin.get_all_topic_config,
+            RequestCode.GET_MAX_OFFSET: admin.get_max_offset,
+            RequestCode.GET_MIN_OFFSET: admin.get_min_offset,
+            RequestCode.SEARCH_OFFSET_BY_TIMESTAMP: admin.search_offset_by_timestamp,
+            RequestCode.GET_EARLIEST_MSG_STORETIME: admin.get_earliest_msg_store_time,
+            RequestCode.GET_BROKER_RUNTIME_INFO: admin.get_broker_runtime_info,
+            RequestCode.VIEW_MESSAGE_BY_ID: query.view_message_by_id,
+            RequestCode.QUERY_MESSAGE: query.query_message,
+            RequestCode.FETCH_COMMIT_LOG: self.fetch_commit_log,
+            RequestCode.GET_RAFT_STATUS: self.get_raft_status,
+        }
+
+    async def handle(self, request: Frame, conn: Any) -> Frame | None:
+        handler = self.handlers.get(request.code)
+        if handler is None:
+            return self._reply(request, ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
+                               f"request code {request.code} is not supported by broker node "
+                               f"{self.node.broker_addr}")
+        try:
+            return await handler(request, conn)
+        except RequestRejected as e:
+            return self._reply(request, e.code, e.remark, e.ext)
+        except (NotLeaderError, LeaderChangedError, BatchRejectedError) as e:
+            rejected = self.node.not_leader()
+            return self._reply(request, ResponseCode.NOT_LEADER, f"{e} ({rejected.remark})", rejected.ext)
+        except GroupBusyError as e:
+            return self._reply(request, ResponseCode.SYSTEM_BUSY, str(e))
+        except AppendTimeoutError as e:
+            return self._reply(request, ResponseCode.FLUSH_SLAVE_TIMEOUT, str(e))
+        except RecordTooLargeError as e:
+            return self._reply(request, ResponseCode.MESSAGE_ILLEGAL, str(e))
+
+    @staticmethod
+    def _reply(request: Frame, code: int, remark: str, ext: dict[str, Any] | None = None) -> Frame | None:
+        if request.is_oneway:
+            log.info("oneway request refused code=%d response_code=%d remark=%s", request.code, code, remark)
+            return None
+        return make_response(request, code, remark=remark, ext=ext)
+
+    def connection_closed(self, conn: Any) -> None:
+        self.node.clients.connection_closed(conn)
+
+    # --- DLedger's own requests, served on the broker's port ----------------------------------------------
+    async def fetch_commit_log(self, request: Frame, conn: Any) -> Frame:
+        offset = get_int(request.ext, "offset", lo=0)
+        max_bytes = get_int(request.ext, "max_bytes", default=1 << 20, lo=1, hi=64 << 20)
+        return make_response(request, ResponseCode.SUCCESS, body=self.machine.read_raw(offset, max_bytes))
+
+    async def get_raft_status(self, request: Frame, conn: Any) -> Frame:
+        stats = self.node.group.statistics()
+        data = {}
+        for f in dataclasses.fields(stats):
+            value = getattr(stats, f.name)
+            data[f.name] = value.value if isinstance(value, enum.Enum) else value
+        return make_response(request, ResponseCode.SUCCESS, body=cbor2.dumps(data))

@@ -1,0 +1,357 @@
+"""A broker node: one process serving one member of its broker group's Raft group.
+
+``serve_broker(config, task_status=...)`` opens the store, makes it the Raft state machine
+(``broker/commit_log_machine.py``), opens this member of the DLedger group, and serves remoting on the member's
+service address until cancelled. Everything runs in one nursery (design §8.4): the store's services, the
+remoting server, long polling, registration, the role watcher, the offset flusher, the metadata refresher and
+the client-expiry scan.
+
+Rules this module keeps:
+
+* **Writes only on the leader.** Sends, offset commits and topic changes are refused elsewhere with NOT_LEADER
+  and ``leader_addr`` (the leader's service address); reads (pulls, offsets, lookups) are served by every node
+  from its own store, whose commit log is byte-identical up to the committed offset.
+* **Replicated metadata.** Topic configs and consumer offsets are DLedger metadata tables
+  (``broker.topic_config``: topic → config, plus key ``""`` holding the data version; ``broker.consumer_offset``:
+  ``group\\x01topic\\x01queue_id`` → offset). Every node mirrors them locally; a new leader therefore knows every
+  topic and every offset flushed before it was elected.
+* **Registration follows the role.** A role change triggers an immediate registration with every name server,
+  so the route names the new leader as master within a round trip.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import trio
+
+from broker.commit_log_machine import CommitLogMachine
+from broker.config import BrokerConfig
+from broker.consumer_manager import ClientManager
+from broker.dispatcher import BrokerDispatcher
+from broker.long_polling import PullRequestHoldService
+from broker.offset_manager import ConsumerOffsetTable
+from broker.processor.base import RequestRejected
+from broker.registration import RegistrationService, RegistrationSnapshot
+from broker.store import MessageStore
+from broker.topic_config import TopicConfig, TopicConfigTable, auto_create_config
+from dledger import DLedgerGroup, MemberAddress, Role, open_dledger_group
+from remoting.codec import make_request
+from remoting.codes import RequestCode, ResponseCode
+from remoting.config import parse_host_port
+from remoting.errors import RaftMQError
+from remoting.message import decode_record
+from remoting.transport import open_remoting_client, serve_remoting
+
+log = logging.getLogger(__name__)
+
+__all__ = ["BrokerNode", "serve_broker", "TOPIC_TABLE", "OFFSET_TABLE"]
+
+TOPIC_TABLE = "broker.topic_config"
+OFFSET_TABLE = "broker.consumer_offset"
+_VERSION_KEY = ""
+VERSION = "raftmq-0.1.0"
+
+
+def _offset_key(group: str, topic: str, queue_id: int) -> str:
+    return f"{group}\x01{topic}\x01{queue_id}"
+
+
+class BrokerNode:
+    """The state the processors share. Built by ``serve_broker``; tests may build one around their own parts."""
+
+    def __init__(self, config: BrokerConfig, store: MessageStore, group: DLedgerGroup, client: Any) -> None:
+        self.config = config
+        self.store = store
+        self.group = group
+        self.client = client
+        self.broker_id = config.broker_id
+        self.broker_addr = config.listen_address
+        host, port = parse_host_port(self.broker_addr, key="listen")
+        self.store_host = (host, port)
+        self.topics = TopicConfigTable()
+        self.offsets = ConsumerOffsetTable(read_committed=self._committed_offset)
+        self.clients = ClientManager(channel_expired_timeout_ms=config.channel_expired_timeout_ms,
+                                     on_consumer_ids_changed=self._consumer_ids_changed)
+        self.hold = PullRequestHoldService(self._max_queue_offset,
+                                           check_interval_ms=config.long_polling_check_interval_ms)
+        self.registration = RegistrationService(client, config.namesrv_addrs, self.registration_snapshot,
+                                                interval_ms=config.register_interval_ms,
+                                                timeout_ms=config.register_timeout_ms)
+        self._topic_lock = trio.Lock()
+        self._nursery: trio.Nursery | None = None
+        self._started_ms = int(time.time() * 1000)
+        self.put_messages = 0
+        self.put_requests = 0
+        self.pulled_messages = 0
+        self.refresh_metadata()
+
+    # --- role ----------------------------------------------------------------------------------------------
+    def is_leader(self) -> bool:
+        return self.group.is_leader
+
+    def leader_addr(self) -> str | None:
+        leader = self.group.leader_id
+        if leader is None:
+            return None
+        member = self.group.member_address(leader)
+        return member.service_address if member is not None and member.service_address else None
+
+    def not_leader(self) -> RequestRejected:
+        addr = self.leader_addr()
+        if addr == self.broker_addr:
+            addr = None  # elected, but its no-op is not applied yet: the client retries here shortly
+        where = f"the leader is {addr}" if addr else "no leader is known yet"
+        return RequestRejected(ResponseCode.NOT_LEADER,
+                               f"broker node {self.broker_addr} ({self.config.broker_name}, node "
+                               f"{self.broker_id}) is not the leader; {where}",
+                               ext={"leader_addr": addr, "broker_name": self.config.broker_name})
+
+    def role_name(self) -> str:
+        return self.group.role.value
+
+    # --- metadata mirrors ----------------------------------------------------------------------------------
+    def refresh_metadata(self) -> None:
+        table = self.group.metadata(TOPIC_TABLE)
+        version = int(table.get(_VERSION_KEY, 0))
+        if version == self.topics.data_version and len(self.topics) == len(table) - (_VERSION_KEY in table):
+            return
+        self.topics.restore({"data_version": version,
+                             "topics": [v for k, v in table.items() if k != _VERSION_KEY]})
+
+    def _committed_offset(self, group: str, topic: str, queue_id: int) -> int | None:
+        value = self.group.metadata(OFFSET_TABLE).get(_offset_key(group, topic, queue_id))
+        return int(value) if value is not None else None
+
+    def topic(self, topic: str) -> TopicConfig | None:
+        config = self.topics.get(topic)
+        if config is None:
+            # A topic created a moment ago on the leader may be applied here before the periodic refresh.
+            self.refresh_metadata()
+            config = self.topics.get(topic)
+        return config
+
+    async def topic_for_send(self, topic: str) -> TopicConfig:
+        config = self.topic(topic)
+        if config is not None:
+            return config
+        if not self.config.auto_create_topic_enable:
+            raise RequestRejected(ResponseCode.TOPIC_NOT_EXIST,
+                                  f"topic {topic!r} does not exist on broker {self.config.broker_name} and "
+                                  f"auto_create_topic_enable is false", ext={"topic": topic})
+        async with self._topic_lock:
+            config = self.topic(topic)
+            if config is None:
+                config = auto_create_config(topic, self.config.default_topic_queue_nums)
+                log.info("auto-creating topic topic=%s queues=%d", topic, config.write_queue_nums)
+                await self._put_topics({topic: config.to_wire()})
+        return config
+
+    async def update_topic(self, config: TopicConfig) -> None:
+        async with self._topic_lock:
+            await self._put_topics({config.topic_name: config.to_wire()})
+
+    async def delete_topic(self, topic: str) -> None:
+        async with self._topic_lock:
+            await self._put_topics({topic: None})
+            stale = [k for k in self.group.metadata(OFFSET_TABLE) if k.split("\x01")[1:2] == [topic]]
+            if stale:
+                await self._replicate(OFFSET_TABLE, {k: None for k in stale})
+            self.offsets.apply_delete_topic(topic)
+
+    async def _put_topics(self, items: dict[str, Any]) -> None:
+        self.refresh_metadata()
+        items = dict(items)
+        items[_VERSION_KEY] = self.topics.data_version + 1
+        await self._replicate(TOPIC_TABLE, items)
+        self.refresh_metadata()
+        self.registration.trigger()
+
+    async def _replicate(self, table: str, items: dict[str, Any]) -> None:
+        if not self.is_leader():
+            raise self.not_leader()
+        await self.group.put_metadata(table, items, timeout_s=self.config.send_timeout_ms / 1000)
+
+    # --- messages ------------------------------------------------------------------------------------------
+    async def append_messages(self, batch: bytes) -> Sequence[Any]:
+        """Replicate one encoded batch; returns the per-message results (msg_id, queue_id, queue_offset...)."""
+        result = await self.group.append(batch, timeout_s=self.config.send_timeout_ms / 1000)
+        messages = self.machine_messages(result.result)
+        self.put_requests += 1
+        self.put_messages += len(messages)
+        return messages
+
+    @staticmethod
+    def machine_messages(result: Any) -> Sequence[Any]:
+        if hasattr(result, "status"):
+            if not result.ok:
+                raise RequestRejected(ResponseCode.MESSAGE_ILLEGAL if "ILLEGAL" in result.status.name or
+                                      "PROPERTIES" in result.status.name else ResponseCode.SYSTEM_ERROR,
+                                      result.remark or f"the store refused the batch: {result.status.name}")
+            return result.messages
+        return result
+
+    def _max_queue_offset(self, topic: str, queue_id: int) -> int:
+        return self.store.get_max_offset_in_queue(topic, queue_id)
+
+    def read_record(self, phy_offset: int) -> bytes | None:
+        view = self.store.look_message_by_offset(phy_offset)
+        return bytes(view) if view is not None else None
+
+    def message_at(self, topic: str, queue_id: int, queue_offset: int) -> Any:
+        result = self.store.get_messages(topic, queue_id, queue_offset, 1, 1 << 30)
+        if not result.messages:
+            return None
+        return decode_record(result.messages[0], check_crc=False)
+
+    def query_records(self, topic: str, key: str, max_num: int, begin: int, end: int) -> list[bytes]:
+        result = self.store.query_message(topic, key, max_num, begin, end)
+        out = []
+        for view in result.messages:
+            raw = self.read_record(view.phy_offset)
+            if raw is not None:
+                out.append(raw)
+        return out
+
+    # --- clients -------------------------------------------------------------------------------------------
+    def _consumer_ids_changed(self, group: str, conns: list[Any]) -> None:
+        if self._nursery is None:
+            return
+        frame = make_request(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, ext={"consumer_group": group}, oneway=True)
+        for conn in conns:
+            self._nursery.start_soon(self._notify_one, conn, frame)
+
+    @staticmethod
+    async def _notify_one(conn: Any, frame: Any) -> None:
+        try:
+            await conn.invoke_oneway(frame)
+        except RaftMQError as e:
+            log.debug("consumer ids notification not delivered error=%s", e)
+
+    # --- status --------------------------------------------------------------------------------------------
+    def registration_snapshot(self) -> RegistrationSnapshot:
+        self.refresh_metadata()
+        role = self.group.role
+        return RegistrationSnapshot(
+            cluster_name=self.config.cluster_name, broker_name=self.config.broker_name, broker_id=self.broker_id,
+            broker_addr=self.broker_addr, role=role.value, term=self.group.term,
+            data_version=self.topics.data_version, topic_configs=self.topics.to_wire())
+
+    def runtime_info(self) -> dict[str, Any]:
+        ledger = self.group.statistics()
+        hold = self.hold.statistics()
+        reg = self.registration.statistics()
+        return {
+            "version": VERSION, "cluster_name": self.config.cluster_name,
+            "broker_name": self.config.broker_name, "broker_id": self.broker_id, "broker_addr": self.broker_addr,
+            "role": ledger.role.value, "term": ledger.term, "leader_id": ledger.leader_id,
+            "leader_addr": self.leader_addr(), "committed_index": ledger.committed_index,
+            "last_applied_index": ledger.last_applied_index, "serving_reads": ledger.serving_reads,
+            "commit_log_min_offset": self.store.min_phy_offset, "commit_log_max_offset": self.store.max_phy_offset,
+            "topics": len(self.topics), "topic_data_version": self.topics.data_version,
+            "consumer_groups": len(self.clients.consumer_groups), "client_connections":
+                self.clients.connection_count(),
+            "put_requests": self.put_requests, "put_messages": self.put_messages,
+            "pulled_messages": self.pulled_messages,
+            "appended_batches": ledger.appended_batches, "failed_batches": ledger.failed_batches,
+            "long_polling_held": hold.held, "long_polling_resumed_by_arrival": hold.resumed_by_arrival,
+            "long_polling_resumed_by_timeout": hold.resumed_by_timeout,
+            "registrations_ok": reg.successes, "registrations_failed": reg.failures,
+            "start_time_ms": self._started_ms, "uptime_ms": int(time.time() * 1000) - self._started_ms,
+        }
+
+    # --- background tasks ----------------------------------------------------------------------------------
+    async def watch_role(self) -> None:
+        async with self.group.role_changes() as changes:
+            async for change in changes:
+                if change.role is not Role.LEADER:
+                    self.offsets.drop_pending()
+                self.refresh_metadata()
+                self.registration.trigger()
+
+    async def flush_offsets(self) -> None:
+        interval = self.config.consumer_offset_flush_interval_ms / 1000
+        while True:
+            await trio.sleep(interval)
+            if not self.offsets.has_pending():
+                continue
+            if not self.is_leader():
+                self.offsets.drop_pending()
+                continue
+            batch = self.offsets.take_pending()
+            try:
+                await self._replicate(OFFSET_TABLE, {_offset_key(g, t, q): o for g, t, q, o in batch})
+            except RequestRejected:
+                self.offsets.drop_pending()
+            except Exception as e:
+                log.warning("consumer offset flush failed entries=%d error=%s", len(batch), e)
+                if self.is_leader():
+                    self.offsets.requeue(batch)
+
+    async def refresh_metadata_periodically(self) -> None:
+        while True:
+            await trio.sleep(0.2)
+            self.refresh_metadata()
+
+    async def scan_clients(self) -> None:
+        while True:
+            await trio.sleep(10)
+            self.clients.scan_expired()
+
+    async def fetch_range(self, member: MemberAddress, offset: int, max_bytes: int) -> bytes:
+        """Catch-up copy from a peer (DLedger calls this while the apply gate is closed)."""
+        if not member.service_address:
+            raise ValueError(f"member {member.id} has no service_address to fetch commit-log bytes from")
+        request = make_request(RequestCode.FETCH_COMMIT_LOG, ext={"offset": offset, "max_bytes": max_bytes})
+        response = await self.client.invoke(member.service_address, request, timeout_s=10.0)
+        if response.code != ResponseCode.SUCCESS:
+            raise RuntimeError(f"FETCH_COMMIT_LOG from {member.service_address} failed: code={response.code} "
+                               f"remark={response.remark}")
+        return response.body
+
+
+async def serve_broker(config: BrokerConfig, *,
+                       task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED) -> None:
+    """Run one broker node until cancelled; ``task_status.started((host, port))`` once it listens."""
+    store = MessageStore.open(config.store)
+    machine = CommitLogMachine(store)
+    node_box: list[BrokerNode] = []
+
+    async def fetch_range(member: MemberAddress, offset: int, max_bytes: int) -> bytes:
+        return await node_box[0].fetch_range(member, offset, max_bytes)
+
+    try:
+        async with trio.open_nursery() as outer:
+            await outer.start(store.serve)
+            async with open_remoting_client(max_frame_size=config.max_frame_size) as client, \
+                    open_dledger_group(config.dledger, machine, fetch_range=fetch_range) as group:
+                node = BrokerNode(config, store, group, client)
+                node_box.append(node)
+                dispatcher = BrokerDispatcher(node, machine)
+                store.add_dispatch_listener(node.hold.notify_message_arriving)
+                host, port = parse_host_port(config.listen_address, key="listen")
+                try:
+                    async with trio.open_nursery() as nursery:
+                        node._nursery = nursery
+                        await nursery.start(node.hold.serve)
+                        bound = await nursery.start(functools.partial(
+                            serve_remoting, dispatcher, host, port, max_frame_size=config.max_frame_size))
+                        nursery.start_soon(node.watch_role)
+                        nursery.start_soon(node.flush_offsets)
+                        nursery.start_soon(node.refresh_metadata_periodically)
+                        nursery.start_soon(node.scan_clients)
+                        await nursery.start(node.registration.serve)
+                        log.info("broker node serving broker_name=%s broker_id=%d listen=%s:%d",
+                                 config.broker_name, node.broker_id, bound[0], bound[1])
+                        task_status.started(bound)
+                finally:
+                    with trio.CancelScope(shield=True), trio.move_on_after(1.0):
+                        await node.registration.unregister_all()
+            outer.cancel_scope.cancel()
+    finally:
+        store.close()
+

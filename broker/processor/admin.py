@@ -1,0 +1,100 @@
+"""Admin requests: topic create/update/delete, topic listing, queue offsets, broker status.
+
+Topic changes are leader-only and replicated through the group's metadata before the answer, then the node
+re-registers with every name server at once, so a route query right after the answer already shows the change.
+Offset reads (min/max, by timestamp, earliest store time) are served by any node from its own store.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import cbor2
+
+from broker.processor.base import I32, I64, RequestRejected, get_int, get_str
+from broker.topic_config import TopicConfig, TopicConfigError, validate_topic_name
+from remoting.codec import Frame, make_response
+from remoting.codes import ResponseCode
+
+if TYPE_CHECKING:
+    from broker.node import BrokerNode
+
+
+class AdminProcessor:
+    def __init__(self, node: BrokerNode) -> None:
+        self.node = node
+
+    # --- topics --------------------------------------------------------------------------------------------
+    async def update_and_create_topic(self, request: Frame, conn: Any) -> Frame:
+        if not self.node.is_leader():
+            raise self.node.not_leader()
+        try:
+            config = TopicConfig.from_wire(request.ext)
+        except TopicConfigError as e:
+            raise RequestRejected(ResponseCode.INVALID_REQUEST, f"request field {e.field!r}: {e}") from None
+        await self.node.update_topic(config)
+        return make_response(request, ResponseCode.SUCCESS)
+
+    async def delete_topic(self, request: Frame, conn: Any) -> Frame:
+        if not self.node.is_leader():
+            raise self.node.not_leader()
+        topic = get_str(request.ext, "topic")
+        try:
+            validate_topic_name(topic)
+        except TopicConfigError as e:
+            raise RequestRejected(ResponseCode.INVALID_REQUEST, str(e)) from None
+        if self.node.topics.get(topic) is None:
+            raise RequestRejected(ResponseCode.TOPIC_NOT_EXIST,
+                                  f"topic {topic!r} does not exist on broker {self.node.config.broker_name}",
+                                  ext={"topic": topic})
+        await self.node.delete_topic(topic)
+        return make_response(request, ResponseCode.SUCCESS)
+
+    async def get_all_topic_config(self, request: Frame, conn: Any) -> Frame:
+        body = cbor2.dumps({"data_version": self.node.topics.data_version, "topic_configs": self.node.topics.to_wire()})
+        return make_response(request, ResponseCode.SUCCESS, body=body)
+
+    # --- queue offsets -------------------------------------------------------------------------------------
+    def _queue(self, request: Frame) -> tuple[str, int]:
+        topic = get_str(request.ext, "topic")
+        queue_id = get_int(request.ext, "queue_id", lo=0, hi=I32[1])
+        config = self.node.topics.get(topic)
+        if config is None:
+            raise RequestRejected(ResponseCode.TOPIC_NOT_EXIST,
+                                  f"topic {topic!r} does not exist on broker {self.node.config.broker_name}",
+                                  ext={"topic": topic})
+        if queue_id >= max(config.read_queue_nums, config.write_queue_nums):
+            raise RequestRejected(ResponseCode.INVALID_REQUEST,
+                                  f"request field 'queue_id' must be below {config.read_queue_nums} for topic "
+                                  f"{topic!r}, got {queue_id}")
+        return topic, queue_id
+
+    async def get_max_offset(self, request: Frame, conn: Any) -> Frame:
+        topic, queue_id = self._queue(request)
+        return make_response(request, ResponseCode.SUCCESS,
+                             ext={"offset": self.node.store.get_max_offset_in_queue(topic, queue_id)})
+
+    async def get_min_offset(self, request: Frame, conn: Any) -> Frame:
+        topic, queue_id = self._queue(request)
+        return make_response(request, ResponseCode.SUCCESS,
+                             ext={"offset": self.node.store.get_min_offset_in_queue(topic, queue_id)})
+
+    async def search_offset_by_timestamp(self, request: Frame, conn: Any) -> Frame:
+        topic, queue_id = self._queue(request)
+        timestamp = get_int(request.ext, "timestamp", lo=0, hi=I64[1])
+        return make_response(request, ResponseCode.SUCCESS,
+                             ext={"offset": self.node.store.get_offset_by_time(topic, queue_id, timestamp)})
+
+    async def get_earliest_msg_store_time(self, request: Frame, conn: Any) -> Frame:
+        topic, queue_id = self._queue(request)
+        store = self.node.store
+        min_offset = store.get_min_offset_in_queue(topic, queue_id)
+        if min_offset >= store.get_max_offset_in_queue(topic, queue_id):
+            return make_response(request, ResponseCode.SUCCESS, ext={"timestamp": -1})
+        message = self.node.message_at(topic, queue_id, min_offset)
+        return make_response(request, ResponseCode.SUCCESS,
+                             ext={"timestamp": message.store_timestamp if message is not None else -1})
+
+    # --- status --------------------------------------------------------------------------------------------
+    async def get_broker_runtime_info(self, request: Frame, conn: Any) -> Frame:
+        return make_response(request, ResponseCode.SUCCESS, body=cbor2.dumps(self.node.runtime_info()))

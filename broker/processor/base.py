@@ -1,0 +1,67 @@
+"""What every processor shares: request field parsing that names the bad field, and one exception that carries
+a response code and remark out of deep validation code.
+
+A processor raises ``RequestRejected(code, remark)`` at the first problem; ``BrokerDispatcher`` turns it into the
+response. Field helpers produce ``INVALID_REQUEST`` with a remark like ``"request field 'queue_id' must be an
+integer within 0..1023, got 'x'"`` so a client (or a human with a packet capture) knows exactly what to fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from remoting.codes import ResponseCode
+
+I32 = (-(2 ** 31), 2 ** 31 - 1)
+I64 = (-(2 ** 63), 2 ** 63 - 1)
+
+
+class RequestRejected(Exception):
+    def __init__(self, code: int, remark: str, ext: Mapping[str, Any] | None = None) -> None:
+        super().__init__(remark)
+        self.code = code
+        self.remark = remark
+        self.ext = dict(ext or {})
+
+
+def invalid(field: str, problem: str) -> RequestRejected:
+    return RequestRejected(ResponseCode.INVALID_REQUEST, f"request field {field!r} {problem}")
+
+
+def get_str(ext: Mapping[str, Any], name: str, *, default: str | None = None, allow_empty: bool = False) -> str:
+    value = ext.get(name, default)
+    if value is None:
+        raise invalid(name, "is required")
+    if not isinstance(value, str) or (not value and not allow_empty):
+        raise invalid(name, f"must be a non-empty string, got {value!r}")
+    return value
+
+
+def get_int(ext: Mapping[str, Any], name: str, *, default: int | None = None, lo: int = I64[0],
+            hi: int = I64[1]) -> int:
+    value = ext.get(name, default)
+    if value is None:
+        raise invalid(name, "is required")
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise invalid(name, f"must be an integer within {lo}..{hi}, got {value!r}")
+    return value
+
+
+def get_bool(ext: Mapping[str, Any], name: str, *, default: bool = False) -> bool:
+    value = ext.get(name, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise invalid(name, f"must be true or false, got {value!r}")
+    return value
+
+
+def get_properties(ext: Mapping[str, Any], name: str = "properties") -> dict[str, str]:
+    value = ext.get(name) or {}
+    if not isinstance(value, Mapping):
+        raise invalid(name, f"must be a map of strings, got {type(value).__name__}")
+    for k, v in value.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise invalid(name, f"must map strings to strings, got {k!r}: {v!r}")
+    return dict(value)

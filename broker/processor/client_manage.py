@@ -1,0 +1,60 @@
+"""HEART_BEAT, UNREGISTER_CLIENT and GET_CONSUMER_LIST_BY_GROUP: who is connected, per group.
+
+The heartbeat's producer and consumer data may come as a CBOR body (RocketMQ sends HeartbeatData as the body)
+or, for small heartbeats, inline in ``ext``; the schema is the same (docs/protocol.md, "Broker requests").
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import cbor2
+
+from broker.consumer_manager import HeartbeatError, parse_heartbeat
+from broker.processor.base import RequestRejected, get_str, invalid
+from remoting.codec import Frame, make_response
+from remoting.codes import ResponseCode
+
+if TYPE_CHECKING:
+    from broker.node import BrokerNode
+
+log = logging.getLogger(__name__)
+
+
+class ClientManageProcessor:
+    def __init__(self, node: BrokerNode) -> None:
+        self.node = node
+
+    async def heartbeat(self, request: Frame, conn: Any) -> Frame:
+        if request.body:
+            try:
+                data = cbor2.loads(request.body)
+            except Exception as e:  # cbor2 raises several unrelated types on garbage
+                raise invalid("body", f"is not valid CBOR: {e}") from None
+        else:
+            data = request.ext
+        try:
+            heartbeat = parse_heartbeat(data)
+        except HeartbeatError as e:
+            raise RequestRejected(ResponseCode.INVALID_REQUEST, f"heartbeat: {e}") from None
+        self.node.clients.heartbeat(heartbeat, conn)
+        return make_response(request, ResponseCode.SUCCESS)
+
+    async def unregister_client(self, request: Frame, conn: Any) -> Frame:
+        ext = request.ext
+        client_id = get_str(ext, "client_id")
+        producer_group = ext.get("producer_group")
+        consumer_group = ext.get("consumer_group")
+        for name, value in (("producer_group", producer_group), ("consumer_group", consumer_group)):
+            if value is not None and not isinstance(value, str):
+                raise invalid(name, f"must be a string or absent, got {value!r}")
+        self.node.clients.unregister(client_id, producer_group, consumer_group)
+        return make_response(request, ResponseCode.SUCCESS)
+
+    async def get_consumer_list_by_group(self, request: Frame, conn: Any) -> Frame:
+        group = get_str(request.ext, "consumer_group")
+        ids = self.node.clients.consumer_ids(group)
+        # An empty list is an answer, not an error: a member that has not sent its heartbeat here yet simply
+        # sees no peers and rebalances again on its next round.
+        return make_response(request, ResponseCode.SUCCESS, body=cbor2.dumps({"consumer_id_list": ids}))

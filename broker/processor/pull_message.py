@@ -1,0 +1,144 @@
+"""PULL_MESSAGE with long polling, served by every node (followers read their own byte-identical store).
+
+The pull path is RocketMQ's ``PullMessageProcessor``: validate, optionally commit the consumer's offset (sys_flag
+bit 0x1, leader only), read up to ``max_msg_nums`` messages matching the tag filter, and answer with the raw
+commit-log records as the body. When nothing is there yet and the client allows suspension (sys_flag bit 0x2),
+the request is held by ``PullRequestHoldService`` for ``min(suspend_timeout_millis, long_polling_timeout_ms)``
+and executed again when a message for that queue is dispatched or the time is up.
+
+Status mapping (store → response), as RocketMQ:
+FOUND → SUCCESS; NO_MESSAGE_IN_QUEUE / OFFSET_OVERFLOW_ONE → PULL_NOT_FOUND (or held); NO_MATCHED_MESSAGE →
+PULL_RETRY_IMMEDIATELY with the advanced ``next_begin_offset``;
+OFFSET_TOO_SMALL / OFFSET_OVERFLOW_BADLY / NO_MATCHED_LOGIC_QUEUE → PULL_OFFSET_MOVED on the leader, with
+``next_begin_offset`` corrected; a follower answers PULL_RETRY_IMMEDIATELY instead and suggests the master,
+because a follower that is only behind must not tell a consumer to move its offset.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from broker.filter import SubscriptionParseError, TagFilter, parse_tag_expression
+from broker.processor.base import I32, RequestRejected, get_int, get_str
+from broker.topic_config import TopicConfigError, validate_topic_name
+from remoting.codec import Frame, make_response
+from remoting.codes import ResponseCode
+from remoting.errors import RaftMQError
+
+if TYPE_CHECKING:
+    from broker.node import BrokerNode
+
+log = logging.getLogger(__name__)
+
+FLAG_COMMIT_OFFSET = 0x1
+FLAG_SUSPEND = 0x2
+FLAG_SUBSCRIPTION = 0x4
+MASTER_ID = 0
+
+
+class PullMessageProcessor:
+    def __init__(self, node: BrokerNode) -> None:
+        self.node = node
+
+    async def process(self, request: Frame, conn: Any) -> Frame | None:
+        args = self._parse(request)
+        response = self._pull(request, args, allow_suspend=True)
+        if response is not None:
+            return response
+        # Nothing yet: hold the request; the hold service re-runs the pull and sends the response itself.
+        timeout_s = min(args["suspend_timeout_millis"], self.node.config.long_polling_timeout_ms) / 1000
+
+        async def resume(timed_out: bool) -> None:
+            again = self._pull(request, args, allow_suspend=False)
+            assert again is not None
+            try:
+                await conn.send_response(again)
+            except RaftMQError as e:
+                log.debug("held pull answer not delivered topic=%s error=%s", args["topic"], e)
+
+        self.node.hold.hold(args["topic"], args["queue_id"], args["queue_offset"], timeout_s, resume)
+        return None
+
+    def _parse(self, request: Frame) -> dict[str, Any]:
+        ext = request.ext
+        topic = get_str(ext, "topic")
+        try:
+            validate_topic_name(topic)
+        except TopicConfigError as e:
+            raise RequestRejected(ResponseCode.INVALID_REQUEST, str(e)) from None
+        args: dict[str, Any] = {
+            "consumer_group": get_str(ext, "consumer_group"),
+            "topic": topic,
+            "queue_id": get_int(ext, "queue_id", lo=0, hi=I32[1]),
+            "queue_offset": get_int(ext, "queue_offset", lo=0),
+            "max_msg_nums": get_int(ext, "max_msg_nums", default=32, lo=1, hi=I32[1]),
+            "sys_flag": get_int(ext, "sys_flag", default=0, lo=0, hi=I32[1]),
+            "commit_offset": get_int(ext, "commit_offset", default=-1, lo=-1),
+            "suspend_timeout_millis": get_int(ext, "suspend_timeout_millis", default=0, lo=0, hi=I32[1]),
+        }
+        node = self.node
+        config = node.topics.get(topic)
+        if config is None:
+            raise RequestRejected(ResponseCode.TOPIC_NOT_EXIST,
+                                  f"topic {topic!r} does not exist on broker {node.config.broker_name}",
+                                  ext={"topic": topic})
+        if not config.readable:
+            raise RequestRejected(ResponseCode.NO_PERMISSION,
+                                  f"topic {topic!r} is not readable on broker {node.config.broker_name} "
+                                  f"(perm={config.perm})")
+        if args["queue_id"] >= config.read_queue_nums:
+            raise RequestRejected(ResponseCode.INVALID_REQUEST,
+                                  f"request field 'queue_id' must be below topic {topic!r}'s read_queue_nums "
+                                  f"{config.read_queue_nums}, got {args['queue_id']}")
+        expression = ext.get("subscription")
+        tag_filter: TagFilter
+        if expression is None and not args["sys_flag"] & FLAG_SUBSCRIPTION:
+            sub = node.clients.find_subscription(args["consumer_group"], topic)
+            tag_filter = sub.filter if sub is not None else parse_tag_expression(None)
+        else:
+            try:
+                tag_filter = parse_tag_expression(expression)
+            except SubscriptionParseError as e:
+                raise RequestRejected(ResponseCode.SUBSCRIPTION_PARSE_FAILED, str(e)) from None
+        args["tag_filter"] = tag_filter
+        if args["sys_flag"] & FLAG_COMMIT_OFFSET and args["commit_offset"] >= 0 and node.is_leader():
+            node.offsets.commit(args["consumer_group"], topic, args["queue_id"], args["commit_offset"])
+        return args
+
+    def _pull(self, request: Frame, args: dict[str, Any], *, allow_suspend: bool) -> Frame | None:
+        node = self.node
+        config = node.config
+        max_nums = min(args["max_msg_nums"], config.max_transfer_count)
+        tag_filter: TagFilter = args["tag_filter"]
+        result = node.store.get_messages(args["topic"], args["queue_id"], args["queue_offset"], max_nums,
+                                         config.max_transfer_bytes,
+                                         tag_filter=None if tag_filter.matches_all else tag_filter.codes)
+        status = result.status.name if hasattr(result.status, "name") else str(result.status)
+        leader = node.is_leader()
+        ext = {"next_begin_offset": result.next_begin_offset, "min_offset": result.min_offset,
+               "max_offset": result.max_offset,
+               "suggest_which_broker_id": MASTER_ID if leader else node.broker_id}
+        if status == "FOUND":
+            return make_response(request, ResponseCode.SUCCESS, ext=ext, body=result.data())
+        if status == "NO_MATCHED_MESSAGE":
+            # Messages were scanned but none matched the tags: move on at once from next_begin_offset.
+            return make_response(request, ResponseCode.PULL_RETRY_IMMEDIATELY,
+                                 remark=f"no message matching {tag_filter.expression!r} in the scanned range",
+                                 ext=ext)
+        if status in ("NO_MESSAGE_IN_QUEUE", "OFFSET_OVERFLOW_ONE", "OFFSET_FOUND_NULL"):
+            if allow_suspend and args["sys_flag"] & FLAG_SUSPEND and args["suspend_timeout_millis"] > 0:
+                return None
+            return make_response(request, ResponseCode.PULL_NOT_FOUND,
+                                 remark=f"no new message in {args['topic']}:{args['queue_id']} at offset "
+                                        f"{args['queue_offset']} (max_offset {result.max_offset})", ext=ext)
+        # The offset is outside the queue: too small (deleted by retention) or beyond the end.
+        where = "below min_offset" if args["queue_offset"] < result.min_offset else "beyond max_offset"
+        remark = (f"queue_offset {args['queue_offset']} of {args['topic']}:{args['queue_id']} is {where} "
+                  f"(min_offset {result.min_offset}, max_offset {result.max_offset}); "
+                  f"next_begin_offset {result.next_begin_offset}")
+        if leader:
+            return make_response(request, ResponseCode.PULL_OFFSET_MOVED, remark=remark, ext=ext)
+        ext["suggest_which_broker_id"] = MASTER_ID
+        return make_response(request, ResponseCode.PULL_RETRY_IMMEDIATELY, remark=remark + "; this replica may "
+                             "be behind, ask the master", ext=ext)

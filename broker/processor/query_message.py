@@ -1,0 +1,55 @@
+"""VIEW_MESSAGE_BY_ID and QUERY_MESSAGE (by key): lookups through the store's IndexFile and commit log.
+
+Both answer with raw commit-log records as the body, like PULL_MESSAGE, so one decoder serves all three.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from broker.processor.base import I64, RequestRejected, get_int, get_str, invalid
+from remoting.codec import Frame, make_response
+from remoting.codes import ResponseCode
+from remoting.message import MessageFormatError, parse_msg_id
+
+if TYPE_CHECKING:
+    from broker.node import BrokerNode
+
+MAX_QUERY_NUM = 64
+
+
+class QueryMessageProcessor:
+    def __init__(self, node: BrokerNode) -> None:
+        self.node = node
+
+    async def view_message_by_id(self, request: Frame, conn: Any) -> Frame:
+        ext = request.ext
+        if "msg_id" in ext:
+            msg_id = get_str(ext, "msg_id")
+            try:
+                _host, phy_offset = parse_msg_id(msg_id)
+            except MessageFormatError as e:
+                raise invalid("msg_id", f"is not a message id: {e}") from None
+        else:
+            phy_offset = get_int(ext, "offset", lo=0)
+        record = self.node.read_record(phy_offset)
+        if record is None:
+            raise RequestRejected(ResponseCode.SYSTEM_ERROR,
+                                  f"no message at commit-log offset {phy_offset} on this broker node "
+                                  f"(min {self.node.store.min_phy_offset}, max {self.node.store.max_phy_offset})")
+        return make_response(request, ResponseCode.SUCCESS, body=record)
+
+    async def query_message(self, request: Frame, conn: Any) -> Frame:
+        ext = request.ext
+        topic = get_str(ext, "topic")
+        key = get_str(ext, "key")
+        max_num = min(get_int(ext, "max_num", default=32, lo=1, hi=2 ** 31 - 1), MAX_QUERY_NUM)
+        begin = get_int(ext, "begin_timestamp", default=0, lo=0, hi=I64[1])
+        end = get_int(ext, "end_timestamp", default=I64[1], lo=0, hi=I64[1])
+        if end < begin:
+            raise invalid("end_timestamp", f"must be >= begin_timestamp {begin}, got {end}")
+        records = self.node.query_records(topic, key, max_num, begin, end)
+        if not records:
+            return make_response(request, ResponseCode.QUERY_NOT_FOUND,
+                                 remark=f"no message with key {key!r} in topic {topic!r} between {begin} and {end}")
+        return make_response(request, ResponseCode.SUCCESS, ext={"count": len(records)}, body=b"".join(records))

@@ -1,0 +1,152 @@
+"""SEND_MESSAGE / SEND_MESSAGE_V2 / SEND_BATCH_MESSAGE: validate, then append through the group commit.
+
+Order of checks (each with its own response code, so a client knows whether to retry, refresh its route or give
+up): leadership (NOT_LEADER + ``leader_addr``), topic name (INVALID_REQUEST naming ``topic``), reserved topic
+(NO_PERMISSION), topic existence or auto-creation (TOPIC_NOT_EXIST), write permission (NO_PERMISSION), queue id
+(INVALID_REQUEST naming ``queue_id``), message size and properties (MESSAGE_ILLEGAL), batch structure
+(INVALID_REQUEST naming ``body``). Only then is the message encoded (single send) or taken as is (a batch body
+already is the batch layout of ``remoting/message.py``; the broker rewrites only the 8-byte store host) and
+handed to the group's batcher, which answers after the Raft commit and the local apply.
+
+The response carries ``msg_id`` (comma-separated for a batch, as RocketMQ's MessageBatch), ``queue_id`` and
+``queue_offset`` (of the first message of a batch).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import struct
+from typing import TYPE_CHECKING, Any
+
+from broker.processor.base import I32, I64, RequestRejected, get_bool, get_int, get_properties, get_str, invalid
+from broker.topic_config import TopicConfigError, check_sendable_topic, validate_topic_name
+from remoting.codec import Frame, make_response
+from remoting.codes import RequestCode, ResponseCode
+from remoting.message import (BATCH_HEAD, BODY_LEN, ENTRY_HEAD, MAX_PROPERTIES_SIZE, MessageFormatError,
+                              MessageInput, encode_batch, encode_properties, validate_batch)
+
+if TYPE_CHECKING:
+    from broker.node import BrokerNode
+
+log = logging.getLogger(__name__)
+
+_QUEUE_ID = struct.Struct(">i")
+
+
+class SendMessageProcessor:
+    def __init__(self, node: BrokerNode) -> None:
+        self.node = node
+        self._round_robin = 0
+
+    async def process(self, request: Frame, conn: Any) -> Frame:
+        node = self.node
+        if not node.is_leader():
+            raise node.not_leader()
+        ext = request.ext
+        topic = get_str(ext, "topic")
+        try:
+            validate_topic_name(topic)
+            check_sendable_topic(topic)
+        except TopicConfigError as e:
+            code = ResponseCode.NO_PERMISSION if "reserved" in str(e) else ResponseCode.INVALID_REQUEST
+            raise RequestRejected(code, str(e)) from None
+        get_str(ext, "producer_group", default="DEFAULT_PRODUCER")
+        config = await node.topic_for_send(topic)
+        if not config.writable:
+            raise RequestRejected(ResponseCode.NO_PERMISSION,
+                                  f"topic {topic!r} is not writable on broker {node.config.broker_name} "
+                                  f"(perm={config.perm})")
+        queue_id = get_int(ext, "queue_id", default=-1, lo=-1, hi=I32[1])
+        if queue_id < 0:
+            queue_id = self._round_robin % config.write_queue_nums
+            self._round_robin += 1
+        elif queue_id >= config.write_queue_nums:
+            raise invalid("queue_id", f"must be below topic {topic!r}'s write_queue_nums "
+                                      f"{config.write_queue_nums}, got {queue_id}")
+        max_size = node.config.max_message_size
+        is_batch = request.code == RequestCode.SEND_BATCH_MESSAGE or get_bool(ext, "batch")
+        if is_batch:
+            batch = self._check_batch(request.body, topic, queue_id, max_size)
+        else:
+            batch = self._encode_single(request, topic, queue_id, max_size, conn)
+        results = await node.append_messages(batch)
+        first = results[0]
+        msg_id = first.msg_id if len(results) == 1 else ",".join(r.msg_id for r in results)
+        return make_response(request, ResponseCode.SUCCESS, ext={
+            "msg_id": msg_id, "queue_id": first.queue_id, "queue_offset": first.queue_offset,
+            "region_id": "DefaultRegion", "trace_on": False})
+
+    def _encode_single(self, request: Frame, topic: str, queue_id: int, max_size: int, conn: Any) -> bytes:
+        ext = request.ext
+        body = request.body
+        if len(body) > max_size:
+            raise RequestRejected(ResponseCode.MESSAGE_ILLEGAL,
+                                  f"message body of {len(body)} bytes exceeds max_message_size {max_size}")
+        properties = get_properties(ext)
+        try:
+            if len(encode_properties(properties)) > MAX_PROPERTIES_SIZE:
+                raise RequestRejected(ResponseCode.MESSAGE_ILLEGAL,
+                                      f"message properties exceed {MAX_PROPERTIES_SIZE} bytes when encoded")
+        except MessageFormatError as e:
+            raise RequestRejected(ResponseCode.MESSAGE_ILLEGAL, str(e)) from None
+        born_host = _born_host(conn)
+        message = MessageInput(
+            topic=topic, queue_id=queue_id, body=body, properties=properties,
+            flag=get_int(ext, "flag", default=0, lo=I32[0], hi=I32[1]),
+            sys_flag=get_int(ext, "sys_flag", default=0, lo=I32[0], hi=I32[1]),
+            born_timestamp=get_int(ext, "born_timestamp", default=0, lo=0, hi=I64[1]),
+            born_host=born_host,
+            reconsume_times=get_int(ext, "reconsume_times", default=0, lo=0, hi=I32[1]))
+        try:
+            return encode_batch([message], self.node.store_host, max_message_size=max_size)
+        except MessageFormatError as e:
+            raise RequestRejected(ResponseCode.MESSAGE_ILLEGAL, str(e)) from None
+
+    def _check_batch(self, body: bytes, topic: str, queue_id: int, max_size: int) -> bytes:
+        try:
+            count = validate_batch(body, max_message_size=max_size)
+        except MessageFormatError as e:
+            if e.field == "body" and "exceeds" in str(e):
+                raise RequestRejected(ResponseCode.MESSAGE_ILLEGAL, str(e)) from None
+            if e.field in ("properties", "topic"):
+                raise RequestRejected(ResponseCode.MESSAGE_ILLEGAL, str(e)) from None
+            raise invalid("body", f"is not a valid message batch: {e}") from None
+        if count > self.node.config.max_batch_messages:
+            raise invalid("body", f"holds {count} messages; at most {self.node.config.max_batch_messages} "
+                                  f"are accepted in one batch")
+        # Every message of a batch goes to the topic and queue named in the header, as in RocketMQ.
+        out = bytearray(body)
+        pos = BATCH_HEAD.size
+        head = ENTRY_HEAD.size
+        for i in range(count):
+            entry_size = ENTRY_HEAD.unpack_from(out, pos)[0]
+            body_len = BODY_LEN.unpack_from(out, pos + head)[0]
+            t = pos + head + 4 + body_len
+            entry_topic = bytes(out[t + 1:t + 1 + out[t]]).decode("ascii")
+            if entry_topic != topic:
+                raise invalid("body", f"message {i} of the batch is for topic {entry_topic!r}, but the request "
+                                      f"names topic {topic!r}; a batch goes to one topic")
+            _QUEUE_ID.pack_into(out, pos + 4, queue_id)
+            pos += entry_size
+        ip, port = self.node.store_host
+        BATCH_HEAD.pack_into(out, 0, BATCH_HEAD.unpack_from(out, 0)[0], count, socket.inet_aton(ip), port)
+        return bytes(out)
+
+
+def _born_host(conn: Any) -> tuple[str, int]:
+    remote = getattr(conn, "remote_address", None)
+    if isinstance(remote, tuple) and len(remote) >= 2:
+        try:
+            socket.inet_aton(remote[0])
+            return str(remote[0]), int(remote[1])
+        except (OSError, ValueError, TypeError):
+            pass
+    if isinstance(remote, str) and ":" in remote:
+        host, _, port = remote.rpartition(":")
+        try:
+            socket.inet_aton(host)
+            return host, int(port)
+        except (OSError, ValueError):
+            pass
+    return "127.0.0.1", 0

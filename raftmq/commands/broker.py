@@ -1,0 +1,56 @@
+"""``raftmq broker --config broker.toml``: one broker node (one member of a broker group) until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import logging
+import tomllib
+from pathlib import Path
+
+import trio
+
+from raftmq.runner import announce_ready, run_until_signalled
+from remoting.config import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "broker", help="run a broker node (one member of a 3-node broker group)",
+        description="Run one broker node: a member of its group's Raft group serving producers and consumers. "
+                    "Prints one ready line once listening; SIGTERM/SIGINT stop it cleanly.")
+    parser.add_argument("--config", type=Path, metavar="FILE", required=True,
+                        help="broker TOML: cluster_name, namesrv_addrs, [store], [dledger] (see docs/operations.md)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config key (dotted, TOML value syntax), e.g. --set long_polling_timeout_ms=500")
+    parser.set_defaults(func=run)
+
+
+def _overrides(pairs: list[str]) -> dict:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set needs KEY=VALUE, got {pair!r}")
+        try:
+            out[key.strip()] = tomllib.loads(f"v = {value}")["v"]
+        except tomllib.TOMLDecodeError:
+            out[key.strip()] = value
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    # Imported here so `raftmq --help` and the other commands do not pay for (or depend on) the broker stack.
+    from broker.config import load_broker_config
+    from broker.node import serve_broker
+
+    config = load_broker_config(args.config, _overrides(args.set))
+
+    async def main(nursery: trio.Nursery) -> None:
+        host, port = await nursery.start(functools.partial(serve_broker, config))
+        announce_ready("broker", listen=f"{host}:{port}", broker_name=config.broker_name,
+                       broker_id=config.broker_id, raft=config.dledger.self_member.raft_address)
+
+    return run_until_signalled(main)
