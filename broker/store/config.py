@@ -1,0 +1,66 @@
+"""``StoreConfig``: every knob of the message store, with RocketMQ's defaults where one exists."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Literal
+
+from remoting.config import ConfigError, bounded
+from remoting.message import DEFAULT_MAX_MESSAGE_SIZE, MAX_PROPERTIES_SIZE, MAX_TOPIC_LENGTH, record_size
+
+__all__ = ["StoreConfig", "END_FILE_MIN_BLANK_LENGTH"]
+
+# A record is placed in a segment only if at least this many bytes stay free behind it, so the segment can
+# always be closed with a blank header (total_size + magic), as RocketMQ's END_FILE_MIN_BLANK_LENGTH.
+END_FILE_MIN_BLANK_LENGTH = 8
+
+
+def _hours(value: tuple[int, ...]) -> str | None:
+    if any(not 0 <= h <= 23 for h in value):
+        return "must list hours within 0..23"
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class StoreConfig:
+    store_dir: Path = bounded(Path("store"), doc="directory holding commitlog/, consumequeue/, index/, checkpoint")
+    segment_size_bytes: int = bounded(1024 ** 3, min=64 * 1024, max=2 ** 40, doc="commit-log segment size")
+    consume_queue_units_per_file: int = bounded(300_000, min=16, max=50_000_000,
+                                                doc="20-byte units per ConsumeQueue file")
+    flush_disk_type: Literal["ASYNC_FLUSH", "SYNC_FLUSH"] = bounded("ASYNC_FLUSH")
+    flush_interval_ms: int = bounded(500, min=1, max=3_600_000, doc="ASYNC_FLUSH period; SYNC_FLUSH idle period")
+    flush_consume_queue_interval_ms: int = bounded(1000, min=1, max=3_600_000,
+                                                   doc="period of ConsumeQueue/IndexFile flush + checkpoint")
+    max_message_size: int = bounded(DEFAULT_MAX_MESSAGE_SIZE, min=1, max=256 * 1024 * 1024)
+    index_hash_slots: int = bounded(1_000_000, min=1, max=50_000_000, doc="hash slots per IndexFile")
+    index_max_entries: int = bounded(4_000_000, min=1, max=100_000_000, doc="entries per IndexFile")
+    file_reserved_hours: float = bounded(72.0, min=0.0, doc="age after which a commit-log segment may go")
+    delete_when_hours: tuple[int, ...] = bounded((4,), check=_hours,
+                                                 doc="local hours at which expired segments are deleted")
+    min_retained_segments: int = bounded(1, min=1, doc="the newest segments never deleted, expired or not")
+    delete_segments_per_pass: int = bounded(10, min=1, doc="segments one clean pass may delete")
+    clean_interval_ms: int = bounded(10_000, min=1, doc="how often the clean service looks at ages and disk")
+    disk_clean_early_ratio: float = bounded(0.75, min=0.0, max=1.0,
+                                            doc="disk usage from which expired segments go at any hour")
+    disk_clean_forcibly_ratio: float = bounded(0.85, min=0.0, max=1.0,
+                                               doc="disk usage from which the oldest segments go, expired or not")
+    disk_reject_ratio: float = bounded(0.90, min=0.0, max=1.0, doc="disk usage from which appends are refused")
+    hot_window_bytes: int = bounded(64 * 1024 * 1024, min=0,
+                                    doc="mapped bytes behind the write position kept resident; older pages are "
+                                        "released after each flush so RSS does not grow with the data stored")
+    dispatch_chunk_bytes: int = bounded(4 * 1024 * 1024, min=4096,
+                                        doc="commit-log bytes dispatched before the reput task yields")
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.store_dir, Path):
+            object.__setattr__(self, "store_dir", Path(self.store_dir))
+        largest = record_size(self.max_message_size, MAX_TOPIC_LENGTH, MAX_PROPERTIES_SIZE)
+        if largest + END_FILE_MIN_BLANK_LENGTH > self.segment_size_bytes:
+            raise ConfigError(f"store.segment_size_bytes must hold one record of max_message_size "
+                              f"{self.max_message_size} ({largest + END_FILE_MIN_BLANK_LENGTH} bytes), "
+                              f"got {self.segment_size_bytes}")
+        if not self.disk_clean_early_ratio <= self.disk_clean_forcibly_ratio <= self.disk_reject_ratio:
+            raise ConfigError("store disk ratios must satisfy disk_clean_early_ratio <= disk_clean_forcibly_ratio "
+                              f"<= disk_reject_ratio, got {self.disk_clean_early_ratio}, "
+                              f"{self.disk_clean_forcibly_ratio}, {self.disk_reject_ratio}")

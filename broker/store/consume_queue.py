@@ -1,0 +1,199 @@
+"""``ConsumeQueue``: the per-(topic, queue) index of the commit log, fixed 20-byte units in fixed-size files.
+
+Unit layout (big-endian)::
+
+    | phy_offset 8 | size 4 | tags_code 8 |
+
+Unit *n* of a queue is the message with queue offset *n*; it lives in file ``n // units_per_file`` at byte
+``(n % units_per_file) * 20``; files are named by the byte offset of their first unit (20 digits), as in
+RocketMQ. A unit is written at the position its record's queue offset names, so dispatching a record twice
+writes the same bytes twice: re-dispatch after a crash is idempotent. ``size`` is never 0 in a real unit, so
+an all-zero unit is a hole.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+
+from .mapped_file import MappedFile, file_name, parse_file_name
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ConsumeQueue", "CQ_UNIT", "CQ_UNIT_SIZE"]
+
+CQ_UNIT = struct.Struct(">qiq")
+CQ_UNIT_SIZE = CQ_UNIT.size
+_SCAN_CHUNK = 64 * 1024 - (64 * 1024) % CQ_UNIT_SIZE
+
+
+def _last_used_unit(mv: memoryview) -> int:
+    """Index of the last non-zero unit of a file, or -1."""
+    zeros = bytes(_SCAN_CHUNK)
+    hi = len(mv)
+    while hi > 0:
+        lo = max(0, hi - _SCAN_CHUNK)
+        if mv[lo:hi] != zeros[:hi - lo]:
+            chunk = bytes(mv[lo:hi]).rstrip(b"\x00")
+            return (lo + len(chunk) - 1) // CQ_UNIT_SIZE
+        hi = lo
+    return -1
+
+
+def _first_used_unit(mv: memoryview) -> int:
+    zeros = bytes(_SCAN_CHUNK)
+    lo = 0
+    while lo < len(mv):
+        hi = min(len(mv), lo + _SCAN_CHUNK)
+        if mv[lo:hi] != zeros[:hi - lo]:
+            chunk = bytes(mv[lo:hi])
+            return (lo + len(chunk) - len(chunk.lstrip(b"\x00"))) // CQ_UNIT_SIZE
+        lo = hi
+    return -1
+
+
+class ConsumeQueue:
+    def __init__(self, root: Path, topic: str, queue_id: int, units_per_file: int) -> None:
+        self.topic = topic
+        self.queue_id = queue_id
+        self.dir = root / topic / str(queue_id)
+        self.units_per_file = units_per_file
+        self.file_size = units_per_file * CQ_UNIT_SIZE
+        self._files: dict[int, MappedFile] = {}  # file index -> file
+        self._dirty: set[int] = set()
+        self.max_offset = 0  # next queue offset; units [min_offset, max_offset) are readable
+        self.min_offset = 0
+
+    # -- loading and recovery --------------------------------------------------------------------------------
+    def load(self, commit_log_min: int, commit_log_end: int) -> None:
+        for entry in os.listdir(self.dir):
+            start = parse_file_name(entry)
+            if start is None or start % self.file_size:
+                continue
+            idx = start // self.file_size
+            self._files[idx] = MappedFile.open(self.dir / entry, start, self.file_size)
+        self._find_max()
+        self.truncate_past(commit_log_end)
+        self.correct_min_offset(commit_log_min)
+
+    def _find_max(self) -> None:
+        self.max_offset = 0
+        for idx in sorted(self._files, reverse=True):
+            last = _last_used_unit(self._files[idx].mv)
+            if last >= 0:
+                self.max_offset = idx * self.units_per_file + last + 1
+                return
+
+    def truncate_past(self, commit_log_end: int) -> None:
+        """Zero units that point at or past the commit-log end (their records were cut by recovery)."""
+        removed = 0
+        while self.max_offset > 0:
+            unit = self.unit(self.max_offset - 1)
+            if unit is None:
+                break
+            phy, size, _ = unit
+            if size != 0 and phy + size <= commit_log_end:
+                break
+            idx, r = divmod(self.max_offset - 1, self.units_per_file)
+            f = self._files[idx]
+            f.mm[r * CQ_UNIT_SIZE:(r + 1) * CQ_UNIT_SIZE] = bytes(CQ_UNIT_SIZE)
+            self._dirty.add(idx)
+            self.max_offset -= 1
+            removed += 1
+            if r == 0 and idx != min(self._files):
+                self._files.pop(idx).destroy()
+                self._dirty.discard(idx)
+        if removed:
+            log.warning("consume queue truncated topic=%s queue_id=%d units=%d max_offset=%d", self.topic,
+                        self.queue_id, removed, self.max_offset)
+
+    def correct_min_offset(self, commit_log_min: int) -> None:
+        """The first unit still pointing into the commit log (units before it point at deleted segments)."""
+        for idx in sorted(self._files):
+            f = self._files[idx]
+            first = _first_used_unit(f.mv)
+            if first < 0:
+                continue
+            for r in range(first, self.units_per_file):
+                phy, size, _ = CQ_UNIT.unpack_from(f.mm, r * CQ_UNIT_SIZE)
+                if size == 0:
+                    break
+                if phy >= commit_log_min:
+                    self.min_offset = idx * self.units_per_file + r
+                    return
+        self.min_offset = self.max_offset
+
+    # -- writing ---------------------------------------------------------------------------------------------
+    def _create(self, idx: int) -> MappedFile:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        f = MappedFile.create(self.dir / file_name(idx * self.file_size), idx * self.file_size, self.file_size)
+        self._files[idx] = f
+        return f
+
+    def put(self, queue_offset: int, phy_offset: int, size: int, tags_code: int) -> None:
+        idx, r = divmod(queue_offset, self.units_per_file)
+        f = self._files.get(idx) or self._create(idx)
+        CQ_UNIT.pack_into(f.mm, r * CQ_UNIT_SIZE, phy_offset, size, tags_code)
+        self._dirty.add(idx)
+        if queue_offset >= self.max_offset:
+            if self.max_offset == 0:  # the first unit: a queue rebuilt after retention starts past 0
+                self.min_offset = queue_offset
+            self.max_offset = queue_offset + 1
+
+    # -- reading ---------------------------------------------------------------------------------------------
+    def unit(self, queue_offset: int) -> tuple[int, int, int] | None:
+        idx, r = divmod(queue_offset, self.units_per_file)
+        f = self._files.get(idx)
+        if f is None:
+            return None
+        return CQ_UNIT.unpack_from(f.mm, r * CQ_UNIT_SIZE)
+
+    def units(self, queue_offset: int, max_units: int) -> memoryview | None:
+        """Units from ``queue_offset`` up to ``max_units``, the max offset or the end of its file."""
+        idx, r = divmod(queue_offset, self.units_per_file)
+        f = self._files.get(idx)
+        if f is None:
+            return None
+        n = min(max_units, self.max_offset - queue_offset, self.units_per_file - r)
+        return f.mv[r * CQ_UNIT_SIZE:(r + n) * CQ_UNIT_SIZE]
+
+    def iter_files(self) -> Iterator[MappedFile]:
+        return iter([self._files[i] for i in sorted(self._files)])
+
+    # -- durability and retention ----------------------------------------------------------------------------
+    def flush(self) -> None:
+        dirty, self._dirty = self._dirty, set()
+        for idx in dirty:
+            f = self._files.get(idx)
+            if f is not None and f.fd >= 0:
+                f.sync()
+
+    def release_cold_pages(self) -> None:
+        last = max(self._files, default=None)
+        for idx, f in list(self._files.items()):
+            if idx != last:
+                f.release(f.size)
+
+    def delete_files_before(self, commit_log_min: int) -> int:
+        """Delete files (never the last) whose every unit points before ``commit_log_min``; returns how many."""
+        deleted = 0
+        for idx in sorted(self._files)[:-1]:
+            f = self._files[idx]
+            last = _last_used_unit(f.mv)
+            if last >= 0:
+                phy, size, _ = CQ_UNIT.unpack_from(f.mm, last * CQ_UNIT_SIZE)
+                if phy + size > commit_log_min:
+                    break
+            self._files.pop(idx).destroy()
+            self._dirty.discard(idx)
+            deleted += 1
+        self.correct_min_offset(commit_log_min)
+        return deleted
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()
+        self._files.clear()

@@ -1,0 +1,185 @@
+"""``Dispatcher``: the one path that derives ConsumeQueue units and IndexFile entries from the commit log.
+
+It tails committed commit-log bytes (never past the published end) and, per record, writes the ConsumeQueue
+unit at the record's own queue offset and, unless the index already covers the record, the index entries for
+its UNIQ_KEY and each of its KEYS. Both writes are idempotent, so recovery may re-dispatch from any point at or
+before the checkpoint; deleting every derived file and dispatching from the start of the commit log rebuilds
+them byte-identical.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from remoting.message import BLANK_MAGIC, BODY_LEN, PROPS_LEN, RECORD_HEAD, tags_code
+
+from .commit_log import SIZE_MAGIC, CommitLog
+from .consume_queue import ConsumeQueue
+from .index_file import IndexService, key_hash
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Dispatcher", "DispatchListener", "find_property"]
+
+DispatchListener = Callable[[str, int, int], None]
+
+_TAGS = b"TAGS\x01"
+_KEYS = b"KEYS\x01"
+_UNIQ = b"UNIQ_KEY\x01"
+
+
+def find_property(props: bytes, name: bytes) -> bytes | None:
+    """The raw value of property ``name`` (given as ``b"NAME\\x01"``) in RocketMQ's property encoding."""
+    if props.startswith(name):
+        i = len(name)
+    else:
+        i = props.find(b"\x02" + name)
+        if i < 0:
+            return None
+        i += len(name) + 1
+    j = props.find(b"\x02", i)
+    return props[i:j] if j >= 0 else props[i:]
+
+
+class Dispatcher:
+    def __init__(self, commit_log: CommitLog, cq_root: Path, units_per_file: int, index: IndexService) -> None:
+        self.commit_log = commit_log
+        self.cq_root = cq_root
+        self.units_per_file = units_per_file
+        self.index = index
+        self.queues: dict[tuple[bytes, int], ConsumeQueue] = {}
+        self.by_topic: dict[str, dict[int, ConsumeQueue]] = {}
+        self.dispatched = 0  # every record before this offset is dispatched
+        self._tags_codes: dict[bytes, int] = {}
+
+    def load_queues(self, commit_log_min: int, commit_log_end: int) -> None:
+        self.cq_root.mkdir(parents=True, exist_ok=True)
+        for topic in sorted(os.listdir(self.cq_root)):
+            topic_dir = self.cq_root / topic
+            if not topic_dir.is_dir():
+                continue
+            for qdir in sorted(os.listdir(topic_dir)):
+                if qdir.isdigit():
+                    cq = self._queue(topic.encode(), int(qdir))
+                    cq.load(commit_log_min, commit_log_end)
+
+    def has_queue_files(self) -> bool:
+        return any(cq.max_offset for cq in self.queues.values())
+
+    def _queue(self, topic: bytes, queue_id: int) -> ConsumeQueue:
+        cq = self.queues.get((topic, queue_id))
+        if cq is None:
+            name = topic.decode("ascii")
+            cq = ConsumeQueue(self.cq_root, name, queue_id, self.units_per_file)
+            self.queues[(topic, queue_id)] = cq
+            self.by_topic.setdefault(name, {})[queue_id] = cq
+        return cq
+
+    def queue(self, topic: str, queue_id: int) -> ConsumeQueue | None:
+        return self.by_topic.get(topic, {}).get(queue_id)
+
+    def queue_offsets(self) -> dict[tuple[bytes, int], int]:
+        """The next queue offset of every queue, the state appends continue from."""
+        return {key: cq.max_offset for key, cq in self.queues.items() if cq.max_offset}
+
+    def dispatch(self, upto: int, max_bytes: int, touched: dict[tuple[bytes, int], ConsumeQueue]) -> int:
+        """Dispatch records in ``[dispatched, min(upto, dispatched + max_bytes))`` (whole records); returns how
+        many. Touched queues are collected into ``touched`` for listeners."""
+        cl = self.commit_log
+        pos = self.dispatched
+        stop = min(upto, pos + max_bytes)
+        index = self.index
+        indexed_up_to = index.indexed_up_to
+        index_file = None
+        queues = self.queues
+        codes = self._tags_codes
+        unpack8 = SIZE_MAGIC.unpack_from
+        unpack_head = RECORD_HEAD.unpack_from
+        unpack_i = BODY_LEN.unpack_from
+        unpack_h = PROPS_LEN.unpack_from
+        head_size = RECORD_HEAD.size
+        seg_size = cl.segment_size
+        count = 0
+        seg = None
+        while pos < stop:
+            if seg is None or not seg.start <= pos < seg.start + seg_size:
+                seg = cl.segment_at(pos)
+                if seg is None:  # removed by retention under us: skip to the oldest segment left
+                    pos = max(pos + 1, cl.min_phy_offset)
+                    continue
+                mm = seg.mm
+            off = pos - seg.start
+            size, magic = unpack8(mm, off)
+            if magic == BLANK_MAGIC:
+                pos += size
+                continue
+            head = unpack_head(mm, off)
+            queue_id = head[3]
+            queue_offset = head[5]
+            store_ts = head[11]
+            t = off + head_size + 4 + unpack_i(mm, off + head_size)[0]
+            tl = mm[t]
+            topic = mm[t + 1:t + 1 + tl]
+            p = t + 1 + tl
+            pl = unpack_h(mm, p)[0]
+            props = mm[p + 2:p + 2 + pl] if pl else b""
+            key = (topic, queue_id)
+            cq = queues.get(key) or self._queue(topic, queue_id)
+            code = 0
+            if props:
+                tags = find_property(props, _TAGS)
+                if tags:
+                    code = codes.get(tags)
+                    if code is None:
+                        code = codes[tags] = tags_code(tags.decode("utf-8", "replace"))
+            cq.put(queue_offset, pos, size, code)
+            touched[key] = cq
+            if pos > indexed_up_to:
+                if index_file is None:
+                    index_file = index.current(pos)
+                if props:
+                    index_file = self._index_keys(index_file, topic, props, pos, store_ts)
+                index_file.end_phy_offset = pos
+                index_file.end_timestamp = store_ts
+            pos += size
+            count += 1
+        self.dispatched = pos
+        index.write_headers()
+        return count
+
+    def _index_keys(self, f, topic: bytes, props: bytes, phy: int, store_ts: int):
+        keys: list[bytes] = []
+        uniq = find_property(props, _UNIQ)
+        if uniq:
+            keys.append(uniq)
+        raw = find_property(props, _KEYS)
+        if raw:
+            keys.extend(k for k in raw.split(b" ") if k)
+        if not keys:
+            return f
+        topic_s = topic.decode("ascii")
+        for k in keys:
+            if f.full:
+                f = self.index.current(phy)
+            f.put(key_hash(topic_s, k.decode("utf-8", "replace")), phy, store_ts)
+        return f
+
+    def flush(self) -> None:
+        for cq in list(self.queues.values()):
+            cq.flush()
+        self.index.flush()
+
+    def release_cold_pages(self) -> None:
+        for cq in list(self.queues.values()):
+            cq.release_cold_pages()
+        self.index.release_cold_pages()
+
+    def close(self) -> None:
+        for cq in self.queues.values():
+            cq.close()
+        self.queues.clear()
+        self.by_topic.clear()
+        self.index.close()

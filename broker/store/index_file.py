@@ -1,0 +1,217 @@
+"""``IndexFile`` and ``IndexService``: lookup of messages by key, unique key and time, RocketMQ's hash index.
+
+File layout (big-endian), ``40 + slots * 4 + max_entries * 20`` bytes, created sparse::
+
+    header  | begin_timestamp 8 | end_timestamp 8 | begin_phy_offset 8 | end_phy_offset 8 |
+            | hash_slot_count 4 | index_count 4 |
+    slots   | newest entry index 4 | * hash_slot_count          (0 = empty)
+    entries | key_hash 4 | phy_offset 8 | time_diff_s 4 | prev_index 4 | * max_entries   (entry 0 unused)
+
+``key_hash`` is ``crc32c("topic#key") & 0x7fffffff`` (RocketMQ hashes with Java's ``String.hashCode``; any
+deterministic hash will do since a lookup re-checks the record). ``time_diff_s`` is seconds since
+``begin_timestamp``. A file is named by the phy offset of the first record dispatched into it, so rebuilding the
+index from the commit log yields the same names and bytes.
+
+``end_phy_offset``/``end_timestamp`` are the last record dispatched while the file was the current one, written
+after its entries: every record at or before ``end_phy_offset`` is indexed, which makes re-dispatch after a crash
+skip what is already there instead of chaining duplicates.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+from pathlib import Path
+
+from crc32c import crc32c
+
+from .mapped_file import MappedFile, file_name, parse_file_name
+
+log = logging.getLogger(__name__)
+
+__all__ = ["IndexFile", "IndexService", "INDEX_HEADER", "INDEX_ENTRY", "key_hash"]
+
+INDEX_HEADER = struct.Struct(">qqqqii")
+INDEX_SLOT = struct.Struct(">i")
+INDEX_ENTRY = struct.Struct(">iqii")
+
+
+def key_hash(topic: str, key: str) -> int:
+    return crc32c(f"{topic}#{key}".encode()) & 0x7FFFFFFF
+
+
+class IndexFile:
+    def __init__(self, mapped: MappedFile, slots: int, max_entries: int) -> None:
+        self.file = mapped
+        self.slots = slots
+        self.max_entries = max_entries
+        self.entries_at = INDEX_HEADER.size + slots * INDEX_SLOT.size
+        (self.begin_timestamp, self.end_timestamp, self.begin_phy_offset, self.end_phy_offset, stored_slots,
+         self.index_count) = INDEX_HEADER.unpack_from(mapped.mm, 0)
+        if self.index_count == 0:  # a new file: entry 0 stays unused so a 0 slot means "empty"
+            self.index_count = 1
+            self.begin_timestamp = self.end_timestamp = 0
+            self.begin_phy_offset = mapped.start
+            # The file is created for the record at its start: everything before is in older files.
+            self.end_phy_offset = mapped.start - 1
+        elif stored_slots != slots:
+            raise ValueError(f"index file {mapped.path} has {stored_slots} slots, config says {slots}")
+
+    @staticmethod
+    def file_bytes(slots: int, max_entries: int) -> int:
+        return INDEX_HEADER.size + slots * INDEX_SLOT.size + max_entries * INDEX_ENTRY.size
+
+    @property
+    def full(self) -> bool:
+        return self.index_count >= self.max_entries
+
+    def put(self, h: int, phy_offset: int, store_timestamp: int) -> None:
+        mm = self.file.mm
+        slot_at = INDEX_HEADER.size + (h % self.slots) * 4
+        prev = INDEX_SLOT.unpack_from(mm, slot_at)[0]
+        if self.index_count == 1:
+            self.begin_timestamp = store_timestamp
+        diff = max(0, (store_timestamp - self.begin_timestamp) // 1000)
+        INDEX_ENTRY.pack_into(mm, self.entries_at + self.index_count * INDEX_ENTRY.size, h, phy_offset,
+                              min(diff, 0x7FFFFFFF), prev)
+        INDEX_SLOT.pack_into(mm, slot_at, self.index_count)
+        self.index_count += 1
+
+    def write_header(self) -> None:
+        INDEX_HEADER.pack_into(self.file.mm, 0, self.begin_timestamp, self.end_timestamp, self.begin_phy_offset,
+                               self.end_phy_offset, self.slots, self.index_count)
+
+    def lookup(self, h: int, max_num: int, begin_ts: int, end_ts: int, out: list[int]) -> None:
+        mm = self.file.mm
+        pos = INDEX_SLOT.unpack_from(mm, INDEX_HEADER.size + (h % self.slots) * 4)[0]
+        seen = 0
+        while 0 < pos < self.index_count and len(out) < max_num and seen < self.max_entries:
+            eh, phy, diff, prev = INDEX_ENTRY.unpack_from(mm, self.entries_at + pos * INDEX_ENTRY.size)
+            ts = self.begin_timestamp + diff * 1000
+            if eh == h and begin_ts <= ts <= end_ts + 999:
+                out.append(phy)
+            if prev >= pos:
+                break
+            pos = prev
+            seen += 1
+
+    def undo_unpublished(self) -> int:
+        """Remove entries written after the last header write (a crash mid-dispatch): they are beyond
+        ``index_count`` but their slots already point at them."""
+        mm = self.file.mm
+        n = self.index_count
+        zero = bytes(INDEX_ENTRY.size)
+        while n < self.max_entries:
+            at = self.entries_at + n * INDEX_ENTRY.size
+            if mm[at:at + INDEX_ENTRY.size] == zero:
+                break
+            n += 1
+        for i in range(n - 1, self.index_count - 1, -1):
+            at = self.entries_at + i * INDEX_ENTRY.size
+            h, _, _, prev = INDEX_ENTRY.unpack_from(mm, at)
+            INDEX_SLOT.pack_into(mm, INDEX_HEADER.size + (h % self.slots) * 4, prev)
+            mm[at:at + INDEX_ENTRY.size] = zero
+        return n - self.index_count
+
+    def truncate_past(self, commit_log_end: int) -> int:
+        """Remove the newest entries pointing at or past ``commit_log_end``; removing in reverse insertion order
+        restores each slot to the entry it held before."""
+        mm = self.file.mm
+        removed = 0
+        while self.index_count > 1:
+            at = self.entries_at + (self.index_count - 1) * INDEX_ENTRY.size
+            h, phy, _, prev = INDEX_ENTRY.unpack_from(mm, at)
+            if phy < commit_log_end:
+                break
+            INDEX_SLOT.pack_into(mm, INDEX_HEADER.size + (h % self.slots) * 4, prev)
+            mm[at:at + INDEX_ENTRY.size] = bytes(INDEX_ENTRY.size)
+            self.index_count -= 1
+            removed += 1
+        if self.end_phy_offset >= commit_log_end:
+            self.end_phy_offset = commit_log_end - 1
+        self.write_header()
+        return removed
+
+
+class IndexService:
+    def __init__(self, root: Path, slots: int, max_entries: int) -> None:
+        self.dir = root
+        self.slots = slots
+        self.max_entries = max_entries
+        self.file_size = IndexFile.file_bytes(slots, max_entries)
+        self.files: list[IndexFile] = []
+        self._dirty: set[IndexFile] = set()
+
+    def load(self, commit_log_end: int) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        starts = sorted(s for s in (parse_file_name(n) for n in os.listdir(self.dir)) if s is not None)
+        for start in starts:
+            mf = MappedFile.open(self.dir / file_name(start), start, self.file_size)
+            self.files.append(IndexFile(mf, self.slots, self.max_entries))
+        while self.files and self.files[-1].begin_phy_offset >= commit_log_end:
+            dead = self.files.pop()
+            log.warning("index file past the commit-log end deleted begin_phy_offset=%d", dead.begin_phy_offset)
+            dead.file.destroy()
+        if self.files:
+            undone = self.files[-1].undo_unpublished()
+            removed = self.files[-1].truncate_past(commit_log_end) + undone
+            if removed:
+                log.warning("index entries past the commit-log end removed count=%d", removed)
+
+    @property
+    def indexed_up_to(self) -> int:
+        """Every record at or before this phy offset is indexed (-1: nothing)."""
+        return self.files[-1].end_phy_offset if self.files else -1
+
+    def current(self, phy_offset: int) -> IndexFile:
+        if not self.files or self.files[-1].full:
+            if self.files:
+                self.files[-1].write_header()
+            mf = MappedFile.create(self.dir / file_name(phy_offset), phy_offset, self.file_size)
+            f = IndexFile(mf, self.slots, self.max_entries)
+            self.files.append(f)
+            log.info("index file created begin_phy_offset=%d", phy_offset)
+        f = self.files[-1]
+        self._dirty.add(f)
+        return f
+
+    def write_headers(self) -> None:
+        if self.files:
+            self.files[-1].write_header()
+
+    def query(self, topic: str, key: str, max_num: int, begin_ts: int, end_ts: int) -> list[int]:
+        h = key_hash(topic, key)
+        out: list[int] = []
+        for f in reversed(list(self.files)):
+            if len(out) >= max_num:
+                break
+            if f.index_count > 1 and f.begin_timestamp <= end_ts and (f.end_timestamp >= begin_ts
+                                                                      or f is self.files[-1]):
+                f.lookup(h, max_num, begin_ts, end_ts, out)
+        return out
+
+    def flush(self) -> None:
+        dirty, self._dirty = self._dirty, set()
+        for f in dirty:
+            if f.file.fd >= 0:
+                f.file.sync()
+
+    def release_cold_pages(self) -> None:
+        for f in list(self.files):
+            if f.file.fd >= 0:
+                f.file.release(f.file.size)
+
+    def delete_files_before(self, commit_log_min: int) -> int:
+        deleted = 0
+        while len(self.files) > 1 and self.files[0].end_phy_offset < commit_log_min:
+            dead = self.files.pop(0)
+            self._dirty.discard(dead)
+            dead.file.destroy()
+            deleted += 1
+        return deleted
+
+    def close(self) -> None:
+        for f in self.files:
+            f.file.close()
+        self.files.clear()

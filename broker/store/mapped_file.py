@@ -1,0 +1,110 @@
+"""``MappedFile``: one fixed-size file mapped shared into memory, the building block of every store file.
+
+Files are created sparse (``ftruncate``): unwritten bytes read as zeros, which is what recovery relies on to
+find where data ends. Writes go through the mapping; durability comes from ``fdatasync`` on the descriptor
+(Linux writes back dirty shared-mapping pages on it, and it releases the GIL, unlike ``mmap.flush``).
+
+Pages of a shared mapping count in the process RSS once touched. ``release`` drops them from our page tables
+(``MADV_DONTNEED``): dirty pages stay in the page cache and are written back as usual, and a later access
+faults them in again, so views handed out earlier stay valid.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+__all__ = ["MappedFile", "PAGE_SIZE", "file_name", "parse_file_name"]
+
+PAGE_SIZE = mmap.PAGESIZE
+
+
+def file_name(offset: int) -> str:
+    """RocketMQ names store files by their start offset, 20 digits, so they sort lexically."""
+    return f"{offset:020d}"
+
+
+def parse_file_name(name: str) -> int | None:
+    return int(name) if len(name) == 20 and name.isdigit() else None
+
+
+class MappedFile:
+    __slots__ = ("path", "start", "size", "fd", "mm", "mv", "_released_to")
+
+    def __init__(self, path: Path, start: int, size: int, *, create: bool) -> None:
+        self.path = path
+        self.start = start
+        self.size = size
+        flags = os.O_RDWR | (os.O_CREAT if create else 0)
+        self.fd = os.open(path, flags, 0o644)
+        try:
+            actual = os.fstat(self.fd).st_size
+            if actual != size:
+                if actual > size:
+                    raise OSError(f"{path} is {actual} bytes, larger than the configured {size}")
+                # A file shorter than configured was being created when the process died: extend it sparse.
+                os.ftruncate(self.fd, size)
+            self.mm = mmap.mmap(self.fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self.mv = memoryview(self.mm)
+        self._released_to = 0
+
+    @classmethod
+    def create(cls, path: Path, start: int, size: int) -> MappedFile:
+        return cls(path, start, size, create=True)
+
+    @classmethod
+    def open(cls, path: Path, start: int, size: int) -> MappedFile:
+        return cls(path, start, size, create=False)
+
+    def sync(self) -> None:
+        os.fdatasync(self.fd)
+
+    def release(self, upto: int) -> None:
+        """Drop resident pages of ``[0, upto)`` from this process (see the module docstring)."""
+        upto -= upto % PAGE_SIZE
+        if upto > self._released_to or upto < self._released_to // 2:
+            if upto > 0:
+                self.mm.madvise(mmap.MADV_DONTNEED, 0, upto)
+            self._released_to = upto
+
+    def release_all(self) -> None:
+        self.mm.madvise(mmap.MADV_DONTNEED, 0, self.size)
+
+    def zero(self, begin: int, end: int) -> None:
+        """Zero ``[begin, end)`` in bounded steps (a torn tail; recovery only)."""
+        step = 1 << 20
+        zeros = bytes(min(step, max(end - begin, 0)))
+        pos = begin
+        while pos < end:
+            n = min(step, end - pos)
+            self.mm[pos:pos + n] = zeros[:n]
+            pos += n
+
+    def close(self) -> None:
+        """Unmap and close. A reader may still hold a view of the mapping (a pulled message on its way out): the
+        mapping then stays until that view is gone, and only the descriptor is closed now."""
+        self.mv.release()
+        try:
+            self.mm.close()
+        except BufferError:
+            log.debug("mapping still exported at close path=%s", self.path)
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def destroy(self) -> None:
+        self.close()
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+    def __repr__(self) -> str:
+        return f"MappedFile({self.path.name}, start={self.start}, size={self.size})"

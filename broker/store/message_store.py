@@ -1,0 +1,453 @@
+"""``MessageStore``: the single-node storage engine: CommitLog + ConsumeQueue + IndexFile + services.
+
+Threads and tasks:
+
+* ``append_batch`` / ``append_commit_log_raw`` may run on any one thread at a time (pysyncobj's tick thread
+  applies Raft entries); they write bytes, then publish the new end under a tiny lock, then poke the reput task
+  through the trio token (``run_sync_soon`` is thread-safe). No trio call and no I/O wait on this path.
+* Reads run on the trio thread and look only at published state: the commit-log end and each ConsumeQueue's
+  max offset (advanced by the reput task after the unit is written).
+* ``serve`` runs three child tasks: reput (dispatch into ConsumeQueue/IndexFile), flush (fdatasync in a worker
+  thread; group commit for SYNC_FLUSH; checkpoint) and clean (retention and the disk guard).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import struct
+import threading
+import time
+from collections.abc import Callable, Collection
+from pathlib import Path
+from typing import Any
+
+import trio
+from crc32c import crc32c
+
+from remoting.message import (MessageFormatError, MessageView, batch_store_host, decode_record, parse_msg_id,
+                              validate_batch)
+
+from .checkpoint import StoreCheckpoint
+from .commit_log import CommitLog
+from .config import StoreConfig
+from .consume_queue import CQ_UNIT
+from .dispatch import Dispatcher, DispatchListener
+from .errors import StoreClosedError
+from .index_file import IndexService
+from .raw_copy import validate_raw
+from .results import (AppendResult, AppendStatus, GetMessageResult, GetMessageStatus, QueryMessageResult,
+                      StoreStatistics)
+from .retention import Retention
+
+log = logging.getLogger(__name__)
+
+__all__ = ["MessageStore"]
+
+_STORE_TS = struct.Struct(">q")
+_STORE_TS_AT = 56  # byte position of store_timestamp inside a record
+_MIN_FILTER_UNITS = 800  # RocketMQ scans at least 16,000 bytes of ConsumeQueue per pull
+
+
+def _disk_usage_ratio(path: Path) -> float:
+    usage = shutil.disk_usage(path)
+    return usage.used / usage.total if usage.total else 0.0
+
+
+class MessageStore:
+    def __init__(self, config: StoreConfig, *, disk_usage_fn: Callable[[Path], float] | None = None,
+                 now_fn: Callable[[], float] | None = None) -> None:
+        self.config = config
+        self.commit_log = CommitLog(config)
+        self.dispatcher = Dispatcher(self.commit_log, config.store_dir / "consumequeue",
+                                     config.consume_queue_units_per_file,
+                                     IndexService(config.store_dir / "index", config.index_hash_slots,
+                                                  config.index_max_entries))
+        self.retention = Retention(self, disk_usage_fn or _disk_usage_ratio, now_fn or time.time)
+        self._checkpoint: StoreCheckpoint | None = None
+        self._queue_offsets: dict[tuple[bytes, int], int] = {}
+        self._write_lock = threading.Lock()
+        self._files_lock = threading.Lock()  # flush (worker thread) vs retention closing descriptors
+        self._flushed = 0
+        self._listeners: list[DispatchListener] = []
+        self._trio_token: Any = None
+        self._reput_wake_pending = False
+        self._reput_event: trio.Event | None = None
+        self._dispatch_progress: trio.Event | None = None
+        self._flush_wanted: trio.Event | None = None
+        self._flush_done: trio.Event | None = None
+        self._closed = False
+
+    # -- lifecycle -------------------------------------------------------------------------------------------
+    @classmethod
+    def open(cls, config: StoreConfig, *, disk_usage_fn: Callable[[Path], float] | None = None,
+             now_fn: Callable[[], float] | None = None) -> MessageStore:
+        """Open (creating if needed) the store at ``config.store_dir`` and recover from a crash: verify the
+        commit log past the checkpoint, cut a torn tail, bring ConsumeQueue/IndexFile back in line."""
+        store = cls(config, disk_usage_fn=disk_usage_fn, now_fn=now_fn)
+        try:
+            store._recover()
+        except BaseException:
+            store.close()
+            raise
+        return store
+
+    def _recover(self) -> None:
+        started = time.monotonic()
+        cfg = self.config
+        cfg.store_dir.mkdir(parents=True, exist_ok=True)
+        self._checkpoint = StoreCheckpoint(cfg.store_dir / "checkpoint")
+        cl = self.commit_log
+        end = cl.recover(self._checkpoint.commit_log_flushed)
+        self._flushed = end  # SIGKILL keeps the page cache; recovery verified every byte past the checkpoint
+        d = self.dispatcher
+        d.load_queues(cl.min_phy_offset, end)
+        d.index.load(end)
+        restart = self._checkpoint.dispatched if self._checkpoint.dispatched is not None else cl.min_phy_offset
+        if end > cl.min_phy_offset and (not d.has_queue_files() or not d.index.files):
+            restart = cl.min_phy_offset  # derived files were deleted: rebuild them from the whole commit log
+        d.dispatched = min(max(restart, cl.min_phy_offset), end)
+        redispatched = 0
+        while d.dispatched < end:
+            redispatched += d.dispatch(end, cfg.dispatch_chunk_bytes, {})
+        self._queue_offsets = d.queue_offsets()
+        self.retention.refresh_disk_state()
+        self.flush_all()
+        log.info("store opened dir=%s min_phy_offset=%d max_phy_offset=%d redispatched=%d elapsed_ms=%.1f",
+                 cfg.store_dir, cl.min_phy_offset, end, redispatched, (time.monotonic() - started) * 1000)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        if self._checkpoint is not None:
+            try:
+                if self.dispatcher.dispatched < self.commit_log.end:
+                    self.dispatch_pending()
+                self.flush_all()
+            finally:
+                self._checkpoint.close()
+        self._closed = True
+        self.dispatcher.close()
+        self.commit_log.close()
+
+    def __enter__(self) -> MessageStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- append ----------------------------------------------------------------------------------------------
+    @property
+    def max_phy_offset(self) -> int:
+        return self.commit_log.end
+
+    @property
+    def min_phy_offset(self) -> int:
+        return self.commit_log.min_phy_offset
+
+    @property
+    def flushed_phy_offset(self) -> int:
+        return self._flushed
+
+    @property
+    def dispatched_phy_offset(self) -> int:
+        return self.dispatcher.dispatched
+
+    def _check_batch(self, batch: bytes) -> tuple[int, AppendStatus | None, str, str]:
+        try:
+            return validate_batch(batch, max_message_size=self.config.max_message_size), None, "", ""
+        except MessageFormatError as e:
+            status = (AppendStatus.PROPERTIES_SIZE_EXCEEDED if e.field == "properties"
+                      else AppendStatus.MESSAGE_ILLEGAL)
+            return 0, status, str(e), e.field
+
+    def plan_batch_end(self, batch: bytes, start_phy_offset: int) -> int:
+        """The commit-log end ``append_batch`` would leave if ``batch`` were applied at ``start_phy_offset``
+        (segment blanks included), without writing; raises ``MessageFormatError`` for a bad batch."""
+        count = validate_batch(batch, max_message_size=self.config.max_message_size)
+        return self.commit_log.plan_end(batch, count, start_phy_offset)
+
+    def append_batch(self, batch: bytes, store_timestamp: int, expected_phy_offset: int, *,
+                     check_disk: bool = True) -> AppendResult:
+        """Append a whole batch deterministically at the end. DUPLICATE (nothing written) when
+        ``expected_phy_offset`` is behind the end, OFFSET_MISMATCH when ahead; bad input gets its status and
+        writes nothing. ``check_disk=False`` skips the disk guard: a Raft follower must apply what its group
+        committed, so the guard belongs on the leader before it proposes."""
+        if self._closed:
+            raise StoreClosedError("the message store is closed")
+        if not isinstance(batch, bytes):
+            batch = bytes(batch)
+        with self._write_lock:
+            end = self.commit_log.end
+            if expected_phy_offset != end:
+                status = AppendStatus.DUPLICATE if expected_phy_offset < end else AppendStatus.OFFSET_MISMATCH
+                return AppendResult(status, expected_phy_offset, end,
+                                    remark=f"expected_phy_offset {expected_phy_offset}, commit log ends at {end}")
+            count, bad, remark, field = self._check_batch(batch)
+            if bad is not None:
+                return AppendResult(bad, end, end, remark=remark, field=field)
+            if check_disk and self.retention.disk_full:
+                return AppendResult(AppendStatus.DISK_FULL, end, end, field="disk",
+                                    remark=f"disk usage {self.retention.disk_usage:.0%} passed disk_reject_ratio "
+                                           f"{self.config.disk_reject_ratio:.0%}")
+            phys, qoffs, sizes, qids = self.commit_log.append(batch, count, store_timestamp, self._queue_offsets)
+            new_end = self.commit_log.end
+        self._notify_appended()
+        return AppendResult(AppendStatus.PUT_OK, phys[0] if phys else end, new_end, batch_store_host(batch), phys,
+                            qoffs, sizes, qids)
+
+    def read_commit_log(self, phy_offset: int, max_bytes: int) -> bytes:
+        """Raw commit-log bytes from ``phy_offset`` for a catching-up replica: whole records and end-of-segment
+        blanks (a blank is its 8-byte header plus zeros up to the segment end), at most ``max_bytes`` unless
+        the first record alone is longer. Empty at the end."""
+        if phy_offset < self.commit_log.min_phy_offset or phy_offset > self.commit_log.end:
+            raise ValueError(f"phy_offset {phy_offset} is outside the commit log "
+                             f"[{self.commit_log.min_phy_offset}, {self.commit_log.end}]")
+        return self.commit_log.read_raw(phy_offset, max_bytes)
+
+    def append_commit_log_raw(self, phy_offset: int, data: bytes) -> AppendResult:
+        """Append raw bytes copied from a peer's ``read_commit_log``. Every record is checked (size, magic,
+        offset, CRC, queue offsets) before anything is written; the reput task then indexes them."""
+        if self._closed:
+            raise StoreClosedError("the message store is closed")
+        with self._write_lock:
+            end = self.commit_log.end
+            if phy_offset != end:
+                status = AppendStatus.DUPLICATE if phy_offset < end else AppendStatus.OFFSET_MISMATCH
+                return AppendResult(status, phy_offset, end,
+                                    remark=f"phy_offset {phy_offset}, commit log ends at {end}")
+            mv = memoryview(data)
+            checked = validate_raw(self.commit_log, mv, end, self._queue_offsets)
+            if isinstance(checked, str):
+                return AppendResult(AppendStatus.CORRUPTED, end, end, remark=checked, field="data")
+            phys, qoffs, sizes, qids, touched = checked
+            new_end = self.commit_log.append_raw(mv)
+            self._queue_offsets.update(touched)
+        self._notify_appended()
+        return AppendResult(AppendStatus.PUT_OK, end, new_end, ("0.0.0.0", 0), phys, qoffs, sizes, qids)
+
+    def segment_checksums(self, up_to_phy_offset: int) -> list[tuple[int, int, int]]:
+        """``(segment start, bytes covered, crc32c)`` per segment below ``up_to_phy_offset`` (clamped to the
+        end), for comparing replicas."""
+        up_to = min(up_to_phy_offset, self.commit_log.end)
+        out = []
+        for seg in self.commit_log.segments():
+            if seg.start >= up_to:
+                break
+            n = min(seg.size, up_to - seg.start)
+            out.append((seg.start, n, crc32c(seg.mv[:n])))
+        return out
+
+    # -- dispatch --------------------------------------------------------------------------------------------
+    def _notify_appended(self) -> None:
+        token = self._trio_token
+        if token is not None and not self._reput_wake_pending:
+            self._reput_wake_pending = True
+            try:
+                token.run_sync_soon(self._reput_wakeup)
+            except RuntimeError:  # the trio run finished: nobody to wake
+                self._reput_wake_pending = False
+
+    def _reput_wakeup(self) -> None:
+        self._reput_wake_pending = False
+        if self._reput_event is not None:
+            self._reput_event.set()
+
+    def add_dispatch_listener(self, callback: DispatchListener) -> None:
+        """``callback(topic, queue_id, max_queue_offset)`` after new units of a queue became readable (on the
+        thread that dispatches: the trio thread under ``serve``). It must not block."""
+        self._listeners.append(callback)
+
+    def remove_dispatch_listener(self, callback: DispatchListener) -> None:
+        self._listeners.remove(callback)
+
+    def dispatch_pending(self, max_bytes: int | None = None) -> int:
+        """Dispatch committed records now, on the calling thread (``serve`` does this in its reput task);
+        returns how many records."""
+        touched: dict = {}
+        n = self.dispatcher.dispatch(self.commit_log.end, max_bytes or (1 << 62), touched)
+        self._fire_listeners(touched)
+        return n
+
+    def _fire_listeners(self, touched: dict) -> None:
+        if self._listeners:
+            for cq in touched.values():
+                for cb in list(self._listeners):
+                    try:
+                        cb(cq.topic, cq.queue_id, cq.max_offset)
+                    except Exception:
+                        log.exception("dispatch listener failed topic=%s queue_id=%d", cq.topic, cq.queue_id)
+
+    async def wait_dispatched(self, phy_offset: int) -> None:
+        """Wait until every record before ``phy_offset`` is readable through the ConsumeQueue."""
+        while self.dispatcher.dispatched < phy_offset:
+            if self._dispatch_progress is None:  # not serving: dispatch here
+                self.dispatch_pending()
+                if self.dispatcher.dispatched < phy_offset:
+                    await trio.sleep(0.001)  # not appended yet (another thread appends)
+                continue
+            await self._dispatch_progress.wait()
+
+    # -- flush -----------------------------------------------------------------------------------------------
+    def flush(self) -> int:
+        """fdatasync the commit log up to its current end (any thread); returns the flushed offset."""
+        end = self.commit_log.end
+        if end > self._flushed:
+            with self._files_lock:
+                self.commit_log.sync_range(self._flushed, end)
+            self._flushed = max(self._flushed, end)
+        return self._flushed
+
+    def flush_all(self) -> None:
+        """Flush the commit log, then ConsumeQueue and IndexFile, then write the checkpoint; release pages
+        behind the hot window so RSS does not grow with the data stored."""
+        dispatched = self.dispatcher.dispatched
+        flushed = self.flush()
+        with self._files_lock:
+            self.dispatcher.flush()
+            if self._checkpoint is not None:
+                self._checkpoint.write(flushed, min(dispatched, flushed))
+            self.commit_log.release_cold_pages(flushed, self.config.hot_window_bytes)
+            self.dispatcher.release_cold_pages()
+
+    async def wait_flushed(self, phy_offset: int) -> None:
+        """Wait until the commit log is durable up to ``phy_offset`` (group commit: one fdatasync covers
+        every waiter whose bytes were written before it)."""
+        while self._flushed < min(phy_offset, self.commit_log.end):
+            if self._flush_done is None or self._flush_wanted is None:
+                await trio.to_thread.run_sync(self.flush)
+                continue
+            done = self._flush_done
+            self._flush_wanted.set()
+            await done.wait()
+
+    # -- services --------------------------------------------------------------------------------------------
+    async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Run reput, flush and clean until cancelled; the final flush is shielded."""
+        from .services import run_services
+        await run_services(self, task_status)
+
+    # -- reads -----------------------------------------------------------------------------------------------
+    def get_messages(self, topic: str, queue_id: int, offset: int, max_nums: int, max_bytes: int,
+                     tag_filter: Collection[int] | None = None) -> GetMessageResult:
+        """Up to ``max_nums`` messages (``max_bytes`` total, at least one) from queue ``offset`` as raw record
+        views. ``tag_filter`` is a set of tags codes (``remoting.message.tags_code``); a match is a hint the
+        consumer re-checks on the real tag, as in RocketMQ."""
+        cq = self.dispatcher.queue(topic, queue_id)
+        if cq is None:
+            return GetMessageResult(GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, 0, 0, 0)
+        mn, mx = cq.min_offset, cq.max_offset
+        if mx == 0:
+            return GetMessageResult(GetMessageStatus.NO_MESSAGE_IN_QUEUE, 0, mn, mx)
+        if offset < mn:
+            return GetMessageResult(GetMessageStatus.OFFSET_TOO_SMALL, mn, mn, mx)
+        if offset == mx:
+            return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_ONE, offset, mn, mx)
+        if offset > mx:
+            return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_BADLY, mn if mn == 0 else mx, mn, mx)
+        units = cq.units(offset, max(max_nums, _MIN_FILTER_UNITS))
+        if units is None:
+            next_file = (offset // cq.units_per_file + 1) * cq.units_per_file
+            return GetMessageResult(GetMessageStatus.OFFSET_FOUND_NULL, min(next_file, mx), mn, mx)
+        cl = self.commit_log
+        segments = cl._segments
+        seg_size = cl.segment_size
+        cl_min = cl.min_phy_offset
+        cl_end = cl.end
+        status = GetMessageStatus.NO_MATCHED_MESSAGE
+        messages: list[memoryview] = []
+        qoffs: list[int] = []
+        total = 0
+        consumed = 0
+        for phy, size, code in CQ_UNIT.iter_unpack(units):
+            if phy < cl_min:
+                status = GetMessageStatus.MESSAGE_WAS_REMOVING
+                consumed += 1
+                continue
+            if tag_filter is not None and code not in tag_filter:
+                consumed += 1
+                continue
+            if total + size > max_bytes and messages:
+                break
+            seg = segments.get(phy - phy % seg_size)
+            if seg is None or phy + size > cl_end:
+                status = GetMessageStatus.MESSAGE_WAS_REMOVING
+                consumed += 1
+                continue
+            off = phy - seg.start
+            messages.append(seg.mv[off:off + size])
+            qoffs.append(offset + consumed)
+            total += size
+            consumed += 1
+            if len(messages) >= max_nums:
+                break
+        if messages:
+            status = GetMessageStatus.FOUND
+        return GetMessageResult(status, offset + consumed, mn, mx, messages, qoffs, total)
+
+    def get_min_offset_in_queue(self, topic: str, queue_id: int) -> int:
+        cq = self.dispatcher.queue(topic, queue_id)
+        return cq.min_offset if cq is not None else 0
+
+    def get_max_offset_in_queue(self, topic: str, queue_id: int) -> int:
+        cq = self.dispatcher.queue(topic, queue_id)
+        return cq.max_offset if cq is not None else 0
+
+    def queue_ids(self, topic: str) -> list[int]:
+        return sorted(self.dispatcher.by_topic.get(topic, {}))
+
+    def _store_timestamp(self, phy: int) -> int | None:
+        raw = self.commit_log.read(phy + _STORE_TS_AT, 8)
+        return None if raw is None else _STORE_TS.unpack(raw)[0]
+
+    def get_offset_by_time(self, topic: str, queue_id: int, timestamp: int) -> int:
+        """The first queue offset whose store timestamp is >= ``timestamp`` (binary search); the max offset if
+        every message is older."""
+        cq = self.dispatcher.queue(topic, queue_id)
+        if cq is None:
+            return 0
+        lo, hi = cq.min_offset, cq.max_offset
+        while lo < hi:
+            mid = (lo + hi) // 2
+            unit = cq.unit(mid)
+            ts = self._store_timestamp(unit[0]) if unit is not None and unit[1] else None
+            if ts is None or ts < timestamp:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def look_message_by_offset(self, phy_offset: int) -> MessageView | None:
+        raw = self.commit_log.record_at(phy_offset)
+        if raw is None:
+            return None
+        return decode_record(raw, check_crc=False)
+
+    def look_message_by_id(self, msg_id: str) -> MessageView | None:
+        """The message of an offset message id; raises ``MessageFormatError`` for a malformed id."""
+        _, phy = parse_msg_id(msg_id)
+        return self.look_message_by_offset(phy)
+
+    def query_message(self, topic: str, key: str, max_num: int, begin_ts: int = 0,
+                      end_ts: int = 2 ** 62) -> QueryMessageResult:
+        """Messages of ``topic`` whose KEYS hold ``key`` or whose UNIQ_KEY is ``key``, stored in
+        ``[begin_ts, end_ts]``, newest first."""
+        index = self.dispatcher.index
+        found: list[MessageView] = []
+        for phy in index.query(topic, key, max_num * 2 + 8, begin_ts, end_ts):
+            view = self.look_message_by_offset(phy)
+            if view is None or view.topic != topic or not begin_ts <= view.store_timestamp <= end_ts:
+                continue
+            if key in view.keys or view.uniq_key == key:
+                found.append(view)
+                if len(found) >= max_num:
+                    break
+        last = index.files[-1] if index.files else None
+        return QueryMessageResult(found, last.end_timestamp if last else 0, last.end_phy_offset if last else -1)
+
+    def statistics(self) -> StoreStatistics:
+        return StoreStatistics(self.commit_log.min_phy_offset, self.commit_log.end, self._flushed,
+                               self.dispatcher.dispatched, len(self.dispatcher.queues),
+                               len(self.dispatcher.index.files), self.retention.disk_usage,
+                               self.retention.disk_full)
+

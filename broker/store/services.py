@@ -1,0 +1,89 @@
+"""The store's background services as trio tasks: reput (dispatch), flush (group commit + checkpoint) and clean.
+
+Blocking work (``fdatasync``) runs in a worker thread so the trio thread keeps serving; dispatch runs on the
+trio thread in chunks of ``dispatch_chunk_bytes`` with a checkpoint between them, so a burst of appends cannot
+starve request handling.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+if TYPE_CHECKING:
+    from .message_store import MessageStore
+
+log = logging.getLogger(__name__)
+
+__all__ = ["run_services"]
+
+
+async def run_services(store: MessageStore, task_status: Any) -> None:
+    store._trio_token = trio.lowlevel.current_trio_token()
+    store._reput_event = trio.Event()
+    store._dispatch_progress = trio.Event()
+    store._flush_wanted = trio.Event()
+    store._flush_done = trio.Event()
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_reput_loop, store)
+            nursery.start_soon(_flush_loop, store)
+            nursery.start_soon(_clean_loop, store)
+            task_status.started()
+    finally:
+        store._trio_token = None
+        store._reput_event = store._dispatch_progress = None
+        store._flush_wanted = store._flush_done = None
+        with trio.CancelScope(shield=True):
+            if not store._closed:
+                if store.dispatcher.dispatched < store.commit_log.end:
+                    store.dispatch_pending()
+                await trio.to_thread.run_sync(store.flush_all)
+
+
+async def _reput_loop(store: MessageStore) -> None:
+    chunk = store.config.dispatch_chunk_bytes
+    while True:
+        event = trio.Event()
+        store._reput_event = event
+        while store.dispatcher.dispatched < store.commit_log.end:
+            touched: dict = {}
+            store.dispatcher.dispatch(store.commit_log.end, chunk, touched)
+            store._fire_listeners(touched)
+            progress, store._dispatch_progress = store._dispatch_progress, trio.Event()
+            if progress is not None:
+                progress.set()
+            await trio.sleep(0)
+        await event.wait()
+
+
+async def _flush_loop(store: MessageStore) -> None:
+    cfg = store.config
+    interval_s = cfg.flush_interval_ms / 1000.0
+    all_interval_s = cfg.flush_consume_queue_interval_ms / 1000.0
+    next_all = trio.current_time() + all_interval_s
+    while True:
+        wanted = store._flush_wanted
+        assert wanted is not None
+        with trio.move_on_after(interval_s):
+            await wanted.wait()
+        store._flush_wanted = trio.Event()
+        await trio.to_thread.run_sync(store.flush)
+        done, store._flush_done = store._flush_done, trio.Event()
+        if done is not None:
+            done.set()
+        if trio.current_time() >= next_all:
+            await trio.to_thread.run_sync(store.flush_all)
+            next_all = trio.current_time() + all_interval_s
+
+
+async def _clean_loop(store: MessageStore) -> None:
+    interval_s = store.config.clean_interval_ms / 1000.0
+    while True:
+        try:
+            store.retention.clean_once()
+        except OSError:
+            log.exception("retention pass failed; retrying next interval")
+        await trio.sleep(interval_s)
