@@ -21,12 +21,13 @@ import trio
 
 from client.errors import ClientClosedError, UnknownBrokerError
 from client.route import FaultTracker, RouteCache, decode_route_response
-from remoting.codec import Frame, make_request
+from remoting.codec import Frame, make_request, make_response
 from remoting.codes import RequestCode, ResponseCode
 from remoting.config import bounded, config_from_mapping, parse_host_port
-from remoting.errors import RaftMQError, for_code
+from remoting.errors import ConnectError, ConnectionClosedError, RaftMQError, for_code
 
-__all__ = ["ClientConfig", "ClientInstance", "build_config", "raise_for_response", "open_remoting"]
+__all__ = ["ClientConfig", "ClientInstance", "build_config", "raise_for_response", "open_remoting",
+           "ServerRequests"]
 
 log = logging.getLogger(__name__)
 
@@ -66,11 +67,27 @@ def build_config(cls: type, options: Mapping[str, Any]) -> Any:
     return config_from_mapping(cls, data)
 
 
-def open_remoting(config: ClientConfig) -> Any:
+class ServerRequests:
+    """Answers what brokers send *to* the client: NOTIFY_CONSUMER_IDS_CHANGED (a member joined or left: the
+    consumer rebalances at once instead of at its next period)."""
+
+    def __init__(self) -> None:
+        self.on_consumer_ids_changed: Callable[[str | None], None] | None = None
+
+    async def handle(self, request: Frame, conn: Any) -> Frame | None:
+        if request.code == RequestCode.NOTIFY_CONSUMER_IDS_CHANGED:
+            if self.on_consumer_ids_changed is not None:
+                self.on_consumer_ids_changed(request.ext.get("consumer_group"))
+            return None if request.is_oneway else make_response(request, ResponseCode.SUCCESS)
+        return make_response(request, ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
+                             remark=f"the client does not serve request code {request.code}")
+
+
+def open_remoting(config: ClientConfig, handler: ServerRequests | None = None) -> Any:
     """The connection pool for one client, sized by ``config``."""
     from remoting.transport import open_remoting_client  # the trio shell; imported where sockets are needed
 
-    return open_remoting_client(max_frame_size=config.max_frame_size_bytes,
+    return open_remoting_client(handler=handler, max_frame_size=config.max_frame_size_bytes,
                                 connect_timeout_s=config.connect_timeout_ms / 1000)
 
 
@@ -98,6 +115,7 @@ class ClientInstance:
         self.heartbeat_data: Callable[[], dict[str, Any]] = lambda: {}
         self._background: list[trio.CancelScope] = []
         self._refreshing: set[str] = set()
+        self._probe = 0
 
     @property
     def timeout_s(self) -> float:
@@ -153,6 +171,13 @@ class ClientInstance:
         hint = getattr(error, "leader_addr", None)
         if hint and hint != addr:
             self.routes.set_leader_hint(broker_name, hint)
+        elif isinstance(error, (ConnectError, ConnectionClosedError)) and addr == self.routes.master_addr(
+                broker_name):
+            # The leader is gone. The name server learns the new one only when it registers, but any surviving
+            # node answers NOT_LEADER with the new leader's address as soon as it knows it: ask the next node.
+            others = [a for a in self.routes.replica_addrs(broker_name) if a != addr]
+            self.routes.set_leader_hint(broker_name, others[self._probe % len(others)] if others else None)
+            self._probe += 1
         else:
             self.routes.drop_leader_hint(broker_name, addr)
         if getattr(error, "refresh_route", False) and topic:

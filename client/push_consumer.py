@@ -32,7 +32,7 @@ import trio
 
 from client.filter import Subscription, parse_subscription
 from client.instance import (
-    ClientConfig, ClientInstance, build_config, open_remoting, raise_for_response,
+    ClientConfig, ClientInstance, ServerRequests, build_config, open_remoting, raise_for_response,
 )
 from client.message import MessageExt, MessageQueue, PullStatus
 from client.offset_store import LocalFileOffsetStore, RemoteOffsetStore
@@ -393,10 +393,13 @@ async def open_push_consumer(namesrv: str | Sequence[str] | None = None, *, topi
     if topic is not None:
         subs[topic] = expression
     parsed = [parse_subscription(t, e) for t, e in subs.items()]
-    async with open_remoting(config) as remoting:
+    server_requests = ServerRequests()
+    async with open_remoting(config, server_requests) as remoting:
         async with trio.open_nursery() as nursery:
             instance = ClientInstance(config, remoting, nursery)
             consumer = PushConsumer(config, instance, parsed, handler)
+            server_requests.on_consumer_ids_changed = (
+                lambda group: consumer.trigger_rebalance() if group in (None, config.consumer_group) else None)
             instance.start_background()
             await consumer.start(nursery)
             try:

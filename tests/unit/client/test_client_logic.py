@@ -22,7 +22,7 @@ def cluster(monkeypatch):
     groups = [FakeGroup("broker-a", ["a:1", "a:2", "a:3"]), FakeGroup("broker-b", ["b:1", "b:2", "b:3"])]
     fake = FakeRemoting(groups)
     for mod in (client.producer, client.pull_consumer, client.push_consumer, client.admin):
-        monkeypatch.setattr(mod, "open_remoting", lambda config: fake_remoting_ctx(fake))
+        monkeypatch.setattr(mod, "open_remoting", lambda config, handler=None: fake_remoting_ctx(fake))
     return fake
 
 

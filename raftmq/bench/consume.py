@@ -1,0 +1,105 @@
+"""``raftmq bench consume``: how fast one push consumer drains a backlog, and end-to-end latency while live.
+
+First ``--messages`` messages are produced with ``send_batch`` (a backlog, not measured), then a push consumer of
+a fresh group starts from the first offset and consumes until it has them all or ``--seconds`` pass. The
+throughput is messages consumed per second. Latency is "consumed − born" per message, which for a backlog
+mostly measures its age: use ``--live`` to produce and consume at the same time and read it as end-to-end
+latency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+import uuid
+
+import trio
+
+from client import Message, open_producer, open_push_consumer
+from raftmq.bench.produce import BenchReport, add_cluster_args, bench_cluster, ensure_topic, progress, report
+
+log = logging.getLogger(__name__)
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("consume", help="push-consumer throughput over a backlog (msgs/s, MB/s)")
+    add_cluster_args(parser)
+    parser.add_argument("--size", type=int, default=1024, help="message body bytes (default 1024)")
+    parser.add_argument("--messages", type=int, default=500_000, help="messages to produce and consume")
+    parser.add_argument("--seconds", type=float, default=60.0, help="longest consume phase (default 60)")
+    parser.add_argument("--pull-batch", type=int, default=64, help="messages per pull (default 64)")
+    parser.add_argument("--live", action="store_true", help="produce while consuming (latency = end to end)")
+    parser.set_defaults(func=run)
+
+
+async def _produce(namesrv: str, args: argparse.Namespace, sent: dict) -> None:
+    body = b"x" * args.size
+    per_batch = 64
+
+    async with open_producer(namesrv, producer_group="bench_consume_producer") as producer:
+        async def worker(n_batches: int) -> None:
+            for _ in range(n_batches):
+                await producer.send_batch([Message(args.topic, body) for _ in range(per_batch)])
+                sent["n"] += per_batch
+
+        batches = -(-args.messages // per_batch)
+        workers = 16
+        async with trio.open_nursery() as nursery:
+            for i in range(workers):
+                nursery.start_soon(worker, batches // workers + (1 if i < batches % workers else 0))
+
+
+async def consume(namesrv: str, args: argparse.Namespace) -> BenchReport:
+    await ensure_topic(namesrv, args.topic, args.queues)
+    sent = {"n": 0}
+    if not args.live:
+        with trio.fail_after(max(args.seconds, 600)):
+            started = time.monotonic()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_produce, namesrv, args, sent)
+                nursery.start_soon(progress, "producing backlog", 600, lambda: sent["n"],
+                                   time.monotonic() + 600)
+                while sent["n"] < args.messages:
+                    await trio.sleep(0.1)
+                nursery.cancel_scope.cancel()
+            log.info("backlog of %d produced in %.1fs", sent["n"], time.monotonic() - started)
+    target = args.messages
+    latencies: list[float] = []
+    got = {"n": 0}
+    group = f"bench_consume_{uuid.uuid4().hex[:8]}"
+    async with open_push_consumer(namesrv, topic=args.topic, consumer_group=group,
+                                  consume_from_where="CONSUME_FROM_FIRST_OFFSET" if not args.live
+                                  else "CONSUME_FROM_LAST_OFFSET",
+                                  pull_batch_size=args.pull_batch, pull_threshold_for_queue=4 * args.pull_batch,
+                                  rebalance_interval_ms=1000) as consumer:
+        started = time.monotonic()
+        deadline = started + args.seconds
+        async with trio.open_nursery() as nursery:
+            if args.live:
+                nursery.start_soon(_produce, namesrv, args, sent)
+            nursery.start_soon(progress, "consuming", args.seconds, lambda: got["n"], deadline)
+            with trio.move_on_at(deadline):
+                async for msg in consumer:
+                    got["n"] += 1
+                    if got["n"] % 16 == 0:
+                        latencies.append(max(0.0, time.time() - msg.born_timestamp / 1000))
+                    if got["n"] >= target:
+                        break
+            elapsed = time.monotonic() - started
+            nursery.cancel_scope.cancel()
+    return BenchReport("consume", got["n"], got["n"] * args.size, elapsed, latencies, target - got["n"],
+                       {"size": args.size, "pull_batch": args.pull_batch, "live": args.live})
+
+
+def run(args: argparse.Namespace) -> int:
+    for name in ("size", "messages", "pull_batch"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"raftmq bench consume: --{name.replace('_', '-')} must be >= 1")
+
+    async def main() -> BenchReport:
+        async with bench_cluster(args) as namesrv:
+            return await consume(namesrv, args)
+
+    report(trio.run(main))
+    return 0
