@@ -6,6 +6,8 @@ import importlib
 
 BENCH_MODULES = (
     "raftmq.bench.rpc",
+    "raftmq.bench.produce",
+    "raftmq.bench.consume",
 )
 
 
