@@ -21,8 +21,10 @@ Rules this module keeps:
 
 from __future__ import annotations
 
+import _socket
 import functools
 import logging
+import socket
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -48,6 +50,12 @@ from remoting.message import decode_record
 from remoting.transport import open_remoting_client, serve_remoting
 
 log = logging.getLogger(__name__)
+
+# pysyncobj 0.3.17's win_inet_pton.py, imported with pysyncobj on every OS, replaces socket.inet_ntop with a
+# Windows-only ctypes version, so remoting.message (msg ids, store hosts) raises TypeError in any process that
+# imported pysyncobj. The C function is still in _socket: put it back (idempotent; dledger imported it above).
+if socket.inet_ntop is not _socket.inet_ntop:
+    socket.inet_ntop = _socket.inet_ntop
 
 __all__ = ["BrokerNode", "serve_broker", "TOPIC_TABLE", "OFFSET_TABLE"]
 
@@ -199,8 +207,11 @@ class BrokerNode:
         return self.store.get_max_offset_in_queue(topic, queue_id)
 
     def read_record(self, phy_offset: int) -> bytes | None:
-        view = self.store.look_message_by_offset(phy_offset)
-        return bytes(view) if view is not None else None
+        """The raw commit-log record at ``phy_offset`` (what PULL_MESSAGE sends), or None."""
+        if not self.store.min_phy_offset <= phy_offset < self.store.max_phy_offset:
+            return None
+        raw = self.store.commit_log.record_at(phy_offset)
+        return bytes(raw) if raw is not None else None
 
     def message_at(self, topic: str, queue_id: int, queue_offset: int) -> Any:
         result = self.store.get_messages(topic, queue_id, queue_offset, 1, 1 << 30)

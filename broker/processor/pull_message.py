@@ -120,13 +120,23 @@ class PullMessageProcessor:
                "max_offset": result.max_offset,
                "suggest_which_broker_id": MASTER_ID if leader else node.broker_id}
         if status == "FOUND":
-            return make_response(request, ResponseCode.SUCCESS, ext=ext, body=result.data())
+            node.pulled_messages += len(result.messages)
+            return make_response(request, ResponseCode.SUCCESS, ext=ext, body=b"".join(result.messages))
+        if status in ("NO_MESSAGE_IN_QUEUE", "NO_MATCHED_LOGIC_QUEUE") and args["queue_offset"] > 0:
+            # An empty (or never written) queue and a consumer past 0: its offset is beyond the end.
+            status = "OFFSET_OVERFLOW_BADLY"
+            ext["next_begin_offset"] = 0
+        if status in ("MESSAGE_WAS_REMOVING", "OFFSET_FOUND_NULL"):
+            # Retention removed what the offset pointed at: continue from next_begin_offset.
+            return make_response(request, ResponseCode.PULL_RETRY_IMMEDIATELY,
+                                 remark=f"messages at {args['topic']}:{args['queue_id']} offset "
+                                        f"{args['queue_offset']} were removed by retention", ext=ext)
         if status == "NO_MATCHED_MESSAGE":
             # Messages were scanned but none matched the tags: move on at once from next_begin_offset.
             return make_response(request, ResponseCode.PULL_RETRY_IMMEDIATELY,
                                  remark=f"no message matching {tag_filter.expression!r} in the scanned range",
                                  ext=ext)
-        if status in ("NO_MESSAGE_IN_QUEUE", "OFFSET_OVERFLOW_ONE", "OFFSET_FOUND_NULL"):
+        if status in ("NO_MESSAGE_IN_QUEUE", "NO_MATCHED_LOGIC_QUEUE", "OFFSET_OVERFLOW_ONE"):
             if allow_suspend and args["sys_flag"] & FLAG_SUSPEND and args["suspend_timeout_millis"] > 0:
                 return None
             return make_response(request, ResponseCode.PULL_NOT_FOUND,

@@ -1,0 +1,56 @@
+"""In-process broker nodes (single-member or 3-member groups) and a name server, on 127.0.0.1."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from broker.config import BrokerConfig
+from broker.node import serve_broker
+from namesrv import NamesrvConfig, serve_namesrv
+from remoting.codec import make_request
+from remoting.config import config_from_mapping
+from tests.procs import free_port
+
+SECRET = "broker-integration-secret-0123456789"
+
+
+def broker_configs(tmp_path: Path, namesrv_addr: str | None, n: int = 1, **overrides: Any) -> list[BrokerConfig]:
+    members = [{"id": f"n{i + 1}", "raft_address": f"127.0.0.1:{free_port()}",
+                "service_address": f"127.0.0.1:{free_port()}"} for i in range(n)]
+    configs = []
+    for m in members:
+        data: dict[str, Any] = {
+            "namesrv_addrs": [namesrv_addr] if namesrv_addr else [],
+            "store": {"store_dir": str(tmp_path / m["id"] / "store"), "segment_size_bytes": 8 << 20},
+            "dledger": {"group": "broker-a", "self_id": m["id"], "secret": SECRET, "members": members,
+                        "data_dir": str(tmp_path / m["id"] / "dledger"), "election_timeout_min_ms": 200,
+                        "election_timeout_max_ms": 500, "heartbeat_interval_ms": 40,
+                        "connection_timeout_ms": 1000, "leader_fallback_timeout_ms": 1000},
+        }
+        for key, value in overrides.items():
+            target = data
+            *parents, leaf = key.split(".")
+            for p in parents:
+                target = target.setdefault(p, {})
+            target[leaf] = value
+        configs.append(config_from_mapping(BrokerConfig, data))
+    return configs
+
+
+async def start_namesrv(nursery: trio.Nursery) -> str:
+    host, port = await nursery.start(functools.partial(serve_namesrv, NamesrvConfig(listen="127.0.0.1:0")))
+    return f"{host}:{port}"
+
+
+async def start_broker(nursery: trio.Nursery, config: BrokerConfig) -> str:
+    host, port = await nursery.start(functools.partial(serve_broker, config))
+    return f"{host}:{port}"
+
+
+async def call(client: Any, addr: str, code: int, ext: dict | None = None, body: bytes = b"",
+               timeout_s: float = 5.0):
+    return await client.invoke(addr, make_request(code, ext=ext or {}, body=body), timeout_s=timeout_s)
