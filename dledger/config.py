@@ -96,9 +96,9 @@ class DLedgerConfig:
         if self.leader_fallback_timeout_ms <= self.heartbeat_interval_ms:
             raise ConfigError(f"dledger.leader_fallback_timeout_ms must be > heartbeat_interval_ms, "
                               f"got {self.leader_fallback_timeout_ms}")
-        if self.max_batch_bytes + ENTRY_HEADER.size > self.max_entry_bytes:
+        if self.max_batch_bytes + self.join_overhead_bytes > self.max_entry_bytes:
             raise ConfigError(
-                f"dledger.max_batch_bytes must be <= {self.max_entry_bytes - ENTRY_HEADER.size} (half of "
+                f"dledger.max_batch_bytes must be <= {self.max_entry_bytes - self.join_overhead_bytes} (half of "
                 f"append_entries_batch_size_bytes minus overheads, below pysyncobj's chunked-send threshold), "
                 f"got {self.max_batch_bytes}")
 
@@ -106,6 +106,12 @@ class DLedgerConfig:
     def max_entry_bytes(self) -> int:
         """Largest entry the batcher may propose: half the pysyncobj batch size, minus wire overhead."""
         return self.append_entries_batch_size_bytes // 2 - _WIRE_OVERHEAD_BYTES
+
+    @property
+    def join_overhead_bytes(self) -> int:
+        """Room kept for the entry header and what a state machine's ``join_records`` may add (<= 8 bytes per
+        record plus 64)."""
+        return ENTRY_HEADER.size + 64 + 8 * self.max_batch_messages
 
     @property
     def self_member(self) -> MemberAddress:

@@ -25,7 +25,10 @@ so a silent upgrade cannot quietly disable a fix.
    but applies nothing until the missing commit-log bytes were copied from a peer.
 5. File handles: pysyncobj leaks the journal meta file it reads and the snapshot file it streams to a lagging
    follower (closed only by the garbage collector, a ResourceWarning each time). Both are closed here.
-6. Pickle protocol 2 is also used by pysyncobj's command encoding (``pysyncobj.pickle.dumps``); raised to 5 so a
+6. ``pysyncobj.win_inet_pton`` (imported by its TCP code) replaces ``socket.inet_ntop`` process-wide on every
+   OS, with a Windows-only ctypes function that raises TypeError on Linux: any code in the process that formats
+   an IP address (the store's message ids) breaks once pysyncobj is imported. The C function is put back.
+7. Pickle protocol 2 is also used by pysyncobj's command encoding (``pysyncobj.pickle.dumps``); raised to 5 so a
    bytes payload is one memcpy instead of a latin-1 string round trip.
 
 The chunked-send defect (entries at least ``appendEntriesBatchSizeBytes`` long) is contained by configuration:
@@ -35,10 +38,12 @@ entries.
 
 from __future__ import annotations
 
+import _socket
 import hashlib
 import hmac
 import logging
 import pickle
+import socket
 import struct
 from typing import Any
 
@@ -223,6 +228,7 @@ def apply_patches() -> None:
     """Install every fix; idempotent."""
     global _patched
     check_version()
+    socket.inet_ntop = _socket.inet_ntop
     if _patched:
         return
     pso_tcp.TcpConnection.send = _send

@@ -153,3 +153,12 @@ def test_meta_file_read_closes_its_handle(tmp_path):
     assert pso_journal.MetaStorer(str(path)).getMeta() == {"currentTerm": 3}
     assert pso_journal.MetaStorer(str(tmp_path / "missing")).getMeta() == {}
     assert os.path.exists(path)
+
+
+def test_socket_inet_ntop_is_the_real_one_after_importing_pysyncobj():
+    import socket
+
+    import pysyncobj.win_inet_pton  # noqa: F401  (the module that overwrites socket.inet_ntop)
+
+    patches.apply_patches()
+    assert socket.inet_ntop(socket.AF_INET, b"\x7f\x00\x00\x01") == "127.0.0.1"

@@ -1,0 +1,120 @@
+"""A member's remoting surface: commit-log byte ranges for catching-up peers, Raft status and checksums.
+
+Requests (ext keys are short text, bodies raw bytes; see ``docs/architecture.md``, "Replication (dledger)"):
+
+- ``FETCH_COMMIT_LOG`` ext ``{group, phy_offset, max_bytes}`` -> SUCCESS, body = stored bytes from
+  ``phy_offset`` (whole records, never past this member's applied end), ext ``{crc32c, end_offset}``.
+  The fetching side checks the crc32c of the body before handing it to ``write_raw`` (which validates each
+  record again).
+- ``GET_RAFT_STATUS`` ext ``{group}`` and optionally ``checksum_up_to`` -> SUCCESS, ext ``{role, term,
+  leader_id, committed_index, last_applied_index, end_offset, serving_reads}``; with ``checksum_up_to`` the
+  body is CBOR ``[[segment_start, length, crc32c], ...]`` up to that offset (``raftmq verify``).
+
+Anything malformed is answered INVALID_REQUEST with a remark naming the field.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import cbor2
+import crc32c
+
+from dledger.config import MemberAddress
+from dledger.group import DLedgerGroup, FetchRange
+from remoting.codec import Frame, make_request, make_response
+from remoting.codes import RequestCode, ResponseCode
+from remoting.errors import for_code
+
+log = logging.getLogger(__name__)
+
+__all__ = ["DLedgerService", "remote_fetch_range", "get_raft_status", "CatchUpDataError"]
+
+MAX_FETCH_BYTES = 8 << 20
+
+
+class CatchUpDataError(ValueError):
+    pass
+
+
+def _int_field(request: Frame, name: str, *, minimum: int = 0) -> int:
+    value = request.ext.get(name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"ext.{name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+class DLedgerService:
+    """Handles the dledger request codes; ``handle`` returns None for codes it does not own so a process can
+    chain it after its own handler (``handles(code)`` tells which)."""
+
+    CODES = frozenset({RequestCode.FETCH_COMMIT_LOG, RequestCode.GET_RAFT_STATUS})
+
+    def __init__(self, group: DLedgerGroup) -> None:
+        self.group = group
+
+    def handles(self, code: int) -> bool:
+        return code in self.CODES
+
+    async def handle(self, request: Frame, conn: Any) -> Frame | None:
+        try:
+            group_name = request.ext.get("group")
+            if group_name != self.group.config.group:
+                raise ValueError(f"ext.group must be {self.group.config.group!r}, got {group_name!r}")
+            if request.code == RequestCode.FETCH_COMMIT_LOG:
+                return self._fetch(request)
+            if request.code == RequestCode.GET_RAFT_STATUS:
+                return self._status(request)
+        except ValueError as e:
+            return make_response(request, ResponseCode.INVALID_REQUEST, remark=str(e))
+        return make_response(request, ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
+                             remark=f"request code {request.code} is not served here")
+
+    def _fetch(self, request: Frame) -> Frame:
+        offset = _int_field(request, "phy_offset")
+        max_bytes = min(_int_field(request, "max_bytes", minimum=1), MAX_FETCH_BYTES)
+        sm = self.group._sm
+        data = sm.read_raw(offset, max_bytes)
+        return make_response(request, ResponseCode.SUCCESS, body=data,
+                             ext={"crc32c": crc32c.crc32c(data), "end_offset": sm.end_offset})
+
+    def _status(self, request: Frame) -> Frame:
+        stats = self.group.statistics()
+        ext = {"role": stats.role.value, "term": stats.term, "leader_id": stats.leader_id or "",
+               "committed_index": stats.committed_index, "last_applied_index": stats.last_applied_index,
+               "end_offset": stats.end_offset, "serving_reads": stats.serving_reads, "self_id": stats.self_id}
+        body = b""
+        if "checksum_up_to" in request.ext:
+            up_to = _int_field(request, "checksum_up_to")
+            body = cbor2.dumps([list(c) for c in self.group._sm.checksums(up_to)])
+        return make_response(request, ResponseCode.SUCCESS, ext=ext, body=body)
+
+
+def remote_fetch_range(client: Any, group: str) -> FetchRange:
+    """A ``fetch_range`` for ``open_dledger_group`` that asks peers' ``DLedgerService`` over remoting."""
+
+    async def fetch(peer: MemberAddress, offset: int, max_bytes: int) -> bytes:
+        request = make_request(RequestCode.FETCH_COMMIT_LOG,
+                               ext={"group": group, "phy_offset": offset, "max_bytes": max_bytes})
+        response = await client.invoke(peer.service_address, request, timeout_s=5.0)
+        if response.code != ResponseCode.SUCCESS:
+            raise for_code(response.code, response.remark)
+        if crc32c.crc32c(response.body) != response.ext.get("crc32c"):
+            raise CatchUpDataError(f"commit-log bytes from {peer.id} at offset {offset} fail their crc32c check")
+        return response.body
+
+    return fetch
+
+
+async def get_raft_status(client: Any, address: str, group: str, *, checksum_up_to: int | None = None,
+                          timeout_s: float = 3.0) -> tuple[dict[str, Any], list[tuple[int, int, int]]]:
+    ext: dict[str, Any] = {"group": group}
+    if checksum_up_to is not None:
+        ext["checksum_up_to"] = checksum_up_to
+    response = await client.invoke(address, make_request(RequestCode.GET_RAFT_STATUS, ext=ext),
+                                   timeout_s=timeout_s)
+    if response.code != ResponseCode.SUCCESS:
+        raise for_code(response.code, response.remark)
+    checksums = [tuple(c) for c in cbor2.loads(response.body)] if response.body else []
+    return dict(response.ext), checksums  # type: ignore[return-value]
