@@ -14,7 +14,8 @@ from typing import Any
 import cbor2
 import trio
 
-from namesrv.requests import InvalidRequestError, parse_register_broker, parse_topic, parse_unregister_broker
+from namesrv.requests import (InvalidRequestError, TopicConfigCache, parse_register_broker, parse_topic,
+                              parse_unregister_broker)
 from namesrv.route_info import RouteConflictError, RouteInfoManager
 from remoting.codec import Frame, make_response
 from remoting.codes import RequestCode, ResponseCode
@@ -34,6 +35,11 @@ class NamesrvProcessor:
     def __init__(self, route_info: RouteInfoManager, *, clock_ms: Callable[[], int] = _now_ms) -> None:
         self.route_info = route_info
         self._clock_ms = clock_ms
+        self._topic_config_cache = TopicConfigCache()
+        # Encoded route bodies, valid while the table's generation stands: route queries outnumber changes by
+        # far, and encoding a route with a few groups costs more than the whole rest of the request.
+        self._route_bodies: dict[str, bytes] = {}
+        self._route_bodies_generation = -1
         self._handlers: dict[int, Callable[[Frame, Any], Frame]] = {
             RequestCode.REGISTER_BROKER: self._register_broker,
             RequestCode.UNREGISTER_BROKER: self._unregister_broker,
@@ -67,7 +73,7 @@ class NamesrvProcessor:
     # ---- one method per request code ---------------------------------------------------------------------
 
     def _register_broker(self, request: Frame, conn: Any) -> Frame:
-        registration = parse_register_broker(request.ext, request.body)
+        registration = parse_register_broker(request.ext, request.body, self._topic_config_cache)
         result = self.route_info.register_broker(registration, now_ms=self._clock_ms(), conn_key=conn)
         ext = {k: v for k, v in result.to_wire().items() if v is not None}
         return make_response(request, ResponseCode.SUCCESS, ext=ext)
@@ -75,15 +81,22 @@ class NamesrvProcessor:
     def _unregister_broker(self, request: Frame, conn: Any) -> Frame:
         cluster_name, broker_name, broker_id, broker_addr = parse_unregister_broker(request.ext)
         removed = self.route_info.unregister_broker(cluster_name, broker_name, broker_id, broker_addr)
+        self._topic_config_cache.forget((broker_name, broker_id))
         return make_response(request, ResponseCode.SUCCESS, ext={"removed": removed is not None})
 
     def _get_route_info_by_topic(self, request: Frame, conn: Any) -> Frame:
         topic = parse_topic(request.ext)
-        route = self.route_info.pickup_topic_route(topic)
-        if route is None:
-            return make_response(request, ResponseCode.TOPIC_NOT_EXIST, ext={"topic": topic},
-                                 remark=f"no route info in this name server for topic {topic!r}")
-        return make_response(request, ResponseCode.SUCCESS, body=cbor2.dumps(route.to_wire()))
+        if self._route_bodies_generation != self.route_info.generation:
+            self._route_bodies.clear()
+            self._route_bodies_generation = self.route_info.generation
+        body = self._route_bodies.get(topic)
+        if body is None:
+            route = self.route_info.pickup_topic_route(topic)
+            if route is None:
+                return make_response(request, ResponseCode.TOPIC_NOT_EXIST, ext={"topic": topic},
+                                     remark=f"no route info in this name server for topic {topic!r}")
+            body = self._route_bodies[topic] = cbor2.dumps(route.to_wire())
+        return make_response(request, ResponseCode.SUCCESS, body=body)
 
     def _get_broker_cluster_info(self, request: Frame, conn: Any) -> Frame:
         info = self.route_info.cluster_info(self._clock_ms())

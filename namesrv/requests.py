@@ -16,7 +16,7 @@ import cbor2
 from namesrv.route_info import ROLES, Registration, TopicConfig
 from remoting.config import ConfigError, parse_host_port
 
-__all__ = ["InvalidRequestError", "parse_register_broker", "parse_unregister_broker", "parse_topic",
+__all__ = ["InvalidRequestError", "TopicConfigCache", "parse_register_broker", "parse_unregister_broker", "parse_topic",
            "decode_topic_configs", "encode_topic_configs"]
 
 # RocketMQ's topic rule (TopicValidator): letters, digits, '%', '|', '_', '-'; at most 127 characters.
@@ -25,6 +25,8 @@ _NAME_RE = re.compile(r"[a-zA-Z0-9_.-]{1,127}")
 _ALLOWED = {_TOPIC_RE: "letters, digits and %|_-", _NAME_RE: "letters, digits and _.-"}
 _PERM_MAX = 0xF  # PRIORITY | READ | WRITE | INHERIT
 _MAX_QUEUE_NUMS = 1 << 16
+_SYS_FLAG_MAX = 2**31 - 1
+_CONFIG_KEYS = frozenset({"read_queue_nums", "write_queue_nums", "perm", "topic_sys_flag", "order"})
 
 
 class InvalidRequestError(ValueError):
@@ -86,32 +88,52 @@ def decode_topic_configs(body: bytes) -> dict[str, TopicConfig]:
         raise InvalidRequestError("body", f"request body is not valid CBOR: {e}") from None
     if not isinstance(data, Mapping):
         raise InvalidRequestError("body", f"request body must be a CBOR map of topic configs, got {type(data).__name__}")
+    # Brokers re-send their whole topic set every registration, so this loop runs once per topic per node per
+    # interval: a fast path checks the common, well-formed entry with plain type tests and shares one
+    # TopicConfig between topics with equal settings (most are); anything odd goes to the slow path, which
+    # finds and names the bad field.
     configs: dict[str, TopicConfig] = {}
+    shared: dict[tuple, TopicConfig] = {}
+    topic_ok = _TOPIC_RE.fullmatch
     for topic, raw in data.items():
-        where = f"body[{topic!r}]"
-        _name_field(topic, "body topic", _TOPIC_RE)
-        if not isinstance(raw, Mapping):
-            raise InvalidRequestError(where, f"{where} must be a map of topic config fields, got {raw!r}")
-        unknown = sorted(set(raw) - {"read_queue_nums", "write_queue_nums", "perm", "topic_sys_flag", "order"},
-                         key=str)
-        if unknown:
-            raise InvalidRequestError(f"{where}.{unknown[0]}", f"{where} has an unknown field {unknown[0]!r}")
-        fields: dict[str, Any] = {}
-        for key in ("read_queue_nums", "write_queue_nums", "perm"):
-            if key not in raw:
-                raise InvalidRequestError(f"{where}.{key}", f"{where}.{key} is missing")
-        fields["read_queue_nums"] = _int_field(raw["read_queue_nums"], f"{where}.read_queue_nums", lo=0,
-                                               hi=_MAX_QUEUE_NUMS)
-        fields["write_queue_nums"] = _int_field(raw["write_queue_nums"], f"{where}.write_queue_nums", lo=0,
-                                                hi=_MAX_QUEUE_NUMS)
-        fields["perm"] = _int_field(raw["perm"], f"{where}.perm", lo=0, hi=_PERM_MAX)
-        fields["topic_sys_flag"] = _int_field(raw.get("topic_sys_flag", 0), f"{where}.topic_sys_flag", lo=0)
-        order = raw.get("order", False)
-        if not isinstance(order, bool):
-            raise InvalidRequestError(f"{where}.order", f"{where}.order must be true or false, got {order!r}")
-        fields["order"] = order
-        configs[topic] = TopicConfig(**fields)
+        if type(raw) is dict and type(topic) is str and raw.keys() <= _CONFIG_KEYS and topic_ok(topic):
+            get = raw.get
+            key = (get("read_queue_nums"), get("write_queue_nums"), get("perm"), get("topic_sys_flag", 0),
+                   get("order", False))
+            config = shared.get(key)
+            if config is not None:
+                configs[topic] = config
+                continue
+            r, w, perm, sys_flag, order = key
+            if (type(r) is int and type(w) is int and type(perm) is int and type(sys_flag) is int
+                    and type(order) is bool and 0 <= r <= _MAX_QUEUE_NUMS and 0 <= w <= _MAX_QUEUE_NUMS
+                    and 0 <= perm <= _PERM_MAX and 0 <= sys_flag <= _SYS_FLAG_MAX):
+                configs[topic] = shared[key] = TopicConfig(r, w, perm, sys_flag, order)
+                continue
+        configs[topic] = _decode_topic_config(topic, raw)
     return configs
+
+
+def _decode_topic_config(topic: Any, raw: Any) -> TopicConfig:
+    where = f"body[{topic!r}]"
+    _name_field(topic, "body topic", _TOPIC_RE)
+    if not isinstance(raw, Mapping):
+        raise InvalidRequestError(where, f"{where} must be a map of topic config fields, got {raw!r}")
+    unknown = sorted(set(raw) - _CONFIG_KEYS, key=str)
+    if unknown:
+        raise InvalidRequestError(f"{where}.{unknown[0]}", f"{where} has an unknown field {unknown[0]!r}")
+    for key in ("read_queue_nums", "write_queue_nums", "perm"):
+        if key not in raw:
+            raise InvalidRequestError(f"{where}.{key}", f"{where}.{key} is missing")
+    order = raw.get("order", False)
+    if not isinstance(order, bool):
+        raise InvalidRequestError(f"{where}.order", f"{where}.order must be true or false, got {order!r}")
+    return TopicConfig(
+        read_queue_nums=_int_field(raw["read_queue_nums"], f"{where}.read_queue_nums", lo=0, hi=_MAX_QUEUE_NUMS),
+        write_queue_nums=_int_field(raw["write_queue_nums"], f"{where}.write_queue_nums", lo=0, hi=_MAX_QUEUE_NUMS),
+        perm=_int_field(raw["perm"], f"{where}.perm", lo=0, hi=_PERM_MAX),
+        topic_sys_flag=_int_field(raw.get("topic_sys_flag", 0), f"{where}.topic_sys_flag", lo=0, hi=_SYS_FLAG_MAX),
+        order=order)
 
 
 def encode_topic_configs(configs: Mapping[str, TopicConfig]) -> bytes:
@@ -121,20 +143,42 @@ def encode_topic_configs(configs: Mapping[str, TopicConfig]) -> bytes:
                         for t, c in configs.items()})
 
 
-def parse_register_broker(ext: Mapping[str, Any], body: bytes) -> Registration:
+class TopicConfigCache:
+    """The last decoded body per node: a heartbeat that re-sends the same topic set (the usual case) costs a
+    byte comparison instead of a CBOR decode, and hands the route table the same dict, which it then compares
+    by identity. Bounded: past ``max_nodes`` entries it starts over."""
+
+    def __init__(self, max_nodes: int = 4096) -> None:
+        self.max_nodes = max_nodes
+        self._last: dict[tuple[str, int], tuple[bytes, dict[str, TopicConfig]]] = {}
+
+    def decode(self, node: tuple[str, int], body: bytes) -> dict[str, TopicConfig]:
+        hit = self._last.get(node)
+        if hit is not None and hit[0] == body:
+            return hit[1]
+        configs = decode_topic_configs(body)
+        if len(self._last) >= self.max_nodes:
+            self._last.clear()
+        self._last[node] = (bytes(body), configs)
+        return configs
+
+    def forget(self, node: tuple[str, int]) -> None:
+        self._last.pop(node, None)
+
+
+def parse_register_broker(ext: Mapping[str, Any], body: bytes, cache: TopicConfigCache | None = None
+                          ) -> Registration:
     role = _require(ext, "role")
     if role not in ROLES:
         raise InvalidRequestError("role", f"request field 'role' must be one of {', '.join(ROLES)}, got {role!r}")
-    return Registration(
-        cluster_name=_name_field(_require(ext, "cluster_name"), "cluster_name"),
-        broker_name=_name_field(_require(ext, "broker_name"), "broker_name"),
-        broker_id=_int_field(_require(ext, "broker_id"), "broker_id", lo=1),
-        broker_addr=_addr_field(_require(ext, "broker_addr"), "broker_addr"),
-        role=role,
-        term=_int_field(_require(ext, "term"), "term", lo=0),
-        data_version=_int_field(_require(ext, "data_version"), "data_version", lo=0),
-        topic_configs=decode_topic_configs(body),
-    )
+    cluster_name = _name_field(_require(ext, "cluster_name"), "cluster_name")
+    broker_name = _name_field(_require(ext, "broker_name"), "broker_name")
+    broker_id = _int_field(_require(ext, "broker_id"), "broker_id", lo=1)
+    broker_addr = _addr_field(_require(ext, "broker_addr"), "broker_addr")
+    term = _int_field(_require(ext, "term"), "term", lo=0)
+    data_version = _int_field(_require(ext, "data_version"), "data_version", lo=0)
+    configs = cache.decode((broker_name, broker_id), body) if cache else decode_topic_configs(body)
+    return Registration(cluster_name, broker_name, broker_id, broker_addr, role, term, data_version, configs)
 
 
 def parse_unregister_broker(ext: Mapping[str, Any]) -> tuple[str, str, int, str | None]:

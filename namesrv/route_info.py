@@ -219,6 +219,13 @@ class RouteInfoManager:
         self._by_conn: dict[Hashable, set[tuple[str, int]]] = {}
         self._registrations = 0
         self._evictions = 0
+        self._generation = 0
+
+    @property
+    def generation(self) -> int:
+        """Grows whenever any route could have changed (membership, addresses, masters, queue data) and never
+        otherwise: a heartbeat that changes nothing leaves it alone, so callers may cache encoded routes."""
+        return self._generation
 
     # ---- writes ------------------------------------------------------------------------------------------
 
@@ -236,6 +243,7 @@ class RouteInfoManager:
             # The group's only node moved to another cluster: follow it.
             self._clusters_discard(group.cluster_name, group.broker_name)
             group.cluster_name = reg.cluster_name
+            self._generation += 1
         if group is None:
             group = self._groups[reg.broker_name] = _Group(reg.cluster_name, reg.broker_name)
             log.info("broker group joined cluster=%s broker_name=%s", reg.cluster_name, reg.broker_name)
@@ -246,9 +254,12 @@ class RouteInfoManager:
             node = group.nodes[reg.broker_id] = _Node(
                 reg.broker_id, reg.broker_addr, reg.role, reg.term, reg.data_version, reg.topic_configs,
                 now_ms, conn_key)
+            self._generation += 1
             log.info("node registered broker_name=%s broker_id=%d broker_addr=%s role=%s term=%d",
                      reg.broker_name, reg.broker_id, reg.broker_addr, reg.role, reg.term)
         else:
+            if node.broker_addr != reg.broker_addr:
+                self._generation += 1
             if node.broker_addr != reg.broker_addr or node.role != reg.role:
                 log.info("node changed broker_name=%s broker_id=%d broker_addr=%s role=%s term=%d",
                          reg.broker_name, reg.broker_id, reg.broker_addr, reg.role, reg.term)
@@ -332,6 +343,7 @@ class RouteInfoManager:
     def _remove_node(self, group: _Group, node: _Node, reason: Literal["expired", "connection_closed",
                                                                              "unregistered"]) -> EvictedNode:
         del group.nodes[node.broker_id]
+        self._generation += 1
         self._unlink_conn(node.conn_key, group.broker_name, node.broker_id)
         self._evictions += 1
         log.info("node removed reason=%s broker_name=%s broker_id=%d broker_addr=%s",
@@ -362,12 +374,15 @@ class RouteInfoManager:
             log.info("master changed broker_name=%s master_id=%s previous=%s term=%s", group.broker_name,
                      master_id, group.master_id, group.nodes[master_id].term if master_id is not None else None)
             group.master_id = master_id
+            self._generation += 1
         source = group.master()
         if source is None:
             source = max(group.nodes.values(), key=lambda n: (n.data_version, n.term, -n.broker_id))
-        if source.topic_configs != group.topic_configs:
+        if source.topic_configs is not group.topic_configs and source.topic_configs != group.topic_configs:
             self._set_queue_data(group.broker_name, group.topic_configs, source.topic_configs)
-            group.topic_configs = source.topic_configs
+            self._generation += 1
+        # Keep the source's own dict even when equal: the next heartbeat then compares by identity.
+        group.topic_configs = source.topic_configs
 
     def _set_queue_data(self, broker_name: str, old: Mapping[str, TopicConfig],
                         configs: Mapping[str, TopicConfig]) -> None:

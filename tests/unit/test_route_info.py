@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import cbor2
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from namesrv.requests import (InvalidRequestError, decode_topic_configs, encode_topic_configs,
+from namesrv.requests import (InvalidRequestError, TopicConfigCache, decode_topic_configs, encode_topic_configs,
                               parse_register_broker, parse_topic, parse_unregister_broker)
 from namesrv.route_info import (BrokerData, QueueData, Registration, RouteConflictError, RouteInfoManager,
                                 TopicConfig)
@@ -277,3 +279,56 @@ def test_parse_topic_and_unregister():
     with pytest.raises(InvalidRequestError) as info:
         parse_unregister_broker({"cluster_name": "c", "broker_name": "b"})
     assert info.value.field == "broker_id"
+
+
+# ---- caching: what lets a heartbeat and a route query stay cheap -----------------------------------------
+
+def test_generation_moves_only_when_routes_can_change():
+    table = RouteInfoManager()
+    three_node_group(table)
+    g = table.generation
+    three_node_group(table, now_ms=5)                        # heartbeats, nothing new
+    table.register_broker(reg(2, "CANDIDATE", 2), now_ms=6, conn_key="conn-2")   # a replica's role: same route
+    assert table.generation == g
+    for change in (lambda: table.register_broker(reg(3, "LEADER", 3), now_ms=7),          # master moves
+                   lambda: table.register_broker(reg(3, "LEADER", 3, topics={"B": RW}), now_ms=8),  # topics
+                   lambda: table.register_broker(reg(2, addr="127.0.0.1:1"), now_ms=9),    # address
+                   lambda: table.unregister_broker("DefaultCluster", "broker-a", 1)):      # membership
+        change()
+        assert table.generation > g
+        g = table.generation
+
+
+def test_topic_config_cache_decodes_a_repeated_body_once():
+    cache = TopicConfigCache(max_nodes=2)
+    body = encode_topic_configs({"TopicA": RW, "TopicB": RW})
+    first = cache.decode(("broker-a", 1), body)
+    assert first == {"TopicA": RW, "TopicB": RW}
+    assert first["TopicA"] is first["TopicB"]                # equal settings share one TopicConfig
+    assert cache.decode(("broker-a", 1), bytes(body)) is first
+    assert cache.decode(("broker-a", 2), body) is not first  # per node
+    changed = cache.decode(("broker-a", 1), encode_topic_configs({"TopicA": RW}))
+    assert changed == {"TopicA": RW}
+    cache.forget(("broker-a", 1))
+    assert cache.decode(("broker-a", 1), body) is not first
+    with pytest.raises(InvalidRequestError):
+        cache.decode(("broker-a", 3), b"\xff")
+
+
+@given(st.dictionaries(
+    st.from_regex(r"[%|a-zA-Z0-9_-]{1,20}", fullmatch=True),
+    st.builds(TopicConfig, st.integers(0, 1 << 16), st.integers(0, 1 << 16), st.integers(0, 15),
+              st.integers(0, 2**31 - 1), st.booleans()),
+    max_size=20))
+def test_topic_configs_round_trip(configs):
+    assert decode_topic_configs(encode_topic_configs(configs)) == configs
+
+
+def test_public_api_is_pinned():
+    import namesrv
+    assert sorted(namesrv.__all__) == sorted([
+        "MASTER_ID", "BrokerData", "ClusterInfo", "EvictedNode", "InvalidRequestError", "NamesrvConfig",
+        "NamesrvProcessor", "NodeStatus", "QueueData", "Registration", "RegisterResult", "RouteConflictError",
+        "RouteInfoManager", "RouteStatistics", "TopicConfig", "TopicRouteData", "decode_topic_configs",
+        "encode_topic_configs", "load_namesrv_config", "serve_namesrv"])
+    assert all(hasattr(namesrv, name) for name in namesrv.__all__)
