@@ -1,0 +1,205 @@
+"""Bad input, long polling, consumer offsets, membership and topic admin against one in-process broker node."""
+
+from __future__ import annotations
+
+import cbor2
+import trio
+
+from remoting.codec import make_request
+from remoting.codes import RequestCode, ResponseCode
+from remoting.message import MessageInput, encode_batch, iter_records
+from remoting.transport import open_connection, open_remoting_client
+from tests.integration.broker.helpers import broker_configs, call, start_broker, start_namesrv
+from tests.integration.broker.test_broker_node import _send, _wait_leader
+
+
+async def _node(nursery, tmp_path, **overrides):
+    (config,) = broker_configs(tmp_path, None, **overrides)
+    addr = await start_broker(nursery, config)
+    return config, addr
+
+
+async def test_bad_input_gets_its_code_and_remark_and_the_broker_keeps_serving(nursery, tmp_path):
+    config, addr = await _node(nursery, tmp_path)
+    async with open_remoting_client() as client:
+        await _wait_leader(client, addr)
+        assert (await _send(client, addr)).code == ResponseCode.SUCCESS
+
+        big = b"x" * (config.max_message_size + 1)
+        r = await _send(client, addr, body=big)
+        assert r.code == ResponseCode.MESSAGE_ILLEGAL and "exceeds max_message_size" in r.remark
+
+        r = await _send(client, addr, topic="bad topic!")
+        assert r.code == ResponseCode.INVALID_REQUEST and "illegal characters" in r.remark
+
+        r = await _send(client, addr, topic="TBW102")
+        assert r.code == ResponseCode.NO_PERMISSION and "reserved" in r.remark
+
+        r = await _send(client, addr, queue_id=99)
+        assert r.code == ResponseCode.INVALID_REQUEST and "'queue_id'" in r.remark
+
+        r = await call(client, addr, RequestCode.SEND_MESSAGE, {"topic": "TopicTest", "queue_id": "zero"}, b"x")
+        assert r.code == ResponseCode.INVALID_REQUEST and "'queue_id' must be an integer" in r.remark
+
+        r = await call(client, addr, 4242)
+        assert r.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED and "4242" in r.remark
+
+        r = await call(client, addr, RequestCode.PULL_MESSAGE,
+                       {"consumer_group": "cg", "topic": "TopicTest", "queue_id": 0, "queue_offset": 1000,
+                        "max_msg_nums": 32})
+        assert r.code == ResponseCode.PULL_OFFSET_MOVED and "beyond max_offset" in r.remark
+        # RocketMQ's correction: back to min_offset while it is 0, else to max_offset.
+        assert r.ext["next_begin_offset"] == 0 and r.ext["max_offset"] == 1
+
+        good = encode_batch([MessageInput("TopicTest", 0, b"a"), MessageInput("TopicTest", 0, b"b")],
+                            ("127.0.0.1", 1))
+        for body, needle in ((good[:-3], "not a valid message batch"), (b"garbage!", "not a valid message batch"),
+                             (encode_batch([MessageInput("Other", 0, b"a")], ("127.0.0.1", 1)), "one topic")):
+            r = await call(client, addr, RequestCode.SEND_BATCH_MESSAGE, {"topic": "TopicTest", "queue_id": 0},
+                           body)
+            assert r.code == ResponseCode.INVALID_REQUEST and needle in r.remark, r.remark
+
+        r = await call(client, addr, RequestCode.PULL_MESSAGE,
+                       {"consumer_group": "cg", "topic": "NoSuchTopic", "queue_id": 0, "queue_offset": 0})
+        assert r.code == ResponseCode.TOPIC_NOT_EXIST
+        r = await call(client, addr, RequestCode.PULL_MESSAGE,
+                       {"consumer_group": "cg", "topic": "TopicTest", "queue_id": 0, "queue_offset": 0,
+                        "subscription": "a || "})
+        assert r.code == ResponseCode.SUBSCRIPTION_PARSE_FAILED
+
+        # A garbage frame closes only its own connection; the node still serves.
+        with trio.fail_after(5):
+            host, port = addr.rsplit(":", 1)
+            stream = await trio.open_tcp_stream(host, int(port))
+            await stream.send_all(b"\x00\x00\x00\x08\x00\x00\x00\x04\xff\xff\xff\xff")
+            assert await stream.receive_some(100) == b""
+            await stream.aclose()
+
+        r = await _send(client, addr, body=b"still here")
+        assert r.code == ResponseCode.SUCCESS and r.ext["queue_offset"] == 1
+
+
+async def test_long_polling_answers_on_arrival_or_timeout(nursery, tmp_path):
+    config, addr = await _node(nursery, tmp_path, long_polling_timeout_ms=600)
+    async with open_remoting_client() as client:
+        await _wait_leader(client, addr)
+        assert (await _send(client, addr)).code == ResponseCode.SUCCESS
+        pull_ext = {"consumer_group": "cg", "topic": "TopicTest", "queue_id": 0, "queue_offset": 1,
+                    "max_msg_nums": 32, "sys_flag": 0x2, "suspend_timeout_millis": 15_000}
+
+        # Held, then answered as soon as a message is dispatched.
+        got = []
+
+        async def pull():
+            started = trio.current_time()
+            got.append((await call(client, addr, RequestCode.PULL_MESSAGE, pull_ext, timeout_s=20),
+                        trio.current_time() - started))
+
+        async with trio.open_nursery() as inner:
+            inner.start_soon(pull)
+            await trio.sleep(0.2)
+            assert not got
+            assert (await _send(client, addr, body=b"wake")).code == ResponseCode.SUCCESS
+        response, waited = got[0]
+        assert response.code == ResponseCode.SUCCESS and 0.2 <= waited < 0.5
+        assert [v.body for v in iter_records(response.body)] == [b"wake"]
+
+        # Nothing arrives: answered PULL_NOT_FOUND after long_polling_timeout_ms (the broker caps the client's 15 s).
+        started = trio.current_time()
+        r = await call(client, addr, RequestCode.PULL_MESSAGE, {**pull_ext, "queue_offset": 2}, timeout_s=20)
+        assert r.code == ResponseCode.PULL_NOT_FOUND and 0.5 <= trio.current_time() - started < 2.0
+
+        # With a tag filter a non-matching arrival does not answer with messages.
+        r = await call(client, addr, RequestCode.PULL_MESSAGE,
+                       {**pull_ext, "queue_offset": 0, "subscription": "TagB", "sys_flag": 0})
+        assert r.code in (ResponseCode.PULL_RETRY_IMMEDIATELY, ResponseCode.PULL_NOT_FOUND)
+        assert r.ext["next_begin_offset"] == 2
+
+
+async def test_consumer_offsets_membership_and_notification(nursery, tmp_path):
+    config, addr = await _node(nursery, tmp_path, consumer_offset_flush_interval_ms=20)
+    async with open_remoting_client() as client:
+        await _wait_leader(client, addr)
+        assert (await _send(client, addr)).code == ResponseCode.SUCCESS
+        key = {"consumer_group": "cg", "topic": "TopicTest", "queue_id": 0}
+        r = await call(client, addr, RequestCode.QUERY_CONSUMER_OFFSET, key)
+        assert r.code == ResponseCode.QUERY_NOT_FOUND
+        r = await call(client, addr, RequestCode.UPDATE_CONSUMER_OFFSET, {**key, "commit_offset": 1})
+        assert r.code == ResponseCode.SUCCESS
+        r = await call(client, addr, RequestCode.QUERY_CONSUMER_OFFSET, key)
+        assert r.code == ResponseCode.SUCCESS and r.ext["offset"] == 1
+        # A pull with the commit flag commits too; the flusher replicates it.
+        r = await call(client, addr, RequestCode.PULL_MESSAGE,
+                       {**key, "queue_offset": 0, "sys_flag": 0x1, "commit_offset": 0})
+        assert r.code == ResponseCode.SUCCESS
+        await trio.sleep(0.2)
+        info = cbor2.loads((await call(client, addr, RequestCode.GET_BROKER_RUNTIME_INFO)).body)
+        assert info["role"] == "LEADER"
+        r = await call(client, addr, RequestCode.QUERY_CONSUMER_OFFSET, key)
+        assert r.ext["offset"] == 0
+
+        # Membership: two consumers join over their own connections; the first is told when the second joins.
+        hb = {"consumers": [{"consumer_group": "cg", "subscriptions": [{"topic": "TopicTest", "expression": "*"}]}]}
+        notified = trio.Event()
+
+        class Handler:
+            async def handle(self, request, conn):
+                if request.code == RequestCode.NOTIFY_CONSUMER_IDS_CHANGED:
+                    assert request.ext["consumer_group"] == "cg"
+                    notified.set()
+                return None
+
+        async with open_connection(addr, handler=Handler()) as c1, open_connection(addr) as c2:
+            r = await c1.invoke(make_request(RequestCode.HEART_BEAT, body=cbor2.dumps({"client_id": "c1", **hb})))
+            assert r.code == ResponseCode.SUCCESS
+            notified = trio.Event()
+            r = await c2.invoke(make_request(RequestCode.HEART_BEAT, ext={"client_id": "c2", **hb}))
+            assert r.code == ResponseCode.SUCCESS
+            with trio.fail_after(2):
+                await notified.wait()
+            r = await c1.invoke(make_request(RequestCode.GET_CONSUMER_LIST_BY_GROUP, ext={"consumer_group": "cg"}))
+            assert cbor2.loads(r.body)["consumer_id_list"] == ["c1", "c2"]
+            r = await c1.invoke(make_request(RequestCode.HEART_BEAT, ext={"client_id": "", **hb}))
+            assert r.code == ResponseCode.INVALID_REQUEST and "client_id" in r.remark
+        # Both connections closed: the group is empty again.
+        with trio.fail_after(2):
+            while True:
+                r = await call(client, addr, RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumer_group": "cg"})
+                if cbor2.loads(r.body)["consumer_id_list"] == []:
+                    break
+                await trio.sleep(0.02)
+
+
+async def test_topic_admin_is_replicated_and_registered(nursery, tmp_path):
+    namesrv = await start_namesrv(nursery)
+    (config,) = broker_configs(tmp_path, namesrv, auto_create_topic_enable=False)
+    addr = await start_broker(nursery, config)
+    async with open_remoting_client() as client:
+        await _wait_leader(client, addr)
+        r = await _send(client, addr, topic="Orders")
+        assert r.code == ResponseCode.TOPIC_NOT_EXIST and "auto_create_topic_enable" in r.remark
+        r = await call(client, addr, RequestCode.UPDATE_AND_CREATE_TOPIC,
+                       {"topic_name": "Orders", "read_queue_nums": 8, "write_queue_nums": 8, "perm": 6})
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        r = await call(client, addr, RequestCode.UPDATE_AND_CREATE_TOPIC, {"topic_name": "Orders", "perm": 99})
+        assert r.code == ResponseCode.INVALID_REQUEST and "perm" in r.remark
+        route = await call(client, namesrv, RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "Orders"})
+        assert route.code == ResponseCode.SUCCESS
+        assert cbor2.loads(route.body)["queue_datas"][0]["read_queue_nums"] == 8
+        assert (await _send(client, addr, topic="Orders", queue_id=7)).code == ResponseCode.SUCCESS
+        topics = cbor2.loads((await call(client, addr, RequestCode.GET_ALL_TOPIC_CONFIG)).body)
+        assert topics["topic_configs"]["Orders"]["write_queue_nums"] == 8
+
+        # Read-only topic: sends refused with NO_PERMISSION.
+        r = await call(client, addr, RequestCode.UPDATE_AND_CREATE_TOPIC,
+                       {"topic_name": "Orders", "read_queue_nums": 8, "write_queue_nums": 8, "perm": 4})
+        assert r.code == ResponseCode.SUCCESS
+        r = await _send(client, addr, topic="Orders")
+        assert r.code == ResponseCode.NO_PERMISSION
+
+        r = await call(client, addr, RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": "Orders"})
+        assert r.code == ResponseCode.SUCCESS
+        r = await call(client, addr, RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": "Orders"})
+        assert r.code == ResponseCode.TOPIC_NOT_EXIST
+        route = await call(client, namesrv, RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "Orders"})
+        assert route.code == ResponseCode.TOPIC_NOT_EXIST

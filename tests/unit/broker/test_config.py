@@ -1,0 +1,58 @@
+from __future__ import annotations
+
+import pytest
+
+from broker.config import BrokerConfig, load_broker_config
+from remoting.config import ConfigError, config_from_mapping
+
+SECRET = "0123456789abcdef-secret"
+
+
+def _mapping(**extra):
+    data = {
+        "namesrv_addrs": ["127.0.0.1:9876"],
+        "store": {"store_dir": "/tmp/x/store"},
+        "dledger": {"group": "broker-b", "self_id": "n2", "secret": SECRET, "data_dir": "/tmp/x/dledger",
+                    "members": [{"id": f"n{i}", "raft_address": f"127.0.0.1:{20000 + i}",
+                                 "service_address": f"127.0.0.1:{10000 + i}"} for i in (1, 2, 3)]},
+    }
+    data.update(extra)
+    return data
+
+
+def test_identity_comes_from_the_dledger_table():
+    config = config_from_mapping(BrokerConfig, _mapping())
+    assert config.broker_name == "broker-b" and config.broker_id == 2
+    assert config.listen_address == "127.0.0.1:10002"
+    assert config.long_polling_timeout_ms == 15_000 and config.default_topic_queue_nums == 4
+    assert config.auto_create_topic_enable is True
+    # One message must fit one Raft entry: the limit is below the store's 4 MiB default.
+    assert 0 < config.max_message_size < config.dledger.max_batch_bytes
+
+
+def test_missing_dledger_table_is_named():
+    with pytest.raises(ConfigError, match=r"\[dledger\] table"):
+        load_broker_config(None)
+
+
+@pytest.mark.parametrize("key,value,needle", [
+    ("namesrv_addrs", ["nohost"], "HOST:PORT"),
+    ("long_polling_timeout_ms", 0, "long_polling_timeout_ms must be >= 1"),
+    ("cluster_name", "bad name", "cluster_name must be letters"),
+    ("listen", "127.0.0.1:99999", "port must be within"),
+    ("auto_create_topic_enable", "yes", "must be true or false"),
+    ("no_such_key", 1, "unknown config key 'no_such_key'"),
+])
+def test_bad_values_are_named(key, value, needle):
+    with pytest.raises(ConfigError, match=needle):
+        config_from_mapping(BrokerConfig, _mapping(**{key: value}))
+
+
+def test_file_round_trip(tmp_path):
+    path = tmp_path / "broker.toml"
+    path.write_text(
+        'cluster_name = "C1"\nnamesrv_addrs = ["127.0.0.1:9876"]\n[dledger]\ngroup = "broker-a"\nself_id = "n1"\n'
+        f'secret = "{SECRET}"\n'
+        'members = [{id = "n1", raft_address = "127.0.0.1:20911", service_address = "127.0.0.1:10911"}]\n')
+    config = load_broker_config(path, {"long_polling_timeout_ms": 500})
+    assert (config.cluster_name, config.broker_id, config.long_polling_timeout_ms) == ("C1", 1, 500)
