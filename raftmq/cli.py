@@ -18,6 +18,8 @@ COMMAND_MODULES = (
     "raftmq.commands.bench",
     "raftmq.commands.broker",
     "raftmq.commands.dev",
+    "raftmq.commands.dledger_node",
+    "raftmq.commands.verify",
 )
 
 
