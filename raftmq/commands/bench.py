@@ -8,6 +8,7 @@ BENCH_MODULES = (
     "raftmq.bench.rpc",
     "raftmq.bench.produce",
     "raftmq.bench.consume",
+    "raftmq.bench.dledger",
 )
 
 
