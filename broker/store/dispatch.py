@@ -14,11 +14,13 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from crc32c import crc32c
+
 from remoting.message import BLANK_MAGIC, BODY_LEN, PROPS_LEN, RECORD_HEAD, tags_code
 
 from .commit_log import SIZE_MAGIC, CommitLog
 from .consume_queue import ConsumeQueue
-from .index_file import IndexService, key_hash
+from .index_file import IndexService
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +31,7 @@ DispatchListener = Callable[[str, int, int], None]
 _TAGS = b"TAGS\x01"
 _KEYS = b"KEYS\x01"
 _UNIQ = b"UNIQ_KEY\x01"
+_NEEDLES = {name: b"\x02" + name for name in (_TAGS, _KEYS, _UNIQ)}
 
 
 def find_property(props: bytes, name: bytes) -> bytes | None:
@@ -36,10 +39,11 @@ def find_property(props: bytes, name: bytes) -> bytes | None:
     if props.startswith(name):
         i = len(name)
     else:
-        i = props.find(b"\x02" + name)
+        needle = _NEEDLES.get(name) or b"\x02" + name
+        i = props.find(needle)
         if i < 0:
             return None
-        i += len(name) + 1
+        i += len(needle)
     j = props.find(b"\x02", i)
     return props[i:j] if j >= 0 else props[i:]
 
@@ -96,6 +100,7 @@ class Dispatcher:
         index_file = None
         queues = self.queues
         codes = self._tags_codes
+        crc = crc32c
         unpack8 = SIZE_MAGIC.unpack_from
         unpack_head = RECORD_HEAD.unpack_from
         unpack_i = BODY_LEN.unpack_from
@@ -141,7 +146,18 @@ class Dispatcher:
                 if index_file is None:
                     index_file = index.current(pos)
                 if props:
-                    index_file = self._index_keys(index_file, topic, props, pos, store_ts)
+                    uniq = find_property(props, _UNIQ)
+                    raw_keys = find_property(props, _KEYS)
+                    if uniq or raw_keys:
+                        prefix = topic + b"#"
+                        if uniq and not index_file.put(crc(prefix + uniq) & 0x7FFFFFFF, pos, store_ts):
+                            index_file = index.current(pos)
+                            index_file.put(crc(prefix + uniq) & 0x7FFFFFFF, pos, store_ts)
+                        if raw_keys:
+                            for k in raw_keys.split(b" "):
+                                if k and not index_file.put(crc(prefix + k) & 0x7FFFFFFF, pos, store_ts):
+                                    index_file = index.current(pos)
+                                    index_file.put(crc(prefix + k) & 0x7FFFFFFF, pos, store_ts)
                 index_file.end_phy_offset = pos
                 index_file.end_timestamp = store_ts
             pos += size
@@ -149,23 +165,6 @@ class Dispatcher:
         self.dispatched = pos
         index.write_headers()
         return count
-
-    def _index_keys(self, f, topic: bytes, props: bytes, phy: int, store_ts: int):
-        keys: list[bytes] = []
-        uniq = find_property(props, _UNIQ)
-        if uniq:
-            keys.append(uniq)
-        raw = find_property(props, _KEYS)
-        if raw:
-            keys.extend(k for k in raw.split(b" ") if k)
-        if not keys:
-            return f
-        topic_s = topic.decode("ascii")
-        for k in keys:
-            if f.full:
-                f = self.index.current(phy)
-            f.put(key_hash(topic_s, k.decode("utf-8", "replace")), phy, store_ts)
-        return f
 
     def flush(self) -> None:
         for cq in list(self.queues.values()):

@@ -37,11 +37,18 @@ INDEX_SLOT = struct.Struct(">i")
 INDEX_ENTRY = struct.Struct(">iqii")
 
 
+_pack_entry = INDEX_ENTRY.pack_into
+_pack_slot = INDEX_SLOT.pack_into
+_unpack_slot = INDEX_SLOT.unpack_from
+
+
 def key_hash(topic: str, key: str) -> int:
     return crc32c(f"{topic}#{key}".encode()) & 0x7FFFFFFF
 
 
 class IndexFile:
+    _header_size = INDEX_HEADER.size
+
     def __init__(self, mapped: MappedFile, slots: int, max_entries: int) -> None:
         self.file = mapped
         self.slots = slots
@@ -66,17 +73,21 @@ class IndexFile:
     def full(self) -> bool:
         return self.index_count >= self.max_entries
 
-    def put(self, h: int, phy_offset: int, store_timestamp: int) -> None:
+    def put(self, h: int, phy_offset: int, store_timestamp: int) -> bool:
+        """Add an entry; False (nothing written) when the file is full."""
+        count = self.index_count
+        if count >= self.max_entries:
+            return False
         mm = self.file.mm
-        slot_at = INDEX_HEADER.size + (h % self.slots) * 4
-        prev = INDEX_SLOT.unpack_from(mm, slot_at)[0]
-        if self.index_count == 1:
+        slot_at = self._header_size + (h % self.slots) * 4
+        if count == 1:
             self.begin_timestamp = store_timestamp
-        diff = max(0, (store_timestamp - self.begin_timestamp) // 1000)
-        INDEX_ENTRY.pack_into(mm, self.entries_at + self.index_count * INDEX_ENTRY.size, h, phy_offset,
-                              min(diff, 0x7FFFFFFF), prev)
-        INDEX_SLOT.pack_into(mm, slot_at, self.index_count)
-        self.index_count += 1
+        diff = (store_timestamp - self.begin_timestamp) // 1000
+        _pack_entry(mm, self.entries_at + count * 20, h, phy_offset,
+                    0 if diff < 0 else (diff if diff < 0x7FFFFFFF else 0x7FFFFFFF), _unpack_slot(mm, slot_at)[0])
+        _pack_slot(mm, slot_at, count)
+        self.index_count = count + 1
+        return True
 
     def write_header(self) -> None:
         INDEX_HEADER.pack_into(self.file.mm, 0, self.begin_timestamp, self.end_timestamp, self.begin_phy_offset,

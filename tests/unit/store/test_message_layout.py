@@ -1,0 +1,158 @@
+"""The batch and record layouts of remoting/message.py: golden bytes, round trips, bad input."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from remoting.message import (BATCH_HEAD, MessageFormatError, MessageInput, create_msg_id, decode_batch,
+                              decode_record, encode_batch, encode_record, iter_records, parse_msg_id, tags_code,
+                              validate_batch)
+
+GOLDEN_RECORD = bytes.fromhex(
+    "00000065"  # total_size 101
+    "daa320a7"  # magic
+    "f59dd9c2"  # crc32c(b"hi")
+    "00000001"  # queue_id
+    "00000000"  # flag
+    "0000000000000003"  # queue_offset
+    "0000000000000004"  # phy_offset
+    "00000000"  # sys_flag
+    "0000000000000001"  # born_timestamp
+    "7f000001" "00000002"  # born host 127.0.0.1:2
+    "0000000000000005"  # store_timestamp
+    "0a000001" "00000006"  # store host 10.0.0.1:6
+    "00000000"  # reconsume_times
+    "0000000000000000"  # prepared_transaction_offset
+    "00000002" "6869"  # body
+    "01" "54"  # topic "T"
+    "0007" "54414753016102"  # properties "TAGS\x01a\x02"
+)
+
+MESSAGE = MessageInput("T", 1, b"hi", {"TAGS": "a"}, born_timestamp=1, born_host=("127.0.0.1", 2))
+
+
+def test_golden_record_bytes():
+    buf = bytearray(200)
+    size = encode_record(buf, 0, MESSAGE, queue_offset=3, phy_offset=4, store_timestamp=5,
+                         store_host=("10.0.0.1", 6))
+    assert bytes(buf[:size]) == GOLDEN_RECORD
+
+
+def test_golden_record_decodes():
+    view = decode_record(GOLDEN_RECORD)
+    assert (view.topic, view.queue_id, view.queue_offset, view.phy_offset, view.size) == ("T", 1, 3, 4, 101)
+    assert view.body == b"hi" and view.tags == "a" and view.store_host == ("10.0.0.1", 6)
+    assert view.msg_id == "0A0000010000000600000000000000" + "04"
+
+
+def test_golden_batch_bytes():
+    batch = encode_batch([MESSAGE], ("10.0.0.1", 6))
+    assert batch == bytes.fromhex(
+        "524d4231" "00000001" "0a000001" "00000006"  # magic, count, store host
+        "0000003d" "00000001" "00000000" "00000000" "0000000000000001" "7f000001" "00000002" "00000000"
+        "0000000000000000"  # entry head: size 61, queue 1, flag, sys_flag, born ts, born host, reconsume, prepared
+    ) + GOLDEN_RECORD[84:]
+
+
+def test_record_fed_one_byte_at_a_time_is_never_accepted_truncated():
+    for n in range(len(GOLDEN_RECORD)):
+        with pytest.raises(MessageFormatError):
+            decode_record(GOLDEN_RECORD[:n])
+    assert decode_record(GOLDEN_RECORD).size == len(GOLDEN_RECORD)
+
+
+def test_corrupted_body_fails_crc():
+    bad = bytearray(GOLDEN_RECORD)
+    bad[88] ^= 1
+    with pytest.raises(MessageFormatError, match="CRC"):
+        decode_record(bytes(bad))
+
+
+def test_tags_code_is_java_string_hash_code():
+    assert tags_code("TagA") == 2598919
+    assert tags_code("") == 0 and tags_code(None) == 0
+    assert tags_code("hello") == 99162322
+    assert tags_code("Hello World") == -862545276  # overflows like a Java int
+
+
+def test_msg_id_round_trip():
+    msg_id = create_msg_id(("192.168.0.9", 10911), 123456789)
+    assert parse_msg_id(msg_id) == (("192.168.0.9", 10911), 123456789)
+    with pytest.raises(MessageFormatError, match="msg_id"):
+        parse_msg_id("zz")
+    with pytest.raises(MessageFormatError, match="32 hex"):
+        parse_msg_id("00")
+
+
+@pytest.mark.parametrize("message, field", [
+    (MessageInput("", 0, b""), "topic"),
+    (MessageInput("a" * 128, 0, b""), "topic"),
+    (MessageInput("bad topic", 0, b""), "topic"),
+    (MessageInput("T", -1, b""), "queue_id"),
+    (MessageInput("T", 0, b"x" * 1025), "body"),
+    (MessageInput("T", 0, b"", {"k": "v" * 40000}), "properties"),
+    (MessageInput("T", 0, b"", {"k\x01": "v"}), "properties"),
+    (MessageInput("T", 0, b"", born_host=("::1", 1)), "born_host"),
+    (MessageInput("T", 0, b"", born_host=("1.2.3.4", 70000)), "born_host"),
+])
+def test_encode_batch_rejects_bad_input_naming_the_field(message, field):
+    with pytest.raises(MessageFormatError) as info:
+        encode_batch([message], ("10.0.0.1", 1), max_message_size=1024)
+    assert info.value.field == field
+
+
+def test_validate_batch_rejects_malformed_batches():
+    good = encode_batch([MESSAGE, MESSAGE], ("10.0.0.1", 6))
+    assert validate_batch(good) == 2
+    for bad, what in [(good[:10], "shorter"), (b"XXXX" + good[4:], "magic"), (good + b"\0", "trailing"),
+                      (good[:-1], "fit"), (good[:4] + b"\0\0\0\3" + good[8:], "ends inside"),
+                      (good[:4] + b"\0\0\0\0" + good[8:], "at least one")]:
+        with pytest.raises(MessageFormatError, match=what):
+            validate_batch(bad)
+    with pytest.raises(MessageFormatError, match="max_message_size"):
+        validate_batch(good, max_message_size=1)
+    with pytest.raises(MessageFormatError):
+        encode_batch([], ("10.0.0.1", 6))
+
+
+topics = st.text(alphabet="abcXYZ019_-%|", min_size=1, max_size=127)
+props = st.dictionaries(st.text(st.characters(blacklist_characters="\x01\x02", blacklist_categories=("Cs",)),
+                                min_size=1, max_size=8),
+                        st.text(st.characters(blacklist_characters="\x01\x02", blacklist_categories=("Cs",)),
+                                max_size=20), max_size=4)
+messages = st.builds(MessageInput, topics, st.integers(0, 2 ** 31 - 1), st.binary(max_size=300), props,
+                     st.integers(-(2 ** 31), 2 ** 31 - 1), st.integers(-(2 ** 31), 2 ** 31 - 1),
+                     st.integers(-(2 ** 63), 2 ** 63 - 1),
+                     st.tuples(st.ip_addresses(v=4).map(str), st.integers(0, 65535)),
+                     st.integers(-(2 ** 31), 2 ** 31 - 1), st.integers(-(2 ** 63), 2 ** 63 - 1))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(messages, min_size=1, max_size=5))
+def test_batch_round_trip(msgs):
+    batch = encode_batch(msgs, ("10.1.2.3", 4))
+    host, decoded = decode_batch(batch)
+    assert host == ("10.1.2.3", 4)
+    assert decoded == [MessageInput(m.topic, m.queue_id, m.body, dict(m.properties), m.flag, m.sys_flag,
+                                    m.born_timestamp, m.born_host, m.reconsume_times,
+                                    m.prepared_transaction_offset) for m in msgs]
+    assert BATCH_HEAD.unpack_from(batch)[1] == len(msgs)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(messages, min_size=1, max_size=4), st.integers(0, 2 ** 62), st.integers(0, 2 ** 40))
+def test_record_round_trip(msgs, store_ts, phy0):
+    buf = bytearray(sum(len(m.body) + 40000 for m in msgs))
+    pos = 0
+    for i, m in enumerate(msgs):
+        pos += encode_record(buf, pos, m, queue_offset=i, phy_offset=phy0 + pos, store_timestamp=store_ts,
+                             store_host=("10.9.8.7", 6))
+    views = list(iter_records(bytes(buf[:pos])))
+    assert [(v.topic, v.queue_id, v.body, v.properties, v.flag, v.sys_flag, v.born_timestamp, v.born_host,
+             v.reconsume_times, v.prepared_transaction_offset) for v in views] == \
+        [(m.topic, m.queue_id, m.body, m.properties, m.flag, m.sys_flag, m.born_timestamp, m.born_host,
+          m.reconsume_times, m.prepared_transaction_offset) for m in msgs]
+    assert [v.queue_offset for v in views] == list(range(len(msgs)))
+    assert all(v.store_timestamp == store_ts for v in views)
