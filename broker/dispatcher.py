@@ -18,14 +18,13 @@ from typing import TYPE_CHECKING, Any
 import cbor2
 
 from broker.processor.admin import AdminProcessor
-from broker.processor.base import RequestRejected, get_int
+from broker.processor.base import RequestRejected, error_response, get_int, reply
 from broker.processor.client_manage import ClientManageProcessor
 from broker.processor.consumer_manage import ConsumerManageProcessor
 from broker.processor.pull_message import PullMessageProcessor
 from broker.processor.query_message import QueryMessageProcessor
 from broker.processor.send_message import SendMessageProcessor
-from dledger import (AppendTimeoutError, BatchRejectedError, GroupBusyError, LeaderChangedError, NotLeaderError,
-                     RecordTooLargeError)
+from dledger import DLedgerError
 from remoting.codec import Frame, make_response
 from remoting.codes import RequestCode, ResponseCode
 
@@ -74,29 +73,13 @@ class BrokerDispatcher:
     async def handle(self, request: Frame, conn: Any) -> Frame | None:
         handler = self.handlers.get(request.code)
         if handler is None:
-            return self._reply(request, ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
-                               f"request code {request.code} is not supported by broker node "
-                               f"{self.node.broker_addr}")
+            return reply(request, ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
+                         f"request code {request.code} is not supported by broker node {self.node.broker_addr}")
         try:
             return await handler(request, conn)
-        except RequestRejected as e:
-            return self._reply(request, e.code, e.remark, e.ext)
-        except (NotLeaderError, LeaderChangedError, BatchRejectedError) as e:
-            rejected = self.node.not_leader()
-            return self._reply(request, ResponseCode.NOT_LEADER, f"{e} ({rejected.remark})", rejected.ext)
-        except GroupBusyError as e:
-            return self._reply(request, ResponseCode.SYSTEM_BUSY, str(e))
-        except AppendTimeoutError as e:
-            return self._reply(request, ResponseCode.FLUSH_SLAVE_TIMEOUT, str(e))
-        except RecordTooLargeError as e:
-            return self._reply(request, ResponseCode.MESSAGE_ILLEGAL, str(e))
+        except (RequestRejected, DLedgerError) as e:
+            return error_response(self.node, request, e)
 
-    @staticmethod
-    def _reply(request: Frame, code: int, remark: str, ext: dict[str, Any] | None = None) -> Frame | None:
-        if request.is_oneway:
-            log.info("oneway request refused code=%d response_code=%d remark=%s", request.code, code, remark)
-            return None
-        return make_response(request, code, remark=remark, ext=ext)
 
     def connection_closed(self, conn: Any) -> None:
         self.node.clients.connection_closed(conn)

@@ -8,10 +8,16 @@ integer within 0..1023, got 'x'"`` so a client (or a human with a packet capture
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
+from dledger import (AppendTimeoutError, BatchRejectedError, DLedgerError, GroupBusyError, LeaderChangedError,
+                     NotLeaderError, RecordTooLargeError)
+from remoting.codec import Frame, make_response
 from remoting.codes import ResponseCode
+
+log = logging.getLogger(__name__)
 
 I32 = (-(2 ** 31), 2 ** 31 - 1)
 I64 = (-(2 ** 63), 2 ** 63 - 1)
@@ -65,3 +71,26 @@ def get_properties(ext: Mapping[str, Any], name: str = "properties") -> dict[str
         if not isinstance(k, str) or not isinstance(v, str):
             raise invalid(name, f"must map strings to strings, got {k!r}: {v!r}")
     return dict(value)
+
+
+def reply(request: Frame, code: int, remark: str, ext: dict[str, Any] | None = None) -> Frame | None:
+    if request.is_oneway:
+        log.info("oneway request refused code=%d response_code=%d remark=%s", request.code, code, remark)
+        return None
+    return make_response(request, code, remark=remark, ext=ext)
+
+
+def error_response(node: Any, request: Frame, exc: RequestRejected | DLedgerError) -> Frame | None:
+    """The one place where a refusal becomes a response code (also used by answers sent from tasks)."""
+    if isinstance(exc, RequestRejected):
+        return reply(request, exc.code, exc.remark, exc.ext)
+    if isinstance(exc, (NotLeaderError, LeaderChangedError, BatchRejectedError)):
+        rejected = node.not_leader()
+        return reply(request, ResponseCode.NOT_LEADER, f"{exc} ({rejected.remark})", rejected.ext)
+    if isinstance(exc, GroupBusyError):
+        return reply(request, ResponseCode.SYSTEM_BUSY, str(exc))
+    if isinstance(exc, AppendTimeoutError):
+        return reply(request, ResponseCode.FLUSH_SLAVE_TIMEOUT, str(exc))
+    if isinstance(exc, RecordTooLargeError):
+        return reply(request, ResponseCode.MESSAGE_ILLEGAL, str(exc))
+    return reply(request, ResponseCode.SYSTEM_ERROR, f"replication failed: {exc}")

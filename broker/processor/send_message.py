@@ -19,10 +19,12 @@ import socket
 import struct
 from typing import TYPE_CHECKING, Any
 
-from broker.processor.base import I32, I64, RequestRejected, get_bool, get_int, get_properties, get_str, invalid
+from broker.processor.base import I32, I64, RequestRejected, error_response, get_bool, get_int, get_properties, get_str, invalid
 from broker.topic_config import TopicConfigError, check_sendable_topic, validate_topic_name
+from dledger import DLedgerError
 from remoting.codec import Frame, make_response
 from remoting.codes import RequestCode, ResponseCode
+from remoting.errors import RaftMQError
 from remoting.message import (BATCH_HEAD, BODY_LEN, ENTRY_HEAD, MAX_PROPERTIES_SIZE, MessageFormatError,
                               MessageInput, encode_batch, encode_properties, validate_batch)
 
@@ -39,7 +41,7 @@ class SendMessageProcessor:
         self.node = node
         self._round_robin = 0
 
-    async def process(self, request: Frame, conn: Any) -> Frame:
+    async def process(self, request: Frame, conn: Any) -> Frame | None:
         node = self.node
         if not node.is_leader():
             raise node.not_leader()
@@ -70,7 +72,31 @@ class SendMessageProcessor:
             batch = self._check_batch(request.body, topic, queue_id, max_size)
         else:
             batch = self._encode_single(request, topic, queue_id, max_size, conn)
-        results = await node.append_messages(batch)
+        if getattr(conn, "nursery", None) is None:
+            return await self._append(request, batch)
+        # Answer from a task: the connection's reader goes on with the next request while this batch waits for
+        # its Raft commit, so one connection keeps many sends in flight (and the group commit fills up).
+        conn.nursery.start_soon(self._append_and_answer, request, batch, conn)
+        return None
+
+    async def _append_and_answer(self, request: Frame, batch: bytes, conn: Any) -> None:
+        try:
+            response = await self._append(request, batch)
+        except (RequestRejected, DLedgerError) as e:
+            response = error_response(self.node, request, e)
+        except Exception:
+            log.exception("send failed unexpectedly code=%d", request.code)
+            response = make_response(request, ResponseCode.SYSTEM_ERROR, remark="unexpected broker error; "
+                                     "see the broker log")
+        if response is None or request.is_oneway:
+            return
+        try:
+            await conn.send_response(response)
+        except RaftMQError as e:
+            log.debug("send answer not delivered error=%s", e)
+
+    async def _append(self, request: Frame, batch: bytes) -> Frame:
+        results = await self.node.append_messages(batch)
         first = results[0]
         msg_id = first.msg_id if len(results) == 1 else ",".join(r.msg_id for r in results)
         return make_response(request, ResponseCode.SUCCESS, ext={
