@@ -32,11 +32,22 @@ from remoting.errors import (
     TopicNotExistError,
     for_code,
 )
+from remoting.transport import (
+    ClientConnection,
+    RemotingClient,
+    RemotingConnection,
+    ServerConnection,
+    open_connection,
+    open_remoting_client,
+    serve_remoting,
+)
 
 __all__ = [
     "DEFAULT_MAX_FRAME_SIZE", "FLAG_ONEWAY", "FLAG_RESPONSE", "NEED_DATA", "NON_ERROR_CODES",
-    "BrokerError", "ConnectError", "ConnectionClosedError", "Frame", "FrameDecoder", "FrameTooLargeError",
-    "InvalidRequestError", "MessageIllegalError", "NotLeaderError", "ProtocolError", "RaftMQError",
-    "RemotingError", "RequestCode", "RequestTimeoutError", "ResponseCode", "ServiceNotAvailableError",
-    "SystemBusyError", "TopicNotExistError", "encode", "for_code", "make_request", "make_response",
+    "BrokerError", "ClientConnection", "ConnectError", "ConnectionClosedError", "Frame", "FrameDecoder",
+    "FrameTooLargeError", "InvalidRequestError", "MessageIllegalError", "NotLeaderError", "ProtocolError",
+    "RaftMQError", "RemotingClient", "RemotingConnection", "RemotingError", "RequestCode",
+    "RequestTimeoutError", "ResponseCode", "ServerConnection", "ServiceNotAvailableError", "SystemBusyError",
+    "TopicNotExistError", "encode", "for_code", "make_request", "make_response", "open_connection",
+    "open_remoting_client", "serve_remoting",
 ]

@@ -139,10 +139,16 @@ def _uint(value: int, name: str) -> bytes:
 def encode(frame: Frame, *, opaque: int | None = None) -> bytes:
     """The frame's wire bytes. ``opaque`` overrides ``frame.opaque`` (connections stamp request ids this way,
     so one request frame can be sent many times). Raises ``ProtocolError`` for a field of the wrong type."""
-    remark, ext, body = frame.remark, frame.ext, frame.body
-    parts = [_MAP4, _KEY_CODE, _uint(frame.code, "code"),
-             _KEY_OPAQUE, _uint(frame.opaque if opaque is None else opaque, "opaque"),
-             _KEY_FLAG, _uint(frame.flag, "flag"), _KEY_VERSION, _uint(frame.version, "version")]
+    code, flag, version, remark, ext, body = frame.code, frame.flag, frame.version, frame.remark, frame.ext, \
+        frame.body
+    if opaque is None:
+        opaque = frame.opaque
+    # Flag and version are almost always tiny: one table lookup instead of a call.
+    flag_bytes = _SMALL_UINTS[flag] if type(flag) is int and 0 <= flag < 24 else _uint(flag, "flag")
+    version_bytes = _SMALL_UINTS[version] if type(version) is int and 0 <= version < 24 else _uint(version,
+                                                                                                    "version")
+    parts = [_MAP4, _KEY_CODE, _uint(code, "code"), _KEY_OPAQUE, _uint(opaque, "opaque"),
+             _KEY_FLAG, flag_bytes, _KEY_VERSION, version_bytes]
     if remark is not None:
         if type(remark) is not str:
             raise ProtocolError(f"header field 'remark' must be a str or None, got {remark!r}")
@@ -158,7 +164,7 @@ def encode(frame: Frame, *, opaque: int | None = None) -> bytes:
             parts.append(cbor2.dumps(ext))
         except (cbor2.CBOREncodeError, TypeError, ValueError) as e:
             raise ProtocolError(f"header field 'ext' cannot be encoded as CBOR: {e}") from None
-    if not isinstance(body, (bytes, bytearray, memoryview)):
+    if type(body) is not bytes and not isinstance(body, (bytearray, memoryview)):
         raise ProtocolError(f"frame body must be bytes, got {type(body).__name__}")
     header = b"".join(parts)
     return b"".join((PREFIX.pack(4 + len(header) + len(body), len(header)), header, body))
@@ -195,7 +201,7 @@ _ARRAY2 = b"\x82"
 _SENTINEL_ITEM = cbor2.dumps(_SENTINEL_VALUE)
 
 
-def _decode_header(header: bytes | memoryview) -> dict[str, Any]:
+def _decode_header(header: bytes | bytearray) -> dict[str, Any]:
     wrapped = b"".join((_ARRAY2, header, _SENTINEL_ITEM))
     try:
         if wrapped.translate(None, _NOT_TAG_BYTES):
@@ -298,16 +304,13 @@ class FrameDecoder:
         if len(buf) < end:
             return NEED_DATA
         header_end = pos + 8 + header_length
-        with memoryview(buf) as view:
-            try:
-                header = _decode_header(view[pos + 8:header_end])
-                frame = _frame_from_header(header, bytes(view[header_end:end]))
-            except ProtocolError as e:
-                error = e
+        try:
+            if type(buf) is bytes:
+                frame = _frame_from_header(_decode_header(buf[pos + 8:header_end]), buf[header_end:end])
             else:
-                error = None
-        if error is not None:
-            self._fail(error)
+                frame = _frame_from_header(_decode_header(buf[pos + 8:header_end]), bytes(buf[header_end:end]))
+        except ProtocolError as e:
+            self._fail(e)
         if type(buf) is bytearray and end > 65536 and end < len(buf):
             # Many frames in a bytearray: drop the consumed prefix now and then, not after every frame.
             del buf[:end]

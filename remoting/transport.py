@@ -31,7 +31,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 import outcome
 import trio
@@ -69,6 +69,8 @@ RECEIVE_SIZE = 128 * 1024
 HIGH_WATER_BYTES = 4 * 1024 * 1024
 # How long a connection whose peer went away keeps trying to flush responses already queued.
 DRAIN_TIMEOUT_S = 0.5
+# Request timeouts fire up to this much late; coarser buckets mean fewer timer wake-ups.
+TIMEOUT_RESOLUTION_S = 0.01
 
 
 class RequestHandler(Protocol):
@@ -89,13 +91,6 @@ class ConnectionStatistics:
     pending_requests: int
 
 
-class _Waiter(NamedTuple):
-    task: trio.lowlevel.Task
-    deadline: float
-    timeout_s: float | None
-    code: int
-
-
 class RemotingConnection:
     """One TCP connection, either end. Built by ``serve_remoting`` or a client, never directly."""
 
@@ -107,9 +102,12 @@ class RemotingConnection:
         self._stream = stream
         self._handler = handler
         self._decoder = FrameDecoder(max_frame_size)
-        self._pending: dict[int, _Waiter] = {}
-        self._deadlines: list[tuple[float, int]] = []
-        self._timer_deadline = math.inf
+        # opaque -> (task, deadline, timeout_s, request code); a plain tuple is cheapest to build
+        self._pending: dict[int, tuple[trio.lowlevel.Task, float, float | None, int]] = {}
+        self._wheel: dict[int, list[int]] = {}
+        self._ticks: list[int] = []
+        self._timer_tick: float = math.inf
+        self._clock = trio.lowlevel.current_clock()
         self._timer_parked: trio.lowlevel.Task | None = None
         self._next_opaque = 1
         self._out: list[bytes] = []
@@ -158,20 +156,21 @@ class RemotingConnection:
         if timeout_s is None:
             deadline = math.inf
         elif timeout_s > 0:
-            deadline = trio.current_time() + timeout_s
-            deadlines = self._deadlines
-            # Answered requests leave their entry behind; dropping them from the top keeps the heap about as
-            # large as the number of requests in flight when they share one timeout (the usual case).
-            while deadlines and deadlines[0][1] not in self._pending:
-                heapq.heappop(deadlines)
-            heapq.heappush(deadlines, (deadline, opaque))
-            if deadline < self._timer_deadline and self._timer_parked is not None:
-                task, self._timer_parked = self._timer_parked, None
-                trio.lowlevel.reschedule(task)
+            deadline = self._clock.current_time() + timeout_s
+            tick = -int(-deadline // TIMEOUT_RESOLUTION_S)
+            bucket = self._wheel.get(tick)
+            if bucket is None:
+                self._wheel[tick] = [opaque]
+                heapq.heappush(self._ticks, tick)
+                if tick < self._timer_tick and self._timer_parked is not None:
+                    task, self._timer_parked = self._timer_parked, None
+                    trio.lowlevel.reschedule(task)
+            else:
+                bucket.append(opaque)
         else:
             raise ValueError(f"timeout_s must be > 0 or None, got {timeout_s!r}")
         pending = self._pending
-        pending[opaque] = _Waiter(trio.lowlevel.current_task(), deadline, timeout_s, request.code)
+        pending[opaque] = (trio.lowlevel.current_task(), deadline, timeout_s, request.code)
         self._enqueue(data)
 
         def abort(_: Any) -> trio.lowlevel.Abort:
@@ -259,9 +258,10 @@ class RemotingConnection:
         reason = self._close_reason or "connection closed"
         waiters = list(self._pending.values())
         self._pending.clear()
-        self._deadlines.clear()
+        self._wheel.clear()
+        self._ticks.clear()
         for waiter in waiters:
-            trio.lowlevel.reschedule(waiter.task,
+            trio.lowlevel.reschedule(waiter[0],
                                      outcome.Error(ConnectionClosedError(self.remote_address, reason)))
         self._out.clear()
         self._out_bytes = 0
@@ -304,7 +304,7 @@ class RemotingConnection:
                     if frame.flag & FLAG_RESPONSE:
                         waiter = pending.pop(frame.opaque, None)
                         if waiter is not None:
-                            trio.lowlevel.reschedule(waiter.task, outcome.Value(frame))
+                            trio.lowlevel.reschedule(waiter[0], outcome.Value(frame))
                         else:
                             log.debug("response without a waiting request (timed out?) remote=%s opaque=%d",
                                       self.remote_address, frame.opaque)
@@ -361,19 +361,22 @@ class RemotingConnection:
 
     async def _timeout_loop(self) -> None:
         # One timer per connection instead of a cancel scope per request: on this machine entering and
-        # leaving ``move_on_after`` costs ~20 µs, more than the rest of a request.
-        deadlines, pending = self._deadlines, self._pending
+        # leaving ``move_on_after`` costs ~20 us, more than the rest of a request. Requests are filed in
+        # buckets of TIMEOUT_RESOLUTION_S by deadline (a dict append per request); a heap holds the bucket
+        # numbers only, and the timer sleeps until the earliest bucket. Answered requests are skipped there.
+        wheel, ticks, pending = self._wheel, self._ticks, self._pending
         while True:
-            now = trio.current_time()
-            while deadlines and (deadlines[0][0] <= now or deadlines[0][1] not in pending):
-                deadline, opaque = heapq.heappop(deadlines)
-                waiter = pending.get(opaque)
-                if waiter is not None and waiter.deadline == deadline:
-                    del pending[opaque]
-                    error = RequestTimeoutError(self.remote_address, waiter.timeout_s, waiter.code)
-                    trio.lowlevel.reschedule(waiter.task, outcome.Error(error))
-            self._timer_deadline = deadlines[0][0] if deadlines else math.inf
-            with trio.move_on_at(self._timer_deadline):
+            now = self._clock.current_time()
+            while ticks and ticks[0] * TIMEOUT_RESOLUTION_S <= now:
+                for opaque in wheel.pop(heapq.heappop(ticks)):
+                    waiter = pending.get(opaque)
+                    # The tolerance absorbs float rounding of tick * resolution against the deadline.
+                    if waiter is not None and waiter[1] <= now + TIMEOUT_RESOLUTION_S:
+                        del pending[opaque]
+                        error = RequestTimeoutError(self.remote_address, waiter[2], waiter[3])
+                        trio.lowlevel.reschedule(waiter[0], outcome.Error(error))
+            self._timer_tick = ticks[0] if ticks else math.inf
+            with trio.move_on_at(self._timer_tick * TIMEOUT_RESOLUTION_S if ticks else math.inf):
                 self._timer_parked = trio.lowlevel.current_task()
 
                 def abort(_: Any) -> trio.lowlevel.Abort:

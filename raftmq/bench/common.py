@@ -1,0 +1,162 @@
+"""Shared pieces of the ``raftmq bench`` commands: latency statistics, a live progress bar, the results table,
+and a server process spawned for a benchmark and stopped by PID.
+
+A benchmark's client runs in trio, so the progress bar is refreshed by a trio task (``show_progress``) rather
+than by rich's own refresh thread, which would take the GIL from the measured loop at its own pace.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import trio
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from remoting.config import ConfigError
+
+__all__ = [
+    "LatencySummary", "ReadyProcess", "check_range", "percentile", "print_json", "print_table",
+    "show_progress", "spawn_ready_process", "summarize_latencies",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class LatencySummary:
+    count: int
+    mean_ms: float
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    max_ms: float
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0..100) of already sorted values, nearest-rank; NaN when there are none."""
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile q must be within 0..100, got {q!r}")
+    if not sorted_values:
+        return math.nan
+    rank = max(1, math.ceil(q / 100 * len(sorted_values)))
+    return sorted_values[rank - 1]
+
+
+def summarize_latencies(latencies_ns: Iterable[int]) -> LatencySummary:
+    values = sorted(latencies_ns)
+    if not values:
+        return LatencySummary(0, math.nan, math.nan, math.nan, math.nan, math.nan)
+    ms = 1e-6
+    return LatencySummary(len(values), sum(values) / len(values) * ms, percentile(values, 50) * ms,
+                          percentile(values, 90) * ms, percentile(values, 99) * ms, values[-1] * ms)
+
+
+def check_range(name: str, value: float, lo: float, hi: float) -> None:
+    """Reject an out-of-range option with a sentence naming it (the CLI turns ConfigError into exit 2)."""
+    if not lo <= value <= hi:
+        raise ConfigError(f"{name} must be within {lo:g}..{hi:g}, got {value!r}")
+
+
+async def show_progress(console: Console, description: str, total_s: float, completed: Callable[[], int],
+                        *, interval_s: float = 0.5) -> None:
+    """A progress bar over ``total_s`` seconds showing the running rate of ``completed()``; runs until
+    cancelled. Prints nothing when the console is not a terminal (logs and pipes stay clean)."""
+    if not console.is_terminal:
+        await trio.sleep_forever()
+    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TimeElapsedColumn(),
+                        TextColumn("{task.fields[rate]}"), console=console, auto_refresh=False, transient=True)
+    with progress:
+        task = progress.add_task(description, total=total_s, rate="")
+        start = time.monotonic()
+        last_t, last_n = start, completed()
+        while True:
+            await trio.sleep(interval_s)
+            now, n = time.monotonic(), completed()
+            rate = (n - last_n) / (now - last_t) if now > last_t else 0.0
+            last_t, last_n = now, n
+            progress.update(task, completed=min(now - start, total_s), rate=f"{rate:,.0f}/s")
+            progress.refresh()
+
+
+def print_table(console: Console, title: str, rows: Sequence[tuple[str, Any]]) -> None:
+    table = Table(title=title, show_header=True, header_style="bold")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for name, value in rows:
+        table.add_row(name, f"{value:,.3f}" if isinstance(value, float) else f"{value:,}"
+                      if isinstance(value, int) else str(value))
+    console.print(table)
+
+
+def print_json(**fields: Any) -> None:
+    """One JSON line on stdout, for scripts and tests (``--json``)."""
+    print(json.dumps({k: asdict(v) if hasattr(v, "__dataclass_fields__") else v for k, v in fields.items()}),
+          flush=True)
+
+
+class ReadyProcess:
+    """A server started for a benchmark: its ready-line fields, stopped by PID (SIGTERM, then SIGKILL)."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], fields: dict[str, str]) -> None:
+        self.proc = proc
+        self.pid = proc.pid
+        self.fields = fields
+
+    def stop(self, timeout_s: float = 5.0) -> int:
+        if self.proc.poll() is None:
+            os.kill(self.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                os.kill(self.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        return self.proc.returncode
+
+    def __enter__(self) -> ReadyProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def spawn_ready_process(args: Sequence[str], *, ready_timeout_s: float = 30.0) -> ReadyProcess:
+    """Start ``python -m raftmq ARGS`` and wait for its ``ready ...`` line (see ``raftmq.runner``). Its
+    stderr goes to ours, so its warnings stay visible; it is killed if it is not ready in time."""
+    argv = [sys.executable, "-m", "raftmq", *args]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, bufsize=0)
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    deadline = time.monotonic() + ready_timeout_s
+    received = b""
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_READ)
+        while True:
+            # Raw reads and our own line splitting: a buffered readline could hold the ready line in its
+            # buffer while select() waits for bytes that never come.
+            *lines, received = received.split(b"\n")
+            for raw in lines:
+                line = raw.decode(errors="replace")
+                if line.startswith("ready "):
+                    fields = dict(part.split("=", 1) for part in line.split()[1:] if "=" in part)
+                    return ReadyProcess(proc, fields)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not sel.select(remaining):
+                ReadyProcess(proc, {}).stop()
+                raise RuntimeError(f"{' '.join(argv)} printed no ready line within {ready_timeout_s:g} s")
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                code = proc.wait(10)
+                raise RuntimeError(f"{' '.join(argv)} exited with status {code} before it was ready")
+            received += chunk

@@ -1,0 +1,306 @@
+"""The frame codec: golden bytes, round trips, byte-at-a-time decoding, and every way a frame can be bad."""
+
+from __future__ import annotations
+
+import struct
+
+import cbor2
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from remoting.codec import (
+    FLAG_ONEWAY,
+    FLAG_RESPONSE,
+    NEED_DATA,
+    Frame,
+    FrameDecoder,
+    encode,
+    make_request,
+    make_response,
+)
+from remoting.codes import RequestCode, ResponseCode
+from remoting.errors import FrameTooLargeError, ProtocolError
+
+# Golden frames, computed by hand from the layout in remoting/codec.py and docs/protocol.md:
+# total_length(4 BE) | header_length(4 BE) | CBOR map | body.
+# CBOR pieces: a4/a5/a6 = map of 4/5/6 pairs; 64 'code', 66 'opaque', 64 'flag', 67 'version', 66 'remark',
+# 63 'ext' are text strings of that length; 00..17 are uints 0..23 in one byte, 18 xx one more byte,
+# 19 xxxx two more bytes.
+GOLDEN = [
+    (
+        "SEND_MESSAGE request, opaque 1, nothing else",
+        Frame(code=10, opaque=1),
+        "00000022" "0000001e"                      # total 34 = 4 + 30, header 30
+        "a4"                                       # map(4)
+        "64" "636f6465" "0a"                       # "code": 10
+        "66" "6f7061717565" "01"                   # "opaque": 1
+        "64" "666c6167" "00"                       # "flag": 0
+        "67" "76657273696f6e" "00",                # "version": 0
+    ),
+    (
+        "TOPIC_NOT_EXIST response with a remark, opaque 300",
+        Frame(code=17, opaque=300, flag=FLAG_RESPONSE, remark="no"),
+        "0000002e" "0000002a"                      # total 46 = 4 + 42, header 42
+        "a5"                                       # map(5)
+        "64" "636f6465" "11"                       # "code": 17
+        "66" "6f7061717565" "19012c"               # "opaque": 300 (uint16)
+        "64" "666c6167" "01"                       # "flag": 1 (response)
+        "67" "76657273696f6e" "00"                 # "version": 0
+        "66" "72656d61726b" "62" "6e6f",           # "remark": "no"
+    ),
+    (
+        "ECHO oneway request with ext and a 2-byte body, opaque 24",
+        Frame(code=1000, opaque=24, flag=FLAG_ONEWAY, ext={"topic": "t"}, body=b"\x00\x01"),
+        "00000034" "0000002e"                      # total 52 = 4 + 46 + 2, header 46
+        "a5"                                       # map(5)
+        "64" "636f6465" "1903e8"                   # "code": 1000 (uint16)
+        "66" "6f7061717565" "1818"                 # "opaque": 24 (uint8)
+        "64" "666c6167" "02"                       # "flag": 2 (oneway)
+        "67" "76657273696f6e" "00"                 # "version": 0
+        "63" "657874" "a1" "65" "746f706963" "61" "74"  # "ext": {"topic": "t"}
+        "0001",                                    # body
+    ),
+    (
+        "response with remark and ext, version 3, opaque 2**31-1",
+        Frame(code=0, opaque=2**31 - 1, flag=FLAG_RESPONSE, version=3, remark="", ext={"n": -1}),
+        "00000036" "00000032"                      # total 54 = 4 + 50, header 50
+        "a6"                                       # map(6)
+        "64" "636f6465" "00"                       # "code": 0
+        "66" "6f7061717565" "1a7fffffff"           # "opaque": 2**31-1 (uint32)
+        "64" "666c6167" "01"                       # "flag": 1
+        "67" "76657273696f6e" "03"                 # "version": 3
+        "66" "72656d61726b" "60"                   # "remark": ""
+        "63" "657874" "a1" "61" "6e" "20",         # "ext": {"n": -1}
+    ),
+]
+
+
+@pytest.mark.parametrize("name,frame,wire_hex", GOLDEN, ids=[g[0] for g in GOLDEN])
+def test_golden_bytes(name, frame, wire_hex):
+    wire = bytes.fromhex(wire_hex)
+    assert encode(frame) == wire
+    decoder = FrameDecoder()
+    decoder.feed(wire)
+    assert decoder.next_frame() == frame
+    assert decoder.next_frame() is NEED_DATA
+
+
+def test_golden_stream_fed_one_byte_at_a_time():
+    frames = [g[1] for g in GOLDEN]
+    stream = b"".join(bytes.fromhex(g[2]) for g in GOLDEN)
+    decoder = FrameDecoder()
+    out = []
+    for i in range(len(stream)):
+        decoder.feed(stream[i:i + 1])
+        while (frame := decoder.next_frame()) is not NEED_DATA:
+            out.append(frame)
+    assert out == frames
+    assert decoder.buffered_bytes == 0
+
+
+def test_opaque_override_stamps_the_wire_not_the_frame():
+    frame = make_request(RequestCode.ECHO, body=b"x")
+    wire = encode(frame, opaque=77)
+    decoder = FrameDecoder()
+    decoder.feed(wire)
+    assert decoder.next_frame().opaque == 77
+    assert frame.opaque == 0
+
+
+def test_make_request_and_response():
+    request = make_request(RequestCode.SEND_MESSAGE, ext={"topic": "t"}, body=b"b")
+    assert (request.code, request.flag, request.is_response, request.is_oneway) == (10, 0, False, False)
+    assert type(request.code) is int
+    assert make_request(RequestCode.HEART_BEAT, oneway=True).is_oneway
+    request = Frame(code=10, opaque=9, version=2)
+    response = make_response(request, ResponseCode.TOPIC_NOT_EXIST, remark="topic t does not exist",
+                             ext={"topic": "t"})
+    assert (response.code, response.opaque, response.version) == (17, 9, 2)
+    assert response.is_response and not response.is_oneway
+    assert response.ext == {"topic": "t"} and response.remark == "topic t does not exist"
+
+
+def test_repr_shows_body_size_not_bytes():
+    text = repr(make_request(RequestCode.SEND_MESSAGE, body=b"secret-payload"))
+    assert "secret" not in text and "14B" in text
+
+
+# ---------------------------------------------------------------------------------------------- properties
+
+json_like = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats(allow_nan=False)
+    | st.text(max_size=20) | st.binary(max_size=20),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=12,
+)
+uint31 = st.integers(0, 2**31 - 1)
+frames = st.builds(
+    Frame,
+    code=uint31, opaque=uint31, flag=st.integers(0, 3) | uint31, version=st.integers(0, 30) | uint31,
+    remark=st.none() | st.text(max_size=40),
+    ext=st.dictionaries(st.text(max_size=12), json_like, max_size=5),
+    body=st.binary(max_size=300),
+)
+
+
+@given(frames)
+@settings(max_examples=200)
+def test_round_trip(frame):
+    decoder = FrameDecoder()
+    decoder.feed(encode(frame))
+    assert decoder.next_frame() == frame
+    assert decoder.next_frame() is NEED_DATA
+
+
+@given(frames)
+@settings(max_examples=100)
+def test_hand_encoded_header_matches_cbor2(frame):
+    wire = encode(frame)
+    total, header_length = struct.unpack_from(">II", wire)
+    header = {"code": frame.code, "opaque": frame.opaque, "flag": frame.flag, "version": frame.version}
+    if frame.remark is not None:
+        header["remark"] = frame.remark
+    if frame.ext:
+        header["ext"] = frame.ext
+    assert wire[8:8 + header_length] == cbor2.dumps(header)
+    assert total == len(wire) - 4
+
+
+@given(st.lists(frames, min_size=1, max_size=6), st.data())
+@settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow])
+def test_any_split_of_a_stream_decodes_the_same(frame_list, data):
+    stream = b"".join(encode(f) for f in frame_list)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=10)))
+    decoder = FrameDecoder()
+    out = []
+    for start, end in zip([0, *cuts], [*cuts, len(stream)]):
+        decoder.feed(stream[start:end])
+        while (frame := decoder.next_frame()) is not NEED_DATA:
+            out.append(frame)
+    assert out == frame_list
+
+
+@given(st.binary(min_size=1, max_size=200))
+@settings(max_examples=200)
+def test_garbage_never_escapes_as_another_exception(garbage):
+    decoder = FrameDecoder(max_frame_size=1024)
+    decoder.feed(garbage)
+    try:
+        while decoder.next_frame() is not NEED_DATA:
+            pass
+    except ProtocolError:
+        assert decoder.failed is not None
+
+
+# ---------------------------------------------------------------------------------------------- bad input
+
+
+def _frame_bytes(header: bytes, body: bytes = b"", *, total: int | None = None,
+                 header_length: int | None = None) -> bytes:
+    total = 4 + len(header) + len(body) if total is None else total
+    header_length = len(header) if header_length is None else header_length
+    return struct.pack(">II", total, header_length) + header + body
+
+
+GOOD_HEADER = {"code": 10, "opaque": 1, "flag": 0, "version": 0}
+
+
+def _expect_failure(wire: bytes, match: str, error: type[ProtocolError] = ProtocolError, *,
+                    max_frame_size: int = 1 << 20) -> ProtocolError:
+    decoder = FrameDecoder(max_frame_size=max_frame_size)
+    decoder.feed(wire)
+    with pytest.raises(error, match=match) as info:
+        decoder.next_frame()
+    # ...and it stays failed: the stream has no trustworthy frame boundary any more.
+    with pytest.raises(error):
+        decoder.next_frame()
+    with pytest.raises(error):
+        decoder.feed(encode(Frame(code=1)))
+    assert decoder.failed is info.value
+    return info.value
+
+
+@pytest.mark.parametrize("wire,match", [
+    (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", "exceeds the maximum frame size"),
+    (_frame_bytes(cbor2.dumps(GOOD_HEADER), header_length=200), r"header_length 200 does not fit"),
+    (_frame_bytes(cbor2.dumps(GOOD_HEADER), header_length=0), r"header_length 0 does not fit"),
+    (struct.pack(">I", 3) + b"\x00\x00\x00", "below the minimum"),
+    (_frame_bytes(cbor2.dumps([10, 1, 0, 0])), "expected a CBOR map, got list"),
+    (_frame_bytes(cbor2.dumps("code")), "expected a CBOR map, got str"),
+    (_frame_bytes(b"\xff\xff\xff"), "not valid CBOR"),
+    (_frame_bytes(cbor2.dumps(GOOD_HEADER)[:-1]), "not valid CBOR"),
+    (_frame_bytes(cbor2.dumps(GOOD_HEADER) + b"\x01"), "more \\(or less\\) than one CBOR item"),
+    (_frame_bytes(cbor2.dumps({**GOOD_HEADER, "code": "10"})), "field 'code' must be an int"),
+    (_frame_bytes(cbor2.dumps({**GOOD_HEADER, "opaque": -1})), "field 'opaque' must be within"),
+    (_frame_bytes(cbor2.dumps({**GOOD_HEADER, "flag": True})), "field 'flag' must be an int"),
+    (_frame_bytes(cbor2.dumps({**GOOD_HEADER, "version": 2**31})), "field 'version' must be within"),
+    (_frame_bytes(cbor2.dumps({"code": 10, "opaque": 1, "flag": 0})), "missing field 'version'"),
+    (_frame_bytes(cbor2.dumps({**GOOD_HEADER, "remark": 5})), "field 'remark' must be text"),
+    (_frame_bytes(cbor2.dumps({**GOOD_HEADER, "ext": [1]})), "field 'ext' must be a map"),
+    (_frame_bytes(cbor2.dumps({**GOOD_HEADER, "ext": {"a": {1: 2}}})), "not valid CBOR"),
+    (_frame_bytes(cbor2.dumps({**GOOD_HEADER, "ext": {b"k": 1}})), "field 'ext' must be a map with text"),
+    (_frame_bytes(cbor2.dumps({**GOOD_HEADER, "ext": cbor2.CBORTag(35, "a+")})), "tags are not allowed"),
+    (_frame_bytes(cbor2.dumps({**GOOD_HEADER, "ext": cbor2.CBORTag(9999, 1)})), "not valid CBOR|tags"),
+    (_frame_bytes(b"\x81" * 100 + b"\x00"), "not valid CBOR"),
+], ids=["http-garbage", "header-length-past-total", "zero-header-length", "tiny-total", "array-header",
+        "string-header", "invalid-cbor", "truncated-header", "trailing-bytes-in-header", "code-not-int",
+        "negative-opaque", "bool-flag", "version-too-large", "missing-version", "remark-not-text",
+        "ext-not-map", "ext-int-key-deep", "ext-bytes-key", "regex-tag", "unknown-tag", "deep-nesting"])
+def test_bad_frames_fail_the_decoder(wire, match):
+    _expect_failure(wire, match)
+
+
+def test_oversize_is_refused_from_the_length_prefix_alone():
+    error = _expect_failure(struct.pack(">I", 1025), "1025 bytes exceeds the maximum frame size of 1024",
+                            FrameTooLargeError, max_frame_size=1024)
+    assert (error.size, error.max_size) == (1025, 1024)
+
+
+def test_frame_of_exactly_the_maximum_size_is_accepted():
+    frame = Frame(code=1, body=b"z" * 100)
+    wire = encode(frame)
+    decoder = FrameDecoder(max_frame_size=len(wire) - 4)
+    decoder.feed(wire)
+    assert decoder.next_frame() == frame
+
+
+def test_good_frames_before_a_bad_one_are_delivered():
+    decoder = FrameDecoder()
+    decoder.feed(encode(Frame(code=1)) + encode(Frame(code=2)) + b"\x00\x00\x00\x01junk")
+    assert decoder.next_frame().code == 1
+    assert decoder.next_frame().code == 2
+    with pytest.raises(ProtocolError):
+        decoder.next_frame()
+
+
+def test_unknown_header_keys_are_ignored_for_forward_compatibility():
+    decoder = FrameDecoder()
+    decoder.feed(_frame_bytes(cbor2.dumps({**GOOD_HEADER, "future": [1, 2]})))
+    assert decoder.next_frame() == Frame(code=10, opaque=1)
+
+
+@pytest.mark.parametrize("frame,match", [
+    (Frame(code=True), "field 'code' must be an int"),
+    (Frame(code="10"), "field 'code' must be an int"),
+    (Frame(code=-1), "field 'code' must be >= 0"),
+    (Frame(code=1, opaque=2**31), "field 'opaque' must be <= 2147483647"),
+    (Frame(code=1, flag=None), "field 'flag' must be an int"),
+    (Frame(code=1, remark=b"x"), "'remark' must be a str"),
+    (Frame(code=1, ext={1: "x"}), "'ext' must be a dict with str keys"),
+    (Frame(code=1, ext={"x": object()}), "cannot be encoded as CBOR"),
+    (Frame(code=1, body="text"), "body must be bytes"),
+])
+def test_encode_refuses_bad_fields(frame, match):
+    with pytest.raises(ProtocolError, match=match):
+        encode(frame)
+
+
+def test_int_enum_codes_encode_as_plain_ints():
+    assert encode(Frame(code=RequestCode.ECHO)) == encode(Frame(code=1000))
+
+
+@pytest.mark.parametrize("bad", [0, 15, "16", None])
+def test_decoder_rejects_a_silly_maximum(bad):
+    with pytest.raises(ValueError, match="max_frame_size"):
+        FrameDecoder(max_frame_size=bad)
