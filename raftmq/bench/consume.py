@@ -17,6 +17,7 @@ import uuid
 import trio
 
 from client import Message, open_producer, open_push_consumer
+from raftmq.bench.common import check_range, summarize_latencies
 from raftmq.bench.produce import BenchReport, add_cluster_args, bench_cluster, ensure_topic, progress, report
 
 log = logging.getLogger(__name__)
@@ -35,7 +36,8 @@ def register(subparsers) -> None:
 
 async def _produce(namesrv: str, args: argparse.Namespace, sent: dict) -> None:
     body = b"x" * args.size
-    per_batch = 64
+    # One batch must fit one Raft entry (64 KiB by default, headers included): stay well under it.
+    per_batch = max(1, min(32, 48_000 // (args.size + 200)))
 
     async with open_producer(namesrv, producer_group="bench_consume_producer") as producer:
         async def worker(n_batches: int) -> None:
@@ -58,14 +60,13 @@ async def consume(namesrv: str, args: argparse.Namespace) -> BenchReport:
             started = time.monotonic()
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_produce, namesrv, args, sent)
-                nursery.start_soon(progress, "producing backlog", 600, lambda: sent["n"],
-                                   time.monotonic() + 600)
+                nursery.start_soon(progress, "producing backlog", 600, lambda: sent["n"])
                 while sent["n"] < args.messages:
                     await trio.sleep(0.1)
                 nursery.cancel_scope.cancel()
             log.info("backlog of %d produced in %.1fs", sent["n"], time.monotonic() - started)
     target = args.messages
-    latencies: list[float] = []
+    latencies: list[int] = []
     got = {"n": 0}
     group = f"bench_consume_{uuid.uuid4().hex[:8]}"
     async with open_push_consumer(namesrv, topic=args.topic, consumer_group=group,
@@ -74,32 +75,33 @@ async def consume(namesrv: str, args: argparse.Namespace) -> BenchReport:
                                   pull_batch_size=args.pull_batch, pull_threshold_for_queue=4 * args.pull_batch,
                                   rebalance_interval_ms=1000) as consumer:
         started = time.monotonic()
-        deadline = started + args.seconds
         async with trio.open_nursery() as nursery:
             if args.live:
                 nursery.start_soon(_produce, namesrv, args, sent)
-            nursery.start_soon(progress, "consuming", args.seconds, lambda: got["n"], deadline)
-            with trio.move_on_at(deadline):
+            nursery.start_soon(progress, "consuming", args.seconds, lambda: got["n"])
+            with trio.move_on_after(args.seconds):
                 async for msg in consumer:
                     got["n"] += 1
                     if got["n"] % 16 == 0:
-                        latencies.append(max(0.0, time.time() - msg.born_timestamp / 1000))
+                        latencies.append(max(0, time.time_ns() - msg.born_timestamp * 1_000_000))
                     if got["n"] >= target:
                         break
             elapsed = time.monotonic() - started
             nursery.cancel_scope.cancel()
-    return BenchReport("consume", got["n"], got["n"] * args.size, elapsed, latencies, target - got["n"],
+    return BenchReport("consume", got["n"], got["n"] * args.size, elapsed, summarize_latencies(latencies),
+                       target - got["n"],
                        {"size": args.size, "pull_batch": args.pull_batch, "live": args.live})
 
 
 def run(args: argparse.Namespace) -> int:
-    for name in ("size", "messages", "pull_batch"):
-        if getattr(args, name) < 1:
-            raise SystemExit(f"raftmq bench consume: --{name.replace('_', '-')} must be >= 1")
+    check_range("--size", args.size, 0, 4 * 1024 * 1024)
+    check_range("--messages", args.messages, 1, 10**9)
+    check_range("--pull-batch", args.pull_batch, 1, 1024)
+    check_range("--seconds", args.seconds, 0.1, 3600)
 
     async def main() -> BenchReport:
         async with bench_cluster(args) as namesrv:
             return await consume(namesrv, args)
 
-    report(trio.run(main))
+    report(trio.run(main), as_json=args.json)
     return 0

@@ -12,20 +12,16 @@ import argparse
 import contextlib
 import dataclasses
 import logging
-import os
-import signal
-import subprocess
-import sys
 import tempfile
-import threading
 import time
 from collections.abc import AsyncIterator, Callable
 
 import trio
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 from client import Message, SendFailedError, open_admin, open_producer
+from raftmq.bench.common import (LatencySummary, check_range, print_json, print_table, show_progress,
+                                 spawn_ready_process, summarize_latencies)
 from remoting.errors import RaftMQError
 
 log = logging.getLogger(__name__)
@@ -38,40 +34,34 @@ class BenchReport:
     messages: int
     payload_bytes: int
     elapsed_s: float
-    latencies_s: list[float]
+    latency: LatencySummary
     errors: int
     params: dict
 
-    def percentile(self, p: float) -> float:
-        if not self.latencies_s:
-            return float("nan")
-        xs = sorted(self.latencies_s)
-        return xs[min(len(xs) - 1, int(p / 100 * len(xs)))]
+    @property
+    def msgs_per_s(self) -> float:
+        return self.messages / self.elapsed_s if self.elapsed_s else 0.0
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.payload_bytes / self.elapsed_s / 1e6 if self.elapsed_s else 0.0
 
 
-def report(r: BenchReport) -> None:
-    params = " ".join(f"{k}={v}" for k, v in r.params.items())
-    rate = r.messages / r.elapsed_s if r.elapsed_s else 0.0
-    mbs = r.payload_bytes / r.elapsed_s / 1e6 if r.elapsed_s else 0.0
-    Console().print(
-        f"[bold]{r.kind}[/bold] {params}: {r.messages} msgs in {r.elapsed_s:.1f}s = [bold]{rate:,.0f} msgs/s[/bold], "
-        f"{mbs:.1f} MB/s, latency p50 {r.percentile(50) * 1000:.2f} ms p99 {r.percentile(99) * 1000:.2f} ms, "
-        f"errors {r.errors}")
+def report(r: BenchReport, *, as_json: bool = False) -> None:
+    if as_json:
+        print_json(kind=r.kind, params=r.params, messages=r.messages, elapsed_s=r.elapsed_s,
+                   msgs_per_s=r.msgs_per_s, mb_per_s=r.mb_per_s, latency=r.latency, errors=r.errors)
+        return
+    rows = [*((k, v) for k, v in r.params.items()), ("messages", r.messages), ("seconds", r.elapsed_s),
+            ("msgs/s", r.msgs_per_s), ("MB/s", r.mb_per_s), ("latency p50 ms", r.latency.p50_ms),
+            ("latency p99 ms", r.latency.p99_ms), ("latency max ms", r.latency.max_ms), ("errors", r.errors)]
+    print_table(Console(), f"raftmq bench {r.kind}", rows)
 
 
-async def progress(label: str, seconds: float, done: Callable[[], int], deadline: float) -> None:
-    """A rich progress bar over the run's duration, showing messages so far; ends at ``deadline``."""
-    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[msgs]:>10,} msgs"),
-               TimeRemainingColumn())
-    with Progress(*columns, transient=True, console=Console(stderr=True)) as bar:
-        task = bar.add_task(label, total=seconds, msgs=0)
-        start = deadline - seconds
-        while True:
-            now = time.monotonic()
-            bar.update(task, completed=min(now - start, seconds), msgs=done())
-            if now >= deadline:
-                return
-            await trio.sleep(min(0.25, deadline - now))
+async def progress(label: str, seconds: float, done: Callable[[], int]) -> None:
+    """The shared progress bar, stopped after ``seconds``."""
+    with trio.move_on_after(seconds):
+        await show_progress(Console(stderr=True), label, seconds, done)
 
 
 def add_cluster_args(parser: argparse.ArgumentParser) -> None:
@@ -79,6 +69,7 @@ def add_cluster_args(parser: argparse.ArgumentParser) -> None:
                         help="name server HOST:PORT; default: start a cluster (raftmq dev) for the run")
     parser.add_argument("--topic", default="BenchTopic", help="topic (created if missing; default BenchTopic)")
     parser.add_argument("--queues", type=int, default=8, help="queues of the topic when created (default 8)")
+    parser.add_argument("--json", action="store_true", help="print the result as one JSON line")
 
 
 @contextlib.asynccontextmanager
@@ -89,36 +80,13 @@ async def bench_cluster(args: argparse.Namespace) -> AsyncIterator[str]:
         yield args.namesrv
         return
     with tempfile.TemporaryDirectory(prefix="raftmq-bench-") as tmp:
-        proc = subprocess.Popen([sys.executable, "-m", "raftmq", "--log-level", "WARNING", "dev",
-                                 "--data-dir", tmp, "--base-port", "0"],
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        dev = await trio.to_thread.run_sync(lambda: spawn_ready_process(
+            ["--log-level", "WARNING", "dev", "--data-dir", tmp, "--base-port", "0"], ready_timeout_s=120))
         try:
-            namesrv = await trio.to_thread.run_sync(_wait_dev_ready, proc)
-            yield namesrv
+            yield dev.fields["namesrv"]
         finally:
-            if proc.poll() is None:
-                os.kill(proc.pid, signal.SIGTERM)
-                try:
-                    await trio.to_thread.run_sync(proc.wait, 15)
-                except subprocess.TimeoutExpired:
-                    os.kill(proc.pid, signal.SIGKILL)
-                    proc.wait(5)
-
-
-def _wait_dev_ready(proc: subprocess.Popen) -> str:
-    assert proc.stdout is not None
-    deadline = time.monotonic() + 60
-    for line in proc.stdout:
-        if line.startswith("ready "):
-            fields = dict(part.split("=", 1) for part in line.split()[1:] if "=" in part)
-            addr = fields.get("namesrv") or fields.get("listen")
-            if addr:
-                # Keep draining stdout in the background so the cluster never blocks on a full pipe.
-                threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
-                return addr.split(",")[0].split(";")[0]
-        if time.monotonic() > deadline:
-            break
-    raise SystemExit(f"raftmq dev did not become ready (exit code {proc.poll()})")
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(lambda: dev.stop(timeout_s=30))
 
 
 def register(subparsers) -> None:
@@ -134,11 +102,12 @@ def register(subparsers) -> None:
 
 
 def _check(args: argparse.Namespace) -> None:
-    for name, lo in (("size", 0), ("concurrency", 1), ("batch", 1), ("messages", 1)):
-        if getattr(args, name) < lo:
-            raise SystemExit(f"raftmq bench produce: --{name} must be >= {lo}, got {getattr(args, name)}")
-    if not 0 < args.seconds <= 3600:
-        raise SystemExit(f"raftmq bench produce: --seconds must be within (0, 3600], got {args.seconds}")
+    check_range("--size", args.size, 0, 4 * 1024 * 1024)
+    check_range("--concurrency", args.concurrency, 1, 10_000)
+    check_range("--batch", args.batch, 1, 1024)
+    check_range("--messages", args.messages, 1, 10**9)
+    check_range("--seconds", args.seconds, 0.1, 3600)
+    check_range("--queues", args.queues, 1, 1024)
 
 
 async def ensure_topic(namesrv: str, topic: str, queues: int) -> None:
@@ -156,12 +125,12 @@ async def ensure_topic(namesrv: str, topic: str, queues: int) -> None:
 async def produce(namesrv: str, args: argparse.Namespace) -> BenchReport:
     await ensure_topic(namesrv, args.topic, args.queues)
     body = b"x" * args.size
-    latencies: list[float] = []
+    latencies: list[int] = []
     counters = {"sent": 0, "errors": 0, "measuring": False}
     async with open_producer(namesrv, producer_group="bench_producer") as producer:
         async def worker(deadline: float) -> None:
             while time.monotonic() < deadline and counters["sent"] < args.messages:
-                started = time.perf_counter()
+                started = time.perf_counter_ns()
                 try:
                     if args.batch > 1:
                         await producer.send_batch([Message(args.topic, body) for _ in range(args.batch)])
@@ -172,7 +141,7 @@ async def produce(namesrv: str, args: argparse.Namespace) -> BenchReport:
                     log.debug("send failed: %s", e)
                     continue
                 if counters["measuring"]:
-                    latencies.append(time.perf_counter() - started)
+                    latencies.append(time.perf_counter_ns() - started)
                     counters["sent"] += args.batch
 
         if args.warmup_seconds > 0:
@@ -185,10 +154,11 @@ async def produce(namesrv: str, args: argparse.Namespace) -> BenchReport:
             deadline = started + args.seconds
             for _ in range(args.concurrency):
                 nursery.start_soon(worker, deadline)
-            nursery.start_soon(progress, "producing", args.seconds, lambda: counters["sent"], deadline)
+            nursery.start_soon(progress, "producing", args.seconds, lambda: counters["sent"])
         elapsed = time.monotonic() - started
-    return BenchReport("produce", counters["sent"], counters["sent"] * args.size, elapsed, latencies,
-                       counters["errors"], {"size": args.size, "concurrency": args.concurrency, "batch": args.batch})
+    return BenchReport("produce", counters["sent"], counters["sent"] * args.size, elapsed,
+                       summarize_latencies(latencies), counters["errors"],
+                       {"size": args.size, "concurrency": args.concurrency, "batch": args.batch})
 
 
 def run(args: argparse.Namespace) -> int:
@@ -198,5 +168,5 @@ def run(args: argparse.Namespace) -> int:
         async with bench_cluster(args) as namesrv:
             return await produce(namesrv, args)
 
-    report(trio.run(main))
+    report(trio.run(main), as_json=args.json)
     return 0

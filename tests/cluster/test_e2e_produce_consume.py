@@ -1,0 +1,151 @@
+"""End to end with real processes: a name server and the 3-node group broker-a, our client in this process.
+
+20,000 messages are produced with acknowledgements while a consumer group of two members consumes them; a
+third member joins half way. Every acknowledged message must be consumed, each member must see each queue's
+messages in queue-offset order, and the third member must get queues (a rebalance) without anything lost.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import trio
+
+from client import Message, MessageQueue, SendFailedError, open_admin, open_producer, open_push_consumer
+from raftmq.commands.dev import NODE_IDS, plan_ports, write_broker_configs
+from remoting.errors import RaftMQError
+from tests.procs import ServerProcess, raftmq_argv
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+GROUP = "broker-a"
+
+
+class Cluster:
+    """A name server and a 3-node group started with ``spawn`` (so always stopped by PID); nodes can be killed
+    with SIGKILL and restarted on the same data."""
+
+    def __init__(self, spawn, data_dir: Path) -> None:
+        self._spawn = spawn
+        data_dir.mkdir(parents=True, exist_ok=True)
+        state = plan_ports(data_dir, 0)
+        self.paths = dict(zip(NODE_IDS, write_broker_configs(data_dir, state)))
+        self.namesrv = f"127.0.0.1:{state['ports']['namesrv']}"
+        self.namesrv_proc = spawn(raftmq_argv("namesrv", "--listen", self.namesrv))
+        self.nodes: dict[str, ServerProcess] = {}
+        self.addr_of: dict[str, str] = {}
+        for nid in NODE_IDS:
+            self.start(nid)
+
+    def start(self, nid: str) -> ServerProcess:
+        proc = self._spawn(raftmq_argv("broker", "--config", str(self.paths[nid])), ready_timeout_s=60)
+        self.nodes[nid] = proc
+        self.addr_of[nid] = proc.fields["listen"]
+        return proc
+
+    def node_at(self, addr: str) -> str:
+        return next(nid for nid, a in self.addr_of.items() if a == addr)
+
+    async def leader_addr(self, timeout_s: float = 20.0) -> str:
+        """The address the name servers route as master, once one is registered."""
+        async with open_admin(self.namesrv) as admin:
+            with trio.fail_after(timeout_s):
+                while True:
+                    try:
+                        addr = (await admin.cluster_info()).master_addr(GROUP)
+                        if addr:
+                            return addr
+                    except RaftMQError:
+                        pass
+                    await trio.sleep(0.1)
+
+    async def create_topic(self, topic: str, queues: int, timeout_s: float = 30.0) -> None:
+        async with open_admin(self.namesrv) as admin:
+            with trio.fail_after(timeout_s):
+                while True:
+                    try:
+                        if await admin.create_topic(topic, read_queue_nums=queues, write_queue_nums=queues):
+                            return
+                    except RaftMQError:
+                        pass
+                    await trio.sleep(0.2)
+
+
+async def start_cluster(spawn, tmp_path) -> Cluster:
+    cluster = await trio.to_thread.run_sync(Cluster, spawn, tmp_path / "cluster")
+    await cluster.leader_addr()
+    return cluster
+
+
+@pytest.mark.timeout(240)
+async def test_20k_messages_two_members_then_a_third_joins(spawn, tmp_path):
+    cluster = await start_cluster(spawn, tmp_path)
+    topic, total = "E2ETopic", 20_000
+    await cluster.create_topic(topic, 8)
+
+    deliveries: dict[str, list[tuple[MessageQueue, int, bytes]]] = {"c1": [], "c2": [], "c3": []}
+    consumed: set[bytes] = set()
+    all_consumed = trio.Event()
+
+    def handler(name: str):
+        async def on_message(msg) -> None:
+            deliveries[name].append((msg.message_queue, msg.queue_offset, msg.body))
+            consumed.add(msg.body)
+            if len(consumed) >= total:
+                all_consumed.set()
+        return on_message
+
+    opts = dict(consumer_group="e2e_group", consume_from_where="CONSUME_FROM_FIRST_OFFSET",
+                rebalance_interval_ms=500, persist_consumer_offset_interval_ms=200, pull_batch_size=32)
+    acked: dict[bytes, tuple[MessageQueue, int]] = {}
+    third_assigned: list[MessageQueue] = []
+    started = time.monotonic()
+    async with open_producer(cluster.namesrv) as producer, \
+            open_push_consumer(cluster.namesrv, topic=topic, handler=handler("c1"), **opts), \
+            open_push_consumer(cluster.namesrv, topic=topic, handler=handler("c2"), **opts):
+
+        async def produce(lo: int, hi: int, workers: int = 32) -> None:
+            async def worker(k: int) -> None:
+                for i in range(lo + k, hi, workers):
+                    body = b"%08d" % i
+                    for _ in range(5):
+                        try:
+                            r = await producer.send(Message(topic, body, tags="TagA"))
+                            break
+                        except SendFailedError:
+                            await trio.sleep(0.1)
+                    else:
+                        raise AssertionError(f"message {i} could not be sent in 5 tries")
+                    acked[body] = (r.message_queue, r.queue_offset)
+
+            async with trio.open_nursery() as nursery:
+                for k in range(workers):
+                    nursery.start_soon(worker, k)
+
+        await produce(0, total // 2)
+        async with open_push_consumer(cluster.namesrv, topic=topic, handler=handler("c3"), **opts) as c3:
+            await produce(total // 2, total)
+            with trio.fail_after(120):
+                await all_consumed.wait()
+            third_assigned = c3.assigned_queues()
+    elapsed = time.monotonic() - started
+
+    assert len(acked) == total
+    assert consumed == set(acked), f"{len(set(acked) - consumed)} acknowledged messages were never consumed"
+    # Each member sees each queue in offset order, and a message is where its send said it was stored.
+    for name, msgs in deliveries.items():
+        last: dict[MessageQueue, int] = {}
+        for mq, offset, body in msgs:
+            if mq in last and offset <= last[mq]:
+                raise AssertionError(f"{name} saw {mq} offset {offset} after {last[mq]}")
+            last[mq] = offset
+            assert acked[body] == (mq, offset)
+    assert third_assigned, "the third member never got a queue: no rebalance"
+    assert deliveries["c3"], "the third member consumed nothing"
+    counts = Counter(body for msgs in deliveries.values() for _, _, body in msgs)
+    duplicates = sum(c - 1 for c in counts.values())
+    print(f"\n20k e2e: produced+consumed in {elapsed:.1f}s; per member {[len(v) for v in deliveries.values()]}; "
+          f"duplicates {duplicates}; third member queues {len(third_assigned)}")
