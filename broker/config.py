@@ -26,9 +26,8 @@ from pathlib import Path
 
 from broker.store.config import StoreConfig
 from dledger.config import DLedgerConfig
-from dledger.entry import ENTRY_HEADER
 from remoting.config import ConfigError, bounded, load_config, parse_host_port
-from remoting.message import BATCH_HEAD, ENTRY_HEAD, MAX_PROPERTIES_SIZE, MAX_TOPIC_LENGTH
+from remoting.message import BATCH_HEAD, ENTRY_HEAD, MAX_TOPIC_LENGTH
 
 __all__ = ["BrokerConfig", "load_broker_config"]
 
@@ -95,9 +94,11 @@ class BrokerConfig:
 
     @property
     def max_message_size(self) -> int:
-        """The largest body a send accepts: the store's limit, and one message must fit one Raft entry."""
+        """The largest body a send accepts: the store's limit, and one message must fit one Raft record
+        (``dledger.max_batch_bytes``). Properties are not reserved here: a message whose encoded record is still
+        too long is refused with MESSAGE_ILLEGAL naming the record size."""
         assert self.dledger is not None
-        overhead = ENTRY_HEADER.size + BATCH_HEAD.size + ENTRY_HEAD.size + 7 + MAX_TOPIC_LENGTH + MAX_PROPERTIES_SIZE
+        overhead = BATCH_HEAD.size + ENTRY_HEAD.size + 7 + MAX_TOPIC_LENGTH
         return max(1, min(self.store.max_message_size, self.dledger.max_batch_bytes - overhead))
 
     def member_service_address(self, member_id: str) -> str | None:
