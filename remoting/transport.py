@@ -7,7 +7,8 @@ too, as RocketMQ's broker does for transaction check-backs):
   a request is handed to the handler *inline*, in the reader task, because a task per request costs ~25 µs
   against ~9 µs inline (notes/platform.md). A handler that must wait (long polling, a Raft commit) returns
   None and answers later with ``await conn.send_response(frame)`` from a task of its own, e.g. in
-  ``conn.nursery``, whose tasks end with the connection.
+  ``conn.nursery``, whose tasks end with the connection. For the same reason a handler must never await
+  ``conn.invoke`` inline: the reader that would deliver that response is the task waiting for it.
 * One writer task owns the socket's send side. Everybody else appends encoded frames to a list, and the
   writer sends whatever accumulated as ONE ``send_all``: with many requests in flight this alone doubles
   throughput, because a syscall and a trio checkpoint per frame cost more than the frame itself. Past
@@ -459,20 +460,46 @@ async def _serve_stream(handler: RequestHandler, max_frame_size: int, stream: tr
 # ---------------------------------------------------------------------------------------------- client
 
 
-async def _connect(addr: str, handler: RequestHandler | None, max_frame_size: int, connect_timeout_s: float,
-                   nursery: trio.Nursery) -> ClientConnection:
+@asynccontextmanager
+async def _background_nursery() -> AsyncIterator[trio.Nursery]:
+    """A nursery for connection tasks around a caller's ``async with`` body. Those tasks never raise (they log
+    and close), so an exception group out of it holds what the body raised: unwrap a lone exception, so the
+    caller's ``except TopicNotExistError`` works as if no nursery were there."""
+    try:
+        async with trio.open_nursery() as nursery:
+            yield nursery
+    except BaseExceptionGroup as group:
+        if len(group.exceptions) != 1:
+            raise
+        error = group.exceptions[0]
+        context = error.__context__
+        try:
+            raise error
+        finally:
+            error.__context__ = context
+            del error, context
+
+
+async def _open_stream(addr: str, connect_timeout_s: float) -> trio.SocketStream:
     try:
         host, port = parse_host_port(addr, key="remote address")
     except ConfigError as e:
         raise ValueError(str(e)) from None
-    stream = None
     with trio.move_on_after(connect_timeout_s):
         try:
-            stream = await trio.open_tcp_stream(host, port)
+            return await trio.open_tcp_stream(host, port)
         except OSError as e:
-            raise ConnectError(addr, e.strerror or str(e) or type(e).__name__) from e
-    if stream is None:
-        raise ConnectError(addr, f"no answer within {connect_timeout_s:g} s")
+            # trio wraps the per-address errors in a group: the first one says what happened.
+            cause = e.__cause__
+            if isinstance(cause, BaseExceptionGroup) and cause.exceptions:
+                e = cause.exceptions[0]
+            reason = getattr(e, "strerror", None) or str(e) or type(e).__name__
+            raise ConnectError(addr, reason) from e
+    raise ConnectError(addr, f"no answer within {connect_timeout_s:g} s")
+
+
+async def _start_connection(stream: trio.SocketStream, addr: str, handler: RequestHandler | None,
+                            max_frame_size: int, nursery: trio.Nursery) -> ClientConnection:
     conn = ClientConnection(stream, addr, handler, max_frame_size=max_frame_size)
     await nursery.start(conn._run)
     return conn
@@ -483,9 +510,11 @@ async def open_connection(addr: str, *, handler: RequestHandler | None = None,
                           max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
                           connect_timeout_s: float = 3.0) -> AsyncIterator[ClientConnection]:
     """One connection to ``addr`` ("host:port"), closed on exit. It does not reconnect: use
-    ``open_remoting_client`` for that."""
-    async with trio.open_nursery() as nursery:
-        conn = await _connect(addr, handler, max_frame_size, connect_timeout_s, nursery)
+    ``open_remoting_client`` for that. Raises ``ConnectError`` when it cannot connect."""
+    FrameDecoder(max_frame_size)
+    stream = await _open_stream(addr, connect_timeout_s)
+    async with _background_nursery() as nursery:
+        conn = await _start_connection(stream, addr, handler, max_frame_size, nursery)
         try:
             yield conn
         finally:
@@ -522,8 +551,8 @@ class RemotingClient:
         async with lock:
             conn = self._connections.get(addr)
             if conn is None or conn.closed:
-                conn = await _connect(addr, self._handler, self._max_frame_size, self._connect_timeout_s,
-                                      self._nursery)
+                stream = await _open_stream(addr, self._connect_timeout_s)
+                conn = await _start_connection(stream, addr, self._handler, self._max_frame_size, self._nursery)
                 conn._on_close = self._forget
                 self._connections[addr] = conn
             return conn
@@ -555,7 +584,7 @@ async def open_remoting_client(*, handler: RequestHandler | None = None,
     FrameDecoder(max_frame_size)
     if not connect_timeout_s > 0:
         raise ValueError(f"connect_timeout_s must be > 0, got {connect_timeout_s!r}")
-    async with trio.open_nursery() as nursery:
+    async with _background_nursery() as nursery:
         client = RemotingClient(nursery, handler=handler, max_frame_size=max_frame_size,
                                 connect_timeout_s=connect_timeout_s)
         try:

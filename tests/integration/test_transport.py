@@ -1,0 +1,330 @@
+"""The trio transport in-process on port 0: multiplexing, coalescing, timeouts, oneway, errors, reconnects."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import struct
+
+import pytest
+import trio
+
+from remoting.codec import FLAG_ONEWAY, Frame, encode, make_request, make_response
+from remoting.codes import RequestCode, ResponseCode
+from remoting.errors import (
+    ConnectError,
+    ConnectionClosedError,
+    FrameTooLargeError,
+    RequestTimeoutError,
+    TopicNotExistError,
+)
+from remoting.transport import open_connection, open_remoting_client, serve_remoting
+
+SLOW = 2000  # a request code the test handler never answers by itself
+CLOSE = 2001  # the handler closes the connection
+BOOM = 2002  # the handler raises
+LATER = 2003  # answered from a task after handle() returned None
+NO_TOPIC = 2004  # the handler raises a BrokerError subclass
+HUGE = 2005  # the handler returns a response over the maximum frame size
+
+
+class Handler:
+    def __init__(self) -> None:
+        self.seen: list[Frame] = []
+        self.closed: list[str] = []
+        self.oneway = trio.Event()
+
+    async def handle(self, request: Frame, conn):
+        self.seen.append(request)
+        if request.code == CLOSE:
+            conn.close("test asked to close")
+            return None
+        if request.is_oneway:
+            self.oneway.set()
+            return make_response(request, ResponseCode.SUCCESS)  # must not be sent
+        if request.code == RequestCode.ECHO:
+            return make_response(request, ResponseCode.SUCCESS, ext=request.ext, body=request.body)
+        if request.code == SLOW:
+            return None
+        if request.code == BOOM:
+            raise RuntimeError("handler bug")
+        if request.code == NO_TOPIC:
+            raise TopicNotExistError("topic 'nope' does not exist", topic="nope")
+        if request.code == LATER:
+            async def answer_later():
+                await trio.sleep(0.05)
+                await conn.send_response(make_response(request, ResponseCode.SUCCESS, body=b"later"))
+            conn.nursery.start_soon(answer_later)
+            return None
+        if request.code == HUGE:
+            return make_response(request, ResponseCode.SUCCESS, body=b"h" * 70_000)
+        return make_response(request, ResponseCode.REQUEST_CODE_NOT_SUPPORTED, remark="unknown")
+
+    def connection_closed(self, conn) -> None:
+        self.closed.append(conn.close_reason)
+
+
+@pytest.fixture
+async def server(nursery):
+    handler = Handler()
+    host, port = await nursery.start(lambda task_status: serve_remoting(
+        handler, "127.0.0.1", 0, max_frame_size=64 * 1024, task_status=task_status))
+    return handler, f"{host}:{port}"
+
+
+async def test_echo_round_trip(server):
+    handler, addr = server
+    async with open_remoting_client() as client:
+        response = await client.invoke(addr, make_request(RequestCode.ECHO, ext={"k": [1, "v"]}, body=b"hi"))
+    assert response.code == ResponseCode.SUCCESS and response.is_response
+    assert (response.ext, response.body) == ({"k": [1, "v"]}, b"hi")
+    assert response.opaque == handler.seen[0].opaque != 0
+
+
+async def test_many_requests_in_flight_on_one_connection_are_matched_and_coalesced(server):
+    _, addr = server
+    results: dict[int, bytes] = {}
+    async with open_remoting_client() as client:
+        conn = await client.get_connection(addr)
+
+        async def one(i: int) -> None:
+            response = await client.invoke(addr, make_request(RequestCode.ECHO, body=i.to_bytes(4, "big")))
+            results[i] = response.body
+
+        async with trio.open_nursery() as nursery:
+            for i in range(500):
+                nursery.start_soon(one, i)
+        stats = conn.statistics()
+        assert len(client.connections()) == 1
+    assert results == {i: i.to_bytes(4, "big") for i in range(500)}
+    assert stats.frames_sent == 500 and stats.frames_received == 500 and stats.pending_requests == 0
+    # 500 requests queued before the writer ran go out in far fewer send_all calls.
+    assert stats.send_calls < 50, stats
+
+
+async def test_request_timeout_and_the_connection_lives_on(server):
+    _, addr = server
+    async with open_remoting_client() as client:
+        start = trio.current_time()
+        with pytest.raises(RequestTimeoutError, match=r"did not answer request code 2000 within 0.2 s") as info:
+            await client.invoke(addr, make_request(SLOW), timeout_s=0.2)
+        assert 0.2 <= trio.current_time() - start < 1.0
+        assert info.value.retriable
+        response = await client.invoke(addr, make_request(RequestCode.ECHO, body=b"still"))
+        assert response.body == b"still"
+        assert client.connections()[addr].statistics().pending_requests == 0
+
+
+async def test_timeouts_of_different_lengths_fire_in_order(server):
+    _, addr = server
+    fired: list[float] = []
+    async with open_connection(addr) as conn:
+        async def wait(timeout_s: float) -> None:
+            with pytest.raises(RequestTimeoutError):
+                await conn.invoke(make_request(SLOW), timeout_s=timeout_s)
+            fired.append(timeout_s)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(wait, 0.6)
+            await trio.sleep(0.05)
+            nursery.start_soon(wait, 0.1)  # shorter than the one already waiting: must wake the timer
+    assert fired == [0.1, 0.6]
+
+
+async def test_no_timeout_and_cancellation(server):
+    _, addr = server
+    async with open_connection(addr) as conn:
+        with trio.move_on_after(0.1) as scope:
+            await conn.invoke(make_request(SLOW), timeout_s=None)
+        assert scope.cancelled_caught
+        assert conn.statistics().pending_requests == 0
+        with pytest.raises(ValueError, match="timeout_s"):
+            await conn.invoke(make_request(RequestCode.ECHO), timeout_s=0)
+
+
+async def test_oneway(server):
+    handler, addr = server
+    async with open_connection(addr) as conn:
+        await conn.invoke_oneway(make_request(RequestCode.HEART_BEAT, ext={"client_id": "c1"}))
+        with trio.fail_after(2):
+            await handler.oneway.wait()
+        assert handler.seen[-1].flag & FLAG_ONEWAY and handler.seen[-1].ext == {"client_id": "c1"}
+        # A plain request sent with invoke_oneway is flagged oneway on the wire.
+        await conn.invoke_oneway(make_request(RequestCode.ECHO))
+        response = await conn.invoke(make_request(RequestCode.ECHO, body=b"after"))
+        assert response.body == b"after"
+        assert conn.statistics().frames_received == 1  # no response to either oneway request
+        with pytest.raises(ValueError, match="oneway"):
+            await conn.invoke(make_request(RequestCode.ECHO, oneway=True))
+
+
+async def test_handler_exception_is_system_error_and_connection_lives(server, caplog):
+    _, addr = server
+    async with open_connection(addr) as conn:
+        response = await conn.invoke(make_request(BOOM))
+        assert response.code == ResponseCode.SYSTEM_ERROR
+        assert "RuntimeError: handler bug" in response.remark
+        assert (await conn.invoke(make_request(RequestCode.ECHO, body=b"ok"))).body == b"ok"
+    assert any("handler failed" in r.message and r.exc_info for r in caplog.records)
+
+
+async def test_broker_error_raised_by_handler_becomes_its_response(server):
+    _, addr = server
+    async with open_connection(addr) as conn:
+        response = await conn.invoke(make_request(NO_TOPIC))
+    assert response.code == ResponseCode.TOPIC_NOT_EXIST
+    assert response.remark == "topic 'nope' does not exist" and response.ext == {"topic": "nope"}
+
+
+async def test_deferred_response_from_a_task(server):
+    _, addr = server
+    async with open_connection(addr) as conn:
+        response = await conn.invoke(make_request(LATER))
+    assert response.body == b"later"
+
+
+async def test_broken_connection_fails_every_pending_request_and_the_pool_reconnects(server):
+    handler, addr = server
+    async with open_remoting_client() as client:
+        first = await client.get_connection(addr)
+        failures: list[BaseException] = []
+
+        async def pending() -> None:
+            try:
+                await client.invoke(addr, make_request(SLOW), timeout_s=10)
+            except ConnectionClosedError as e:
+                failures.append(e)
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(20):
+                nursery.start_soon(pending)
+            await trio.sleep(0.1)
+            await client.invoke_oneway(addr, make_request(CLOSE))
+        assert len(failures) == 20
+        assert all(e.retriable and e.refresh_route for e in failures)
+        assert "closed by peer" in str(failures[0])
+        assert first.closed
+        response = await client.invoke(addr, make_request(RequestCode.ECHO, body=b"again"))
+        assert response.body == b"again"
+        assert client.connections()[addr] is not first
+    with trio.fail_after(2):
+        while not handler.closed:
+            await trio.sleep(0.01)
+    assert "test asked to close" in handler.closed[0]
+
+
+async def test_server_going_away(nursery):
+    handler = Handler()
+    serve_scope = trio.CancelScope()
+
+    async def serve(task_status):
+        with serve_scope:
+            await serve_remoting(handler, "127.0.0.1", 0, task_status=task_status)
+
+    host, port = await nursery.start(serve)
+    addr = f"{host}:{port}"
+    async with open_remoting_client(connect_timeout_s=1.0) as client:
+        async with trio.open_nursery() as inner:
+            async def pending() -> None:
+                with pytest.raises(ConnectionClosedError):
+                    await client.invoke(addr, make_request(SLOW), timeout_s=10)
+
+            inner.start_soon(pending)
+            await trio.sleep(0.1)
+            serve_scope.cancel()
+        with pytest.raises(ConnectError, match=f"could not connect to {addr}") as info:
+            await client.invoke(addr, make_request(RequestCode.ECHO))
+        assert info.value.retriable and info.value.refresh_route
+
+
+async def test_connect_to_nothing():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(ConnectError, match="could not connect"):
+        async with open_connection(f"127.0.0.1:{port}"):
+            pass
+    with pytest.raises(ValueError, match="HOST:PORT"):
+        async with open_remoting_client() as client:
+            await client.invoke("no-port", make_request(RequestCode.ECHO))
+
+
+async def test_client_refuses_an_oversize_request_before_sending(server):
+    _, addr = server
+    async with open_connection(addr, max_frame_size=64 * 1024) as conn:
+        with pytest.raises(FrameTooLargeError, match="exceeds the maximum frame size of 65536"):
+            await conn.invoke(make_request(RequestCode.ECHO, body=b"x" * 70_000))
+        assert (await conn.invoke(make_request(RequestCode.ECHO, body=b"ok"))).body == b"ok"
+
+
+async def test_oversize_response_becomes_system_error(server):
+    _, addr = server
+    async with open_connection(addr, max_frame_size=1 << 20) as conn:
+        response = await conn.invoke(make_request(HUGE))
+    assert response.code == ResponseCode.SYSTEM_ERROR
+    assert "exceeds the maximum frame size" in response.remark
+
+
+async def test_bad_frame_closes_only_that_connection(server, caplog):
+    handler, addr = server
+    host, port = addr.rsplit(":", 1)
+    caplog.set_level(logging.WARNING, logger="remoting.transport")
+    async with open_connection(addr) as good:
+        bad = await trio.open_tcp_stream(host, int(port))
+        # A valid request first, then an oversize length prefix: the request is answered, then the server
+        # logs the reason and closes.
+        await bad.send_all(encode(make_request(RequestCode.ECHO, body=b"first"), opaque=5)
+                           + struct.pack(">I", 10_000_000))
+        received = b""
+        with trio.fail_after(5):
+            while chunk := await bad.receive_some(65536):
+                received += chunk
+        assert received.endswith(b"first")
+        await bad.aclose()
+        assert (await good.invoke(make_request(RequestCode.ECHO, body=b"fine"))).body == b"fine"
+    assert any("bad frame" in r.getMessage() and "exceeds the maximum frame size" in r.getMessage()
+               for r in caplog.records)
+
+
+async def test_server_can_call_the_client(nursery):
+    """Both ends are the same connection class: a server may send requests (RocketMQ's check-backs)."""
+    answers: list[Frame] = []
+
+    class AskBack:
+        async def handle(self, request, conn):
+            # Never inline: this reader task is the one that would deliver the answer.
+            async def ask() -> None:
+                answers.append(await conn.invoke(make_request(RequestCode.CHECK_TRANSACTION_STATE), timeout_s=2))
+                await conn.send_response(make_response(request, ResponseCode.SUCCESS))
+
+            conn.nursery.start_soon(ask)
+            return None
+
+    class ClientSide:
+        async def handle(self, request, conn):
+            return make_response(request, ResponseCode.SUCCESS, ext={"state": "commit"})
+
+    host, port = await nursery.start(serve_remoting, AskBack(), "127.0.0.1", 0)
+    async with open_remoting_client(handler=ClientSide()) as client:
+        await client.invoke(f"{host}:{port}", make_request(RequestCode.ECHO))
+    async with open_connection(f"{host}:{port}") as conn:  # no handler: the server is told so
+        await conn.invoke(make_request(RequestCode.ECHO))
+    assert answers[0].ext == {"state": "commit"}
+    assert answers[1].code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
+
+
+async def test_tcp_nodelay_is_set(server):
+    _, addr = server
+    async with open_connection(addr) as conn:
+        assert conn._stream.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+
+
+async def test_close_connection_in_the_pool(server):
+    _, addr = server
+    async with open_remoting_client() as client:
+        first = await client.get_connection(addr)
+        client.close_connection(addr)
+        await trio.sleep(0)
+        assert first.closed
+        assert addr not in client.connections()
+        assert (await client.invoke(addr, make_request(RequestCode.ECHO, body=b"x"))).body == b"x"
