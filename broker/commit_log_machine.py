@@ -25,11 +25,11 @@ import dataclasses
 import struct
 from collections.abc import Sequence
 
-from broker.store import AppendResult, AppendStatus, MessageStore
+from broker.store import AppendedMessage, AppendResult, AppendStatus, MessageStore
 from dledger import ApplyStatus, BatchResult
 from remoting.message import BATCH_HEAD, BATCH_MAGIC, MessageFormatError, batch_count
 
-__all__ = ["CommitLogMachine", "join_batches", "split_result", "encode_payload", "decode_payload"]
+__all__ = ["CommitLogMachine", "RecordResult", "join_batches", "split_result", "encode_payload", "decode_payload"]
 
 _RECORD_COUNT = struct.Struct(">H")
 MAX_RECORDS_PER_ENTRY = 0xFFFF
@@ -48,19 +48,87 @@ def join_batches(batches: Sequence[bytes]) -> bytes:
     return b"".join([BATCH_HEAD.pack(magic, total, ip, port)] + [b[BATCH_HEAD.size:] for b in batches])
 
 
-def split_result(result: AppendResult, counts: Sequence[int]) -> tuple[AppendResult, ...]:
-    """Per-record slices of one ``AppendResult`` (a refusal is every record's result)."""
-    if not result.ok:
-        return tuple(result for _ in counts)
+class RecordResult:
+    """One record's share of the store's ``AppendResult`` for a whole entry. Built on pysyncobj's tick thread
+    for every record, so it only remembers a slice; the per-message columns are cut when first read (on the
+    trio thread, by whoever awaited the append)."""
+
+    __slots__ = ("_entry", "_start", "_count", "__dict__")
+
+    def __init__(self, entry: AppendResult, start: int, count: int) -> None:
+        self._entry = entry
+        self._start = start
+        self._count = count
+
+    @property
+    def status(self) -> AppendStatus:
+        return self._entry.status
+
+    @property
+    def ok(self) -> bool:
+        return self._entry.ok
+
+    @property
+    def remark(self) -> str:
+        return self._entry.remark
+
+    @property
+    def field(self) -> str:
+        return self._entry.field
+
+    @property
+    def store_host(self) -> tuple[str, int]:
+        return self._entry.store_host
+
+    def _cut(self, column: list[int]) -> list[int]:
+        return column[self._start:self._start + self._count] if self._entry.ok else []
+
+    @property
+    def phy_offsets(self) -> list[int]:
+        return self._cut(self._entry.phy_offsets)
+
+    @property
+    def queue_offsets(self) -> list[int]:
+        return self._cut(self._entry.queue_offsets)
+
+    @property
+    def sizes(self) -> list[int]:
+        return self._cut(self._entry.sizes)
+
+    @property
+    def queue_ids(self) -> list[int]:
+        return self._cut(self._entry.queue_ids)
+
+    @property
+    def start_phy_offset(self) -> int:
+        phys = self.phy_offsets
+        return phys[0] if phys else self._entry.start_phy_offset
+
+    @property
+    def end_phy_offset(self) -> int:
+        return self._entry.end_phy_offset
+
+    @property
+    def messages(self) -> list[AppendedMessage]:
+        if "messages" not in self.__dict__:
+            self.__dict__["messages"] = (self._entry.messages[self._start:self._start + self._count]
+                                         if self._entry.ok else [])
+        return self.__dict__["messages"]
+
+    def as_append_result(self) -> AppendResult:
+        if not self.ok:
+            return self._entry
+        return dataclasses.replace(self._entry, start_phy_offset=self.start_phy_offset,
+                                   phy_offsets=self.phy_offsets, queue_offsets=self.queue_offsets,
+                                   sizes=self.sizes, queue_ids=self.queue_ids)
+
+
+def split_result(result: AppendResult, counts: Sequence[int]) -> tuple[RecordResult, ...]:
+    """Per-record views of one ``AppendResult`` (a refusal is every record's result)."""
     out = []
     pos = 0
     for n in counts:
-        sl = slice(pos, pos + n)
-        phys = result.phy_offsets[sl]
-        out.append(dataclasses.replace(
-            result, start_phy_offset=phys[0] if phys else result.start_phy_offset,
-            phy_offsets=phys, queue_offsets=result.queue_offsets[sl], sizes=result.sizes[sl],
-            queue_ids=result.queue_ids[sl]))
+        out.append(RecordResult(result, pos, n))
         pos += n
     return tuple(out)
 
