@@ -89,6 +89,8 @@ class ServerProcess:
                 os.kill(self.pid, signal.SIGKILL)
                 self.proc.wait(10)
         self._reader.join(5)
+        if self.proc.stdout is not None and not self._reader.is_alive():
+            self.proc.stdout.close()  # else a ResourceWarning, an error under filterwarnings=error
         if self._log_file:
             self._log_file.close()
             self._log_file = None
