@@ -16,6 +16,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from remoting.message import create_msg_id
+
 __all__ = [
     "Message", "MessageQueue", "MessageExt", "SendStatus", "SendResult", "PullStatus", "PullResult",
     "PROPERTY_TAGS", "PROPERTY_KEYS", "PROPERTY_UNIQ_KEY", "new_uniq_key",
@@ -118,14 +120,23 @@ class MessageExt:
     queue_offset: int
     broker_name: str
     properties: Mapping[str, str]
-    msg_id: str
-    offset_msg_id: str
     phy_offset: int
     born_timestamp: int
     store_timestamp: int
+    store_host: tuple[str, int]
     reconsume_times: int = 0
     sys_flag: int = 0
     flag: int = 0
+
+    @property
+    def msg_id(self) -> str:
+        """The producer's unique id (UNIQ_KEY), as RocketMQ's ``MessageExt.getMsgId`` for client-set ids."""
+        return self.properties.get(PROPERTY_UNIQ_KEY) or self.offset_msg_id
+
+    @property
+    def offset_msg_id(self) -> str:
+        """The broker's id: store host + physical offset (computed on demand; most consumers never ask)."""
+        return create_msg_id(self.store_host, self.phy_offset)
 
     @property
     def tags(self) -> str | None:

@@ -18,6 +18,7 @@ How it works (RocketMQ's DefaultMQPushConsumer, as trio tasks):
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import logging
@@ -66,6 +67,7 @@ class PushConsumerConfig(ClientConfig):
     max_reconsume_times: int = bounded(16, min=0)
     reconsume_delay_ms: int = bounded(1_000, min=0)
     offset_store_dir: str = bounded(".raftmq-offsets", doc="where BROADCASTING consumers keep offsets")
+    check_crc: bool = bounded(False, doc="recompute each pulled body's crc32c")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -110,7 +112,8 @@ class ProcessQueue:
 
     def consume_offset(self) -> int:
         if self.msgs:
-            return min(self.msgs)  # dicts keep insertion order, but a retried handler may finish out of order
+            # Offsets are inserted in increasing order and dicts keep insertion order: the first is the least.
+            return next(iter(self.msgs))
         return self.max_offset_seen + 1
 
     async def wait_space(self) -> None:
@@ -129,7 +132,7 @@ class PushConsumer:
             raise ValueError("a push consumer needs at least one subscription (topic)")
         self.config = config
         self._instance = instance
-        self._api = PullAPI(instance, config.consumer_group)
+        self._api = PullAPI(instance, config.consumer_group, check_crc=config.check_crc)
         self._subs: dict[str, Subscription] = {s.topic: s for s in subscriptions}
         self._handler = handler
         if config.message_model == "BROADCASTING":
@@ -138,7 +141,10 @@ class PushConsumer:
         else:
             self._offsets = RemoteOffsetStore(self._api.fetch_consume_offset, self._api.commit_consume_offset)
         self._pqs: dict[MessageQueue, ProcessQueue] = {}
-        self._send, self._recv = trio.open_memory_channel[tuple[ProcessQueue, MessageExt]](math.inf)
+        # Pull tasks hand over whole pulled batches: one channel operation per pull, not per message.
+        self._send, self._recv = trio.open_memory_channel[tuple[ProcessQueue, Sequence[MessageExt]]](math.inf)
+        self._batch: collections.deque[MessageExt] = collections.deque()
+        self._batch_pq: ProcessQueue | None = None
         self._pending: tuple[ProcessQueue, MessageExt] | None = None
         self._rebalance_now = trio.Event()
         self._lock = trio.Lock()
@@ -176,14 +182,20 @@ class PushConsumer:
     async def __anext__(self) -> MessageExt:
         self.ack_pending()
         while True:
-            try:
-                pq, msg = await self._recv.receive()
-            except (trio.EndOfChannel, trio.ClosedResourceError):
-                raise StopAsyncIteration from None
+            while not self._batch:
+                try:
+                    self._batch_pq, msgs = await self._recv.receive()
+                except (trio.EndOfChannel, trio.ClosedResourceError):
+                    raise StopAsyncIteration from None
+                self._batch.extend(msgs)
+            pq = self._batch_pq
+            assert pq is not None
+            msg = self._batch.popleft()
             if not pq.dropped:
                 self._pending = (pq, msg)
                 self._delivered += 1
                 return msg
+            self._batch.clear()
 
     def ack_pending(self) -> None:
         """Mark the last message the iterator returned as consumed (done on the next ``__anext__``)."""
@@ -302,7 +314,7 @@ class PushConsumer:
             if self._handler is None:
                 await self._pull_loop(pq, self._send)
                 return
-            send, recv = trio.open_memory_channel[tuple[ProcessQueue, MessageExt]](math.inf)
+            send, recv = trio.open_memory_channel[tuple[ProcessQueue, Sequence[MessageExt]]](math.inf)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._pull_loop, pq, send)
                 nursery.start_soon(self._handle_loop, pq, recv)
@@ -347,8 +359,7 @@ class PushConsumer:
                 continue
             if result.status is PullStatus.FOUND:
                 pq.put(result.messages, cfg.pull_threshold_for_queue)
-                for m in result.messages:
-                    send.send_nowait((pq, m))
+                send.send_nowait((pq, result.messages))
             elif result.status is PullStatus.OFFSET_ILLEGAL:
                 log.warning("pull offset moved mq=%s offset=%d next=%d", pq.mq, offset,
                             result.next_begin_offset)
@@ -362,21 +373,24 @@ class PushConsumer:
             offset = max(offset, result.next_begin_offset)
 
     async def _handle_loop(self, pq: ProcessQueue, recv: trio.MemoryReceiveChannel) -> None:
+        async for _, msgs in recv:
+            for msg in msgs:
+                await self._handle_one(pq, msg)
+
+    async def _handle_one(self, pq: ProcessQueue, msg: MessageExt) -> None:
         assert self._handler is not None
-        async for _, msg in recv:
-            for attempt in range(self.config.max_reconsume_times + 1):
-                try:
-                    await self._handler(msg)
-                    break
-                except Exception:
-                    log.exception("handler failed mq=%s offset=%d attempt=%d", pq.mq, msg.queue_offset,
-                                  attempt + 1)
-                    await trio.sleep(self.config.reconsume_delay_ms / 1000)
-            else:
-                log.error("message skipped after %d failed attempts mq=%s offset=%d msg_id=%s",
-                          self.config.max_reconsume_times + 1, pq.mq, msg.queue_offset, msg.msg_id)
-            self._delivered += 1
-            self._consumed(pq, msg)
+        for attempt in range(self.config.max_reconsume_times + 1):
+            try:
+                await self._handler(msg)
+                break
+            except Exception:
+                log.exception("handler failed mq=%s offset=%d attempt=%d", pq.mq, msg.queue_offset, attempt + 1)
+                await trio.sleep(self.config.reconsume_delay_ms / 1000)
+        else:
+            log.error("message skipped after %d failed attempts mq=%s offset=%d msg_id=%s",
+                      self.config.max_reconsume_times + 1, pq.mq, msg.queue_offset, msg.msg_id)
+        self._delivered += 1
+        self._consumed(pq, msg)
 
 
 @contextlib.asynccontextmanager
