@@ -11,6 +11,9 @@ Rules this module keeps:
 * One writer at a time (the Raft apply thread or the trio thread). Bytes are written first; only then is the
   new end published, under a lock that guards nothing but that swap. Readers never look past the published
   end, so they never see a half-written record and never take the lock on the read path.
+* A batch is atomic on disk: the magic of its first header (record or blank) is written last, so recovery
+  after a crash in the middle of an append stops at the batch start and the whole batch is cut. Raft replays
+  the batch and it is applied again, never half.
 * Recovery trusts what a checkpoint says was made durable and verifies (size, magic, offset, CRC) every record
   after it; the first record that fails ends the log, and the torn tail behind it is zeroed so a later crash
   can never resurrect stale bytes.
@@ -23,6 +26,7 @@ import os
 import struct
 import threading
 from pathlib import Path
+from typing import Any
 
 from crc32c import crc32c
 
@@ -39,6 +43,8 @@ __all__ = ["CommitLog", "SIZE_MAGIC", "MIN_RECORD_SIZE"]
 
 SIZE_MAGIC = struct.Struct(">iI")
 PHY_OFFSET_AT = 28  # byte position of phy_offset inside a record (see RECORD_HEAD)
+_MAGIC = struct.Struct(">I")
+_NO_MAGIC = bytes(4)
 _TAIL_DELTA = RECORD_HEAD.size - ENTRY_HEAD.size  # a record is this much longer than its batch entry
 MIN_RECORD_SIZE = record_size(0, 1, 0)
 
@@ -208,6 +214,7 @@ class CommitLog:
         sizes: list[int] = []
         qids: list[int] = []
         pos = BATCH_HEAD.size
+        first: tuple[Any, int, int] | None = None
         for _ in range(count):
             (entry_size, queue_id, flag, sys_flag, born_ts, born_ip, born_port, reconsume,
              prepared) = unpack_entry(batch, pos)
@@ -221,6 +228,9 @@ class CommitLog:
             size = entry_size + _TAIL_DELTA
             if wpos + size > limit:
                 SIZE_MAGIC.pack_into(mm, wpos, seg_size - wpos, BLANK_MAGIC)
+                if first is None:
+                    first = (mm, wpos, BLANK_MAGIC)
+                    mm[wpos + 4:wpos + 8] = _NO_MAGIC
                 seg = self._segments.get(seg.start + seg_size) or self._create_segment(seg.start + seg_size)
                 mm = seg.mm
                 wpos = 0
@@ -228,6 +238,9 @@ class CommitLog:
             pack_head(mm, wpos, size, MESSAGE_MAGIC, crc32c(mv[tail + 4:body_end]), queue_id, flag, q, phy,
                       sys_flag, born_ts, born_ip, born_port, store_timestamp, store_ip, store_port, reconsume,
                       prepared)
+            if first is None:
+                first = (mm, wpos, MESSAGE_MAGIC)
+                mm[wpos + 4:wpos + 8] = _NO_MAGIC
             mm[wpos + rec_head:wpos + size] = mv[tail:pos + entry_size]
             phys.append(phy)
             qoffs.append(q)
@@ -235,6 +248,9 @@ class CommitLog:
             qids.append(queue_id)
             wpos += size
             pos += entry_size
+        if first is not None:  # the batch becomes visible to recovery only now, as a whole
+            first_mm, first_off, first_magic = first
+            _MAGIC.pack_into(first_mm, first_off + 4, first_magic)
         with self._state_lock:
             queue_offsets.update(touched)
             self.end = seg.start + wpos

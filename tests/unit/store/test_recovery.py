@@ -155,3 +155,19 @@ def test_missing_middle_segment_is_refused(tmp_path):
     from broker.store import StoreCorruptedError
     with pytest.raises(StoreCorruptedError, match="not contiguous"):
         MessageStore.open(cfg)
+
+
+def test_a_batch_cut_short_by_a_crash_is_cut_whole(tmp_path):
+    cfg = small_config(tmp_path / "s")
+    with MessageStore.open(cfg) as s:
+        fill(s, 5)
+        end = s.max_phy_offset
+        s.flush_all()
+        # a crash after every record of the batch was written but before its first magic was set
+        result = s.append_batch(make_batch(5), 1, end)
+        s.commit_log.segment_at(end).mm[end + 4:end + 8] = bytes(4)
+        assert result.ok and s.max_phy_offset > end
+    (tmp_path / "s" / "checkpoint").unlink()
+    with MessageStore.open(cfg) as s:
+        assert s.max_phy_offset == end
+        assert sum(s.get_max_offset_in_queue("TopicTest", q) for q in range(4)) == 40
