@@ -155,7 +155,8 @@ def run(args: argparse.Namespace) -> int:
         if server is not None:
             server.stop()
     if args.json:
-        print_json(bench="rpc", size=args.size, concurrency=args.concurrency, result=result)
+        print_json(bench="rpc", size=args.size, concurrency=args.concurrency, server=addr,
+                   server_pid=None if server is None else server.pid, result=result)
     else:
         lat = result.latency
         print_table(console, f"raftmq bench rpc: {args.size} B echo, {args.concurrency} in flight, one connection",
