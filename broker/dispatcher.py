@@ -9,23 +9,20 @@ answered SYSTEM_ERROR; the connection and the node live on.
 
 from __future__ import annotations
 
-import dataclasses
-import enum
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-import cbor2
-
 from broker.processor.admin import AdminProcessor
-from broker.processor.base import RequestRejected, error_response, get_int, reply
+from broker.processor.base import RequestRejected, error_response, reply
 from broker.processor.client_manage import ClientManageProcessor
 from broker.processor.consumer_manage import ConsumerManageProcessor
 from broker.processor.pull_message import PullMessageProcessor
 from broker.processor.query_message import QueryMessageProcessor
 from broker.processor.send_message import SendMessageProcessor
 from dledger import DLedgerError
-from remoting.codec import Frame, make_response
+from dledger.service import DLedgerService
+from remoting.codec import Frame
 from remoting.codes import RequestCode, ResponseCode
 
 if TYPE_CHECKING:
@@ -37,9 +34,9 @@ Handler = Callable[[Frame, Any], Awaitable[Frame | None]]
 
 
 class BrokerDispatcher:
-    def __init__(self, node: BrokerNode, machine: Any) -> None:
+    def __init__(self, node: BrokerNode) -> None:
         self.node = node
-        self.machine = machine
+        self.dledger = DLedgerService(node.group)
         send = SendMessageProcessor(node)
         pull = PullMessageProcessor(node)
         clients = ClientManageProcessor(node)
@@ -66,8 +63,9 @@ class BrokerDispatcher:
             RequestCode.GET_BROKER_RUNTIME_INFO: admin.get_broker_runtime_info,
             RequestCode.VIEW_MESSAGE_BY_ID: query.view_message_by_id,
             RequestCode.QUERY_MESSAGE: query.query_message,
-            RequestCode.FETCH_COMMIT_LOG: self.fetch_commit_log,
-            RequestCode.GET_RAFT_STATUS: self.get_raft_status,
+            # DLedger's own requests (catch-up copies, Raft status for `raftmq verify`) share the broker's port.
+            RequestCode.FETCH_COMMIT_LOG: self.dledger.handle,
+            RequestCode.GET_RAFT_STATUS: self.dledger.handle,
         }
 
     async def handle(self, request: Frame, conn: Any) -> Frame | None:
@@ -83,17 +81,3 @@ class BrokerDispatcher:
 
     def connection_closed(self, conn: Any) -> None:
         self.node.clients.connection_closed(conn)
-
-    # --- DLedger's own requests, served on the broker's port ----------------------------------------------
-    async def fetch_commit_log(self, request: Frame, conn: Any) -> Frame:
-        offset = get_int(request.ext, "offset", lo=0)
-        max_bytes = get_int(request.ext, "max_bytes", default=1 << 20, lo=1, hi=64 << 20)
-        return make_response(request, ResponseCode.SUCCESS, body=self.machine.read_raw(offset, max_bytes))
-
-    async def get_raft_status(self, request: Frame, conn: Any) -> Frame:
-        stats = self.node.group.statistics()
-        data = {}
-        for f in dataclasses.fields(stats):
-            value = getattr(stats, f.name)
-            data[f.name] = value.value if isinstance(value, enum.Enum) else value
-        return make_response(request, ResponseCode.SUCCESS, body=cbor2.dumps(data))

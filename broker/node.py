@@ -21,10 +21,8 @@ Rules this module keeps:
 
 from __future__ import annotations
 
-import _socket
 import functools
 import logging
-import socket
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -41,7 +39,8 @@ from broker.processor.base import RequestRejected
 from broker.registration import RegistrationService, RegistrationSnapshot
 from broker.store import MessageStore
 from broker.topic_config import TopicConfig, TopicConfigTable, auto_create_config
-from dledger import DLedgerGroup, MemberAddress, Role, open_dledger_group
+from dledger import DLedgerGroup, Role, open_dledger_group
+from dledger.service import remote_fetch_range
 from remoting.codec import make_request
 from remoting.codes import RequestCode, ResponseCode
 from remoting.config import parse_host_port
@@ -50,12 +49,6 @@ from remoting.message import decode_record
 from remoting.transport import open_remoting_client, serve_remoting
 
 log = logging.getLogger(__name__)
-
-# pysyncobj 0.3.17's win_inet_pton.py, imported with pysyncobj on every OS, replaces socket.inet_ntop with a
-# Windows-only ctypes version, so remoting.message (msg ids, store hosts) raises TypeError in any process that
-# imported pysyncobj. The C function is still in _socket: put it back (idempotent; dledger imported it above).
-if socket.inet_ntop is not _socket.inet_ntop:
-    socket.inet_ntop = _socket.inet_ntop
 
 __all__ = ["BrokerNode", "serve_broker", "TOPIC_TABLE", "OFFSET_TABLE"]
 
@@ -313,36 +306,20 @@ class BrokerNode:
             await trio.sleep(10)
             self.clients.scan_expired()
 
-    async def fetch_range(self, member: MemberAddress, offset: int, max_bytes: int) -> bytes:
-        """Catch-up copy from a peer (DLedger calls this while the apply gate is closed)."""
-        if not member.service_address:
-            raise ValueError(f"member {member.id} has no service_address to fetch commit-log bytes from")
-        request = make_request(RequestCode.FETCH_COMMIT_LOG, ext={"offset": offset, "max_bytes": max_bytes})
-        response = await self.client.invoke(member.service_address, request, timeout_s=10.0)
-        if response.code != ResponseCode.SUCCESS:
-            raise RuntimeError(f"FETCH_COMMIT_LOG from {member.service_address} failed: code={response.code} "
-                               f"remark={response.remark}")
-        return response.body
-
 
 async def serve_broker(config: BrokerConfig, *,
                        task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED) -> None:
     """Run one broker node until cancelled; ``task_status.started((host, port))`` once it listens."""
     store = MessageStore.open(config.store)
     machine = CommitLogMachine(store)
-    node_box: list[BrokerNode] = []
-
-    async def fetch_range(member: MemberAddress, offset: int, max_bytes: int) -> bytes:
-        return await node_box[0].fetch_range(member, offset, max_bytes)
-
     try:
         async with trio.open_nursery() as outer:
             await outer.start(store.serve)
             async with open_remoting_client(max_frame_size=config.max_frame_size) as client, \
-                    open_dledger_group(config.dledger, machine, fetch_range=fetch_range) as group:
+                    open_dledger_group(config.dledger, machine,
+                                       fetch_range=remote_fetch_range(client, config.broker_name)) as group:
                 node = BrokerNode(config, store, group, client)
-                node_box.append(node)
-                dispatcher = BrokerDispatcher(node, machine)
+                dispatcher = BrokerDispatcher(node)
                 store.add_dispatch_listener(node.hold.notify_message_arriving)
                 host, port = parse_host_port(config.listen_address, key="listen")
                 try:
