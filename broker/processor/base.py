@@ -63,16 +63,6 @@ def get_bool(ext: Mapping[str, Any], name: str, *, default: bool = False) -> boo
     return value
 
 
-def get_properties(ext: Mapping[str, Any], name: str = "properties") -> dict[str, str]:
-    value = ext.get(name) or {}
-    if not isinstance(value, Mapping):
-        raise invalid(name, f"must be a map of strings, got {type(value).__name__}")
-    for k, v in value.items():
-        if not isinstance(k, str) or not isinstance(v, str):
-            raise invalid(name, f"must map strings to strings, got {k!r}: {v!r}")
-    return dict(value)
-
-
 def reply(request: Frame, code: int, remark: str, ext: dict[str, Any] | None = None) -> Frame | None:
     if request.is_oneway:
         log.info("oneway request refused code=%d response_code=%d remark=%s", request.code, code, remark)

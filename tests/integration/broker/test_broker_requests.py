@@ -29,6 +29,13 @@ async def test_bad_input_gets_its_code_and_remark_and_the_broker_keeps_serving(n
         r = await _send(client, addr, body=big)
         assert r.code == ResponseCode.MESSAGE_ILLEGAL and "exceeds max_message_size" in r.remark
 
+        r = await call(client, addr, RequestCode.SEND_MESSAGE,
+                       {"topic": "TopicTest", "properties": {"KEYS": "a\x02b"}}, b"x")
+        assert r.code == ResponseCode.MESSAGE_ILLEGAL and "separator" in r.remark
+        r = await call(client, addr, RequestCode.SEND_MESSAGE,
+                       {"topic": "TopicTest", "properties": {"K": "v" * 40_000}}, b"x")
+        assert r.code == ResponseCode.MESSAGE_ILLEGAL and "properties take" in r.remark
+
         r = await _send(client, addr, topic="bad topic!")
         assert r.code == ResponseCode.INVALID_REQUEST and "illegal characters" in r.remark
 
@@ -101,13 +108,13 @@ async def test_long_polling_answers_on_arrival_or_timeout(nursery, tmp_path):
             assert not got
             assert (await _send(client, addr, body=b"wake")).code == ResponseCode.SUCCESS
         response, waited = got[0]
-        assert response.code == ResponseCode.SUCCESS and 0.2 <= waited < 0.5
+        assert response.code == ResponseCode.SUCCESS and 0.2 <= waited < 1.5  # held, then woken (not timed out)
         assert [v.body for v in iter_records(response.body)] == [b"wake"]
 
         # Nothing arrives: answered PULL_NOT_FOUND after long_polling_timeout_ms (the broker caps the client's 15 s).
         started = trio.current_time()
         r = await call(client, addr, RequestCode.PULL_MESSAGE, {**pull_ext, "queue_offset": 2}, timeout_s=20)
-        assert r.code == ResponseCode.PULL_NOT_FOUND and 0.5 <= trio.current_time() - started < 2.0
+        assert r.code == ResponseCode.PULL_NOT_FOUND and 0.5 <= trio.current_time() - started < 5.0
 
         # With a tag filter a non-matching arrival does not answer with messages.
         r = await call(client, addr, RequestCode.PULL_MESSAGE,
