@@ -100,7 +100,9 @@ class CommitLog:
         if trusted_offset is not None and starts[0] <= trusted_offset <= last_end:
             scan_from = trusted_offset
         else:
-            scan_from = starts[max(0, len(starts) - 3)]
+            # Only the last segment is being written; the one before may end with the blank of a batch that
+            # rolled over, whose magic is written last, so both are verified.
+            scan_from = starts[max(0, len(starts) - 2)]
             log.warning("commit log recovery without a usable checkpoint scan_from=%d", scan_from)
         end = self._scan(scan_from)
         self._truncate_after(end)

@@ -140,7 +140,11 @@ class IndexFile:
             self.index_count -= 1
             removed += 1
         if self.end_phy_offset >= commit_log_end:
-            self.end_phy_offset = commit_log_end - 1
+            # The newest entry left is a record start below the end; records between it and the end have no
+            # entries, so re-dispatching them from there adds none twice.
+            last = self.entries_at + (self.index_count - 1) * INDEX_ENTRY.size
+            self.end_phy_offset = (INDEX_ENTRY.unpack_from(mm, last)[1] if self.index_count > 1
+                                   else self.begin_phy_offset - 1)
         self.write_header()
         return removed
 
@@ -174,6 +178,14 @@ class IndexService:
     def indexed_up_to(self) -> int:
         """Every record at or before this phy offset is indexed (-1: nothing)."""
         return self.files[-1].end_phy_offset if self.files else -1
+
+    @property
+    def restart_offset(self) -> int | None:
+        """A record start from which re-dispatch is safe without a checkpoint (None: no index yet)."""
+        if not self.files:
+            return None
+        f = self.files[-1]
+        return f.end_phy_offset if f.end_phy_offset >= f.begin_phy_offset else f.begin_phy_offset
 
     def current(self, phy_offset: int) -> IndexFile:
         if not self.files or self.files[-1].full:

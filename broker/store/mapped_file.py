@@ -33,7 +33,7 @@ def parse_file_name(name: str) -> int | None:
 
 
 class MappedFile:
-    __slots__ = ("path", "start", "size", "fd", "mm", "mv", "_released_to")
+    __slots__ = ("path", "start", "size", "fd", "mm", "mv")
 
     def __init__(self, path: Path, start: int, size: int, *, create: bool) -> None:
         self.path = path
@@ -53,7 +53,6 @@ class MappedFile:
             os.close(self.fd)
             raise
         self.mv = memoryview(self.mm)
-        self._released_to = 0
 
     @classmethod
     def create(cls, path: Path, start: int, size: int) -> MappedFile:
@@ -67,12 +66,12 @@ class MappedFile:
         os.fdatasync(self.fd)
 
     def release(self, upto: int) -> None:
-        """Drop resident pages of ``[0, upto)`` from this process (see the module docstring)."""
+        """Drop resident pages of ``[0, upto)`` from this process (see the module docstring). Called again
+        for the same range it drops what readers faulted back in meanwhile; untouched ranges cost a page-table
+        walk only."""
         upto -= upto % PAGE_SIZE
-        if upto > self._released_to or upto < self._released_to // 2:
-            if upto > 0:
-                self.mm.madvise(mmap.MADV_DONTNEED, 0, upto)
-            self._released_to = upto
+        if upto > 0:
+            self.mm.madvise(mmap.MADV_DONTNEED, 0, upto)
 
     def release_all(self) -> None:
         self.mm.madvise(mmap.MADV_DONTNEED, 0, self.size)

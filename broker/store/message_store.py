@@ -103,7 +103,11 @@ class MessageStore:
         d = self.dispatcher
         d.load_queues(cl.min_phy_offset, end)
         d.index.load(end)
-        restart = self._checkpoint.dispatched if self._checkpoint.dispatched is not None else cl.min_phy_offset
+        restart = self._checkpoint.dispatched
+        if restart is None:
+            # No checkpoint: the index header names the last record dispatched (its units and entries are
+            # written before the header), so re-dispatch starts there rather than at the start of the log.
+            restart = d.index.restart_offset if d.index.restart_offset is not None else cl.min_phy_offset
         if end > cl.min_phy_offset and (not d.has_queue_files() or not d.index.files):
             restart = cl.min_phy_offset  # derived files were deleted: rebuild them from the whole commit log
         d.dispatched = min(max(restart, cl.min_phy_offset), end)

@@ -1,0 +1,208 @@
+"""``raftmq bench store``: the message store alone, in this process: append, dispatch, read, recovery.
+
+For each flush mode a fresh store in a temporary directory (removed afterwards) receives ``--messages``
+messages of ``--size`` bytes in batches of ``--batch`` (``append_batch``, as the Raft apply path calls it),
+spread over ``--queues`` queues of one topic, each message with TAGS, KEYS and UNIQ_KEY properties:
+
+* append: ASYNC_FLUSH appends back to back while a flusher thread runs ``flush_all`` every
+  ``flush_interval_ms`` (what ``serve`` does); SYNC_FLUSH also waits for an fdatasync after every batch (group
+  commit of one batch, the worst case for a single writer).
+* dispatch: building ConsumeQueue units and IndexFile entries for everything appended (the reput task).
+* read: every queue read sequentially through the ConsumeQueue, 32 messages per pull, each pull's records
+  joined into one body as a pull response would send them.
+* recovery: ``MessageStore.open`` after a clean close (checkpoint) and after the checkpoint is deleted (the last
+  segments verified record by record).
+
+RSS is sampled before and after each phase: the store releases mapped pages behind a hot window after every
+flush, so it must not grow with the amount stored. The run is bounded by ``--messages``.
+
+Example: ``raftmq bench store --size 1024 --batch 64 --messages 2000000``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+from rich.console import Console
+
+from broker.store import GetMessageStatus, MessageInput, MessageStore, StoreConfig, encode_batch
+from raftmq.bench.common import check_range, print_json, print_table
+from remoting.config import ConfigError
+
+__all__ = ["register", "run", "StoreBenchResult", "bench_mode"]
+
+TOPIC = "BenchTopic"
+_DISTINCT_BATCHES = 16
+_MB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class StoreBenchResult:
+    mode: str
+    messages: int
+    message_bytes: int
+    append_msgs_per_s: float
+    append_mb_per_s: float
+    dispatch_msgs_per_s: float
+    read_msgs_per_s: float
+    read_mb_per_s: float
+    recover_clean_ms: float
+    recover_no_checkpoint_ms: float
+    commit_log_bytes: int
+    rss_start_mb: float
+    rss_after_append_mb: float
+    rss_after_dispatch_mb: float
+    rss_after_read_mb: float
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("store", help="message store throughput: append, dispatch, read, recovery",
+                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", type=int, default=1024, help="message body bytes (default 1024)")
+    parser.add_argument("--batch", type=int, default=64, help="messages per append_batch (default 64)")
+    parser.add_argument("--messages", type=int, default=2_000_000, help="messages per mode (default 2,000,000)")
+    parser.add_argument("--queues", type=int, default=8, help="queues of the topic (default 8)")
+    parser.add_argument("--modes", default="ASYNC_FLUSH,SYNC_FLUSH",
+                        help="comma-separated flush modes (default ASYNC_FLUSH,SYNC_FLUSH)")
+    parser.add_argument("--segment-size-mb", type=int, default=1024, help="commit-log segment size (default 1024)")
+    parser.add_argument("--dir", default=None, help="parent of the temporary store directory (default: system)")
+    parser.add_argument("--json", action="store_true", help="print one JSON line per mode instead of tables")
+    parser.set_defaults(func=run)
+
+
+def _rss_mb() -> float:
+    return psutil.Process().memory_info().rss / _MB
+
+
+def _batches(size: int, batch: int, queues: int) -> list[bytes]:
+    out = []
+    for b in range(_DISTINCT_BATCHES):
+        msgs = []
+        for i in range(batch):
+            n = b * batch + i
+            msgs.append(MessageInput(TOPIC, n % queues, os.urandom(size),
+                                     {"TAGS": f"Tag{n % 4}", "KEYS": f"order-{n}", "UNIQ_KEY": f"{n:032X}"},
+                                     born_timestamp=1_700_000_000_000 + n, born_host=("127.0.0.1", 50000)))
+        out.append(encode_batch(msgs, ("127.0.0.1", 10911)))
+    return out
+
+
+class _Flusher:
+    """What ``serve``'s flush task does, on a thread: ``flush_all`` every interval (releases the GIL in
+    fdatasync)."""
+
+    def __init__(self, store: MessageStore, interval_s: float) -> None:
+        self.store, self.interval_s = store, interval_s
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="bench-flusher", daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop.wait(self.interval_s):
+            self.store.flush_all()
+
+    def __enter__(self) -> _Flusher:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def bench_mode(mode: str, *, size: int, batch: int, messages: int, queues: int, segment_size_mb: int,
+               parent: str | None) -> StoreBenchResult:
+    root = Path(tempfile.mkdtemp(prefix="raftmq-bench-store-", dir=parent))
+    try:
+        cfg = StoreConfig(store_dir=root, segment_size_bytes=segment_size_mb * _MB, flush_disk_type=mode,
+                          max_message_size=max(size, 1024))
+        batches = _batches(size, batch, queues)
+        rounds = max(1, messages // batch)
+        total = rounds * batch
+        rss0 = _rss_mb()
+        store = MessageStore.open(cfg)
+        sync = mode == "SYNC_FLUSH"
+        with _Flusher(store, cfg.flush_interval_ms / 1000.0):
+            t0 = time.perf_counter()
+            for r in range(rounds):
+                result = store.append_batch(batches[r % _DISTINCT_BATCHES], 1_700_000_000_000 + r,
+                                            store.max_phy_offset)
+                if not result.ok:
+                    raise RuntimeError(f"append failed: {result.status.value} {result.remark}")
+                if sync:
+                    store.flush()
+            append_s = time.perf_counter() - t0
+            rss_append = _rss_mb()
+            t0 = time.perf_counter()
+            while store.dispatched_phy_offset < store.max_phy_offset:
+                store.dispatch_pending(max_bytes=cfg.dispatch_chunk_bytes)
+            dispatch_s = time.perf_counter() - t0
+            rss_dispatch = _rss_mb()
+            t0 = time.perf_counter()
+            read, read_bytes = 0, 0
+            for q in range(queues):
+                offset = 0
+                while True:
+                    got = store.get_messages(TOPIC, q, offset, 32, 4 * _MB)
+                    if got.status is not GetMessageStatus.FOUND:
+                        break
+                    read_bytes += len(b"".join(got.messages))
+                    read += got.message_count
+                    offset = got.next_begin_offset
+            read_s = time.perf_counter() - t0
+            rss_read = _rss_mb()
+        if read != total:
+            raise RuntimeError(f"read {read} messages back, appended {total}")
+        cl_bytes = store.max_phy_offset
+        store.close()
+        t0 = time.perf_counter()
+        MessageStore.open(cfg).close()
+        recover_clean_ms = (time.perf_counter() - t0) * 1000
+        (root / "checkpoint").unlink()
+        t0 = time.perf_counter()
+        MessageStore.open(cfg).close()
+        recover_raw_ms = (time.perf_counter() - t0) * 1000
+        record = cl_bytes / total
+        return StoreBenchResult(mode, total, size, total / append_s, total * record / append_s / _MB,
+                                total / dispatch_s, read / read_s, read_bytes / read_s / _MB, recover_clean_ms,
+                                recover_raw_ms, cl_bytes, rss0, rss_append, rss_dispatch, rss_read)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    check_range("--size", args.size, 1, 4 * _MB)
+    check_range("--batch", args.batch, 1, 100_000)
+    check_range("--messages", args.messages, 1, 100_000_000)
+    check_range("--queues", args.queues, 1, 1024)
+    check_range("--segment-size-mb", args.segment_size_mb, 8, 4096)
+    modes = [m.strip().upper() for m in args.modes.split(",") if m.strip()]
+    for m in modes:
+        if m not in ("ASYNC_FLUSH", "SYNC_FLUSH"):
+            raise ConfigError(f"--modes must list ASYNC_FLUSH and/or SYNC_FLUSH, got {m!r}")
+    console = Console()
+    for mode in modes:
+        result = bench_mode(mode, size=args.size, batch=args.batch, messages=args.messages, queues=args.queues,
+                            segment_size_mb=args.segment_size_mb, parent=args.dir)
+        if args.json:
+            print_json(store=result)
+            continue
+        print_table(console, f"store {mode}: {result.messages:,} x {args.size} B, batch {args.batch}", [
+            ("append msgs/s", result.append_msgs_per_s), ("append MB/s (records)", result.append_mb_per_s),
+            ("dispatch msgs/s (ConsumeQueue + IndexFile)", result.dispatch_msgs_per_s),
+            ("read msgs/s (via ConsumeQueue)", result.read_msgs_per_s), ("read MB/s", result.read_mb_per_s),
+            ("recovery ms (checkpoint)", result.recover_clean_ms),
+            ("recovery ms (no checkpoint)", result.recover_no_checkpoint_ms),
+            ("commit log bytes", result.commit_log_bytes), ("RSS MB before", result.rss_start_mb),
+            ("RSS MB after append", result.rss_after_append_mb),
+            ("RSS MB after dispatch", result.rss_after_dispatch_mb),
+            ("RSS MB after read", result.rss_after_read_mb),
+        ])
+    return 0
