@@ -9,6 +9,7 @@ BENCH_MODULES = (
     "raftmq.bench.produce",
     "raftmq.bench.consume",
     "raftmq.bench.dledger",
+    "raftmq.bench.store",
 )
 
 
