@@ -30,7 +30,7 @@ from client.instance import (
 from client.message import PROPERTY_UNIQ_KEY, Message, MessageQueue, SendResult, SendStatus, new_uniq_key
 from remoting.codes import RequestCode, ResponseCode
 from remoting.config import bounded
-from remoting.errors import RaftMQError
+from remoting.errors import ConnectError, ConnectionClosedError, NotLeaderError, RaftMQError
 from remoting.message import MessageFormatError, MessageInput, encode_batch
 
 __all__ = ["ProducerConfig", "Producer", "open_producer"]
@@ -43,6 +43,10 @@ _SEND_STATUS = {
     ResponseCode.FLUSH_SLAVE_TIMEOUT: SendStatus.FLUSH_SLAVE_TIMEOUT,
     ResponseCode.SLAVE_NOT_AVAILABLE: SendStatus.SLAVE_NOT_AVAILABLE,
 }
+
+
+# Errors that mean "this group's leader is changing", not "this group is broken".
+_LEADER_IN_FLUX = (NotLeaderError, ConnectError, ConnectionClosedError)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,6 +222,13 @@ class Producer:
                 if hint and hint != addr and redirects < self.config.max_redirects:
                     redirects += 1
                     self._stats.redirects += 1
+                    continue
+                if e.retriable and isinstance(e, _LEADER_IN_FLUX) and (pinned or len(info.route.queue_datas) <= 1):
+                    # The only group we may use is electing a leader: a new one usually answers within a second
+                    # or two, so wait for it until the deadline instead of spending the retry budget in
+                    # milliseconds.
+                    self._stats.retries += 1
+                    await trio.sleep(min(self.config.retry_backoff_ms / 1000, max(deadline - time.monotonic(), 0)))
                     continue
                 attempts += 1
                 if not e.retriable or attempts > self.config.retry_times_when_send_failed:

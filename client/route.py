@@ -87,7 +87,9 @@ class TopicRouteData:
         out = []
         for qd in sorted(self.queue_datas, key=lambda q: q.broker_name):
             b = self.broker(qd.broker_name)
-            if qd.writable and b is not None and b.master_addr:
+            # A group whose leader is not registered right now (an election, or the name server has not heard
+            # of the new leader yet) keeps its queues: any node of it redirects us to the leader.
+            if qd.writable and b is not None and b.broker_addrs:
                 out.extend(MessageQueue(self.topic, qd.broker_name, i) for i in range(qd.write_queue_nums))
         return out
 
@@ -285,7 +287,7 @@ class RouteCache:
         if old is None or old.write_queues() != route.write_queues() or old.broker_datas != route.broker_datas:
             self._publish[route.topic] = TopicPublishInfo(route)
         for b in route.broker_datas:
-            if self._leader_hints.get(b.broker_name) == b.master_addr:
+            if b.master_addr and self._leader_hints.get(b.broker_name) == b.master_addr:
                 del self._leader_hints[b.broker_name]
 
     def set_leader_hint(self, broker_name: str, addr: str | None) -> None:
@@ -310,7 +312,12 @@ class RouteCache:
         if hint:
             return hint
         b = self._broker(broker_name)
-        return b.master_addr if b else None
+        if b is None:
+            return None
+        if b.master_addr:
+            return b.master_addr
+        # No leader registered: ask a follower, which answers NOT_LEADER naming the leader once it knows it.
+        return b.broker_addrs[min(b.broker_addrs)] if b.broker_addrs else None
 
     def replica_addrs(self, broker_name: str) -> list[str]:
         """Every known node of the group, master (or hinted leader) first."""

@@ -97,7 +97,7 @@ def test_parse_route_malformed_names_topic():
 
 def test_write_queues_skip_groups_without_leader_or_write_perm():
     data = json.loads(json.dumps(ROUTE))
-    data["broker_datas"][1]["broker_addrs"] = {"1": "127.0.0.1:5"}
+    data["broker_datas"][1]["broker_addrs"] = {}
     data["queue_datas"][1]["perm"] = PERM_READ
     route = parse_route("T", data)
     assert route.write_queues() == []
@@ -210,3 +210,19 @@ def test_public_api_is_pinned():
         "MessageTooLargeError", "SendFailedError", "ConfigError"])
     for name in client.__all__:
         assert hasattr(client, name), name
+
+
+async def test_route_without_registered_leader_keeps_queues_and_asks_a_follower():
+    data = json.loads(json.dumps(ROUTE))
+    data["broker_datas"][0]["broker_addrs"] = {"2": "127.0.0.1:2", "3": "127.0.0.1:3"}  # leader just died
+
+    async def query(addr, topic):
+        return data
+
+    cache = RouteCache(["ns:1"], query)
+    cache.set_leader_hint("broker-a", "127.0.0.1:9")
+    await cache.refresh("T")  # a route without a master must not disturb the hint
+    assert cache.master_addr("broker-a") == "127.0.0.1:9"
+    cache.drop_leader_hint("broker-a", "127.0.0.1:9")
+    assert cache.master_addr("broker-a") == "127.0.0.1:2"
+    assert len((await cache.publish_info("T")).queues) == 5

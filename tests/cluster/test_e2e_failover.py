@@ -1,0 +1,99 @@
+"""Failover under load with real processes: kill -9 the group's leader while producing and consuming, 5 times.
+
+Each round: find the leader, SIGKILL it, measure the gap from the kill to the first send acknowledged by
+another node (the store host in the acknowledged message id tells which node wrote it), restart the killed
+node on its data, let it rejoin. At the end every acknowledged message must have been consumed (duplicates are
+allowed and counted). The figures are printed; the target is a median gap ≤ 1.5 s.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import Counter
+
+import pytest
+import trio
+
+from client import Message, SendFailedError, open_producer, open_push_consumer
+from remoting.errors import RaftMQError
+from remoting.message import parse_msg_id
+from tests.cluster.test_e2e_produce_consume import Cluster, start_cluster
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+KILLS = 5
+TARGET_MEDIAN_GAP_S = 1.5
+
+
+@pytest.mark.timeout(300)
+async def test_kill_leader_five_times_under_load(spawn, tmp_path):
+    cluster: Cluster = await start_cluster(spawn, tmp_path)
+    topic = "FailoverTopic"
+    await cluster.create_topic(topic, 4)
+
+    acked: dict[str, float] = {}           # uniq id -> ack time
+    ack_log: list[tuple[float, str]] = []  # (ack time, node address that stored it)
+    consumed: Counter[str] = Counter()
+    failed_sends = 0
+    stop_producing = trio.Event()
+
+    async def on_message(msg) -> None:
+        consumed[msg.msg_id] += 1
+
+    async with open_producer(cluster.namesrv, send_msg_timeout_ms=2000, retry_backoff_ms=20) as producer, \
+            open_push_consumer(cluster.namesrv, topic=topic, handler=on_message, consumer_group="failover_group",
+                               consume_from_where="CONSUME_FROM_FIRST_OFFSET", rebalance_interval_ms=500,
+                               persist_consumer_offset_interval_ms=200, broker_suspend_max_time_ms=1000):
+
+        async def produce_loop(k: int) -> None:
+            nonlocal failed_sends
+            i = 0
+            while not stop_producing.is_set():
+                i += 1
+                try:
+                    r = await producer.send(Message(topic, b"%02d-%08d" % (k, i)))
+                except (SendFailedError, RaftMQError):
+                    failed_sends += 1
+                    await trio.sleep(0.01)
+                    continue
+                now = time.monotonic()
+                acked[r.msg_id] = now
+                (store_ip, store_port), _ = parse_msg_id(r.offset_msg_id)
+                ack_log.append((now, f"{store_ip}:{store_port}"))
+                await trio.sleep(0.002)  # ~8 senders x a few hundred/s: load, without starving the brokers
+
+        gaps: list[float] = []
+        async with trio.open_nursery() as nursery:
+            for k in range(8):
+                nursery.start_soon(produce_loop, k)
+            await trio.sleep(2)
+            for round_no in range(KILLS):
+                leader = await cluster.leader_addr()
+                nid = cluster.node_at(leader)
+                killed_at = time.monotonic()
+                await trio.to_thread.run_sync(cluster.nodes[nid].kill)
+                with trio.fail_after(30):
+                    while True:
+                        after = [t for t, addr in ack_log if t > killed_at and addr != leader]
+                        if after:
+                            gaps.append(min(after) - killed_at)
+                            break
+                        await trio.sleep(0.01)
+                print(f"\nround {round_no + 1}: killed {nid} ({leader}); first ack by a new leader after "
+                      f"{gaps[-1]:.3f}s")
+                await trio.to_thread.run_sync(cluster.start, nid)
+                await trio.sleep(3)  # let it catch up and the load run on the new leader
+            stop_producing.set()
+
+        with trio.move_on_after(60):
+            while not set(acked) <= set(consumed):
+                await trio.sleep(0.2)
+
+    missing = set(acked) - set(consumed)
+    duplicates = sum(c - 1 for c in consumed.values() if c > 1)
+    median = statistics.median(gaps)
+    print(f"\nfailover: {len(acked)} acked, {failed_sends} failed sends, {duplicates} duplicates, gaps "
+          f"{', '.join(f'{g:.3f}' for g in gaps)} s, median {median:.3f} s (target <= {TARGET_MEDIAN_GAP_S} s)")
+    assert not missing, f"{len(missing)} acknowledged messages were never consumed"
+    assert median <= TARGET_MEDIAN_GAP_S, f"median kill-to-ack gap {median:.3f}s over {TARGET_MEDIAN_GAP_S}s"
