@@ -67,6 +67,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 RECEIVE_SIZE = 128 * 1024
+FRAMES_PER_YIELD = 16
 HIGH_WATER_BYTES = 4 * 1024 * 1024
 # How long a connection whose peer went away keeps trying to flush responses already queued.
 DRAIN_TIMEOUT_S = 0.5
@@ -297,11 +298,19 @@ class RemotingConnection:
                     return
                 self._bytes_received += len(data)
                 decoder.feed(data)
+                since_yield = 0
                 while True:
                     frame = decoder.next_frame()
                     if frame is NEED_DATA:
                         break
                     self._frames_received += 1
+                    since_yield += 1
+                    if since_yield == FRAMES_PER_YIELD:
+                        # Let the writer (and the tasks just woken) run now and then inside a large receive,
+                        # so the peer gets work while we finish this batch: both processes busy at once
+                        # instead of taking turns.
+                        since_yield = 0
+                        await trio.lowlevel.cancel_shielded_checkpoint()
                     if frame.flag & FLAG_RESPONSE:
                         waiter = pending.pop(frame.opaque, None)
                         if waiter is not None:
