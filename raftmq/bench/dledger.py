@@ -35,7 +35,7 @@ from dledger import ByteLog, DLedgerConfig, MemberAddress, open_dledger_group
 from dledger.service import DLedgerService, get_raft_status
 from raftmq.bench.common import (check_range, print_json, print_table, show_progress, spawn_ready_process,
                                  summarize_latencies)
-from remoting.config import parse_host_port
+from remoting.config import ConfigError, parse_host_port
 from remoting.transport import open_remoting_client, serve_remoting
 
 log = logging.getLogger(__name__)
@@ -90,6 +90,8 @@ def register(subparsers) -> None:
     parser.add_argument("--seconds", type=float, default=30.0, help="measured seconds (default 30)")
     parser.add_argument("--warmup-seconds", type=float, default=2.0, help="load before measuring (default 2)")
     parser.add_argument("--concurrency", type=int, default=512, help="appends in flight (default 512)")
+    parser.add_argument("--batch", type=int, default=1,
+                        help="messages per append, as a broker's SEND_BATCH_MESSAGE (default 1)")
     parser.add_argument("--state-machine", choices=["message_store", "byte_log"], default="message_store",
                         help="what the group replicates into (default message_store)")
     parser.add_argument("--flush-disk-type", choices=["ASYNC_FLUSH", "SYNC_FLUSH"], default="ASYNC_FLUSH")
@@ -99,12 +101,12 @@ def register(subparsers) -> None:
     parser.set_defaults(func=run)
 
 
-def _record(size: int, state_machine: str) -> bytes:
-    body = os.urandom(size)
+def _record(size: int, batch: int, state_machine: str) -> bytes:
+    bodies = [os.urandom(size) for _ in range(batch)]
     if state_machine == "byte_log":
-        return body
-    return encode_batch([MessageInput(topic="BenchTopic", queue_id=0, body=body, born_host=("127.0.0.1", 1))],
-                        ("127.0.0.1", 10911))
+        return b"".join(bodies)
+    return encode_batch([MessageInput(topic="BenchTopic", queue_id=0, body=body, born_host=("127.0.0.1", 1))
+                         for body in bodies], ("127.0.0.1", 10911))
 
 
 async def _bench(args: argparse.Namespace, base_dir: Path, console: Console) -> dict[str, Any]:
@@ -121,7 +123,7 @@ async def _bench(args: argparse.Namespace, base_dir: Path, console: Console) -> 
         store = None
         machine = ByteLog(base_dir / "n0" / "byte.log")
     followers = []
-    record = _record(args.size, args.state_machine)
+    record = _record(args.size, args.batch, args.state_machine)
     latencies: list[int] = []
     done = 0
     try:
@@ -154,7 +156,7 @@ async def _bench(args: argparse.Namespace, base_dir: Path, console: Console) -> 
                         await group.append(record, timeout_s=10.0)
                         if measuring:
                             latencies.append(time.perf_counter_ns() - t0)
-                            done += 1
+                            done += args.batch
 
                 async def terms() -> dict[str, int]:
                     out = {"n0": group.term}
@@ -205,7 +207,8 @@ async def _bench(args: argparse.Namespace, base_dir: Path, console: Console) -> 
             machine.close()
     lat = summarize_latencies(latencies)
     return {
-        "state_machine": args.state_machine, "size": args.size, "concurrency": args.concurrency,
+        "state_machine": args.state_machine, "size": args.size, "batch": args.batch,
+        "concurrency": args.concurrency,
         "seconds": round(elapsed, 3), "messages": measured, "msgs_per_s": measured / elapsed,
         "mb_per_s": measured * args.size / elapsed / 1e6, "latency": lat,
         "rss_mb": {k: round(v / 2**20, 1) for k, v in rss.items()}, "term_start": terms_start,
@@ -220,6 +223,9 @@ def run(args: argparse.Namespace) -> int:
     check_range("--size", args.size, 1, 32 * 1024)
     check_range("--seconds", args.seconds, 0.5, 3600)
     check_range("--concurrency", args.concurrency, 1, 20_000)
+    check_range("--batch", args.batch, 1, 1024)
+    if args.size * args.batch > 96 * 1024:
+        raise ConfigError(f"--size x --batch must stay within 96 KiB per append, got {args.size * args.batch}")
     console = Console()
     base_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="raftmq-bench-dledger-"))
     try:
@@ -231,7 +237,8 @@ def run(args: argparse.Namespace) -> int:
         print_json(**result)
         return 0
     lat = result["latency"]
-    print_table(console, f"dledger: {result['state_machine']}, {args.size} B, concurrency {args.concurrency}", [
+    print_table(console, f"dledger: {result['state_machine']}, {args.size} B x {args.batch} per append, "
+                         f"concurrency {args.concurrency}", [
         ("committed msgs/s", result["msgs_per_s"]), ("MB/s", result["mb_per_s"]),
         ("messages", result["messages"]), ("p50 commit latency ms", lat.p50_ms),
         ("p99 commit latency ms", lat.p99_ms), ("max commit latency ms", lat.max_ms),
