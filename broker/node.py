@@ -86,6 +86,7 @@ class BrokerNode:
         self._topic_lock = trio.Lock()
         self._nursery: trio.Nursery | None = None
         self._started_ms = int(time.time() * 1000)
+        self._sync_flush = config.store.flush_disk_type == "SYNC_FLUSH"
         self.put_messages = 0
         self.put_requests = 0
         self.pulled_messages = 0
@@ -182,6 +183,10 @@ class BrokerNode:
         """Replicate one encoded batch; returns the per-message results (msg_id, queue_id, queue_offset...)."""
         result = await self.group.append(batch, timeout_s=self.config.send_timeout_ms / 1000)
         messages = self.machine_messages(result.result)
+        if self._sync_flush and messages:
+            # SYNC_FLUSH: acknowledge only bytes on disk (group commit: one fdatasync covers every waiter).
+            last = messages[-1]
+            await self.store.wait_flushed(last.phy_offset + last.size)
         self.put_requests += 1
         self.put_messages += len(messages)
         return messages

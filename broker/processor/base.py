@@ -12,6 +12,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from broker.topic_config import TopicConfigError, validate_group_name
 from dledger import (AppendTimeoutError, BatchRejectedError, DLedgerError, GroupBusyError, LeaderChangedError,
                      NotLeaderError, RecordTooLargeError)
 from remoting.codec import Frame, make_response
@@ -41,6 +42,16 @@ def get_str(ext: Mapping[str, Any], name: str, *, default: str | None = None, al
         raise invalid(name, "is required")
     if not isinstance(value, str) or (not value and not allow_empty):
         raise invalid(name, f"must be a non-empty string, got {value!r}")
+    return value
+
+
+def get_group(ext: Mapping[str, Any], name: str = "consumer_group") -> str:
+    """A group name: non-empty, RocketMQ's charset (it is also part of replicated offset keys)."""
+    value = get_str(ext, name)
+    try:
+        validate_group_name(value, name)
+    except TopicConfigError as e:
+        raise invalid(name, str(e).split(" ", 1)[1]) from None
     return value
 
 

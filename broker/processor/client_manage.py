@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import cbor2
 
 from broker.consumer_manager import HeartbeatError, parse_heartbeat
-from broker.processor.base import RequestRejected, get_str, invalid
+from broker.processor.base import RequestRejected, get_group, get_str, invalid
 from remoting.codec import Frame, make_response
 from remoting.codes import ResponseCode
 
@@ -53,7 +53,7 @@ class ClientManageProcessor:
         return make_response(request, ResponseCode.SUCCESS)
 
     async def get_consumer_list_by_group(self, request: Frame, conn: Any) -> Frame:
-        group = get_str(request.ext, "consumer_group")
+        group = get_group(request.ext)
         ids = self.node.clients.consumer_ids(group)
         # An empty list is an answer, not an error: a member that has not sent its heartbeat here yet simply
         # sees no peers and rebalances again on its next round.

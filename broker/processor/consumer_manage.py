@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from broker.processor.base import I32, RequestRejected, get_int, get_str
+from broker.processor.base import I32, RequestRejected, get_group, get_int, get_str
 from remoting.codec import Frame, make_response
 from remoting.codes import ResponseCode
 
@@ -23,7 +23,7 @@ class ConsumerManageProcessor:
 
     def _key(self, request: Frame) -> tuple[str, str, int]:
         ext = request.ext
-        group = get_str(ext, "consumer_group")
+        group = get_group(ext)
         topic = get_str(ext, "topic")
         queue_id = get_int(ext, "queue_id", lo=0, hi=I32[1])
         config = self.node.topics.get(topic)

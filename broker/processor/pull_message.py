@@ -20,7 +20,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from broker.filter import SubscriptionParseError, TagFilter, parse_tag_expression
-from broker.processor.base import I32, RequestRejected, get_int, get_str
+from broker.processor.base import I32, RequestRejected, get_group, get_int, get_str
 from broker.topic_config import TopicConfigError, validate_topic_name
 from remoting.codec import Frame, make_response
 from remoting.codes import ResponseCode
@@ -68,7 +68,7 @@ class PullMessageProcessor:
         except TopicConfigError as e:
             raise RequestRejected(ResponseCode.INVALID_REQUEST, str(e)) from None
         args: dict[str, Any] = {
-            "consumer_group": get_str(ext, "consumer_group"),
+            "consumer_group": get_group(ext),
             "topic": topic,
             "queue_id": get_int(ext, "queue_id", lo=0, hi=I32[1]),
             "queue_offset": get_int(ext, "queue_offset", lo=0),

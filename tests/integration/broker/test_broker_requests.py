@@ -67,6 +67,9 @@ async def test_bad_input_gets_its_code_and_remark_and_the_broker_keeps_serving(n
             assert r.code == ResponseCode.INVALID_REQUEST and needle in r.remark, r.remark
 
         r = await call(client, addr, RequestCode.PULL_MESSAGE,
+                       {"consumer_group": "c\x01g", "topic": "TopicTest", "queue_id": 0, "queue_offset": 0})
+        assert r.code == ResponseCode.INVALID_REQUEST and "'consumer_group'" in r.remark
+        r = await call(client, addr, RequestCode.PULL_MESSAGE,
                        {"consumer_group": "cg", "topic": "NoSuchTopic", "queue_id": 0, "queue_offset": 0})
         assert r.code == ResponseCode.TOPIC_NOT_EXIST
         r = await call(client, addr, RequestCode.PULL_MESSAGE,
@@ -210,3 +213,12 @@ async def test_topic_admin_is_replicated_and_registered(nursery, tmp_path):
         assert r.code == ResponseCode.TOPIC_NOT_EXIST
         route = await call(client, namesrv, RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "Orders"})
         assert route.code == ResponseCode.TOPIC_NOT_EXIST
+
+
+async def test_sync_flush_acknowledges_after_fsync(nursery, tmp_path):
+    config, addr = await _node(nursery, tmp_path, **{"store.flush_disk_type": "SYNC_FLUSH"})
+    async with open_remoting_client() as client:
+        await _wait_leader(client, addr)
+        for i in range(3):
+            r = await _send(client, addr, body=b"durable %d" % i)
+            assert r.code == ResponseCode.SUCCESS and r.ext["queue_offset"] == i
