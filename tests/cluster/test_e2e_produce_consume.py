@@ -126,6 +126,7 @@ async def test_20k_messages_two_members_then_a_third_joins(spawn, tmp_path):
                     nursery.start_soon(worker, k)
 
         await produce(0, total // 2)
+        half_at = time.monotonic() - started
         async with open_push_consumer(cluster.namesrv, topic=topic, handler=handler("c3"), **opts) as c3:
             await produce(total // 2, total)
             with trio.fail_after(120):
@@ -147,5 +148,6 @@ async def test_20k_messages_two_members_then_a_third_joins(spawn, tmp_path):
     assert deliveries["c3"], "the third member consumed nothing"
     counts = Counter(body for msgs in deliveries.values() for _, _, body in msgs)
     duplicates = sum(c - 1 for c in counts.values())
-    print(f"\n20k e2e: produced+consumed in {elapsed:.1f}s; per member {[len(v) for v in deliveries.values()]}; "
-          f"duplicates {duplicates}; third member queues {len(third_assigned)}")
+    print(f"\n20k e2e: first half acked after {half_at:.1f}s, all consumed after {elapsed:.1f}s; per member "
+          f"{[len(v) for v in deliveries.values()]}; duplicates {duplicates}; "
+          f"third member queues {len(third_assigned)}")

@@ -16,8 +16,8 @@ from client.errors import NoRouteError
 
 
 # -- filters ---------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("tag,code", [("TagA", 2598919), ("", 0), ("hello", 99162322), ("polygenelubricants", -2147483648),
-                                      ("中文", 646394)])
+@pytest.mark.parametrize("tag,code", [("TagA", 2598919), ("", 0), ("hello", 99162322),
+                                      ("polygenelubricants", -2147483648), ("中文", 646394)])
 def test_tags_code_is_java_string_hashcode(tag, code):
     # Java's "x".hashCode(); "polygenelubricants" is the well-known Integer.MIN_VALUE case.
     assert tags_code(tag) == code
