@@ -1,0 +1,51 @@
+"""ByteLog: deterministic, idempotent apply; whole-record raw copies; torn tails cut on open."""
+
+from __future__ import annotations
+
+import pytest
+
+from dledger import ApplyStatus, ByteLog
+from dledger.byte_log import RECORD_HEADER
+
+
+def test_apply_is_idempotent_and_refuses_gaps(tmp_path):
+    log = ByteLog(tmp_path / "a.log")
+    payload = log.join_records([b"one", b"two"])
+    assert log.plan_batch_end(payload, 0) == len(payload)
+    first = log.apply_batch(payload, 1, 0)
+    assert first.status is ApplyStatus.APPLIED and first.record_results == (0, RECORD_HEADER.size + 3)
+    assert log.apply_batch(payload, 1, 0).status is ApplyStatus.DUPLICATE
+    assert log.apply_batch(payload, 1, len(payload) + 5).status is ApplyStatus.REJECTED
+    assert log.end_offset == len(payload)
+    log.close()
+
+
+def test_raw_copy_is_whole_records_and_validated(tmp_path):
+    src, dst = ByteLog(tmp_path / "src.log"), ByteLog(tmp_path / "dst.log")
+    src.apply_batch(src.join_records([b"a" * 100, b"b" * 100, b"c" * 100]), 1, 0)
+    chunk = src.read_raw(0, 150)  # cut inside the second record: only whole records come back
+    assert len(chunk) == RECORD_HEADER.size + 100
+    dst.write_raw(0, chunk)
+    with pytest.raises(ValueError, match="offset"):
+        dst.write_raw(0, chunk)
+    bad = bytearray(src.read_raw(dst.end_offset, 1 << 20))
+    bad[-1] ^= 0xFF
+    with pytest.raises(ValueError, match="crc32c"):
+        dst.write_raw(dst.end_offset, bytes(bad))
+    dst.write_raw(dst.end_offset, src.read_raw(dst.end_offset, 1 << 20))
+    assert dst.checksums(dst.end_offset) == src.checksums(src.end_offset)
+    src.close()
+    dst.close()
+
+
+def test_torn_tail_is_cut_on_open(tmp_path):
+    log = ByteLog(tmp_path / "t.log")
+    log.apply_batch(log.join_records([b"whole"]), 1, 0)
+    end = log.end_offset
+    log.close()
+    with open(tmp_path / "t.log", "ab") as f:
+        f.write(RECORD_HEADER.pack(1000, 0) + b"partial")
+    reopened = ByteLog(tmp_path / "t.log")
+    assert reopened.end_offset == end
+    assert reopened.read_records() == [(0, b"whole")]
+    reopened.close()
