@@ -1,0 +1,93 @@
+"""The rest of the client surface against real processes, on one cluster: admin (topics, routes, cluster info),
+send_batch and send_oneway, the pull consumer with a tag filter, and the push consumer's start positions."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import trio
+
+from client import (ClientError, Message, MessageQueue, PullStatus, open_admin, open_producer, open_pull_consumer,
+                    open_push_consumer)
+from tests.cluster.test_e2e_produce_consume import start_cluster
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+
+async def _drain(consumer, want: int, timeout_s: float = 15.0) -> list:
+    got = []
+    with trio.move_on_after(timeout_s):
+        async for msg in consumer:
+            got.append(msg)
+            if len(got) >= want:
+                break
+    return got
+
+
+@pytest.mark.timeout(180)
+async def test_admin_batch_oneway_pull_tags_and_start_positions(spawn, tmp_path):
+    cluster = await start_cluster(spawn, tmp_path)
+    topic = "ApiTopic"
+    await cluster.create_topic(topic, 4)
+
+    async with open_admin(cluster.namesrv) as admin:
+        info = await admin.cluster_info()
+        assert info.clusters == {"DefaultCluster": ("broker-a",)}
+        assert info.master_addr("broker-a") == await cluster.leader_addr()
+        route = await admin.get_route(topic)
+        assert [(q.broker_name, q.write_queue_nums) for q in route.queue_datas] == [("broker-a", 4)]
+        assert topic in await admin.list_topics()
+        with pytest.raises(ClientError, match="cluster 'NoSuchCluster' is not known"):
+            await admin.create_topic("Other", cluster="NoSuchCluster")
+
+    mq = MessageQueue(topic, "broker-a", 1)
+    async with open_producer(cluster.namesrv) as producer:
+        batch = [Message(topic, b"b%d" % i, tags="TagA" if i % 2 else "TagB", keys=f"key{i}") for i in range(10)]
+        r = await producer.send_batch(batch, queue=mq)
+        assert r.message_queue == mq and r.queue_offset == 0 and len(r.msg_ids) == 10
+        await producer.send_oneway(Message(topic, b"oneway", tags="TagC"), queue=mq)
+        await producer.send(Message(topic, b"after", tags="TagA"), queue=mq)
+
+    async with open_pull_consumer(cluster.namesrv, consumer_group="api_pull") as puller:
+        with trio.fail_after(10):  # a oneway send has no answer: wait until it is stored
+            while await puller.max_offset(mq) < 12:
+                await trio.sleep(0.05)
+
+    async with open_pull_consumer(cluster.namesrv, consumer_group="api_pull") as puller:
+        assert mq in await puller.fetch_queues(topic)
+        assert await puller.min_offset(mq) == 0 and await puller.max_offset(mq) == 12
+        res = await puller.pull(mq, 0, 32, expression="TagA || TagC")
+        assert res.status is PullStatus.FOUND
+        assert [m.body for m in res.messages][:5] == [b"b1", b"b3", b"b5", b"b7", b"b9"]
+        assert sorted(m.body for m in res.messages[5:]) == [b"after", b"oneway"]
+        assert res.messages[0].keys == ["key1"] and res.messages[0].msg_id == r.msg_ids[1]
+        end = await puller.pull(mq, 12, 32)
+        assert end.status is PullStatus.NO_NEW_MSG and end.next_begin_offset == 12
+        assert await puller.committed_offset(mq) is None
+        await puller.commit(mq, 7)
+        assert await puller.committed_offset(mq) == 7
+
+    # Start positions of a new group: LAST skips the backlog, FIRST replays it, TIMESTAMP starts at a time.
+    opts = dict(rebalance_interval_ms=300, broker_suspend_max_time_ms=500)
+    async with open_push_consumer(cluster.namesrv, topic=topic, consumer_group="from_last",
+                                  consume_from_where="CONSUME_FROM_LAST_OFFSET", **opts) as last, \
+            open_push_consumer(cluster.namesrv, topic=topic, consumer_group="from_first", expression="TagB",
+                               consume_from_where="CONSUME_FROM_FIRST_OFFSET", **opts) as first:
+        await trio.sleep(1)  # both have their queues and start offsets before the new message exists
+        mark_ms = int(time.time() * 1000)
+        await trio.sleep(0.05)
+        async with open_producer(cluster.namesrv) as producer:
+            await producer.send(Message(topic, b"new", tags="TagB"), queue=mq)
+        assert [m.body for m in await _drain(last, 1)] == [b"new"]
+        assert [m.body for m in await _drain(first, 6)] == [b"b0", b"b2", b"b4", b"b6", b"b8", b"new"]
+    async with open_push_consumer(cluster.namesrv, topic=topic, consumer_group="from_time",
+                                  consume_from_where="CONSUME_FROM_TIMESTAMP", consume_timestamp_ms=mark_ms,
+                                  **opts) as timed:
+        assert [m.body for m in await _drain(timed, 1)] == [b"new"]
+
+    async with open_admin(cluster.namesrv) as admin:
+        await admin.delete_topic(topic)
+        with trio.fail_after(10):
+            while topic in await admin.list_topics():
+                await trio.sleep(0.1)
