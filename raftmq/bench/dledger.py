@@ -170,6 +170,9 @@ async def _bench(args: argparse.Namespace, base_dir: Path, console: Console) -> 
                         load_nursery.start_soon(load)
                     await trio.sleep(args.warmup_seconds)
                     terms_start = await terms()
+                    procs = {"n0": psutil.Process()}
+                    procs.update({m.id: psutil.Process(f.pid) for m, f in zip(members[1:], followers)})
+                    cpu_start = {k: sum(p.cpu_times()[:2]) for k, p in procs.items()}
                     measuring = True
                     t_start = time.perf_counter()
                     progress = trio.CancelScope()
@@ -183,6 +186,7 @@ async def _bench(args: argparse.Namespace, base_dir: Path, console: Console) -> 
                     measuring = False
                     elapsed = time.perf_counter() - t_start
                     measured = done
+                    cpu_used = {k: sum(p.cpu_times()[:2]) - cpu_start[k] for k, p in procs.items()}
                     progress.cancel()
                 terms_end = await terms()
                 stats = group.statistics()
@@ -213,6 +217,7 @@ async def _bench(args: argparse.Namespace, base_dir: Path, console: Console) -> 
         "mb_per_s": measured * args.size / elapsed / 1e6, "latency": lat,
         "rss_mb": {k: round(v / 2**20, 1) for k, v in rss.items()}, "term_start": terms_start,
         "term_end": terms_end, "term_unchanged": terms_start == terms_end,
+        "cpu_us_per_msg": {k: round(v / max(1, measured) * 1e6, 1) for k, v in cpu_used.items()},
         "batches": stats.appended_batches, "records_per_batch": stats.appended_records / max(1, stats.appended_batches),
         "failed_batches": stats.failed_batches, "log_entries_in_memory": stats.log_entries_in_memory,
         "snapshots_written": stats.snapshots_written,
@@ -245,7 +250,8 @@ def run(args: argparse.Namespace) -> int:
         ("records per batch", result["records_per_batch"]), ("failed batches", result["failed_batches"]),
         ("term at start", str(result["term_start"])), ("term at end", str(result["term_end"])),
         ("term unchanged", str(result["term_unchanged"])),
-        ("RSS MB per member", str(result["rss_mb"])), ("raft log entries in memory", result["log_entries_in_memory"]),
+        ("RSS MB per member", str(result["rss_mb"])),
+        ("CPU us per message per member", str(result["cpu_us_per_msg"])), ("raft log entries in memory", result["log_entries_in_memory"]),
         ("snapshots written (n0)", result["snapshots_written"]),
     ])
     return 0
