@@ -158,6 +158,16 @@ class ClientInstance:
         raise_for_response(frame, topic=topic)
         return decode_route_response(frame.ext, frame.body)
 
+    async def install_default_route(self, topic: str, queue_nums: int) -> None:
+        """Route an unknown topic to every registered broker group, so a send can auto-create it there."""
+        frame = await self.invoke_namesrv(RequestCode.GET_BROKER_CLUSTER_INFO)
+        data = cbor2.loads(frame.body) if frame.body else frame.ext
+        brokers = {name: {int(k): str(v) for k, v in b.get("broker_addrs", {}).items()}
+                   for name, b in data.get("broker_addr_table", {}).items()}
+        self.routes.install_default(topic, brokers, queue_nums)
+        log.info("topic not routed yet, sending to every group to auto-create it topic=%s groups=%d", topic,
+                 len(brokers))
+
     def master_addr(self, broker_name: str) -> str:
         addr = self.routes.master_addr(broker_name)
         if not addr:

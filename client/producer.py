@@ -23,7 +23,7 @@ from typing import Any
 
 import trio
 
-from client.errors import ClientClosedError, MessageTooLargeError, SendFailedError
+from client.errors import ClientClosedError, MessageTooLargeError, NoRouteError, SendFailedError
 from client.instance import (
     ClientConfig, ClientInstance, build_config, now_ms, open_remoting, raise_for_response,
 )
@@ -58,6 +58,8 @@ class ProducerConfig(ClientConfig):
     retry_backoff_ms: int = bounded(50, min=0, doc="pause before the n-th retry: n * retry_backoff_ms")
     max_message_size_bytes: int = bounded(4 * 1024 * 1024, min=1)
     send_latency_fault_enable: bool = True
+    default_topic_queue_nums: int = bounded(4, min=1, max=1024,
+                                            doc="queues per group of a topic created by its first send")
 
 
 @dataclasses.dataclass(slots=True)
@@ -180,6 +182,7 @@ class Producer:
         last_error: BaseException | None = None
         attempts = 0
         redirects = 0
+        auto_routed = False
         mq: MessageQueue | None = None
         while True:
             remaining = deadline - time.monotonic()
@@ -199,8 +202,15 @@ class Producer:
                 addr = inst.master_addr(mq.broker_name)
             except RaftMQError as e:
                 last_error = e
+                if isinstance(e, NoRouteError) and not auto_routed and inst.routes.cached(topic) is None:
+                    auto_routed = True
+                    try:
+                        await inst.install_default_route(topic, self.config.default_topic_queue_nums)
+                        continue
+                    except RaftMQError as e2:
+                        last_error = e2
                 attempts += 1
-                if not e.retriable or attempts > self.config.retry_times_when_send_failed:
+                if not last_error.retriable or attempts > self.config.retry_times_when_send_failed:
                     break
                 await self._backoff(attempts, deadline)
                 continue

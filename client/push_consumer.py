@@ -213,7 +213,11 @@ class PushConsumer:
     async def start(self, nursery: trio.Nursery) -> None:
         self._nursery = nursery
         for topic in self._subs:
-            await self._instance.routes.get(topic)
+            try:
+                await self._instance.routes.get(topic)
+            except RaftMQError as e:
+                # Subscribing before the topic exists is allowed: the periodic rebalance picks it up.
+                log.warning("no route for subscribed topic yet topic=%s error=%s", topic, e)
         await self._instance.send_heartbeat_to_all()
         await self.rebalance()
         nursery.start_soon(self._serve_rebalance)
@@ -272,12 +276,20 @@ class PushConsumer:
     async def rebalance(self) -> None:
         async with self._lock:
             for topic in self._subs:
-                route = await self._instance.routes.get(topic)
+                try:
+                    route = await self._instance.routes.get(topic)
+                except RaftMQError as e:
+                    log.info("rebalance skipped topic=%s error=%s", topic, e)
+                    continue
                 mqs = route.read_queues()
                 if self.config.message_model == "BROADCASTING":
                     wanted = mqs
                 else:
                     cids = await self.find_consumer_ids(topic)
+                    if self.client_id not in cids:
+                        # A node we had not met yet (a new topic's group, a restarted node): introduce ourselves.
+                        await self._instance.send_heartbeat_to_all()
+                        cids = await self.find_consumer_ids(topic)
                     if not cids:
                         log.info("no group members known yet group=%s topic=%s", self.config.consumer_group, topic)
                         continue

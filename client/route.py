@@ -290,6 +290,22 @@ class RouteCache:
             if b.master_addr and self._leader_hints.get(b.broker_name) == b.master_addr:
                 del self._leader_hints[b.broker_name]
 
+    def install_default(self, topic: str, brokers: Mapping[str, Mapping[int, str]], queue_nums: int,
+                        cluster: str = "") -> TopicRouteData:
+        """A stand-in route for a topic no name server knows yet, spread over ``brokers`` (from cluster info):
+        the first send creates the topic on the broker (``auto_create_topic_enable``), which then registers
+        it, and the next refresh replaces this route with the real one (RocketMQ does the same through the
+        template topic TBW102)."""
+        route = TopicRouteData(
+            topic,
+            tuple(QueueData(name, queue_nums, queue_nums) for name in sorted(brokers)),
+            tuple(BrokerData(cluster, name, dict(addrs)) for name, addrs in sorted(brokers.items())))
+        if not route.write_queues():
+            raise NoRouteError(f"topic {topic!r} is unknown and no broker group is registered to create it on",
+                               topic=topic)
+        self._install(route)
+        return route
+
     def set_leader_hint(self, broker_name: str, addr: str | None) -> None:
         if addr:
             self._leader_hints[broker_name] = addr

@@ -46,6 +46,7 @@ class FakeRemoting:
         self.groups = groups
         self.by_addr = {a: g for g in groups for a in g.addrs}
         self.calls: list[tuple[str, int]] = []
+        self.unknown_topics: set[str] = set()
         self.wake = trio.Event()
 
     def route(self, topic: str) -> dict:
@@ -64,7 +65,12 @@ class FakeRemoting:
         code, ext = request.code, request.ext
         if addr == NAMESRV:
             if code == RequestCode.GET_ROUTEINFO_BY_TOPIC:
+                if ext["topic"] in self.unknown_topics:
+                    return make_response(request, ResponseCode.TOPIC_NOT_EXIST, remark="no route")
                 return make_response(request, ResponseCode.SUCCESS, body=cbor2.dumps(self.route(ext["topic"])))
+            if code == RequestCode.GET_BROKER_CLUSTER_INFO:
+                table = {g.name: {"broker_addrs": {"0": g.leader}} for g in self.groups}
+                return make_response(request, ResponseCode.SUCCESS, body=cbor2.dumps({"broker_addr_table": table}))
             raise AssertionError(code)
         g = self.by_addr[addr]
         if addr in g.dead:

@@ -143,3 +143,25 @@ async def test_push_consumer_iterator_form_tag_filter_and_flow_control(cluster):
                 if len(got) == 20:
                     break
     assert sorted(got) == list(range(0, 60, 3))
+
+
+async def test_unknown_topic_is_sent_to_every_group_for_auto_create(cluster):
+    cluster.unknown_topics.add("New")
+    async with open_producer(NAMESRV, default_topic_queue_nums=2) as p:
+        results = [await p.send(Message("New", b"x")) for _ in range(8)]
+    assert {r.message_queue for r in results} == {MessageQueue("New", b, q) for b in ("broker-a", "broker-b")
+                                                   for q in range(2)}
+
+
+async def test_consumer_may_subscribe_before_the_topic_exists(cluster):
+    cluster.unknown_topics.add("Later")
+    async with open_push_consumer(NAMESRV, topic="Later", consumer_group="g3", rebalance_interval_ms=20,
+                                  consume_from_where="CONSUME_FROM_FIRST_OFFSET") as c:
+        assert c.assigned_queues() == []
+        cluster.unknown_topics.discard("Later")
+        async with open_producer(NAMESRV) as p:
+            await p.send(Message("Later", b"hi"))
+        with trio.fail_after(5):
+            async for msg in c:
+                assert msg.body == b"hi"
+                break
