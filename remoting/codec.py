@@ -193,7 +193,7 @@ _HEADER_KEYS = ("code", "opaque", "flag", "version")
 # Catching bytes after the map: cbor2.loads ignores trailing data, and a stream decoder that reports its position
 # costs ~2x. So the header is decoded as the 2-item array ``[header, SENTINEL]``: if the header region holds
 # exactly one item, the second element is the sentinel; extra bytes become the second element instead, and a
-# truncated item swallows the sentinel. (Junk that begins with the sentinel's own 18 bytes would slip through
+# truncated item swallows the sentinel. (Junk that begins with the sentinel's own 17 bytes would slip through
 # and be ignored, which is harmless.)
 # Random bytes with none in 0xc0..0xdb, so the sentinel cannot look like a tag to the check below.
 _SENTINEL_VALUE = bytes.fromhex("9e3779b97f4a7c15f39c06015ced0834")

@@ -67,7 +67,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 RECEIVE_SIZE = 128 * 1024
-FRAMES_PER_YIELD = 16
+FRAMES_PER_YIELD = 64
 HIGH_WATER_BYTES = 4 * 1024 * 1024
 # How long a connection whose peer went away keeps trying to flush responses already queued.
 DRAIN_TIMEOUT_S = 0.5
