@@ -171,7 +171,9 @@ class BrokerNode:
         items[_VERSION_KEY] = self.topics.data_version + 1
         await self._replicate(TOPIC_TABLE, items)
         self.refresh_metadata()
-        self.registration.trigger()
+        # Register before answering, so a client's next route query already shows the change (each name
+        # server under register_timeout_ms; one that is down does not hold the others up).
+        await self.registration.register_all()
 
     async def _replicate(self, table: str, items: dict[str, Any]) -> None:
         if not self.is_leader():

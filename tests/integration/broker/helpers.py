@@ -18,13 +18,14 @@ from tests.procs import free_port
 SECRET = "broker-integration-secret-0123456789"
 
 
-def broker_configs(tmp_path: Path, namesrv_addr: str | None, n: int = 1, **overrides: Any) -> list[BrokerConfig]:
+def broker_configs(tmp_path: Path, namesrv_addr: str | list[str] | None, n: int = 1,
+                   **overrides: Any) -> list[BrokerConfig]:
     members = [{"id": f"n{i + 1}", "raft_address": f"127.0.0.1:{free_port()}",
                 "service_address": f"127.0.0.1:{free_port()}"} for i in range(n)]
     configs = []
     for m in members:
         data: dict[str, Any] = {
-            "namesrv_addrs": [namesrv_addr] if namesrv_addr else [],
+            "namesrv_addrs": ([namesrv_addr] if isinstance(namesrv_addr, str) else list(namesrv_addr or [])),
             "store": {"store_dir": str(tmp_path / m["id"] / "store"), "segment_size_bytes": 8 << 20},
             "dledger": {"group": "broker-a", "self_id": m["id"], "secret": SECRET, "members": members,
                         "data_dir": str(tmp_path / m["id"] / "dledger"), "election_timeout_min_ms": 200,

@@ -182,7 +182,8 @@ async def test_consumer_offsets_membership_and_notification(nursery, tmp_path):
 
 async def test_topic_admin_is_replicated_and_registered(nursery, tmp_path):
     namesrv = await start_namesrv(nursery)
-    (config,) = broker_configs(tmp_path, namesrv, auto_create_topic_enable=False)
+    other_namesrv = await start_namesrv(nursery)
+    (config,) = broker_configs(tmp_path, [namesrv, other_namesrv], auto_create_topic_enable=False)
     addr = await start_broker(nursery, config)
     async with open_remoting_client() as client:
         await _wait_leader(client, addr)
@@ -193,9 +194,11 @@ async def test_topic_admin_is_replicated_and_registered(nursery, tmp_path):
         assert r.code == ResponseCode.SUCCESS, r.remark
         r = await call(client, addr, RequestCode.UPDATE_AND_CREATE_TOPIC, {"topic_name": "Orders", "perm": 99})
         assert r.code == ResponseCode.INVALID_REQUEST and "perm" in r.remark
-        route = await call(client, namesrv, RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "Orders"})
-        assert route.code == ResponseCode.SUCCESS
-        assert cbor2.loads(route.body)["queue_datas"][0]["read_queue_nums"] == 8
+        for ns in (namesrv, other_namesrv):  # registered with every name server before the answer
+            route = await call(client, ns, RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "Orders"})
+            assert route.code == ResponseCode.SUCCESS
+            assert cbor2.loads(route.body)["queue_datas"][0]["read_queue_nums"] == 8
+            assert cbor2.loads(route.body)["broker_datas"][0]["broker_addrs"]["0"] == addr
         assert (await _send(client, addr, topic="Orders", queue_id=7)).code == ResponseCode.SUCCESS
         topics = cbor2.loads((await call(client, addr, RequestCode.GET_ALL_TOPIC_CONFIG)).body)
         assert topics["topic_configs"]["Orders"]["write_queue_nums"] == 8
