@@ -57,6 +57,10 @@ class CommitLog:
         self._segments: dict[int, MappedFile] = {}
         self._state_lock = threading.Lock()
         self.end = 0  # published: readers may read [min_phy_offset, end)
+        self.hot_window = config.hot_window_bytes
+        self.release_every_bytes = max(config.hot_window_bytes, 16 * 1024 * 1024)
+        self._touched_segments: set[int] = set()
+        self._touched_bytes = 0
         self.min_phy_offset = 0
 
     # -- segments --------------------------------------------------------------------------------------------
@@ -69,6 +73,7 @@ class CommitLog:
     def _create_segment(self, start: int) -> MappedFile:
         seg = MappedFile.create(self.dir / file_name(start), start, self.segment_size)
         self._segments[start] = seg
+        self._touched_segments.add(start)
         log.info("commit log segment created start=%d", start)
         return seg
 
@@ -91,6 +96,7 @@ class CommitLog:
                                           f"is followed by {file_name(start)}")
         for start in starts:
             self._segments[start] = MappedFile.open(self.dir / file_name(start), start, self.segment_size)
+            self._touched_segments.add(start)
         if not starts:
             self.end = self.min_phy_offset = trusted_offset - trusted_offset % self.segment_size \
                 if trusted_offset else 0
@@ -250,6 +256,7 @@ class CommitLog:
             qids.append(queue_id)
             wpos += size
             pos += entry_size
+        self.note_touched(seg.start, wpos - (end - seg.start) if seg.start <= end else wpos)
         if first is not None:  # the batch becomes visible to recovery only now, as a whole
             first_mm, first_off, first_magic = first
             _MAGIC.pack_into(first_mm, first_off + 4, first_magic)
@@ -329,11 +336,26 @@ class CommitLog:
                 seg.sync()
             start += self.segment_size
 
-    def release_cold_pages(self, flushed: int, hot_window: int) -> None:
-        for seg in list(self._segments.values()):
-            if seg.fd < 0:
+    def note_touched(self, seg_start: int, nbytes: int) -> None:
+        """Account bytes mapped in by appends, reads and dispatch; past ``release_every_bytes`` the cold pages
+        are dropped right away, so RSS stays bounded even when a slow fdatasync delays the flush service."""
+        self._touched_segments.add(seg_start)
+        self._touched_bytes += nbytes
+        if self._touched_bytes >= self.release_every_bytes:
+            self.release_cold_pages(self.end, self.hot_window)
+
+    def release_cold_pages(self, upto: int, hot_window: int) -> None:
+        """Drop resident pages of touched segments except the ``hot_window`` bytes below ``upto``."""
+        self._touched_bytes = 0
+        touched, self._touched_segments = self._touched_segments, set()
+        for start in touched:
+            seg = self._segments.get(start)
+            if seg is None or seg.fd < 0:
                 continue
-            seg.release(min(max(flushed - hot_window - seg.start, 0), seg.size))
+            keep_from = min(max(upto - hot_window - start, 0), seg.size)
+            seg.release(keep_from)
+            if keep_from < seg.size and start + seg.size > upto - hot_window:
+                self._touched_segments.add(start)  # partly hot: look at it again next time
 
     def delete_segment(self, start: int) -> None:
         seg = self._segments.get(start)

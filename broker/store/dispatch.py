@@ -112,6 +112,8 @@ class Dispatcher:
         while pos < stop:
             if seg is None or not seg.start <= pos < seg.start + seg_size:
                 seg = cl.segment_at(pos)
+                if seg is not None:
+                    cl._touched_segments.add(seg.start)
                 if seg is None:  # removed by retention under us: skip to the oldest segment left
                     pos = max(pos + 1, cl.min_phy_offset)
                     continue
@@ -162,6 +164,8 @@ class Dispatcher:
                 index_file.end_timestamp = store_ts
             pos += size
             count += 1
+        if count:
+            cl.note_touched(seg.start, pos - self.dispatched)
         self.dispatched = pos
         index.write_headers()
         return count

@@ -221,8 +221,15 @@ class IndexService:
                 f.file.sync()
 
     def release_cold_pages(self) -> None:
-        for f in list(self.files):
-            if f.file.fd >= 0:
+        """Older files entirely; the current one below its write position only, keeping its hash slots
+        resident (they are hit at random on every put)."""
+        files = list(self.files)
+        for f in files:
+            if f.file.fd < 0:
+                continue
+            if f is files[-1]:
+                f.file.release_range(f.entries_at, f.entries_at + (f.index_count - 1) * INDEX_ENTRY.size)
+            else:
                 f.file.release(f.file.size)
 
     def delete_files_before(self, commit_log_min: int) -> int:

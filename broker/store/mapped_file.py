@@ -73,6 +73,12 @@ class MappedFile:
         if upto > 0:
             self.mm.madvise(mmap.MADV_DONTNEED, 0, upto)
 
+    def release_range(self, begin: int, end: int) -> None:
+        begin += -begin % PAGE_SIZE
+        end -= end % PAGE_SIZE
+        if end > begin:
+            self.mm.madvise(mmap.MADV_DONTNEED, begin, end - begin)
+
     def release_all(self) -> None:
         self.mm.madvise(mmap.MADV_DONTNEED, 0, self.size)
 

@@ -311,7 +311,7 @@ class MessageStore:
             self.dispatcher.flush()
             if self._checkpoint is not None:
                 self._checkpoint.write(flushed, min(dispatched, flushed))
-            self.commit_log.release_cold_pages(flushed, self.config.hot_window_bytes)
+            self.commit_log.release_cold_pages(self.commit_log.end, self.config.hot_window_bytes)
             self.dispatcher.release_cold_pages()
 
     async def wait_flushed(self, phy_offset: int) -> None:
@@ -359,6 +359,9 @@ class MessageStore:
         cl_min = cl.min_phy_offset
         cl_end = cl.end
         status = GetMessageStatus.NO_MATCHED_MESSAGE
+        last_seg = None
+        first_span = 0
+        touched_segments = cl._touched_segments
         messages: list[memoryview] = []
         qoffs: list[int] = []
         total = 0
@@ -378,6 +381,11 @@ class MessageStore:
                 status = GetMessageStatus.MESSAGE_WAS_REMOVING
                 consumed += 1
                 continue
+            if seg is not last_seg:
+                last_seg = seg
+                touched_segments.add(seg.start)
+            if not messages:
+                first_span = phy
             off = phy - seg.start
             messages.append(seg.mv[off:off + size])
             qoffs.append(offset + consumed)
@@ -387,6 +395,8 @@ class MessageStore:
                 break
         if messages:
             status = GetMessageStatus.FOUND
+            # pages spanned, not bytes returned: a queue's records are interleaved with other queues'
+            cl.note_touched(last_seg.start, max(total, last_seg.start + off + size - first_span))
         return GetMessageResult(status, offset + consumed, mn, mx, messages, qoffs, total)
 
     def get_min_offset_in_queue(self, topic: str, queue_id: int) -> int:
