@@ -328,3 +328,30 @@ async def test_close_connection_in_the_pool(server):
         assert first.closed
         assert addr not in client.connections()
         assert (await client.invoke(addr, make_request(RequestCode.ECHO, body=b"x"))).body == b"x"
+
+
+async def test_a_peer_that_stops_reading_is_slowed_down_not_buffered(nursery):
+    """Responses queue up to HIGH_WATER_BYTES, then the server stops reading that peer; others are served."""
+    from remoting import transport
+
+    conns = []
+
+    class Echo:
+        async def handle(self, request, conn):
+            conns.append(conn)
+            return make_response(request, ResponseCode.SUCCESS, body=request.body)
+
+    host, port = await nursery.start(serve_remoting, Echo(), "127.0.0.1", 0)
+    hog = await trio.open_tcp_stream(host, port)
+    request = encode(make_request(RequestCode.ECHO, body=b"r" * 60_000), opaque=1)
+    sent = 0
+    with trio.move_on_after(2):
+        while sent < 400:  # 24 MB of requests, far more than socket buffers plus the high-water mark
+            await hog.send_all(request)
+            sent += 1
+    assert sent < 400, "the server kept reading although its peer never read a response"
+    server_side = conns[0]
+    assert server_side._out_bytes <= transport.HIGH_WATER_BYTES + len(request)
+    async with open_connection(f"{host}:{port}") as other:
+        assert (await other.invoke(make_request(RequestCode.ECHO, body=b"meanwhile"))).body == b"meanwhile"
+    await trio.aclose_forcefully(hog)
