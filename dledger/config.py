@@ -66,7 +66,7 @@ class DLedgerConfig:
     max_pending_records: int = bounded(100_000, min=1, max=10_000_000)
     append_entries_batch_size_bytes: int = bounded(512 * 1024, min=16 * 1024, max=64 << 20)
     socket_buffer_bytes: int = bounded(4 << 20, min=64 * 1024, max=256 << 20)
-    log_compaction_min_entries: int = bounded(500, min=2, max=10_000_000)
+    log_compaction_min_entries: int = bounded(100, min=2, max=10_000_000)
     log_compaction_min_time_s: int = bounded(60, min=1, max=86_400)
     catch_up_chunk_bytes: int = bounded(1 << 20, min=4096, max=64 << 20)
     status_poll_interval_ms: int = bounded(20, min=1, max=5000)
