@@ -108,6 +108,10 @@ def write_broker_configs(data_dir: Path, state: dict[str, Any]) -> list[Path]:
     return paths
 
 
+class DevClusterError(RuntimeError):
+    pass
+
+
 class Child:
     """One child process; its output goes to a log file, its ready line is parsed."""
 
@@ -136,9 +140,21 @@ class Child:
         self._ready.set()
 
     def wait_ready(self, timeout_s: float) -> None:
-        if not self._ready.wait(timeout_s) or not self.fields:
-            raise RuntimeError(f"{self.name} (pid {self.pid}) did not become ready within {timeout_s:.0f}s; "
-                               f"see {self._log.name}")
+        if self._ready.wait(timeout_s) and self.fields:
+            return
+        rc = self.proc.poll()
+        if rc is None and self._ready.is_set():  # output ended: the process is exiting
+            try:
+                rc = self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                rc = None
+        what = f"exited with rc={rc}" if rc is not None else f"did not become ready within {timeout_s:.0f}s"
+        try:
+            tail = Path(self._log.name).read_text(encoding="utf-8", errors="replace").splitlines()[-5:]
+        except OSError:
+            tail = []
+        raise DevClusterError(f"{self.name} (pid {self.pid}) {what}; last lines of {self._log.name}:\n    "
+                              + "\n    ".join(tail))
 
     def terminate(self) -> None:
         if self.proc.poll() is None:
@@ -198,9 +214,16 @@ def run(args: argparse.Namespace) -> int:
         log.warning("%s (pid %d) exited on its own with rc=%s; see %s", child.name, child.pid,
                     child.proc.returncode, logs)
 
+    failed: list[str] = []
+
     async def main(nursery: trio.Nursery) -> None:
         try:
             await trio.to_thread.run_sync(start_all)
+        except DevClusterError as e:
+            stop_all()
+            failed.append(str(e))
+            nursery.cancel_scope.cancel()
+            return
         except BaseException:
             stop_all()
             raise
@@ -224,4 +247,8 @@ def run(args: argparse.Namespace) -> int:
         for child in children:
             nursery.start_soon(watch, child)
 
-    return run_until_signalled(main)
+    rc = run_until_signalled(main)
+    if failed:
+        print(f"raftmq dev: error: {failed[0]}", file=sys.stderr)
+        return 1
+    return rc

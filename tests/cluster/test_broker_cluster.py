@@ -155,3 +155,23 @@ def test_dev_starts_and_stops_every_child(start, tmp_path):
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
     assert "stopped namesrv" in "".join(dev.output)
+
+
+def test_dev_reports_a_child_that_cannot_start(tmp_path):
+    import socket
+    import subprocess
+
+    with socket.socket() as busy:
+        # --base-port B also uses B+1035.. and B+11035..: pick a B low enough for those to be valid ports.
+        for port in range(31000, 40000, 7):
+            try:
+                busy.bind(("127.0.0.1", port))
+                break
+            except OSError:
+                continue
+        busy.listen()
+        r = subprocess.run(raftmq_argv("dev", "--base-port", str(port), "--data-dir", str(tmp_path / "dev")),
+                           capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1
+    assert "raftmq dev: error: namesrv" in r.stderr and "exited with rc=" in r.stderr
+    assert "Address already in use" in r.stderr
