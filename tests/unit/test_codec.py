@@ -304,3 +304,20 @@ def test_int_enum_codes_encode_as_plain_ints():
 def test_decoder_rejects_a_silly_maximum(bad):
     with pytest.raises(ValueError, match="max_frame_size"):
         FrameDecoder(max_frame_size=bad)
+
+
+@pytest.mark.parametrize("header", [
+    {"code": 5, "opaque": 1, "flag": 0, "version": 0},  # the fast path
+    {"version": 0, "flag": 0, "opaque": 1, "code": 5},  # another key order: the general path
+], ids=["canonical", "reordered"])
+def test_both_decoding_paths_agree(header):
+    decoder = FrameDecoder()
+    decoder.feed(_frame_bytes(cbor2.dumps(header), b"b"))
+    assert decoder.next_frame() == Frame(code=5, opaque=1, body=b"b")
+
+
+def test_non_shortest_int_forms_are_accepted():
+    header = b"\xa4\x64code\x18\x05\x66opaque\x1a\x00\x00\x00\x01\x64flag\x19\x00\x00\x67version\x00"
+    decoder = FrameDecoder()
+    decoder.feed(_frame_bytes(header))
+    assert decoder.next_frame() == Frame(code=5, opaque=1)
