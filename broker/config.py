@@ -54,7 +54,6 @@ class BrokerConfig:
     dledger: DLedgerConfig | None = None
     auto_create_topic_enable: bool = bounded(True, doc="create unknown topics on first send (RocketMQ default)")
     default_topic_queue_nums: int = bounded(4, min=1, max=1024, doc="queues of an auto-created topic")
-    long_polling_enable: bool = True
     long_polling_timeout_ms: int = bounded(15_000, min=1, max=3_600_000, doc="longest hold of a pull")
     long_polling_check_interval_ms: int = bounded(1000, min=10, max=60_000)
     max_transfer_count: int = bounded(1024, min=1, max=65_536, doc="messages per pull response, at most")
@@ -66,7 +65,6 @@ class BrokerConfig:
                                                      doc="how often pending offset commits are replicated")
     channel_expired_timeout_ms: int = bounded(120_000, min=100, max=3_600_000,
                                               doc="a client silent this long leaves its groups")
-    role_poll_interval_ms: int = bounded(20, min=1, max=5000, doc="how often the node looks at its Raft role")
     send_timeout_ms: int = bounded(5000, min=10, max=600_000, doc="longest wait for a Raft commit of a send")
     max_frame_size: int = bounded(16 << 20, min=1024, max=1 << 30)
 
