@@ -99,7 +99,7 @@ class BrokerError(RaftMQError):
     description: ClassVar[str] = "the server reported an error"
     field_names: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, remark: str | None = None, *, code: int | None = None, **fields: Any) -> None:
+    def __init__(self, remark: str | None = None, /, *, code: int | None = None, **fields: Any) -> None:
         if code is not None:
             self.code = int(code)
         self.remark = remark
@@ -107,7 +107,7 @@ class BrokerError(RaftMQError):
         for name in self.field_names:
             setattr(self, name, fields.get(name))
         for name, value in fields.items():
-            if not hasattr(type(self), name):
+            if not hasattr(self, name):  # an ext key never shadows remark, fields, code or a method
                 setattr(self, name, value)
         super().__init__(self._message())
 
@@ -126,10 +126,16 @@ class BrokerError(RaftMQError):
 
 
 def _rebuild(cls: type[BrokerError], remark: str | None, code: int, fields: dict[str, Any]) -> BrokerError:
-    return cls(remark, code=code, **fields)
+    fields = dict(fields)
+    ext_code = fields.pop("code", _MISSING)
+    error = cls(remark, code=code, **fields)
+    if ext_code is not _MISSING:
+        error.fields["code"] = ext_code
+    return error
 
 
 _REGISTRY: dict[int, type[BrokerError]] = {}
+_MISSING = object()
 
 
 def _register(code: ResponseCode, description: str, *, retriable: bool = False, refresh_route: bool = False,
@@ -145,15 +151,18 @@ def _register(code: ResponseCode, description: str, *, retriable: bool = False, 
     return decorate
 
 
-def for_code(code: int, remark: str | None = None, **fields: Any) -> BrokerError:
+def for_code(code: int, remark: str | None = None, /, **fields: Any) -> BrokerError:
     """The exception for response ``code`` (a ``BrokerError`` subclass, or ``BrokerError`` itself for a code
     this version does not know). ``SUCCESS`` is not an error and raises ``ValueError``."""
     if code == ResponseCode.SUCCESS:
         raise ValueError("response code SUCCESS (0) is not an error")
+    # An ext key named "code" is kept in fields, never taken for the response code.
+    ext_code = fields.pop("code", _MISSING)
     cls = _REGISTRY.get(code)
-    if cls is None:
-        return BrokerError(remark, code=code, **fields)
-    return cls(remark, **fields)
+    error = BrokerError(remark, code=code, **fields) if cls is None else cls(remark, **fields)
+    if ext_code is not _MISSING:
+        error.fields["code"] = ext_code
+    return error
 
 
 def registered_codes() -> frozenset[int]:

@@ -149,3 +149,13 @@ def test_code_numbers(member, number):
 def test_codes_are_unique():
     for enum in (RequestCode, ResponseCode):
         assert len({int(m) for m in enum}) == len(list(enum))
+
+
+def test_ext_keys_cannot_shadow_the_error_itself():
+    error = for_code(ResponseCode.SYSTEM_BUSY, "busy", remark="other", fields=1, retriable=False, topic="t",
+                     code=7)
+    assert error.remark == "busy" and error.retriable and error.topic == "t"
+    assert error.code == ResponseCode.SYSTEM_BUSY
+    assert error.fields == {"remark": "other", "fields": 1, "retriable": False, "topic": "t", "code": 7}
+    clone = pickle.loads(pickle.dumps(error))
+    assert clone.fields == error.fields and clone.code == error.code
