@@ -66,9 +66,8 @@ class NamesrvProcessor:
         return None if request.is_oneway else response
 
     def connection_closed(self, conn: Any) -> None:
-        for node in self.route_info.connection_closed(conn):
-            log.info("node evicted on closed connection broker_name=%s broker_id=%d broker_addr=%s",
-                     node.broker_name, node.broker_id, node.broker_addr)
+        # The table logs each eviction with its reason.
+        self.route_info.connection_closed(conn)
 
     # ---- one method per request code ---------------------------------------------------------------------
 
