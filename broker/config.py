@@ -22,6 +22,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import socket
 from pathlib import Path
 
 from broker.store.config import StoreConfig
@@ -49,7 +50,8 @@ def _addrs_ok(value: tuple[str, ...]) -> str | None:
 class BrokerConfig:
     cluster_name: str = bounded("DefaultCluster", check=_name_ok, doc="cluster the group registers under")
     namesrv_addrs: tuple[str, ...] = bounded((), check=_addrs_ok, doc="every name server, HOST:PORT")
-    listen: str = bounded("", doc="HOST:PORT to bind remoting on; default: this member's service_address")
+    listen: str = bounded("", doc="HOST:PORT to bind remoting on; default: this member's service_address, which "
+                                  "is always the advertised address")
     store: StoreConfig = dataclasses.field(default_factory=StoreConfig)
     dledger: DLedgerConfig | None = None
     auto_create_topic_enable: bool = bounded(True, doc="create unknown topics on first send (RocketMQ default)")
@@ -73,8 +75,17 @@ class BrokerConfig:
             raise ConfigError("broker config needs a [dledger] table: group, self_id, secret and members")
         if self.listen:
             parse_host_port(self.listen, key="listen")
-        else:
-            parse_host_port(self.dledger.self_member.service_address or "", key="dledger.members.service_address")
+        key = f"dledger.members[{self.dledger.self_id}].service_address"
+        host, port = parse_host_port(self.dledger.self_member.service_address or "", key=key)
+        if port == 0:
+            raise ConfigError(f"{key} needs a fixed port (clients and peers dial it), got "
+                              f"{self.dledger.self_member.service_address!r}")
+        try:
+            socket.inet_pton(socket.AF_INET, host)
+        except OSError:
+            # It becomes the store host inside every message id, which RocketMQ defines as IPv4 + port.
+            raise ConfigError(f"{key} must be an IPv4 address and port, got "
+                              f"{self.dledger.self_member.service_address!r}") from None
 
     @property
     def broker_name(self) -> str:
@@ -88,7 +99,13 @@ class BrokerConfig:
 
     @property
     def listen_address(self) -> str:
-        return self.listen or self.dledger.self_member.service_address  # type: ignore[union-attr]
+        """Where to bind: ``listen`` if set (e.g. 0.0.0.0:10911), else the advertised address."""
+        return self.listen or self.broker_addr
+
+    @property
+    def broker_addr(self) -> str:
+        """The advertised address: registered with name servers, given as ``leader_addr``, in message ids."""
+        return self.dledger.self_member.service_address  # type: ignore[union-attr]
 
     @property
     def max_message_size(self) -> int:

@@ -71,8 +71,8 @@ class BrokerNode:
         self.group = group
         self.client = client
         self.broker_id = config.broker_id
-        self.broker_addr = config.listen_address
-        host, port = parse_host_port(self.broker_addr, key="listen")
+        self.broker_addr = config.broker_addr
+        host, port = parse_host_port(self.broker_addr, key="service_address")
         self.store_host = (host, port)
         self.topics = TopicConfigTable()
         self.offsets = ConsumerOffsetTable(read_committed=self._committed_offset)

@@ -30,6 +30,20 @@ def test_identity_comes_from_the_dledger_table():
     assert 0 < config.max_message_size < config.dledger.max_batch_bytes
 
 
+def test_listen_binds_but_service_address_is_advertised():
+    config = config_from_mapping(BrokerConfig, _mapping(listen="0.0.0.0:10002"))
+    assert config.listen_address == "0.0.0.0:10002" and config.broker_addr == "127.0.0.1:10002"
+
+
+@pytest.mark.parametrize("address,needle", [("127.0.0.1:0", "needs a fixed port"),
+                                            ("broker1:10002", "must be an IPv4 address")])
+def test_advertised_address_must_be_dialable_ipv4(address, needle):
+    data = _mapping()
+    data["dledger"]["members"][1]["service_address"] = address
+    with pytest.raises(ConfigError, match=needle):
+        config_from_mapping(BrokerConfig, data)
+
+
 def test_missing_dledger_table_is_named():
     with pytest.raises(ConfigError, match=r"\[dledger\] table"):
         load_broker_config(None)
