@@ -353,7 +353,10 @@ class CommitLog:
             if seg is None or seg.fd < 0:
                 continue
             keep_from = min(max(upto - hot_window - start, 0), seg.size)
-            seg.release(keep_from)
+            try:
+                seg.release(keep_from)
+            except ValueError:  # retention closed it meanwhile (another thread)
+                continue
             if keep_from < seg.size and start + seg.size > upto - hot_window:
                 self._touched_segments.add(start)  # partly hot: look at it again next time
 

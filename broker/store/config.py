@@ -49,7 +49,7 @@ class StoreConfig:
     hot_window_bytes: int = bounded(64 * 1024 * 1024, min=0,
                                     doc="mapped bytes behind the write position kept resident; older pages are "
                                         "released after each flush so RSS does not grow with the data stored")
-    dispatch_chunk_bytes: int = bounded(4 * 1024 * 1024, min=4096,
+    dispatch_chunk_bytes: int = bounded(1024 * 1024, min=4096,
                                         doc="commit-log bytes dispatched before the reput task yields")
 
     def __post_init__(self) -> None:

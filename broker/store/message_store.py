@@ -99,7 +99,11 @@ class MessageStore:
         self._checkpoint = StoreCheckpoint(cfg.store_dir / "checkpoint")
         cl = self.commit_log
         end = cl.recover(self._checkpoint.commit_log_flushed)
-        self._flushed = end  # SIGKILL keeps the page cache; recovery verified every byte past the checkpoint
+        # Bytes past the checkpoint survived in the page cache but may never have reached the disk: the
+        # flush_all below syncs them before a new checkpoint vouches for them.
+        flushed = self._checkpoint.commit_log_flushed
+        self._flushed = min(flushed, end) if flushed is not None and flushed >= cl.min_phy_offset \
+            else cl.min_phy_offset
         d = self.dispatcher
         d.load_queues(cl.min_phy_offset, end)
         d.index.load(end)
