@@ -8,6 +8,7 @@ hash is ``remoting.message.tags_code``, the one the store writes into the Consum
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from remoting.message import tags_code
 
@@ -35,6 +36,17 @@ class TagFilter:
 
 def parse_tag_expression(expression: object) -> TagFilter:
     """None, empty and ``*`` match everything; otherwise tags separated by ``||``."""
+    if isinstance(expression, str) and len(expression) <= MAX_EXPRESSION_LENGTH:
+        return _parse_cached(expression)  # every pull of a consumer carries the same expression
+    return _parse(expression)
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse_cached(expression: str) -> TagFilter:
+    return _parse(expression)
+
+
+def _parse(expression: object) -> TagFilter:
     if expression is None:
         return TagFilter(SUB_ALL, frozenset(), frozenset())
     if not isinstance(expression, str):

@@ -43,7 +43,7 @@ class AdminProcessor:
             validate_topic_name(topic)
         except TopicConfigError as e:
             raise RequestRejected(ResponseCode.INVALID_REQUEST, str(e)) from None
-        if self.node.topics.get(topic) is None:
+        if self.node.topic(topic) is None:
             raise RequestRejected(ResponseCode.TOPIC_NOT_EXIST,
                                   f"topic {topic!r} does not exist on broker {self.node.config.broker_name}",
                                   ext={"topic": topic})
@@ -58,7 +58,7 @@ class AdminProcessor:
     def _queue(self, request: Frame) -> tuple[str, int]:
         topic = get_str(request.ext, "topic")
         queue_id = get_int(request.ext, "queue_id", lo=0, hi=I32[1])
-        config = self.node.topics.get(topic)
+        config = self.node.topic(topic)
         if config is None:
             raise RequestRejected(ResponseCode.TOPIC_NOT_EXIST,
                                   f"topic {topic!r} does not exist on broker {self.node.config.broker_name}",

@@ -26,7 +26,7 @@ class ConsumerManageProcessor:
         group = get_group(ext)
         topic = get_str(ext, "topic")
         queue_id = get_int(ext, "queue_id", lo=0, hi=I32[1])
-        config = self.node.topics.get(topic)
+        config = self.node.topic(topic)
         if config is None:
             raise RequestRejected(ResponseCode.TOPIC_NOT_EXIST,
                                   f"topic {topic!r} does not exist on broker {self.node.config.broker_name}",

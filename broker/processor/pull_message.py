@@ -63,10 +63,6 @@ class PullMessageProcessor:
     def _parse(self, request: Frame) -> dict[str, Any]:
         ext = request.ext
         topic = get_str(ext, "topic")
-        try:
-            validate_topic_name(topic)
-        except TopicConfigError as e:
-            raise RequestRejected(ResponseCode.INVALID_REQUEST, str(e)) from None
         args: dict[str, Any] = {
             "consumer_group": get_group(ext),
             "topic": topic,
@@ -78,8 +74,12 @@ class PullMessageProcessor:
             "suspend_timeout_millis": get_int(ext, "suspend_timeout_millis", default=0, lo=0, hi=I32[1]),
         }
         node = self.node
-        config = node.topics.get(topic)
+        config = node.topic(topic)
         if config is None:
+            try:
+                validate_topic_name(topic)
+            except TopicConfigError as e:
+                raise RequestRejected(ResponseCode.INVALID_REQUEST, str(e)) from None
             raise RequestRejected(ResponseCode.TOPIC_NOT_EXIST,
                                   f"topic {topic!r} does not exist on broker {node.config.broker_name}",
                                   ext={"topic": topic})
