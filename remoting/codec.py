@@ -259,6 +259,10 @@ def _frame_from_header(header: dict[str, Any], body: bytes) -> Frame:
     raise ProtocolError(f"malformed frame header: field 'remark' must be text, got {remark!r}")
 
 
+# Up to this many buffered bytes, leftover and new data are joined into bytes rather than kept in a bytearray.
+_CONCAT_LIMIT = 512 * 1024
+
+
 class FrameDecoder:
     """Incremental decoder: ``feed(data)``, then ``next_frame()`` until it returns ``NEED_DATA``."""
 
@@ -287,12 +291,19 @@ class FrameDecoder:
     def feed(self, data: bytes | bytearray | memoryview) -> None:
         if self._error is not None:
             raise self._error
-        if self._pos == len(self._buf):
+        buf, pos = self._buf, self._pos
+        if pos == len(buf):
             self._buf = data if type(data) is bytes else bytes(data)
             self._pos = 0
+        elif type(buf) is bytes and len(buf) - pos + len(data) <= _CONCAT_LIMIT:
+            # A receive rarely ends on a frame boundary: join the leftover tail and the new data into fresh
+            # bytes (the same one copy as appending to a bytearray), so frames keep being sliced from bytes.
+            self._buf = b"".join((memoryview(buf)[pos:], data))
+            self._pos = 0
         else:
-            if type(self._buf) is bytes:
-                self._buf = bytearray(memoryview(self._buf)[self._pos:])
+            # A large frame arriving in pieces: accumulate in a bytearray, linear in its size.
+            if type(buf) is bytes:
+                self._buf = bytearray(memoryview(buf)[pos:])
                 self._pos = 0
             self._buf += data
 

@@ -321,3 +321,16 @@ def test_non_shortest_int_forms_are_accepted():
     decoder = FrameDecoder()
     decoder.feed(_frame_bytes(header))
     assert decoder.next_frame() == Frame(code=5, opaque=1)
+
+
+def test_large_frame_in_small_pieces_after_small_frames():
+    frames = [Frame(code=1, opaque=i, body=bytes([i]) * 100) for i in range(5)]
+    frames.append(Frame(code=2, body=b"L" * 3_000_000))
+    stream = b"".join(encode(f) for f in frames)
+    decoder = FrameDecoder()
+    out = []
+    for i in range(0, len(stream), 4093):
+        decoder.feed(stream[i:i + 4093])
+        while (frame := decoder.next_frame()) is not NEED_DATA:
+            out.append(frame)
+    assert out == frames
