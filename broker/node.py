@@ -39,7 +39,7 @@ from broker.processor.base import RequestRejected
 from broker.registration import RegistrationService, RegistrationSnapshot
 from broker.store import MessageStore
 from broker.topic_config import TopicConfig, TopicConfigTable, auto_create_config
-from dledger import DLedgerGroup, Role, open_dledger_group
+from dledger import DLedgerGroup, NotLeaderError, Role, open_dledger_group
 from dledger.service import remote_fetch_range
 from remoting.codec import make_request
 from remoting.codes import RequestCode, ResponseCode
@@ -183,7 +183,17 @@ class BrokerNode:
     # --- messages ------------------------------------------------------------------------------------------
     async def append_messages(self, batch: bytes) -> Sequence[Any]:
         """Replicate one encoded batch; returns the per-message results (msg_id, queue_id, queue_offset...)."""
-        result = await self.group.append(batch, timeout_s=self.config.send_timeout_ms / 1000)
+        timeout_s = self.config.send_timeout_ms / 1000
+        try:
+            result = await self.group.append(batch, timeout_s=timeout_s)
+        except NotLeaderError:
+            if not self.group.is_leader:
+                raise
+            # Elected, but the no-op entry of the new term is not applied yet (the first few ms after a
+            # failover): wait for it here rather than bouncing the producer into a route refresh.
+            with trio.move_on_after(min(1.0, timeout_s)):
+                await self.group.wait_ready_leader()
+            result = await self.group.append(batch, timeout_s=timeout_s)
         messages = self.machine_messages(result.result)
         if self._sync_flush and messages:
             # SYNC_FLUSH: acknowledge only bytes on disk (group commit: one fdatasync covers every waiter).
