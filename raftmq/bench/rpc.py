@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+import psutil
 import trio
 from rich.console import Console
 
@@ -60,10 +61,27 @@ class RpcResult:
     seconds: float
     requests_per_s: float
     latency: LatencySummary
+    client_cpu_us_per_request: float
+    """CPU time of this (client) process per request over the measured window."""
+    server_cpu_us_per_request: float | None
+    """The same for the server process; None when its PID is unknown (``--server``)."""
+    cpu_bound_requests_per_s: float | None
+    """1 s / the busier side's CPU per request: the rate if each process had a core to itself. On a shared
+    machine this says more about the code than requests_per_s does."""
+
+
+def _process_cpu_s(pid: int | None) -> float | None:
+    if pid is None:
+        return time.process_time()
+    try:
+        times = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return None
+    return times.user + times.system
 
 
 async def run_rpc_client(addr: str, *, size: int, concurrency: int, seconds: float, warmup_s: float,
-                         console: Console | None = None) -> RpcResult:
+                         console: Console | None = None, server_pid: int | None = None) -> RpcResult:
     """Drive ``addr`` with ECHO requests on one connection; returns what was measured after the warm-up."""
     body = os.urandom(size)
     request = make_request(RequestCode.ECHO, body=body)
@@ -103,15 +121,37 @@ async def run_rpc_client(addr: str, *, size: int, concurrency: int, seconds: flo
                 if measure_start <= t1 <= end:
                     completed += 1
 
+        cpu: dict[str, float | None] = {}
+
+        async def sample_cpu() -> None:
+            # CPU time of both processes over exactly the measured window.
+            await trio.sleep_until(trio.current_time() + (measure_start - perf_ns()) / 1e9)
+            cpu["client0"], cpu["server0"] = _process_cpu_s(None), _process_cpu_s(server_pid)
+            await trio.sleep_until(trio.current_time() + (end - perf_ns()) / 1e9)
+            cpu["client1"], cpu["server1"] = _process_cpu_s(None), _process_cpu_s(server_pid)
+
         async with trio.open_nursery() as nursery:
+            nursery.start_soon(sample_cpu)
             if console is not None:
                 nursery.start_soon(partial(show_progress, console, f"rpc x{concurrency}", warmup_s + seconds,
                                            lambda: completed))
             async with trio.open_nursery() as workers:
                 for _ in range(concurrency):
                     workers.start_soon(worker)
+            with trio.move_on_after(1):
+                while "client1" not in cpu:
+                    await trio.sleep(0.01)
             nursery.cancel_scope.cancel()
-    return RpcResult(completed, errors, seconds, completed / seconds, summarize_latencies(latencies))
+    done = max(completed, 1)
+    client_us = server_us = None
+    if cpu.get("client1") is not None and cpu.get("client0") is not None:
+        client_us = (cpu["client1"] - cpu["client0"]) / done * 1e6
+    if server_pid is not None and cpu.get("server1") is not None and cpu.get("server0") is not None:
+        server_us = (cpu["server1"] - cpu["server0"]) / done * 1e6
+    busiest = max(u for u in (client_us, server_us, 0.0) if u is not None)
+    return RpcResult(completed, errors, seconds, completed / seconds, summarize_latencies(latencies),
+                     client_us if client_us is not None else float("nan"), server_us,
+                     1e6 / busiest if busiest > 0 else None)
 
 
 def register(kinds: Any) -> None:
@@ -150,7 +190,8 @@ def run(args: argparse.Namespace) -> int:
             addr = args.server
         result = trio.run(partial(run_rpc_client, addr, size=args.size, concurrency=args.concurrency,
                                   seconds=args.seconds, warmup_s=args.warmup_seconds,
-                                  console=None if args.json else console))
+                                  console=None if args.json else console,
+                                  server_pid=None if server is None else server.pid))
     finally:
         if server is not None:
             server.stop()
@@ -163,6 +204,11 @@ def run(args: argparse.Namespace) -> int:
                     [("requests/s", round(result.requests_per_s)), ("p50 latency ms", lat.p50_ms),
                      ("p90 latency ms", lat.p90_ms), ("p99 latency ms", lat.p99_ms),
                      ("max latency ms", lat.max_ms), ("requests", result.requests), ("errors", result.errors),
+                     ("client CPU µs/request", result.client_cpu_us_per_request),
+                     ("server CPU µs/request", "n/a" if result.server_cpu_us_per_request is None
+                      else result.server_cpu_us_per_request),
+                     ("requests/s if CPU-bound", "n/a" if result.cpu_bound_requests_per_s is None
+                      else round(result.cpu_bound_requests_per_s)),
                      ("seconds", result.seconds), ("server", addr if server is None else f"{addr} pid {server.pid}")])
     return 1 if result.errors else 0
 

@@ -27,6 +27,9 @@ def test_bench_rpc_runs_and_stops_its_server():
     assert result["requests_per_s"] == pytest.approx(result["requests"] / result["seconds"])
     latency = result["latency"]
     assert 0 < latency["p50_ms"] <= latency["p99_ms"] <= latency["max_ms"]
+    assert result["client_cpu_us_per_request"] > 0 and result["server_cpu_us_per_request"] > 0
+    assert result["cpu_bound_requests_per_s"] == pytest.approx(
+        1e6 / max(result["client_cpu_us_per_request"], result["server_cpu_us_per_request"]))
     with pytest.raises(ProcessLookupError):  # stopped by PID and reaped
         os.kill(report["server_pid"], 0)
 
