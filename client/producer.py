@@ -189,7 +189,7 @@ class Producer:
             if remaining <= 0:
                 break
             try:
-                info = await inst.routes.publish_info(topic)
+                info = inst.routes.cached_publish_info(topic) or await inst.routes.publish_info(topic)
                 if queue is not None:
                     mq = queue
                 elif sharding_key is not None:

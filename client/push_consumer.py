@@ -136,7 +136,9 @@ class PushConsumer:
         self._subs: dict[str, Subscription] = {s.topic: s for s in subscriptions}
         self._handler = handler
         if config.message_model == "BROADCASTING":
-            path = Path(config.offset_store_dir) / f"{config.consumer_group}.{instance.client_id}.json"
+            # Stable across restarts of the same member (as RocketMQ's ip@instanceName), so it resumes.
+            name = f"{config.consumer_group}@{config.client_ip}@{config.instance_name}.json"
+            path = Path(config.offset_store_dir) / name
             self._offsets: Any = LocalFileOffsetStore(path)
         else:
             self._offsets = RemoteOffsetStore(self._api.fetch_consume_offset, self._api.commit_consume_offset)

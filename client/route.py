@@ -147,6 +147,11 @@ class FaultTracker:
         self._until: dict[str, float] = {}
 
     def update(self, broker_name: str, latency_ms: float, *, isolation: bool) -> None:
+        if not isolation and latency_ms < self.LATENCY_MAX_MS[2]:
+            # The common case, once per acknowledged send: fast enough to never be avoided.
+            if self._until:
+                self._until.pop(broker_name, None)
+            return
         if isolation:
             duration = self.isolation_ms
         else:
@@ -229,6 +234,9 @@ class RouteCache:
         if route is None:
             route = await self.refresh(topic)
         return route
+
+    def cached_publish_info(self, topic: str) -> TopicPublishInfo | None:
+        return self._publish.get(topic)
 
     async def publish_info(self, topic: str) -> TopicPublishInfo:
         info = self._publish.get(topic)

@@ -165,3 +165,31 @@ async def test_consumer_may_subscribe_before_the_topic_exists(cluster):
             async for msg in c:
                 assert msg.body == b"hi"
                 break
+
+
+async def test_broadcasting_members_each_get_every_queue_and_resume_from_a_local_file(cluster, tmp_path):
+    async with open_producer(NAMESRV) as p:
+        for i in range(20):
+            await p.send(Message("B", b"%d" % i))
+    opts = dict(consumer_group="bc", message_model="BROADCASTING", offset_store_dir=str(tmp_path),
+                consume_from_where="CONSUME_FROM_FIRST_OFFSET", broker_suspend_max_time_ms=20)
+    async with open_push_consumer(NAMESRV, topic="B", instance_name="m1", **opts) as m1, \
+            open_push_consumer(NAMESRV, topic="B", instance_name="m2", **opts) as m2:
+        assert len(m1.assigned_queues()) == len(m2.assigned_queues()) == 8
+        for member in (m1, m2):
+            with trio.fail_after(5):
+                got = [msg async for msg in _take(member, 20)]
+            assert sorted(int(m.body) for m in got) == list(range(20))
+    async with open_producer(NAMESRV) as p:
+        await p.send(Message("B", b"20"))
+    async with open_push_consumer(NAMESRV, topic="B", instance_name="m1", **opts) as again:
+        with trio.fail_after(5):
+            assert [int(m.body) async for m in _take(again, 1)] == [20]
+
+
+async def _take(consumer, n):
+    async for msg in consumer:
+        yield msg
+        n -= 1
+        if n == 0:
+            return
