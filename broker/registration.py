@@ -20,6 +20,7 @@ import trio
 from remoting.codec import make_request
 from remoting.codes import RequestCode, ResponseCode
 from remoting.errors import RaftMQError
+from remoting.transport import open_connection
 
 log = logging.getLogger(__name__)
 
@@ -118,14 +119,18 @@ class RegistrationService:
         self.registered_once.set()
 
     async def unregister_all(self) -> None:
+        """Tell every name server this node is going away (call it shielded: it runs during shutdown)."""
         snap = self._snapshot()
         ext = {"cluster_name": snap.cluster_name, "broker_name": snap.broker_name, "broker_id": snap.broker_id,
                "broker_addr": snap.broker_addr}
 
         async def _one(addr: str) -> None:
+            # A connection of its own: on shutdown the pooled ones are being torn down with their nursery.
             try:
-                await self._client.invoke(addr, make_request(RequestCode.UNREGISTER_BROKER, ext=ext),
-                                          timeout_s=min(self._timeout_s, 1.0))
+                async with open_connection(addr, connect_timeout_s=min(self._timeout_s, 1.0)) as conn:
+                    await conn.invoke(make_request(RequestCode.UNREGISTER_BROKER, ext=ext),
+                                      timeout_s=min(self._timeout_s, 1.0))
+                log.info("unregistered namesrv=%s", addr)
             except RaftMQError as e:
                 log.info("unregister failed namesrv=%s error=%s", addr, e)
 

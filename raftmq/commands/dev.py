@@ -126,6 +126,7 @@ class Child:
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      env=env, start_new_session=True)
         self.pid = self.proc.pid
+        self._terminated = False
         self._reader = threading.Thread(target=self._read, name=f"dev-{name}", daemon=True)
         self._reader.start()
 
@@ -157,12 +158,15 @@ class Child:
                               + "\n    ".join(tail))
 
     def terminate(self) -> None:
-        if self.proc.poll() is None:
+        # Exactly one SIGTERM: a second one can land after the child's trio run has put the default handler
+        # back, and would kill it in the middle of its final flush.
+        if self.proc.poll() is None and not self._terminated:
+            self._terminated = True
             os.kill(self.pid, signal.SIGTERM)
 
     def stop(self, timeout_s: float) -> int | None:
         if self.proc.poll() is None:
-            os.kill(self.pid, signal.SIGTERM)
+            self.terminate()
             try:
                 self.proc.wait(timeout_s)
             except subprocess.TimeoutExpired:

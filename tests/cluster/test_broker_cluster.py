@@ -154,7 +154,8 @@ def test_dev_starts_and_stops_every_child(start, tmp_path):
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
-    assert "stopped namesrv" in "".join(dev.output)
+    stopped = [line for line in dev.output if " stopped " in line]
+    assert len(stopped) == 4 and all(line.rstrip().endswith("rc=0") for line in stopped), stopped
 
 
 def test_dev_reports_a_child_that_cannot_start(tmp_path):
