@@ -116,7 +116,8 @@ async def run_rpc_client(addr: str, *, size: int, concurrency: int, seconds: flo
                 t1 = perf_ns()
                 if response.code != ResponseCode.SUCCESS or len(response.body) != size:
                     errors += 1
-                elif t0 >= measure_start:
+                    continue
+                if t0 >= measure_start:
                     record(t1 - t0)
                 if measure_start <= t1 <= end:
                     completed += 1
