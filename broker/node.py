@@ -87,6 +87,7 @@ class BrokerNode:
         self._nursery: trio.Nursery | None = None
         self._started_ms = int(time.time() * 1000)
         self._sync_flush = config.store.flush_disk_type == "SYNC_FLUSH"
+        self.max_message_size = config.max_message_size
         self.put_messages = 0
         self.put_requests = 0
         self.pulled_messages = 0

@@ -71,7 +71,7 @@ class SendMessageProcessor:
         elif queue_id >= config.write_queue_nums:
             raise invalid("queue_id", f"must be below topic {topic!r}'s write_queue_nums "
                                       f"{config.write_queue_nums}, got {queue_id}")
-        max_size = node.config.max_message_size
+        max_size = node.max_message_size
         is_batch = request.code == RequestCode.SEND_BATCH_MESSAGE or get_bool(ext, "batch")
         if is_batch:
             batch = self._check_batch(request.body, topic, queue_id, max_size)
