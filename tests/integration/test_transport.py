@@ -108,7 +108,7 @@ async def test_request_timeout_and_the_connection_lives_on(server):
         start = trio.current_time()
         with pytest.raises(RequestTimeoutError, match=r"did not answer request code 2000 within 0.2 s") as info:
             await client.invoke(addr, make_request(SLOW), timeout_s=0.2)
-        assert 0.2 <= trio.current_time() - start < 1.0
+        assert 0.2 <= trio.current_time() - start < 2.0  # generous: the machine is shared
         assert info.value.retriable
         response = await client.invoke(addr, make_request(RequestCode.ECHO, body=b"still"))
         assert response.body == b"still"
