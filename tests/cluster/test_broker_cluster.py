@@ -86,6 +86,22 @@ async def _wait_pull(client, addr, expected: bytes, timeout_s: float = 15.0) -> 
             await trio.sleep(0.05)
 
 
+async def _bad_input_is_refused(client, leader: str) -> None:
+    """The five bad inputs of the issue, against a real leader process: each its code and remark."""
+    r = await _send(client, leader, b"x" * (1 << 20))
+    assert r.code == ResponseCode.MESSAGE_ILLEGAL and "exceeds max_message_size" in r.remark
+    r = await _call(client, leader, RequestCode.SEND_MESSAGE, {"topic": "no/such topic"}, b"x")
+    assert r.code == ResponseCode.INVALID_REQUEST and "illegal characters" in r.remark
+    r = await _call(client, leader, 31337)
+    assert r.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED and "31337" in r.remark
+    r = await _call(client, leader, RequestCode.PULL_MESSAGE,
+                    {"consumer_group": "cg", "topic": TOPIC, "queue_id": 0, "queue_offset": 10 ** 9})
+    assert r.code == ResponseCode.PULL_OFFSET_MOVED and "beyond max_offset" in r.remark
+    r = await _call(client, leader, RequestCode.SEND_BATCH_MESSAGE, {"topic": TOPIC, "queue_id": 0},
+                    b"RMB1" + b"\x00" * 20)
+    assert r.code == ResponseCode.INVALID_REQUEST and "not a valid message batch" in r.remark
+
+
 async def test_registration_follower_reads_and_leader_failover(start, tmp_path):
     state = plan_ports(tmp_path, 0)
     paths = dict(zip(NODE_IDS, write_broker_configs(tmp_path, state)))
@@ -116,6 +132,7 @@ async def test_registration_follower_reads_and_leader_failover(start, tmp_path):
         assert await _master(client, namesrv) == leader
         for i in range(1, 20):
             assert (await _send(client, leader, f"m{i}".encode())).code == ResponseCode.SUCCESS
+        await _bad_input_is_refused(client, leader)
         follower = next(a for a in addr_of.values() if a != leader)
         r = await _send(client, follower, b"nope")
         assert r.code == ResponseCode.NOT_LEADER and r.ext["leader_addr"] == leader
