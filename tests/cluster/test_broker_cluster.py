@@ -141,6 +141,14 @@ async def test_registration_follower_reads_and_leader_failover(start, tmp_path):
         for addr in addr_of.values():
             await _wait_pull(client, addr, expected)  # byte-identical records on every node
 
+        # A committed consumer offset is replicated (batched, every 200 ms) and survives the leader.
+        key = {"consumer_group": "cg", "topic": TOPIC, "queue_id": 0}
+        r = await _call(client, leader, RequestCode.UPDATE_CONSUMER_OFFSET, {**key, "commit_offset": 7})
+        assert r.code == ResponseCode.SUCCESS
+        with trio.fail_after(10):
+            while (await _call(client, follower, RequestCode.QUERY_CONSUMER_OFFSET, key)).ext.get("offset") != 7:
+                await trio.sleep(0.05)
+
         # SIGKILL the leader: a new master is registered, takes writes, and still has every acknowledged message.
         old = next(nid for nid, a in addr_of.items() if a == leader)
         killed_at = time.monotonic()
@@ -154,6 +162,8 @@ async def test_registration_follower_reads_and_leader_failover(start, tmp_path):
         print(f"failover: new master registered after {registered_s:.2f}s, first ack after {first_ack_s:.2f}s")
         survivors = await _pull_all(client, new_leader)
         assert survivors.startswith(expected)
+        r = await _call(client, new_leader, RequestCode.QUERY_CONSUMER_OFFSET, key)
+        assert r.code == ResponseCode.SUCCESS and r.ext["offset"] == 7
 
         # The killed node restarts on its data and catches up to the same bytes.
         procs[old] = await trio.to_thread.run_sync(
