@@ -24,7 +24,8 @@ def register(subparsers) -> None:
     parser.add_argument("--config", type=Path, metavar="FILE", required=True,
                         help="broker TOML: cluster_name, namesrv_addrs, [store], [dledger] (see docs/operations.md)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a config key (dotted, TOML value syntax), e.g. --set long_polling_timeout_ms=500")
+                        help="override a config key (dotted, TOML value syntax), "
+                             "e.g. --set long_polling_timeout_ms=500")
     parser.set_defaults(func=run)
 
 
