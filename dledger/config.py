@@ -181,7 +181,7 @@ def syncobj_options(config: DLedgerConfig, *, serializer: Callable | None, deser
         "dynamicMembershipChange": True,
         "onStateChanged": on_state_changed,
         "bindRetryTime": 0.2,
-        "maxBindRetries": 25,
+        "maxBindRetries": 10,
         "pollerType": "auto",
         "tcp_keepalive": (16, 3, 5),
     }

@@ -160,13 +160,15 @@ class DLedgerGroup:
 
     # ---- lifecycle ----
 
-    def _start(self, nursery: trio.Nursery) -> None:
+    def _open_member(self) -> None:
         self._token = trio.lowlevel.current_trio_token()
         sys.setswitchinterval(self.config.gil_switch_interval_ms / 1000)
         # Constructed on the trio thread on purpose: pysyncobj's tick thread stops when its creator exits.
         self._member = RaftMember(self.config, self._sm, notify=self._notify_threadsafe)
         if self._member.catch_up_target is not None:
             self._catch_up_wanted.set()
+
+    def _start(self, nursery: trio.Nursery) -> None:
         nursery.start_soon(self._poll_status)
         nursery.start_soon(self._batcher)
         nursery.start_soon(self._catch_up_loop)
@@ -600,6 +602,7 @@ async def open_dledger_group(config: DLedgerConfig, state_machine: StateMachine,
                              fetch_range: FetchRange | None = None) -> AsyncIterator[DLedgerGroup]:
     """Start this process's member of the group; on exit stop the tick thread and close the Raft port."""
     group = DLedgerGroup(config, state_machine, fetch_range=fetch_range)
+    group._open_member()  # outside the nursery: a bind error surfaces as itself, not in an ExceptionGroup
     try:
         async with trio.open_nursery() as nursery:
             group._start(nursery)

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 import crc32c
-from pysyncobj import SyncObj, replicated
+from pysyncobj import SyncObj, SyncObjException, replicated
 
 from dledger import patches
 from dledger.config import DLedgerConfig, build_syncobj_conf
@@ -37,7 +37,13 @@ patches.apply_patches()
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RaftMember", "SNAPSHOT_MAGIC", "read_snapshot"]
+__all__ = ["RaftMember", "RaftPortError", "SNAPSHOT_MAGIC", "read_snapshot"]
+
+
+class RaftPortError(OSError):
+    def __init__(self, raft_address: str) -> None:
+        super().__init__(f"could not bind the Raft port {raft_address} (in use, or not an address of this host)")
+        self.raft_address = raft_address
 
 # Snapshot file: magic(8) | crc32c(4, BE) of body | body = pickle5({"version", "group", "end_offset",
 # "metadata", "raft"}), where "raft" is the tuple pysyncobj hands its serializer (last entries, cluster).
@@ -84,7 +90,17 @@ class RaftMember(SyncObj):
         me = config.self_member
         super().__init__(me.raft_address, [p.raft_address for p in config.peers], conf)
         self.addOnTickCallback(self._run_tick_calls)
-        self.waitBinded()
+        try:
+            self.waitBinded()
+        except SyncObjException:
+            # Stop the tick thread (it keeps retrying the bind) and release what SyncObj.__init__ opened.
+            self.destroy_synchronous()
+            notifier = getattr(self, "_SyncObj__pipeNotifier", None)
+            for fd_name in ("_PipeNotifier__pipeR", "_PipeNotifier__pipeW"):
+                fd = getattr(notifier, fd_name, None)
+                if fd is not None:
+                    os.close(fd)
+            raise RaftPortError(me.raft_address) from None
         log.info("raft member started group=%s id=%s raft=%s flush=%s", config.group, me.id, me.raft_address,
                  config.flush_disk_type)
 

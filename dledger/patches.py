@@ -24,7 +24,8 @@ so a silent upgrade cannot quietly disable a fix.
    member whose state machine is behind its snapshot keeps voting, appending and acknowledging (Raft stays live)
    but applies nothing until the missing commit-log bytes were copied from a peer.
 5. File handles: pysyncobj leaks the journal meta file it reads and the snapshot file it streams to a lagging
-   follower (closed only by the garbage collector, a ResourceWarning each time). Both are closed here.
+   follower (closed only by the garbage collector, a ResourceWarning each time), and the listening socket of
+   every failed bind attempt. All are closed here.
 6. ``pysyncobj.win_inet_pton`` (imported by its TCP code) replaces ``socket.inet_ntop`` process-wide on every
    OS, with a Windows-only ctypes function that raises TypeError on Linux: any code in the process that formats
    an IP address (the store's message ids) breaks once pysyncobj is imported. The C function is put back.
@@ -52,6 +53,7 @@ import pysyncobj.pickle as pso_pickle
 import pysyncobj.serializer as pso_serializer
 import pysyncobj.syncobj as pso_syncobj
 import pysyncobj.tcp_connection as pso_tcp
+import pysyncobj.tcp_server as pso_tcp_server
 from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
 
 log = logging.getLogger(__name__)
@@ -224,6 +226,19 @@ def _cancel_transmission_closed(self: Any, transmission_id: Any) -> None:
     _close_finished_transmission(self, transmission_id, before)
 
 
+_original_bind = pso_tcp_server.TcpServer.bind
+
+
+def _bind_closing_on_failure(self: Any) -> None:
+    try:
+        _original_bind(self)
+    except Exception:
+        sock = getattr(self, "_TcpServer__socket", None)
+        if sock is not None:
+            sock.close()
+        raise
+
+
 def apply_patches() -> None:
     """Install every fix; idempotent."""
     global _patched
@@ -238,6 +253,7 @@ def apply_patches() -> None:
     pso_syncobj.SyncObj._SyncObj__sendAppendEntries = _send_append_entries_flushed
     pso_syncobj.SyncObj._SyncObj__applyLogEntries = _apply_log_entries_gated
     pso_journal.MetaStorer.getMeta = _get_meta_closed
+    pso_tcp_server.TcpServer.bind = _bind_closing_on_failure
     pso_serializer.Serializer.getTransmissionData = _get_transmission_closed
     pso_serializer.Serializer.cancelTransmisstion = _cancel_transmission_closed
     # Module global read by pysyncobj.pickle.dumps (not name-mangled: it is a module, not a class).

@@ -70,3 +70,20 @@ async def test_members_with_different_secrets_never_elect(tmp_path):
         assert g0.leader_id is None and g1.leader_id is None
     for log in logs:
         log.close()
+
+
+async def test_a_taken_raft_port_is_a_clear_error(tmp_path):
+    import socket as socket_module
+
+    from dledger.member import RaftPortError
+
+    configs = make_configs(tmp_path)
+    host, port = configs[0].self_member.raft_address.rsplit(":", 1)
+    with socket_module.socket() as squatter:
+        squatter.bind((host, int(port)))
+        squatter.listen()
+        log = open_log(tmp_path, configs[0].self_id)
+        with pytest.raises(RaftPortError, match="could not bind the Raft port"):
+            async with open_dledger_group(configs[0], log):
+                pass
+        log.close()
