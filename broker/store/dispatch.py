@@ -24,28 +24,9 @@ from .index_file import IndexService
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Dispatcher", "DispatchListener", "find_property"]
+__all__ = ["Dispatcher", "DispatchListener"]
 
 DispatchListener = Callable[[str, int, int], None]
-
-_TAGS = b"TAGS\x01"
-_KEYS = b"KEYS\x01"
-_UNIQ = b"UNIQ_KEY\x01"
-_NEEDLES = {name: b"\x02" + name for name in (_TAGS, _KEYS, _UNIQ)}
-
-
-def find_property(props: bytes, name: bytes) -> bytes | None:
-    """The raw value of property ``name`` (given as ``b"NAME\\x01"``) in RocketMQ's property encoding."""
-    if props.startswith(name):
-        i = len(name)
-    else:
-        needle = _NEEDLES.get(name) or b"\x02" + name
-        i = props.find(needle)
-        if i < 0:
-            return None
-        i += len(needle)
-    j = props.find(b"\x02", i)
-    return props[i:j] if j >= 0 else props[i:]
 
 
 class Dispatcher:
@@ -136,8 +117,16 @@ class Dispatcher:
             key = (topic, queue_id)
             cq = queues.get(key) or self._queue(topic, queue_id)
             code = 0
+            tags = raw_keys = uniq = None
             if props:
-                tags = find_property(props, _TAGS)
+                for pair in props.split(b"\x02"):
+                    name, _, value = pair.partition(b"\x01")
+                    if name == b"TAGS":
+                        tags = value
+                    elif name == b"KEYS":
+                        raw_keys = value
+                    elif name == b"UNIQ_KEY":
+                        uniq = value
                 if tags:
                     code = codes.get(tags)
                     if code is None:
@@ -147,19 +136,16 @@ class Dispatcher:
             if pos > indexed_up_to:
                 if index_file is None:
                     index_file = index.current(pos)
-                if props:
-                    uniq = find_property(props, _UNIQ)
-                    raw_keys = find_property(props, _KEYS)
-                    if uniq or raw_keys:
-                        prefix = topic + b"#"
-                        if uniq and not index_file.put(crc(prefix + uniq) & 0x7FFFFFFF, pos, store_ts):
-                            index_file = index.current(pos)
-                            index_file.put(crc(prefix + uniq) & 0x7FFFFFFF, pos, store_ts)
-                        if raw_keys:
-                            for k in raw_keys.split(b" "):
-                                if k and not index_file.put(crc(prefix + k) & 0x7FFFFFFF, pos, store_ts):
-                                    index_file = index.current(pos)
-                                    index_file.put(crc(prefix + k) & 0x7FFFFFFF, pos, store_ts)
+                if uniq or raw_keys:
+                    prefix = topic + b"#"
+                    if uniq and not index_file.put(crc(prefix + uniq) & 0x7FFFFFFF, pos, store_ts):
+                        index_file = index.current(pos)
+                        index_file.put(crc(prefix + uniq) & 0x7FFFFFFF, pos, store_ts)
+                    if raw_keys:
+                        for k in raw_keys.split(b" "):
+                            if k and not index_file.put(crc(prefix + k) & 0x7FFFFFFF, pos, store_ts):
+                                index_file = index.current(pos)
+                                index_file.put(crc(prefix + k) & 0x7FFFFFFF, pos, store_ts)
                 index_file.end_phy_offset = pos
                 index_file.end_timestamp = store_ts
             pos += size
