@@ -155,6 +155,7 @@ class PushConsumer:
         self._pulls = 0
         self._pull_errors = 0
         self._nursery: trio.Nursery | None = None
+        self._closing = False
         instance.heartbeat_data = self._heartbeat_data
 
     @property
@@ -227,6 +228,7 @@ class PushConsumer:
 
     async def close(self) -> None:
         """Stop pulling, commit offsets, leave the group (so the others rebalance at once)."""
+        self._closing = True
         self.ack_pending()
         for pq in list(self._pqs.values()):
             pq.drop()
@@ -278,6 +280,8 @@ class PushConsumer:
     async def rebalance(self) -> None:
         async with self._lock:
             for topic in self._subs:
+                if self._closing:
+                    return
                 try:
                     route = await self._instance.routes.get(topic)
                 except RaftMQError as e:
@@ -307,7 +311,8 @@ class PushConsumer:
                 for mq in diff.removed:
                     await self._remove_queue(mq)
                 for mq in diff.added:
-                    self._add_queue(mq)
+                    if not self._closing:
+                        self._add_queue(mq)
 
     async def _remove_queue(self, mq: MessageQueue) -> None:
         pq = self._pqs.pop(mq)
