@@ -44,14 +44,21 @@ async def verify_group(group: str, addresses: list[str], *, timeout_s: float = 1
         sums = {}
         for addr in addresses:
             _, sums[addr] = await get_raft_status(client, addr, group, checksum_up_to=up_to, timeout_s=timeout_s)
+    segments, divergent = compare_checksums(sums)
+    return {"up_to": up_to, "members": statuses, "segments": segments, "divergent": divergent,
+            "identical": not divergent}
+
+
+def compare_checksums(sums: dict[str, list[tuple[int, int, int]]]) -> tuple[int, list[tuple[int, dict[str, int]]]]:
+    """``(segment count, [(segment_start, {member: crc})...])`` for every segment whose crc differs between
+    members or that some member lacks (a different segment layout is a divergence too)."""
     by_segment: dict[tuple[int, int], dict[str, int]] = {}
     for addr, segs in sums.items():
         for start, length, crc in segs:
             by_segment.setdefault((start, length), {})[addr] = crc
     divergent = [(start, crcs) for (start, _length), crcs in sorted(by_segment.items())
-                 if len(crcs) != len(addresses) or len(set(crcs.values())) != 1]
-    return {"up_to": up_to, "members": statuses, "segments": len(by_segment), "divergent": divergent,
-            "identical": not divergent}
+                 if len(crcs) != len(sums) or len(set(crcs.values())) != 1]
+    return len(by_segment), divergent
 
 
 def run(args: argparse.Namespace) -> int:

@@ -11,6 +11,7 @@ from raftmq.commands.verify import verify_group
 from remoting.errors import RaftMQError
 from remoting.transport import open_remoting_client
 from tests.integration.dledger.cluster_support import FAST_ELECTIONS, DLedgerCluster, message
+from tests.procs import raftmq_argv
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -74,6 +75,11 @@ async def test_stopped_follower_catches_up_after_compactions(spawn, tmp_path):
         assert status["serving_reads"] and int(status["end_offset"]) == end
         report = await verify_group(cluster.group, [cluster.address(m) for m in cluster.ids])
         assert report["identical"]
+        members = ",".join(cluster.address(m) for m in cluster.ids)
+        done = await trio.run_process(raftmq_argv("verify", "--group", cluster.group, "--members", members),
+                                      capture_stdout=True, check=False)
+        assert done.returncode == 0, done.stdout
+        assert b"are identical" in done.stdout and done.stdout.count(b"member n") == 3
     for member_id in cluster.ids:
         cluster.procs[member_id].stop()
     cluster.verify_stores(acked)
