@@ -246,6 +246,8 @@ def batch_store_host(batch: bytes | memoryview) -> tuple[str, int]:
 def validate_batch(batch: bytes | memoryview, *, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE) -> int:
     """Check the whole batch structure (sizes, topics, properties length) without decoding bodies; returns the
     message count or raises ``MessageFormatError``. The store calls this before writing any byte."""
+    if not isinstance(batch, bytes):
+        batch = bytes(batch)
     n = len(batch)
     if n < BATCH_HEAD.size:
         raise MessageFormatError("batch", f"batch of {n} bytes is shorter than its {BATCH_HEAD.size}-byte header")
@@ -255,14 +257,15 @@ def validate_batch(batch: bytes | memoryview, *, max_message_size: int = DEFAULT
     if count <= 0:
         raise MessageFormatError("batch", "a batch must hold at least one message")
     pos = BATCH_HEAD.size
-    unpack_entry = ENTRY_HEAD.unpack_from
+    unpack_size_qid = _SIZE_QUEUE.unpack_from
     unpack_i = BODY_LEN.unpack_from
     unpack_h = PROPS_LEN.unpack_from
     head = ENTRY_HEAD.size
+    good_topics = _GOOD_TOPICS
     for i in range(count):
         if pos + head + _TAIL_FIXED > n:
             raise MessageFormatError("batch", f"batch ends inside message {i} header")
-        entry_size, queue_id = unpack_entry(batch, pos)[:2]
+        entry_size, queue_id = unpack_size_qid(batch, pos)
         end = pos + entry_size
         if entry_size < head + _TAIL_FIXED or end > n:
             raise MessageFormatError("batch", f"message {i} size {entry_size} does not fit the batch")
@@ -275,12 +278,14 @@ def validate_batch(batch: bytes | memoryview, *, max_message_size: int = DEFAULT
         t = pos + head + 4 + body_len
         if t + 3 > end:
             raise MessageFormatError("batch", f"message {i} body length {body_len} overruns its entry")
-        topic_len = batch[t]
-        topic = bytes(batch[t + 1:t + 1 + topic_len])
-        _check_topic_bytes(topic, i)
-        p = t + 1 + topic_len
+        p = t + 1 + batch[t]
         if p + 2 > end:
             raise MessageFormatError("batch", f"message {i} topic length overruns its entry")
+        topic = batch[t + 1:p]
+        if topic not in good_topics:
+            _check_topic_bytes(topic, i)
+            if len(good_topics) < 100_000:
+                good_topics.add(topic)
         props_len = unpack_h(batch, p)[0]
         if props_len > MAX_PROPERTIES_SIZE:
             raise MessageFormatError("properties", f"message {i} properties take {props_len} bytes, more than "
@@ -293,13 +298,19 @@ def validate_batch(batch: bytes | memoryview, *, max_message_size: int = DEFAULT
     return count
 
 
-@lru_cache(maxsize=4096)
+_GOOD_TOPICS: set[bytes] = set()  # topics already found legal: the check is then one set lookup
+_SIZE_QUEUE = struct.Struct(">ii")
+
+
 def _check_topic_bytes(topic: bytes, index: int = 0) -> None:
     try:
         text = topic.decode("ascii")
     except UnicodeDecodeError:
         raise MessageFormatError("topic", f"message {index} topic {topic!r} is not ASCII") from None
-    check_topic(text)
+    try:
+        check_topic(text)
+    except MessageFormatError as e:
+        raise MessageFormatError("topic", f"message {index}: {e}") from None
 
 
 def decode_batch(batch: bytes | memoryview) -> tuple[tuple[str, int], list[MessageInput]]:
