@@ -265,6 +265,7 @@ class BrokerNode:
 
     def runtime_info(self) -> dict[str, Any]:
         ledger = self.group.statistics()
+        store = self.store.statistics()
         hold = self.hold.statistics()
         reg = self.registration.statistics()
         return {
@@ -274,6 +275,9 @@ class BrokerNode:
             "leader_addr": self.leader_addr(), "committed_index": ledger.committed_index,
             "last_applied_index": ledger.last_applied_index, "serving_reads": ledger.serving_reads,
             "commit_log_min_offset": self.store.min_phy_offset, "commit_log_max_offset": self.store.max_phy_offset,
+            "commit_log_flushed_offset": store.flushed_phy_offset, "dispatched_offset": store.dispatched_phy_offset,
+            "consume_queues": store.consume_queues, "disk_usage_ratio": round(store.disk_usage_ratio, 4),
+            "disk_full": store.disk_full,
             "topics": len(self.topics), "topic_data_version": self.topics.data_version,
             "consumer_groups": len(self.clients.consumer_groups), "client_connections":
                 self.clients.connection_count(),

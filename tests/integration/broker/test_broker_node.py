@@ -90,3 +90,4 @@ async def test_send_auto_creates_registers_and_pull_returns_records(nursery, tmp
 
         info = cbor2.loads((await call(client, addr, RequestCode.GET_BROKER_RUNTIME_INFO)).body)
         assert info["put_messages"] == 12 and info["broker_name"] == "broker-a" and info["topics"] >= 1
+        assert info["commit_log_max_offset"] > 0 and 0 <= info["disk_usage_ratio"] <= 1 and not info["disk_full"]
