@@ -32,7 +32,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import trio
 from pysyncobj import FAIL_REASON
@@ -72,8 +72,10 @@ class RoleChange:
     leader_service_address: str | None
 
 
-@dataclass(frozen=True, slots=True)
-class AppendResult:
+class AppendResult(NamedTuple):
+    """The Raft index of the entry holding the record, and the state machine's result for the record (a
+    NamedTuple: one is built per append, so its construction cost counts)."""
+
     index: int
     result: Any
 
@@ -149,6 +151,10 @@ class DLedgerGroup:
         self._last_store_timestamp = 0
         self._max_record_bytes = config.max_batch_bytes
         self._role = RoleChange(Role.FOLLOWER, 0, None, None)
+        self._leader_flag = False
+        # Refreshed by the expiry task every 50 ms: deadlines need no finer clock, and reading trio's clock
+        # once per append is a measurable cost.
+        self._coarse_now = 0.0
         self._changed = trio.Event()
         self._role_listeners: list[trio.MemorySendChannel[RoleChange]] = []
         self._catch_up_wanted = trio.Event()
@@ -162,6 +168,7 @@ class DLedgerGroup:
 
     def _open_member(self) -> None:
         self._token = trio.lowlevel.current_trio_token()
+        self._coarse_now = trio.current_time()
         sys.setswitchinterval(self.config.gil_switch_interval_ms / 1000)
         # Constructed on the trio thread on purpose: pysyncobj's tick thread stops when its creator exits.
         self._member = RaftMember(self.config, self._sm, notify=self._notify_threadsafe)
@@ -200,7 +207,7 @@ class DLedgerGroup:
 
     @property
     def is_leader(self) -> bool:
-        return self._role.role is Role.LEADER
+        return self._leader_flag
 
     @property
     def serving_reads(self) -> bool:
@@ -239,6 +246,7 @@ class DLedgerGroup:
             current = self._read_role()
             if current != self._role:
                 previous, self._role = self._role, current
+                self._leader_flag = current.role is Role.LEADER
                 if current.role is not previous.role or current.leader_id != previous.leader_id:
                     log.info("role changed group=%s id=%s role=%s term=%d leader=%s", self.config.group,
                              self.config.self_id, current.role.value, current.term, current.leader_id)
@@ -305,7 +313,7 @@ class DLedgerGroup:
         # task instead of an Event, no cancel scope (the expiry task answers callers whose deadline passed).
         if len(self._queue) >= self.config.max_pending_records:
             raise GroupBusyError(self.config.group, self.config.max_pending_records)
-        pending = _Pending(record, timeout_s, trio.current_time())
+        pending = _Pending(record, timeout_s, self._coarse_now)
         self._queue.append(pending)
         wakeup = self._queue_wakeup
         if wakeup is not None:
@@ -331,8 +339,9 @@ class DLedgerGroup:
 
     async def _expire_appends(self) -> None:
         while True:
+            self._coarse_now = trio.current_time()
             await trio.sleep(0.05)
-            now = trio.current_time()
+            now = self._coarse_now = trio.current_time()
             for pending in [p for p in self._waiting if p.deadline <= now]:
                 if not pending.done:
                     pending.error = AppendTimeoutError(self.config.group, pending.timeout_s)

@@ -113,3 +113,27 @@ async def test_sync_flush_and_batches_stay_below_the_chunked_send_threshold(tmp_
     assert max(payload_sizes) + 21 <= configs[0].max_entry_bytes < 64 * 1024
     for log in logs:
         log.close()
+
+
+async def test_append_without_a_majority_times_out(tmp_path):
+    from dledger import AppendTimeoutError
+    from tests.integration.dledger.helpers import MemberRunner
+
+    configs = {c.self_id: c for c in make_configs(tmp_path, leader_fallback_timeout_ms=5000,
+                                                  connection_timeout_ms=5000)}
+    logs = {k: open_log(tmp_path, k) for k in configs}
+    async with trio.open_nursery() as nursery:
+        runners = {k: MemberRunner(nursery, c, logs[k]) for k, c in configs.items()}
+        groups = {k: await r.start() for k, r in runners.items()}
+        leader = await _leader(list(groups.values()))
+        await leader.append(b"with-majority")
+        for k, runner in runners.items():
+            if k != leader.config.self_id:
+                await runner.stop()
+        started = trio.current_time()
+        with pytest.raises(AppendTimeoutError) as info:
+            await leader.append(b"no-majority", timeout_s=0.3)
+        assert info.value.retriable and 0.2 <= trio.current_time() - started <= 1.0
+        nursery.cancel_scope.cancel()
+    for log in logs.values():
+        log.close()
