@@ -354,7 +354,9 @@ class RemotingConnection:
 
     def _encode_response(self, request: Frame, response: Frame) -> bytes:
         problem = None
-        if not response.flag & FLAG_RESPONSE:
+        if not isinstance(response, Frame):
+            problem = f"the handler returned {type(response).__name__}, not a Frame or None"
+        elif not response.flag & FLAG_RESPONSE:
             problem = "the handler returned a frame without the response flag (use make_response)"
         else:
             try:

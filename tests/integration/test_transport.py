@@ -26,6 +26,7 @@ BOOM = 2002  # the handler raises
 LATER = 2003  # answered from a task after handle() returned None
 NO_TOPIC = 2004  # the handler raises a BrokerError subclass
 HUGE = 2005  # the handler returns a response over the maximum frame size
+NOT_A_FRAME = 2006  # the handler returns something that is not a response frame
 
 
 class Handler:
@@ -56,6 +57,8 @@ class Handler:
                 await conn.send_response(make_response(request, ResponseCode.SUCCESS, body=b"later"))
             conn.nursery.start_soon(answer_later)
             return None
+        if request.code == NOT_A_FRAME:
+            return {"code": 0} if request.ext.get("dict") else request  # a dict, or the request itself
         if request.code == HUGE:
             return make_response(request, ResponseCode.SUCCESS, body=b"h" * 70_000)
         return make_response(request, ResponseCode.REQUEST_CODE_NOT_SUPPORTED, remark="unknown")
@@ -355,3 +358,13 @@ async def test_a_peer_that_stops_reading_is_slowed_down_not_buffered(nursery):
     async with open_connection(f"{host}:{port}") as other:
         assert (await other.invoke(make_request(RequestCode.ECHO, body=b"meanwhile"))).body == b"meanwhile"
     await trio.aclose_forcefully(hog)
+
+
+async def test_handler_returning_garbage_is_answered_system_error(server):
+    _, addr = server
+    async with open_connection(addr) as conn:
+        as_dict = await conn.invoke(make_request(NOT_A_FRAME, ext={"dict": True}))
+        as_request = await conn.invoke(make_request(NOT_A_FRAME))
+        assert (await conn.invoke(make_request(RequestCode.ECHO, body=b"alive"))).body == b"alive"
+    assert as_dict.code == ResponseCode.SYSTEM_ERROR and "returned dict, not a Frame" in as_dict.remark
+    assert as_request.code == ResponseCode.SYSTEM_ERROR and "without the response flag" in as_request.remark
