@@ -324,7 +324,11 @@ def decode_batch(batch: bytes | memoryview) -> tuple[tuple[str, int], list[Messa
         (entry_size, queue_id, flag, sys_flag, born_ts, born_ip, born_port, reconsume,
          prepared) = ENTRY_HEAD.unpack_from(mv, pos)
         body, topic, props = _split_tail(mv, pos + ENTRY_HEAD.size)
-        out.append(MessageInput(topic, queue_id, body, decode_properties(props), flag, sys_flag, born_ts,
+        try:
+            properties = decode_properties(props)
+        except UnicodeDecodeError:
+            raise MessageFormatError("properties", f"message properties at {pos} are not UTF-8") from None
+        out.append(MessageInput(topic, queue_id, body, properties, flag, sys_flag, born_ts,
                                 (socket.inet_ntop(socket.AF_INET, born_ip), born_port), reconsume, prepared))
         pos += entry_size
     return store_host, out
@@ -337,7 +341,11 @@ def _split_tail(mv: memoryview, pos: int) -> tuple[bytes, str, memoryview]:
     topic_len = mv[t]
     p = t + 1 + topic_len
     props_len = PROPS_LEN.unpack_from(mv, p)[0]
-    return bytes(mv[b:t]), str(mv[t + 1:p], "ascii"), mv[p + 2:p + 2 + props_len]
+    try:
+        topic = str(mv[t + 1:p], "ascii")
+    except UnicodeDecodeError:
+        raise MessageFormatError("topic", f"topic {bytes(mv[t + 1:p])!r} is not ASCII") from None
+    return bytes(mv[b:t]), topic, mv[p + 2:p + 2 + props_len]
 
 
 def record_size(body_len: int, topic_len: int, properties_len: int) -> int:
@@ -378,13 +386,21 @@ def decode_record(data: bytes | memoryview, offset: int = 0, *, check_crc: bool 
     body_len = BODY_LEN.unpack_from(mv, offset + RECORD_HEAD.size)[0]
     if body_len < 0 or RECORD_HEAD.size + _TAIL_FIXED + body_len > size:
         raise MessageFormatError("record", f"record at {offset} has a bad body length {body_len}")
-    body, topic, props = _split_tail(mv[:offset + size], offset + RECORD_HEAD.size)
+    t = offset + RECORD_HEAD.size + 4 + body_len
+    p = t + 1 + mv[t]
+    if p + 2 > offset + size or p + 2 + PROPS_LEN.unpack_from(mv, p)[0] != offset + size:
+        raise MessageFormatError("record", f"record at {offset} has fields that disagree with its size {size}")
+    body, topic_raw, props = _split_tail(mv[:offset + size], offset + RECORD_HEAD.size)
     if check_crc and crc32c(body) != body_crc:
         raise MessageFormatError("record", f"record at {offset} fails its body CRC")
-    return MessageView(topic, queue_id, queue_offset, phy_offset, size, flag, sys_flag, born_ts,
+    try:
+        properties = decode_properties(props)
+    except UnicodeDecodeError:
+        raise MessageFormatError("record", f"record at {offset} has properties that are not UTF-8") from None
+    return MessageView(topic_raw, queue_id, queue_offset, phy_offset, size, flag, sys_flag, born_ts,
                        (socket.inet_ntop(socket.AF_INET, born_ip), born_port), store_ts,
                        (socket.inet_ntop(socket.AF_INET, store_ip), store_port), reconsume, prepared, body_crc,
-                       body, decode_properties(props))
+                       body, properties)
 
 
 def iter_records(data: bytes | memoryview, *, check_crc: bool = True) -> Iterator[MessageView]:

@@ -156,3 +156,20 @@ def test_record_round_trip(msgs, store_ts, phy0):
           m.reconsume_times, m.prepared_transaction_offset) for m in msgs]
     assert [v.queue_offset for v in views] == list(range(len(msgs)))
     assert all(v.store_timestamp == store_ts for v in views)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=400), st.integers(0, 200))
+def test_arbitrary_bytes_never_escape_as_anything_but_message_format_error(data, cut):
+    for candidate in (data, GOLDEN_RECORD[:cut] + data, bytes(GOLDEN_RECORD[:84]) + data):
+        try:
+            decode_record(candidate)
+        except MessageFormatError:
+            pass
+    batch = encode_batch([MESSAGE], ("10.0.0.1", 6))
+    for candidate in (data, batch[:16] + data, batch[:cut] + data):
+        for check in (validate_batch, decode_batch):
+            try:
+                check(candidate)
+            except MessageFormatError:
+                pass
