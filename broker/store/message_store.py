@@ -39,6 +39,7 @@ from .raw_copy import validate_raw
 from .results import (AppendResult, AppendStatus, GetMessageResult, GetMessageStatus, QueryMessageResult,
                       StoreStatistics)
 from .retention import Retention
+from .services import run_services
 
 log = logging.getLogger(__name__)
 
@@ -228,11 +229,11 @@ class MessageStore:
             checked = validate_raw(self.commit_log, mv, end, self._queue_offsets)
             if isinstance(checked, str):
                 return AppendResult(AppendStatus.CORRUPTED, end, end, remark=checked, field="data")
-            phys, qoffs, sizes, qids, touched = checked
+            phys, qoffs, sizes, qids, touched, store_host = checked
             new_end = self.commit_log.append_raw(mv)
             self._queue_offsets.update(touched)
         self._notify_appended()
-        return AppendResult(AppendStatus.PUT_OK, end, new_end, ("0.0.0.0", 0), phys, qoffs, sizes, qids)
+        return AppendResult(AppendStatus.PUT_OK, end, new_end, store_host, phys, qoffs, sizes, qids)
 
     def segment_checksums(self, up_to_phy_offset: int) -> list[tuple[int, int, int]]:
         """``(segment start, bytes covered, crc32c)`` per segment below ``up_to_phy_offset`` (clamped to the
@@ -332,7 +333,6 @@ class MessageStore:
     # -- services --------------------------------------------------------------------------------------------
     async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Run reput, flush and clean until cancelled; the final flush is shielded."""
-        from .services import run_services
         await run_services(self, task_status)
 
     # -- reads -----------------------------------------------------------------------------------------------

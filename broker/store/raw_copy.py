@@ -8,6 +8,8 @@ queue without a gap.
 
 from __future__ import annotations
 
+import socket
+
 from crc32c import crc32c
 
 from remoting.message import (BLANK_MAGIC, BODY_LEN, MESSAGE_MAGIC, PROPS_LEN, RECORD_HEAD, MessageFormatError,
@@ -18,12 +20,13 @@ from .config import END_FILE_MIN_BLANK_LENGTH
 
 __all__ = ["validate_raw"]
 
-RawChecked = tuple[list[int], list[int], list[int], list[int], dict[tuple[bytes, int], int]]
+RawChecked = tuple[list[int], list[int], list[int], list[int], dict[tuple[bytes, int], int], tuple[str, int]]
 
 
 def validate_raw(commit_log: CommitLog, data: memoryview, start: int,
                  queue_offsets: dict[tuple[bytes, int], int]) -> RawChecked | str:
-    """Per-record columns and the queue offsets after the copy, or a sentence saying what is wrong."""
+    """Per-record columns, the queue offsets after the copy and the store host of the first record, or a
+    sentence saying what is wrong."""
     seg_size = commit_log.segment_size
     n = len(data)
     i = 0
@@ -32,6 +35,7 @@ def validate_raw(commit_log: CommitLog, data: memoryview, start: int,
     qoffs: list[int] = []
     sizes: list[int] = []
     qids: list[int] = []
+    store_host = ("0.0.0.0", 0)
     while i < n:
         phy = start + i
         off = phy % seg_size
@@ -75,9 +79,11 @@ def validate_raw(commit_log: CommitLog, data: memoryview, start: int,
             return f"record at phy_offset {phy} has queue_offset {head[5]}, queue {key[0].decode()}:{key[1]} " \
                    f"expects {expected}"
         touched[key] = expected + 1
+        if not phys:
+            store_host = (socket.inet_ntop(socket.AF_INET, head[12]), head[13])
         phys.append(phy)
         qoffs.append(head[5])
         sizes.append(size)
         qids.append(head[3])
         i += size
-    return phys, qoffs, sizes, qids, touched
+    return phys, qoffs, sizes, qids, touched, store_host

@@ -126,6 +126,8 @@ def test_raw_copy_makes_a_byte_identical_replica(tmp_path):
             assert chunk
             result = follower.append_commit_log_raw(follower.max_phy_offset, chunk)
             assert result.ok, result.remark
+            for m in result.messages:
+                assert leader.look_message_by_id(m.msg_id).phy_offset == m.phy_offset
         assert leader.read_commit_log(leader.max_phy_offset, 100) == b""
         assert follower.segment_checksums(2 ** 62) == leader.segment_checksums(2 ** 62)
         follower.dispatch_pending()
