@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from broker.store import AppendStatus, MessageInput, MessageStore, encode_batch, iter_records
-from remoting.config import ConfigError
+from broker.store import AppendStatus, MessageInput, MessageStore, StoreConfig, encode_batch, iter_records
+from remoting.config import ConfigError, config_from_mapping
 from remoting.message import BLANK_MAGIC, MESSAGE_MAGIC
 
 from .helpers import STORE_HOST, fill, make_batch, small_config, tree_bytes
@@ -159,3 +159,21 @@ def test_raw_copy_rejects_corruption_before_writing(tmp_path):
 def test_config_rejects_a_segment_smaller_than_a_record(tmp_path):
     with pytest.raises(ConfigError, match="segment_size_bytes"):
         small_config(tmp_path, segment_size_bytes=64 * 1024, max_message_size=1 << 20)
+
+
+@pytest.mark.parametrize("mapping, message", [
+    ({"flush_disk_type": "SOMETIMES"}, "flush_disk_type must be one of"),
+    ({"flush_interval_ms": 0}, "flush_interval_ms must be >= 1"),
+    ({"delete_when_hours": [4, 25]}, "delete_when_hours must list hours"),
+    ({"disk_clean_early_ratio": 0.95}, "disk ratios"),
+    ({"segment_size": 1}, "unknown config key 'segment_size'"),
+])
+def test_store_config_rejects_bad_values_naming_the_key(tmp_path, mapping, message):
+    with pytest.raises(ConfigError, match=message):
+        config_from_mapping(StoreConfig, {"store_dir": str(tmp_path), **mapping})
+
+
+def test_store_config_from_toml_values(tmp_path):
+    cfg = config_from_mapping(StoreConfig, {"store_dir": str(tmp_path), "delete_when_hours": [3, 4],
+                                            "flush_disk_type": "SYNC_FLUSH", "segment_size_bytes": 1 << 24})
+    assert cfg.delete_when_hours == (3, 4) and cfg.store_dir == tmp_path and cfg.flush_disk_type == "SYNC_FLUSH"
