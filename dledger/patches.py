@@ -29,7 +29,10 @@ so a silent upgrade cannot quietly disable a fix.
 6. ``pysyncobj.win_inet_pton`` (imported by its TCP code) replaces ``socket.inet_ntop`` process-wide on every
    OS, with a Windows-only ctypes function that raises TypeError on Linux: any code in the process that formats
    an IP address (the store's message ids) breaks once pysyncobj is imported. The C function is put back.
-7. Pickle protocol 2 is also used by pysyncobj's command encoding (``pysyncobj.pickle.dumps``); raised to 5 so a
+7. Journal appends: ``FileJournal.add`` concatenates header, entry and trailer (two copies of every entry,
+   up to 256 KiB) before copying them into its mmap; the three pieces are now written in place (same bytes,
+   one copy).
+8. Pickle protocol 2 is also used by pysyncobj's command encoding (``pysyncobj.pickle.dumps``); raised to 5 so a
    bytes payload is one memcpy instead of a latin-1 string round trip.
 
 The chunked-send defect (entries at least ``appendEntriesBatchSizeBytes`` long) is contained by configuration:
@@ -226,6 +229,25 @@ def _cancel_transmission_closed(self: Any, transmission_id: Any) -> None:
     _close_finished_transmission(self, transmission_id, before)
 
 
+_RECORD_HEAD = struct.Struct("<IQQ")  # pysyncobj journal record: size, idx, term | command | size
+_RECORD_TAIL = struct.Struct("<I")
+_original_journal_add = pso_journal.FileJournal.add
+
+
+def _journal_add_in_place(self: Any, command: Any, idx: int, term: int) -> None:
+    self._FileJournal__journal.append((command, idx, term))
+    data = pso_journal.to_bytes(command)
+    size = 16 + len(data)
+    offset = self._FileJournal__currentOffset
+    journal_file = self._FileJournal__journalFile
+    # Tail first: the file grows once to its final size, then the head and the command fill it.
+    journal_file.write(offset + 4 + size, _RECORD_TAIL.pack(size))
+    journal_file.write(offset, _RECORD_HEAD.pack(size, idx, term))
+    journal_file.write(offset + _RECORD_HEAD.size, data)
+    self._FileJournal__currentOffset = offset + size + 8
+    self._FileJournal__setLastRecordOffset(self._FileJournal__currentOffset)
+
+
 _original_bind = pso_tcp_server.TcpServer.bind
 
 
@@ -253,6 +275,7 @@ def apply_patches() -> None:
     pso_syncobj.SyncObj._SyncObj__sendAppendEntries = _send_append_entries_flushed
     pso_syncobj.SyncObj._SyncObj__applyLogEntries = _apply_log_entries_gated
     pso_journal.MetaStorer.getMeta = _get_meta_closed
+    pso_journal.FileJournal.add = _journal_add_in_place
     pso_tcp_server.TcpServer.bind = _bind_closing_on_failure
     pso_serializer.Serializer.getTransmissionData = _get_transmission_closed
     pso_serializer.Serializer.cancelTransmisstion = _cancel_transmission_closed
@@ -263,6 +286,7 @@ def apply_patches() -> None:
 
 
 ORIGINALS = {
+    "journal_add": _original_journal_add,
     "parse_message": _original_parse_message,
     "send": _original_send,
     "on_message": _original_on_message,

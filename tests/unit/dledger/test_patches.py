@@ -162,3 +162,23 @@ def test_socket_inet_ntop_is_the_real_one_after_importing_pysyncobj():
 
     patches.apply_patches()
     assert socket.inet_ntop(socket.AF_INET, b"\x7f\x00\x00\x01") == "127.0.0.1"
+
+
+def test_journal_written_in_place_has_the_stock_bytes_and_reloads(tmp_path):
+    import pysyncobj.journal as pso_journal
+
+    entries = [(b"\x00", 1, 0), (b"\x01" + b"x" * 70_000, 2, 1), (b"\x01short", 3, 1)]
+    stock_path, ours_path = str(tmp_path / "stock"), str(tmp_path / "ours")
+    stock = pso_journal.FileJournal(stock_path)
+    for e in entries:
+        patches.ORIGINALS["journal_add"](stock, *e)
+    ours = pso_journal.FileJournal(ours_path)
+    for e in entries:
+        ours.add(*e)
+    stock._destroy()
+    ours._destroy()
+    end = 40 + sum(len(c) + 24 for c, _, _ in entries)
+    assert (tmp_path / "ours").read_bytes()[:end] == (tmp_path / "stock").read_bytes()[:end]
+    reloaded = pso_journal.FileJournal(ours_path)
+    assert [reloaded[i] for i in range(len(reloaded))] == entries
+    reloaded._destroy()
