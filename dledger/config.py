@@ -22,6 +22,8 @@ __all__ = ["MemberAddress", "DLedgerConfig", "build_syncobj_conf", "unknown_sync
 MIN_SECRET_LENGTH = 16
 # Bytes pysyncobj adds around an entry in an append_entries message (pickled tuple, dict keys, our frame).
 _WIRE_OVERHEAD_BYTES = 4096
+# What a state machine's ``join_records`` may add around ONE record (a record proposed alone).
+_SOLO_JOIN_OVERHEAD_BYTES = 64 + 8
 
 
 def _member_id_ok(value: str) -> str | None:
@@ -64,7 +66,12 @@ class DLedgerConfig:
     max_batch_delay_ms: float = bounded(1.0, min=0.0, max=1000.0)
     max_in_flight_batches: int = bounded(4, min=1, max=64)
     max_pending_records: int = bounded(100_000, min=1, max=10_000_000)
-    append_entries_batch_size_bytes: int = bounded(512 * 1024, min=16 * 1024, max=64 << 20)
+    # pysyncobj's chunked-send threshold AND how many bytes of entries it packs into one append_entries message
+    # for a lagging follower. 16 MiB: max_entry_bytes (half, minus overhead) is ~8 MiB, so one 4 MiB message
+    # (store.max_message_size) plus its record fits one entry, which stays below the broken chunked path.
+    append_entries_batch_size_bytes: int = bounded(16 << 20, min=16 * 1024, max=64 << 20,
+                                                   doc="pysyncobj appendEntriesBatchSizeBytes; entries stay "
+                                                       "below half of it")
     socket_buffer_bytes: int = bounded(4 << 20, min=64 * 1024, max=256 << 20)
     log_compaction_min_entries: int = bounded(100, min=2, max=10_000_000)
     log_compaction_min_time_s: int = bounded(60, min=1, max=86_400)
@@ -109,6 +116,12 @@ class DLedgerConfig:
     def max_entry_bytes(self) -> int:
         """Largest entry the batcher may propose: half the pysyncobj batch size, minus wire overhead."""
         return self.append_entries_batch_size_bytes // 2 - _WIRE_OVERHEAD_BYTES
+
+    @property
+    def max_record_bytes(self) -> int:
+        """Largest record ``append`` accepts. Records up to ``max_batch_bytes`` are group-committed together; a
+        bigger one is proposed alone as its own entry, so it only has to fit ``max_entry_bytes``."""
+        return self.max_entry_bytes - ENTRY_HEADER.size - _SOLO_JOIN_OVERHEAD_BYTES
 
     @property
     def join_overhead_bytes(self) -> int:

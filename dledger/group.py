@@ -4,7 +4,8 @@ Rules of this module (the essay the rest of ``dledger`` leans on):
 
 - **Group commit.** ``await group.append(record)`` queues the record; one batcher task turns queued records into
   one entry (up to ``max_batch_messages`` / ``max_batch_bytes``; when batches are already in flight it waits up
-  to ``max_batch_delay_ms`` for more) and proposes it with ONE pysyncobj call. At most
+  to ``max_batch_delay_ms`` for more) and proposes it with ONE pysyncobj call. A record bigger than
+  ``max_batch_bytes`` (up to ``max_record_bytes``, e.g. one 4 MiB message) is proposed alone. At most
   ``max_in_flight_batches`` entries are in flight. Few Raft calls is what keeps the tick thread (which shares
   the GIL with trio) on time, and so keeps the term from moving under load.
 - **Planned offsets.** Each entry carries the commit-log offset it expects to start at: the state machine's end
@@ -149,7 +150,9 @@ class DLedgerGroup:
         self._replan = True
         self._planned_end = 0
         self._last_store_timestamp = 0
-        self._max_record_bytes = config.max_batch_bytes
+        # A record bigger than max_batch_bytes is proposed alone (the batcher never adds one to a non-empty
+        # batch), so a record only has to fit one entry.
+        self._max_record_bytes = config.max_record_bytes
         self._role = RoleChange(Role.FOLLOWER, 0, None, None)
         self._leader_flag = False
         # Refreshed by the expiry task every 50 ms: deadlines need no finer clock, and reading trio's clock

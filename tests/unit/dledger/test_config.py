@@ -29,6 +29,8 @@ def test_syncobj_conf_values_that_the_fixes_depend_on(tmp_path):
     assert conf.appendEntriesUseBatch is False
     assert conf.appendEntriesBatchSizeBytes == cfg.append_entries_batch_size_bytes
     assert cfg.max_entry_bytes < conf.appendEntriesBatchSizeBytes // 2  # chunked-send path unreachable
+    # A 4 MiB message (RocketMQ's default max) plus its record fits one entry, proposed alone.
+    assert cfg.max_batch_bytes < 4 * 1024 * 1024 + 64 * 1024 < cfg.max_record_bytes < cfg.max_entry_bytes
     assert conf.dynamicMembershipChange is True
     assert conf.journalFile == str(tmp_path / "raft.journal")
     assert conf.fullDumpFile == str(tmp_path / "raft.snapshot")
@@ -50,7 +52,9 @@ def test_every_option_passed_is_a_real_syncobjconf_option():
     ({"self_id": "n9"}, "dledger.self_id must name one of members"),
     ({"election_timeout_min_ms": 100, "heartbeat_interval_ms": 50}, "must be > 3 x heartbeat_interval_ms"),
     ({"election_timeout_max_ms": 300}, "election_timeout_max_ms must be > election_timeout_min_ms"),
-    ({"max_batch_bytes": 1 << 20}, "dledger.max_batch_bytes must be <="),
+    ({"max_batch_bytes": 16 << 20}, "dledger.max_batch_bytes must be <="),
+    ({"max_batch_bytes": 300 * 1024, "append_entries_batch_size_bytes": 512 * 1024},
+     "dledger.max_batch_bytes must be <="),
 ])
 def test_bad_configs_are_named(changes, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
