@@ -133,6 +133,34 @@ class _Pending:
         return trio.lowlevel.Abort.SUCCEEDED
 
 
+class _CallbackPending(_Pending):
+    """One ``append_nowait`` call: no task parks; ``finish`` calls ``on_done(self)`` once instead."""
+
+    __slots__ = ("on_done", "waiting")
+
+    def __init__(self, record: bytes, timeout_s: float, now: float, on_done: Callable[[_Pending], None],
+                 waiting: set[_Pending]) -> None:
+        self.record = record
+        self.timeout_s = timeout_s
+        self.deadline = now + timeout_s
+        self.task = None
+        self.index = 0
+        self.result = None
+        self.error = None
+        self.done = False
+        self.on_done = on_done
+        self.waiting = waiting
+
+    def finish(self) -> None:
+        if not self.done:
+            self.done = True
+            self.waiting.discard(self)
+            try:
+                self.on_done(self)
+            except Exception:
+                log.exception("append_nowait callback failed")
+
+
 class DLedgerGroup:
     def __init__(self, config: DLedgerConfig, state_machine: StateMachine, *,
                  fetch_range: FetchRange | None = None) -> None:
@@ -330,6 +358,24 @@ class DLedgerGroup:
         if pending.error is not None:
             raise pending.error
         return AppendResult(pending.index, pending.result)
+
+    def append_nowait(self, record: bytes, on_done: Callable[[_Pending], None], *, timeout_s: float = 3.0) -> None:
+        """``append`` without a task per record: queues ``record`` and returns; ``on_done(pending)`` is called
+        once, from the trio thread, with ``pending.error`` set or ``pending.index`` / ``pending.result`` filled
+        (commit, failure or expiry, as for ``append``). Raises what ``append`` raises before queueing."""
+        if len(record) > self._max_record_bytes:
+            raise RecordTooLargeError(len(record), self._max_record_bytes)
+        if not self.is_leader:
+            raise self._not_leader()
+        if len(self._queue) >= self.config.max_pending_records:
+            raise GroupBusyError(self.config.group, self.config.max_pending_records)
+        pending = _CallbackPending(record, timeout_s, self._coarse_now, on_done, self._waiting)
+        self._queue.append(pending)
+        wakeup = self._queue_wakeup
+        if wakeup is not None:
+            self._queue_wakeup = None
+            wakeup.set()
+        self._waiting.add(pending)
 
     async def _wait_queue(self, deadline: float | None = None) -> None:
         self._queue_wakeup = wakeup = trio.Event()

@@ -200,6 +200,20 @@ class RemotingConnection:
         self._enqueue(data)
         await trio.lowlevel.cancel_shielded_checkpoint()
 
+    def send_response_nowait(self, response: Frame) -> bool:
+        """``send_response`` from synchronous code (a completion callback): queues the frame on the coalesced
+        write queue at once, without waiting for the high-water mark (a response is small and the requests it
+        answers were already admitted). Returns False, dropping the frame, if the connection is closed."""
+        if not response.flag & FLAG_RESPONSE:
+            raise ValueError(f"send_response_nowait() needs a response frame (make_response), got {response!r}")
+        if self._close_reason is not None:
+            return False
+        data = encode(response)
+        if len(data) - 4 > self.max_frame_size:
+            raise FrameTooLargeError(len(data) - 4, self.max_frame_size)
+        self._enqueue(data)
+        return True
+
     def close(self, reason: str = "closed locally") -> None:
         """Close the connection now; waiting requests fail with ``ConnectionClosedError``."""
         self._mark_closed(reason)
