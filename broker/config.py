@@ -27,10 +27,16 @@ from pathlib import Path
 
 from broker.store.config import StoreConfig
 from dledger.config import DLedgerConfig
+from dledger.service import MAX_FETCH_BYTES
 from remoting.config import ConfigError, bounded, load_config, parse_host_port
-from remoting.message import BATCH_HEAD, ENTRY_HEAD, MAX_TOPIC_LENGTH
+from remoting.message import BATCH_HEAD, MAX_PROPERTIES_SIZE, MAX_TOPIC_LENGTH, record_size
 
 __all__ = ["BrokerConfig", "load_broker_config"]
+
+# What one message's dledger record holds besides its body: batch head, record header, topic, properties.
+_RECORD_OVERHEAD_BYTES = BATCH_HEAD.size + record_size(0, MAX_TOPIC_LENGTH, MAX_PROPERTIES_SIZE)
+# Room for a remoting frame's header and ext around a body.
+_FRAME_SLACK_BYTES = 64 * 1024
 
 
 def _name_ok(value: str) -> str | None:
@@ -86,6 +92,14 @@ class BrokerConfig:
             # It becomes the store host inside every message id, which RocketMQ defines as IPv4 + port.
             raise ConfigError(f"{key} must be an IPv4 address and port, got "
                               f"{self.dledger.self_member.service_address!r}") from None
+        # The largest frame: a send of max_message_size; a pull answer (max_transfer_bytes, or one whole record);
+        # a catch-up answer (dledger.catch_up_chunk_bytes capped by the service, or one whole record).
+        largest = max(self.max_message_size + _RECORD_OVERHEAD_BYTES, self.max_transfer_bytes,
+                      min(self.dledger.catch_up_chunk_bytes, MAX_FETCH_BYTES)) + _FRAME_SLACK_BYTES
+        if self.max_frame_size < largest:
+            raise ConfigError(f"max_frame_size must be >= {largest} (one message of max_message_size "
+                              f"{self.max_message_size} with its headers, a pull of max_transfer_bytes, a catch-up "
+                              f"chunk), got {self.max_frame_size}")
 
     @property
     def broker_name(self) -> str:
@@ -109,12 +123,21 @@ class BrokerConfig:
 
     @property
     def max_message_size(self) -> int:
-        """The largest body a send accepts: the store's limit, and one message must fit one Raft record
-        (``dledger.max_batch_bytes``). Properties are not reserved here: a message whose encoded record is still
-        too long is refused with MESSAGE_ILLEGAL naming the record size."""
+        """THE broker's message size limit, derived here and nowhere else: the largest body of a SEND_MESSAGE and
+        the largest whole body of a SEND_BATCH_MESSAGE. It is ``store.max_message_size`` (4 MiB, RocketMQ's
+        default) unless one message's record would not fit one dledger record (``dledger.max_record_bytes``, about
+        half of ``dledger.append_entries_batch_size_bytes``): then that lower value. The reservation covers the
+        batch head, the record header, the longest topic and the longest properties, so a message within the limit
+        is never refused further down."""
         assert self.dledger is not None
-        overhead = BATCH_HEAD.size + ENTRY_HEAD.size + 7 + MAX_TOPIC_LENGTH
-        return max(1, min(self.store.max_message_size, self.dledger.max_batch_bytes - overhead))
+        return max(1, min(self.store.max_message_size, self.dledger.max_record_bytes - _RECORD_OVERHEAD_BYTES))
+
+    @property
+    def max_message_size_reason(self) -> str:
+        """Which setting the limit comes from, for the MESSAGE_ILLEGAL remark."""
+        if self.max_message_size == self.store.max_message_size:
+            return "store.max_message_size"
+        return "one dledger record: dledger.append_entries_batch_size_bytes"
 
     def member_service_address(self, member_id: str) -> str | None:
         assert self.dledger is not None

@@ -18,6 +18,7 @@ import trio
 from raftmq.commands.dev import NODE_IDS, plan_ports, write_broker_configs
 from remoting.codec import make_request
 from remoting.codes import RequestCode, ResponseCode
+from remoting.message import MessageInput, encode_batch
 from remoting.errors import RaftMQError
 from remoting.transport import open_remoting_client
 from tests.procs import ServerProcess, raftmq_argv
@@ -25,6 +26,7 @@ from tests.procs import ServerProcess, raftmq_argv
 pytestmark = pytest.mark.cluster
 
 TOPIC = "ClusterTopic"
+MAX_MESSAGE_SIZE = 4 * 1024 * 1024  # store.max_message_size (RocketMQ's default), the broker's limit
 
 
 @pytest.fixture
@@ -88,7 +90,7 @@ async def _wait_pull(client, addr, expected: bytes, timeout_s: float = 15.0) -> 
 
 async def _bad_input_is_refused(client, leader: str) -> None:
     """The five bad inputs of the issue, against a real leader process: each its code and remark."""
-    r = await _send(client, leader, b"x" * (1 << 20))
+    r = await _send(client, leader, b"x" * (MAX_MESSAGE_SIZE + 1))
     assert r.code == ResponseCode.MESSAGE_ILLEGAL and "exceeds max_message_size" in r.remark
     r = await _call(client, leader, RequestCode.SEND_MESSAGE, {"topic": "no/such topic"}, b"x")
     assert r.code == ResponseCode.INVALID_REQUEST and "illegal characters" in r.remark
@@ -169,6 +171,77 @@ async def test_registration_follower_reads_and_leader_failover(start, tmp_path):
         procs[old] = await trio.to_thread.run_sync(
             lambda: start(raftmq_argv("broker", "--config", str(paths[old])), ready_timeout_s=60))
         await _wait_pull(client, procs[old].fields["listen"], survivors, timeout_s=30)
+
+
+async def _find_leader(client, addrs) -> str:
+    with trio.fail_after(20):
+        while True:
+            for addr in addrs:
+                try:
+                    r = await _send(client, addr, b"m0")
+                except RaftMQError:
+                    continue
+                if r.code == ResponseCode.SUCCESS:
+                    return addr
+            await trio.sleep(0.05)
+
+
+async def test_four_mib_message_is_replicated_and_pulled_from_a_follower(start, tmp_path):
+    state = plan_ports(tmp_path, 0)
+    paths = dict(zip(NODE_IDS, write_broker_configs(tmp_path, state)))
+    namesrv = f"127.0.0.1:{state['ports']['namesrv']}"
+
+    def start_all() -> list[str]:
+        start(raftmq_argv("namesrv", "--listen", namesrv))
+        return [start(raftmq_argv("broker", "--config", str(paths[nid])), ready_timeout_s=60).fields["listen"]
+                for nid in NODE_IDS]
+
+    addrs = await trio.to_thread.run_sync(start_all)
+    async with open_remoting_client() as client:
+        leader = await _find_leader(client, addrs)
+        body = os.urandom(MAX_MESSAGE_SIZE - 1024)  # a 4 MiB message, minus a small margin for nothing at all
+        started = time.monotonic()
+        r = await _call(client, leader, RequestCode.SEND_MESSAGE,
+                        {"producer_group": "pg", "topic": TOPIC, "queue_id": 0}, body, timeout_s=15)
+        print(f"4 MiB send acknowledged after {(time.monotonic() - started) * 1000:.0f} ms")
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        exact = os.urandom(MAX_MESSAGE_SIZE)
+        assert (await _send(client, leader, exact)).code == ResponseCode.SUCCESS  # the limit itself is allowed
+
+        # One byte over: refused before replication, the remark names the limit and where it comes from.
+        r = await _send(client, leader, b"x" * (MAX_MESSAGE_SIZE + 1))
+        assert r.code == ResponseCode.MESSAGE_ILLEGAL
+        assert r.remark == (f"message body of {MAX_MESSAGE_SIZE + 1} bytes exceeds max_message_size "
+                            f"{MAX_MESSAGE_SIZE} bytes (set by store.max_message_size)")
+        # A batch is held to the same limit as a whole (each message is within it here).
+        halves = [MessageInput(topic=TOPIC, queue_id=0, body=b"b" * (MAX_MESSAGE_SIZE // 2)) for _ in range(2)]
+        batch = encode_batch(halves, ("127.0.0.1", 0), max_message_size=MAX_MESSAGE_SIZE)
+        r = await _call(client, leader, RequestCode.SEND_BATCH_MESSAGE, {"topic": TOPIC, "queue_id": 0}, batch)
+        assert r.code == ResponseCode.MESSAGE_ILLEGAL and "batch body of" in r.remark
+        assert f"exceeds max_message_size {MAX_MESSAGE_SIZE} bytes" in r.remark
+        batch = encode_batch(halves[:1] + [MessageInput(topic=TOPIC, queue_id=0, body=b"c" * 1000)],
+                             ("127.0.0.1", 0), max_message_size=MAX_MESSAGE_SIZE)
+        r = await _call(client, leader, RequestCode.SEND_BATCH_MESSAGE, {"topic": TOPIC, "queue_id": 0}, batch,
+                        timeout_s=15)
+        assert r.code == ResponseCode.SUCCESS, r.remark
+
+        # Every follower serves the big messages from its own store, one per pull.
+        for follower in (a for a in addrs if a != leader):
+            assert body in await _pull_one(client, follower, 1) and exact in await _pull_one(client, follower, 2)
+
+
+async def _pull_one(client, addr: str, queue_offset: int) -> bytes:
+    """The pull body at ``queue_offset`` once ``addr`` has it (a follower applies after the leader answered);
+    ``max_transfer_bytes`` (1 MiB) is below one message, so exactly one whole message comes back."""
+    with trio.fail_after(20):
+        while True:
+            r = await _call(client, addr, RequestCode.PULL_MESSAGE,
+                            {"consumer_group": "cg", "topic": TOPIC, "queue_id": 0, "queue_offset": queue_offset,
+                             "max_msg_nums": 32}, timeout_s=10)
+            if r.code == ResponseCode.SUCCESS:
+                assert r.ext.get("next_begin_offset", queue_offset + 1) == queue_offset + 1
+                return r.body
+            await trio.sleep(0.05)
 
 
 def test_dev_starts_and_stops_every_child(start, tmp_path):

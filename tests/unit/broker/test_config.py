@@ -26,8 +26,24 @@ def test_identity_comes_from_the_dledger_table():
     assert config.listen_address == "127.0.0.1:10002"
     assert config.long_polling_timeout_ms == 15_000 and config.default_topic_queue_nums == 4
     assert config.auto_create_topic_enable is True
-    # One message must fit one Raft entry: the limit is below the store's 4 MiB default.
-    assert 0 < config.max_message_size < config.dledger.max_batch_bytes
+    # RocketMQ's 4 MiB: one message is a record proposed alone, below pysyncobj's chunked-send threshold.
+    assert config.max_message_size == config.store.max_message_size == 4 * 1024 * 1024
+    assert config.max_message_size_reason == "store.max_message_size"
+    assert config.max_message_size < config.dledger.max_record_bytes < config.dledger.max_entry_bytes
+    assert config.dledger.max_entry_bytes < config.dledger.append_entries_batch_size_bytes // 2
+
+
+def test_message_size_limit_is_capped_by_one_dledger_record():
+    mapping = _mapping()
+    mapping["dledger"]["append_entries_batch_size_bytes"] = 1 << 20
+    config = config_from_mapping(BrokerConfig, mapping)
+    assert 400_000 < config.max_message_size < config.dledger.max_record_bytes < 512 * 1024
+    assert "append_entries_batch_size_bytes" in config.max_message_size_reason
+
+
+def test_frame_size_must_hold_one_whole_message():
+    with pytest.raises(ConfigError, match="max_frame_size must be >= 4"):
+        config_from_mapping(BrokerConfig, _mapping(max_frame_size=4 << 20))
 
 
 def test_listen_binds_but_service_address_is_advertised():
