@@ -27,8 +27,8 @@ from dledger import DLedgerError, NotLeaderError
 from remoting.codec import Frame, make_response
 from remoting.codes import RequestCode, ResponseCode
 from remoting.errors import RaftMQError
-from remoting.message import (BATCH_HEAD, BODY_LEN, ENTRY_HEAD, MessageFormatError, MessageInput, encode_batch,
-                              validate_batch)
+from remoting.message import (BATCH_HEAD, BODY_LEN, ENTRY_HEAD, MessageFormatError, MessageInput, check_topic,
+                              encode_batch, encode_properties, encode_single_batch, validate_batch)
 
 if TYPE_CHECKING:
     from broker.node import BrokerNode
@@ -42,6 +42,8 @@ class SendMessageProcessor:
     def __init__(self, node: BrokerNode) -> None:
         self.node = node
         self._round_robin = 0
+        self._store_host: Any = None
+        self._store_bytes: tuple[bytes, int] | None = None
         self._sync_flush = node.config.store.flush_disk_type == "SYNC_FLUSH"
         self._timeout_s = node.config.send_timeout_ms / 1000
 
@@ -157,17 +159,28 @@ class SendMessageProcessor:
         properties = ext.get("properties") or {}
         if not isinstance(properties, Mapping):
             raise invalid("properties", f"must be a map of strings, got {type(properties).__name__}")
-        # encode_batch checks every property (types, separators, total size) and names the bad one.
-        born_host = _born_host(getattr(conn, "remote_address", None))
-        message = MessageInput(
-            topic=topic, queue_id=queue_id, body=body, properties=properties,
-            flag=get_int(ext, "flag", default=0, lo=I32[0], hi=I32[1]),
-            sys_flag=get_int(ext, "sys_flag", default=0, lo=I32[0], hi=I32[1]),
-            born_timestamp=get_int(ext, "born_timestamp", default=0, lo=0, hi=I64[1]),
-            born_host=born_host,
-            reconsume_times=get_int(ext, "reconsume_times", default=0, lo=0, hi=I32[1]))
+        flag = get_int(ext, "flag", default=0, lo=I32[0], hi=I32[1])
+        sys_flag = get_int(ext, "sys_flag", default=0, lo=I32[0], hi=I32[1])
+        born_timestamp = get_int(ext, "born_timestamp", default=0, lo=0, hi=I64[1])
+        reconsume_times = get_int(ext, "reconsume_times", default=0, lo=0, hi=I32[1])
+        remote = getattr(conn, "remote_address", None)
+        born = _born_host_bytes(remote)
+        store_host = self.node.store_host
+        if store_host != self._store_host:
+            self._store_host = store_host
+            self._store_bytes = _host_bytes_or_none(store_host)
+        store = self._store_bytes
         try:
-            return encode_batch([message], self.node.store_host, max_message_size=max_size)
+            if born is not None and store is not None and type(body) is bytes:
+                # The usual case: every field checked here or above, written straight into the batch layout.
+                props = encode_properties(properties) if properties else b""
+                return encode_single_batch(check_topic(topic), queue_id, body, props, flag, sys_flag,
+                                           born_timestamp, born[0], born[1], reconsume_times, store[0], store[1])
+            # encode_batch checks every property (types, separators, total size) and names the bad one.
+            message = MessageInput(
+                topic=topic, queue_id=queue_id, body=body, properties=properties, flag=flag, sys_flag=sys_flag,
+                born_timestamp=born_timestamp, born_host=_born_host(remote), reconsume_times=reconsume_times)
+            return encode_batch([message], store_host, max_message_size=max_size)
         except MessageFormatError as e:
             raise RequestRejected(ResponseCode.MESSAGE_ILLEGAL, str(e)) from None
 
@@ -225,3 +238,19 @@ def _born_host(remote: Any) -> tuple[str, int]:
         except (OSError, ValueError):
             pass
     return "127.0.0.1", 0
+
+
+@functools.lru_cache(maxsize=4096)
+def _born_host_bytes(remote: Any) -> tuple[bytes, int] | None:
+    return _host_bytes_or_none(_born_host(remote))
+
+
+def _host_bytes_or_none(host: Any) -> tuple[bytes, int] | None:
+    """(4-byte IP, port) of a valid ``(ip, port)``; None sends the caller to ``encode_batch``, which explains."""
+    try:
+        ip, port = host
+        if type(port) is not int or not 0 <= port <= 65535:
+            return None
+        return socket.inet_pton(socket.AF_INET, ip), port
+    except (OSError, TypeError, ValueError):
+        return None
