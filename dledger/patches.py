@@ -24,8 +24,9 @@ so a silent upgrade cannot quietly disable a fix.
    member whose state machine is behind its snapshot keeps voting, appending and acknowledging (Raft stays live)
    but applies nothing until the missing commit-log bytes were copied from a peer.
 5. File handles: pysyncobj leaks the journal meta file it reads and the snapshot file it streams to a lagging
-   follower (closed only by the garbage collector, a ResourceWarning each time), and the listening socket of
-   every failed bind attempt. All are closed here.
+   follower (closed only by the garbage collector, a ResourceWarning each time; also when a newer snapshot
+   replaces one still being streamed), and the listening socket of every failed bind attempt. All are closed
+   here.
 6. ``pysyncobj.win_inet_pton`` (imported by its TCP code) replaces ``socket.inet_ntop`` process-wide on every
    OS, with a Windows-only ctypes function that raises TypeError on Linux: any code in the process that formats
    an IP address (the store's message ids) breaks once pysyncobj is imported. The C function is put back.
@@ -36,8 +37,10 @@ so a silent upgrade cannot quietly disable a fix.
    bytes payload is one memcpy instead of a latin-1 string round trip.
 
 The chunked-send defect (entries at least ``appendEntriesBatchSizeBytes`` long) is contained by configuration:
-``dledger.config`` keeps the entry size limit below half the batch size and ``dledger.entry`` refuses bigger
-entries.
+``dledger.config`` keeps the entry size limit below half the batch size (16 MiB by default, so ~8 MiB entries:
+one 4 MiB message fits) and ``dledger.entry`` refuses bigger entries. It is not patched: the fix would mean
+replacing pysyncobj's whole ``__sendAppendEntries`` loop, and chunking buys nothing with the frame codec above
+(no frame size limit, one HMAC per frame).
 """
 
 from __future__ import annotations
@@ -229,6 +232,21 @@ def _cancel_transmission_closed(self: Any, transmission_id: Any) -> None:
     _close_finished_transmission(self, transmission_id, before)
 
 
+_original_check_serializing = pso_serializer.Serializer.checkSerializing
+
+
+def _check_serializing_closing(self: Any) -> Any:
+    # A finished snapshot replaces the transmissions table (``self.__transmissions = {}``), dropping the files
+    # of snapshots still being streamed to lagging followers; they restart from the new snapshot.
+    before = self._Serializer__transmissions
+    result = _original_check_serializing(self)
+    if self._Serializer__transmissions is not before:
+        for transmission in before.values():
+            if "file" in transmission:
+                transmission["file"].close()
+    return result
+
+
 _RECORD_HEAD = struct.Struct("<IQQ")  # pysyncobj journal record: size, idx, term | command | size
 _RECORD_TAIL = struct.Struct("<I")
 _original_journal_add = pso_journal.FileJournal.add
@@ -279,6 +297,7 @@ def apply_patches() -> None:
     pso_tcp_server.TcpServer.bind = _bind_closing_on_failure
     pso_serializer.Serializer.getTransmissionData = _get_transmission_closed
     pso_serializer.Serializer.cancelTransmisstion = _cancel_transmission_closed
+    pso_serializer.Serializer.checkSerializing = _check_serializing_closing
     # Module global read by pysyncobj.pickle.dumps (not name-mangled: it is a module, not a class).
     setattr(pso_pickle, "__protocol", WIRE_PICKLE_PROTOCOL)
     _patched = True

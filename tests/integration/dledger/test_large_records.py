@@ -93,3 +93,42 @@ async def test_one_and_four_mib_records_commit_byte_identical(tmp_path):
     assert max(entry_sizes) + 21 <= cfg.max_entry_bytes < cfg.append_entries_batch_size_bytes // 2
     for log in logs.values():
         log.close()
+
+
+async def test_member_behind_a_snapshot_copies_records_bigger_than_a_catch_up_chunk(tmp_path):
+    # Compaction every few entries: the stopped member comes back behind a snapshot and must copy 4 MiB records
+    # with FETCH_COMMIT_LOG-style reads of catch_up_chunk_bytes (1 MiB): each read returns one whole record.
+    configs = {c.self_id: c for c in make_configs(tmp_path, log_compaction_min_entries=3,
+                                                  log_compaction_min_time_s=1)}
+    assert configs["n0"].catch_up_chunk_bytes < 4 * MIB
+    logs = {k: open_log(tmp_path, k) for k in configs}
+    fetched: list[int] = []
+
+    async def fetch_range(peer, offset, max_bytes):
+        data = logs[peer.id].read_raw(offset, max_bytes)
+        fetched.append(len(data))
+        return data
+
+    async with trio.open_nursery() as nursery:
+        runners = {k: MemberRunner(nursery, c, logs[k], fetch_range=fetch_range) for k, c in configs.items()}
+        groups = {k: await r.start() for k, r in runners.items()}
+        leader = await _leader(list(groups.values()))
+        lagging = next(k for k in configs if k != leader.config.self_id)
+        await leader.append(b"before-stop")
+        await _wait_identical(logs.values(), leader.statistics().end_offset)
+        await runners[lagging].stop()
+        for i in range(10):
+            await leader.append(bytes([i]) * (4 * MIB - i), timeout_s=10)
+        assert leader.statistics().snapshots_written >= 2
+        back = await runners[lagging].start()
+        await _wait_identical(logs.values(), leader.statistics().end_offset, timeout_s=40)
+        with trio.fail_after(10):
+            while not back.serving_reads:
+                await trio.sleep(0.05)
+        assert back.statistics().catch_up_bytes > 0
+        nursery.cancel_scope.cancel()
+    assert fetched and max(fetched) > 4 * MIB - 16  # whole 4 MiB records, never cut at the chunk size
+    contents = {k: log.path.read_bytes() for k, log in logs.items()}
+    assert len(set(contents.values())) == 1
+    for log in logs.values():
+        log.close()

@@ -182,3 +182,18 @@ def test_journal_written_in_place_has_the_stock_bytes_and_reloads(tmp_path):
     reloaded = pso_journal.FileJournal(ours_path)
     assert [reloaded[i] for i in range(len(reloaded))] == entries
     reloaded._destroy()
+
+
+def test_snapshot_streams_dropped_by_a_newer_snapshot_are_closed(tmp_path):
+    import pysyncobj.serializer as pso_serializer
+    from pysyncobj.serializer import SERIALIZER_STATE
+
+    snapshot = tmp_path / "raft.snapshot"
+    snapshot.write_bytes(b"s" * 100)
+    serializer = pso_serializer.Serializer(str(snapshot), 10, False, lambda *a: None, lambda *a: None, None)
+    data, is_first, is_last = serializer.getTransmissionData("follower")  # opens the file, streams 10 bytes
+    assert is_first and not is_last
+    stream = serializer._Serializer__transmissions["follower"]["file"]
+    serializer._Serializer__pid = -1  # a newer snapshot finished writing (in-process serializer)
+    assert serializer.checkSerializing()[0] == SERIALIZER_STATE.SUCCESS
+    assert serializer._Serializer__transmissions == {} and stream.closed
