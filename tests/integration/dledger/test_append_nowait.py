@@ -1,0 +1,73 @@
+"""DLedgerGroup.append_nowait: the callback form of append the broker's send path uses (no task per record)."""
+
+from __future__ import annotations
+
+from contextlib import AsyncExitStack
+
+import pytest
+import trio
+
+from dledger import AppendTimeoutError, NotLeaderError, open_dledger_group
+from tests.integration.dledger.helpers import MemberRunner, make_configs, open_log
+from tests.integration.dledger.test_group import _leader
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def test_callback_gets_index_and_result_once_committed(tmp_path):
+    configs = make_configs(tmp_path)
+    logs = [open_log(tmp_path, c.self_id) for c in configs]
+    async with AsyncExitStack() as stack:
+        groups = [await stack.enter_async_context(open_dledger_group(c, log)) for c, log in zip(configs, logs)]
+        leader = await _leader(groups)
+        done: list[tuple[int, int, object, object]] = []
+        all_done = trio.Event()
+
+        def on_done(i, pending):
+            done.append((i, pending.index, pending.result, pending.error))
+            if len(done) == 200:
+                all_done.set()
+
+        for i in range(200):
+            leader.append_nowait(b"record-%05d" % i, lambda p, i=i: on_done(i, p))
+        with trio.fail_after(10):
+            await all_done.wait()
+        assert sorted(i for i, *_ in done) == list(range(200))
+        assert all(error is None and index > 0 for _, index, _, error in done)
+        # Compared with the task form: same kind of result for the same kind of record.
+        awaited = await leader.append(b"record-awaited")
+        assert type(awaited.result) is type(done[0][2])
+        follower = next(g for g in groups if g is not leader)
+        with pytest.raises(NotLeaderError):
+            follower.append_nowait(b"x", lambda p: None)
+    for log in logs:
+        log.close()
+
+
+async def test_callback_reports_a_timeout_without_a_majority(tmp_path):
+    configs = {c.self_id: c for c in make_configs(tmp_path, leader_fallback_timeout_ms=5000,
+                                                  connection_timeout_ms=5000)}
+    logs = {k: open_log(tmp_path, k) for k in configs}
+    async with trio.open_nursery() as nursery:
+        runners = {k: MemberRunner(nursery, c, logs[k]) for k, c in configs.items()}
+        groups = {k: await r.start() for k, r in runners.items()}
+        leader = await _leader(list(groups.values()))
+        await leader.append(b"with-majority")
+        for k, runner in runners.items():
+            if k != leader.config.self_id:
+                await runner.stop()
+        errors: list[BaseException | None] = []
+        finished = trio.Event()
+
+        def on_done(pending):
+            errors.append(pending.error)
+            finished.set()
+
+        leader.append_nowait(b"no-majority", on_done, timeout_s=0.3)
+        with trio.fail_after(3):
+            await finished.wait()
+        await trio.sleep(0.2)
+        assert len(errors) == 1 and isinstance(errors[0], AppendTimeoutError)
+        nursery.cancel_scope.cancel()
+    for log in logs.values():
+        log.close()
