@@ -336,21 +336,11 @@ class DLedgerGroup:
         """Replicate one record; returns its Raft index and the state machine's result for it once the entry
         is committed and applied here. Raises NotLeaderError / LeaderChangedError / BatchRejectedError
         (retriable, nothing applied), AppendTimeoutError (outcome unknown), GroupBusyError, RecordTooLargeError."""
-        if len(record) > self._max_record_bytes:
-            raise RecordTooLargeError(len(record), self._max_record_bytes)
-        if not self.is_leader:
-            raise self._not_leader()
+        self._admit(record)
         # Per-record costs matter at tens of thousands of appends/s: a deque instead of a channel, a parked
         # task instead of an Event, no cancel scope (the expiry task answers callers whose deadline passed).
-        if len(self._queue) >= self.config.max_pending_records:
-            raise GroupBusyError(self.config.group, self.config.max_pending_records)
         pending = _Pending(record, timeout_s, self._coarse_now)
-        self._queue.append(pending)
-        wakeup = self._queue_wakeup
-        if wakeup is not None:
-            self._queue_wakeup = None
-            wakeup.set()
-        self._waiting.add(pending)
+        self._enqueue(pending)
         try:
             await trio.lowlevel.wait_task_rescheduled(pending._abort)
         finally:
@@ -363,13 +353,19 @@ class DLedgerGroup:
         """``append`` without a task per record: queues ``record`` and returns; ``on_done(pending)`` is called
         once, from the trio thread, with ``pending.error`` set or ``pending.index`` / ``pending.result`` filled
         (commit, failure or expiry, as for ``append``). Raises what ``append`` raises before queueing."""
+        self._admit(record)
+        self._enqueue(_CallbackPending(record, timeout_s, self._coarse_now, on_done, self._waiting))
+
+    def _admit(self, record: bytes) -> None:
+        """What ``append`` and ``append_nowait`` refuse before queueing anything."""
         if len(record) > self._max_record_bytes:
             raise RecordTooLargeError(len(record), self._max_record_bytes)
         if not self.is_leader:
             raise self._not_leader()
         if len(self._queue) >= self.config.max_pending_records:
             raise GroupBusyError(self.config.group, self.config.max_pending_records)
-        pending = _CallbackPending(record, timeout_s, self._coarse_now, on_done, self._waiting)
+
+    def _enqueue(self, pending: _Pending) -> None:
         self._queue.append(pending)
         wakeup = self._queue_wakeup
         if wakeup is not None:

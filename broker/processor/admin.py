@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import cbor2
 
-from broker.processor.base import I32, I64, RequestRejected, get_int, get_str
+from broker.processor.base import I64, RequestRejected, get_int, get_str, get_topic_queue, topic_not_exist
 from broker.topic_config import TopicConfig, TopicConfigError, validate_topic_name
 from remoting.codec import Frame, make_response
 from remoting.codes import ResponseCode
@@ -44,9 +44,7 @@ class AdminProcessor:
         except TopicConfigError as e:
             raise RequestRejected(ResponseCode.INVALID_REQUEST, str(e)) from None
         if self.node.topic(topic) is None:
-            raise RequestRejected(ResponseCode.TOPIC_NOT_EXIST,
-                                  f"topic {topic!r} does not exist on broker {self.node.config.broker_name}",
-                                  ext={"topic": topic})
+            raise topic_not_exist(self.node, topic)
         await self.node.delete_topic(topic)
         return make_response(request, ResponseCode.SUCCESS)
 
@@ -56,18 +54,7 @@ class AdminProcessor:
 
     # --- queue offsets -------------------------------------------------------------------------------------
     def _queue(self, request: Frame) -> tuple[str, int]:
-        topic = get_str(request.ext, "topic")
-        queue_id = get_int(request.ext, "queue_id", lo=0, hi=I32[1])
-        config = self.node.topic(topic)
-        if config is None:
-            raise RequestRejected(ResponseCode.TOPIC_NOT_EXIST,
-                                  f"topic {topic!r} does not exist on broker {self.node.config.broker_name}",
-                                  ext={"topic": topic})
-        if queue_id >= max(config.read_queue_nums, config.write_queue_nums):
-            raise RequestRejected(ResponseCode.INVALID_REQUEST,
-                                  f"request field 'queue_id' must be below {config.read_queue_nums} for topic "
-                                  f"{topic!r}, got {queue_id}")
-        return topic, queue_id
+        return get_topic_queue(self.node, request.ext)
 
     async def get_max_offset(self, request: Frame, conn: Any) -> Frame:
         topic, queue_id = self._queue(request)

@@ -36,6 +36,24 @@ def invalid(field: str, problem: str) -> RequestRejected:
     return RequestRejected(ResponseCode.INVALID_REQUEST, f"request field {field!r} {problem}")
 
 
+def topic_not_exist(node: Any, topic: str) -> RequestRejected:
+    return RequestRejected(ResponseCode.TOPIC_NOT_EXIST,
+                           f"topic {topic!r} does not exist on broker {node.config.broker_name}", ext={"topic": topic})
+
+
+def get_topic_queue(node: Any, ext: Mapping[str, Any]) -> tuple[str, int]:
+    """``topic`` and ``queue_id`` of a request about one existing queue (offsets, min/max, search)."""
+    topic = get_str(ext, "topic")
+    queue_id = get_int(ext, "queue_id", lo=0, hi=I32[1])
+    config = node.topic(topic)
+    if config is None:
+        raise topic_not_exist(node, topic)
+    queue_nums = max(config.read_queue_nums, config.write_queue_nums)
+    if queue_id >= queue_nums:
+        raise invalid("queue_id", f"must be below {queue_nums} for topic {topic!r}, got {queue_id}")
+    return topic, queue_id
+
+
 def get_str(ext: Mapping[str, Any], name: str, *, default: str | None = None, allow_empty: bool = False) -> str:
     value = ext.get(name, default)
     if value is None:

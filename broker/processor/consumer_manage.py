@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from broker.processor.base import I32, RequestRejected, get_group, get_int, get_str
+from broker.processor.base import get_group, get_int, get_topic_queue
 from remoting.codec import Frame, make_response
 from remoting.codes import ResponseCode
 
@@ -24,17 +24,7 @@ class ConsumerManageProcessor:
     def _key(self, request: Frame) -> tuple[str, str, int]:
         ext = request.ext
         group = get_group(ext)
-        topic = get_str(ext, "topic")
-        queue_id = get_int(ext, "queue_id", lo=0, hi=I32[1])
-        config = self.node.topic(topic)
-        if config is None:
-            raise RequestRejected(ResponseCode.TOPIC_NOT_EXIST,
-                                  f"topic {topic!r} does not exist on broker {self.node.config.broker_name}",
-                                  ext={"topic": topic})
-        if queue_id >= max(config.read_queue_nums, config.write_queue_nums):
-            raise RequestRejected(ResponseCode.INVALID_REQUEST,
-                                  f"request field 'queue_id' must be below {config.read_queue_nums} for topic "
-                                  f"{topic!r}, got {queue_id}")
+        topic, queue_id = get_topic_queue(self.node, ext)
         return group, topic, queue_id
 
     async def query_consumer_offset(self, request: Frame, conn: Any) -> Frame:

@@ -20,7 +20,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from broker.filter import SubscriptionParseError, TagFilter, parse_tag_expression
-from broker.processor.base import I32, RequestRejected, get_group, get_int, get_str
+from broker.processor.base import I32, RequestRejected, get_group, get_int, get_str, topic_not_exist
 from broker.topic_config import TopicConfigError, validate_topic_name
 from remoting.codec import Frame, make_response
 from remoting.codes import ResponseCode
@@ -80,9 +80,7 @@ class PullMessageProcessor:
                 validate_topic_name(topic)
             except TopicConfigError as e:
                 raise RequestRejected(ResponseCode.INVALID_REQUEST, str(e)) from None
-            raise RequestRejected(ResponseCode.TOPIC_NOT_EXIST,
-                                  f"topic {topic!r} does not exist on broker {node.config.broker_name}",
-                                  ext={"topic": topic})
+            raise topic_not_exist(node, topic)
         if not config.readable:
             raise RequestRejected(ResponseCode.NO_PERMISSION,
                                   f"topic {topic!r} is not readable on broker {node.config.broker_name} "

@@ -116,9 +116,7 @@ class SendMessageProcessor:
         except RequestRejected as e:
             response = error_response(node, request, e)
         except Exception:
-            log.exception("send failed unexpectedly code=%d", request.code)
-            response = make_response(request, ResponseCode.SYSTEM_ERROR, remark="unexpected broker error; "
-                                     "see the broker log")
+            response = _unexpected(request)
         if response is None or request.is_oneway:
             return
         if not conn.send_response_nowait(response):
@@ -130,9 +128,7 @@ class SendMessageProcessor:
         except (RequestRejected, DLedgerError) as e:
             response = error_response(self.node, request, e)
         except Exception:
-            log.exception("send failed unexpectedly code=%d", request.code)
-            response = make_response(request, ResponseCode.SYSTEM_ERROR, remark="unexpected broker error; "
-                                     "see the broker log")
+            response = _unexpected(request)
         if response is None or request.is_oneway:
             return
         try:
@@ -254,3 +250,10 @@ def _host_bytes_or_none(host: Any) -> tuple[bytes, int] | None:
         return socket.inet_pton(socket.AF_INET, ip), port
     except (OSError, TypeError, ValueError):
         return None
+
+
+def _unexpected(request: Frame) -> Frame:
+    """An answer sent outside the dispatcher (callback or task) gets the dispatcher's treatment of a bug: logged
+    with its traceback, answered SYSTEM_ERROR, the connection lives on. Call it from an ``except`` block."""
+    log.exception("send failed unexpectedly code=%d", request.code)
+    return make_response(request, ResponseCode.SYSTEM_ERROR, remark="unexpected broker error; see the broker log")
