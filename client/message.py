@@ -13,10 +13,10 @@ import itertools
 import os
 import struct
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
-from remoting.message import create_msg_id
+from remoting.message import create_msg_id, decode_properties
 
 __all__ = [
     "Message", "MessageQueue", "MessageExt", "SendStatus", "SendResult", "PullStatus", "PullResult",
@@ -108,6 +108,51 @@ class SendResult:
     queue_offset: int
     # For a batch: one unique id per message, in order; offsets are consecutive from queue_offset.
     msg_ids: tuple[str, ...] = ()
+
+
+class RecordProperties(Mapping[str, str]):
+    """A consumed message's properties, decoded from their record bytes on first use: most consumers never
+    read them, and a pull decodes hundreds of records. Reads like the ``dict`` it wraps."""
+
+    __slots__ = ("_raw", "_map")
+
+    def __init__(self, raw: bytes) -> None:
+        self._raw = raw
+        self._map: dict[str, str] | None = None
+
+    def _decoded(self) -> dict[str, str]:
+        m = self._map
+        if m is None:
+            m = self._map = decode_properties(self._raw) if self._raw else {}
+        return m
+
+    def __getitem__(self, name: str) -> str:
+        return self._decoded()[name]
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self._decoded().get(name, default)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._decoded()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._decoded())
+
+    def __len__(self) -> int:
+        return len(self._decoded())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, RecordProperties):
+            other = other._decoded()
+        return self._decoded() == other
+
+    __hash__ = None  # type: ignore[assignment]  # like the dict it stands for
+
+    def __repr__(self) -> str:
+        return repr(self._decoded())
+
+    def __reduce__(self) -> tuple:
+        return dict, (self._decoded(),)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

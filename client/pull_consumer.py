@@ -23,11 +23,11 @@ from client.filter import Subscription, parse_subscription
 from client.instance import (
     ClientConfig, ClientInstance, build_config, open_remoting, raise_for_response,
 )
-from client.message import MessageExt, MessageQueue, PullResult, PullStatus
+from client.message import MessageExt, MessageQueue, PullResult, PullStatus, RecordProperties
 from remoting.codes import RequestCode, ResponseCode
 from remoting.config import bounded
 from remoting.errors import RaftMQError
-from remoting.message import iter_records
+from remoting.message import decode_records
 
 __all__ = ["PullAPI", "PullConsumerConfig", "PullConsumer", "open_pull_consumer", "to_message_ext"]
 
@@ -50,6 +50,14 @@ def to_message_ext(view: Any, broker_name: str) -> MessageExt:
     return MessageExt(view.topic, view.body, view.queue_id, view.queue_offset, broker_name, view.properties,
                       view.phy_offset, view.born_timestamp, view.store_timestamp, view.store_host,
                       view.reconsume_times, view.sys_flag, view.flag)
+
+
+def _to_messages(records: list[tuple], broker_name: str) -> tuple[MessageExt, ...]:
+    """``MessageExt``s of ``decode_records`` tuples, properties decoded only when read."""
+    return tuple([MessageExt(topic, body, queue_id, queue_offset, broker_name, RecordProperties(props), phy,
+                             born_ts, store_ts, host, reconsume, sys_flag, flag)
+                  for (topic, body, queue_id, queue_offset, props, phy, born_ts, store_ts, host, reconsume,
+                       sys_flag, flag) in records])
 
 
 class PullAPI:
@@ -107,8 +115,9 @@ class PullAPI:
         messages: tuple[MessageExt, ...] = ()
         if status is PullStatus.FOUND and frame.body:
             # Tags codes can collide, so the broker's filter is a superset: check the tag strings here.
-            views = iter_records(frame.body, check_crc=self.check_crc)
-            messages = tuple(m for m in (to_message_ext(v, mq.broker_name) for v in views) if sub.matches(m.tags))
+            messages = _to_messages(decode_records(frame.body, check_crc=self.check_crc), mq.broker_name)
+            if not sub.matches_all:
+                messages = tuple(m for m in messages if sub.matches(m.tags))
             if not messages:
                 status = PullStatus.NO_MATCHED_MSG
         return PullResult(status, int(fx.get("next_begin_offset", offset)), int(fx.get("min_offset", 0)),

@@ -42,7 +42,7 @@ from crc32c import crc32c
 __all__ = [
     "MessageInput", "MessageView", "MessageFormatError",
     "encode_batch", "encode_single_batch", "decode_batch", "validate_batch", "batch_count", "batch_store_host",
-    "encode_record", "decode_record", "iter_records", "record_size",
+    "encode_record", "decode_record", "iter_records", "decode_records", "record_size",
     "encode_properties", "decode_properties", "create_msg_id", "parse_msg_id", "tags_code", "check_topic",
     "BATCH_HEAD", "ENTRY_HEAD", "RECORD_HEAD", "BATCH_MAGIC", "MESSAGE_MAGIC", "BLANK_MAGIC",
     "MAX_TOPIC_LENGTH", "MAX_PROPERTIES_SIZE", "DEFAULT_MAX_MESSAGE_SIZE",
@@ -427,6 +427,76 @@ def iter_records(data: bytes | memoryview, *, check_crc: bool = True) -> Iterato
         view = decode_record(mv, pos, check_crc=check_crc)
         yield view
         pos += view.size
+
+
+# decode_records: the 84-byte head and the body length in one unpack.
+_HEAD_AND_BODY_LEN = struct.Struct(RECORD_HEAD.format + BODY_LEN.format[1:])
+_MIN_RECORD = RECORD_HEAD.size + _TAIL_FIXED
+_HOSTS: dict[tuple[bytes, int], tuple[str, int]] = {}  # store hosts already seen: one lookup, no inet_ntop
+_TOPICS: dict[bytes, str] = {}  # topics already decoded
+
+
+def decode_records(data: bytes, *, check_crc: bool = True) -> list[tuple]:
+    """The records of a pulled message set as plain tuples, for a consumer's hot path; same checks and errors as
+    ``iter_records`` but no ``MessageView`` and no per-field work a consumer never sees (born host, record size,
+    body CRC field). Each tuple is ``(topic, body, queue_id, queue_offset, properties_raw, phy_offset,
+    born_timestamp, store_timestamp, store_host, reconsume_times, sys_flag, flag)``; ``properties_raw`` is
+    the encoded properties (``bytes``, valid UTF-8), for ``decode_properties`` when someone asks."""
+    if not isinstance(data, bytes):
+        data = bytes(data)
+    n = len(data)
+    out = []
+    append = out.append
+    unpack_head = _HEAD_AND_BODY_LEN.unpack_from
+    unpack_h = PROPS_LEN.unpack_from
+    hosts = _HOSTS
+    topics = _TOPICS
+    head = RECORD_HEAD.size + 4
+    pos = 0
+    while pos < n:
+        if pos + _MIN_RECORD > n:
+            raise MessageFormatError("record", f"record at {pos} is truncated")
+        (size, magic, body_crc, queue_id, flag, queue_offset, phy_offset, sys_flag, born_ts, _, _,
+         store_ts, store_ip, store_port, reconsume, _, body_len) = unpack_head(data, pos)
+        if magic != MESSAGE_MAGIC:
+            raise MessageFormatError("record", f"record at {pos} has magic {magic:#x}, not a message")
+        end = pos + size
+        if size < _MIN_RECORD or end > n:
+            raise MessageFormatError("record", f"record at {pos} has a bad size {size}")
+        if body_len < 0 or _MIN_RECORD + body_len > size:
+            raise MessageFormatError("record", f"record at {pos} has a bad body length {body_len}")
+        b = pos + head
+        t = b + body_len
+        p = t + 1 + data[t]
+        if p + 2 > end or p + 2 + unpack_h(data, p)[0] != end:
+            raise MessageFormatError("record", f"record at {pos} has fields that disagree with its size {size}")
+        raw_topic = data[t + 1:p]
+        topic = topics.get(raw_topic)
+        if topic is None:
+            try:
+                topic = raw_topic.decode("ascii")
+            except UnicodeDecodeError:
+                raise MessageFormatError("topic", f"topic {raw_topic!r} is not ASCII") from None
+            if len(topics) < 10_000:
+                topics[raw_topic] = topic
+        body = data[b:t]
+        if check_crc and crc32c(body) != body_crc:
+            raise MessageFormatError("record", f"record at {pos} fails its body CRC")
+        props = data[p + 2:end]
+        if props and not props.isascii():
+            try:
+                props.decode("utf-8")
+            except UnicodeDecodeError:
+                raise MessageFormatError("record", f"record at {pos} has properties that are not UTF-8") from None
+        host = hosts.get((store_ip, store_port))
+        if host is None:
+            host = (socket.inet_ntop(socket.AF_INET, store_ip), store_port)
+            if len(hosts) < 10_000:
+                hosts[(store_ip, store_port)] = host
+        append((topic, body, queue_id, queue_offset, props, phy_offset, born_ts, store_ts, host, reconsume,
+                sys_flag, flag))
+        pos = end
+    return out
 
 
 def create_msg_id(store_host: tuple[str, int], phy_offset: int) -> str:
