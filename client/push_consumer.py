@@ -88,9 +88,13 @@ class ProcessQueue:
         self.msgs: dict[int, MessageExt] = {}
         self.dropped = False
         self.max_offset_seen = -1
+        # The consume offset reached by the last consumed message, not yet handed to the offset store: one
+        # attribute write per message; the consumer flushes it before every persist and when the queue goes.
+        self.unflushed_offset: int | None = None
         self.cancel_scope = trio.CancelScope()
         self._space = trio.Event()
         self._space.set()
+        self._space_set = True
 
     @property
     def count(self) -> int:
@@ -100,15 +104,19 @@ class ProcessQueue:
         for m in msgs:
             self.msgs[m.queue_offset] = m
             self.max_offset_seen = max(self.max_offset_seen, m.queue_offset)
-        if len(self.msgs) >= threshold and self._space.is_set():
+        if len(self.msgs) >= threshold and self._space_set:
             self._space = trio.Event()
+            self._space_set = False
 
     def remove(self, offset: int, threshold: int) -> int:
         """Drop a consumed message; returns the queue's new consume offset."""
-        self.msgs.pop(offset, None)
-        if len(self.msgs) < threshold:
+        msgs = self.msgs
+        msgs.pop(offset, None)
+        if not self._space_set and len(msgs) < threshold:
+            self._space_set = True
             self._space.set()
-        return self.consume_offset()
+        # Offsets are inserted in increasing order and dicts keep insertion order: the first is the least.
+        return next(iter(msgs)) if msgs else self.max_offset_seen + 1
 
     def consume_offset(self) -> int:
         if self.msgs:
@@ -122,6 +130,7 @@ class ProcessQueue:
     def drop(self) -> None:
         self.dropped = True
         self.cancel_scope.cancel()
+        self._space_set = True
         self._space.set()
 
 
@@ -147,7 +156,9 @@ class PushConsumer:
         self._send, self._recv = trio.open_memory_channel[tuple[ProcessQueue, Sequence[MessageExt]]](math.inf)
         self._batch: collections.deque[MessageExt] = collections.deque()
         self._batch_pq: ProcessQueue | None = None
-        self._pending: tuple[ProcessQueue, MessageExt] | None = None
+        # The last message the iterator returned and its queue, acknowledged on the next __anext__.
+        self._pending_pq: ProcessQueue | None = None
+        self._pending_msg: MessageExt | None = None
         self._rebalance_now = trio.Event()
         self._lock = trio.Lock()
         self._delivered = 0
@@ -183,33 +194,49 @@ class PushConsumer:
         return self
 
     async def __anext__(self) -> MessageExt:
-        self.ack_pending()
+        pq = self._pending_pq
+        if pq is not None:  # ack_pending, inlined: this runs once per message
+            self._pending_pq = None
+            self._consumed(pq, self._pending_msg)  # type: ignore[arg-type]
+        batch = self._batch
         while True:
-            while not self._batch:
+            while not batch:
                 try:
                     self._batch_pq, msgs = await self._recv.receive()
                 except (trio.EndOfChannel, trio.ClosedResourceError):
                     raise StopAsyncIteration from None
-                self._batch.extend(msgs)
+                batch.extend(msgs)
             pq = self._batch_pq
             assert pq is not None
-            msg = self._batch.popleft()
+            msg = batch.popleft()
             if not pq.dropped:
-                self._pending = (pq, msg)
+                self._pending_pq = pq
+                self._pending_msg = msg
                 self._delivered += 1
                 return msg
-            self._batch.clear()
+            batch.clear()
 
     def ack_pending(self) -> None:
         """Mark the last message the iterator returned as consumed (done on the next ``__anext__``)."""
-        if self._pending is not None:
-            pq, msg = self._pending
-            self._pending = None
-            self._consumed(pq, msg)
+        pq = self._pending_pq
+        if pq is not None:
+            self._pending_pq = None
+            self._consumed(pq, self._pending_msg)  # type: ignore[arg-type]
 
     def _consumed(self, pq: ProcessQueue, msg: MessageExt) -> None:
         offset = pq.remove(msg.queue_offset, self.config.pull_threshold_for_queue)
         if not pq.dropped:
+            pq.unflushed_offset = offset
+
+    def _flush_offsets(self) -> None:
+        """Hand every queue's consumed offset to the offset store (before it persists or forgets a queue)."""
+        for pq in self._pqs.values():
+            self._flush_offset(pq)
+
+    def _flush_offset(self, pq: ProcessQueue) -> None:
+        offset = pq.unflushed_offset
+        if offset is not None:
+            pq.unflushed_offset = None
             self._offsets.update(pq.mq, offset, increase_only=True)
 
     # -- lifecycle ------------------------------------------------------------------------------------------------
@@ -230,6 +257,7 @@ class PushConsumer:
         """Stop pulling, commit offsets, leave the group (so the others rebalance at once)."""
         self._closing = True
         self.ack_pending()
+        self._flush_offsets()
         for pq in list(self._pqs.values()):
             pq.drop()
         with trio.move_on_after(3) as scope:
@@ -255,6 +283,7 @@ class PushConsumer:
     async def _serve_persist(self) -> None:
         while True:
             await trio.sleep(self.config.persist_consumer_offset_interval_ms / 1000)
+            self._flush_offsets()
             await self._offsets.persist_all()
 
     # -- rebalance ------------------------------------------------------------------------------------------------
@@ -317,6 +346,7 @@ class PushConsumer:
     async def _remove_queue(self, mq: MessageQueue) -> None:
         pq = self._pqs.pop(mq)
         pq.drop()
+        self._flush_offset(pq)
         if isinstance(self._offsets, RemoteOffsetStore):
             await self._offsets.persist(mq)
         self._offsets.remove(mq)
@@ -386,6 +416,7 @@ class PushConsumer:
                 # Filtered-out or moved ranges hold nothing to consume; let the offset pass them.
                 pq.max_offset_seen = max(pq.max_offset_seen, result.next_begin_offset - 1)
                 if not pq.msgs and result.next_begin_offset > offset:
+                    self._flush_offset(pq)
                     self._offsets.update(pq.mq, result.next_begin_offset, increase_only=True)
             if result.status is PullStatus.NO_MATCHED_MSG and result.next_begin_offset <= offset:
                 await trio.sleep(delay)  # a follower that is behind says "retry": don't spin on it

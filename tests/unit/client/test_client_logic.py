@@ -193,3 +193,27 @@ async def _take(consumer, n):
         n -= 1
         if n == 0:
             return
+
+
+async def test_push_consumer_iterator_commits_exactly_what_was_consumed(cluster):
+    # Consumed offsets reach the offset store in batches (at each persist, queue removal, close): what is
+    # committed must still be, per queue, one past the last message the loop finished with.
+    async with open_producer(NAMESRV) as p:
+        for i in range(80):
+            await p.send(Message("T", b"%d" % i))
+    per_queue: dict = {}
+    async with open_push_consumer(NAMESRV, topic="T", consumer_group="g3",
+                                  consume_from_where="CONSUME_FROM_FIRST_OFFSET", pull_batch_size=4,
+                                  persist_consumer_offset_interval_ms=10, broker_suspend_max_time_ms=20) as c:
+        with trio.fail_after(5):
+            async for msg in c:
+                per_queue[(msg.message_queue.broker_name, msg.queue_id)] = msg.queue_offset + 1
+                if sum(per_queue.values()) >= 40:
+                    await trio.sleep(0.05)  # a persist runs while a message is pending: it is not committed
+                    mq = (msg.message_queue.broker_name, msg.queue_id)
+                    group = next(g for g in cluster.groups if g.name == mq[0])
+                    assert group.offsets.get(("g3", "T", mq[1]), 0) == msg.queue_offset
+                    break
+    committed = {(g.name, qid): off for g in cluster.groups for (grp, _, qid), off in g.offsets.items()
+                 if grp == "g3"}
+    assert committed == per_queue
