@@ -197,6 +197,34 @@ class MessageExt:
         return MessageQueue(self.topic, self.broker_name, self.queue_id)
 
 
+class _PulledMessageExt:
+    """Builds a ``MessageExt`` for the consumer's hot path: a frozen dataclass's ``__init__`` pays one
+    ``object.__setattr__`` per field (about 2.5 us for 13 fields, as much as decoding the record), so this
+    plain class with the very same slots fills them with ordinary stores and then becomes a ``MessageExt``
+    (``__class__`` assignment between classes of identical slot layout). The result is indistinguishable from
+    ``MessageExt(...)`` with the same arguments; a test checks it field by field."""
+
+    __slots__ = MessageExt.__slots__
+
+    def __init__(self, topic: str, body: bytes, queue_id: int, queue_offset: int, broker_name: str,
+                 properties: Mapping[str, str], phy_offset: int, born_timestamp: int, store_timestamp: int,
+                 store_host: tuple[str, int], reconsume_times: int, sys_flag: int, flag: int) -> None:
+        self.topic = topic
+        self.body = body
+        self.queue_id = queue_id
+        self.queue_offset = queue_offset
+        self.broker_name = broker_name
+        self.properties = properties
+        self.phy_offset = phy_offset
+        self.born_timestamp = born_timestamp
+        self.store_timestamp = store_timestamp
+        self.store_host = store_host
+        self.reconsume_times = reconsume_times
+        self.sys_flag = sys_flag
+        self.flag = flag
+        self.__class__ = MessageExt  # type: ignore[assignment]
+
+
 class PullStatus(enum.Enum):
     FOUND = "FOUND"
     NO_NEW_MSG = "NO_NEW_MSG"

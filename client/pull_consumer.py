@@ -23,7 +23,7 @@ from client.filter import Subscription, parse_subscription
 from client.instance import (
     ClientConfig, ClientInstance, build_config, open_remoting, raise_for_response,
 )
-from client.message import MessageExt, MessageQueue, PullResult, PullStatus, RecordProperties
+from client.message import MessageExt, MessageQueue, PullResult, PullStatus, RecordProperties, _PulledMessageExt
 from remoting.codes import RequestCode, ResponseCode
 from remoting.config import bounded
 from remoting.errors import RaftMQError
@@ -54,8 +54,9 @@ def to_message_ext(view: Any, broker_name: str) -> MessageExt:
 
 def _to_messages(records: list[tuple], broker_name: str) -> tuple[MessageExt, ...]:
     """``MessageExt``s of ``decode_records`` tuples, properties decoded only when read."""
-    return tuple([MessageExt(topic, body, queue_id, queue_offset, broker_name, RecordProperties(props), phy,
-                             born_ts, store_ts, host, reconsume, sys_flag, flag)
+    new = _PulledMessageExt
+    return tuple([new(topic, body, queue_id, queue_offset, broker_name, RecordProperties(props), phy, born_ts,
+                      store_ts, host, reconsume, sys_flag, flag)  # type: ignore[misc]
                   for (topic, body, queue_id, queue_offset, props, phy, born_ts, store_ts, host, reconsume,
                        sys_flag, flag) in records])
 

@@ -82,3 +82,19 @@ def test_record_properties_read_like_a_dict():
         hash(p)
     msg = MessageExt("T", b"", 0, 0, "b", p, 0, 0, 0, ("1.2.3.4", 5))
     assert msg.tags == "a" and msg.keys == ["k1", "k2"]
+
+
+def test_pulled_message_ext_is_a_plain_message_ext():
+    import copy
+    import dataclasses
+
+    from client.message import _PulledMessageExt
+    args = ("T", b"body", 1, 2, "broker-a", {"TAGS": "a"}, 3, 4, 5, ("10.0.0.1", 6), 7, 8, 9)
+    fast, ref = _PulledMessageExt(*args), MessageExt(*args)
+    assert type(fast) is MessageExt and fast == ref
+    assert repr(fast) == repr(ref) and dataclasses.astuple(fast) == dataclasses.astuple(ref)
+    assert [getattr(fast, f.name) for f in dataclasses.fields(MessageExt)] == list(args)
+    assert pickle.loads(pickle.dumps(fast)) == ref and copy.copy(fast) == ref
+    assert dataclasses.replace(fast, queue_id=10) == dataclasses.replace(ref, queue_id=10)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fast.topic = "U"  # type: ignore[misc]
