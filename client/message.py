@@ -16,18 +16,13 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from remoting.message import create_msg_id, decode_properties
+from remoting.message import (KEY_SEPARATOR, PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY, create_msg_id,
+                              decode_properties, split_keys)
 
 __all__ = [
     "Message", "MessageQueue", "MessageExt", "SendStatus", "SendResult", "PullStatus", "PullResult",
     "PROPERTY_TAGS", "PROPERTY_KEYS", "PROPERTY_UNIQ_KEY", "new_uniq_key",
 ]
-
-PROPERTY_TAGS = "TAGS"
-PROPERTY_KEYS = "KEYS"
-PROPERTY_UNIQ_KEY = "UNIQ_KEY"
-# RocketMQ joins several keys with a space in the KEYS property.
-KEY_SEPARATOR = " "
 
 # Unique ids follow RocketMQ's MessageClientIDSetter in spirit: a per-process prefix (random + pid) and a
 # time + counter suffix, hex-encoded, so ids from concurrent producers never collide and sort by time.
@@ -189,8 +184,7 @@ class MessageExt:
 
     @property
     def keys(self) -> list[str]:
-        raw = self.properties.get(PROPERTY_KEYS)
-        return raw.split(KEY_SEPARATOR) if raw else []
+        return split_keys(self.properties.get(PROPERTY_KEYS))
 
     @property
     def message_queue(self) -> MessageQueue:

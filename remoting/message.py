@@ -46,7 +46,7 @@ __all__ = [
     "encode_properties", "decode_properties", "create_msg_id", "parse_msg_id", "tags_code", "check_topic",
     "BATCH_HEAD", "ENTRY_HEAD", "RECORD_HEAD", "BATCH_MAGIC", "MESSAGE_MAGIC", "BLANK_MAGIC",
     "MAX_TOPIC_LENGTH", "MAX_PROPERTIES_SIZE", "DEFAULT_MAX_MESSAGE_SIZE",
-    "PROPERTY_TAGS", "PROPERTY_KEYS", "PROPERTY_UNIQ_KEY", "KEY_SEPARATOR",
+    "PROPERTY_TAGS", "PROPERTY_KEYS", "PROPERTY_UNIQ_KEY", "KEY_SEPARATOR", "split_keys",
 ]
 
 BATCH_MAGIC = 0x524D4231  # "RMB1"
@@ -70,6 +70,13 @@ PROPERTY_TAGS = "TAGS"
 PROPERTY_KEYS = "KEYS"
 PROPERTY_UNIQ_KEY = "UNIQ_KEY"
 KEY_SEPARATOR = " "
+
+
+def split_keys(raw: str | None) -> list[str]:
+    """The keys of a KEYS property value: space-separated, empty pieces dropped, as the IndexFile indexes them
+    (``broker/store/dispatch.py`` splits the same way on bytes), so a key a message reports is a key it can be
+    found by."""
+    return [k for k in raw.split(KEY_SEPARATOR) if k] if raw else []
 
 _TOPIC_RE = re.compile(r"[%|a-zA-Z0-9_-]+")
 _TAIL_FIXED = BODY_LEN.size + 1 + PROPS_LEN.size  # body_len + topic_len + properties_len
@@ -131,8 +138,7 @@ class MessageView:
 
     @property
     def keys(self) -> list[str]:
-        raw = self.properties.get(PROPERTY_KEYS)
-        return [k for k in raw.split(KEY_SEPARATOR) if k] if raw else []
+        return split_keys(self.properties.get(PROPERTY_KEYS))
 
     @property
     def uniq_key(self) -> str | None:
