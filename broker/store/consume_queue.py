@@ -143,6 +143,24 @@ class ConsumeQueue:
                 self.min_offset = queue_offset
             self.max_offset = queue_offset + 1
 
+    def put_units(self, first_offset: int, units: bytes | memoryview) -> None:
+        """Write consecutive units from ``first_offset`` (one copy per file instead of one pack per unit)."""
+        mv = memoryview(units)
+        n = len(mv) // CQ_UNIT_SIZE
+        done = 0
+        while done < n:
+            idx, r = divmod(first_offset + done, self.units_per_file)
+            take = min(n - done, self.units_per_file - r)
+            f = self._files.get(idx) or self._create(idx)
+            f.mm[r * CQ_UNIT_SIZE:(r + take) * CQ_UNIT_SIZE] = mv[done * CQ_UNIT_SIZE:(done + take) * CQ_UNIT_SIZE]
+            self._dirty.add(idx)
+            done += take
+        end = first_offset + n
+        if n and end > self.max_offset:
+            if self.max_offset == 0:  # the first unit: a queue rebuilt after retention starts past 0
+                self.min_offset = first_offset
+            self.max_offset = end
+
     # -- reading ---------------------------------------------------------------------------------------------
     def unit(self, queue_offset: int) -> tuple[int, int, int] | None:
         idx, r = divmod(queue_offset, self.units_per_file)

@@ -9,17 +9,17 @@ them byte-identical.
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
 
-from crc32c import crc32c
-
-from remoting.message import BLANK_MAGIC, BODY_LEN, PROPS_LEN, RECORD_HEAD, tags_code
+from remoting.message import BLANK_MAGIC, BODY_LEN, PROPS_LEN, RECORD_HEAD
 
 from .commit_log import SIZE_MAGIC, CommitLog
 from .consume_queue import ConsumeQueue
+from .dispatch_info import DispatchHint, index_hashes, scan_properties, tags_code_of
 from .index_file import IndexService
 
 log = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ class Dispatcher:
         self.queues: dict[tuple[bytes, int], ConsumeQueue] = {}
         self.by_topic: dict[str, dict[int, ConsumeQueue]] = {}
         self.dispatched = 0  # every record before this offset is dispatched
-        self._tags_codes: dict[bytes, int] = {}
+        self._hints: collections.deque[DispatchHint] = collections.deque()
 
     def load_queues(self, commit_log_min: int, commit_log_end: int) -> None:
         self.cq_root.mkdir(parents=True, exist_ok=True)
@@ -70,18 +70,80 @@ class Dispatcher:
         """The next queue offset of every queue, the state appends continue from."""
         return {key: cq.max_offset for key, cq in self.queues.items() if cq.max_offset}
 
+    def add_hint(self, hint: DispatchHint) -> None:
+        """What an append built for ``[hint.start, hint.end)`` (any thread; called in log order)."""
+        self._hints.append(hint)
+
     def dispatch(self, upto: int, max_bytes: int, touched: dict[tuple[bytes, int], ConsumeQueue]) -> int:
-        """Dispatch records in ``[dispatched, min(upto, dispatched + max_bytes))`` (whole records); returns how
-        many. Touched queues are collected into ``touched`` for listeners."""
-        cl = self.commit_log
+        """Dispatch records in ``[dispatched, min(upto, dispatched + max_bytes))`` (whole records; a hinted
+        batch whole even past ``max_bytes``); returns how many. Touched queues are collected into ``touched``
+        for listeners."""
         pos = self.dispatched
         stop = min(upto, pos + max_bytes)
+        hints = self._hints
+        count = 0
+        while pos < stop:
+            while hints and hints[0].start < pos:  # already dispatched (re-dispatch, raw copy, replay)
+                hints.popleft()
+            if hints and hints[0].start == pos and hints[0].end <= upto:
+                count += self._dispatch_hint(hints.popleft(), touched)
+                pos = self.dispatched
+                continue
+            count += self._dispatch_records(min(stop, hints[0].start) if hints else stop, touched)
+            if self.dispatched == pos:
+                break  # nothing published past here yet
+            pos = self.dispatched
+        self.index.write_headers()
+        return count
+
+    def _dispatch_hint(self, hint: DispatchHint, touched: dict[tuple[bytes, int], ConsumeQueue]) -> int:
+        queues = self.queues
+        for key, first, units in hint.queues:
+            cq = queues.get(key) or self._queue(*key)
+            cq.put_units(first, units)
+            touched[key] = cq
+        index = self.index
+        if hint.last_phy > index.indexed_up_to:
+            indexed_up_to = index.indexed_up_to
+            ts = hint.store_timestamp
+            index_file = index.current(hint.start)
+            for h, phy in hint.index:
+                if phy > indexed_up_to and not index_file.put(h, phy, ts):
+                    # The full file ends at the record before this one, as if dispatched record by record.
+                    before = self._record_before(hint.start, phy)
+                    if before is not None:
+                        index_file.end_phy_offset = before
+                        index_file.end_timestamp = ts
+                    index_file = index.current(phy)
+                    index_file.put(h, phy, ts)
+            index_file.end_phy_offset = hint.last_phy
+            index_file.end_timestamp = ts
+        self.dispatched = hint.end
+        return hint.count
+
+    def _record_before(self, start: int, phy: int) -> int | None:
+        """The offset of the record before ``phy`` in ``[start, phy)`` (None if there is none); rare: only when
+        an index file fills up."""
+        cl = self.commit_log
+        pos, before = start, None
+        while pos < phy:
+            seg = cl.segment_at(pos)
+            if seg is None:
+                return before
+            size, magic = SIZE_MAGIC.unpack_from(seg.mm, pos - seg.start)
+            if magic != BLANK_MAGIC:
+                before = pos
+            pos += size
+        return before
+
+    def _dispatch_records(self, stop: int, touched: dict[tuple[bytes, int], ConsumeQueue]) -> int:
+        """Dispatch by parsing each record in ``[dispatched, stop)``."""
+        cl = self.commit_log
+        pos = self.dispatched
         index = self.index
         indexed_up_to = index.indexed_up_to
         index_file = None
         queues = self.queues
-        codes = self._tags_codes
-        crc = crc32c
         unpack8 = SIZE_MAGIC.unpack_from
         unpack_head = RECORD_HEAD.unpack_from
         unpack_i = BODY_LEN.unpack_from
@@ -119,33 +181,19 @@ class Dispatcher:
             code = 0
             tags = raw_keys = uniq = None
             if props:
-                for pair in props.split(b"\x02"):
-                    name, _, value = pair.partition(b"\x01")
-                    if name == b"TAGS":
-                        tags = value
-                    elif name == b"KEYS":
-                        raw_keys = value
-                    elif name == b"UNIQ_KEY":
-                        uniq = value
+                tags, raw_keys, uniq = scan_properties(bytes(props))
                 if tags:
-                    code = codes.get(tags)
-                    if code is None:
-                        code = codes[tags] = tags_code(tags.decode("utf-8", "replace"))
+                    code = tags_code_of(tags)
             cq.put(queue_offset, pos, size, code)
             touched[key] = cq
             if pos > indexed_up_to:
                 if index_file is None:
                     index_file = index.current(pos)
                 if uniq or raw_keys:
-                    prefix = topic + b"#"
-                    if uniq and not index_file.put(crc(prefix + uniq) & 0x7FFFFFFF, pos, store_ts):
-                        index_file = index.current(pos)
-                        index_file.put(crc(prefix + uniq) & 0x7FFFFFFF, pos, store_ts)
-                    if raw_keys:
-                        for k in raw_keys.split(b" "):
-                            if k and not index_file.put(crc(prefix + k) & 0x7FFFFFFF, pos, store_ts):
-                                index_file = index.current(pos)
-                                index_file.put(crc(prefix + k) & 0x7FFFFFFF, pos, store_ts)
+                    for h in index_hashes(bytes(topic), uniq, raw_keys):
+                        if not index_file.put(h, pos, store_ts):
+                            index_file = index.current(pos)
+                            index_file.put(h, pos, store_ts)
                 index_file.end_phy_offset = pos
                 index_file.end_timestamp = store_ts
             pos += size
@@ -153,7 +201,6 @@ class Dispatcher:
         if count:
             cl.note_touched(seg.start, pos - self.dispatched)
         self.dispatched = pos
-        index.write_headers()
         return count
 
     def flush(self) -> None:

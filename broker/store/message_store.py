@@ -18,7 +18,7 @@ import shutil
 import struct
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +29,11 @@ from remoting.message import (MessageFormatError, MessageView, batch_store_host,
                               validate_batch)
 
 from .checkpoint import StoreCheckpoint
-from .commit_log import CommitLog
+from .commit_log import BuiltBatch, CommitLog
 from .config import StoreConfig
 from .consume_queue import CQ_UNIT
 from .dispatch import Dispatcher, DispatchListener
+from .dispatch_info import DispatchHint
 from .errors import StoreClosedError
 from .index_file import IndexService
 from .raw_copy import validate_raw
@@ -162,13 +163,20 @@ class MessageStore:
     def dispatched_phy_offset(self) -> int:
         return self.dispatcher.dispatched
 
-    def _check_batch(self, batch: bytes) -> tuple[int, AppendStatus | None, str, str]:
+    def check_batch(self, batch: bytes, at: int, *, check_disk: bool = True) -> tuple[int, AppendResult | None]:
+        """The batch's message count and None, or 0 and the refusal ``append_batch`` gives it at offset ``at``
+        (malformed: MESSAGE_ILLEGAL / PROPERTIES_SIZE_EXCEEDED; DISK_FULL past ``disk_reject_ratio``)."""
         try:
-            return validate_batch(batch, max_message_size=self.config.max_message_size), None, "", ""
+            count = validate_batch(batch, max_message_size=self.config.max_message_size)
         except MessageFormatError as e:
             status = (AppendStatus.PROPERTIES_SIZE_EXCEEDED if e.field == "properties"
                       else AppendStatus.MESSAGE_ILLEGAL)
-            return 0, status, str(e), e.field
+            return 0, AppendResult(status, at, at, remark=str(e), field=e.field)
+        if check_disk and self.retention.disk_full:
+            return 0, AppendResult(AppendStatus.DISK_FULL, at, at, field="disk",
+                                   remark=f"disk usage {self.retention.disk_usage:.0%} passed disk_reject_ratio "
+                                          f"{self.config.disk_reject_ratio:.0%}")
+        return count, None
 
     def plan_batch_end(self, batch: bytes, start_phy_offset: int) -> int:
         """The commit-log end ``append_batch`` would leave if ``batch`` were applied at ``start_phy_offset``
@@ -192,18 +200,43 @@ class MessageStore:
                 status = AppendStatus.DUPLICATE if expected_phy_offset < end else AppendStatus.OFFSET_MISMATCH
                 return AppendResult(status, expected_phy_offset, end,
                                     remark=f"expected_phy_offset {expected_phy_offset}, commit log ends at {end}")
-            count, bad, remark, field = self._check_batch(batch)
-            if bad is not None:
-                return AppendResult(bad, end, end, remark=remark, field=field)
-            if check_disk and self.retention.disk_full:
-                return AppendResult(AppendStatus.DISK_FULL, end, end, field="disk",
-                                    remark=f"disk usage {self.retention.disk_usage:.0%} passed disk_reject_ratio "
-                                           f"{self.config.disk_reject_ratio:.0%}")
-            phys, qoffs, sizes, qids = self.commit_log.append(batch, count, store_timestamp, self._queue_offsets)
-            new_end = self.commit_log.end
+            count, refusal = self.check_batch(batch, end, check_disk=check_disk)
+            if refusal is not None:
+                return refusal
+            built = self.commit_log.append(batch, count, store_timestamp, self._queue_offsets)
+            self.dispatcher.add_hint(built.hint)
         self._notify_appended()
-        return AppendResult(AppendStatus.PUT_OK, phys[0] if phys else end, new_end, batch_store_host(batch), phys,
-                            qoffs, sizes, qids)
+        phys = built.phy_offsets
+        return AppendResult(AppendStatus.PUT_OK, phys[0] if phys else end, built.end, batch_store_host(batch), phys,
+                            built.queue_offsets, built.sizes, built.queue_ids)
+
+    def prepare_append(self, batches: Sequence[tuple[bytes, int]], start_phy_offset: int, store_timestamp: int,
+                       planned: dict[tuple[bytes, int], int]) -> BuiltBatch:
+        """Build the commit-log bytes of validated ``(batch, count)`` pairs as if appended at
+        ``start_phy_offset`` (no I/O, any thread): a Raft leader builds once and every replica writes the same
+        bytes with ``apply_built``. ``planned`` holds the next queue offsets of batches built but not applied
+        yet; it is updated with this one's (the caller clears it once nothing is in flight)."""
+        built = self.commit_log.build(batches, start_phy_offset, store_timestamp, self._queue_offsets, planned)
+        planned.update(built.touched)
+        return built
+
+    def apply_built(self, pieces: Sequence[tuple[int, int, int]], data: bytes | memoryview,
+                    touched: Mapping[tuple[bytes, int], int], expected_phy_offset: int,
+                    hint: DispatchHint | None = None) -> AppendStatus:
+        """Write bytes made by ``prepare_append`` (on this or another replica) at the end: PUT_OK,
+        DUPLICATE (``expected_phy_offset`` behind the end: nothing written) or OFFSET_MISMATCH (ahead). With the
+        build's ``hint`` the dispatcher writes its units and index entries without parsing the records."""
+        if self._closed:
+            raise StoreClosedError("the message store is closed")
+        with self._write_lock:
+            end = self.commit_log.end
+            if expected_phy_offset != end:
+                return AppendStatus.DUPLICATE if expected_phy_offset < end else AppendStatus.OFFSET_MISMATCH
+            self.commit_log.write_built(pieces, data, self._queue_offsets, touched)
+            if hint is not None:
+                self.dispatcher.add_hint(hint)
+        self._notify_appended()
+        return AppendStatus.PUT_OK
 
     def read_commit_log(self, phy_offset: int, max_bytes: int) -> bytes:
         """Raw commit-log bytes from ``phy_offset`` for a catching-up replica: whole records and end-of-segment
