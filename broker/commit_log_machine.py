@@ -3,18 +3,29 @@
 ``dledger`` speaks bytes and offsets; this adapter maps them onto ``broker.store.MessageStore``:
 
 - A record passed to ``group.append(record)`` is one encoded batch (``remoting.message`` batch layout: a 16-byte
-  head with magic, count and store host, then the messages). ``join_records`` merges the records of one Raft
-  entry into ONE batch (head of the first record, counts summed, message bytes concatenated) so the store
-  appends the whole entry with one ``append_batch`` call. Each caller later gets back its own slice of the
-  store's ``AppendResult`` (``phy_offsets``, ``queue_offsets``... of its messages only). The entry payload
-  therefore remembers the record boundaries in a small prefix::
+  head with magic, count and store host, then the messages).
+- **The leader builds, every replica copies.** ``prepare_batch`` runs once, on the leader: it validates each
+  record (a bad one gets its own refusal and is left out, the others go on), checks the disk guard, and builds
+  the final commit-log bytes of the whole entry (headers, queue offsets, physical offsets, store timestamp,
+  segment-end blanks) against the planned end and the planned queue offsets of entries still in flight. The
+  entry payload is those bytes::
 
-      record_count (uint16 BE) | message_count (uint32 BE) x record_count | joined batch
-- ``apply_batch`` runs on every member with the entry's ``store_timestamp`` and ``expected_start_offset``;
-  the store's DUPLICATE / OFFSET_MISMATCH map to dledger's DUPLICATE / REJECTED (nothing written). Any other
-  refusal (a malformed batch) is deterministic too, writes nothing on any member, and goes back to the callers
-  as their result. The disk guard is off here (``check_disk=False``): a follower must apply what its group
-  committed; the leader checks the disk before it proposes.
+      version (u8 = 2) | piece_count (u16) | queue_count (u32) | index_count (u32) | record_count (u32)
+        | last_record_offset (u64)
+      piece  x piece_count: phy_offset (u64) | data_offset (u32) | length (u32)   -- runs of data; a run ends
+                                                                                      with a segment's blank
+      queue  x queue_count: topic_len (u8) | topic | queue_id (i32) | first_queue_offset (u64) | count (u32)
+                            | count ConsumeQueue units (20 bytes each: the records' units in that queue)
+      index  x index_count: hash (u32) | phy_offset (u64)      -- IndexFile entries, in put order
+      data   the commit-log bytes
+
+  ``apply_batch`` on every member (leader included) checks the expected start offset (behind: DUPLICATE, ahead:
+  REJECTED, nothing written) and writes the pieces, then hands the units and index entries to the dispatcher
+  (``broker.store.dispatch_info``): no parsing per message, which is what the followers' CPU went to. Replicas are byte-identical because they write the same bytes. Each caller's result (msg id, queue
+  offset...) is known at prepare time and handed back once the entry is committed and applied.
+- Planned queue offsets live in ``_planned`` until the entries are applied; ``fresh=True`` (nothing in flight)
+  clears them. A plan made against a state that did not happen (a zombie entry applied meanwhile) has a start
+  offset that no longer matches, so it is REJECTED everywhere, never half applied.
 - Catch-up copies use the store's raw commit-log read/append (whole records and end-of-segment blanks, every
   record checked before anything is written).
 """
@@ -26,32 +37,66 @@ import struct
 from collections.abc import Sequence
 
 from broker.store import AppendedMessage, AppendResult, AppendStatus, MessageStore
-from dledger import ApplyStatus, BatchResult
-from remoting.message import BATCH_HEAD, BATCH_MAGIC, MessageFormatError, batch_count
+from broker.store.commit_log import BuiltBatch
+from broker.store.consume_queue import CQ_UNIT_SIZE
+from broker.store.dispatch_info import DispatchHint
+from dledger import ApplyStatus, BatchResult, PreparedBatch
+from remoting.message import batch_store_host
 
-__all__ = ["CommitLogMachine", "RecordResult", "join_batches", "split_result", "encode_payload", "decode_payload"]
+__all__ = ["CommitLogMachine", "RecordResult", "encode_payload", "decode_payload", "PAYLOAD_VERSION"]
 
-_RECORD_COUNT = struct.Struct(">H")
-MAX_RECORDS_PER_ENTRY = 0xFFFF
+PAYLOAD_VERSION = 2
+_HEAD = struct.Struct(">BHIIIQ")
+_PIECE = struct.Struct(">QII")
+_QUEUE = struct.Struct(">iQI")
+_INDEX = struct.Struct(">IQ")
 
 
-def join_batches(batches: Sequence[bytes]) -> bytes:
-    """One batch holding every message of ``batches`` in order (store host taken from the first)."""
-    if len(batches) == 1:
-        return batches[0]
-    total = 0
-    for i, b in enumerate(batches):
-        if len(b) < BATCH_HEAD.size or BATCH_HEAD.unpack_from(b, 0)[0] != BATCH_MAGIC:
-            raise MessageFormatError("batch", f"record {i} of the entry is not a message batch")
-        total += batch_count(b)
-    magic, _count, ip, port = BATCH_HEAD.unpack_from(batches[0], 0)
-    return b"".join([BATCH_HEAD.pack(magic, total, ip, port)] + [b[BATCH_HEAD.size:] for b in batches])
+def encode_payload(built: BuiltBatch) -> bytes:
+    hint = built.hint
+    parts = [_HEAD.pack(PAYLOAD_VERSION, len(built.pieces), len(hint.queues), len(hint.index), hint.count,
+                        hint.last_phy)]
+    parts += [_PIECE.pack(*p) for p in built.pieces]
+    for (topic, queue_id), first, units in hint.queues:
+        parts += [bytes((len(topic),)), topic, _QUEUE.pack(queue_id, first, len(units) // CQ_UNIT_SIZE), units]
+    parts += [_INDEX.pack(h, phy) for h, phy in hint.index]
+    parts.append(built.data)
+    return b"".join(parts)
+
+
+def decode_payload(payload: bytes, expected_start: int, store_timestamp: int) -> tuple[
+        list[tuple[int, int, int]], dict[tuple[bytes, int], int], memoryview, DispatchHint]:
+    """``(pieces, next queue offsets, data, dispatch hint)`` of an entry payload."""
+    version, n_pieces, n_queues, n_index, count, last_phy = _HEAD.unpack_from(payload, 0)
+    if version != PAYLOAD_VERSION:
+        raise ValueError(f"commit-log entry payload version {version}, this broker applies {PAYLOAD_VERSION}")
+    mv = memoryview(payload)
+    pos = _HEAD.size
+    pieces = [_PIECE.unpack_from(payload, pos + i * _PIECE.size) for i in range(n_pieces)]
+    pos += n_pieces * _PIECE.size
+    touched = {}
+    queues = []
+    for _ in range(n_queues):
+        tl = payload[pos]
+        topic = payload[pos + 1:pos + 1 + tl]
+        pos += 1 + tl
+        queue_id, first, n = _QUEUE.unpack_from(payload, pos)
+        pos += _QUEUE.size
+        key = (topic, queue_id)
+        touched[key] = first + n
+        queues.append((key, first, mv[pos:pos + n * CQ_UNIT_SIZE]))
+        pos += n * CQ_UNIT_SIZE
+    index = [_INDEX.unpack_from(payload, pos + i * _INDEX.size) for i in range(n_index)]
+    pos += n_index * _INDEX.size
+    data = mv[pos:]
+    end = pieces[-1][0] + pieces[-1][2] if pieces else expected_start
+    return pieces, touched, data, DispatchHint(expected_start, end, store_timestamp, last_phy, count, queues, index)
 
 
 class RecordResult:
-    """One record's share of the store's ``AppendResult`` for a whole entry. Built on pysyncobj's tick thread
-    for every record, so it only remembers a slice; the per-message columns are cut when first read (on the
-    trio thread, by whoever awaited the append)."""
+    """One record's share of the store's ``AppendResult`` for a whole entry. Built at prepare time for every
+    record, so it only remembers a slice; the per-message columns are cut when first read (by whoever awaited
+    the append, once the entry is committed)."""
 
     __slots__ = ("_entry", "_start", "_count", "__dict__")
 
@@ -123,56 +168,53 @@ class RecordResult:
                                    sizes=self.sizes, queue_ids=self.queue_ids)
 
 
-def split_result(result: AppendResult, counts: Sequence[int]) -> tuple[RecordResult, ...]:
-    """Per-record views of one ``AppendResult`` (a refusal is every record's result)."""
-    out = []
-    pos = 0
-    for n in counts:
-        out.append(RecordResult(result, pos, n))
-        pos += n
-    return tuple(out)
-
-
-def encode_payload(batches: Sequence[bytes]) -> bytes:
-    if not batches or len(batches) > MAX_RECORDS_PER_ENTRY:
-        raise ValueError(f"an entry holds 1..{MAX_RECORDS_PER_ENTRY} records, got {len(batches)}")
-    counts = [batch_count(b) for b in batches]
-    return _RECORD_COUNT.pack(len(counts)) + struct.pack(f">{len(counts)}I", *counts) + join_batches(batches)
-
-
-def decode_payload(payload: bytes) -> tuple[list[int], bytes]:
-    (n,) = _RECORD_COUNT.unpack_from(payload, 0)
-    head = _RECORD_COUNT.size + 4 * n
-    if n == 0 or len(payload) < head:
-        raise MessageFormatError("batch", f"entry payload of {len(payload)} bytes has no valid record table")
-    counts = list(struct.unpack_from(f">{n}I", payload, _RECORD_COUNT.size))
-    return counts, payload[head:]
-
-
 class CommitLogMachine:
     """``dledger.StateMachine`` over a ``MessageStore``."""
 
     def __init__(self, store: MessageStore) -> None:
         self.store = store
+        self._planned: dict[tuple[bytes, int], int] = {}
 
     @property
     def end_offset(self) -> int:
         return self.store.max_phy_offset
 
-    def join_records(self, records: Sequence[bytes]) -> bytes:
-        return encode_payload(records)
-
-    def plan_batch_end(self, payload: bytes, start_offset: int) -> int:
-        return self.store.plan_batch_end(decode_payload(payload)[1], start_offset)
+    def prepare_batch(self, records: Sequence[bytes], start_offset: int, store_timestamp: int, *,
+                      fresh: bool) -> PreparedBatch:
+        store = self.store
+        if fresh:
+            self._planned.clear()
+        good: list[tuple[bytes, int]] = []
+        results: list[RecordResult | None] = []
+        for record in records:
+            count, refusal = store.check_batch(record, start_offset)
+            if refusal is not None:
+                results.append(RecordResult(refusal, 0, 0))
+            else:
+                good.append((record, count))
+                results.append(None)
+        if not good:
+            return PreparedBatch(None, start_offset, tuple(results))
+        built = store.prepare_append(good, start_offset, store_timestamp, self._planned)
+        entry = AppendResult(AppendStatus.PUT_OK, start_offset, built.end, batch_store_host(good[0][0]),
+                             built.phy_offsets, built.queue_offsets, built.sizes, built.queue_ids)
+        pos = 0
+        counts = iter(good)
+        for i, r in enumerate(results):
+            if r is None:
+                n = next(counts)[1]
+                results[i] = RecordResult(entry, pos, n)
+                pos += n
+        return PreparedBatch(encode_payload(built), built.end, tuple(results))
 
     def apply_batch(self, payload: bytes, store_timestamp: int, expected_start_offset: int) -> BatchResult:
-        counts, batch = decode_payload(payload)
-        result = self.store.append_batch(batch, store_timestamp, expected_start_offset, check_disk=False)
-        if result.status is AppendStatus.DUPLICATE:
+        pieces, touched, data, hint = decode_payload(payload, expected_start_offset, store_timestamp)
+        status = self.store.apply_built(pieces, data, touched, expected_start_offset, hint)
+        if status is AppendStatus.DUPLICATE:
             return BatchResult(ApplyStatus.DUPLICATE, self.store.max_phy_offset)
-        if result.status is AppendStatus.OFFSET_MISMATCH:
+        if status is AppendStatus.OFFSET_MISMATCH:
             return BatchResult(ApplyStatus.REJECTED, self.store.max_phy_offset)
-        return BatchResult(ApplyStatus.APPLIED, self.store.max_phy_offset, split_result(result, counts))
+        return BatchResult(ApplyStatus.APPLIED, self.store.max_phy_offset)
 
     def read_raw(self, offset: int, max_bytes: int) -> bytes:
         return self.store.read_commit_log(offset, max_bytes)

@@ -12,12 +12,12 @@ from dledger.errors import (AppendTimeoutError, BatchRejectedError, DLedgerError
                             TransferLeadershipError)
 from dledger.group import (AppendResult, DLedgerGroup, DLedgerStatistics, FetchRange, Role, RoleChange,
                            open_dledger_group)
-from dledger.state_machine import ApplyStatus, BatchResult, StateMachine
+from dledger.state_machine import ApplyStatus, BatchResult, PreparedBatch, StateMachine
 
 __all__ = [
     "AppendResult", "AppendTimeoutError", "ApplyStatus", "BatchRejectedError", "BatchResult", "ByteLog",
     "DLedgerConfig", "DLedgerError", "DLedgerGroup", "DLedgerStatistics", "Entry", "EntryError",
     "EntryTooLargeError", "FetchRange", "GroupBusyError", "LeaderChangedError", "MemberAddress",
-    "MembershipChangeError", "NotLeaderError", "RecordTooLargeError", "Role", "RoleChange", "StateMachine",
+    "MembershipChangeError", "NotLeaderError", "PreparedBatch", "RecordTooLargeError", "Role", "RoleChange", "StateMachine",
     "TransferLeadershipError", "build_syncobj_conf", "decode_entry", "encode_entry", "open_dledger_group",
 ]

@@ -4,7 +4,7 @@ It is what ``raftmq bench dledger`` and the dledger tests replicate when they me
 without the message store, and the reference implementation of ``dledger.state_machine.StateMachine``::
 
     record = size (uint32 BE, bytes of data) | crc32c(data) (uint32 BE) | data
-    batch payload = record | record | ...         (what join_records builds, appended as one unit)
+    batch payload = record | record | ...         (what prepare_batch builds, appended as one unit)
     file  = batch payload | batch payload | ...   (offsets are byte positions in the file)
 
 ``checksums`` cuts the file into fixed logical segments of ``segment_size_bytes`` (crc32c of each, up to the
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import crc32c
 
-from dledger.state_machine import ApplyStatus, BatchResult
+from dledger.state_machine import ApplyStatus, BatchResult, PreparedBatch
 
 __all__ = ["ByteLog", "RECORD_HEADER", "frame_record", "iter_records"]
 
@@ -95,11 +95,15 @@ class ByteLog:
     def close(self) -> None:
         os.close(self._fd)
 
-    def join_records(self, records: Sequence[bytes]) -> bytes:
-        return b"".join(frame_record(r) for r in records)
-
-    def plan_batch_end(self, payload: bytes, start_offset: int) -> int:
-        return start_offset + len(payload)
+    def prepare_batch(self, records: Sequence[bytes], start_offset: int, store_timestamp: int, *,
+                      fresh: bool) -> PreparedBatch:
+        framed = [frame_record(r) for r in records]
+        offsets = []
+        pos = start_offset
+        for f in framed:
+            offsets.append(pos)
+            pos += len(f)
+        return PreparedBatch(b"".join(framed), pos, tuple(offsets))
 
     def apply_batch(self, payload: bytes, store_timestamp: int, expected_start_offset: int) -> BatchResult:
         with self._lock:
@@ -108,17 +112,11 @@ class ByteLog:
                 return BatchResult(ApplyStatus.DUPLICATE, end)
             if expected_start_offset > end:
                 return BatchResult(ApplyStatus.REJECTED, end)
-            offsets = []
-            pos = 0
-            while pos < len(payload):
-                size, _crc = RECORD_HEADER.unpack_from(payload, pos)
-                offsets.append(end + pos)
-                pos += RECORD_HEADER.size + size
             os.pwrite(self._fd, payload, end)
             if self._fsync:
                 os.fdatasync(self._fd)
             self._end = end + len(payload)
-            return BatchResult(ApplyStatus.APPLIED, self._end, tuple(offsets))
+            return BatchResult(ApplyStatus.APPLIED, self._end)
 
     def read_raw(self, offset: int, max_bytes: int) -> bytes:
         """Whole records from ``offset`` (at least one, even if it is bigger than ``max_bytes``)."""

@@ -22,7 +22,8 @@ __all__ = ["MemberAddress", "DLedgerConfig", "build_syncobj_conf", "unknown_sync
 MIN_SECRET_LENGTH = 16
 # Bytes pysyncobj adds around an entry in an append_entries message (pickled tuple, dict keys, our frame).
 _WIRE_OVERHEAD_BYTES = 4096
-# What a state machine's ``join_records`` may add around ONE record (a record proposed alone).
+# What a state machine's ``prepare_batch`` may add around ONE record proposed alone (the message store adds 40
+# bytes per message, which the broker's message size limit leaves room for).
 _SOLO_JOIN_OVERHEAD_BYTES = 64 + 8
 
 
@@ -125,8 +126,9 @@ class DLedgerConfig:
 
     @property
     def join_overhead_bytes(self) -> int:
-        """Room kept for the entry header and what a state machine's ``join_records`` may add (<= 8 bytes per
-        record plus 64)."""
+        """Room kept for the entry header and what a state machine's ``prepare_batch`` may add (8 bytes per record
+        plus 64; the message store's 40 bytes per message fit the room left between max_batch_bytes and
+        max_entry_bytes, and an entry that still grew too big is refused with ``EntryTooLargeError``)."""
         return ENTRY_HEADER.size + 64 + 8 * self.max_batch_messages
 
     @property

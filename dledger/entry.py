@@ -9,7 +9,7 @@ byte-identical across replicas::
     1       8     expected_start_offset  uint64 BE: the commit-log end the leader planned this batch to start at
     9       8     store_timestamp        int64 BE, ms since the epoch, chosen once by the leader
     17      4     payload_length         uint32 BE
-    21      n     payload                opaque batch built by the state machine's ``join_records``
+    21      n     payload                opaque batch built by the state machine's ``prepare_batch``
 
 Entries must stay below pysyncobj's chunked-send threshold (``appendEntriesBatchSizeBytes``): an entry at least
 that long takes a path whose 'finish' chunk is computed from the wrong length and the follower fails to

@@ -9,7 +9,8 @@ Rules of this module (the essay the rest of ``dledger`` leans on):
   ``max_in_flight_batches`` entries are in flight. Few Raft calls is what keeps the tick thread (which shares
   the GIL with trio) on time, and so keeps the term from moving under load.
 - **Planned offsets.** Each entry carries the commit-log offset it expects to start at: the state machine's end
-  when nothing is in flight, else the planned end of the previous in-flight entry (``plan_batch_end``). A leader
+  when nothing is in flight, else the planned end of the previous in-flight entry. The state machine builds the
+  payload once, here (``prepare_batch``), and knows every record's result before the entry is proposed. A leader
   proposes only once its own no-op entry is applied (every earlier entry is then applied too, so the end is
   current). After any failure the batcher waits for the pipeline to drain and re-reads the end.
 - **Acknowledgement.** A caller is answered only from the commit callback, i.e. after a majority holds the entry
@@ -431,39 +432,41 @@ class DLedgerGroup:
             self._fail(batch, self._not_leader())
             return
         m = self.member
-        if self._in_flight == 0 or self._replan:
-            start = self._sm.end_offset
-            self._replan = False
-        else:
-            start = self._planned_end
+        fresh = self._in_flight == 0 or self._replan
+        start = self._sm.end_offset if fresh else self._planned_end
+        store_timestamp = max(int(time.time() * 1000), self._last_store_timestamp)
         try:
-            payload = self._sm.join_records([p.record for p in batch])
-            end = self._sm.plan_batch_end(payload, start)
-            now_ms = int(time.time() * 1000)
-            store_timestamp = max(now_ms, self._last_store_timestamp)
-            entry = encode_entry(start, store_timestamp, payload,
-                                 max_entry_bytes=self.config.max_entry_bytes)
+            prepared = self._sm.prepare_batch([p.record for p in batch], start, store_timestamp, fresh=fresh)
+            if prepared.payload is None:  # every record refused: nothing to replicate
+                self._slots.release()
+                self._finish(batch, 0, prepared.record_results)
+                return
+            entry = encode_entry(start, store_timestamp, prepared.payload, max_entry_bytes=self.config.max_entry_bytes)
         except Exception as e:
             self._slots.release()
+            self._replan = True  # the state machine may hold a plan for this batch
             log.warning("batch not proposed group=%s records=%d error=%s", self.config.group, len(batch), e)
             self._fail(batch, e)
             return
+        self._replan = False
         self._last_store_timestamp = store_timestamp
-        self._planned_end = end
+        self._planned_end = prepared.end_offset
         self._in_flight += 1
         if self._drained.is_set():
             self._drained = trio.Event()
-        m.apply_entry(entry, callback=functools.partial(self._committed_threadsafe, batch, start))
+        m.apply_entry(entry, callback=functools.partial(self._committed_threadsafe, batch, start,
+                                                        prepared.record_results))
 
-    def _committed_threadsafe(self, batch: list[_Pending], start: int, res: Any, err: int) -> None:
+    def _committed_threadsafe(self, batch: list[_Pending], start: int, results: tuple[Any, ...], res: Any,
+                              err: int) -> None:
         # Tick thread: hand over and return at once.
         try:
             assert self._token is not None
-            self._token.run_sync_soon(self._committed, batch, start, res, err)
+            self._token.run_sync_soon(self._committed, batch, start, results, res, err)
         except trio.RunFinishedError:
             pass
 
-    def _committed(self, batch: list[_Pending], start: int, res: Any, err: int) -> None:
+    def _committed(self, batch: list[_Pending], start: int, results: tuple[Any, ...], res: Any, err: int) -> None:
         self._in_flight -= 1
         self._slots.release()
         if self._in_flight == 0:
@@ -473,10 +476,7 @@ class DLedgerGroup:
             if result.status is ApplyStatus.APPLIED:
                 self._appended_batches += 1
                 self._appended_records += len(batch)
-                for pending, record_result in zip(batch, result.record_results):
-                    pending.index = index
-                    pending.result = record_result
-                    pending.finish()
+                self._finish(batch, index, results)
                 return
             error: Exception = BatchRejectedError(self.config.group, result.status.value, start, result.end_offset)
         else:
@@ -484,6 +484,13 @@ class DLedgerGroup:
         self._replan = True
         self._failed_batches += 1
         self._fail(batch, error)
+
+    @staticmethod
+    def _finish(batch: list[_Pending], index: int, results: tuple[Any, ...]) -> None:
+        for pending, record_result in zip(batch, results):
+            pending.index = index
+            pending.result = record_result
+            pending.finish()
 
     @staticmethod
     def _fail(batch: list[_Pending], error: BaseException) -> None:

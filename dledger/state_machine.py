@@ -3,6 +3,10 @@
 ``dledger`` knows bytes and offsets, not messages. The broker plugs its ``MessageStore`` in through
 ``broker/commit_log_machine.py``; tests plug in a small file-backed log. Rules an implementation keeps:
 
+- ``prepare_batch`` runs once, on the leader, before the entry is proposed: it turns the records into the
+  payload every member will apply, planned to start at ``start_offset`` with ``store_timestamp``, and knows each
+  record's result already (valid once the entry is applied at that offset). ``fresh`` says nothing is in flight,
+  so the plan starts from the applied state; otherwise it continues from the previous prepared batch.
 - ``apply_batch`` is deterministic (everything it writes follows from the payload, ``store_timestamp`` and
   ``expected_start_offset``) and idempotent: ``expected_start_offset < end_offset`` means the batch was already
   applied (DUPLICATE, write nothing), ``>`` means a batch planned against a state that never happened (REJECTED,
@@ -17,9 +21,9 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
-__all__ = ["ApplyStatus", "BatchResult", "StateMachine"]
+__all__ = ["ApplyStatus", "BatchResult", "PreparedBatch", "StateMachine"]
 
 
 class ApplyStatus(enum.Enum):
@@ -32,9 +36,16 @@ class ApplyStatus(enum.Enum):
 class BatchResult:
     status: ApplyStatus
     end_offset: int
-    # One result per record of the batch, in order (only for APPLIED); whatever the state machine reports
-    # (the store: msg_id, queue_offset, phy_offset...). Handed back to each ``append`` caller untouched.
-    record_results: tuple[Any, ...] = ()
+
+
+class PreparedBatch(NamedTuple):
+    # The entry payload; None when no record is worth proposing (each was refused: its result says why).
+    payload: bytes | None
+    # The end offset once applied at the planned start.
+    end_offset: int
+    # One result per record, in order; whatever the state machine reports (the store: msg ids, queue offsets,
+    # or a refusal), handed back to each ``append`` caller untouched once the entry is committed and applied.
+    record_results: tuple[Any, ...]
 
 
 @runtime_checkable
@@ -43,11 +54,10 @@ class StateMachine(Protocol):
     def end_offset(self) -> int:
         """The end of the log: where the next batch starts."""
 
-    def join_records(self, records: Sequence[bytes]) -> bytes:
-        """One batch payload from records passed to ``append``, in order (no I/O)."""
-
-    def plan_batch_end(self, payload: bytes, start_offset: int) -> int:
-        """The end offset ``apply_batch`` would leave if this payload were applied at ``start_offset``."""
+    def prepare_batch(self, records: Sequence[bytes], start_offset: int, store_timestamp: int, *,
+                      fresh: bool) -> PreparedBatch:
+        """The payload of one entry holding ``records`` (passed to ``append``, in order), planned to be applied
+        at ``start_offset``; no I/O. Raises only for a bug: a bad record gets a refusal as its result."""
 
     def apply_batch(self, payload: bytes, store_timestamp: int, expected_start_offset: int) -> BatchResult:
         ...

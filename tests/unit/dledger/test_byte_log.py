@@ -10,10 +10,12 @@ from dledger.byte_log import RECORD_HEADER
 
 def test_apply_is_idempotent_and_refuses_gaps(tmp_path):
     log = ByteLog(tmp_path / "a.log")
-    payload = log.join_records([b"one", b"two"])
-    assert log.plan_batch_end(payload, 0) == len(payload)
+    prepared = log.prepare_batch([b"one", b"two"], 0, 1, fresh=True)
+    payload = prepared.payload
+    assert prepared.end_offset == len(payload) and prepared.record_results == (0, RECORD_HEADER.size + 3)
+    assert log.end_offset == 0  # preparing writes nothing
     first = log.apply_batch(payload, 1, 0)
-    assert first.status is ApplyStatus.APPLIED and first.record_results == (0, RECORD_HEADER.size + 3)
+    assert first.status is ApplyStatus.APPLIED and first.end_offset == len(payload)
     assert log.apply_batch(payload, 1, 0).status is ApplyStatus.DUPLICATE
     assert log.apply_batch(payload, 1, len(payload) + 5).status is ApplyStatus.REJECTED
     assert log.end_offset == len(payload)
@@ -22,7 +24,7 @@ def test_apply_is_idempotent_and_refuses_gaps(tmp_path):
 
 def test_raw_copy_is_whole_records_and_validated(tmp_path):
     src, dst = ByteLog(tmp_path / "src.log"), ByteLog(tmp_path / "dst.log")
-    src.apply_batch(src.join_records([b"a" * 100, b"b" * 100, b"c" * 100]), 1, 0)
+    src.apply_batch(src.prepare_batch([b"a" * 100, b"b" * 100, b"c" * 100], 0, 1, fresh=True).payload, 1, 0)
     chunk = src.read_raw(0, 150)  # cut inside the second record: only whole records come back
     assert len(chunk) == RECORD_HEADER.size + 100
     dst.write_raw(0, chunk)
@@ -40,7 +42,7 @@ def test_raw_copy_is_whole_records_and_validated(tmp_path):
 
 def test_torn_tail_is_cut_on_open(tmp_path):
     log = ByteLog(tmp_path / "t.log")
-    log.apply_batch(log.join_records([b"whole"]), 1, 0)
+    log.apply_batch(log.prepare_batch([b"whole"], 0, 1, fresh=True).payload, 1, 0)
     end = log.end_offset
     log.close()
     with open(tmp_path / "t.log", "ab") as f:
