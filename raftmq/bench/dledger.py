@@ -1,7 +1,9 @@
 """``raftmq bench dledger``: committed appends/s on a local 3-member DLedger group (design §4).
 
 Member n0 runs inside the benchmark process, as a broker's member would: its trio loop runs the load
-(``--concurrency`` tasks, each awaiting ``group.append`` of one ``--size``-byte message in a loop) while its
+(``--concurrency`` appends of one ``--size``-byte message in flight: ``append_nowait`` chains answered in the
+commit callback, as the broker's send path does; ``--api task`` runs a trio task per in-flight append awaiting
+``group.append`` instead) while its
 pysyncobj tick thread replicates, so the GIL sharing between them is part of what is measured. Members n1 and
 n2 are ``raftmq dledger-node`` processes. n0 starts first and so wins the first election (its deadline has
 passed when the first peer connects).
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import array
+import functools
 import logging
 import os
 import secrets
@@ -93,6 +96,10 @@ def register(subparsers) -> None:
     parser.add_argument("--concurrency", type=int, default=512, help="appends in flight (default 512)")
     parser.add_argument("--batch", type=int, default=1,
                         help="messages per append, as a broker's SEND_BATCH_MESSAGE (default 1)")
+    parser.add_argument("--api", choices=["nowait", "task"], default="nowait",
+                        help="nowait (default): append_nowait chains answered in the commit callback, as the "
+                             "broker's send path does; task: one trio task per in-flight append awaiting "
+                             "group.append")
     parser.add_argument("--state-machine", choices=["message_store", "byte_log"], default="message_store",
                         help="what the group replicates into (default message_store)")
     parser.add_argument("--flush-disk-type", choices=["ASYNC_FLUSH", "SYNC_FLUSH"], default="ASYNC_FLUSH")
@@ -159,6 +166,36 @@ async def _bench(args: argparse.Namespace, base_dir: Path, console: Console) -> 
                             latencies.append(time.perf_counter_ns() - t0)
                             done += args.batch
 
+                # The broker's send path: append_nowait from the connection's reader, answered in the commit
+                # callback; each of --concurrency chains issues its next append from the previous one's callback.
+                chains_done = trio.Event()
+                chains = [args.concurrency]
+                failures: list[BaseException] = []
+
+                def issue() -> None:
+                    group.append_nowait(record, functools.partial(appended, time.perf_counter_ns()), timeout_s=10.0)
+
+                def appended(t0: int, pending: Any) -> None:
+                    nonlocal done
+                    if pending.error is not None:
+                        failures.append(pending.error)
+                    elif measuring:
+                        latencies.append(time.perf_counter_ns() - t0)
+                        done += args.batch
+                    if not failures and trio.current_time() < stop_at:
+                        issue()
+                        return
+                    chains[0] -= 1
+                    if chains[0] == 0:
+                        chains_done.set()
+
+                async def load_nowait() -> None:
+                    for _ in range(args.concurrency):
+                        issue()
+                    await chains_done.wait()
+                    if failures:
+                        raise RuntimeError(f"{len(failures)} appends failed, first: {failures[0]!r}")
+
                 async def terms() -> dict[str, int]:
                     out = {"n0": group.term}
                     for m in members[1:]:
@@ -167,8 +204,11 @@ async def _bench(args: argparse.Namespace, base_dir: Path, console: Console) -> 
                     return out
 
                 async with trio.open_nursery() as load_nursery:
-                    for _ in range(args.concurrency):
-                        load_nursery.start_soon(load)
+                    if args.api == "task":
+                        for _ in range(args.concurrency):
+                            load_nursery.start_soon(load)
+                    else:
+                        load_nursery.start_soon(load_nowait)
                     await trio.sleep(args.warmup_seconds)
                     terms_start = await terms()
                     procs = {"n0": psutil.Process()}
@@ -212,7 +252,7 @@ async def _bench(args: argparse.Namespace, base_dir: Path, console: Console) -> 
             machine.close()
     lat = summarize_latencies(latencies)
     return {
-        "state_machine": args.state_machine, "size": args.size, "batch": args.batch,
+        "state_machine": args.state_machine, "api": args.api, "size": args.size, "batch": args.batch,
         "concurrency": args.concurrency,
         "seconds": round(elapsed, 3), "messages": measured, "msgs_per_s": measured / elapsed,
         "mb_per_s": measured * args.size / elapsed / 1e6, "latency": lat,
@@ -244,7 +284,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     lat = result["latency"]
     print_table(console, f"dledger: {result['state_machine']}, {args.size} B x {args.batch} per append, "
-                         f"concurrency {args.concurrency}", [
+                         f"concurrency {args.concurrency}, api {args.api}", [
         ("committed msgs/s", result["msgs_per_s"]), ("MB/s", result["mb_per_s"]),
         ("messages", result["messages"]), ("p50 commit latency ms", lat.p50_ms),
         ("p99 commit latency ms", lat.p99_ms), ("max commit latency ms", lat.max_ms),
