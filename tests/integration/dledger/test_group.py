@@ -87,7 +87,7 @@ async def test_metadata_roles_and_transfer(tmp_path):
 
 
 async def test_sync_flush_and_batches_stay_below_the_chunked_send_threshold(tmp_path):
-    configs = make_configs(tmp_path, flush_disk_type="SYNC_FLUSH", max_batch_bytes=50 * 1024,
+    configs = make_configs(tmp_path, flush_disk_type="SYNC_FLUSH", max_batch_bytes=25 * 1024,
                            append_entries_batch_size_bytes=128 * 1024)
     logs = [open_log(tmp_path, c.self_id) for c in configs]
     payload_sizes = []

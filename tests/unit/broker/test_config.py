@@ -36,6 +36,7 @@ def test_identity_comes_from_the_dledger_table():
 def test_message_size_limit_is_capped_by_one_dledger_record():
     mapping = _mapping()
     mapping["dledger"]["append_entries_batch_size_bytes"] = 1 << 20
+    mapping["dledger"]["max_batch_bytes"] = 128 * 1024  # at most a quarter of the batch size
     config = config_from_mapping(BrokerConfig, mapping)
     assert 400_000 < config.max_message_size < config.dledger.max_record_bytes < 512 * 1024
     assert "append_entries_batch_size_bytes" in config.max_message_size_reason
