@@ -31,7 +31,7 @@ from client.message import PROPERTY_UNIQ_KEY, Message, MessageQueue, SendResult,
 from remoting.codes import RequestCode, ResponseCode
 from remoting.config import bounded
 from remoting.errors import ConnectError, ConnectionClosedError, NotLeaderError, RaftMQError
-from remoting.message import MessageFormatError, MessageInput, encode_batch
+from remoting.message import MessageFormatError, check_topic, encode_properties, encode_uniform_batch, ip_bytes
 
 __all__ = ["ProducerConfig", "Producer", "open_producer"]
 
@@ -116,25 +116,29 @@ class Producer:
                 raise ValueError(f"send_batch messages must share one topic: messages[{i}].topic is {m.topic!r}, "
                                  f"messages[0].topic is {topic!r}")
         born = now_ms()
-        props_list = []
-        for m in messages:
-            props = m.wire_properties()
-            props.setdefault(PROPERTY_UNIQ_KEY, new_uniq_key())
-            props_list.append(props)
-        client_host = (self.config.client_ip, 0)
+        uniq_list = []
+        items = []
+        try:
+            topic_bytes = check_topic(topic)
+            client_host = (ip_bytes(self.config.client_ip, "client_ip"), 0)
+            for i, m in enumerate(messages):
+                props = m.wire_properties()
+                uniq = props.setdefault(PROPERTY_UNIQ_KEY, new_uniq_key())
+                flag = m.flag
+                if type(flag) is not int or not -0x80000000 <= flag <= 0x7FFFFFFF:
+                    raise MessageFormatError("flag", f"messages[{i}].flag must be an int32, got {flag!r}")
+                uniq_list.append(uniq)
+                items.append((m.body, encode_properties(props), flag))
+        except MessageFormatError as e:
+            raise ValueError(f"send_batch: {e}") from None
 
         def _body(mq: MessageQueue, addr: str) -> bytes:
-            inputs = [MessageInput(topic=topic, queue_id=mq.queue_id, body=m.body, properties=p, flag=m.flag,
-                                   born_timestamp=born, born_host=client_host)
-                      for m, p in zip(messages, props_list)]
-            try:
-                return encode_batch(inputs, client_host, max_message_size=self.config.max_message_size_bytes)
-            except MessageFormatError as e:
-                raise ValueError(f"send_batch: {e}") from None
+            # Encoded once per attempt (the queue may change), with every field already checked above.
+            return encode_uniform_batch(topic_bytes, mq.queue_id, items, born, client_host, client_host)
 
         ext = {"producer_group": self.config.producer_group, "topic": topic, "queue_id": 0, "sys_flag": 0,
                "born_timestamp": born, "flag": 0, "properties": {}, "reconsume_times": 0, "batch": True}
-        uniqs = tuple(p[PROPERTY_UNIQ_KEY] for p in props_list)
+        uniqs = tuple(uniq_list)
         return await self._send_with_retries(topic, RequestCode.SEND_BATCH_MESSAGE, ext, _body, uniqs, queue,
                                              None, timeout_s)
 
