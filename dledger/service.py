@@ -83,7 +83,8 @@ class DLedgerService:
         stats = self.group.statistics()
         ext = {"role": stats.role.value, "term": stats.term, "leader_id": stats.leader_id or "",
                "committed_index": stats.committed_index, "last_applied_index": stats.last_applied_index,
-               "end_offset": stats.end_offset, "serving_reads": stats.serving_reads, "self_id": stats.self_id}
+               "end_offset": stats.end_offset, "serving_reads": stats.serving_reads, "self_id": stats.self_id,
+               "snapshots_loaded": stats.snapshots_loaded, "catch_up_bytes": stats.catch_up_bytes}
         body = b""
         if "checksum_up_to" in request.ext:
             up_to = _int_field(request, "checksum_up_to")

@@ -239,6 +239,8 @@ async def _bench(args: argparse.Namespace, base_dir: Path, console: Console) -> 
                         if all(o >= end_offset for o in offsets):
                             break
                         await trio.sleep(0.1)
+                follower_status = {m.id: (await get_raft_status(client, m.service_address, "bench"))[0]
+                                   for m in members[1:]}
                 rss = {"n0": psutil.Process().memory_info().rss}
                 for m, f in zip(members[1:], followers):
                     rss[m.id] = psutil.Process(f.pid).memory_info().rss
@@ -262,6 +264,9 @@ async def _bench(args: argparse.Namespace, base_dir: Path, console: Console) -> 
         "batches": stats.appended_batches, "records_per_batch": stats.appended_records / max(1, stats.appended_batches),
         "failed_batches": stats.failed_batches, "log_entries_in_memory": stats.log_entries_in_memory,
         "snapshots_written": stats.snapshots_written,
+        # A follower that fell behind the leader's compacted log gets a snapshot and copies commit-log bytes.
+        "follower_snapshots_loaded": {k: int(v["snapshots_loaded"]) for k, v in follower_status.items()},
+        "follower_catch_up_bytes": {k: int(v["catch_up_bytes"]) for k, v in follower_status.items()},
     }
 
 
@@ -294,5 +299,7 @@ def run(args: argparse.Namespace) -> int:
         ("RSS MB per member", str(result["rss_mb"])),
         ("CPU us per message per member", str(result["cpu_us_per_msg"])), ("raft log entries in memory", result["log_entries_in_memory"]),
         ("snapshots written (n0)", result["snapshots_written"]),
+        ("snapshots loaded by followers", str(result["follower_snapshots_loaded"])),
+        ("catch-up bytes copied by followers", str(result["follower_catch_up_bytes"])),
     ])
     return 0
