@@ -79,6 +79,8 @@ class DLedgerConfig:
     log_compaction_min_time_s: int = bounded(60, min=1, max=86_400)
     catch_up_chunk_bytes: int = bounded(1 << 20, min=4096, max=64 << 20)
     status_poll_interval_ms: int = bounded(20, min=1, max=5000)
+    # Longest wait between two pysyncobj ticks when no socket has anything (timers: heartbeats, elections).
+    tick_interval_ms: float = bounded(20.0, min=1.0, max=100.0)
     # The tick thread shares the GIL with trio: a thread woken by I/O waits for the running one to reach the
     # switch interval (CPython's default 5 ms), which would add up to 5 ms to every Raft hop under load.
     gil_switch_interval_ms: float = bounded(0.5, min=0.05, max=50.0)
@@ -105,6 +107,9 @@ class DLedgerConfig:
         if self.connection_timeout_ms < self.election_timeout_max_ms:
             raise ConfigError(f"dledger.connection_timeout_ms must be >= election_timeout_max_ms "
                               f"({self.election_timeout_max_ms}), got {self.connection_timeout_ms}")
+        if self.tick_interval_ms >= self.heartbeat_interval_ms:
+            raise ConfigError(f"dledger.tick_interval_ms must be < heartbeat_interval_ms "
+                              f"({self.heartbeat_interval_ms}), got {self.tick_interval_ms}")
         if self.leader_fallback_timeout_ms <= self.heartbeat_interval_ms:
             raise ConfigError(f"dledger.leader_fallback_timeout_ms must be > heartbeat_interval_ms, "
                               f"got {self.leader_fallback_timeout_ms}")
@@ -171,8 +176,8 @@ def syncobj_options(config: DLedgerConfig, *, serializer: Callable | None, deser
         # Authentication is done by dledger.patches (HMAC before unpickling); pysyncobj's own Fernet password
         # stays off (it needs `cryptography` and base64-encodes every frame).
         "password": None,
-        "autoTick": True,
-        "autoTickPeriod": 0.05,
+        # No tick thread: dledger.group ticks pysyncobj from a trio task (dledger.poller explains why).
+        "autoTick": False,
         "raftMinTimeout": config.election_timeout_min_ms / 1000,
         "raftMaxTimeout": config.election_timeout_max_ms / 1000,
         "appendEntriesPeriod": config.heartbeat_interval_ms / 1000,
@@ -199,7 +204,7 @@ def syncobj_options(config: DLedgerConfig, *, serializer: Callable | None, deser
         "onStateChanged": on_state_changed,
         "bindRetryTime": 0.2,
         "maxBindRetries": 10,
-        "pollerType": "auto",
+        "pollerType": "epoll",
         "tcp_keepalive": (16, 3, 5),
     }
 

@@ -15,7 +15,8 @@ Rules of this module (the essay the rest of ``dledger`` leans on):
   current). After any failure the batcher waits for the pipeline to drain and re-reads the end.
 - **Acknowledgement.** A caller is answered only from the commit callback, i.e. after a majority holds the entry
   and this member applied it; the answer is the Raft index and that record's result from the state machine.
-  Callbacks run on the tick thread and hop to trio with ``TrioToken.run_sync_soon``.
+  Callbacks run inside the tick task (pysyncobj is ticked on the trio thread, ``dledger.poller``) and are
+  handed on with ``TrioToken.run_sync_soon``, so a tick never runs caller code.
 - **Roles.** Followers get no leader-change callback from pysyncobj, so a poller task reads role, term and leader
   every ``status_poll_interval_ms`` and publishes changes (``wait_leader``, ``role_changes``).
 - **Catch-up.** When a loaded snapshot is ahead of the commit log, the catch-up task copies the missing bytes
@@ -202,12 +203,13 @@ class DLedgerGroup:
         self._token = trio.lowlevel.current_trio_token()
         self._coarse_now = trio.current_time()
         sys.setswitchinterval(self.config.gil_switch_interval_ms / 1000)
-        # Constructed on the trio thread on purpose: pysyncobj's tick thread stops when its creator exits.
+        # No tick thread: the member is ticked by _tick_loop on this (the trio) thread.
         self._member = RaftMember(self.config, self._sm, notify=self._notify_threadsafe)
         if self._member.catch_up_target is not None:
             self._catch_up_wanted.set()
 
     def _start(self, nursery: trio.Nursery) -> None:
+        nursery.start_soon(self._tick_loop)
         nursery.start_soon(self._poll_status)
         nursery.start_soon(self._batcher)
         nursery.start_soon(self._catch_up_loop)
@@ -382,6 +384,21 @@ class DLedgerGroup:
             with trio.move_on_at(deadline):
                 await wakeup.wait()
         self._queue_wakeup = None
+
+    async def _tick_loop(self) -> None:
+        """Drive pysyncobj on the trio thread: tick when its epoll descriptor is readable (a socket or the command
+        pipe has an event), and at least every ``tick_interval_ms`` for its timers."""
+        m = self.member
+        fd = m.tick_fd
+        interval_s = self.config.tick_interval_ms / 1000
+        while True:
+            try:
+                m.tick()
+            except Exception:
+                # As pysyncobj's own tick thread does: log and go on; Raft recovers on the next ticks.
+                log.exception("raft tick failed group=%s id=%s", self.config.group, self.config.self_id)
+            with trio.move_on_after(interval_s):
+                await trio.lowlevel.wait_readable(fd)
 
     async def _expire_appends(self) -> None:
         while True:
@@ -661,7 +678,7 @@ class DLedgerGroup:
 @asynccontextmanager
 async def open_dledger_group(config: DLedgerConfig, state_machine: StateMachine, *,
                              fetch_range: FetchRange | None = None) -> AsyncIterator[DLedgerGroup]:
-    """Start this process's member of the group; on exit stop the tick thread and close the Raft port."""
+    """Start this process's member of the group; on exit stop ticking and close the Raft port."""
     group = DLedgerGroup(config, state_machine, fetch_range=fetch_range)
     group._open_member()  # outside the nursery: a bind error surfaces as itself, not in an ExceptionGroup
     try:

@@ -1,12 +1,13 @@
-"""The tick-thread side of a DLedger member: a pysyncobj ``SyncObj`` whose replicated state is small.
+"""The pysyncobj side of a DLedger member: a ``SyncObj`` whose replicated state is small.
 
 Rules (the trio side in ``dledger.group`` relies on them):
 
-- Everything here runs on pysyncobj's tick thread except the constructor and the plain attribute reads the
-  trio side polls (role, term, leader, indexes: single reads under the GIL). Anything that touches pysyncobj's
-  transport from trio goes through ``call_on_tick_thread``.
-- Callbacks never block: results reach trio with ``TrioToken.run_sync_soon`` (a ``sync=True`` call from this
-  thread would deadlock, ``trio.from_thread.run_sync`` would stall Raft for ~80 us per call).
+- There is no tick thread (``autoTick=False``): ``dledger.group``'s tick task calls ``tick()`` on the trio
+  thread whenever the member's epoll descriptor (``tick_fd``) is readable or ``tick_interval_ms`` passed, so
+  network, apply and callbacks all run there, between trio tasks. Anything that touches pysyncobj's transport
+  from another task goes through ``call_on_tick_thread`` (run at the end of the next tick).
+- Callbacks never block: results go to the waiting side with ``TrioToken.run_sync_soon`` (never a ``sync=True``
+  call: it would wait for a tick that cannot run while it waits).
 - The replicated state is only: the applied commit-log end offset and generic metadata tables
   (``table -> key -> value``: topic configs, subscription groups, consumer offsets). The commit log itself lives
   in the state machine. Snapshots (log compaction) are therefore tiny; they are written by our own serializer
@@ -88,19 +89,13 @@ class RaftMember(SyncObj):
         os.makedirs(config.data_dir, exist_ok=True)
         conf = build_syncobj_conf(config, serializer=self._write_snapshot, deserializer=self._read_snapshot)
         me = config.self_member
-        super().__init__(me.raft_address, [p.raft_address for p in config.peers], conf)
-        self.addOnTickCallback(self._run_tick_calls)
         try:
-            self.waitBinded()
+            # Without a tick thread, SyncObj.__init__ itself retries the bind and raises when it gives up.
+            super().__init__(me.raft_address, [p.raft_address for p in config.peers], conf)
         except SyncObjException:
-            # Stop the tick thread (it keeps retrying the bind) and release what SyncObj.__init__ opened.
-            self.destroy_synchronous()
-            notifier = getattr(self, "_SyncObj__pipeNotifier", None)
-            for fd_name in ("_PipeNotifier__pipeR", "_PipeNotifier__pipeW"):
-                fd = getattr(notifier, fd_name, None)
-                if fd is not None:
-                    os.close(fd)
+            self._release_files()
             raise RaftPortError(me.raft_address) from None
+        self.addOnTickCallback(self._run_tick_calls)
         log.info("raft member started group=%s id=%s raft=%s flush=%s", config.group, me.id, me.raft_address,
                  config.flush_disk_type)
 
@@ -221,5 +216,40 @@ class RaftMember(SyncObj):
         self._applied_end_offset = max(local_end, target)
         return snap["raft"]
 
+    # ---- ticking (from dledger.group's tick task, on the trio thread) ----
+
+    @property
+    def tick_fd(self) -> int:
+        """Readable when a socket or the command pipe has an event: time to ``tick``."""
+        return self._poller.fileno()
+
+    def tick(self) -> None:
+        """One pysyncobj tick (timers, queued commands, commit, apply, sends, then a poll), repeated while the
+        poll delivered events: pysyncobj acts on a reply (commit, apply, the next send) only in the next tick."""
+        poller = self._poller
+        for _ in range(8):
+            self.doTick(0.0)
+            if not poller.handled:
+                break
+
+    def _release_files(self, *, transport: bool = True) -> None:
+        if transport:  # a failed start: SyncObj.__init__ raised before anyone could destroy() it
+            for name, closer in (("_SyncObj__transport", "destroy"), ("_SyncObj__raftLog", "_destroy")):
+                part = getattr(self, name, None)
+                if part is not None:
+                    getattr(part, closer)()
+        notifier = getattr(self, "_SyncObj__pipeNotifier", None)
+        for fd_name in ("_PipeNotifier__pipeR", "_PipeNotifier__pipeW"):
+            fd = getattr(notifier, fd_name, None)
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        poller = getattr(self, "_poller", None)
+        if poller is not None and hasattr(poller, "close"):
+            poller.close()
+
     def close(self) -> None:
-        self.destroy_synchronous()
+        self.destroy()  # without a tick thread this closes the transport and the journal at once
+        self._release_files(transport=False)

@@ -36,6 +36,10 @@ so a silent upgrade cannot quietly disable a fix.
 8. Pickle protocol 2 is also used by pysyncobj's command encoding (``pysyncobj.pickle.dumps``); raised to 5 so a
    bytes payload is one memcpy instead of a latin-1 string round trip.
 
+9. Ticking from trio: ``pollerType = "epoll"`` makes pysyncobj use ``dledger.poller.EpollPoller`` (its own
+   ``createPoller`` knows only poll and select, whose state trio cannot wait on), so ``dledger.group`` can run
+   pysyncobj with ``autoTick=False`` from a trio task, without a tick thread.
+
 The chunked-send defect (entries at least ``appendEntriesBatchSizeBytes`` long) is contained by configuration:
 ``dledger.config`` keeps the entry size limit below half the batch size (16 MiB by default, so ~8 MiB entries:
 one 4 MiB message fits) and ``dledger.entry`` refuses bigger entries. It is not patched: the fix would mean
@@ -61,6 +65,8 @@ import pysyncobj.syncobj as pso_syncobj
 import pysyncobj.tcp_connection as pso_tcp
 import pysyncobj.tcp_server as pso_tcp_server
 from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
+
+from dledger.poller import EpollPoller
 
 log = logging.getLogger(__name__)
 
@@ -279,6 +285,15 @@ def _bind_closing_on_failure(self: Any) -> None:
         raise
 
 
+_original_create_poller = pso_syncobj.createPoller
+
+
+def _create_poller(poller_type: str) -> Any:
+    if poller_type == "epoll":
+        return EpollPoller()
+    return _original_create_poller(poller_type)
+
+
 def apply_patches() -> None:
     """Install every fix; idempotent."""
     global _patched
@@ -295,6 +310,7 @@ def apply_patches() -> None:
     pso_journal.MetaStorer.getMeta = _get_meta_closed
     pso_journal.FileJournal.add = _journal_add_in_place
     pso_tcp_server.TcpServer.bind = _bind_closing_on_failure
+    pso_syncobj.createPoller = _create_poller
     pso_serializer.Serializer.getTransmissionData = _get_transmission_closed
     pso_serializer.Serializer.cancelTransmisstion = _cancel_transmission_closed
     pso_serializer.Serializer.checkSerializing = _check_serializing_closing

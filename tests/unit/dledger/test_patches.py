@@ -197,3 +197,43 @@ def test_snapshot_streams_dropped_by_a_newer_snapshot_are_closed(tmp_path):
     serializer._Serializer__pid = -1  # a newer snapshot finished writing (in-process serializer)
     assert serializer.checkSerializing()[0] == SERIALIZER_STATE.SUCCESS
     assert serializer._Serializer__transmissions == {} and stream.closed
+
+
+def test_epoll_poller_lets_trio_wait_for_pysyncobj_events():
+    """Stock createPoller knows no poller whose state trio can wait on; 'epoll' gives one: its descriptor is
+    readable exactly while a subscribed socket has an event (level-triggered, as pysyncobj's pollers are)."""
+    import select
+    import socket
+
+    import pysyncobj.syncobj as pso_syncobj
+    from pysyncobj.poller import POLL_EVENT_TYPE
+
+    with pytest.raises(Exception, match="unknown poller type"):
+        patches._original_create_poller("epoll")
+    poller = pso_syncobj.createPoller("epoll")
+    a, b = socket.socketpair()
+    seen = []
+    try:
+        poller.subscribe(a.fileno(), lambda descr, mask: seen.append((descr, mask)), POLL_EVENT_TYPE.READ)
+        assert select.select([poller.fileno()], [], [], 0)[0] == []  # nothing to read: trio would wait
+        b.send(b"x")
+        assert select.select([poller.fileno()], [], [], 1)[0] == [poller.fileno()]
+        poller.poll(0)
+        poller.poll(0)  # not drained: reported again
+        assert seen == [(a.fileno(), POLL_EVENT_TYPE.READ)] * 2 and poller.handled == 1
+        a.recv(1)
+        poller.poll(0)
+        assert poller.handled == 0 and len(seen) == 2
+        fd = a.fileno()
+        a.close()
+        poller.unsubscribe(a)  # closed socket: nothing to forget, no error
+        c, d = socket.socketpair()  # may reuse the closed descriptor's number: subscribing works again
+        poller.subscribe(c.fileno(), lambda descr, mask: seen.append((descr, mask)),
+                         POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.WRITE)
+        poller.poll(0)
+        assert seen[-1] == (c.fileno(), POLL_EVENT_TYPE.WRITE) and fd >= 0
+        c.close()
+        d.close()
+    finally:
+        b.close()
+        poller.close()
