@@ -208,9 +208,14 @@ class BrokerNode:
     def machine_messages(result: Any) -> Sequence[Any]:
         if hasattr(result, "status"):
             if not result.ok:
-                raise RequestRejected(ResponseCode.MESSAGE_ILLEGAL if "ILLEGAL" in result.status.name or
-                                      "PROPERTIES" in result.status.name else ResponseCode.SYSTEM_ERROR,
-                                      result.remark or f"the store refused the batch: {result.status.name}")
+                name = result.status.name
+                if "ILLEGAL" in name or "PROPERTIES" in name:
+                    code = ResponseCode.MESSAGE_ILLEGAL
+                elif name == "DISK_FULL":
+                    code = ResponseCode.SERVICE_NOT_AVAILABLE  # RocketMQ's answer while the store is not writable
+                else:
+                    code = ResponseCode.SYSTEM_ERROR
+                raise RequestRejected(code, result.remark or f"the store refused the batch: {name}")
             return result.messages
         return result
 

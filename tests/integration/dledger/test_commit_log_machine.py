@@ -132,3 +132,31 @@ async def test_message_store_replicated_with_per_record_results(tmp_path):
     finally:
         for s in stores:
             s.close()
+
+
+def test_the_leader_refuses_records_while_the_disk_is_full(tmp_path):
+    """The disk guard is the leader's (followers apply whatever was committed): prepare refuses every record
+    with DISK_FULL and proposes nothing; the broker answers SERVICE_NOT_AVAILABLE, as RocketMQ does."""
+    from broker.node import BrokerNode
+    from broker.processor.base import RequestRejected
+    from remoting.codes import ResponseCode
+
+    usage = [0.5]
+    store = MessageStore.open(StoreConfig(store_dir=tmp_path / "s", segment_size_bytes=40_000,
+                                          max_message_size=2048), disk_usage_fn=lambda _path: usage[0])
+    machine = CommitLogMachine(store)
+    try:
+        usage[0] = 0.95
+        store.retention.refresh_disk_state()
+        refused = machine.prepare_batch([_batch(0), _batch(1)], 0, 1, fresh=True)
+        assert refused.payload is None and store.max_phy_offset == 0
+        assert [r.status for r in refused.record_results] == [AppendStatus.DISK_FULL] * 2
+        with pytest.raises(RequestRejected) as info:
+            BrokerNode.machine_messages(refused.record_results[0])
+        assert info.value.code == ResponseCode.SERVICE_NOT_AVAILABLE and "disk usage 95%" in str(info.value)
+        usage[0] = 0.5
+        store.retention.refresh_disk_state()
+        accepted = machine.prepare_batch([_batch(0)], 0, 2, fresh=True)
+        assert accepted.payload is not None and accepted.record_results[0].ok
+    finally:
+        store.close()
