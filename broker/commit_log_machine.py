@@ -21,8 +21,9 @@
 
   ``apply_batch`` on every member (leader included) checks the expected start offset (behind: DUPLICATE, ahead:
   REJECTED, nothing written) and writes the pieces, then hands the units and index entries to the dispatcher
-  (``broker.store.dispatch_info``): no parsing per message, which is what the followers' CPU went to. Replicas are byte-identical because they write the same bytes. Each caller's result (msg id, queue
-  offset...) is known at prepare time and handed back once the entry is committed and applied.
+  (``broker.store.dispatch_info``): no parsing per message, which is what the followers' CPU went to. Replicas
+  are byte-identical because they write the same bytes. Each caller's result (msg id, queue offset...) is known
+  at prepare time and handed back once the entry is committed and applied.
 - Planned queue offsets live in ``_planned`` until the entries are applied; ``fresh=True`` (nothing in flight)
   clears them. A plan made against a state that did not happen (a zombie entry applied meanwhile) has a start
   offset that no longer matches, so it is REJECTED everywhere, never half applied.

@@ -18,6 +18,7 @@ __all__ = [
     "AppendResult", "AppendTimeoutError", "ApplyStatus", "BatchRejectedError", "BatchResult", "ByteLog",
     "DLedgerConfig", "DLedgerError", "DLedgerGroup", "DLedgerStatistics", "Entry", "EntryError",
     "EntryTooLargeError", "FetchRange", "GroupBusyError", "LeaderChangedError", "MemberAddress",
-    "MembershipChangeError", "NotLeaderError", "PreparedBatch", "RecordTooLargeError", "Role", "RoleChange", "StateMachine",
+    "MembershipChangeError", "NotLeaderError", "PreparedBatch", "RecordTooLargeError", "Role", "RoleChange",
+    "StateMachine",
     "TransferLeadershipError", "build_syncobj_conf", "decode_entry", "encode_entry", "open_dledger_group",
 ]

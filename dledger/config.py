@@ -81,8 +81,8 @@ class DLedgerConfig:
     status_poll_interval_ms: int = bounded(20, min=1, max=5000)
     # Longest wait between two pysyncobj ticks when no socket has anything (timers: heartbeats, elections).
     tick_interval_ms: float = bounded(20.0, min=1.0, max=100.0)
-    # The tick thread shares the GIL with trio: a thread woken by I/O waits for the running one to reach the
-    # switch interval (CPython's default 5 ms), which would add up to 5 ms to every Raft hop under load.
+    # Worker threads (the store's fdatasync) share the GIL with trio: a thread woken by I/O waits for the running
+    # one to reach the switch interval (CPython's default 5 ms), which would delay a SYNC_FLUSH answer by that.
     gil_switch_interval_ms: float = bounded(0.5, min=0.05, max=50.0)
 
     def __post_init__(self) -> None:

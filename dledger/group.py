@@ -6,8 +6,8 @@ Rules of this module (the essay the rest of ``dledger`` leans on):
   one entry (up to ``max_batch_messages`` / ``max_batch_bytes``; when batches are already in flight it waits up
   to ``max_batch_delay_ms`` for more) and proposes it with ONE pysyncobj call. A record bigger than
   ``max_batch_bytes`` (up to ``max_record_bytes``, e.g. one 4 MiB message) is proposed alone. At most
-  ``max_in_flight_batches`` entries are in flight. Few Raft calls is what keeps the tick thread (which shares
-  the GIL with trio) on time, and so keeps the term from moving under load.
+  ``max_in_flight_batches`` entries are in flight. Few Raft calls keep pysyncobj's work per message small (it
+  is ticked on this thread, between trio tasks), and so keep the term from moving under load.
 - **Planned offsets.** Each entry carries the commit-log offset it expects to start at: the state machine's end
   when nothing is in flight, else the planned end of the previous in-flight entry. The state machine builds the
   payload once, here (``prepare_batch``), and knows every record's result before the entry is proposed. A leader
@@ -458,7 +458,8 @@ class DLedgerGroup:
                 self._slots.release()
                 self._finish(batch, 0, prepared.record_results)
                 return
-            entry = encode_entry(start, store_timestamp, prepared.payload, max_entry_bytes=self.config.max_entry_bytes)
+            entry = encode_entry(start, store_timestamp, prepared.payload,
+                                 max_entry_bytes=self.config.max_entry_bytes)
         except Exception as e:
             self._slots.release()
             self._replan = True  # the state machine may hold a plan for this batch
@@ -476,7 +477,7 @@ class DLedgerGroup:
 
     def _committed_threadsafe(self, batch: list[_Pending], start: int, results: tuple[Any, ...], res: Any,
                               err: int) -> None:
-        # Tick thread: hand over and return at once.
+        # Inside a pysyncobj tick: hand over and return at once, so the tick never runs caller code.
         try:
             assert self._token is not None
             self._token.run_sync_soon(self._committed, batch, start, results, res, err)

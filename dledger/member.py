@@ -67,9 +67,9 @@ def read_snapshot(path: str | os.PathLike[str]) -> dict[str, Any]:
 class RaftMember(SyncObj):
     def __init__(self, config: DLedgerConfig, state_machine: StateMachine, *,
                  notify: Callable[[str, Any], None]) -> None:
-        """``notify(kind, value)`` is called on the tick thread (it must only schedule work elsewhere):
+        """``notify(kind, value)`` is called inside a tick (it must only schedule work elsewhere):
         ``("catch_up", target_end_offset)`` when a loaded snapshot is ahead of the state machine."""
-        # Set before SyncObj.__init__: its transport and tick thread start inside it.
+        # Set before SyncObj.__init__: its transport starts inside it.
         self._dledger_auth = patches.FrameAuthenticator(config.secret)
         self._dledger_flush_journal = config.flush_disk_type == "SYNC_FLUSH"
         self._dledger_journal_flushes = 0

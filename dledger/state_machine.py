@@ -11,8 +11,8 @@
   ``expected_start_offset``) and idempotent: ``expected_start_offset < end_offset`` means the batch was already
   applied (DUPLICATE, write nothing), ``>`` means a batch planned against a state that never happened (REJECTED,
   write nothing). pysyncobj replays its journal on restart, so duplicates are routine.
-- ``apply_batch`` and ``write_raw`` run on pysyncobj's tick thread or on the trio thread, never both at once
-  (the apply gate is closed while raw bytes are copied in).
+- ``apply_batch`` (inside a pysyncobj tick) and ``write_raw`` (catch-up) both run on the trio thread, never
+  interleaved with each other (the apply gate is closed while raw bytes are copied in).
 - ``read_raw`` returns bytes of the log as stored, so a copy written with ``write_raw`` is byte-identical.
 """
 
