@@ -78,7 +78,9 @@ class DLedgerConfig:
     log_compaction_min_entries: int = bounded(100, min=2, max=10_000_000)
     log_compaction_min_time_s: int = bounded(60, min=1, max=86_400)
     catch_up_chunk_bytes: int = bounded(1 << 20, min=4096, max=64 << 20)
-    status_poll_interval_ms: int = bounded(20, min=1, max=5000)
+    # Role changes are read after every tick; this poll only catches a leader id that arrives with the members
+    # table (a member added at run time).
+    status_poll_interval_ms: int = bounded(200, min=1, max=5000)
     # Longest wait between two pysyncobj ticks when no socket has anything (timers: heartbeats, elections).
     tick_interval_ms: float = bounded(20.0, min=1.0, max=100.0)
     # Worker threads (the store's fdatasync) share the GIL with trio: a thread woken by I/O waits for the running

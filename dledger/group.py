@@ -17,8 +17,9 @@ Rules of this module (the essay the rest of ``dledger`` leans on):
   and this member applied it; the answer is the Raft index and that record's result from the state machine.
   Callbacks run inside the tick task (pysyncobj is ticked on the trio thread, ``dledger.poller``) and are
   handed on with ``TrioToken.run_sync_soon``, so a tick never runs caller code.
-- **Roles.** Followers get no leader-change callback from pysyncobj, so a poller task reads role, term and leader
-  every ``status_poll_interval_ms`` and publishes changes (``wait_leader``, ``role_changes``).
+- **Roles.** Followers get no leader-change callback from pysyncobj, so role, term and leader are read after
+  every tick (cheap: raw state compared first) and changes published (``wait_leader``, ``role_changes``); a
+  slower poll every ``status_poll_interval_ms`` catches a leader whose id only the members table knows.
 - **Catch-up.** When a loaded snapshot is ahead of the commit log, the catch-up task copies the missing bytes
   from a peer (``fetch_range``, leader first) while the apply gate is closed; ``serving_reads`` is False until
   then.
@@ -184,6 +185,7 @@ class DLedgerGroup:
         # batch), so a record only has to fit one entry.
         self._max_record_bytes = config.max_record_bytes
         self._role = RoleChange(Role.FOLLOWER, 0, None, None)
+        self._raw_role: tuple[Any, ...] = ()
         self._leader_flag = False
         # Refreshed by the expiry task every 50 ms: deadlines need no finer clock, and reading trio's clock
         # once per append is a measurable cost.
@@ -274,26 +276,40 @@ class DLedgerGroup:
         return RoleChange(role, m._getTerm(), leader.id if leader else None,
                           leader.service_address if leader else None)
 
+    def _refresh_role(self) -> None:
+        """Publish the role if a tick changed it: the raw state is compared first (three attribute reads), so
+        the check after every tick costs nearly nothing."""
+        m = self.member
+        raw = (getattr(m, "_SyncObj__raftState", 0), m._getTerm(), m._getLeader())
+        if raw != self._raw_role:
+            self._raw_role = raw
+            self._publish_role(self._read_role())
+
     async def _poll_status(self) -> None:
+        # Safety net for what the raw state does not show: a leader added at run time becomes known by id only
+        # once the members table replicates.
         interval = self.config.status_poll_interval_ms / 1000
         while True:
-            current = self._read_role()
-            if current != self._role:
-                previous, self._role = self._role, current
-                self._leader_flag = current.role is Role.LEADER
-                if current.role is not previous.role or current.leader_id != previous.leader_id:
-                    log.info("role changed group=%s id=%s role=%s term=%d leader=%s", self.config.group,
-                             self.config.self_id, current.role.value, current.term, current.leader_id)
-                for listener in list(self._role_listeners):
-                    try:
-                        listener.send_nowait(current)
-                    except trio.WouldBlock:
-                        pass
-                    except (trio.BrokenResourceError, trio.ClosedResourceError):
-                        self._role_listeners.remove(listener)
-                self._changed.set()
-                self._changed = trio.Event()
+            self._publish_role(self._read_role())
             await trio.sleep(interval)
+
+    def _publish_role(self, current: RoleChange) -> None:
+        if current == self._role:
+            return
+        previous, self._role = self._role, current
+        self._leader_flag = current.role is Role.LEADER
+        if current.role is not previous.role or current.leader_id != previous.leader_id:
+            log.info("role changed group=%s id=%s role=%s term=%d leader=%s", self.config.group,
+                     self.config.self_id, current.role.value, current.term, current.leader_id)
+        for listener in list(self._role_listeners):
+            try:
+                listener.send_nowait(current)
+            except trio.WouldBlock:
+                pass
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                self._role_listeners.remove(listener)
+        self._changed.set()
+        self._changed = trio.Event()
 
     async def wait_changed(self) -> None:
         await self._changed.wait()
@@ -307,7 +323,7 @@ class DLedgerGroup:
     async def wait_ready_leader(self) -> None:
         """Wait until this member is leader and may propose (its no-op entry is applied)."""
         while not self._can_propose():
-            await trio.sleep(self.config.status_poll_interval_ms / 1000)
+            await trio.sleep(0.005)  # the no-op is applied within a few ticks of the election
 
     @asynccontextmanager
     async def role_changes(self, buffer: int = 64) -> AsyncIterator[trio.MemoryReceiveChannel[RoleChange]]:
@@ -394,6 +410,7 @@ class DLedgerGroup:
         while True:
             try:
                 m.tick()
+                self._refresh_role()
             except Exception:
                 # As pysyncobj's own tick thread does: log and go on; Raft recovers on the next ticks.
                 log.exception("raft tick failed group=%s id=%s", self.config.group, self.config.self_id)
