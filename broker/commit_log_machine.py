@@ -33,7 +33,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import struct
 from collections.abc import Sequence
 
@@ -160,13 +159,6 @@ class RecordResult:
             self.__dict__["messages"] = (self._entry.messages[self._start:self._start + self._count]
                                          if self._entry.ok else [])
         return self.__dict__["messages"]
-
-    def as_append_result(self) -> AppendResult:
-        if not self.ok:
-            return self._entry
-        return dataclasses.replace(self._entry, start_phy_offset=self.start_phy_offset,
-                                   phy_offsets=self.phy_offsets, queue_offsets=self.queue_offsets,
-                                   sizes=self.sizes, queue_ids=self.queue_ids)
 
 
 class CommitLogMachine:

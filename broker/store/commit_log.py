@@ -198,22 +198,6 @@ class CommitLog:
         seg.release_all()
 
     # -- append ----------------------------------------------------------------------------------------------
-    def plan_end(self, batch: bytes, count: int, start: int) -> int:
-        """The end ``append`` would leave if it applied ``batch`` (already validated) at ``start``."""
-        seg_size = self.segment_size
-        pos = BATCH_HEAD.size
-        end = start
-        unpack_i = BODY_LEN.unpack_from
-        for _ in range(count):
-            entry_size = unpack_i(batch, pos)[0]
-            size = entry_size + _TAIL_DELTA
-            off = end % seg_size
-            if off + size + END_FILE_MIN_BLANK_LENGTH > seg_size:
-                end += seg_size - off
-            end += size
-            pos += entry_size
-        return end
-
     def build(self, batches: Sequence[tuple[bytes, int]], start: int, store_timestamp: int,
               queue_offsets: Mapping[tuple[bytes, int], int],
               planned: Mapping[tuple[bytes, int], int] | None = None) -> BuiltBatch:

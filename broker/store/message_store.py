@@ -178,12 +178,6 @@ class MessageStore:
                                           f"{self.config.disk_reject_ratio:.0%}")
         return count, None
 
-    def plan_batch_end(self, batch: bytes, start_phy_offset: int) -> int:
-        """The commit-log end ``append_batch`` would leave if ``batch`` were applied at ``start_phy_offset``
-        (segment blanks included), without writing; raises ``MessageFormatError`` for a bad batch."""
-        count = validate_batch(batch, max_message_size=self.config.max_message_size)
-        return self.commit_log.plan_end(batch, count, start_phy_offset)
-
     def append_batch(self, batch: bytes, store_timestamp: int, expected_phy_offset: int, *,
                      check_disk: bool = True) -> AppendResult:
         """Append a whole batch deterministically at the end. DUPLICATE (nothing written) when

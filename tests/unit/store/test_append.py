@@ -72,10 +72,12 @@ def test_oversize_and_bad_topic_and_big_properties_are_refused_whole(store):
     assert store.max_phy_offset == 0 and store.get_max_offset_in_queue("TopicTest", 0) == 0
 
 
-def test_plan_batch_end_matches_append_across_segment_rolls(store):
+def test_prepared_end_matches_append_across_segment_rolls(store):
     for seq in range(200):
         batch = make_batch(seq, body_size=900)
-        planned = store.plan_batch_end(batch, store.max_phy_offset)
+        count, refusal = store.check_batch(batch, store.max_phy_offset)
+        planned = store.prepare_append([(batch, count)], store.max_phy_offset, seq, {}).end
+        assert refusal is None and store.max_phy_offset < planned  # preparing writes nothing
         assert store.append_batch(batch, seq, store.max_phy_offset).end_phy_offset == planned
     assert store.max_phy_offset > 4 * store.config.segment_size_bytes
 

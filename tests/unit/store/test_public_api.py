@@ -20,7 +20,8 @@ def test_public_api_is_pinned():
     ])
     for name in broker.store.__all__:
         assert getattr(broker.store, name) is not None
-    for method in ("open", "close", "append_batch", "plan_batch_end", "read_commit_log", "append_commit_log_raw",
+    for method in ("open", "close", "append_batch", "check_batch", "prepare_append", "apply_built",
+                   "read_commit_log", "append_commit_log_raw",
                    "segment_checksums", "serve", "wait_flushed", "wait_dispatched", "add_dispatch_listener",
                    "get_messages", "get_min_offset_in_queue", "get_max_offset_in_queue", "get_offset_by_time",
                    "look_message_by_offset", "look_message_by_id", "query_message", "statistics"):
