@@ -24,6 +24,43 @@ def open_log(tmp_path: Path, member_id: str) -> ByteLog:
     return ByteLog(tmp_path / member_id / "byte.log", segment_size_bytes=1 << 16)
 
 
+async def ready_leader(groups):
+    """The one leader among ``groups`` once it may propose (10 s at most)."""
+    import trio
+
+    with trio.fail_after(10):
+        while True:
+            leaders = [g for g in groups if g.is_leader]
+            if len(leaders) == 1:
+                await leaders[0].wait_ready_leader()
+                return leaders[0]
+            await trio.sleep(0.02)
+
+
+async def wait_ends(logs, end: int, timeout_s: float = 20.0) -> None:
+    """Wait until every log ends at ``end``."""
+    import trio
+
+    with trio.fail_after(timeout_s):
+        while any(log.end_offset != end for log in logs):
+            await trio.sleep(0.02)
+
+
+async def leader_alone(nursery, tmp_path: Path):
+    """A group whose leader committed one record and then lost both followers: ``(leader, logs by id)``."""
+    configs = {c.self_id: c for c in make_configs(tmp_path, leader_fallback_timeout_ms=5000,
+                                                  connection_timeout_ms=5000)}
+    logs = {k: open_log(tmp_path, k) for k in configs}
+    runners = {k: MemberRunner(nursery, c, logs[k]) for k, c in configs.items()}
+    groups = {k: await r.start() for k, r in runners.items()}
+    leader = await ready_leader(list(groups.values()))
+    await leader.append(b"with-majority")
+    for k, runner in runners.items():
+        if k != leader.config.self_id:
+            await runner.stop()
+    return leader, logs
+
+
 class MemberRunner:
     """Runs one member in its own task so it can be stopped and restarted alone (nurseries must nest)."""
 

@@ -8,8 +8,7 @@ import pytest
 import trio
 
 from dledger import AppendTimeoutError, NotLeaderError, open_dledger_group
-from tests.integration.dledger.helpers import MemberRunner, make_configs, open_log
-from tests.integration.dledger.test_group import _leader
+from tests.integration.dledger.helpers import leader_alone, make_configs, open_log, ready_leader
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -19,7 +18,7 @@ async def test_callback_gets_index_and_result_once_committed(tmp_path):
     logs = [open_log(tmp_path, c.self_id) for c in configs]
     async with AsyncExitStack() as stack:
         groups = [await stack.enter_async_context(open_dledger_group(c, log)) for c, log in zip(configs, logs)]
-        leader = await _leader(groups)
+        leader = await ready_leader(groups)
         done: list[tuple[int, int, object, object]] = []
         all_done = trio.Event()
 
@@ -45,17 +44,8 @@ async def test_callback_gets_index_and_result_once_committed(tmp_path):
 
 
 async def test_callback_reports_a_timeout_without_a_majority(tmp_path):
-    configs = {c.self_id: c for c in make_configs(tmp_path, leader_fallback_timeout_ms=5000,
-                                                  connection_timeout_ms=5000)}
-    logs = {k: open_log(tmp_path, k) for k in configs}
     async with trio.open_nursery() as nursery:
-        runners = {k: MemberRunner(nursery, c, logs[k]) for k, c in configs.items()}
-        groups = {k: await r.start() for k, r in runners.items()}
-        leader = await _leader(list(groups.values()))
-        await leader.append(b"with-majority")
-        for k, runner in runners.items():
-            if k != leader.config.self_id:
-                await runner.stop()
+        leader, logs = await leader_alone(nursery, tmp_path)
         errors: list[BaseException | None] = []
         finished = trio.Event()
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 import trio
 
-from tests.integration.dledger.helpers import MemberRunner, make_configs, open_log
-from tests.integration.dledger.test_group import _leader
+from tests.integration.dledger.helpers import MemberRunner, make_configs, open_log, ready_leader, wait_ends
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -24,7 +23,7 @@ async def test_lagging_member_catches_up_from_snapshot_and_byte_copy(tmp_path):
     async with trio.open_nursery() as nursery:
         runners = {k: MemberRunner(nursery, cfg, logs[k], fetch_range=fetch_range) for k, cfg in configs.items()}
         groups = {k: await r.start() for k, r in runners.items()}
-        leader = await _leader(list(groups.values()))
+        leader = await ready_leader(list(groups.values()))
         lagging = next(k for k in configs if k != leader.config.self_id)
         await leader.append(b"before-stop")
         with trio.fail_after(5):
@@ -42,10 +41,7 @@ async def test_lagging_member_catches_up_from_snapshot_and_byte_copy(tmp_path):
         stats = g3.statistics()
         assert stats.snapshots_loaded >= 1 and stats.catch_up_bytes > 0
         await leader.append(b"after-catch-up")
-        end = leader.statistics().end_offset
-        with trio.fail_after(5):
-            while any(log.end_offset != end for log in logs.values()):
-                await trio.sleep(0.02)
+        await wait_ends(logs.values(), leader.statistics().end_offset, timeout_s=5)
         nursery.cancel_scope.cancel()
     assert fetches
     contents = {k: log.path.read_bytes() for k, log in logs.items()}

@@ -10,8 +10,7 @@ import trio
 from broker.commit_log_machine import CommitLogMachine
 from broker.store import AppendStatus, MessageInput, MessageStore, StoreConfig, encode_batch
 from dledger import ApplyStatus, open_dledger_group
-from tests.integration.dledger.helpers import make_configs
-from tests.integration.dledger.test_group import _leader
+from tests.integration.dledger.helpers import make_configs, ready_leader
 from tests.unit.store.helpers import tree_bytes
 
 pytestmark = pytest.mark.timeout(60)
@@ -108,7 +107,7 @@ async def test_message_store_replicated_with_per_record_results(tmp_path):
     try:
         async with AsyncExitStack() as stack:
             groups = [await stack.enter_async_context(open_dledger_group(c, m)) for c, m in zip(configs, machines)]
-            leader = await _leader(groups)
+            leader = await ready_leader(groups)
             results = {}
 
             async def one(i):

@@ -1,4 +1,4 @@
-"""Three in-process members (three tick threads, one trio loop): append, roles, metadata, transfer."""
+"""Three in-process members on one trio loop (each ticks its pysyncobj): append, roles, metadata, transfer."""
 
 from __future__ import annotations
 
@@ -8,19 +8,9 @@ import pytest
 import trio
 
 from dledger import NotLeaderError, Role, open_dledger_group
-from tests.integration.dledger.helpers import make_configs, open_log
+from tests.integration.dledger.helpers import leader_alone, make_configs, open_log, ready_leader, wait_ends
 
 pytestmark = pytest.mark.timeout(60)
-
-
-async def _leader(groups):
-    with trio.fail_after(10):
-        while True:
-            leaders = [g for g in groups if g.is_leader]
-            if len(leaders) == 1:
-                await leaders[0].wait_ready_leader()
-                return leaders[0]
-            await trio.sleep(0.02)
 
 
 async def test_append_replicates_byte_identical(tmp_path):
@@ -28,7 +18,7 @@ async def test_append_replicates_byte_identical(tmp_path):
     logs = [open_log(tmp_path, c.self_id) for c in configs]
     async with AsyncExitStack() as stack:
         groups = [await stack.enter_async_context(open_dledger_group(c, log)) for c, log in zip(configs, logs)]
-        leader = await _leader(groups)
+        leader = await ready_leader(groups)
         results = []
 
         async def one(i):
@@ -43,10 +33,7 @@ async def test_append_replicates_byte_identical(tmp_path):
         with pytest.raises(NotLeaderError) as info:
             await follower.append(b"x")
         assert info.value.retriable and info.value.leader_id == leader.config.self_id
-        end = leader.statistics().end_offset
-        with trio.fail_after(5):
-            while any(log.end_offset != end for log in logs):
-                await trio.sleep(0.02)
+        await wait_ends(logs, leader.statistics().end_offset, timeout_s=5)
         stats = leader.statistics()
         assert stats.appended_records == 500 and stats.appended_batches < 500
         assert stats.rejected_batches == 0
@@ -62,7 +49,7 @@ async def test_metadata_roles_and_transfer(tmp_path):
     logs = [open_log(tmp_path, c.self_id) for c in configs]
     async with AsyncExitStack() as stack:
         groups = [await stack.enter_async_context(open_dledger_group(c, log)) for c, log in zip(configs, logs)]
-        leader = await _leader(groups)
+        leader = await ready_leader(groups)
         await leader.put_metadata("topics", {"t1": b"cfg1", "t2": b"cfg2"})
         await leader.put_metadata("topics", {"t2": None})
         with trio.fail_after(5):
@@ -100,14 +87,11 @@ async def test_sync_flush_and_batches_stay_below_the_chunked_send_threshold(tmp_
     logs[0].apply_batch = recording_apply
     async with AsyncExitStack() as stack:
         groups = [await stack.enter_async_context(open_dledger_group(c, log)) for c, log in zip(configs, logs)]
-        leader = await _leader(groups)
+        leader = await ready_leader(groups)
         async with trio.open_nursery() as nursery:
             for i in range(40):  # 40 x 20 KiB concurrently: must be split into several entries
                 nursery.start_soon(leader.append, bytes([i]) * 20 * 1024)
-        end = leader.statistics().end_offset
-        with trio.fail_after(5):
-            while any(log.end_offset != end for log in logs):
-                await trio.sleep(0.02)
+        await wait_ends(logs, leader.statistics().end_offset, timeout_s=5)
         assert all(g.statistics().journal_flushes > 0 for g in groups)
     assert len(payload_sizes) >= 16
     assert max(payload_sizes) + 21 <= configs[0].max_entry_bytes < 64 * 1024
@@ -117,19 +101,9 @@ async def test_sync_flush_and_batches_stay_below_the_chunked_send_threshold(tmp_
 
 async def test_append_without_a_majority_times_out(tmp_path):
     from dledger import AppendTimeoutError
-    from tests.integration.dledger.helpers import MemberRunner
 
-    configs = {c.self_id: c for c in make_configs(tmp_path, leader_fallback_timeout_ms=5000,
-                                                  connection_timeout_ms=5000)}
-    logs = {k: open_log(tmp_path, k) for k in configs}
     async with trio.open_nursery() as nursery:
-        runners = {k: MemberRunner(nursery, c, logs[k]) for k, c in configs.items()}
-        groups = {k: await r.start() for k, r in runners.items()}
-        leader = await _leader(list(groups.values()))
-        await leader.append(b"with-majority")
-        for k, runner in runners.items():
-            if k != leader.config.self_id:
-                await runner.stop()
+        leader, logs = await leader_alone(nursery, tmp_path)
         started = trio.current_time()
         with pytest.raises(AppendTimeoutError) as info:
             await leader.append(b"no-majority", timeout_s=0.3)

@@ -13,27 +13,11 @@ import pytest
 import trio
 
 from dledger import RecordTooLargeError
-from tests.integration.dledger.helpers import MemberRunner, make_configs, open_log
+from tests.integration.dledger.helpers import MemberRunner, make_configs, open_log, ready_leader, wait_ends
 
 pytestmark = pytest.mark.timeout(120)
 
 MIB = 1 << 20
-
-
-async def _leader(groups):
-    with trio.fail_after(10):
-        while True:
-            leaders = [g for g in groups if g.is_leader]
-            if len(leaders) == 1:
-                await leaders[0].wait_ready_leader()
-                return leaders[0]
-            await trio.sleep(0.02)
-
-
-async def _wait_identical(logs, end, timeout_s=20.0):
-    with trio.fail_after(timeout_s):
-        while any(log.end_offset != end for log in logs):
-            await trio.sleep(0.02)
 
 
 async def test_one_and_four_mib_records_commit_byte_identical(tmp_path):
@@ -55,7 +39,7 @@ async def test_one_and_four_mib_records_commit_byte_identical(tmp_path):
     async with trio.open_nursery() as nursery:
         runners = {k: MemberRunner(nursery, c, logs[k]) for k, c in configs.items()}
         groups = {k: await r.start() for k, r in runners.items()}
-        leader = await _leader(list(groups.values()))
+        leader = await ready_leader(list(groups.values()))
 
         # Alone, then mixed with concurrent small records (which keep being group-committed).
         started = time.monotonic()
@@ -75,7 +59,7 @@ async def test_one_and_four_mib_records_commit_byte_identical(tmp_path):
             await leader.append(record, timeout_s=10)
         expected += late
         groups[lagging_id] = await runners[lagging_id].start()
-        await _wait_identical(logs.values(), leader.statistics().end_offset)
+        await wait_ends(logs.values(), leader.statistics().end_offset)
         stats = leader.statistics()
         assert stats.rejected_batches == 0 and stats.failed_batches == 0
         assert stats.appended_records == len(expected)
@@ -112,16 +96,16 @@ async def test_member_behind_a_snapshot_copies_records_bigger_than_a_catch_up_ch
     async with trio.open_nursery() as nursery:
         runners = {k: MemberRunner(nursery, c, logs[k], fetch_range=fetch_range) for k, c in configs.items()}
         groups = {k: await r.start() for k, r in runners.items()}
-        leader = await _leader(list(groups.values()))
+        leader = await ready_leader(list(groups.values()))
         lagging = next(k for k in configs if k != leader.config.self_id)
         await leader.append(b"before-stop")
-        await _wait_identical(logs.values(), leader.statistics().end_offset)
+        await wait_ends(logs.values(), leader.statistics().end_offset)
         await runners[lagging].stop()
         for i in range(10):
             await leader.append(bytes([i]) * (4 * MIB - i), timeout_s=10)
         assert leader.statistics().snapshots_written >= 2
         back = await runners[lagging].start()
-        await _wait_identical(logs.values(), leader.statistics().end_offset, timeout_s=40)
+        await wait_ends(logs.values(), leader.statistics().end_offset, timeout_s=40)
         with trio.fail_after(10):
             while not back.serving_reads:
                 await trio.sleep(0.05)

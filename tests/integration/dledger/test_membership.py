@@ -7,8 +7,7 @@ import trio
 
 import dledger
 from dledger import MembershipChangeError
-from tests.integration.dledger.helpers import MemberRunner, make_configs, open_log
-from tests.integration.dledger.test_group import _leader
+from tests.integration.dledger.helpers import MemberRunner, make_configs, open_log, ready_leader
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -31,7 +30,7 @@ async def test_add_a_fourth_member_then_remove_it(tmp_path):
     async with trio.open_nursery() as nursery:
         runners = {k: MemberRunner(nursery, c, logs[k]) for k, c in configs.items()}
         groups = {k: await r.start() for k, r in runners.items()}
-        leader = await _leader(list(groups.values()))
+        leader = await ready_leader(list(groups.values()))
         await leader.append(b"before-join")
         with pytest.raises(MembershipChangeError):
             await leader.remove_member(leader.config.self_id)
