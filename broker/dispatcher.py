@@ -63,10 +63,10 @@ class BrokerDispatcher:
             RequestCode.GET_BROKER_RUNTIME_INFO: admin.get_broker_runtime_info,
             RequestCode.VIEW_MESSAGE_BY_ID: query.view_message_by_id,
             RequestCode.QUERY_MESSAGE: query.query_message,
-            # DLedger's own requests (catch-up copies, Raft status for `raftmq verify`) share the broker's port.
-            RequestCode.FETCH_COMMIT_LOG: self.dledger.handle,
-            RequestCode.GET_RAFT_STATUS: self.dledger.handle,
         }
+        # DLedger's own requests (catch-up copies, Raft status for `raftmq verify`, leadership transfer before a
+        # node is restarted) share the broker's port.
+        self.handlers.update(dict.fromkeys(DLedgerService.CODES, self.dledger.handle))
 
     async def handle(self, request: Frame, conn: Any) -> Frame | None:
         handler = self.handlers.get(request.code)

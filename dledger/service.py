@@ -9,6 +9,9 @@ Requests (ext keys are short text, bodies raw bytes; see ``docs/architecture.md`
 - ``GET_RAFT_STATUS`` ext ``{group}`` and optionally ``checksum_up_to`` -> SUCCESS, ext ``{role, term,
   leader_id, committed_index, last_applied_index, end_offset, serving_reads}``; with ``checksum_up_to`` the
   body is CBOR ``[[segment_start, length, crc32c], ...]`` up to that offset (``raftmq verify``).
+- ``TRANSFER_LEADERSHIP`` ext ``{group, to}`` (sent to the leader) -> SUCCESS once ``to`` leads, ext ``{term,
+  leader_id}``; NOT_LEADER (ext ``leader_id``) on a follower; SYSTEM_ERROR naming the reason when the target
+  refuses or no new leader appears within ``timeout_ms`` (default 3000).
 
 Anything malformed is answered INVALID_REQUEST with a remark naming the field.
 """
@@ -22,6 +25,7 @@ import cbor2
 import crc32c
 
 from dledger.config import MemberAddress
+from dledger.errors import NotLeaderError, TransferLeadershipError
 from dledger.group import DLedgerGroup, FetchRange
 from remoting.codec import Frame, make_request, make_response
 from remoting.codes import RequestCode, ResponseCode
@@ -29,7 +33,7 @@ from remoting.errors import for_code
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DLedgerService", "remote_fetch_range", "get_raft_status", "CatchUpDataError"]
+__all__ = ["DLedgerService", "remote_fetch_range", "get_raft_status", "transfer_leadership", "CatchUpDataError"]
 
 MAX_FETCH_BYTES = 8 << 20
 
@@ -49,7 +53,7 @@ class DLedgerService:
     """Handles the dledger request codes; ``handle`` returns None for codes it does not own so a process can
     chain it after its own handler (``handles(code)`` tells which)."""
 
-    CODES = frozenset({RequestCode.FETCH_COMMIT_LOG, RequestCode.GET_RAFT_STATUS})
+    CODES = frozenset({RequestCode.FETCH_COMMIT_LOG, RequestCode.GET_RAFT_STATUS, RequestCode.TRANSFER_LEADERSHIP})
 
     def __init__(self, group: DLedgerGroup) -> None:
         self.group = group
@@ -66,6 +70,8 @@ class DLedgerService:
                 return self._fetch(request)
             if request.code == RequestCode.GET_RAFT_STATUS:
                 return self._status(request)
+            if request.code == RequestCode.TRANSFER_LEADERSHIP:
+                return await self._transfer(request)
         except ValueError as e:
             return make_response(request, ResponseCode.INVALID_REQUEST, remark=str(e))
         return make_response(request, ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
@@ -90,6 +96,23 @@ class DLedgerService:
             up_to = _int_field(request, "checksum_up_to")
             body = cbor2.dumps([list(c) for c in self.group._sm.checksums(up_to)])
         return make_response(request, ResponseCode.SUCCESS, ext=ext, body=body)
+
+
+    async def _transfer(self, request: Frame) -> Frame:
+        to = request.ext.get("to")
+        if not isinstance(to, str) or not to:
+            raise ValueError(f"ext.to must be a member id, got {to!r}")
+        timeout_ms = request.ext.get("timeout_ms", 3000)
+        if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or not 1 <= timeout_ms <= 60_000:
+            raise ValueError(f"ext.timeout_ms must be an integer within 1..60000, got {timeout_ms!r}")
+        try:
+            view = await self.group.transfer_leadership(to, timeout_s=timeout_ms / 1000)
+        except NotLeaderError as e:
+            return make_response(request, ResponseCode.NOT_LEADER, remark=str(e),
+                                 ext={"leader_id": self.group.leader_id or ""})
+        except TransferLeadershipError as e:
+            return make_response(request, ResponseCode.SYSTEM_ERROR, remark=str(e))
+        return make_response(request, ResponseCode.SUCCESS, ext={"term": view.term, "leader_id": view.leader_id})
 
 
 def remote_fetch_range(client: Any, group: str) -> FetchRange:
@@ -119,3 +142,14 @@ async def get_raft_status(client: Any, address: str, group: str, *, checksum_up_
         raise for_code(response.code, response.remark)
     checksums = [tuple(c) for c in cbor2.loads(response.body)] if response.body else []
     return dict(response.ext), checksums  # type: ignore[return-value]
+
+
+async def transfer_leadership(client: Any, leader_address: str, group: str, to: str, *,
+                              timeout_s: float = 3.0) -> dict[str, Any]:
+    """Ask the member at ``leader_address`` (the current leader) to hand leadership to member ``to``."""
+    request = make_request(RequestCode.TRANSFER_LEADERSHIP,
+                           ext={"group": group, "to": to, "timeout_ms": int(timeout_s * 1000)})
+    response = await client.invoke(leader_address, request, timeout_s=timeout_s + 1.0)
+    if response.code != ResponseCode.SUCCESS:
+        raise for_code(response.code, response.remark)
+    return dict(response.ext)

@@ -75,6 +75,8 @@ class RequestCode(IntEnum):
     """A follower copying commit-log bytes it missed from a peer (design §4)."""
     GET_RAFT_STATUS = 1002
     """A node's Raft role, term, leader and committed index."""
+    TRANSFER_LEADERSHIP = 1003
+    """Ask a group's leader to hand leadership to a named member (DLedger's LEADERSHIP_TRANSFER)."""
 
 
 class ResponseCode(IntEnum):

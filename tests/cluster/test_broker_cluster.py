@@ -15,7 +15,7 @@ import cbor2
 import pytest
 import trio
 
-from raftmq.commands.dev import NODE_IDS, plan_ports, write_broker_configs
+from raftmq.commands.dev import GROUP, NODE_IDS, plan_ports, write_broker_configs
 from remoting.codec import make_request
 from remoting.codes import RequestCode, ResponseCode
 from remoting.message import MessageInput, encode_batch
@@ -171,6 +171,16 @@ async def test_registration_follower_reads_and_leader_failover(start, tmp_path):
         procs[old] = await trio.to_thread.run_sync(
             lambda: start(raftmq_argv("broker", "--config", str(paths[old])), ready_timeout_s=60))
         await _wait_pull(client, procs[old].fields["listen"], survivors, timeout_s=30)
+
+        # Leadership moved back to the restarted node on request (what a rolling restart does first): the name
+        # server names it master at once (registration on role change) and it takes writes.
+        restarted = procs[old].fields["listen"]
+        r = await _call(client, new_leader, RequestCode.TRANSFER_LEADERSHIP, {"group": GROUP, "to": old})
+        assert r.code == ResponseCode.SUCCESS and r.ext["leader_id"] == old, r.remark
+        assert await _master(client, namesrv, not_addr=new_leader, timeout_s=10) == restarted
+        assert (await _send(client, restarted, b"after-transfer")).code == ResponseCode.SUCCESS
+        r = await _call(client, new_leader, RequestCode.TRANSFER_LEADERSHIP, {"group": GROUP, "to": old})
+        assert r.code == ResponseCode.NOT_LEADER, r.remark
 
 
 async def _find_leader(client, addrs) -> str:

@@ -111,3 +111,38 @@ async def test_append_without_a_majority_times_out(tmp_path):
         nursery.cancel_scope.cancel()
     for log in logs.values():
         log.close()
+
+
+async def test_transfer_leadership_request_over_remoting(tmp_path):
+    from dledger.service import DLedgerService, transfer_leadership
+    from remoting.codec import make_request
+    from remoting.codes import RequestCode, ResponseCode
+    from remoting.errors import InvalidRequestError, NotLeaderError as WireNotLeaderError
+    from remoting.transport import open_remoting_client, serve_remoting
+
+    configs = make_configs(tmp_path)
+    logs = [open_log(tmp_path, c.self_id) for c in configs]
+    async with AsyncExitStack() as stack:
+        groups = [await stack.enter_async_context(open_dledger_group(c, log)) for c, log in zip(configs, logs)]
+        nursery = await stack.enter_async_context(trio.open_nursery())
+        ports = [await nursery.start(serve_remoting, DLedgerService(g), "127.0.0.1", 0) for g in groups]
+        address = {g.config.self_id: f"{host}:{port}" for g, (host, port) in zip(groups, ports)}
+        client = await stack.enter_async_context(open_remoting_client())
+        leader = await ready_leader(groups)
+        target, other = [g for g in groups if not g.is_leader]
+
+        with pytest.raises(WireNotLeaderError):  # a follower cannot give away what it does not hold
+            await transfer_leadership(client, address[other.config.self_id], "g", target.config.self_id)
+        with pytest.raises(InvalidRequestError, match="ext.to"):
+            await transfer_leadership(client, address[leader.config.self_id], "g", "")
+        response = await client.invoke(address[leader.config.self_id], make_request(
+            RequestCode.TRANSFER_LEADERSHIP, ext={"group": "g", "to": "n9"}), timeout_s=5)
+        assert response.code == ResponseCode.SYSTEM_ERROR and "no such other member" in response.remark
+
+        view = await transfer_leadership(client, address[leader.config.self_id], "g", target.config.self_id)
+        assert view["leader_id"] == target.config.self_id and view["term"] > 0
+        await target.wait_ready_leader()
+        assert (await target.append(b"after-remote-transfer")).index > 0
+        nursery.cancel_scope.cancel()
+    for log in logs:
+        log.close()
