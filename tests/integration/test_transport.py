@@ -368,3 +368,56 @@ async def test_handler_returning_garbage_is_answered_system_error(server):
         assert (await conn.invoke(make_request(RequestCode.ECHO, body=b"alive"))).body == b"alive"
     assert as_dict.code == ResponseCode.SYSTEM_ERROR and "returned dict, not a Frame" in as_dict.remark
     assert as_request.code == ResponseCode.SYSTEM_ERROR and "without the response flag" in as_request.remark
+
+
+async def test_corked_answers_leave_in_one_write_per_connection_without_the_writer(nursery):
+    """Frames queued inside ``corked()`` are written when the block ends, one write per connection, before any
+    task runs; what the socket cannot take goes to the writer, and every byte still arrives in order."""
+    from remoting.transport import corked
+
+    held = []
+
+    class Hold:
+        async def handle(self, request, conn):
+            held.append((request, conn))
+            return None
+
+    host, port = await nursery.start(serve_remoting, Hold(), "127.0.0.1", 0)
+    async with open_connection(f"{host}:{port}") as client:
+        results = []
+
+        async def call(i):
+            results.append((i, await client.invoke(make_request(RequestCode.ECHO, body=b"%d" % i))))
+
+        async with trio.open_nursery() as calls:
+            for i in range(20):
+                calls.start_soon(call, i)
+            with trio.fail_after(5):
+                while len(held) < 20:
+                    await trio.sleep(0.01)
+            server_side = held[0][1]
+            before = server_side.statistics()
+            with corked():
+                for request, conn in held:
+                    assert conn.send_response_nowait(make_response(request, ResponseCode.SUCCESS, body=request.body))
+                assert server_side._out and server_side.statistics().send_calls == before.send_calls  # held
+            after = server_side.statistics()  # no checkpoint since the block ended: the writer did not run
+            assert not server_side._out
+            assert after.send_calls == before.send_calls + 1 and after.frames_sent == before.frames_sent + 20
+        assert sorted(r.body for _, r in results) == sorted(b"%d" % i for i in range(20))
+
+        # Larger than the socket can take at once: the remainder goes through the writer, in order.
+        held.clear()
+        big = b"x" * (3 << 20)
+        async with trio.open_nursery() as calls:
+            for i in range(3):
+                calls.start_soon(call, 100 + i)
+                await trio.sleep(0.01)
+            with trio.fail_after(5):
+                while len(held) < 3:
+                    await trio.sleep(0.01)
+            with corked():
+                for request, conn in held:
+                    conn.send_response_nowait(make_response(request, ResponseCode.SUCCESS, body=big + request.body))
+            assert server_side._out  # the socket took part of it; the writer has the rest
+        assert [r.body[-3:] for i, r in results if i >= 100] == [b"100", b"101", b"102"]
