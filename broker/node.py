@@ -46,7 +46,7 @@ from remoting.codes import RequestCode, ResponseCode
 from remoting.config import parse_host_port
 from remoting.errors import RaftMQError
 from remoting.message import decode_record
-from remoting.transport import open_remoting_client, serve_remoting
+from remoting.transport import corked, open_remoting_client, serve_remoting
 
 log = logging.getLogger(__name__)
 
@@ -344,7 +344,8 @@ async def serve_broker(config: BrokerConfig, *,
             await outer.start(store.serve)
             async with open_remoting_client(max_frame_size=config.max_frame_size) as client, \
                     open_dledger_group(config.dledger, machine,
-                                       fetch_range=remote_fetch_range(client, config.broker_name)) as group:
+                                       fetch_range=remote_fetch_range(client, config.broker_name),
+                                       completion_context=corked) as group:
                 node = BrokerNode(config, store, group, client)
                 dispatcher = BrokerDispatcher(node)
                 store.add_dispatch_listener(node.hold.notify_message_arriving)

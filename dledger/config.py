@@ -83,6 +83,10 @@ class DLedgerConfig:
     status_poll_interval_ms: int = bounded(200, min=1, max=5000)
     # Longest wait between two pysyncobj ticks when no socket has anything (timers: heartbeats, elections).
     tick_interval_ms: float = bounded(20.0, min=1.0, max=100.0)
+    # How long a leader holds the append_entries that only tells followers a new commit index: an append sent
+    # meanwhile carries it (so under load no such notice is sent at all), and an idle group's followers apply
+    # this much later. 0 sends it right after the commit callbacks answered their callers.
+    commit_notice_delay_ms: float = bounded(2.0, min=0.0, max=1000.0)
     # Worker threads (the store's fdatasync) share the GIL with trio: a thread woken by I/O waits for the running
     # one to reach the switch interval (CPython's default 5 ms), which would delay a SYNC_FLUSH answer by that.
     gil_switch_interval_ms: float = bounded(0.5, min=0.05, max=50.0)
@@ -112,6 +116,9 @@ class DLedgerConfig:
         if self.tick_interval_ms >= self.heartbeat_interval_ms:
             raise ConfigError(f"dledger.tick_interval_ms must be < heartbeat_interval_ms "
                               f"({self.heartbeat_interval_ms}), got {self.tick_interval_ms}")
+        if self.commit_notice_delay_ms >= self.heartbeat_interval_ms:
+            raise ConfigError(f"dledger.commit_notice_delay_ms must be < heartbeat_interval_ms "
+                              f"({self.heartbeat_interval_ms}), got {self.commit_notice_delay_ms}")
         if self.leader_fallback_timeout_ms <= self.heartbeat_interval_ms:
             raise ConfigError(f"dledger.leader_fallback_timeout_ms must be > heartbeat_interval_ms, "
                               f"got {self.leader_fallback_timeout_ms}")

@@ -74,6 +74,9 @@ class RaftMember(SyncObj):
         self._dledger_flush_journal = config.flush_disk_type == "SYNC_FLUSH"
         self._dledger_journal_flushes = 0
         self._dledger_apply_gate_open = True
+        # dledger.patches (10): the commit-index notice goes out after the commit callbacks (send_commit_notice).
+        self._dledger_defer_commit_notice = True
+        self._dledger_commit_notice_due = False
         self._config = config
         self._sm = state_machine
         self._notify = notify
@@ -231,6 +234,18 @@ class RaftMember(SyncObj):
             self.doTick(0.0)
             if not poller.handled:
                 break
+
+    @property
+    def commit_notice_due(self) -> bool:
+        return self._dledger_commit_notice_due
+
+    def send_commit_notice(self) -> None:
+        """Tell the followers the commit index that a tick advanced, unless an append_entries sent since did
+        (``dledger.patches``, 10). Called by the tick loop after ``commit_notice_delay_ms``."""
+        if self._dledger_commit_notice_due:
+            self._dledger_commit_notice_due = False
+            if self._isLeader():
+                self._SyncObj__sendAppendEntries()
 
     def _release_files(self, *, transport: bool = True) -> None:
         if transport:  # a failed start: SyncObj.__init__ raised before anyone could destroy() it

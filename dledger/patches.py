@@ -36,6 +36,14 @@ so a silent upgrade cannot quietly disable a fix.
 8. Pickle protocol 2 is also used by pysyncobj's command encoding (``pysyncobj.pickle.dumps``); raised to 5 so a
    bytes payload is one memcpy instead of a latin-1 string round trip.
 
+10. Commit notice after the answer: once a leader applies newly committed entries, stock pysyncobj sends every
+    follower an append_entries carrying only the new commit index, inside the same tick and so before the
+    commit callbacks can answer anyone; with one append in flight those two sends (each waking a follower's
+    process) were ~0.3 ms of the ~0.8 ms commit latency. The send is deferred: ``__applyLogEntries`` marks
+    ``_dledger_commit_notice_due`` instead, and ``dledger.group``'s tick loop sends it
+    (``RaftMember.send_commit_notice``) right after it ran the commit callbacks. Any append_entries sent
+    meanwhile (new entries, heartbeats) carries the commit index too and clears the mark.
+
 9. Ticking from trio: ``pollerType = "epoll"`` makes pysyncobj use ``dledger.poller.EpollPoller`` (its own
    ``createPoller`` knows only poll and select, whose state trio cannot wait on), so ``dledger.group`` can run
    pysyncobj with ``autoTick=False`` from a trio task, without a tick thread.
@@ -198,13 +206,18 @@ def _send_next_node_idx_flushed(self: Any, node: Any, reset: bool = False, nextN
 
 def _send_append_entries_flushed(self: Any) -> None:
     _flush_journal(self)
+    self._dledger_commit_notice_due = False  # every append_entries carries the commit index
     _original_send_append_entries(self)
 
 
 def _apply_log_entries_gated(self: Any) -> bool:
     if not getattr(self, "_dledger_apply_gate_open", True):
         return False
-    return _original_apply_log_entries(self)
+    need_send = _original_apply_log_entries(self)
+    if need_send and getattr(self, "_dledger_defer_commit_notice", False):
+        self._dledger_commit_notice_due = True
+        return False
+    return need_send
 
 
 def _get_meta_closed(self: Any) -> dict:

@@ -8,7 +8,7 @@ import pytest
 import trio
 
 from dledger import AppendTimeoutError, NotLeaderError, open_dledger_group
-from tests.integration.dledger.helpers import leader_alone, make_configs, open_log, ready_leader
+from tests.integration.dledger.helpers import leader_alone, make_configs, open_log, ready_leader, wait_ends
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -60,4 +60,41 @@ async def test_callback_reports_a_timeout_without_a_majority(tmp_path):
         assert len(errors) == 1 and isinstance(errors[0], AppendTimeoutError)
         nursery.cancel_scope.cancel()
     for log in logs.values():
+        log.close()
+
+
+async def test_idle_group_proposes_at_once_and_answers_before_telling_followers(tmp_path):
+    configs = make_configs(tmp_path, commit_notice_delay_ms=20)
+    logs = [open_log(tmp_path, c.self_id) for c in configs]
+    async with AsyncExitStack() as stack:
+        groups = [await stack.enter_async_context(open_dledger_group(c, log)) for c, log in zip(configs, logs)]
+        leader = await ready_leader(groups)
+        followers = [g for g in groups if g is not leader]
+        await leader.append(b"warm-up")
+        await trio.sleep(0.05)  # the batcher is back to waiting for records
+        seen = []
+        answered = trio.Event()
+
+        def on_done(pending):
+            m = leader.member
+            seen.append((pending.error, pending.index, m.raftCommitIndex, m.commit_notice_due,
+                         [f.member.raftCommitIndex for f in followers]))
+            answered.set()
+
+        leader.append_nowait(b"one-at-a-time", on_done)
+        # Proposed inside append_nowait: no task had to run for the entry to be in flight.
+        assert leader.statistics().in_flight_batches == 1 and leader.statistics().pending_records == 0
+        with trio.fail_after(5):
+            await answered.wait()
+        error, index, leader_commit, notice_due, follower_commits = seen[0]
+        assert error is None and index == leader_commit
+        # The caller was answered before the followers were sent the new commit index...
+        assert notice_due and all(c < leader_commit for c in follower_commits)
+        # ...which follows within commit_notice_delay_ms, and they apply the entry.
+        with trio.fail_after(5):
+            while any(f.member.raftCommitIndex < leader_commit for f in followers):
+                await trio.sleep(0.005)
+        await wait_ends(logs, leader.statistics().end_offset, timeout_s=5)
+        assert not leader.member.commit_notice_due
+    for log in logs:
         log.close()

@@ -139,6 +139,38 @@ def test_apply_gate_defers_applying():
     assert patches._apply_log_entries_gated(fake) is False  # original would touch Raft state; it is not called
 
 
+def test_commit_notice_is_deferred_to_after_the_callbacks():
+    def fake(defer: bool):
+        events = []
+        obj = SimpleNamespace(_dledger_defer_commit_notice=defer, _dledger_commit_notice_due=False)
+        obj._SyncObj__raftCommitIndex = 5
+        obj._SyncObj__raftLastApplied = 4
+        obj._SyncObj__getEntries = lambda start, count: [(b"cmd", 5, 1)]
+        obj._SyncObj__commandsWaitingCommit = {5: [(1, lambda res, err: events.append("callback"))]}
+        obj._SyncObj__doApplyCommand = lambda command: events.append("apply")
+        obj._SyncObj__conf = SimpleNamespace(appendEntriesUseBatch=False)
+        return obj, events
+
+    stock, events = fake(defer=False)
+    assert patches.ORIGINALS["apply_log_entries"](stock) is True  # stock: notice the followers in this tick
+    deferred, events = fake(defer=True)
+    assert patches._apply_log_entries_gated(deferred) is False  # no send in this tick...
+    assert deferred._dledger_commit_notice_due is True  # ...it is due once the callbacks ran
+    assert events == ["apply", "callback"]
+    not_deferred, _ = fake(defer=False)
+    assert patches._apply_log_entries_gated(not_deferred) is True
+    # Any append_entries carries the commit index, so sending one settles the notice.
+    sent = []
+    deferred._dledger_flush_journal = False
+    original = patches._original_send_append_entries
+    patches._original_send_append_entries = lambda self: sent.append("append_entries")
+    try:
+        patches._send_append_entries_flushed(deferred)
+    finally:
+        patches._original_send_append_entries = original
+    assert sent == ["append_entries"] and deferred._dledger_commit_notice_due is False
+
+
 def test_version_pin_is_checked():
     patches.check_version("0.3.17")
     with pytest.raises(ImportError, match="0.3.18"):
