@@ -23,6 +23,7 @@ from typing import Any
 
 import trio
 
+from client.accumulator import ProduceAccumulator
 from client.errors import ClientClosedError, MessageTooLargeError, NoRouteError, SendFailedError
 from client.instance import (
     ClientConfig, ClientInstance, build_config, now_ms, open_remoting, raise_for_response,
@@ -60,6 +61,15 @@ class ProducerConfig(ClientConfig):
     send_latency_fault_enable: bool = True
     default_topic_queue_nums: int = bounded(4, min=1, max=1024,
                                             doc="queues per group of a topic created by its first send")
+    # RocketMQ 5's autoBatch (client/accumulator.py): concurrent send() calls share batch requests.
+    auto_batch: bool = False
+    auto_batch_max_messages: int = bounded(64, min=1, max=1024, doc="messages per auto batch")
+    auto_batch_max_bytes: int = bounded(64 * 1024, min=1024, max=4 * 1024 * 1024,
+                                        doc="bodies + properties per auto batch; a bigger message goes alone")
+    auto_batch_max_in_flight: int = bounded(2, min=1, max=64,
+                                            doc="batches of one topic/queue in flight before messages wait")
+    auto_batch_max_delay_ms: int = bounded(10, min=0, max=10_000,
+                                           doc="longest a message waits for a batch slot (batchMaxDelayMs)")
 
 
 @dataclasses.dataclass(slots=True)
@@ -68,6 +78,7 @@ class ProducerStatistics:
     failed: int = 0
     retries: int = 0
     redirects: int = 0
+    auto_batches: int = 0  # requests that carried auto-batched sends
 
 
 class Producer:
@@ -75,6 +86,7 @@ class Producer:
         self.config = config
         self._instance = instance
         self._stats = ProducerStatistics()
+        self._accumulator = ProduceAccumulator(self, instance.nursery) if config.auto_batch else None
         instance.heartbeat_data = lambda: {"producers": [{"producer_group": config.producer_group}],
                                            "consumers": []}
 
@@ -87,14 +99,23 @@ class Producer:
         return self._instance.routes
 
     def statistics(self) -> ProducerStatistics:
-        return dataclasses.replace(self._stats)
+        stats = dataclasses.replace(self._stats)
+        if self._accumulator is not None:
+            stats.auto_batches = self._accumulator.batches_sent
+        return stats
 
     # -- public API -----------------------------------------------------------------------------------------------
     async def send(self, message: Message, *, queue: MessageQueue | None = None, sharding_key: str | None = None,
                    timeout_s: float | None = None) -> SendResult:
         """Send and wait until the group committed it. ``queue`` pins the queue (no retry elsewhere);
-        ``sharding_key`` picks one queue by hash, so equal keys stay in order (ordered send)."""
+        ``sharding_key`` picks one queue by hash, so equal keys stay in order (ordered send). With
+        ``auto_batch`` the message may travel in one request with other concurrent sends (its own result all
+        the same)."""
         self._check(message)
+        if self._accumulator is not None and self._accumulator.takes(message):
+            result = await self._accumulator.send(message, queue, sharding_key, timeout_s)
+            if result is not None:
+                return result
         props = message.wire_properties()
         uniq = props.setdefault(PROPERTY_UNIQ_KEY, new_uniq_key())
         ext = {"producer_group": self.config.producer_group, "topic": message.topic, "queue_id": 0,
@@ -115,12 +136,9 @@ class Producer:
             if m.topic != topic:
                 raise ValueError(f"send_batch messages must share one topic: messages[{i}].topic is {m.topic!r}, "
                                  f"messages[0].topic is {topic!r}")
-        born = now_ms()
         uniq_list = []
         items = []
         try:
-            topic_bytes = check_topic(topic)
-            client_host = (ip_bytes(self.config.client_ip, "client_ip"), 0)
             for i, m in enumerate(messages):
                 props = m.wire_properties()
                 uniq = props.setdefault(PROPERTY_UNIQ_KEY, new_uniq_key())
@@ -132,15 +150,28 @@ class Producer:
         except MessageFormatError as e:
             raise ValueError(f"send_batch: {e}") from None
 
+        return await self._send_encoded_batch(topic, items, tuple(uniq_list), queue, None, timeout_s)
+
+    async def _send_encoded_batch(self, topic: str, items: list[tuple[bytes, bytes, int]], uniqs: tuple[str, ...],
+                                  queue: MessageQueue | None, sharding_key: str | None,
+                                  timeout_s: float | None) -> SendResult:
+        """One SEND_BATCH_MESSAGE of checked ``(body, encoded properties, flag)`` items (``send_batch`` and the
+        auto-batch accumulator)."""
+        born = now_ms()
+        try:
+            topic_bytes = check_topic(topic)
+            client_host = (ip_bytes(self.config.client_ip, "client_ip"), 0)
+        except MessageFormatError as e:
+            raise ValueError(f"send_batch: {e}") from None
+
         def _body(mq: MessageQueue, addr: str) -> bytes:
-            # Encoded once per attempt (the queue may change), with every field already checked above.
+            # Encoded once per attempt (the queue may change), with every field already checked.
             return encode_uniform_batch(topic_bytes, mq.queue_id, items, born, client_host, client_host)
 
         ext = {"producer_group": self.config.producer_group, "topic": topic, "queue_id": 0, "sys_flag": 0,
                "born_timestamp": born, "flag": 0, "properties": {}, "reconsume_times": 0, "batch": True}
-        uniqs = tuple(uniq_list)
         return await self._send_with_retries(topic, RequestCode.SEND_BATCH_MESSAGE, ext, _body, uniqs, queue,
-                                             None, timeout_s)
+                                             sharding_key, timeout_s)
 
     async def send_oneway(self, message: Message, *, queue: MessageQueue | None = None) -> None:
         """Fire and forget: no acknowledgement, no retry; a lost connection loses the message."""

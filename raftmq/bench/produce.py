@@ -2,7 +2,8 @@
 
 ``--concurrency`` sends are in flight at once (each a task looping send → ack → send), all over the producer's
 shared connections; ``--batch N`` makes each send a ``send_batch`` of N messages; ``--concurrency 1`` measures
-the latency of one send at a time. Without ``--namesrv`` the bench starts its own cluster (``raftmq dev`` in a
+the latency of one send at a time; ``--auto-batch`` turns on the producer's auto-batching (single ``send`` calls
+share batch requests, each still acknowledged on its own; the report counts the requests). Without ``--namesrv`` the bench starts its own cluster (``raftmq dev`` in a
 temporary directory) and stops it afterwards. Every loop is bounded by ``--seconds`` and ``--messages``.
 """
 
@@ -96,6 +97,8 @@ def register(subparsers) -> None:
     parser.add_argument("--concurrency", type=int, default=256, help="sends in flight (default 256)")
     parser.add_argument("--seconds", type=float, default=30.0, help="how long to send (default 30)")
     parser.add_argument("--batch", type=int, default=1, help="messages per send_batch (default 1: single sends)")
+    parser.add_argument("--auto-batch", action="store_true",
+                        help="producer auto_batch=True: concurrent single sends share batch requests")
     parser.add_argument("--messages", type=int, default=10_000_000, help="stop after this many messages")
     parser.add_argument("--warmup-seconds", type=float, default=1.0, help="sends before measuring (default 1)")
     parser.set_defaults(func=run)
@@ -127,7 +130,7 @@ async def produce(namesrv: str, args: argparse.Namespace) -> BenchReport:
     body = b"x" * args.size
     latencies: list[int] = []
     counters = {"sent": 0, "errors": 0, "measuring": False}
-    async with open_producer(namesrv, producer_group="bench_producer") as producer:
+    async with open_producer(namesrv, producer_group="bench_producer", auto_batch=args.auto_batch) as producer:
         async def worker(deadline: float) -> None:
             while time.monotonic() < deadline and counters["sent"] < args.messages:
                 started = time.perf_counter_ns()
@@ -156,9 +159,12 @@ async def produce(namesrv: str, args: argparse.Namespace) -> BenchReport:
                 nursery.start_soon(worker, deadline)
             nursery.start_soon(progress, "producing", args.seconds, lambda: counters["sent"])
         elapsed = time.monotonic() - started
+        params = {"size": args.size, "concurrency": args.concurrency, "batch": args.batch}
+        if args.auto_batch:
+            params["auto_batch"] = True
+            params["requests (with warm-up)"] = producer.statistics().auto_batches
     return BenchReport("produce", counters["sent"], counters["sent"] * args.size, elapsed,
-                       summarize_latencies(latencies), counters["errors"],
-                       {"size": args.size, "concurrency": args.concurrency, "batch": args.batch})
+                       summarize_latencies(latencies), counters["errors"], params)
 
 
 def run(args: argparse.Namespace) -> int:

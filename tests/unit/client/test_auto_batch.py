@@ -1,0 +1,142 @@
+"""Producer auto-batching (client/accumulator.py) against the in-memory fake cluster: concurrent single sends
+share batch requests, each caller gets its own result, order and errors hold per caller."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import trio
+
+import client.producer
+from client import Message, MessageQueue, SendStatus, open_producer
+from client.errors import MessageIllegalError
+from remoting.codec import make_response
+from remoting.codes import RequestCode, ResponseCode
+from remoting.message import decode_batch, decode_record
+from tests.unit.client.fake_cluster import NAMESRV, FakeGroup, FakeRemoting, fake_remoting_ctx
+
+
+@pytest.fixture
+def cluster(monkeypatch):
+    fake = FakeRemoting([FakeGroup("broker-a", ["a:1"]), FakeGroup("broker-b", ["b:1"])])
+    monkeypatch.setattr(client.producer, "open_remoting", lambda config, handler=None: fake_remoting_ctx(fake))
+    return fake
+
+
+def _sends(cluster, code):
+    return [c for c in cluster.calls if c[1] == code]
+
+
+def _stored(cluster, result):
+    group = next(g for g in cluster.groups if g.name == result.message_queue.broker_name)
+    return decode_record(group.logs[(result.message_queue.topic, result.message_queue.queue_id)][result.queue_offset])
+
+
+async def test_concurrent_sends_share_requests_and_each_gets_its_own_result(cluster):
+    results = {}
+    async with open_producer(NAMESRV, auto_batch=True, auto_batch_max_in_flight=1) as p:
+        async def one(i):
+            results[i] = await p.send(Message("T", b"body-%03d" % i, tags="A" if i % 2 else "B", keys=f"k{i}"))
+
+        async with trio.open_nursery() as nursery:
+            for i in range(200):
+                nursery.start_soon(one, i)
+        assert p.statistics().sent == 200
+        requests = p.statistics().auto_batches
+    assert len(results) == 200 and all(r.send_status is SendStatus.SEND_OK for r in results.values())
+    assert len({r.msg_id for r in results.values()}) == 200 and all("," not in r.msg_id for r in results.values())
+    batches = _sends(cluster, RequestCode.SEND_BATCH_MESSAGE)
+    assert len(batches) == requests < 20 and not _sends(cluster, RequestCode.SEND_MESSAGE)
+    for i, r in results.items():  # each message is where its result says, with its own properties and id
+        stored = _stored(cluster, r)
+        assert stored.body == b"body-%03d" % i and stored.tags == ("A" if i % 2 else "B")
+        assert stored.keys == [f"k{i}"] and stored.properties["UNIQ_KEY"] == r.msg_id
+        assert r.offset_msg_id == str(r.queue_offset)  # the fake's offset id: its queue offset
+    # Batches spread over queues as single sends would.
+    assert len({r.message_queue for r in results.values()}) > 4
+
+
+async def test_one_send_at_a_time_is_not_delayed(cluster):
+    async with open_producer(NAMESRV, auto_batch=True, auto_batch_max_delay_ms=5000) as p:
+        with trio.fail_after(2):  # a message waiting for company would sit out the 5 s delay
+            results = [await p.send(Message("T", b"m%d" % i)) for i in range(10)]
+    assert len(_sends(cluster, RequestCode.SEND_BATCH_MESSAGE)) == 10
+    assert [r.queue_offset for r in results[:2]] == [0, 0]
+
+
+async def test_sharding_key_keeps_order_within_its_queue(cluster):
+    async with open_producer(NAMESRV, auto_batch=True, auto_batch_max_in_flight=1) as p:
+        results = []
+
+        async def ordered(key, n):
+            for i in range(n):
+                results.append((key, i, await p.send(Message("T", f"{key}-{i}".encode()), sharding_key=key)))
+
+        async with trio.open_nursery() as nursery:
+            for key in ("alpha", "beta", "gamma"):
+                nursery.start_soon(ordered, key, 30)
+    for key in ("alpha", "beta", "gamma"):
+        mine = [(i, r) for k, i, r in results if k == key]
+        assert len({r.message_queue for _, r in mine}) == 1
+        offsets = [r.queue_offset for _, r in sorted(mine, key=lambda x: x[0])]
+        assert offsets == sorted(offsets)
+
+
+async def test_a_refused_batch_fails_each_of_its_callers_and_unencodable_messages_go_alone(cluster):
+    original = cluster.invoke
+
+    async def refusing(addr, request, timeout_s=3.0):
+        if request.code == RequestCode.SEND_BATCH_MESSAGE:
+            _, msgs = decode_batch(request.body)
+            if any(m.properties.get("reject") for m in msgs):
+                return make_response(request, ResponseCode.MESSAGE_ILLEGAL, remark="batch refused")
+        if request.code == RequestCode.SEND_MESSAGE and "bad\x01key" in request.ext["properties"]:
+            cluster.calls.append((addr, request.code))
+            return make_response(request, ResponseCode.MESSAGE_ILLEGAL, remark="property 'bad\x01key' refused")
+        return await original(addr, request, timeout_s)
+
+    cluster.invoke = refusing
+    errors = []
+    async with open_producer(NAMESRV, auto_batch=True, auto_batch_max_in_flight=1) as p:
+        async def one(i):
+            try:
+                await p.send(Message("T", b"x", properties={"reject": "1"} if i == 3 else {}),
+                             queue=MessageQueue("T", "broker-a", 0))
+            except MessageIllegalError as e:
+                errors.append(e)
+
+        async with trio.open_nursery() as nursery:
+            for i in range(8):
+                nursery.start_soon(one, i)
+        # A property the batch layout cannot carry: sent alone, and the broker's own answer decides.
+        with pytest.raises(MessageIllegalError, match="bad"):
+            await p.send(Message("T", b"y", properties={"bad\x01key": "v"}))
+    assert errors and all("batch refused" in str(e) for e in errors)
+    assert len(errors) < 8  # only the callers whose batch held the refused message
+    assert len(_sends(cluster, RequestCode.SEND_MESSAGE)) == 1
+
+
+async def test_a_caller_cancelled_while_waiting_takes_its_message_out(cluster):
+    release = trio.Event()
+    original = cluster.invoke
+
+    async def slow(addr, request, timeout_s=3.0):
+        if request.code == RequestCode.SEND_BATCH_MESSAGE:
+            await release.wait()
+        return await original(addr, request, timeout_s)
+
+    cluster.invoke = slow
+    queue = MessageQueue("T", "broker-a", 1)
+    async with open_producer(NAMESRV, auto_batch=True, auto_batch_max_in_flight=1,
+                             auto_batch_max_delay_ms=10_000) as p:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(functools.partial(p.send, Message("T", b"first"), queue=queue))  # held in flight
+            await trio.sleep(0.01)
+            with trio.move_on_after(0.05):
+                await p.send(Message("T", b"cancelled"), queue=queue)  # waits for the slot, then gives up
+            nursery.start_soon(functools.partial(p.send, Message("T", b"third"), queue=queue))
+            await trio.sleep(0.01)
+            release.set()
+    bodies = [decode_record(r).body for r in cluster.groups[0].logs[("T", 1)]]
+    assert bodies == [b"first", b"third"]
