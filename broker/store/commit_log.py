@@ -76,6 +76,7 @@ class CommitLog:
         self._state_lock = threading.Lock()
         self.end = 0  # published: readers may read [min_phy_offset, end)
         self.hot_window = config.hot_window_bytes
+        self._cache_dropped_upto = 0
         self.release_every_bytes = max(config.hot_window_bytes, 16 * 1024 * 1024)
         self._touched_segments: set[int] = set()
         self._touched_bytes = 0
@@ -429,6 +430,22 @@ class CommitLog:
                 continue
             if keep_from < seg.size and start + seg.size > upto - hot_window:
                 self._touched_segments.add(start)  # partly hot: look at it again next time
+
+    def drop_cached(self, upto: int) -> None:
+        """Drop page-cache pages of flushed bytes below ``upto`` not dropped before (``page_cache_window_bytes``:
+        new writes then reuse the pages just freed; see docs/architecture.md, "Store")."""
+        begin = max(self._cache_dropped_upto, self.min_phy_offset)
+        while begin < upto:
+            seg_start = begin - begin % self.segment_size
+            seg_end = min(seg_start + self.segment_size, upto)
+            seg = self._segments.get(seg_start)
+            if seg is not None and seg.fd >= 0:
+                try:
+                    seg.drop_cached(begin - seg_start, seg_end - seg_start)
+                except (OSError, ValueError):  # retention closed it meanwhile (another thread)
+                    pass
+            begin = seg_end
+        self._cache_dropped_upto = max(self._cache_dropped_upto, upto)
 
     def delete_segment(self, start: int) -> None:
         seg = self._segments.get(start)

@@ -49,6 +49,11 @@ class StoreConfig:
     hot_window_bytes: int = bounded(64 * 1024 * 1024, min=0,
                                     doc="mapped bytes behind the write position kept resident; older pages are "
                                         "released after each flush so RSS does not grow with the data stored")
+    page_cache_window_bytes: int = bounded(256 * 1024 * 1024, min=0,
+                                           doc="flushed commit-log bytes behind the write position left in the "
+                                               "page cache; older ones are dropped after each flush so the "
+                                               "store recycles its page cache instead of taking fresh memory "
+                                               "(0 leaves it all to the kernel)")
     dispatch_chunk_bytes: int = bounded(1024 * 1024, min=4096,
                                         doc="commit-log bytes dispatched before the reput task yields")
 

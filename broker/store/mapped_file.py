@@ -73,6 +73,12 @@ class MappedFile:
         if upto > 0:
             self.mm.madvise(mmap.MADV_DONTNEED, 0, upto)
 
+    def drop_cached(self, begin: int, end: int) -> None:
+        """Drop the page-cache pages of ``[begin, end)`` (they must be flushed: the kernel keeps dirty ones).
+        A later read faults them in from disk again."""
+        if end > begin:
+            os.posix_fadvise(self.fd, begin, end - begin, os.POSIX_FADV_DONTNEED)
+
     def release_range(self, begin: int, end: int) -> None:
         begin += -begin % PAGE_SIZE
         end -= end % PAGE_SIZE

@@ -336,7 +336,8 @@ class MessageStore:
 
     def flush_all(self) -> None:
         """Flush the commit log, then ConsumeQueue and IndexFile, then write the checkpoint; release pages
-        behind the hot window so RSS does not grow with the data stored."""
+        behind the hot window so RSS does not grow with the data stored, and drop flushed commit-log pages
+        behind ``page_cache_window_bytes`` from the page cache."""
         dispatched = self.dispatcher.dispatched
         flushed = self.flush()
         with self._files_lock:
@@ -344,6 +345,8 @@ class MessageStore:
             if self._checkpoint is not None:
                 self._checkpoint.write(flushed, min(dispatched, flushed))
             self.commit_log.release_cold_pages(self.commit_log.end, self.config.hot_window_bytes)
+            if self.config.page_cache_window_bytes:
+                self.commit_log.drop_cached(flushed - self.config.page_cache_window_bytes)
             self.dispatcher.release_cold_pages()
 
     async def wait_flushed(self, phy_offset: int) -> None:
