@@ -41,7 +41,8 @@ from crc32c import crc32c
 
 __all__ = [
     "MessageInput", "MessageView", "MessageFormatError",
-    "encode_batch", "encode_single_batch", "decode_batch", "validate_batch", "batch_count", "batch_store_host",
+    "encode_batch", "encode_single_batch", "decode_batch", "validate_batch", "scan_batch", "batch_count",
+    "batch_store_host",
     "encode_record", "decode_record", "iter_records", "decode_records", "record_size",
     "encode_properties", "decode_properties", "encode_uniform_batch", "create_msg_id", "parse_msg_id", "tags_code",
     "ip_bytes",
@@ -291,6 +292,14 @@ def batch_store_host(batch: bytes | memoryview) -> tuple[str, int]:
 def validate_batch(batch: bytes | memoryview, *, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE) -> int:
     """Check the whole batch structure (sizes, topics, properties length) without decoding bodies; returns the
     message count or raises ``MessageFormatError``. The store calls this before writing any byte."""
+    return scan_batch(batch, max_message_size=max_message_size)[0]
+
+
+def scan_batch(batch: bytes | memoryview, *, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+               topic: bytes | None = None, queue_id: int | None = None) -> tuple[int, bool]:
+    """``validate_batch`` that also holds every message to one ``topic`` (a mismatch is a MessageFormatError
+    with field ``batch_topic``) and tells whether every message already names ``queue_id``: one pass for a
+    broker taking a SEND_BATCH_MESSAGE. Returns ``(count, all_in_queue)``."""
     if not isinstance(batch, bytes):
         batch = bytes(batch)
     n = len(batch)
@@ -307,15 +316,18 @@ def validate_batch(batch: bytes | memoryview, *, max_message_size: int = DEFAULT
     unpack_h = PROPS_LEN.unpack_from
     head = ENTRY_HEAD.size
     good_topics = _GOOD_TOPICS
+    all_in_queue = True
     for i in range(count):
         if pos + head + _TAIL_FIXED > n:
             raise MessageFormatError("batch", f"batch ends inside message {i} header")
-        entry_size, queue_id = unpack_size_qid(batch, pos)
+        entry_size, qid = unpack_size_qid(batch, pos)
         end = pos + entry_size
         if entry_size < head + _TAIL_FIXED or end > n:
             raise MessageFormatError("batch", f"message {i} size {entry_size} does not fit the batch")
-        if queue_id < 0:
-            raise MessageFormatError("queue_id", f"message {i} queue_id must be >= 0, got {queue_id}")
+        if qid < 0:
+            raise MessageFormatError("queue_id", f"message {i} queue_id must be >= 0, got {qid}")
+        if qid != queue_id:
+            all_in_queue = False
         body_len = unpack_i(batch, pos + head)[0]
         if body_len < 0 or body_len > max_message_size:
             raise MessageFormatError("body", f"message {i} body of {body_len} bytes exceeds max_message_size "
@@ -326,11 +338,15 @@ def validate_batch(batch: bytes | memoryview, *, max_message_size: int = DEFAULT
         p = t + 1 + batch[t]
         if p + 2 > end:
             raise MessageFormatError("batch", f"message {i} topic length overruns its entry")
-        topic = batch[t + 1:p]
-        if topic not in good_topics:
-            _check_topic_bytes(topic, i)
+        entry_topic = batch[t + 1:p]
+        if entry_topic not in good_topics:
+            _check_topic_bytes(entry_topic, i)
             if len(good_topics) < 100_000:
-                good_topics.add(topic)
+                good_topics.add(entry_topic)
+        if topic is not None and entry_topic != topic:
+            raise MessageFormatError("batch_topic", f"message {i} of the batch is for topic "
+                                                    f"{entry_topic.decode('ascii')!r}, but the request names "
+                                                    f"topic {topic.decode('ascii')!r}; a batch goes to one topic")
         props_len = unpack_h(batch, p)[0]
         if props_len > MAX_PROPERTIES_SIZE:
             raise MessageFormatError("properties", f"message {i} properties take {props_len} bytes, more than "
@@ -340,7 +356,7 @@ def validate_batch(batch: bytes | memoryview, *, max_message_size: int = DEFAULT
         pos = end
     if pos != n:
         raise MessageFormatError("batch", f"batch has {n - pos} trailing bytes after {count} messages")
-    return count
+    return count, all_in_queue
 
 
 _GOOD_TOPICS: set[bytes] = set()  # topics already found legal: the check is then one set lookup

@@ -27,8 +27,8 @@ from dledger import DLedgerError, NotLeaderError
 from remoting.codec import Frame, make_response
 from remoting.codes import RequestCode, ResponseCode
 from remoting.errors import RaftMQError
-from remoting.message import (BATCH_HEAD, BODY_LEN, ENTRY_HEAD, MessageFormatError, MessageInput, check_topic,
-                              encode_batch, encode_properties, encode_single_batch, validate_batch)
+from remoting.message import (BATCH_HEAD, BATCH_MAGIC, ENTRY_HEAD, MessageFormatError, MessageInput, check_topic,
+                              encode_batch, encode_properties, encode_single_batch, scan_batch)
 
 if TYPE_CHECKING:
     from broker.node import BrokerNode
@@ -188,33 +188,33 @@ class SendMessageProcessor:
         # The whole batch is one dledger record: like RocketMQ's producer, its body is held to the message limit.
         if len(body) > max_size:
             raise RequestRejected(ResponseCode.MESSAGE_ILLEGAL, self._too_large("batch body", len(body), max_size))
+        # Every message of a batch goes to the topic and queue named in the header, as in RocketMQ: one pass
+        # checks the structure and the topic, and tells whether the queue ids need rewriting (a client that
+        # picked the queue already wrote it into every message).
         try:
-            count = validate_batch(body, max_message_size=max_size)
+            count, in_queue = scan_batch(body, max_message_size=max_size, topic=topic.encode("ascii"),
+                                         queue_id=queue_id)
         except MessageFormatError as e:
             if e.field == "body" and "exceeds" in str(e):
                 raise RequestRejected(ResponseCode.MESSAGE_ILLEGAL, str(e)) from None
             if e.field in ("properties", "topic"):
                 raise RequestRejected(ResponseCode.MESSAGE_ILLEGAL, str(e)) from None
+            if e.field == "batch_topic":
+                raise invalid("body", str(e)) from None
             raise invalid("body", f"is not a valid message batch: {e}") from None
         if count > self.node.config.max_batch_messages:
             raise invalid("body", f"holds {count} messages; at most {self.node.config.max_batch_messages} "
                                   f"are accepted in one batch")
-        # Every message of a batch goes to the topic and queue named in the header, as in RocketMQ.
-        out = bytearray(body)
-        pos = BATCH_HEAD.size
-        head = ENTRY_HEAD.size
-        for i in range(count):
-            entry_size = ENTRY_HEAD.unpack_from(out, pos)[0]
-            body_len = BODY_LEN.unpack_from(out, pos + head)[0]
-            t = pos + head + 4 + body_len
-            entry_topic = bytes(out[t + 1:t + 1 + out[t]]).decode("ascii")
-            if entry_topic != topic:
-                raise invalid("body", f"message {i} of the batch is for topic {entry_topic!r}, but the request "
-                                      f"names topic {topic!r}; a batch goes to one topic")
-            _QUEUE_ID.pack_into(out, pos + 4, queue_id)
-            pos += entry_size
         ip, port = self.node.store_host
-        BATCH_HEAD.pack_into(out, 0, BATCH_HEAD.unpack_from(out, 0)[0], count, socket.inet_aton(ip), port)
+        head = BATCH_HEAD.pack(BATCH_MAGIC, count, socket.inet_aton(ip), port)
+        if in_queue:
+            return head + body[BATCH_HEAD.size:]
+        out = bytearray(body)
+        out[:BATCH_HEAD.size] = head
+        pos = BATCH_HEAD.size
+        for _ in range(count):
+            _QUEUE_ID.pack_into(out, pos + 4, queue_id)
+            pos += ENTRY_HEAD.unpack_from(out, pos)[0]
         return bytes(out)
 
 

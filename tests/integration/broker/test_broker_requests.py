@@ -66,6 +66,18 @@ async def test_bad_input_gets_its_code_and_remark_and_the_broker_keeps_serving(n
                            body)
             assert r.code == ResponseCode.INVALID_REQUEST and needle in r.remark, r.remark
 
+        # The request's queue wins over the queue ids inside the batch (rewritten), as in RocketMQ.
+        in_queue_0 = encode_batch([MessageInput("TopicTest", 0, b"q-a"), MessageInput("TopicTest", 0, b"q-b")],
+                                  ("127.0.0.1", 1))
+        r = await call(client, addr, RequestCode.SEND_BATCH_MESSAGE, {"topic": "TopicTest", "queue_id": 2},
+                       in_queue_0)
+        assert r.code == ResponseCode.SUCCESS and r.ext["queue_id"] == 2
+        pulled = await call(client, addr, RequestCode.PULL_MESSAGE,
+                            {"consumer_group": "cg", "topic": "TopicTest", "queue_id": 2,
+                             "queue_offset": r.ext["queue_offset"], "max_msg_nums": 32})
+        stored = list(iter_records(pulled.body))
+        assert [(v.body, v.queue_id) for v in stored] == [(b"q-a", 2), (b"q-b", 2)]
+
         r = await call(client, addr, RequestCode.PULL_MESSAGE,
                        {"consumer_group": "c\x01g", "topic": "TopicTest", "queue_id": 0, "queue_offset": 0})
         assert r.code == ResponseCode.INVALID_REQUEST and "'consumer_group'" in r.remark

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from remoting.message import (BATCH_HEAD, MessageFormatError, MessageInput, create_msg_id, decode_batch,
                               decode_record, encode_batch, encode_record, iter_records, parse_msg_id, tags_code,
-                              validate_batch)
+                              scan_batch, validate_batch)
 
 GOLDEN_RECORD = bytes.fromhex(
     "00000065"  # total_size 101
@@ -115,6 +117,19 @@ def test_validate_batch_rejects_malformed_batches():
         validate_batch(good, max_message_size=1)
     with pytest.raises(MessageFormatError):
         encode_batch([], ("10.0.0.1", 6))
+
+
+def test_scan_batch_holds_messages_to_one_topic_and_reports_their_queue():
+    topic = MESSAGE.topic.encode()
+    good = encode_batch([MESSAGE, MESSAGE], ("10.0.0.1", 6))
+    assert scan_batch(good) == (2, False)
+    assert scan_batch(good, topic=topic, queue_id=MESSAGE.queue_id) == (2, True)
+    assert scan_batch(good, topic=topic, queue_id=MESSAGE.queue_id + 1) == (2, False)
+    mixed = encode_batch([MESSAGE, dataclasses.replace(MESSAGE, topic="Elsewhere")], ("10.0.0.1", 6))
+    with pytest.raises(MessageFormatError, match="message 1 of the batch is for topic 'Elsewhere'") as info:
+        scan_batch(mixed, topic=topic)
+    assert info.value.field == "batch_topic"
+    assert validate_batch(mixed) == 2  # without a topic to hold it to, a mixed batch is well formed
 
 
 topics = st.text(alphabet="abcXYZ019_-%|", min_size=1, max_size=127)
