@@ -183,6 +183,8 @@ class DLedgerGroup:
         self._notice_delay_s = config.commit_notice_delay_ms / 1000
         self._notice_at: float | None = None
         self._batcher_idle = False
+        self._transferring = 0  # transfer_leadership calls under way: the batcher holds new entries
+        self._transfer_done = trio.Event()
         # Callers sending one record at a time: the pipeline's last flight (proposal to drain) carried a single
         # record. Only then does append_nowait propose inline; under load, records proposed inline would split
         # the waves of records the batcher puts into one entry (measured: -25 % single sends at 256 in flight).
@@ -397,6 +399,7 @@ class DLedgerGroup:
         self._admit(record)
         pending = _CallbackPending(record, timeout_s, self._coarse_now, on_done, self._waiting)
         if (self._batcher_idle and self._in_flight == 0 and self._one_at_a_time and not self._queue
+                and not self._transferring
                 and self._can_propose()):
             self._waiting.add(pending)
             self._slots.acquire_nowait()  # nothing in flight and the batcher idle: every slot is free
@@ -529,6 +532,8 @@ class DLedgerGroup:
                 await self._propose(batch)
 
     async def _propose(self, batch: list[_Pending]) -> None:
+        while self._transferring:
+            await self._transfer_done.wait()
         await self._slots.acquire()
         if self._replan and self._in_flight:
             await self._drained.wait()
@@ -664,17 +669,35 @@ class DLedgerGroup:
                 raise TransferLeadershipError(self.config.group, to, "no such other member")
             target = target_member.raft_address
         m = self.member
+        deadline = trio.current_time() + timeout_s
+        # As DLedger does: hold new entries while the transfer runs, so the target can catch up (pysyncobj
+        # refuses a target whose match index is behind the last entry) and nothing is proposed by a leader
+        # about to step down. Records keep queueing; the new leader's NOT_LEADER answers redirect them.
+        self._transferring += 1
         try:
-            await self._call_replicated(
-                lambda cb: m.call_on_tick_thread(lambda: m.transferLeadership(target, callback=cb)), timeout_s)
-        except LeaderChangedError as e:
-            raise TransferLeadershipError(self.config.group, to, f"refused ({e.reason}: the target must be "
-                                          f"connected and fully caught up)") from None
-        with trio.move_on_after(timeout_s):
-            while self._role.leader_id in (None, self.config.self_id) or (to and self._role.leader_id != to):
-                await self._changed.wait()
-            return self._role
-        raise TransferLeadershipError(self.config.group, to, f"no new leader within {timeout_s:g} s")
+            while True:
+                await self._drained.wait()
+                try:
+                    await self._call_replicated(
+                        lambda cb: m.call_on_tick_thread(lambda: m.transferLeadership(target, callback=cb)),
+                        max(deadline - trio.current_time(), 0.001))
+                    break
+                except LeaderChangedError as e:
+                    if e.reason != "REQUEST_DENIED" or trio.current_time() + 0.02 >= deadline:
+                        raise TransferLeadershipError(
+                            self.config.group, to, f"refused ({e.reason}: the target must be connected and "
+                                                   f"fully caught up)") from None
+                await trio.sleep(0.02)  # the target is still catching up (or not connected yet)
+            with trio.move_on_at(deadline):
+                while self._role.leader_id in (None, self.config.self_id) or (to and self._role.leader_id != to):
+                    await self._changed.wait()
+                return self._role
+            raise TransferLeadershipError(self.config.group, to, f"no new leader within {timeout_s:g} s")
+        finally:
+            self._transferring -= 1
+            if not self._transferring:
+                self._transfer_done.set()
+                self._transfer_done = trio.Event()
 
     async def add_member(self, member: MemberAddress, *, timeout_s: float = 5.0) -> None:
         """Add one member (one change at a time); it must be started with the full new member list."""
