@@ -40,6 +40,7 @@ from dledger.service import DLedgerService, get_raft_status, transfer_leadership
 from raftmq.bench.common import (check_range, print_json, print_table, show_progress, spawn_ready_process,
                                  summarize_latencies)
 from remoting.config import ConfigError, parse_host_port
+from remoting.errors import RaftMQError
 from remoting.transport import open_remoting_client, serve_remoting
 
 log = logging.getLogger(__name__)
@@ -147,14 +148,20 @@ async def _bench(args: argparse.Namespace, base_dir: Path, console: Console) -> 
                                              state_machine=args.state_machine, store=store_settings, **tuning)
                     followers.append(await trio.to_thread.run_sync(
                         spawn_ready_process, ["--log-level", "WARNING", "dledger-node", "--config", str(path)]))
-                with trio.fail_after(15):
+                with trio.fail_after(30):
                     await group.wait_leader()
-                    if group.leader_id != "n0":
+                    while group.leader_id != "n0":
                         # The load runs in n0's process (as a broker's front end runs in its member's): take
                         # leadership over rather than measure a follower forwarding nothing.
-                        leader = group.member_address(group.leader_id)
-                        assert leader is not None and leader.service_address
-                        await transfer_leadership(client, leader.service_address, "bench", "n0", timeout_s=5.0)
+                        leader = group.member_address(group.leader_id) if group.leader_id else None
+                        if leader is None or not leader.service_address:
+                            await group.wait_changed()
+                            continue
+                        try:
+                            await transfer_leadership(client, leader.service_address, "bench", "n0", timeout_s=5.0)
+                        except RaftMQError as e:  # e.g. the leader's port not serving yet: ask again
+                            log.warning("leadership transfer to n0 failed, retrying: %s", e)
+                            await trio.sleep(0.2)
                     await group.wait_ready_leader()
 
                 measuring = False
