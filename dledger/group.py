@@ -446,8 +446,8 @@ class DLedgerGroup:
 
     def _tick_once(self) -> float:
         """One tick, then the commit completions it produced, then (when due) the commit notice; returns how
-        long the tick loop may wait for the next event. Also called by ``_enqueue`` right after an idle
-        group's proposal, so the entry leaves without waiting for the tick task."""
+        long the tick loop may wait for the next event. Also called by ``append_nowait`` right after an
+        inline proposal, so the entry leaves without waiting for the tick task."""
         m = self.member
         wait_s = self._tick_interval_s
         self._ticking = True

@@ -36,17 +36,18 @@ so a silent upgrade cannot quietly disable a fix.
 8. Pickle protocol 2 is also used by pysyncobj's command encoding (``pysyncobj.pickle.dumps``); raised to 5 so a
    bytes payload is one memcpy instead of a latin-1 string round trip.
 
+9. Ticking from trio: ``pollerType = "epoll"`` makes pysyncobj use ``dledger.poller.EpollPoller`` (its own
+   ``createPoller`` knows only poll and select, whose state trio cannot wait on), so ``dledger.group`` can run
+   pysyncobj with ``autoTick=False`` from a trio task, without a tick thread.
+
 10. Commit notice after the answer: once a leader applies newly committed entries, stock pysyncobj sends every
     follower an append_entries carrying only the new commit index, inside the same tick and so before the
     commit callbacks can answer anyone; with one append in flight those two sends (each waking a follower's
     process) were ~0.3 ms of the ~0.8 ms commit latency. The send is deferred: ``__applyLogEntries`` marks
     ``_dledger_commit_notice_due`` instead, and ``dledger.group``'s tick loop sends it
-    (``RaftMember.send_commit_notice``) right after it ran the commit callbacks. Any append_entries sent
-    meanwhile (new entries, heartbeats) carries the commit index too and clears the mark.
-
-9. Ticking from trio: ``pollerType = "epoll"`` makes pysyncobj use ``dledger.poller.EpollPoller`` (its own
-   ``createPoller`` knows only poll and select, whose state trio cannot wait on), so ``dledger.group`` can run
-   pysyncobj with ``autoTick=False`` from a trio task, without a tick thread.
+    (``RaftMember.send_commit_notice``) ``commit_notice_delay_ms`` after it ran the commit callbacks. Any
+    append_entries sent meanwhile (new entries, heartbeats) carries the commit index too and clears the mark,
+    so under load no such notice goes out at all.
 
 The chunked-send defect (entries at least ``appendEntriesBatchSizeBytes`` long) is contained by configuration:
 ``dledger.config`` keeps the entry size limit below half the batch size (16 MiB by default, so ~8 MiB entries:

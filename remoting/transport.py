@@ -37,8 +37,7 @@ import logging
 import math
 import os
 import socket
-from collections.abc import AsyncIterator, Callable
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -299,26 +298,27 @@ class RemotingConnection:
         self._corked = False
         out = self._out
         task = self._writer_parked
-        if not out or task is None or self._fd is None or self._close_reason is not None:
-            return
-        data = out[0] if len(out) == 1 else b"".join(out)
-        try:
-            sent = os.write(self._fd, data)
-        except OSError:  # BlockingIOError: the socket buffer is full; others: the writer reports them
-            sent = 0
-        if sent:
-            self._send_calls += 1
-            self._bytes_sent += sent
-        if sent == len(data):
-            self._frames_sent += len(out)
-            out.clear()
-            self._out_bytes = 0
-            self._drained.unpark_all()
-            return
-        if sent:
-            self._frames_sent += len(out) - 1  # the rest of the last one is counted by the writer
-            out[:] = [data[sent:]]
-            self._out_bytes = len(data) - sent
+        if not out or task is None:
+            return  # nothing queued, or the writer is busy and takes the queue next
+        if self._fd is not None and self._close_reason is None:
+            data = out[0] if len(out) == 1 else b"".join(out)
+            try:
+                sent = os.write(self._fd, data)
+            except OSError:  # BlockingIOError: the socket buffer is full; others: the writer reports them
+                sent = 0
+            if sent:
+                self._send_calls += 1
+                self._bytes_sent += sent
+            if sent == len(data):
+                self._frames_sent += len(out)
+                out.clear()
+                self._out_bytes = 0
+                self._drained.unpark_all()
+                return
+            if sent:
+                self._frames_sent += len(out) - 1  # the rest of the last one is counted by the writer
+                out[:] = [data[sent:]]
+                self._out_bytes = len(data) - sent
         self._writer_parked = None
         trio.lowlevel.reschedule(task)
 
