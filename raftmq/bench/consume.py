@@ -1,7 +1,8 @@
 """``raftmq bench consume``: how fast one push consumer drains a backlog, and end-to-end latency while live.
 
-First ``--messages`` messages are produced with ``send_batch`` (a backlog, not measured), then a push consumer of
-a fresh group starts from the first offset and consumes until it has them all or ``--seconds`` pass. The
+First ``--messages`` messages are produced with ``send_batch`` (a backlog, not measured) to a fresh topic (unless
+``--topic`` names one), then a push consumer of a fresh group starts from the first offset and consumes until it
+has them all or ``--seconds`` pass. The
 throughput is messages consumed per second. Latency is "consumed − born" per message, which for a backlog
 mostly measures its age: use ``--live`` to produce and consume at the same time and read it as end-to-end
 latency.
@@ -31,7 +32,9 @@ def register(subparsers) -> None:
     parser.add_argument("--seconds", type=float, default=60.0, help="longest consume phase (default 60)")
     parser.add_argument("--pull-batch", type=int, default=64, help="messages per pull (default 64)")
     parser.add_argument("--live", action="store_true", help="produce while consuming (latency = end to end)")
-    parser.set_defaults(func=run)
+    # A fresh topic per run unless one is named: the consumer starts at the first offset, and on a cluster that
+    # served earlier benches a shared topic would hand it their (older, colder) messages, not its backlog.
+    parser.set_defaults(func=run, topic=None)
 
 
 async def _produce(namesrv: str, args: argparse.Namespace, sent: dict) -> None:
@@ -53,6 +56,8 @@ async def _produce(namesrv: str, args: argparse.Namespace, sent: dict) -> None:
 
 
 async def consume(namesrv: str, args: argparse.Namespace) -> BenchReport:
+    if args.topic is None:
+        args.topic = f"BenchConsume_{uuid.uuid4().hex[:8]}"
     await ensure_topic(namesrv, args.topic, args.queues)
     sent = {"n": 0}
     if not args.live:
