@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from client.errors import ClientClosedError
-from client.message import PROPERTY_UNIQ_KEY, Message, MessageQueue, SendResult, new_uniq_key
-from remoting.message import MessageFormatError, check_topic, encode_properties
+from client.message import Message, MessageQueue, SendResult
+from remoting.message import MessageFormatError, check_topic
 
 if TYPE_CHECKING:
     from client.producer import Producer
@@ -104,18 +104,13 @@ class ProduceAccumulator:
                    timeout_s: float | None) -> SendResult | None:
         """The message's own SendResult once its batch is committed; None if the message cannot be batched
         unchanged (the caller then sends it alone)."""
-        props = message.wire_properties()
-        uniq = props.setdefault(PROPERTY_UNIQ_KEY, new_uniq_key())
-        flag = message.flag
-        if type(flag) is not int or not -0x80000000 <= flag <= 0x7FFFFFFF:
-            return None
         try:
             check_topic(message.topic)
-            encoded = encode_properties(props)
+            (body, encoded, flag), uniq = message.batch_item()
         except MessageFormatError:
             return None
         timeout = timeout_s if timeout_s is not None else self._default_timeout_s
-        item = _Item(message.body, encoded, flag, uniq, time.monotonic() + timeout)
+        item = _Item(body, encoded, flag, uniq, time.monotonic() + timeout)
         key = (message.topic, queue, sharding_key)
         group = self._groups.get(key)
         if group is None:

@@ -16,8 +16,8 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from remoting.message import (KEY_SEPARATOR, PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY, create_msg_id,
-                              decode_properties, split_keys)
+from remoting.message import (KEY_SEPARATOR, PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY, MessageFormatError,
+                              create_msg_id, decode_properties, encode_properties, split_keys)
 
 __all__ = [
     "Message", "MessageQueue", "MessageExt", "SendStatus", "SendResult", "PullStatus", "PullResult",
@@ -73,6 +73,17 @@ class Message:
             props[PROPERTY_KEYS] = (self.keys if isinstance(self.keys, str)
                                     else KEY_SEPARATOR.join(self.keys))
         return props
+
+    def batch_item(self) -> tuple[tuple[bytes, bytes, int], str]:
+        """``((body, encoded properties, flag), unique id)`` for the batch layout (``encode_uniform_batch``),
+        with a fresh UNIQ_KEY unless the message has one; raises ``MessageFormatError`` for a flag outside
+        int32 or properties the layout cannot carry."""
+        props = self.wire_properties()
+        uniq = props.setdefault(PROPERTY_UNIQ_KEY, new_uniq_key())
+        flag = self.flag
+        if type(flag) is not int or not -0x80000000 <= flag <= 0x7FFFFFFF:
+            raise MessageFormatError("flag", f"flag must be an int32, got {flag!r}")
+        return (self.body, encode_properties(props), flag), uniq
 
 
 @dataclasses.dataclass(frozen=True, slots=True, order=True)

@@ -32,7 +32,7 @@ from client.message import PROPERTY_UNIQ_KEY, Message, MessageQueue, SendResult,
 from remoting.codes import RequestCode, ResponseCode
 from remoting.config import bounded
 from remoting.errors import ConnectError, ConnectionClosedError, NotLeaderError, RaftMQError
-from remoting.message import MessageFormatError, check_topic, encode_properties, encode_uniform_batch, ip_bytes
+from remoting.message import MessageFormatError, check_topic, encode_uniform_batch, ip_bytes
 
 __all__ = ["ProducerConfig", "Producer", "open_producer"]
 
@@ -138,17 +138,14 @@ class Producer:
                                  f"messages[0].topic is {topic!r}")
         uniq_list = []
         items = []
-        try:
-            for i, m in enumerate(messages):
-                props = m.wire_properties()
-                uniq = props.setdefault(PROPERTY_UNIQ_KEY, new_uniq_key())
-                flag = m.flag
-                if type(flag) is not int or not -0x80000000 <= flag <= 0x7FFFFFFF:
-                    raise MessageFormatError("flag", f"messages[{i}].flag must be an int32, got {flag!r}")
-                uniq_list.append(uniq)
-                items.append((m.body, encode_properties(props), flag))
-        except MessageFormatError as e:
-            raise ValueError(f"send_batch: {e}") from None
+        for i, m in enumerate(messages):
+            try:
+                item, uniq = m.batch_item()
+            except MessageFormatError as e:
+                raise ValueError(f"send_batch: messages[{i}].{e}" if e.field == "flag" else f"send_batch: {e}") \
+                    from None
+            uniq_list.append(uniq)
+            items.append(item)
 
         return await self._send_encoded_batch(topic, items, tuple(uniq_list), queue, None, timeout_s)
 

@@ -97,7 +97,6 @@ class DLedgerService:
             body = cbor2.dumps([list(c) for c in self.group._sm.checksums(up_to)])
         return make_response(request, ResponseCode.SUCCESS, ext=ext, body=body)
 
-
     async def _transfer(self, request: Frame) -> Frame:
         to = request.ext.get("to")
         if not isinstance(to, str) or not to:
