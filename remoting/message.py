@@ -42,10 +42,11 @@ from crc32c import crc32c
 __all__ = [
     "MessageInput", "MessageView", "MessageFormatError",
     "encode_batch", "encode_single_batch", "decode_batch", "validate_batch", "scan_batch", "batch_count",
+    "CheckedBatch",
     "batch_store_host",
     "encode_record", "decode_record", "iter_records", "decode_records", "record_size",
     "encode_properties", "decode_properties", "encode_uniform_batch", "create_msg_id", "parse_msg_id", "tags_code",
-    "ip_bytes",
+    "create_msg_ids", "ip_bytes",
     "check_topic",
     "BATCH_HEAD", "ENTRY_HEAD", "RECORD_HEAD", "BATCH_MAGIC", "MESSAGE_MAGIC", "BLANK_MAGIC",
     "MAX_TOPIC_LENGTH", "MAX_PROPERTIES_SIZE", "DEFAULT_MAX_MESSAGE_SIZE",
@@ -287,6 +288,19 @@ def batch_count(batch: bytes | memoryview) -> int:
 def batch_store_host(batch: bytes | memoryview) -> tuple[str, int]:
     _, _, ip, port = BATCH_HEAD.unpack_from(batch, 0)
     return socket.inet_ntop(socket.AF_INET, ip), port
+
+
+class CheckedBatch(bytes):
+    """Batch bytes this process has already checked (``scan_batch``) or built field by field
+    (``encode_single_batch``), with their message ``count``: the store takes the count instead of scanning the
+    batch again. Only code in this process can make one, so bytes from the network never skip the check."""
+
+    count: int
+
+    def __new__(cls, data: bytes | bytearray | memoryview, count: int) -> CheckedBatch:
+        self = super().__new__(cls, data)
+        self.count = count
+        return self
 
 
 def validate_batch(batch: bytes | memoryview, *, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE) -> int:
@@ -547,6 +561,17 @@ def decode_records(data: bytes, *, check_crc: bool = True) -> list[tuple]:
 def create_msg_id(store_host: tuple[str, int], phy_offset: int) -> str:
     ip, port = _host_bytes(store_host, "store_host")
     return MSG_ID.pack(ip, port, phy_offset).hex().upper()
+
+
+def create_msg_ids(store_host: tuple[str, int], phy_offsets: Sequence[int]) -> list[str]:
+    """``create_msg_id`` of each offset: the host part is encoded once, each offset formatted straight to hex
+    (a batch's answer carries one id per message)."""
+    if not phy_offsets:
+        return []
+    if min(phy_offsets) < 0:
+        return [create_msg_id(store_host, p) for p in phy_offsets]
+    prefix = create_msg_id(store_host, 0)[:16]
+    return [f"{prefix}{p:016X}" for p in phy_offsets]
 
 
 def parse_msg_id(msg_id: str) -> tuple[tuple[str, int], int]:

@@ -27,8 +27,8 @@ from dledger import DLedgerError, NotLeaderError
 from remoting.codec import Frame, make_response
 from remoting.codes import RequestCode, ResponseCode
 from remoting.errors import RaftMQError
-from remoting.message import (BATCH_HEAD, BATCH_MAGIC, ENTRY_HEAD, MessageFormatError, MessageInput, check_topic,
-                              encode_batch, encode_properties, encode_single_batch, scan_batch)
+from remoting.message import (BATCH_HEAD, BATCH_MAGIC, ENTRY_HEAD, CheckedBatch, MessageFormatError, MessageInput,
+                              check_topic, encode_batch, encode_properties, encode_single_batch, scan_batch)
 
 if TYPE_CHECKING:
     from broker.node import BrokerNode
@@ -170,8 +170,9 @@ class SendMessageProcessor:
             if born is not None and store is not None and type(body) is bytes:
                 # The usual case: every field checked here or above, written straight into the batch layout.
                 props = encode_properties(properties) if properties else b""
-                return encode_single_batch(check_topic(topic), queue_id, body, props, flag, sys_flag,
-                                           born_timestamp, born[0], born[1], reconsume_times, store[0], store[1])
+                return CheckedBatch(encode_single_batch(check_topic(topic), queue_id, body, props, flag, sys_flag,
+                                                        born_timestamp, born[0], born[1], reconsume_times, store[0],
+                                                        store[1]), 1)
             # encode_batch checks every property (types, separators, total size) and names the bad one.
             message = MessageInput(
                 topic=topic, queue_id=queue_id, body=body, properties=properties, flag=flag, sys_flag=sys_flag,
@@ -207,15 +208,14 @@ class SendMessageProcessor:
                                   f"are accepted in one batch")
         ip, port = self.node.store_host
         head = BATCH_HEAD.pack(BATCH_MAGIC, count, socket.inet_aton(ip), port)
-        if in_queue:
-            return head + body[BATCH_HEAD.size:]
         out = bytearray(body)
         out[:BATCH_HEAD.size] = head
-        pos = BATCH_HEAD.size
-        for _ in range(count):
-            _QUEUE_ID.pack_into(out, pos + 4, queue_id)
-            pos += ENTRY_HEAD.unpack_from(out, pos)[0]
-        return bytes(out)
+        if not in_queue:
+            pos = BATCH_HEAD.size
+            for _ in range(count):
+                _QUEUE_ID.pack_into(out, pos + 4, queue_id)
+                pos += ENTRY_HEAD.unpack_from(out, pos)[0]
+        return CheckedBatch(out, count)
 
 
 @functools.lru_cache(maxsize=4096)

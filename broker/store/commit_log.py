@@ -230,6 +230,11 @@ class CommitLog:
         piece_phy = end = start
         piece_o = o = 0
         wpos = start % seg_size
+        cur_key: tuple[bytes, int] | None = None
+        cur_topic: bytes | None = None
+        cur_qid = q = 0
+        unit_buf = bytearray()
+        index_prefix = b""
         for batch, count in batches:
             _, _, store_ip, store_port = BATCH_HEAD.unpack_from(batch, 0)
             mv = memoryview(batch)
@@ -241,16 +246,21 @@ class CommitLog:
                 body_end = tail + 4 + unpack_i(batch, tail)[0]
                 tl = batch[body_end]
                 topic = batch[body_end + 1:body_end + 1 + tl]
-                key = (topic, queue_id)
-                q = touched.get(key)
-                if q is None:
-                    q = planned.get(key)
+                if queue_id != cur_qid or topic != cur_topic:
+                    # Consecutive messages almost always share a queue (a producer's batch does): the offset,
+                    # units and index prefix of the current queue stay in locals until it changes.
+                    if cur_key is not None:
+                        touched[cur_key] = q
+                    cur_key = key = (topic, queue_id)
+                    cur_topic, cur_qid = topic, queue_id
+                    q = touched.get(key)
                     if q is None:
-                        q = queue_offsets.get(key, 0)
-                    queue_units = units[key] = (q, bytearray())
-                else:
-                    queue_units = units[key]
-                touched[key] = q + 1
+                        q = planned.get(key)
+                        if q is None:
+                            q = queue_offsets.get(key, 0)
+                        units[key] = (q, bytearray())
+                    unit_buf = units[key][1]
+                    index_prefix = topic + b"#"
                 p = body_end + 1 + tl
                 pl = unpack_h(batch, p)[0]
                 code = 0
@@ -269,21 +279,26 @@ class CommitLog:
                     end += seg_size - wpos
                     wpos = 0
                     piece_phy, piece_o = end, o
-                if uniq or raw_keys:
+                if raw_keys:
                     index += [(h, end) for h in index_hashes(topic, uniq, raw_keys)]
+                elif uniq:  # index_hashes' answer for a lone UNIQ_KEY, without the call and the list
+                    index.append((crc32c(index_prefix + uniq) & 0x7FFFFFFF, end))
                 pack_head(out, o, size, MESSAGE_MAGIC, crc32c(mv[tail + 4:body_end]), queue_id, flag, q, end,
                           sys_flag, born_ts, born_ip, born_port, store_timestamp, store_ip, store_port, reconsume,
                           prepared)
-                queue_units[1].extend(pack_unit(end, size, code))
+                unit_buf += pack_unit(end, size, code)
                 out[o + rec_head:o + size] = mv[tail:pos + entry_size]
                 phys.append(end)
                 qoffs.append(q)
                 sizes.append(size)
                 qids.append(queue_id)
+                q += 1
                 o += size
                 end += size
                 wpos += size
                 pos += entry_size
+        if cur_key is not None:
+            touched[cur_key] = q
         if o > piece_o:
             pieces.append((piece_phy, piece_o, o - piece_o))
         del out[o:]

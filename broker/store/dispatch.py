@@ -107,15 +107,24 @@ class Dispatcher:
             indexed_up_to = index.indexed_up_to
             ts = hint.store_timestamp
             index_file = index.current(hint.start)
-            for h, phy in hint.index:
-                if phy > indexed_up_to and not index_file.put(h, phy, ts):
-                    # The full file ends at the record before this one, as if dispatched record by record.
-                    before = self._record_before(hint.start, phy)
-                    if before is not None:
-                        index_file.end_phy_offset = before
-                        index_file.end_timestamp = ts
-                    index_file = index.current(phy)
-                    index_file.put(h, phy, ts)
+            entries = hint.index
+            n = len(entries)
+            i = 0
+            while i < n and entries[i][1] <= indexed_up_to:  # put in order: the indexed ones come first
+                i += 1
+            while i < n:
+                i = index_file.put_many(entries, i, ts)
+                if i == n:
+                    break
+                # The file is full. It ends at the record before this one, as if dispatched record by record.
+                h, phy = entries[i]
+                before = self._record_before(hint.start, phy)
+                if before is not None:
+                    index_file.end_phy_offset = before
+                    index_file.end_timestamp = ts
+                index_file = index.current(phy)
+                index_file.put(h, phy, ts)
+                i += 1
             index_file.end_phy_offset = hint.last_phy
             index_file.end_timestamp = ts
         self.dispatched = hint.end

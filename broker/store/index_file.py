@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import struct
+from collections.abc import Sequence
 from pathlib import Path
 
 from crc32c import crc32c
@@ -88,6 +89,30 @@ class IndexFile:
         _pack_slot(mm, slot_at, count)
         self.index_count = count + 1
         return True
+
+    def put_many(self, entries: Sequence[tuple[int, int]], start: int, store_timestamp: int) -> int:
+        """``put`` of each ``(hash, phy_offset)`` of ``entries[start:]``, all with one store timestamp (a
+        dispatched batch), until the file is full; returns the position of the first entry not put."""
+        count = self.index_count
+        stop = min(len(entries), start + self.max_entries - count)
+        if stop <= start:
+            return start
+        if count == 1:
+            self.begin_timestamp = store_timestamp
+        diff = (store_timestamp - self.begin_timestamp) // 1000
+        diff = 0 if diff < 0 else (diff if diff < 0x7FFFFFFF else 0x7FFFFFFF)
+        mm = self.file.mm
+        header, slots, at = self._header_size, self.slots, self.entries_at + count * 20
+        pack_entry, pack_slot, unpack_slot = _pack_entry, _pack_slot, _unpack_slot
+        for i in range(start, stop):
+            h, phy = entries[i]
+            slot_at = header + (h % slots) * 4
+            pack_entry(mm, at, h, phy, diff, unpack_slot(mm, slot_at)[0])
+            pack_slot(mm, slot_at, count)
+            count += 1
+            at += 20
+        self.index_count = count
+        return stop
 
     def write_header(self) -> None:
         INDEX_HEADER.pack_into(self.file.mm, 0, self.begin_timestamp, self.end_timestamp, self.begin_phy_offset,

@@ -25,8 +25,8 @@ from typing import Any
 import trio
 from crc32c import crc32c
 
-from remoting.message import (MessageFormatError, MessageView, batch_store_host, decode_record, parse_msg_id,
-                              validate_batch)
+from remoting.message import (CheckedBatch, MessageFormatError, MessageView, batch_store_host, decode_record,
+                              parse_msg_id, validate_batch)
 
 from .checkpoint import StoreCheckpoint
 from .commit_log import BuiltBatch, CommitLog
@@ -167,7 +167,11 @@ class MessageStore:
         """The batch's message count and None, or 0 and the refusal ``append_batch`` gives it at offset ``at``
         (malformed: MESSAGE_ILLEGAL / PROPERTIES_SIZE_EXCEEDED; DISK_FULL past ``disk_reject_ratio``)."""
         try:
-            count = validate_batch(batch, max_message_size=self.config.max_message_size)
+            if type(batch) is CheckedBatch:
+                # The broker's send path checked it, against BrokerConfig.max_message_size (never above ours).
+                count = batch.count
+            else:
+                count = validate_batch(batch, max_message_size=self.config.max_message_size)
         except MessageFormatError as e:
             status = (AppendStatus.PROPERTIES_SIZE_EXCEEDED if e.field == "properties"
                       else AppendStatus.MESSAGE_ILLEGAL)

@@ -8,7 +8,7 @@ import enum
 from functools import cached_property
 from typing import NamedTuple
 
-from remoting.message import MessageView, create_msg_id
+from remoting.message import MessageView, create_msg_ids
 
 __all__ = ["AppendStatus", "AppendResult", "AppendedMessage", "GetMessageStatus", "GetMessageResult",
            "QueryMessageResult", "StoreStatistics"]
@@ -53,9 +53,8 @@ class AppendResult:
 
     @cached_property
     def messages(self) -> list[AppendedMessage]:
-        host = self.store_host
-        return [AppendedMessage(create_msg_id(host, p), q, qo, p, s)
-                for p, q, qo, s in zip(self.phy_offsets, self.queue_ids, self.queue_offsets, self.sizes)]
+        return list(map(AppendedMessage, create_msg_ids(self.store_host, self.phy_offsets), self.queue_ids,
+                        self.queue_offsets, self.phy_offsets, self.sizes))
 
 
 class GetMessageStatus(enum.Enum):
