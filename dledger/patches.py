@@ -100,30 +100,41 @@ def check_version(found: str = PYSYNCOBJ_VERSION) -> None:
 
 
 class FrameAuthenticator:
-    """HMAC-SHA256 over each frame body, keyed from the cluster secret.
+    """Authenticates each frame body: HMAC-SHA256, keyed from the cluster secret, over the connection's random
+    key and the SHA-256 of the body (hash, then MAC).
 
-    Stands where pysyncobj expects its Fernet encryptor (its truthiness turns on the random-key handshake);
-    only ``tag``/``verify`` are used, by the replaced frame codec below.
+    The random key (pysyncobj's handshake, one per connection and direction) ties a frame to its connection, so
+    a frame recorded on one connection is refused on any other before it is unpickled. Hashing first lets a
+    leader hash an append_entries body once for all its followers, who usually get the same bytes: the sender
+    keeps the digest of the last body it tagged. Stands where pysyncobj expects its Fernet encryptor (its
+    truthiness turns on the random-key handshake); only ``tag``/``verify`` are used, by the frame codec below.
     """
 
     def __init__(self, secret: str) -> None:
         if not secret:
             raise ValueError("a DLedger member needs a non-empty cluster secret")
-        self._key = hashlib.sha256(b"raftmq-dledger-v1\x00" + secret.encode()).digest()
+        # v2: the frame layout changed with hash-then-MAC; a v1 member's frames fail authentication.
+        self._key = hashlib.sha256(b"raftmq-dledger-v2\x00" + secret.encode()).digest()
+        self._last: tuple[bytes, bytes] = (b"", hashlib.sha256(b"").digest())  # one tuple: swapped atomically
 
-    def tag(self, body: bytes) -> bytes:
-        return hmac.digest(self._key, body, "sha256")
+    def tag(self, body: bytes, rand_key: bytes | None = None) -> bytes:
+        last_body, digest = self._last
+        if body is not last_body and body != last_body:
+            digest = hashlib.sha256(body).digest()
+            self._last = (body, digest)
+        return hmac.digest(self._key, (rand_key or b"") + digest, "sha256")
 
-    def verify(self, tag: bytes, body: bytes) -> bool:
-        return hmac.compare_digest(tag, hmac.digest(self._key, body, "sha256"))
+    def verify(self, tag: bytes, body: bytes | memoryview, rand_key: bytes | None = None) -> bool:
+        expected = hmac.digest(self._key, (rand_key or b"") + hashlib.sha256(body).digest(), "sha256")
+        return hmac.compare_digest(tag, expected)
 
     def __bool__(self) -> bool:
         return True
 
 
-def encode_frame(auth: FrameAuthenticator, message: Any) -> bytes:
+def encode_frame(auth: FrameAuthenticator, message: Any, rand_key: bytes | None = None) -> bytes:
     body = pickle.dumps(message, protocol=WIRE_PICKLE_PROTOCOL)
-    return _LENGTH.pack(_TAG_SIZE + len(body)) + auth.tag(body) + body
+    return _LENGTH.pack(_TAG_SIZE + len(body)) + auth.tag(body, rand_key) + body
 
 
 def _send(self: Any, message: Any) -> None:
@@ -132,9 +143,8 @@ def _send(self: Any, message: Any) -> None:
         # Never reached in dledger (the member refuses to start without a secret); refuse rather than
         # fall back to an unauthenticated wire.
         raise RuntimeError("pysyncobj connection without an authenticator")
-    if self.sendRandKey:
-        message = (self.sendRandKey, message)
-    self._TcpConnection__writeBuffer += encode_frame(auth, message)
+    # pysyncobj wraps the message as (sendRandKey, message); here the key goes into the tag instead.
+    self._TcpConnection__writeBuffer += encode_frame(auth, message, self.sendRandKey)
     self._TcpConnection__trySendBuffer()
 
 
@@ -152,18 +162,14 @@ def _parse_message(self: Any) -> Any:
     auth = self.encryptor
     tag = bytes(buf[4:4 + _TAG_SIZE])
     body = memoryview(buf)[4 + _TAG_SIZE:4 + length]  # no copy of a frame that may be 256 KiB
-    if not auth or not auth.verify(tag, body):
-        # The only path to pickle.loads goes through this check: an unauthenticated peer never gets a byte
-        # unpickled.
+    if not auth or not auth.verify(tag, body, self.recvRandKey):
+        # The only path to pickle.loads goes through this check: an unauthenticated peer, or a frame replayed
+        # from another connection, never gets a byte unpickled.
         log.warning("raft frame rejected reason=bad_authentication")
         self.disconnect()
         return None
     try:
         message = pickle.loads(body)
-        if self.recvRandKey:
-            rand_key, message = message
-            if rand_key != self.recvRandKey:
-                raise ValueError("frame replayed from another connection")
     except Exception as e:  # an authenticated peer sent nonsense: drop the connection, keep the node
         log.warning("raft frame rejected reason=%s", e)
         self.disconnect()

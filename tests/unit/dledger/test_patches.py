@@ -79,6 +79,27 @@ def test_patched_wire_round_trip_is_pickle5_without_zlib():
     assert conn._TcpConnection__readBuffer == b"\x00\x01"  # the rest waits for more data
 
 
+def test_a_frame_is_only_accepted_on_the_connection_it_was_tagged_for(tmp_path):
+    auth = patches.FrameAuthenticator("the-real-cluster-secret")
+    key_a, key_b = os.urandom(32), os.urandom(32)
+    message = {"type": "append_entries", "entries": [(b"y" * 5000, 7, 3)]}
+    frame_a = patches.encode_frame(auth, message, key_a)
+    # The same body for a second connection: its digest comes from the sender's cache, its tag must not.
+    frame_b = patches.encode_frame(auth, message, key_b)
+    assert frame_a[4 + 32:] == frame_b[4 + 32:] and frame_a[4:4 + 32] != frame_b[4:4 + 32]
+    for frame, key, accepted in ((frame_a, key_a, True), (frame_b, key_b, True), (frame_a, key_b, False),
+                                 (frame_b, None, False), (patches.encode_frame(auth, message), key_a, False)):
+        conn = _fake_connection(frame, encryptor=auth)
+        conn.recvRandKey = key
+        assert (patches._parse_message(conn) == message) is accepted
+        assert conn.disconnected is not accepted
+    target = tmp_path / "pwned-replay"
+    evil = patches.encode_frame(auth, _CreatesFile(str(target)), key_a)
+    conn = _fake_connection(evil, encryptor=auth)
+    conn.recvRandKey = key_b
+    assert patches._parse_message(conn) is None and not target.exists()  # refused before unpickling
+
+
 def test_pysyncobj_command_pickles_use_protocol_5():
     assert pso_pickle.dumps((1, (b"payload",)))[:2] == b"\x80\x05"
 
