@@ -30,6 +30,9 @@ _UNIQ_PREFIX = os.urandom(4).hex().upper() + f"{os.getpid() & 0xFFFF:04X}"
 _uniq_counter = itertools.count()
 
 
+_UNIQ_PROPERTY_HEAD = PROPERTY_UNIQ_KEY.encode("ascii") + b"\x01"
+
+
 def new_uniq_key() -> str:
     suffix = struct.pack(">IH", int(time.time() * 1000) & 0xFFFFFFFF, next(_uniq_counter) & 0xFFFF)
     return _UNIQ_PREFIX + suffix.hex().upper()
@@ -78,11 +81,15 @@ class Message:
         """``((body, encoded properties, flag), unique id)`` for the batch layout (``encode_uniform_batch``),
         with a fresh UNIQ_KEY unless the message has one; raises ``MessageFormatError`` for a flag outside
         int32 or properties the layout cannot carry."""
-        props = self.wire_properties()
-        uniq = props.setdefault(PROPERTY_UNIQ_KEY, new_uniq_key())
         flag = self.flag
         if type(flag) is not int or not -0x80000000 <= flag <= 0x7FFFFFFF:
             raise MessageFormatError("flag", f"flag must be an int32, got {flag!r}")
+        if not (self.properties or self.tags or self.keys):
+            # The common message: nothing but the id we make here (hex, no separator byte to check for).
+            uniq = new_uniq_key()
+            return (self.body, _UNIQ_PROPERTY_HEAD + uniq.encode("ascii") + b"\x02", flag), uniq
+        props = self.wire_properties()
+        uniq = props.setdefault(PROPERTY_UNIQ_KEY, new_uniq_key())
         return (self.body, encode_properties(props), flag), uniq
 
 
