@@ -67,9 +67,6 @@ class BuiltBatch(NamedTuple):
     hint: DispatchHint  # its ConsumeQueue units and index entries, for the dispatcher
 
 
-_UNIQ_ONLY = b"UNIQ_KEY\x01"
-
-
 class CommitLog:
     def __init__(self, config: StoreConfig) -> None:
         self.dir: Path = config.store_dir / "commitlog"
@@ -269,14 +266,9 @@ class CommitLog:
                 code = 0
                 tags = raw_keys = uniq = None
                 if pl:
-                    props_end = p + 2 + pl
-                    if batch.startswith(_UNIQ_ONLY, p + 2) and batch.find(b"\x02", p + 11, props_end) == props_end - 1:
-                        # Nothing but a UNIQ_KEY (a producer's usual message): scan_properties' answer, directly.
-                        uniq = batch[p + 11:props_end - 1]
-                    else:
-                        tags, raw_keys, uniq = scan_properties(batch[p + 2:props_end])
-                        if tags:
-                            code = tags_code_of(tags)
+                    tags, raw_keys, uniq = scan_properties(batch[p + 2:p + 2 + pl])
+                    if tags:
+                        code = tags_code_of(tags)
                 size = entry_size + _TAIL_DELTA
                 if wpos + size > limit:
                     # Close the segment with a blank header (the rest of a segment is zeros already) and go on

@@ -20,8 +20,15 @@ __all__ = ["DispatchHint", "scan_properties", "tags_code_of", "index_hashes"]
 _TAGS_CODES: dict[bytes, int] = {}
 
 
+_UNIQ_ONLY = b"UNIQ_KEY\x01"
+_UNIQ_AT = len(_UNIQ_ONLY)
+
+
 def scan_properties(props: bytes) -> tuple[bytes | None, bytes | None, bytes | None]:
     """``(TAGS, KEYS, UNIQ_KEY)`` raw values of encoded properties (None when absent)."""
+    if props.startswith(_UNIQ_ONLY) and props.find(b"\x02", _UNIQ_AT) == len(props) - 1:
+        # Nothing but a UNIQ_KEY (a producer's usual message): the loop's answer, without splitting.
+        return None, None, props[_UNIQ_AT:-1]
     tags = raw_keys = uniq = None
     for pair in props.split(b"\x02"):
         name, _, value = pair.partition(b"\x01")

@@ -76,19 +76,7 @@ class IndexFile:
 
     def put(self, h: int, phy_offset: int, store_timestamp: int) -> bool:
         """Add an entry; False (nothing written) when the file is full."""
-        count = self.index_count
-        if count >= self.max_entries:
-            return False
-        mm = self.file.mm
-        slot_at = self._header_size + (h % self.slots) * 4
-        if count == 1:
-            self.begin_timestamp = store_timestamp
-        diff = (store_timestamp - self.begin_timestamp) // 1000
-        _pack_entry(mm, self.entries_at + count * 20, h, phy_offset,
-                    0 if diff < 0 else (diff if diff < 0x7FFFFFFF else 0x7FFFFFFF), _unpack_slot(mm, slot_at)[0])
-        _pack_slot(mm, slot_at, count)
-        self.index_count = count + 1
-        return True
+        return self.put_many(((h, phy_offset),), 0, store_timestamp) == 1
 
     def put_many(self, entries: Sequence[tuple[int, int]], start: int, store_timestamp: int) -> int:
         """``put`` of each ``(hash, phy_offset)`` of ``entries[start:]``, all with one store timestamp (a
