@@ -49,6 +49,15 @@ so a silent upgrade cannot quietly disable a fix.
     append_entries sent meanwhile (new entries, heartbeats) carries the commit index too and clears the mark,
     so under load no such notice goes out at all.
 
+11. Commit index from a snapshot chunk: while a leader streams its snapshot (``append_entries`` without
+    ``prevLogIdx``), the follower's handler still sets its commit index to ``min(leader's commit, own last
+    index)``, although no chunk checked the follower's own entries against the leader's. A restarted old leader
+    whose log ends with entries that never committed (its followers never got them) then applies them, a
+    different record at an offset the group filled with another one, before the snapshot replaces its log.
+    Measured here: the member then refused the catch-up copy and stopped ("queue offset ... expects ...");
+    had the stale record matched the committed one in size and queue, it could have served a divergent commit log. The commit index now
+    only rises to what the message proved: the index of a snapshot it loaded.
+
 The chunked-send defect (entries at least ``appendEntriesBatchSizeBytes`` long) is contained by configuration:
 ``dledger.config`` keeps the entry size limit below half the batch size (16 MiB by default, so ~8 MiB entries:
 one 4 MiB message fits) and ``dledger.entry`` refuses bigger entries. It is not patched: the fix would mean
@@ -186,9 +195,34 @@ _original_send_append_entries = pso_syncobj.SyncObj._SyncObj__sendAppendEntries
 _original_apply_log_entries = pso_syncobj.SyncObj._SyncObj__applyLogEntries
 
 
+def _on_message(self: Any, node: Any, message: Any) -> None:
+    """pysyncobj's message handler with fixes 2 and 11 around the two messages they concern."""
+    if isinstance(message, dict):
+        kind = message.get("type")
+        if kind == "next_node_idx":
+            _on_message_monotonic_next_index(self, node, message)
+            return
+        if kind == "append_entries" and "prevLogIdx" not in message:
+            _on_snapshot_message_commit_clamped(self, node, message)
+            return
+    _original_on_message(self, node, message)
+
+
+def _on_snapshot_message_commit_clamped(self: Any, node: Any, message: Any) -> None:
+    # 11: the handler ends every append_entries, snapshot chunks included, with
+    # commit = min(leader's commit, own last index). A chunk validates none of the follower's own entries, so
+    # a restarted old leader would commit and apply the uncommitted tail of its log while the snapshot is
+    # still on its way. Only what the message proved may count: a loaded snapshot (applied up to its index).
+    before = self._SyncObj__raftCommitIndex
+    _original_on_message(self, node, message)
+    limit = max(before, self._SyncObj__raftLastApplied)
+    if self._SyncObj__raftCommitIndex > limit:
+        self._SyncObj__raftCommitIndex = limit
+        self._SyncObj__raftLog.setRaftCommitIndex(limit)
+
+
 def _on_message_monotonic_next_index(self: Any, node: Any, message: Any) -> None:
-    if (isinstance(message, dict) and message.get("type") == "next_node_idx" and message.get("success")
-            and not message.get("reset")):
+    if message.get("success") and not message.get("reset"):
         before = self._SyncObj__raftNextIndex.get(node)
         _original_on_message(self, node, message)
         after = self._SyncObj__raftNextIndex.get(node)
@@ -323,7 +357,7 @@ def apply_patches() -> None:
         return
     pso_tcp.TcpConnection.send = _send
     pso_tcp.TcpConnection._TcpConnection__processParseMessage = _parse_message
-    pso_syncobj.SyncObj._SyncObj__onMessageReceived = _on_message_monotonic_next_index
+    pso_syncobj.SyncObj._SyncObj__onMessageReceived = _on_message
     pso_syncobj.SyncObj._SyncObj__sendNextNodeIdx = _send_next_node_idx_flushed
     pso_syncobj.SyncObj._SyncObj__sendAppendEntries = _send_append_entries_flushed
     pso_syncobj.SyncObj._SyncObj__applyLogEntries = _apply_log_entries_gated

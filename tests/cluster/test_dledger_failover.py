@@ -51,9 +51,12 @@ async def test_leader_killed_ten_times_under_load(spawn, tmp_path, capsys):
                 assert before > 0
                 killed_at = time.monotonic()
                 cluster.kill(leader)
-                with trio.fail_after(15):
+                with trio.move_on_after(15):
                     while not any(a.started >= killed_at for a in acked[before:]):
                         await trio.sleep(0.005)
+                if not any(a.started >= killed_at for a in acked[before:]):
+                    raise AssertionError(f"kill {round_ + 1} ({leader}): no append acknowledged within 15 s; "
+                                         f"members:\n{cluster.describe()}")
                 first = min(a.finished for a in acked[before:] if a.started >= killed_at)
                 gaps.append(first - killed_at)
                 await trio.to_thread.run_sync(cluster.start, leader)
@@ -70,5 +73,5 @@ async def test_leader_killed_ten_times_under_load(spawn, tmp_path, capsys):
               f"gap median {median:.3f} s, max {worst:.3f} s, all gaps {[round(g, 3) for g in gaps]}")
     # The gap is a speed figure (target median <= 1.0 s, max <= 2.0 s): it is reported above and recorded in
     # docs/benchmarks.md, never asserted, so a loaded machine cannot fail this test. What is asserted is that
-    # every failover completed (fail_after(15) above) and that nothing acknowledged was lost.
+    # every failover completed (within 15 s, above) and that nothing acknowledged was lost.
     assert len(gaps) == KILLS

@@ -83,6 +83,20 @@ class DLedgerCluster:
     def kill(self, member_id: str) -> None:
         self.procs[member_id].kill()
 
+    def describe(self) -> str:
+        """Each member's state, with the last lines a stopped one printed: what a failure message needs."""
+        parts = []
+        for member_id in self.ids:
+            proc = self.procs.get(member_id)
+            if proc is None:
+                parts.append(f"{member_id}: never started")
+            elif proc.alive:
+                parts.append(f"{member_id}: running pid={proc.pid}")
+            else:
+                tail = "".join(proc.output[-8:])
+                parts.append(f"{member_id}: exited rc={proc.proc.returncode}, last output:\n{tail}")
+        return "\n".join(parts)
+
     def alive(self) -> list[str]:
         return [k for k, p in self.procs.items() if p.alive]
 

@@ -290,3 +290,61 @@ def test_epoll_poller_lets_trio_wait_for_pysyncobj_events():
     finally:
         b.close()
         poller.close()
+
+
+def _follower_with_uncommitted_tail(tmp_path, name: str):
+    """A real SyncObj (no tick thread, never ticked) whose log ends with entries 2..5 of term 1 that only it
+    holds, committed up to 1: a restarted old leader. Returns it and the node a term-2 leader speaks from."""
+    from pysyncobj import SyncObj, SyncObjConf
+    from tests.procs import free_port
+
+    def serializer(file_name, raft_data):
+        with open(file_name, "wb") as f:
+            pickle.dump(raft_data, f)
+
+    def deserializer(file_name):
+        with open(file_name, "rb") as f:
+            return pickle.load(f)
+
+    peers = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
+    conf = SyncObjConf(autoTick=False, fullDumpFile=str(tmp_path / f"{name}.dump"), serializer=serializer,
+                       deserializer=deserializer, pollerType="epoll")
+    follower = SyncObj(f"127.0.0.1:{free_port()}", peers, conf)
+    log = follower._SyncObj__raftLog
+    for idx in range(2, 6):
+        log.add(b"\x00stale", idx, 1)
+    follower._SyncObj__raftCurrentTerm = 1
+    leader = next(n for n in follower._SyncObj__otherNodes if n.address == peers[0])
+    return follower, leader
+
+
+def test_a_snapshot_chunk_does_not_commit_the_followers_own_tail(tmp_path):
+    # The leader (term 2, commit index 10) streams its snapshot; the first chunk proves nothing about entries
+    # 2..5 of the follower, which the group never committed.
+    chunk = {"type": "append_entries", "term": 2, "commit_index": 10, "serialized": (b"part", True, False)}
+    stock, leader = _follower_with_uncommitted_tail(tmp_path, "stock")
+    fixed, leader_of_fixed = _follower_with_uncommitted_tail(tmp_path, "fixed")
+    try:
+        patches.ORIGINALS["on_message"](stock, leader, dict(chunk))
+        assert stock._SyncObj__raftCommitIndex == 5  # the defect: the next tick applies the stale tail
+        patches._on_message(fixed, leader_of_fixed, dict(chunk))
+        assert fixed._SyncObj__raftCommitIndex == 1
+        assert fixed._SyncObj__raftLog.getRaftCommitIndex() == 1
+        assert fixed._SyncObj__raftLeader == leader_of_fixed  # the rest of the handler ran as before
+
+        # The last chunk loads the snapshot (last entry: index 7, term 2): the log is replaced, and the commit
+        # index may rise to what the snapshot holds, applied.
+        snapshot = pickle.dumps(((b"\x00", 7, 2), (b"\x00", 6, 2), []))  # what pysyncobj hands a serializer
+        patches._on_message(fixed, leader_of_fixed, {"type": "append_entries", "term": 2, "commit_index": 10,
+                                                     "serialized": (snapshot, True, False)})
+        patches._on_message(fixed, leader_of_fixed, {"type": "append_entries", "term": 2, "commit_index": 10,
+                                                     "serialized": (b"", False, True)})
+        assert fixed._SyncObj__raftLastApplied == 7
+        assert fixed._SyncObj__raftCommitIndex == 7
+        assert [e[1:] for e in (fixed._SyncObj__raftLog[0], fixed._SyncObj__raftLog[1])] == [(6, 2), (7, 2)]
+    finally:
+        for member in (stock, fixed):
+            incoming = member._SyncObj__serializer._Serializer__incomingTransmissionFile
+            if incoming is not None:  # the stock follower still waits for the rest of its snapshot
+                incoming.close()
+            member.destroy()
