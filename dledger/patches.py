@@ -54,9 +54,10 @@ so a silent upgrade cannot quietly disable a fix.
     index)``, although no chunk checked the follower's own entries against the leader's. A restarted old leader
     whose log ends with entries that never committed (its followers never got them) then applies them, a
     different record at an offset the group filled with another one, before the snapshot replaces its log.
-    Measured here: the member then refused the catch-up copy and stopped ("queue offset ... expects ...");
-    had the stale record matched the committed one in size and queue, it could have served a divergent commit log. The commit index now
-    only rises to what the message proved: the index of a snapshot it loaded.
+    Seen here on a loaded machine: the member then refused its catch-up copy ("queue offset ... expects ...")
+    and stopped. Had the stale record matched the committed one in size and queue, the copy would have passed
+    and the member would have served a divergent commit log. The commit index now only rises to what the
+    message proved: the index of a snapshot it loaded.
 
 The chunked-send defect (entries at least ``appendEntriesBatchSizeBytes`` long) is contained by configuration:
 ``dledger.config`` keeps the entry size limit below half the batch size (16 MiB by default, so ~8 MiB entries:
