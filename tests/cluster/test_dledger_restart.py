@@ -94,8 +94,9 @@ async def test_old_leader_with_an_uncommitted_tail_rejoins_through_a_snapshot(sp
     every acknowledged record.
 
     Stock pysyncobj applied such a tail when the snapshot's chunks reached the old leader in different ticks
-    (dledger.patches 11). Whether they do depends on timing: without the fix this test failed 1 run in 10 on a loaded machine,
-    so the defect itself is pinned down by tests/unit/dledger/test_patches.py; this test covers the way back."""
+    (dledger.patches 11). Whether they do depends on timing: without the fix this test failed 1 run in 10 on a
+    loaded machine, so the defect itself is pinned down by tests/unit/dledger/test_patches.py; this test covers
+    the way back."""
     cluster = DLedgerCluster(spawn, tmp_path, dledger=dict(FAST_ELECTIONS, log_compaction_min_entries=40))
     cluster.start_all()
     acked = []
