@@ -11,9 +11,8 @@ import pytest
 import trio
 
 from raftmq.commands.verify import verify_group
-from remoting.errors import RaftMQError
 from remoting.transport import open_remoting_client
-from tests.integration.dledger.cluster_support import DLedgerCluster, message
+from tests.integration.dledger.cluster_support import DLedgerCluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -28,22 +27,7 @@ async def test_leader_killed_ten_times_under_load(spawn, tmp_path, capsys):
     gaps = []
     async with open_remoting_client(connect_timeout_s=0.5) as client:
         await cluster.wait_leader(client)
-        counter = 0
-        stop = False
-
-        async def writer(w: int) -> None:
-            nonlocal counter
-            while not stop:
-                counter += 1
-                i = counter
-                try:
-                    acked.append(await cluster.append(client, message(f"w{w}", i), timeout_s=15))
-                except (RaftMQError, trio.TooSlowError):
-                    await trio.sleep(0.01)
-
-        async with trio.open_nursery() as nursery:
-            for w in range(WRITERS):
-                nursery.start_soon(writer, w)
+        async with cluster.writing(client, acked, writers=WRITERS, timeout_s=15):
             for round_ in range(KILLS):
                 await trio.sleep(0.6)
                 leader = await cluster.wait_leader(client)
@@ -60,7 +44,6 @@ async def test_leader_killed_ten_times_under_load(spawn, tmp_path, capsys):
                 first = min(a.finished for a in acked[before:] if a.started >= killed_at)
                 gaps.append(first - killed_at)
                 await trio.to_thread.run_sync(cluster.start, leader)
-            stop = True
         end = await cluster.wait_converged(client, max(a.phy_offset for a in acked))
         report = await verify_group(cluster.group, [cluster.address(m) for m in cluster.ids])
         assert report["identical"] and report["up_to"] == end

@@ -10,7 +10,6 @@ import trio
 from raftmq.commands.verify import verify_group
 from remoting.codec import make_request
 from remoting.codes import RequestCode, ResponseCode
-from remoting.errors import RaftMQError
 from remoting.transport import open_remoting_client
 from tests.integration.dledger.cluster_support import FAST_ELECTIONS, DLedgerCluster, message
 from tests.procs import raftmq_argv
@@ -24,27 +23,12 @@ async def test_all_members_killed_at_once_lose_nothing_acknowledged(spawn, tmp_p
     acked = []
     async with open_remoting_client(connect_timeout_s=0.5) as client:
         await cluster.wait_leader(client)
-        stop = False
-
-        async def writer(w: int) -> None:
-            i = 0
-            while not stop:
-                i += 1
-                try:
-                    acked.append(await cluster.append(client, message(f"w{w}", i), timeout_s=5))
-                except (RaftMQError, trio.TooSlowError):
-                    await trio.sleep(0.01)
-
-        async with trio.open_nursery() as nursery:
-            for w in range(8):
-                nursery.start_soon(writer, w)
+        async with cluster.writing(client, acked):
             await trio.sleep(2.0)
             for member_id in cluster.ids:  # as close to "at once" as three kill(2) calls get
                 cluster.procs[member_id].proc.kill()
             for member_id in cluster.ids:
                 cluster.procs[member_id].proc.wait(10)
-            stop = True
-            nursery.cancel_scope.cancel()
         count_at_kill = len(acked)
         assert count_at_kill > 50
         for member_id in cluster.ids:
@@ -128,23 +112,9 @@ async def test_old_leader_with_an_uncommitted_tail_rejoins_through_a_snapshot(sp
         await cluster.wait_leader(client, timeout_s=15)
         for i in range(200):  # one in flight: ~one entry each, several compactions of 40 entries
             acked.append(await cluster.append(client, message("new-term", i)))
-        stop = False
-
-        async def writer(w: int) -> None:
-            i = 0
-            while not stop:
-                i += 1
-                try:
-                    acked.append(await cluster.append(client, message(f"rejoin-w{w}", i), timeout_s=5))
-                except (RaftMQError, trio.TooSlowError):
-                    await trio.sleep(0.01)
-
-        async with trio.open_nursery() as nursery:
-            for w in range(8):
-                nursery.start_soon(writer, w)
+        async with cluster.writing(client, acked, "rejoin-w"):
             await trio.to_thread.run_sync(cluster.start, old)
             await trio.sleep(1.0)
-            stop = True
         end = await cluster.wait_converged(client, acked[-1].phy_offset, timeout_s=30)
         proc = cluster.procs[old]
         await trio.to_thread.run_sync(lambda: proc.wait_output("catch-up finished", timeout_s=10))

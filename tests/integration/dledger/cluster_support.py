@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -140,6 +142,26 @@ class DLedgerCluster:
                     else:
                         self._next_hint(target)
                 await trio.sleep(0.01)
+
+    @asynccontextmanager
+    async def writing(self, client, acked: list[Acked], tag: str = "w", *, writers: int = 8,
+                      timeout_s: float = 5.0) -> AsyncIterator[None]:
+        """``writers`` tasks append (leader following, failures retried) until the block ends; every
+        acknowledged append goes to ``acked``. Appends still in flight at the end are abandoned, never counted."""
+        async def writer(w: int) -> None:
+            i = 0
+            while True:
+                i += 1
+                try:
+                    acked.append(await self.append(client, message(f"{tag}{w}", i), timeout_s=timeout_s))
+                except (RaftMQError, trio.TooSlowError):
+                    await trio.sleep(0.01)
+
+        async with trio.open_nursery() as nursery:
+            for w in range(writers):
+                nursery.start_soon(writer, w)
+            yield
+            nursery.cancel_scope.cancel()
 
     def _next_hint(self, failed: str) -> None:
         ids = self.ids
