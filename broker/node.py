@@ -37,7 +37,8 @@ from broker.long_polling import PullRequestHoldService
 from broker.offset_manager import ConsumerOffsetTable
 from broker.processor.base import RequestRejected
 from broker.registration import RegistrationService, RegistrationSnapshot
-from broker.store import MessageStore
+from broker.store import MessageInput, MessageStore, encode_batch
+from broker.store.dispatch import TOPIC_DELETE_LOG
 from broker.topic_config import TopicConfig, TopicConfigTable, auto_create_config
 from dledger import DLedgerGroup, NotLeaderError, Role, open_dledger_group
 from dledger.service import remote_fetch_range
@@ -159,7 +160,15 @@ class BrokerNode:
             await self._put_topics({config.topic_name: config.to_wire()})
 
     async def delete_topic(self, topic: str) -> None:
+        """RocketMQ's deleteTopic: the config, the consumer offsets and the messages go. The messages go by a
+        deletion record in the commit log (``broker.store.dispatch``), appended first: should the config
+        removal then fail, the topic still exists and the admin's retry completes the delete. A producer's
+        auto-create of the same name waits on the topic lock, so its messages land after the cut."""
         async with self._topic_lock:
+            marker = encode_batch([MessageInput(topic=TOPIC_DELETE_LOG, queue_id=0, body=topic.encode("ascii"),
+                                                properties={"KEYS": topic}, born_timestamp=int(time.time() * 1000),
+                                                born_host=self.store_host)], self.store_host)
+            await self.append_messages(marker)
             await self._put_topics({topic: None})
             stale = [k for k in self.group.metadata(OFFSET_TABLE) if k.split("\x01")[1:2] == [topic]]
             if stale:

@@ -38,6 +38,7 @@ NOT_ALLOWED_SEND_TOPICS = frozenset({
     "RMQ_SYS_TRACE_TOPIC", "RMQ_SYS_TRANS_OP_HALF_TOPIC", "TRANS_CHECK_MAX_TIME_TOPIC", "SELF_TEST_TOPIC",
     "OFFSET_MOVED_EVENT",
 })
+SYSTEM_TOPIC_PREFIX = "rmq_sys_"
 _TOPIC_RE = re.compile(r"^[%|a-zA-Z0-9_-]+$")
 _FILTER_TYPES = ("SINGLE_TAG", "MULTI_TAG")
 
@@ -85,8 +86,14 @@ def validate_group_name(group: str, field: str = "consumer_group") -> str:
     return group
 
 
+def is_system_topic(topic: str) -> bool:
+    """RocketMQ 5's ``TopicValidator.isSystemTopic`` for the ``rmq_sys_`` prefix: the broker's own topics
+    (``rmq_sys_TOPIC_DELETE_LOG`` records topic deletions); nobody creates or sends to them."""
+    return topic.startswith(SYSTEM_TOPIC_PREFIX)
+
+
 def check_sendable_topic(topic: str) -> None:
-    if topic in NOT_ALLOWED_SEND_TOPICS:
+    if topic in NOT_ALLOWED_SEND_TOPICS or is_system_topic(topic):
         raise TopicConfigError(f"topic {topic!r} is reserved for the broker; producers may not send to it",
                                field="topic")
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import cbor2
 
 from broker.processor.base import I64, RequestRejected, get_int, get_str, get_topic_queue, topic_not_exist
-from broker.topic_config import TopicConfig, TopicConfigError, validate_topic_name
+from broker.topic_config import SYSTEM_TOPIC_PREFIX, TopicConfig, TopicConfigError, is_system_topic, validate_topic_name
 from remoting.codec import Frame, make_response
 from remoting.codes import ResponseCode
 
@@ -32,6 +32,10 @@ class AdminProcessor:
             config = TopicConfig.from_wire(request.ext)
         except TopicConfigError as e:
             raise RequestRejected(ResponseCode.INVALID_REQUEST, f"request field {e.field!r}: {e}") from None
+        if is_system_topic(config.topic_name):
+            raise RequestRejected(ResponseCode.INVALID_REQUEST,
+                                  f"request field 'topic_name': topic {config.topic_name!r} conflicts with the "
+                                  f"system topics (prefix {SYSTEM_TOPIC_PREFIX!r} is reserved for the broker)")
         await self.node.update_topic(config)
         return make_response(request, ResponseCode.SUCCESS)
 

@@ -9,6 +9,10 @@ Unit *n* of a queue is the message with queue offset *n*; it lives in file ``n /
 RocketMQ. A unit is written at the position its record's queue offset names, so dispatching a record twice
 writes the same bytes twice: re-dispatch after a crash is idempotent. ``size`` is never 0 in a real unit, so
 an all-zero unit is a hole.
+
+Units below ``min_offset`` are kept but never served: they point into commit-log segments retention deleted, or
+below the queue's ``cut``, the commit-log offset at which its topic was deleted (``apply_cut``, called by the
+dispatcher when it reaches the deletion record).
 """
 
 from __future__ import annotations
@@ -66,6 +70,9 @@ class ConsumeQueue:
         self._dirty: set[int] = set()
         self.max_offset = 0  # next queue offset; units [min_offset, max_offset) are readable
         self.min_offset = 0
+        # Commit-log offset of the latest deletion of this queue's topic: records before it are gone for readers.
+        # Queue offsets are not reset: an offset a consumer committed before can never name another message.
+        self.cut = 0
 
     # -- loading and recovery --------------------------------------------------------------------------------
     def load(self, commit_log_min: int, commit_log_end: int) -> None:
@@ -111,7 +118,9 @@ class ConsumeQueue:
                         self.queue_id, removed, self.max_offset)
 
     def correct_min_offset(self, commit_log_min: int) -> None:
-        """The first unit still pointing into the commit log (units before it point at deleted segments)."""
+        """The first unit still pointing into the commit log (units before it point at deleted segments) and
+        at or past the cut."""
+        commit_log_min = max(commit_log_min, self.cut)
         for idx in sorted(self._files):
             f = self._files[idx]
             first = _first_used_unit(f.mv)
@@ -125,6 +134,27 @@ class ConsumeQueue:
                     self.min_offset = idx * self.units_per_file + r
                     return
         self.min_offset = self.max_offset
+
+    def apply_cut(self, phy_offset: int) -> None:
+        """Hide every unit pointing before ``phy_offset`` (its topic was deleted there). Units are in commit-log
+        order within a queue, so the new min offset is found by binary search; until units past the cut
+        arrive, the queue reads as empty at its max offset."""
+        if phy_offset <= self.cut:
+            return
+        self.cut = phy_offset
+        lo, hi = self.min_offset, self.max_offset
+        while lo < hi:
+            mid = (lo + hi) // 2
+            unit = self.unit(mid)
+            # A unit whose file is gone (or a hole) cannot be served either way: treat it as before the cut.
+            if unit is None or unit[1] == 0 or unit[0] < phy_offset:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo > self.min_offset:
+            log.info("consume queue cut topic=%s queue_id=%d cut=%d min_offset=%d->%d max_offset=%d", self.topic,
+                     self.queue_id, phy_offset, self.min_offset, lo, self.max_offset)
+            self.min_offset = lo
 
     # -- writing ---------------------------------------------------------------------------------------------
     def _create(self, idx: int) -> MappedFile:

@@ -5,6 +5,13 @@ unit at the record's own queue offset and, unless the index already covers the r
 its UNIQ_KEY and each of its KEYS. Both writes are idempotent, so recovery may re-dispatch from any point at or
 before the checkpoint; deleting every derived file and dispatching from the start of the commit log rebuilds
 them byte-identical.
+
+Deleting a topic is a record too: the broker appends one to ``TOPIC_DELETE_LOG`` whose body names the topic,
+through the group's log like any message. Dispatching it *cuts* the topic's queues at the record's own
+offset: units before it are no longer served (``ConsumeQueue.apply_cut``), so a topic created again under the
+same name starts empty. The cut is ordered with the topic's own records by construction (dispatch follows the
+commit log), it is the same on every replica (byte-identical logs), and it needs no file of its own: after a
+restart the cuts are read back from ``TOPIC_DELETE_LOG``'s ConsumeQueue, rebuilt like any other.
 """
 
 from __future__ import annotations
@@ -15,18 +22,23 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from remoting.message import BLANK_MAGIC, BODY_LEN, PROPS_LEN, RECORD_HEAD
+from remoting.message import BLANK_MAGIC, BODY_LEN, PROPS_LEN, RECORD_HEAD, MessageFormatError, check_topic, \
+    decode_record
 
 from .commit_log import SIZE_MAGIC, CommitLog
-from .consume_queue import ConsumeQueue
+from .consume_queue import CQ_UNIT, ConsumeQueue
 from .dispatch_info import DispatchHint, index_hashes, scan_properties, tags_code_of
 from .index_file import IndexService
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Dispatcher", "DispatchListener"]
+__all__ = ["Dispatcher", "DispatchListener", "TOPIC_DELETE_LOG"]
 
 DispatchListener = Callable[[str, int, int], None]
+
+# The system topic of topic deletions (RocketMQ 5 reserves the ``rmq_sys_`` prefix); queue 0, body = topic name.
+TOPIC_DELETE_LOG = "rmq_sys_TOPIC_DELETE_LOG"
+_TOPIC_DELETE_LOG = TOPIC_DELETE_LOG.encode("ascii")
 
 
 class Dispatcher:
@@ -39,6 +51,7 @@ class Dispatcher:
         self.by_topic: dict[str, dict[int, ConsumeQueue]] = {}
         self.dispatched = 0  # every record before this offset is dispatched
         self._hints: collections.deque[DispatchHint] = collections.deque()
+        self.cuts: dict[str, int] = {}  # topic -> commit-log offset of its latest deletion record
 
     def load_queues(self, commit_log_min: int, commit_log_end: int) -> None:
         self.cq_root.mkdir(parents=True, exist_ok=True)
@@ -98,10 +111,17 @@ class Dispatcher:
 
     def _dispatch_hint(self, hint: DispatchHint, touched: dict[tuple[bytes, int], ConsumeQueue]) -> int:
         queues = self.queues
+        deletions: list[int] = []
         for key, first, units in hint.queues:
             cq = queues.get(key) or self._queue(*key)
             cq.put_units(first, units)
             touched[key] = cq
+            if key[0] == _TOPIC_DELETE_LOG:
+                deletions += [phy for phy, _, _ in CQ_UNIT.iter_unpack(units)]
+        if deletions:
+            # After every unit of the batch is in: a cut hides the units before it, found by offset.
+            for phy in deletions:
+                self._cut_at(phy)
         index = self.index
         if hint.last_phy > index.indexed_up_to:
             indexed_up_to = index.indexed_up_to
@@ -195,6 +215,8 @@ class Dispatcher:
                     code = tags_code_of(tags)
             cq.put(queue_offset, pos, size, code)
             touched[key] = cq
+            if topic == _TOPIC_DELETE_LOG:
+                self._cut_at(pos)
             if pos > indexed_up_to:
                 if index_file is None:
                     index_file = index.current(pos)
@@ -211,6 +233,38 @@ class Dispatcher:
             cl.note_touched(seg.start, pos - self.dispatched)
         self.dispatched = pos
         return count
+
+    # -- topic deletions ---------------------------------------------------------------------------------------
+    def _cut_at(self, phy: int) -> None:
+        """Apply the deletion record at ``phy``: cut its topic's queues there."""
+        raw = self.commit_log.record_at(phy)
+        if raw is None:
+            return  # removed by retention: every record before it is gone too
+        try:
+            topic = decode_record(raw, check_crc=False).body.decode("ascii")
+            check_topic(topic)
+        except (MessageFormatError, UnicodeDecodeError, ValueError) as e:
+            # Only the broker writes this topic (producers may not send to it); never fail dispatch over it.
+            log.warning("topic deletion record ignored phy_offset=%d reason=%s", phy, e)
+            return
+        if phy > self.cuts.get(topic, -1):
+            self.cuts[topic] = phy
+        for cq in self.by_topic.get(topic, {}).values():
+            cq.apply_cut(phy)
+
+    def load_cuts(self) -> None:
+        """Re-apply every deletion still in the commit log (after recovery's re-dispatch)."""
+        cq = self.queue(TOPIC_DELETE_LOG, 0)
+        if cq is None:
+            return
+        for offset in range(cq.min_offset, cq.max_offset):
+            unit = cq.unit(offset)
+            if unit is not None and unit[1]:
+                self._cut_at(unit[0])
+
+    def cut_of(self, topic: str) -> int:
+        """Commit-log offset before which ``topic``'s records were deleted (0: never deleted)."""
+        return self.cuts.get(topic, 0)
 
     def flush(self) -> None:
         for cq in list(self.queues.values()):

@@ -120,6 +120,7 @@ class MessageStore:
         redispatched = 0
         while d.dispatched < end:
             redispatched += d.dispatch(end, cfg.dispatch_chunk_bytes, {})
+        d.load_cuts()
         self._queue_offsets = d.queue_offsets()
         self.retention.refresh_disk_state()
         self.flush_all()
@@ -485,8 +486,11 @@ class MessageStore:
         """Messages of ``topic`` whose KEYS hold ``key`` or whose UNIQ_KEY is ``key``, stored in
         ``[begin_ts, end_ts]``, newest first."""
         index = self.dispatcher.index
+        cut = self.dispatcher.cut_of(topic)
         found: list[MessageView] = []
         for phy in index.query(topic, key, max_num * 2 + 8, begin_ts, end_ts):
+            if phy < cut:
+                continue  # the topic was deleted after this message
             view = self.look_message_by_offset(phy)
             if view is None or view.topic != topic or not begin_ts <= view.store_timestamp <= end_ts:
                 continue

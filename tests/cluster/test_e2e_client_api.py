@@ -1,5 +1,6 @@
 """The rest of the client surface against real processes, on one cluster: admin (topics, routes, cluster info),
-send_batch and send_oneway, the pull consumer with a tag filter, and the push consumer's start positions."""
+send_batch and send_oneway, the pull consumer with a tag filter, the push consumer's start positions, and a
+topic deleted and created again."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ import trio
 
 from client import (ClientError, Message, MessageQueue, PullStatus, open_admin, open_producer, open_pull_consumer,
                     open_push_consumer)
+from remoting.codec import make_request
+from remoting.codes import RequestCode, ResponseCode
+from remoting.transport import open_remoting_client
 from tests.cluster.test_e2e_produce_consume import start_cluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -91,3 +95,60 @@ async def test_admin_batch_oneway_pull_tags_and_start_positions(spawn, tmp_path)
         with trio.fail_after(10):
             while topic in await admin.list_topics():
                 await trio.sleep(0.1)
+
+
+async def _queue_bounds(client, addr: str, topic: str, queues: int) -> list[tuple[int, int]] | None:
+    """(min, max) offset of each queue as the node at ``addr`` serves them; None while it does not know the topic."""
+    out = []
+    for q in range(queues):
+        pair = []
+        for code in (RequestCode.GET_MIN_OFFSET, RequestCode.GET_MAX_OFFSET):
+            r = await client.invoke(addr, make_request(code, ext={"topic": topic, "queue_id": q}), timeout_s=5)
+            if r.code != ResponseCode.SUCCESS:
+                return None
+            pair.append(r.ext["offset"])
+        out.append(tuple(pair))
+    return out
+
+
+@pytest.mark.timeout(180)
+async def test_a_deleted_topic_created_again_is_empty_on_every_node(spawn, tmp_path):
+    """RocketMQ's deleteTopic removes the messages, not only the config: a topic created again under the same
+    name serves none of the old ones, on the leader and on the followers (one restarted by kill -9 after the
+    delete), while queue offsets go on from where they were."""
+    cluster = await start_cluster(spawn, tmp_path)
+    topic = "DoomedTopic"
+    await cluster.create_topic(topic, 2)
+    async with open_producer(cluster.namesrv) as producer:
+        for i in range(20):
+            await producer.send(Message(topic, b"old%d" % i), queue=MessageQueue(topic, "broker-a", i % 2))
+    async with open_admin(cluster.namesrv) as admin:
+        await admin.delete_topic(topic)
+    await cluster.create_topic(topic, 2)
+
+    leader = await cluster.leader_addr()
+    follower = next(nid for nid, addr in cluster.addr_of.items() if addr != leader)
+    await trio.to_thread.run_sync(cluster.nodes[follower].kill)
+    await trio.to_thread.run_sync(cluster.start, follower)
+    async with open_remoting_client() as client:
+        for addr in cluster.addr_of.values():
+            bounds = None
+            with trio.move_on_after(30):  # a restarted follower serves once it has caught up
+                while (bounds := await _queue_bounds(client, addr, topic, 2)) != [(10, 10), (10, 10)]:
+                    await trio.sleep(0.1)
+            assert bounds == [(10, 10), (10, 10)], f"{addr} serves (min, max) {bounds} for the queues"
+
+    async with open_producer(cluster.namesrv) as producer:
+        for i in range(4):
+            r = await producer.send(Message(topic, b"new%d" % i), queue=MessageQueue(topic, "broker-a", i % 2))
+            assert r.queue_offset == 10 + i // 2
+    async with open_push_consumer(cluster.namesrv, topic=topic, consumer_group="after_delete",
+                                  consume_from_where="CONSUME_FROM_FIRST_OFFSET", rebalance_interval_ms=300,
+                                  broker_suspend_max_time_ms=500) as consumer:
+        got = await _drain(consumer, 5, timeout_s=5)  # one more than exists: nothing old may follow
+    assert sorted(m.body for m in got) == [b"new0", b"new1", b"new2", b"new3"]
+    async with open_pull_consumer(cluster.namesrv, consumer_group="after_delete_pull") as puller:
+        mq = MessageQueue(topic, "broker-a", 0)
+        assert await puller.min_offset(mq) == 10
+        res = await puller.pull(mq, 0, 32)
+        assert res.status is not PullStatus.FOUND and res.next_begin_offset == 10

@@ -41,6 +41,11 @@ async def test_bad_input_gets_its_code_and_remark_and_the_broker_keeps_serving(n
 
         r = await _send(client, addr, topic="TBW102")
         assert r.code == ResponseCode.NO_PERMISSION and "reserved" in r.remark
+        # The rmq_sys_ topics are the broker's own: a record there deletes a topic's messages.
+        r = await _send(client, addr, topic="rmq_sys_TOPIC_DELETE_LOG")
+        assert r.code == ResponseCode.NO_PERMISSION and "reserved" in r.remark
+        r = await call(client, addr, RequestCode.UPDATE_AND_CREATE_TOPIC, {"topic_name": "rmq_sys_Mine"})
+        assert r.code == ResponseCode.INVALID_REQUEST and "'rmq_sys_' is reserved" in r.remark
 
         r = await _send(client, addr, queue_id=99)
         assert r.code == ResponseCode.INVALID_REQUEST and "'queue_id'" in r.remark

@@ -23,7 +23,10 @@ def test_illegal_topic_names_say_why(name, needle):
 def test_reserved_topics_cannot_be_sent_to():
     with pytest.raises(TopicConfigError, match="reserved"):
         check_sendable_topic("TBW102")
+    with pytest.raises(TopicConfigError, match="reserved"):
+        check_sendable_topic("rmq_sys_TOPIC_DELETE_LOG")
     check_sendable_topic("TopicTest")
+    check_sendable_topic("RMQ_SYS_lookalike")  # RocketMQ's prefix is case-sensitive
 
 
 def test_auto_create_uses_rocketmq_defaults():
