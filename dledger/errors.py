@@ -6,10 +6,11 @@
 
 from __future__ import annotations
 
-from remoting.errors import RaftMQError
+from remoting.errors import FatalServerError, RaftMQError
 
 __all__ = ["DLedgerError", "NotLeaderError", "LeaderChangedError", "AppendTimeoutError", "GroupBusyError",
-           "RecordTooLargeError", "BatchRejectedError", "MembershipChangeError", "TransferLeadershipError"]
+           "RecordTooLargeError", "BatchRejectedError", "MembershipChangeError", "MemberDivergedError",
+           "TransferLeadershipError"]
 
 
 class DLedgerError(RaftMQError):
@@ -98,4 +99,20 @@ class TransferLeadershipError(DLedgerError):
         super().__init__(f"Leadership of group {group} was not transferred to {target or 'any member'}: {reason}.")
         self.group = group
         self.target = target
+        self.reason = reason
+
+
+class MemberDivergedError(DLedgerError, FatalServerError):
+    """This member's commit log differs from the group's: the bytes a peer sent to catch it up do not continue
+    its own. Serving reads or voting on would spread a log nobody acknowledged, so the member stops."""
+
+    def __init__(self, group: str, member_id: str, offset: int, reason: str) -> None:
+        super().__init__(
+            f"member {member_id} of group {group} has diverged from the group at commit-log offset {offset} "
+            f"({reason}). It stops rather than serve a commit log the group never committed. To rejoin, stop it, "
+            f"move its data directory aside and start it empty: it copies the group's log from a peer "
+            f"(docs/operations.md, 'Rebuilding a member').")
+        self.group = group
+        self.member_id = member_id
+        self.offset = offset
         self.reason = reason

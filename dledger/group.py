@@ -47,7 +47,8 @@ from pysyncobj import FAIL_REASON
 from dledger.config import DLedgerConfig, MemberAddress
 from dledger.entry import encode_entry
 from dledger.errors import (AppendTimeoutError, BatchRejectedError, GroupBusyError, LeaderChangedError,
-                            MembershipChangeError, NotLeaderError, RecordTooLargeError, TransferLeadershipError)
+                            MemberDivergedError, MembershipChangeError, NotLeaderError, RecordTooLargeError,
+                            TransferLeadershipError)
 from dledger.member import RaftMember
 from dledger.state_machine import ApplyStatus, StateMachine
 
@@ -769,7 +770,12 @@ class DLedgerGroup:
                         continue
                     if not data:
                         continue
-                    self._sm.write_raw(end, data)
+                    try:
+                        self._sm.write_raw(end, data)
+                    except ValueError as e:
+                        # The peer's bytes do not continue ours: our log holds something the group never
+                        # committed. Another peer would say the same (their logs are identical).
+                        raise MemberDivergedError(self.config.group, self.config.self_id, end, str(e)) from None
                     self._catch_up_bytes += len(data)
                     copied = True
                     break

@@ -15,7 +15,12 @@ from typing import Any
 
 import trio
 
+from remoting.errors import FatalServerError
+
 log = logging.getLogger(__name__)
+
+# Exit status of a server stopped by a FatalServerError (2 is a usage or config error, as argparse's).
+EXIT_FATAL = 3
 
 
 def announce_ready(kind: str, **fields: Any) -> None:
@@ -25,7 +30,8 @@ def announce_ready(kind: str, **fields: Any) -> None:
 
 def run_until_signalled(main: Callable[[trio.Nursery], Awaitable[None]]) -> int:
     """Run ``main(nursery)`` (which starts the servers and returns) until SIGTERM or SIGINT, then cancel
-    everything and return 0. Servers do their final flush in their own shielded ``finally`` blocks."""
+    everything and return 0. Servers do their final flush in their own shielded ``finally`` blocks. A
+    ``FatalServerError`` stops everything the same way and returns ``EXIT_FATAL`` after logging it."""
 
     async def _run() -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -40,6 +46,23 @@ def run_until_signalled(main: Callable[[trio.Nursery], Awaitable[None]]) -> int:
 
                 nursery.start_soon(_wait_signal)
 
-    trio.run(_run)
+    try:
+        trio.run(_run)
+    except BaseExceptionGroup as group:
+        fatal, rest = group.split(FatalServerError)
+        if fatal is None or rest is not None:
+            raise
+        # An expected way to stop (the error says what to do): one line for the operator, not a traceback.
+        for error in _leaves(fatal):
+            log.critical("stopping: %s", error)
+        sys.stdout.flush()
+        return EXIT_FATAL
     sys.stdout.flush()
     return 0
+
+
+def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
+    out: list[BaseException] = []
+    for e in group.exceptions:
+        out += _leaves(e) if isinstance(e, BaseExceptionGroup) else [e]
+    return out

@@ -19,7 +19,7 @@ from remoting.codes import ResponseCode
 
 __all__ = [
     "BrokerError", "BrokerSystemError", "ConnectError", "ConnectionClosedError", "ConsumeMsgTimeoutError", "ConsumerNotOnlineError",
-    "FilterDataNotExistError", "FilterDataNotLatestError", "FlushDiskTimeoutError", "FlushSlaveTimeoutError",
+    "FatalServerError", "FilterDataNotExistError", "FilterDataNotLatestError", "FlushDiskTimeoutError", "FlushSlaveTimeoutError",
     "FrameTooLargeError", "InvalidRequestError", "MessageIllegalError", "NoBuyerIdError", "NoMessageError",
     "NoPermissionError", "NotInCurrentUnitError", "NotLeaderError", "ProtocolError", "PullNotFoundError",
     "PullOffsetMovedError", "PullRetryImmediatelyError", "QueryNotFoundError", "RaftMQError", "RemotingError",
@@ -37,6 +37,11 @@ class RaftMQError(Exception):
 
     retriable: ClassVar[bool] = False
     refresh_route: ClassVar[bool] = False
+
+
+class FatalServerError(RaftMQError):
+    """The server cannot go on without risking stored data: it stops, and ``raftmq`` logs the message as one
+    CRITICAL line (no traceback) and exits with status 3. The message says what the operator must do."""
 
 
 # ---------------------------------------------------------------------------------------------- transport

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import trio
 
+from dledger import MemberDivergedError
 from tests.integration.dledger.helpers import MemberRunner, make_configs, open_log, ready_leader, wait_ends
 
 pytestmark = pytest.mark.timeout(90)
@@ -48,3 +49,40 @@ async def test_lagging_member_catches_up_from_snapshot_and_byte_copy(tmp_path):
     assert len(set(contents.values())) == 1
     for log in logs.values():
         log.close()
+
+
+async def test_a_member_whose_log_diverged_stops_with_a_clear_error(tmp_path):
+    """Bytes from a peer that do not continue this member's log mean its log holds something the group never
+    committed (peers' logs are identical): the member must stop, saying where and what to do, not serve on."""
+    configs = {c.self_id: c for c in make_configs(tmp_path, log_compaction_min_entries=20)}
+    logs = {k: open_log(tmp_path, k) for k in configs}
+
+    async def fetch_range(peer, offset, max_bytes):
+        return logs[peer.id].read_raw(offset, max_bytes)[1:]  # a peer's bytes shifted: not a record boundary
+
+    with pytest.raises(BaseExceptionGroup) as info:
+        async with trio.open_nursery() as nursery:
+            runners = {k: MemberRunner(nursery, cfg, logs[k], fetch_range=fetch_range) for k, cfg in configs.items()}
+            groups = {k: await r.start() for k, r in runners.items()}
+            leader = await ready_leader(list(groups.values()))
+            lagging = next(k for k in configs if k != leader.config.self_id)
+            await runners[lagging].stop()
+            for i in range(100):
+                await leader.append(b"while-down-%04d" % i)
+            end_before = logs[lagging].end_offset
+            await runners[lagging].start()
+            with trio.fail_after(20):
+                await trio.sleep_forever()  # ended by the member's error
+    diverged, rest = info.value.split(MemberDivergedError)
+    assert rest is None and diverged is not None
+    (error,) = _leaves(diverged)
+    assert error.member_id == lagging and error.offset == end_before
+    assert f"diverged from the group at commit-log offset {end_before}" in str(error)
+    assert "start it empty" in str(error)
+    assert logs[lagging].end_offset == end_before  # nothing of the bad copy was written
+    for log in logs.values():
+        log.close()
+
+
+def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
+    return [x for e in group.exceptions for x in (_leaves(e) if isinstance(e, BaseExceptionGroup) else [e])]
