@@ -209,6 +209,13 @@ class CommitLogMachine:
             return BatchResult(ApplyStatus.REJECTED, self.store.max_phy_offset)
         return BatchResult(ApplyStatus.APPLIED, self.store.max_phy_offset)
 
+    @property
+    def min_offset(self) -> int:
+        return self.store.min_phy_offset
+
+    def start_at(self, offset: int) -> None:
+        self.store.start_at(offset)
+
     def read_raw(self, offset: int, max_bytes: int) -> bytes:
         return self.store.read_commit_log(offset, max_bytes)
 

@@ -92,6 +92,14 @@ class ByteLog:
     def end_offset(self) -> int:
         return self._end
 
+    @property
+    def min_offset(self) -> int:
+        return 0  # a ByteLog keeps its whole log
+
+    def start_at(self, offset: int) -> None:
+        raise ValueError("a ByteLog always starts at offset 0 (it deletes nothing, so a peer never needs to "
+                         f"start past it); asked to start at {offset}")
+
     def close(self) -> None:
         os.close(self._fd)
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from remoting.errors import FatalServerError, RaftMQError
 
-__all__ = ["DLedgerError", "NotLeaderError", "LeaderChangedError", "AppendTimeoutError", "GroupBusyError",
+__all__ = ["CommitLogMovedError", "DLedgerError", "NotLeaderError", "LeaderChangedError", "AppendTimeoutError", "GroupBusyError",
            "RecordTooLargeError", "BatchRejectedError", "MembershipChangeError", "MemberDivergedError",
-           "TransferLeadershipError"]
+           "MemberFellBehindError", "TransferLeadershipError"]
 
 
 class DLedgerError(RaftMQError):
@@ -116,3 +116,30 @@ class MemberDivergedError(DLedgerError, FatalServerError):
         self.member_id = member_id
         self.offset = offset
         self.reason = reason
+
+
+class MemberFellBehindError(DLedgerError, FatalServerError):
+    """This member needs commit-log bytes its peers no longer have: retention deleted them while it was away."""
+
+    def __init__(self, group: str, member_id: str, offset: int, peer_min_offset: int) -> None:
+        super().__init__(
+            f"member {member_id} of group {group} needs the commit log from offset {offset}, but its peers keep "
+            f"it only from offset {peer_min_offset} (retention deleted the older segments while it was away). "
+            f"To rejoin, stop it, move its data directory aside and start it empty: it starts its commit log at "
+            f"a peer's min offset (docs/operations.md, 'Rebuilding a member').")
+        self.group = group
+        self.member_id = member_id
+        self.offset = offset
+        self.peer_min_offset = peer_min_offset
+
+
+class CommitLogMovedError(DLedgerError):
+    """A peer no longer keeps the commit log from the offset a catching-up member asked for: it begins at
+    ``min_offset`` (retention). What the member does depends on whether it is empty (``dledger.group``)."""
+
+    def __init__(self, peer_id: str, offset: int, min_offset: int, end_offset: int) -> None:
+        super().__init__(f"member {peer_id} keeps the commit log only from offset {min_offset}, not from {offset}")
+        self.peer_id = peer_id
+        self.offset = offset
+        self.min_offset = min_offset
+        self.end_offset = end_offset

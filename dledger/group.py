@@ -46,9 +46,9 @@ from pysyncobj import FAIL_REASON
 
 from dledger.config import DLedgerConfig, MemberAddress
 from dledger.entry import encode_entry
-from dledger.errors import (AppendTimeoutError, BatchRejectedError, GroupBusyError, LeaderChangedError,
-                            MemberDivergedError, MembershipChangeError, NotLeaderError, RecordTooLargeError,
-                            TransferLeadershipError)
+from dledger.errors import (AppendTimeoutError, BatchRejectedError, CommitLogMovedError, GroupBusyError,
+                            LeaderChangedError, MemberDivergedError, MemberFellBehindError, MembershipChangeError,
+                            NotLeaderError, RecordTooLargeError, TransferLeadershipError)
 from dledger.member import RaftMember
 from dledger.state_machine import ApplyStatus, StateMachine
 
@@ -760,11 +760,17 @@ class DLedgerGroup:
                     await trio.sleep(1.0)
                     continue
                 copied = False
-                for peer in self._catch_up_sources():
+                sources = self._catch_up_sources()
+                moved: list[CommitLogMovedError] = []  # the peers that no longer keep the log from `end`
+                for peer in sources:
                     try:
                         with trio.fail_after(5.0):
                             data = await self._fetch_range(peer, end, min(self.config.catch_up_chunk_bytes,
                                                                           target - end))
+                    except CommitLogMovedError as e:
+                        log.warning("catch-up: %s", e)
+                        moved.append(e)
+                        continue
                     except Exception as e:
                         log.warning("catch-up fetch failed peer=%s offset=%d error=%r", peer.id, end, e)
                         continue
@@ -779,6 +785,25 @@ class DLedgerGroup:
                     self._catch_up_bytes += len(data)
                     copied = True
                     break
+                if not copied and moved and len(moved) == len(sources):
+                    first = min(moved, key=lambda e: e.min_offset)
+                    # Empty (a rebuilt member): begin the log where that peer's log begins. Not empty: our log
+                    # ends where every peer's log has been deleted, and the gap cannot be filled.
+                    try:
+                        self._sm.start_at(first.min_offset)
+                    except ValueError:
+                        raise MemberFellBehindError(self.config.group, self.config.self_id, end,
+                                                    first.min_offset) from None
+                    log.warning("catch-up: empty commit log starts at offset %d, member %s's min offset",
+                                first.min_offset, first.peer_id)
+                    if first.min_offset > target:
+                        # Past the snapshot's end: copy up to the peer's end instead. The entries after the
+                        # snapshot that precede it are then in the log already and apply as duplicates, as
+                        # after a restart (a peer's applied end is an entry boundary of the same log).
+                        m.extend_catch_up(first.end_offset)
+                        log.warning("catch-up: member %s's log begins past the snapshot's end %d: copying up to "
+                                    "its end %d", first.peer_id, target, first.end_offset)
+                    continue
                 if not copied:
                     await trio.sleep(0.2)
 

@@ -181,6 +181,12 @@ class RaftMember(SyncObj):
             except Exception:
                 log.exception("tick-thread call failed")
 
+    def extend_catch_up(self, target: int) -> None:
+        """Copy up to ``target`` (a peer's applied end, past the snapshot's) before the apply gate opens."""
+        if self._catch_up_target is not None and target > self._catch_up_target:
+            self._catch_up_target = target
+            self._applied_end_offset = max(self._applied_end_offset, target)
+
     def finish_catch_up(self) -> None:
         """Called by the trio side once the state machine reached the snapshot's end offset."""
         target = self._catch_up_target

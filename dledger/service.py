@@ -25,7 +25,7 @@ import cbor2
 import crc32c
 
 from dledger.config import MemberAddress
-from dledger.errors import NotLeaderError, TransferLeadershipError
+from dledger.errors import CommitLogMovedError, NotLeaderError, TransferLeadershipError
 from dledger.group import DLedgerGroup, FetchRange
 from remoting.codec import Frame, make_request, make_response
 from remoting.codes import RequestCode, ResponseCode
@@ -81,6 +81,11 @@ class DLedgerService:
         offset = _int_field(request, "phy_offset")
         max_bytes = min(_int_field(request, "max_bytes", minimum=1), MAX_FETCH_BYTES)
         sm = self.group._sm
+        if offset < sm.min_offset:
+            return make_response(request, ResponseCode.PULL_OFFSET_MOVED,
+                                 ext={"min_offset": sm.min_offset, "end_offset": sm.end_offset},
+                                 remark=f"phy_offset {offset} is below this member's min offset {sm.min_offset} "
+                                        f"(retention deleted the segments before it)")
         data = sm.read_raw(offset, max_bytes)
         return make_response(request, ResponseCode.SUCCESS, body=data,
                              ext={"crc32c": crc32c.crc32c(data), "end_offset": sm.end_offset})
@@ -121,6 +126,9 @@ def remote_fetch_range(client: Any, group: str) -> FetchRange:
         request = make_request(RequestCode.FETCH_COMMIT_LOG,
                                ext={"group": group, "phy_offset": offset, "max_bytes": max_bytes})
         response = await client.invoke(peer.service_address, request, timeout_s=5.0)
+        moved = response.ext.get("min_offset"), response.ext.get("end_offset")
+        if response.code == ResponseCode.PULL_OFFSET_MOVED and all(type(v) is int for v in moved):
+            raise CommitLogMovedError(peer.id, offset, *moved)
         if response.code != ResponseCode.SUCCESS:
             raise for_code(response.code, response.remark)
         if crc32c.crc32c(response.body) != response.ext.get("crc32c"):

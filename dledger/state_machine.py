@@ -62,8 +62,17 @@ class StateMachine(Protocol):
     def apply_batch(self, payload: bytes, store_timestamp: int, expected_start_offset: int) -> BatchResult:
         ...
 
+    @property
+    def min_offset(self) -> int:
+        """The first offset still stored (retention may have deleted what was before it)."""
+
+    def start_at(self, offset: int) -> None:
+        """Begin an *empty* log at ``offset`` (a peer's ``min_offset``) instead of 0, so an empty member can
+        copy a log whose beginning no peer keeps; raises ``ValueError`` if not empty or not supported."""
+
     def read_raw(self, offset: int, max_bytes: int) -> bytes:
-        """Up to ``max_bytes`` stored bytes from ``offset`` (empty at the end)."""
+        """Up to ``max_bytes`` stored bytes from ``offset`` (empty at the end); ``offset`` below
+        ``min_offset`` raises ``ValueError``."""
 
     def write_raw(self, offset: int, data: bytes) -> None:
         """Append bytes copied from a peer's ``read_raw``; requires ``offset == end_offset``; validates before

@@ -237,6 +237,26 @@ class MessageStore:
         self._notify_appended()
         return AppendStatus.PUT_OK
 
+    def start_at(self, phy_offset: int) -> None:
+        """Begin an empty store's commit log at ``phy_offset`` (a segment start) instead of 0: a member rebuilt
+        empty after its peers' retention deleted the segments before that offset. Each queue then begins at
+        the queue offset of its first record copied (``append_commit_log_raw``)."""
+        if self._closed:
+            raise StoreClosedError("the message store is closed")
+        cl = self.commit_log
+        if type(phy_offset) is not int or phy_offset < 0 or phy_offset % cl.segment_size:
+            raise ValueError(f"phy_offset {phy_offset!r} is not a segment start (a multiple of "
+                             f"segment_size_bytes {cl.segment_size})")
+        with self._write_lock:
+            if cl.end != cl.min_phy_offset or cl.segments() or self.dispatcher.queues:
+                raise ValueError(f"start_at needs an empty store; this one holds the commit log "
+                                 f"[{cl.min_phy_offset}, {cl.end}) and {len(self.dispatcher.queues)} queues")
+            cl.end = cl.min_phy_offset = phy_offset
+            self.dispatcher.dispatched = phy_offset
+            self._flushed = phy_offset
+        log.info("empty store starts its commit log at phy_offset=%d", phy_offset)
+        self.flush_all()  # the checkpoint remembers the start until the first segment exists
+
     def read_commit_log(self, phy_offset: int, max_bytes: int) -> bytes:
         """Raw commit-log bytes from ``phy_offset`` for a catching-up replica: whole records and end-of-segment
         blanks (a blank is its 8-byte header plus zeros up to the segment end), at most ``max_bytes`` unless
@@ -258,7 +278,10 @@ class MessageStore:
                 return AppendResult(status, phy_offset, end,
                                     remark=f"phy_offset {phy_offset}, commit log ends at {end}")
             mv = memoryview(data)
-            checked = validate_raw(self.commit_log, mv, end, self._queue_offsets)
+            # A store that begins past 0 (start_at, or retention) may meet a queue mid-way: the first record of a
+            # queue it has never seen sets where that queue begins.
+            checked = validate_raw(self.commit_log, mv, end, self._queue_offsets,
+                                   open_queues=self.commit_log.min_phy_offset > 0)
             if isinstance(checked, str):
                 return AppendResult(AppendStatus.CORRUPTED, end, end, remark=checked, field="data")
             phys, qoffs, sizes, qids, touched, store_host = checked

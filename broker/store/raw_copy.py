@@ -24,9 +24,10 @@ RawChecked = tuple[list[int], list[int], list[int], list[int], dict[tuple[bytes,
 
 
 def validate_raw(commit_log: CommitLog, data: memoryview, start: int,
-                 queue_offsets: dict[tuple[bytes, int], int]) -> RawChecked | str:
+                 queue_offsets: dict[tuple[bytes, int], int], *, open_queues: bool = False) -> RawChecked | str:
     """Per-record columns, the queue offsets after the copy and the store host of the first record, or a
-    sentence saying what is wrong."""
+    sentence saying what is wrong. A queue missing from ``queue_offsets`` must start at queue offset 0, or,
+    with ``open_queues``, anywhere (the copy begins past the start of the log)."""
     seg_size = commit_log.segment_size
     n = len(data)
     i = 0
@@ -74,7 +75,11 @@ def validate_raw(commit_log: CommitLog, data: memoryview, start: int,
         except (UnicodeDecodeError, MessageFormatError):
             return f"record at phy_offset {phy} has an illegal topic {topic!r}"
         key = (topic, head[3])
-        expected = touched.get(key, queue_offsets.get(key, 0))
+        expected = touched.get(key)
+        if expected is None:
+            expected = queue_offsets.get(key)
+            if expected is None:
+                expected = head[5] if open_queues and head[5] >= 0 else 0
         if head[5] != expected:
             return f"record at phy_offset {phy} has queue_offset {head[5]}, queue {key[0].decode()}:{key[1]} " \
                    f"expects {expected}"

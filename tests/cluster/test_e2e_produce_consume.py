@@ -28,8 +28,10 @@ class Cluster:
     """A name server and a 3-node group started with ``spawn`` (so always stopped by PID); nodes can be killed
     with SIGKILL and restarted on the same data."""
 
-    def __init__(self, spawn, data_dir: Path) -> None:
+    def __init__(self, spawn, data_dir: Path, overrides: dict[str, str] | None = None) -> None:
         self._spawn = spawn
+        # broker config overrides for every node (``raftmq broker --set KEY=VALUE``)
+        self._set_args = [arg for key, value in (overrides or {}).items() for arg in ("--set", f"{key}={value}")]
         data_dir.mkdir(parents=True, exist_ok=True)
         state = plan_ports(data_dir, 0)
         self.paths = dict(zip(NODE_IDS, write_broker_configs(data_dir, state)))
@@ -41,7 +43,8 @@ class Cluster:
             self.start(nid)
 
     def start(self, nid: str) -> ServerProcess:
-        proc = self._spawn(raftmq_argv("broker", "--config", str(self.paths[nid])), ready_timeout_s=60)
+        proc = self._spawn(raftmq_argv("broker", "--config", str(self.paths[nid]), *self._set_args),
+                           ready_timeout_s=60)
         self.nodes[nid] = proc
         self.addr_of[nid] = proc.fields["listen"]
         return proc
@@ -74,8 +77,8 @@ class Cluster:
                     await trio.sleep(0.2)
 
 
-async def start_cluster(spawn, tmp_path) -> Cluster:
-    cluster = await trio.to_thread.run_sync(Cluster, spawn, tmp_path / "cluster")
+async def start_cluster(spawn, tmp_path, overrides: dict[str, str] | None = None) -> Cluster:
+    cluster = await trio.to_thread.run_sync(Cluster, spawn, tmp_path / "cluster", overrides)
     await cluster.leader_addr()
     return cluster
 
