@@ -246,8 +246,9 @@ class RemotingConnection:
 
     def send_response_nowait(self, response: Frame) -> bool:
         """``send_response`` from synchronous code (a completion callback): queues the frame on the coalesced
-        write queue at once, without waiting for the high-water mark (a response is small and the requests it
-        answers were already admitted). Returns False, dropping the frame, if the connection is closed."""
+        write queue at once, without waiting for the high-water mark (the request it answers was already
+        admitted; the read loop admits no more while the queue is above the mark). Returns False, dropping the
+        frame, if the connection is closed."""
         if not response.flag & FLAG_RESPONSE:
             raise ValueError(f"send_response_nowait() needs a response frame (make_response), got {response!r}")
         if self._close_reason is not None:
@@ -412,6 +413,14 @@ class RemotingConnection:
                             log.debug("response without a waiting request (timed out?) remote=%s opaque=%d",
                                       self.remote_address, frame.opaque)
                     else:
+                        if self._out_bytes > HIGH_WATER_BYTES:
+                            # Answers this peer has not read yet (deferred ones from send_response_nowait
+                            # included) pass the mark: read no more of its requests until they drain, so
+                            # a peer that stops reading stops us too instead of growing our memory.
+                            while self._out_bytes > HIGH_WATER_BYTES and self._close_reason is None:
+                                await self._drained.park()
+                            if self._close_reason is not None:
+                                return
                         await self._handle_request(frame)
         except ProtocolError as e:
             reason = f"bad frame: {e}"

@@ -360,6 +360,43 @@ async def test_a_peer_that_stops_reading_is_slowed_down_not_buffered(nursery):
     await trio.aclose_forcefully(hog)
 
 
+async def test_a_peer_that_stops_reading_deferred_answers_is_slowed_down_too(nursery):
+    """Answers sent later with send_response_nowait (a Raft commit's callbacks do that) count as well: once they
+    pass HIGH_WATER_BYTES the server stops reading that peer's requests, so they cannot pile up without end."""
+    from remoting import transport
+
+    conns = []
+
+    class Deferred:
+        def __init__(self, nursery) -> None:
+            self.nursery = nursery
+
+        async def handle(self, request, conn):
+            conns.append(conn)
+
+            async def answer() -> None:
+                await trio.sleep(0)
+                conn.send_response_nowait(make_response(request, ResponseCode.SUCCESS, body=b"a" * 20_000))
+            self.nursery.start_soon(answer)
+            return None
+
+    host, port = await nursery.start(serve_remoting, Deferred(nursery), "127.0.0.1", 0)
+    hog = await trio.open_tcp_stream(host, port)
+    request = encode(make_request(RequestCode.ECHO, body=b"r" * 100), opaque=1)
+    sent = 0
+    with trio.move_on_after(2):
+        while sent < 20_000:  # 400 MB of answers if every request were admitted
+            await hog.send_all(request)
+            sent += 1
+            if sent % 100 == 0:
+                await trio.sleep(0)  # let the answers be queued
+    assert sent < 20_000, "the server kept reading although its peer never read an answer"
+    server_side = conns[0]
+    # At most what was admitted before the mark was seen, plus one receive's worth of requests.
+    assert server_side._out_bytes <= transport.HIGH_WATER_BYTES + transport.RECEIVE_SIZE // len(request) * 20_100
+    await trio.aclose_forcefully(hog)
+
+
 async def test_handler_returning_garbage_is_answered_system_error(server):
     _, addr = server
     async with open_connection(addr) as conn:
