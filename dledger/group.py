@@ -112,6 +112,7 @@ class DLedgerStatistics:
     log_entries_in_memory: int
     catch_up_bytes: int
     serving_reads: bool
+    connected_peers: tuple[str, ...]  # ids of the members this one has a Raft connection with now
 
 
 class _Pending:
@@ -823,7 +824,7 @@ class DLedgerGroup:
             rejected_batches=counters["rejected_batches"], snapshots_written=counters["snapshots_written"],
             snapshots_loaded=counters["snapshots_loaded"], journal_flushes=counters["journal_flushes"],
             log_entries_in_memory=counters["log_entries_in_memory"], catch_up_bytes=self._catch_up_bytes,
-            serving_reads=m.catch_up_target is None)
+            serving_reads=m.catch_up_target is None, connected_peers=m.connected_peers())
 
 
 @asynccontextmanager

@@ -161,6 +161,11 @@ class RaftMember(SyncObj):
     def journal_flushes(self) -> int:
         return self._dledger_journal_flushes
 
+    def connected_peers(self) -> tuple[str, ...]:
+        ids = {p.raft_address: p.id for p in self._config.peers}
+        return tuple(sorted(ids.get(node.address, node.address) for node in self._SyncObj__otherNodes
+                            if self.isNodeConnected(node)))
+
     def counters(self) -> dict[str, int]:
         return {"applied_batches": self._applied_batches, "duplicate_batches": self._duplicate_batches,
                 "rejected_batches": self._rejected_batches, "snapshots_written": self._snapshots_written,

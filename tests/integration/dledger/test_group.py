@@ -8,7 +8,8 @@ import pytest
 import trio
 
 from dledger import NotLeaderError, Role, open_dledger_group
-from tests.integration.dledger.helpers import leader_alone, make_configs, open_log, ready_leader, wait_ends
+from tests.integration.dledger.helpers import (MemberRunner, leader_alone, make_configs, open_log, ready_leader,
+                                              wait_ends)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -193,4 +194,32 @@ async def test_transfer_leadership_under_append_load(tmp_path):
     stored = {d for _, d in logs[0].read_records()}
     assert set(acked) <= stored  # nothing acknowledged was lost across the hand-over
     for log in logs:
+        log.close()
+
+
+async def test_the_first_election_after_a_leader_loss_reaches_the_other_follower(tmp_path):
+    """Followers never write to each other, so their link is silent for longer than the connection timeout.
+    The first candidate's request_vote must still arrive (pysyncobj defect 12): the survivors elect in the very
+    next term instead of losing it to a dropped vote and a split. Exact timers (1 ms ticks) and a wide timeout
+    range keep two genuinely simultaneous candidacies unlikely (about 2 ms in 600 ms)."""
+    configs = {c.self_id: c for c in make_configs(tmp_path, connection_timeout_ms=900, election_timeout_min_ms=250,
+                                                  election_timeout_max_ms=850, tick_interval_ms=1.0)}
+    logs = {k: open_log(tmp_path, k) for k in configs}
+    async with trio.open_nursery() as nursery:
+        runners = {k: MemberRunner(nursery, cfg, logs[k]) for k, cfg in configs.items()}
+        groups = {k: await r.start() for k, r in runners.items()}
+        for _ in range(2):
+            leader = await ready_leader(list(groups.values()))
+            await leader.append(b"x")
+            term = leader.statistics().term
+            followers = [k for k in groups if k != leader.config.self_id]
+            await trio.sleep(1.2)  # the followers' link is now idle for longer than the connection timeout
+            for k in followers:
+                assert set(groups[k].statistics().connected_peers) == set(configs) - {k}
+            await runners[leader.config.self_id].stop()
+            new = await ready_leader([groups[k] for k in followers])
+            assert new.statistics().term == term + 1, "the first candidacy after the leader's loss was lost"
+            groups[leader.config.self_id] = await runners[leader.config.self_id].start()
+        nursery.cancel_scope.cancel()
+    for log in logs.values():
         log.close()

@@ -6,9 +6,12 @@ code to show it is gone: remove a patch and its test fails.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
+import socket
 import struct
+import time
 import zlib
 from types import SimpleNamespace
 
@@ -18,6 +21,7 @@ import pytest
 
 from dledger import patches
 from dledger.member import RaftMember  # noqa: F401  (importing it applies the patches)
+from dledger.poller import EpollPoller
 
 
 class _CreatesFile:
@@ -348,3 +352,63 @@ def test_a_snapshot_chunk_does_not_commit_the_followers_own_tail(tmp_path):
             if incoming is not None:  # the stock follower still waits for the rest of its snapshot
                 incoming.close()
             member.destroy()
+
+
+@contextlib.contextmanager
+def _connected_pair(timeout_s: float):
+    """Two real TcpConnections over a socketpair, each with its own poller, as two members hold them."""
+    got: dict[str, list] = {"a": [], "b": []}
+    ends = []
+    for name, sock in zip("ab", socket.socketpair()):
+        sock.setblocking(False)
+        poller = EpollPoller()
+        conn = pso_tcp.TcpConnection(poller, onMessageReceived=got[name].append, socket=sock, timeout=timeout_s)
+        conn.encryptor = patches.FrameAuthenticator("a cluster secret of some length")
+        ends.append((conn, poller))
+
+    def pump(seconds: float = 0.05) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            for _, poller in ends:
+                poller.poll(0.005)
+
+    try:
+        yield ends[0][0], ends[1][0], got, pump
+    finally:
+        for conn, poller in ends:
+            conn.disconnect()
+            poller._epoll.close()
+
+
+def test_a_connection_idle_both_ways_is_not_taken_for_dead():
+    """12: two followers never write to each other; the first candidate's request_vote after a leader failure
+    must arrive although the connection was silent for longer than the timeout."""
+    stock = patches.ORIGINALS["process_connection_timeout"]
+    patched = pso_tcp.TcpConnection._TcpConnection__processConnectionTimeout
+    try:
+        pso_tcp.TcpConnection._TcpConnection__processConnectionTimeout = stock
+        with _connected_pair(timeout_s=0.1) as (a, b, got, pump):
+            time.sleep(0.15)  # both quiet for longer than the timeout, as followers are under a live leader
+            a.send({"type": "request_vote", "term": 3})
+            pump()
+            assert got["b"] == [] and a.state == pso_tcp.CONNECTION_STATE.DISCONNECTED  # dropped, not sent
+    finally:
+        pso_tcp.TcpConnection._TcpConnection__processConnectionTimeout = patched
+
+    with _connected_pair(timeout_s=0.1) as (a, b, got, pump):
+        time.sleep(0.15)
+        a.send({"type": "request_vote", "term": 3})
+        pump()
+        assert got["b"] == [{"type": "request_vote", "term": 3}]
+        b.send({"type": "response_vote", "term": 3})
+        pump()
+        assert got["a"] == [{"type": "response_vote", "term": 3}]
+        assert a.state == b.state == pso_tcp.CONNECTION_STATE.CONNECTED
+
+        # A peer that stops answering is still dropped: a keeps sending (a leader's heartbeats), b never answers.
+        for _ in range(8):
+            if a.state == pso_tcp.CONNECTION_STATE.DISCONNECTED:
+                break
+            a.send({"type": "append_entries", "term": 3})
+            time.sleep(0.03)
+        assert a.state == pso_tcp.CONNECTION_STATE.DISCONNECTED
