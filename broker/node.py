@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -283,7 +284,8 @@ class BrokerNode:
         hold = self.hold.statistics()
         reg = self.registration.statistics()
         return {
-            "version": VERSION, "cluster_name": self.config.cluster_name,
+            "version": VERSION, "pid": os.getpid(), "process_cpu_s": time.process_time(),
+            "cluster_name": self.config.cluster_name,
             "broker_name": self.config.broker_name, "broker_id": self.broker_id, "broker_addr": self.broker_addr,
             "role": ledger.role.value, "term": ledger.term, "leader_id": ledger.leader_id,
             "leader_addr": self.leader_addr(), "committed_index": ledger.committed_index,

@@ -19,7 +19,8 @@ import trio
 
 from client import Message, open_producer, open_push_consumer
 from raftmq.bench.common import check_range, summarize_latencies
-from raftmq.bench.produce import BenchReport, add_cluster_args, bench_cluster, ensure_topic, progress, report
+from raftmq.bench.produce import (BenchReport, add_cluster_args, bench_cluster, cpu_per_message, cpu_sample,
+                                  ensure_topic, progress, report)
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,7 @@ async def consume(namesrv: str, args: argparse.Namespace) -> BenchReport:
                                   else "CONSUME_FROM_LAST_OFFSET",
                                   pull_batch_size=args.pull_batch, pull_threshold_for_queue=4 * args.pull_batch,
                                   rebalance_interval_ms=1000) as consumer:
+        cpu_before = await cpu_sample(namesrv)
         started = time.monotonic()
         async with trio.open_nursery() as nursery:
             if args.live:
@@ -93,9 +95,10 @@ async def consume(namesrv: str, args: argparse.Namespace) -> BenchReport:
                         break
             elapsed = time.monotonic() - started
             nursery.cancel_scope.cancel()
+        cpu = cpu_per_message(cpu_before, await cpu_sample(namesrv), got["n"])
     return BenchReport("consume", got["n"], got["n"] * args.size, elapsed, summarize_latencies(latencies),
                        target - got["n"],
-                       {"size": args.size, "pull_batch": args.pull_batch, "live": args.live})
+                       {"size": args.size, "pull_batch": args.pull_batch, "live": args.live}, cpu)
 
 
 def run(args: argparse.Namespace) -> int:

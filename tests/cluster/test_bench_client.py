@@ -1,0 +1,56 @@
+"""``raftmq bench produce`` and ``raftmq bench consume`` against a real ``raftmq dev``: short runs that report
+every figure the issue asks for (msgs/s, MB/s, p50/p99), the CPU each process spent per message, and a bad
+argument refused with a message naming it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from tests.procs import raftmq_argv
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(180)]
+
+
+def _bench(*args: str) -> dict:
+    done = subprocess.run(raftmq_argv("--log-level", "WARNING", "bench", *args, "--json"), capture_output=True,
+                          text=True, timeout=150)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _check_cpu(cpu: dict) -> None:
+    nodes = {label: us for label, us in cpu.items() if label.startswith("broker-a/")}
+    assert len(nodes) == 3, cpu
+    assert sum(label.endswith(" leader") for label in nodes) == 1, cpu
+    assert all(us > 0 for us in nodes.values()) and cpu["client"] > 0
+    assert cpu["total"] == pytest.approx(sum(nodes.values()) + cpu["client"])
+
+
+def test_bench_produce_and_consume_report_rates_latencies_and_cpu(spawn, tmp_path):
+    dev = spawn(raftmq_argv("--log-level", "WARNING", "dev", "--data-dir", str(tmp_path / "dev"), "--base-port", "0"),
+                ready_timeout_s=90)
+    namesrv = dev.fields["namesrv"]
+
+    single = _bench("produce", "--namesrv", namesrv, "--seconds", "1", "--warmup-seconds", "0.3",
+                    "--concurrency", "16")
+    assert single["errors"] == 0 and single["messages"] > 0 and single["msgs_per_s"] > 0
+    assert single["mb_per_s"] == pytest.approx(single["msgs_per_s"] * 1024 / 1e6)
+    assert single["latency"]["count"] == single["messages"]
+    assert 0 < single["latency"]["p50_ms"] <= single["latency"]["p99_ms"]
+    _check_cpu(single["cpu_us_per_msg"])
+
+    batch = _bench("produce", "--namesrv", namesrv, "--seconds", "1", "--warmup-seconds", "0.3",
+                   "--concurrency", "4", "--batch", "32", "--size", "256")
+    assert batch["params"]["batch"] == 32 and batch["messages"] == 32 * batch["latency"]["count"]
+    _check_cpu(batch["cpu_us_per_msg"])
+
+    consumed = _bench("consume", "--namesrv", namesrv, "--messages", "3000", "--size", "128", "--seconds", "60")
+    assert consumed["messages"] == 3000 and consumed["errors"] == 0 and consumed["msgs_per_s"] > 0
+    _check_cpu(consumed["cpu_us_per_msg"])
+
+    bad = subprocess.run(raftmq_argv("bench", "produce", "--namesrv", namesrv, "--batch", "0"), capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode == 2 and "--batch" in bad.stderr and "0" in bad.stderr
