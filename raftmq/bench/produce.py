@@ -44,10 +44,14 @@ class CpuSample:
 
 async def cpu_sample(namesrv: str) -> CpuSample:
     """Each node reports its own ``time.process_time()`` (GET_BROKER_RUNTIME_INFO), so this works against
-    any cluster; a node that does not answer is left out."""
+    any cluster; a node that does not answer is left out (and every node, if the name server does not)."""
     nodes: dict[str, tuple[str, float]] = {}
     async with open_admin(namesrv) as admin:
-        info = await admin.cluster_info()
+        try:
+            info = await admin.cluster_info()
+        except RaftMQError as e:  # the run's figures must not be lost to a name server that went away
+            log.warning("no CPU figures: cluster info unavailable: %s", e)
+            return CpuSample(time.process_time(), nodes)
         for name, addrs in sorted(info.broker_addrs.items()):
             for addr in sorted(set(addrs.values())):  # the leader is listed twice: under id 0 and its own id
                 try:
