@@ -275,6 +275,11 @@ class RemotingConnection:
     async def _prepare_send(self, data: bytes) -> None:
         if len(data) - 4 > self.max_frame_size:
             raise FrameTooLargeError(len(data) - 4, self.max_frame_size)
+        await self._wait_below_high_water()
+
+    async def _wait_below_high_water(self) -> None:
+        """Wait until the queued bytes are back under HIGH_WATER_BYTES; ConnectionClosedError if the connection
+        closes meanwhile (or was closed)."""
         while self._out_bytes > HIGH_WATER_BYTES and self._close_reason is None:
             await self._drained.park()
         if self._close_reason is not None:
@@ -417,9 +422,9 @@ class RemotingConnection:
                             # Answers this peer has not read yet (deferred ones from send_response_nowait
                             # included) pass the mark: read no more of its requests until they drain, so
                             # a peer that stops reading stops us too instead of growing our memory.
-                            while self._out_bytes > HIGH_WATER_BYTES and self._close_reason is None:
-                                await self._drained.park()
-                            if self._close_reason is not None:
+                            try:
+                                await self._wait_below_high_water()
+                            except ConnectionClosedError:
                                 return
                         await self._handle_request(frame)
         except ProtocolError as e:
