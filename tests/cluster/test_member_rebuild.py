@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 import tomllib
+from pathlib import Path
 
 import cbor2
 import pytest
@@ -22,6 +23,27 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 TOPIC = "RebuildTopic"
 QUEUES = 4
+# 64 KiB segments, each deleted as soon as a newer one exists: retention catches up within a second.
+FORCED_RETENTION = {
+    "store.segment_size_bytes": "65536", "store.max_message_size": "8192", "store.file_reserved_hours": "0",
+    "store.delete_when_hours": "[" + ",".join(str(h) for h in range(24)) + "]", "store.clean_interval_ms": "100"}
+
+
+async def _restart_empty(cluster, nid: str, aside: Path):
+    """The operator's rebuild (docs/operations.md): stop the member (SIGKILL; nothing if it already exited),
+    move its store and dledger directories to ``aside``, start it with the same config."""
+    config = tomllib.loads(cluster.paths[nid].read_text())
+    await trio.to_thread.run_sync(cluster.nodes[nid].kill)
+    for key, path in (("store", config["store"]["store_dir"]), ("dledger", config["dledger"]["data_dir"])):
+        shutil.move(path, aside / f"aside-{nid}-{key}")
+    return await trio.to_thread.run_sync(cluster.start, nid)
+
+
+async def _send_filler(producer, first: int, count: int = 50) -> int:
+    """``count`` messages of about 1 KiB, spread over the queues; returns the next message number."""
+    for i in range(first, first + count):
+        await producer.send(Message(TOPIC, b"%06d" % i + b"." * 900), queue=MessageQueue(TOPIC, "broker-a", i % QUEUES))
+    return first + count
 
 
 async def _records(client, addr: str, starts: list[int] | None = None) -> list[bytes] | None:
@@ -53,11 +75,7 @@ async def test_a_member_started_empty_copies_the_group_log(spawn, tmp_path):
 
     leader = await cluster.leader_addr()
     nid = next(n for n, addr in cluster.addr_of.items() if addr != leader)
-    config = tomllib.loads(cluster.paths[nid].read_text())
-    await trio.to_thread.run_sync(cluster.nodes[nid].kill)
-    for key, path in (("store", config["store"]["store_dir"]), ("dledger", config["dledger"]["data_dir"])):
-        shutil.move(path, tmp_path / f"aside-{nid}-{key}")
-    await trio.to_thread.run_sync(cluster.start, nid)
+    await _restart_empty(cluster, nid, tmp_path)
 
     async with open_producer(cluster.namesrv) as producer:
         for i in range(40):  # the group goes on while the member copies
@@ -89,32 +107,22 @@ async def test_a_member_started_empty_begins_where_the_peers_retention_left_the_
     """Retention has deleted the group's first segments: the empty member starts its commit log at a peer's
     min offset, copies from there, and serves what the others serve (each queue begins mid-way). With rare
     compactions the peers' logs begin past the snapshot's end, and the member copies up to a peer's end."""
-    every_hour = "[" + ",".join(str(h) for h in range(24)) + "]"
     cluster = await start_cluster(spawn, tmp_path, {
-        "store.segment_size_bytes": "65536", "store.max_message_size": "8192", "store.file_reserved_hours": "0",
-        "store.delete_when_hours": every_hour, "store.clean_interval_ms": "100",
-        "dledger.log_compaction_min_entries": str(compaction_entries)})
+        **FORCED_RETENTION, "dledger.log_compaction_min_entries": str(compaction_entries)})
     await cluster.create_topic(TOPIC, QUEUES)
     leader = await cluster.leader_addr()
     async with open_remoting_client() as client, open_producer(cluster.namesrv) as producer:
         i = 0
         with trio.fail_after(60):
             while True:  # until retention has deleted at least two segments on the leader
-                for _ in range(50):
-                    await producer.send(Message(TOPIC, b"%06d" % i + b"." * 900),
-                                        queue=MessageQueue(TOPIC, "broker-a", i % QUEUES))
-                    i += 1
-                status = await client.invoke(leader, make_request(RequestCode.GET_BROKER_RUNTIME_INFO), timeout_s=5)
+                i = await _send_filler(producer, i)
                 # One send is one Raft entry here: past the first compaction, and two segments deleted.
-                if i > compaction_entries * 1.2 and cbor2.loads(status.body)["commit_log_min_offset"] >= 2 * 65536:
+                if i > compaction_entries * 1.2 \
+                        and (await _runtime(client, leader))["commit_log_min_offset"] >= 2 * 65536:
                     break
 
         nid = next(n for n, addr in cluster.addr_of.items() if addr != leader)
-        config = tomllib.loads(cluster.paths[nid].read_text())
-        await trio.to_thread.run_sync(cluster.nodes[nid].kill)
-        for key, path in (("store", config["store"]["store_dir"]), ("dledger", config["dledger"]["data_dir"])):
-            shutil.move(path, tmp_path / f"aside-{nid}-{key}")
-        await trio.to_thread.run_sync(cluster.start, nid)
+        await _restart_empty(cluster, nid, tmp_path)
         for _ in range(40):
             await producer.send(Message(TOPIC, b"after %d" % i), queue=MessageQueue(TOPIC, "broker-a", i % QUEUES))
             i += 1
@@ -132,9 +140,8 @@ async def test_a_member_started_empty_begins_where_the_peers_retention_left_the_
                     break
                 await trio.sleep(0.2)
         assert got == expected and expected, f"rebuilt {nid} does not serve what the leader serves"
-        info = cbor2.loads((await client.invoke(rebuilt, make_request(RequestCode.GET_BROKER_RUNTIME_INFO),
-                                                timeout_s=5)).body)
-        assert info["commit_log_min_offset"] > 0  # it began past 0: the peers no longer had the start
+        # It began past 0: the peers no longer had the start.
+        assert (await _runtime(client, rebuilt))["commit_log_min_offset"] > 0
         assert all(s > 0 for s in starts)
     output = "".join(cluster.nodes[nid].output)
     assert "empty commit log starts at offset" in output
@@ -152,10 +159,7 @@ async def _min_offset(client, addr: str, queue_id: int) -> int:
 async def test_a_member_left_behind_by_retention_stops_with_exit_status_3_then_rejoins_empty(spawn, tmp_path):
     """A member away while its peers' retention deleted everything after its own end cannot catch up: it says so
     in one line and exits with status 3 (not an endless retry). Started empty, it rejoins."""
-    every_hour = "[" + ",".join(str(h) for h in range(24)) + "]"
-    cluster = await start_cluster(spawn, tmp_path, {
-        "store.segment_size_bytes": "65536", "store.max_message_size": "8192", "store.file_reserved_hours": "0",
-        "store.delete_when_hours": every_hour, "store.clean_interval_ms": "100"})
+    cluster = await start_cluster(spawn, tmp_path, FORCED_RETENTION)
     await cluster.create_topic(TOPIC, QUEUES)
     leader = await cluster.leader_addr()
     nid = next(n for n, addr in cluster.addr_of.items() if addr != leader)
@@ -168,10 +172,7 @@ async def test_a_member_left_behind_by_retention_stops_with_exit_status_3_then_r
         i = 0
         with trio.fail_after(60):
             while (await _runtime(client, leader))["commit_log_min_offset"] < 3 * 65536:
-                for _ in range(50):
-                    await producer.send(Message(TOPIC, b"%06d" % i + b"." * 900),
-                                        queue=MessageQueue(TOPIC, "broker-a", i % QUEUES))
-                    i += 1
+                i = await _send_filler(producer, i)
 
         proc = await trio.to_thread.run_sync(cluster.start, nid)
         with trio.fail_after(30):
@@ -182,10 +183,7 @@ async def test_a_member_left_behind_by_retention_stops_with_exit_status_3_then_r
         assert f"CRITICAL raftmq.runner: stopping: member {nid} of group broker-a needs the commit log from" in output
         assert "Traceback" not in output
 
-        config = tomllib.loads(cluster.paths[nid].read_text())
-        for key, path in (("store", config["store"]["store_dir"]), ("dledger", config["dledger"]["data_dir"])):
-            shutil.move(path, tmp_path / f"aside-{key}")
-        await trio.to_thread.run_sync(cluster.start, nid)
+        await _restart_empty(cluster, nid, tmp_path)  # the member exited: only its directories move
         with trio.fail_after(30):
             while not (await _runtime(client, cluster.addr_of[nid]))["serving_reads"]:
                 await trio.sleep(0.1)
