@@ -1,8 +1,9 @@
 """How a server process ends: 0 on a signal, EXIT_FATAL with one CRITICAL line on a FatalServerError, and any
-other error raised as it is (a bug keeps its traceback)."""
+other error raised as it is (a bug keeps its traceback); and how it tunes the collector once started."""
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -11,7 +12,36 @@ import pytest
 import trio
 
 from dledger import MemberDivergedError
-from raftmq.runner import EXIT_FATAL, run_until_signalled
+from raftmq.runner import EXIT_FATAL, GC_GEN0_THRESHOLD, run_until_signalled
+
+
+@pytest.fixture(autouse=True)
+def _restore_gc():
+    # run_until_signalled tunes the collector of the process it runs in: this one, here.
+    threshold = gc.get_threshold()
+    yield
+    gc.unfreeze()
+    gc.set_threshold(*threshold)
+
+
+def test_a_started_server_freezes_what_it_built_and_collects_young_objects_less_often():
+    seen = {}
+
+    async def main(nursery: trio.Nursery) -> None:
+        seen["threshold during startup"] = gc.get_threshold()[0]
+
+        async def look_then_stop() -> None:
+            await trio.sleep(0.01)
+            seen["threshold once started"] = gc.get_threshold()[0]
+            seen["frozen"] = gc.get_freeze_count()
+            os.kill(os.getpid(), signal.SIGTERM)
+        nursery.start_soon(look_then_stop)
+
+    gc.unfreeze()
+    assert run_until_signalled(main) == 0
+    assert seen["threshold during startup"] != GC_GEN0_THRESHOLD
+    assert seen["threshold once started"] == GC_GEN0_THRESHOLD
+    assert seen["frozen"] > 1000  # the modules, classes and functions loaded so far
 
 
 def test_a_fatal_server_error_ends_the_process_with_one_line_and_its_own_status(caplog):
