@@ -110,7 +110,8 @@ class MemberDivergedError(DLedgerError, FatalServerError):
         super().__init__(
             f"member {member_id} of group {group} has diverged from the group at commit-log offset {offset} "
             f"({reason}). It stops rather than serve a commit log the group never committed. To rejoin, stop it, "
-            f"move its data directory aside and start it empty: it copies the group's log from a peer "
+            f"move both its Raft data directory and its commit-log store aside and start it empty: it copies the "
+            f"group's log from a peer "
             f"(docs/operations.md, 'Rebuilding a member').")
         self.group = group
         self.member_id = member_id
@@ -125,8 +126,8 @@ class MemberFellBehindError(DLedgerError, FatalServerError):
         super().__init__(
             f"member {member_id} of group {group} needs the commit log from offset {offset}, but its peers keep "
             f"it only from offset {peer_min_offset} (retention deleted the older segments while it was away). "
-            f"To rejoin, stop it, move its data directory aside and start it empty: it starts its commit log at "
-            f"a peer's min offset (docs/operations.md, 'Rebuilding a member').")
+            f"To rejoin, stop it, move both its Raft data directory and its commit-log store aside and start it "
+            f"empty: it starts its commit log at a peer's min offset (docs/operations.md, 'Rebuilding a member').")
         self.group = group
         self.member_id = member_id
         self.offset = offset
