@@ -102,6 +102,12 @@ class TransferLeadershipError(DLedgerError):
         self.reason = reason
 
 
+def _rebuild_remedy(what_follows: str) -> str:
+    """The remedy both fatal member errors give, with what the empty member then does."""
+    return (f"To rejoin, stop it, move both its Raft data directory and its commit-log store aside and start it "
+            f"empty: {what_follows} (docs/operations.md, 'Rebuilding a member').")
+
+
 class MemberDivergedError(DLedgerError, FatalServerError):
     """This member's commit log differs from the group's: the bytes a peer sent to catch it up do not continue
     its own. Serving reads or voting on would spread a log nobody acknowledged, so the member stops."""
@@ -109,10 +115,8 @@ class MemberDivergedError(DLedgerError, FatalServerError):
     def __init__(self, group: str, member_id: str, offset: int, reason: str) -> None:
         super().__init__(
             f"member {member_id} of group {group} has diverged from the group at commit-log offset {offset} "
-            f"({reason}). It stops rather than serve a commit log the group never committed. To rejoin, stop it, "
-            f"move both its Raft data directory and its commit-log store aside and start it empty: it copies the "
-            f"group's log from a peer "
-            f"(docs/operations.md, 'Rebuilding a member').")
+            f"({reason}). It stops rather than serve a commit log the group never committed. "
+            + _rebuild_remedy("it copies the group's log from a peer"))
         self.group = group
         self.member_id = member_id
         self.offset = offset
@@ -126,8 +130,7 @@ class MemberFellBehindError(DLedgerError, FatalServerError):
         super().__init__(
             f"member {member_id} of group {group} needs the commit log from offset {offset}, but its peers keep "
             f"it only from offset {peer_min_offset} (retention deleted the older segments while it was away). "
-            f"To rejoin, stop it, move both its Raft data directory and its commit-log store aside and start it "
-            f"empty: it starts its commit log at a peer's min offset (docs/operations.md, 'Rebuilding a member').")
+            + _rebuild_remedy("it starts its commit log at a peer's min offset"))
         self.group = group
         self.member_id = member_id
         self.offset = offset
