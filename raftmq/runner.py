@@ -62,7 +62,7 @@ def run_until_signalled(main: Callable[[trio.Nursery], Awaitable[None]]) -> int:
         if fatal is None or rest is not None:
             raise
         # An expected way to stop (the error says what to do): one line for the operator, not a traceback.
-        for error in _leaves(fatal):
+        for error in leaf_exceptions(fatal):
             log.critical("stopping: %s", error)
         sys.stdout.flush()
         return EXIT_FATAL
@@ -79,8 +79,9 @@ def tune_gc() -> None:
     gc.set_threshold(GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])
 
 
-def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
+def leaf_exceptions(group: BaseExceptionGroup) -> list[BaseException]:
+    """Every exception of ``group`` that is not itself a group, however deeply nested (trio nests them)."""
     out: list[BaseException] = []
     for e in group.exceptions:
-        out += _leaves(e) if isinstance(e, BaseExceptionGroup) else [e]
+        out += leaf_exceptions(e) if isinstance(e, BaseExceptionGroup) else [e]
     return out

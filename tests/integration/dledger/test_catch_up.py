@@ -7,6 +7,7 @@ import pytest
 import trio
 
 from dledger import MemberDivergedError
+from raftmq.runner import leaf_exceptions
 from tests.integration.dledger.helpers import MemberRunner, make_configs, open_log, ready_leader, wait_ends
 
 pytestmark = pytest.mark.timeout(90)
@@ -75,14 +76,10 @@ async def test_a_member_whose_log_diverged_stops_with_a_clear_error(tmp_path):
                 await trio.sleep_forever()  # ended by the member's error
     diverged, rest = info.value.split(MemberDivergedError)
     assert rest is None and diverged is not None
-    (error,) = _leaves(diverged)
+    (error,) = leaf_exceptions(diverged)
     assert error.member_id == lagging and error.offset == end_before
     assert f"diverged from the group at commit-log offset {end_before}" in str(error)
     assert "start it empty" in str(error)
     assert logs[lagging].end_offset == end_before  # nothing of the bad copy was written
     for log in logs.values():
         log.close()
-
-
-def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
-    return [x for e in group.exceptions for x in (_leaves(e) if isinstance(e, BaseExceptionGroup) else [e])]
