@@ -42,25 +42,16 @@ async def test_all_members_killed_at_once_lose_nothing_acknowledged(spawn, tmp_p
 
 
 async def test_stopped_follower_catches_up_after_compactions(spawn, tmp_path):
-    cluster = DLedgerCluster(spawn, tmp_path, dledger=dict(FAST_ELECTIONS, log_compaction_min_entries=40))
-    cluster.start_all()
+    cluster = _compacting_cluster(spawn, tmp_path)
     acked = []
     async with open_remoting_client(connect_timeout_s=0.5) as client:
-        leader = await cluster.wait_leader(client)
-        for i in range(20):
-            acked.append(await cluster.append(client, message("before", i)))
+        leader = await _lead_and_append(cluster, client, acked)
         follower = next(m for m in cluster.ids if m != leader)
         cluster.procs[follower].stop()
         for i in range(300):  # one in flight: ~one entry each, several compactions of 40 entries
             acked.append(await cluster.append(client, message("while-down", i)))
         await trio.to_thread.run_sync(cluster.start, follower)
-        end = await cluster.wait_converged(client, acked[-1].phy_offset, timeout_s=30)
-        proc = cluster.procs[follower]
-        await trio.to_thread.run_sync(lambda: proc.wait_output("catch-up finished", timeout_s=10))
-        status = await cluster.status(client, follower)
-        assert status["serving_reads"] and int(status["end_offset"]) == end
-        report = await verify_group(cluster.group, [cluster.address(m) for m in cluster.ids])
-        assert report["identical"]
+        await _wait_rejoined(cluster, client, follower, acked)
         members = ",".join(cluster.address(m) for m in cluster.ids)
         done = await trio.run_process(raftmq_argv("verify", "--group", cluster.group, "--members", members),
                                       capture_stdout=True, check=False)
@@ -81,13 +72,10 @@ async def test_old_leader_with_an_uncommitted_tail_rejoins_through_a_snapshot(sp
     (dledger.patches 11). Whether they do depends on timing: without the fix this test failed 1 run in 10 on a
     loaded machine, so the defect itself is pinned down by tests/unit/dledger/test_patches.py; this test covers
     the way back."""
-    cluster = DLedgerCluster(spawn, tmp_path, dledger=dict(FAST_ELECTIONS, log_compaction_min_entries=40))
-    cluster.start_all()
+    cluster = _compacting_cluster(spawn, tmp_path)
     acked = []
     async with open_remoting_client(connect_timeout_s=0.5) as client:
-        old = await cluster.wait_leader(client)
-        for i in range(20):
-            acked.append(await cluster.append(client, message("before", i)))
+        old = await _lead_and_append(cluster, client, acked)
         await cluster.wait_converged(client, acked[-1].phy_offset)
         others = [m for m in cluster.ids if m != old]
         for member_id in others:
@@ -115,14 +103,38 @@ async def test_old_leader_with_an_uncommitted_tail_rejoins_through_a_snapshot(sp
         async with cluster.writing(client, acked, "rejoin-w"):
             await trio.to_thread.run_sync(cluster.start, old)
             await trio.sleep(1.0)
-        end = await cluster.wait_converged(client, acked[-1].phy_offset, timeout_s=30)
-        proc = cluster.procs[old]
-        await trio.to_thread.run_sync(lambda: proc.wait_output("catch-up finished", timeout_s=10))
-        status = await cluster.status(client, old)
-        assert status["snapshots_loaded"] >= 1 and status["serving_reads"] and int(status["end_offset"]) == end
-        report = await verify_group(cluster.group, [cluster.address(m) for m in cluster.ids])
-        assert report["identical"], report
-        assert proc.alive, cluster.describe()
+        status = await _wait_rejoined(cluster, client, old, acked)
+        assert status["snapshots_loaded"] >= 1
+        assert cluster.procs[old].alive, cluster.describe()
     for member_id in cluster.ids:
         cluster.procs[member_id].stop()
     cluster.verify_stores(acked)
+
+
+def _compacting_cluster(spawn, tmp_path) -> DLedgerCluster:
+    """Three started members that compact their Raft log every 40 entries: a member away for a few hundred
+    appends comes back through a snapshot and a commit-log copy."""
+    cluster = DLedgerCluster(spawn, tmp_path, dledger=dict(FAST_ELECTIONS, log_compaction_min_entries=40))
+    cluster.start_all()
+    return cluster
+
+
+async def _lead_and_append(cluster: DLedgerCluster, client, acked: list) -> str:
+    """Wait for a leader, append 20 records one at a time; returns the leader's id."""
+    leader = await cluster.wait_leader(client)
+    for i in range(20):
+        acked.append(await cluster.append(client, message("before", i)))
+    return leader
+
+
+async def _wait_rejoined(cluster: DLedgerCluster, client, member_id: str, acked: list) -> dict:
+    """Wait until ``member_id`` caught up with every acknowledged record; check that it serves reads at the
+    group's end and that the group's commit logs are identical. Returns its Raft status."""
+    end = await cluster.wait_converged(client, acked[-1].phy_offset, timeout_s=30)
+    proc = cluster.procs[member_id]
+    await trio.to_thread.run_sync(lambda: proc.wait_output("catch-up finished", timeout_s=10))
+    status = await cluster.status(client, member_id)
+    assert status["serving_reads"] and int(status["end_offset"]) == end
+    report = await verify_group(cluster.group, [cluster.address(m) for m in cluster.ids])
+    assert report["identical"], report
+    return status
