@@ -28,11 +28,15 @@ from typing import Any
 
 import crc32c
 from pysyncobj import SyncObj, SyncObjException, replicated
+from pysyncobj.monotonic import monotonic as monotonic_time
+from pysyncobj.syncobj import _RAFT_STATE
 
 from dledger import patches
 from dledger.config import DLedgerConfig, build_syncobj_conf
 from dledger.entry import decode_entry
 from dledger.state_machine import ApplyStatus, BatchResult, StateMachine
+
+_LEADER = _RAFT_STATE.LEADER
 
 patches.apply_patches()
 
@@ -239,8 +243,15 @@ class RaftMember(SyncObj):
 
     def tick(self) -> None:
         """One pysyncobj tick (timers, queued commands, commit, apply, sends, then a poll), repeated while the
-        poll delivered events: pysyncobj acts on a reply (commit, apply, the next send) only in the next tick."""
+        poll delivered events: pysyncobj acts on a reply (commit, apply, the next send) only in the next tick.
+
+        pysyncobj checks a follower's election deadline at the start of a tick and polls at its end. A follower
+        that was busy or starved of CPU for longer than the election timeout (applying 4 MB messages on a
+        loaded machine) would then start an election before reading the leader's heartbeats that wait in its
+        socket, and its higher term deposes a healthy leader. So a follower past its deadline polls first."""
         poller = self._poller
+        if self._SyncObj__raftElectionDeadline < monotonic_time() and self._SyncObj__raftState != _LEADER:
+            poller.poll(0.0)
         for _ in range(8):
             self.doTick(0.0)
             if not poller.handled:
