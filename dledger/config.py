@@ -68,6 +68,12 @@ class DLedgerConfig:
     max_batch_delay_ms: float = bounded(1.0, min=0.0, max=1000.0)
     max_in_flight_batches: int = bounded(4, min=1, max=64)
     max_pending_records: int = bounded(100_000, min=1, max=10_000_000)
+    # RocketMQ's waitTimeMillsInSendQueue: a record still unproposed after this long is dropped and its caller
+    # told the group is busy (queue times come from a clock refreshed every 50 ms, so within 50 ms).
+    # Without it an overloaded leader stores sends whose callers gave up long ago (4 MB messages at 64 in
+    # flight: p99 16.7 s against a 3 s timeout). 1000 ms rather than RocketMQ's 200: a Python leader's GC and
+    # fsync pauses reach tens of ms, and under ordinary load records are proposed within a few ms.
+    max_queue_wait_ms: int = bounded(1000, min=1, max=600_000)
     # pysyncobj's chunked-send threshold AND how many bytes of entries it packs into one append_entries message
     # for a lagging follower. 16 MiB: max_entry_bytes (half, minus overhead) is ~8 MiB, so one 4 MiB message
     # (store.max_message_size) plus its record fits one entry, which stays below the broken chunked path.

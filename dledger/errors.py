@@ -55,12 +55,14 @@ class AppendTimeoutError(DLedgerError):
 
 
 class GroupBusyError(DLedgerError):
+    """The record was refused or dropped before it was proposed: it is not in the log and never will be, so
+    sending it again cannot make a duplicate."""
+
     retriable = True
 
-    def __init__(self, group: str, max_pending_records: int) -> None:
-        super().__init__(f"Group {group} already has {max_pending_records} records waiting to be replicated.")
+    def __init__(self, group: str, why: str) -> None:
+        super().__init__(f"Group {group} is busy: {why}; the record was not stored.")
         self.group = group
-        self.max_pending_records = max_pending_records
 
 
 class RecordTooLargeError(DLedgerError):

@@ -103,6 +103,7 @@ class DLedgerStatistics:
     failed_batches: int
     in_flight_batches: int
     pending_records: int
+    busy_records: int  # appends refused or dropped unproposed with GroupBusyError
     applied_batches: int
     duplicate_batches: int
     rejected_batches: int
@@ -196,6 +197,8 @@ class DLedgerGroup:
         self._token: trio.lowlevel.TrioToken | None = None
         self._queue: collections.deque[_Pending] = collections.deque()
         self._queue_wakeup: trio.Event | None = None
+        self._max_queue_wait_s = config.max_queue_wait_ms / 1000
+        self._busy_records = 0  # refused or dropped with GroupBusyError
         self._slots = trio.Semaphore(config.max_in_flight_batches)
         self._in_flight = 0
         self._drained = trio.Event()
@@ -418,7 +421,9 @@ class DLedgerGroup:
         if not self.is_leader:
             raise self._not_leader()
         if len(self._queue) >= self.config.max_pending_records:
-            raise GroupBusyError(self.config.group, self.config.max_pending_records)
+            self._busy_records += 1
+            raise GroupBusyError(self.config.group, f"{len(self._queue)} records are already waiting to be "
+                                                    f"replicated (max_pending_records)")
 
     def _enqueue(self, pending: _Pending) -> None:
         self._queue.append(pending)
@@ -494,10 +499,27 @@ class DLedgerGroup:
             self._coarse_now = trio.current_time()
             await trio.sleep(0.05)
             now = self._coarse_now = trio.current_time()
+            self._drop_stale_queued(now)
             for pending in [p for p in self._waiting if p.deadline <= now]:
                 if not pending.done:
                     pending.error = AppendTimeoutError(self.config.group, pending.timeout_s)
                     pending.finish()
+
+    def _drop_stale_queued(self, now: float) -> None:
+        """Answer GroupBusyError to the records queued longer than max_queue_wait_ms, oldest first. They were
+        never proposed, so unlike a timeout of a proposed record the caller knows they are not stored."""
+        queue = self._queue
+        oldest_allowed = now - self._max_queue_wait_s
+        while queue and queue[0].deadline - queue[0].timeout_s < oldest_allowed:
+            pending = queue.popleft()
+            if pending.done:
+                continue
+            pending.error = GroupBusyError(
+                self.config.group, f"the record waited {(now - pending.deadline + pending.timeout_s) * 1000:.0f} "
+                                   f"ms in the queue (max_queue_wait_ms {self.config.max_queue_wait_ms}), "
+                                   f"{len(queue)} still queued")
+            self._busy_records += 1
+            pending.finish()
 
     async def _batcher(self) -> None:
         cfg = self.config
@@ -534,12 +556,32 @@ class DLedgerGroup:
                 await self._propose(batch)
 
     async def _propose(self, batch: list[_Pending]) -> None:
+        if not (self._transferring or self._slots.value == 0 or (self._replan and self._in_flight)):
+            await self._wait_to_propose()
+            self._propose_now(batch)
+            return
+        # The batch has left the queue but is not proposed yet, so the queue's wait limit still applies to it.
+        first = batch[0]
+        with trio.move_on_at(first.deadline - first.timeout_s + self._max_queue_wait_s):
+            await self._wait_to_propose()
+            self._propose_now(batch)
+            return
+        self._busy_records += len(batch)
+        self._fail(batch, GroupBusyError(
+            self.config.group, f"{len(batch)} records waited {self.config.max_queue_wait_ms} ms (max_queue_wait_ms) "
+                               f"for the {self.config.max_in_flight_batches} batches in flight to commit"))
+
+    async def _wait_to_propose(self) -> None:
+        """Until a slot is held and nothing is in flight if a replan is due; a cancelled wait holds no slot."""
         while self._transferring:
             await self._transfer_done.wait()
         await self._slots.acquire()
         if self._replan and self._in_flight:
-            await self._drained.wait()
-        self._propose_now(batch)
+            try:
+                await self._drained.wait()
+            except trio.Cancelled:
+                self._slots.release()
+                raise
 
     def _propose_now(self, batch: list[_Pending]) -> None:
         """Prepare and propose ``batch`` (a slot is held; nothing in flight if a replan is due)."""
@@ -819,7 +861,7 @@ class DLedgerGroup:
             last_applied_index=m.raftLastApplied, end_offset=self._sm.end_offset,
             appended_records=self._appended_records, appended_batches=self._appended_batches,
             failed_batches=self._failed_batches, in_flight_batches=self._in_flight,
-            pending_records=len(self._queue),
+            pending_records=len(self._queue), busy_records=self._busy_records,
             applied_batches=counters["applied_batches"], duplicate_batches=counters["duplicate_batches"],
             rejected_batches=counters["rejected_batches"], snapshots_written=counters["snapshots_written"],
             snapshots_loaded=counters["snapshots_loaded"], journal_flushes=counters["journal_flushes"],

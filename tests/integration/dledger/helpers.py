@@ -46,10 +46,10 @@ async def wait_ends(logs, end: int, timeout_s: float = 20.0) -> None:
             await trio.sleep(0.02)
 
 
-async def leader_alone(nursery, tmp_path: Path):
+async def leader_alone(nursery, tmp_path: Path, **overrides):
     """A group whose leader committed one record and then lost both followers: ``(leader, logs by id)``."""
-    configs = {c.self_id: c for c in make_configs(tmp_path, leader_fallback_timeout_ms=5000,
-                                                  connection_timeout_ms=5000)}
+    overrides = {"leader_fallback_timeout_ms": 5000, "connection_timeout_ms": 5000, **overrides}
+    configs = {c.self_id: c for c in make_configs(tmp_path, **overrides)}
     logs = {k: open_log(tmp_path, k) for k in configs}
     runners = {k: MemberRunner(nursery, c, logs[k]) for k, c in configs.items()}
     groups = {k: await r.start() for k, r in runners.items()}

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 from contextlib import AsyncExitStack
 
 import pytest
 import trio
 
-from dledger import AppendTimeoutError, NotLeaderError, open_dledger_group
+from dledger import AppendTimeoutError, GroupBusyError, NotLeaderError, open_dledger_group
 from tests.integration.dledger.helpers import leader_alone, make_configs, open_log, ready_leader, wait_ends
 
 pytestmark = pytest.mark.timeout(60)
@@ -58,6 +59,49 @@ async def test_callback_reports_a_timeout_without_a_majority(tmp_path):
             await finished.wait()
         await trio.sleep(0.2)
         assert len(errors) == 1 and isinstance(errors[0], AppendTimeoutError)
+        nursery.cancel_scope.cancel()
+    for log in logs.values():
+        log.close()
+
+
+async def test_records_left_unproposed_past_max_queue_wait_are_answered_busy_and_never_proposed(tmp_path):
+    """RocketMQ's waitTimeMillsInSendQueue: with the one in-flight slot held by an entry that cannot commit, the
+    records behind it (one taken by the batcher, the rest still queued) are answered GroupBusyError once they have
+    waited max_queue_wait_ms, long before their own timeout, and none of them reaches the Raft log; the
+    proposed one still ends as an unknown outcome (AppendTimeoutError)."""
+    async with trio.open_nursery() as nursery:
+        leader, logs = await leader_alone(nursery, tmp_path, max_in_flight_batches=1, max_queue_wait_ms=300)
+        member = leader.member
+        outcomes: dict[str, tuple[BaseException | None, float]] = {}
+
+        def on_done(name, pending):
+            outcomes[name] = (pending.error, trio.current_time())
+
+        started = trio.current_time()
+        leader.append_nowait(b"in-flight", functools.partial(on_done, "in-flight"), timeout_s=2.5)
+        assert leader.statistics().in_flight_batches == 1
+        last_index = member._SyncObj__getCurrentLogIndex()
+        leader.append_nowait(b"taken-by-the-batcher", functools.partial(on_done, "taken"), timeout_s=10)
+        await trio.sleep(0.1)
+        assert leader.statistics().pending_records == 0  # the batcher holds it, waiting for the slot
+        for i in range(3):
+            leader.append_nowait(b"queued-%d" % i, functools.partial(on_done, f"queued-{i}"), timeout_s=10)
+        assert leader.statistics().pending_records == 3
+        with trio.fail_after(3):
+            while len(outcomes) < 4:
+                await trio.sleep(0.01)
+        assert set(outcomes) == {"taken", "queued-0", "queued-1", "queued-2"}
+        for name, (error, at) in outcomes.items():
+            assert isinstance(error, GroupBusyError) and error.retriable, (name, error)
+            assert "max_queue_wait_ms" in str(error) and "not stored" in str(error)
+            assert 0.25 <= at - started < 1.0, (name, at - started)  # queue times use a clock of 50 ms steps
+        stats = leader.statistics()
+        assert stats.busy_records == 4 and stats.pending_records == 0 and stats.in_flight_batches == 1
+        assert member._SyncObj__getCurrentLogIndex() == last_index, "a record answered busy was proposed"
+        with trio.fail_after(5):
+            while "in-flight" not in outcomes:
+                await trio.sleep(0.05)
+        assert isinstance(outcomes["in-flight"][0], AppendTimeoutError)
         nursery.cancel_scope.cancel()
     for log in logs.values():
         log.close()
