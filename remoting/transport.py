@@ -12,7 +12,11 @@ too, as RocketMQ's broker does for transaction check-backs):
 * One writer task owns the socket's send side. Everybody else appends encoded frames to a list, and the
   writer sends whatever accumulated as ONE ``send_all``: with many requests in flight this alone doubles
   throughput, because a syscall and a trio checkpoint per frame cost more than the frame itself. Past
-  ``HIGH_WATER_BYTES`` queued, senders wait for the writer (so a peer that stops reading stops us too).
+  ``HIGH_WATER_BYTES`` queued, senders wait for the writer (so a peer that stops reading stops us too), first
+  come first served: a sender that arrives while others wait queues behind them, and each drain lets the
+  longest waiter in. (Waking them all and letting the first to run win made the wait a lottery: with 4 MB
+  frames one send in a hundred waited eight times as long as the average.) A request's timeout counts this
+  wait too.
 * ``corked()``: synchronous code that answers many requests at once (a Raft commit's callbacks) queues its
   frames without waking any writer; when the outermost ``corked()`` block ends, each connection that got
   frames and whose writer is idle has its queue written straight to the socket with one non-blocking
@@ -37,6 +41,7 @@ import logging
 import math
 import os
 import socket
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
@@ -149,6 +154,8 @@ class RemotingConnection:
         self._sending = False
         self._writer_parked: trio.lowlevel.Task | None = None
         self._drained = trio.lowlevel.ParkingLot()
+        # Senders waiting for the queue to drop below HIGH_WATER_BYTES, longest waiting first.
+        self._room_waiters: deque[trio.lowlevel.Task] = deque()
         self._close_reason: str | None = None
         self._on_close: Callable[[RemotingConnection], None] | None = None
         self._frames_received = self._frames_sent = self._bytes_received = self._bytes_sent = 0
@@ -189,12 +196,19 @@ class RemotingConnection:
         opaque = self._next_opaque
         self._next_opaque = opaque + 1 if opaque < MAX_HEADER_INT else 1
         data = encode(request, opaque=opaque)
-        if len(data) - 4 > self.max_frame_size or self._out_bytes > HIGH_WATER_BYTES or self._close_reason:
-            await self._prepare_send(data)
         if timeout_s is None:
             deadline = math.inf
         elif timeout_s > 0:
             deadline = self._clock.current_time() + timeout_s
+        else:
+            raise ValueError(f"timeout_s must be > 0 or None, got {timeout_s!r}")
+        if (len(data) - 4 > self.max_frame_size or self._out_bytes > HIGH_WATER_BYTES or self._room_waiters
+                or self._close_reason):
+            with trio.move_on_at(deadline) as waiting:
+                await self._prepare_send(data)
+            if waiting.cancelled_caught:  # the queue never had room for it: nothing was sent
+                raise RequestTimeoutError(self.remote_address, timeout_s or 0.0, request.code)
+        if deadline != math.inf:
             tick = -int(-deadline // TIMEOUT_RESOLUTION_S)
             bucket = self._wheel.get(tick)
             if bucket is None:
@@ -205,8 +219,6 @@ class RemotingConnection:
                     trio.lowlevel.reschedule(task)
             else:
                 bucket.append(opaque)
-        else:
-            raise ValueError(f"timeout_s must be > 0 or None, got {timeout_s!r}")
         pending = self._pending
         idle = not pending and not self._out
         pending[opaque] = (trio.lowlevel.current_task(), deadline, timeout_s, request.code)
@@ -278,12 +290,32 @@ class RemotingConnection:
         await self._wait_below_high_water()
 
     async def _wait_below_high_water(self) -> None:
-        """Wait until the queued bytes are back under HIGH_WATER_BYTES; ConnectionClosedError if the connection
-        closes meanwhile (or was closed)."""
-        while self._out_bytes > HIGH_WATER_BYTES and self._close_reason is None:
-            await self._drained.park()
+        """Wait until the queued bytes are back under HIGH_WATER_BYTES and no earlier sender still waits (see the
+        module rules); ConnectionClosedError if the connection closes meanwhile (or was closed). The caller
+        queues its frame before its next checkpoint."""
+        if (self._out_bytes > HIGH_WATER_BYTES or self._room_waiters) and self._close_reason is None:
+            waiters = self._room_waiters
+            task = trio.lowlevel.current_task()
+            waiters.append(task)
+
+            def abort(_: Any) -> trio.lowlevel.Abort:
+                waiters.remove(task)
+                return trio.lowlevel.Abort.SUCCEEDED
+
+            while True:
+                await trio.lowlevel.wait_task_rescheduled(abort)  # _admit_waiter took us off the queue
+                if self._out_bytes <= HIGH_WATER_BYTES or self._close_reason is not None:
+                    break
+                waiters.appendleft(task)  # a newcomer took the room first: keep our place at the head
+            # The next waiter runs after our frame is queued, and goes back to the head if it left no room.
+            self._admit_waiter()
         if self._close_reason is not None:
             raise ConnectionClosedError(self.remote_address, self._close_reason)
+
+    def _admit_waiter(self) -> None:
+        """Wake the longest-waiting sender if there is room (or the connection closed: it then raises)."""
+        if self._room_waiters and (self._out_bytes <= HIGH_WATER_BYTES or self._close_reason is not None):
+            trio.lowlevel.reschedule(self._room_waiters.popleft())
 
     def _enqueue(self, data: bytes) -> None:
         self._out.append(data)
@@ -320,6 +352,7 @@ class RemotingConnection:
                 out.clear()
                 self._out_bytes = 0
                 self._drained.unpark_all()
+                self._admit_waiter()
                 return
             if sent:
                 self._frames_sent += len(out) - 1  # the rest of the last one is counted by the writer
@@ -367,6 +400,8 @@ class RemotingConnection:
         self._out.clear()
         self._out_bytes = 0
         self._drained.unpark_all()
+        while self._room_waiters:  # each raises ConnectionClosedError
+            trio.lowlevel.reschedule(self._room_waiters.popleft())
         if self._on_close is not None:
             try:
                 self._on_close(self)
@@ -521,12 +556,14 @@ class RemotingConnection:
                 self._frames_sent += len(out)
                 out.clear()
                 self._out_bytes = 0
+                self._admit_waiter()  # the queue has room again while this is sent: keep the socket busy
                 self._sending = True
                 await stream.send_all(data)
                 self._sending = False
                 self._send_calls += 1
                 self._bytes_sent += len(data)
                 self._drained.unpark_all()
+                self._admit_waiter()
         except (trio.BrokenResourceError, trio.ClosedResourceError) as e:
             self._sending = False
             self.close(f"send failed: {e.__cause__ or e or type(e).__name__}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import socket
 import struct
@@ -395,6 +396,68 @@ async def test_a_peer_that_stops_reading_deferred_answers_is_slowed_down_too(nur
     # At most what was admitted before the mark was seen, plus one receive's worth of requests.
     assert server_side._out_bytes <= transport.HIGH_WATER_BYTES + transport.RECEIVE_SIZE // len(request) * 20_100
     await trio.aclose_forcefully(hog)
+
+
+async def test_senders_waiting_for_room_are_let_in_first_come_first_served(nursery):
+    """Frames larger than a third of HIGH_WATER_BYTES: most senders wait for the writer, and they leave in the
+    order they called invoke (waking them all and letting the first to run win made some wait many rounds)."""
+    from remoting import transport
+
+    arrived: list[int] = []
+
+    class Record:
+        async def handle(self, request, conn):
+            arrived.append(int(request.ext["i"]))
+            return make_response(request, ResponseCode.SUCCESS)
+
+    host, port = await nursery.start(serve_remoting, Record(), "127.0.0.1", 0)
+    body = b"b" * (transport.HIGH_WATER_BYTES // 3 + 1)
+    called: list[int] = []
+    async with open_connection(f"{host}:{port}") as client:
+        async def send(i: int) -> None:
+            await trio.sleep(0.001 * (i % 3))  # not all in one scheduling batch
+            called.append(i)
+            response = await client.invoke(make_request(RequestCode.ECHO, ext={"i": i}, body=body), timeout_s=30)
+            assert response.code == ResponseCode.SUCCESS
+
+        with trio.fail_after(60):
+            async with trio.open_nursery() as senders:
+                for i in range(24):
+                    senders.start_soon(send, i)
+    assert len(arrived) == 24
+    assert arrived == called
+
+
+async def test_a_request_that_never_finds_room_in_the_queue_times_out(nursery):
+    """A peer that stops reading fills the queue: a later request fails with RequestTimeoutError within its
+    own timeout instead of waiting for room for ever."""
+    from remoting import transport
+
+    accepted: list[trio.SocketStream] = []
+
+    async def never_read(stream: trio.SocketStream) -> None:
+        accepted.append(stream)
+        await trio.sleep_forever()
+
+    listeners = await nursery.start(functools.partial(trio.serve_tcp, never_read, 0, host="127.0.0.1"))
+    port = listeners[0].socket.getsockname()[1]
+    body = b"s" * (transport.HIGH_WATER_BYTES + 1)
+    errors: list[BaseException] = []
+    async with open_connection(f"127.0.0.1:{port}") as client:
+        async def send() -> None:
+            try:
+                await client.invoke(make_request(RequestCode.ECHO, body=body), timeout_s=0.5)
+            except RequestTimeoutError as e:
+                errors.append(e)
+
+        with trio.fail_after(10):
+            async with trio.open_nursery() as senders:
+                for _ in range(8):  # socket buffers and the writer take the first ones; the later ones find no room
+                    senders.start_soon(send)
+        assert client.statistics().bytes_sent < 4 * len(body)  # the peer never read: most were never sent
+    assert len(errors) == 8 and all(e.code == RequestCode.ECHO for e in errors)
+    for stream in accepted:
+        await trio.aclose_forcefully(stream)
 
 
 async def test_handler_returning_garbage_is_answered_system_error(server):
