@@ -98,7 +98,7 @@ async def consume(namesrv: str, args: argparse.Namespace) -> BenchReport:
         cpu = cpu_per_message(cpu_before, await cpu_sample(namesrv), got["n"])
     return BenchReport("consume", got["n"], got["n"] * args.size, elapsed, summarize_latencies(latencies),
                        target - got["n"],
-                       {"size": args.size, "pull_batch": args.pull_batch, "live": args.live}, cpu)
+                       {"size": args.size, "pull_batch": args.pull_batch, "live": args.live}, cpu_us_per_msg=cpu)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -15,6 +15,7 @@ machine where everything shares the cores, the total bounds the rate: 2 cores at
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import dataclasses
 import logging
@@ -86,6 +87,8 @@ class BenchReport:
     latency: LatencySummary
     errors: int
     params: dict
+    # Why sends failed: the class of the last attempt's error (a SendFailedError's last_error) → count.
+    error_kinds: dict[str, int] = dataclasses.field(default_factory=dict)
     cpu_us_per_msg: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
@@ -101,11 +104,12 @@ def report(r: BenchReport, *, as_json: bool = False) -> None:
     if as_json:
         print_json(kind=r.kind, params=r.params, messages=r.messages, elapsed_s=r.elapsed_s,
                    msgs_per_s=r.msgs_per_s, mb_per_s=r.mb_per_s, latency=r.latency, errors=r.errors,
-                   cpu_us_per_msg=r.cpu_us_per_msg)
+                   error_kinds=r.error_kinds, cpu_us_per_msg=r.cpu_us_per_msg)
         return
     rows = [*((k, v) for k, v in r.params.items()), ("messages", r.messages), ("seconds", r.elapsed_s),
             ("msgs/s", r.msgs_per_s), ("MB/s", r.mb_per_s), ("latency p50 ms", r.latency.p50_ms),
             ("latency p99 ms", r.latency.p99_ms), ("latency max ms", r.latency.max_ms), ("errors", r.errors),
+            *((f"errors: {kind}", n) for kind, n in sorted(r.error_kinds.items())),
             *((f"CPU µs/msg {label}", us) for label, us in r.cpu_us_per_msg.items())]
     print_table(Console(), f"raftmq bench {r.kind}", rows)
 
@@ -150,6 +154,8 @@ def register(subparsers) -> None:
     parser.add_argument("--batch", type=int, default=1, help="messages per send_batch (default 1: single sends)")
     parser.add_argument("--auto-batch", action="store_true",
                         help="producer auto_batch=True: concurrent single sends share batch requests")
+    parser.add_argument("--send-timeout-ms", type=int, default=None,
+                        help="the producer's send_msg_timeout_ms (default the producer's, 3000)")
     parser.add_argument("--messages", type=int, default=10_000_000, help="stop after this many messages")
     parser.add_argument("--warmup-seconds", type=float, default=1.0, help="sends before measuring (default 1)")
     parser.set_defaults(func=run)
@@ -162,6 +168,8 @@ def _check(args: argparse.Namespace) -> None:
     check_range("--messages", args.messages, 1, 10**9)
     check_range("--seconds", args.seconds, 0.1, 3600)
     check_range("--queues", args.queues, 1, 1024)
+    if args.send_timeout_ms is not None:
+        check_range("--send-timeout-ms", args.send_timeout_ms, 1, 3_600_000)
 
 
 async def ensure_topic(namesrv: str, topic: str, queues: int) -> None:
@@ -181,7 +189,10 @@ async def produce(namesrv: str, args: argparse.Namespace) -> BenchReport:
     body = b"x" * args.size
     latencies: list[int] = []
     counters = {"sent": 0, "errors": 0, "measuring": False}
-    async with open_producer(namesrv, producer_group="bench_producer", auto_batch=args.auto_batch) as producer:
+    error_kinds: collections.Counter[str] = collections.Counter()
+    options = {} if args.send_timeout_ms is None else {"send_msg_timeout_ms": args.send_timeout_ms}
+    async with open_producer(namesrv, producer_group="bench_producer", auto_batch=args.auto_batch,
+                             **options) as producer:
         async def worker(deadline: float) -> None:
             while time.monotonic() < deadline and counters["sent"] < args.messages:
                 started = time.perf_counter_ns()
@@ -192,6 +203,7 @@ async def produce(namesrv: str, args: argparse.Namespace) -> BenchReport:
                         await producer.send(Message(args.topic, body))
                 except (SendFailedError, RaftMQError) as e:
                     counters["errors"] += 1
+                    error_kinds[type(getattr(e, "last_error", None) or e).__name__] += 1
                     log.debug("send failed: %s", e)
                     continue
                 if counters["measuring"]:
@@ -217,7 +229,7 @@ async def produce(namesrv: str, args: argparse.Namespace) -> BenchReport:
             params["auto_batch"] = True
             params["requests (with warm-up)"] = producer.statistics().auto_batches
     return BenchReport("produce", counters["sent"], counters["sent"] * args.size, elapsed,
-                       summarize_latencies(latencies), counters["errors"], params, cpu)
+                       summarize_latencies(latencies), counters["errors"], params, dict(error_kinds), cpu_us_per_msg=cpu)
 
 
 def run(args: argparse.Namespace) -> int:

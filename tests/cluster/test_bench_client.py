@@ -47,6 +47,15 @@ def test_bench_produce_and_consume_report_rates_latencies_and_cpu(spawn, tmp_pat
     assert batch["params"]["batch"] == 32 and batch["messages"] == 32 * batch["latency"]["count"]
     _check_cpu(batch["cpu_us_per_msg"])
 
+    # A timeout shorter than a round trip: the failures are counted, and by the error that ended each send.
+    hurried = _bench("produce", "--namesrv", namesrv, "--seconds", "0.5", "--warmup-seconds", "0",
+                     "--concurrency", "8", "--send-timeout-ms", "1")
+    assert hurried["errors"] > 0 and sum(hurried["error_kinds"].values()) == hurried["errors"]
+    # The wait for a response runs out, or (before the route is known) the deadline passes before any attempt.
+    assert "RequestTimeoutError" in hurried["error_kinds"], hurried["error_kinds"]
+    assert set(hurried["error_kinds"]) <= {"RequestTimeoutError", "TooSlowError"}, hurried["error_kinds"]
+    assert single["error_kinds"] == {}
+
     consumed = _bench("consume", "--namesrv", namesrv, "--messages", "3000", "--size", "128", "--seconds", "60")
     assert consumed["messages"] == 3000 and consumed["errors"] == 0 and consumed["msgs_per_s"] > 0
     _check_cpu(consumed["cpu_us_per_msg"])
