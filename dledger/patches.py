@@ -70,6 +70,17 @@ so a silent upgrade cannot quietly disable a fix.
     both ways is idle and kept (its clock restarts), the leader still drops a follower that stops answering,
     and a dead idle peer is found by TCP keepalive or by the error of the next send.
 
+13. Messages sent before a connection's key handshake. (a) Our ``send`` judged the connection's silence (12)
+    before queueing the frame; when that disconnected it, pysyncobj's disconnect callback had already opened
+    a new connection, and the frame, tagged with no key, went out on it *ahead of* the handshake key. The
+    peer took the message for the key: ``TypeError`` out of its tick ("raft tick failed", seen on a lagging
+    follower under 4 MB messages, followed by an election). Stock pysyncobj queues first and judges in
+    ``__trySendBuffer``, whose disconnect discards the frame; so does ``send`` now. (b) ``TCPTransport.send``
+    checks only that the TCP connection is up, so a message (a candidate's ``request_vote``) could be sent on
+    an outgoing connection whose key had not arrived yet; the peer refused it ("raft frame rejected
+    reason=bad_authentication") and dropped the connection. It now reports such a connection as not
+    connected, as it does a dropped one.
+
 The chunked-send defect (entries at least ``appendEntriesBatchSizeBytes`` long) is contained by configuration:
 ``dledger.config`` keeps the entry size limit below half the batch size (16 MiB by default, so ~8 MiB entries:
 one 4 MiB message fits) and ``dledger.entry`` refuses bigger entries. It is not patched: the fix would mean
@@ -94,6 +105,7 @@ import pysyncobj.serializer as pso_serializer
 import pysyncobj.syncobj as pso_syncobj
 import pysyncobj.tcp_connection as pso_tcp
 import pysyncobj.tcp_server as pso_tcp_server
+import pysyncobj.transport as pso_transport
 from pysyncobj.monotonic import monotonic as monotonic_time
 from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
 
@@ -165,12 +177,22 @@ def _send(self: Any, message: Any) -> None:
         # Never reached in dledger (the member refuses to start without a secret); refuse rather than
         # fall back to an unauthenticated wire.
         raise RuntimeError("pysyncobj connection without an authenticator")
-    # 12: judge the connection's silence before this send counts as talking.
-    _connection_timed_out(self)
+    # 12: judge the connection's silence before this send counts as talking. 13: a connection that was dropped
+    # here loses the message, as pysyncobj's own disconnect does; its reconnect must begin with the handshake.
+    if _connection_timed_out(self):
+        return
     self._dledger_last_send = monotonic_time()
     # pysyncobj wraps the message as (sendRandKey, message); here the key goes into the tag instead.
     self._TcpConnection__writeBuffer += encode_frame(auth, message, self.sendRandKey)
     self._TcpConnection__trySendBuffer()
+
+
+def _transport_send(self: Any, node: Any, message: Any) -> bool:
+    """13: an outgoing connection is not connected for Raft messages until the peer's key arrived."""
+    conn = self._connections.get(node)
+    if conn is not None and conn.sendRandKey is None and self._syncObj.encryptor:
+        return False
+    return _original_transport_send(self, node, message)
 
 
 def _connection_timed_out(self: Any) -> bool:
@@ -223,6 +245,7 @@ def _parse_message(self: Any) -> Any:
 _original_parse_message = pso_tcp.TcpConnection._TcpConnection__processParseMessage
 _original_process_connection_timeout = pso_tcp.TcpConnection._TcpConnection__processConnectionTimeout
 _original_send = pso_tcp.TcpConnection.send
+_original_transport_send = pso_transport.TCPTransport.send
 _original_on_message = pso_syncobj.SyncObj._SyncObj__onMessageReceived
 _original_send_next_node_idx = pso_syncobj.SyncObj._SyncObj__sendNextNodeIdx
 _original_send_append_entries = pso_syncobj.SyncObj._SyncObj__sendAppendEntries
@@ -390,6 +413,7 @@ def apply_patches() -> None:
     if _patched:
         return
     pso_tcp.TcpConnection.send = _send
+    pso_transport.TCPTransport.send = _transport_send
     pso_tcp.TcpConnection._TcpConnection__processParseMessage = _parse_message
     pso_tcp.TcpConnection._TcpConnection__processConnectionTimeout = _connection_timed_out
     pso_syncobj.SyncObj._SyncObj__onMessageReceived = _on_message
@@ -414,6 +438,7 @@ ORIGINALS = {
     "parse_message": _original_parse_message,
     "process_connection_timeout": _original_process_connection_timeout,
     "send": _original_send,
+    "transport_send": _original_transport_send,
     "on_message": _original_on_message,
     "send_next_node_idx": _original_send_next_node_idx,
     "send_append_entries": _original_send_append_entries,

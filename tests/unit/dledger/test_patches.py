@@ -412,3 +412,45 @@ def test_a_connection_idle_both_ways_is_not_taken_for_dead():
             a.send({"type": "append_entries", "term": 3})
             time.sleep(0.03)
         assert a.state == pso_tcp.CONNECTION_STATE.DISCONNECTED
+
+
+def test_a_send_that_finds_its_connection_dead_does_not_go_out_on_the_reconnection():
+    """13a: judging the silence (12) dropped the connection, and pysyncobj's disconnect callback reconnected at
+    once. The message must go with the old connection, not head the new one before its key handshake (the peer
+    took an append_entries for the key: TypeError out of its tick)."""
+    auth = patches.FrameAuthenticator("a cluster secret of some length")
+    sent: list[bytes] = []
+    conn = SimpleNamespace(encryptor=auth, sendRandKey=b"k" * 32)
+    conn._TcpConnection__timeout = 0.1
+    conn._TcpConnection__lastReadTime = time.monotonic() - 1.0  # nothing read for 1 s
+    conn._TcpConnection__state = pso_tcp.CONNECTION_STATE.CONNECTED
+    conn._dledger_last_send = time.monotonic()  # and this side is talking: a dead peer
+    conn._TcpConnection__writeBuffer = b""
+    conn._TcpConnection__trySendBuffer = lambda: sent.append(conn._TcpConnection__writeBuffer)
+
+    def disconnect_and_reconnect():  # what TcpConnection.disconnect + TCPTransport._onDisconnected do
+        conn.sendRandKey = None
+        conn._TcpConnection__state = pso_tcp.CONNECTION_STATE.CONNECTING
+        conn._TcpConnection__lastReadTime = time.monotonic()
+        conn._TcpConnection__writeBuffer = b""
+
+    conn.disconnect = disconnect_and_reconnect
+    patches._send(conn, {"type": "append_entries", "term": 3})
+    assert conn._TcpConnection__state == pso_tcp.CONNECTION_STATE.CONNECTING  # it was dropped and reconnecting
+    assert conn._TcpConnection__writeBuffer == b"" and sent == []  # and the new connection carries nothing yet
+
+
+def test_raft_messages_wait_for_the_key_handshake_of_an_outgoing_connection():
+    """13b: TCPTransport.send only checked that TCP was connected; a message sent before the peer's key arrived
+    was refused by the peer, which dropped the connection."""
+    node = "n2"
+    got: list = []
+    conn = SimpleNamespace(state=pso_tcp.CONNECTION_STATE.CONNECTED, sendRandKey=None, send=got.append)
+    transport = SimpleNamespace(_connections={node: conn}, _send_random_sleep_duration=0,
+                                _syncObj=SimpleNamespace(encryptor=patches.FrameAuthenticator("a secret of 16+ chars")))
+    vote = {"type": "request_vote", "term": 4}
+    assert patches.ORIGINALS["transport_send"](transport, node, vote) is True and got == [vote]  # the defect
+    got.clear()
+    assert patches._transport_send(transport, node, vote) is False and got == []
+    conn.sendRandKey = b"k" * 32  # the peer's key arrived: the handshake is done
+    assert patches._transport_send(transport, node, vote) is True and got == [vote]
