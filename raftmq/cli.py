@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "raftmq.commands.dev",
     "raftmq.commands.dledger_node",
     "raftmq.commands.verify",
+    "raftmq.commands.admin",
 )
 
 

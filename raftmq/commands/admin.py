@@ -1,0 +1,235 @@
+"""``raftmq admin``: the everyday part of RocketMQ's mqadmin, over ``client.admin``.
+
+    raftmq admin [--namesrv HOST:PORT[,...]] cluster                 (clusterList)
+    raftmq admin topics                                              (topicList)
+    raftmq admin route TOPIC                                         (topicRoute)
+    raftmq admin create-topic TOPIC [--read-queues N] [--write-queues N] [--perm 6] [--order]
+                                    [--cluster NAME | --broker NAME ...]   (updateTopic)
+    raftmq admin delete-topic TOPIC [--cluster NAME | --broker NAME ...]   (deleteTopic)
+    raftmq admin status [--broker NAME | --addr HOST:PORT]           (brokerStatus)
+
+Every command takes ``--json`` (one JSON line on stdout). Exit status: 0 done, 1 the cluster refused or could not
+be reached (the message says which and why), 2 a bad argument (named).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import trio
+from rich.console import Console
+from rich.table import Table
+
+from client import open_admin
+from client.admin import AdminClient
+from client.route import PERM_INHERIT, PERM_READ, PERM_WRITE, TopicRouteData
+from remoting.config import ConfigError, parse_host_port
+from raftmq.runner import leaf_exceptions
+from remoting.errors import RaftMQError
+
+_ALL_PERMS = PERM_READ | PERM_WRITE | PERM_INHERIT
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("admin", help="administer a cluster: groups, topics, routes, broker status",
+                                   description="Administer a cluster through its name servers (RocketMQ's "
+                                               "mqadmin: clusterList, topicList, topicRoute, updateTopic, "
+                                               "deleteTopic, brokerStatus).")
+    parser.add_argument("--namesrv", default="127.0.0.1:9876",
+                        help="name servers, HOST:PORT[,HOST:PORT...] (default 127.0.0.1:9876, raftmq dev's)")
+    parser.add_argument("--timeout", type=float, default=10.0, help="seconds for the whole command (default 10)")
+    parser.add_argument("--json", action="store_true", help="print the result as one JSON line")
+    commands = parser.add_subparsers(dest="admin_command", metavar="COMMAND", required=True)
+
+    commands.add_parser("cluster", help="broker groups and their nodes: address, role, term")
+    commands.add_parser("topics", help="every topic the name servers route")
+    route = commands.add_parser("route", help="a topic's queues and the nodes of its groups")
+    route.add_argument("topic")
+    create = commands.add_parser("create-topic", help="create or update a topic on every group of a cluster")
+    create.add_argument("topic")
+    create.add_argument("--read-queues", type=int, default=8, help="read queues per group (default 8)")
+    create.add_argument("--write-queues", type=int, default=8, help="write queues per group (default 8)")
+    create.add_argument("--perm", type=int, default=PERM_READ | PERM_WRITE,
+                        help="permission bits: 4 read, 2 write, 1 inherit (default 6)")
+    create.add_argument("--order", action="store_true", help="an ordered topic")
+    _add_targets(create)
+    delete = commands.add_parser("delete-topic", help="delete a topic from every group of a cluster")
+    delete.add_argument("topic")
+    _add_targets(delete)
+    status = commands.add_parser("status", help="a broker node's runtime status (GET_BROKER_RUNTIME_INFO)")
+    which = status.add_mutually_exclusive_group()
+    which.add_argument("--broker", help="the leader of this group (default: of every group)")
+    which.add_argument("--addr", help="this node, HOST:PORT (any member, follower or leader)")
+    parser.set_defaults(func=run)
+
+
+def _add_targets(parser: argparse.ArgumentParser) -> None:
+    targets = parser.add_mutually_exclusive_group()
+    targets.add_argument("--cluster", help="every group of this cluster (default: every group)")
+    targets.add_argument("--broker", action="append", metavar="NAME", help="this group (repeatable)")
+
+
+def _check(args: argparse.Namespace) -> None:
+    addrs = [a.strip() for a in args.namesrv.replace(";", ",").split(",") if a.strip()]
+    if not addrs:
+        raise ConfigError(f"--namesrv needs HOST:PORT, got {args.namesrv!r}")
+    for addr in addrs:
+        parse_host_port(addr, key="--namesrv")
+    if not 0 < args.timeout <= 3600:
+        raise ConfigError(f"--timeout must be within (0, 3600] seconds, got {args.timeout}")
+    if args.admin_command == "create-topic":
+        for flag, value in (("--read-queues", args.read_queues), ("--write-queues", args.write_queues)):
+            if not 1 <= value <= 1024:
+                raise ConfigError(f"{flag} must be within 1..1024, got {value}")
+        if args.perm & ~_ALL_PERMS or not args.perm & (PERM_READ | PERM_WRITE):
+            raise ConfigError(f"--perm must combine 4 (read), 2 (write) and 1 (inherit) with read or write set, "
+                              f"got {args.perm}")
+    if args.admin_command == "status" and args.addr:
+        parse_host_port(args.addr, key="--addr")
+
+
+def _route_data(route: TopicRouteData) -> dict[str, Any]:
+    return {"topic": route.topic,
+            "queue_datas": [{"broker_name": q.broker_name, "read_queue_nums": q.read_queue_nums,
+                             "write_queue_nums": q.write_queue_nums, "perm": q.perm} for q in route.queue_datas],
+            "broker_datas": [{"cluster": b.cluster, "broker_name": b.broker_name,
+                              "broker_addrs": {str(k): v for k, v in sorted(b.broker_addrs.items())}}
+                             for b in route.broker_datas]}
+
+
+async def _cluster(admin: AdminClient, args: argparse.Namespace) -> dict[str, Any]:
+    info = await admin.cluster_info()
+    cluster_of = {name: cluster for cluster, names in info.clusters.items() for name in names}
+    groups = []
+    for name in sorted(set(info.broker_addrs) | set(info.nodes)):
+        nodes = [dict(n) for n in info.nodes.get(name, ())]
+        if not nodes:  # a name server without per-node claims: the broker address table is all there is
+            nodes = [{"broker_id": i, "broker_addr": a, "role": "LEADER" if i == 0 else "FOLLOWER"}
+                     for i, a in sorted(info.broker_addrs.get(name, {}).items())]
+        groups.append({"cluster": cluster_of.get(name, ""), "broker_name": name,
+                       "leader_addr": info.master_addr(name), "nodes": nodes})
+    return {"groups": groups}
+
+
+async def _topics(admin: AdminClient, args: argparse.Namespace) -> dict[str, Any]:
+    return {"topics": await admin.list_topics()}
+
+
+async def _route(admin: AdminClient, args: argparse.Namespace) -> dict[str, Any]:
+    return _route_data(await admin.get_route(args.topic))
+
+
+async def _create(admin: AdminClient, args: argparse.Namespace) -> dict[str, Any]:
+    route = await admin.create_topic(args.topic, read_queue_nums=args.read_queues, write_queue_nums=args.write_queues,
+                                     perm=args.perm, order=args.order, cluster=args.cluster,
+                                     broker_names=args.broker)
+    return {"topic": args.topic, "created": True, "route": _route_data(route) if route is not None else None}
+
+
+async def _delete(admin: AdminClient, args: argparse.Namespace) -> dict[str, Any]:
+    await admin.delete_topic(args.topic, cluster=args.cluster, broker_names=args.broker)
+    return {"topic": args.topic, "deleted": True}
+
+
+async def _status(admin: AdminClient, args: argparse.Namespace) -> dict[str, Any]:
+    if args.addr:
+        return {"nodes": {args.addr: await admin.broker_status(args.addr)}}
+    info = await admin.cluster_info()
+    names = [args.broker] if args.broker else sorted(info.broker_addrs)
+    out = {}
+    for name in names:
+        addr = info.master_addr(name)
+        if addr is None:
+            raise _Refused(f"broker group {name!r} has no leader registered with the name servers "
+                           f"(known groups: {', '.join(sorted(info.broker_addrs)) or 'none'})")
+        out[addr] = await admin.broker_status(addr)
+    return {"nodes": out}
+
+
+class _Refused(Exception):
+    pass
+
+
+_COMMANDS: dict[str, Callable[[AdminClient, argparse.Namespace], Awaitable[dict[str, Any]]]] = {
+    "cluster": _cluster, "topics": _topics, "route": _route, "create-topic": _create, "delete-topic": _delete,
+    "status": _status,
+}
+
+
+def _print(command: str, data: dict[str, Any]) -> None:
+    # Piped output (scripts, grep) gets whole rows, not the 80 columns rich assumes without a terminal.
+    console = Console() if sys.stdout.isatty() else Console(width=200)
+    if command == "cluster":
+        table = Table(title="broker groups", header_style="bold")
+        for column in ("cluster", "group", "id", "address", "role", "term", "last heartbeat"):
+            table.add_column(column)
+        for g in data["groups"]:
+            for n in g["nodes"]:
+                age = n.get("last_update_age_ms")
+                table.add_row(g["cluster"], g["broker_name"], str(n.get("broker_id", "")), n.get("broker_addr", ""),
+                              str(n.get("role", "")), str(n.get("term", "")),
+                              "" if age is None else f"{age / 1000:.1f} s ago")
+        console.print(table)
+    elif command == "topics":
+        for topic in data["topics"]:
+            print(topic)
+    elif command == "route":
+        _print_route(console, data)
+    elif command == "create-topic":
+        if data["route"] is None:
+            print(f"topic {data['topic']} created; the name servers do not route it yet (registration pending)")
+        else:
+            _print_route(console, data["route"])
+    elif command == "delete-topic":
+        print(f"topic {data['topic']} deleted")
+    else:
+        for addr, status in data["nodes"].items():
+            table = Table(title=f"broker node {addr}", header_style="bold")
+            table.add_column("key")
+            table.add_column("value", justify="right")
+            for key, value in sorted(status.items()):
+                table.add_row(key, str(value))
+            console.print(table)
+
+
+def _print_route(console: Console, route: dict[str, Any]) -> None:
+    table = Table(title=f"route of {route['topic']}", header_style="bold")
+    for column in ("group", "read queues", "write queues", "perm", "leader", "followers"):
+        table.add_column(column)
+    addrs = {b["broker_name"]: b["broker_addrs"] for b in route["broker_datas"]}
+    for q in route["queue_datas"]:
+        nodes = addrs.get(q["broker_name"], {})
+        table.add_row(q["broker_name"], str(q["read_queue_nums"]), str(q["write_queue_nums"]), str(q["perm"]),
+                      nodes.get("0", "-"), ", ".join(a for i, a in sorted(nodes.items()) if i != "0") or "-")
+    console.print(table)
+
+
+def run(args: argparse.Namespace) -> int:
+    _check(args)
+
+    async def main() -> dict[str, Any]:
+        with trio.fail_after(args.timeout):
+            async with open_admin(args.namesrv) as admin:
+                return await _COMMANDS[args.admin_command](admin, args)
+
+    try:
+        data = trio.run(main)
+    except (RaftMQError, _Refused, OSError, trio.TooSlowError, BaseExceptionGroup) as e:
+        # create/delete ask every group's leader at once: one refusal per group that refused.
+        errors = leaf_exceptions(e) if isinstance(e, BaseExceptionGroup) else [e]
+        if not all(isinstance(x, (RaftMQError, _Refused, OSError, trio.TooSlowError)) for x in errors):
+            raise
+        for error in errors:
+            text = (f"no answer within --timeout {args.timeout:g} s (name servers {args.namesrv})"
+                    if isinstance(error, trio.TooSlowError) else str(error))
+            print(f"raftmq admin {args.admin_command}: {text}", file=sys.stderr, flush=True)
+        return 1
+    if args.json:
+        print(json.dumps(data, default=str), flush=True)
+    else:
+        _print(args.admin_command, data)
+    return 0
