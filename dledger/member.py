@@ -248,11 +248,12 @@ class RaftMember(SyncObj):
         pysyncobj checks a follower's election deadline at the start of a tick and polls at its end. A follower
         that was busy or starved of CPU for longer than the election timeout (applying 4 MB messages on a
         loaded machine) would then start an election before reading the leader's heartbeats that wait in its
-        socket, and its higher term deposes a healthy leader. So a follower past its deadline polls first."""
+        socket, and its higher term deposes a healthy leader. So a follower past its deadline polls first, before
+        each tick (one tick that applied a large batch can outlast the timeout too)."""
         poller = self._poller
-        if self._SyncObj__raftElectionDeadline < monotonic_time() and self._SyncObj__raftState != _LEADER:
-            poller.poll(0.0)
         for _ in range(8):
+            if self._SyncObj__raftElectionDeadline < monotonic_time() and self._SyncObj__raftState != _LEADER:
+                poller.poll(0.0)
             self.doTick(0.0)
             if not poller.handled:
                 break

@@ -81,6 +81,16 @@ so a silent upgrade cannot quietly disable a fix.
     reason=bad_authentication") and dropped the connection. It now reports such a connection as not
     connected, as it does a dropped one.
 
+14. A read without an end. On a readable socket pysyncobj calls ``recv`` until the socket is empty, appending
+    each piece to its ``bytes`` read buffer, which copies the whole buffer every time. A follower that fell
+    behind while the leader streams 4 MB entries to it never finds the socket empty: measured (a watchdog
+    dump) one tick of 4.6 s inside that loop, quadratic in what it had read. Meanwhile it answered nothing,
+    so the leader dropped the connection (``connectionTimeout``), the follower discarded everything it had
+    read, and its election timer, not reset for 4.6 s, made it a candidate: elections every few seconds and
+    goodput down from ~38 to 12-17 msgs/s. Now one readable event reads once (at most the socket's receive
+    buffer, 4 MiB); the messages that completed are handled, and the poller, level-triggered, brings the
+    connection back at once if more is waiting.
+
 The chunked-send defect (entries at least ``appendEntriesBatchSizeBytes`` long) is contained by configuration:
 ``dledger.config`` keeps the entry size limit below half the batch size (16 MiB by default, so ~8 MiB entries:
 one 4 MiB message fits) and ``dledger.entry`` refuses bigger entries. It is not patched: the fix would mean
@@ -195,6 +205,12 @@ def _transport_send(self: Any, node: Any, message: Any) -> bool:
     return _original_transport_send(self, node, message)
 
 
+def _try_read_buffer(self: Any) -> None:
+    """14: one ``recv`` per readable event, not a loop until the socket is empty."""
+    self._TcpConnection__processRead()
+    self._TcpConnection__lastReadTime = monotonic_time()
+
+
 def _connection_timed_out(self: Any) -> bool:
     """12: pysyncobj's read timeout (nothing read for ``timeout``), counted only while this side is talking: it
     sent within the timeout, as a leader does to a follower that stopped answering. A connected link quiet both
@@ -246,6 +262,7 @@ _original_parse_message = pso_tcp.TcpConnection._TcpConnection__processParseMess
 _original_process_connection_timeout = pso_tcp.TcpConnection._TcpConnection__processConnectionTimeout
 _original_send = pso_tcp.TcpConnection.send
 _original_transport_send = pso_transport.TCPTransport.send
+_original_try_read_buffer = pso_tcp.TcpConnection._TcpConnection__tryReadBuffer
 _original_on_message = pso_syncobj.SyncObj._SyncObj__onMessageReceived
 _original_send_next_node_idx = pso_syncobj.SyncObj._SyncObj__sendNextNodeIdx
 _original_send_append_entries = pso_syncobj.SyncObj._SyncObj__sendAppendEntries
@@ -414,6 +431,7 @@ def apply_patches() -> None:
         return
     pso_tcp.TcpConnection.send = _send
     pso_transport.TCPTransport.send = _transport_send
+    pso_tcp.TcpConnection._TcpConnection__tryReadBuffer = _try_read_buffer
     pso_tcp.TcpConnection._TcpConnection__processParseMessage = _parse_message
     pso_tcp.TcpConnection._TcpConnection__processConnectionTimeout = _connection_timed_out
     pso_syncobj.SyncObj._SyncObj__onMessageReceived = _on_message
@@ -439,6 +457,7 @@ ORIGINALS = {
     "process_connection_timeout": _original_process_connection_timeout,
     "send": _original_send,
     "transport_send": _original_transport_send,
+    "try_read_buffer": _original_try_read_buffer,
     "on_message": _original_on_message,
     "send_next_node_idx": _original_send_next_node_idx,
     "send_append_entries": _original_send_append_entries,

@@ -454,3 +454,34 @@ def test_raft_messages_wait_for_the_key_handshake_of_an_outgoing_connection():
     assert patches._transport_send(transport, node, vote) is False and got == []
     conn.sendRandKey = b"k" * 32  # the peer's key arrived: the handshake is done
     assert patches._transport_send(transport, node, vote) is True and got == [vote]
+
+
+def test_one_readable_event_reads_once_instead_of_until_the_socket_is_empty():
+    """14: pysyncobj read until the socket was empty, copying its whole read buffer on every piece. A follower
+    behind a leader that streams 4 MB entries never found it empty: one tick of 4.6 s in that loop, no answer
+    meanwhile, the connection dropped by the leader and an election. One event now reads at most one receive
+    buffer; the poller, level-triggered, comes back at once for the rest."""
+    message = {"type": "append_entries", "entries": [b"e" * 10_000]}
+
+    def pump_once_after_sending(n: int) -> tuple[int, int]:
+        with _connected_pair(timeout_s=5) as (a, b, got, pump):
+            b._TcpConnection__recvBufferSize = 32 * 1024  # a few messages per receive; 12 fit the socket buffers
+            for _ in range(n):
+                a.send(message)
+            time.sleep(0.05)  # all of it waits in b's socket now
+            b_poller = b._TcpConnection__poller
+            b_poller.poll(0)  # one readable event
+            first = len(got["b"])
+            pump(0.2)
+            return first, len(got["b"])
+
+    stock = patches.ORIGINALS["try_read_buffer"]
+    patched = pso_tcp.TcpConnection._TcpConnection__tryReadBuffer
+    try:
+        pso_tcp.TcpConnection._TcpConnection__tryReadBuffer = stock
+        first, total = pump_once_after_sending(12)
+        assert first == total == 12  # the stock loop took everything in one event
+    finally:
+        pso_tcp.TcpConnection._TcpConnection__tryReadBuffer = patched
+    first, total = pump_once_after_sending(12)
+    assert 0 < first < 12 and total == 12  # one receive buffer's worth first, then the rest, none lost
