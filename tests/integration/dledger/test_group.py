@@ -231,7 +231,7 @@ async def test_a_follower_back_from_a_stall_reads_the_waiting_heartbeats_before_
     """A follower whose ticks stopped for longer than the election timeout (busy applying, or starved of CPU on a
     loaded machine) finds the leader's heartbeats waiting in its socket. It must read them before it checks its
     election deadline: pysyncobj checks first, so the follower became a candidate and its higher term deposed a
-    healthy leader (seen with 4 MB messages at 64 in flight: three elections in 15 s)."""
+    healthy leader."""
     configs = make_configs(tmp_path, connection_timeout_ms=5000, leader_fallback_timeout_ms=5000)
     logs = [open_log(tmp_path, c.self_id) for c in configs]
     async with AsyncExitStack() as stack:
