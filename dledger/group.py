@@ -132,6 +132,10 @@ class _Pending:
         self.error: BaseException | None = None
         self.done = False
 
+    @property
+    def queued_at(self) -> float:
+        return self.deadline - self.timeout_s
+
     def finish(self) -> None:
         if not self.done:
             self.done = True
@@ -510,12 +514,12 @@ class DLedgerGroup:
         never proposed, so unlike a timeout of a proposed record the caller knows they are not stored."""
         queue = self._queue
         oldest_allowed = now - self._max_queue_wait_s
-        while queue and queue[0].deadline - queue[0].timeout_s < oldest_allowed:
+        while queue and queue[0].queued_at < oldest_allowed:
             pending = queue.popleft()
             if pending.done:
                 continue
             pending.error = GroupBusyError(
-                self.config.group, f"the record waited {(now - pending.deadline + pending.timeout_s) * 1000:.0f} "
+                self.config.group, f"the record waited {(now - pending.queued_at) * 1000:.0f} "
                                    f"ms in the queue (max_queue_wait_ms {self.config.max_queue_wait_ms}), "
                                    f"{len(queue)} still queued")
             self._busy_records += 1
@@ -561,8 +565,7 @@ class DLedgerGroup:
             self._propose_now(batch)
             return
         # The batch has left the queue but is not proposed yet, so the queue's wait limit still applies to it.
-        first = batch[0]
-        with trio.move_on_at(first.deadline - first.timeout_s + self._max_queue_wait_s):
+        with trio.move_on_at(batch[0].queued_at + self._max_queue_wait_s):
             await self._wait_to_propose()
             self._propose_now(batch)
             return

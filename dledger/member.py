@@ -252,7 +252,7 @@ class RaftMember(SyncObj):
         each tick (one tick that applied a large batch can outlast the timeout too)."""
         poller = self._poller
         for _ in range(8):
-            if self._SyncObj__raftElectionDeadline < monotonic_time() and self._SyncObj__raftState != _LEADER:
+            if self._SyncObj__raftState != _LEADER and self._SyncObj__raftElectionDeadline < monotonic_time():
                 poller.poll(0.0)
             self.doTick(0.0)
             if not poller.handled:
