@@ -129,9 +129,10 @@ def remote_fetch_range(client: Any, group: str) -> FetchRange:
         request = make_request(RequestCode.FETCH_COMMIT_LOG,
                                ext={"group": group, "phy_offset": offset, "max_bytes": max_bytes})
         response = await client.invoke(peer.service_address, request, timeout_s=5.0)
-        moved = response.ext.get("min_offset"), response.ext.get("end_offset")
-        if response.code == ResponseCode.PULL_OFFSET_MOVED and all(type(v) is int for v in moved):
-            raise CommitLogMovedError(peer.id, offset, *moved)
+        if response.code == ResponseCode.PULL_OFFSET_MOVED:
+            moved = response.ext.get("min_offset"), response.ext.get("end_offset")
+            if all(type(v) is int for v in moved):
+                raise CommitLogMovedError(peer.id, offset, *moved)
         if response.code != ResponseCode.SUCCESS:
             raise for_code(response.code, response.remark)
         if crc32c.crc32c(response.body) != response.ext.get("crc32c"):
