@@ -105,13 +105,9 @@ async def _cluster(admin: AdminClient, args: argparse.Namespace) -> dict[str, An
     info = await admin.cluster_info()
     cluster_of = {name: cluster for cluster, names in info.clusters.items() for name in names}
     groups = []
-    for name in sorted(set(info.broker_addrs) | set(info.nodes)):
-        nodes = [dict(n) for n in info.nodes.get(name, ())]
-        if not nodes:  # a name server without per-node claims: the broker address table is all there is
-            nodes = [{"broker_id": i, "broker_addr": a, "role": "LEADER" if i == 0 else "FOLLOWER"}
-                     for i, a in sorted(info.broker_addrs.get(name, {}).items())]
+    for name, nodes in sorted(info.nodes.items()):  # the name server lists every group's nodes
         groups.append({"cluster": cluster_of.get(name, ""), "broker_name": name,
-                       "leader_addr": info.master_addr(name), "nodes": nodes})
+                       "leader_addr": info.master_addr(name), "nodes": [dict(n) for n in nodes]})
     return {"groups": groups}
 
 
