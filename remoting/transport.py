@@ -185,6 +185,14 @@ class RemotingConnection:
         return ConnectionStatistics(self._frames_received, self._frames_sent, self._bytes_received,
                                     self._bytes_sent, self._send_calls, len(self._pending))
 
+    def oldest_request_sent_at(self, skip_codes: frozenset[int] = frozenset()) -> float | None:
+        """When (trio's clock) the longest-waiting request with a timeout was sent, requests whose code is in
+        ``skip_codes`` (long polls, answered late on purpose) aside; None if no such request waits."""
+        for _task, deadline, timeout_s, code in self._pending.values():  # a dict keeps insertion order: send order
+            if timeout_s is not None and code not in skip_codes:
+                return deadline - timeout_s
+        return None
+
     # ------------------------------------------------------------------------------------------ requests
 
     async def invoke(self, request: Frame, timeout_s: float | None = 3.0) -> Frame:
@@ -712,10 +720,12 @@ class RemotingClient:
                 self._connections[addr] = conn
             return conn
 
-    def close_connection(self, addr: str) -> None:
+    def close_connection(self, addr: str, reason: str = "closed locally") -> None:
+        """Close the pooled connection to ``addr``: its waiting requests fail with ``ConnectionClosedError``
+        naming ``reason``, and the next request opens a new one."""
         conn = self._connections.pop(addr, None)
         if conn is not None:
-            conn.close()
+            conn.close(reason)
 
     def connections(self) -> dict[str, ClientConnection]:
         return dict(self._connections)

@@ -28,6 +28,7 @@ LATER = 2003  # answered from a task after handle() returned None
 NO_TOPIC = 2004  # the handler raises a BrokerError subclass
 HUGE = 2005  # the handler returns a response over the maximum frame size
 NOT_A_FRAME = 2006  # the handler returns something that is not a response frame
+HELD = 2007  # never answered either, as a long poll the client should not count
 
 
 class Handler:
@@ -46,7 +47,7 @@ class Handler:
             return make_response(request, ResponseCode.SUCCESS)  # must not be sent
         if request.code == RequestCode.ECHO:
             return make_response(request, ResponseCode.SUCCESS, ext=request.ext, body=request.body)
-        if request.code == SLOW:
+        if request.code in (SLOW, HELD):
             return None
         if request.code == BOOM:
             raise RuntimeError("handler bug")
@@ -332,6 +333,37 @@ async def test_close_connection_in_the_pool(server):
         assert first.closed
         assert addr not in client.connections()
         assert (await client.invoke(addr, make_request(RequestCode.ECHO, body=b"x"))).body == b"x"
+
+
+async def test_oldest_waiting_request_and_a_pool_close_reason_reach_the_waiters(server):
+    """What the client's leader watch reads: when the longest-waiting request was sent, codes it ignores
+    (long polls) aside; closing a pooled connection with a reason fails its waiters with that reason."""
+    _, addr = server
+    async with open_remoting_client() as client:
+        conn = await client.get_connection(addr)
+        assert conn.oldest_request_sent_at() is None
+        errors: list[BaseException] = []
+
+        async def wait_for(code: int, timeout_s: float | None) -> None:
+            try:
+                await client.invoke(addr, make_request(code), timeout_s=timeout_s)
+            except ConnectionClosedError as e:
+                errors.append(e)
+
+        async with trio.open_nursery() as n:
+            n.start_soon(wait_for, HELD, 30.0)  # the handler answers neither
+            await trio.sleep(0.05)
+            first_slow = trio.current_time()
+            n.start_soon(wait_for, SLOW, 30.0)
+            await trio.sleep(0.05)
+            n.start_soon(wait_for, SLOW, None)  # no deadline: nothing to tell its age by
+            await trio.sleep(0.05)
+            assert conn.oldest_request_sent_at() < first_slow  # the held one, sent first
+            assert conn.oldest_request_sent_at(frozenset({HELD})) == pytest.approx(
+                first_slow, abs=0.01)
+            client.close_connection(addr, "the test closed it")
+        assert len(errors) == 3 and all("the test closed it" in str(e) for e in errors)
+        assert conn.oldest_request_sent_at() is None
 
 
 async def test_a_peer_that_stops_reading_is_slowed_down_not_buffered(nursery):
