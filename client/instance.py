@@ -2,8 +2,17 @@
 
 One ``ClientInstance`` per producer or consumer (RocketMQ's MQClientInstance, without the process-wide
 singleton: trio code opens what it uses and closes it with the ``async with``). It owns the remoting pool (one
-connection per node, many requests in flight on it), the route cache, the fault tracker and two background
-tasks: the periodic route refresh and the heartbeat to every node of every group it knows.
+connection per node, many requests in flight on it), the route cache, the fault tracker and three background
+tasks: the periodic route refresh, the heartbeat to every node of every group it knows, and the leader watch.
+
+The leader watch is for a leader that hangs instead of dying (a stopped process, a VM or disk stall, a network
+that drops packets without resetting connections). Its connections stay open, so nothing fails fast: every
+send waits for its timeout while the rest of the group has long elected a new leader. When a group's leader
+connection has requests waiting and has received nothing for ``leader_silence_timeout_ms``, the watch asks the
+name servers for the group's route again (every ``leader_silence_timeout_ms / 4``, at most 250 ms, while the
+silence lasts). Once they name another master, the silent connection is closed: its requests fail with a
+retriable ``ConnectionClosedError``, and the producer resends them to the new leader within their deadline.
+Long polls (PULL_MESSAGE) are answered late on purpose and do not count.
 """
 
 from __future__ import annotations
@@ -33,6 +42,9 @@ log = logging.getLogger(__name__)
 
 _instance_counter = itertools.count(1)
 
+# Requests a broker holds on purpose (long polling): their wait says nothing about the broker's health.
+_LONG_POLL_CODES = frozenset({RequestCode.PULL_MESSAGE})
+
 
 def _check_addrs(value: tuple[str, ...]) -> str | None:
     if not value:
@@ -53,6 +65,9 @@ class ClientConfig:
     request_timeout_ms: int = bounded(3_000, min=1, doc="default timeout of one request")
     connect_timeout_ms: int = bounded(3_000, min=1)
     fault_isolation_ms: int = bounded(1_000, min=0, doc="how long a failed group is avoided")
+    leader_silence_timeout_ms: int = bounded(
+        1_000, min=0, doc="a leader connection with requests waiting that received nothing this long makes the "
+                          "client ask the name servers whether the group has another leader (0: never)")
     max_frame_size_bytes: int = bounded(16 * 1024 * 1024, min=1024)
 
 
@@ -212,6 +227,61 @@ class ClientInstance:
     def start_background(self) -> None:
         self.nursery.start_soon(self._serve_route_refresh)
         self.nursery.start_soon(self._serve_heartbeat)
+        if self.config.leader_silence_timeout_ms > 0:
+            self.nursery.start_soon(self._serve_leader_watch)
+
+    async def _serve_leader_watch(self) -> None:
+        silence_s = self.config.leader_silence_timeout_ms / 1000
+        interval_s = min(max(silence_s / 4, 0.01), 0.25)
+        # leader address -> (its connection, bytes received then, when that count last changed)
+        heard: dict[str, tuple[Any, int, float]] = {}
+        with trio.CancelScope() as scope:
+            self._background.append(scope)
+            while True:
+                await trio.sleep(interval_s)
+                now = trio.current_time()
+                connections = self.remoting.connections()
+                watched: dict[str, tuple[Any, int, float]] = {}
+                suspects = []
+                for broker_name in self.routes.broker_names():
+                    addr = self.routes.master_addr(broker_name)
+                    conn = connections.get(addr) if addr else None
+                    if conn is None:
+                        continue
+                    received = conn.statistics().bytes_received
+                    last = heard.get(addr)
+                    if last is None or last[0] is not conn or last[1] != received:
+                        watched[addr] = (conn, received, now)
+                        continue
+                    watched[addr] = last
+                    sent_at = conn.oldest_request_sent_at(_LONG_POLL_CODES)
+                    if sent_at is not None and now - sent_at >= silence_s and now - last[2] >= silence_s:
+                        suspects.append((broker_name, addr, now - max(sent_at, last[2])))
+                heard = watched
+                for broker_name, addr, silent_s in suspects:
+                    await self._check_silent_leader(broker_name, addr, silent_s)
+
+    async def _check_silent_leader(self, broker_name: str, addr: str, silent_s: float) -> None:
+        """Close the connection to ``addr`` if the name servers now route another node as ``broker_name``'s
+        master: a deposed leader that answers nothing holds its requests until they time out."""
+        topic = self.routes.topic_on(broker_name)
+        if topic is None:
+            return
+        try:
+            await self.routes.refresh(topic)
+        except RaftMQError as e:
+            log.info("route refresh for a silent leader failed broker_name=%s addr=%s error=%s", broker_name,
+                     addr, e)
+            return
+        master = self.routes.routed_master_addr(broker_name)
+        if master is None or master == addr:
+            return  # not replaced (yet): a slow leader, or an election still running
+        self.routes.drop_leader_hint(broker_name, addr)
+        reason = (f"{addr} answered nothing for {silent_s:.1f}s and the name servers now route {master} as the "
+                  f"leader of {broker_name}")
+        log.warning("closing the connection to a silent leader broker_name=%s addr=%s new_leader=%s silent_s=%.1f",
+                    broker_name, addr, master, silent_s)
+        self.remoting.close_connection(addr, reason)
 
     async def _serve_route_refresh(self) -> None:
         with trio.CancelScope() as scope:

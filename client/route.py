@@ -4,7 +4,8 @@ Rules of this module:
 - A route names, per broker group, the address of each node (``broker_addrs[0]`` is the Raft leader, the
   master) and, per group, how many write/read queues the topic has there.
 - Routes are cached per topic and refreshed every ``poll_name_server_interval_ms`` and *at once* when a broker
-  says NOT_LEADER or a connection fails (``RouteCache.refresh``). Concurrent refreshes of one topic share one
+  says NOT_LEADER, a connection fails, or a group's leader falls silent with requests waiting (the leader
+  watch in ``client/instance.py``) (``RouteCache.refresh``). Concurrent refreshes of one topic share one
   name-server query.
 - A NOT_LEADER answer carries the leader's address; it is remembered as a *leader hint* for that group and
   wins over the cached route, because the name server learns of a new leader only when that leader registers.
@@ -342,6 +343,21 @@ class RouteCache:
             return b.master_addr
         # No leader registered: ask a follower, which answers NOT_LEADER naming the leader once it knows it.
         return b.broker_addrs[min(b.broker_addrs)] if b.broker_addrs else None
+
+    def routed_master_addr(self, broker_name: str) -> str | None:
+        """The group's master as the name servers last routed it, leader hints aside."""
+        b = self._broker(broker_name)
+        return b.master_addr if b is not None and b.master_addr else None
+
+    def topic_on(self, broker_name: str) -> str | None:
+        """A cached topic whose route includes the group: refreshing it refreshes the group's master."""
+        for topic, route in self._routes.items():
+            if route.broker(broker_name) is not None:
+                return topic
+        return None
+
+    def broker_names(self) -> list[str]:
+        return sorted({b.broker_name for route in self._routes.values() for b in route.broker_datas})
 
     def replica_addrs(self, broker_name: str) -> list[str]:
         """Every known node of the group, master (or hinted leader) first."""

@@ -5,14 +5,16 @@ real wire is covered by tests/cluster/test_e2e_*.py."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections import defaultdict
+from types import SimpleNamespace
 
 import cbor2
 import trio
 
 from remoting.codec import make_response
 from remoting.codes import RequestCode, ResponseCode
-from remoting.errors import ConnectError
+from remoting.errors import ConnectError, ConnectionClosedError, RequestTimeoutError
 from remoting.message import MessageInput, decode_batch, encode_record, record_size
 
 NAMESRV = "ns:9876"
@@ -41,6 +43,24 @@ class FakeGroup:
         return len(log) - 1
 
 
+class FakeConnection:
+    """What the client's leader watch reads of a pooled connection to a broker node."""
+
+    def __init__(self) -> None:
+        self.bytes_received = 0
+        self.waiting: dict[int, tuple[float, int, trio.Event]] = {}  # request -> (sent at, code, wake-up)
+        self.close_reason: str | None = None
+
+    def statistics(self) -> SimpleNamespace:
+        return SimpleNamespace(bytes_received=self.bytes_received)
+
+    def oldest_request_sent_at(self, skip_codes: frozenset[int] = frozenset()) -> float | None:
+        for sent_at, code, _ in self.waiting.values():
+            if code not in skip_codes:
+                return sent_at
+        return None
+
+
 class FakeRemoting:
     def __init__(self, groups: list[FakeGroup]) -> None:
         self.groups = groups
@@ -48,6 +68,26 @@ class FakeRemoting:
         self.calls: list[tuple[str, int]] = []
         self.unknown_topics: set[str] = set()
         self.wake = trio.Event()
+        self.conns: dict[str, FakeConnection] = {}
+        self.hung: set[str] = set()  # nodes that take requests and answer nothing (a stopped process)
+        self._request_ids = itertools.count()
+
+    def connections(self) -> dict[str, FakeConnection]:
+        return dict(self.conns)
+
+    def close_connection(self, addr: str, reason: str = "closed locally") -> None:
+        conn = self.conns.pop(addr, None)
+        if conn is not None:
+            conn.close_reason = reason
+            for _, _, wake in conn.waiting.values():
+                wake.set()
+
+    def resume(self, addr: str) -> None:
+        """A hung node answers again, its waiting requests first."""
+        self.hung.discard(addr)
+        conn = self.conns.get(addr)
+        for _, _, wake in (conn.waiting.values() if conn is not None else ()):
+            wake.set()
 
     def route(self, topic: str) -> dict:
         return {"queue_datas": [{"broker_name": g.name, "read_queue_nums": g.queues, "write_queue_nums": g.queues,
@@ -75,6 +115,22 @@ class FakeRemoting:
         g = self.by_addr[addr]
         if addr in g.dead:
             raise ConnectError(addr, "connection refused")
+        conn = self.conns.get(addr)
+        if conn is None:
+            conn = self.conns[addr] = FakeConnection()
+        if addr in self.hung:
+            request_id, wake = next(self._request_ids), trio.Event()
+            conn.waiting[request_id] = (trio.current_time(), code, wake)
+            try:
+                with trio.move_on_after(timeout_s) as waited:
+                    await wake.wait()
+            finally:
+                del conn.waiting[request_id]
+            if conn.close_reason is not None:
+                raise ConnectionClosedError(addr, conn.close_reason)
+            if waited.cancelled_caught:
+                raise RequestTimeoutError(addr, timeout_s, code)
+        conn.bytes_received += 1
         if code == RequestCode.HEART_BEAT:
             body = cbor2.loads(request.body)
             for c in body["consumers"]:

@@ -3,6 +3,8 @@ rebalancing, offsets, flow control, tag filtering."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import trio
 
@@ -217,3 +219,62 @@ async def test_push_consumer_iterator_commits_exactly_what_was_consumed(cluster)
     committed = {(g.name, qid): off for g in cluster.groups for (grp, _, qid), off in g.offsets.items()
                  if grp == "g3"}
     assert committed == per_queue
+
+
+def _route_queries(cluster) -> int:
+    return sum(1 for addr, code in cluster.calls if code == RequestCode.GET_ROUTEINFO_BY_TOPIC)
+
+
+async def test_a_silent_leader_the_route_replaced_is_left_and_the_send_resent_to_the_new_one(cluster):
+    # a:1 hangs (a stopped process: its connection stays open and answers nothing); its group elects a:2, which
+    # registers, so the name server routes a:2 from then on. The send must not wait out its 3 s deadline on a:1.
+    a = cluster.groups[0]
+    cluster.hung.add("a:1")
+
+    async def elect_a2() -> None:
+        await trio.sleep(0.3)
+        a.leader = "a:2"
+
+    async with open_producer(NAMESRV, leader_silence_timeout_ms=100, retry_backoff_ms=0) as p:
+        async with trio.open_nursery() as n:
+            n.start_soon(elect_a2)
+            r = await p.send(Message("T", b"x"), queue=MessageQueue("T", "broker-a", 0))
+        assert "a:1" not in cluster.conns  # closed by the watch, which is what failed the waiting send over
+        cluster.resume("a:1")  # so that closing the producer does not wait for it
+    assert r.send_status is SendStatus.SEND_OK
+    assert [addr for addr, code in cluster.calls if code == RequestCode.SEND_MESSAGE] == ["a:1", "a:2"]
+
+
+async def test_a_silent_leader_still_routed_is_kept_and_its_late_answer_taken(cluster):
+    # No new leader in the route (an election still running, or a slow leader): the watch keeps asking the name
+    # server but leaves the connection alone, and the send completes on a:1 once it answers.
+    cluster.hung.add("a:1")
+    async with open_producer(NAMESRV, leader_silence_timeout_ms=50) as p:
+        await p.routes.refresh("T")
+        before = _route_queries(cluster)
+
+        async def resume_a1() -> None:
+            await trio.sleep(0.5)
+            cluster.resume("a:1")
+
+        async with trio.open_nursery() as n:
+            n.start_soon(resume_a1)
+            r = await p.send(Message("T", b"x"), queue=MessageQueue("T", "broker-a", 0))
+    assert r.send_status is SendStatus.SEND_OK
+    assert [addr for addr, code in cluster.calls if code == RequestCode.SEND_MESSAGE] == ["a:1"]
+    assert _route_queries(cluster) - before >= 3  # asked every 50 / 4 ms... at least a few times in 0.45 s
+
+
+async def test_a_long_poll_held_by_the_leader_does_not_count_as_silence(cluster):
+    async with open_producer(NAMESRV, leader_silence_timeout_ms=50) as p:
+        await p.routes.refresh("T")
+        await trio.sleep(0.05)  # the first heartbeat round, answered
+        cluster.hung.add("a:1")  # holds the pull, as a broker with nothing new does for up to 15 s
+        before = _route_queries(cluster)
+        async with trio.open_nursery() as n:
+            n.start_soon(functools.partial(
+                p._instance.invoke, "a:1", RequestCode.PULL_MESSAGE, {"topic": "T", "queue_id": 0}, timeout_s=5))
+            await trio.sleep(0.4)
+            assert _route_queries(cluster) == before
+            n.cancel_scope.cancel()
+        cluster.resume("a:1")
