@@ -7,7 +7,7 @@ Sending rules (RocketMQ's ``DefaultMQProducerImpl.sendDefaultImpl``, adapted to 
   that address (bounded by ``max_redirects``), and the route is refreshed in the background.
 - A retriable failure (connection lost, timeout, busy, no leader yet) is retried up to ``retry_times`` times
   with a short growing pause, all within the send's deadline; anything else is raised at once.
-- Concurrency is the caller's: start many ``send`` calls at once (a nursery, or ``send_many``); they share
+- Concurrency is the caller's: start many ``send`` calls at once (from a nursery); they share
   one connection per node, with many requests in flight on it.
 """
 
