@@ -1,0 +1,139 @@
+"""Nodes that hang instead of dying, with real processes: SIGSTOP a node of the group under load, then SIGCONT.
+
+A stopped process keeps its sockets open, so unlike a kill nothing tells anyone it is gone: no reset, no
+NOT_LEADER.
+- The leader stopped: the other two nodes elect a new leader within a second, which registers with the name
+  server at once; the client's leader watch (client/instance.py) must notice that the old leader's connection
+  went silent with sends waiting, see the new route and resend there. Sends must be acknowledged by another
+  node *while the old leader is still stopped*.
+- A follower stopped: the leader and the other follower are a majority, so sends go on being acknowledged.
+Either way, once the node resumes, every acknowledged message must be consumed and the three commit logs must
+be identical (``raftmq verify``). The gap from the stop to the first acknowledgement by a new leader is
+printed, not asserted (speed is for benchmarks).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections import Counter
+
+import pytest
+import trio
+
+from client import Message, SendFailedError, open_producer, open_push_consumer
+from remoting.errors import RaftMQError
+from remoting.message import parse_msg_id
+from tests.cluster.test_e2e_produce_consume import GROUP, Cluster, start_cluster
+from tests.procs import raftmq_argv
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+# Long enough that a client waiting for a stopped leader to answer would see every send time out (3 s).
+STOPPED_S = 8.0
+
+
+async def _stop_a_node_under_load(spawn, tmp_path, capsys, *, leader: bool) -> None:
+    cluster: Cluster = await start_cluster(spawn, tmp_path)
+    topic = "StoppedNodeTopic"
+    await cluster.create_topic(topic, 4)
+
+    acked: dict[str, float] = {}
+    ack_log: list[tuple[float, str]] = []
+    consumed: Counter[str] = Counter()
+    failed: list[str] = []
+    stop_producing = trio.Event()
+
+    async def on_message(msg) -> None:
+        consumed[msg.msg_id] += 1
+
+    async with open_producer(cluster.namesrv, retry_backoff_ms=20) as producer, \
+            open_push_consumer(cluster.namesrv, topic=topic, handler=on_message, consumer_group="stopped_group",
+                               consume_from_where="CONSUME_FROM_FIRST_OFFSET", rebalance_interval_ms=500,
+                               persist_consumer_offset_interval_ms=200, broker_suspend_max_time_ms=1000):
+
+        async def produce_loop(k: int) -> None:
+            i = 0
+            while not stop_producing.is_set():
+                i += 1
+                try:
+                    r = await producer.send(Message(topic, b"%02d-%08d" % (k, i)))
+                except (SendFailedError, RaftMQError) as e:
+                    failed.append(type(getattr(e, "last_error", None) or e).__name__)
+                    await trio.sleep(0.01)
+                    continue
+                now = time.monotonic()
+                acked[r.msg_id] = now
+                (store_ip, store_port), _ = parse_msg_id(r.offset_msg_id)
+                ack_log.append((now, f"{store_ip}:{store_port}"))
+                await trio.sleep(0.002)
+
+        async with trio.open_nursery() as nursery:
+            for k in range(8):
+                nursery.start_soon(produce_loop, k)
+            await trio.sleep(2)
+            leader_addr = await cluster.leader_addr()
+            victim_addr = leader_addr if leader else min(a for a in cluster.addr_of.values() if a != leader_addr)
+            victim = cluster.nodes[cluster.node_at(victim_addr)]
+            stopped_at = time.monotonic()
+            os.kill(victim.pid, signal.SIGSTOP)
+            try:
+                if leader:
+                    gap = None
+                    with trio.move_on_after(STOPPED_S):
+                        while gap is None:
+                            after = [t for t, addr in ack_log if t > stopped_at and addr != victim_addr]
+                            gap = min(after) - stopped_at if after else None
+                            await trio.sleep(0.01)
+                else:
+                    await trio.sleep(STOPPED_S)
+                acked_while_stopped = sum(1 for t, _ in ack_log if t > stopped_at)
+                failed_while_stopped = len(failed)
+            finally:
+                os.kill(victim.pid, signal.SIGCONT)
+            resumed_at = time.monotonic()
+            await trio.sleep(3)  # the resumed node catches up (a leader steps down first) while the load goes on
+            stop_producing.set()
+
+        with trio.move_on_after(60):
+            while not set(acked) <= set(consumed):
+                await trio.sleep(0.2)
+
+    members = ",".join(cluster.addr_of.values())
+    with trio.fail_after(60):
+        while True:  # the resumed node may still be catching up on the last sends
+            done = await trio.run_process(raftmq_argv("verify", "--group", GROUP, "--members", members),
+                                          capture_stdout=True, capture_stderr=True, check=False)
+            if done.returncode == 0:
+                break
+            await trio.sleep(0.5)
+    storers = [addr for t, addr in ack_log if t > resumed_at]
+    missing = set(acked) - set(consumed)
+    duplicates = sum(c - 1 for c in consumed.values() if c > 1)
+    with capsys.disabled():
+        print(f"\nstopped {'leader' if leader else 'follower'} {victim_addr} for "
+              + (f"{gap:.3f} s until the first ack by the new leader" if leader and gap is not None
+                 else f"{STOPPED_S:.0f} s")
+              + f"; {acked_while_stopped} acked meanwhile, {failed_while_stopped} failed; leader {leader_addr} "
+              f"before, {', '.join(sorted(set(storers)))} after it resumed; {len(acked)} acked in all, "
+              f"{len(failed)} failed ({dict(Counter(failed))}), {duplicates} duplicates")
+    if leader:
+        assert gap is not None, (f"no send was acknowledged by another node in the {STOPPED_S:.0f} s the leader "
+                                 f"{victim_addr} was stopped ({failed_while_stopped} sends failed)")
+    else:
+        assert acked_while_stopped > 0 and failed_while_stopped == 0, (
+            f"with follower {victim_addr} stopped the other two must go on committing: {acked_while_stopped} "
+            f"acked, {failed_while_stopped} failed")
+    assert not missing, f"{len(missing)} acknowledged messages were never consumed"
+    assert b"are identical" in done.stdout, done.stdout
+
+
+@pytest.mark.timeout(180)
+async def test_stopped_leader_is_left_for_the_new_one_before_it_resumes(spawn, tmp_path, capsys):
+    await _stop_a_node_under_load(spawn, tmp_path, capsys, leader=True)
+
+
+@pytest.mark.timeout(180)
+async def test_stopped_follower_leaves_the_other_two_committing_and_catches_up(spawn, tmp_path, capsys):
+    await _stop_a_node_under_load(spawn, tmp_path, capsys, leader=False)
