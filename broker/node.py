@@ -300,7 +300,7 @@ class BrokerNode:
             "put_requests": self.put_requests, "put_messages": self.put_messages,
             "pulled_messages": self.pulled_messages,
             "appended_batches": ledger.appended_batches, "failed_batches": ledger.failed_batches,
-            "busy_records": ledger.busy_records,
+            "busy_records": ledger.busy_records, "pre_votes": ledger.pre_votes,
             "long_polling_held": hold.held, "long_polling_resumed_by_arrival": hold.resumed_by_arrival,
             "long_polling_resumed_by_timeout": hold.resumed_by_timeout,
             "registrations_ok": reg.successes, "registrations_failed": reg.failures,

@@ -110,6 +110,7 @@ class DLedgerStatistics:
     snapshots_written: int
     snapshots_loaded: int
     journal_flushes: int
+    pre_votes: int  # pre-vote rounds this member began (patches.py, 15): its election timer fired
     log_entries_in_memory: int
     catch_up_bytes: int
     serving_reads: bool
@@ -868,7 +869,8 @@ class DLedgerGroup:
             applied_batches=counters["applied_batches"], duplicate_batches=counters["duplicate_batches"],
             rejected_batches=counters["rejected_batches"], snapshots_written=counters["snapshots_written"],
             snapshots_loaded=counters["snapshots_loaded"], journal_flushes=counters["journal_flushes"],
-            log_entries_in_memory=counters["log_entries_in_memory"], catch_up_bytes=self._catch_up_bytes,
+            pre_votes=counters["pre_votes"], log_entries_in_memory=counters["log_entries_in_memory"],
+            catch_up_bytes=self._catch_up_bytes,
             serving_reads=m.catch_up_target is None, connected_peers=m.connected_peers())
 
 

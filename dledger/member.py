@@ -77,6 +77,7 @@ class RaftMember(SyncObj):
         self._dledger_auth = patches.FrameAuthenticator(config.secret)
         self._dledger_flush_journal = config.flush_disk_type == "SYNC_FLUSH"
         self._dledger_journal_flushes = 0
+        self._dledger_pre_votes = 0
         self._dledger_apply_gate_open = True
         # dledger.patches (10): the commit-index notice goes out after the commit callbacks (send_commit_notice).
         self._dledger_defer_commit_notice = True
@@ -174,7 +175,7 @@ class RaftMember(SyncObj):
         return {"applied_batches": self._applied_batches, "duplicate_batches": self._duplicate_batches,
                 "rejected_batches": self._rejected_batches, "snapshots_written": self._snapshots_written,
                 "snapshots_loaded": self._snapshots_loaded, "journal_flushes": self._dledger_journal_flushes,
-                "log_entries_in_memory": self._getRaftLogSize()}
+                "pre_votes": self._dledger_pre_votes, "log_entries_in_memory": self._getRaftLogSize()}
 
     # ---- thread crossing ----
 

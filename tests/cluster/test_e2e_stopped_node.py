@@ -10,6 +10,8 @@ NOT_LEADER.
 Either way, once the node resumes, every acknowledged message must be consumed and the three commit logs must
 be identical (``raftmq verify``). The gap from the stop to the first acknowledgement by a new leader is
 printed, not asserted (speed is for benchmarks).
+- A follower back from a stop longer than ``connectionTimeout`` must not depose the leader (the pre-vote in
+  dledger/patches.py, 15).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from collections import Counter
 import pytest
 import trio
 
-from client import Message, SendFailedError, open_producer, open_push_consumer
+from client import Message, SendFailedError, open_admin, open_producer, open_push_consumer
 from remoting.errors import RaftMQError
 from remoting.message import parse_msg_id
 from tests.cluster.test_e2e_produce_consume import GROUP, Cluster, start_cluster
@@ -137,3 +139,36 @@ async def test_stopped_leader_is_left_for_the_new_one_before_it_resumes(spawn, t
 @pytest.mark.timeout(180)
 async def test_stopped_follower_leaves_the_other_two_committing_and_catches_up(spawn, tmp_path, capsys):
     await _stop_a_node_under_load(spawn, tmp_path, capsys, leader=False)
+
+
+@pytest.mark.timeout(120)
+async def test_a_follower_back_from_a_stop_does_not_depose_the_leader(spawn, tmp_path):
+    """pysyncobj alone: a follower stopped for longer than connectionTimeout (3.5 s) comes back with its election
+    timer long expired and no heartbeat waiting (the leader dropped the link), stands at once with a higher term,
+    and every member takes that term: the leader steps down for an election (4 stops of 6 s, 4 elections, before
+    dledger/patches.py 15). With the pre-vote it asks first, the two others still have their leader and say
+    no, and nothing changes."""
+    cluster: Cluster = await start_cluster(spawn, tmp_path)
+    async with open_admin(cluster.namesrv) as admin:
+        async def roles() -> dict[str, tuple[str, int]]:
+            return {addr: ((st := await admin.broker_status(addr))["role"], st["term"])
+                    for addr in cluster.addr_of.values()}
+
+        await trio.sleep(1)
+        leader = await cluster.leader_addr()
+        before = await roles()
+        follower = min(a for a in cluster.addr_of.values() if a != leader)
+        proc = cluster.nodes[cluster.node_at(follower)]
+        os.kill(proc.pid, signal.SIGSTOP)
+        try:
+            await trio.sleep(6)
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+        with trio.move_on_after(10):  # until its timer fired once it ran again (or the group changed)
+            while (await admin.broker_status(follower)).get("pre_votes", 0) == 0 and await roles() == before:
+                await trio.sleep(0.2)
+        await trio.sleep(2)  # the time an election would take, had it stood
+        after = await roles()
+        pre_votes = (await admin.broker_status(follower)).get("pre_votes")
+    assert after == before, f"a follower back from a 6 s stop changed the group: {before} -> {after}"
+    assert pre_votes and pre_votes > 0, f"the stopped follower's election timer never fired: pre_votes {pre_votes}"

@@ -485,3 +485,116 @@ def test_one_readable_event_reads_once_instead_of_until_the_socket_is_empty():
         pso_tcp.TcpConnection._TcpConnection__tryReadBuffer = patched
     first, total = pump_once_after_sending(12)
     assert 0 < first < 12 and total == 12  # one receive buffer's worth first, then the rest, none lost
+
+
+@contextlib.contextmanager
+def _member_of_three(tmp_path, name: str):
+    """A real SyncObj (never ticked) in a group of three, a follower of ``leader`` at term 1 once it took one
+    append_entries: yields it, the leader's node and the third member's node."""
+    from pysyncobj import SyncObj, SyncObjConf
+    from tests.procs import free_port
+
+    peers = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
+    conf = SyncObjConf(autoTick=False, fullDumpFile=str(tmp_path / f"{name}.dump"), pollerType="epoll",
+                       raftMinTimeout=0.4, raftMaxTimeout=0.9)
+    member = SyncObj(f"127.0.0.1:{free_port()}", peers, conf)
+    try:
+        leader, third = (next(n for n in member._SyncObj__otherNodes if n.address == p) for p in peers)
+        yield member, leader, third
+    finally:
+        member.destroy()
+
+
+_HEARTBEAT = {"type": "append_entries", "term": 1, "commit_index": 1, "entries": [], "prevLogIdx": 1,
+              "prevLogTerm": 0}
+_PRE_VOTE = {"type": "pre_vote", "term": 2, "last_log_index": 1, "last_log_term": 0}
+
+
+def _capture_sends(member) -> list[tuple[object, dict]]:
+    sent: list[tuple[object, dict]] = []
+    member._SyncObj__transport.send = lambda node, message: sent.append((node, message)) or True
+    return sent
+
+
+def _state(member) -> tuple[object, int, object]:
+    return member._SyncObj__raftState, member._SyncObj__raftCurrentTerm, member._SyncObj__votedForNodeId
+
+
+def test_an_election_timer_starts_a_pre_vote_and_only_a_majority_of_yes_starts_the_election(tmp_path):
+    """15: stock pysyncobj becomes a candidate with a higher term the moment its timer fires, which deposes a
+    healthy leader when the member was only cut off for a while; now it first asks whether it would win."""
+    from pysyncobj.syncobj import _RAFT_STATE
+
+    with _member_of_three(tmp_path, "stock") as (stock, a, _b):
+        stock._SyncObj__connectedNodes.add(a)
+        stock._SyncObj__raftElectionDeadline = 0.0
+        patches.ORIGINALS["on_tick"](stock, 0.0)
+        assert _state(stock) == (_RAFT_STATE.CANDIDATE, 1, stock._SyncObj__selfNode.id)
+
+    with _member_of_three(tmp_path, "fixed") as (member, a, b):
+        sent = _capture_sends(member)
+        member._SyncObj__connectedNodes.add(a)
+        member._SyncObj__raftElectionDeadline = 0.0
+        member._onTick(0.0)
+        assert _state(member) == (_RAFT_STATE.FOLLOWER, 0, None)  # no term taken yet
+        assert sorted((n.address, m["type"], m["term"]) for n, m in sent) == sorted(
+            [(a.address, "pre_vote", 1), (b.address, "pre_vote", 1)])
+        assert member._SyncObj__raftElectionDeadline > time.monotonic()  # the next round waits a timeout
+
+        patches._on_message(member, a, {"type": "pre_vote_response", "term": 1, "granted": False})
+        patches._on_message(member, b, {"type": "pre_vote_response", "term": 7, "granted": True})  # another round
+        assert not getattr(member, "_dledger_pre_vote_won", False)
+        patches._on_message(member, a, {"type": "pre_vote_response", "term": 1, "granted": True})
+        assert member._dledger_pre_vote_won and member._SyncObj__raftElectionDeadline == 0.0
+        sent.clear()
+        member._SyncObj__connectedNodes.add(a)  # the tick's transport forgot it: nothing is really connected
+        member._onTick(0.0)
+        assert _state(member) == (_RAFT_STATE.CANDIDATE, 1, member._SyncObj__selfNode.id)
+        assert {m["type"] for _, m in sent} >= {"request_vote"}
+        assert member._dledger_pre_votes == 1
+
+
+def test_a_follower_hearing_from_its_leader_says_no_to_a_pre_vote_until_the_leader_falls_silent(tmp_path):
+    from pysyncobj.syncobj import _RAFT_STATE
+
+    with _member_of_three(tmp_path, "voter") as (member, leader, other):
+        sent = _capture_sends(member)
+        patches._on_message(member, leader, dict(_HEARTBEAT))
+        assert member._SyncObj__raftLeader == leader
+        sent.clear()
+        patches._on_message(member, other, dict(_PRE_VOTE))
+        member._dledger_leader_heard_at -= 0.5  # silent for longer than raftMinTimeout: really gone
+        patches._on_message(member, other, dict(_PRE_VOTE))
+        patches._on_message(member, other, dict(_PRE_VOTE, last_log_index=0))  # its log is behind ours
+        assert [(n, m["granted"]) for n, m in sent] == [(other, False), (other, True), (other, False)]
+        assert _state(member) == (_RAFT_STATE.FOLLOWER, 1, None)  # answering a pre-vote changes nothing
+
+
+def test_a_leader_answered_by_a_majority_says_no_to_a_pre_vote(tmp_path):
+    from pysyncobj.syncobj import _RAFT_STATE
+
+    with _member_of_three(tmp_path, "leader") as (member, follower, stale):
+        sent = _capture_sends(member)
+        member._SyncObj__raftState = _RAFT_STATE.LEADER
+        member._SyncObj__raftCurrentTerm = 1
+        now = time.monotonic()
+        member._SyncObj__lastResponseTime = {follower: now, stale: now - 10}
+        patches._on_message(member, stale, dict(_PRE_VOTE))
+        member._SyncObj__lastResponseTime = {follower: now - 10, stale: now - 10}  # no majority: no lease
+        patches._on_message(member, stale, dict(_PRE_VOTE))
+        assert [m["granted"] for _, m in sent] == [False, True]
+        assert member._SyncObj__raftState == _RAFT_STATE.LEADER  # a pre-vote deposes nobody
+
+
+def test_a_leadership_transfer_starts_its_election_without_a_pre_vote(tmp_path):
+    from pysyncobj.syncobj import _RAFT_STATE
+
+    with _member_of_three(tmp_path, "target") as (member, leader, _other):
+        sent = _capture_sends(member)
+        patches._on_message(member, leader, dict(_HEARTBEAT))
+        patches._on_message(member, leader, {"type": "timeout_now", "term": 1})
+        sent.clear()
+        member._SyncObj__connectedNodes.add(leader)
+        member._onTick(0.0)
+        assert _state(member)[:2] == (_RAFT_STATE.CANDIDATE, 2)
+        assert {m["type"] for _, m in sent} == {"request_vote"}
