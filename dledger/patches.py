@@ -98,10 +98,9 @@ so a silent upgrade cannot quietly disable a fix.
     read) deposes a healthy leader, for an election it cannot even win when its log is behind. Measured: a
     follower stopped (SIGSTOP) for 6 s under load took the leadership away from the leader on resume, and
     acknowledged sends dipped for ~0.5 s; on an idle group 4 such stops made 4 elections (none with the fix).
-    Raft's pre-vote (Ongaro's thesis, 9.6) is added: when the timer
-    fires, a member first asks the others (``pre_vote``, its term + 1 and its last log entry) whether they
-    would vote for it, without changing any term; only once a majority says yes does pysyncobj's own election
-    begin. A member says yes only if its log is no more up to date and it has no current leader: a follower
+    Raft's pre-vote (Ongaro's thesis, 9.6) is added: when the timer fires, a member first asks the others
+    (``pre_vote``, its term + 1 and its last log entry) whether they would vote for it, without changing any
+    term; only once a majority says yes does pysyncobj's own election begin. A member says yes only if its log is no more up to date and it has no current leader: a follower
     that heard from its leader less than ``raftMinTimeout`` ago, or a leader that heard from a majority that
     recently, says no. A dead leader has been silent that long at every follower by the time the first timer
     fires, so failover costs one round trip more. A leadership transfer (``timeout_now``) skips the pre-vote,
