@@ -17,10 +17,8 @@ from collections import Counter
 import pytest
 import trio
 
-from client import Message, SendFailedError, open_producer, open_push_consumer
-from remoting.errors import RaftMQError
-from remoting.message import parse_msg_id
-from tests.cluster.test_e2e_produce_consume import Cluster, start_cluster
+from client import open_producer, open_push_consumer
+from tests.cluster.test_e2e_produce_consume import Cluster, send_until, start_cluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -37,7 +35,7 @@ async def test_kill_leader_five_times_under_load(spawn, tmp_path, capsys):
     acked: dict[str, float] = {}           # uniq id -> ack time
     ack_log: list[tuple[float, str]] = []  # (ack time, node address that stored it)
     consumed: Counter[str] = Counter()
-    failed_sends = 0
+    failed: list[str] = []  # the error class of each failed send
     stop_producing = trio.Event()
 
     async def on_message(msg) -> None:
@@ -48,27 +46,10 @@ async def test_kill_leader_five_times_under_load(spawn, tmp_path, capsys):
                                consume_from_where="CONSUME_FROM_FIRST_OFFSET", rebalance_interval_ms=500,
                                persist_consumer_offset_interval_ms=200, broker_suspend_max_time_ms=1000):
 
-        async def produce_loop(k: int) -> None:
-            nonlocal failed_sends
-            i = 0
-            while not stop_producing.is_set():
-                i += 1
-                try:
-                    r = await producer.send(Message(topic, b"%02d-%08d" % (k, i)))
-                except (SendFailedError, RaftMQError):
-                    failed_sends += 1
-                    await trio.sleep(0.01)
-                    continue
-                now = time.monotonic()
-                acked[r.msg_id] = now
-                (store_ip, store_port), _ = parse_msg_id(r.offset_msg_id)
-                ack_log.append((now, f"{store_ip}:{store_port}"))
-                await trio.sleep(0.002)  # ~8 senders x a few hundred/s: load, without starving the brokers
-
         gaps: list[float] = []
         async with trio.open_nursery() as nursery:
             for k in range(8):
-                nursery.start_soon(produce_loop, k)
+                nursery.start_soon(send_until, producer, topic, k, stop_producing, acked, ack_log, failed)
             await trio.sleep(2)
             for round_no in range(KILLS):
                 leader = await cluster.leader_addr()
@@ -96,7 +77,7 @@ async def test_kill_leader_five_times_under_load(spawn, tmp_path, capsys):
     duplicates = sum(c - 1 for c in consumed.values() if c > 1)
     median = statistics.median(gaps)
     with capsys.disabled():  # the figures belong in every run's output, not only with -s
-        print(f"\nfailover: {len(acked)} acked, {failed_sends} failed sends, {duplicates} duplicates, gaps "
+        print(f"\nfailover: {len(acked)} acked, {len(failed)} failed sends, {duplicates} duplicates, gaps "
               f"{', '.join(f'{g:.3f}' for g in gaps)} s, median {median:.3f} s (target <= {TARGET_MEDIAN_GAP_S} s)")
     assert not missing, f"{len(missing)} acknowledged messages were never consumed"
     assert len(gaps) == KILLS

@@ -17,6 +17,7 @@ import trio
 from client import Message, MessageQueue, SendFailedError, open_admin, open_producer, open_push_consumer
 from raftmq.commands.dev import NODE_IDS, plan_ports, write_broker_configs
 from remoting.errors import RaftMQError
+from remoting.message import parse_msg_id
 from tests.procs import ServerProcess, raftmq_argv
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -75,6 +76,27 @@ class Cluster:
                     except RaftMQError:
                         pass
                     await trio.sleep(0.2)
+
+
+async def send_until(producer, topic: str, k: int, stop: trio.Event, acked: dict[str, float],
+                     ack_log: list[tuple[float, str]], failed: list[str]) -> None:
+    """Sender ``k`` of a failover test, until ``stop``: each acknowledged message's id and time go into
+    ``acked``, (that time, the address of the node that stored it) into ``ack_log``, and each failed send's
+    error class into ``failed``."""
+    i = 0
+    while not stop.is_set():
+        i += 1
+        try:
+            r = await producer.send(Message(topic, b"%02d-%08d" % (k, i)))
+        except (SendFailedError, RaftMQError) as e:
+            failed.append(type(getattr(e, "last_error", None) or e).__name__)
+            await trio.sleep(0.01)
+            continue
+        now = time.monotonic()
+        acked[r.msg_id] = now
+        (store_ip, store_port), _ = parse_msg_id(r.offset_msg_id)
+        ack_log.append((now, f"{store_ip}:{store_port}"))
+        await trio.sleep(0.002)  # ~8 senders x a few hundred/s: load, without starving the brokers
 
 
 async def start_cluster(spawn, tmp_path, overrides: dict[str, str] | None = None) -> Cluster:

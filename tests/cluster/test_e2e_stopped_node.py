@@ -24,10 +24,8 @@ from collections import Counter
 import pytest
 import trio
 
-from client import Message, SendFailedError, open_admin, open_producer, open_push_consumer
-from remoting.errors import RaftMQError
-from remoting.message import parse_msg_id
-from tests.cluster.test_e2e_produce_consume import GROUP, Cluster, start_cluster
+from client import open_admin, open_producer, open_push_consumer
+from tests.cluster.test_e2e_produce_consume import GROUP, Cluster, send_until, start_cluster
 from tests.procs import raftmq_argv
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -55,25 +53,9 @@ async def _stop_a_node_under_load(spawn, tmp_path, capsys, *, leader: bool) -> N
                                consume_from_where="CONSUME_FROM_FIRST_OFFSET", rebalance_interval_ms=500,
                                persist_consumer_offset_interval_ms=200, broker_suspend_max_time_ms=1000):
 
-        async def produce_loop(k: int) -> None:
-            i = 0
-            while not stop_producing.is_set():
-                i += 1
-                try:
-                    r = await producer.send(Message(topic, b"%02d-%08d" % (k, i)))
-                except (SendFailedError, RaftMQError) as e:
-                    failed.append(type(getattr(e, "last_error", None) or e).__name__)
-                    await trio.sleep(0.01)
-                    continue
-                now = time.monotonic()
-                acked[r.msg_id] = now
-                (store_ip, store_port), _ = parse_msg_id(r.offset_msg_id)
-                ack_log.append((now, f"{store_ip}:{store_port}"))
-                await trio.sleep(0.002)
-
         async with trio.open_nursery() as nursery:
             for k in range(8):
-                nursery.start_soon(produce_loop, k)
+                nursery.start_soon(send_until, producer, topic, k, stop_producing, acked, ack_log, failed)
             await trio.sleep(2)
             leader_addr = await cluster.leader_addr()
             victim_addr = leader_addr if leader else min(a for a in cluster.addr_of.values() if a != leader_addr)
