@@ -93,19 +93,19 @@ so a silent upgrade cannot quietly disable a fix.
     sequential sends in an A/B; reading on to the budget costs nothing measurable.)
 
 15. No pre-vote. A follower whose election timer fires becomes a candidate with a higher term at once, and any
-    ``request_vote`` of a higher term makes every member, the leader included, take that term: a member back
-    from a stall or a partition longer than ``connectionTimeout`` (its link dropped, no heartbeat waiting to be
-    read) deposes a healthy leader, for an election it cannot even win when its log is behind. Measured: a
-    follower stopped (SIGSTOP) for 6 s under load took the leadership away from the leader on resume, and
-    acknowledged sends dipped for ~0.5 s; on an idle group 4 such stops made 4 elections (none with the fix).
-    Raft's pre-vote (Ongaro's thesis, 9.6) is added: when the timer fires, a member first asks the others
-    (``pre_vote``, its term + 1 and its last log entry) whether they would vote for it, without changing any
-    term; only once a majority says yes does pysyncobj's own election begin. A member says yes only if its log is no more up to date and it has no current leader: a follower
-    that heard from its leader less than ``raftMinTimeout`` ago, or a leader that heard from a majority that
-    recently, says no. A dead leader has been silent that long at every follower by the time the first timer
-    fires, so failover costs one round trip more. A leadership transfer (``timeout_now``) skips the pre-vote,
-    as the leader asked for the election. (Ignoring ``request_vote`` instead, leader stickiness alone, would
-    leave a member whose term had risen unable to rejoin: it ignores the leader's lower-term messages.)
+    ``request_vote`` of a higher term makes every member, the leader included, take that term: a member back from a
+    stall or a partition longer than ``connectionTimeout`` (its link dropped, no heartbeat waiting to be read)
+    deposes a healthy leader, for an election it cannot even win when its log is behind. Measured: a follower
+    stopped (SIGSTOP) for 6 s under load took the leadership away from the leader on resume, and acknowledged sends
+    dipped for ~0.5 s; on an idle group 4 such stops made 4 elections (none with the fix). Raft's pre-vote (Ongaro's
+    thesis, 9.6) is added: when the timer fires, a member first asks the others (``pre_vote``, its term + 1 and its
+    last log entry) whether they would vote for it, without changing any term; only once a majority says yes does
+    pysyncobj's own election begin. A member says yes only if its log is no more up to date and it has no current
+    leader: a follower that heard from its leader less than ``raftMinTimeout`` ago, or a leader that heard from a
+    majority that recently, says no. A dead leader has been silent that long at every follower by the time the first
+    timer fires, so failover costs one round trip more. A leadership transfer (``timeout_now``) skips the pre-vote,
+    as the leader asked for the election. (Ignoring ``request_vote`` instead, leader stickiness alone, would leave a
+    member whose term had risen unable to rejoin: it ignores the leader's lower-term messages.)
 
 The chunked-send defect (entries at least ``appendEntriesBatchSizeBytes`` long) is contained by configuration:
 ``dledger.config`` keeps the entry size limit below half the batch size (16 MiB by default, so ~8 MiB entries:

@@ -229,7 +229,8 @@ async def produce(namesrv: str, args: argparse.Namespace) -> BenchReport:
             params["auto_batch"] = True
             params["requests (with warm-up)"] = producer.statistics().auto_batches
     return BenchReport("produce", counters["sent"], counters["sent"] * args.size, elapsed,
-                       summarize_latencies(latencies), counters["errors"], params, dict(error_kinds), cpu_us_per_msg=cpu)
+                       summarize_latencies(latencies), counters["errors"], params, dict(error_kinds),
+                       cpu_us_per_msg=cpu)
 
 
 def run(args: argparse.Namespace) -> int:
