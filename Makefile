@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test install clean-dev
+.PHONY: run test install system-deps clean-dev
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -19,7 +19,13 @@ install: $(STAMP)
 run: $(STAMP)
 	$(BIN)/raftmq dev
 
-test: $(STAMP)
+# The partition tests build private networks in namespaces with iproute2's `ip` (tests/netns.py): installed
+# here where it is missing and we may (root with apt-get); elsewhere those tests skip and say why.
+system-deps:
+	@if ! command -v ip >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q iproute2; fi
+
+test: $(STAMP) system-deps
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 clean-dev:

@@ -1,0 +1,135 @@
+"""Hosts in network namespaces that one test makes for itself, so it can cut links between real processes.
+
+Killing or stopping a process never tests what a network partition does: the process runs on and talks to
+whoever it can still reach. ``NetLab`` builds a small private network inside network namespaces created for the
+test (the network rule allows those besides loopback) and deletes them afterwards:
+
+- a hub namespace holding a bridge, and one namespace per host with a veth whose other end is on the bridge;
+  host ``i`` (in the order given) gets ``10.77.0.<i+1>/24``. Every namespace is new and empty, so servers may
+  bind fixed ports there, and nothing outside the lab can reach them or be reached.
+- ``cut(a, b)`` drops every frame between two hosts, silently in both directions, like a switch that lost a
+  path: each side's neighbour entry for the other points at a MAC no one has, so TCP sees no reset and no error,
+  only silence. ``heal()`` removes those entries. (No iptables/nftables on these machines; neighbour entries
+  need nothing but iproute2.)
+- ``argv(host, argv)`` runs a command in a host's namespace (``ip netns exec`` execs it, so the PID is the
+  command's own and the ``spawn`` fixture stops it by PID as usual); ``entered(host)`` moves the *calling
+  thread* into a host's namespace for the duration of a ``with``, so a test's trio client can talk to the lab
+  (a network namespace is per thread; sockets keep the namespace they were made in).
+
+Making namespaces needs root and iproute2. ``unavailable()`` says why a machine cannot; tests skip then on a
+developer's machine and fail in CI (``CI`` set), where they must run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+SUBNET = "10.77.0"
+_CLONE_NEWNET = 0x40000000
+_NOWHERE_MAC = "02:00:00:00:00:99"  # locally administered, unused: frames sent to it reach no one
+
+
+def unavailable() -> str | None:
+    """Why this machine cannot build a lab (None: it can)."""
+    if shutil.which("ip") is None:
+        return "iproute2's `ip` is not installed"
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    return None
+
+
+def _ip(*args: str) -> None:
+    done = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=10)
+    if done.returncode != 0:
+        raise RuntimeError(f"ip {' '.join(args)} failed ({done.returncode}): {done.stderr.strip()}")
+
+
+def _setns(fd: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.setns(fd, _CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"setns: {os.strerror(err)}")
+
+
+class NetLab:
+    def __init__(self, hosts: list[str], *, prefix: str | None = None) -> None:
+        # Short names: veth names must fit in 15 bytes. The PID keeps concurrent test runs apart.
+        self.prefix = prefix or f"rmq{os.getpid() % 100000}"
+        self.hosts = list(hosts)
+        self.ip = {h: f"{SUBNET}.{i + 1}" for i, h in enumerate(self.hosts)}
+        self._namespaces: list[str] = []
+        self._cuts: set[tuple[str, str]] = set()
+        try:
+            self._build()
+        except BaseException:
+            self.close()
+            raise
+
+    def ns(self, host: str) -> str:
+        return f"{self.prefix}-{host}"
+
+    def _add_ns(self, name: str) -> None:
+        _ip("netns", "add", name)
+        self._namespaces.append(name)
+        _ip("-n", name, "link", "set", "lo", "up")
+
+    def _build(self) -> None:
+        hub = f"{self.prefix}-hub"
+        self._add_ns(hub)
+        _ip("-n", hub, "link", "add", "br0", "type", "bridge")
+        _ip("-n", hub, "link", "set", "br0", "up")
+        for i, host in enumerate(self.hosts):
+            ns = self.ns(host)
+            self._add_ns(ns)
+            port = f"p{i}"
+            # Made inside the hub, the peer moved into the host: nothing is ever created in the caller's namespace.
+            _ip("-n", hub, "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", ns)
+            _ip("-n", hub, "link", "set", port, "master", "br0")
+            _ip("-n", hub, "link", "set", port, "up")
+            _ip("-n", ns, "addr", "add", f"{self.ip[host]}/24", "dev", "eth0")
+            _ip("-n", ns, "link", "set", "eth0", "up")
+
+    def argv(self, host: str, argv: list[str]) -> list[str]:
+        return ["ip", "netns", "exec", self.ns(host), *argv]
+
+    def cut(self, a: str, b: str) -> None:
+        """Silently drop everything between hosts ``a`` and ``b`` (both directions) until ``heal()``."""
+        for src, dst in ((a, b), (b, a)):
+            _ip("-n", self.ns(src), "neigh", "replace", self.ip[dst], "lladdr", _NOWHERE_MAC, "dev", "eth0",
+                "nud", "permanent")
+            self._cuts.add((src, dst))
+
+    def heal(self) -> None:
+        for src, dst in sorted(self._cuts):
+            _ip("-n", self.ns(src), "neigh", "del", self.ip[dst], "dev", "eth0")
+        self._cuts.clear()
+
+    @contextlib.contextmanager
+    def entered(self, host: str) -> Iterator[None]:
+        """The calling thread in ``host``'s namespace, and back in its own afterwards."""
+        own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+        try:
+            target = os.open(Path("/run/netns") / self.ns(host), os.O_RDONLY)
+            try:
+                _setns(target)
+            finally:
+                os.close(target)
+            try:
+                yield
+            finally:
+                _setns(own)
+        finally:
+            os.close(own)
+
+    def close(self) -> None:
+        """Delete every namespace this lab made (their veths go with them). Processes still inside keep their
+        namespace alive until they exit; the ``spawn`` fixture stops them by PID."""
+        for name in reversed(self._namespaces):
+            subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=10)
+        self._namespaces.clear()
