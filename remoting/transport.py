@@ -26,7 +26,8 @@ too, as RocketMQ's broker does for transaction check-backs):
 * A request sent while nothing else is in flight on its connection is written at once the same way: there is
   nothing to coalesce it with.
 * Waiting for a response uses trio's low-level park/reschedule, not an Event per request; a per-request
-  deadline raises ``RequestTimeoutError``, and a late response is dropped.
+  deadline raises ``RequestTimeoutError``, and a late response is dropped. A request that times out on a
+  connection that received nothing at all since it was sent closes the connection (``_close_silent``).
 * When the connection ends for any reason (peer closed, bad frame, send failure, ``close()``) every waiting
   request fails with ``ConnectionClosedError`` naming the reason, the handler's ``connection_closed(conn)``
   runs, and the pool forgets the connection so the next invoke reconnects.
@@ -147,6 +148,7 @@ class RemotingConnection:
         self._ticks: list[int] = []
         self._timer_tick: float = math.inf
         self._clock = trio.lowlevel.current_clock()
+        self._last_received_at = self._clock.current_time()
         self._timer_parked: trio.lowlevel.Task | None = None
         self._next_opaque = 1
         self._out: list[bytes] = []
@@ -439,6 +441,7 @@ class RemotingConnection:
                     self._mark_closed(reason)
                     return
                 self._bytes_received += len(data)
+                self._last_received_at = self._clock.current_time()
                 decoder.feed(data)
                 since_yield = 0
                 while True:
@@ -529,6 +532,7 @@ class RemotingConnection:
         wheel, ticks, pending = self._wheel, self._ticks, self._pending
         while True:
             now = self._clock.current_time()
+            silent_for: float | None = None
             while ticks and ticks[0] * TIMEOUT_RESOLUTION_S <= now:
                 for opaque in wheel.pop(heapq.heappop(ticks)):
                     waiter = pending.get(opaque)
@@ -537,6 +541,11 @@ class RemotingConnection:
                         del pending[opaque]
                         error = RequestTimeoutError(self.remote_address, waiter[2], waiter[3])
                         trio.lowlevel.reschedule(waiter[0], outcome.Error(error))
+                        if self._last_received_at < waiter[1] - waiter[2]:  # nothing arrived since it was sent
+                            silent_for = waiter[2]
+            if silent_for is not None:
+                self._close_silent(now, silent_for)
+                return
             self._timer_tick = ticks[0] if ticks else math.inf
             with trio.move_on_at(self._timer_tick * TIMEOUT_RESOLUTION_S if ticks else math.inf):
                 self._timer_parked = trio.lowlevel.current_task()
@@ -546,6 +555,18 @@ class RemotingConnection:
                     return trio.lowlevel.Abort.SUCCEEDED
 
                 await trio.lowlevel.wait_task_rescheduled(abort)
+
+    def _close_silent(self, now: float, timeout_s: float) -> None:
+        # RocketMQ's clientCloseSocketIfTimeout, kept to connections that went silent: a peer that answers other
+        # requests meanwhile is slow on this one, not gone. One that sent nothing for a request's whole timeout is
+        # a dead process, a dead host or a cut path, and TCP would take long to tell: after a partition heals, a
+        # connection whose packets were dropped resumes only at its next retransmission, which backs off to
+        # several seconds, while a new connection works at once. So close it; the waiting requests fail with
+        # ConnectionClosedError (retriable) and the next one connects afresh.
+        reason = (f"nothing received for {now - self._last_received_at:.1f} s, while a request waited its whole "
+                  f"{timeout_s:g} s timeout: closed so that the next request connects afresh")
+        log.warning("closing connection remote=%s reason=%s", self.remote_address, reason)
+        self.close(reason)
 
     async def _write_loop(self) -> None:
         stream, out = self._stream, self._out

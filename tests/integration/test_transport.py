@@ -107,17 +107,58 @@ async def test_many_requests_in_flight_on_one_connection_are_matched_and_coalesc
     assert stats.send_calls < 50, stats
 
 
-async def test_request_timeout_and_the_connection_lives_on(server):
+async def _echo_every(conn, interval_s: float, stop: trio.Event) -> None:
+    """Keep ``conn`` hearing from its peer, so a request that times out on it is slow, not on a silent link."""
+    while not stop.is_set():
+        await conn.invoke(make_request(RequestCode.ECHO, body=b"tick"))
+        await trio.sleep(interval_s)
+
+
+async def test_request_timeout_on_a_connection_that_answers_others_keeps_it(server):
     _, addr = server
     async with open_remoting_client() as client:
-        start = trio.current_time()
-        with pytest.raises(RequestTimeoutError, match=r"did not answer request code 2000 within 0.2 s") as info:
-            await client.invoke(addr, make_request(SLOW), timeout_s=0.2)
-        assert 0.2 <= trio.current_time() - start < 2.0  # generous: the machine is shared
+        conn = await client.get_connection(addr)
+        stop = trio.Event()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_echo_every, conn, 0.02, stop)
+            start = trio.current_time()
+            with pytest.raises(RequestTimeoutError, match=r"did not answer request code 2000 within 0.2 s") as info:
+                await client.invoke(addr, make_request(SLOW), timeout_s=0.2)
+            assert 0.2 <= trio.current_time() - start < 2.0  # generous: the machine is shared
+            stop.set()
         assert info.value.retriable
         response = await client.invoke(addr, make_request(RequestCode.ECHO, body=b"still"))
         assert response.body == b"still"
-        assert client.connections()[addr].statistics().pending_requests == 0
+        assert client.connections()[addr] is conn and not conn.closed
+        assert conn.statistics().pending_requests == 0
+
+
+async def test_a_request_timing_out_on_a_silent_connection_closes_it(server):
+    """Nothing at all received while a request waited its whole timeout: the peer or the path is gone (a cut
+    link would resume only at TCP's next, backed-off retransmission), so the connection is closed, the other
+    waiting requests fail with the reason, and the next request connects afresh (RocketMQ closes the socket
+    after any timeout: clientCloseSocketIfTimeout)."""
+    _, addr = server
+    async with open_remoting_client() as client:
+        conn = await client.get_connection(addr)
+        held: list[BaseException] = []
+
+        async def hold() -> None:
+            try:
+                await conn.invoke(make_request(HELD), timeout_s=None)
+            except ConnectionClosedError as e:
+                held.append(e)
+
+        with trio.fail_after(5):  # else the held request would wait for ever
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(hold)
+                await trio.sleep(0.05)
+                with pytest.raises(RequestTimeoutError):
+                    await client.invoke(addr, make_request(SLOW), timeout_s=0.2)
+        assert conn.closed and "nothing received for" in conn.close_reason
+        assert len(held) == 1 and "nothing received for" in str(held[0]) and held[0].retriable
+        response = await client.invoke(addr, make_request(RequestCode.ECHO, body=b"afresh"))
+        assert response.body == b"afresh" and client.connections()[addr] is not conn
 
 
 async def test_timeouts_of_different_lengths_fire_in_order(server):
@@ -129,10 +170,14 @@ async def test_timeouts_of_different_lengths_fire_in_order(server):
                 await conn.invoke(make_request(SLOW), timeout_s=timeout_s)
             fired.append(timeout_s)
 
+        stop = trio.Event()
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(wait, 0.6)
-            await trio.sleep(0.05)
-            nursery.start_soon(wait, 0.1)  # shorter than the one already waiting: must wake the timer
+            nursery.start_soon(_echo_every, conn, 0.02, stop)
+            async with trio.open_nursery() as waiters:
+                waiters.start_soon(wait, 0.6)
+                await trio.sleep(0.05)
+                waiters.start_soon(wait, 0.1)  # shorter than the one already waiting: must wake the timer
+            stop.set()
     assert fired == [0.1, 0.6]
 
 
@@ -461,8 +506,9 @@ async def test_senders_waiting_for_room_are_let_in_first_come_first_served(nurse
 
 
 async def test_a_request_that_never_finds_room_in_the_queue_times_out(nursery):
-    """A peer that stops reading fills the queue: a later request fails with RequestTimeoutError within its
-    own timeout instead of waiting for room for ever."""
+    """A peer that stops reading fills the queue: a later request fails within its own timeout instead of
+    waiting for room for ever. The first to time out finds the peer silent all along and closes the connection,
+    which fails the others with the reason (if their own timeout did not fire first)."""
     from remoting import transport
 
     accepted: list[trio.SocketStream] = []
@@ -479,7 +525,7 @@ async def test_a_request_that_never_finds_room_in_the_queue_times_out(nursery):
         async def send() -> None:
             try:
                 await client.invoke(make_request(RequestCode.ECHO, body=body), timeout_s=0.5)
-            except RequestTimeoutError as e:
+            except (RequestTimeoutError, ConnectionClosedError) as e:
                 errors.append(e)
 
         with trio.fail_after(10):
@@ -487,7 +533,9 @@ async def test_a_request_that_never_finds_room_in_the_queue_times_out(nursery):
                 for _ in range(8):  # socket buffers and the writer take the first ones; the later ones find no room
                     senders.start_soon(send)
         assert client.statistics().bytes_sent < 4 * len(body)  # the peer never read: most were never sent
-    assert len(errors) == 8 and all(e.code == RequestCode.ECHO for e in errors)
+    assert len(errors) == 8 and any(isinstance(e, RequestTimeoutError) for e in errors)
+    assert all(e.code == RequestCode.ECHO if isinstance(e, RequestTimeoutError) else "nothing received for" in str(e)
+               for e in errors), errors
     for stream in accepted:
         await trio.aclose_forcefully(stream)
 
