@@ -27,7 +27,8 @@ too, as RocketMQ's broker does for transaction check-backs):
   nothing to coalesce it with.
 * Waiting for a response uses trio's low-level park/reschedule, not an Event per request; a per-request
   deadline raises ``RequestTimeoutError``, and a late response is dropped. A request that times out on a
-  connection that received nothing at all since it was sent closes the connection (``_close_silent``).
+  connection that received nothing at all since it was sent, and nothing for ``SILENT_CLOSE_MIN_S`` (1 s),
+  closes the connection (``_close_silent``).
 * When the connection ends for any reason (peer closed, bad frame, send failure, ``close()``) every waiting
   request fails with ``ConnectionClosedError`` naming the reason, the handler's ``connection_closed(conn)``
   runs, and the pool forgets the connection so the next invoke reconnects.
@@ -88,6 +89,10 @@ HIGH_WATER_BYTES = 4 * 1024 * 1024
 DRAIN_TIMEOUT_S = 0.5
 # Request timeouts fire up to this much late; coarser buckets mean fewer timer wake-ups.
 TIMEOUT_RESOLUTION_S = 0.01
+# A request timing out on a connection that received nothing since it was sent, and nothing for at least this
+# long, closes the connection (``_close_silent``). Below it, silence says more about a short timeout than
+# about the peer: a 1 ms timeout runs out on any healthy connection.
+SILENT_CLOSE_MIN_S = 1.0
 
 
 # Connections that queued frames inside the current ``corked()`` block (None: not corked). The trio thread is
@@ -541,7 +546,8 @@ class RemotingConnection:
                         del pending[opaque]
                         error = RequestTimeoutError(self.remote_address, waiter[2], waiter[3])
                         trio.lowlevel.reschedule(waiter[0], outcome.Error(error))
-                        if self._last_received_at < waiter[1] - waiter[2]:  # nothing arrived since it was sent
+                        if (self._last_received_at < waiter[1] - waiter[2]  # nothing arrived since it was sent
+                                and now - self._last_received_at >= SILENT_CLOSE_MIN_S):
                             silent_for = waiter[2]
             if silent_for is not None:
                 self._close_silent(now, silent_for)

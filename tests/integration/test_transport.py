@@ -134,10 +134,10 @@ async def test_request_timeout_on_a_connection_that_answers_others_keeps_it(serv
 
 
 async def test_a_request_timing_out_on_a_silent_connection_closes_it(server):
-    """Nothing at all received while a request waited its whole timeout: the peer or the path is gone (a cut
-    link would resume only at TCP's next, backed-off retransmission), so the connection is closed, the other
-    waiting requests fail with the reason, and the next request connects afresh (RocketMQ closes the socket
-    after any timeout: clientCloseSocketIfTimeout)."""
+    """Nothing at all received while a request waited its whole timeout, and for a second at least: the peer or
+    the path is gone (a cut link would resume only at TCP's next, backed-off retransmission), so the connection
+    is closed, the other waiting requests fail with the reason, and the next request connects afresh (RocketMQ
+    closes the socket after any timeout: clientCloseSocketIfTimeout)."""
     _, addr = server
     async with open_remoting_client() as client:
         conn = await client.get_connection(addr)
@@ -153,8 +153,13 @@ async def test_a_request_timing_out_on_a_silent_connection_closes_it(server):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(hold)
                 await trio.sleep(0.05)
+                # Silent for less than SILENT_CLOSE_MIN_S (1 s): that says more about a short timeout than about
+                # the peer, and the connection stays.
                 with pytest.raises(RequestTimeoutError):
                     await client.invoke(addr, make_request(SLOW), timeout_s=0.2)
+                assert not conn.closed
+                with pytest.raises(RequestTimeoutError):
+                    await client.invoke(addr, make_request(SLOW), timeout_s=1.2)
         assert conn.closed and "nothing received for" in conn.close_reason
         assert len(held) == 1 and "nothing received for" in str(held[0]) and held[0].retriable
         response = await client.invoke(addr, make_request(RequestCode.ECHO, body=b"afresh"))
