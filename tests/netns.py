@@ -16,8 +16,8 @@ test (the network rule allows those besides loopback) and deletes them afterward
   thread* into a host's namespace for the duration of a ``with``, so a test's trio client can talk to the lab
   (a network namespace is per thread; sockets keep the namespace they were made in).
 
-Making namespaces needs root and iproute2. ``unavailable()`` says why a machine cannot; tests skip then on a
-developer's machine and fail in CI (``CI`` set), where they must run.
+Making namespaces needs root and iproute2. ``unavailable()`` says why a machine cannot; ``require()`` skips the
+test then on a developer's machine and fails it in CI (``CI`` set), where it must run.
 """
 
 from __future__ import annotations
@@ -27,8 +27,11 @@ import ctypes
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 SUBNET = "10.77.0"
 _CLONE_NEWNET = 0x40000000
@@ -44,10 +47,31 @@ def unavailable() -> str | None:
     return None
 
 
+def require() -> None:
+    """Skip the calling test where no lab can be built, except in CI (``CI`` set), where it fails."""
+    reason = unavailable()
+    if reason is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"tests on a lab network must run in CI: {reason}")
+        pytest.skip(reason)
+
+
 def _ip(*args: str) -> None:
     done = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=10)
     if done.returncode != 0:
         raise RuntimeError(f"ip {' '.join(args)} failed ({done.returncode}): {done.stderr.strip()}")
+
+
+def _threads_outside(home: str) -> list[str]:
+    """This process's threads (``tid name``) whose network namespace is not ``home``."""
+    strays = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            if os.readlink(f"/proc/self/task/{tid}/ns/net") != home:
+                strays.append(f"{tid} {Path(f'/proc/self/task/{tid}/comm').read_text().strip()}")
+        except FileNotFoundError:  # ended meanwhile
+            pass
+    return strays
 
 
 def _setns(fd: int) -> None:
@@ -112,8 +136,16 @@ class NetLab:
 
     @contextlib.contextmanager
     def entered(self, host: str) -> Iterator[None]:
-        """The calling thread in ``host``'s namespace, and back in its own afterwards."""
-        own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+        """The calling thread in ``host``'s namespace, and back in its own afterwards.
+
+        A thread inherits the namespace of the thread that starts it, so one started inside (trio starts its
+        worker threads on demand, e.g. for ``trio.run_process``) stays in the lab, and trio's thread cache
+        would hand it to later tests: their servers would start in a deleted namespace. Start no thread inside;
+        on leaving, this waits for any such thread to end (trio's idle workers exit after 10 s) and fails if
+        one outlives that."""
+        own_path = "/proc/thread-self/ns/net"
+        home = os.readlink(own_path)
+        own = os.open(own_path, os.O_RDONLY)
         try:
             target = os.open(Path("/run/netns") / self.ns(host), os.O_RDONLY)
             try:
@@ -126,6 +158,11 @@ class NetLab:
                 _setns(own)
         finally:
             os.close(own)
+        deadline = time.monotonic() + 15
+        while strays := _threads_outside(home):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"threads started inside the lab's namespace are still alive: {strays}")
+            time.sleep(0.2)
 
     def close(self) -> None:
         """Delete every namespace this lab made (their veths go with them). Processes still inside keep their
