@@ -809,6 +809,9 @@ class DLedgerGroup:
                 copied = False
                 sources = self._catch_up_sources()
                 moved: list[CommitLogMovedError] = []  # the peers that no longer keep the log from `end`
+                # Peers whose log ends at or before ours (empty ones being rebuilt too) have nothing to give and
+                # deleted nothing we need: they neither supply the bytes nor hold the decision below back.
+                ending_here = 0
                 for peer in sources:
                     try:
                         with trio.fail_after(5.0):
@@ -822,6 +825,7 @@ class DLedgerGroup:
                         log.warning("catch-up fetch failed peer=%s offset=%d error=%r", peer.id, end, e)
                         continue
                     if not data:
+                        ending_here += 1
                         continue
                     try:
                         self._sm.write_raw(end, data)
@@ -832,7 +836,7 @@ class DLedgerGroup:
                     self._catch_up_bytes += len(data)
                     copied = True
                     break
-                if not copied and moved and len(moved) == len(sources):
+                if not copied and moved and len(moved) + ending_here == len(sources):
                     first = min(moved, key=lambda e: e.min_offset)
                     # Empty (a rebuilt member): begin the log where that peer's log begins. Not empty: our log
                     # ends where every peer's log has been deleted, and the gap cannot be filled.

@@ -149,6 +149,56 @@ async def test_a_member_started_empty_begins_where_the_peers_retention_left_the_
         assert ("past the snapshot's end" in output) == past_snapshot
 
 
+@pytest.mark.timeout(180)
+async def test_two_members_started_empty_at_once_begin_where_the_leader_keeps_the_log(spawn, tmp_path):
+    """Both followers rebuilt at once after retention: only the leader has the log, and each empty member's
+    other peer has nothing to give. That peer must not hold the decision back (both waited for each other for
+    ever, seen when a follower that started late got its first snapshot after retention had run): both begin
+    at the leader's min offset and serve what it serves."""
+    cluster = await start_cluster(spawn, tmp_path, {**FORCED_RETENTION, "dledger.log_compaction_min_entries": "100"})
+    await cluster.create_topic(TOPIC, QUEUES)
+    leader = await cluster.leader_addr()
+    async with open_remoting_client() as client, open_producer(cluster.namesrv) as producer:
+        i = 0
+        with trio.fail_after(60):
+            while True:  # past the first compaction, and two segments deleted on the leader
+                i = await _send_filler(producer, i)
+                if i > 120 and (await _runtime(client, leader))["commit_log_min_offset"] >= 2 * 65536:
+                    break
+        rebuilt = [nid for nid, addr in cluster.addr_of.items() if addr != leader]
+        for nid in rebuilt:
+            await trio.to_thread.run_sync(cluster.nodes[nid].kill)
+        for nid in rebuilt:
+            config = tomllib.loads(cluster.paths[nid].read_text())
+            for key, path in (("store", config["store"]["store_dir"]), ("dledger", config["dledger"]["data_dir"])):
+                shutil.move(path, tmp_path / f"aside-{nid}-{key}")
+        for nid in rebuilt:
+            await trio.to_thread.run_sync(cluster.start, nid)
+        for _ in range(40):
+            await producer.send(Message(TOPIC, b"after %d" % i), queue=MessageQueue(TOPIC, "broker-a", i % QUEUES))
+            i += 1
+
+        served: dict[str, list[bytes] | None] = {nid: None for nid in rebuilt}
+        expected = None
+        with trio.move_on_after(60):
+            while True:
+                leader = await cluster.leader_addr()
+                for nid in rebuilt:
+                    addr = cluster.addr_of[nid]
+                    starts = [max(await _min_offset(client, leader, q), await _min_offset(client, addr, q))
+                              for q in range(QUEUES)]
+                    expected = await _records(client, leader, starts)
+                    served[nid] = await _records(client, addr, starts)
+                if expected and all(got == expected for got in served.values()):
+                    break
+                await trio.sleep(0.2)
+    assert expected and all(got == expected for got in served.values()), (
+        f"rebuilt {rebuilt} do not serve what the leader serves: {[nid for nid in rebuilt if served[nid] is None]} "
+        f"serve nothing yet")
+    for nid in rebuilt:
+        assert "empty commit log starts at offset" in "".join(cluster.nodes[nid].output)
+
+
 async def _min_offset(client, addr: str, queue_id: int) -> int:
     r = await client.invoke(addr, make_request(RequestCode.GET_MIN_OFFSET, ext={"topic": TOPIC, "queue_id": queue_id}),
                             timeout_s=5)
