@@ -10,8 +10,11 @@ that drops packets without resetting connections). Its connections stay open, so
 send waits for its timeout while the rest of the group has long elected a new leader. When a group's leader
 connection has requests waiting and has received nothing for ``leader_silence_timeout_ms``, the watch asks the
 name servers for the group's route again (every ``leader_silence_timeout_ms / 4``, at most 250 ms, while the
-silence lasts). Once they name another master, the silent connection is closed: its requests fail with a
-retriable ``ConnectionClosedError``, and the producer resends them to the new leader within their deadline.
+silence lasts), and at the same time asks the group's other nodes for their status (GET_BROKER_RUNTIME_INFO):
+the name servers may be cut off too, and a node's own word on the leader is Raft's. As soon as either names
+another master (the nodes: the leader named at the highest term they report), the silent connection is closed:
+its requests fail with a retriable ``ConnectionClosedError``, and the producer resends them to the new leader
+(a leader hint until the route names it) within their deadline.
 Long polls (PULL_MESSAGE) are answered late on purpose and do not count.
 """
 
@@ -263,25 +266,74 @@ class ClientInstance:
 
     async def _check_silent_leader(self, broker_name: str, addr: str, silent_s: float) -> None:
         """Close the connection to ``addr`` if the name servers now route another node as ``broker_name``'s
-        master: a deposed leader that answers nothing holds its requests until they time out."""
+        master, or the group's other nodes name another leader, whichever says so first (both are asked at
+        once, for ``leader_silence_timeout_ms`` at most): a deposed leader that answers nothing holds its
+        requests until they time out."""
         topic = self.routes.topic_on(broker_name)
         if topic is None:
             return
-        try:
-            await self.routes.refresh(topic)
-        except RaftMQError as e:
-            log.info("route refresh for a silent leader failed broker_name=%s addr=%s error=%s", broker_name,
-                     addr, e)
+        found: list[tuple[str, str]] = []  # (new master, who named it)
+        async with trio.open_nursery() as nursery:
+            nursery.cancel_scope.deadline = trio.current_time() + max(self.config.leader_silence_timeout_ms / 1000,
+                                                                      0.1)
+
+            async def ask_name_servers() -> None:
+                try:
+                    await self.routes.refresh(topic)
+                except RaftMQError as e:
+                    log.info("route refresh for a silent leader failed broker_name=%s addr=%s error=%s",
+                             broker_name, addr, e)
+                    return
+                master = self.routes.routed_master_addr(broker_name)
+                if master is not None and master != addr:  # else not replaced (yet), or merely slow
+                    found.append((master, f"the name servers now route {master}"))
+                    nursery.cancel_scope.cancel()
+
+            async def ask_replicas() -> None:
+                master, term = await self._leader_named_by_replicas(broker_name, addr)
+                if master is not None:
+                    found.append((master, f"the group's other nodes name {master} (term {term})"))
+                    nursery.cancel_scope.cancel()
+
+            nursery.start_soon(ask_name_servers)
+            nursery.start_soon(ask_replicas)
+        if not found:
             return
-        master = self.routes.routed_master_addr(broker_name)
-        if master is None or master == addr:
-            return  # not replaced (yet): a slow leader, or an election still running
-        self.routes.drop_leader_hint(broker_name, addr)
-        reason = (f"{addr} answered nothing for {silent_s:.1f}s and the name servers now route {master} as the "
-                  f"leader of {broker_name}")
+        master, source = found[0]
+        if self.routes.routed_master_addr(broker_name) == master:
+            self.routes.drop_leader_hint(broker_name, addr)
+        else:
+            self.routes.set_leader_hint(broker_name, master)
+        reason = f"{addr} answered nothing for {silent_s:.1f}s and {source} as the leader of {broker_name}"
         log.warning("closing the connection to a silent leader broker_name=%s addr=%s new_leader=%s silent_s=%.1f",
                     broker_name, addr, master, silent_s)
         self.remoting.close_connection(addr, reason)
+
+    async def _leader_named_by_replicas(self, broker_name: str, silent: str) -> tuple[str | None, int]:
+        """The leader that ``broker_name``'s nodes other than ``silent`` name at the highest term they report
+        (GET_BROKER_RUNTIME_INFO, all asked at once), if that is not ``silent``; else ``(None, term)``."""
+        answers: list[tuple[int, str]] = []
+        timeout_s = max(self.config.leader_silence_timeout_ms / 1000, 0.1)
+
+        async def ask(addr: str) -> None:
+            try:
+                frame = await self.invoke(addr, RequestCode.GET_BROKER_RUNTIME_INFO, timeout_s=timeout_s)
+                status = cbor2.loads(frame.body) if frame.code == ResponseCode.SUCCESS and frame.body else {}
+            except (RaftMQError, ValueError) as e:  # ValueError: a body that is not CBOR
+                log.debug("status of a replica not read addr=%s error=%s", addr, e)
+                return
+            term, leader = status.get("term"), status.get("leader_addr")
+            if type(term) is int and isinstance(leader, str) and leader:
+                answers.append((term, leader))
+
+        async with trio.open_nursery() as nursery:
+            for replica in self.routes.replica_addrs(broker_name):
+                if replica != silent:
+                    nursery.start_soon(ask, replica)
+        if not answers:
+            return None, -1
+        term, leader = max(answers)
+        return (leader if leader != silent else None), term
 
     async def _serve_route_refresh(self) -> None:
         with trio.CancelScope() as scope:

@@ -31,6 +31,7 @@ class FakeGroup:
         self.members: dict[str, set[str]] = defaultdict(set)
         self.dead: set[str] = set()
         self.phy = 0
+        self.term = 1  # raise it with the leader when a test elects another node
 
     def append(self, topic: str, queue_id: int, m: MessageInput) -> int:
         log = self.logs[(topic, queue_id)]
@@ -69,7 +70,8 @@ class FakeRemoting:
         self.unknown_topics: set[str] = set()
         self.wake = trio.Event()
         self.conns: dict[str, FakeConnection] = {}
-        self.hung: set[str] = set()  # nodes that take requests and answer nothing (a stopped process)
+        # nodes (NAMESRV too) that take requests and answer nothing: a stopped process, a cut link
+        self.hung: set[str] = set()
         self._request_ids = itertools.count()
 
     def connections(self) -> dict[str, FakeConnection]:
@@ -104,6 +106,9 @@ class FakeRemoting:
         self.calls.append((addr, request.code))
         code, ext = request.code, request.ext
         if addr == NAMESRV:
+            if addr in self.hung:
+                await trio.sleep(timeout_s)
+                raise RequestTimeoutError(addr, timeout_s, code)
             if code == RequestCode.GET_ROUTEINFO_BY_TOPIC:
                 if ext["topic"] in self.unknown_topics:
                     return make_response(request, ResponseCode.TOPIC_NOT_EXIST, remark="no route")
@@ -131,6 +136,10 @@ class FakeRemoting:
             if waited.cancelled_caught:
                 raise RequestTimeoutError(addr, timeout_s, code)
         conn.bytes_received += 1
+        if code == RequestCode.GET_BROKER_RUNTIME_INFO:
+            return make_response(request, ResponseCode.SUCCESS, body=cbor2.dumps({
+                "broker_addr": addr, "role": "LEADER" if addr == g.leader else "FOLLOWER", "term": g.term,
+                "leader_addr": g.leader}))
         if code == RequestCode.HEART_BEAT:
             body = cbor2.loads(request.body)
             for c in body["consumers"]:

@@ -265,6 +265,45 @@ async def test_a_silent_leader_still_routed_is_kept_and_its_late_answer_taken(cl
     assert _route_queries(cluster) - before >= 3  # asked every 50 / 4 ms... at least a few times in 0.45 s
 
 
+async def test_with_the_name_server_silent_too_the_leader_the_other_nodes_name_is_taken(cluster):
+    # The client cut off from the name server as well: the watch's route refresh gets no answer, so after
+    # leader_silence_timeout_ms it asks a:2 and a:3, which name a:2 (term 2) once elected.
+    a = cluster.groups[0]
+    async with open_producer(NAMESRV, leader_silence_timeout_ms=100, retry_backoff_ms=0) as p:
+        await p.routes.refresh("T")
+        cluster.hung.update({"a:1", NAMESRV})
+
+        async def elect_a2() -> None:
+            await trio.sleep(0.3)
+            a.leader, a.term = "a:2", 2
+
+        async with trio.open_nursery() as n:
+            n.start_soon(elect_a2)
+            r = await p.send(Message("T", b"x"), queue=MessageQueue("T", "broker-a", 0))
+        assert "a:1" not in cluster.conns
+        cluster.resume("a:1")
+    assert r.send_status is SendStatus.SEND_OK
+    assert [addr for addr, code in cluster.calls if code == RequestCode.SEND_MESSAGE] == ["a:1", "a:2"]
+    assert {addr for addr, code in cluster.calls if code == RequestCode.GET_BROKER_RUNTIME_INFO} == {"a:2", "a:3"}
+
+
+async def test_with_the_name_server_silent_too_a_leader_its_nodes_still_name_is_kept(cluster):
+    async with open_producer(NAMESRV, leader_silence_timeout_ms=50) as p:
+        await p.routes.refresh("T")
+        cluster.hung.update({"a:1", NAMESRV})
+
+        async def resume_a1() -> None:
+            await trio.sleep(0.5)
+            cluster.resume("a:1")
+
+        async with trio.open_nursery() as n:
+            n.start_soon(resume_a1)
+            r = await p.send(Message("T", b"x"), queue=MessageQueue("T", "broker-a", 0))
+    assert r.send_status is SendStatus.SEND_OK
+    assert [addr for addr, code in cluster.calls if code == RequestCode.SEND_MESSAGE] == ["a:1"]
+    assert any(code == RequestCode.GET_BROKER_RUNTIME_INFO for _, code in cluster.calls)  # it did ask
+
+
 async def test_a_long_poll_held_by_the_leader_does_not_count_as_silence(cluster):
     async with open_producer(NAMESRV, leader_silence_timeout_ms=50) as p:
         await p.routes.refresh("T")
