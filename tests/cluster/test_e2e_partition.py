@@ -1,9 +1,9 @@
 """Network partitions, with real processes on a private network of namespaces (``tests/netns.py``).
 
 A killed or stopped node is silent to everyone at once. A partition is not: a node cut off from its group may
-still be reached by clients and name servers, and answer them. These tests put the name server and the test's
-client on one host and each member of ``broker-a`` on its own, load the group with acknowledged sends and a
-push consumer, cut links silently (no reset, no error) while the load goes on, heal them, and then require
+still be reached by clients and name servers, and answer them. These tests put the name server, the test's client
+and each member of ``broker-a`` on hosts of their own, load the group with acknowledged sends and a push
+consumer, cut links silently (no reset, no error) while the load goes on, heal them, and then require
 that every acknowledged message is consumed and that the three commit logs are identical (``raftmq verify``).
 
 - The leader cut off from both followers, still reachable by the client and the name server: it can commit
@@ -16,6 +16,8 @@ that every acknowledged message is consumed and that the three commit logs are i
   leader a majority still follows. With it, nothing changes: same leader, same term, no send fails.
 - The client cut off from a healthy leader: its sends fail meanwhile (one group, one master), and once the
   path heals they must be acknowledged again at once, not after TCP's backed-off retransmission.
+- The client cut off from the name server and the leader from everyone: no route can tell the client where
+  the new leader is; it must find it through the followers it knows.
 - Random rounds of cuts and heals: whatever they elect, nothing acknowledged is lost.
 
 The gap from the cut to the first acknowledgement by a new leader is printed, not asserted.
@@ -45,7 +47,7 @@ from tests.procs import ServerProcess, raftmq_argv
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
-CLIENT = "client"
+CLIENT, NAMESRV = "client", "namesrv"
 CUT_S = 8.0  # longer than leader_fallback_timeout_ms (3 s) and than a send's timeout (3 s)
 SERVICE_PORT, RAFT_PORT, NAMESRV_PORT = 10911, 20911, 9876  # fixed: every namespace of the lab is new and empty
 
@@ -53,23 +55,23 @@ SERVICE_PORT, RAFT_PORT, NAMESRV_PORT = 10911, 20911, 9876  # fixed: every names
 @pytest.fixture
 def netlab():
     require()
-    lab = NetLab([CLIENT, *NODE_IDS])
+    lab = NetLab([CLIENT, NAMESRV, *NODE_IDS])
     yield lab
     lab.close()
 
 
 class LabCluster:
-    """A name server on the client's host and a 3-node group, one node per host; processes come from ``spawn``
-    (stopped by PID, pass or fail)."""
+    """A name server and a 3-node group, each on a host of its own; processes come from ``spawn`` (stopped by
+    PID, pass or fail)."""
 
     def __init__(self, lab: NetLab, spawn, data_dir: Path) -> None:
         self.lab = lab
-        self.namesrv = f"{lab.ip[CLIENT]}:{NAMESRV_PORT}"
+        self.namesrv = f"{lab.ip[NAMESRV]}:{NAMESRV_PORT}"
         self.addr_of = {nid: f"{lab.ip[nid]}:{SERVICE_PORT}" for nid in NODE_IDS}
         secret = secrets.token_urlsafe(24)
         members = ", ".join(f'{{ id = "{nid}", raft_address = "{lab.ip[nid]}:{RAFT_PORT}", '
                             f'service_address = "{self.addr_of[nid]}" }}' for nid in NODE_IDS)
-        self.namesrv_proc = spawn(lab.argv(CLIENT, raftmq_argv("namesrv", "--listen", self.namesrv)))
+        self.namesrv_proc = spawn(lab.argv(NAMESRV, raftmq_argv("namesrv", "--listen", self.namesrv)))
         self.nodes: dict[str, ServerProcess] = {}
         for nid in NODE_IDS:
             node_dir = data_dir / nid
@@ -313,6 +315,46 @@ async def test_client_cut_off_from_the_leader_connects_afresh_once_healed(netlab
     assert seen["after"] == seen["before"], f"cutting the client off changed the group: {seen}"
     assert load.acks_between(seen["healed_at"], float("inf")) > 0, (
         "nothing acknowledged in the 3 s after the client's path to the leader healed")
+    _assert_nothing_lost(load, seen)
+
+
+@pytest.mark.timeout(180)
+async def test_without_a_name_server_the_client_finds_the_new_leader_through_the_followers(netlab, spawn, tmp_path,
+                                                                                         capsys):
+    """The client cut off from the name server, the leader cut off from everyone. No route can name the new
+    leader; the leader watch asks the group's other nodes as well (``ClientInstance._check_silent_leader``), and
+    they name it: first acknowledgement 1.27 s after the cut, 0 sends failed. Without that, the sends waited out
+    their 3 s timeout on the silent leader, which closed its connection (``_close_silent``), and the client
+    tried the other nodes the route named, which answered NOT_LEADER with the new leader's address: 3.04 s,
+    8 sends failed. Without either, nothing moved the client while the cut lasted."""
+    async def cut_the_name_server_and_the_leader(load: Load) -> dict[str, Any]:
+        cluster, admin = load.cluster, load.admin
+        leader_addr = await cluster.leader_addr(admin)
+        leader = cluster.node_at(leader_addr)
+        seen: dict[str, Any] = {"leader": leader, "gap": None}
+        cut_at = time.monotonic()
+        netlab.cut(CLIENT, NAMESRV)
+        for other in netlab.hosts:
+            if other != leader:
+                netlab.cut(leader, other)
+        with trio.move_on_after(CUT_S):
+            while seen["gap"] is None:
+                after = [t for t, addr in load.ack_log if t > cut_at and addr != leader_addr]
+                seen["gap"] = min(after) - cut_at if after else None
+                await trio.sleep(0.05)
+        await trio.sleep(max(0.0, cut_at + CUT_S - time.monotonic()))
+        seen["failed_during"] = len(load.failed)
+        seen["acked_during"] = load.acks_between(cut_at, cut_at + CUT_S)
+        return seen
+
+    load, seen = await _under_load(netlab, spawn, tmp_path, cut_the_name_server_and_the_leader)
+    gap = seen["gap"]
+    with capsys.disabled():
+        print(f"\nclient cut off from the name server, leader {seen['leader']} from everyone, for {CUT_S:.0f} s: "
+              f"first ack by a new leader after " + (f"{gap:.3f} s" if gap is not None else "none")
+              + f"; {seen['acked_during']} acked and {seen['failed_during']} failed during the cut; "
+              + _summary(load, seen))
+    assert gap is not None, f"no send was acknowledged by another node during the {CUT_S:.0f} s cut"
     _assert_nothing_lost(load, seen)
 
 
