@@ -15,7 +15,8 @@ that every acknowledged message is consumed and that the three commit logs are i
   without the pre-vote (dledger/patches.py, 15) its higher term would reach the other follower and depose a
   leader a majority still follows. With it, nothing changes: same leader, same term, no send fails.
 - The client cut off from a healthy leader: its sends fail meanwhile (one group, one master), and once the
-  path heals they must be acknowledged again at once, not after TCP's backed-off retransmission.
+  path heals they must be acknowledged again within the 3 s of load that follow, not only after TCP's
+  backed-off retransmission.
 - The client cut off from the name server and the leader from everyone: no route can tell the client where
   the new leader is; it must find it through the followers it knows.
 - Random rounds of cuts and heals: whatever they elect, nothing acknowledged is lost.
