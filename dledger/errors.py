@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from remoting.errors import FatalServerError, RaftMQError
 
-__all__ = ["CommitLogMovedError", "DLedgerError", "NotLeaderError", "LeaderChangedError", "AppendTimeoutError", "GroupBusyError",
-           "RecordTooLargeError", "BatchRejectedError", "MembershipChangeError", "MemberDivergedError",
-           "MemberFellBehindError", "TransferLeadershipError"]
+__all__ = ["CommitLogMovedError", "DLedgerError", "NotLeaderError", "LeaderChangedError", "AppendTimeoutError",
+           "GroupBusyError", "RecordTooLargeError", "BatchRejectedError", "MembershipChangeError",
+           "MemberDivergedError", "MemberFellBehindError", "TransferLeadershipError"]
 
 
 class DLedgerError(RaftMQError):
