@@ -511,9 +511,9 @@ async def test_senders_waiting_for_room_are_let_in_first_come_first_served(nurse
 
 
 async def test_a_request_that_never_finds_room_in_the_queue_times_out(nursery):
-    """A peer that stops reading fills the queue: a later request fails within its own timeout instead of
-    waiting for room for ever. The first to time out finds the peer silent all along and closes the connection,
-    which fails the others with the reason (if their own timeout did not fire first)."""
+    """A peer that stops reading fills the queue: a later request fails with RequestTimeoutError within its
+    own timeout instead of waiting for room for ever. (Silent for less than SILENT_CLOSE_MIN_S, the connection
+    is not closed meanwhile.)"""
     from remoting import transport
 
     accepted: list[trio.SocketStream] = []
@@ -530,7 +530,7 @@ async def test_a_request_that_never_finds_room_in_the_queue_times_out(nursery):
         async def send() -> None:
             try:
                 await client.invoke(make_request(RequestCode.ECHO, body=body), timeout_s=0.5)
-            except (RequestTimeoutError, ConnectionClosedError) as e:
+            except RequestTimeoutError as e:
                 errors.append(e)
 
         with trio.fail_after(10):
@@ -538,9 +538,7 @@ async def test_a_request_that_never_finds_room_in_the_queue_times_out(nursery):
                 for _ in range(8):  # socket buffers and the writer take the first ones; the later ones find no room
                     senders.start_soon(send)
         assert client.statistics().bytes_sent < 4 * len(body)  # the peer never read: most were never sent
-    assert len(errors) == 8 and any(isinstance(e, RequestTimeoutError) for e in errors)
-    assert all(e.code == RequestCode.ECHO if isinstance(e, RequestTimeoutError) else "nothing received for" in str(e)
-               for e in errors), errors
+    assert len(errors) == 8 and all(e.code == RequestCode.ECHO for e in errors)
     for stream in accepted:
         await trio.aclose_forcefully(stream)
 

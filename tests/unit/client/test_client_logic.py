@@ -266,8 +266,8 @@ async def test_a_silent_leader_still_routed_is_kept_and_its_late_answer_taken(cl
 
 
 async def test_with_the_name_server_silent_too_the_leader_the_other_nodes_name_is_taken(cluster):
-    # The client cut off from the name server as well: the watch's route refresh gets no answer, so after
-    # leader_silence_timeout_ms it asks a:2 and a:3, which name a:2 (term 2) once elected.
+    # The client cut off from the name server as well: the watch's route refresh gets no answer, but the status
+    # it asks of a:2 and a:3 at the same time names a:2 (term 2) once a:2 is elected.
     a = cluster.groups[0]
     async with open_producer(NAMESRV, leader_silence_timeout_ms=100, retry_backoff_ms=0) as p:
         await p.routes.refresh("T")
