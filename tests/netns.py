@@ -16,8 +16,10 @@ test (the network rule allows those besides loopback) and deletes them afterward
   thread* into a host's namespace for the duration of a ``with``, so a test's trio client can talk to the lab
   (a network namespace is per thread; sockets keep the namespace they were made in).
 
-Making namespaces needs root and iproute2. ``unavailable()`` says why a machine cannot; ``require()`` skips the
-test then on a developer's machine and fails it in CI (``CI`` set), where it must run.
+Namespaces are named ``rmq<pid>-<host>``; a new lab first deletes those of test processes that are gone (a
+pytest killed with SIGKILL never runs its teardown). Making namespaces needs root and iproute2.
+``unavailable()`` says why a machine cannot; ``require()`` skips the test then on a developer's machine and
+fails it in CI (``CI`` set), where it must run.
 """
 
 from __future__ import annotations
@@ -62,6 +64,17 @@ def _ip(*args: str) -> None:
         raise RuntimeError(f"ip {' '.join(args)} failed ({done.returncode}): {done.stderr.strip()}")
 
 
+def _remove_stale_labs() -> None:
+    """Delete the namespaces of labs whose test process is gone (a pytest killed with SIGKILL never ran its
+    teardown): named ``rmq<pid>-<host>`` with no such process alive."""
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10).stdout
+    for line in listed.splitlines():
+        name = line.split()[0] if line.split() else ""
+        owner, sep, _ = name.partition("-")
+        if sep and owner.startswith("rmq") and owner[3:].isdigit() and not os.path.exists(f"/proc/{owner[3:]}"):
+            subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=10)
+
+
 def _threads_outside(home: str) -> list[str]:
     """This process's threads (``tid name``) whose network namespace is not ``home``."""
     strays = []
@@ -83,8 +96,10 @@ def _setns(fd: int) -> None:
 
 class NetLab:
     def __init__(self, hosts: list[str], *, prefix: str | None = None) -> None:
-        # Short names: veth names must fit in 15 bytes. The PID keeps concurrent test runs apart.
-        self.prefix = prefix or f"rmq{os.getpid() % 100000}"
+        # The PID keeps concurrent test runs apart (only namespace names carry it; veth names, limited to 15
+        # bytes, are p0, p1, ... and eth0 inside the namespaces).
+        _remove_stale_labs()
+        self.prefix = prefix or f"rmq{os.getpid()}"
         self.hosts = list(hosts)
         self.ip = {h: f"{SUBNET}.{i + 1}" for i, h in enumerate(self.hosts)}
         self._namespaces: list[str] = []
