@@ -236,46 +236,39 @@ class ClientInstance:
     async def _serve_leader_watch(self) -> None:
         silence_s = self.config.leader_silence_timeout_ms / 1000
         interval_s = min(max(silence_s / 4, 0.01), 0.25)
-        # leader address -> (its connection, bytes received then, when that count last changed)
-        heard: dict[str, tuple[Any, int, float]] = {}
+        ask_for_s = max(silence_s, 0.1)  # how long the name servers and the other nodes get to answer
         with trio.CancelScope() as scope:
             self._background.append(scope)
             while True:
                 await trio.sleep(interval_s)
                 now = trio.current_time()
                 connections = self.remoting.connections()
-                watched: dict[str, tuple[Any, int, float]] = {}
                 suspects = []
                 for broker_name in self.routes.broker_names():
                     addr = self.routes.master_addr(broker_name)
                     conn = connections.get(addr) if addr else None
                     if conn is None:
                         continue
-                    received = conn.statistics().bytes_received
-                    last = heard.get(addr)
-                    if last is None or last[0] is not conn or last[1] != received:
-                        watched[addr] = (conn, received, now)
-                        continue
-                    watched[addr] = last
                     sent_at = conn.oldest_request_sent_at(_LONG_POLL_CODES)
-                    if sent_at is not None and now - sent_at >= silence_s and now - last[2] >= silence_s:
-                        suspects.append((broker_name, addr, now - max(sent_at, last[2])))
-                heard = watched
+                    if sent_at is None:
+                        continue
+                    quiet_since = max(sent_at, conn.last_received_at)  # requests waiting, nothing received
+                    if now - quiet_since >= silence_s:
+                        suspects.append((broker_name, addr, now - quiet_since))
                 for broker_name, addr, silent_s in suspects:
-                    await self._check_silent_leader(broker_name, addr, silent_s)
+                    await self._check_silent_leader(broker_name, addr, silent_s, ask_for_s)
 
-    async def _check_silent_leader(self, broker_name: str, addr: str, silent_s: float) -> None:
+    async def _check_silent_leader(self, broker_name: str, addr: str, silent_s: float, bound_s: float) -> None:
         """Close the connection to ``addr`` if the name servers now route another node as ``broker_name``'s
         master, or the group's other nodes name another leader, whichever says so first (both are asked at
-        once, for ``leader_silence_timeout_ms`` at most): a deposed leader that answers nothing holds its
-        requests until they time out."""
+        once, for ``bound_s`` at most): a deposed leader that answers nothing holds its requests until they time
+        out."""
         topic = self.routes.topic_on(broker_name)
         if topic is None:
             return
         found: list[tuple[str, str]] = []  # (new master, who named it)
         async with trio.open_nursery() as nursery:
-            nursery.cancel_scope.deadline = trio.current_time() + max(self.config.leader_silence_timeout_ms / 1000,
-                                                                      0.1)
+            nursery.cancel_scope.deadline = trio.current_time() + bound_s
 
             async def ask_name_servers() -> None:
                 try:
@@ -290,7 +283,7 @@ class ClientInstance:
                     nursery.cancel_scope.cancel()
 
             async def ask_replicas() -> None:
-                master, term = await self._leader_named_by_replicas(broker_name, addr)
+                master, term = await self._leader_named_by_replicas(broker_name, addr, bound_s)
                 if master is not None:
                     found.append((master, f"the group's other nodes name {master} (term {term})"))
                     nursery.cancel_scope.cancel()
@@ -309,11 +302,11 @@ class ClientInstance:
                     broker_name, addr, master, silent_s)
         self.remoting.close_connection(addr, reason)
 
-    async def _leader_named_by_replicas(self, broker_name: str, silent: str) -> tuple[str | None, int]:
+    async def _leader_named_by_replicas(self, broker_name: str, silent: str,
+                                        timeout_s: float) -> tuple[str | None, int]:
         """The leader that ``broker_name``'s nodes other than ``silent`` name at the highest term they report
         (GET_BROKER_RUNTIME_INFO, all asked at once), if that is not ``silent``; else ``(None, term)``."""
         answers: list[tuple[int, str]] = []
-        timeout_s = max(self.config.leader_silence_timeout_ms / 1000, 0.1)
 
         async def ask(addr: str) -> None:
             try:

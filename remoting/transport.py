@@ -192,6 +192,11 @@ class RemotingConnection:
         return ConnectionStatistics(self._frames_received, self._frames_sent, self._bytes_received,
                                     self._bytes_sent, self._send_calls, len(self._pending))
 
+    @property
+    def last_received_at(self) -> float:
+        """When (trio's clock) bytes last arrived on this connection; when it was opened if none have yet."""
+        return self._last_received_at
+
     def oldest_request_sent_at(self, skip_codes: frozenset[int] = frozenset()) -> float | None:
         """When (trio's clock) the longest-waiting request with a timeout was sent, requests whose code is in
         ``skip_codes`` (long polls, answered late on purpose) aside; None if no such request waits."""

@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 from collections import defaultdict
-from types import SimpleNamespace
 
 import cbor2
 import trio
@@ -48,12 +47,9 @@ class FakeConnection:
     """What the client's leader watch reads of a pooled connection to a broker node."""
 
     def __init__(self) -> None:
-        self.bytes_received = 0
+        self.last_received_at = trio.current_time()
         self.waiting: dict[int, tuple[float, int, trio.Event]] = {}  # request -> (sent at, code, wake-up)
         self.close_reason: str | None = None
-
-    def statistics(self) -> SimpleNamespace:
-        return SimpleNamespace(bytes_received=self.bytes_received)
 
     def oldest_request_sent_at(self, skip_codes: frozenset[int] = frozenset()) -> float | None:
         for sent_at, code, _ in self.waiting.values():
@@ -135,7 +131,7 @@ class FakeRemoting:
                 raise ConnectionClosedError(addr, conn.close_reason)
             if waited.cancelled_caught:
                 raise RequestTimeoutError(addr, timeout_s, code)
-        conn.bytes_received += 1
+        conn.last_received_at = trio.current_time()
         if code == RequestCode.GET_BROKER_RUNTIME_INFO:
             return make_response(request, ResponseCode.SUCCESS, body=cbor2.dumps({
                 "broker_addr": addr, "role": "LEADER" if addr == g.leader else "FOLLOWER", "term": g.term,
