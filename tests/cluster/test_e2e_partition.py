@@ -42,7 +42,7 @@ import trio
 from client import open_admin, open_producer, open_push_consumer
 from raftmq.commands.dev import GROUP, NODE_IDS
 from remoting.errors import RaftMQError
-from tests.cluster.test_e2e_produce_consume import send_until
+from tests.cluster.test_e2e_produce_consume import routed_master, send_until, verify_output
 from tests.netns import NetLab, require
 from tests.procs import ServerProcess, raftmq_argv
 
@@ -88,17 +88,6 @@ class LabCluster:
     def node_at(self, addr: str) -> str:
         return next(nid for nid, a in self.addr_of.items() if a == addr)
 
-    async def leader_addr(self, admin, timeout_s: float = 20.0) -> str:
-        with trio.fail_after(timeout_s):
-            while True:
-                try:
-                    addr = (await admin.cluster_info()).master_addr(GROUP)
-                    if addr:
-                        return addr
-                except RaftMQError:
-                    pass
-                await trio.sleep(0.1)
-
     async def roles(self, admin) -> dict[str, tuple[str, int]]:
         out = {}
         for nid, addr in self.addr_of.items():
@@ -112,17 +101,8 @@ class LabCluster:
     async def verify(self) -> bytes:
         """``raftmq verify`` of the three members, from the client's host, until it passes (a node back from a
         cut may still be catching up) or 60 s; returns the last run's output."""
-        argv = self.lab.argv(CLIENT, raftmq_argv("verify", "--group", GROUP, "--members",
-                                                 ",".join(self.addr_of.values())))
-        output = b""
-        with trio.move_on_after(60):
-            while True:
-                done = await trio.run_process(argv, capture_stdout=True, capture_stderr=True, check=False)
-                output = done.stdout + done.stderr
-                if done.returncode == 0:
-                    break
-                await trio.sleep(0.5)
-        return output
+        return await verify_output(self.lab.argv(CLIENT, raftmq_argv("verify", "--group", GROUP, "--members",
+                                                                     ",".join(self.addr_of.values()))))
 
 
 @dataclass
@@ -159,7 +139,7 @@ async def _under_load(netlab: NetLab, spawn, tmp_path,
             async def on_message(msg) -> None:
                 load.consumed[msg.msg_id] += 1
 
-            await cluster.leader_addr(admin)
+            await routed_master(admin)
             with trio.fail_after(30):
                 while not await admin.create_topic(topic, read_queue_nums=4, write_queue_nums=4):
                     await trio.sleep(0.2)
@@ -216,7 +196,7 @@ async def test_leader_cut_off_from_its_followers_is_replaced_and_commits_nothing
                                                                                   capsys):
     async def cut_the_leader(load: Load) -> dict[str, Any]:
         cluster, admin = load.cluster, load.admin
-        leader_addr = await cluster.leader_addr(admin)
+        leader_addr = await routed_master(admin)
         leader = cluster.node_at(leader_addr)
         seen: dict[str, Any] = {"leader": leader, "before": await cluster.roles(admin), "gap": None,
                                 "stepped_down": None}
@@ -267,7 +247,7 @@ async def test_leader_cut_off_from_its_followers_is_replaced_and_commits_nothing
 async def test_follower_cut_off_from_the_leader_only_does_not_depose_it(netlab, spawn, tmp_path, capsys):
     async def cut_a_follower_from_the_leader(load: Load) -> dict[str, Any]:
         cluster, admin = load.cluster, load.admin
-        leader = cluster.node_at(await cluster.leader_addr(admin))
+        leader = cluster.node_at(await routed_master(admin))
         follower = max(nid for nid in NODE_IDS if nid != leader)
         seen: dict[str, Any] = {"pair": (leader, follower), "before": await cluster.roles(admin)}
         cut_at = time.monotonic()
@@ -304,7 +284,7 @@ async def test_client_cut_off_from_the_leader_connects_afresh_once_healed(netlab
     acknowledgement ~0.06 s after it."""
     async def cut_the_client_from_the_leader(load: Load) -> dict[str, Any]:
         cluster, admin = load.cluster, load.admin
-        leader = cluster.node_at(await cluster.leader_addr(admin))
+        leader = cluster.node_at(await routed_master(admin))
         seen: dict[str, Any] = {"leader": leader, "before": await cluster.roles(admin)}
         netlab.cut(CLIENT, leader)
         await trio.sleep(CUT_S)
@@ -330,7 +310,7 @@ async def test_without_a_name_server_the_client_finds_the_new_leader_through_the
     8 sends failed. Without either, nothing moved the client while the cut lasted."""
     async def cut_the_name_server_and_the_leader(load: Load) -> dict[str, Any]:
         cluster, admin = load.cluster, load.admin
-        leader_addr = await cluster.leader_addr(admin)
+        leader_addr = await routed_master(admin)
         leader = cluster.node_at(leader_addr)
         seen: dict[str, Any] = {"leader": leader, "gap": None}
         cut_at = time.monotonic()

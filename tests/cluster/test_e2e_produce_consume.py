@@ -56,15 +56,7 @@ class Cluster:
     async def leader_addr(self, timeout_s: float = 20.0) -> str:
         """The address the name servers route as master, once one is registered."""
         async with open_admin(self.namesrv) as admin:
-            with trio.fail_after(timeout_s):
-                while True:
-                    try:
-                        addr = (await admin.cluster_info()).master_addr(GROUP)
-                        if addr:
-                            return addr
-                    except RaftMQError:
-                        pass
-                    await trio.sleep(0.1)
+            return await routed_master(admin, timeout_s)
 
     async def create_topic(self, topic: str, queues: int, timeout_s: float = 30.0) -> None:
         async with open_admin(self.namesrv) as admin:
@@ -76,6 +68,33 @@ class Cluster:
                     except RaftMQError:
                         pass
                     await trio.sleep(0.2)
+
+
+async def routed_master(admin, timeout_s: float = 20.0) -> str:
+    """The address ``admin``'s name servers route as ``GROUP``'s master, once one is registered."""
+    with trio.fail_after(timeout_s):
+        while True:
+            try:
+                addr = (await admin.cluster_info()).master_addr(GROUP)
+                if addr:
+                    return addr
+            except RaftMQError:
+                pass
+            await trio.sleep(0.1)
+
+
+async def verify_output(argv: list[str], timeout_s: float = 60.0) -> bytes:
+    """Run a ``raftmq verify`` command line until it passes (a node back from a stop or a cut may still be
+    catching up on the last sends) or ``timeout_s`` runs out; the last run's output, stdout then stderr."""
+    output = b""
+    with trio.move_on_after(timeout_s):
+        while True:
+            done = await trio.run_process(argv, capture_stdout=True, capture_stderr=True, check=False)
+            output = done.stdout + done.stderr
+            if done.returncode == 0:
+                break
+            await trio.sleep(0.5)
+    return output
 
 
 async def send_until(producer, topic: str, k: int, stop: trio.Event, acked: dict[str, float],
