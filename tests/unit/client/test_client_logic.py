@@ -225,6 +225,17 @@ def _route_queries(cluster) -> int:
     return sum(1 for addr, code in cluster.calls if code == RequestCode.GET_ROUTEINFO_BY_TOPIC)
 
 
+async def _send_to_a1_answering_after(cluster, producer, delay_s: float):
+    """Send to a:1's queue 0 while a:1 hangs; it answers again after ``delay_s``."""
+    async def resume_a1() -> None:
+        await trio.sleep(delay_s)
+        cluster.resume("a:1")
+
+    async with trio.open_nursery() as n:
+        n.start_soon(resume_a1)
+        return await producer.send(Message("T", b"x"), queue=MessageQueue("T", "broker-a", 0))
+
+
 async def test_a_silent_leader_the_route_replaced_is_left_and_the_send_resent_to_the_new_one(cluster):
     # a:1 hangs (a stopped process: its connection stays open and answers nothing); its group elects a:2, which
     # registers, so the name server routes a:2 from then on. The send must not wait out its 3 s deadline on a:1.
@@ -252,14 +263,7 @@ async def test_a_silent_leader_still_routed_is_kept_and_its_late_answer_taken(cl
     async with open_producer(NAMESRV, leader_silence_timeout_ms=50) as p:
         await p.routes.refresh("T")
         before = _route_queries(cluster)
-
-        async def resume_a1() -> None:
-            await trio.sleep(0.5)
-            cluster.resume("a:1")
-
-        async with trio.open_nursery() as n:
-            n.start_soon(resume_a1)
-            r = await p.send(Message("T", b"x"), queue=MessageQueue("T", "broker-a", 0))
+        r = await _send_to_a1_answering_after(cluster, p, 0.5)
     assert r.send_status is SendStatus.SEND_OK
     assert [addr for addr, code in cluster.calls if code == RequestCode.SEND_MESSAGE] == ["a:1"]
     assert _route_queries(cluster) - before >= 3  # asked every 50 / 4 ms... at least a few times in 0.45 s
@@ -291,14 +295,7 @@ async def test_with_the_name_server_silent_too_a_leader_its_nodes_still_name_is_
     async with open_producer(NAMESRV, leader_silence_timeout_ms=50) as p:
         await p.routes.refresh("T")
         cluster.hung.update({"a:1", NAMESRV})
-
-        async def resume_a1() -> None:
-            await trio.sleep(0.5)
-            cluster.resume("a:1")
-
-        async with trio.open_nursery() as n:
-            n.start_soon(resume_a1)
-            r = await p.send(Message("T", b"x"), queue=MessageQueue("T", "broker-a", 0))
+        r = await _send_to_a1_answering_after(cluster, p, 0.5)
     assert r.send_status is SendStatus.SEND_OK
     assert [addr for addr, code in cluster.calls if code == RequestCode.SEND_MESSAGE] == ["a:1"]
     assert any(code == RequestCode.GET_BROKER_RUNTIME_INFO for _, code in cluster.calls)  # it did ask
