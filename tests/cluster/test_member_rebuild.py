@@ -29,14 +29,42 @@ FORCED_RETENTION = {
     "store.delete_when_hours": "[" + ",".join(str(h) for h in range(24)) + "]", "store.clean_interval_ms": "100"}
 
 
-async def _restart_empty(cluster, nid: str, aside: Path):
-    """The operator's rebuild (docs/operations.md): stop the member (SIGKILL; nothing if it already exited),
-    move its store and dledger directories to ``aside``, start it with the same config."""
-    config = tomllib.loads(cluster.paths[nid].read_text())
-    await trio.to_thread.run_sync(cluster.nodes[nid].kill)
-    for key, path in (("store", config["store"]["store_dir"]), ("dledger", config["dledger"]["data_dir"])):
-        shutil.move(path, aside / f"aside-{nid}-{key}")
-    return await trio.to_thread.run_sync(cluster.start, nid)
+async def _restart_empty(cluster, aside: Path, *nids: str) -> None:
+    """The operator's rebuild (docs/operations.md): stop the members (SIGKILL; nothing if one already exited),
+    move their store and dledger directories to ``aside``, start them with the same config. Several members are
+    all stopped before any starts, so they come back empty together."""
+    for nid in nids:
+        await trio.to_thread.run_sync(cluster.nodes[nid].kill)
+    for nid in nids:
+        config = tomllib.loads(cluster.paths[nid].read_text())
+        for key, path in (("store", config["store"]["store_dir"]), ("dledger", config["dledger"]["data_dir"])):
+            shutil.move(path, aside / f"aside-{nid}-{key}")
+    for nid in nids:
+        await trio.to_thread.run_sync(cluster.start, nid)
+
+
+async def _fill_until_retention(producer, client, leader: str, more_than: int) -> int:
+    """Filler until more than ``more_than`` messages were sent and retention deleted at least two segments on
+    ``leader``; returns the next message number."""
+    i = 0
+    with trio.fail_after(60):
+        while True:
+            i = await _send_filler(producer, i)
+            if i > more_than and (await _runtime(client, leader))["commit_log_min_offset"] >= 2 * 65536:
+                return i
+
+
+async def _send_after(producer, first: int, count: int = 40) -> int:
+    for i in range(first, first + count):
+        await producer.send(Message(TOPIC, b"after %d" % i), queue=MessageQueue(TOPIC, "broker-a", i % QUEUES))
+    return first + count
+
+
+async def _served_alike(client, leader: str, addr: str) -> tuple[list[bytes] | None, list[bytes] | None, list[int]]:
+    """(the leader's records, ``addr``'s records, the queue offsets both were read from). Both read from the same
+    offsets: retention runs on each node on its own."""
+    starts = [max(await _min_offset(client, leader, q), await _min_offset(client, addr, q)) for q in range(QUEUES)]
+    return await _records(client, leader, starts), await _records(client, addr, starts), starts
 
 
 async def _send_filler(producer, first: int, count: int = 50) -> int:
@@ -75,11 +103,10 @@ async def test_a_member_started_empty_copies_the_group_log(spawn, tmp_path):
 
     leader = await cluster.leader_addr()
     nid = next(n for n, addr in cluster.addr_of.items() if addr != leader)
-    await _restart_empty(cluster, nid, tmp_path)
+    await _restart_empty(cluster, tmp_path, nid)
 
     async with open_producer(cluster.namesrv) as producer:
-        for i in range(40):  # the group goes on while the member copies
-            await producer.send(Message(TOPIC, b"after %d" % i), queue=MessageQueue(TOPIC, "broker-a", i % QUEUES))
+        await _send_after(producer, 0)  # the group goes on while the member copies
     async with open_remoting_client() as client:
         expected = await _records(client, leader)
         assert expected is not None and sum(len(b) for b in expected) > 0
@@ -112,30 +139,18 @@ async def test_a_member_started_empty_begins_where_the_peers_retention_left_the_
     await cluster.create_topic(TOPIC, QUEUES)
     leader = await cluster.leader_addr()
     async with open_remoting_client() as client, open_producer(cluster.namesrv) as producer:
-        i = 0
-        with trio.fail_after(60):
-            while True:  # until retention has deleted at least two segments on the leader
-                i = await _send_filler(producer, i)
-                # One send is one Raft entry here: past the first compaction, and two segments deleted.
-                if i > compaction_entries * 1.2 \
-                        and (await _runtime(client, leader))["commit_log_min_offset"] >= 2 * 65536:
-                    break
+        # One send is one Raft entry here: past the first compaction, and two segments deleted.
+        i = await _fill_until_retention(producer, client, leader, int(compaction_entries * 1.2))
 
         nid = next(n for n, addr in cluster.addr_of.items() if addr != leader)
-        await _restart_empty(cluster, nid, tmp_path)
-        for _ in range(40):
-            await producer.send(Message(TOPIC, b"after %d" % i), queue=MessageQueue(TOPIC, "broker-a", i % QUEUES))
-            i += 1
+        await _restart_empty(cluster, tmp_path, nid)
+        i = await _send_after(producer, i)
 
         rebuilt = cluster.addr_of[nid]
         got = expected = None
         with trio.move_on_after(60):
             while True:
-                # Both read from the same queue offsets: retention runs on each node on its own.
-                starts = [max(await _min_offset(client, leader, q), await _min_offset(client, rebuilt, q))
-                          for q in range(QUEUES)]
-                expected = await _records(client, leader, starts)
-                got = await _records(client, rebuilt, starts)
+                expected, got, starts = await _served_alike(client, leader, rebuilt)
                 if got == expected and expected:
                     break
                 await trio.sleep(0.2)
@@ -159,24 +174,11 @@ async def test_two_members_started_empty_at_once_begin_where_the_leader_keeps_th
     await cluster.create_topic(TOPIC, QUEUES)
     leader = await cluster.leader_addr()
     async with open_remoting_client() as client, open_producer(cluster.namesrv) as producer:
-        i = 0
-        with trio.fail_after(60):
-            while True:  # past the first compaction, and two segments deleted on the leader
-                i = await _send_filler(producer, i)
-                if i > 120 and (await _runtime(client, leader))["commit_log_min_offset"] >= 2 * 65536:
-                    break
+        # Past the first compaction, and two segments deleted on the leader.
+        i = await _fill_until_retention(producer, client, leader, 120)
         rebuilt = [nid for nid, addr in cluster.addr_of.items() if addr != leader]
-        for nid in rebuilt:
-            await trio.to_thread.run_sync(cluster.nodes[nid].kill)
-        for nid in rebuilt:
-            config = tomllib.loads(cluster.paths[nid].read_text())
-            for key, path in (("store", config["store"]["store_dir"]), ("dledger", config["dledger"]["data_dir"])):
-                shutil.move(path, tmp_path / f"aside-{nid}-{key}")
-        for nid in rebuilt:
-            await trio.to_thread.run_sync(cluster.start, nid)
-        for _ in range(40):
-            await producer.send(Message(TOPIC, b"after %d" % i), queue=MessageQueue(TOPIC, "broker-a", i % QUEUES))
-            i += 1
+        await _restart_empty(cluster, tmp_path, *rebuilt)
+        await _send_after(producer, i)
 
         served: dict[str, list[bytes] | None] = {nid: None for nid in rebuilt}
         expected = None
@@ -184,11 +186,7 @@ async def test_two_members_started_empty_at_once_begin_where_the_leader_keeps_th
             while True:
                 leader = await cluster.leader_addr()
                 for nid in rebuilt:
-                    addr = cluster.addr_of[nid]
-                    starts = [max(await _min_offset(client, leader, q), await _min_offset(client, addr, q))
-                              for q in range(QUEUES)]
-                    expected = await _records(client, leader, starts)
-                    served[nid] = await _records(client, addr, starts)
+                    expected, served[nid], _ = await _served_alike(client, leader, cluster.addr_of[nid])
                 if expected and all(got == expected for got in served.values()):
                     break
                 await trio.sleep(0.2)
@@ -233,7 +231,7 @@ async def test_a_member_left_behind_by_retention_stops_with_exit_status_3_then_r
         assert f"CRITICAL raftmq.runner: stopping: member {nid} of group broker-a needs the commit log from" in output
         assert "Traceback" not in output
 
-        await _restart_empty(cluster, nid, tmp_path)  # the member exited: only its directories move
+        await _restart_empty(cluster, tmp_path, nid)  # the member exited: only its directories move
         with trio.fail_after(30):
             while not (await _runtime(client, cluster.addr_of[nid]))["serving_reads"]:
                 await trio.sleep(0.1)
