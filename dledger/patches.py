@@ -356,10 +356,15 @@ def _count_pre_vote(self: Any, node: Any, message: Any) -> None:
             or round_[0] != self._SyncObj__raftCurrentTerm + 1 or self._SyncObj__raftState == _LEADER):
         return
     round_[1].add(node)
-    if 1 + len(round_[1]) > (len(self._SyncObj__otherNodes) + 1) / 2:
+    if _is_majority(self, 1 + len(round_[1])):
         self._dledger_pre_vote = None
         self._dledger_pre_vote_won = True
         self._SyncObj__raftElectionDeadline = 0.0  # the next tick starts the election
+
+
+def _is_majority(self: Any, members: int) -> bool:
+    """Whether ``members`` (this one included) are a majority of the group, as pysyncobj counts votes."""
+    return members > (len(self._SyncObj__otherNodes) + 1) / 2
 
 
 def _has_current_leader(self: Any) -> bool:
@@ -369,9 +374,8 @@ def _has_current_leader(self: Any) -> bool:
     lease = self._SyncObj__conf.raftMinTimeout
     if self._SyncObj__raftState == _LEADER:
         responded = self._SyncObj__lastResponseTime
-        others = self._SyncObj__otherNodes
-        heard = 1 + sum(1 for other in others if now - responded.get(other, -math.inf) < lease)
-        return heard > (len(others) + 1) / 2
+        return _is_majority(self, 1 + sum(1 for other in self._SyncObj__otherNodes
+                                          if now - responded.get(other, -math.inf) < lease))
     heard_at = getattr(self, "_dledger_leader_heard_at", None)
     return self._SyncObj__raftLeader is not None and heard_at is not None and now - heard_at < lease
 
