@@ -40,7 +40,7 @@ import pytest
 import trio
 
 from client import open_admin, open_producer, open_push_consumer
-from raftmq.commands.dev import GROUP, NODE_IDS
+from raftmq.commands.dev import GROUP, NODE_IDS, write_broker_configs
 from remoting.errors import RaftMQError
 from tests.cluster.test_e2e_produce_consume import routed_master, send_until, verify_output
 from tests.netns import NetLab, require
@@ -69,20 +69,15 @@ class LabCluster:
         self.lab = lab
         self.namesrv = f"{lab.ip[NAMESRV]}:{NAMESRV_PORT}"
         self.addr_of = {nid: f"{lab.ip[nid]}:{SERVICE_PORT}" for nid in NODE_IDS}
-        secret = secrets.token_urlsafe(24)
-        members = ", ".join(f'{{ id = "{nid}", raft_address = "{lab.ip[nid]}:{RAFT_PORT}", '
-                            f'service_address = "{self.addr_of[nid]}" }}' for nid in NODE_IDS)
+        data_dir.mkdir(parents=True)
+        secret_file = data_dir / "secret"
+        secret_file.write_text(secrets.token_urlsafe(24))
+        state = {"ports": {"namesrv": NAMESRV_PORT, "service": [SERVICE_PORT] * len(NODE_IDS),
+                           "raft": [RAFT_PORT] * len(NODE_IDS)}, "secret_file": str(secret_file)}
+        paths = write_broker_configs(data_dir, state, hosts=lab.ip, namesrv_host=lab.ip[NAMESRV])
         self.namesrv_proc = spawn(lab.argv(NAMESRV, raftmq_argv("namesrv", "--listen", self.namesrv)))
         self.nodes: dict[str, ServerProcess] = {}
-        for nid in NODE_IDS:
-            node_dir = data_dir / nid
-            node_dir.mkdir(parents=True)
-            path = data_dir / f"{nid}.toml"
-            path.write_text(
-                f'cluster_name = "DefaultCluster"\nnamesrv_addrs = ["{self.namesrv}"]\n\n'
-                f'[store]\nstore_dir = "{node_dir / "store"}"\n\n'
-                f'[dledger]\ngroup = "{GROUP}"\nself_id = "{nid}"\nsecret = "{secret}"\n'
-                f'data_dir = "{node_dir / "dledger"}"\nmembers = [{members}]\n')
+        for nid, path in zip(NODE_IDS, paths):
             self.nodes[nid] = spawn(lab.argv(nid, raftmq_argv("broker", "--config", str(path))), ready_timeout_s=60)
 
     def node_at(self, addr: str) -> str:
