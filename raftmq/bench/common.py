@@ -64,7 +64,9 @@ def summarize_latencies(latencies_ns: Iterable[int]) -> LatencySummary:
 def check_range(name: str, value: float, lo: float, hi: float) -> None:
     """Reject an out-of-range option with a sentence naming it (the CLI turns ConfigError into exit 2)."""
     if not lo <= value <= hi:
-        raise ConfigError(f"{name} must be within {lo:g}..{hi:g}, got {value!r}")
+        # Integral bounds in full: "{:g}" would print 4 MiB as 4.1943e+06.
+        bounds = "..".join(str(int(b)) if float(b).is_integer() else f"{b:g}" for b in (lo, hi))
+        raise ConfigError(f"{name} must be within {bounds}, got {value!r}")
 
 
 async def show_progress(console: Console, description: str, total_s: float, completed: Callable[[], int],
