@@ -24,6 +24,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import trio
@@ -186,35 +187,57 @@ def _raftmq(*args: str) -> list[str]:
     return [sys.executable, "-m", "raftmq", *args]
 
 
+class LocalCluster:
+    """The processes of ``raftmq dev``: the name server and the group's three nodes, each a ``Child`` started here
+    and stopped by PID. ``raftmq chaos`` kills and restarts single nodes of one."""
+
+    def __init__(self, data_dir: Path, state: dict[str, Any], *, overrides: Sequence[str] = (),
+                 stop_timeout_s: float = 10.0) -> None:
+        self.logs = data_dir / "logs"
+        self.logs.mkdir(exist_ok=True)
+        self.ports = state["ports"]
+        self.paths = dict(zip(NODE_IDS, write_broker_configs(data_dir, state)))
+        self._overrides = [a for s in overrides for a in ("--set", s)]
+        self.stop_timeout_s = stop_timeout_s
+        self.namesrv: Child | None = None
+        self.nodes: dict[str, Child] = {}
+
+    @property
+    def children(self) -> list[Child]:
+        return ([self.namesrv] if self.namesrv is not None else []) + list(self.nodes.values())
+
+    def start_node(self, nid: str) -> Child:
+        """Start node ``nid`` on its data (again, after a kill) without waiting for it to be ready."""
+        child = Child(f"{GROUP}/{nid}", _raftmq("broker", "--config", str(self.paths[nid]), *self._overrides),
+                      self.logs / f"{GROUP}-{nid}.log")
+        self.nodes[nid] = child
+        return child
+
+    def start_all(self) -> None:
+        self.namesrv = Child("namesrv", _raftmq("namesrv", "--listen", f"127.0.0.1:{self.ports['namesrv']}"),
+                             self.logs / "namesrv.log")
+        self.namesrv.wait_ready(30)
+        for nid in NODE_IDS:
+            self.start_node(nid)
+        for nid in NODE_IDS:
+            self.nodes[nid].wait_ready(60)
+
+    def stop_all(self) -> None:
+        # Brokers first, all at once (each unregisters from the name server), the name server last.
+        for child in self.nodes.values():
+            child.terminate()
+        for child in reversed(self.children):
+            rc = child.stop(self.stop_timeout_s)
+            log.info("stopped %s pid=%d rc=%s", child.name, child.pid, rc)
+
+
 def run(args: argparse.Namespace) -> int:
     data_dir: Path = args.data_dir
     data_dir.mkdir(parents=True, exist_ok=True)
-    logs = data_dir / "logs"
-    logs.mkdir(exist_ok=True)
-    state = plan_ports(data_dir, args.base_port)
-    paths = write_broker_configs(data_dir, state)
-    ports = state["ports"]
-    children: list[Child] = []
-    overrides = [a for s in args.set for a in ("--set", s)]
-
-    def start_all() -> None:
-        namesrv = Child("namesrv", _raftmq("namesrv", "--listen", f"127.0.0.1:{ports['namesrv']}"),
-                        logs / "namesrv.log")
-        children.append(namesrv)
-        namesrv.wait_ready(30)
-        for nid, path in zip(NODE_IDS, paths):
-            children.append(Child(f"{GROUP}/{nid}", _raftmq("broker", "--config", str(path), *overrides),
-                                  logs / f"{GROUP}-{nid}.log"))
-        for child in children[1:]:
-            child.wait_ready(60)
-
-    def stop_all() -> None:
-        # Brokers first, all at once (each unregisters from the name server), the name server last.
-        for child in children[1:]:
-            child.terminate()
-        for child in reversed(children):
-            rc = child.stop(args.stop_timeout)
-            log.info("stopped %s pid=%d rc=%s", child.name, child.pid, rc)
+    cluster = LocalCluster(data_dir, plan_ports(data_dir, args.base_port), overrides=args.set,
+                           stop_timeout_s=args.stop_timeout)
+    logs = cluster.logs
+    start_all, stop_all = cluster.start_all, cluster.stop_all
 
     async def watch(child: Child) -> None:
         while child.proc.poll() is None:
@@ -235,6 +258,7 @@ def run(args: argparse.Namespace) -> int:
         except BaseException:
             stop_all()
             raise
+        children = cluster.children
         namesrv_addr = children[0].fields["listen"]
         brokers = [c.fields["listen"] for c in children[1:]]
         print(f"raftmq dev: name server {namesrv_addr}; group {GROUP} nodes {', '.join(brokers)}; "
