@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "raftmq.commands.dledger_node",
     "raftmq.commands.verify",
     "raftmq.commands.admin",
+    "raftmq.commands.chaos",
 )
 
 

@@ -1,0 +1,447 @@
+"""``raftmq chaos``: kill or hang nodes of a cluster under load, and prove that nothing acknowledged is lost.
+
+The command starts a cluster of its own: a name server and the 3-node group ``broker-a``, laid out as
+``raftmq dev`` lays them out, in a directory of its own. So every process it signals is one it started; it
+never touches anything else. Senders produce acknowledged messages and a push consumer consumes them while
+``--rounds`` faults are injected one after another, each on the current leader (``--target leader``), on a
+follower or on a random node:
+
+- ``--fault kill``: SIGKILL; after ``--down-seconds`` the node is started again on its data and rejoins.
+- ``--fault stop``: SIGSTOP, a hung process whose connections stay open and silent; SIGCONT after
+  ``--down-seconds``.
+
+Each round reports the gap from the fault to the first acknowledgement stored by another node (after a leader
+fault: the clients found the new leader) and the longest pause between two acknowledgements. Then the senders
+stop, and within ``--drain-seconds`` every acknowledged message must be consumed and the three commit logs must
+be identical (crc32c per segment, as ``raftmq verify``). Delivery is at least once, as in RocketMQ, so
+duplicates are counted, not failed.
+
+Exit status 0 when nothing acknowledged was lost, the logs are identical and acknowledgements resumed after
+every fault; 1 otherwise (the data directory is then kept for its logs); 2 for a bad option.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import collections
+import logging
+import os
+import random
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+from rich.console import Console
+from rich.table import Table
+
+from client import Message, SendFailedError, open_admin, open_producer, open_push_consumer
+from dledger.service import get_raft_status
+from raftmq.bench.common import check_range, print_json
+from raftmq.commands.dev import GROUP, NODE_IDS, DevClusterError, LocalCluster, plan_ports
+from raftmq.commands.verify import verify_group
+from raftmq.runner import leaf_exceptions
+from remoting.config import ConfigError
+from remoting.errors import RaftMQError
+from remoting.message import parse_msg_id
+from remoting.transport import open_remoting_client
+
+log = logging.getLogger(__name__)
+
+TOPIC = "ChaosTopic"
+CONSUMER_GROUP = "chaos_consumer"
+# Bounds that keep every wait finite: a failover, a node's restart, the leader lookup.
+FAILOVER_BOUND_S = 30.0
+LEADER_LOOKUP_S = 30.0
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "chaos", help="kill or hang nodes of a cluster of its own under load; check nothing acknowledged is lost",
+        description="Start a name server and a 3-node group (raftmq dev's layout) in a directory of their own, "
+                    "produce and consume through them, and inject faults one after another: SIGKILL and restart, "
+                    "or SIGSTOP and SIGCONT, of the leader, a follower or a random node. Reports the gap to the "
+                    "first acknowledgement by another node after each fault, then checks that every acknowledged "
+                    "message was consumed and that the members' commit logs are identical. Exit 0 when they "
+                    "are, 1 otherwise.")
+    parser.add_argument("--rounds", type=int, default=5, help="faults to inject, one after another (default 5)")
+    parser.add_argument("--fault", choices=("kill", "stop"), default="kill",
+                        help="kill: SIGKILL, then restart on the same data; stop: SIGSTOP, then SIGCONT "
+                             "(default kill)")
+    parser.add_argument("--target", choices=("leader", "follower", "random"), default="leader",
+                        help="which node each fault hits (default leader)")
+    parser.add_argument("--down-seconds", type=float, default=3.0,
+                        help="how long a node stays killed or stopped (default 3)")
+    parser.add_argument("--settle-seconds", type=float, default=3.0,
+                        help="load before the first fault and after each recovery (default 3)")
+    parser.add_argument("--senders", type=int, default=8, help="concurrent senders (default 8)")
+    parser.add_argument("--pause-ms", type=float, default=2.0,
+                        help="pause of each sender after an acknowledgement (default 2; 0 sends flat out)")
+    parser.add_argument("--size", type=int, default=256, help="message body bytes (default 256)")
+    parser.add_argument("--drain-seconds", type=float, default=60.0,
+                        help="longest wait for the consumer to catch up and the logs to agree (default 60)")
+    parser.add_argument("--seed", type=int, default=None, help="seed of the random choices (default: random)")
+    parser.add_argument("--data-dir", type=Path, default=None,
+                        help="where the cluster lives; must be new or empty (default: a new temporary directory)")
+    parser.add_argument("--keep-data", action="store_true",
+                        help="keep the data directory afterwards (it is always kept when the check fails)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="broker config override passed to every node, as raftmq dev's --set")
+    parser.add_argument("--json", action="store_true", help="print the report as one JSON line")
+    parser.set_defaults(func=run)
+
+
+class ChaosError(RuntimeError):
+    """A step that did not finish within its bound (the cluster is then stopped and its logs kept)."""
+
+
+def check_args(args: argparse.Namespace) -> None:
+    check_range("--rounds", args.rounds, 1, 100)
+    check_range("--down-seconds", args.down_seconds, 0, 600)
+    check_range("--settle-seconds", args.settle_seconds, 0, 600)
+    check_range("--senders", args.senders, 1, 256)
+    check_range("--pause-ms", args.pause_ms, 0, 10_000)
+    check_range("--size", args.size, 1, 4 * 1024 * 1024)
+    check_range("--drain-seconds", args.drain_seconds, 1, 3600)
+    if args.data_dir is not None and args.data_dir.exists():
+        if not args.data_dir.is_dir():
+            raise ConfigError(f"--data-dir {str(args.data_dir)!r} is not a directory")
+        if any(args.data_dir.iterdir()):
+            raise ConfigError(f"--data-dir {str(args.data_dir)!r} is not empty: chaos runs on a cluster of its "
+                              f"own and would kill and rewrite what is there")
+
+
+class Ledger:
+    """What the load saw: every acknowledged message (unique id, time, the node that stored it), every failed
+    send by error class, and how often each id was consumed."""
+
+    def __init__(self) -> None:
+        self.acked: set[str] = set()
+        self.ack_times: list[float] = []  # time.monotonic() of each acknowledgement, in order
+        self.ack_nodes: list[str] = []    # the address of the node that stored it, same order
+        self.failed: collections.Counter[str] = collections.Counter()
+        self.consumed: collections.Counter[str] = collections.Counter()
+
+    def ack(self, msg_id: str, offset_msg_id: str) -> None:
+        (ip, port), _ = parse_msg_id(offset_msg_id)
+        self.acked.add(msg_id)
+        self.ack_times.append(time.monotonic())
+        self.ack_nodes.append(f"{ip}:{port}")
+
+    def first_ack_after(self, since: float, *, not_by: str) -> float | None:
+        """Time of the first acknowledgement after ``since`` stored by a node other than ``not_by``."""
+        for i in range(bisect.bisect_right(self.ack_times, since), len(self.ack_times)):
+            if self.ack_nodes[i] != not_by:
+                return self.ack_times[i]
+        return None
+
+    def acks_between(self, start: float, end: float) -> int:
+        return bisect.bisect_right(self.ack_times, end) - bisect.bisect_right(self.ack_times, start)
+
+    def longest_pause(self, start: float, end: float) -> float:
+        """The longest stretch of ``[start, end]`` without an acknowledgement."""
+        lo, hi = bisect.bisect_right(self.ack_times, start), bisect.bisect_right(self.ack_times, end)
+        edges = [start, *self.ack_times[lo:hi], end]
+        return max(b - a for a, b in zip(edges, edges[1:]))
+
+    def missing(self) -> set[str]:
+        return self.acked - self.consumed.keys()
+
+    def duplicates(self) -> int:
+        return sum(n - 1 for n in self.consumed.values() if n > 1)
+
+
+async def _send_until(producer: Any, ledger: Ledger, stop: trio.Event, k: int, body: bytes,
+                      pause_s: float) -> None:
+    i = 0
+    while not stop.is_set():
+        i += 1
+        try:
+            result = await producer.send(Message(TOPIC, body, keys=f"s{k}-{i}"))
+        except (SendFailedError, RaftMQError) as e:
+            ledger.failed[type(getattr(e, "last_error", None) or e).__name__] += 1
+            await trio.sleep(0.01)
+            continue
+        ledger.ack(result.msg_id, result.offset_msg_id)
+        if pause_s:
+            await trio.sleep(pause_s)
+
+
+async def find_leader(rpc: Any, addr_of: dict[str, str], *, timeout_s: float) -> tuple[str, int]:
+    """``(node id, term)`` of the group's leader, asking the nodes themselves: the one that says LEADER at the
+    highest term. Waits (up to ``timeout_s``) while none does, as during an election."""
+    with trio.move_on_after(timeout_s):
+        while True:
+            claims: list[tuple[int, str]] = []
+
+            async def ask(nid: str, addr: str) -> None:
+                try:
+                    status, _ = await get_raft_status(rpc, addr, GROUP, timeout_s=1.0)
+                except (RaftMQError, OSError):
+                    return  # down, stopped or starting: not the leader now
+                if status.get("role") == "LEADER":
+                    claims.append((int(status["term"]), nid))
+
+            async with trio.open_nursery() as nursery:
+                for nid, addr in addr_of.items():
+                    nursery.start_soon(ask, nid, addr)
+            if claims:
+                term, nid = max(claims)
+                return nid, term
+            await trio.sleep(0.1)
+    raise ChaosError(f"no node of {GROUP} claimed leadership for {timeout_s:g} s")
+
+
+class Chaos:
+    def __init__(self, args: argparse.Namespace, cluster: LocalCluster, console: Console) -> None:
+        self.args = args
+        self.cluster = cluster
+        self.console = console
+        self.rng = random.Random(args.seed)
+        self.ledger = Ledger()
+        self.stopped: set[int] = set()  # PIDs we SIGSTOPped and have not continued yet
+        self.addr_of: dict[str, str] = {}
+
+    def _say(self, text: str) -> None:
+        if not self.args.json:
+            self.console.print(text, highlight=False, soft_wrap=True)
+
+    async def run(self) -> dict[str, Any]:
+        args, cluster, ledger = self.args, self.cluster, self.ledger
+        await trio.to_thread.run_sync(cluster.start_all)
+        assert cluster.namesrv is not None
+        namesrv = cluster.namesrv.fields["listen"]
+        self.addr_of = {nid: child.fields["listen"] for nid, child in cluster.nodes.items()}
+        self._say(f"cluster: name server {namesrv}; {GROUP} nodes "
+                  + ", ".join(f"{nid}={addr}" for nid, addr in self.addr_of.items())
+                  + f"; logs in {cluster.logs}")
+        await _create_topic(namesrv)
+        rounds: list[dict[str, Any]] = []
+        stop = trio.Event()
+        body = b"c" * args.size
+
+        async def on_message(msg: Any) -> None:
+            ledger.consumed[msg.msg_id] += 1
+
+        async with open_remoting_client() as rpc, \
+                open_producer(namesrv, producer_group="chaos_producer", send_msg_timeout_ms=3000,
+                              retry_backoff_ms=20) as producer, \
+                open_push_consumer(namesrv, topic=TOPIC, handler=on_message, consumer_group=CONSUMER_GROUP,
+                                   consume_from_where="CONSUME_FROM_FIRST_OFFSET", rebalance_interval_ms=500,
+                                   persist_consumer_offset_interval_ms=200, broker_suspend_max_time_ms=1000):
+            async with trio.open_nursery() as nursery:
+                for k in range(args.senders):
+                    nursery.start_soon(_send_until, producer, ledger, stop, k, body, args.pause_ms / 1000)
+                await trio.sleep(args.settle_seconds)
+                for number in range(1, args.rounds + 1):
+                    rounds.append(await self._round(rpc, number))
+                stop.set()
+            self._say(f"load stopped: {len(ledger.acked)} acknowledged; waiting for the consumer")
+            drain_deadline = trio.current_time() + args.drain_seconds
+            with trio.move_on_at(drain_deadline):
+                while ledger.missing():
+                    await trio.sleep(0.2)
+            logs = await self._verify_logs(drain_deadline)
+        return self._report(rounds, logs)
+
+    async def _round(self, rpc: Any, number: int) -> dict[str, Any]:
+        args, ledger = self.args, self.ledger
+        leader, term = await find_leader(rpc, self.addr_of, timeout_s=LEADER_LOOKUP_S)
+        if args.target == "leader":
+            victim = leader
+        elif args.target == "follower":
+            victim = self.rng.choice([nid for nid in NODE_IDS if nid != leader])
+        else:
+            victim = self.rng.choice(NODE_IDS)
+        role = "leader" if victim == leader else "follower"
+        victim_addr = self.addr_of[victim]
+        child = self.cluster.nodes[victim]
+        fault_at = time.monotonic()
+        if args.fault == "kill":
+            os.kill(child.pid, signal.SIGKILL)
+            await trio.to_thread.run_sync(child.proc.wait)
+        else:
+            os.kill(child.pid, signal.SIGSTOP)
+            self.stopped.add(child.pid)
+        self._say(f"round {number}: {args.fault} {role} {victim} ({victim_addr}, term {term})")
+        first_ack = None
+        if role == "leader":
+            with trio.move_on_after(max(args.down_seconds, FAILOVER_BOUND_S)):
+                while (first_ack := ledger.first_ack_after(fault_at, not_by=victim_addr)) is None:
+                    if args.fault == "stop" and time.monotonic() >= fault_at + args.down_seconds:
+                        break  # a short stop may end before an election: it resumes as the leader
+                    await trio.sleep(0.01)
+        await trio.sleep(max(0.0, fault_at + args.down_seconds - time.monotonic()))
+        if args.fault == "kill":
+            child.stop(self.cluster.stop_timeout_s)  # already dead: closes its log and output reader
+            restarted = self.cluster.start_node(victim)
+            await trio.to_thread.run_sync(restarted.wait_ready, 60.0)
+        else:
+            os.kill(child.pid, signal.SIGCONT)
+            self.stopped.discard(child.pid)
+        back_at = time.monotonic()
+        await trio.sleep(self.args.settle_seconds)
+        with trio.move_on_after(FAILOVER_BOUND_S):
+            while ledger.acks_between(back_at, time.monotonic()) == 0:
+                await trio.sleep(0.05)
+        end_at = time.monotonic()
+        new_leader, new_term = await find_leader(rpc, self.addr_of, timeout_s=LEADER_LOOKUP_S)
+        result = {
+            "round": number, "fault": args.fault, "victim": victim, "role": role, "leader": leader, "term": term,
+            "first_ack_by_another_s": None if first_ack is None else round(first_ack - fault_at, 3),
+            "longest_pause_s": round(ledger.longest_pause(fault_at, end_at), 3),
+            "acked": ledger.acks_between(fault_at, end_at),
+            "acks_resumed": ledger.acks_between(back_at, end_at) > 0,
+            "leader_after": new_leader, "term_after": new_term,
+        }
+        gap = result["first_ack_by_another_s"]
+        self._say(f"  first ack by another node {'-' if gap is None else f'{gap:.3f} s'}, longest pause "
+                  f"{result['longest_pause_s']:.3f} s; leader now {new_leader} (term {new_term})")
+        return result
+
+    async def _verify_logs(self, deadline: float) -> dict[str, Any]:
+        """Compare the members' commit logs until they agree or ``deadline``: a member back from a fault may
+        still be catching up on the last sends."""
+        addresses = list(self.addr_of.values())
+        report: dict[str, Any] = {"identical": False, "error": "not compared"}
+        while True:
+            try:
+                report = await verify_group(GROUP, addresses, timeout_s=5.0)
+            except (RaftMQError, OSError) as e:
+                report = {"identical": False, "error": str(e)}
+            if report["identical"] or trio.current_time() >= deadline:
+                return report
+            await trio.sleep(0.5)
+
+    def continue_stopped(self) -> None:
+        for pid in list(self.stopped):
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+            self.stopped.discard(pid)
+
+    def _report(self, rounds: list[dict[str, Any]], logs: dict[str, Any]) -> dict[str, Any]:
+        ledger = self.ledger
+        missing = ledger.missing()
+        gaps = [r["first_ack_by_another_s"] for r in rounds if r["first_ack_by_another_s"] is not None]
+        resumed = all(r["acks_resumed"] for r in rounds)
+        return {
+            "fault": self.args.fault, "target": self.args.target, "rounds": rounds,
+            "acked": len(ledger.acked), "failed_sends": sum(ledger.failed.values()),
+            "failed_kinds": dict(ledger.failed), "consumed": len(ledger.consumed),
+            "duplicates": ledger.duplicates(), "missing": len(missing), "missing_sample": sorted(missing)[:5],
+            "median_first_ack_by_another_s": round(statistics.median(gaps), 3) if gaps else None,
+            "max_pause_s": max(r["longest_pause_s"] for r in rounds),
+            "logs_identical": bool(logs.get("identical")),
+            "logs_compared_up_to": logs.get("up_to"), "logs_error": logs.get("error"),
+            "divergent_segments": [start for start, _ in logs.get("divergent", [])],
+            "acks_resumed_after_every_fault": resumed,
+            "ok": not missing and bool(logs.get("identical")) and resumed and bool(ledger.acked),
+        }
+
+
+async def _create_topic(namesrv: str, timeout_s: float = 30.0) -> None:
+    async with open_admin(namesrv) as admin:
+        with trio.move_on_after(timeout_s):
+            while True:
+                try:
+                    if await admin.create_topic(TOPIC, read_queue_nums=4, write_queue_nums=4):
+                        return
+                except RaftMQError as e:
+                    log.debug("create_topic not yet: %s", e)
+                await trio.sleep(0.2)
+    raise ChaosError(f"topic {TOPIC} could not be created within {timeout_s:g} s")
+
+
+def print_report(console: Console, report: dict[str, Any], data_dir: Path | None) -> None:
+    table = Table(title=f"raftmq chaos: {report['fault']} {report['target']}, {len(report['rounds'])} rounds",
+                  header_style="bold", caption="gap: from the fault to the first ack stored by another node; "
+                                               "pause: the longest time without any ack")
+    for column in ("round", "node", "role", "term", "gap", "pause", "acked", "leader after"):
+        table.add_column(column, justify="right")
+    for r in report["rounds"]:
+        gap = r["first_ack_by_another_s"]
+        table.add_row(str(r["round"]), r["victim"], r["role"], str(r["term"]), "-" if gap is None else f"{gap:.3f} s",
+                      f"{r['longest_pause_s']:.3f} s", f"{r['acked']:,}",
+                      f"{r['leader_after']} (term {r['term_after']})")
+    console.print(table)
+    median = report["median_first_ack_by_another_s"]
+    kinds = ", ".join(f"{n} {kind}" for kind, n in report["failed_kinds"].items())
+    console.print(f"acknowledged {report['acked']:,}, failed sends {report['failed_sends']:,}"
+                  f"{f' ({kinds})' if kinds else ''}, consumed {report['consumed']:,} distinct, duplicates "
+                  f"{report['duplicates']:,}, missing {report['missing']:,}", highlight=False, soft_wrap=True)
+    console.print(f"median gap to the first ack by another node: {'-' if median is None else f'{median:.3f} s'}; "
+                  f"longest pause {report['max_pause_s']:.3f} s", highlight=False, soft_wrap=True)
+    if report["logs_identical"]:
+        console.print(f"commit logs: identical up to offset {report['logs_compared_up_to']:,}", highlight=False)
+    else:
+        console.print(f"commit logs: NOT identical (divergent segments {report['divergent_segments']}, "
+                      f"{report['logs_error'] or 'compared'})", highlight=False)
+    verdict = "PASS: nothing acknowledged was lost" if report["ok"] else "FAIL"
+    if not report["ok"]:
+        reasons = []
+        if report["missing"]:
+            reasons.append(f"{report['missing']} acknowledged messages never consumed, e.g. "
+                           f"{', '.join(report['missing_sample'])}")
+        if not report["logs_identical"]:
+            reasons.append("the commit logs differ")
+        if not report["acks_resumed_after_every_fault"]:
+            reasons.append("acknowledgements did not resume after a fault")
+        if not report["acked"]:
+            reasons.append("nothing was acknowledged")
+        verdict += ": " + "; ".join(reasons)
+    console.print(verdict, highlight=False, soft_wrap=True)
+    if data_dir is not None:
+        console.print(f"data and logs kept in {data_dir}", highlight=False)
+
+
+def run(args: argparse.Namespace) -> int:
+    check_args(args)
+    temporary = args.data_dir is None
+    data_dir: Path = Path(tempfile.mkdtemp(prefix="raftmq-chaos-")) if temporary else args.data_dir
+    data_dir.mkdir(parents=True, exist_ok=True)
+    console = Console(stderr=args.json)
+    if logging.getLogger().level >= logging.INFO:
+        # The client's INFO lines narrate every failover (refused connections, moved routes): the report tells
+        # it better. --log-level DEBUG brings them back.
+        for name in ("client", "raftmq.commands.dev"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+    cluster = LocalCluster(data_dir, plan_ports(data_dir, 0), overrides=args.set)
+    chaos = Chaos(args, cluster, console)
+    report: dict[str, Any] | None = None
+    try:
+        report = trio.run(chaos.run)
+    except KeyboardInterrupt:
+        print(f"raftmq chaos: interrupted; data and logs kept in {data_dir}", file=sys.stderr)
+        raise
+    except Exception as e:
+        # trio wraps what fails inside a nursery in exception groups: look for ours among the leaves.
+        leaves = leaf_exceptions(e) if isinstance(e, BaseExceptionGroup) else [e]
+        known = [x for x in leaves if isinstance(x, (ChaosError, DevClusterError))]
+        if not known:
+            raise
+        print(f"raftmq chaos: error: {known[0]}", file=sys.stderr)
+    finally:
+        chaos.continue_stopped()  # a stopped process would sit on SIGTERM until the SIGKILL fallback
+        cluster.stop_all()
+    keep = args.keep_data or report is None or not report["ok"]
+    if report is not None:
+        if args.json:
+            print_json(**report, data_dir=str(data_dir) if keep else None)
+        else:
+            print_report(console, report, data_dir if keep else None)
+    elif keep:
+        print(f"raftmq chaos: data and logs kept in {data_dir}", file=sys.stderr)
+    if not keep and temporary:
+        shutil.rmtree(data_dir, ignore_errors=True)
+    elif not keep:
+        for entry in data_dir.iterdir():  # a directory the caller gave: emptied, not removed
+            shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+    return 0 if report is not None and report["ok"] else 1
