@@ -19,6 +19,8 @@ that every acknowledged message is consumed and that the three commit logs are i
   backed-off retransmission.
 - The client cut off from the name server and the leader from everyone: no route can tell the client where
   the new leader is; it must find it through the followers it knows.
+- The leader cut off from the name server only, past its expiry: the route names no master, yet the client
+  must go on sending to the healthy leader (a follower names it), and the leader is routed again once healed.
 - Random rounds of cuts and heals: whatever they elect, nothing acknowledged is lost.
 
 The gap from the cut to the first acknowledgement by a new leader is printed, not asserted.
@@ -65,7 +67,8 @@ class LabCluster:
     """A name server and a 3-node group, each on a host of its own; processes come from ``spawn`` (stopped by
     PID, pass or fail)."""
 
-    def __init__(self, lab: NetLab, spawn, data_dir: Path) -> None:
+    def __init__(self, lab: NetLab, spawn, data_dir: Path, *, namesrv_toml: str = "",
+                 broker_set: tuple[str, ...] = ()) -> None:
         self.lab = lab
         self.namesrv = f"{lab.ip[NAMESRV]}:{NAMESRV_PORT}"
         self.addr_of = {nid: f"{lab.ip[nid]}:{SERVICE_PORT}" for nid in NODE_IDS}
@@ -75,10 +78,15 @@ class LabCluster:
         state = {"ports": {"namesrv": NAMESRV_PORT, "service": [SERVICE_PORT] * len(NODE_IDS),
                            "raft": [RAFT_PORT] * len(NODE_IDS)}, "secret_file": str(secret_file)}
         paths = write_broker_configs(data_dir, state, hosts=lab.ip, namesrv_host=lab.ip[NAMESRV])
-        self.namesrv_proc = spawn(lab.argv(NAMESRV, raftmq_argv("namesrv", "--listen", self.namesrv)))
+        namesrv_config = data_dir / "namesrv.toml"
+        namesrv_config.write_text(namesrv_toml)
+        self.namesrv_proc = spawn(lab.argv(NAMESRV, raftmq_argv("namesrv", "--config", str(namesrv_config),
+                                                                "--listen", self.namesrv)))
+        overrides = [arg for kv in broker_set for arg in ("--set", kv)]
         self.nodes: dict[str, ServerProcess] = {}
         for nid, path in zip(NODE_IDS, paths):
-            self.nodes[nid] = spawn(lab.argv(nid, raftmq_argv("broker", "--config", str(path))), ready_timeout_s=60)
+            self.nodes[nid] = spawn(lab.argv(nid, raftmq_argv("broker", "--config", str(path), *overrides)),
+                                    ready_timeout_s=60)
 
     def node_at(self, addr: str) -> str:
         return next(nid for nid, a in self.addr_of.items() if a == addr)
@@ -116,14 +124,18 @@ class Load:
         return sum(1 for t, a in self.ack_log if t0 < t < t1 and (addr is None or a == addr))
 
 
-async def _under_load(netlab: NetLab, spawn, tmp_path,
-                      nemesis: Callable[[Load], Awaitable[dict[str, Any]]]) -> tuple[Load, dict[str, Any]]:
+async def _under_load(netlab: NetLab, spawn, tmp_path, nemesis: Callable[[Load], Awaitable[dict[str, Any]]], *,
+                      namesrv_toml: str = "", broker_set: tuple[str, ...] = (),
+                      client_options: dict[str, Any] | None = None) -> tuple[Load, dict[str, Any]]:
     """Start the lab cluster, 8 senders and a push consumer on the client's host, run ``nemesis`` after 2 s of
     load (every link healed afterwards, even if it fails), load 3 s more, wait until every acknowledged message
     is consumed (60 s at most) and until the members' commit logs verify identical. Returns the load and what
     the nemesis reported, with ``after`` (the roles at the end) and ``verified`` (``raftmq verify``'s output)
-    added."""
-    cluster = await trio.to_thread.run_sync(LabCluster, netlab, spawn, tmp_path / "cluster")
+    added. ``namesrv_toml``, ``broker_set`` and ``client_options`` configure the name server, the nodes and the
+    producer and consumer."""
+    cluster = await trio.to_thread.run_sync(
+        lambda: LabCluster(netlab, spawn, tmp_path / "cluster", namesrv_toml=namesrv_toml, broker_set=broker_set))
+    options = client_options or {}
     topic = "PartitionTopic"
     stop_producing = trio.Event()
     # Every socket of the client is made by this thread, now on the client's host.
@@ -138,11 +150,11 @@ async def _under_load(netlab: NetLab, spawn, tmp_path,
             with trio.fail_after(30):
                 while not await admin.create_topic(topic, read_queue_nums=4, write_queue_nums=4):
                     await trio.sleep(0.2)
-            async with open_producer(cluster.namesrv, retry_backoff_ms=20) as producer, \
+            async with open_producer(cluster.namesrv, retry_backoff_ms=20, **options) as producer, \
                     open_push_consumer(cluster.namesrv, topic=topic, handler=on_message,
                                        consumer_group="partition_group", consume_from_where="CONSUME_FROM_FIRST_OFFSET",
                                        rebalance_interval_ms=500, persist_consumer_offset_interval_ms=200,
-                                       broker_suspend_max_time_ms=1000):
+                                       broker_suspend_max_time_ms=1000, **options):
                 async with trio.open_nursery() as nursery:
                     for k in range(8):
                         nursery.start_soon(send_until, producer, topic, k, stop_producing, load.acked, load.ack_log,
@@ -331,6 +343,65 @@ async def test_without_a_name_server_the_client_finds_the_new_leader_through_the
               + f"; {seen['acked_during']} acked and {seen['failed_during']} failed during the cut; "
               + _summary(load, seen))
     assert gap is not None, f"no send was acknowledged by another node during the {CUT_S:.0f} s cut"
+    _assert_nothing_lost(load, seen)
+
+
+@pytest.mark.timeout(180)
+async def test_leader_cut_off_from_the_name_server_keeps_serving_and_is_routed_again_once_healed(netlab, spawn,
+                                                                                              tmp_path, capsys):
+    """Only the leader's link to the name server is cut, for longer than the name server's broker_expired_ms
+    (2 s here; 120 s by default), so the name server evicts the leader while the followers go on registering:
+    its route names no master. The group is healthy and the client still reaches the leader, and re-reads
+    the route every 300 ms here, so it sees the master-less route during the cut. Sends must go on being
+    acknowledged by the leader: the client asks a follower, which answers NOT_LEADER naming the leader. Once
+    healed, the leader's next registration (every 500 ms here) puts it back in the route."""
+    async def cut_the_leader_from_the_name_server(load: Load) -> dict[str, Any]:
+        cluster, admin = load.cluster, load.admin
+        leader_addr = await routed_master(admin)
+        leader = cluster.node_at(leader_addr)
+        seen: dict[str, Any] = {"leader": leader, "before": await cluster.roles(admin), "evicted": None,
+                                "routed_again": None}
+        cut_at = time.monotonic()
+        netlab.cut(leader, NAMESRV)
+        with trio.move_on_after(CUT_S):
+            while True:
+                if seen["evicted"] is None and (await admin.cluster_info()).master_addr(GROUP) != leader_addr:
+                    seen["evicted"] = time.monotonic() - cut_at
+                    seen["nodes_during"] = sorted((await admin.cluster_info()).broker_addrs.get(GROUP, {}).values())
+                await trio.sleep(0.1)
+        seen["during"] = await cluster.roles(admin)
+        seen["failed_during"] = len(load.failed)
+        evicted_at = cut_at + (seen["evicted"] or CUT_S)
+        seen["acked_after_eviction"] = load.acks_between(evicted_at, cut_at + CUT_S)
+        seen["acked_after_eviction_by_leader"] = load.acks_between(evicted_at, cut_at + CUT_S, leader_addr)
+        netlab.heal()
+        healed_at = time.monotonic()
+        with trio.move_on_after(15):
+            while (await admin.cluster_info()).master_addr(GROUP) != leader_addr:
+                await trio.sleep(0.1)
+            seen["routed_again"] = time.monotonic() - healed_at
+        return seen
+
+    load, seen = await _under_load(netlab, spawn, tmp_path, cut_the_leader_from_the_name_server,
+                                   namesrv_toml="broker_expired_ms = 2000\nscan_interval_ms = 200\n",
+                                   broker_set=("register_interval_ms=500",),
+                                   client_options={"poll_name_server_interval_ms": 300})
+    leader, evicted, routed_again = seen["leader"], seen["evicted"], seen["routed_again"]
+    with capsys.disabled():
+        print(f"\nleader {leader} cut off from the name server for {CUT_S:.0f} s: evicted from the route after "
+              + (f"{evicted:.3f} s (nodes routed then: {seen.get('nodes_during')})" if evicted is not None
+                 else "never")
+              + f"; {seen['acked_after_eviction']} acked after the eviction, "
+              f"{seen['acked_after_eviction_by_leader']} of them by the leader, {seen['failed_during']} failed "
+              f"during the cut; routed again "
+              + (f"{routed_again:.3f} s after the heal" if routed_again is not None else "never")
+              + "; " + _summary(load, seen))
+    assert evicted is not None, f"the name server never evicted leader {leader}: the test cut nothing that mattered"
+    assert seen["during"] == seen["before"], f"cutting the name server off changed the group: {seen}"
+    assert seen["acked_after_eviction_by_leader"] > 0 and seen["failed_during"] == 0, (
+        f"with the leader unrouted the client must still reach it: {seen['acked_after_eviction_by_leader']} "
+        f"acked by it after the eviction, {seen['failed_during']} sends failed")
+    assert routed_again is not None, f"leader {leader} was not routed again within 15 s of the heal"
     _assert_nothing_lost(load, seen)
 
 
