@@ -9,8 +9,8 @@ from __future__ import annotations
 from remoting.errors import FatalServerError, RaftMQError
 
 __all__ = ["CommitLogMovedError", "DLedgerError", "NotLeaderError", "LeaderChangedError", "AppendTimeoutError",
-           "GroupBusyError", "RecordTooLargeError", "BatchRejectedError", "MembershipChangeError",
-           "MemberDivergedError", "MemberFellBehindError", "TransferLeadershipError"]
+           "AppendOutcomeUnknownError", "GroupBusyError", "RecordTooLargeError", "BatchRejectedError",
+           "MembershipChangeError", "MemberDivergedError", "MemberFellBehindError", "TransferLeadershipError"]
 
 
 class DLedgerError(RaftMQError):
@@ -52,6 +52,17 @@ class AppendTimeoutError(DLedgerError):
                          f"it may or may not be committed.")
         self.group = group
         self.timeout_s = timeout_s
+
+
+class AppendOutcomeUnknownError(AppendTimeoutError):
+    """A snapshot overtook the entry before its commit was seen here: it may or may not be applied, as after a
+    timeout (dledger/patches.py, 16)."""
+
+    def __init__(self, group: str) -> None:
+        DLedgerError.__init__(self, f"The append to group {group} was overtaken by a snapshot before its commit "
+                                    f"was seen on this member; it may or may not be committed.")
+        self.group = group
+        self.timeout_s = 0.0
 
 
 class GroupBusyError(DLedgerError):

@@ -46,10 +46,11 @@ from pysyncobj import FAIL_REASON
 
 from dledger.config import DLedgerConfig, MemberAddress
 from dledger.entry import encode_entry
-from dledger.errors import (AppendTimeoutError, BatchRejectedError, CommitLogMovedError, GroupBusyError,
-                            LeaderChangedError, MemberDivergedError, MemberFellBehindError, MembershipChangeError,
-                            NotLeaderError, RecordTooLargeError, TransferLeadershipError)
+from dledger.errors import (AppendOutcomeUnknownError, AppendTimeoutError, BatchRejectedError, CommitLogMovedError,
+                            GroupBusyError, LeaderChangedError, MemberDivergedError, MemberFellBehindError,
+                            MembershipChangeError, NotLeaderError, RecordTooLargeError, TransferLeadershipError)
 from dledger.member import RaftMember
+from dledger.patches import OUTCOME_UNKNOWN
 from dledger.state_machine import ApplyStatus, StateMachine
 
 log = logging.getLogger(__name__)
@@ -646,6 +647,8 @@ class DLedgerGroup:
                 self._finish(batch, index, results)
                 return
             error: Exception = BatchRejectedError(self.config.group, result.status.value, start, result.end_offset)
+        elif err == OUTCOME_UNKNOWN:
+            error = AppendOutcomeUnknownError(self.config.group)
         else:
             error = LeaderChangedError(self.config.group, _FAIL_NAMES.get(err, str(err)))
         self._replan = True

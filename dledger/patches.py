@@ -106,6 +106,15 @@ so a silent upgrade cannot quietly disable a fix.
     timer fires, so failover costs one round trip more. A leadership transfer (``timeout_now``) skips the pre-vote,
     as the leader asked for the election. (Ignoring ``request_vote`` instead, leader stickiness alone, would leave a
     member whose term had risen unable to rejoin: it ignores the leader's lower-term messages.)
+16. Commit callbacks lost on a snapshot load. ``__loadDumpFile`` moves ``raftLastApplied`` past the snapshot's
+    index without calling the callbacks that wait in ``__commandsWaitingCommit`` for the indexes it covers, so
+    they are never called. A leader deposed with entries in flight (hung, cut off) and caught up by a snapshot
+    kept those entries in flight for ever, and ``DLedgerGroup`` waits for in-flight entries to drain before it
+    replans: elected again, that member proposed nothing, and every send was answered SYSTEM_BUSY until the next
+    election (38 s stalls in ``raftmq chaos --fault stop`` on a loaded machine; 0 in flight is expected). After
+    the load, each callback waiting for an index the snapshot covers is called with ``OUTCOME_UNKNOWN``: the
+    snapshot may include the entry (a new leader commits older terms' entries with its own) or not, so neither
+    success nor failure can be claimed.
 
 The chunked-send defect (entries at least ``appendEntriesBatchSizeBytes`` long) is contained by configuration:
 ``dledger.config`` keeps the entry size limit below half the batch size (16 MiB by default, so ~8 MiB entries:
@@ -140,10 +149,14 @@ from dledger.poller import EpollPoller
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PINNED_VERSION", "check_version", "apply_patches", "FrameAuthenticator", "WIRE_PICKLE_PROTOCOL"]
+__all__ = ["PINNED_VERSION", "check_version", "apply_patches", "FrameAuthenticator", "WIRE_PICKLE_PROTOCOL",
+           "OUTCOME_UNKNOWN"]
 
 PINNED_VERSION = "0.3.17"
 WIRE_PICKLE_PROTOCOL = 5
+# 16: the error code a commit callback gets when a snapshot covered its entry. Not one of pysyncobj's FAIL_REASON
+# values (0..6), so it cannot be taken for one.
+OUTCOME_UNKNOWN = 100
 _TAG_SIZE = 32
 _LENGTH = struct.Struct("i")  # pysyncobj's own length prefix (native int); both ends run this code
 _patched = False
@@ -288,6 +301,7 @@ _original_on_tick = pso_syncobj.SyncObj._onTick
 _original_send_next_node_idx = pso_syncobj.SyncObj._SyncObj__sendNextNodeIdx
 _original_send_append_entries = pso_syncobj.SyncObj._SyncObj__sendAppendEntries
 _original_apply_log_entries = pso_syncobj.SyncObj._SyncObj__applyLogEntries
+_original_load_dump_file = pso_syncobj.SyncObj._SyncObj__loadDumpFile
 
 
 def _on_message(self: Any, node: Any, message: Any) -> None:
@@ -433,6 +447,21 @@ def _apply_log_entries_gated(self: Any) -> bool:
     return need_send
 
 
+def _load_dump_file_releasing_callbacks(self: Any, clearJournal: bool) -> None:
+    """16: after a snapshot load, the commit callbacks of the entries it covers are called (``OUTCOME_UNKNOWN``)
+    instead of waiting for an apply that will never come."""
+    _original_load_dump_file(self, clearJournal)
+    applied = self._SyncObj__raftLastApplied
+    waiting = self._SyncObj__commandsWaitingCommit
+    covered = sorted(i for i in waiting if i <= applied)
+    if covered:
+        log.info("snapshot up to index %d covers %d entries proposed here that wait for their commit: their outcome "
+                 "is unknown (first index %d)", applied, len(covered), covered[0])
+    for idx in covered:
+        for _term, callback in waiting.pop(idx):
+            callback(None, OUTCOME_UNKNOWN)
+
+
 def _get_meta_closed(self: Any) -> dict:
     try:
         with open(self.getPath(), "rb") as f:
@@ -537,6 +566,7 @@ def apply_patches() -> None:
     pso_syncobj.SyncObj._SyncObj__sendNextNodeIdx = _send_next_node_idx_flushed
     pso_syncobj.SyncObj._SyncObj__sendAppendEntries = _send_append_entries_flushed
     pso_syncobj.SyncObj._SyncObj__applyLogEntries = _apply_log_entries_gated
+    pso_syncobj.SyncObj._SyncObj__loadDumpFile = _load_dump_file_releasing_callbacks
     pso_journal.MetaStorer.getMeta = _get_meta_closed
     pso_journal.FileJournal.add = _journal_add_in_place
     pso_tcp_server.TcpServer.bind = _bind_closing_on_failure
@@ -562,4 +592,5 @@ ORIGINALS = {
     "send_next_node_idx": _original_send_next_node_idx,
     "send_append_entries": _original_send_append_entries,
     "apply_log_entries": _original_apply_log_entries,
+    "load_dump_file": _original_load_dump_file,
 }

@@ -98,7 +98,8 @@ class DLedgerService:
                "committed_index": stats.committed_index, "last_applied_index": stats.last_applied_index,
                "end_offset": stats.end_offset, "serving_reads": stats.serving_reads, "self_id": stats.self_id,
                "snapshots_loaded": stats.snapshots_loaded, "catch_up_bytes": stats.catch_up_bytes,
-               "connected_peers": list(stats.connected_peers)}
+               "connected_peers": list(stats.connected_peers), "in_flight_batches": stats.in_flight_batches,
+               "pending_records": stats.pending_records, "busy_records": stats.busy_records}
         body = b""
         if "checksum_up_to" in request.ext:
             up_to = _int_field(request, "checksum_up_to")

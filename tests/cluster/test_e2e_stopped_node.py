@@ -12,6 +12,8 @@ be identical (``raftmq verify``). The gap from the stop to the first acknowledge
 printed, not asserted (speed is for benchmarks).
 - A follower back from a stop longer than ``connectionTimeout`` must not depose the leader (the pre-vote in
   dledger/patches.py, 15).
+- A leader deposed with entries in flight and caught up through a snapshot must count nothing in flight and
+  must lead again when leadership is handed back to it (dledger/patches.py, 16).
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ import pytest
 import trio
 
 from client import open_admin, open_producer, open_push_consumer
+from dledger.service import get_raft_status, transfer_leadership
+from remoting.transport import open_remoting_client
+from raftmq.commands.dev import NODE_IDS
 from tests.cluster.test_e2e_produce_consume import GROUP, Cluster, send_until, start_cluster, verify_output
 from tests.procs import raftmq_argv
 
@@ -107,6 +112,29 @@ async def _stop_a_node_under_load(spawn, tmp_path, capsys, *, leader: bool) -> N
     assert b"are identical" in verified, verified
 
 
+async def _lead_again(cluster: Cluster, addr: str, ack_log: list[tuple[float, str]]) -> tuple[dict, bool]:
+    """The resumed old leader at ``addr``, once caught up: its Raft status, and whether it acknowledges sends after
+    leadership is handed back to it. It was deposed with entries in flight and usually catches up through a
+    snapshot, which covers those entries without applying them one by one: pysyncobj then never called their
+    commit callbacks, the group kept counting them in flight, and elected again it proposed nothing (every send
+    SYSTEM_BUSY until another election; dledger/patches.py, 16)."""
+    async with open_remoting_client() as rpc:
+        with trio.move_on_after(15):
+            while True:
+                status, _ = await get_raft_status(rpc, addr, GROUP)
+                if status["serving_reads"] and status["in_flight_batches"] == 0:
+                    break
+                await trio.sleep(0.1)
+        leader_addr = await cluster.leader_addr()
+        await transfer_leadership(rpc, leader_addr, GROUP, cluster.node_at(addr), timeout_s=10)
+        handed_at = time.monotonic()
+        with trio.move_on_after(10):
+            while not any(t > handed_at and a == addr for t, a in ack_log):
+                await trio.sleep(0.05)
+            return status, True
+    return status, False
+
+
 @pytest.mark.timeout(180)
 async def test_stopped_leader_is_left_for_the_new_one_before_it_resumes(spawn, tmp_path, capsys):
     await _stop_a_node_under_load(spawn, tmp_path, capsys, leader=True)
@@ -148,3 +176,56 @@ async def test_a_follower_back_from_a_stop_does_not_depose_the_leader(spawn, tmp
         pre_votes = (await admin.broker_status(follower)).get("pre_votes")
     assert after == before, f"a follower back from a 6 s stop changed the group: {before} -> {after}"
     assert pre_votes and pre_votes > 0, f"the stopped follower's election timer never fired: pre_votes {pre_votes}"
+
+
+@pytest.mark.timeout(180)
+async def test_a_leader_deposed_with_entries_in_flight_leads_again_once_caught_up(spawn, tmp_path, capsys):
+    """Both followers are stopped for a moment so that the leader's entries cannot commit, then the leader is
+    stopped with them in flight and the followers resume: they elect a leader and go on under load for
+    STOPPED_S, compacting their logs, so the old leader, resumed, catches up through a snapshot that covers its
+    in-flight entries. Before dledger/patches.py 16 their commit callbacks were never called: the old leader
+    counted them in flight for ever and, handed the leadership back, proposed nothing (16 SYSTEM_BUSY answers,
+    no acknowledgement, in the run that found it)."""
+    cluster: Cluster = await start_cluster(spawn, tmp_path)
+    topic = "DeposedLeaderTopic"
+    await cluster.create_topic(topic, 4)
+    acked: dict[str, float] = {}
+    ack_log: list[tuple[float, str]] = []
+    failed: list[str] = []
+    stop_producing = trio.Event()
+    async with open_producer(cluster.namesrv, retry_backoff_ms=20) as producer, open_remoting_client() as rpc:
+        async with trio.open_nursery() as nursery:
+            for k in range(8):
+                nursery.start_soon(send_until, producer, topic, k, stop_producing, acked, ack_log, failed)
+            await trio.sleep(1)
+            leader_addr = await cluster.leader_addr()
+            leader = cluster.nodes[cluster.node_at(leader_addr)]
+            followers = [cluster.nodes[nid] for nid in NODE_IDS if cluster.addr_of[nid] != leader_addr]
+            stopped: list[int] = []
+            try:
+                for proc in followers:
+                    os.kill(proc.pid, signal.SIGSTOP)
+                    stopped.append(proc.pid)
+                await trio.sleep(0.3)  # the leader proposes what the senders send: nothing can commit now
+                in_flight_at_stop = (await get_raft_status(rpc, leader_addr, GROUP))[0]["in_flight_batches"]
+                os.kill(leader.pid, signal.SIGSTOP)
+                stopped.append(leader.pid)
+                for proc in followers:
+                    os.kill(proc.pid, signal.SIGCONT)
+                    stopped.remove(proc.pid)
+                await trio.sleep(STOPPED_S)
+            finally:
+                for pid in stopped:
+                    os.kill(pid, signal.SIGCONT)
+            status, led_again = await _lead_again(cluster, leader_addr, ack_log)
+            stop_producing.set()
+    with capsys.disabled():
+        print(f"\nleader {leader_addr} stopped with {in_flight_at_stop} entries in flight for {STOPPED_S:.0f} s, "
+              f"then resumed: {status['snapshots_loaded']} snapshot(s) loaded, {status['in_flight_batches']} in "
+              f"flight; handed the leadership back, it acknowledged sends: {led_again}; {len(acked)} acked in all, "
+              f"{len(failed)} failed ({dict(Counter(failed))})")
+    assert in_flight_at_stop > 0, "no entry was in flight when the leader stopped: the test tested nothing"
+    assert status["snapshots_loaded"] > 0, f"the old leader caught up without a snapshot: {status}"
+    assert status["in_flight_batches"] == 0, f"the old leader still counts entries in flight: {status}"
+    assert led_again, (f"leadership handed back to {leader_addr}, it acknowledged no send within 10 s ({status}; "
+                       f"failed sends {dict(Counter(failed))})")

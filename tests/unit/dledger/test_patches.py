@@ -16,6 +16,7 @@ import zlib
 from types import SimpleNamespace
 
 import pysyncobj.pickle as pso_pickle
+import pysyncobj.syncobj as pso_syncobj
 import pysyncobj.tcp_connection as pso_tcp
 import pytest
 
@@ -194,6 +195,37 @@ def test_commit_notice_is_deferred_to_after_the_callbacks():
     finally:
         patches._original_send_append_entries = original
     assert sent == ["append_entries"] and deferred._dledger_commit_notice_due is False
+
+
+def test_a_snapshot_load_calls_the_commit_callbacks_of_the_entries_it_covers(monkeypatch):
+    """16: stock ``__loadDumpFile`` jumps ``raftLastApplied`` to the snapshot's index and leaves the callbacks
+    waiting for the indexes below it uncalled for ever; patched, they are called with OUTCOME_UNKNOWN, and a
+    callback for an index past the snapshot keeps waiting for its entry's apply."""
+    calls: list[tuple[int, object, int]] = []
+
+    def waiter(idx: int):
+        return lambda res, err: calls.append((idx, res, err))
+
+    def fake():
+        obj = SimpleNamespace()
+        obj._SyncObj__raftLastApplied = 3
+        obj._SyncObj__commandsWaitingCommit = {5: [(2, waiter(5))], 7: [(2, waiter(7)), (2, waiter(7))],
+                                               12: [(2, waiter(12))]}
+        return obj
+
+    def load(self, clear_journal):  # what the stock load does to the applied index
+        self._SyncObj__raftLastApplied = 10
+
+    monkeypatch.setattr(patches, "_original_load_dump_file", load)
+    stock = fake()
+    load(stock, False)
+    assert calls == [] and sorted(stock._SyncObj__commandsWaitingCommit) == [5, 7, 12]  # the defect
+    patched = fake()
+    patches._load_dump_file_releasing_callbacks(patched, False)
+    assert calls == [(5, None, patches.OUTCOME_UNKNOWN), (7, None, patches.OUTCOME_UNKNOWN),
+                     (7, None, patches.OUTCOME_UNKNOWN)]
+    assert list(patched._SyncObj__commandsWaitingCommit) == [12]
+    assert patches.OUTCOME_UNKNOWN not in vars(pso_syncobj.FAIL_REASON).values()
 
 
 def test_version_pin_is_checked():
