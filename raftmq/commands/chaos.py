@@ -291,19 +291,33 @@ class Chaos:
             while ledger.acks_between(back_at, time.monotonic()) == 0:
                 await trio.sleep(0.05)
         end_at = time.monotonic()
+        resumed = ledger.acks_between(back_at, end_at) > 0
+        # For the post-mortem of a group that stopped acknowledging: what each member says of itself now.
+        statuses = None if resumed else await self._raft_statuses(rpc)
         new_leader, new_term = await find_leader(rpc, self.addr_of, timeout_s=LEADER_LOOKUP_S)
         result = {
             "round": number, "fault": args.fault, "victim": victim, "role": role, "leader": leader, "term": term,
             "first_ack_by_another_s": None if first_ack is None else round(first_ack - fault_at, 3),
             "longest_pause_s": round(ledger.longest_pause(fault_at, end_at), 3),
             "acked": ledger.acks_between(fault_at, end_at),
-            "acks_resumed": ledger.acks_between(back_at, end_at) > 0,
+            "acks_resumed": resumed,
             "leader_after": new_leader, "term_after": new_term,
         }
+        if statuses is not None:
+            result["raft_status"] = statuses
         gap = result["first_ack_by_another_s"]
         self._say(f"  first ack by another node {'-' if gap is None else f'{gap:.3f} s'}, longest pause "
                   f"{result['longest_pause_s']:.3f} s; leader now {new_leader} (term {new_term})")
         return result
+
+    async def _raft_statuses(self, rpc: Any) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for nid, addr in self.addr_of.items():
+            try:
+                out[nid], _ = await get_raft_status(rpc, addr, GROUP, timeout_s=1.0)
+            except (RaftMQError, OSError) as e:
+                out[nid] = {"error": str(e)}
+        return out
 
     async def _verify_logs(self, deadline: float) -> dict[str, Any]:
         """Compare the members' commit logs until they agree or ``deadline``: a member back from a fault may
@@ -372,6 +386,12 @@ def print_report(console: Console, report: dict[str, Any], data_dir: Path | None
                       f"{r['longest_pause_s']:.3f} s", f"{r['acked']:,}",
                       f"{r['leader_after']} (term {r['term_after']})")
     console.print(table)
+    for r in report["rounds"]:
+        if "raft_status" in r:
+            console.print(f"round {r['round']}: acknowledgements did not resume; the members said then:",
+                          highlight=False, soft_wrap=True)
+            for nid, status in r["raft_status"].items():
+                console.print(f"  {nid}: {status}", highlight=False, soft_wrap=True)
     median = report["median_first_ack_by_another_s"]
     kinds = ", ".join(f"{n} {kind}" for kind, n in report["failed_kinds"].items())
     console.print(f"acknowledged {report['acked']:,}, failed sends {report['failed_sends']:,}"
