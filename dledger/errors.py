@@ -62,7 +62,7 @@ class AppendOutcomeUnknownError(AppendTimeoutError):
         DLedgerError.__init__(self, f"The append to group {group} was overtaken by a snapshot before its commit "
                                     f"was seen on this member; it may or may not be committed.")
         self.group = group
-        self.timeout_s = 0.0
+        self.timeout_s = 0.0  # no timeout ran out: the snapshot arrived first
 
 
 class GroupBusyError(DLedgerError):

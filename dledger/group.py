@@ -703,6 +703,8 @@ class DLedgerGroup:
         if not done.is_set():
             raise AppendTimeoutError(self.config.group, timeout_s)
         res, err = box[0]
+        if err == OUTCOME_UNKNOWN:
+            raise AppendOutcomeUnknownError(self.config.group)
         if err != FAIL_REASON.SUCCESS:
             raise LeaderChangedError(self.config.group, _FAIL_NAMES.get(err, str(err)))
         return res
