@@ -56,7 +56,7 @@ log = logging.getLogger(__name__)
 
 TOPIC = "ChaosTopic"
 CONSUMER_GROUP = "chaos_consumer"
-# Bounds that keep every wait finite: a failover, a node's restart, the leader lookup.
+# Bounds that keep every wait finite: a failover and the leader lookup (a restarted node gets 60 s to be ready).
 FAILOVER_BOUND_S = 30.0
 LEADER_LOOKUP_S = 30.0
 

@@ -23,8 +23,8 @@ import socket
 import subprocess
 import sys
 import threading
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import trio
