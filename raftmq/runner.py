@@ -23,6 +23,13 @@ log = logging.getLogger(__name__)
 # Exit status of a server stopped by a FatalServerError (2 is a usage or config error, as argparse's).
 EXIT_FATAL = 3
 
+# Set by a supervisor (``raftmq dev``, ``raftmq chaos``) to its own PID: the server shuts down cleanly once that
+# process is no longer its parent. The children run in sessions of their own, so a Ctrl-C reaches only the
+# supervisor, which stops them by PID; a supervisor killed outright (SIGKILL, a test's timeout) would otherwise
+# leave them running, holding their ports and data directories.
+PARENT_PID_ENV = "RAFTMQ_EXIT_WITH_PARENT"
+PARENT_CHECK_INTERVAL_S = 0.5
+
 # The cyclic GC's first threshold. Python's 700 net container allocations is far below what a busy leader keeps
 # alive at once: every request in flight holds its frame, dicts and callbacks until its Raft commit. So the GC
 # ran ~200 times a second, each time promoting in-flight objects that died a millisecond later, and a full
@@ -54,6 +61,9 @@ def run_until_signalled(main: Callable[[trio.Nursery], Awaitable[None]]) -> int:
                         return
 
                 nursery.start_soon(_wait_signal)
+                parent = _supervisor_pid()
+                if parent is not None:
+                    nursery.start_soon(_exit_with_parent, parent, nursery.cancel_scope)
 
     try:
         trio.run(_run)
@@ -68,6 +78,24 @@ def run_until_signalled(main: Callable[[trio.Nursery], Awaitable[None]]) -> int:
         return EXIT_FATAL
     sys.stdout.flush()
     return 0
+
+
+def _supervisor_pid() -> int | None:
+    value = os.environ.get(PARENT_PID_ENV)
+    if not value:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        log.warning("ignoring %s=%r: not a process id", PARENT_PID_ENV, value)
+        return None
+
+
+async def _exit_with_parent(parent: int, scope: trio.CancelScope) -> None:
+    while os.getppid() == parent:
+        await trio.sleep(PARENT_CHECK_INTERVAL_S)
+    log.warning("shutting down: the supervising process %d is gone", parent)
+    scope.cancel()
 
 
 def tune_gc() -> None:

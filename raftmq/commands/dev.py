@@ -29,7 +29,7 @@ from typing import Any
 
 import trio
 
-from raftmq.runner import announce_ready, run_until_signalled
+from raftmq.runner import PARENT_PID_ENV, announce_ready, run_until_signalled
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ class Child:
         self.fields: dict[str, str] = {}
         self._ready = threading.Event()
         self._log = open(log_path, "a", encoding="utf-8")
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **{PARENT_PID_ENV: str(os.getpid())})
         # A new process group keeps the terminal's Ctrl-C away from the children: we stop them ourselves, in
         # order, by PID.
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

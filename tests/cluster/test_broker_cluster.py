@@ -8,7 +8,10 @@ the killed node restarts and serves the same bytes. ``raftmq dev`` comes up and 
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
+import signal
 import time
 
 import cbor2
@@ -280,6 +283,50 @@ def test_dev_starts_and_stops_every_child(start, tmp_path):
             os.kill(pid, 0)
     stopped = [line for line in dev.output if " stopped " in line]
     assert len(stopped) == 4 and all(line.rstrip().endswith("rc=0") for line in stopped), stopped
+
+
+@contextlib.contextmanager
+def _adopting_orphans():
+    """This process as a child subreaper (prctl PR_SET_CHILD_SUBREAPER) for the block: the children of a killed
+    child are reparented here instead of to init, so their exit status can be waited for."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
+    try:
+        yield
+    finally:
+        libc.prctl(_PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def test_dev_children_stop_by_themselves_when_dev_is_killed(start, tmp_path):
+    """``raftmq dev`` killed outright (SIGKILL: no chance to stop its children, which run in sessions of their own)
+    must not leave its name server and nodes running: each sees that its supervisor is gone
+    (``RAFTMQ_EXIT_WITH_PARENT``, raftmq/runner.py) and shuts down cleanly, exit status 0. Without it, all four
+    were still running 20 s later, holding their ports and data directory."""
+    with _adopting_orphans():
+        dev = start(raftmq_argv("dev", "--base-port", "0", "--data-dir", str(tmp_path / "dev")), ready_timeout_s=90)
+        pids = [int(p) for p in dev.fields["pids"].split(",")]
+        dev.kill()
+        status: dict[int, int] = {}
+        deadline = time.monotonic() + 20
+        try:
+            while len(status) < len(pids) and time.monotonic() < deadline:
+                for pid in pids:
+                    if pid not in status:
+                        done, raw = os.waitpid(pid, os.WNOHANG)  # ours now: dev's orphans were adopted here
+                        if done:
+                            status[pid] = os.waitstatus_to_exitcode(raw)
+                time.sleep(0.1)
+        finally:
+            left = [pid for pid in pids if pid not in status]
+            for pid in left:  # started for this test, through dev
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+    assert not left, f"children of the killed raftmq dev still running 20 s later: {left}"
+    assert all(code == 0 for code in status.values()), f"exit statuses of dev's children: {status}"
 
 
 def test_dev_reports_a_child_that_cannot_start(tmp_path):

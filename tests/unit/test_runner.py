@@ -12,7 +12,7 @@ import pytest
 import trio
 
 from dledger import MemberDivergedError
-from raftmq.runner import EXIT_FATAL, GC_GEN0_THRESHOLD, run_until_signalled
+from raftmq.runner import EXIT_FATAL, GC_GEN0_THRESHOLD, PARENT_PID_ENV, _supervisor_pid, run_until_signalled
 
 
 @pytest.fixture(autouse=True)
@@ -78,3 +78,32 @@ def test_a_signal_stops_the_server_with_status_0():
         nursery.start_soon(signal_soon)
 
     assert run_until_signalled(main) == 0
+
+
+@pytest.mark.timeout(30)  # without the watch it would serve for ever
+def test_a_server_whose_supervisor_is_gone_stops_with_status_0(monkeypatch, caplog):
+    # RAFTMQ_EXIT_WITH_PARENT names a process that is not our parent (as after the supervisor died and we were
+    # adopted): the server stops as on a signal.
+    monkeypatch.setenv(PARENT_PID_ENV, str(os.getppid() + 1_000_000))
+    served = []
+
+    async def main(nursery: trio.Nursery) -> None:
+        async def serve() -> None:
+            served.append("started")
+            await trio.sleep_forever()
+
+        nursery.start_soon(serve)
+
+    with caplog.at_level(logging.WARNING, logger="raftmq.runner"):
+        assert run_until_signalled(main) == 0
+    assert served == ["started"]
+    assert "the supervising process" in caplog.text
+
+
+def test_a_malformed_supervisor_pid_is_ignored_with_a_warning(monkeypatch, caplog):
+    monkeypatch.setenv(PARENT_PID_ENV, "not-a-pid")
+    with caplog.at_level(logging.WARNING, logger="raftmq.runner"):
+        assert _supervisor_pid() is None
+    assert "not a process id" in caplog.text
+    monkeypatch.setenv(PARENT_PID_ENV, str(os.getppid()))
+    assert _supervisor_pid() == os.getppid()
