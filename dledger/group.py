@@ -47,8 +47,9 @@ from pysyncobj import FAIL_REASON
 from dledger.config import DLedgerConfig, MemberAddress
 from dledger.entry import encode_entry
 from dledger.errors import (AppendOutcomeUnknownError, AppendTimeoutError, BatchRejectedError, CommitLogMovedError,
-                            GroupBusyError, LeaderChangedError, MemberDivergedError, MemberFellBehindError,
-                            MembershipChangeError, NotLeaderError, RecordTooLargeError, TransferLeadershipError)
+                            DLedgerError, GroupBusyError, LeaderChangedError, MemberDivergedError,
+                            MemberFellBehindError, MembershipChangeError, NotLeaderError, RecordTooLargeError,
+                            TransferLeadershipError)
 from dledger.member import RaftMember
 from dledger.patches import OUTCOME_UNKNOWN
 from dledger.state_machine import ApplyStatus, StateMachine
@@ -647,10 +648,8 @@ class DLedgerGroup:
                 self._finish(batch, index, results)
                 return
             error: Exception = BatchRejectedError(self.config.group, result.status.value, start, result.end_offset)
-        elif err == OUTCOME_UNKNOWN:
-            error = AppendOutcomeUnknownError(self.config.group)
         else:
-            error = LeaderChangedError(self.config.group, _FAIL_NAMES.get(err, str(err)))
+            error = self._commit_failure(err)
         self._replan = True
         self._failed_batches += 1
         self._fail(batch, error)
@@ -703,11 +702,16 @@ class DLedgerGroup:
         if not done.is_set():
             raise AppendTimeoutError(self.config.group, timeout_s)
         res, err = box[0]
-        if err == OUTCOME_UNKNOWN:
-            raise AppendOutcomeUnknownError(self.config.group)
         if err != FAIL_REASON.SUCCESS:
-            raise LeaderChangedError(self.config.group, _FAIL_NAMES.get(err, str(err)))
+            raise self._commit_failure(err)
         return res
+
+    def _commit_failure(self, err: int) -> DLedgerError:
+        """The error for a commit callback's failure code: unknown outcome when a snapshot overtook the entry
+        (dledger/patches.py, 16), else never applied."""
+        if err == OUTCOME_UNKNOWN:
+            return AppendOutcomeUnknownError(self.config.group)
+        return LeaderChangedError(self.config.group, _FAIL_NAMES.get(err, str(err)))
 
     # ---- leadership and membership ----
 
