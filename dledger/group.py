@@ -23,9 +23,9 @@ Rules of this module (the essay the rest of ``dledger`` leans on):
 - **Roles.** Followers get no leader-change callback from pysyncobj, so role, term and leader are read after
   every tick (cheap: raw state compared first) and changes published (``wait_leader``, ``role_changes``); a
   slower poll every ``status_poll_interval_ms`` catches a leader whose id only the members table knows.
-- **Catch-up.** When a loaded snapshot is ahead of the commit log, the catch-up task copies the missing bytes
-  from a peer (``fetch_range``, leader first) while the apply gate is closed; ``serving_reads`` is False until
-  then.
+- **Catch-up.** When a loaded snapshot is ahead of the commit log, the catch-up task (``dledger.catch_up``)
+  copies the missing bytes from a peer (``fetch_range``, leader first) while the apply gate is closed;
+  ``serving_reads`` is False until then.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import functools
 import logging
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractContextManager, asynccontextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -44,14 +44,15 @@ from typing import Any, NamedTuple
 import trio
 from pysyncobj import FAIL_REASON
 
+from dledger.catch_up import CatchUp, FetchRange
 from dledger.config import DLedgerConfig, MemberAddress
 from dledger.entry import encode_entry
-from dledger.errors import (AppendOutcomeUnknownError, AppendTimeoutError, BatchRejectedError, CommitLogMovedError,
-                            DLedgerError, GroupBusyError, LeaderChangedError, MemberDivergedError,
-                            MemberFellBehindError, MembershipChangeError, NotLeaderError, RecordTooLargeError,
-                            TransferLeadershipError)
+from dledger.errors import (AppendOutcomeUnknownError, AppendTimeoutError, BatchRejectedError, DLedgerError,
+                            GroupBusyError, LeaderChangedError, MembershipChangeError, NotLeaderError,
+                            RecordTooLargeError, TransferLeadershipError)
 from dledger.member import RaftMember
 from dledger.patches import OUTCOME_UNKNOWN
+from dledger.pending import CallbackPending, Pending
 from dledger.state_machine import ApplyStatus, StateMachine
 
 log = logging.getLogger(__name__)
@@ -59,7 +60,6 @@ log = logging.getLogger(__name__)
 __all__ = ["Role", "RoleChange", "AppendResult", "DLedgerStatistics", "DLedgerGroup", "open_dledger_group",
            "FetchRange", "MEMBERS_TABLE"]
 
-FetchRange = Callable[[MemberAddress, int, int], Awaitable[bytes]]
 # Metadata table holding members added at run time: id -> [raft_address, service_address].
 MEMBERS_TABLE = "dledger.members"
 _FAIL_NAMES = {v: k for k, v in vars(FAIL_REASON).items() if not k.startswith("_")}
@@ -119,71 +119,12 @@ class DLedgerStatistics:
     connected_peers: tuple[str, ...]  # ids of the members this one has a Raft connection with now
 
 
-class _Pending:
-    """One ``append`` call. Its task parks with ``wait_task_rescheduled`` and is rescheduled once, by
-    ``finish`` (commit, failure or expiry, whichever comes first): cheaper than an Event per record."""
-
-    __slots__ = ("record", "task", "index", "result", "error", "deadline", "timeout_s", "done")
-
-    def __init__(self, record: bytes, timeout_s: float, now: float) -> None:
-        self.record = record
-        self.timeout_s = timeout_s
-        self.deadline = now + timeout_s
-        self.task = trio.lowlevel.current_task()
-        self.index = 0
-        self.result: Any = None
-        self.error: BaseException | None = None
-        self.done = False
-
-    @property
-    def queued_at(self) -> float:
-        return self.deadline - self.timeout_s
-
-    def finish(self) -> None:
-        if not self.done:
-            self.done = True
-            trio.lowlevel.reschedule(self.task)
-
-    def _abort(self, _raise_cancel: Any) -> trio.lowlevel.Abort:
-        self.done = True  # cancelled caller: the record may still commit, nobody is told
-        return trio.lowlevel.Abort.SUCCEEDED
-
-
-class _CallbackPending(_Pending):
-    """One ``append_nowait`` call: no task parks; ``finish`` calls ``on_done(self)`` once instead."""
-
-    __slots__ = ("on_done", "waiting")
-
-    def __init__(self, record: bytes, timeout_s: float, now: float, on_done: Callable[[_Pending], None],
-                 waiting: set[_Pending]) -> None:
-        self.record = record
-        self.timeout_s = timeout_s
-        self.deadline = now + timeout_s
-        self.task = None
-        self.index = 0
-        self.result = None
-        self.error = None
-        self.done = False
-        self.on_done = on_done
-        self.waiting = waiting
-
-    def finish(self) -> None:
-        if not self.done:
-            self.done = True
-            self.waiting.discard(self)
-            try:
-                self.on_done(self)
-            except Exception:
-                log.exception("append_nowait callback failed")
-
-
 class DLedgerGroup:
     def __init__(self, config: DLedgerConfig, state_machine: StateMachine, *,
                  fetch_range: FetchRange | None = None,
                  completion_context: Callable[[], AbstractContextManager[Any]] = nullcontext) -> None:
         self.config = config
         self._sm = state_machine
-        self._fetch_range = fetch_range
         self._completion_context = completion_context
         # Commit callbacks recorded during a tick, run by the tick task once the tick returned.
         self._completions: list[tuple[Any, ...]] = []
@@ -202,7 +143,7 @@ class DLedgerGroup:
         self._records_in_flight_since_drain = 0
         self._member: RaftMember | None = None
         self._token: trio.lowlevel.TrioToken | None = None
-        self._queue: collections.deque[_Pending] = collections.deque()
+        self._queue: collections.deque[Pending] = collections.deque()
         self._queue_wakeup: trio.Event | None = None
         self._max_queue_wait_s = config.max_queue_wait_ms / 1000
         self._busy_records = 0  # refused or dropped with GroupBusyError
@@ -224,9 +165,8 @@ class DLedgerGroup:
         self._coarse_now = 0.0
         self._changed = trio.Event()
         self._role_listeners: list[trio.MemorySendChannel[RoleChange]] = []
-        self._catch_up_wanted = trio.Event()
-        self._waiting: set[_Pending] = set()
-        self._catch_up_bytes = 0
+        self._catch_up = CatchUp(config, state_machine, fetch_range, lambda: self._role.leader_id)
+        self._waiting: set[Pending] = set()
         self._appended_records = 0
         self._appended_batches = 0
         self._failed_batches = 0
@@ -240,13 +180,13 @@ class DLedgerGroup:
         # No tick thread: the member is ticked by _tick_loop on this (the trio) thread.
         self._member = RaftMember(self.config, self._sm, notify=self._notify_threadsafe)
         if self._member.catch_up_target is not None:
-            self._catch_up_wanted.set()
+            self._catch_up.want()
 
     def _start(self, nursery: trio.Nursery) -> None:
         nursery.start_soon(self._tick_loop)
         nursery.start_soon(self._poll_status)
         nursery.start_soon(self._batcher)
-        nursery.start_soon(self._catch_up_loop)
+        nursery.start_soon(self._catch_up.run, self._member)
         nursery.start_soon(self._expire_appends)
 
     def _close(self) -> None:
@@ -390,17 +330,17 @@ class DLedgerGroup:
         self._admit(record)
         # Per-record costs matter at tens of thousands of appends/s: a deque instead of a channel, a parked
         # task instead of an Event, no cancel scope (the expiry task answers callers whose deadline passed).
-        pending = _Pending(record, timeout_s, self._coarse_now)
+        pending = Pending(record, timeout_s, self._coarse_now)
         self._enqueue(pending)
         try:
-            await trio.lowlevel.wait_task_rescheduled(pending._abort)
+            await trio.lowlevel.wait_task_rescheduled(pending.abort)
         finally:
             self._waiting.discard(pending)
         if pending.error is not None:
             raise pending.error
         return AppendResult(pending.index, pending.result)
 
-    def append_nowait(self, record: bytes, on_done: Callable[[_Pending], None], *, timeout_s: float = 3.0) -> None:
+    def append_nowait(self, record: bytes, on_done: Callable[[Pending], None], *, timeout_s: float = 3.0) -> None:
         """``append`` without a task per record: queues ``record`` and returns; ``on_done(pending)`` is called
         once, from the trio thread, with ``pending.error`` set or ``pending.index`` / ``pending.result`` filled
         (commit, failure or expiry, as for ``append``). Raises what ``append`` raises before queueing.
@@ -409,7 +349,7 @@ class DLedgerGroup:
         waiting) proposes the record here and now, and ticks so the entry leaves at once: two task switches
         less per commit. A record the state machine refuses is then answered before this returns."""
         self._admit(record)
-        pending = _CallbackPending(record, timeout_s, self._coarse_now, on_done, self._waiting)
+        pending = CallbackPending(record, timeout_s, self._coarse_now, on_done, self._waiting)
         if (self._batcher_idle and self._in_flight == 0 and self._one_at_a_time and not self._queue
                 and not self._transferring
                 and self._can_propose()):
@@ -432,7 +372,7 @@ class DLedgerGroup:
             raise GroupBusyError(self.config.group, f"{len(self._queue)} records are already waiting to be "
                                                     f"replicated (max_pending_records)")
 
-    def _enqueue(self, pending: _Pending) -> None:
+    def _enqueue(self, pending: Pending) -> None:
         self._queue.append(pending)
         wakeup = self._queue_wakeup
         if wakeup is not None:
@@ -539,7 +479,7 @@ class DLedgerGroup:
                     await self._wait_queue()
                 finally:
                     self._batcher_idle = False
-            batch: list[_Pending] = []
+            batch: list[Pending] = []
             size = 0
             deadline = trio.current_time() + delay_s
             while len(batch) < cfg.max_batch_messages:
@@ -562,7 +502,7 @@ class DLedgerGroup:
             if batch:
                 await self._propose(batch)
 
-    async def _propose(self, batch: list[_Pending]) -> None:
+    async def _propose(self, batch: list[Pending]) -> None:
         if not (self._transferring or self._slots.value == 0 or (self._replan and self._in_flight)):
             await self._wait_to_propose()
             self._propose_now(batch)
@@ -589,7 +529,7 @@ class DLedgerGroup:
                 self._slots.release()
                 raise
 
-    def _propose_now(self, batch: list[_Pending]) -> None:
+    def _propose_now(self, batch: list[Pending]) -> None:
         """Prepare and propose ``batch`` (a slot is held; nothing in flight if a replan is due)."""
         if not self._can_propose():
             self._slots.release()
@@ -622,7 +562,7 @@ class DLedgerGroup:
             self._drained = trio.Event()
         m.apply_entry(entry, callback=functools.partial(self._on_commit, batch, start, prepared.record_results))
 
-    def _on_commit(self, batch: list[_Pending], start: int, results: tuple[Any, ...], res: Any, err: int) -> None:
+    def _on_commit(self, batch: list[Pending], start: int, results: tuple[Any, ...], res: Any, err: int) -> None:
         # pysyncobj's callback, on the trio thread: inside a tick (the tick task runs the completion once the
         # tick returns), or outside one when pysyncobj refuses a command at once (QUEUE_FULL).
         self._completions.append((batch, start, results, res, err))
@@ -633,7 +573,7 @@ class DLedgerGroup:
             except trio.RunFinishedError:
                 pass
 
-    def _committed(self, batch: list[_Pending], start: int, results: tuple[Any, ...], res: Any, err: int) -> None:
+    def _committed(self, batch: list[Pending], start: int, results: tuple[Any, ...], res: Any, err: int) -> None:
         self._in_flight -= 1
         self._slots.release()
         if self._in_flight == 0:
@@ -655,14 +595,14 @@ class DLedgerGroup:
         self._fail(batch, error)
 
     @staticmethod
-    def _finish(batch: list[_Pending], index: int, results: tuple[Any, ...]) -> None:
+    def _finish(batch: list[Pending], index: int, results: tuple[Any, ...]) -> None:
         for pending, record_result in zip(batch, results):
             pending.index = index
             pending.result = record_result
             pending.finish()
 
     @staticmethod
-    def _fail(batch: list[_Pending], error: BaseException) -> None:
+    def _fail(batch: list[Pending], error: BaseException) -> None:
         for pending in batch:
             pending.error = error
             pending.finish()
@@ -790,82 +730,9 @@ class DLedgerGroup:
     def _notify_threadsafe(self, kind: str, value: Any) -> None:
         if kind == "catch_up" and self._token is not None:
             try:
-                self._token.run_sync_soon(self._catch_up_wanted.set)
+                self._token.run_sync_soon(self._catch_up.want)
             except trio.RunFinishedError:
                 pass
-
-    def _catch_up_sources(self) -> list[MemberAddress]:
-        peers = [p for p in self.config.peers if p.service_address]
-        leader = self._role.leader_id
-        peers.sort(key=lambda p: p.id != leader)
-        return peers
-
-    async def _catch_up_loop(self) -> None:
-        m = self.member
-        while True:
-            await self._catch_up_wanted.wait()
-            self._catch_up_wanted = trio.Event()
-            while (target := m.catch_up_target) is not None:
-                end = self._sm.end_offset
-                if end >= target:
-                    m.finish_catch_up()
-                    break
-                if self._fetch_range is None:
-                    log.error("commit log behind snapshot end_offset=%d target=%d and no fetch_range: "
-                              "cannot catch up", end, target)
-                    await trio.sleep(1.0)
-                    continue
-                copied = False
-                sources = self._catch_up_sources()
-                moved: list[CommitLogMovedError] = []  # the peers that no longer keep the log from `end`
-                # Peers whose log ends at or before ours (empty ones being rebuilt too) have nothing to give and
-                # deleted nothing we need: they neither supply the bytes nor hold the decision below back.
-                ending_here = 0
-                for peer in sources:
-                    try:
-                        with trio.fail_after(5.0):
-                            data = await self._fetch_range(peer, end, min(self.config.catch_up_chunk_bytes,
-                                                                          target - end))
-                    except CommitLogMovedError as e:
-                        log.warning("catch-up: %s", e)
-                        moved.append(e)
-                        continue
-                    except Exception as e:
-                        log.warning("catch-up fetch failed peer=%s offset=%d error=%r", peer.id, end, e)
-                        continue
-                    if not data:
-                        ending_here += 1
-                        continue
-                    try:
-                        self._sm.write_raw(end, data)
-                    except ValueError as e:
-                        # The peer's bytes do not continue ours: our log holds something the group never
-                        # committed. Another peer would say the same (their logs are identical).
-                        raise MemberDivergedError(self.config.group, self.config.self_id, end, str(e)) from None
-                    self._catch_up_bytes += len(data)
-                    copied = True
-                    break
-                if not copied and moved and len(moved) + ending_here == len(sources):
-                    first = min(moved, key=lambda e: e.min_offset)
-                    # Empty (a rebuilt member): begin the log where that peer's log begins. Not empty: our log
-                    # ends where every peer's log has been deleted, and the gap cannot be filled.
-                    try:
-                        self._sm.start_at(first.min_offset)
-                    except ValueError:
-                        raise MemberFellBehindError(self.config.group, self.config.self_id, end,
-                                                    first.min_offset) from None
-                    log.warning("catch-up: empty commit log starts at offset %d, member %s's min offset",
-                                first.min_offset, first.peer_id)
-                    if first.min_offset > target:
-                        # Past the snapshot's end: copy up to the peer's end instead. The entries after the
-                        # snapshot that precede it are then in the log already and apply as duplicates, as
-                        # after a restart (a peer's applied end is an entry boundary of the same log).
-                        m.extend_catch_up(first.end_offset)
-                        log.warning("catch-up: member %s's log begins past the snapshot's end %d: copying up to "
-                                    "its end %d", first.peer_id, target, first.end_offset)
-                    continue
-                if not copied:
-                    await trio.sleep(0.2)
 
     # ---- statistics ----
 
@@ -883,7 +750,7 @@ class DLedgerGroup:
             rejected_batches=counters["rejected_batches"], snapshots_written=counters["snapshots_written"],
             snapshots_loaded=counters["snapshots_loaded"], journal_flushes=counters["journal_flushes"],
             pre_votes=counters["pre_votes"], log_entries_in_memory=counters["log_entries_in_memory"],
-            catch_up_bytes=self._catch_up_bytes,
+            catch_up_bytes=self._catch_up.copied_bytes,
             serving_reads=m.catch_up_target is None, connected_peers=m.connected_peers())
 
 
