@@ -20,6 +20,8 @@ from pathlib import Path
 
 from crc32c import crc32c
 
+from .mapped_file import pwrite_all
+
 log = logging.getLogger(__name__)
 
 __all__ = ["StoreCheckpoint", "CHECKPOINT"]
@@ -48,7 +50,7 @@ class StoreCheckpoint:
 
     def write(self, commit_log_flushed: int, dispatched: int) -> None:
         head = struct.pack(">IIqq", _MAGIC, _VERSION, commit_log_flushed, dispatched)
-        os.pwrite(self._fd, head + struct.pack(">II", crc32c(head), 0), 0)
+        pwrite_all(self._fd, head + struct.pack(">II", crc32c(head), 0), 0)
         os.fdatasync(self._fd)
         self.commit_log_flushed = commit_log_flushed
         self.dispatched = dispatched

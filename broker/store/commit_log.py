@@ -38,7 +38,7 @@ from .config import END_FILE_MIN_BLANK_LENGTH, StoreConfig
 from .consume_queue import CQ_UNIT
 from .dispatch_info import DispatchHint, index_hashes, scan_properties, tags_code_of
 from .errors import StoreCorruptedError
-from .mapped_file import MappedFile, file_name, parse_file_name
+from .mapped_file import MappedFile, file_name, parse_file_name, pwrite_all
 
 log = logging.getLogger(__name__)
 
@@ -328,14 +328,14 @@ class CommitLog:
             # once) at about twice the speed, as fresh pages need no fault each.
             if first is None:
                 first = (seg.fd, off + 4, bytes(mv[o + 4:o + 8]))
-                os.pwrite(seg.fd, bytes(mv[o:o + 4]) + _NO_MAGIC, off)
-                os.pwrite(seg.fd, mv[o + 8:o + n], off + 8)
+                pwrite_all(seg.fd, bytes(mv[o:o + 4]) + _NO_MAGIC, off)
+                pwrite_all(seg.fd, mv[o + 8:o + n], off + 8)
             else:
-                os.pwrite(seg.fd, mv[o:o + n], off)
+                pwrite_all(seg.fd, mv[o:o + n], off)
             self.note_touched(seg_start, n)
         assert first is not None
         first_fd, magic_at, magic = first
-        os.pwrite(first_fd, magic, magic_at)  # the batch becomes visible to recovery only now, as a whole
+        pwrite_all(first_fd, magic, magic_at)  # the batch becomes visible to recovery only now, as a whole
         last_phy, _, last_n = pieces[-1]
         with self._state_lock:
             queue_offsets.update(touched)
@@ -362,7 +362,7 @@ class CommitLog:
             seg = self._segments.get(pos - pos % seg_size) or self._create_segment(pos - pos % seg_size)
             off = pos - seg.start
             take = min(n - src, seg_size - off)
-            seg.mm[off:off + take] = data[src:src + take]
+            pwrite_all(seg.fd, data[src:src + take], off)
             pos += take
             src += take
         with self._state_lock:

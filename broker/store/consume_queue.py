@@ -166,7 +166,10 @@ class ConsumeQueue:
     def put(self, queue_offset: int, phy_offset: int, size: int, tags_code: int) -> None:
         idx, r = divmod(queue_offset, self.units_per_file)
         f = self._files.get(idx) or self._create(idx)
-        CQ_UNIT.pack_into(f.mm, r * CQ_UNIT_SIZE, phy_offset, size, tags_code)
+        at = r * CQ_UNIT_SIZE
+        if at + CQ_UNIT_SIZE > f.reserved:
+            f.reserve(at + CQ_UNIT_SIZE)
+        CQ_UNIT.pack_into(f.mm, at, phy_offset, size, tags_code)
         self._dirty.add(idx)
         if queue_offset >= self.max_offset:
             if self.max_offset == 0:  # the first unit: a queue rebuilt after retention starts past 0
@@ -182,6 +185,7 @@ class ConsumeQueue:
             idx, r = divmod(first_offset + done, self.units_per_file)
             take = min(n - done, self.units_per_file - r)
             f = self._files.get(idx) or self._create(idx)
+            f.reserve((r + take) * CQ_UNIT_SIZE)
             f.mm[r * CQ_UNIT_SIZE:(r + take) * CQ_UNIT_SIZE] = mv[done * CQ_UNIT_SIZE:(done + take) * CQ_UNIT_SIZE]
             self._dirty.add(idx)
             done += take

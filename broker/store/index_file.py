@@ -91,6 +91,7 @@ class IndexFile:
         diff = 0 if diff < 0 else (diff if diff < 0x7FFFFFFF else 0x7FFFFFFF)
         mm = self.file.mm
         header, slots, at = self._header_size, self.slots, self.entries_at + count * 20
+        self.file.reserve(at + (stop - start) * 20)  # the header and every slot lie before the entries
         pack_entry, pack_slot, unpack_slot = _pack_entry, _pack_slot, _unpack_slot
         for i in range(start, stop):
             h, phy = entries[i]

@@ -4,6 +4,13 @@ Files are created sparse (``ftruncate``): unwritten bytes read as zeros, which i
 find where data ends. Writes go through the mapping; durability comes from ``fdatasync`` on the descriptor
 (Linux writes back dirty shared-mapping pages on it, and it releases the GIL, unlike ``mmap.flush``).
 
+A write through the mapping into a hole of a sparse file makes the kernel allocate the block at the page
+fault; on a full disk that fault is a SIGBUS, which kills the process with no error to handle or log. So a
+writer through the mapping first ``reserve``s the range (``posix_fallocate``, ``RESERVE_CHUNK_BYTES`` ahead at a
+time): a full disk then raises ``OSError(ENOSPC)`` where the store can stop cleanly. Files are still created
+sparse, so an unused file costs no disk. The commit log needs no reservation: it writes with ``pwrite``, which
+returns the error itself.
+
 Pages of a shared mapping count in the process RSS once touched. ``release`` drops them from our page tables
 (``MADV_DONTNEED``): dirty pages stay in the page cache and are written back as usual, and a later access
 faults them in again, so views handed out earlier stay valid.
@@ -11,6 +18,7 @@ faults them in again, so views handed out earlier stay valid.
 
 from __future__ import annotations
 
+import errno
 import logging
 import mmap
 import os
@@ -18,9 +26,25 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MappedFile", "PAGE_SIZE", "file_name", "parse_file_name"]
+__all__ = ["MappedFile", "PAGE_SIZE", "RESERVE_CHUNK_BYTES", "file_name", "parse_file_name", "pwrite_all"]
 
 PAGE_SIZE = mmap.PAGESIZE
+# Blocks allocated ahead of a writer through the mapping: one posix_fallocate per MiB written.
+RESERVE_CHUNK_BYTES = 1 << 20
+
+
+def pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
+    """``os.pwrite`` every byte. A write the disk can take only part of returns a short count (the next one
+    raises ENOSPC); ignoring it would leave a hole of zeros inside a record that later writes make visible."""
+    n = os.pwrite(fd, data, offset)
+    if n == len(data):
+        return
+    view = memoryview(data)
+    while n < len(view):
+        if n == 0:
+            raise OSError(errno.ENOSPC, f"short write: 0 of {len(view)} bytes at offset {offset}")
+        view, offset = view[n:], offset + n
+        n = os.pwrite(fd, view, offset)
 
 
 def file_name(offset: int) -> str:
@@ -33,7 +57,7 @@ def parse_file_name(name: str) -> int | None:
 
 
 class MappedFile:
-    __slots__ = ("path", "start", "size", "fd", "mm", "mv")
+    __slots__ = ("path", "start", "size", "fd", "mm", "mv", "reserved")
 
     def __init__(self, path: Path, start: int, size: int, *, create: bool) -> None:
         self.path = path
@@ -53,6 +77,7 @@ class MappedFile:
             os.close(self.fd)
             raise
         self.mv = memoryview(self.mm)
+        self.reserved = 0  # [0, reserved) is known to have disk blocks (see ``reserve``)
 
     @classmethod
     def create(cls, path: Path, start: int, size: int) -> MappedFile:
@@ -61,6 +86,16 @@ class MappedFile:
     @classmethod
     def open(cls, path: Path, start: int, size: int) -> MappedFile:
         return cls(path, start, size, create=False)
+
+    def reserve(self, end: int) -> None:
+        """Allocate disk blocks for ``[reserved, end)`` and up to a chunk beyond, before writing there through
+        the mapping. Raises ``OSError`` (ENOSPC on a full disk) instead of the SIGBUS the write would get."""
+        if end <= self.reserved:
+            return
+        chunk = RESERVE_CHUNK_BYTES
+        new_end = min(self.size, -(-max(end, self.reserved + chunk) // chunk) * chunk)
+        os.posix_fallocate(self.fd, self.reserved, new_end - self.reserved)
+        self.reserved = new_end
 
     def sync(self) -> None:
         os.fdatasync(self.fd)

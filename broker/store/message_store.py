@@ -135,6 +135,9 @@ class MessageStore:
                 if self.dispatcher.dispatched < self.commit_log.end:
                     self.dispatch_pending()
                 self.flush_all()
+            except OSError as e:
+                # Closing anyway, often because of this very error (a full disk): recovery redoes what is lost.
+                log.error("store close could not dispatch and flush dir=%s error=%s", self.config.store_dir, e)
             finally:
                 self._checkpoint.close()
         self._closed = True

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from .errors import StoreIOError
+
 if TYPE_CHECKING:
     from .message_store import MessageStore
 
@@ -38,9 +40,14 @@ async def run_services(store: MessageStore, task_status: Any) -> None:
         store._flush_wanted = store._flush_done = None
         with trio.CancelScope(shield=True):
             if not store._closed:
-                if store.dispatcher.dispatched < store.commit_log.end:
-                    store.dispatch_pending()
-                await trio.to_thread.run_sync(store.flush_all)
+                try:
+                    if store.dispatcher.dispatched < store.commit_log.end:
+                        store.dispatch_pending()
+                    await trio.to_thread.run_sync(store.flush_all)
+                except OSError as e:
+                    # Stopping anyway (often for this very error): the commit log up to the last good flush
+                    # is on disk, the rest in the group's Raft log.
+                    log.error("final dispatch and flush failed dir=%s error=%s", store.config.store_dir, e)
 
 
 async def _reput_loop(store: MessageStore) -> None:
@@ -50,7 +57,10 @@ async def _reput_loop(store: MessageStore) -> None:
         store._reput_event = event
         while store.dispatcher.dispatched < store.commit_log.end:
             touched: dict = {}
-            store.dispatcher.dispatch(store.commit_log.end, chunk, touched)
+            try:
+                store.dispatcher.dispatch(store.commit_log.end, chunk, touched)
+            except OSError as e:
+                raise StoreIOError(store.config.store_dir, "write its consume queues and index", e) from e
             store._fire_listeners(touched)
             progress, store._dispatch_progress = store._dispatch_progress, trio.Event()
             if progress is not None:
@@ -70,12 +80,21 @@ async def _flush_loop(store: MessageStore) -> None:
         with trio.move_on_after(interval_s):
             await wanted.wait()
         store._flush_wanted = trio.Event()
-        await trio.to_thread.run_sync(store.flush)
+        try:
+            await trio.to_thread.run_sync(store.flush)
+        except OSError as e:
+            # After a failed fdatasync the kernel may have dropped the dirty pages it could not write, and a
+            # retry can report success: only a restart, recovering from the log, is safe.
+            raise StoreIOError(store.config.store_dir, "flush the commit log", e) from e
         done, store._flush_done = store._flush_done, trio.Event()
         if done is not None:
             done.set()
         if trio.current_time() >= next_all:
-            await trio.to_thread.run_sync(store.flush_all)
+            try:
+                await trio.to_thread.run_sync(store.flush_all)
+            except OSError as e:
+                raise StoreIOError(store.config.store_dir, "flush its consume queues, index and checkpoint",
+                                   e) from e
             next_all = trio.current_time() + all_interval_s
 
 

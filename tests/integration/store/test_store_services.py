@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import errno
 import threading
 
+import pytest
 import trio
 
 from broker.store import GetMessageStatus, MessageStore
 from broker.store.checkpoint import StoreCheckpoint
+from broker.store.errors import StoreIOError
+from remoting.errors import FatalServerError
 from tests.unit.store.helpers import make_batch, small_config
 
 
@@ -110,3 +114,27 @@ async def test_writer_thread_and_reader_task_run_together(tmp_path):
     finally:
         stop.set()
         store.close()
+
+
+async def test_a_dispatch_that_finds_the_disk_full_stops_the_store_with_a_fatal_error(tmp_path):
+    store = MessageStore.open(small_config(tmp_path / "s"))
+
+    def no_space(*_args) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    try:
+        with pytest.raises(BaseExceptionGroup) as info:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(store.serve)
+                store.dispatcher.dispatch = no_space
+                store.append_batch(make_batch(0), 1, store.max_phy_offset)
+                await trio.sleep(5)  # the reput task wakes at once and fails
+        fatal, rest = info.value.split(StoreIOError)
+        assert rest is None and fatal is not None
+        error = fatal.exceptions[0]
+        while isinstance(error, BaseExceptionGroup):
+            error = error.exceptions[0]
+        assert isinstance(error, FatalServerError) and error.error.errno == errno.ENOSPC
+        assert "could not write its consume queues and index" in str(error) and "Free space" in str(error)
+    finally:
+        store.close()  # the final dispatch fails again: logged, the store still closes
