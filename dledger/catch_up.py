@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 import trio
 
 from dledger.config import DLedgerConfig, MemberAddress
-from dledger.errors import CommitLogMovedError, MemberDivergedError, MemberFellBehindError
+from dledger.errors import CommitLogMovedError, MemberDivergedError, MemberFellBehindError, MemberStoreError
 from dledger.member import RaftMember
 from dledger.state_machine import StateMachine
 
@@ -97,6 +97,10 @@ class CatchUp:
                         # The peer's bytes do not continue ours: our log holds something the group never
                         # committed. Another peer would say the same (their logs are identical).
                         raise MemberDivergedError(self.config.group, self.config.self_id, end, str(e)) from None
+                    except OSError as e:
+                        raise MemberStoreError(self.config.group, self.config.self_id,
+                                               f"write the commit-log bytes copied from {peer.id} at offset {end}",
+                                               e) from e
                     self.copied_bytes += len(data)
                     copied = True
                     break

@@ -10,7 +10,8 @@ from remoting.errors import FatalServerError, RaftMQError
 
 __all__ = ["CommitLogMovedError", "DLedgerError", "NotLeaderError", "LeaderChangedError", "AppendTimeoutError",
            "AppendOutcomeUnknownError", "GroupBusyError", "RecordTooLargeError", "BatchRejectedError",
-           "MembershipChangeError", "MemberDivergedError", "MemberFellBehindError", "TransferLeadershipError"]
+           "MembershipChangeError", "MemberDivergedError", "MemberFellBehindError", "MemberStoreError",
+           "TransferLeadershipError"]
 
 
 class DLedgerError(RaftMQError):
@@ -160,3 +161,19 @@ class CommitLogMovedError(DLedgerError):
         self.offset = offset
         self.min_offset = min_offset
         self.end_offset = end_offset
+
+
+class MemberStoreError(DLedgerError, FatalServerError):
+    """This member could not write what the group gave it: its state machine failed to apply a committed entry,
+    copied bytes could not be written, or its Raft journal could not grow (a full disk, an I/O error). Retrying
+    on every tick, or skipping the entry, would leave it out of step with the group's log, so it stops."""
+
+    def __init__(self, group: str, member_id: str, action: str, error: BaseException) -> None:
+        super().__init__(
+            f"member {member_id} of group {group} could not {action}: {error}. It stops rather than fall out of "
+            f"step with the group's log. Once the cause is gone (a full disk: free space on it), start it again: "
+            f"it recovers its store and Raft log and the group brings it up to date.")
+        self.group = group
+        self.member_id = member_id
+        self.action = action
+        self.error = error

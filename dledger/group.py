@@ -48,12 +48,13 @@ from dledger.catch_up import CatchUp, FetchRange
 from dledger.config import DLedgerConfig, MemberAddress
 from dledger.entry import encode_entry
 from dledger.errors import (AppendOutcomeUnknownError, AppendTimeoutError, BatchRejectedError, DLedgerError,
-                            GroupBusyError, LeaderChangedError, MembershipChangeError, NotLeaderError,
-                            RecordTooLargeError, TransferLeadershipError)
+                            GroupBusyError, LeaderChangedError, MembershipChangeError, MemberStoreError,
+                            NotLeaderError, RecordTooLargeError, TransferLeadershipError)
 from dledger.member import RaftMember
-from dledger.patches import OUTCOME_UNKNOWN
+from dledger.patches import OUTCOME_UNKNOWN, JournalWriteError
 from dledger.pending import CallbackPending, Pending
 from dledger.state_machine import ApplyStatus, StateMachine
+from remoting.errors import FatalServerError
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +131,9 @@ class DLedgerGroup:
         self._completions: list[tuple[Any, ...]] = []
         self._in_tick = False  # inside pysyncobj's tick: its callbacks are run when it returns
         self._ticking = False  # inside _tick_once: no nested tick from an append made by a completion
+        # A tick raised an error the member cannot go on from (MemberStoreError): no more ticks, and the tick
+        # loop raises it, which stops the group and the process (exit status 3, one CRITICAL line).
+        self._fatal: FatalServerError | None = None
         self._tick_interval_s = config.tick_interval_ms / 1000
         self._notice_delay_s = config.commit_notice_delay_ms / 1000
         self._notice_at: float | None = None
@@ -395,6 +399,8 @@ class DLedgerGroup:
         fd = self.member.tick_fd
         while True:
             wait_s = self._tick_once()
+            if self._fatal is not None:
+                raise self._fatal
             with trio.move_on_after(wait_s):
                 await trio.lowlevel.wait_readable(fd)
 
@@ -404,6 +410,8 @@ class DLedgerGroup:
         inline proposal, so the entry leaves without waiting for the tick task."""
         m = self.member
         wait_s = self._tick_interval_s
+        if self._fatal is not None:
+            return wait_s
         self._ticking = True
         try:
             self._in_tick = True
@@ -425,6 +433,10 @@ class DLedgerGroup:
             else:
                 self._notice_at = None
             self._refresh_role()
+        except FatalServerError as e:  # the state machine failed to apply an entry (dledger.member)
+            self._fatal = e
+        except JournalWriteError as e:
+            self._fatal = MemberStoreError(self.config.group, self.config.self_id, "write its Raft journal", e)
         except Exception:
             # As pysyncobj's own tick thread does: log and go on; Raft recovers on the next ticks.
             log.exception("raft tick failed group=%s id=%s", self.config.group, self.config.self_id)

@@ -34,6 +34,7 @@ from pysyncobj.syncobj import _RAFT_STATE
 from dledger import patches
 from dledger.config import DLedgerConfig, build_syncobj_conf
 from dledger.entry import decode_entry
+from dledger.errors import MemberStoreError
 from dledger.state_machine import ApplyStatus, BatchResult, StateMachine
 
 _LEADER = _RAFT_STATE.LEADER
@@ -121,7 +122,15 @@ class RaftMember(SyncObj):
     def apply_entry(self, entry: bytes) -> tuple[int, BatchResult]:
         index = self.raftLastApplied + 1
         decoded = decode_entry(entry)
-        result = self._sm.apply_batch(decoded.payload, decoded.store_timestamp, decoded.expected_start_offset)
+        try:
+            result = self._sm.apply_batch(decoded.payload, decoded.store_timestamp, decoded.expected_start_offset)
+        except Exception as e:
+            # pysyncobj would leave the entry unapplied and try it again on every tick (and it already dropped
+            # the entry's commit callbacks): close the gate so nothing after it is applied either, and stop the
+            # member (dledger.group raises this out of its tick loop).
+            self._dledger_apply_gate_open = False
+            raise MemberStoreError(self._config.group, self._config.self_id, f"apply committed entry {index}",
+                                   e) from e
         if result.status is ApplyStatus.APPLIED:
             self._applied_batches += 1
         elif result.status is ApplyStatus.DUPLICATE:

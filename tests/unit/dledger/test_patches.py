@@ -273,6 +273,47 @@ def test_journal_written_in_place_has_the_stock_bytes_and_reloads(tmp_path):
     reloaded._destroy()
 
 
+def test_journal_blocks_are_allocated_before_the_mapping_is_written(tmp_path):
+    """17: stock pysyncobj grows its journal sparse and writes through the mapping (a SIGBUS on a full disk)."""
+    import pysyncobj.journal as pso_journal
+
+    journal = pso_journal.FileJournal(str(tmp_path / "ours"))
+    journal.add(b"\x01" + b"x" * 300_000, 1, 1)  # past the initial size: the file grows
+    journal._destroy()
+    ours = os.stat(tmp_path / "ours")
+    assert ours.st_size > 300_000 and ours.st_blocks * 512 >= ours.st_size
+
+    stock = pso_journal.ResizableFile(str(tmp_path / "stock"), defaultContent=bytes(8))
+    patches.ORIGINALS["resizable_write"](stock, 300_000, b"x")
+    stock._destroy()
+    stock_stat = os.stat(tmp_path / "stock")
+    assert stock_stat.st_blocks * 512 < stock_stat.st_size  # sparse: the hole's blocks come at the page fault
+
+
+def test_a_full_disk_is_a_journal_write_error_and_keeps_nothing_of_the_entry(tmp_path, monkeypatch):
+    import errno
+
+    import pysyncobj.journal as pso_journal
+
+    path = str(tmp_path / "journal")
+    journal = pso_journal.FileJournal(path)
+    journal.add(b"\x01first", 1, 1)
+
+    def no_space(*_args) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(patches.os, "posix_fallocate", no_space)
+    with pytest.raises(patches.JournalWriteError) as info:
+        journal.add(b"\x01" + b"y" * 300_000, 2, 1)
+    assert info.value.errno == errno.ENOSPC and "No space left on device" in str(info.value)
+    assert len(journal) == 1
+    monkeypatch.undo()
+    journal._destroy()
+    reloaded = pso_journal.FileJournal(path)
+    assert [reloaded[i] for i in range(len(reloaded))] == [(b"\x01first", 1, 1)]
+    reloaded._destroy()
+
+
 def test_snapshot_streams_dropped_by_a_newer_snapshot_are_closed(tmp_path):
     import pysyncobj.serializer as pso_serializer
     from pysyncobj.serializer import SERIALIZER_STATE
