@@ -1,0 +1,185 @@
+"""A node whose disk fills up, with real processes: node n3's data lives on a small tmpfs the test mounts, and a
+file the test writes there leaves it a few MiB, which the load then takes.
+
+The node must stop with exit status 3 and one CRITICAL line naming the full disk. Before, a write through a
+mapping into a sparse file (its Raft journal, its consume queues) died of SIGBUS without a word, and a failed
+apply was retried on every tick. The group must go on: a follower's loss costs no send, a leader's costs an
+election. Once the filler is removed and the node is started again, it must catch up; the three commit logs
+must be identical, and every acknowledged message must be consumed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import trio
+
+from client import Message, SendFailedError, open_producer, open_push_consumer
+from dledger.service import transfer_leadership
+from remoting.errors import RaftMQError
+from remoting.transport import open_remoting_client
+from tests.cluster.test_e2e_produce_consume import GROUP, Cluster, start_cluster, verify_output
+from tests.procs import raftmq_argv
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+TOPIC = "DiskFullTopic"
+VICTIM = "n3"
+TMPFS_BYTES = 64 << 20
+LEFT_FREE_BYTES = 6 << 20
+# Small files, so the node's own files take little of the tmpfs before the filler; appends are never refused
+# for disk usage (disk_reject_ratio 1.0), so the leader runs out too instead of refusing sends first.
+OVERRIDES = {
+    "store.segment_size_bytes": str(2 << 20), "store.max_message_size": str(64 << 10),
+    "store.index_hash_slots": "1000", "store.index_max_entries": "20000",
+    "store.consume_queue_units_per_file": "20000", "store.disk_reject_ratio": "1.0",
+}
+
+
+def _mount_unavailable() -> str | None:
+    if os.geteuid() != 0:
+        return "mounting a tmpfs needs root"
+    if shutil.which("mount") is None or shutil.which("umount") is None:
+        return "mount/umount not found"
+    return None
+
+
+@contextlib.contextmanager
+def _tmpfs(path: Path, size_bytes: int) -> Iterator[Path]:
+    path.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", str(path)],
+                          capture_output=True, text=True, timeout=10)
+    if done.returncode != 0:
+        reason = f"mount -t tmpfs failed: {done.stderr.strip()}"
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    try:
+        yield path
+    finally:
+        if subprocess.run(["umount", str(path)], capture_output=True, timeout=10).returncode != 0:
+            subprocess.run(["umount", "-l", str(path)], capture_output=True, timeout=10)
+
+
+def _fill(mount: Path, leave_bytes: int) -> Path:
+    """A file taking all but ``leave_bytes`` of the file system at ``mount``."""
+    st = os.statvfs(mount)
+    free = st.f_bavail * st.f_frsize
+    filler = mount / "filler"
+    fd = os.open(filler, os.O_CREAT | os.O_WRONLY, 0o644)
+    try:
+        os.posix_fallocate(fd, 0, max(free - leave_bytes, 1))
+    finally:
+        os.close(fd)
+    return filler
+
+
+async def _send_until(producer, k: int, stop: trio.Event, acked: dict[str, str], failed: list[str]) -> None:
+    body = b"%02d" % k + b"." * 4000
+    i = 0
+    while not stop.is_set():
+        i += 1
+        try:
+            r = await producer.send(Message(TOPIC, body, keys=f"{k}-{i}"))
+        except (SendFailedError, RaftMQError) as e:
+            failed.append(type(getattr(e, "last_error", None) or e).__name__)
+            await trio.sleep(0.01)
+            continue
+        acked[r.msg_id] = r.offset_msg_id
+        await trio.sleep(0.001)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("role", ["follower", "leader"])
+async def test_a_node_whose_disk_fills_stops_cleanly_and_catches_up_once_freed(spawn, tmp_path, capsys, role):
+    reason = _mount_unavailable()
+    if reason is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"the disk-full test must run in CI: {reason}")
+        pytest.skip(reason)
+    victim_dir = tmp_path / "cluster" / GROUP / VICTIM  # where write_broker_configs puts n3's data
+    with _tmpfs(victim_dir, TMPFS_BYTES):
+        cluster: Cluster | None = None
+        try:
+            cluster = await start_cluster(spawn, tmp_path, OVERRIDES)
+            await _fill_the_victim_under_load(cluster, victim_dir, capsys, role)
+        finally:
+            if cluster is not None and VICTIM in cluster.nodes:
+                await trio.to_thread.run_sync(cluster.nodes[VICTIM].stop)  # its files hold the mount
+
+
+async def _fill_the_victim_under_load(cluster: Cluster, victim_dir: Path, capsys, role: str) -> None:
+    await cluster.create_topic(TOPIC, 4)
+    victim_addr = cluster.addr_of[VICTIM]
+    leader_addr = await cluster.leader_addr()
+    wanted_leader = victim_addr if role == "leader" else min(a for a in cluster.addr_of.values()
+                                                              if a != victim_addr)
+    if leader_addr != wanted_leader:
+        async with open_remoting_client() as rpc:
+            await transfer_leadership(rpc, leader_addr, GROUP, cluster.node_at(wanted_leader), timeout_s=10)
+        with trio.fail_after(20):
+            while await cluster.leader_addr() != wanted_leader:
+                await trio.sleep(0.1)
+
+    acked: dict[str, str] = {}
+    failed: list[str] = []
+    consumed: Counter[str] = Counter()
+    stop_producing = trio.Event()
+    victim = cluster.nodes[VICTIM]
+
+    async def on_message(msg) -> None:
+        consumed[msg.msg_id] += 1
+
+    async with open_producer(cluster.namesrv, retry_backoff_ms=20) as producer, \
+            open_push_consumer(cluster.namesrv, topic=TOPIC, handler=on_message, consumer_group="disk_full_group",
+                               consume_from_where="CONSUME_FROM_FIRST_OFFSET", rebalance_interval_ms=500,
+                               persist_consumer_offset_interval_ms=200, broker_suspend_max_time_ms=1000):
+        async with trio.open_nursery() as nursery:
+            for k in range(8):
+                nursery.start_soon(_send_until, producer, k, stop_producing, acked, failed)
+            await trio.sleep(1)
+            filler = _fill(victim_dir, LEFT_FREE_BYTES)
+            filled_at = time.monotonic()
+            with trio.move_on_after(60):
+                while victim.alive:
+                    await trio.sleep(0.05)
+            exited_after = time.monotonic() - filled_at
+            rc = await trio.to_thread.run_sync(victim.stop)
+            acked_at_exit, failed_at_exit = len(acked), len(failed)
+            await trio.sleep(2)  # the two others go on without it
+            acked_without_it = len(acked) - acked_at_exit
+            failed_without_it = len(failed) - failed_at_exit
+            filler.unlink()
+            await trio.to_thread.run_sync(cluster.start, VICTIM)
+            await trio.sleep(2)  # it catches up under load
+            stop_producing.set()
+
+        with trio.move_on_after(60):
+            while not set(acked) <= set(consumed):
+                await trio.sleep(0.2)
+
+    verified = await verify_output(raftmq_argv("verify", "--group", GROUP, "--members",
+                                               ",".join(cluster.addr_of.values())))
+    critical = [line.strip() for line in victim.output if " CRITICAL " in line]
+    missing = set(acked) - set(consumed)
+    duplicates = sum(c - 1 for c in consumed.values() if c > 1)
+    with capsys.disabled():
+        print(f"\n{role} {VICTIM}'s disk filled: it exited with status {rc} {exited_after:.2f} s later; "
+              f"{acked_without_it} acked and {failed_without_it} failed in the 2 s after; {len(acked)} acked in "
+              f"all, {len(failed)} failed ({dict(Counter(failed))}), {duplicates} duplicates; "
+              f"{critical[-1] if critical else 'no CRITICAL line'}")
+    assert rc == 3, f"{VICTIM} ended with status {rc}, not 3 (a negative status is the signal that killed it)"
+    assert critical and "No space left on device" in critical[-1], critical
+    assert acked_without_it > 0, "nothing was acknowledged after the node stopped"
+    if role == "follower":
+        assert failed_without_it == 0, f"{failed_without_it} sends failed while only a follower was gone"
+    assert not missing, f"{len(missing)} acknowledged messages were never consumed"
+    assert b"are identical" in verified, verified
