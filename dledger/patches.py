@@ -120,7 +120,10 @@ so a silent upgrade cannot quietly disable a fix.
     member died with no word in its log. Measured with a follower's data on a 64 MiB tmpfs under load. The
     grown range is now allocated (``posix_fallocate``) before the mapping grows, and from the file's start the
     first time (its initial size is sparse too), so a full disk is an ``OSError``; ``FileJournal.add`` (7)
-    raises it as ``JournalWriteError`` and ``dledger.group`` stops the member with ``MemberStoreError``.
+    raises it as ``JournalWriteError`` and ``dledger.group`` stops the member with ``MemberStoreError``. The
+    term and vote (``MetaStorer.storeMeta``, written before a vote is granted or asked for) failing to be
+    stored is a ``JournalWriteError`` too: a member that went on with a vote it could not store could vote
+    twice in one term after a restart, and stock pysyncobj logs the error and goes on.
 
 The chunked-send defect (entries at least ``appendEntriesBatchSizeBytes`` long) is contained by configuration:
 ``dledger.config`` keeps the entry size limit below half the batch size (16 MiB by default, so ~8 MiB entries:
@@ -477,6 +480,18 @@ def _get_meta_closed(self: Any) -> dict:
         return {}
 
 
+_original_store_meta = pso_journal.MetaStorer.storeMeta
+
+
+def _store_meta_or_stop(self: Any, meta: dict) -> None:
+    """17: the term and vote are stored, or the member stops (``JournalWriteError``)."""
+    try:
+        _original_store_meta(self, meta)
+    except OSError as e:
+        raise JournalWriteError(e.errno, f"storing the Raft term and vote in {self.getPath()} failed: "
+                                         f"{e.strerror or e}") from e
+
+
 _original_get_transmission = pso_serializer.Serializer.getTransmissionData
 _original_cancel_transmission = pso_serializer.Serializer.cancelTransmisstion
 
@@ -604,6 +619,7 @@ def apply_patches() -> None:
     pso_syncobj.SyncObj._SyncObj__applyLogEntries = _apply_log_entries_gated
     pso_syncobj.SyncObj._SyncObj__loadDumpFile = _load_dump_file_releasing_callbacks
     pso_journal.MetaStorer.getMeta = _get_meta_closed
+    pso_journal.MetaStorer.storeMeta = _store_meta_or_stop
     pso_journal.FileJournal.add = _journal_add_in_place
     pso_journal.ResizableFile.write = _resizable_write_allocated
     pso_tcp_server.TcpServer.bind = _bind_closing_on_failure
@@ -631,4 +647,5 @@ ORIGINALS = {
     "apply_log_entries": _original_apply_log_entries,
     "load_dump_file": _original_load_dump_file,
     "resizable_write": _original_resizable_write,
+    "store_meta": _original_store_meta,
 }

@@ -314,6 +314,28 @@ def test_a_full_disk_is_a_journal_write_error_and_keeps_nothing_of_the_entry(tmp
     reloaded._destroy()
 
 
+def test_a_term_and_vote_that_cannot_be_stored_are_a_journal_write_error(tmp_path, monkeypatch):
+    import errno
+
+    import pysyncobj.journal as pso_journal
+
+    journal = pso_journal.FileJournal(str(tmp_path / "journal"))
+    journal.setCurrentTerm(3, "127.0.0.1:1")
+
+    def no_space(*_args) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(pso_journal.shutil, "move", no_space)
+    with pytest.raises(patches.JournalWriteError) as info:
+        journal.setCurrentTerm(4, "127.0.0.1:2")
+    assert info.value.errno == errno.ENOSPC and "term and vote" in str(info.value)
+    monkeypatch.undo()
+    journal._destroy()
+    reloaded = pso_journal.FileJournal(str(tmp_path / "journal"))
+    assert reloaded.getCurrentTerm() == 3  # the last one stored
+    reloaded._destroy()
+
+
 def test_snapshot_streams_dropped_by_a_newer_snapshot_are_closed(tmp_path):
     import pysyncobj.serializer as pso_serializer
     from pysyncobj.serializer import SERIALIZER_STATE
