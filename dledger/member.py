@@ -259,7 +259,9 @@ class RaftMember(SyncObj):
         that was busy or starved of CPU for longer than the election timeout (applying 4 MB messages on a
         loaded machine) would then start an election before reading the leader's heartbeats that wait in its
         socket, and its higher term deposes a healthy leader. So a follower past its deadline polls first, before
-        each tick (one tick that applied a large batch can outlast the timeout too)."""
+        each tick (one tick that applied a large batch can outlast the timeout too).
+
+        Last, a Raft listener paused by a failed accept is polled again once its pause is over (patches, 18)."""
         poller = self._poller
         for _ in range(8):
             if self._SyncObj__raftState != _LEADER and self._SyncObj__raftElectionDeadline < monotonic_time():
@@ -267,6 +269,9 @@ class RaftMember(SyncObj):
             self.doTick(0.0)
             if not poller.handled:
                 break
+        server = self._SyncObj__transport._server
+        if server is not None:
+            patches.resume_accepting(server)
 
     @property
     def commit_notice_due(self) -> bool:

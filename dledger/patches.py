@@ -120,10 +120,22 @@ so a silent upgrade cannot quietly disable a fix.
     member died with no word in its log. Measured with a follower's data on a 64 MiB tmpfs under load. The
     grown range is now allocated (``posix_fallocate``) before the mapping grows, and from the file's start the
     first time (its initial size is sparse too), so a full disk is an ``OSError``; ``FileJournal.add`` (7)
-    raises it as ``JournalWriteError`` and ``dledger.group`` stops the member with ``MemberStoreError``. The
-    term and vote (``MetaStorer.storeMeta``, written before a vote is granted or asked for) failing to be
-    stored is a ``JournalWriteError`` too: a member that went on with a vote it could not store could vote
-    twice in one term after a restart, and stock pysyncobj logs the error and goes on.
+    raises it as ``JournalWriteError`` and ``dledger.group`` stops the member with ``MemberStoreError``. A term
+    and vote that cannot be stored (``FileJournal.setCurrentTerm``, before a vote is granted or asked for) is a
+    ``JournalWriteError`` too: stock pysyncobj logs it and goes on with a term and vote in memory that a restart
+    forgets. Out of descriptors or memory for a moment (EMFILE, ...) is not a reason to stop: the message that
+    raised the term is dropped (its sender sends again), the vote or candidacy is not sent, and the term and
+    vote are stored again on pysyncobj's one-second timer. The commit index, stored on that timer, is left to
+    stock: a failure is logged and retried.
+18. A failed accept closed the Raft listener for good. ``TcpServer.__onNewConnection`` unbinds on any accept
+    error but EAGAIN, and the transport binds only once, so a member out of file descriptors for a moment
+    (EMFILE: a burst of client connections shares the process's descriptors) never accepted a Raft connection
+    again. pysyncobj's connections go one way, from the member with the greater address, so the member with
+    the smallest address was cut off from each peer as soon as that peer's connection dropped, a restart of
+    the peer included. Now a failed accept leaves the listener listening. Out of descriptors or memory
+    (EMFILE, ENFILE, ENOBUFS, ENOMEM), the listener stops being polled for ``ACCEPT_PAUSE_S`` and
+    ``RaftMember.tick`` polls it again afterwards (``resume_accepting``), as trio's ``serve_listeners``
+    does; otherwise the level-triggered poller would call the failing accept on every tick.
 
 The chunked-send defect (entries at least ``appendEntriesBatchSizeBytes`` long) is contained by configuration:
 ``dledger.config`` keeps the entry size limit below half the batch size (16 MiB by default, so ~8 MiB entries:
@@ -135,6 +147,7 @@ replacing pysyncobj's whole ``__sendAppendEntries`` loop, and chunking buys noth
 from __future__ import annotations
 
 import _socket
+import errno
 import hashlib
 import hmac
 import logging
@@ -153,6 +166,7 @@ import pysyncobj.tcp_connection as pso_tcp
 import pysyncobj.tcp_server as pso_tcp_server
 import pysyncobj.transport as pso_transport
 from pysyncobj.monotonic import monotonic as monotonic_time
+from pysyncobj.poller import POLL_EVENT_TYPE
 from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
 
 from dledger.poller import EpollPoller
@@ -480,18 +494,6 @@ def _get_meta_closed(self: Any) -> dict:
         return {}
 
 
-_original_store_meta = pso_journal.MetaStorer.storeMeta
-
-
-def _store_meta_or_stop(self: Any, meta: dict) -> None:
-    """17: the term and vote are stored, or the member stops (``JournalWriteError``)."""
-    try:
-        _original_store_meta(self, meta)
-    except OSError as e:
-        raise JournalWriteError(e.errno, f"storing the Raft term and vote in {self.getPath()} failed: "
-                                         f"{e.strerror or e}") from e
-
-
 _original_get_transmission = pso_serializer.Serializer.getTransmissionData
 _original_cancel_transmission = pso_serializer.Serializer.cancelTransmisstion
 
@@ -533,6 +535,10 @@ def _check_serializing_closing(self: Any) -> Any:
 _RECORD_HEAD = struct.Struct("<IQQ")  # pysyncobj journal record: size, idx, term | command | size
 _RECORD_TAIL = struct.Struct("<I")
 _original_journal_add = pso_journal.FileJournal.add
+
+
+# Out of descriptors or memory for a moment (17, 18): waited out, unlike a full disk or an I/O error.
+_RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
 class JournalWriteError(OSError):
@@ -578,6 +584,83 @@ def _resizable_write_allocated(self: Any, offset: int, values: bytes) -> None:
     mm[offset:end] = values
 
 
+_original_set_current_term = pso_journal.FileJournal.setCurrentTerm
+
+
+def _set_current_term_or_stop(self: Any, term: int, voted_for: Any) -> None:
+    """17: the term and vote are stored, or the member stops (``JournalWriteError``)."""
+    try:
+        _original_set_current_term(self, term, voted_for)
+    except OSError as e:
+        if e.errno in _RESOURCE_ERRNOS:
+            self._FileJournal__metaSaved = False  # stored again by onOneSecondTimer
+            raise
+        raise JournalWriteError(e.errno, f"storing the Raft term {term} and vote failed: {e.strerror or e}") \
+            from e
+
+
+ACCEPT_PAUSE_S = 0.1
+_original_on_new_connection = pso_tcp_server.TcpServer._TcpServer__onNewConnection
+
+
+def _on_new_connection_kept(self: Any, descr: Any, event: int) -> None:
+    """18: stock ``TcpServer.__onNewConnection``, except that a failed accept leaves the listener listening."""
+    if event & POLL_EVENT_TYPE.READ:
+        try:
+            sock, _addr = self._TcpServer__socket.accept()
+        except OSError as e:
+            if e.errno in _RESOURCE_ERRNOS:
+                _pause_accepting(self, e)
+            elif e.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
+                log.warning("raft listener: an accept failed; still listening error=%s", e)
+        else:
+            pauses = getattr(self, "_dledger_accept_pauses", 0)
+            if pauses:
+                self._dledger_accept_pauses = 0
+                log.info("raft listener: accepting again after %d pause(s)", pauses)
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self._TcpServer__sendBufferSize)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self._TcpServer__recvBufferSize)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sock.setblocking(False)
+                conn = pso_tcp_server.TcpConnection(
+                    poller=self._TcpServer__poller, socket=sock, timeout=self._TcpServer__connectionTimeout,
+                    sendBufferSize=self._TcpServer__sendBufferSize, recvBufferSize=self._TcpServer__recvBufferSize,
+                    keepalive=self._TcpServer__keepalive)
+            except OSError as e:  # the peer reset it already, or no descriptor for the connection's timer
+                sock.close()
+                log.warning("raft listener: an accepted connection failed to set up error=%s", e)
+            else:
+                self._TcpServer__onNewConnectionCallback(conn)
+    if event & POLL_EVENT_TYPE.ERROR:
+        self.unbind()
+
+
+def _pause_accepting(server: Any, error: OSError) -> None:
+    fileno = server._TcpServer__fileno
+    if fileno is None:
+        return
+    server._TcpServer__poller.unsubscribe(fileno)
+    server._dledger_accept_resume_at = monotonic_time() + ACCEPT_PAUSE_S
+    pauses = getattr(server, "_dledger_accept_pauses", 0)
+    server._dledger_accept_pauses = pauses + 1
+    if not pauses:
+        log.warning("raft listener: accept failed (%s); not accepting for %.0f ms at a time until it succeeds",
+                    error, ACCEPT_PAUSE_S * 1000)
+
+
+def resume_accepting(server: Any) -> None:
+    """Poll a listener paused by a failed accept again once its pause is over (18). Called after every tick."""
+    resume_at = getattr(server, "_dledger_accept_resume_at", None)
+    if resume_at is None or monotonic_time() < resume_at:
+        return
+    server._dledger_accept_resume_at = None
+    fileno = server._TcpServer__fileno
+    if fileno is not None and server._TcpServer__state == pso_tcp_server.SERVER_STATE.BINDED:
+        server._TcpServer__poller.subscribe(fileno, server._TcpServer__onNewConnection,
+                                            POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.ERROR)
+
+
 _original_bind = pso_tcp_server.TcpServer.bind
 
 
@@ -619,10 +702,11 @@ def apply_patches() -> None:
     pso_syncobj.SyncObj._SyncObj__applyLogEntries = _apply_log_entries_gated
     pso_syncobj.SyncObj._SyncObj__loadDumpFile = _load_dump_file_releasing_callbacks
     pso_journal.MetaStorer.getMeta = _get_meta_closed
-    pso_journal.MetaStorer.storeMeta = _store_meta_or_stop
+    pso_journal.FileJournal.setCurrentTerm = _set_current_term_or_stop
     pso_journal.FileJournal.add = _journal_add_in_place
     pso_journal.ResizableFile.write = _resizable_write_allocated
     pso_tcp_server.TcpServer.bind = _bind_closing_on_failure
+    pso_tcp_server.TcpServer._TcpServer__onNewConnection = _on_new_connection_kept
     pso_syncobj.createPoller = _create_poller
     pso_serializer.Serializer.getTransmissionData = _get_transmission_closed
     pso_serializer.Serializer.cancelTransmisstion = _cancel_transmission_closed
@@ -647,5 +731,6 @@ ORIGINALS = {
     "apply_log_entries": _original_apply_log_entries,
     "load_dump_file": _original_load_dump_file,
     "resizable_write": _original_resizable_write,
-    "store_meta": _original_store_meta,
+    "set_current_term": _original_set_current_term,
+    "on_new_connection": _original_on_new_connection,
 }

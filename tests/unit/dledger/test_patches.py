@@ -328,12 +328,92 @@ def test_a_term_and_vote_that_cannot_be_stored_are_a_journal_write_error(tmp_pat
     monkeypatch.setattr(pso_journal.shutil, "move", no_space)
     with pytest.raises(patches.JournalWriteError) as info:
         journal.setCurrentTerm(4, "127.0.0.1:2")
-    assert info.value.errno == errno.ENOSPC and "term and vote" in str(info.value)
+    assert info.value.errno == errno.ENOSPC and "Raft term 4 and vote" in str(info.value)
+
+    def no_descriptor(*_args) -> None:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    # Out of descriptors for a moment: not a reason to stop; stored again on the one-second timer.
+    monkeypatch.setattr(pso_journal.shutil, "move", no_descriptor)
+    with pytest.raises(OSError) as transient:
+        journal.setCurrentTerm(5, None)
+    assert transient.type is OSError and transient.value.errno == errno.EMFILE
     monkeypatch.undo()
+    journal.onOneSecondTimer()
     journal._destroy()
     reloaded = pso_journal.FileJournal(str(tmp_path / "journal"))
-    assert reloaded.getCurrentTerm() == 3  # the last one stored
+    assert reloaded.getCurrentTerm() == 5  # stored by the timer once a descriptor was free
     reloaded._destroy()
+
+
+class _FailingListener:
+    """A listening socket whose next accepts fail with ``errnos``, in order."""
+
+    def __init__(self, real: socket.socket, errnos: list[int]) -> None:
+        self.real, self.errnos = real, errnos
+
+    def accept(self):
+        if self.errnos:
+            code = self.errnos.pop(0)
+            raise OSError(code, os.strerror(code))
+        return self.real.accept()
+
+    def fileno(self) -> int:
+        return self.real.fileno()
+
+    def close(self) -> None:
+        self.real.close()
+
+
+def test_a_failed_accept_leaves_the_raft_listener_listening():
+    """18: stock pysyncobj closes its listener on any failed accept but EAGAIN, and never binds again."""
+    import errno
+
+    from pysyncobj.poller import POLL_EVENT_TYPE
+    from pysyncobj.tcp_server import SERVER_STATE, TcpServer
+
+    from tests.procs import free_port
+
+    def listening(on_new) -> tuple[TcpServer, EpollPoller, int]:
+        poller, port = EpollPoller(), free_port()
+        server = TcpServer(poller, "127.0.0.1", port, onNewConnection=on_new)
+        server.bind()
+        return server, poller, port
+
+    accepted: list = []
+    server, poller, port = listening(accepted.append)
+    server._TcpServer__socket = _FailingListener(server._TcpServer__socket, [errno.EMFILE, errno.ECONNABORTED])
+    client = socket.create_connection(("127.0.0.1", port))
+    try:
+        poller.poll(2.0)  # out of descriptors: paused, not closed
+        assert server._TcpServer__state == SERVER_STATE.BINDED and not accepted
+        poller.poll(0.05)
+        assert poller.handled == 0  # not polled while paused, so no accept on every tick
+        patches.resume_accepting(server)  # too early: still paused
+        poller.poll(0.05)
+        assert poller.handled == 0
+        server._dledger_accept_resume_at = 0.0
+        patches.resume_accepting(server)
+        poller.poll(2.0)  # ECONNABORTED: logged, still listening
+        assert server._TcpServer__state == SERVER_STATE.BINDED and not accepted
+        poller.poll(2.0)
+        assert len(accepted) == 1 and server._TcpServer__state == SERVER_STATE.BINDED
+        accepted[0].disconnect()
+    finally:
+        client.close()
+        server.unbind()
+        poller.close()
+
+    stock, stock_poller, stock_port = listening(lambda conn: None)
+    stock._TcpServer__socket = _FailingListener(stock._TcpServer__socket, [errno.EMFILE])
+    stock_client = socket.create_connection(("127.0.0.1", stock_port))
+    try:
+        patches.ORIGINALS["on_new_connection"](stock, stock._TcpServer__fileno, POLL_EVENT_TYPE.READ)
+        assert stock._TcpServer__state == SERVER_STATE.UNBINDED  # the defect: the listener is gone
+    finally:
+        stock_client.close()
+        stock.unbind()
+        stock_poller.close()
 
 
 def test_snapshot_streams_dropped_by_a_newer_snapshot_are_closed(tmp_path):
