@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import resource
 import signal
 import sys
 from collections.abc import Awaitable, Callable
@@ -36,6 +37,8 @@ PARENT_CHECK_INTERVAL_S = 0.5
 # collection (~13 ms) followed every half second: 5 % of the leader's CPU, and a pause of the whole group's
 # pipeline each time. The servers' garbage is freed by reference counting; the rare cycle is still collected.
 GC_GEN0_THRESHOLD = 20_000
+# The soft limit on open files a server raises itself to when the hard limit is unlimited.
+OPEN_FILES_TARGET = 1 << 20
 
 
 def announce_ready(kind: str, **fields: Any) -> None:
@@ -47,6 +50,8 @@ def run_until_signalled(main: Callable[[trio.Nursery], Awaitable[None]]) -> int:
     """Run ``main(nursery)`` (which starts the servers and returns) until SIGTERM or SIGINT, then cancel
     everything and return 0. Servers do their final flush in their own shielded ``finally`` blocks. A
     ``FatalServerError`` stops everything the same way and returns ``EXIT_FATAL`` after logging it."""
+
+    raise_open_files_limit()
 
     async def _run() -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -96,6 +101,22 @@ async def _exit_with_parent(parent: int, scope: trio.CancelScope) -> None:
         await trio.sleep(PARENT_CHECK_INTERVAL_S)
     log.warning("shutting down: the supervising process %d is gone", parent)
     scope.cancel()
+
+
+def raise_open_files_limit() -> None:
+    """Raise the soft limit on open files to the hard one. Client connections, the store's files and the Raft
+    links share one descriptor table; the soft limit is often 1,024, which a burst of client connections can
+    use up, and a node that cannot open its next store file stops (status 3). RocketMQ's guides raise it
+    with ``ulimit -n``; this does it for every server, as far as the hard limit allows."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, OPEN_FILES_TARGET)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError) as e:
+            log.warning("could not raise the open files limit from %d to %d: %s", soft, target, e)
+            return
+        log.info("open files limit raised from %d to %d", soft, target)
 
 
 def tune_gc() -> None:

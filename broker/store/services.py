@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+import errno
+
 from .errors import StoreIOError
 
 if TYPE_CHECKING:
@@ -50,8 +52,16 @@ async def run_services(store: MessageStore, task_status: Any) -> None:
                     log.error("final dispatch and flush failed dir=%s error=%s", store.config.store_dir, e)
 
 
+# Out of descriptors or memory for a moment (a burst of client connections): dispatch waits and tries again.
+# Dispatch is idempotent from its last published offset (units go to their queue offsets), so a retry redoes
+# what the failed chunk wrote. A full disk or an I/O error stops the node instead.
+_TRANSIENT_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
+DISPATCH_RETRY_S = 0.1
+
+
 async def _reput_loop(store: MessageStore) -> None:
     chunk = store.config.dispatch_chunk_bytes
+    failures = 0
     while True:
         event = trio.Event()
         store._reput_event = event
@@ -60,7 +70,17 @@ async def _reput_loop(store: MessageStore) -> None:
             try:
                 store.dispatcher.dispatch(store.commit_log.end, chunk, touched)
             except OSError as e:
-                raise StoreIOError(store.config.store_dir, "write its consume queues and index", e) from e
+                if e.errno not in _TRANSIENT_ERRNOS:
+                    raise StoreIOError(store.config.store_dir, "write its consume queues and index", e) from e
+                if not failures:
+                    log.warning("dispatch failed, retrying every %.0f ms dir=%s dispatched=%d error=%s",
+                                DISPATCH_RETRY_S * 1000, store.config.store_dir, store.dispatcher.dispatched, e)
+                failures += 1
+                await trio.sleep(DISPATCH_RETRY_S)
+                continue
+            if failures:
+                log.info("dispatch resumed after %d failed attempt(s) dir=%s", failures, store.config.store_dir)
+                failures = 0
             store._fire_listeners(touched)
             progress, store._dispatch_progress = store._dispatch_progress, trio.Event()
             if progress is not None:

@@ -107,3 +107,20 @@ def test_a_malformed_supervisor_pid_is_ignored_with_a_warning(monkeypatch, caplo
     assert "not a process id" in caplog.text
     monkeypatch.setenv(PARENT_PID_ENV, str(os.getppid()))
     assert _supervisor_pid() == os.getppid()
+
+
+def test_a_server_raises_its_open_files_limit_to_the_hard_limit():
+    import resource
+
+    from raftmq.runner import raise_open_files_limit
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    lowered = min(soft, 256) if hard == resource.RLIM_INFINITY else min(hard, 256)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (lowered, hard))
+    try:
+        raise_open_files_limit()
+        raised, same_hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        assert same_hard == hard
+        assert raised == (hard if hard != resource.RLIM_INFINITY else max(lowered, 1 << 20))
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import os
 import threading
 
 import pytest
@@ -138,3 +139,26 @@ async def test_a_dispatch_that_finds_the_disk_full_stops_the_store_with_a_fatal_
         assert "could not write its consume queues and index" in str(error) and "Free space" in str(error)
     finally:
         store.close()  # the final dispatch fails again: logged, the store still closes
+
+
+async def test_a_dispatch_out_of_descriptors_for_a_moment_is_retried(tmp_path):
+    store = MessageStore.open(small_config(tmp_path / "s"))
+    real_dispatch = store.dispatcher.dispatch
+    failures = [errno.EMFILE, errno.ENFILE]
+
+    def sometimes_out_of_descriptors(*args) -> int:
+        if failures:
+            raise OSError(failures.pop(0), os.strerror(errno.EMFILE))
+        return real_dispatch(*args)
+
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(store.serve)
+            store.dispatcher.dispatch = sometimes_out_of_descriptors
+            end = store.append_batch(make_batch(0), 1, store.max_phy_offset).end_phy_offset
+            with trio.fail_after(5):
+                await store.wait_dispatched(end)
+            assert not failures and store.get_max_offset_in_queue("TopicTest", 1) == 2
+            nursery.cancel_scope.cancel()
+    finally:
+        store.close()
