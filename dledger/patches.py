@@ -557,8 +557,8 @@ def _journal_add_in_place(self: Any, command: Any, idx: int, term: int) -> None:
         journal_file.write(offset + _RECORD_HEAD.size, data)
     except OSError as e:
         raise JournalWriteError(e.errno, f"Raft journal write at offset {offset} failed: {e.strerror or e}") from e
-    # Only once the record is in the file: an entry in the in-memory log but not in the journal would be lost
-    # by a restart after it was acknowledged.
+    # Into the in-memory log only once it is in the file: a failed write leaves no entry that pysyncobj could
+    # acknowledge and a restart would not find.
     self._FileJournal__journal.append((command, idx, term))
     self._FileJournal__currentOffset = offset + size + 8
     self._FileJournal__setLastRecordOffset(self._FileJournal__currentOffset)
@@ -588,7 +588,8 @@ _original_set_current_term = pso_journal.FileJournal.setCurrentTerm
 
 
 def _set_current_term_or_stop(self: Any, term: int, voted_for: Any) -> None:
-    """17: the term and vote are stored, or the member stops (``JournalWriteError``)."""
+    """17: a term and vote that cannot be stored stop the member (``JournalWriteError``), unless only a
+    descriptor or memory was missing for a moment: then stock behaviour, and the timer stores them again."""
     try:
         _original_set_current_term(self, term, voted_for)
     except OSError as e:

@@ -7,12 +7,11 @@ starve request handling.
 
 from __future__ import annotations
 
+import errno
 import logging
 from typing import TYPE_CHECKING, Any
 
 import trio
-
-import errno
 
 from .errors import StoreIOError
 
