@@ -96,6 +96,10 @@ class DLedgerConfig:
     # Worker threads (the store's fdatasync) share the GIL with trio: a thread woken by I/O waits for the running
     # one to reach the switch interval (CPython's default 5 ms), which would delay a SYNC_FLUSH answer by that.
     gil_switch_interval_ms: float = bounded(0.5, min=0.05, max=50.0)
+    # A member started empty to rejoin its group (``raftmq broker --rejoin``) neither votes nor stands for
+    # election until it has heard from a leader: with an empty log it would vote for any candidate, one that
+    # lacks acknowledged entries included (docs/operations.md, "Rebuilding a member").
+    rejoin: bool = False
 
     def __post_init__(self) -> None:
         if len(self.secret) < MIN_SECRET_LENGTH:

@@ -80,6 +80,7 @@ class RaftMember(SyncObj):
         self._dledger_journal_flushes = 0
         self._dledger_pre_votes = 0
         self._dledger_apply_gate_open = True
+        self._dledger_rejoining = config.rejoin  # no vote, no candidacy until a leader is heard (patches, 19)
         # dledger.patches (10): the commit-index notice goes out after the commit callbacks (send_commit_notice).
         self._dledger_defer_commit_notice = True
         self._dledger_commit_notice_due = False
@@ -107,6 +108,9 @@ class RaftMember(SyncObj):
         self.addOnTickCallback(self._run_tick_calls)
         log.info("raft member started group=%s id=%s raft=%s flush=%s", config.group, me.id, me.raft_address,
                  config.flush_disk_type)
+        if config.rejoin:
+            log.warning("rejoining group=%s id=%s: no vote and no candidacy until a leader is heard from",
+                        config.group, me.id)
 
     # pysyncobj's transport asks the SyncObj for its "encryptor"; ours authenticates, see dledger.patches.
     @property

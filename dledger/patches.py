@@ -136,6 +136,14 @@ so a silent upgrade cannot quietly disable a fix.
     (EMFILE, ENFILE, ENOBUFS, ENOMEM), the listener stops being polled for ``ACCEPT_PAUSE_S`` and
     ``RaftMember.tick`` polls it again afterwards (``resume_accepting``), as trio's ``serve_listeners``
     does; otherwise the level-triggered poller would call the failing accept on every tick.
+19. A member started empty votes for anyone. Rebuilt from nothing (its disk lost, or its log diverged), a
+    member's empty log is older than every candidate's, so it grants every vote, and with one that lacks
+    acknowledged entries (a follower that lagged) it makes a majority while the member that holds them is
+    down: those entries are then overwritten. Raft assumes a member's log survives; etcd asks a member that
+    lost it to join as a new one. Here a member started with ``DLedgerConfig.rejoin`` (``raftmq broker
+    --rejoin``) answers no pre-vote, ignores ``request_vote`` and starts no election until it has heard from a
+    leader of the current term; the group is then unavailable while it could only elect a member that may lack
+    acknowledged entries, instead of losing them.
 
 The chunked-send defect (entries at least ``appendEntriesBatchSizeBytes`` long) is contained by configuration:
 ``dledger.config`` keeps the entry size limit below half the batch size (16 MiB by default, so ~8 MiB entries:
@@ -332,6 +340,8 @@ def _on_message(self: Any, node: Any, message: Any) -> None:
     """pysyncobj's message handler with fixes 2, 11 and 15 around the messages they concern."""
     if isinstance(message, dict):
         kind = message.get("type")
+        if kind == "request_vote" and getattr(self, "_dledger_rejoining", False):
+            return  # 19: no vote before a leader was heard from
         if kind == "next_node_idx":
             _on_message_monotonic_next_index(self, node, message)
             return
@@ -344,6 +354,10 @@ def _on_message(self: Any, node: Any, message: Any) -> None:
                 self._dledger_leader_heard_at = monotonic_time()
                 self._dledger_pre_vote = None  # a leader answered the question: no election
                 self._dledger_pre_vote_won = False
+                if getattr(self, "_dledger_rejoining", False):
+                    self._dledger_rejoining = False
+                    log.info("rejoined: heard from the leader at %s, term %d; voting again", node.address,
+                             self._SyncObj__raftCurrentTerm)
             return
         if kind == "pre_vote":
             _answer_pre_vote(self, node, message)
@@ -360,7 +374,9 @@ def _on_tick_pre_vote(self: Any, timeToWait: float = 0.0) -> None:  # noqa: N803
     if (self._SyncObj__raftState != _LEADER and self._SyncObj__raftElectionDeadline < monotonic_time()
             and self._SyncObj__selfNode is not None and not self._SyncObj__transferInProgress
             and self._SyncObj__otherNodes):
-        if getattr(self, "_dledger_pre_vote_won", False):
+        if getattr(self, "_dledger_rejoining", False):  # 19: no candidacy before a leader was heard from
+            self._SyncObj__raftElectionDeadline = monotonic_time() + self._SyncObj__generateRaftTimeout()
+        elif getattr(self, "_dledger_pre_vote_won", False):
             self._dledger_pre_vote_won = False
         else:
             _start_pre_vote(self)
@@ -382,6 +398,7 @@ def _start_pre_vote(self: Any) -> None:
 def _answer_pre_vote(self: Any, node: Any, message: Any) -> None:
     term, last_term, last_index = message.get("term"), message.get("last_log_term"), message.get("last_log_index")
     granted = (type(term) is int and type(last_term) is int and type(last_index) is int
+               and not getattr(self, "_dledger_rejoining", False)  # 19
                and term > self._SyncObj__raftCurrentTerm and not _has_current_leader(self)
                and (last_term, last_index) >= (self._SyncObj__getCurrentLogTerm(),
                                                self._SyncObj__getCurrentLogIndex()))

@@ -26,6 +26,10 @@ def register(subparsers) -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config key (dotted, TOML value syntax), "
                              "e.g. --set long_polling_timeout_ms=500")
+    parser.add_argument("--rejoin", action="store_true",
+                        help="this member was started empty to rejoin its group (its data lost or moved aside): "
+                             "it neither votes nor stands for election until it has heard from a leader "
+                             "(docs/operations.md, 'Rebuilding a member')")
     parser.set_defaults(func=run)
 
 
@@ -47,7 +51,10 @@ def run(args: argparse.Namespace) -> int:
     from broker.config import load_broker_config
     from broker.node import serve_broker
 
-    config = load_broker_config(args.config, _overrides(args.set))
+    overrides = _overrides(args.set)
+    if args.rejoin:
+        overrides["dledger.rejoin"] = True
+    config = load_broker_config(args.config, overrides)
 
     async def main(nursery: trio.Nursery) -> None:
         host, port = await nursery.start(functools.partial(serve_broker, config))

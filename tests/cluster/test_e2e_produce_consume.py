@@ -43,8 +43,8 @@ class Cluster:
         for nid in NODE_IDS:
             self.start(nid)
 
-    def start(self, nid: str) -> ServerProcess:
-        proc = self._spawn(raftmq_argv("broker", "--config", str(self.paths[nid]), *self._set_args),
+    def start(self, nid: str, *extra_args: str) -> ServerProcess:
+        proc = self._spawn(raftmq_argv("broker", "--config", str(self.paths[nid]), *self._set_args, *extra_args),
                            ready_timeout_s=60)
         self.nodes[nid] = proc
         self.addr_of[nid] = proc.fields["listen"]

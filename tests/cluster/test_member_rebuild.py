@@ -31,8 +31,8 @@ FORCED_RETENTION = {
 
 async def _restart_empty(cluster, aside: Path, *nids: str) -> None:
     """The operator's rebuild (docs/operations.md): stop the members (SIGKILL; nothing if one already exited),
-    move their store and dledger directories to ``aside``, start them with the same config. Several members are
-    all stopped before any starts, so they come back empty together."""
+    move their store and dledger directories to ``aside``, start them with the same config and ``--rejoin``.
+    Several members are all stopped before any starts, so they come back empty together."""
     for nid in nids:
         await trio.to_thread.run_sync(cluster.nodes[nid].kill)
     for nid in nids:
@@ -40,7 +40,7 @@ async def _restart_empty(cluster, aside: Path, *nids: str) -> None:
         for key, path in (("store", config["store"]["store_dir"]), ("dledger", config["dledger"]["data_dir"])):
             shutil.move(path, aside / f"aside-{nid}-{key}")
     for nid in nids:
-        await trio.to_thread.run_sync(cluster.start, nid)
+        await trio.to_thread.run_sync(cluster.start, nid, "--rejoin")
 
 
 async def _fill_until_retention(producer, client, leader: str, more_than: int) -> int:

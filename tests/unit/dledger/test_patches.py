@@ -773,3 +773,34 @@ def test_a_leadership_transfer_starts_its_election_without_a_pre_vote(tmp_path):
         member._onTick(0.0)
         assert _state(member)[:2] == (_RAFT_STATE.CANDIDATE, 2)
         assert {m["type"] for _, m in sent} == {"request_vote"}
+
+
+def test_a_rejoining_member_neither_votes_nor_stands_until_it_hears_from_a_leader(tmp_path):
+    """19: an empty member (``dledger.rejoin``) would grant any vote, its log being older than any candidate's."""
+    from pysyncobj.syncobj import _RAFT_STATE
+
+    request_vote = {"type": "request_vote", "term": 1, "last_log_index": 5, "last_log_term": 1}
+    with _member_of_three(tmp_path, "stock") as (stock, _leader, candidate):
+        sent = _capture_sends(stock)
+        patches._on_message(stock, candidate, dict(request_vote))
+        assert [m["type"] for _, m in sent] == ["response_vote"]  # the empty member votes
+        assert stock._SyncObj__votedForNodeId == candidate.id
+
+    with _member_of_three(tmp_path, "rejoining") as (member, leader, candidate):
+        member._dledger_rejoining = True
+        sent = _capture_sends(member)
+        patches._on_message(member, candidate, dict(request_vote))
+        patches._on_message(member, candidate, dict(_PRE_VOTE))
+        member._SyncObj__raftElectionDeadline = 0.0
+        member._SyncObj__connectedNodes.add(candidate)
+        member._onTick(0.0)
+        assert [(m["type"], m.get("granted")) for _, m in sent] == [("pre_vote_response", False)]  # no pre_vote
+        assert _state(member) == (_RAFT_STATE.FOLLOWER, 0, None)
+        assert member._SyncObj__raftElectionDeadline > time.monotonic()
+
+        patches._on_message(member, leader, dict(_HEARTBEAT))  # a leader of the current term: a member again
+        assert member._dledger_rejoining is False
+        sent.clear()
+        member._dledger_leader_heard_at -= 0.5  # the leader fell silent since
+        patches._on_message(member, candidate, dict(_PRE_VOTE))
+        assert [m.get("granted") for _, m in sent] == [True]
