@@ -8,8 +8,9 @@ once the log reaches the target. Until then the member serves no reads (``DLedge
 
 Peers keep identical logs, so bytes that do not continue ours mean ours holds something the group never
 committed (``MemberDivergedError``), and a log whose missing range every peer has deleted cannot be filled
-(``MemberFellBehindError``): both are raised out of the task, ending the group's nursery, rather than let the
-member serve a log with a hole.
+(``MemberFellBehindError``), and copied bytes that cannot be written (a full disk: ``MemberStoreError``) leave
+the log short: all three are raised out of the task, ending the group's nursery, rather than let the member
+serve a log with a hole.
 """
 
 from __future__ import annotations
