@@ -23,6 +23,7 @@ import logging
 import os
 import pickle
 import struct
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -38,6 +39,9 @@ from dledger.errors import MemberStoreError
 from dledger.state_machine import ApplyStatus, BatchResult, StateMachine
 
 _LEADER = _RAFT_STATE.LEADER
+# An apply out of descriptors or memory is tried again this often, this many times, before the member stops.
+APPLY_RETRY_S = 0.05
+APPLY_RETRY_LIMIT = 10
 
 patches.apply_patches()
 
@@ -126,15 +130,33 @@ class RaftMember(SyncObj):
     def apply_entry(self, entry: bytes) -> tuple[int, BatchResult]:
         index = self.raftLastApplied + 1
         decoded = decode_entry(entry)
-        try:
-            result = self._sm.apply_batch(decoded.payload, decoded.store_timestamp, decoded.expected_start_offset)
-        except Exception as e:
+        waited = 0
+        while True:
+            try:
+                result = self._sm.apply_batch(decoded.payload, decoded.store_timestamp,
+                                              decoded.expected_start_offset)
+                break
+            except OSError as e:
+                # Out of descriptors or memory for a moment (the store opening its next segment during a burst
+                # of connections): wait here, on the tick, and apply again; an apply that failed published
+                # nothing, so it can be repeated. The tick blocks meanwhile, which may cost an election.
+                if e.errno not in patches.RESOURCE_ERRNOS or waited >= APPLY_RETRY_LIMIT:
+                    error: Exception = e
+                else:
+                    if not waited:
+                        log.warning("apply of entry %d failed, retrying for up to %.1f s error=%s", index,
+                                    APPLY_RETRY_LIMIT * APPLY_RETRY_S, e)
+                    waited += 1
+                    time.sleep(APPLY_RETRY_S)
+                    continue
+            except Exception as e:
+                error = e
             # pysyncobj would leave the entry unapplied and try it again on every tick (and it already dropped
             # the entry's commit callbacks): close the gate so nothing after it is applied either, and stop the
             # member (dledger.group raises this out of its tick loop).
             self._dledger_apply_gate_open = False
             raise MemberStoreError(self._config.group, self._config.self_id, f"apply committed entry {index}",
-                                   e) from e
+                                   error) from error
         if result.status is ApplyStatus.APPLIED:
             self._applied_batches += 1
         elif result.status is ApplyStatus.DUPLICATE:

@@ -555,7 +555,7 @@ _original_journal_add = pso_journal.FileJournal.add
 
 
 # Out of descriptors or memory for a moment (17, 18): waited out, unlike a full disk or an I/O error.
-_RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
 class JournalWriteError(OSError):
@@ -610,7 +610,7 @@ def _set_current_term_or_stop(self: Any, term: int, voted_for: Any) -> None:
     try:
         _original_set_current_term(self, term, voted_for)
     except OSError as e:
-        if e.errno in _RESOURCE_ERRNOS:
+        if e.errno in RESOURCE_ERRNOS:
             self._FileJournal__metaSaved = False  # stored again by onOneSecondTimer
             raise
         raise JournalWriteError(e.errno, f"storing the Raft term {term} and vote failed: {e.strerror or e}") \
@@ -627,7 +627,7 @@ def _on_new_connection_kept(self: Any, descr: Any, event: int) -> None:
         try:
             sock, _addr = self._TcpServer__socket.accept()
         except OSError as e:
-            if e.errno in _RESOURCE_ERRNOS:
+            if e.errno in RESOURCE_ERRNOS:
                 _pause_accepting(self, e)
             elif e.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
                 log.warning("raft listener: an accept failed; still listening error=%s", e)

@@ -1,6 +1,6 @@
 """A member whose state machine cannot apply a committed entry (a full disk) stops with ``MemberStoreError``: it
 applies nothing after that entry and does not retry it on every tick. The other two go on committing, and the
-member started again on its data catches up."""
+member started again on its data catches up. A moment without file descriptors is waited out instead."""
 
 from __future__ import annotations
 
@@ -14,15 +14,21 @@ from tests.integration.dledger.helpers import MemberRunner, make_configs, open_l
 
 
 class FillingLog(ByteLog):
-    """A ByteLog whose disk is full while ``full`` is set."""
+    """A ByteLog whose disk is full while ``full`` is set, and whose next ``out_of_descriptors`` applies find no
+    free file descriptor."""
 
     full = False
+    out_of_descriptors = 0
     failed_applies = 0
 
     def apply_batch(self, payload, store_timestamp, expected_start_offset):
         if self.full:
             self.failed_applies += 1
             raise OSError(errno.ENOSPC, "No space left on device")
+        if self.out_of_descriptors:
+            self.out_of_descriptors -= 1
+            self.failed_applies += 1
+            raise OSError(errno.EMFILE, "Too many open files")
         return super().apply_batch(payload, store_timestamp, expected_start_offset)
 
 
@@ -55,6 +61,12 @@ async def test_a_member_that_cannot_apply_an_entry_stops_and_the_others_go_on(tm
         await leader.append(b"before")
         await wait_ends(logs.values(), logs[leader.config.self_id].end_offset)
 
+        victim_log.out_of_descriptors = 3  # a moment without descriptors: waited out, not a reason to stop
+        await leader.append(b"applied on the fourth try")
+        await wait_ends(logs.values(), logs[leader.config.self_id].end_offset)
+        assert victim_log.failed_applies == 3 and not victim_done.is_set()
+
+        victim_log.failed_applies = 0
         victim_log.full = True
         result = await leader.append(b"committed by the other two")
         with trio.fail_after(10):
