@@ -118,6 +118,7 @@ class DLedgerStatistics:
     catch_up_bytes: int
     serving_reads: bool
     connected_peers: tuple[str, ...]  # ids of the members this one has a Raft connection with now
+    rejoining: bool  # started with dledger.rejoin and no leader heard yet: it neither votes nor stands
 
 
 class DLedgerGroup:
@@ -763,7 +764,8 @@ class DLedgerGroup:
             snapshots_loaded=counters["snapshots_loaded"], journal_flushes=counters["journal_flushes"],
             pre_votes=counters["pre_votes"], log_entries_in_memory=counters["log_entries_in_memory"],
             catch_up_bytes=self._catch_up.copied_bytes,
-            serving_reads=m.catch_up_target is None, connected_peers=m.connected_peers())
+            serving_reads=m.catch_up_target is None, connected_peers=m.connected_peers(),
+            rejoining=m.rejoining)
 
 
 @asynccontextmanager

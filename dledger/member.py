@@ -193,6 +193,11 @@ class RaftMember(SyncObj):
         return self._catch_up_target
 
     @property
+    def rejoining(self) -> bool:
+        """Started with ``rejoin`` and no leader heard from yet (patches, 19)."""
+        return self._dledger_rejoining
+
+    @property
     def noop_index(self) -> int | None:
         """Index of this leader's no-op entry; once applied, every earlier entry is applied too."""
         return getattr(self, "_SyncObj__noopIDx", None)

@@ -8,9 +8,10 @@ Requests (ext keys are short text, bodies raw bytes; see ``docs/architecture.md`
   record again).
 - ``GET_RAFT_STATUS`` ext ``{group}`` and optionally ``checksum_up_to`` -> SUCCESS, ext ``{role, term,
   leader_id, committed_index, last_applied_index, end_offset, serving_reads, snapshots_loaded, catch_up_bytes,
-  connected_peers}`` (``connected_peers``: ids of the members this one has a Raft connection with); with
-  ``checksum_up_to`` the body is CBOR ``[[segment_start, length, crc32c], ...]`` up to that offset
-  (``raftmq verify``).
+  connected_peers, in_flight_batches, pending_records, busy_records, rejoining}`` (``connected_peers``: ids of
+  the members this one has a Raft connection with; ``rejoining``: started with ``--rejoin`` and no leader heard
+  from yet); with ``checksum_up_to`` the body is CBOR ``[[segment_start, length, crc32c], ...]`` up to that
+  offset (``raftmq verify``).
 - ``TRANSFER_LEADERSHIP`` ext ``{group, to}`` (sent to the leader) -> SUCCESS once ``to`` leads, ext ``{term,
   leader_id}``; NOT_LEADER (ext ``leader_id``) on a follower; SYSTEM_ERROR naming the reason when the target
   refuses or no new leader appears within ``timeout_ms`` (default 3000).
@@ -99,7 +100,8 @@ class DLedgerService:
                "end_offset": stats.end_offset, "serving_reads": stats.serving_reads, "self_id": stats.self_id,
                "snapshots_loaded": stats.snapshots_loaded, "catch_up_bytes": stats.catch_up_bytes,
                "connected_peers": list(stats.connected_peers), "in_flight_batches": stats.in_flight_batches,
-               "pending_records": stats.pending_records, "busy_records": stats.busy_records}
+               "pending_records": stats.pending_records, "busy_records": stats.busy_records,
+               "rejoining": stats.rejoining}
         body = b""
         if "checksum_up_to" in request.ext:
             up_to = _int_field(request, "checksum_up_to")

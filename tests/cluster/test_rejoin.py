@@ -32,15 +32,16 @@ TOPIC = "RejoinTopic"
 DOWN_S = 5.0  # how long A stays down with B empty and C resumed: many election timeouts (0.4-0.9 s)
 
 
-async def _roles(addrs: list[str]) -> dict[str, tuple[str, int]]:
+async def _roles(addrs: list[str]) -> dict[str, tuple[str, int, bool]]:
+    """Each member's role, term and whether it still waits to hear from a leader (``rejoining``)."""
     out = {}
     async with open_remoting_client() as rpc:
         for addr in addrs:
             try:
                 status, _ = await get_raft_status(rpc, addr, GROUP, timeout_s=1.0)
-                out[addr] = (status["role"], status["term"])
+                out[addr] = (status["role"], status["term"], status["rejoining"])
             except (RaftMQError, OSError):
-                out[addr] = ("unreachable", -1)
+                out[addr] = ("unreachable", -1, False)
     return out
 
 
@@ -77,7 +78,7 @@ async def test_a_member_rebuilt_empty_while_another_is_down_elects_no_one_that_l
         down_at = time.monotonic()
         while time.monotonic() - down_at < DOWN_S:
             roles = await _roles([cluster.addr_of[b], cluster.addr_of[c]])
-            leaders_while_a_down |= {addr for addr, (role, _) in roles.items() if role == "LEADER"}
+            leaders_while_a_down |= {addr for addr, (role, _, _) in roles.items() if role == "LEADER"}
             await trio.sleep(0.2)
         roles_while_a_down = roles
 
@@ -104,5 +105,7 @@ async def test_a_member_rebuilt_empty_while_another_is_down_elects_no_one_that_l
               f"{len(only_a_and_b)} messages: roles then {roles_while_a_down}; leader once {a} was back: "
               f"{cluster.node_at(leader_after)}; {len(acked)} acked, {len(missing)} missing")
     assert not leaders_while_a_down, f"elected while {a} was down: {leaders_while_a_down} (acked messages lost)"
+    assert roles_while_a_down[cluster.addr_of[b]][2], f"{b} did not report itself rejoining: {roles_while_a_down}"
+    assert not (await _roles([cluster.addr_of[b]]))[cluster.addr_of[b]][2], f"{b} still rejoining after {a} led"
     assert not missing, f"{len(missing)} acknowledged messages were never consumed"
     assert b"are identical" in verified, verified
