@@ -11,6 +11,7 @@ must be identical, and every acknowledged message must be consumed.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import subprocess
@@ -22,11 +23,10 @@ from pathlib import Path
 import pytest
 import trio
 
-from client import Message, SendFailedError, open_producer, open_push_consumer
+from client import open_producer, open_push_consumer
 from dledger.service import transfer_leadership
-from remoting.errors import RaftMQError
 from remoting.transport import open_remoting_client
-from tests.cluster.test_e2e_produce_consume import GROUP, Cluster, start_cluster, verify_output
+from tests.cluster.test_e2e_produce_consume import GROUP, Cluster, send_until, start_cluster, verify_output
 from tests.procs import raftmq_argv
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -82,21 +82,6 @@ def _fill(mount: Path, leave_bytes: int) -> Path:
     return filler
 
 
-async def _send_until(producer, k: int, stop: trio.Event, acked: dict[str, str], failed: list[str]) -> None:
-    body = b"%02d" % k + b"." * 4000
-    i = 0
-    while not stop.is_set():
-        i += 1
-        try:
-            r = await producer.send(Message(TOPIC, body, keys=f"{k}-{i}"))
-        except (SendFailedError, RaftMQError) as e:
-            failed.append(type(getattr(e, "last_error", None) or e).__name__)
-            await trio.sleep(0.01)
-            continue
-        acked[r.msg_id] = r.offset_msg_id
-        await trio.sleep(0.001)
-
-
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("role", ["follower", "leader"])
 async def test_a_node_whose_disk_fills_stops_cleanly_and_catches_up_once_freed(spawn, tmp_path, capsys, role):
@@ -129,7 +114,8 @@ async def _fill_the_victim_under_load(cluster: Cluster, victim_dir: Path, capsys
             while await cluster.leader_addr() != wanted_leader:
                 await trio.sleep(0.1)
 
-    acked: dict[str, str] = {}
+    acked: dict[str, float] = {}
+    ack_log: list[tuple[float, str]] = []
     failed: list[str] = []
     consumed: Counter[str] = Counter()
     stop_producing = trio.Event()
@@ -144,7 +130,9 @@ async def _fill_the_victim_under_load(cluster: Cluster, victim_dir: Path, capsys
                                persist_consumer_offset_interval_ms=200, broker_suspend_max_time_ms=1000):
         async with trio.open_nursery() as nursery:
             for k in range(8):
-                nursery.start_soon(_send_until, producer, k, stop_producing, acked, failed)
+                # 4 KiB bodies, so the load fills the disk's last MiBs within a second or two.
+                nursery.start_soon(functools.partial(send_until, body_size=4000, pause_s=0.001), producer, TOPIC,
+                                   k, stop_producing, acked, ack_log, failed)
             await trio.sleep(1)
             filler = _fill(victim_dir, LEFT_FREE_BYTES)
             filled_at = time.monotonic()

@@ -98,15 +98,17 @@ async def verify_output(argv: list[str], timeout_s: float = 60.0) -> bytes:
 
 
 async def send_until(producer, topic: str, k: int, stop: trio.Event, acked: dict[str, float],
-                     ack_log: list[tuple[float, str]], failed: list[str]) -> None:
+                     ack_log: list[tuple[float, str]], failed: list[str], *, body_size: int = 0,
+                     pause_s: float = 0.002) -> None:
     """Sender ``k`` of a failover test, until ``stop``: each acknowledged message's id and time go into
     ``acked``, (that time, the address of the node that stored it) into ``ack_log``, and each failed send's
-    error class into ``failed``."""
+    error class into ``failed``. Bodies are padded to ``body_size``; ``pause_s`` follows each acknowledgement
+    (the default, with ~8 senders, is a few hundred sends a second each: load without starving the brokers)."""
     i = 0
     while not stop.is_set():
         i += 1
         try:
-            r = await producer.send(Message(topic, b"%02d-%08d" % (k, i)))
+            r = await producer.send(Message(topic, (b"%02d-%08d" % (k, i)).ljust(body_size, b".")))
         except (SendFailedError, RaftMQError) as e:
             failed.append(type(getattr(e, "last_error", None) or e).__name__)
             await trio.sleep(0.01)
@@ -115,7 +117,7 @@ async def send_until(producer, topic: str, k: int, stop: trio.Event, acked: dict
         acked[r.msg_id] = now
         (store_ip, store_port), _ = parse_msg_id(r.offset_msg_id)
         ack_log.append((now, f"{store_ip}:{store_port}"))
-        await trio.sleep(0.002)  # ~8 senders x a few hundred/s: load, without starving the brokers
+        await trio.sleep(pause_s)
 
 
 async def start_cluster(spawn, tmp_path, overrides: dict[str, str] | None = None) -> Cluster:
