@@ -77,7 +77,7 @@ class BrokerNode:
         host, port = parse_host_port(self.broker_addr, key="service_address")
         self.store_host = (host, port)
         self.topics = TopicConfigTable()
-        self.offsets = ConsumerOffsetTable(read_committed=self._committed_offset)
+        self.offsets = ConsumerOffsetTable(read_committed=self._committed_offset, read_group=self._committed_offsets)
         self.clients = ClientManager(channel_expired_timeout_ms=config.channel_expired_timeout_ms,
                                      on_consumer_ids_changed=self._consumer_ids_changed)
         self.hold = PullRequestHoldService(self._max_queue_offset,
@@ -131,6 +131,15 @@ class BrokerNode:
     def _committed_offset(self, group: str, topic: str, queue_id: int) -> int | None:
         value = self.group.metadata(OFFSET_TABLE).get(_offset_key(group, topic, queue_id))
         return int(value) if value is not None else None
+
+    def _committed_offsets(self, group: str) -> dict[tuple[str, int], int]:
+        prefix = group + "\x01"
+        out = {}
+        for key, value in self.group.metadata(OFFSET_TABLE).items():
+            if key.startswith(prefix):
+                _group, topic, queue_id = key.split("\x01")
+                out[(topic, int(queue_id))] = int(value)
+        return out
 
     def topic(self, topic: str) -> TopicConfig | None:
         config = self.topics.get(topic)

@@ -21,11 +21,14 @@ OffsetKey = tuple[str, str, int]  # (consumer_group, topic, queue_id)
 
 
 class ConsumerOffsetTable:
-    """``read_committed(group, topic, queue_id)``, when given, reads the committed offset from the replicated
-    metadata directly (the broker node's case); without it the table keeps its own committed map."""
+    """``read_committed(group, topic, queue_id)`` and ``read_group(group)``, when given, read the committed
+    offsets from the replicated metadata directly (the broker node's case); without them the table keeps its own
+    committed map."""
 
-    def __init__(self, read_committed: Callable[[str, str, int], int | None] | None = None) -> None:
+    def __init__(self, read_committed: Callable[[str, str, int], int | None] | None = None,
+                 read_group: Callable[[str], dict[tuple[str, int], int]] | None = None) -> None:
         self._read_committed = read_committed
+        self._read_group = read_group
         self._committed: dict[OffsetKey, int] = {}
         self._pending: dict[OffsetKey, int] = {}
 
@@ -75,7 +78,11 @@ class ConsumerOffsetTable:
         return {g for (g, t, _q) in self._committed if t == topic}
 
     def offsets_of_group(self, consumer_group: str) -> dict[tuple[str, int], int]:
-        merged = {(t, q): o for (g, t, q), o in self._committed.items() if g == consumer_group}
+        """``{(topic, queue_id): offset}`` of one group, its pending commits (on the leader) included."""
+        if self._read_group is not None:
+            merged = self._read_group(consumer_group)
+        else:
+            merged = {(t, q): o for (g, t, q), o in self._committed.items() if g == consumer_group}
         merged.update({(t, q): o for (g, t, q), o in self._pending.items() if g == consumer_group})
         return merged
 

@@ -1,4 +1,4 @@
-"""The admin client: topics, routes and cluster info (the everyday part of RocketMQ's mqadmin).
+"""The admin client: topics, routes, cluster info and consumer progress (the everyday part of RocketMQ's mqadmin).
 
 Topic changes go to the *leader* of each broker group (replicated there through Raft, then re-registered with
 the name servers by the broker itself), so ``create_topic`` returns once every group has committed it. Which
@@ -20,11 +20,12 @@ from client.errors import ClientError
 from client.instance import (
     ClientConfig, ClientInstance, build_config, open_remoting, raise_for_response,
 )
+from client.message import MessageQueue
 from client.route import PERM_READ, PERM_WRITE, TopicRouteData, parse_route
 from remoting.codes import RequestCode, ResponseCode
 from remoting.errors import RaftMQError
 
-__all__ = ["AdminClient", "ClusterInfo", "open_admin"]
+__all__ = ["AdminClient", "ClusterInfo", "ConsumeStats", "QueueConsumeStats", "open_admin"]
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,32 @@ class ClusterInfo:
 
     def master_addr(self, broker_name: str) -> str | None:
         return self.broker_addrs.get(broker_name, {}).get(0)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class QueueConsumeStats:
+    """One queue's progress: ``broker_offset`` is the queue's max offset (where the next message goes),
+    ``consumer_offset`` the group's committed offset (None: nothing committed yet), ``lag`` the messages still
+    stored that the group has not consumed, ``last_timestamp`` the store time (ms) of the last one it consumed."""
+
+    queue: MessageQueue
+    broker_offset: int
+    consumer_offset: int | None
+    lag: int
+    last_timestamp: int | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ConsumeStats:
+    """A consumer group's progress over every queue it consumes (RocketMQ's ``consumerProgress``)."""
+
+    consumer_group: str
+    queues: tuple[QueueConsumeStats, ...]
+    consumer_ids: Mapping[str, tuple[str, ...]]  # broker_name -> members heartbeating to that group's leader
+
+    @property
+    def total_lag(self) -> int:
+        return sum(q.lag for q in self.queues)
 
 
 def _parse_cluster_info(data: Mapping[str, Any]) -> ClusterInfo:
@@ -129,6 +156,48 @@ class AdminClient:
                            broker_names: Sequence[str] | None = None) -> None:
         masters = await self._target_masters(cluster, broker_names)
         await self._to_leaders(masters, RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": topic})
+
+    async def consume_stats(self, consumer_group: str, *, topic: str | None = None,
+                            cluster: str | None = None) -> ConsumeStats:
+        """The progress of ``consumer_group``: on every group of ``topic``'s route, or without a topic on every
+        group of ``cluster`` (default: all), every topic it has committed offsets for. Each group's leader
+        answers, so commits not yet replicated count too. No queue at all means the group consumes nothing
+        there (never committed, and no member subscribed to ``topic``)."""
+        if not consumer_group:
+            raise ValueError("consume_stats needs a consumer group")
+        if topic:
+            route = await self.get_route(topic)
+            info = await self.cluster_info()
+            masters = {}
+            for name in sorted({q.broker_name for q in route.queue_datas}):
+                addr = info.master_addr(name)
+                if not addr:
+                    raise ClientError(f"broker group {name!r} has no leader registered with the name servers",
+                                      broker_name=name)
+                masters[name] = addr
+        else:
+            masters = await self._target_masters(cluster, None)
+        ext = {"consumer_group": consumer_group, "topic": topic or ""}
+        answers: dict[str, Any] = {}
+
+        async def _one(name: str, addr: str) -> None:
+            frame = raise_for_response(await self._instance.invoke(addr, RequestCode.GET_CONSUME_STATS, ext,
+                                                                   timeout_s=10.0),
+                                       topic=topic, broker_name=name)
+            answers[name] = cbor2.loads(frame.body) if frame.body else {}
+
+        async with trio.open_nursery() as nursery:
+            for name, addr in masters.items():
+                nursery.start_soon(_one, name, addr)
+        queues = []
+        for name in sorted(answers):
+            for row in answers[name].get("offsets", []):
+                queues.append(QueueConsumeStats(MessageQueue(row["topic"], name, int(row["queue_id"])),
+                                                int(row["broker_offset"]), row.get("consumer_offset"),
+                                                int(row["lag"]), row.get("last_timestamp")))
+        queues.sort(key=lambda q: (q.queue.topic, q.queue.broker_name, q.queue.queue_id))
+        return ConsumeStats(consumer_group, tuple(queues),
+                            {name: tuple(a.get("consumer_ids", [])) for name, a in sorted(answers.items())})
 
     async def broker_status(self, addr: str) -> dict[str, Any]:
         frame = raise_for_response(await self._instance.invoke(addr, RequestCode.GET_BROKER_RUNTIME_INFO))

@@ -1,15 +1,22 @@
-"""QUERY_CONSUMER_OFFSET and UPDATE_CONSUMER_OFFSET.
+"""QUERY_CONSUMER_OFFSET, UPDATE_CONSUMER_OFFSET and GET_CONSUME_STATS.
 
 Updates are accepted by the leader only (NOT_LEADER elsewhere, with ``leader_addr``) and replicated in batches
 (``broker/offset_manager.py``). Queries are answered by any node; a group that never committed an offset for
 the queue gets QUERY_NOT_FOUND, as RocketMQ, and the client then starts from its ``consume_from_where``.
+
+GET_CONSUME_STATS is RocketMQ's consumer progress (``mqadmin consumerProgress``): for every queue of the topics
+a group consumes here, the queue's max offset, the group's offset and the lag between them. Any node answers;
+the leader's answer includes commits not yet replicated, a follower's may be one flush interval behind.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from broker.processor.base import get_group, get_int, get_topic_queue
+import cbor2
+
+from broker.processor.base import get_group, get_int, get_str, get_topic_queue, invalid, topic_not_exist
+from broker.topic_config import TopicConfigError, validate_topic_name
 from remoting.codec import Frame, make_response
 from remoting.codes import ResponseCode
 
@@ -43,3 +50,46 @@ class ConsumerManageProcessor:
         offset = get_int(request.ext, "commit_offset", lo=0)
         self.node.offsets.commit(group, topic, queue_id, offset)
         return None if request.is_oneway else make_response(request, ResponseCode.SUCCESS)
+
+    async def get_consume_stats(self, request: Frame, conn: Any) -> Frame:
+        """Body: ``{"offsets": [{topic, queue_id, broker_offset, consumer_offset, lag, last_timestamp}],
+        "consumer_ids": [...]}``. ``topic`` (optional) narrows it to one topic; without it, every topic the
+        group has an offset for on this group. ``consumer_offset`` is None where the group committed nothing."""
+        node = self.node
+        group = get_group(request.ext)
+        committed = node.offsets.offsets_of_group(group)
+        topic = get_str(request.ext, "topic", default="", allow_empty=True)
+        if topic:
+            try:
+                validate_topic_name(topic)
+            except TopicConfigError as e:
+                raise invalid("topic", str(e).split(" ", 1)[1]) from None
+            if node.topic(topic) is None:
+                raise topic_not_exist(node, topic)
+            # RocketMQ lists a topic the group subscribes to even before its first commit.
+            subscribed = node.clients.find_subscription(group, topic) is not None
+            topics = [topic] if subscribed or any(t == topic for t, _q in committed) else []
+        else:
+            topics = sorted({t for t, _q in committed})
+        store = node.store
+        rows = []
+        for name in topics:
+            config = node.topic(name)
+            if config is None:  # offsets of a topic deleted a moment ago
+                continue
+            queue_ids = set(range(config.read_queue_nums)) | {q for t, q in committed if t == name}
+            for queue_id in sorted(queue_ids):
+                broker_offset = store.get_max_offset_in_queue(name, queue_id)
+                min_offset = store.get_min_offset_in_queue(name, queue_id)
+                consumer_offset = committed.get((name, queue_id))
+                # Messages still stored that the group has not consumed: none before the queue's min offset.
+                start = min_offset if consumer_offset is None else max(consumer_offset, min_offset)
+                last_timestamp = None
+                if consumer_offset is not None and min_offset < consumer_offset <= broker_offset:
+                    message = node.message_at(name, queue_id, consumer_offset - 1)
+                    last_timestamp = message.store_timestamp if message is not None else None
+                rows.append({"topic": name, "queue_id": queue_id, "broker_offset": broker_offset,
+                             "consumer_offset": consumer_offset, "lag": max(0, broker_offset - start),
+                             "last_timestamp": last_timestamp})
+        body = cbor2.dumps({"offsets": rows, "consumer_ids": node.clients.consumer_ids(group)})
+        return make_response(request, ResponseCode.SUCCESS, body=body)

@@ -7,6 +7,7 @@
                                     [--cluster NAME | --broker NAME ...]   (updateTopic)
     raftmq admin delete-topic TOPIC [--cluster NAME | --broker NAME ...]   (deleteTopic)
     raftmq admin status [--broker NAME | --addr HOST:PORT]           (brokerStatus)
+    raftmq admin consumer-progress GROUP [--topic TOPIC] [--cluster NAME]  (consumerProgress)
 
 Every command takes ``--json`` (one JSON line on stdout). Exit status: 0 done, 1 the cluster refused or could not
 be reached (the message says which and why), 2 a bad argument (named).
@@ -15,6 +16,7 @@ be reached (the message says which and why), 2 a bad argument (named).
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import sys
 from collections.abc import Awaitable, Callable
@@ -24,6 +26,7 @@ import trio
 from rich.console import Console
 from rich.table import Table
 
+from broker.topic_config import TopicConfigError, validate_group_name, validate_topic_name
 from client import open_admin
 from client.admin import AdminClient
 from client.route import PERM_INHERIT, PERM_READ, PERM_WRITE, TopicRouteData
@@ -38,7 +41,7 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser("admin", help="administer a cluster: groups, topics, routes, broker status",
                                    description="Administer a cluster through its name servers (RocketMQ's "
                                                "mqadmin: clusterList, topicList, topicRoute, updateTopic, "
-                                               "deleteTopic, brokerStatus).")
+                                               "deleteTopic, brokerStatus, consumerProgress).")
     parser.add_argument("--namesrv", default="127.0.0.1:9876",
                         help="name servers, HOST:PORT[,HOST:PORT...] (default 127.0.0.1:9876, raftmq dev's)")
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds for the whole command (default 10)")
@@ -64,6 +67,13 @@ def register(subparsers) -> None:
     which = status.add_mutually_exclusive_group()
     which.add_argument("--broker", help="the leader of this group (default: of every group)")
     which.add_argument("--addr", help="this node, HOST:PORT (any member, follower or leader)")
+    progress = commands.add_parser("consumer-progress",
+                                   help="a consumer group's offsets and lag on every queue it consumes")
+    progress.add_argument("group", help="the consumer group")
+    scope = progress.add_mutually_exclusive_group()
+    scope.add_argument("--topic", help="only this topic, on every group that routes it (default: every topic "
+                                       "the consumer group has committed offsets for)")
+    scope.add_argument("--cluster", help="only the broker groups of this cluster (default: every group)")
     parser.set_defaults(func=run)
 
 
@@ -90,6 +100,13 @@ def _check(args: argparse.Namespace) -> None:
                               f"got {args.perm}")
     if args.admin_command == "status" and args.addr:
         parse_host_port(args.addr, key="--addr")
+    if args.admin_command == "consumer-progress":
+        try:
+            validate_group_name(args.group, "GROUP")
+            if args.topic is not None:
+                validate_topic_name(args.topic)
+        except TopicConfigError as e:
+            raise ConfigError(str(e).replace("topic ", "--topic ", 1) if e.field == "topic" else str(e)) from None
 
 
 def _route_data(route: TopicRouteData) -> dict[str, Any]:
@@ -146,13 +163,26 @@ async def _status(admin: AdminClient, args: argparse.Namespace) -> dict[str, Any
     return {"nodes": out}
 
 
+async def _consumer_progress(admin: AdminClient, args: argparse.Namespace) -> dict[str, Any]:
+    stats = await admin.consume_stats(args.group, topic=args.topic, cluster=args.cluster)
+    if not stats.queues:
+        where = f"topic {args.topic!r}" if args.topic else "any topic"
+        raise _Refused(f"consumer group {args.group!r} has no progress on {where}: it has committed no offset "
+                       f"there and no online member subscribes to it")
+    return {"consumer_group": stats.consumer_group, "total_lag": stats.total_lag,
+            "consumer_ids": {name: list(ids) for name, ids in stats.consumer_ids.items()},
+            "queues": [{"topic": q.queue.topic, "broker_name": q.queue.broker_name, "queue_id": q.queue.queue_id,
+                        "broker_offset": q.broker_offset, "consumer_offset": q.consumer_offset, "lag": q.lag,
+                        "last_timestamp": q.last_timestamp} for q in stats.queues]}
+
+
 class _Refused(Exception):
     pass
 
 
 _COMMANDS: dict[str, Callable[[AdminClient, argparse.Namespace], Awaitable[dict[str, Any]]]] = {
     "cluster": _cluster, "topics": _topics, "route": _route, "create-topic": _create, "delete-topic": _delete,
-    "status": _status,
+    "status": _status, "consumer-progress": _consumer_progress,
 }
 
 
@@ -182,6 +212,8 @@ def _print(command: str, data: dict[str, Any]) -> None:
             _print_route(console, data["route"])
     elif command == "delete-topic":
         print(f"topic {data['topic']} deleted")
+    elif command == "consumer-progress":
+        _print_progress(console, data)
     else:
         for addr, status in data["nodes"].items():
             table = Table(title=f"broker node {addr}", header_style="bold")
@@ -190,6 +222,23 @@ def _print(command: str, data: dict[str, Any]) -> None:
             for key, value in sorted(status.items()):
                 table.add_row(key, str(value))
             console.print(table)
+
+
+def _print_progress(console: Console, data: dict[str, Any]) -> None:
+    table = Table(title=f"progress of consumer group {data['consumer_group']}", header_style="bold")
+    for column in ("topic", "group", "queue", "broker offset", "consumer offset", "lag", "last consumed (UTC)"):
+        table.add_column(column, justify="right" if column in ("queue", "broker offset", "consumer offset", "lag")
+                         else "left")
+    for q in data["queues"]:
+        last = q["last_timestamp"]
+        when = "-" if last is None else datetime.datetime.fromtimestamp(last / 1000, datetime.timezone.utc) \
+            .strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+        table.add_row(q["topic"], q["broker_name"], str(q["queue_id"]), str(q["broker_offset"]),
+                      "-" if q["consumer_offset"] is None else str(q["consumer_offset"]), str(q["lag"]), when)
+    console.print(table)
+    members = sorted({m for ids in data["consumer_ids"].values() for m in ids})
+    print(f"total lag: {data['total_lag']}; members online: {len(members)}"
+          + (f" ({', '.join(members)})" if members else ""))
 
 
 def _print_route(console: Console, route: dict[str, Any]) -> None:

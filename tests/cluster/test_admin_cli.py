@@ -8,7 +8,9 @@ import subprocess
 import time
 
 import pytest
+import trio
 
+from client import Message, MessageQueue, open_producer, open_pull_consumer
 from tests.procs import raftmq_argv
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
@@ -57,6 +59,24 @@ def test_admin_reports_the_group_creates_routes_and_deletes_a_topic(spawn, tmp_p
     follower = next(a for a in brokers if a != group["leader_addr"])
     assert _admin_json(namesrv, "status", "--addr", follower)["nodes"][follower]["role"] == "FOLLOWER"
 
+    # Consumer progress: 15 messages in each write queue, the group committed 10 of queue 0 and 5 of queue 1.
+    trio.run(_produce_and_commit, namesrv, {0: 10, 1: 5})
+    progress = _admin_json(namesrv, "consumer-progress", "AdminGroup")
+    assert progress["total_lag"] == 15 and progress["consumer_group"] == "AdminGroup"
+    assert [(q["topic"], q["broker_name"], q["queue_id"], q["broker_offset"], q["consumer_offset"], q["lag"])
+            for q in progress["queues"]] == [("AdminTopic", "broker-a", 0, 15, 10, 5),
+                                             ("AdminTopic", "broker-a", 1, 15, 5, 10),
+                                             ("AdminTopic", "broker-a", 2, 0, None, 0),
+                                             ("AdminTopic", "broker-a", 3, 0, None, 0)]
+    assert all(q["last_timestamp"] > 0 for q in progress["queues"][:2])
+    assert _admin_json(namesrv, "consumer-progress", "AdminGroup", "--topic", "AdminTopic") == progress
+    text = _admin(namesrv, "consumer-progress", "AdminGroup").stdout
+    assert "AdminGroup" in text and "total lag: 15" in text
+    idle = _admin(namesrv, "consumer-progress", "IdleGroup", expect_rc=1)
+    assert "IdleGroup" in idle.stderr and "no progress" in idle.stderr
+    bad = _admin(namesrv, "consumer-progress", "bad group", expect_rc=2)
+    assert "'bad group'" in bad.stderr
+
     _admin(namesrv, "delete-topic", "AdminTopic")
     deadline = time.monotonic() + 30
     while "AdminTopic" in _admin_json(namesrv, "topics")["topics"]:  # gone once the leader re-registers
@@ -72,3 +92,14 @@ def test_admin_reports_the_group_creates_routes_and_deletes_a_topic(spawn, tmp_p
     assert "broker-zz" in unknown_group.stderr
     bad_perm = _admin(namesrv, "create-topic", "T", "--perm", "8", expect_rc=2)
     assert "--perm" in bad_perm.stderr and "8" in bad_perm.stderr
+
+
+async def _produce_and_commit(namesrv: str, commits: dict[int, int]) -> None:
+    async with open_producer(namesrv) as producer:
+        for queue_id in commits:
+            for i in range(15):
+                await producer.send(Message("AdminTopic", b"m%d" % i),
+                                    queue=MessageQueue("AdminTopic", "broker-a", queue_id))
+    async with open_pull_consumer(namesrv, consumer_group="AdminGroup") as consumer:
+        for queue_id, offset in commits.items():
+            await consumer.commit(MessageQueue("AdminTopic", "broker-a", queue_id), offset)

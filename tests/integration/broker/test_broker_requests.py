@@ -244,3 +244,59 @@ async def test_sync_flush_acknowledges_after_fsync(nursery, tmp_path):
         for i in range(3):
             r = await _send(client, addr, body=b"durable %d" % i)
             assert r.code == ResponseCode.SUCCESS and r.ext["queue_offset"] == i
+
+
+async def test_consume_stats_report_offsets_lag_and_members(nursery, tmp_path):
+    # A long flush interval keeps the commit pending on the leader: consume stats must count it all the same.
+    config, addr = await _node(nursery, tmp_path, consumer_offset_flush_interval_ms=60_000)
+    async with open_remoting_client() as client:
+        await _wait_leader(client, addr)
+        for queue_id, count in ((0, 3), (1, 2)):
+            for i in range(count):
+                assert (await _send(client, addr, body=b"m%d" % i, queue_id=queue_id)).code == ResponseCode.SUCCESS
+        r = await call(client, addr, RequestCode.UPDATE_CONSUMER_OFFSET,
+                       {"consumer_group": "cg", "topic": "TopicTest", "queue_id": 0, "commit_offset": 2})
+        assert r.code == ResponseCode.SUCCESS
+
+        async def stats(**ext):
+            r = await call(client, addr, RequestCode.GET_CONSUME_STATS, ext)
+            assert r.code == ResponseCode.SUCCESS, r.remark
+            return cbor2.loads(r.body)
+
+        earliest = await call(client, addr, RequestCode.GET_EARLIEST_MSG_STORETIME,
+                            {"topic": "TopicTest", "queue_id": 0})
+        data = await stats(consumer_group="cg")
+        rows = {row["queue_id"]: row for row in data["offsets"]}
+        assert sorted(rows) == [0, 1, 2, 3] and {row["topic"] for row in rows.values()} == {"TopicTest"}
+        assert (rows[0]["broker_offset"], rows[0]["consumer_offset"], rows[0]["lag"]) == (3, 2, 1)
+        assert rows[0]["last_timestamp"] >= earliest.ext["timestamp"] > 0  # the message at offset 1
+        # Nothing committed: every message still stored is lag, and there is no last consumed time.
+        assert (rows[1]["broker_offset"], rows[1]["consumer_offset"], rows[1]["lag"]) == (2, None, 2)
+        assert rows[1]["last_timestamp"] is None
+        assert [(rows[q]["broker_offset"], rows[q]["lag"]) for q in (2, 3)] == [(0, 0), (0, 0)]
+        assert data["consumer_ids"] == []
+        assert await stats(consumer_group="cg", topic="TopicTest") == data
+
+        # A group that committed nothing and has no member here has nothing to report.
+        assert (await stats(consumer_group="other"))["offsets"] == []
+        assert (await stats(consumer_group="other", topic="TopicTest"))["offsets"] == []
+        # One that subscribes, online, is reported before its first commit (RocketMQ's consumerProgress).
+        hb = {"client_id": "c1", "consumers": [{"consumer_group": "other",
+                                                 "subscriptions": [{"topic": "TopicTest", "expression": "*"}]}]}
+        async with open_connection(addr) as conn:
+            r = await conn.invoke(make_request(RequestCode.HEART_BEAT, body=cbor2.dumps(hb)))
+            assert r.code == ResponseCode.SUCCESS
+            data = await stats(consumer_group="other", topic="TopicTest")
+            assert [row["lag"] for row in data["offsets"]] == [3, 2, 0, 0]
+            assert data["consumer_ids"] == ["c1"]
+
+        # Bad input names the field; the node keeps serving.
+        r = await call(client, addr, RequestCode.GET_CONSUME_STATS, {})
+        assert r.code == ResponseCode.INVALID_REQUEST and "'consumer_group' is required" in r.remark
+        r = await call(client, addr, RequestCode.GET_CONSUME_STATS, {"consumer_group": "bad group"})
+        assert r.code == ResponseCode.INVALID_REQUEST and "'consumer_group'" in r.remark
+        r = await call(client, addr, RequestCode.GET_CONSUME_STATS, {"consumer_group": "cg", "topic": "bad!"})
+        assert r.code == ResponseCode.INVALID_REQUEST and "'topic'" in r.remark and "illegal" in r.remark
+        r = await call(client, addr, RequestCode.GET_CONSUME_STATS, {"consumer_group": "cg", "topic": "NoSuch"})
+        assert r.code == ResponseCode.TOPIC_NOT_EXIST and "NoSuch" in r.remark
+        assert (await stats(consumer_group="cg"))["offsets"][0]["consumer_offset"] == 2

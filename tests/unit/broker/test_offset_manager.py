@@ -34,3 +34,15 @@ def test_delete_topic_and_snapshot():
     other = ConsumerOffsetTable()
     other.restore(table.snapshot())
     assert other.snapshot() == [("g", "U", 0, 2)]
+
+
+def test_a_group_read_from_replicated_metadata_merges_the_leaders_pending_commits():
+    # The broker node's case: committed offsets live in the group's metadata, read through the callables.
+    committed = {("g", "T", 0): 4, ("g", "T", 1): 6, ("h", "T", 0): 9}
+    table = ConsumerOffsetTable(read_committed=lambda g, t, q: committed.get((g, t, q)),
+                                read_group=lambda g: {(t, q): o for (gg, t, q), o in committed.items() if gg == g})
+    table.commit("g", "T", 1, 8)
+    table.commit("g", "U", 2, 1)
+    assert table.offsets_of_group("g") == {("T", 0): 4, ("T", 1): 8, ("U", 2): 1}
+    assert table.offsets_of_group("h") == {("T", 0): 9}
+    assert table.query("g", "T", 1) == 8 and table.query("g", "T", 0) == 4
