@@ -1,4 +1,5 @@
-"""The admin client: topics, routes, cluster info and consumer progress (the everyday part of RocketMQ's mqadmin).
+"""The admin client: topics, routes, cluster info, consumer progress and message lookups (the everyday part of
+RocketMQ's mqadmin).
 
 Topic changes go to the *leader* of each broker group (replicated there through Raft, then re-registered with
 the name servers by the broker itself), so ``create_topic`` returns once every group has committed it. Which
@@ -20,12 +21,16 @@ from client.errors import ClientError
 from client.instance import (
     ClientConfig, ClientInstance, build_config, open_remoting, raise_for_response,
 )
-from client.message import MessageQueue
+from client.message import MessageExt, MessageQueue
+from client.pull_consumer import to_message_ext
 from client.route import PERM_READ, PERM_WRITE, TopicRouteData, parse_route
 from remoting.codes import RequestCode, ResponseCode
 from remoting.errors import RaftMQError
+from remoting.message import MessageFormatError, iter_records, parse_msg_id
 
 __all__ = ["AdminClient", "ClusterInfo", "ConsumeStats", "QueueConsumeStats", "open_admin"]
+
+MAX_QUERY_NUM = 64  # the broker's cap on the messages of one QUERY_MESSAGE (RocketMQ's maxNum bound)
 
 log = logging.getLogger(__name__)
 
@@ -198,6 +203,92 @@ class AdminClient:
         queues.sort(key=lambda q: (q.queue.topic, q.queue.broker_name, q.queue.queue_id))
         return ConsumeStats(consumer_group, tuple(queues),
                             {name: tuple(a.get("consumer_ids", [])) for name, a in sorted(answers.items())})
+
+    async def _read_from_group(self, info: ClusterInfo, name: str, code: int, ext: dict[str, Any],
+                               ok: tuple[int, ...] = (ResponseCode.SUCCESS,)) -> Any:
+        """A read any node of group ``name`` serves (their commit logs are byte-identical): the leader first,
+        then the others when a node cannot be reached."""
+        nodes = info.broker_addrs.get(name, {})
+        addrs = list(dict.fromkeys(addr for _id, addr in sorted(nodes.items())))
+        if not addrs:
+            raise ClientError(f"broker group {name!r} has no node registered with the name servers",
+                              broker_name=name)
+        error: RaftMQError | None = None
+        for addr in addrs:
+            try:
+                frame = await self._instance.invoke(addr, code, ext, timeout_s=10.0)
+            except RaftMQError as e:
+                if not e.retriable:
+                    raise
+                error = e
+                continue
+            return raise_for_response(frame, ok=ok, topic=ext.get("topic"), broker_name=name)
+        assert error is not None
+        raise error
+
+    async def query_message(self, topic: str, key: str, *, max_num: int = 32, begin_ms: int = 0,
+                            end_ms: int | None = None) -> list[MessageExt]:
+        """RocketMQ's queryMessage: messages of ``topic`` whose KEYS hold ``key`` (or whose unique id is
+        ``key``), stored between ``begin_ms`` and ``end_ms``, from every group of the topic; newest first, at
+        most ``max_num`` (1..64)."""
+        if not key:
+            raise ValueError("query_message needs a key")
+        if not 1 <= max_num <= MAX_QUERY_NUM:
+            raise ValueError(f"max_num must be within 1..{MAX_QUERY_NUM}, got {max_num}")
+        end_ms = (1 << 63) - 1 if end_ms is None else end_ms
+        if not 0 <= begin_ms <= end_ms:
+            raise ValueError(f"the time range must satisfy 0 <= begin_ms <= end_ms, got {begin_ms}..{end_ms}")
+        route = await self.get_route(topic)
+        info = await self.cluster_info()
+        ext = {"topic": topic, "key": key, "max_num": max_num, "begin_timestamp": begin_ms,
+               "end_timestamp": end_ms}
+        found: list[MessageExt] = []
+
+        async def _one(name: str) -> None:
+            frame = await self._read_from_group(info, name, RequestCode.QUERY_MESSAGE, ext,
+                                                ok=(ResponseCode.SUCCESS, ResponseCode.QUERY_NOT_FOUND))
+            if frame.code == ResponseCode.SUCCESS:
+                found.extend(to_message_ext(view, name) for view in iter_records(frame.body))
+
+        async with trio.open_nursery() as nursery:
+            for name in sorted({q.broker_name for q in route.queue_datas}):
+                nursery.start_soon(_one, name)
+        found.sort(key=lambda m: (-m.store_timestamp, m.broker_name, m.phy_offset))
+        return found[:max_num]
+
+    async def view_message(self, msg_id: str, *, topic: str | None = None) -> MessageExt:
+        """RocketMQ's viewMessage / queryMsgById. ``msg_id`` is the broker's offset message id (32 hex digits:
+        ``SendResult.offset_msg_id``, ``MessageExt.offset_msg_id``), read from any node of the group that
+        stored it; or, with ``topic``, the producer's unique id (``SendResult.msg_id``), found through the
+        index. A message sent more than once under one unique id (a retried send) is found once: the newest."""
+        try:
+            (host, port), phy_offset = parse_msg_id(msg_id)
+        except MessageFormatError:
+            if topic is None:
+                raise ValueError(f"msg_id {msg_id!r} is not an offset message id (32 hex digits); to look up a "
+                                 f"producer's unique id, give its topic") from None
+            found = await self.query_message(topic, msg_id, max_num=MAX_QUERY_NUM)
+            for message in found:
+                if message.msg_id == msg_id:
+                    return message
+            raise ClientError(f"no message with unique id {msg_id!r} in topic {topic!r}", topic=topic) from None
+        store_addr = f"{host}:{port}"
+        info = await self.cluster_info()
+        # The id names the node that led the group when the message was stored; every member holds it.
+        name = next((n for n, nodes in sorted(info.broker_addrs.items()) if store_addr in nodes.values()), None)
+        if name is None:
+            raise ClientError(f"msg_id {msg_id!r} was stored by {store_addr}, which is no node of a group the name "
+                              f"servers know", msg_id=msg_id)
+        frame = await self._read_from_group(info, name, RequestCode.VIEW_MESSAGE_BY_ID, {"offset": phy_offset},
+                                            ok=(ResponseCode.SUCCESS, ResponseCode.SYSTEM_ERROR))
+        views = list(iter_records(frame.body)) if frame.code == ResponseCode.SUCCESS else []
+        if not views:
+            raise ClientError(f"no message {msg_id!r} on broker group {name!r}: {frame.remark or 'empty answer'}",
+                              msg_id=msg_id, broker_name=name)
+        if topic is not None and views[0].topic != topic:
+            raise ClientError(f"message {msg_id!r} is of topic {views[0].topic!r}, not {topic!r}", msg_id=msg_id,
+                              topic=topic)
+        return to_message_ext(views[0], name)
 
     async def broker_status(self, addr: str) -> dict[str, Any]:
         frame = raise_for_response(await self._instance.invoke(addr, RequestCode.GET_BROKER_RUNTIME_INFO))

@@ -8,6 +8,8 @@
     raftmq admin delete-topic TOPIC [--cluster NAME | --broker NAME ...]   (deleteTopic)
     raftmq admin status [--broker NAME | --addr HOST:PORT]           (brokerStatus)
     raftmq admin consumer-progress GROUP [--topic TOPIC] [--cluster NAME]  (consumerProgress)
+    raftmq admin query-msg-id MSG_ID [--topic TOPIC] [--body-file PATH]   (queryMsgById, queryMsgByUniqueKey)
+    raftmq admin query-msg-key TOPIC KEY [--max N] [--begin-ms MS] [--end-ms MS]   (queryMsgByKey)
 
 Every command takes ``--json`` (one JSON line on stdout). Exit status: 0 done, 1 the cluster refused or could not
 be reached (the message says which and why), 2 a bad argument (named).
@@ -16,6 +18,7 @@ be reached (the message says which and why), 2 a bad argument (named).
 from __future__ import annotations
 
 import argparse
+import base64
 import datetime
 import json
 import sys
@@ -25,23 +28,28 @@ from typing import Any
 import trio
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from broker.topic_config import TopicConfigError, validate_group_name, validate_topic_name
 from client import open_admin
-from client.admin import AdminClient
+from client.admin import MAX_QUERY_NUM, AdminClient
+from client.message import MessageExt
 from client.route import PERM_INHERIT, PERM_READ, PERM_WRITE, TopicRouteData
 from remoting.config import ConfigError, parse_host_port
 from raftmq.runner import leaf_exceptions
 from remoting.errors import RaftMQError
+from remoting.message import MessageFormatError, parse_msg_id
 
 _ALL_PERMS = PERM_READ | PERM_WRITE | PERM_INHERIT
+BODY_PREVIEW_BYTES = 512  # of a body shown in the table; --body-file and --json carry it whole
 
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser("admin", help="administer a cluster: groups, topics, routes, broker status",
                                    description="Administer a cluster through its name servers (RocketMQ's "
                                                "mqadmin: clusterList, topicList, topicRoute, updateTopic, "
-                                               "deleteTopic, brokerStatus, consumerProgress).")
+                                               "deleteTopic, brokerStatus, consumerProgress, "
+                                               "queryMsgById, queryMsgByKey).")
     parser.add_argument("--namesrv", default="127.0.0.1:9876",
                         help="name servers, HOST:PORT[,HOST:PORT...] (default 127.0.0.1:9876, raftmq dev's)")
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds for the whole command (default 10)")
@@ -74,6 +82,17 @@ def register(subparsers) -> None:
     scope.add_argument("--topic", help="only this topic, on every group that routes it (default: every topic "
                                        "the consumer group has committed offsets for)")
     scope.add_argument("--cluster", help="only the broker groups of this cluster (default: every group)")
+    by_id = commands.add_parser("query-msg-id", help="one message by its id: the broker's offset message id, or "
+                                                     "the producer's unique id with --topic")
+    by_id.add_argument("msg_id", metavar="MSG_ID")
+    by_id.add_argument("--topic", help="the message's topic (needed for a producer's unique id, SendResult.msg_id)")
+    by_id.add_argument("--body-file", metavar="PATH", help="also write the message body to this file")
+    by_key = commands.add_parser("query-msg-key", help="messages of a topic by key (KEYS), newest first")
+    by_key.add_argument("topic")
+    by_key.add_argument("key")
+    by_key.add_argument("--max", type=int, default=32, help=f"most messages (1..{MAX_QUERY_NUM}, default 32)")
+    by_key.add_argument("--begin-ms", type=int, default=0, help="stored at or after (ms since the epoch)")
+    by_key.add_argument("--end-ms", type=int, default=None, help="stored at or before (ms since the epoch)")
     parser.set_defaults(func=run)
 
 
@@ -107,6 +126,29 @@ def _check(args: argparse.Namespace) -> None:
                 validate_topic_name(args.topic)
         except TopicConfigError as e:
             raise ConfigError(str(e).replace("topic ", "--topic ", 1) if e.field == "topic" else str(e)) from None
+    if args.admin_command == "query-msg-id":
+        try:
+            if args.topic is not None:
+                validate_topic_name(args.topic)
+            parse_msg_id(args.msg_id)
+        except TopicConfigError as e:
+            raise ConfigError(str(e).replace("topic ", "--topic ", 1)) from None
+        except MessageFormatError:
+            if args.topic is None:
+                raise ConfigError(f"MSG_ID {args.msg_id!r} is not an offset message id (32 hex digits); a "
+                                  f"producer's unique id needs --topic") from None
+    if args.admin_command == "query-msg-key":
+        try:
+            validate_topic_name(args.topic)
+        except TopicConfigError as e:
+            raise ConfigError(str(e).replace("topic ", "TOPIC ", 1)) from None
+        if not args.key:
+            raise ConfigError("KEY must not be empty")
+        if not 1 <= args.max <= MAX_QUERY_NUM:
+            raise ConfigError(f"--max must be within 1..{MAX_QUERY_NUM}, got {args.max}")
+        if args.begin_ms < 0 or (args.end_ms is not None and args.end_ms < args.begin_ms):
+            raise ConfigError(f"--begin-ms and --end-ms must satisfy 0 <= begin <= end, got {args.begin_ms} and "
+                              f"{args.end_ms}")
 
 
 def _route_data(route: TopicRouteData) -> dict[str, Any]:
@@ -176,13 +218,40 @@ async def _consumer_progress(admin: AdminClient, args: argparse.Namespace) -> di
                         "last_timestamp": q.last_timestamp} for q in stats.queues]}
 
 
+def _message_data(m: MessageExt) -> dict[str, Any]:
+    return {"msg_id": m.msg_id, "offset_msg_id": m.offset_msg_id, "topic": m.topic, "broker_name": m.broker_name,
+            "queue_id": m.queue_id, "queue_offset": m.queue_offset, "tags": m.tags, "keys": m.keys,
+            "properties": dict(m.properties), "born_timestamp": m.born_timestamp,
+            "store_timestamp": m.store_timestamp, "store_host": f"{m.store_host[0]}:{m.store_host[1]}",
+            "phy_offset": m.phy_offset, "reconsume_times": m.reconsume_times, "flag": m.flag,
+            "sys_flag": m.sys_flag, "body_size": len(m.body), "body_base64": base64.b64encode(m.body).decode()}
+
+
+async def _query_msg_id(admin: AdminClient, args: argparse.Namespace) -> dict[str, Any]:
+    message = await admin.view_message(args.msg_id, topic=args.topic)
+    if args.body_file:
+        with open(args.body_file, "wb") as f:
+            f.write(message.body)
+    return {"messages": [_message_data(message)]}
+
+
+async def _query_msg_key(admin: AdminClient, args: argparse.Namespace) -> dict[str, Any]:
+    found = await admin.query_message(args.topic, args.key, max_num=args.max, begin_ms=args.begin_ms,
+                                      end_ms=args.end_ms)
+    if not found:
+        raise _Refused(f"no message with key {args.key!r} in topic {args.topic!r} stored between {args.begin_ms} "
+                       f"and {'now' if args.end_ms is None else args.end_ms}")
+    return {"messages": [_message_data(m) for m in found]}
+
+
 class _Refused(Exception):
     pass
 
 
 _COMMANDS: dict[str, Callable[[AdminClient, argparse.Namespace], Awaitable[dict[str, Any]]]] = {
     "cluster": _cluster, "topics": _topics, "route": _route, "create-topic": _create, "delete-topic": _delete,
-    "status": _status, "consumer-progress": _consumer_progress,
+    "status": _status, "consumer-progress": _consumer_progress, "query-msg-id": _query_msg_id,
+    "query-msg-key": _query_msg_key,
 }
 
 
@@ -214,6 +283,19 @@ def _print(command: str, data: dict[str, Any]) -> None:
         print(f"topic {data['topic']} deleted")
     elif command == "consumer-progress":
         _print_progress(console, data)
+    elif command == "query-msg-id":
+        _print_message(console, data["messages"][0])
+    elif command == "query-msg-key":
+        table = Table(title=f"{len(data['messages'])} message(s), newest first", header_style="bold")
+        for column in ("msg id", "offset msg id", "group", "queue", "queue offset", "tags", "keys", "stored (UTC)",
+                       "body bytes"):
+            table.add_column(column)
+        for m in data["messages"]:
+            table.add_row(m["msg_id"], m["offset_msg_id"], m["broker_name"], str(m["queue_id"]),
+                          str(m["queue_offset"]), Text(m["tags"] or ""), Text(" ".join(m["keys"])),
+                          _utc(m["store_timestamp"]),
+                          str(m["body_size"]))
+        console.print(table)
     else:
         for addr, status in data["nodes"].items():
             table = Table(title=f"broker node {addr}", header_style="bold")
@@ -224,15 +306,41 @@ def _print(command: str, data: dict[str, Any]) -> None:
             console.print(table)
 
 
+def _utc(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
+def _print_message(console: Console, m: dict[str, Any]) -> None:
+    table = Table(title=f"message {m['msg_id']}", header_style="bold", show_header=False)
+    table.add_column("field")
+    table.add_column("value")
+    body = base64.b64decode(m["body_base64"])
+    # Text as text, anything else (control characters, bytes that are not UTF-8) escaped, so a binary body
+    # cannot garble the terminal.
+    text = body[:BODY_PREVIEW_BYTES].decode("utf-8", errors="backslashreplace")
+    preview = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    rows = [("topic", m["topic"]), ("group", m["broker_name"]), ("queue", str(m["queue_id"])),
+            ("queue offset", str(m["queue_offset"])), ("msg id", m["msg_id"]), ("offset msg id", m["offset_msg_id"]),
+            ("tags", m["tags"] or ""), ("keys", " ".join(m["keys"])),
+            ("properties", ", ".join(f"{k}={v}" for k, v in sorted(m["properties"].items()))),
+            ("born (UTC)", _utc(m["born_timestamp"])), ("stored (UTC)", _utc(m["store_timestamp"])),
+            ("store host", m["store_host"]), ("commit-log offset", str(m["phy_offset"])),
+            ("reconsume times", str(m["reconsume_times"])), ("body bytes", str(m["body_size"])),
+            ("body", preview + (" …" if len(body) > BODY_PREVIEW_BYTES else ""))]
+    for key, value in rows:
+        table.add_row(key, Text(value))
+    console.print(table)
+
+
 def _print_progress(console: Console, data: dict[str, Any]) -> None:
     table = Table(title=f"progress of consumer group {data['consumer_group']}", header_style="bold")
     for column in ("topic", "group", "queue", "broker offset", "consumer offset", "lag", "last consumed (UTC)"):
         table.add_column(column, justify="right" if column in ("queue", "broker offset", "consumer offset", "lag")
                          else "left")
     for q in data["queues"]:
-        last = q["last_timestamp"]
-        when = "-" if last is None else datetime.datetime.fromtimestamp(last / 1000, datetime.timezone.utc) \
-            .strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+        when = _utc(q["last_timestamp"])
         table.add_row(q["topic"], q["broker_name"], str(q["queue_id"]), str(q["broker_offset"]),
                       "-" if q["consumer_offset"] is None else str(q["consumer_offset"]), str(q["lag"]), when)
     console.print(table)

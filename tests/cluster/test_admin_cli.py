@@ -3,6 +3,7 @@ cluster is (one leader among three nodes, the topic it just created), and refusa
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 import time
@@ -10,7 +11,7 @@ import time
 import pytest
 import trio
 
-from client import Message, MessageQueue, open_producer, open_pull_consumer
+from client import Message, MessageQueue, SendResult, open_producer, open_pull_consumer
 from tests.procs import raftmq_argv
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
@@ -60,7 +61,7 @@ def test_admin_reports_the_group_creates_routes_and_deletes_a_topic(spawn, tmp_p
     assert _admin_json(namesrv, "status", "--addr", follower)["nodes"][follower]["role"] == "FOLLOWER"
 
     # Consumer progress: 15 messages in each write queue, the group committed 10 of queue 0 and 5 of queue 1.
-    trio.run(_produce_and_commit, namesrv, {0: 10, 1: 5})
+    sent = trio.run(_produce_and_commit, namesrv, {0: 10, 1: 5})
     progress = _admin_json(namesrv, "consumer-progress", "AdminGroup")
     assert progress["total_lag"] == 15 and progress["consumer_group"] == "AdminGroup"
     assert [(q["topic"], q["broker_name"], q["queue_id"], q["broker_offset"], q["consumer_offset"], q["lag"])
@@ -76,6 +77,34 @@ def test_admin_reports_the_group_creates_routes_and_deletes_a_topic(spawn, tmp_p
     assert "IdleGroup" in idle.stderr and "no progress" in idle.stderr
     bad = _admin(namesrv, "consumer-progress", "bad group", expect_rc=2)
     assert "'bad group'" in bad.stderr
+
+    # Message lookups: by key, by the broker's offset id, by the producer's unique id; each finds the same one.
+    result = sent[(0, 3)]
+    [by_key] = _admin_json(namesrv, "query-msg-key", "AdminTopic", "key-0-3")["messages"]
+    assert (by_key["queue_id"], by_key["queue_offset"], by_key["keys"]) == (0, 3, ["key-0-3", "shared"])
+    assert (by_key["msg_id"], by_key["offset_msg_id"]) == (result.msg_id, result.offset_msg_id)
+    assert base64.b64decode(by_key["body_base64"]) == b"m3" and by_key["tags"] == "TagQ0"
+    assert _admin_json(namesrv, "query-msg-id", result.offset_msg_id)["messages"] == [by_key]
+    body_file = tmp_path / "body.bin"
+    by_uniq = _admin_json(namesrv, "query-msg-id", result.msg_id, "--topic", "AdminTopic", "--body-file",
+                          str(body_file))
+    assert by_uniq["messages"] == [by_key] and body_file.read_bytes() == b"m3"
+    shown = _admin(namesrv, "query-msg-id", result.offset_msg_id).stdout
+    assert result.msg_id in shown and "key-0-3" in shown and "m3" in shown
+    several = _admin_json(namesrv, "query-msg-key", "AdminTopic", "shared", "--max", "4")["messages"]
+    assert len(several) == 4 and all("shared" in m["keys"] for m in several)
+    stamps = [m["store_timestamp"] for m in several]
+    assert stamps == sorted(stamps, reverse=True)
+    absent = _admin(namesrv, "query-msg-key", "AdminTopic", "no-such-key", expect_rc=1)
+    assert "no-such-key" in absent.stderr
+    elsewhere = _admin(namesrv, "query-msg-id", "7F00000100000001" + "0" * 16, expect_rc=1)
+    assert "127.0.0.1:1" in elsewhere.stderr
+    unknown_uniq = _admin(namesrv, "query-msg-id", "AB" * 12, "--topic", "AdminTopic", expect_rc=1)
+    assert "AB" * 12 in unknown_uniq.stderr
+    needs_topic = _admin(namesrv, "query-msg-id", result.msg_id, expect_rc=2)
+    assert "--topic" in needs_topic.stderr
+    bad_max = _admin(namesrv, "query-msg-key", "AdminTopic", "k", "--max", "65", expect_rc=2)
+    assert "--max" in bad_max.stderr and "65" in bad_max.stderr
 
     _admin(namesrv, "delete-topic", "AdminTopic")
     deadline = time.monotonic() + 30
@@ -94,12 +123,17 @@ def test_admin_reports_the_group_creates_routes_and_deletes_a_topic(spawn, tmp_p
     assert "--perm" in bad_perm.stderr and "8" in bad_perm.stderr
 
 
-async def _produce_and_commit(namesrv: str, commits: dict[int, int]) -> None:
+async def _produce_and_commit(namesrv: str, commits: dict[int, int]) -> dict[tuple[int, int], SendResult]:
+    """15 messages into each queue of ``commits``, then the group's offsets; returns the sends' results."""
+    sent = {}
     async with open_producer(namesrv) as producer:
         for queue_id in commits:
             for i in range(15):
-                await producer.send(Message("AdminTopic", b"m%d" % i),
-                                    queue=MessageQueue("AdminTopic", "broker-a", queue_id))
+                message = Message("AdminTopic", b"m%d" % i, tags=f"TagQ{queue_id}",
+                                  keys=[f"key-{queue_id}-{i}", "shared"])
+                sent[(queue_id, i)] = await producer.send(message, queue=MessageQueue("AdminTopic", "broker-a",
+                                                                                       queue_id))
     async with open_pull_consumer(namesrv, consumer_group="AdminGroup") as consumer:
         for queue_id, offset in commits.items():
             await consumer.commit(MessageQueue("AdminTopic", "broker-a", queue_id), offset)
+    return sent

@@ -1,0 +1,103 @@
+"""AdminClient's message lookups against a fake instance: which nodes are asked in which order, and how the
+answers of several groups are merged. The real requests are exercised in tests/cluster/test_admin_cli.py."""
+
+from __future__ import annotations
+
+import cbor2
+import pytest
+
+from client.admin import AdminClient
+from client.errors import ClientError
+from remoting.codec import make_request, make_response
+from remoting.codes import RequestCode, ResponseCode
+from remoting.errors import ConnectError
+from remoting.message import MessageInput, create_msg_id, encode_record, record_size
+
+GROUPS = {"broker-a": {0: "127.0.0.1:10", 1: "127.0.0.1:11", 2: "127.0.0.1:12"},
+          "broker-b": {0: "127.0.0.1:20", 1: "127.0.0.1:21"}}
+
+
+def _record(body: bytes, store_ts: int, phy_offset: int, store_host=("127.0.0.1", 10), keys="k") -> bytes:
+    message = MessageInput("T", 1, body, {"KEYS": keys, "UNIQ_KEY": "AB" * 12 if body == b"uniq" else "CD" * 12})
+    buf = bytearray(record_size(len(body), 1, 64))
+    size = encode_record(buf, 0, message, queue_offset=7, phy_offset=phy_offset, store_timestamp=store_ts,
+                         store_host=store_host)
+    return bytes(buf[:size])
+
+
+class FakeInstance:
+    def __init__(self, answers):
+        self.answers = answers  # addr -> frame body (bytes), a response code, or an exception to raise
+        self.asked: list[tuple[str, int, dict]] = []
+
+    async def invoke_namesrv(self, code, ext=None, body=b"", **_):
+        request = make_request(code, ext=dict(ext or {}))
+        if code == RequestCode.GET_BROKER_CLUSTER_INFO:
+            data = {"broker_addr_table": {n: {"broker_addrs": {str(i): a for i, a in addrs.items()}}
+                                          for n, addrs in GROUPS.items()},
+                    "cluster_addr_table": {"DefaultCluster": sorted(GROUPS)}}
+        else:
+            data = {"queue_datas": [{"broker_name": n, "read_queue_nums": 4, "write_queue_nums": 4, "perm": 6}
+                                    for n in GROUPS],
+                    "broker_datas": [{"cluster": "DefaultCluster", "broker_name": n,
+                                      "broker_addrs": {str(i): a for i, a in addrs.items()}}
+                                     for n, addrs in GROUPS.items()]}
+        return make_response(request, ResponseCode.SUCCESS, body=cbor2.dumps(data))
+
+    async def invoke(self, addr, code, ext=None, body=b"", *, timeout_s=None):
+        self.asked.append((addr, code, dict(ext or {})))
+        answer = self.answers.get(addr, ResponseCode.QUERY_NOT_FOUND)
+        if isinstance(answer, Exception):
+            raise answer
+        request = make_request(code, ext=dict(ext or {}))
+        if isinstance(answer, bytes):
+            return make_response(request, ResponseCode.SUCCESS, body=answer)
+        return make_response(request, answer, remark="no message here")
+
+
+async def test_view_by_offset_id_asks_the_storing_group_and_falls_back_to_a_follower():
+    record = _record(b"hello", 1000, 4096)
+    instance = FakeInstance({"127.0.0.1:10": ConnectError("127.0.0.1:10", "refused"), "127.0.0.1:11": record})
+    admin = AdminClient(instance)
+    message = await admin.view_message(create_msg_id(("127.0.0.1", 10), 4096))
+    assert (message.body, message.broker_name, message.phy_offset) == (b"hello", "broker-a", 4096)
+    assert [(a, c) for a, c, _ in instance.asked] == [("127.0.0.1:10", RequestCode.VIEW_MESSAGE_BY_ID),
+                                                      ("127.0.0.1:11", RequestCode.VIEW_MESSAGE_BY_ID)]
+    assert instance.asked[1][2] == {"offset": 4096}
+    # A follower's own id (a message stored while it led) finds the same group.
+    instance.asked.clear()
+    instance.answers["127.0.0.1:10"] = record
+    assert (await admin.view_message(create_msg_id(("127.0.0.1", 12), 4096))).body == b"hello"
+    assert [a for a, _c, _e in instance.asked] == ["127.0.0.1:10"]
+    with pytest.raises(ClientError, match="not 'U'"):
+        await admin.view_message(create_msg_id(("127.0.0.1", 10), 4096), topic="U")
+
+
+async def test_view_refuses_ids_of_unknown_hosts_and_reports_a_missing_message():
+    admin = AdminClient(FakeInstance({"127.0.0.1:10": ResponseCode.SYSTEM_ERROR}))
+    with pytest.raises(ClientError, match="10.9.9.9:10911, which is no node"):
+        await admin.view_message(create_msg_id(("10.9.9.9", 10911), 0))
+    with pytest.raises(ClientError, match="no message .*'broker-a'.*no message here"):
+        await admin.view_message(create_msg_id(("127.0.0.1", 10), 0))
+    with pytest.raises(ValueError, match="give its topic"):
+        await admin.view_message("AB" * 12)
+
+
+async def test_query_by_key_merges_every_group_newest_first_and_finds_unique_ids():
+    a = _record(b"a-old", 1000, 0) + _record(b"uniq", 3000, 200)
+    b = _record(b"b-mid", 2000, 0, store_host=("127.0.0.1", 20))
+    instance = FakeInstance({"127.0.0.1:10": a, "127.0.0.1:20": b})
+    admin = AdminClient(instance)
+    found = await admin.query_message("T", "k")
+    assert [(m.body, m.broker_name) for m in found] == [(b"uniq", "broker-a"), (b"b-mid", "broker-b"),
+                                                        (b"a-old", "broker-a")]
+    assert [m.body for m in await admin.query_message("T", "k", max_num=2)] == [b"uniq", b"b-mid"]
+    asked = [e for _a, c, e in instance.asked if c == RequestCode.QUERY_MESSAGE]
+    assert asked[-1] == {"topic": "T", "key": "k", "max_num": 2, "begin_timestamp": 0,
+                         "end_timestamp": (1 << 63) - 1}
+    assert (await admin.view_message("AB" * 12, topic="T")).body == b"uniq"
+    with pytest.raises(ClientError, match="no message with unique id"):
+        await admin.view_message("EF" * 12, topic="T")
+    for bad in ({"max_num": 0}, {"max_num": 65}, {"begin_ms": 5, "end_ms": 4}):
+        with pytest.raises(ValueError):
+            await admin.query_message("T", "k", **bad)
