@@ -54,6 +54,7 @@ class BrokerDispatcher:
             RequestCode.QUERY_CONSUMER_OFFSET: offsets.query_consumer_offset,
             RequestCode.UPDATE_CONSUMER_OFFSET: offsets.update_consumer_offset,
             RequestCode.GET_CONSUME_STATS: offsets.get_consume_stats,
+            RequestCode.INVOKE_BROKER_TO_RESET_OFFSET: offsets.reset_offset,
             RequestCode.UPDATE_AND_CREATE_TOPIC: admin.update_and_create_topic,
             RequestCode.DELETE_TOPIC_IN_BROKER: admin.delete_topic,
             RequestCode.GET_ALL_TOPIC_CONFIG: admin.get_all_topic_config,

@@ -28,6 +28,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import cbor2
 import trio
 
 from broker.commit_log_machine import CommitLogMachine
@@ -86,6 +87,9 @@ class BrokerNode:
                                                 interval_ms=config.register_interval_ms,
                                                 timeout_ms=config.register_timeout_ms)
         self._topic_lock = trio.Lock()
+        # Held by the offset flusher around take-and-replicate and by a reset around its own replication, so a
+        # batch of commits taken before a reset cannot be replicated after it and undo it.
+        self._offset_lock = trio.Lock()
         self._nursery: trio.Nursery | None = None
         self._started_ms = int(time.time() * 1000)
         self._sync_flush = config.store.flush_disk_type == "SYNC_FLUSH"
@@ -263,6 +267,25 @@ class BrokerNode:
                 out.append(raw)
         return out
 
+    async def reset_offsets(self, group: str, topic: str, offsets: dict[int, int]) -> list[str]:
+        """Set ``group``'s offsets of ``topic`` (queue_id -> offset), replicated before returning, and tell the
+        group's online members to drop what they cached of those queues and pull from there; returns their ids.
+        A commit a member sends after that carries the new offsets (it re-commits them on the notification)."""
+        async with self._offset_lock:
+            for queue_id, offset in offsets.items():
+                self.offsets.commit(group, topic, queue_id, offset)  # also overrides an older pending commit
+            await self._replicate(OFFSET_TABLE, {_offset_key(group, topic, q): o for q, o in offsets.items()})
+        info = self.clients.consumer_groups.get(group)
+        channels = list(info.channels.values()) if info is not None else []
+        if channels and self._nursery is not None:
+            frame = make_request(RequestCode.RESET_CONSUMER_CLIENT_OFFSET, oneway=True,
+                                 ext={"consumer_group": group, "topic": topic,
+                                      "broker_name": self.config.broker_name},
+                                 body=cbor2.dumps({"offsets": sorted(offsets.items())}))
+            for channel in channels:
+                self._nursery.start_soon(self._notify_one, channel.conn, frame)
+        return sorted(ch.client_id for ch in channels)
+
     # --- clients -------------------------------------------------------------------------------------------
     def _consumer_ids_changed(self, group: str, conns: list[Any]) -> None:
         if self._nursery is None:
@@ -276,7 +299,7 @@ class BrokerNode:
         try:
             await conn.invoke_oneway(frame)
         except RaftMQError as e:
-            log.debug("consumer ids notification not delivered error=%s", e)
+            log.debug("consumer notification not delivered code=%d error=%s", frame.code, e)
 
     # --- status --------------------------------------------------------------------------------------------
     def registration_snapshot(self) -> RegistrationSnapshot:
@@ -334,15 +357,16 @@ class BrokerNode:
             if not self.is_leader():
                 self.offsets.drop_pending()
                 continue
-            batch = self.offsets.take_pending()
-            try:
-                await self._replicate(OFFSET_TABLE, {_offset_key(g, t, q): o for g, t, q, o in batch})
-            except RequestRejected:
-                self.offsets.drop_pending()
-            except Exception as e:
-                log.warning("consumer offset flush failed entries=%d error=%s", len(batch), e)
-                if self.is_leader():
-                    self.offsets.requeue(batch)
+            async with self._offset_lock:
+                batch = self.offsets.take_pending()
+                try:
+                    await self._replicate(OFFSET_TABLE, {_offset_key(g, t, q): o for g, t, q, o in batch})
+                except RequestRejected:
+                    self.offsets.drop_pending()
+                except Exception as e:
+                    log.warning("consumer offset flush failed entries=%d error=%s", len(batch), e)
+                    if self.is_leader():
+                        self.offsets.requeue(batch)
 
     async def refresh_metadata_periodically(self) -> None:
         while True:

@@ -1,5 +1,5 @@
-"""The admin client: topics, routes, cluster info, consumer progress and message lookups (the everyday part of
-RocketMQ's mqadmin).
+"""The admin client: topics, routes, cluster info, consumer progress and offset resets, message lookups (the
+everyday part of RocketMQ's mqadmin).
 
 Topic changes go to the *leader* of each broker group (replicated there through Raft, then re-registered with
 the name servers by the broker itself), so ``create_topic`` returns once every group has committed it. Which
@@ -28,7 +28,7 @@ from remoting.codes import RequestCode, ResponseCode
 from remoting.errors import RaftMQError
 from remoting.message import MessageFormatError, iter_records, parse_msg_id
 
-__all__ = ["AdminClient", "ClusterInfo", "ConsumeStats", "QueueConsumeStats", "open_admin"]
+__all__ = ["AdminClient", "ClusterInfo", "ConsumeStats", "OffsetReset", "QueueConsumeStats", "open_admin"]
 
 MAX_QUERY_NUM = 64  # the broker's cap on the messages of one QUERY_MESSAGE (RocketMQ's maxNum bound)
 
@@ -71,6 +71,17 @@ class ConsumeStats:
     @property
     def total_lag(self) -> int:
         return sum(q.lag for q in self.queues)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class OffsetReset:
+    """What ``reset_offset`` did: each queue's new ``offsets`` and ``previous`` ones (None: nothing committed),
+    and per group the ``consumer_ids`` of the online members told to pull from the new offsets."""
+
+    consumer_group: str
+    offsets: Mapping[MessageQueue, int]
+    previous: Mapping[MessageQueue, int | None]
+    consumer_ids: Mapping[str, tuple[str, ...]]
 
 
 def _parse_cluster_info(data: Mapping[str, Any]) -> ClusterInfo:
@@ -119,19 +130,37 @@ class AdminClient:
             raise ClientError("no broker group is registered with the name servers")
         return out
 
-    async def _to_leaders(self, masters: Mapping[str, str], code: int, ext: dict[str, Any]) -> None:
+    async def _to_leaders(self, masters: Mapping[str, str], code: int, ext: dict[str, Any]) -> dict[str, Any]:
+        """Send one request to each group's leader at once (following NOT_LEADER); returns each group's answer."""
+        answers: dict[str, Any] = {}
+
         async def _one(name: str, addr: str) -> None:
             for _ in range(4):
                 frame = await self._instance.invoke(addr, code, ext, timeout_s=10.0)
                 if frame.code == ResponseCode.NOT_LEADER and frame.ext.get("leader_addr"):
                     addr = frame.ext["leader_addr"]
                     continue
-                raise_for_response(frame, topic=ext.get("topic"), broker_name=name)
+                answers[name] = raise_for_response(frame, topic=ext.get("topic"), broker_name=name)
                 return
+            raise ClientError(f"broker group {name!r} kept naming another leader (last {addr})", broker_name=name)
 
         async with trio.open_nursery() as nursery:
             for name, addr in masters.items():
                 nursery.start_soon(_one, name, addr)
+        return answers
+
+    async def _route_masters(self, topic: str) -> dict[str, str]:
+        """The registered leader of every group that routes ``topic``."""
+        route = await self.get_route(topic)
+        info = await self.cluster_info()
+        masters = {}
+        for name in sorted({q.broker_name for q in route.queue_datas}):
+            addr = info.master_addr(name)
+            if not addr:
+                raise ClientError(f"broker group {name!r} has no leader registered with the name servers",
+                                  broker_name=name)
+            masters[name] = addr
+        return masters
 
     async def create_topic(self, topic: str, *, read_queue_nums: int = 8, write_queue_nums: int = 8,
                            perm: int = PERM_READ | PERM_WRITE, cluster: str | None = None,
@@ -171,15 +200,7 @@ class AdminClient:
         if not consumer_group:
             raise ValueError("consume_stats needs a consumer group")
         if topic:
-            route = await self.get_route(topic)
-            info = await self.cluster_info()
-            masters = {}
-            for name in sorted({q.broker_name for q in route.queue_datas}):
-                addr = info.master_addr(name)
-                if not addr:
-                    raise ClientError(f"broker group {name!r} has no leader registered with the name servers",
-                                      broker_name=name)
-                masters[name] = addr
+            masters = await self._route_masters(topic)
         else:
             masters = await self._target_masters(cluster, None)
         ext = {"consumer_group": consumer_group, "topic": topic or ""}
@@ -203,6 +224,28 @@ class AdminClient:
         queues.sort(key=lambda q: (q.queue.topic, q.queue.broker_name, q.queue.queue_id))
         return ConsumeStats(consumer_group, tuple(queues),
                             {name: tuple(a.get("consumer_ids", [])) for name, a in sorted(answers.items())})
+
+    async def reset_offset(self, consumer_group: str, topic: str, timestamp_ms: int) -> OffsetReset:
+        """RocketMQ's resetOffsetByTime: on every group of ``topic``, move ``consumer_group`` to the first
+        message stored at or after ``timestamp_ms`` in each queue (0: the oldest kept; a time to come: the end).
+        Online members drop what they cached of those queues and pull from there; offline ones start there."""
+        if not consumer_group:
+            raise ValueError("reset_offset needs a consumer group")
+        if timestamp_ms < 0:
+            raise ValueError(f"timestamp_ms must be >= 0, got {timestamp_ms}")
+        masters = await self._route_masters(topic)
+        answers = await self._to_leaders(masters, RequestCode.INVOKE_BROKER_TO_RESET_OFFSET,
+                                         {"consumer_group": consumer_group, "topic": topic,
+                                          "timestamp": timestamp_ms})
+        offsets, previous, told = {}, {}, {}
+        for name, frame in sorted(answers.items()):
+            data = cbor2.loads(frame.body) if frame.body else {}
+            for row in data.get("offsets", []):
+                mq = MessageQueue(topic, name, int(row["queue_id"]))
+                offsets[mq] = int(row["offset"])
+                previous[mq] = row.get("previous")
+            told[name] = tuple(data.get("consumer_ids", []))
+        return OffsetReset(consumer_group, offsets, previous, told)
 
     async def _read_from_group(self, info: ClusterInfo, name: str, code: int, ext: dict[str, Any],
                                ok: tuple[int, ...] = (ResponseCode.SUCCESS,)) -> Any:

@@ -87,15 +87,35 @@ def build_config(cls: type, options: Mapping[str, Any]) -> Any:
 
 class ServerRequests:
     """Answers what brokers send *to* the client: NOTIFY_CONSUMER_IDS_CHANGED (a member joined or left: the
-    consumer rebalances at once instead of at its next period)."""
+    consumer rebalances at once instead of at its next period) and RESET_CONSUMER_CLIENT_OFFSET (an operator
+    reset the group's offsets: the consumer drops what it cached of those queues and pulls from the new offsets).
+    """
 
     def __init__(self) -> None:
         self.on_consumer_ids_changed: Callable[[str | None], None] | None = None
+        # (consumer_group, topic, broker_name, {queue_id: offset})
+        self.on_reset_offset: Callable[[str, str, str, dict[int, int]], None] | None = None
 
     async def handle(self, request: Frame, conn: Any) -> Frame | None:
         if request.code == RequestCode.NOTIFY_CONSUMER_IDS_CHANGED:
             if self.on_consumer_ids_changed is not None:
                 self.on_consumer_ids_changed(request.ext.get("consumer_group"))
+            return None if request.is_oneway else make_response(request, ResponseCode.SUCCESS)
+        if request.code == RequestCode.RESET_CONSUMER_CLIENT_OFFSET:
+            ext = request.ext
+            try:
+                pairs = cbor2.loads(request.body)["offsets"]
+                offsets = {int(q): int(o) for q, o in pairs}
+                group, topic, broker_name = str(ext["consumer_group"]), str(ext["topic"]), str(ext["broker_name"])
+                if min(offsets.values(), default=0) < 0:
+                    raise ValueError("a negative offset")
+            except (KeyError, TypeError, ValueError, cbor2.CBORDecodeError) as e:
+                log.warning("malformed offset reset ignored remote=%s error=%s", getattr(conn, "remote_address", "?"),
+                            e)
+                return None if request.is_oneway else make_response(request, ResponseCode.INVALID_REQUEST,
+                                                                    remark=f"malformed offset reset: {e}")
+            if self.on_reset_offset is not None:
+                self.on_reset_offset(group, topic, broker_name, offsets)
             return None if request.is_oneway else make_response(request, ResponseCode.SUCCESS)
         return make_response(request, ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
                              remark=f"the client does not serve request code {request.code}")

@@ -14,6 +14,8 @@ How it works (RocketMQ's DefaultMQPushConsumer, as trio tasks):
 - **Offsets**: a queue's consume offset is the smallest offset still cached (or one past the last pulled), so
   it never passes an unprocessed message; dirty offsets are committed every
   ``persist_consumer_offset_interval_ms``, when a queue is taken away, and on close. Delivery is at least once.
+- **Offset resets** (``raftmq admin reset-offset``): the broker tells every online member; each drops the named
+  queues it holds, commits the new offsets at once and pulls from them.
 """
 
 from __future__ import annotations
@@ -286,6 +288,31 @@ class PushConsumer:
             self._flush_offsets()
             await self._offsets.persist_all()
 
+    def offsets_reset(self, consumer_group: str, topic: str, broker_name: str, offsets: dict[int, int]) -> None:
+        """The broker reset the group's offsets of ``topic`` on ``broker_name`` (``raftmq admin reset-offset``)."""
+        if consumer_group != self.config.consumer_group or topic not in self._subs or self._nursery is None:
+            return
+        self._nursery.start_soon(self._reset_queues, {MessageQueue(topic, broker_name, q): o
+                                                      for q, o in offsets.items()})
+
+    async def _reset_queues(self, offsets: dict[MessageQueue, int]) -> None:
+        # RocketMQ's resetOffset: drop the queue (its pull, its cached messages, its handler), store the new offset
+        # and pull again from it. The new offset is committed at once, so a commit of the old position that was
+        # already on its way to the broker cannot stay the last word.
+        async with self._lock:
+            for mq, offset in sorted(offsets.items()):
+                pq = self._pqs.pop(mq, None)
+                if pq is None or self._closing:
+                    continue  # another member's queue (it resets its own), or we are leaving
+                pq.drop()
+                self._offsets.update(mq, offset)
+                log.info("offset reset group=%s mq=%s offset=%d", self.config.consumer_group, mq, offset)
+                if isinstance(self._offsets, RemoteOffsetStore):
+                    await self._offsets.persist(mq)
+                else:
+                    await self._offsets.persist_all([mq])
+                self._add_queue(mq)
+
     # -- rebalance ------------------------------------------------------------------------------------------------
     async def find_consumer_ids(self, topic: str) -> list[str]:
         inst = self._instance
@@ -464,6 +491,7 @@ async def open_push_consumer(namesrv: str | Sequence[str] | None = None, *, topi
             consumer = PushConsumer(config, instance, parsed, handler)
             server_requests.on_consumer_ids_changed = (
                 lambda group: consumer.trigger_rebalance() if group in (None, config.consumer_group) else None)
+            server_requests.on_reset_offset = consumer.offsets_reset
             instance.start_background()
             await consumer.start(nursery)
             try:

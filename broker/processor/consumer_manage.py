@@ -1,4 +1,4 @@
-"""QUERY_CONSUMER_OFFSET, UPDATE_CONSUMER_OFFSET and GET_CONSUME_STATS.
+"""QUERY_CONSUMER_OFFSET, UPDATE_CONSUMER_OFFSET, GET_CONSUME_STATS and INVOKE_BROKER_TO_RESET_OFFSET.
 
 Updates are accepted by the leader only (NOT_LEADER elsewhere, with ``leader_addr``) and replicated in batches
 (``broker/offset_manager.py``). Queries are answered by any node; a group that never committed an offset for
@@ -7,6 +7,10 @@ the queue gets QUERY_NOT_FOUND, as RocketMQ, and the client then starts from its
 GET_CONSUME_STATS is RocketMQ's consumer progress (``mqadmin consumerProgress``): for every queue of the topics
 a group consumes here, the queue's max offset, the group's offset and the lag between them. Any node answers;
 the leader's answer includes commits not yet replicated, a follower's may be one flush interval behind.
+
+INVOKE_BROKER_TO_RESET_OFFSET is RocketMQ's resetOffsetByTime: on the leader, every read queue of the topic gets
+the offset of its first message stored at or after ``timestamp`` (0: the oldest kept; a future time: the end),
+replicated before the answer; the group's online members are told to drop what they cached and pull from there.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import cbor2
 
-from broker.processor.base import get_group, get_int, get_str, get_topic_queue, invalid, topic_not_exist
+from broker.processor.base import I64, get_group, get_int, get_str, get_topic_queue, invalid, topic_not_exist
 from broker.topic_config import TopicConfigError, validate_topic_name
 from remoting.codec import Frame, make_response
 from remoting.codes import ResponseCode
@@ -51,6 +55,33 @@ class ConsumerManageProcessor:
         self.node.offsets.commit(group, topic, queue_id, offset)
         return None if request.is_oneway else make_response(request, ResponseCode.SUCCESS)
 
+    def _topic(self, request: Frame, required: bool) -> str:
+        topic = get_str(request.ext, "topic", default=None if required else "", allow_empty=not required)
+        if topic:
+            try:
+                validate_topic_name(topic)
+            except TopicConfigError as e:
+                raise invalid("topic", str(e).split(" ", 1)[1]) from None
+            if self.node.topic(topic) is None:
+                raise topic_not_exist(self.node, topic)
+        return topic
+
+    async def reset_offset(self, request: Frame, conn: Any) -> Frame:
+        """Body: ``{"offsets": [{queue_id, offset, previous}], "consumer_ids": [members told]}``."""
+        node = self.node
+        if not node.is_leader():
+            raise node.not_leader()
+        group = get_group(request.ext)
+        topic = self._topic(request, required=True)
+        timestamp = get_int(request.ext, "timestamp", lo=0, hi=I64[1])
+        config = node.topic(topic)
+        assert config is not None
+        previous = node.offsets.offsets_of_group(group)
+        offsets = {q: node.store.get_offset_by_time(topic, q, timestamp) for q in range(config.read_queue_nums)}
+        told = await node.reset_offsets(group, topic, offsets)
+        rows = [{"queue_id": q, "offset": o, "previous": previous.get((topic, q))} for q, o in sorted(offsets.items())]
+        return make_response(request, ResponseCode.SUCCESS, body=cbor2.dumps({"offsets": rows, "consumer_ids": told}))
+
     async def get_consume_stats(self, request: Frame, conn: Any) -> Frame:
         """Body: ``{"offsets": [{topic, queue_id, broker_offset, consumer_offset, lag, last_timestamp}],
         "consumer_ids": [...]}``. ``topic`` (optional) narrows it to one topic; without it, every topic the
@@ -58,14 +89,8 @@ class ConsumerManageProcessor:
         node = self.node
         group = get_group(request.ext)
         committed = node.offsets.offsets_of_group(group)
-        topic = get_str(request.ext, "topic", default="", allow_empty=True)
+        topic = self._topic(request, required=False)
         if topic:
-            try:
-                validate_topic_name(topic)
-            except TopicConfigError as e:
-                raise invalid("topic", str(e).split(" ", 1)[1]) from None
-            if node.topic(topic) is None:
-                raise topic_not_exist(node, topic)
             # RocketMQ lists a topic the group subscribes to even before its first commit.
             subscribed = node.clients.find_subscription(group, topic) is not None
             topics = [topic] if subscribed or any(t == topic for t, _q in committed) else []

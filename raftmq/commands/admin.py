@@ -8,6 +8,7 @@
     raftmq admin delete-topic TOPIC [--cluster NAME | --broker NAME ...]   (deleteTopic)
     raftmq admin status [--broker NAME | --addr HOST:PORT]           (brokerStatus)
     raftmq admin consumer-progress GROUP [--topic TOPIC] [--cluster NAME]  (consumerProgress)
+    raftmq admin reset-offset GROUP TOPIC --to earliest|latest|now|MS|ISO-8601   (resetOffsetByTime)
     raftmq admin query-msg-id MSG_ID [--topic TOPIC] [--body-file PATH]   (queryMsgById, queryMsgByUniqueKey)
     raftmq admin query-msg-key TOPIC KEY [--max N] [--begin-ms MS] [--end-ms MS]   (queryMsgByKey)
 
@@ -22,6 +23,7 @@ import base64
 import datetime
 import json
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -41,6 +43,7 @@ from remoting.errors import RaftMQError
 from remoting.message import MessageFormatError, parse_msg_id
 
 _ALL_PERMS = PERM_READ | PERM_WRITE | PERM_INHERIT
+LATEST_MS = (1 << 63) - 1  # a time after every message: each queue's end
 BODY_PREVIEW_BYTES = 512  # of a body shown in the table; --body-file and --json carry it whole
 
 
@@ -49,7 +52,7 @@ def register(subparsers) -> None:
                                    description="Administer a cluster through its name servers (RocketMQ's "
                                                "mqadmin: clusterList, topicList, topicRoute, updateTopic, "
                                                "deleteTopic, brokerStatus, consumerProgress, "
-                                               "queryMsgById, queryMsgByKey).")
+                                               "resetOffsetByTime, queryMsgById, queryMsgByKey).")
     parser.add_argument("--namesrv", default="127.0.0.1:9876",
                         help="name servers, HOST:PORT[,HOST:PORT...] (default 127.0.0.1:9876, raftmq dev's)")
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds for the whole command (default 10)")
@@ -82,6 +85,13 @@ def register(subparsers) -> None:
     scope.add_argument("--topic", help="only this topic, on every group that routes it (default: every topic "
                                        "the consumer group has committed offsets for)")
     scope.add_argument("--cluster", help="only the broker groups of this cluster (default: every group)")
+    reset = commands.add_parser("reset-offset", help="move a consumer group to a point in time on every queue "
+                                                     "of a topic (online members follow at once)")
+    reset.add_argument("group", help="the consumer group")
+    reset.add_argument("topic")
+    reset.add_argument("--to", required=True, metavar="WHEN",
+                       help="earliest (the oldest message kept), latest (the end), now, milliseconds since the "
+                            "epoch, or an ISO-8601 time (UTC unless it names its zone)")
     by_id = commands.add_parser("query-msg-id", help="one message by its id: the broker's offset message id, or "
                                                      "the producer's unique id with --topic")
     by_id.add_argument("msg_id", metavar="MSG_ID")
@@ -126,6 +136,13 @@ def _check(args: argparse.Namespace) -> None:
                 validate_topic_name(args.topic)
         except TopicConfigError as e:
             raise ConfigError(str(e).replace("topic ", "--topic ", 1) if e.field == "topic" else str(e)) from None
+    if args.admin_command == "reset-offset":
+        try:
+            validate_group_name(args.group, "GROUP")
+            validate_topic_name(args.topic)
+        except TopicConfigError as e:
+            raise ConfigError(str(e).replace("topic ", "TOPIC ", 1) if e.field == "topic" else str(e)) from None
+        args.timestamp_ms = parse_when(args.to)
     if args.admin_command == "query-msg-id":
         try:
             if args.topic is not None:
@@ -218,6 +235,40 @@ async def _consumer_progress(admin: AdminClient, args: argparse.Namespace) -> di
                         "last_timestamp": q.last_timestamp} for q in stats.queues]}
 
 
+def parse_when(value: str) -> int:
+    """``--to``: a time in milliseconds since the epoch."""
+    text = value.strip()
+    if text == "earliest":
+        return 0
+    if text == "latest":
+        return LATEST_MS
+    if text == "now":
+        return int(time.time() * 1000)
+    if text.isdigit():
+        return int(text)
+    try:
+        when = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise ConfigError(f"--to must be earliest, latest, now, milliseconds since the epoch or an ISO-8601 time, "
+                          f"got {value!r}") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.timezone.utc)
+    ms = int(when.timestamp() * 1000)
+    if ms < 0:
+        raise ConfigError(f"--to must not be before 1970, got {value!r}")
+    return ms
+
+
+async def _reset_offset(admin: AdminClient, args: argparse.Namespace) -> dict[str, Any]:
+    done = await admin.reset_offset(args.group, args.topic, args.timestamp_ms)
+    return {"consumer_group": done.consumer_group, "topic": args.topic, "timestamp_ms": args.timestamp_ms,
+            "queues": [{"broker_name": mq.broker_name, "queue_id": mq.queue_id, "previous": done.previous[mq],
+                        "offset": offset} for mq, offset in sorted(done.offsets.items(),
+                                                                   key=lambda kv: (kv[0].broker_name,
+                                                                                   kv[0].queue_id))],
+            "consumer_ids": {name: list(ids) for name, ids in done.consumer_ids.items()}}
+
+
 def _message_data(m: MessageExt) -> dict[str, Any]:
     return {"msg_id": m.msg_id, "offset_msg_id": m.offset_msg_id, "topic": m.topic, "broker_name": m.broker_name,
             "queue_id": m.queue_id, "queue_offset": m.queue_offset, "tags": m.tags, "keys": m.keys,
@@ -250,7 +301,8 @@ class _Refused(Exception):
 
 _COMMANDS: dict[str, Callable[[AdminClient, argparse.Namespace], Awaitable[dict[str, Any]]]] = {
     "cluster": _cluster, "topics": _topics, "route": _route, "create-topic": _create, "delete-topic": _delete,
-    "status": _status, "consumer-progress": _consumer_progress, "query-msg-id": _query_msg_id,
+    "status": _status, "consumer-progress": _consumer_progress, "reset-offset": _reset_offset,
+    "query-msg-id": _query_msg_id,
     "query-msg-key": _query_msg_key,
 }
 
@@ -283,6 +335,18 @@ def _print(command: str, data: dict[str, Any]) -> None:
         print(f"topic {data['topic']} deleted")
     elif command == "consumer-progress":
         _print_progress(console, data)
+    elif command == "reset-offset":
+        table = Table(title=f"offsets of consumer group {data['consumer_group']} on {data['topic']} reset",
+                      header_style="bold")
+        for column in ("group", "queue", "previous offset", "new offset"):
+            table.add_column(column, justify="left" if column == "group" else "right")
+        for q in data["queues"]:
+            table.add_row(q["broker_name"], str(q["queue_id"]), "-" if q["previous"] is None else str(q["previous"]),
+                          str(q["offset"]))
+        console.print(table)
+        members = sorted({m for ids in data["consumer_ids"].values() for m in ids})
+        print(f"members online told to pull from the new offsets: {len(members)}"
+              + (f" ({', '.join(members)})" if members else ""))
     elif command == "query-msg-id":
         _print_message(console, data["messages"][0])
     elif command == "query-msg-key":

@@ -11,7 +11,10 @@ import time
 import pytest
 import trio
 
-from client import Message, MessageQueue, SendResult, open_producer, open_pull_consumer
+from client import Message, MessageQueue, SendResult, open_producer, open_pull_consumer, open_push_consumer
+from remoting.codec import make_request
+from remoting.codes import RequestCode, ResponseCode
+from remoting.transport import open_remoting_client
 from tests.procs import raftmq_argv
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
@@ -28,19 +31,22 @@ def _admin_json(namesrv: str, *args: str) -> dict:
     return json.loads(_admin(namesrv, "--json", *args).stdout.strip().splitlines()[-1])
 
 
+def _wait_for_leader(namesrv: str) -> list[dict]:
+    deadline = time.monotonic() + 30
+    while True:  # the nodes register within a second of their ready lines; the leader may still be elected
+        groups = _admin_json(namesrv, "cluster")["groups"]
+        if groups and groups[0]["leader_addr"] and len(groups[0]["nodes"]) == 3:
+            return groups
+        assert time.monotonic() < deadline, groups
+        time.sleep(0.3)
+
+
 def test_admin_reports_the_group_creates_routes_and_deletes_a_topic(spawn, tmp_path):
     dev = spawn(raftmq_argv("--log-level", "WARNING", "dev", "--data-dir", str(tmp_path / "dev"), "--base-port", "0"),
                 ready_timeout_s=90)
     namesrv, brokers = dev.fields["namesrv"], dev.fields["brokers"].split(",")
 
-    deadline = time.monotonic() + 30
-    while True:  # the nodes register within a second of their ready lines; the leader may still be elected
-        groups = _admin_json(namesrv, "cluster")["groups"]
-        if groups and groups[0]["leader_addr"] and len(groups[0]["nodes"]) == 3:
-            break
-        assert time.monotonic() < deadline, groups
-        time.sleep(0.3)
-    [group] = groups
+    [group] = _wait_for_leader(namesrv)
     assert group["broker_name"] == "broker-a"
     assert sorted(n["broker_addr"] for n in group["nodes"]) == sorted(brokers)
     leaders = [n for n in group["nodes"] if n["role"] == "LEADER"]
@@ -137,3 +143,68 @@ async def _produce_and_commit(namesrv: str, commits: dict[int, int]) -> dict[tup
         for queue_id, offset in commits.items():
             await consumer.commit(MessageQueue("AdminTopic", "broker-a", queue_id), offset)
     return sent
+
+
+def test_admin_resets_a_groups_offsets_and_its_online_members_follow(spawn, tmp_path):
+    dev = spawn(raftmq_argv("--log-level", "WARNING", "dev", "--data-dir", str(tmp_path / "dev"), "--base-port", "0"),
+                ready_timeout_s=90)
+    namesrv, brokers = dev.fields["namesrv"], dev.fields["brokers"].split(",")
+    _wait_for_leader(namesrv)
+    _admin(namesrv, "create-topic", "ResetTopic", "--read-queues", "2", "--write-queues", "2")
+    trio.run(_reset_while_consuming, namesrv, brokers)
+
+    # Offline: the next member starts where the reset put the group.
+    done = _admin_json(namesrv, "reset-offset", "ResetGroup", "ResetTopic", "--to", "latest")
+    assert [(q["queue_id"], q["offset"]) for q in done["queues"]] == [(0, 20), (1, 20)]
+    assert done["consumer_ids"] == {"broker-a": []}
+    progress = _admin_json(namesrv, "consumer-progress", "ResetGroup")
+    assert progress["total_lag"] == 0
+    text = _admin(namesrv, "reset-offset", "ResetGroup", "ResetTopic", "--to", "1970-01-01T00:00:00Z").stdout
+    assert "ResetGroup" in text and "members online told to pull from the new offsets: 0" in text
+    assert _admin_json(namesrv, "consumer-progress", "ResetGroup")["total_lag"] == 40
+
+    bad_when = _admin(namesrv, "reset-offset", "ResetGroup", "ResetTopic", "--to", "yesterday", expect_rc=2)
+    assert "--to" in bad_when.stderr and "yesterday" in bad_when.stderr
+    missing = _admin(namesrv, "reset-offset", "ResetGroup", "NoSuchTopic", "--to", "now", expect_rc=1)
+    assert "NoSuchTopic" in missing.stderr
+
+
+async def _reset_while_consuming(namesrv: str, brokers: list[str]) -> None:
+    async with open_producer(namesrv) as producer:
+        for i in range(40):
+            await producer.send(Message("ResetTopic", b"r%d" % i), queue=MessageQueue("ResetTopic", "broker-a", i % 2))
+    seen: list[tuple[int, int]] = []
+    async with open_push_consumer(namesrv, topic="ResetTopic", consumer_group="ResetGroup",
+                                  consume_from_where="CONSUME_FROM_FIRST_OFFSET",
+                                  persist_consumer_offset_interval_ms=100) as consumer:
+        with trio.fail_after(30):
+            async for msg in consumer:
+                seen.append((msg.queue_id, msg.queue_offset))
+                if len(seen) == 40:
+                    break
+            consumer.ack_pending()  # the iterator acknowledges a message when asked for the next one
+            await trio.sleep(0.5)  # its offsets committed: the group is at the end
+            progress = json.loads((await trio.to_thread.run_sync(
+                lambda: _admin(namesrv, "--json", "consumer-progress", "ResetGroup"))).stdout)
+            assert progress["total_lag"] == 0 and len(progress["consumer_ids"]["broker-a"]) == 1
+            # Back to the start while the member is online: it drops its position and consumes everything again.
+            done = json.loads((await trio.to_thread.run_sync(
+                lambda: _admin(namesrv, "--json", "reset-offset", "ResetGroup", "ResetTopic", "--to",
+                               "earliest"))).stdout)
+            assert [(q["queue_id"], q["previous"], q["offset"]) for q in done["queues"]] == [(0, 20, 0), (1, 20, 0)]
+            assert done["consumer_ids"]["broker-a"] == [consumer.client_id]
+            again = []
+            async for msg in consumer:
+                again.append((msg.queue_id, msg.queue_offset))
+                if len(again) == 40:
+                    break
+            consumer.ack_pending()
+    assert sorted(seen) == sorted(again) == sorted((q, o) for q in (0, 1) for o in range(20))
+    # The member's commits after the reset (on close) were replicated: every node answers the end.
+    await trio.sleep(1.0)  # consumer_offset_flush_interval_ms (200 ms), with room
+    async with open_remoting_client() as client:
+        for addr in brokers:
+            for queue_id in (0, 1):
+                r = await client.invoke(addr, make_request(RequestCode.QUERY_CONSUMER_OFFSET, ext={
+                    "consumer_group": "ResetGroup", "topic": "ResetTopic", "queue_id": queue_id}))
+                assert (r.code, r.ext["offset"]) == (ResponseCode.SUCCESS, 20), (addr, queue_id, r.remark)

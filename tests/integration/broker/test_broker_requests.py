@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import cbor2
 import trio
 
@@ -300,3 +302,69 @@ async def test_consume_stats_report_offsets_lag_and_members(nursery, tmp_path):
         r = await call(client, addr, RequestCode.GET_CONSUME_STATS, {"consumer_group": "cg", "topic": "NoSuch"})
         assert r.code == ResponseCode.TOPIC_NOT_EXIST and "NoSuch" in r.remark
         assert (await stats(consumer_group="cg"))["offsets"][0]["consumer_offset"] == 2
+
+
+async def test_reset_offset_moves_the_group_replicates_and_tells_online_members(nursery, tmp_path):
+    config, addr = await _node(nursery, tmp_path, consumer_offset_flush_interval_ms=60_000)
+    async with open_remoting_client() as client:
+        await _wait_leader(client, addr)
+        for i in range(4):
+            assert (await _send(client, addr, body=b"old%d" % i, queue_id=0)).code == ResponseCode.SUCCESS
+        await trio.sleep(0.02)
+        middle = int(time.time() * 1000)
+        await trio.sleep(0.02)
+        for i in range(3):
+            assert (await _send(client, addr, body=b"new%d" % i, queue_id=0)).code == ResponseCode.SUCCESS
+        key = {"consumer_group": "cg", "topic": "TopicTest", "queue_id": 0}
+        # A commit still pending on the leader must not outlive the reset.
+        r = await call(client, addr, RequestCode.UPDATE_CONSUMER_OFFSET, {**key, "commit_offset": 7})
+        assert r.code == ResponseCode.SUCCESS
+
+        resets: list = []
+
+        class Member:
+            async def handle(self, request, conn):
+                if request.code == RequestCode.RESET_CONSUMER_CLIENT_OFFSET:
+                    resets.append((request.ext, cbor2.loads(request.body)))
+                return None
+
+        hb = {"client_id": "m1", "consumers": [{"consumer_group": "cg",
+                                                 "subscriptions": [{"topic": "TopicTest", "expression": "*"}]}]}
+        async with open_connection(addr, handler=Member()) as member:
+            r = await member.invoke(make_request(RequestCode.HEART_BEAT, body=cbor2.dumps(hb)))
+            assert r.code == ResponseCode.SUCCESS
+
+            async def reset(timestamp):
+                r = await call(client, addr, RequestCode.INVOKE_BROKER_TO_RESET_OFFSET,
+                               {"consumer_group": "cg", "topic": "TopicTest", "timestamp": timestamp})
+                assert r.code == ResponseCode.SUCCESS, r.remark
+                return cbor2.loads(r.body)
+
+            data = await reset(middle)
+            assert data["offsets"][0] == {"queue_id": 0, "offset": 4, "previous": 7}
+            assert [row["offset"] for row in data["offsets"]] == [4, 0, 0, 0] and data["consumer_ids"] == ["m1"]
+            r = await call(client, addr, RequestCode.QUERY_CONSUMER_OFFSET, key)
+            assert r.code == ResponseCode.SUCCESS and r.ext["offset"] == 4
+            with trio.fail_after(2):
+                while not resets:
+                    await trio.sleep(0.01)
+            ext, body = resets[0]
+            assert (ext["consumer_group"], ext["topic"], ext["broker_name"]) == ("cg", "TopicTest", "broker-a")
+            assert body["offsets"] == [[0, 4], [1, 0], [2, 0], [3, 0]]
+
+            assert (await reset(0))["offsets"][0] == {"queue_id": 0, "offset": 0, "previous": 4}
+            assert (await reset(2 ** 63 - 1))["offsets"][0]["offset"] == 7
+
+        # Bad input names the field, and nothing was reset by it.
+        for ext, code, words in (
+                ({"topic": "TopicTest", "timestamp": 0}, ResponseCode.INVALID_REQUEST, "'consumer_group' is required"),
+                ({"consumer_group": "cg", "timestamp": 0}, ResponseCode.INVALID_REQUEST, "'topic' is required"),
+                ({"consumer_group": "cg", "topic": "TopicTest"}, ResponseCode.INVALID_REQUEST,
+                 "'timestamp' is required"),
+                ({"consumer_group": "cg", "topic": "TopicTest", "timestamp": -5}, ResponseCode.INVALID_REQUEST,
+                 "'timestamp' must be an integer within 0.."),
+                ({"consumer_group": "cg", "topic": "NoSuch", "timestamp": 0}, ResponseCode.TOPIC_NOT_EXIST, "NoSuch")):
+            r = await call(client, addr, RequestCode.INVOKE_BROKER_TO_RESET_OFFSET, ext)
+            assert r.code == code and words in r.remark, (ext, r.code, r.remark)
+        r = await call(client, addr, RequestCode.QUERY_CONSUMER_OFFSET, key)
+        assert r.ext["offset"] == 7

@@ -202,7 +202,7 @@ def test_public_api_is_pinned():
         "open_producer", "Producer", "ProducerConfig",
         "open_push_consumer", "PushConsumer", "PushConsumerConfig",
         "open_pull_consumer", "PullConsumer", "PullConsumerConfig",
-        "open_admin", "AdminClient", "ClusterInfo", "ConsumeStats", "QueueConsumeStats",
+        "open_admin", "AdminClient", "ClusterInfo", "ConsumeStats", "OffsetReset", "QueueConsumeStats",
         "Message", "MessageExt", "MessageQueue", "SendResult", "SendStatus", "PullResult", "PullStatus",
         "Subscription", "parse_subscription", "tags_code", "allocate_average",
         "RaftMQError", "RemotingError", "ConnectError", "ConnectionClosedError", "RequestTimeoutError",
