@@ -205,6 +205,10 @@ class ClientManager:
     def _changed(self, info: ConsumerGroupInfo) -> None:
         self._notify(info.consumer_group, [ch.conn for ch in info.channels.values()])
 
+    def now(self) -> float:
+        """The clock heartbeats are stamped with."""
+        return self._clock()
+
     def consumer_ids(self, consumer_group: str) -> list[str]:
         info = self.consumer_groups.get(consumer_group)
         return sorted(info.channels) if info else []

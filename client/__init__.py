@@ -4,7 +4,16 @@
         result = await producer.send(Message("TopicTest", b"hello", tags="TagA"))
 """
 
-from client.admin import AdminClient, ClusterInfo, ConsumeStats, OffsetReset, QueueConsumeStats, open_admin
+from client.admin import (
+    AdminClient,
+    ClusterInfo,
+    ConsumerConnection,
+    ConsumeStats,
+    OffsetReset,
+    QueueConsumeStats,
+    TopicQueueStatus,
+    open_admin,
+)
 from client.errors import (
     BrokerError,
     ClientClosedError,
@@ -39,7 +48,8 @@ __all__ = [
     "open_producer", "Producer", "ProducerConfig",
     "open_push_consumer", "PushConsumer", "PushConsumerConfig",
     "open_pull_consumer", "PullConsumer", "PullConsumerConfig",
-    "open_admin", "AdminClient", "ClusterInfo", "ConsumeStats", "OffsetReset", "QueueConsumeStats",
+    "open_admin", "AdminClient", "ClusterInfo", "ConsumeStats", "ConsumerConnection", "OffsetReset",
+    "QueueConsumeStats", "TopicQueueStatus",
     "Message", "MessageExt", "MessageQueue", "SendResult", "SendStatus", "PullResult", "PullStatus",
     "Subscription", "parse_subscription", "tags_code", "allocate_average",
     "RaftMQError", "RemotingError", "ConnectError", "ConnectionClosedError", "RequestTimeoutError", "BrokerError",

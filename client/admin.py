@@ -1,5 +1,5 @@
-"""The admin client: topics, routes, cluster info, consumer progress and offset resets, message lookups (the
-everyday part of RocketMQ's mqadmin).
+"""The admin client: topics and their status, routes, cluster info, consumer groups (progress, members, offset
+resets), message lookups (the everyday part of RocketMQ's mqadmin).
 
 Topic changes go to the *leader* of each broker group (replicated there through Raft, then re-registered with
 the name servers by the broker itself), so ``create_topic`` returns once every group has committed it. Which
@@ -28,7 +28,8 @@ from remoting.codes import RequestCode, ResponseCode
 from remoting.errors import RaftMQError
 from remoting.message import MessageFormatError, iter_records, parse_msg_id
 
-__all__ = ["AdminClient", "ClusterInfo", "ConsumeStats", "OffsetReset", "QueueConsumeStats", "open_admin"]
+__all__ = ["AdminClient", "ClusterInfo", "ConsumeStats", "ConsumerConnection", "OffsetReset", "QueueConsumeStats",
+           "TopicQueueStatus", "open_admin"]
 
 MAX_QUERY_NUM = 64  # the broker's cap on the messages of one QUERY_MESSAGE (RocketMQ's maxNum bound)
 
@@ -71,6 +72,29 @@ class ConsumeStats:
     @property
     def total_lag(self) -> int:
         return sum(q.lag for q in self.queues)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TopicQueueStatus:
+    """One queue of a topic (RocketMQ's topicStatus): the offsets it holds and when its last message was stored
+    (ms; None for an empty queue)."""
+
+    queue: MessageQueue
+    min_offset: int
+    max_offset: int
+    last_update_timestamp: int | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ConsumerConnection:
+    """A consumer group's online members (RocketMQ's consumerConnection): ``connections`` maps each member's
+    client id to its address as its group leader sees it; ``subscriptions`` maps topic to tag expression."""
+
+    consumer_group: str
+    message_model: str
+    consume_from_where: str
+    subscriptions: Mapping[str, str]
+    connections: Mapping[str, str]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -224,6 +248,55 @@ class AdminClient:
         queues.sort(key=lambda q: (q.queue.topic, q.queue.broker_name, q.queue.queue_id))
         return ConsumeStats(consumer_group, tuple(queues),
                             {name: tuple(a.get("consumer_ids", [])) for name, a in sorted(answers.items())})
+
+    async def topic_status(self, topic: str) -> list[TopicQueueStatus]:
+        """Every queue of ``topic`` on every group that routes it, with its offsets (any node answers: the
+        leader first)."""
+        route = await self.get_route(topic)
+        info = await self.cluster_info()
+        out: list[TopicQueueStatus] = []
+
+        async def _one(name: str) -> None:
+            frame = await self._read_from_group(info, name, RequestCode.GET_TOPIC_STATS_INFO, {"topic": topic})
+            for row in cbor2.loads(frame.body).get("offsets", []):
+                out.append(TopicQueueStatus(MessageQueue(topic, name, int(row["queue_id"])), int(row["min_offset"]),
+                                            int(row["max_offset"]), row.get("last_update_timestamp")))
+
+        async with trio.open_nursery() as nursery:
+            for name in sorted({q.broker_name for q in route.queue_datas}):
+                nursery.start_soon(_one, name)
+        return sorted(out, key=lambda q: (q.queue.broker_name, q.queue.queue_id))
+
+    async def consumer_connections(self, consumer_group: str, *, cluster: str | None = None) -> ConsumerConnection:
+        """The group's members online on the groups of ``cluster`` (default: all); empty ``connections`` when
+        none is."""
+        if not consumer_group:
+            raise ValueError("consumer_connections needs a consumer group")
+        masters = await self._target_masters(cluster, None)
+        answers: dict[str, Any] = {}
+
+        async def _one(name: str, addr: str) -> None:
+            frame = raise_for_response(
+                await self._instance.invoke(addr, RequestCode.GET_CONSUMER_CONNECTION_LIST,
+                                            {"consumer_group": consumer_group}, timeout_s=10.0),
+                ok=(ResponseCode.SUCCESS, ResponseCode.CONSUMER_NOT_ONLINE), broker_name=name)
+            if frame.code == ResponseCode.SUCCESS:
+                answers[name] = cbor2.loads(frame.body)
+
+        async with trio.open_nursery() as nursery:
+            for name, addr in masters.items():
+                nursery.start_soon(_one, name, addr)
+        connections: dict[str, str] = {}
+        subscriptions: dict[str, str] = {}
+        model = where = ""
+        for _name, data in sorted(answers.items()):
+            model, where = data.get("message_model", model), data.get("consume_from_where", where)
+            for sub in data.get("subscriptions", []):
+                subscriptions.setdefault(sub["topic"], sub["expression"])
+            for c in data.get("connections", []):
+                connections.setdefault(c["client_id"], c.get("client_addr", ""))
+        return ConsumerConnection(consumer_group, model, where, dict(sorted(subscriptions.items())),
+                                  dict(sorted(connections.items())))
 
     async def reset_offset(self, consumer_group: str, topic: str, timestamp_ms: int) -> OffsetReset:
         """RocketMQ's resetOffsetByTime: on every group of ``topic``, move ``consumer_group`` to the first

@@ -1,4 +1,4 @@
-"""Admin requests: topic create/update/delete, topic listing, queue offsets, broker status.
+"""Admin requests: topic create/update/delete, topic listing, queue offsets, topic status, broker status.
 
 Topic changes are leader-only and replicated through the group's metadata before the answer, then the node
 re-registers with every name server at once, so a route query right after the answer already shows the change.
@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 import cbor2
 
-from broker.processor.base import I64, RequestRejected, get_int, get_str, get_topic_queue, topic_not_exist
+from broker.processor.base import (I64, RequestRejected, get_existing_topic, get_int, get_str, get_topic_queue,
+                                   topic_not_exist)
 from broker.topic_config import SYSTEM_TOPIC_PREFIX, TopicConfig, TopicConfigError, is_system_topic, validate_topic_name
 from remoting.codec import Frame, make_response
 from remoting.codes import ResponseCode
@@ -85,6 +86,22 @@ class AdminProcessor:
         message = self.node.message_at(topic, queue_id, min_offset)
         return make_response(request, ResponseCode.SUCCESS,
                              ext={"timestamp": message.store_timestamp if message is not None else -1})
+
+    async def get_topic_stats_info(self, request: Frame, conn: Any) -> Frame:
+        """RocketMQ's topicStatus: per queue the min and max offsets and when its last message was stored."""
+        node = self.node
+        topic = get_existing_topic(node, request.ext)
+        config = node.topic(topic)
+        assert config is not None
+        store = node.store
+        rows = []
+        for queue_id in range(max(config.read_queue_nums, config.write_queue_nums)):
+            min_offset = store.get_min_offset_in_queue(topic, queue_id)
+            max_offset = store.get_max_offset_in_queue(topic, queue_id)
+            last = node.message_at(topic, queue_id, max_offset - 1) if max_offset > min_offset else None
+            rows.append({"queue_id": queue_id, "min_offset": min_offset, "max_offset": max_offset,
+                         "last_update_timestamp": last.store_timestamp if last is not None else None})
+        return make_response(request, ResponseCode.SUCCESS, body=cbor2.dumps({"offsets": rows}))
 
     # --- status --------------------------------------------------------------------------------------------
     async def get_broker_runtime_info(self, request: Frame, conn: Any) -> Frame:

@@ -12,7 +12,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from broker.topic_config import TopicConfigError, validate_group_name
+from broker.topic_config import TopicConfigError, validate_group_name, validate_topic_name
 from dledger import (AppendTimeoutError, BatchRejectedError, DLedgerError, GroupBusyError, LeaderChangedError,
                      NotLeaderError, RecordTooLargeError)
 from remoting.codec import Frame, make_response
@@ -61,6 +61,20 @@ def get_str(ext: Mapping[str, Any], name: str, *, default: str | None = None, al
     if not isinstance(value, str) or (not value and not allow_empty):
         raise invalid(name, f"must be a non-empty string, got {value!r}")
     return value
+
+
+def get_existing_topic(node: Any, ext: Mapping[str, Any], *, required: bool = True) -> str:
+    """``topic``: a legal name of a topic this node has; "" when not ``required`` and absent or empty."""
+    topic = get_str(ext, "topic", default=None if required else "", allow_empty=not required)
+    if not topic:
+        return topic
+    try:
+        validate_topic_name(topic)
+    except TopicConfigError as e:
+        raise invalid("topic", str(e).split(" ", 1)[1]) from None
+    if node.topic(topic) is None:
+        raise topic_not_exist(node, topic)
+    return topic
 
 
 def get_group(ext: Mapping[str, Any], name: str = "consumer_group") -> str:

@@ -1,4 +1,5 @@
-"""HEART_BEAT, UNREGISTER_CLIENT and GET_CONSUMER_LIST_BY_GROUP: who is connected, per group.
+"""HEART_BEAT, UNREGISTER_CLIENT, GET_CONSUMER_LIST_BY_GROUP and GET_CONSUMER_CONNECTION_LIST: who is connected,
+per group.
 
 The heartbeat's producer and consumer data may come as a CBOR body (RocketMQ sends HeartbeatData as the body)
 or, for small heartbeats, inline in ``ext``; the schema is the same (docs/protocol.md, "Broker requests").
@@ -58,3 +59,21 @@ class ClientManageProcessor:
         # An empty list is an answer, not an error: a member that has not sent its heartbeat here yet simply
         # sees no peers and rebalances again on its next round.
         return make_response(request, ResponseCode.SUCCESS, body=cbor2.dumps({"consumer_id_list": ids}))
+
+    async def get_consumer_connection_list(self, request: Frame, conn: Any) -> Frame:
+        """RocketMQ's consumerConnection: the group's members on this node and what they subscribe to."""
+        group = get_group(request.ext)
+        info = self.node.clients.consumer_groups.get(group)
+        if info is None or not info.channels:
+            raise RequestRejected(ResponseCode.CONSUMER_NOT_ONLINE,
+                                  f"consumer group {group!r} has no member online on broker node "
+                                  f"{self.node.broker_addr}")
+        now = self.node.clients.now()
+        body = {"consume_type": info.consume_type, "message_model": info.message_model,
+                "consume_from_where": info.consume_from_where,
+                "subscriptions": [{"topic": sub.topic, "expression": sub.expression}
+                                  for _topic, sub in sorted(info.subscriptions.items())],
+                "connections": [{"client_id": ch.client_id, "client_addr": getattr(ch.conn, "remote_address", ""),
+                                 "last_heartbeat_age_ms": int(max(0.0, now - ch.last_update_s) * 1000)}
+                                for _id, ch in sorted(info.channels.items())]}
+        return make_response(request, ResponseCode.SUCCESS, body=cbor2.dumps(body))

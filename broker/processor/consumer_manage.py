@@ -19,8 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import cbor2
 
-from broker.processor.base import I64, get_group, get_int, get_str, get_topic_queue, invalid, topic_not_exist
-from broker.topic_config import TopicConfigError, validate_topic_name
+from broker.processor.base import I64, get_existing_topic, get_group, get_int, get_topic_queue
 from remoting.codec import Frame, make_response
 from remoting.codes import ResponseCode
 
@@ -55,24 +54,13 @@ class ConsumerManageProcessor:
         self.node.offsets.commit(group, topic, queue_id, offset)
         return None if request.is_oneway else make_response(request, ResponseCode.SUCCESS)
 
-    def _topic(self, request: Frame, required: bool) -> str:
-        topic = get_str(request.ext, "topic", default=None if required else "", allow_empty=not required)
-        if topic:
-            try:
-                validate_topic_name(topic)
-            except TopicConfigError as e:
-                raise invalid("topic", str(e).split(" ", 1)[1]) from None
-            if self.node.topic(topic) is None:
-                raise topic_not_exist(self.node, topic)
-        return topic
-
     async def reset_offset(self, request: Frame, conn: Any) -> Frame:
         """Body: ``{"offsets": [{queue_id, offset, previous}], "consumer_ids": [members told]}``."""
         node = self.node
         if not node.is_leader():
             raise node.not_leader()
         group = get_group(request.ext)
-        topic = self._topic(request, required=True)
+        topic = get_existing_topic(node, request.ext)
         timestamp = get_int(request.ext, "timestamp", lo=0, hi=I64[1])
         config = node.topic(topic)
         assert config is not None
@@ -89,7 +77,7 @@ class ConsumerManageProcessor:
         node = self.node
         group = get_group(request.ext)
         committed = node.offsets.offsets_of_group(group)
-        topic = self._topic(request, required=False)
+        topic = get_existing_topic(node, request.ext, required=False)
         if topic:
             # RocketMQ lists a topic the group subscribes to even before its first commit.
             subscribed = node.clients.find_subscription(group, topic) is not None

@@ -7,6 +7,8 @@
                                     [--cluster NAME | --broker NAME ...]   (updateTopic)
     raftmq admin delete-topic TOPIC [--cluster NAME | --broker NAME ...]   (deleteTopic)
     raftmq admin status [--broker NAME | --addr HOST:PORT]           (brokerStatus)
+    raftmq admin topic-status TOPIC                                  (topicStatus)
+    raftmq admin consumer-connection GROUP [--cluster NAME]          (consumerConnection)
     raftmq admin consumer-progress GROUP [--topic TOPIC] [--cluster NAME]  (consumerProgress)
     raftmq admin reset-offset GROUP TOPIC --to earliest|latest|now|MS|ISO-8601   (resetOffsetByTime)
     raftmq admin query-msg-id MSG_ID [--topic TOPIC] [--body-file PATH]   (queryMsgById, queryMsgByUniqueKey)
@@ -51,8 +53,9 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser("admin", help="administer a cluster: groups, topics, routes, broker status",
                                    description="Administer a cluster through its name servers (RocketMQ's "
                                                "mqadmin: clusterList, topicList, topicRoute, updateTopic, "
-                                               "deleteTopic, brokerStatus, consumerProgress, "
-                                               "resetOffsetByTime, queryMsgById, queryMsgByKey).")
+                                               "deleteTopic, topicStatus, brokerStatus, "
+                                               "consumerConnection, consumerProgress, resetOffsetByTime, "
+                                               "queryMsgById, queryMsgByKey).")
     parser.add_argument("--namesrv", default="127.0.0.1:9876",
                         help="name servers, HOST:PORT[,HOST:PORT...] (default 127.0.0.1:9876, raftmq dev's)")
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds for the whole command (default 10)")
@@ -78,6 +81,12 @@ def register(subparsers) -> None:
     which = status.add_mutually_exclusive_group()
     which.add_argument("--broker", help="the leader of this group (default: of every group)")
     which.add_argument("--addr", help="this node, HOST:PORT (any member, follower or leader)")
+    topic_status = commands.add_parser("topic-status", help="a topic's queues: min and max offsets, last update")
+    topic_status.add_argument("topic")
+    connection = commands.add_parser("consumer-connection", help="a consumer group's online members and what "
+                                                                 "they subscribe to")
+    connection.add_argument("group", help="the consumer group")
+    connection.add_argument("--cluster", help="only the broker groups of this cluster (default: every group)")
     progress = commands.add_parser("consumer-progress",
                                    help="a consumer group's offsets and lag on every queue it consumes")
     progress.add_argument("group", help="the consumer group")
@@ -129,6 +138,16 @@ def _check(args: argparse.Namespace) -> None:
                               f"got {args.perm}")
     if args.admin_command == "status" and args.addr:
         parse_host_port(args.addr, key="--addr")
+    if args.admin_command == "topic-status":
+        try:
+            validate_topic_name(args.topic)
+        except TopicConfigError as e:
+            raise ConfigError(str(e).replace("topic ", "TOPIC ", 1)) from None
+    if args.admin_command == "consumer-connection":
+        try:
+            validate_group_name(args.group, "GROUP")
+        except TopicConfigError as e:
+            raise ConfigError(str(e)) from None
     if args.admin_command == "consumer-progress":
         try:
             validate_group_name(args.group, "GROUP")
@@ -222,6 +241,23 @@ async def _status(admin: AdminClient, args: argparse.Namespace) -> dict[str, Any
     return {"nodes": out}
 
 
+async def _topic_status(admin: AdminClient, args: argparse.Namespace) -> dict[str, Any]:
+    queues = await admin.topic_status(args.topic)
+    return {"topic": args.topic,
+            "queues": [{"broker_name": q.queue.broker_name, "queue_id": q.queue.queue_id,
+                        "min_offset": q.min_offset, "max_offset": q.max_offset,
+                        "last_update_timestamp": q.last_update_timestamp} for q in queues]}
+
+
+async def _consumer_connection(admin: AdminClient, args: argparse.Namespace) -> dict[str, Any]:
+    found = await admin.consumer_connections(args.group, cluster=args.cluster)
+    if not found.connections:
+        raise _Refused(f"consumer group {args.group!r} has no member online")
+    return {"consumer_group": found.consumer_group, "message_model": found.message_model,
+            "consume_from_where": found.consume_from_where, "subscriptions": dict(found.subscriptions),
+            "connections": [{"client_id": cid, "client_addr": addr} for cid, addr in found.connections.items()]}
+
+
 async def _consumer_progress(admin: AdminClient, args: argparse.Namespace) -> dict[str, Any]:
     stats = await admin.consume_stats(args.group, topic=args.topic, cluster=args.cluster)
     if not stats.queues:
@@ -301,7 +337,8 @@ class _Refused(Exception):
 
 _COMMANDS: dict[str, Callable[[AdminClient, argparse.Namespace], Awaitable[dict[str, Any]]]] = {
     "cluster": _cluster, "topics": _topics, "route": _route, "create-topic": _create, "delete-topic": _delete,
-    "status": _status, "consumer-progress": _consumer_progress, "reset-offset": _reset_offset,
+    "status": _status, "topic-status": _topic_status, "consumer-connection": _consumer_connection,
+    "consumer-progress": _consumer_progress, "reset-offset": _reset_offset,
     "query-msg-id": _query_msg_id,
     "query-msg-key": _query_msg_key,
 }
@@ -333,6 +370,23 @@ def _print(command: str, data: dict[str, Any]) -> None:
             _print_route(console, data["route"])
     elif command == "delete-topic":
         print(f"topic {data['topic']} deleted")
+    elif command == "topic-status":
+        table = Table(title=f"status of {data['topic']}", header_style="bold")
+        for column in ("group", "queue", "min offset", "max offset", "last update (UTC)"):
+            table.add_column(column, justify="right" if column in ("queue", "min offset", "max offset") else "left")
+        for q in data["queues"]:
+            table.add_row(q["broker_name"], str(q["queue_id"]), str(q["min_offset"]), str(q["max_offset"]),
+                          _utc(q["last_update_timestamp"]))
+        console.print(table)
+    elif command == "consumer-connection":
+        table = Table(title=f"members of consumer group {data['consumer_group']}", header_style="bold")
+        table.add_column("client id")
+        table.add_column("address")
+        for c in data["connections"]:
+            table.add_row(Text(c["client_id"]), c["client_addr"])
+        console.print(table)
+        print(f"message model: {data['message_model']}; consume from: {data['consume_from_where']}; "
+              "subscriptions: " + ", ".join(f"{t} ({e})" for t, e in data["subscriptions"].items()))
     elif command == "consumer-progress":
         _print_progress(console, data)
     elif command == "reset-offset":

@@ -84,6 +84,14 @@ def test_admin_reports_the_group_creates_routes_and_deletes_a_topic(spawn, tmp_p
     bad = _admin(namesrv, "consumer-progress", "bad group", expect_rc=2)
     assert "'bad group'" in bad.stderr
 
+    status = _admin_json(namesrv, "topic-status", "AdminTopic")["queues"]
+    assert [(q["queue_id"], q["min_offset"], q["max_offset"]) for q in status] == [(0, 0, 15), (1, 0, 15),
+                                                                                  (2, 0, 0), (3, 0, 0)]
+    assert status[0]["last_update_timestamp"] >= progress["queues"][0]["last_timestamp"]  # message 14 vs 9
+    assert "status of AdminTopic" in _admin(namesrv, "topic-status", "AdminTopic").stdout
+    offline = _admin(namesrv, "consumer-connection", "AdminGroup", expect_rc=1)
+    assert "'AdminGroup' has no member online" in offline.stderr
+
     # Message lookups: by key, by the broker's offset id, by the producer's unique id; each finds the same one.
     result = sent[(0, 3)]
     [by_key] = _admin_json(namesrv, "query-msg-key", "AdminTopic", "key-0-3")["messages"]
@@ -187,6 +195,10 @@ async def _reset_while_consuming(namesrv: str, brokers: list[str]) -> None:
             progress = json.loads((await trio.to_thread.run_sync(
                 lambda: _admin(namesrv, "--json", "consumer-progress", "ResetGroup"))).stdout)
             assert progress["total_lag"] == 0 and len(progress["consumer_ids"]["broker-a"]) == 1
+            members = json.loads((await trio.to_thread.run_sync(
+                lambda: _admin(namesrv, "--json", "consumer-connection", "ResetGroup"))).stdout)
+            assert [c["client_id"] for c in members["connections"]] == [consumer.client_id]
+            assert members["subscriptions"] == {"ResetTopic": "*"} and members["message_model"] == "CLUSTERING"
             # Back to the start while the member is online: it drops its position and consumes everything again.
             done = json.loads((await trio.to_thread.run_sync(
                 lambda: _admin(namesrv, "--json", "reset-offset", "ResetGroup", "ResetTopic", "--to",

@@ -248,7 +248,7 @@ async def test_sync_flush_acknowledges_after_fsync(nursery, tmp_path):
             assert r.code == ResponseCode.SUCCESS and r.ext["queue_offset"] == i
 
 
-async def test_consume_stats_report_offsets_lag_and_members(nursery, tmp_path):
+async def test_consume_stats_connections_and_topic_status(nursery, tmp_path):
     # A long flush interval keeps the commit pending on the leader: consume stats must count it all the same.
     config, addr = await _node(nursery, tmp_path, consumer_offset_flush_interval_ms=60_000)
     async with open_remoting_client() as client:
@@ -291,6 +291,30 @@ async def test_consume_stats_report_offsets_lag_and_members(nursery, tmp_path):
             data = await stats(consumer_group="other", topic="TopicTest")
             assert [row["lag"] for row in data["offsets"]] == [3, 2, 0, 0]
             assert data["consumer_ids"] == ["c1"]
+            # consumerConnection: who is online, from where, subscribed to what.
+            r = await call(client, addr, RequestCode.GET_CONSUMER_CONNECTION_LIST, {"consumer_group": "other"})
+            assert r.code == ResponseCode.SUCCESS, r.remark
+            members = cbor2.loads(r.body)
+            assert [c["client_id"] for c in members["connections"]] == ["c1"]
+            assert members["connections"][0]["client_addr"].startswith("127.0.0.1:")
+            assert members["subscriptions"] == [{"topic": "TopicTest", "expression": "*"}]
+            assert (members["message_model"], members["consume_from_where"]) == ("CLUSTERING",
+                                                                                 "CONSUME_FROM_LAST_OFFSET")
+        r = await call(client, addr, RequestCode.GET_CONSUMER_CONNECTION_LIST, {"consumer_group": "cg"})
+        assert r.code == ResponseCode.CONSUMER_NOT_ONLINE and "'cg' has no member online" in r.remark
+
+        # topicStatus: each queue's range and the store time of its last message.
+        r = await call(client, addr, RequestCode.GET_TOPIC_STATS_INFO, {"topic": "TopicTest"})
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        queues = cbor2.loads(r.body)["offsets"]
+        assert [(q["queue_id"], q["min_offset"], q["max_offset"]) for q in queues] == [(0, 0, 3), (1, 0, 2),
+                                                                                      (2, 0, 0), (3, 0, 0)]
+        assert queues[0]["last_update_timestamp"] >= rows[0]["last_timestamp"]
+        assert [q["last_update_timestamp"] for q in queues[2:]] == [None, None]
+        r = await call(client, addr, RequestCode.GET_TOPIC_STATS_INFO, {"topic": "NoSuch"})
+        assert r.code == ResponseCode.TOPIC_NOT_EXIST and "NoSuch" in r.remark
+        r = await call(client, addr, RequestCode.GET_TOPIC_STATS_INFO, {})
+        assert r.code == ResponseCode.INVALID_REQUEST and "'topic' is required" in r.remark
 
         # Bad input names the field; the node keeps serving.
         r = await call(client, addr, RequestCode.GET_CONSUME_STATS, {})
