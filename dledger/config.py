@@ -100,6 +100,10 @@ class DLedgerConfig:
     # election until it has heard from a leader: with an empty log it would vote for any candidate, one that
     # lacks acknowledged entries included (docs/operations.md, "Rebuilding a member").
     rejoin: bool = False
+    # A member whose state machine holds a log but whose Raft journal and snapshot are both missing (the Raft data
+    # directory lost or moved, the store kept) has the same empty log, so it rejoins as if ``rejoin`` were set.
+    # False only to restart a group every member of which lost its Raft data (docs/operations.md).
+    rejoin_without_raft_data: bool = True
 
     def __post_init__(self) -> None:
         if len(self.secret) < MIN_SECRET_LENGTH:

@@ -84,7 +84,11 @@ class RaftMember(SyncObj):
         self._dledger_journal_flushes = 0
         self._dledger_pre_votes = 0
         self._dledger_apply_gate_open = True
-        self._dledger_rejoining = config.rejoin  # no vote, no candidacy until a leader is heard (patches, 19)
+        # No vote, no candidacy until a leader is heard (patches, 19): when told, or when the Raft log is gone but
+        # the state machine's is not (checked before SyncObj.__init__ creates a new journal).
+        raft_data_lost = (config.rejoin_without_raft_data and state_machine.end_offset > 0
+                          and not config.journal_path.exists() and not config.snapshot_path.exists())
+        self._dledger_rejoining = config.rejoin or raft_data_lost
         # dledger.patches (10): the commit-index notice goes out after the commit callbacks (send_commit_notice).
         self._dledger_defer_commit_notice = True
         self._dledger_commit_notice_due = False
@@ -112,7 +116,11 @@ class RaftMember(SyncObj):
         self.addOnTickCallback(self._run_tick_calls)
         log.info("raft member started group=%s id=%s raft=%s flush=%s", config.group, me.id, me.raft_address,
                  config.flush_disk_type)
-        if config.rejoin:
+        if raft_data_lost and not config.rejoin:
+            log.warning("group=%s id=%s: the store holds a log up to offset %d but the Raft data directory %s has "
+                        "no journal and no snapshot (lost or moved aside?); rejoining as with --rejoin",
+                        config.group, me.id, state_machine.end_offset, config.data_dir)
+        if self._dledger_rejoining:
             log.warning("rejoining group=%s id=%s: no vote and no candidacy until a leader is heard from",
                         config.group, me.id)
 
@@ -194,7 +202,8 @@ class RaftMember(SyncObj):
 
     @property
     def rejoining(self) -> bool:
-        """Started with ``rejoin`` and no leader heard from yet (patches, 19)."""
+        """Started with ``rejoin`` (or without Raft data beside a kept log) and no leader heard from yet (patches,
+        19)."""
         return self._dledger_rejoining
 
     @property

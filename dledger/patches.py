@@ -143,7 +143,9 @@ so a silent upgrade cannot quietly disable a fix.
     lost it to join as a new one. Here a member started with ``DLedgerConfig.rejoin`` (``raftmq broker
     --rejoin``) answers no pre-vote, ignores ``request_vote`` and starts no election until it has heard from a
     leader of the current term; the group is then unavailable while it could only elect a member that may lack
-    acknowledged entries, instead of losing them.
+    acknowledged entries, instead of losing them. A member whose state machine holds a log but whose Raft
+    journal and snapshot are missing (its Raft data directory lost, its store kept) does the same by itself
+    (``DLedgerConfig.rejoin_without_raft_data``, checked in ``dledger.member``).
 
 The chunked-send defect (entries at least ``appendEntriesBatchSizeBytes`` long) is contained by configuration:
 ``dledger.config`` keeps the entry size limit below half the batch size (16 MiB by default, so ~8 MiB entries:

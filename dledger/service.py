@@ -9,9 +9,9 @@ Requests (ext keys are short text, bodies raw bytes; see ``docs/architecture.md`
 - ``GET_RAFT_STATUS`` ext ``{group}`` and optionally ``checksum_up_to`` -> SUCCESS, ext ``{role, term,
   leader_id, committed_index, last_applied_index, end_offset, serving_reads, snapshots_loaded, catch_up_bytes,
   connected_peers, in_flight_batches, pending_records, busy_records, rejoining}`` (``connected_peers``: ids of
-  the members this one has a Raft connection with; ``rejoining``: started with ``--rejoin`` and no leader heard
-  from yet); with ``checksum_up_to`` the body is CBOR ``[[segment_start, length, crc32c], ...]`` up to that
-  offset (``raftmq verify``).
+  the members this one has a Raft connection with; ``rejoining``: started with ``--rejoin`` (or without its Raft
+  data) and no leader heard from yet); with ``checksum_up_to`` the body is CBOR
+  ``[[segment_start, length, crc32c], ...]`` up to that offset (``raftmq verify``).
 - ``TRANSFER_LEADERSHIP`` ext ``{group, to}`` (sent to the leader) -> SUCCESS once ``to`` leads, ext ``{term,
   leader_id}``; NOT_LEADER (ext ``leader_id``) on a follower; SYSTEM_ERROR naming the reason when the target
   refuses or no new leader appears within ``timeout_ms`` (default 3000).

@@ -1,11 +1,13 @@
-"""A member rebuilt empty while another is down, with real processes (dledger/patches.py, 19).
+"""A member that lost its Raft log while another is down, with real processes (dledger/patches.py, 19).
 
 Leader A and follower B acknowledge messages that follower C, stopped (SIGSTOP), never gets. Then A is killed,
-B loses its data (moved aside, as in docs/operations.md, "Rebuilding a member") and is started empty with
-``--rejoin``, and C resumes. Only C could lead now, and C lacks acknowledged messages: B must not vote for it,
-so no leader may be elected while A is down. Once A is back it leads (its log is the longest), B copies the
-group's log, every acknowledged message is consumed, and the three commit logs are identical. Without
-``--rejoin``, B's empty log makes it vote for C, and the messages only A and B held are lost.
+B loses its data and C resumes. Only C could lead now, and C lacks acknowledged messages: B must not vote for
+it, so no leader may be elected while A is down. Once A is back it leads (its log is the longest), B gets the
+group's log, every acknowledged message is consumed, and the three commit logs are identical. B loses either
+- everything (moved aside, as in docs/operations.md, "Rebuilding a member") and is started empty with
+  ``--rejoin``; without the flag its empty log makes it vote for C, and the messages only A and B held are lost;
+- or only its Raft data directory, its store intact, and is started as usual: it finds a store without a Raft
+  log and rejoins by itself; without that, it votes for C just the same.
 """
 
 from __future__ import annotations
@@ -46,8 +48,9 @@ async def _roles(addrs: list[str]) -> dict[str, tuple[str, int, bool]]:
 
 
 @pytest.mark.timeout(180)
-async def test_a_member_rebuilt_empty_while_another_is_down_elects_no_one_that_lacks_acked_messages(
-        spawn, tmp_path, capsys):
+@pytest.mark.parametrize("lost", ["everything", "raft_data"])
+async def test_a_member_that_lost_its_raft_log_while_another_is_down_elects_no_one_that_lacks_acked_messages(
+        spawn, tmp_path, capsys, lost):
     cluster: Cluster = await start_cluster(spawn, tmp_path)
     await cluster.create_topic(TOPIC, 4)
     a_addr = await cluster.leader_addr()
@@ -69,8 +72,9 @@ async def test_a_member_rebuilt_empty_while_another_is_down_elects_no_one_that_l
             await trio.to_thread.run_sync(cluster.nodes[b].kill)
             config = tomllib.loads(cluster.paths[b].read_text())
             for key, path in (("store", config["store"]["store_dir"]), ("dledger", config["dledger"]["data_dir"])):
-                shutil.move(path, tmp_path / f"aside-{b}-{key}")
-            await trio.to_thread.run_sync(cluster.start, b, "--rejoin")
+                if lost == "everything" or key == "dledger":
+                    shutil.move(path, tmp_path / f"aside-{b}-{key}")
+            await trio.to_thread.run_sync(cluster.start, b, *(["--rejoin"] if lost == "everything" else []))
         finally:
             os.kill(cluster.nodes[c].pid, signal.SIGCONT)
 
@@ -101,7 +105,8 @@ async def test_a_member_rebuilt_empty_while_another_is_down_elects_no_one_that_l
                                                ",".join(cluster.addr_of.values())))
     missing = acked - consumed
     with capsys.disabled():
-        print(f"\nleader {a} down {DOWN_S:.0f} s with {b} rebuilt empty (--rejoin) and {c} behind by "
+        how = "rebuilt empty (--rejoin)" if lost == "everything" else "restarted without its Raft data"
+        print(f"\nleader {a} down {DOWN_S:.0f} s with {b} {how} and {c} behind by "
               f"{len(only_a_and_b)} messages: roles then {roles_while_a_down}; leader once {a} was back: "
               f"{cluster.node_at(leader_after)}; {len(acked)} acked, {len(missing)} missing")
     assert not leaders_while_a_down, f"elected while {a} was down: {leaders_while_a_down} (acked messages lost)"
