@@ -42,8 +42,8 @@ from broker.registration import RegistrationService, RegistrationSnapshot
 from broker.store import MessageInput, MessageStore, encode_batch
 from broker.store.dispatch import TOPIC_DELETE_LOG
 from broker.topic_config import TopicConfig, TopicConfigTable, auto_create_config
-from dledger import DLedgerGroup, NotLeaderError, Role, open_dledger_group
-from dledger.service import remote_fetch_range
+from dledger import DLedgerConfig, DLedgerGroup, NotLeaderError, Role, open_dledger_group
+from dledger.service import peer_with_history, remote_fetch_range
 from remoting.codec import make_request
 from remoting.codes import RequestCode, ResponseCode
 from remoting.config import parse_host_port
@@ -379,6 +379,25 @@ class BrokerNode:
             self.clients.scan_expired()
 
 
+async def _rejoin_if_rebuilt(config: DLedgerConfig, store: MessageStore, client: Any) -> DLedgerConfig:
+    """A member with neither a commit log nor Raft data is either one of a new group or one rebuilt empty (its
+    disk lost, or its log diverged); only a rebuilt one must keep out of elections until a leader is heard
+    from (``--rejoin``, docs/operations.md). Its peers tell: if one holds a log, the group is not new."""
+    if config.rejoin or not config.rejoin_probe_timeout_ms or store.max_phy_offset > 0 or config.has_raft_data():
+        return config
+    found = await peer_with_history(client, config)
+    if found is None:
+        log.info("starting with an empty log group=%s id=%s: no peer reports a log (a new group, or none "
+                 "reachable: a member rebuilt empty while its peers are down needs --rejoin)", config.group,
+                 config.self_id)
+        return config
+    address, status = found
+    log.warning("starting with an empty log group=%s id=%s, but peer %s holds a log up to offset %s (term %s): "
+                "a rebuilt member; rejoining as with --rejoin", config.group, config.self_id, address,
+                status.get("end_offset"), status.get("term"))
+    return config.replace(rejoin=True)
+
+
 async def serve_broker(config: BrokerConfig, *,
                        task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED) -> None:
     """Run one broker node until cancelled; ``task_status.started((host, port))`` once it listens."""
@@ -387,31 +406,32 @@ async def serve_broker(config: BrokerConfig, *,
     try:
         async with trio.open_nursery() as outer:
             await outer.start(store.serve)
-            async with open_remoting_client(max_frame_size=config.max_frame_size) as client, \
-                    open_dledger_group(config.dledger, machine,
-                                       fetch_range=remote_fetch_range(client, config.broker_name),
-                                       completion_context=corked) as group:
-                node = BrokerNode(config, store, group, client)
-                dispatcher = BrokerDispatcher(node)
-                store.add_dispatch_listener(node.hold.notify_message_arriving)
-                host, port = parse_host_port(config.listen_address, key="listen")
-                try:
-                    async with trio.open_nursery() as nursery:
-                        node._nursery = nursery
-                        await nursery.start(node.hold.serve)
-                        bound = await nursery.start(functools.partial(
-                            serve_remoting, dispatcher, host, port, max_frame_size=config.max_frame_size))
-                        nursery.start_soon(node.watch_role)
-                        nursery.start_soon(node.flush_offsets)
-                        nursery.start_soon(node.refresh_metadata_periodically)
-                        nursery.start_soon(node.scan_clients)
-                        await nursery.start(node.registration.serve)
-                        log.info("broker node serving broker_name=%s broker_id=%d listen=%s:%d",
-                                 config.broker_name, node.broker_id, bound[0], bound[1])
-                        task_status.started(bound)
-                finally:
-                    with trio.CancelScope(shield=True), trio.move_on_after(1.0):
-                        await node.registration.unregister_all()
+            async with open_remoting_client(max_frame_size=config.max_frame_size) as client:
+                dledger_config = await _rejoin_if_rebuilt(config.dledger, store, client)
+                async with open_dledger_group(dledger_config, machine,
+                                              fetch_range=remote_fetch_range(client, config.broker_name),
+                                              completion_context=corked) as group:
+                    node = BrokerNode(config, store, group, client)
+                    dispatcher = BrokerDispatcher(node)
+                    store.add_dispatch_listener(node.hold.notify_message_arriving)
+                    host, port = parse_host_port(config.listen_address, key="listen")
+                    try:
+                        async with trio.open_nursery() as nursery:
+                            node._nursery = nursery
+                            await nursery.start(node.hold.serve)
+                            bound = await nursery.start(functools.partial(
+                                serve_remoting, dispatcher, host, port, max_frame_size=config.max_frame_size))
+                            nursery.start_soon(node.watch_role)
+                            nursery.start_soon(node.flush_offsets)
+                            nursery.start_soon(node.refresh_metadata_periodically)
+                            nursery.start_soon(node.scan_clients)
+                            await nursery.start(node.registration.serve)
+                            log.info("broker node serving broker_name=%s broker_id=%d listen=%s:%d",
+                                     config.broker_name, node.broker_id, bound[0], bound[1])
+                            task_status.started(bound)
+                    finally:
+                        with trio.CancelScope(shield=True), trio.move_on_after(1.0):
+                            await node.registration.unregister_all()
             outer.cancel_scope.cancel()
     finally:
         store.close()

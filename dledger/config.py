@@ -104,6 +104,10 @@ class DLedgerConfig:
     # directory lost or moved, the store kept) has the same empty log, so it rejoins as if ``rejoin`` were set.
     # False only to restart a group every member of which lost its Raft data (docs/operations.md).
     rejoin_without_raft_data: bool = True
+    # A member that starts with no log at all asks its peers (GET_RAFT_STATUS, this long at most) whether they
+    # hold a log; if one does, it is a member rebuilt empty, not one of a new group, and it rejoins as with
+    # ``rejoin``. 0 skips the question (then only ``--rejoin`` says so).
+    rejoin_probe_timeout_ms: int = bounded(1000, min=0, max=60_000)
 
     def __post_init__(self) -> None:
         if len(self.secret) < MIN_SECRET_LENGTH:
@@ -179,6 +183,10 @@ class DLedgerConfig:
     @property
     def snapshot_path(self) -> Path:
         return self.data_dir / "raft.snapshot"
+
+    def has_raft_data(self) -> bool:
+        """Whether this member kept a Raft journal or snapshot from an earlier run."""
+        return self.journal_path.exists() or self.snapshot_path.exists()
 
     def replace(self, **changes: Any) -> "DLedgerConfig":
         return dataclasses.replace(self, **changes)

@@ -26,17 +26,19 @@ from typing import Any
 
 import cbor2
 import crc32c
+import trio
 
-from dledger.config import MemberAddress
+from dledger.config import DLedgerConfig, MemberAddress
 from dledger.errors import CommitLogMovedError, NotLeaderError, TransferLeadershipError
 from dledger.group import DLedgerGroup, FetchRange
 from remoting.codec import Frame, make_request, make_response
 from remoting.codes import RequestCode, ResponseCode
-from remoting.errors import for_code
+from remoting.errors import RaftMQError, for_code
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DLedgerService", "remote_fetch_range", "get_raft_status", "transfer_leadership", "CatchUpDataError"]
+__all__ = ["DLedgerService", "remote_fetch_range", "get_raft_status", "peer_with_history", "transfer_leadership",
+           "CatchUpDataError"]
 
 MAX_FETCH_BYTES = 8 << 20
 
@@ -156,6 +158,33 @@ async def get_raft_status(client: Any, address: str, group: str, *, checksum_up_
         raise for_code(response.code, response.remark)
     checksums = [tuple(c) for c in cbor2.loads(response.body)] if response.body else []
     return dict(response.ext), checksums  # type: ignore[return-value]
+
+
+async def peer_with_history(client: Any, config: DLedgerConfig) -> tuple[str, dict[str, Any]] | None:
+    """A peer whose state machine holds a log (``end_offset`` > 0), with its status; None when none answers so
+    within ``rejoin_probe_timeout_ms``. A member that starts with nothing asks this to tell a rebuild from a new
+    group's first start. An election's no-op or metadata alone do not count: a new group's member that starts
+    a moment after the others, and would then wait for a leader before it votes, could otherwise leave the
+    group without a majority should that leader fail before it is heard from."""
+    timeout_s = config.rejoin_probe_timeout_ms / 1000
+    found: list[tuple[str, dict[str, Any]]] = []
+
+    async def ask(address: str, done: trio.CancelScope) -> None:
+        try:
+            status, _ = await get_raft_status(client, address, config.group, timeout_s=timeout_s)
+        except (RaftMQError, OSError) as e:
+            log.info("rejoin probe: no answer from peer %s error=%s", address, e)
+            return
+        if int(status.get("end_offset", 0)) > 0:
+            found.append((address, status))
+            done.cancel()
+
+    with trio.move_on_after(timeout_s) as scope:
+        async with trio.open_nursery() as nursery:
+            for peer in config.peers:
+                if peer.service_address:
+                    nursery.start_soon(ask, peer.service_address, scope)
+    return found[0] if found else None
 
 
 async def transfer_leadership(client: Any, leader_address: str, group: str, to: str, *,

@@ -4,8 +4,11 @@ Leader A and follower B acknowledge messages that follower C, stopped (SIGSTOP),
 B loses its data and C resumes. Only C could lead now, and C lacks acknowledged messages: B must not vote for
 it, so no leader may be elected while A is down. Once A is back it leads (its log is the longest), B gets the
 group's log, every acknowledged message is consumed, and the three commit logs are identical. B loses either
-- everything (moved aside, as in docs/operations.md, "Rebuilding a member") and is started empty with
-  ``--rejoin``; without the flag its empty log makes it vote for C, and the messages only A and B held are lost;
+- everything (moved aside, as in docs/operations.md, "Rebuilding a member") and is started empty while C is
+  still stopped, so no peer can tell it the group exists: it needs ``--rejoin``; without the flag its empty log
+  makes it vote for C, and the messages only A and B held are lost;
+- everything, and is started as usual once C has resumed: C's status says the group has committed entries,
+  so B rejoins by itself (without asking, it votes for C just the same);
 - or only its Raft data directory, its store intact, and is started as usual: it finds a store without a Raft
   log and rejoins by itself; without that, it votes for C just the same.
 """
@@ -31,7 +34,7 @@ from tests.procs import raftmq_argv
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 TOPIC = "RejoinTopic"
-DOWN_S = 5.0  # how long A stays down with B empty and C resumed: many election timeouts (0.4-0.9 s)
+DOWN_S = 3.0  # how long A stays down with B empty and C resumed: several election timeouts (0.4-0.9 s)
 
 
 async def _roles(addrs: list[str]) -> dict[str, tuple[str, int, bool]]:
@@ -47,8 +50,18 @@ async def _roles(addrs: list[str]) -> dict[str, tuple[str, int, bool]]:
     return out
 
 
+async def _wait_same_end(addrs: list[str], timeout_s: float = 10.0) -> None:
+    async with open_remoting_client() as rpc:
+        with trio.fail_after(timeout_s):
+            while True:
+                ends = {(await get_raft_status(rpc, addr, GROUP, timeout_s=1.0))[0]["end_offset"] for addr in addrs}
+                if len(ends) == 1:
+                    return
+                await trio.sleep(0.05)
+
+
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("lost", ["everything", "raft_data"])
+@pytest.mark.parametrize("lost", ["everything", "everything_peer_tells", "raft_data"])
 async def test_a_member_that_lost_its_raft_log_while_another_is_down_elects_no_one_that_lacks_acked_messages(
         spawn, tmp_path, capsys, lost):
     cluster: Cluster = await start_cluster(spawn, tmp_path)
@@ -61,6 +74,7 @@ async def test_a_member_that_lost_its_raft_log_while_another_is_down_elects_no_o
     async with open_producer(cluster.namesrv) as producer:
         for i in range(50):
             acked.add((await producer.send(Message(TOPIC, b"before %d" % i))).msg_id)
+        await _wait_same_end([cluster.addr_of[n] for n in (a, b, c)])  # C holds these: it lags only by the rest
         os.kill(cluster.nodes[c].pid, signal.SIGSTOP)
         try:
             only_a_and_b: set[str] = set()
@@ -72,8 +86,10 @@ async def test_a_member_that_lost_its_raft_log_while_another_is_down_elects_no_o
             await trio.to_thread.run_sync(cluster.nodes[b].kill)
             config = tomllib.loads(cluster.paths[b].read_text())
             for key, path in (("store", config["store"]["store_dir"]), ("dledger", config["dledger"]["data_dir"])):
-                if lost == "everything" or key == "dledger":
+                if lost.startswith("everything") or key == "dledger":
                     shutil.move(path, tmp_path / f"aside-{b}-{key}")
+            if lost == "everything_peer_tells":
+                os.kill(cluster.nodes[c].pid, signal.SIGCONT)
             await trio.to_thread.run_sync(cluster.start, b, *(["--rejoin"] if lost == "everything" else []))
         finally:
             os.kill(cluster.nodes[c].pid, signal.SIGCONT)
@@ -105,7 +121,8 @@ async def test_a_member_that_lost_its_raft_log_while_another_is_down_elects_no_o
                                                ",".join(cluster.addr_of.values())))
     missing = acked - consumed
     with capsys.disabled():
-        how = "rebuilt empty (--rejoin)" if lost == "everything" else "restarted without its Raft data"
+        how = {"everything": "rebuilt empty (--rejoin)", "everything_peer_tells": "rebuilt empty (told by a peer)",
+               "raft_data": "restarted without its Raft data"}[lost]
         print(f"\nleader {a} down {DOWN_S:.0f} s with {b} {how} and {c} behind by "
               f"{len(only_a_and_b)} messages: roles then {roles_while_a_down}; leader once {a} was back: "
               f"{cluster.node_at(leader_after)}; {len(acked)} acked, {len(missing)} missing")
