@@ -87,7 +87,7 @@ class RaftMember(SyncObj):
         # No vote, no candidacy until a leader is heard (patches, 19): when told, or when the Raft log is gone but
         # the state machine's is not (checked before SyncObj.__init__ creates a new journal).
         raft_data_lost = (config.rejoin_without_raft_data and state_machine.end_offset > 0
-                          and not config.journal_path.exists() and not config.snapshot_path.exists())
+                          and not config.has_raft_data())
         self._dledger_rejoining = config.rejoin or raft_data_lost
         # dledger.patches (10): the commit-index notice goes out after the commit callbacks (send_commit_notice).
         self._dledger_defer_commit_notice = True

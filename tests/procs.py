@@ -9,21 +9,21 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
+from raftmq import ports
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port free right now; prefer binding port 0 in the server and reading the ready line."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A port free right now (outside the ephemeral range: ``raftmq.ports``); prefer binding port 0 in the
+    server and reading the ready line."""
+    return ports.free_port(host)
 
 
 class ServerProcess:

@@ -22,7 +22,6 @@ import logging
 import os
 import secrets
 import shutil
-import socket
 import tempfile
 import time
 from collections.abc import Sequence
@@ -39,6 +38,7 @@ from dledger import ByteLog, DLedgerConfig, MemberAddress, open_dledger_group
 from dledger.service import DLedgerService, get_raft_status, transfer_leadership
 from raftmq.bench.common import (check_range, print_json, print_table, show_progress, spawn_ready_process,
                                  summarize_latencies)
+from raftmq.ports import free_port
 from remoting.config import ConfigError, parse_host_port
 from remoting.errors import RaftMQError
 from remoting.transport import open_remoting_client, serve_remoting
@@ -48,15 +48,9 @@ log = logging.getLogger(__name__)
 __all__ = ["make_members", "write_node_config", "register", "run"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def make_members(n: int = 3) -> tuple[MemberAddress, ...]:
-    return tuple(MemberAddress(id=f"n{i}", raft_address=f"127.0.0.1:{_free_port()}",
-                               service_address=f"127.0.0.1:{_free_port()}") for i in range(n))
+    return tuple(MemberAddress(id=f"n{i}", raft_address=f"127.0.0.1:{free_port()}",
+                               service_address=f"127.0.0.1:{free_port()}") for i in range(n))
 
 
 def _toml_value(value: Any) -> str:

@@ -19,7 +19,6 @@ import logging
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -29,6 +28,7 @@ from typing import Any
 
 import trio
 
+from raftmq.ports import free_port
 from raftmq.runner import PARENT_PID_ENV, announce_ready, run_until_signalled
 
 log = logging.getLogger(__name__)
@@ -53,20 +53,14 @@ def register(subparsers) -> None:
     parser.set_defaults(func=run)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def plan_ports(data_dir: Path, base_port: int | None) -> dict[str, Any]:
     """Ports of this dev cluster: remembered in ``cluster.json`` so a restart finds the same cluster."""
     state_path = data_dir / "cluster.json"
     if state_path.exists() and base_port is None:
         return json.loads(state_path.read_text())
     if base_port == 0:
-        ports = {"namesrv": _free_port(), "service": [_free_port() for _ in NODE_IDS],
-                 "raft": [_free_port() for _ in NODE_IDS]}
+        ports = {"namesrv": free_port(), "service": [free_port() for _ in NODE_IDS],
+                 "raft": [free_port() for _ in NODE_IDS]}
     else:
         base = 9876 if base_port is None else base_port
         ports = {"namesrv": base, "service": [base + 1035 + 10 * i for i in range(len(NODE_IDS))],
