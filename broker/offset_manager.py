@@ -74,9 +74,6 @@ class ConsumerOffsetTable:
             return self._read_committed(consumer_group, topic, queue_id)
         return self._committed.get(key)
 
-    def groups_of_topic(self, topic: str) -> set[str]:
-        return {g for (g, t, _q) in self._committed if t == topic}
-
     def offsets_of_group(self, consumer_group: str) -> dict[tuple[str, int], int]:
         """``{(topic, queue_id): offset}`` of one group, its pending commits (on the leader) included."""
         if self._read_group is not None:
