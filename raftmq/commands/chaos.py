@@ -9,6 +9,10 @@ follower or on a random node:
 - ``--fault kill``: SIGKILL; after ``--down-seconds`` the node is started again on its data and rejoins.
 - ``--fault stop``: SIGSTOP, a hung process whose connections stay open and silent; SIGCONT after
   ``--down-seconds``.
+- ``--fault rebuild``: SIGKILL, then its store and Raft data are moved aside (as a lost disk, kept under
+  ``aside/`` for a post-mortem) and after ``--down-seconds`` it is started empty, without ``--rejoin``: it must
+  learn from its peers that the group is not new, keep out of elections until it hears from a leader, and copy
+  the group's log (docs/operations.md, "Rebuilding a member").
 
 Each round reports the gap from the fault to the first acknowledgement stored by another node (after a leader
 fault: the clients found the new leader) and the longest pause between two acknowledgements. Then the senders
@@ -66,14 +70,15 @@ def register(subparsers) -> None:
         "chaos", help="kill or hang nodes of a cluster of its own under load; check nothing acknowledged is lost",
         description="Start a name server and a 3-node group (raftmq dev's layout) in a directory of their own, "
                     "produce and consume through them, and inject faults one after another: SIGKILL and restart, "
-                    "or SIGSTOP and SIGCONT, of the leader, a follower or a random node. Reports the gap to the "
+                    "SIGSTOP and SIGCONT, or SIGKILL and a restart with the data gone, of the leader, a follower "
+                    "or a random node. Reports the gap to the "
                     "first acknowledgement by another node after each fault, then checks that every acknowledged "
                     "message was consumed and that the members' commit logs are identical. Exit 0 when they "
                     "are, 1 otherwise.")
     parser.add_argument("--rounds", type=int, default=5, help="faults to inject, one after another (default 5)")
-    parser.add_argument("--fault", choices=("kill", "stop"), default="kill",
-                        help="kill: SIGKILL, then restart on the same data; stop: SIGSTOP, then SIGCONT "
-                             "(default kill)")
+    parser.add_argument("--fault", choices=("kill", "stop", "rebuild"), default="kill",
+                        help="kill: SIGKILL, then restart on the same data; stop: SIGSTOP, then SIGCONT; "
+                             "rebuild: SIGKILL, data moved aside, restart empty (default kill)")
     parser.add_argument("--target", choices=("leader", "follower", "random"), default="leader",
                         help="which node each fault hits (default leader)")
     parser.add_argument("--down-seconds", type=float, default=3.0,
@@ -263,9 +268,14 @@ class Chaos:
         victim_addr = self.addr_of[victim]
         child = self.cluster.nodes[victim]
         fault_at = time.monotonic()
-        if args.fault == "kill":
+        if args.fault in ("kill", "rebuild"):
             os.kill(child.pid, signal.SIGKILL)
             await trio.to_thread.run_sync(child.proc.wait)
+            if args.fault == "rebuild":
+                aside = self.cluster.logs.parent / "aside" / f"round{number}-{victim}"
+                aside.mkdir(parents=True)
+                for path in self.cluster.node_data_dirs(victim):
+                    shutil.move(path, aside / path.name)
         else:
             os.kill(child.pid, signal.SIGSTOP)
             self.stopped.add(child.pid)
@@ -278,7 +288,7 @@ class Chaos:
                         break  # a short stop may end before an election: it resumes as the leader
                     await trio.sleep(0.01)
         await trio.sleep(max(0.0, fault_at + args.down_seconds - time.monotonic()))
-        if args.fault == "kill":
+        if args.fault in ("kill", "rebuild"):
             child.stop(self.cluster.stop_timeout_s)  # already dead: closes its log and output reader
             restarted = self.cluster.start_node(victim)
             await trio.to_thread.run_sync(restarted.wait_ready, 60.0)

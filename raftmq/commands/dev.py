@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import threading
+import tomllib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -199,6 +200,11 @@ class LocalCluster:
     @property
     def children(self) -> list[Child]:
         return ([self.namesrv] if self.namesrv is not None else []) + list(self.nodes.values())
+
+    def node_data_dirs(self, nid: str) -> tuple[Path, Path]:
+        """Node ``nid``'s store directory and Raft data directory, as its config names them."""
+        config = tomllib.loads(self.paths[nid].read_text(encoding="utf-8"))
+        return Path(config["store"]["store_dir"]), Path(config["dledger"]["data_dir"])
 
     def start_node(self, nid: str) -> Child:
         """Start node ``nid`` on its data (again, after a kill) without waiting for it to be ready."""

@@ -87,3 +87,20 @@ def test_chaos_stops_a_follower_and_the_leader_stays(tmp_path):
     # Pre-vote: the follower back from its stop does not depose the healthy leader.
     assert r["victim"] != r["leader"] and (r["leader_after"], r["term_after"]) == (r["leader"], r["term"]), r
     assert report["missing"] == 0 and report["logs_identical"]
+
+
+def test_chaos_rebuilds_the_leader_empty_and_nothing_acknowledged_is_lost(tmp_path):
+    data_dir = tmp_path / "chaos"
+    report, stderr = _chaos(data_dir, "--rounds", "1", "--fault", "rebuild", "--target", "leader",
+                            "--down-seconds", "1", "--settle-seconds", "1.5")
+    print(f"\nchaos rebuild leader: {json.dumps(report)}")
+    assert report["ok"], stderr[-3000:]
+    [r] = report["rounds"]
+    assert r["role"] == "leader" and r["fault"] == "rebuild" and r["first_ack_by_another_s"] is not None, r
+    assert report["missing"] == 0 and report["logs_identical"] and report["acks_resumed_after_every_fault"]
+    # Its data went aside, and it came back empty, told by a peer that the group is not new (no --rejoin).
+    aside = data_dir / "aside" / f"round1-{r['victim']}"
+    assert sorted(p.name for p in aside.iterdir()) == ["dledger", "store"]
+    log = (data_dir / "logs" / f"broker-a-{r['victim']}.log").read_text(errors="replace")
+    assert _ready_lines(data_dir / "logs" / f"broker-a-{r['victim']}.log") >= 2
+    assert "a rebuilt member; rejoining as with --rejoin" in log and "rejoined: heard from the leader" in log
