@@ -38,6 +38,7 @@ from broker.dispatcher import BrokerDispatcher
 from broker.long_polling import PullRequestHoldService
 from broker.offset_manager import ConsumerOffsetTable
 from broker.processor.base import RequestRejected
+from broker.pull_stats import PullStats
 from broker.registration import RegistrationService, RegistrationSnapshot
 from broker.store import MessageInput, MessageStore, encode_batch
 from broker.store.dispatch import TOPIC_DELETE_LOG
@@ -97,6 +98,7 @@ class BrokerNode:
         self.put_messages = 0
         self.put_requests = 0
         self.pulled_messages = 0
+        self.pull_stats = PullStats()
         self.refresh_metadata()
 
     # --- role ----------------------------------------------------------------------------------------------
@@ -377,6 +379,7 @@ class BrokerNode:
         while True:
             await trio.sleep(10)
             self.clients.scan_expired()
+            self.pull_stats.prune()
 
 
 async def _rejoin_if_rebuilt(config: DLedgerConfig, store: MessageStore, client: Any) -> DLedgerConfig:

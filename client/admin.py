@@ -68,6 +68,7 @@ class ConsumeStats:
     consumer_group: str
     queues: tuple[QueueConsumeStats, ...]
     consumer_ids: Mapping[str, tuple[str, ...]]  # broker_name -> members heartbeating to that group's leader
+    consume_tps: float = 0.0  # messages a second the group pulled from the leaders over the last minute
 
     @property
     def total_lag(self) -> int:
@@ -247,7 +248,8 @@ class AdminClient:
                                                 int(row["lag"]), row.get("last_timestamp")))
         queues.sort(key=lambda q: (q.queue.topic, q.queue.broker_name, q.queue.queue_id))
         return ConsumeStats(consumer_group, tuple(queues),
-                            {name: tuple(a.get("consumer_ids", [])) for name, a in sorted(answers.items())})
+                            {name: tuple(a.get("consumer_ids", [])) for name, a in sorted(answers.items())},
+                            round(sum(float(a.get("consume_tps", 0.0)) for a in answers.values()), 1))
 
     async def topic_status(self, topic: str) -> list[TopicQueueStatus]:
         """Every queue of ``topic`` on every group that routes it, with its offsets (any node answers: the

@@ -72,7 +72,7 @@ class ConsumerManageProcessor:
 
     async def get_consume_stats(self, request: Frame, conn: Any) -> Frame:
         """Body: ``{"offsets": [{topic, queue_id, broker_offset, consumer_offset, lag, last_timestamp}],
-        "consumer_ids": [...]}``. ``topic`` (optional) narrows it to one topic; without it, every topic the
+        "consumer_ids": [...], "consume_tps": messages/s pulled by the group from those topics here}``. ``topic`` (optional) narrows it to one topic; without it, every topic the
         group has an offset for on this group. ``consumer_offset`` is None where the group committed nothing."""
         node = self.node
         group = get_group(request.ext)
@@ -104,5 +104,7 @@ class ConsumerManageProcessor:
                 rows.append({"topic": name, "queue_id": queue_id, "broker_offset": broker_offset,
                              "consumer_offset": consumer_offset, "lag": max(0, broker_offset - start),
                              "last_timestamp": last_timestamp})
-        body = cbor2.dumps({"offsets": rows, "consumer_ids": node.clients.consumer_ids(group)})
+        tps = sum(node.pull_stats.tps(group, name) for name in topics)
+        body = cbor2.dumps({"offsets": rows, "consumer_ids": node.clients.consumer_ids(group),
+                            "consume_tps": round(tps, 1)})
         return make_response(request, ResponseCode.SUCCESS, body=body)

@@ -264,7 +264,7 @@ async def _consumer_progress(admin: AdminClient, args: argparse.Namespace) -> di
         where = f"topic {args.topic!r}" if args.topic else "any topic"
         raise _Refused(f"consumer group {args.group!r} has no progress on {where}: it has committed no offset "
                        f"there and no online member subscribes to it")
-    return {"consumer_group": stats.consumer_group, "total_lag": stats.total_lag,
+    return {"consumer_group": stats.consumer_group, "total_lag": stats.total_lag, "consume_tps": stats.consume_tps,
             "consumer_ids": {name: list(ids) for name, ids in stats.consumer_ids.items()},
             "queues": [{"topic": q.queue.topic, "broker_name": q.queue.broker_name, "queue_id": q.queue.queue_id,
                         "broker_offset": q.broker_offset, "consumer_offset": q.consumer_offset, "lag": q.lag,
@@ -463,7 +463,7 @@ def _print_progress(console: Console, data: dict[str, Any]) -> None:
                       "-" if q["consumer_offset"] is None else str(q["consumer_offset"]), str(q["lag"]), when)
     console.print(table)
     members = sorted({m for ids in data["consumer_ids"].values() for m in ids})
-    print(f"total lag: {data['total_lag']}; members online: {len(members)}"
+    print(f"total lag: {data['total_lag']}; consume TPS: {data['consume_tps']:g}; members online: {len(members)}"
           + (f" ({', '.join(members)})" if members else ""))
 
 

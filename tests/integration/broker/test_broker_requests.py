@@ -326,6 +326,12 @@ async def test_consume_stats_connections_and_topic_status(nursery, tmp_path):
         r = await call(client, addr, RequestCode.GET_CONSUME_STATS, {"consumer_group": "cg", "topic": "NoSuch"})
         assert r.code == ResponseCode.TOPIC_NOT_EXIST and "NoSuch" in r.remark
         assert (await stats(consumer_group="cg"))["offsets"][0]["consumer_offset"] == 2
+        # Consume TPS counts what the group pulled (RocketMQ's consumerProgress): none yet, then 3 messages.
+        assert data["consume_tps"] == 0
+        r = await call(client, addr, RequestCode.PULL_MESSAGE, {"consumer_group": "cg", "topic": "TopicTest",
+                                                                "queue_id": 0, "queue_offset": 0})
+        assert r.code == ResponseCode.SUCCESS
+        assert 0 < (await stats(consumer_group="cg"))["consume_tps"] <= 3
 
 
 async def test_reset_offset_moves_the_group_replicates_and_tells_online_members(nursery, tmp_path):

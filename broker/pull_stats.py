@@ -1,0 +1,59 @@
+"""Messages pulled per consumer group and topic over the last minute: the ``consume_tps`` of consumer progress.
+
+RocketMQ's consumerProgress reports a group's consume TPS from the broker's per-group pull counters
+(``BrokerStatsManager``'s GROUP_GET_NUMS). Here every pull that returns messages adds its count to the current
+10-second bucket of its (group, topic); a rate is what the buckets of the last minute hold, divided by the
+time they span (less than a minute for a group that started pulling a moment ago). One dict lookup per pull,
+not per message.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Callable
+
+__all__ = ["PullStats"]
+
+BUCKET_S = 10.0
+WINDOW_S = 60.0
+
+
+class PullStats:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        # (group, topic) -> deque of [bucket start, messages], oldest first; plus when counting began
+        self._buckets: dict[tuple[str, str], collections.deque[list[float]]] = {}
+        self._since: dict[tuple[str, str], float] = {}
+
+    def add(self, group: str, topic: str, messages: int) -> None:
+        now = self._clock()
+        key = (group, topic)
+        buckets = self._buckets.get(key)
+        if buckets is None:
+            buckets = self._buckets[key] = collections.deque()
+            self._since[key] = now
+        if buckets and now - buckets[-1][0] < BUCKET_S:
+            buckets[-1][1] += messages
+            return
+        buckets.append([now, messages])
+        while buckets and now - buckets[0][0] >= WINDOW_S + BUCKET_S:
+            buckets.popleft()
+
+    def tps(self, group: str, topic: str) -> float:
+        """Messages per second pulled by ``group`` from ``topic`` over the last minute (0 if none)."""
+        now = self._clock()
+        key = (group, topic)
+        buckets = self._buckets.get(key)
+        if not buckets:
+            return 0.0
+        recent = sum(count for start, count in buckets if now - start < WINDOW_S)
+        span = min(WINDOW_S, max(1.0, now - self._since[key]))
+        return recent / span
+
+    def prune(self) -> None:
+        """Forget groups that pulled nothing for a whole window (called now and then, not per pull)."""
+        now = self._clock()
+        for key in [k for k, b in self._buckets.items() if not b or now - b[-1][0] >= WINDOW_S + BUCKET_S]:
+            del self._buckets[key]
+            del self._since[key]
