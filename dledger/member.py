@@ -37,6 +37,7 @@ from dledger.config import DLedgerConfig, build_syncobj_conf
 from dledger.entry import decode_entry
 from dledger.errors import MemberStoreError
 from dledger.state_machine import ApplyStatus, BatchResult, StateMachine
+from remoting.errors import RESOURCE_ERRNOS
 
 _LEADER = _RAFT_STATE.LEADER
 # An apply out of descriptors or memory is tried again this often, this many times, before the member stops.
@@ -148,7 +149,7 @@ class RaftMember(SyncObj):
                 # Out of descriptors or memory for a moment (the store opening its next segment during a burst
                 # of connections): wait here, on the tick, and apply again; an apply that failed published
                 # nothing, so it can be repeated. The tick blocks meanwhile, which may cost an election.
-                if e.errno not in patches.RESOURCE_ERRNOS or waited >= APPLY_RETRY_LIMIT:
+                if e.errno not in RESOURCE_ERRNOS or waited >= APPLY_RETRY_LIMIT:
                     error: Exception = e
                 else:
                     if not waited:

@@ -180,6 +180,7 @@ from pysyncobj.poller import POLL_EVENT_TYPE
 from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
 
 from dledger.poller import EpollPoller
+from remoting.errors import RESOURCE_ERRNOS
 
 log = logging.getLogger(__name__)
 
@@ -555,9 +556,6 @@ _RECORD_HEAD = struct.Struct("<IQQ")  # pysyncobj journal record: size, idx, ter
 _RECORD_TAIL = struct.Struct("<I")
 _original_journal_add = pso_journal.FileJournal.add
 
-
-# Out of descriptors or memory for a moment (17, 18): waited out, unlike a full disk or an I/O error.
-RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
 class JournalWriteError(OSError):

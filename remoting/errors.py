@@ -13,6 +13,7 @@ may ``raise`` one (the transport answers it with its code, remark and fields as 
 
 from __future__ import annotations
 
+import errno
 from typing import Any, ClassVar
 
 from remoting.codes import ResponseCode
@@ -22,7 +23,8 @@ __all__ = [
     "FatalServerError", "FilterDataNotExistError", "FilterDataNotLatestError", "FlushDiskTimeoutError", "FlushSlaveTimeoutError",
     "FrameTooLargeError", "InvalidRequestError", "MessageIllegalError", "NoBuyerIdError", "NoMessageError",
     "NoPermissionError", "NotInCurrentUnitError", "NotLeaderError", "ProtocolError", "PullNotFoundError",
-    "PullOffsetMovedError", "PullRetryImmediatelyError", "QueryNotFoundError", "RaftMQError", "RemotingError",
+    "PullOffsetMovedError", "PullRetryImmediatelyError", "QueryNotFoundError", "RESOURCE_ERRNOS", "RaftMQError",
+    "RemotingError",
     "RequestCodeNotSupportedError", "RequestTimeoutError", "ServiceNotAvailableError", "SlaveNotAvailableError",
     "SubscriptionGroupNotExistError", "SubscriptionNotExistError", "SubscriptionNotLatestError",
     "SubscriptionParseFailedError", "SystemBusyError", "TopicExistAlreadyError",
@@ -42,6 +44,12 @@ class RaftMQError(Exception):
 class FatalServerError(RaftMQError):
     """The server cannot go on without risking stored data: it stops, and ``raftmq`` logs the message as one
     CRITICAL line (no traceback) and exits with status 3. The message says what the operator must do."""
+
+
+# OSError numbers of a server out of descriptors or memory for a moment (a burst of client connections): the
+# store's dispatch, an apply and the Raft transport wait these out, unlike a full disk or an I/O error, which
+# stop the node (FatalServerError).
+RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
 # ---------------------------------------------------------------------------------------------- transport

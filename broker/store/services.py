@@ -7,11 +7,12 @@ starve request handling.
 
 from __future__ import annotations
 
-import errno
 import logging
 from typing import TYPE_CHECKING, Any
 
 import trio
+
+from remoting.errors import RESOURCE_ERRNOS
 
 from .errors import StoreIOError
 
@@ -51,10 +52,9 @@ async def run_services(store: MessageStore, task_status: Any) -> None:
                     log.error("final dispatch and flush failed dir=%s error=%s", store.config.store_dir, e)
 
 
-# Out of descriptors or memory for a moment (a burst of client connections): dispatch waits and tries again.
-# Dispatch is idempotent from its last published offset (units go to their queue offsets), so a retry redoes
-# what the failed chunk wrote. A full disk or an I/O error stops the node instead.
-_TRANSIENT_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
+# Out of descriptors or memory for a moment (RESOURCE_ERRNOS): dispatch waits and tries again. Dispatch is
+# idempotent from its last published offset (units go to their queue offsets), so a retry redoes what the failed
+# chunk wrote. A full disk or an I/O error stops the node instead.
 DISPATCH_RETRY_S = 0.1
 
 
@@ -69,7 +69,7 @@ async def _reput_loop(store: MessageStore) -> None:
             try:
                 store.dispatcher.dispatch(store.commit_log.end, chunk, touched)
             except OSError as e:
-                if e.errno not in _TRANSIENT_ERRNOS:
+                if e.errno not in RESOURCE_ERRNOS:
                     raise StoreIOError(store.config.store_dir, "write its consume queues and index", e) from e
                 if not failures:
                     log.warning("dispatch failed, retrying every %.0f ms dir=%s dispatched=%d error=%s",
