@@ -155,8 +155,10 @@ class AdminClient:
             raise ClientError("no broker group is registered with the name servers")
         return out
 
-    async def _to_leaders(self, masters: Mapping[str, str], code: int, ext: dict[str, Any]) -> dict[str, Any]:
-        """Send one request to each group's leader at once (following NOT_LEADER); returns each group's answer."""
+    async def _to_leaders(self, masters: Mapping[str, str], code: int, ext: dict[str, Any],
+                          ok: tuple[int, ...] = (ResponseCode.SUCCESS,)) -> dict[str, Any]:
+        """Send one request to each group's leader at once (following NOT_LEADER); returns each group's answer
+        (a code in ``ok``; any other raises)."""
         answers: dict[str, Any] = {}
 
         async def _one(name: str, addr: str) -> None:
@@ -165,7 +167,7 @@ class AdminClient:
                 if frame.code == ResponseCode.NOT_LEADER and frame.ext.get("leader_addr"):
                     addr = frame.ext["leader_addr"]
                     continue
-                answers[name] = raise_for_response(frame, topic=ext.get("topic"), broker_name=name)
+                answers[name] = raise_for_response(frame, ok=ok, topic=ext.get("topic") or None, broker_name=name)
                 return
             raise ClientError(f"broker group {name!r} kept naming another leader (last {addr})", broker_name=name)
 
@@ -228,18 +230,9 @@ class AdminClient:
             masters = await self._route_masters(topic)
         else:
             masters = await self._target_masters(cluster, None)
-        ext = {"consumer_group": consumer_group, "topic": topic or ""}
-        answers: dict[str, Any] = {}
-
-        async def _one(name: str, addr: str) -> None:
-            frame = raise_for_response(await self._instance.invoke(addr, RequestCode.GET_CONSUME_STATS, ext,
-                                                                   timeout_s=10.0),
-                                       topic=topic, broker_name=name)
-            answers[name] = cbor2.loads(frame.body) if frame.body else {}
-
-        async with trio.open_nursery() as nursery:
-            for name, addr in masters.items():
-                nursery.start_soon(_one, name, addr)
+        frames = await self._to_leaders(masters, RequestCode.GET_CONSUME_STATS,
+                                        {"consumer_group": consumer_group, "topic": topic or ""})
+        answers = {name: cbor2.loads(frame.body) if frame.body else {} for name, frame in frames.items()}
         queues = []
         for name in sorted(answers):
             for row in answers[name].get("offsets", []):
@@ -254,19 +247,10 @@ class AdminClient:
     async def topic_status(self, topic: str) -> list[TopicQueueStatus]:
         """Every queue of ``topic`` on every group that routes it, with its offsets (any node answers: the
         leader first)."""
-        route = await self.get_route(topic)
-        info = await self.cluster_info()
-        out: list[TopicQueueStatus] = []
-
-        async def _one(name: str) -> None:
-            frame = await self._read_from_group(info, name, RequestCode.GET_TOPIC_STATS_INFO, {"topic": topic})
-            for row in cbor2.loads(frame.body).get("offsets", []):
-                out.append(TopicQueueStatus(MessageQueue(topic, name, int(row["queue_id"])), int(row["min_offset"]),
-                                            int(row["max_offset"]), row.get("last_update_timestamp")))
-
-        async with trio.open_nursery() as nursery:
-            for name in sorted({q.broker_name for q in route.queue_datas}):
-                nursery.start_soon(_one, name)
+        frames = await self._read_from_route(topic, RequestCode.GET_TOPIC_STATS_INFO, {"topic": topic})
+        out = [TopicQueueStatus(MessageQueue(topic, name, int(row["queue_id"])), int(row["min_offset"]),
+                                int(row["max_offset"]), row.get("last_update_timestamp"))
+               for name, frame in frames.items() for row in cbor2.loads(frame.body).get("offsets", [])]
         return sorted(out, key=lambda q: (q.queue.broker_name, q.queue.queue_id))
 
     async def consumer_connections(self, consumer_group: str, *, cluster: str | None = None) -> ConsumerConnection:
@@ -274,20 +258,11 @@ class AdminClient:
         none is."""
         if not consumer_group:
             raise ValueError("consumer_connections needs a consumer group")
-        masters = await self._target_masters(cluster, None)
-        answers: dict[str, Any] = {}
-
-        async def _one(name: str, addr: str) -> None:
-            frame = raise_for_response(
-                await self._instance.invoke(addr, RequestCode.GET_CONSUMER_CONNECTION_LIST,
-                                            {"consumer_group": consumer_group}, timeout_s=10.0),
-                ok=(ResponseCode.SUCCESS, ResponseCode.CONSUMER_NOT_ONLINE), broker_name=name)
-            if frame.code == ResponseCode.SUCCESS:
-                answers[name] = cbor2.loads(frame.body)
-
-        async with trio.open_nursery() as nursery:
-            for name, addr in masters.items():
-                nursery.start_soon(_one, name, addr)
+        frames = await self._to_leaders(await self._target_masters(cluster, None),
+                                        RequestCode.GET_CONSUMER_CONNECTION_LIST, {"consumer_group": consumer_group},
+                                        ok=(ResponseCode.SUCCESS, ResponseCode.CONSUMER_NOT_ONLINE))
+        answers = {name: cbor2.loads(frame.body) for name, frame in frames.items()
+                   if frame.code == ResponseCode.SUCCESS}
         connections: dict[str, str] = {}
         subscriptions: dict[str, str] = {}
         model = where = ""
@@ -344,6 +319,22 @@ class AdminClient:
         assert error is not None
         raise error
 
+    async def _read_from_route(self, topic: str, code: int, ext: dict[str, Any],
+                               ok: tuple[int, ...] = (ResponseCode.SUCCESS,)) -> dict[str, Any]:
+        """The same read of every group that routes ``topic``, at once (``_read_from_group``); each group's
+        answer."""
+        route = await self.get_route(topic)
+        info = await self.cluster_info()
+        answers: dict[str, Any] = {}
+
+        async def _one(name: str) -> None:
+            answers[name] = await self._read_from_group(info, name, code, ext, ok)
+
+        async with trio.open_nursery() as nursery:
+            for name in sorted({q.broker_name for q in route.queue_datas}):
+                nursery.start_soon(_one, name)
+        return answers
+
     async def query_message(self, topic: str, key: str, *, max_num: int = 32, begin_ms: int = 0,
                             end_ms: int | None = None) -> list[MessageExt]:
         """RocketMQ's queryMessage: messages of ``topic`` whose KEYS hold ``key`` (or whose unique id is
@@ -356,21 +347,12 @@ class AdminClient:
         end_ms = (1 << 63) - 1 if end_ms is None else end_ms
         if not 0 <= begin_ms <= end_ms:
             raise ValueError(f"the time range must satisfy 0 <= begin_ms <= end_ms, got {begin_ms}..{end_ms}")
-        route = await self.get_route(topic)
-        info = await self.cluster_info()
-        ext = {"topic": topic, "key": key, "max_num": max_num, "begin_timestamp": begin_ms,
-               "end_timestamp": end_ms}
-        found: list[MessageExt] = []
-
-        async def _one(name: str) -> None:
-            frame = await self._read_from_group(info, name, RequestCode.QUERY_MESSAGE, ext,
-                                                ok=(ResponseCode.SUCCESS, ResponseCode.QUERY_NOT_FOUND))
-            if frame.code == ResponseCode.SUCCESS:
-                found.extend(to_message_ext(view, name) for view in iter_records(frame.body))
-
-        async with trio.open_nursery() as nursery:
-            for name in sorted({q.broker_name for q in route.queue_datas}):
-                nursery.start_soon(_one, name)
+        frames = await self._read_from_route(topic, RequestCode.QUERY_MESSAGE,
+                                             {"topic": topic, "key": key, "max_num": max_num,
+                                              "begin_timestamp": begin_ms, "end_timestamp": end_ms},
+                                             ok=(ResponseCode.SUCCESS, ResponseCode.QUERY_NOT_FOUND))
+        found = [to_message_ext(view, name) for name, frame in frames.items()
+                 if frame.code == ResponseCode.SUCCESS for view in iter_records(frame.body)]
         found.sort(key=lambda m: (-m.store_timestamp, m.broker_name, m.phy_offset))
         return found[:max_num]
 
