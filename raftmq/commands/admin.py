@@ -121,6 +121,24 @@ def _add_targets(parser: argparse.ArgumentParser) -> None:
     targets.add_argument("--broker", action="append", metavar="NAME", help="this group (repeatable)")
 
 
+# The group and topic names a command takes, checked before anything is sent, by how its usage names them.
+_GROUP_ARG = {"consumer-connection": "GROUP", "consumer-progress": "GROUP", "reset-offset": "GROUP"}
+_TOPIC_ARG = {"topic-status": "TOPIC", "consumer-progress": "--topic", "reset-offset": "TOPIC",
+              "query-msg-id": "--topic", "query-msg-key": "TOPIC"}
+
+
+def _check_names(args: argparse.Namespace) -> None:
+    group_arg, topic_arg = _GROUP_ARG.get(args.admin_command), _TOPIC_ARG.get(args.admin_command)
+    try:
+        if group_arg is not None:
+            validate_group_name(args.group, group_arg)
+        if topic_arg is not None and args.topic is not None:
+            validate_topic_name(args.topic)
+    except TopicConfigError as e:
+        # The topic check's sentence says "topic ...": name the argument as the usage does.
+        raise ConfigError(str(e).replace("topic ", f"{topic_arg} ", 1) if e.field == "topic" else str(e)) from None
+
+
 def _check(args: argparse.Namespace) -> None:
     addrs = [a.strip() for a in args.namesrv.replace(";", ",").split(",") if a.strip()]
     if not addrs:
@@ -138,46 +156,17 @@ def _check(args: argparse.Namespace) -> None:
                               f"got {args.perm}")
     if args.admin_command == "status" and args.addr:
         parse_host_port(args.addr, key="--addr")
-    if args.admin_command == "topic-status":
-        try:
-            validate_topic_name(args.topic)
-        except TopicConfigError as e:
-            raise ConfigError(str(e).replace("topic ", "TOPIC ", 1)) from None
-    if args.admin_command == "consumer-connection":
-        try:
-            validate_group_name(args.group, "GROUP")
-        except TopicConfigError as e:
-            raise ConfigError(str(e)) from None
-    if args.admin_command == "consumer-progress":
-        try:
-            validate_group_name(args.group, "GROUP")
-            if args.topic is not None:
-                validate_topic_name(args.topic)
-        except TopicConfigError as e:
-            raise ConfigError(str(e).replace("topic ", "--topic ", 1) if e.field == "topic" else str(e)) from None
+    _check_names(args)
     if args.admin_command == "reset-offset":
-        try:
-            validate_group_name(args.group, "GROUP")
-            validate_topic_name(args.topic)
-        except TopicConfigError as e:
-            raise ConfigError(str(e).replace("topic ", "TOPIC ", 1) if e.field == "topic" else str(e)) from None
         args.timestamp_ms = parse_when(args.to)
     if args.admin_command == "query-msg-id":
         try:
-            if args.topic is not None:
-                validate_topic_name(args.topic)
             parse_msg_id(args.msg_id)
-        except TopicConfigError as e:
-            raise ConfigError(str(e).replace("topic ", "--topic ", 1)) from None
         except MessageFormatError:
             if args.topic is None:
                 raise ConfigError(f"MSG_ID {args.msg_id!r} is not an offset message id (32 hex digits); a "
                                   f"producer's unique id needs --topic") from None
     if args.admin_command == "query-msg-key":
-        try:
-            validate_topic_name(args.topic)
-        except TopicConfigError as e:
-            raise ConfigError(str(e).replace("topic ", "TOPIC ", 1)) from None
         if not args.key:
             raise ConfigError("KEY must not be empty")
         if not 1 <= args.max <= MAX_QUERY_NUM:
