@@ -106,8 +106,9 @@ async def _exit_with_parent(parent: int, scope: trio.CancelScope) -> None:
 def raise_open_files_limit() -> None:
     """Raise the soft limit on open files to the hard one. Client connections, the store's files and the Raft
     links share one descriptor table; the soft limit is often 1,024, which a burst of client connections can
-    use up, and a node that still cannot open its next store file after a short wait stops (status 3). RocketMQ's guides raise it
-    with ``ulimit -n``; this does it for every server, as far as the hard limit allows."""
+    use up, and a node that still cannot open its next store file after a short wait stops (status 3).
+    RocketMQ's guides raise it with ``ulimit -n``; this does it for every server, as far as the hard limit
+    allows."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     target = hard if hard != resource.RLIM_INFINITY else max(soft, OPEN_FILES_TARGET)
     if soft != resource.RLIM_INFINITY and soft < target:

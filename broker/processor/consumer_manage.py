@@ -72,8 +72,9 @@ class ConsumerManageProcessor:
 
     async def get_consume_stats(self, request: Frame, conn: Any) -> Frame:
         """Body: ``{"offsets": [{topic, queue_id, broker_offset, consumer_offset, lag, last_timestamp}],
-        "consumer_ids": [...], "consume_tps": messages/s pulled by the group from those topics here}``. ``topic`` (optional) narrows it to one topic; without it, every topic the
-        group has an offset for on this group. ``consumer_offset`` is None where the group committed nothing."""
+        "consumer_ids": [...], "consume_tps": messages/s pulled by the group from those topics here}``.
+        ``topic`` (optional) narrows it to one topic; without it, every topic the group has an offset for on this
+        group. ``consumer_offset`` is None where the group committed nothing."""
         node = self.node
         group = get_group(request.ext)
         committed = node.offsets.offsets_of_group(group)
