@@ -26,7 +26,8 @@ import trio
 from client import open_producer, open_push_consumer
 from dledger.service import transfer_leadership
 from remoting.transport import open_remoting_client
-from tests.cluster.test_e2e_produce_consume import GROUP, Cluster, send_until, start_cluster, verify_output
+from tests.cluster.test_e2e_produce_consume import (GROUP, LOAD_CONSUMER_OPTIONS, Cluster, send_until, start_cluster,
+                                                    verify_output)
 from tests.procs import raftmq_argv
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -126,8 +127,7 @@ async def _fill_the_victim_under_load(cluster: Cluster, victim_dir: Path, capsys
 
     async with open_producer(cluster.namesrv, retry_backoff_ms=20) as producer, \
             open_push_consumer(cluster.namesrv, topic=TOPIC, handler=on_message, consumer_group="disk_full_group",
-                               consume_from_where="CONSUME_FROM_FIRST_OFFSET", rebalance_interval_ms=500,
-                               persist_consumer_offset_interval_ms=200, broker_suspend_max_time_ms=1000):
+                               **LOAD_CONSUMER_OPTIONS):
         async with trio.open_nursery() as nursery:
             for k in range(8):
                 # 4 KiB bodies, so the load fills the disk's last MiBs within a second or two.

@@ -18,7 +18,7 @@ import pytest
 import trio
 
 from client import open_producer, open_push_consumer
-from tests.cluster.test_e2e_produce_consume import Cluster, send_until, start_cluster
+from tests.cluster.test_e2e_produce_consume import LOAD_CONSUMER_OPTIONS, Cluster, send_until, start_cluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -43,8 +43,7 @@ async def test_kill_leader_five_times_under_load(spawn, tmp_path, capsys):
 
     async with open_producer(cluster.namesrv, send_msg_timeout_ms=2000, retry_backoff_ms=20) as producer, \
             open_push_consumer(cluster.namesrv, topic=topic, handler=on_message, consumer_group="failover_group",
-                               consume_from_where="CONSUME_FROM_FIRST_OFFSET", rebalance_interval_ms=500,
-                               persist_consumer_offset_interval_ms=200, broker_suspend_max_time_ms=1000):
+                               **LOAD_CONSUMER_OPTIONS):
 
         gaps: list[float] = []
         async with trio.open_nursery() as nursery:

@@ -44,7 +44,7 @@ import trio
 from client import open_admin, open_producer, open_push_consumer
 from raftmq.commands.dev import GROUP, NODE_IDS, write_broker_configs
 from remoting.errors import RaftMQError
-from tests.cluster.test_e2e_produce_consume import routed_master, send_until, verify_output
+from tests.cluster.test_e2e_produce_consume import LOAD_CONSUMER_OPTIONS, routed_master, send_until, verify_output
 from tests.netns import NetLab, require
 from tests.procs import ServerProcess, raftmq_argv
 
@@ -152,9 +152,7 @@ async def _under_load(netlab: NetLab, spawn, tmp_path, nemesis: Callable[[Load],
                     await trio.sleep(0.2)
             async with open_producer(cluster.namesrv, retry_backoff_ms=20, **options) as producer, \
                     open_push_consumer(cluster.namesrv, topic=topic, handler=on_message,
-                                       consumer_group="partition_group", consume_from_where="CONSUME_FROM_FIRST_OFFSET",
-                                       rebalance_interval_ms=500, persist_consumer_offset_interval_ms=200,
-                                       broker_suspend_max_time_ms=1000, **options):
+                                       consumer_group="partition_group", **LOAD_CONSUMER_OPTIONS, **options):
                 async with trio.open_nursery() as nursery:
                     for k in range(8):
                         nursery.start_soon(send_until, producer, topic, k, stop_producing, load.acked, load.ack_log,

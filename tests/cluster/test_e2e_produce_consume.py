@@ -97,6 +97,12 @@ async def verify_output(argv: list[str], timeout_s: float = 60.0) -> bytes:
     return output
 
 
+# The push consumer of a load that faults interrupt: it starts at the first message (every acknowledged one must
+# be consumed), rebalances and commits often, and holds pulls briefly so it notices a dead node soon.
+LOAD_CONSUMER_OPTIONS = {"consume_from_where": "CONSUME_FROM_FIRST_OFFSET", "rebalance_interval_ms": 500,
+                         "persist_consumer_offset_interval_ms": 200, "broker_suspend_max_time_ms": 1000}
+
+
 async def send_until(producer, topic: str, k: int, stop: trio.Event, acked: dict[str, float],
                      ack_log: list[tuple[float, str]], failed: list[str], *, body_size: int = 0,
                      pause_s: float = 0.002) -> None:

@@ -30,7 +30,8 @@ from client import open_admin, open_producer, open_push_consumer
 from dledger.service import get_raft_status, transfer_leadership
 from remoting.transport import open_remoting_client
 from raftmq.commands.dev import NODE_IDS
-from tests.cluster.test_e2e_produce_consume import GROUP, Cluster, send_until, start_cluster, verify_output
+from tests.cluster.test_e2e_produce_consume import (GROUP, LOAD_CONSUMER_OPTIONS, Cluster, send_until, start_cluster,
+                                                    verify_output)
 from tests.procs import raftmq_argv
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -55,8 +56,7 @@ async def _stop_a_node_under_load(spawn, tmp_path, capsys, *, leader: bool) -> N
 
     async with open_producer(cluster.namesrv, retry_backoff_ms=20) as producer, \
             open_push_consumer(cluster.namesrv, topic=topic, handler=on_message, consumer_group="stopped_group",
-                               consume_from_where="CONSUME_FROM_FIRST_OFFSET", rebalance_interval_ms=500,
-                               persist_consumer_offset_interval_ms=200, broker_suspend_max_time_ms=1000):
+                               **LOAD_CONSUMER_OPTIONS):
 
         async with trio.open_nursery() as nursery:
             for k in range(8):
