@@ -38,7 +38,7 @@ from dledger import ByteLog, DLedgerConfig, MemberAddress, open_dledger_group
 from dledger.service import DLedgerService, get_raft_status, transfer_leadership
 from raftmq.bench.common import (check_range, print_json, print_table, show_progress, spawn_ready_process,
                                  summarize_latencies)
-from raftmq.ports import free_port
+from raftmq.ports import free_port, port_range
 from remoting.config import ConfigError, parse_host_port
 from remoting.errors import RaftMQError
 from remoting.transport import open_remoting_client, serve_remoting
@@ -281,6 +281,10 @@ def run(args: argparse.Namespace) -> int:
     check_range("--batch", args.batch, 1, 1024)
     if args.size * args.batch > 96 * 1024:
         raise ConfigError(f"--size x --batch must stay within 96 KiB per append, got {args.size * args.batch}")
+    try:
+        port_range()
+    except ValueError as e:  # a malformed RAFTMQ_PORT_RANGE, named before anything starts
+        raise ConfigError(str(e)) from None
     console = Console()
     base_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="raftmq-bench-dledger-"))
     try:

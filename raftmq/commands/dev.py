@@ -60,8 +60,11 @@ def plan_ports(data_dir: Path, base_port: int | None) -> dict[str, Any]:
     if state_path.exists() and base_port is None:
         return json.loads(state_path.read_text())
     if base_port == 0:
-        ports = {"namesrv": free_port(), "service": [free_port() for _ in NODE_IDS],
-                 "raft": [free_port() for _ in NODE_IDS]}
+        try:
+            ports = {"namesrv": free_port(), "service": [free_port() for _ in NODE_IDS],
+                     "raft": [free_port() for _ in NODE_IDS]}
+        except ValueError as e:  # a malformed RAFTMQ_PORT_RANGE
+            raise SystemExit(f"raftmq dev: {e}") from None
     else:
         base = 9876 if base_port is None else base_port
         ports = {"namesrv": base, "service": [base + 1035 + 10 * i for i in range(len(NODE_IDS))],

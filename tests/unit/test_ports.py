@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import socket
 
+import pytest
+
 from raftmq import ports
+
+
+@pytest.fixture(autouse=True)
+def _no_range_of_our_own(monkeypatch):
+    # The suite's parallel workers each set one (tests/conftest.py); these tests set their own or none.
+    monkeypatch.delenv(ports.PORT_RANGE_ENV, raising=False)
 
 
 def test_ports_are_bindable_distinct_and_below_the_ephemeral_range():
@@ -28,3 +36,16 @@ def test_a_port_in_use_is_skipped(monkeypatch):
         monkeypatch.setattr(ports, "_ephemeral_low", lambda: 65536)
         monkeypatch.setattr(ports, "LOWEST_PORT", 1)
         assert ports.free_port() != taken
+
+
+def test_a_range_of_ones_own_is_kept_to(monkeypatch):
+    monkeypatch.setenv(ports.PORT_RANGE_ENV, "21000-21099")
+    given = [ports.free_port() for _ in range(50)]
+    assert len(set(given)) == 50 and all(21000 <= p <= 21099 for p in given)
+
+
+@pytest.mark.parametrize("text", ["21000", "21000-", "b-c", "21099-21000", "80-90", "60000-70000"])
+def test_a_malformed_range_is_named(monkeypatch, text):
+    monkeypatch.setenv(ports.PORT_RANGE_ENV, text)
+    with pytest.raises(ValueError, match=f"RAFTMQ_PORT_RANGE={text!r}"):
+        ports.free_port()
