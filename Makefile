@@ -25,8 +25,11 @@ system-deps:
 	@if ! command -v ip >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q iproute2; fi
 
+# Two workers (pytest-xdist): the tests marked `load` run one after another in one of them (tests/conftest.py),
+# the rest beside them in the other. TEST_WORKERS=0 runs everything in one process.
+TEST_WORKERS ?= 2
 test: $(STAMP) system-deps
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 clean-dev:
 	rm -rf .raftmq-dev

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from raftmq import ports
+from raftmq.runner import PARENT_PID_ENV
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -36,6 +37,9 @@ class ServerProcess:
         self._ready = threading.Event()
         full_env = dict(os.environ)
         full_env["PYTHONUNBUFFERED"] = "1"
+        # A server stops by itself once this process is gone: a test process killed outright (a pytest-xdist
+        # worker when the run is interrupted, a SIGKILL) never reaches the teardown that stops it by PID.
+        full_env[PARENT_PID_ENV] = str(os.getpid())
         full_env.update(env or {})
         self._log_file = open(log_path, "a", encoding="utf-8") if log_path else None
         self.proc = subprocess.Popen(argv, cwd=cwd or REPO_ROOT, env=full_env, stdout=subprocess.PIPE,

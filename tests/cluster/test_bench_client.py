@@ -11,7 +11,7 @@ import pytest
 
 from tests.procs import raftmq_argv
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.cluster, pytest.mark.load, pytest.mark.slow, pytest.mark.timeout(180)]
 
 
 def _bench(*args: str) -> dict:

@@ -115,7 +115,7 @@ async def _bad_input_is_refused(client, leader: str) -> None:
     assert r.code == ResponseCode.INVALID_REQUEST and "not a valid message batch" in r.remark
 
 
-async def test_registration_follower_reads_and_leader_failover(start, tmp_path):
+async def test_registration_follower_reads_and_leader_failover(start, tmp_path, figure):
     state = plan_ports(tmp_path, 0)
     paths = dict(zip(NODE_IDS, write_broker_configs(tmp_path, state)))
     namesrv = f"127.0.0.1:{state['ports']['namesrv']}"
@@ -174,7 +174,7 @@ async def test_registration_follower_reads_and_leader_failover(start, tmp_path):
             while (await _send(client, new_leader, b"after")).code != ResponseCode.SUCCESS:
                 await trio.sleep(0.05)
         first_ack_s = time.monotonic() - killed_at
-        print(f"failover: new master registered after {registered_s:.2f}s, first ack after {first_ack_s:.2f}s")
+        figure(f"failover: new master registered after {registered_s:.2f}s, first ack after {first_ack_s:.2f}s")
         # An acknowledged message is in the commit log; the ConsumeQueue that pulls read is built just after
         # (RocketMQ's reput), so the answer can overtake it: wait until the "after" message is pullable.
         with trio.fail_after(10):
@@ -213,7 +213,7 @@ async def _find_leader(client, addrs) -> str:
             await trio.sleep(0.05)
 
 
-async def test_four_mib_message_is_replicated_and_pulled_from_a_follower(start, tmp_path):
+async def test_four_mib_message_is_replicated_and_pulled_from_a_follower(start, tmp_path, figure):
     state = plan_ports(tmp_path, 0)
     paths = dict(zip(NODE_IDS, write_broker_configs(tmp_path, state)))
     namesrv = f"127.0.0.1:{state['ports']['namesrv']}"
@@ -230,7 +230,7 @@ async def test_four_mib_message_is_replicated_and_pulled_from_a_follower(start, 
         started = time.monotonic()
         r = await _call(client, leader, RequestCode.SEND_MESSAGE,
                         {"producer_group": "pg", "topic": TOPIC, "queue_id": 0}, body, timeout_s=15)
-        print(f"4 MiB send acknowledged after {(time.monotonic() - started) * 1000:.0f} ms")
+        figure(f"4 MiB send acknowledged after {(time.monotonic() - started) * 1000:.0f} ms")
         assert r.code == ResponseCode.SUCCESS, r.remark
         exact = os.urandom(MAX_MESSAGE_SIZE)
         assert (await _send(client, leader, exact)).code == ResponseCode.SUCCESS  # the limit itself is allowed

@@ -14,7 +14,7 @@ import pytest
 
 from tests.procs import raftmq_argv
 
-pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.cluster, pytest.mark.load, pytest.mark.slow, pytest.mark.timeout(240)]
 
 
 def _processes_of(data_dir: Path) -> list[int]:
@@ -37,7 +37,7 @@ def _processes_of(data_dir: Path) -> list[int]:
     return pids
 
 
-def _chaos(data_dir: Path, *args: str) -> dict:
+def _chaos(figure, data_dir: Path, *args: str) -> dict:
     """Run ``raftmq chaos --json`` to completion; its report, which must say it passed. Whatever it leaves
     running fails the test, and is killed (by PID: every one of them was started for this test)."""
     argv = raftmq_argv("chaos", "--json", "--data-dir", str(data_dir), "--keep-data", "--size", "128", *args)
@@ -50,7 +50,7 @@ def _chaos(data_dir: Path, *args: str) -> dict:
     assert not leftovers, f"raftmq chaos left processes running: {leftovers}"
     assert done.stdout.strip(), f"no report (rc={done.returncode}); stderr:\n{done.stderr[-3000:]}"
     report = json.loads(done.stdout.strip().splitlines()[-1])
-    print(f"\nraftmq chaos {' '.join(args)}: {json.dumps(report)}")
+    figure(f"raftmq chaos {' '.join(args)}: {json.dumps(report)}")
     assert done.returncode == (0 if report["ok"] else 1), (done.returncode, report)
     assert report["ok"], done.stderr[-3000:]
     return report
@@ -60,9 +60,9 @@ def _ready_lines(log: Path) -> int:
     return sum(1 for line in log.read_text(errors="replace").splitlines() if line.startswith("ready kind=broker"))
 
 
-def test_chaos_kills_the_leader_twice_and_nothing_acknowledged_is_lost(tmp_path):
+def test_chaos_kills_the_leader_twice_and_nothing_acknowledged_is_lost(tmp_path, figure):
     data_dir = tmp_path / "chaos"
-    report = _chaos(data_dir, "--rounds", "2", "--fault", "kill", "--target", "leader",
+    report = _chaos(figure, data_dir, "--rounds", "2", "--fault", "kill", "--target", "leader",
                             "--down-seconds", "1", "--settle-seconds", "1.5")
     assert report["missing"] == 0 and report["logs_identical"] and report["acks_resumed_after_every_fault"]
     assert report["acked"] > 0 and report["consumed"] >= report["acked"]
@@ -75,9 +75,9 @@ def test_chaos_kills_the_leader_twice_and_nothing_acknowledged_is_lost(tmp_path)
         assert _ready_lines(data_dir / "logs" / f"broker-a-{r['victim']}.log") >= 2, r
 
 
-def test_chaos_stops_a_follower_and_the_leader_stays(tmp_path):
+def test_chaos_stops_a_follower_and_the_leader_stays(tmp_path, figure):
     data_dir = tmp_path / "chaos"
-    report = _chaos(data_dir, "--rounds", "1", "--fault", "stop", "--target", "follower",
+    report = _chaos(figure, data_dir, "--rounds", "1", "--fault", "stop", "--target", "follower",
                             "--down-seconds", "2", "--settle-seconds", "1.5")
     [r] = report["rounds"]
     assert r["role"] == "follower" and r["fault"] == "stop"
@@ -87,9 +87,9 @@ def test_chaos_stops_a_follower_and_the_leader_stays(tmp_path):
     assert report["missing"] == 0 and report["logs_identical"]
 
 
-def test_chaos_rebuilds_the_leader_empty_and_nothing_acknowledged_is_lost(tmp_path):
+def test_chaos_rebuilds_the_leader_empty_and_nothing_acknowledged_is_lost(tmp_path, figure):
     data_dir = tmp_path / "chaos"
-    report = _chaos(data_dir, "--rounds", "1", "--fault", "rebuild", "--target", "leader",
+    report = _chaos(figure, data_dir, "--rounds", "1", "--fault", "rebuild", "--target", "leader",
                             "--down-seconds", "1", "--settle-seconds", "1.5")
     [r] = report["rounds"]
     assert r["role"] == "leader" and r["fault"] == "rebuild" and r["first_ack_by_another_s"] is not None, r

@@ -30,7 +30,7 @@ from tests.cluster.test_e2e_produce_consume import (GROUP, LOAD_CONSUMER_OPTIONS
                                                     verify_output)
 from tests.procs import raftmq_argv
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.load, pytest.mark.slow]
 
 TOPIC = "DiskFullTopic"
 VICTIM = "n3"
@@ -85,7 +85,7 @@ def _fill(mount: Path, leave_bytes: int) -> Path:
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("role", ["follower", "leader"])
-async def test_a_node_whose_disk_fills_stops_cleanly_and_catches_up_once_freed(spawn, tmp_path, capsys, role):
+async def test_a_node_whose_disk_fills_stops_cleanly_and_catches_up_once_freed(spawn, tmp_path, figure, role):
     reason = _mount_unavailable()
     if reason is not None:
         if os.environ.get("CI"):
@@ -96,13 +96,13 @@ async def test_a_node_whose_disk_fills_stops_cleanly_and_catches_up_once_freed(s
         cluster: Cluster | None = None
         try:
             cluster = await start_cluster(spawn, tmp_path, OVERRIDES)
-            await _fill_the_victim_under_load(cluster, victim_dir, capsys, role)
+            await _fill_the_victim_under_load(cluster, victim_dir, figure, role)
         finally:
             if cluster is not None and VICTIM in cluster.nodes:
                 await trio.to_thread.run_sync(cluster.nodes[VICTIM].stop)  # its files hold the mount
 
 
-async def _fill_the_victim_under_load(cluster: Cluster, victim_dir: Path, capsys, role: str) -> None:
+async def _fill_the_victim_under_load(cluster: Cluster, victim_dir: Path, figure, role: str) -> None:
     await cluster.create_topic(TOPIC, 4)
     victim_addr = cluster.addr_of[VICTIM]
     leader_addr = await cluster.leader_addr()
@@ -159,11 +159,10 @@ async def _fill_the_victim_under_load(cluster: Cluster, victim_dir: Path, capsys
     critical = [line.strip() for line in victim.output if " CRITICAL " in line]
     missing = set(acked) - set(consumed)
     duplicates = sum(c - 1 for c in consumed.values() if c > 1)
-    with capsys.disabled():
-        print(f"\n{role} {VICTIM}'s disk filled: it exited with status {rc} {exited_after:.2f} s later; "
-              f"{acked_without_it} acked and {failed_without_it} failed in the 2 s after; {len(acked)} acked in "
-              f"all, {len(failed)} failed ({dict(Counter(failed))}), {duplicates} duplicates; "
-              f"{critical[-1] if critical else 'no CRITICAL line'}")
+    figure(f"{role} {VICTIM}'s disk filled: it exited with status {rc} {exited_after:.2f} s later; "
+           f"{acked_without_it} acked and {failed_without_it} failed in the 2 s after; {len(acked)} acked in "
+           f"all, {len(failed)} failed ({dict(Counter(failed))}), {duplicates} duplicates; "
+           f"{critical[-1] if critical else 'no CRITICAL line'}")
     assert rc == 3, f"{VICTIM} ended with status {rc}, not 3 (a negative status is the signal that killed it)"
     assert critical and "No space left on device" in critical[-1], critical
     assert acked_without_it > 0, "nothing was acknowledged after the node stopped"

@@ -9,7 +9,7 @@ import pytest
 
 from tests.procs import raftmq_argv
 
-pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.cluster, pytest.mark.load, pytest.mark.slow, pytest.mark.timeout(120)]
 
 
 @pytest.mark.parametrize("state_machine", ["byte_log", "message_store"])

@@ -14,13 +14,13 @@ from raftmq.commands.verify import verify_group
 from remoting.transport import open_remoting_client
 from tests.integration.dledger.cluster_support import DLedgerCluster
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.cluster, pytest.mark.load, pytest.mark.slow, pytest.mark.timeout(240)]
 
 KILLS = 10
 WRITERS = 8
 
 
-async def test_leader_killed_ten_times_under_load(spawn, tmp_path, capsys):
+async def test_leader_killed_ten_times_under_load(spawn, tmp_path, figure):
     cluster = DLedgerCluster(spawn, tmp_path)
     cluster.start_all()
     acked = []
@@ -51,9 +51,8 @@ async def test_leader_killed_ten_times_under_load(spawn, tmp_path, capsys):
         cluster.procs[member_id].stop()
     cluster.verify_stores(acked)
     median, worst = statistics.median(gaps), max(gaps)
-    with capsys.disabled():
-        print(f"\ndledger failover: {KILLS} leader kills, {len(acked)} acknowledged appends, kill->first append "
-              f"gap median {median:.3f} s, max {worst:.3f} s, all gaps {[round(g, 3) for g in gaps]}")
+    figure(f"dledger failover: {KILLS} leader kills, {len(acked)} acknowledged appends, kill->first append "
+           f"gap median {median:.3f} s, max {worst:.3f} s, all gaps {[round(g, 3) for g in gaps]}")
     # The gap is a speed figure (target median <= 1.0 s, max <= 2.0 s): it is reported above and recorded in
     # docs/benchmarks.md, never asserted, so a loaded machine cannot fail this test. What is asserted is that
     # every failover completed (within 15 s, above) and that nothing acknowledged was lost.

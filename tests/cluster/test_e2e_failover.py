@@ -20,14 +20,14 @@ import trio
 from client import open_producer, open_push_consumer
 from tests.cluster.test_e2e_produce_consume import LOAD_CONSUMER_OPTIONS, Cluster, send_until, start_cluster
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.load, pytest.mark.slow]
 
 KILLS = 5
 TARGET_MEDIAN_GAP_S = 1.5
 
 
 @pytest.mark.timeout(300)
-async def test_kill_leader_five_times_under_load(spawn, tmp_path, capsys):
+async def test_kill_leader_five_times_under_load(spawn, tmp_path, figure):
     cluster: Cluster = await start_cluster(spawn, tmp_path)
     topic = "FailoverTopic"
     await cluster.create_topic(topic, 4)
@@ -75,8 +75,7 @@ async def test_kill_leader_five_times_under_load(spawn, tmp_path, capsys):
     missing = set(acked) - set(consumed)
     duplicates = sum(c - 1 for c in consumed.values() if c > 1)
     median = statistics.median(gaps)
-    with capsys.disabled():  # the figures belong in every run's output, not only with -s
-        print(f"\nfailover: {len(acked)} acked, {len(failed)} failed sends, {duplicates} duplicates, gaps "
-              f"{', '.join(f'{g:.3f}' for g in gaps)} s, median {median:.3f} s (target <= {TARGET_MEDIAN_GAP_S} s)")
+    figure(f"failover: {len(acked)} acked, {len(failed)} failed sends, {duplicates} duplicates, gaps "
+           f"{', '.join(f'{g:.3f}' for g in gaps)} s, median {median:.3f} s (target <= {TARGET_MEDIAN_GAP_S} s)")
     assert not missing, f"{len(missing)} acknowledged messages were never consumed"
     assert len(gaps) == KILLS

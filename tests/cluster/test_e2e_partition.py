@@ -48,7 +48,7 @@ from tests.cluster.test_e2e_produce_consume import LOAD_CONSUMER_OPTIONS, routed
 from tests.netns import NetLab, require
 from tests.procs import ServerProcess, raftmq_argv
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.load, pytest.mark.slow]
 
 CLIENT, NAMESRV = "client", "namesrv"
 CUT_S = 8.0  # longer than leader_fallback_timeout_ms (3 s) and than a send's timeout (3 s)
@@ -198,7 +198,7 @@ def _assert_nothing_lost(load: Load, seen: dict[str, Any]) -> None:
 
 @pytest.mark.timeout(180)
 async def test_leader_cut_off_from_its_followers_is_replaced_and_commits_nothing(netlab, spawn, tmp_path,
-                                                                                  capsys):
+                                                                                  figure):
     async def cut_the_leader(load: Load) -> dict[str, Any]:
         cluster, admin = load.cluster, load.admin
         leader_addr = await routed_master(admin)
@@ -231,13 +231,12 @@ async def test_leader_cut_off_from_its_followers_is_replaced_and_commits_nothing
 
     load, seen = await _under_load(netlab, spawn, tmp_path, cut_the_leader)
     leader, during, gap, stepped_down = seen["leader"], seen["during"], seen["gap"], seen["stepped_down"]
-    with capsys.disabled():
-        print(f"\nleader {leader} cut off from both followers for {CUT_S:.0f} s: first ack by a new leader after "
-              + (f"{gap:.3f} s" if gap is not None else "none")
-              + ", the old leader stepped down after "
-              + (f"{stepped_down:.3f} s" if stepped_down is not None else "none")
-              + f"; {seen['acked_during']} acked and {seen['failed_during']} failed during the cut; roles before "
-              f"{seen['before']}, during {during}; " + _summary(load, seen))
+    figure(f"leader {leader} cut off from both followers for {CUT_S:.0f} s: first ack by a new leader after "
+           + (f"{gap:.3f} s" if gap is not None else "none")
+           + ", the old leader stepped down after "
+           + (f"{stepped_down:.3f} s" if stepped_down is not None else "none")
+           + f"; {seen['acked_during']} acked and {seen['failed_during']} failed during the cut; roles before "
+           f"{seen['before']}, during {during}; " + _summary(load, seen))
     assert gap is not None, f"no send was acknowledged by another node during the {CUT_S:.0f} s cut"
     assert stepped_down is not None, (f"leader {leader}, cut off from both followers, still claimed leadership "
                                       f"{CUT_S:.0f} s later: {during}")
@@ -249,7 +248,7 @@ async def test_leader_cut_off_from_its_followers_is_replaced_and_commits_nothing
 
 
 @pytest.mark.timeout(180)
-async def test_follower_cut_off_from_the_leader_only_does_not_depose_it(netlab, spawn, tmp_path, capsys):
+async def test_follower_cut_off_from_the_leader_only_does_not_depose_it(netlab, spawn, tmp_path, figure):
     async def cut_a_follower_from_the_leader(load: Load) -> dict[str, Any]:
         cluster, admin = load.cluster, load.admin
         leader = cluster.node_at(await routed_master(admin))
@@ -266,10 +265,9 @@ async def test_follower_cut_off_from_the_leader_only_does_not_depose_it(netlab, 
 
     load, seen = await _under_load(netlab, spawn, tmp_path, cut_a_follower_from_the_leader)
     (leader, follower), before, during, after = seen["pair"], seen["before"], seen["during"], seen["after"]
-    with capsys.disabled():
-        print(f"\nfollower {follower} cut off from leader {leader} only, for {CUT_S:.0f} s: {seen['acked_during']} "
-              f"acked and {seen['failed_during']} failed during the cut, the follower began {seen['pre_votes']} "
-              f"pre-votes; roles before {before}, during {during}; " + _summary(load, seen))
+    figure(f"follower {follower} cut off from leader {leader} only, for {CUT_S:.0f} s: {seen['acked_during']} "
+           f"acked and {seen['failed_during']} failed during the cut, the follower began {seen['pre_votes']} "
+           f"pre-votes; roles before {before}, during {during}; " + _summary(load, seen))
     assert during == before and after == before, (
         f"a follower cut off from the leader only changed the group: {before} -> {during} -> {after}")
     assert seen["acked_during"] > 0 and seen["failed_during"] == 0, (
@@ -280,7 +278,7 @@ async def test_follower_cut_off_from_the_leader_only_does_not_depose_it(netlab, 
 
 
 @pytest.mark.timeout(180)
-async def test_client_cut_off_from_the_leader_connects_afresh_once_healed(netlab, spawn, tmp_path, capsys):
+async def test_client_cut_off_from_the_leader_connects_afresh_once_healed(netlab, spawn, tmp_path, figure):
     """The group is healthy; only the client's path to the leader is cut, so its sends there time out. The
     connection saw nothing for a whole request timeout, so the transport closes it (remoting/transport.py,
     ``_close_silent``): once the path heals the next send connects afresh and is acknowledged. Kept instead,
@@ -296,8 +294,7 @@ async def test_client_cut_off_from_the_leader_connects_afresh_once_healed(netlab
         return seen
 
     load, seen = await _under_load(netlab, spawn, tmp_path, cut_the_client_from_the_leader)
-    with capsys.disabled():
-        print(f"\nclient cut off from leader {seen['leader']} for {CUT_S:.0f} s: " + _summary(load, seen))
+    figure(f"client cut off from leader {seen['leader']} for {CUT_S:.0f} s: " + _summary(load, seen))
     assert seen["after"] == seen["before"], f"cutting the client off changed the group: {seen}"
     assert load.acks_between(seen["healed_at"], float("inf")) > 0, (
         "nothing acknowledged in the 3 s after the client's path to the leader healed")
@@ -306,7 +303,7 @@ async def test_client_cut_off_from_the_leader_connects_afresh_once_healed(netlab
 
 @pytest.mark.timeout(180)
 async def test_without_a_name_server_the_client_finds_the_new_leader_through_the_followers(netlab, spawn, tmp_path,
-                                                                                         capsys):
+                                                                                         figure):
     """The client cut off from the name server, the leader cut off from everyone. No route can name the new
     leader; the leader watch asks the group's other nodes as well (``ClientInstance._check_silent_leader``), and
     they name it: first acknowledgement 1.27 s after the cut, 0 sends failed. Without that, the sends waited out
@@ -335,18 +332,17 @@ async def test_without_a_name_server_the_client_finds_the_new_leader_through_the
 
     load, seen = await _under_load(netlab, spawn, tmp_path, cut_the_name_server_and_the_leader)
     gap = seen["gap"]
-    with capsys.disabled():
-        print(f"\nclient cut off from the name server, leader {seen['leader']} from everyone, for {CUT_S:.0f} s: "
-              f"first ack by a new leader after " + (f"{gap:.3f} s" if gap is not None else "none")
-              + f"; {seen['acked_during']} acked and {seen['failed_during']} failed during the cut; "
-              + _summary(load, seen))
+    figure(f"client cut off from the name server, leader {seen['leader']} from everyone, for {CUT_S:.0f} s: "
+           f"first ack by a new leader after " + (f"{gap:.3f} s" if gap is not None else "none")
+           + f"; {seen['acked_during']} acked and {seen['failed_during']} failed during the cut; "
+           + _summary(load, seen))
     assert gap is not None, f"no send was acknowledged by another node during the {CUT_S:.0f} s cut"
     _assert_nothing_lost(load, seen)
 
 
 @pytest.mark.timeout(180)
 async def test_leader_cut_off_from_the_name_server_keeps_serving_and_is_routed_again_once_healed(netlab, spawn,
-                                                                                              tmp_path, capsys):
+                                                                                              tmp_path, figure):
     """Only the leader's link to the name server is cut, for longer than the name server's broker_expired_ms
     (2 s here; 120 s by default), so the name server evicts the leader while the followers go on registering:
     its route names no master. The group is healthy and the client still reaches the leader, and re-reads
@@ -385,15 +381,14 @@ async def test_leader_cut_off_from_the_name_server_keeps_serving_and_is_routed_a
                                    broker_set=("register_interval_ms=500",),
                                    client_options={"poll_name_server_interval_ms": 300})
     leader, evicted, routed_again = seen["leader"], seen["evicted"], seen["routed_again"]
-    with capsys.disabled():
-        print(f"\nleader {leader} cut off from the name server for {CUT_S:.0f} s: evicted from the route after "
-              + (f"{evicted:.3f} s (nodes routed then: {seen.get('nodes_during')})" if evicted is not None
-                 else "never")
-              + f"; {seen['acked_after_eviction']} acked after the eviction, "
-              f"{seen['acked_after_eviction_by_leader']} of them by the leader, {seen['failed_during']} failed "
-              f"during the cut; routed again "
-              + (f"{routed_again:.3f} s after the heal" if routed_again is not None else "never")
-              + "; " + _summary(load, seen))
+    figure(f"leader {leader} cut off from the name server for {CUT_S:.0f} s: evicted from the route after "
+           + (f"{evicted:.3f} s (nodes routed then: {seen.get('nodes_during')})" if evicted is not None
+              else "never")
+           + f"; {seen['acked_after_eviction']} acked after the eviction, "
+           f"{seen['acked_after_eviction_by_leader']} of them by the leader, {seen['failed_during']} failed "
+           f"during the cut; routed again "
+           + (f"{routed_again:.3f} s after the heal" if routed_again is not None else "never")
+           + "; " + _summary(load, seen))
     assert evicted is not None, f"the name server never evicted leader {leader}: the test cut nothing that mattered"
     assert seen["during"] == seen["before"], f"cutting the name server off changed the group: {seen}"
     assert seen["acked_after_eviction_by_leader"] > 0 and seen["failed_during"] == 0, (
@@ -404,7 +399,7 @@ async def test_leader_cut_off_from_the_name_server_keeps_serving_and_is_routed_a
 
 
 @pytest.mark.timeout(240)
-async def test_random_cuts_and_heals_lose_nothing(netlab, spawn, tmp_path, capsys):
+async def test_random_cuts_and_heals_lose_nothing(netlab, spawn, tmp_path, figure):
     """Six rounds, each cutting one node off from the other two or cutting one pair, for 1-3 s, then healing
     for 0.5-2 s: whatever elections that causes, nothing acknowledged may be lost and the logs must end equal.
     The schedule comes from a seed printed with the result (``RAFTMQ_PARTITION_SEED`` replays it; timing
@@ -431,8 +426,7 @@ async def test_random_cuts_and_heals_lose_nothing(netlab, spawn, tmp_path, capsy
 
     load, seen = await _under_load(netlab, spawn, tmp_path, random_cuts)
     after = seen["after"]
-    with capsys.disabled():
-        print(f"\nrandom cuts (seed {seed}): {', '.join(seen['rounds'])}; " + _summary(load, seen))
+    figure(f"random cuts (seed {seed}): {', '.join(seen['rounds'])}; " + _summary(load, seen))
     leaders = [nid for nid, (role, _) in after.items() if role == "LEADER"]
     assert len(leaders) == 1 and len({term for _, term in after.values()}) == 1, (
         f"seed {seed}: 3 s after the last heal the group has not settled on one leader: {after}")

@@ -20,7 +20,7 @@ from remoting.errors import RaftMQError
 from remoting.message import parse_msg_id
 from tests.procs import ServerProcess, raftmq_argv
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.load, pytest.mark.slow]
 
 GROUP = "broker-a"
 
@@ -133,7 +133,7 @@ async def start_cluster(spawn, tmp_path, overrides: dict[str, str] | None = None
 
 
 @pytest.mark.timeout(240)
-async def test_20k_messages_two_members_then_a_third_joins(spawn, tmp_path):
+async def test_20k_messages_two_members_then_a_third_joins(spawn, tmp_path, figure):
     cluster = await start_cluster(spawn, tmp_path)
     topic, total = "E2ETopic", 20_000
     await cluster.create_topic(topic, 8)
@@ -200,6 +200,6 @@ async def test_20k_messages_two_members_then_a_third_joins(spawn, tmp_path):
     assert deliveries["c3"], "the third member consumed nothing"
     counts = Counter(body for msgs in deliveries.values() for _, _, body in msgs)
     duplicates = sum(c - 1 for c in counts.values())
-    print(f"\n20k e2e: first half acked after {half_at:.1f}s, all consumed after {elapsed:.1f}s; per member "
-          f"{[len(v) for v in deliveries.values()]}; duplicates {duplicates}; "
-          f"third member queues {len(third_assigned)}")
+    figure(f"20k e2e: first half acked after {half_at:.1f}s, all consumed after {elapsed:.1f}s; per member "
+           f"{[len(v) for v in deliveries.values()]}; duplicates {duplicates}; "
+           f"third member queues {len(third_assigned)}")

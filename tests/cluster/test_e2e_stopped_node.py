@@ -34,13 +34,13 @@ from tests.cluster.test_e2e_produce_consume import (GROUP, LOAD_CONSUMER_OPTIONS
                                                     verify_output)
 from tests.procs import raftmq_argv
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.load, pytest.mark.slow]
 
 # Long enough that a client waiting for a stopped leader to answer would see every send time out (3 s).
 STOPPED_S = 8.0
 
 
-async def _stop_a_node_under_load(spawn, tmp_path, capsys, *, leader: bool) -> None:
+async def _stop_a_node_under_load(spawn, tmp_path, figure, *, leader: bool) -> None:
     cluster: Cluster = await start_cluster(spawn, tmp_path)
     topic = "StoppedNodeTopic"
     await cluster.create_topic(topic, 4)
@@ -94,13 +94,12 @@ async def _stop_a_node_under_load(spawn, tmp_path, capsys, *, leader: bool) -> N
     storers = [addr for t, addr in ack_log if t > resumed_at]
     missing = set(acked) - set(consumed)
     duplicates = sum(c - 1 for c in consumed.values() if c > 1)
-    with capsys.disabled():
-        print(f"\nstopped {'leader' if leader else 'follower'} {victim_addr} for "
-              + (f"{gap:.3f} s until the first ack by the new leader" if leader and gap is not None
-                 else f"{STOPPED_S:.0f} s")
-              + f"; {acked_while_stopped} acked meanwhile, {failed_while_stopped} failed; leader {leader_addr} "
-              f"before, {', '.join(sorted(set(storers)))} after it resumed; {len(acked)} acked in all, "
-              f"{len(failed)} failed ({dict(Counter(failed))}), {duplicates} duplicates")
+    figure(f"stopped {'leader' if leader else 'follower'} {victim_addr} for "
+           + (f"{gap:.3f} s until the first ack by the new leader" if leader and gap is not None
+              else f"{STOPPED_S:.0f} s")
+           + f"; {acked_while_stopped} acked meanwhile, {failed_while_stopped} failed; leader {leader_addr} "
+           f"before, {', '.join(sorted(set(storers)))} after it resumed; {len(acked)} acked in all, "
+           f"{len(failed)} failed ({dict(Counter(failed))}), {duplicates} duplicates")
     if leader:
         assert gap is not None, (f"no send was acknowledged by another node in the {STOPPED_S:.0f} s the leader "
                                  f"{victim_addr} was stopped ({failed_while_stopped} sends failed)")
@@ -136,13 +135,13 @@ async def _lead_again(cluster: Cluster, addr: str, ack_log: list[tuple[float, st
 
 
 @pytest.mark.timeout(180)
-async def test_stopped_leader_is_left_for_the_new_one_before_it_resumes(spawn, tmp_path, capsys):
-    await _stop_a_node_under_load(spawn, tmp_path, capsys, leader=True)
+async def test_stopped_leader_is_left_for_the_new_one_before_it_resumes(spawn, tmp_path, figure):
+    await _stop_a_node_under_load(spawn, tmp_path, figure, leader=True)
 
 
 @pytest.mark.timeout(180)
-async def test_stopped_follower_leaves_the_other_two_committing_and_catches_up(spawn, tmp_path, capsys):
-    await _stop_a_node_under_load(spawn, tmp_path, capsys, leader=False)
+async def test_stopped_follower_leaves_the_other_two_committing_and_catches_up(spawn, tmp_path, figure):
+    await _stop_a_node_under_load(spawn, tmp_path, figure, leader=False)
 
 
 @pytest.mark.timeout(120)
@@ -179,7 +178,7 @@ async def test_a_follower_back_from_a_stop_does_not_depose_the_leader(spawn, tmp
 
 
 @pytest.mark.timeout(180)
-async def test_a_leader_deposed_with_entries_in_flight_leads_again_once_caught_up(spawn, tmp_path, capsys):
+async def test_a_leader_deposed_with_entries_in_flight_leads_again_once_caught_up(spawn, tmp_path, figure):
     """Both followers are stopped for a moment so that the leader's entries cannot commit, then the leader is
     stopped with them in flight and the followers resume: they elect a leader and go on under load for
     STOPPED_S, compacting their logs, so the old leader, resumed, catches up through a snapshot that covers its
@@ -219,11 +218,10 @@ async def test_a_leader_deposed_with_entries_in_flight_leads_again_once_caught_u
                     os.kill(pid, signal.SIGCONT)
             status, led_again = await _lead_again(cluster, leader_addr, ack_log)
             stop_producing.set()
-    with capsys.disabled():
-        print(f"\nleader {leader_addr} stopped with {in_flight_at_stop} entries in flight for {STOPPED_S:.0f} s, "
-              f"then resumed: {status['snapshots_loaded']} snapshot(s) loaded, {status['in_flight_batches']} in "
-              f"flight; handed the leadership back, it acknowledged sends: {led_again}; {len(acked)} acked in all, "
-              f"{len(failed)} failed ({dict(Counter(failed))})")
+    figure(f"leader {leader_addr} stopped with {in_flight_at_stop} entries in flight for {STOPPED_S:.0f} s, "
+           f"then resumed: {status['snapshots_loaded']} snapshot(s) loaded, {status['in_flight_batches']} in "
+           f"flight; handed the leadership back, it acknowledged sends: {led_again}; {len(acked)} acked in all, "
+           f"{len(failed)} failed ({dict(Counter(failed))})")
     assert in_flight_at_stop > 0, "no entry was in flight when the leader stopped: the test tested nothing"
     assert status["snapshots_loaded"] > 0, f"the old leader caught up without a snapshot: {status}"
     assert status["in_flight_batches"] == 0, f"the old leader still counts entries in flight: {status}"

@@ -27,7 +27,7 @@ from remoting.transport import open_remoting_client
 from tests.cluster.test_e2e_produce_consume import GROUP, Cluster, start_cluster, verify_output
 from tests.procs import raftmq_argv
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.load, pytest.mark.slow]
 
 TOPIC = "FdTopic"
 HEADROOM = 12  # descriptors above what the node holds when its limit is lowered
@@ -49,7 +49,7 @@ async def _connected_peers(addr: str) -> tuple[str, ...]:
 
 
 @pytest.mark.timeout(120)
-async def test_a_member_out_of_descriptors_keeps_its_raft_listener(spawn, tmp_path, capsys):
+async def test_a_member_out_of_descriptors_keeps_its_raft_listener(spawn, tmp_path, figure):
     cluster = await start_cluster(spawn, tmp_path)
     await cluster.create_topic(TOPIC, 4)
     raft = _raft_addresses(cluster)
@@ -97,11 +97,10 @@ async def test_a_member_out_of_descriptors_keeps_its_raft_listener(spawn, tmp_pa
             await producer.send(Message(TOPIC, b"after the flood %d" % i))
     verified = await verify_output(raftmq_argv("verify", "--group", GROUP, "--members",
                                                ",".join(cluster.addr_of.values())))
-    with capsys.disabled():
-        print(f"\n{victim} limited to {limit} descriptors ({held} held), flooded with {len(flood)} connections; "
-              f"restarted {peer} "
-              + (f"connected to it again {reconnected_after:.2f} s later" if reconnected_after is not None
-                 else "never connected to it again"))
+    figure(f"{victim} limited to {limit} descriptors ({held} held), flooded with {len(flood)} connections; "
+           f"restarted {peer} "
+           + (f"connected to it again {reconnected_after:.2f} s later" if reconnected_after is not None
+              else "never connected to it again"))
     assert reconnected_after is not None, f"{peer}, restarted, never connected to {victim} again"
     # Else the test proved nothing: the flood must have made the Raft accept fail.
     assert "raft listener: accept failed" in full_output, "the flood never made the Raft accept fail"

@@ -31,7 +31,7 @@ from remoting.transport import open_remoting_client
 from tests.cluster.test_e2e_produce_consume import GROUP, Cluster, start_cluster, verify_output
 from tests.procs import raftmq_argv
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.load, pytest.mark.slow]
 
 TOPIC = "RejoinTopic"
 DOWN_S = 3.0  # how long A stays down with B empty and C resumed: several election timeouts (0.4-0.9 s)
@@ -63,7 +63,7 @@ async def _wait_same_end(addrs: list[str], timeout_s: float = 10.0) -> None:
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("lost", ["everything", "everything_peer_tells", "raft_data"])
 async def test_a_member_that_lost_its_raft_log_while_another_is_down_elects_no_one_that_lacks_acked_messages(
-        spawn, tmp_path, capsys, lost):
+        spawn, tmp_path, figure, lost):
     cluster: Cluster = await start_cluster(spawn, tmp_path)
     await cluster.create_topic(TOPIC, 4)
     a_addr = await cluster.leader_addr()
@@ -120,12 +120,11 @@ async def test_a_member_that_lost_its_raft_log_while_another_is_down_elects_no_o
     verified = await verify_output(raftmq_argv("verify", "--group", GROUP, "--members",
                                                ",".join(cluster.addr_of.values())))
     missing = acked - consumed
-    with capsys.disabled():
-        how = {"everything": "rebuilt empty (--rejoin)", "everything_peer_tells": "rebuilt empty (told by a peer)",
-               "raft_data": "restarted without its Raft data"}[lost]
-        print(f"\nleader {a} down {DOWN_S:.0f} s with {b} {how} and {c} behind by "
-              f"{len(only_a_and_b)} messages: roles then {roles_while_a_down}; leader once {a} was back: "
-              f"{cluster.node_at(leader_after)}; {len(acked)} acked, {len(missing)} missing")
+    how = {"everything": "rebuilt empty (--rejoin)", "everything_peer_tells": "rebuilt empty (told by a peer)",
+           "raft_data": "restarted without its Raft data"}[lost]
+    figure(f"leader {a} down {DOWN_S:.0f} s with {b} {how} and {c} behind by "
+           f"{len(only_a_and_b)} messages: roles then {roles_while_a_down}; leader once {a} was back: "
+           f"{cluster.node_at(leader_after)}; {len(acked)} acked, {len(missing)} missing")
     assert not leaders_while_a_down, f"elected while {a} was down: {leaders_while_a_down} (acked messages lost)"
     assert roles_while_a_down[cluster.addr_of[b]][2], f"{b} did not report itself rejoining: {roles_while_a_down}"
     assert not (await _roles([cluster.addr_of[b]]))[cluster.addr_of[b]][2], f"{b} still rejoining after {a} led"

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.timeout(120)
 MIB = 1 << 20
 
 
-async def test_one_and_four_mib_records_commit_byte_identical(tmp_path):
+async def test_one_and_four_mib_records_commit_byte_identical(tmp_path, figure):
     configs = {c.self_id: c for c in make_configs(tmp_path)}
     cfg = configs["n0"]
     assert cfg.max_batch_bytes < 4 * MIB + 64 * 1024 < cfg.max_record_bytes
@@ -63,7 +63,7 @@ async def test_one_and_four_mib_records_commit_byte_identical(tmp_path):
         stats = leader.statistics()
         assert stats.rejected_batches == 0 and stats.failed_batches == 0
         assert stats.appended_records == len(expected)
-        print(f"one ~4 MiB record committed in {one_4mib_s * 1000:.0f} ms")
+        figure(f"one ~4 MiB record committed in {one_4mib_s * 1000:.0f} ms")
         nursery.cancel_scope.cancel()
 
     contents = [log.path.read_bytes() for log in logs.values()]
