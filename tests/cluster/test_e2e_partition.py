@@ -51,7 +51,7 @@ from tests.procs import ServerProcess, raftmq_argv
 pytestmark = [pytest.mark.cluster, pytest.mark.load, pytest.mark.slow]
 
 CLIENT, NAMESRV = "client", "namesrv"
-CUT_S = 8.0  # longer than leader_fallback_timeout_ms (3 s) and than a send's timeout (3 s)
+CUT_S = 5.0  # longer than leader_fallback_timeout_ms (3 s) and than a send's timeout (3 s)
 SERVICE_PORT, RAFT_PORT, NAMESRV_PORT = 10911, 20911, 9876  # fixed: every namespace of the lab is new and empty
 
 
