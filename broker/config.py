@@ -89,7 +89,8 @@ class BrokerConfig:
         try:
             socket.inet_pton(socket.AF_INET, host)
         except OSError:
-            # It becomes the store host inside every message id, which RocketMQ defines as IPv4 + port.
+            # It becomes the store host of every stored message and message id, in RocketMQ's IPv4 form; the
+            # IPv6 form (sys flag STOREHOSTADDRESS_V6) is not implemented.
             raise ConfigError(f"{key} must be an IPv4 address and port, got "
                               f"{self.dledger.self_member.service_address!r}") from None
         # The largest frame: a send of max_message_size; a pull answer (max_transfer_bytes, or one whole record);
