@@ -63,7 +63,7 @@ def _ready_lines(log: Path) -> int:
 def test_chaos_kills_the_leader_twice_and_nothing_acknowledged_is_lost(tmp_path, figure):
     data_dir = tmp_path / "chaos"
     report = _chaos(figure, data_dir, "--rounds", "2", "--fault", "kill", "--target", "leader",
-                            "--down-seconds", "1", "--settle-seconds", "1.5")
+                    "--down-seconds", "1", "--settle-seconds", "1.5")
     assert report["missing"] == 0 and report["logs_identical"] and report["acks_resumed_after_every_fault"]
     assert report["acked"] > 0 and report["consumed"] >= report["acked"]
     assert len(report["rounds"]) == 2
@@ -78,7 +78,7 @@ def test_chaos_kills_the_leader_twice_and_nothing_acknowledged_is_lost(tmp_path,
 def test_chaos_stops_a_follower_and_the_leader_stays(tmp_path, figure):
     data_dir = tmp_path / "chaos"
     report = _chaos(figure, data_dir, "--rounds", "1", "--fault", "stop", "--target", "follower",
-                            "--down-seconds", "2", "--settle-seconds", "1.5")
+                    "--down-seconds", "2", "--settle-seconds", "1.5")
     [r] = report["rounds"]
     assert r["role"] == "follower" and r["fault"] == "stop"
     assert r["first_ack_by_another_s"] is None  # nothing to fail over: the leader kept acknowledging
@@ -90,7 +90,7 @@ def test_chaos_stops_a_follower_and_the_leader_stays(tmp_path, figure):
 def test_chaos_rebuilds_the_leader_empty_and_nothing_acknowledged_is_lost(tmp_path, figure):
     data_dir = tmp_path / "chaos"
     report = _chaos(figure, data_dir, "--rounds", "1", "--fault", "rebuild", "--target", "leader",
-                            "--down-seconds", "1", "--settle-seconds", "1.5")
+                    "--down-seconds", "1", "--settle-seconds", "1.5")
     [r] = report["rounds"]
     assert r["role"] == "leader" and r["fault"] == "rebuild" and r["first_ack_by_another_s"] is not None, r
     assert report["missing"] == 0 and report["logs_identical"] and report["acks_resumed_after_every_fault"]
