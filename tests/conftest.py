@@ -14,9 +14,12 @@ def pytest_configure(config: pytest.Config) -> None:
     # be given the same one between one's check and its bind.
     worker, count = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
     if worker and count:
-        index, n = int(worker.removeprefix("gw")), int(count)
+        # Twice as many slices as workers: one that replaces a crashed worker is numbered on (gw2 of 2) and takes
+        # a slice no live worker has, for the first n replacements.
+        slices = 2 * int(count)
+        index = int(worker.removeprefix("gw")) % slices
         low, high = ports.port_range()
-        size = (high - low + 1) // n
+        size = (high - low + 1) // slices
         os.environ[ports.PORT_RANGE_ENV] = f"{low + index * size}-{low + (index + 1) * size - 1}"
 
 
