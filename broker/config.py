@@ -74,6 +74,10 @@ class BrokerConfig:
     channel_expired_timeout_ms: int = bounded(120_000, min=100, max=3_600_000,
                                               doc="a client silent this long leaves its groups")
     send_timeout_ms: int = bounded(5000, min=10, max=600_000, doc="longest wait for a Raft commit of a send")
+    # raftmq.runner.DRAIN_TIMEOUT_S (5 s) bounds everything done on a signal before the node stops serving.
+    leadership_handover_timeout_ms: int = bounded(
+        2000, min=0, max=5000, doc="on SIGTERM/SIGINT a leader first hands its leadership to its most caught-up "
+                                   "connected follower, waiting at most this long; 0: it stops without")
     max_frame_size: int = bounded(16 << 20, min=1024, max=1 << 30)
 
     def __post_init__(self) -> None:

@@ -25,7 +25,7 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import cbor2
@@ -43,7 +43,7 @@ from broker.registration import RegistrationService, RegistrationSnapshot
 from broker.store import MessageInput, MessageStore, encode_batch
 from broker.store.dispatch import TOPIC_DELETE_LOG
 from broker.topic_config import TopicConfig, TopicConfigTable, auto_create_config
-from dledger import DLedgerConfig, DLedgerGroup, NotLeaderError, Role, open_dledger_group
+from dledger import DLedgerConfig, DLedgerError, DLedgerGroup, NotLeaderError, Role, open_dledger_group
 from dledger.service import peer_with_history, remote_fetch_range
 from remoting.codec import make_request
 from remoting.codes import RequestCode, ResponseCode
@@ -354,21 +354,59 @@ class BrokerNode:
         interval = self.config.consumer_offset_flush_interval_ms / 1000
         while True:
             await trio.sleep(interval)
-            if not self.offsets.has_pending():
-                continue
-            if not self.is_leader():
+            await self._flush_offsets_once()
+
+    async def _flush_offsets_once(self) -> None:
+        if not self.offsets.has_pending():
+            return
+        if not self.is_leader():
+            self.offsets.drop_pending()
+            return
+        async with self._offset_lock:
+            batch = self.offsets.take_pending()
+            try:
+                await self._replicate(OFFSET_TABLE, {_offset_key(g, t, q): o for g, t, q, o in batch})
+            except RequestRejected:
                 self.offsets.drop_pending()
-                continue
-            async with self._offset_lock:
-                batch = self.offsets.take_pending()
+            except Exception as e:
+                log.warning("consumer offset flush failed entries=%d error=%s", len(batch), e)
+                if self.is_leader():
+                    self.offsets.requeue(batch)
+
+    async def hand_over_leadership(self) -> None:
+        """On a clean stop (SIGTERM/SIGINT), while the node still serves: a leader replicates the consumer
+        offsets it holds and hands its leadership to its most caught-up connected follower (Raft's leadership
+        transfer, which etcd also does on shutdown). A planned restart then costs producers one NOT_LEADER
+        redirect instead of an election timeout, and consumers no redelivery of what they had committed.
+        A follower, a leader with no follower connected, or ``leadership_handover_timeout_ms = 0``: nothing.
+        It gives up at once when the last follower goes (the whole group is stopping), else after the timeout."""
+        timeout_s = self.config.leadership_handover_timeout_ms / 1000
+        group = self.group
+        if timeout_s <= 0 or not group.is_leader or not group.statistics().connected_peers:
+            return
+        started = time.monotonic()
+        outcome = f"not done within {self.config.leadership_handover_timeout_ms} ms"
+        with trio.move_on_after(timeout_s):
+            async with trio.open_nursery() as nursery:
+                async def give_up_when_alone() -> None:
+                    nonlocal outcome
+                    while group.statistics().connected_peers:
+                        await trio.sleep(0.02)
+                    outcome = "no follower connected any more"
+                    nursery.cancel_scope.cancel()
+
+                nursery.start_soon(give_up_when_alone)
                 try:
-                    await self._replicate(OFFSET_TABLE, {_offset_key(g, t, q): o for g, t, q, o in batch})
-                except RequestRejected:
-                    self.offsets.drop_pending()
-                except Exception as e:
-                    log.warning("consumer offset flush failed entries=%d error=%s", len(batch), e)
-                    if self.is_leader():
-                        self.offsets.requeue(batch)
+                    await self._flush_offsets_once()
+                    role = await group.transfer_leadership(timeout_s=timeout_s)
+                    outcome = ""
+                    log.info("handed leadership over before stopping to=%s term=%d after_ms=%d", role.leader_id,
+                             role.term, (time.monotonic() - started) * 1000)
+                except DLedgerError as e:
+                    outcome = str(e)
+                nursery.cancel_scope.cancel()
+        if outcome:
+            log.warning("stopping without handing leadership over: %s", outcome)
 
     async def refresh_metadata_periodically(self) -> None:
         while True:
@@ -401,9 +439,10 @@ async def _rejoin_if_rebuilt(config: DLedgerConfig, store: MessageStore, client:
     return config.replace(rejoin=True)
 
 
-async def serve_broker(config: BrokerConfig, *,
+async def serve_broker(config: BrokerConfig, *, on_serving: Callable[[BrokerNode], None] | None = None,
                        task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED) -> None:
-    """Run one broker node until cancelled; ``task_status.started((host, port))`` once it listens."""
+    """Run one broker node until cancelled; ``task_status.started((host, port))`` once it listens, after
+    ``on_serving(node)`` (the command keeps the node for ``hand_over_leadership`` on a signal)."""
     store = MessageStore.open(config.store)
     machine = CommitLogMachine(store)
     try:
@@ -431,6 +470,8 @@ async def serve_broker(config: BrokerConfig, *,
                             await nursery.start(node.registration.serve)
                             log.info("broker node serving broker_name=%s broker_id=%d listen=%s:%d",
                                      config.broker_name, node.broker_id, bound[0], bound[1])
+                            if on_serving is not None:
+                                on_serving(node)
                             task_status.started(bound)
                     finally:
                         with trio.CancelScope(shield=True), trio.move_on_after(1.0):

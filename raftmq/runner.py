@@ -31,6 +31,11 @@ EXIT_FATAL = 3
 PARENT_PID_ENV = "RAFTMQ_EXIT_WITH_PARENT"
 PARENT_CHECK_INTERVAL_S = 0.5
 
+# What a server does on SIGTERM/SIGINT before it stops serving, bounded by DRAIN_TIMEOUT_S (run_until_signalled).
+Drain = Callable[[], Awaitable[None]]
+# Below the 10 s after which `raftmq dev` and the tests' fixtures SIGKILL a child that has not exited.
+DRAIN_TIMEOUT_S = 5.0
+
 # The cyclic GC's first threshold. Python's 700 net container allocations is far below what a busy leader keeps
 # alive at once: every request in flight holds its frame, dicts and callbacks until its Raft commit. So the GC
 # ran ~200 times a second, each time promoting in-flight objects that died a millisecond later, and a full
@@ -46,24 +51,38 @@ def announce_ready(kind: str, **fields: Any) -> None:
     print("ready " + " ".join(parts), flush=True)
 
 
-def run_until_signalled(main: Callable[[trio.Nursery], Awaitable[None]]) -> int:
+def run_until_signalled(main: Callable[[trio.Nursery], Awaitable[Drain | None]]) -> int:
     """Run ``main(nursery)`` (which starts the servers and returns) until SIGTERM or SIGINT, then cancel
     everything and return 0. Servers do their final flush in their own shielded ``finally`` blocks. A
-    ``FatalServerError`` stops everything the same way and returns ``EXIT_FATAL`` after logging it."""
+    ``FatalServerError`` stops everything the same way and returns ``EXIT_FATAL`` after logging it.
+
+    ``main`` may return a *drain*: an async function run on the signal while everything still serves (a broker
+    leader hands its leadership over), for at most ``DRAIN_TIMEOUT_S``; a second signal cuts it short."""
 
     raise_open_files_limit()
 
     async def _run() -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with trio.open_nursery() as nursery:
-                await main(nursery)
+                drain = await main(nursery)
                 tune_gc()
 
                 async def _wait_signal() -> None:
-                    async for signum in signals:
-                        log.info("shutting down signal=%s", signal.Signals(signum).name)
-                        nursery.cancel_scope.cancel()
-                        return
+                    received = signals.__aiter__()
+                    signum = await received.__anext__()
+                    log.info("shutting down signal=%s", signal.Signals(signum).name)
+                    if drain is not None:
+                        async with trio.open_nursery() as draining:
+                            async def _cut_short() -> None:
+                                again = await received.__anext__()
+                                log.info("second signal=%s: stopping without waiting", signal.Signals(again).name)
+                                draining.cancel_scope.cancel()
+
+                            draining.start_soon(_cut_short)
+                            with trio.move_on_after(DRAIN_TIMEOUT_S):
+                                await drain()
+                            draining.cancel_scope.cancel()
+                    nursery.cancel_scope.cancel()
 
                 nursery.start_soon(_wait_signal)
                 parent = _supervisor_pid()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import trio
 
-from raftmq.runner import announce_ready, run_until_signalled
+from raftmq.runner import Drain, announce_ready, run_until_signalled
 from remoting.config import ConfigError
 
 log = logging.getLogger(__name__)
@@ -56,9 +56,11 @@ def run(args: argparse.Namespace) -> int:
         overrides["dledger.rejoin"] = True
     config = load_broker_config(args.config, overrides)
 
-    async def main(nursery: trio.Nursery) -> None:
-        host, port = await nursery.start(functools.partial(serve_broker, config))
+    async def main(nursery: trio.Nursery) -> Drain:
+        nodes = []
+        host, port = await nursery.start(functools.partial(serve_broker, config, on_serving=nodes.append))
         announce_ready("broker", listen=f"{host}:{port}", broker_name=config.broker_name,
                        broker_id=config.broker_id, raft=config.dledger.self_member.raft_address)
+        return nodes[0].hand_over_leadership
 
     return run_until_signalled(main)

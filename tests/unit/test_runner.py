@@ -7,12 +7,14 @@ import gc
 import logging
 import os
 import signal
+import time
 
 import pytest
 import trio
 
 from dledger import MemberDivergedError
-from raftmq.runner import EXIT_FATAL, GC_GEN0_THRESHOLD, PARENT_PID_ENV, _supervisor_pid, run_until_signalled
+from raftmq.runner import (DRAIN_TIMEOUT_S, EXIT_FATAL, GC_GEN0_THRESHOLD, PARENT_PID_ENV, _supervisor_pid,
+                           run_until_signalled)
 
 
 @pytest.fixture(autouse=True)
@@ -78,6 +80,59 @@ def test_a_signal_stops_the_server_with_status_0():
         nursery.start_soon(signal_soon)
 
     assert run_until_signalled(main) == 0
+
+
+def test_a_drain_runs_on_the_signal_while_the_servers_still_serve():
+    events = []
+
+    async def main(nursery: trio.Nursery):
+        async def serve() -> None:
+            try:
+                await trio.sleep_forever()
+            finally:
+                events.append("server cancelled")
+
+        async def signal_soon() -> None:
+            await trio.sleep(0.05)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        async def drain() -> None:
+            events.append("drain started")
+            await trio.sleep(0.05)
+            events.append("drain done")
+
+        nursery.start_soon(serve)
+        nursery.start_soon(signal_soon)
+        return drain
+
+    assert run_until_signalled(main) == 0
+    assert events == ["drain started", "drain done", "server cancelled"]
+
+
+def test_a_second_signal_cuts_the_drain_short():
+    events = []
+
+    async def main(nursery: trio.Nursery):
+        async def signal_twice() -> None:
+            await trio.sleep(0.05)
+            os.kill(os.getpid(), signal.SIGTERM)
+            await trio.sleep(0.05)
+            os.kill(os.getpid(), signal.SIGINT)
+
+        async def drain() -> None:
+            events.append("drain started")
+            try:
+                await trio.sleep_forever()
+            finally:
+                events.append("drain cut short")
+
+        nursery.start_soon(signal_twice)
+        return drain
+
+    started = time.monotonic()
+    assert run_until_signalled(main) == 0
+    assert events == ["drain started", "drain cut short"]
+    assert time.monotonic() - started < DRAIN_TIMEOUT_S  # by the second signal, not by the drain's bound
 
 
 @pytest.mark.timeout(30)  # without the watch it would serve for ever
