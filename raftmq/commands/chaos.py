@@ -9,6 +9,8 @@ follower or on a random node:
 - ``--fault kill``: SIGKILL; after ``--down-seconds`` the node is started again on its data and rejoins.
 - ``--fault stop``: SIGSTOP, a hung process whose connections stay open and silent; SIGCONT after
   ``--down-seconds``.
+- ``--fault restart``: SIGTERM, a planned restart: the node stops cleanly (a leader hands its leadership to a
+  follower first) and after ``--down-seconds`` it is started again on its data. Its exit status must be 0.
 - ``--fault rebuild``: SIGKILL, then its store and Raft data are moved aside (as a lost disk, kept under
   ``aside/`` for a post-mortem) and after ``--down-seconds`` it is started empty, without ``--rejoin``: it must
   learn from its peers that the group is not new, keep out of elections until it hears from a leader, and copy
@@ -20,8 +22,9 @@ stop, and within ``--drain-seconds`` every acknowledged message must be consumed
 be identical (crc32c per segment, as ``raftmq verify``). Delivery is at least once, as in RocketMQ, so
 duplicates are counted, not failed.
 
-Exit status 0 when nothing acknowledged was lost, the logs are identical and acknowledgements resumed after
-every fault; 1 otherwise (the data directory is then kept for its logs); 2 for a bad option.
+Exit status 0 when nothing acknowledged was lost, the logs are identical, acknowledgements resumed after
+every fault and every node stopped with SIGTERM exited 0; 1 otherwise (the data directory is then kept for its
+logs); 2 for a bad option.
 """
 
 from __future__ import annotations
@@ -70,14 +73,16 @@ def register(subparsers) -> None:
         "chaos", help="kill or hang nodes of a cluster of its own under load; check nothing acknowledged is lost",
         description="Start a name server and a 3-node group (raftmq dev's layout) in a directory of their own, "
                     "produce and consume through them, and inject faults one after another: SIGKILL and restart, "
-                    "SIGSTOP and SIGCONT, or SIGKILL and a restart with the data gone, of the leader, a follower "
+                    "SIGSTOP and SIGCONT, SIGTERM and restart, or SIGKILL and a restart with the data gone, of the "
+                    "leader, a follower "
                     "or a random node. Reports the gap to the "
                     "first acknowledgement by another node after each fault, then checks that every acknowledged "
                     "message was consumed and that the members' commit logs are identical. Exit 0 when they "
                     "are, 1 otherwise.")
     parser.add_argument("--rounds", type=int, default=5, help="faults to inject, one after another (default 5)")
-    parser.add_argument("--fault", choices=("kill", "stop", "rebuild"), default="kill",
+    parser.add_argument("--fault", choices=("kill", "stop", "restart", "rebuild"), default="kill",
                         help="kill: SIGKILL, then restart on the same data; stop: SIGSTOP, then SIGCONT; "
+                             "restart: SIGTERM (a clean stop), then restart on the same data; "
                              "rebuild: SIGKILL, data moved aside, restart empty (default kill)")
     parser.add_argument("--target", choices=("leader", "follower", "random"), default="leader",
                         help="which node each fault hits (default leader)")
@@ -268,7 +273,10 @@ class Chaos:
         victim_addr = self.addr_of[victim]
         child = self.cluster.nodes[victim]
         fault_at = time.monotonic()
-        if args.fault in ("kill", "rebuild"):
+        exit_status = None
+        if args.fault == "restart":
+            exit_status = await trio.to_thread.run_sync(child.stop, self.cluster.stop_timeout_s)
+        elif args.fault in ("kill", "rebuild"):
             os.kill(child.pid, signal.SIGKILL)
             await trio.to_thread.run_sync(child.proc.wait)
             if args.fault == "rebuild":
@@ -288,7 +296,7 @@ class Chaos:
                         break  # a short stop may end before an election: it resumes as the leader
                     await trio.sleep(0.01)
         await trio.sleep(max(0.0, fault_at + args.down_seconds - time.monotonic()))
-        if args.fault in ("kill", "rebuild"):
+        if args.fault in ("kill", "rebuild", "restart"):
             child.stop(self.cluster.stop_timeout_s)  # already dead: closes its log and output reader
             restarted = self.cluster.start_node(victim)
             await trio.to_thread.run_sync(restarted.wait_ready, 60.0)
@@ -313,6 +321,8 @@ class Chaos:
             "acks_resumed": resumed,
             "leader_after": new_leader, "term_after": new_term,
         }
+        if exit_status is not None:
+            result["exit_status"] = exit_status
         if statuses is not None:
             result["raft_status"] = statuses
         gap = result["first_ack_by_another_s"]
@@ -356,6 +366,7 @@ class Chaos:
         missing = ledger.missing()
         gaps = [r["first_ack_by_another_s"] for r in rounds if r["first_ack_by_another_s"] is not None]
         resumed = all(r["acks_resumed"] for r in rounds)
+        clean_exits = all(r.get("exit_status", 0) == 0 for r in rounds)
         return {
             "fault": self.args.fault, "target": self.args.target, "rounds": rounds,
             "acked": len(ledger.acked), "failed_sends": sum(ledger.failed.values()),
@@ -366,8 +377,8 @@ class Chaos:
             "logs_identical": bool(logs.get("identical")),
             "logs_compared_up_to": logs.get("up_to"), "logs_error": logs.get("error"),
             "divergent_segments": [start for start, _ in logs.get("divergent", [])],
-            "acks_resumed_after_every_fault": resumed,
-            "ok": not missing and bool(logs.get("identical")) and resumed and bool(ledger.acked),
+            "acks_resumed_after_every_fault": resumed, "clean_exits": clean_exits,
+            "ok": not missing and bool(logs.get("identical")) and resumed and clean_exits and bool(ledger.acked),
         }
 
 

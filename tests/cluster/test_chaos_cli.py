@@ -101,3 +101,17 @@ def test_chaos_rebuilds_the_leader_empty_and_nothing_acknowledged_is_lost(tmp_pa
     assert _ready_lines(log_path) >= 2
     log = log_path.read_text(errors="replace")
     assert "a rebuilt member; rejoining as with --rejoin" in log and "rejoined: heard from the leader" in log
+
+
+def test_chaos_restarts_the_leader_cleanly_and_it_hands_its_leadership_over(tmp_path, figure):
+    data_dir = tmp_path / "chaos"
+    report = _chaos(figure, data_dir, "--rounds", "1", "--fault", "restart", "--target", "leader",
+                    "--down-seconds", "1", "--settle-seconds", "1.5")
+    [r] = report["rounds"]
+    assert r["role"] == "leader" and r["fault"] == "restart" and r["exit_status"] == 0, r
+    assert r["leader_after"] != r["victim"] and r["term_after"] > r["term"], r
+    assert r["first_ack_by_another_s"] is not None, r
+    assert report["missing"] == 0 and report["logs_identical"] and report["clean_exits"]
+    log_path = data_dir / "logs" / f"broker-a-{r['victim']}.log"
+    assert _ready_lines(log_path) >= 2
+    assert "handed leadership over before stopping" in log_path.read_text(errors="replace")
