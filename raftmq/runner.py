@@ -33,7 +33,7 @@ PARENT_CHECK_INTERVAL_S = 0.5
 
 # What a server does on SIGTERM/SIGINT before it stops serving, bounded by DRAIN_TIMEOUT_S (run_until_signalled).
 Drain = Callable[[], Awaitable[None]]
-# Below the 10 s after which `raftmq dev` and the tests' fixtures SIGKILL a child that has not exited.
+# Well below the 10 s after which `raftmq dev` (its --stop-timeout) SIGKILLs a child that has not exited.
 DRAIN_TIMEOUT_S = 5.0
 
 # The cyclic GC's first threshold. Python's 700 net container allocations is far below what a busy leader keeps
