@@ -22,7 +22,7 @@ import pytest
 import trio
 
 from client import open_admin, open_producer, open_push_consumer
-from tests.cluster.test_e2e_produce_consume import LOAD_CONSUMER_OPTIONS, Cluster, send_until, start_cluster
+from tests.cluster.test_e2e_produce_consume import LOAD_CONSUMER_OPTIONS, Cluster, LoadLedger, start_cluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.load, pytest.mark.slow]
 
@@ -35,53 +35,31 @@ async def test_kill_leader_five_times_under_load(spawn, tmp_path, figure):
     cluster: Cluster = await start_cluster(spawn, tmp_path)
     topic = "FailoverTopic"
     await cluster.create_topic(topic, 4)
-
-    acked: dict[str, float] = {}           # uniq id -> ack time
-    ack_log: list[tuple[float, str]] = []  # (ack time, node address that stored it)
-    consumed: Counter[str] = Counter()
-    failed: list[str] = []  # the error class of each failed send
-    stop_producing = trio.Event()
-
-    async def on_message(msg) -> None:
-        consumed[msg.msg_id] += 1
-
+    load = LoadLedger()
+    gaps: list[float] = []
     async with open_producer(cluster.namesrv, send_msg_timeout_ms=2000, retry_backoff_ms=20) as producer, \
-            open_push_consumer(cluster.namesrv, topic=topic, handler=on_message, consumer_group="failover_group",
+            open_push_consumer(cluster.namesrv, topic=topic, handler=load.on_message, consumer_group="failover_group",
                                **LOAD_CONSUMER_OPTIONS):
-
-        gaps: list[float] = []
         async with trio.open_nursery() as nursery:
-            for k in range(8):
-                nursery.start_soon(send_until, producer, topic, k, stop_producing, acked, ack_log, failed)
+            load.start_senders(nursery, producer, topic)
             await trio.sleep(2)
             for round_no in range(KILLS):
                 leader = await cluster.leader_addr()
                 nid = cluster.node_at(leader)
                 killed_at = time.monotonic()
                 await trio.to_thread.run_sync(cluster.nodes[nid].kill)
-                with trio.fail_after(30):
-                    while True:
-                        after = [t for t, addr in ack_log if t > killed_at and addr != leader]
-                        if after:
-                            gaps.append(min(after) - killed_at)
-                            break
-                        await trio.sleep(0.01)
+                gaps.append(await load.first_ack_after(killed_at, not_by=leader))
                 print(f"\nround {round_no + 1}: killed {nid} ({leader}); first ack by a new leader after "
                       f"{gaps[-1]:.3f}s")
                 await trio.to_thread.run_sync(cluster.start, nid)
                 await trio.sleep(3)  # let it catch up and the load run on the new leader
-            stop_producing.set()
+            load.stop.set()
+        await load.wait_consumed()
 
-        with trio.move_on_after(60):
-            while not set(acked) <= set(consumed):
-                await trio.sleep(0.2)
-
-    missing = set(acked) - set(consumed)
-    duplicates = sum(c - 1 for c in consumed.values() if c > 1)
     median = statistics.median(gaps)
-    figure(f"failover: {len(acked)} acked, {len(failed)} failed sends, {duplicates} duplicates, gaps "
-           f"{', '.join(f'{g:.3f}' for g in gaps)} s, median {median:.3f} s (target <= {TARGET_MEDIAN_GAP_S} s)")
-    assert not missing, f"{len(missing)} acknowledged messages were never consumed"
+    figure(f"failover: {len(load.acked)} acked, {len(load.failed)} failed sends, {load.duplicates()} duplicates, "
+           f"gaps {', '.join(f'{g:.3f}' for g in gaps)} s, median {median:.3f} s (target <= {TARGET_MEDIAN_GAP_S} s)")
+    assert not load.missing(), f"{len(load.missing())} acknowledged messages were never consumed"
     assert len(gaps) == KILLS
 
 
@@ -93,22 +71,14 @@ async def test_a_leader_stopped_cleanly_hands_its_leadership_over_first(spawn, t
     cluster: Cluster = await start_cluster(spawn, tmp_path)
     topic = "HandOverTopic"
     await cluster.create_topic(topic, 4)
-    acked: dict[str, float] = {}
-    ack_log: list[tuple[float, str]] = []
-    consumed: Counter[str] = Counter()
-    failed: list[str] = []
-    stop_producing = trio.Event()
-    seen = []  # per restart: (node, exit status, gap, the roles once it had exited, its hand-over log line)
-
-    async def on_message(msg) -> None:
-        consumed[msg.msg_id] += 1
-
+    load = LoadLedger()
+    seen = []  # per restart: (node, exit status, gap, term before, the roles once it had exited, its log lines)
     async with open_admin(cluster.namesrv) as admin, \
             open_producer(cluster.namesrv, send_msg_timeout_ms=2000, retry_backoff_ms=20) as producer, \
-            open_push_consumer(cluster.namesrv, topic=topic, handler=on_message, consumer_group="handover_group",
+            open_push_consumer(cluster.namesrv, topic=topic, handler=load.on_message, consumer_group="handover_group",
                                **LOAD_CONSUMER_OPTIONS):
 
-        async def roles() -> dict[str, tuple[str, int]]:
+        async def roles_of_the_others(stopped: str) -> dict[str, tuple[str, int]]:
             out = {}
             for nid, addr in cluster.addr_of.items():
                 if nid != stopped:
@@ -117,8 +87,7 @@ async def test_a_leader_stopped_cleanly_hands_its_leadership_over_first(spawn, t
             return out
 
         async with trio.open_nursery() as nursery:
-            for k in range(8):
-                nursery.start_soon(send_until, producer, topic, k, stop_producing, acked, ack_log, failed)
+            load.start_senders(nursery, producer, topic)
             await trio.sleep(2)
             for _ in range(RESTARTS):
                 leader = await cluster.leader_addr()
@@ -128,24 +97,18 @@ async def test_a_leader_stopped_cleanly_hands_its_leadership_over_first(spawn, t
                 status = await trio.to_thread.run_sync(cluster.nodes[stopped].stop)
                 # Asked the moment the old leader's process is gone: an election only begins 400-900 ms after
                 # a leader falls silent, so a leader here was made by the hand-over.
-                after_exit = await roles()
-                with trio.fail_after(30):
-                    while not (later := [t for t, addr in ack_log if t > stop_at and addr != leader]):
-                        await trio.sleep(0.01)
+                after_exit = await roles_of_the_others(stopped)
+                gap = await load.first_ack_after(stop_at, not_by=leader)
                 handed = [line.strip() for line in cluster.nodes[stopped].output if "leadership over" in line]
-                seen.append((stopped, status, min(later) - stop_at, term, after_exit, handed))
+                seen.append((stopped, status, gap, term, after_exit, handed))
                 await trio.to_thread.run_sync(cluster.start, stopped)
                 await trio.sleep(2)
-            stop_producing.set()
+            load.stop.set()
+        await load.wait_consumed()
 
-        with trio.move_on_after(60):
-            while not set(acked) <= set(consumed):
-                await trio.sleep(0.2)
-
-    missing = set(acked) - set(consumed)
-    duplicates = sum(c - 1 for c in consumed.values() if c > 1)
-    figure(f"clean stops of the leader: {len(acked)} acked, {len(failed)} failed sends ({dict(Counter(failed))}), "
-           f"{duplicates} duplicates; " + "; ".join(
+    failed = Counter(load.failed)
+    figure(f"clean stops of the leader: {len(load.acked)} acked, {len(load.failed)} failed sends ({dict(failed)}), "
+           f"{load.duplicates()} duplicates; " + "; ".join(
                f"{nid} exited {rc}, first ack by another node {gap:.3f} s after SIGTERM, roles at its exit {after}"
                for nid, rc, gap, _term, after, _handed in seen))
     for nid, rc, _gap, term, after, handed in seen:
@@ -154,5 +117,5 @@ async def test_a_leader_stopped_cleanly_hands_its_leadership_over_first(spawn, t
         leaders = [(other, t) for other, (role, t) in after.items() if role == "LEADER"]
         assert len(leaders) == 1 and leaders[0][1] > term, (
             f"no leader of a term above {term} when {nid} had exited: {after} (no hand-over, an election to come)")
-    assert not failed, f"sends failed across clean stops of the leader: {Counter(failed)}"
-    assert not missing, f"{len(missing)} acknowledged messages were never consumed"
+    assert not load.failed, f"sends failed across clean stops of the leader: {dict(failed)}"
+    assert not load.missing(), f"{len(load.missing())} acknowledged messages were never consumed"

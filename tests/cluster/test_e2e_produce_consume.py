@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -124,6 +125,44 @@ async def send_until(producer, topic: str, k: int, stop: trio.Event, acked: dict
         (store_ip, store_port), _ = parse_msg_id(r.offset_msg_id)
         ack_log.append((now, f"{store_ip}:{store_port}"))
         await trio.sleep(pause_s)
+
+
+@dataclass
+class LoadLedger:
+    """What a load interrupted by faults saw: each acknowledged message id with its time, (that time, the node
+    that stored it) per acknowledgement, consumption counts, and the error class of each failed send. ``stop``
+    ends the senders."""
+
+    acked: dict[str, float] = field(default_factory=dict)
+    ack_log: list[tuple[float, str]] = field(default_factory=list)
+    consumed: Counter[str] = field(default_factory=Counter)
+    failed: list[str] = field(default_factory=list)
+    stop: trio.Event = field(default_factory=trio.Event)
+
+    async def on_message(self, msg) -> None:
+        self.consumed[msg.msg_id] += 1
+
+    def start_senders(self, nursery: trio.Nursery, producer, topic: str, count: int = 8) -> None:
+        for k in range(count):
+            nursery.start_soon(send_until, producer, topic, k, self.stop, self.acked, self.ack_log, self.failed)
+
+    async def first_ack_after(self, t0: float, not_by: str, timeout_s: float = 30.0) -> float:
+        """Seconds from ``t0`` to the first acknowledgement stored by a node other than ``not_by``."""
+        with trio.fail_after(timeout_s):
+            while not (later := [t for t, addr in self.ack_log if t > t0 and addr != not_by]):
+                await trio.sleep(0.01)
+        return min(later) - t0
+
+    async def wait_consumed(self, timeout_s: float = 60.0) -> None:
+        with trio.move_on_after(timeout_s):
+            while not set(self.acked) <= set(self.consumed):
+                await trio.sleep(0.2)
+
+    def missing(self) -> set[str]:
+        return set(self.acked) - set(self.consumed)
+
+    def duplicates(self) -> int:
+        return sum(c - 1 for c in self.consumed.values() if c > 1)
 
 
 async def start_cluster(spawn, tmp_path, overrides: dict[str, str] | None = None) -> Cluster:

@@ -30,7 +30,7 @@ from client import open_admin, open_producer, open_push_consumer
 from dledger.service import get_raft_status, transfer_leadership
 from remoting.transport import open_remoting_client
 from raftmq.commands.dev import NODE_IDS
-from tests.cluster.test_e2e_produce_consume import (GROUP, LOAD_CONSUMER_OPTIONS, Cluster, send_until, start_cluster,
+from tests.cluster.test_e2e_produce_consume import (GROUP, LOAD_CONSUMER_OPTIONS, Cluster, LoadLedger, start_cluster,
                                                     verify_output)
 from tests.procs import raftmq_argv
 
@@ -44,23 +44,12 @@ async def _stop_a_node_under_load(spawn, tmp_path, figure, *, leader: bool) -> N
     cluster: Cluster = await start_cluster(spawn, tmp_path)
     topic = "StoppedNodeTopic"
     await cluster.create_topic(topic, 4)
-
-    acked: dict[str, float] = {}
-    ack_log: list[tuple[float, str]] = []
-    consumed: Counter[str] = Counter()
-    failed: list[str] = []
-    stop_producing = trio.Event()
-
-    async def on_message(msg) -> None:
-        consumed[msg.msg_id] += 1
-
+    load = LoadLedger()
     async with open_producer(cluster.namesrv, retry_backoff_ms=20) as producer, \
-            open_push_consumer(cluster.namesrv, topic=topic, handler=on_message, consumer_group="stopped_group",
+            open_push_consumer(cluster.namesrv, topic=topic, handler=load.on_message, consumer_group="stopped_group",
                                **LOAD_CONSUMER_OPTIONS):
-
         async with trio.open_nursery() as nursery:
-            for k in range(8):
-                nursery.start_soon(send_until, producer, topic, k, stop_producing, acked, ack_log, failed)
+            load.start_senders(nursery, producer, topic)
             await trio.sleep(2)
             leader_addr = await cluster.leader_addr()
             victim_addr = leader_addr if leader else min(a for a in cluster.addr_of.values() if a != leader_addr)
@@ -68,38 +57,30 @@ async def _stop_a_node_under_load(spawn, tmp_path, figure, *, leader: bool) -> N
             stopped_at = time.monotonic()
             os.kill(victim.pid, signal.SIGSTOP)
             try:
+                gap = None
                 if leader:
-                    gap = None
                     with trio.move_on_after(STOPPED_S):
-                        while gap is None:
-                            after = [t for t, addr in ack_log if t > stopped_at and addr != victim_addr]
-                            gap = min(after) - stopped_at if after else None
-                            await trio.sleep(0.01)
+                        gap = await load.first_ack_after(stopped_at, not_by=victim_addr, timeout_s=STOPPED_S + 1)
                 else:
                     await trio.sleep(STOPPED_S)
-                acked_while_stopped = sum(1 for t, _ in ack_log if t > stopped_at)
-                failed_while_stopped = len(failed)
+                acked_while_stopped = sum(1 for t, _ in load.ack_log if t > stopped_at)
+                failed_while_stopped = len(load.failed)
             finally:
                 os.kill(victim.pid, signal.SIGCONT)
             resumed_at = time.monotonic()
             await trio.sleep(3)  # the resumed node catches up (a leader steps down first) while the load goes on
-            stop_producing.set()
-
-        with trio.move_on_after(60):
-            while not set(acked) <= set(consumed):
-                await trio.sleep(0.2)
+            load.stop.set()
+        await load.wait_consumed()
 
     verified = await verify_output(raftmq_argv("verify", "--group", GROUP, "--members",
                                                ",".join(cluster.addr_of.values())))
-    storers = [addr for t, addr in ack_log if t > resumed_at]
-    missing = set(acked) - set(consumed)
-    duplicates = sum(c - 1 for c in consumed.values() if c > 1)
+    storers = [addr for t, addr in load.ack_log if t > resumed_at]
     figure(f"stopped {'leader' if leader else 'follower'} {victim_addr} for "
            + (f"{gap:.3f} s until the first ack by the new leader" if leader and gap is not None
               else f"{STOPPED_S:.0f} s")
            + f"; {acked_while_stopped} acked meanwhile, {failed_while_stopped} failed; leader {leader_addr} "
-           f"before, {', '.join(sorted(set(storers)))} after it resumed; {len(acked)} acked in all, "
-           f"{len(failed)} failed ({dict(Counter(failed))}), {duplicates} duplicates")
+           f"before, {', '.join(sorted(set(storers)))} after it resumed; {len(load.acked)} acked in all, "
+           f"{len(load.failed)} failed ({dict(Counter(load.failed))}), {load.duplicates()} duplicates")
     if leader:
         assert gap is not None, (f"no send was acknowledged by another node in the {STOPPED_S:.0f} s the leader "
                                  f"{victim_addr} was stopped ({failed_while_stopped} sends failed)")
@@ -107,7 +88,7 @@ async def _stop_a_node_under_load(spawn, tmp_path, figure, *, leader: bool) -> N
         assert acked_while_stopped > 0 and failed_while_stopped == 0, (
             f"with follower {victim_addr} stopped the other two must go on committing: {acked_while_stopped} "
             f"acked, {failed_while_stopped} failed")
-    assert not missing, f"{len(missing)} acknowledged messages were never consumed"
+    assert not load.missing(), f"{len(load.missing())} acknowledged messages were never consumed"
     assert b"are identical" in verified, verified
 
 
@@ -188,14 +169,10 @@ async def test_a_leader_deposed_with_entries_in_flight_leads_again_once_caught_u
     cluster: Cluster = await start_cluster(spawn, tmp_path)
     topic = "DeposedLeaderTopic"
     await cluster.create_topic(topic, 4)
-    acked: dict[str, float] = {}
-    ack_log: list[tuple[float, str]] = []
-    failed: list[str] = []
-    stop_producing = trio.Event()
+    load = LoadLedger()
     async with open_producer(cluster.namesrv, retry_backoff_ms=20) as producer, open_remoting_client() as rpc:
         async with trio.open_nursery() as nursery:
-            for k in range(8):
-                nursery.start_soon(send_until, producer, topic, k, stop_producing, acked, ack_log, failed)
+            load.start_senders(nursery, producer, topic)
             await trio.sleep(1)
             leader_addr = await cluster.leader_addr()
             leader = cluster.nodes[cluster.node_at(leader_addr)]
@@ -216,14 +193,14 @@ async def test_a_leader_deposed_with_entries_in_flight_leads_again_once_caught_u
             finally:
                 for pid in stopped:
                     os.kill(pid, signal.SIGCONT)
-            status, led_again = await _lead_again(cluster, leader_addr, ack_log)
-            stop_producing.set()
+            status, led_again = await _lead_again(cluster, leader_addr, load.ack_log)
+            load.stop.set()
     figure(f"leader {leader_addr} stopped with {in_flight_at_stop} entries in flight for {STOPPED_S:.0f} s, "
            f"then resumed: {status['snapshots_loaded']} snapshot(s) loaded, {status['in_flight_batches']} in "
-           f"flight; handed the leadership back, it acknowledged sends: {led_again}; {len(acked)} acked in all, "
-           f"{len(failed)} failed ({dict(Counter(failed))})")
+           f"flight; handed the leadership back, it acknowledged sends: {led_again}; {len(load.acked)} acked in all, "
+           f"{len(load.failed)} failed ({dict(Counter(load.failed))})")
     assert in_flight_at_stop > 0, "no entry was in flight when the leader stopped: the test tested nothing"
     assert status["snapshots_loaded"] > 0, f"the old leader caught up without a snapshot: {status}"
     assert status["in_flight_batches"] == 0, f"the old leader still counts entries in flight: {status}"
     assert led_again, (f"leadership handed back to {leader_addr}, it acknowledged no send within 10 s ({status}; "
-                       f"failed sends {dict(Counter(failed))})")
+                       f"failed sends {dict(Counter(load.failed))})")
