@@ -26,8 +26,8 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_itemcollected(item: pytest.Item) -> None:
     # The load tests time what a loaded cluster does (failover gaps, catch-up): under `--dist loadgroup` they run
     # one after another in one worker, so no two of them share the 2 cores; the other worker runs the rest beside
-    # them. Marked as each test is collected: xdist reads the groups in a pytest_collection_modifyitems that may
-    # run before ours.
+    # them. Marked as each test is collected, before any pytest_collection_modifyitems: xdist reads the groups in
+    # its own.
     if item.get_closest_marker("load") is not None and item.config.pluginmanager.hasplugin("xdist"):
         item.add_marker(pytest.mark.xdist_group("load"))
 

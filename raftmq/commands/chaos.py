@@ -70,15 +70,14 @@ LEADER_LOOKUP_S = 30.0
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "chaos", help="kill or hang nodes of a cluster of its own under load; check nothing acknowledged is lost",
+        "chaos", help="kill, hang or restart nodes of a cluster of its own under load; check nothing acknowledged "
+                      "is lost",
         description="Start a name server and a 3-node group (raftmq dev's layout) in a directory of their own, "
                     "produce and consume through them, and inject faults one after another: SIGKILL and restart, "
                     "SIGSTOP and SIGCONT, SIGTERM and restart, or SIGKILL and a restart with the data gone, of the "
-                    "leader, a follower "
-                    "or a random node. Reports the gap to the "
-                    "first acknowledgement by another node after each fault, then checks that every acknowledged "
-                    "message was consumed and that the members' commit logs are identical. Exit 0 when they "
-                    "are, 1 otherwise.")
+                    "leader, a follower or a random node. Reports the gap to the first acknowledgement by another "
+                    "node after each fault, then checks that every acknowledged message was consumed and that the "
+                    "members' commit logs are identical. Exit 0 when they are, 1 otherwise.")
     parser.add_argument("--rounds", type=int, default=5, help="faults to inject, one after another (default 5)")
     parser.add_argument("--fault", choices=("kill", "stop", "restart", "rebuild"), default="kill",
                         help="kill: SIGKILL, then restart on the same data; stop: SIGSTOP, then SIGCONT; "
