@@ -11,7 +11,6 @@ must be identical, and every acknowledged message must be consumed.
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import shutil
 import subprocess
@@ -23,11 +22,9 @@ from pathlib import Path
 import pytest
 import trio
 
-from client import open_producer, open_push_consumer
 from dledger.service import transfer_leadership
 from remoting.transport import open_remoting_client
-from tests.cluster.test_e2e_produce_consume import (GROUP, LOAD_CONSUMER_OPTIONS, Cluster, send_until, start_cluster,
-                                                    verify_output)
+from tests.cluster.test_e2e_produce_consume import GROUP, Cluster, start_cluster, under_load, verify_output
 from tests.procs import raftmq_argv
 
 pytestmark = [pytest.mark.cluster, pytest.mark.load, pytest.mark.slow]
@@ -115,58 +112,36 @@ async def _fill_the_victim_under_load(cluster: Cluster, victim_dir: Path, figure
             while await cluster.leader_addr() != wanted_leader:
                 await trio.sleep(0.1)
 
-    acked: dict[str, float] = {}
-    ack_log: list[tuple[float, str]] = []
-    failed: list[str] = []
-    consumed: Counter[str] = Counter()
-    stop_producing = trio.Event()
     victim = cluster.nodes[VICTIM]
-
-    async def on_message(msg) -> None:
-        consumed[msg.msg_id] += 1
-
-    async with open_producer(cluster.namesrv, retry_backoff_ms=20) as producer, \
-            open_push_consumer(cluster.namesrv, topic=TOPIC, handler=on_message, consumer_group="disk_full_group",
-                               **LOAD_CONSUMER_OPTIONS):
-        async with trio.open_nursery() as nursery:
-            for k in range(8):
-                # 4 KiB bodies, so the load fills the disk's last MiBs within a second or two.
-                nursery.start_soon(functools.partial(send_until, body_size=4000, pause_s=0.001), producer, TOPIC,
-                                   k, stop_producing, acked, ack_log, failed)
-            await trio.sleep(1)
-            filler = _fill(victim_dir, LEFT_FREE_BYTES)
-            filled_at = time.monotonic()
-            with trio.move_on_after(60):
-                while victim.alive:
-                    await trio.sleep(0.05)
-            exited_after = time.monotonic() - filled_at
-            rc = await trio.to_thread.run_sync(victim.stop)
-            acked_at_exit, failed_at_exit = len(acked), len(failed)
-            await trio.sleep(2)  # the two others go on without it
-            acked_without_it = len(acked) - acked_at_exit
-            failed_without_it = len(failed) - failed_at_exit
-            filler.unlink()
-            await trio.to_thread.run_sync(cluster.start, VICTIM)
-            await trio.sleep(2)  # it catches up under load
-            stop_producing.set()
-
+    # 4 KiB bodies, so the load fills the disk's last MiBs within a second or two.
+    async with under_load(cluster, TOPIC, "disk_full_group", body_size=4000, pause_s=0.001) as load:
+        await trio.sleep(1)
+        filler = _fill(victim_dir, LEFT_FREE_BYTES)
+        filled_at = time.monotonic()
         with trio.move_on_after(60):
-            while not set(acked) <= set(consumed):
-                await trio.sleep(0.2)
+            while victim.alive:
+                await trio.sleep(0.05)
+        exited_after = time.monotonic() - filled_at
+        rc = await trio.to_thread.run_sync(victim.stop)
+        acked_at_exit, failed_at_exit = len(load.acked), len(load.failed)
+        await trio.sleep(2)  # the two others go on without it
+        acked_without_it = len(load.acked) - acked_at_exit
+        failed_without_it = len(load.failed) - failed_at_exit
+        filler.unlink()
+        await trio.to_thread.run_sync(cluster.start, VICTIM)
+        await trio.sleep(2)  # it catches up under load
 
     verified = await verify_output(raftmq_argv("verify", "--group", GROUP, "--members",
                                                ",".join(cluster.addr_of.values())))
     critical = [line.strip() for line in victim.output if " CRITICAL " in line]
-    missing = set(acked) - set(consumed)
-    duplicates = sum(c - 1 for c in consumed.values() if c > 1)
     figure(f"{role} {VICTIM}'s disk filled: it exited with status {rc} {exited_after:.2f} s later; "
-           f"{acked_without_it} acked and {failed_without_it} failed in the 2 s after; {len(acked)} acked in "
-           f"all, {len(failed)} failed ({dict(Counter(failed))}), {duplicates} duplicates; "
+           f"{acked_without_it} acked and {failed_without_it} failed in the 2 s after; {len(load.acked)} acked in "
+           f"all, {len(load.failed)} failed ({dict(Counter(load.failed))}), {load.duplicates()} duplicates; "
            f"{critical[-1] if critical else 'no CRITICAL line'}")
     assert rc == 3, f"{VICTIM} ended with status {rc}, not 3 (a negative status is the signal that killed it)"
     assert critical and "No space left on device" in critical[-1], critical
     assert acked_without_it > 0, "nothing was acknowledged after the node stopped"
     if role == "follower":
         assert failed_without_it == 0, f"{failed_without_it} sends failed while only a follower was gone"
-    assert not missing, f"{len(missing)} acknowledged messages were never consumed"
+    assert not load.missing(), f"{len(load.missing())} acknowledged messages were never consumed"
     assert b"are identical" in verified, verified

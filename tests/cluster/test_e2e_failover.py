@@ -21,13 +21,14 @@ from collections import Counter
 import pytest
 import trio
 
-from client import open_admin, open_producer, open_push_consumer
-from tests.cluster.test_e2e_produce_consume import LOAD_CONSUMER_OPTIONS, Cluster, LoadLedger, start_cluster
+from client import open_admin
+from tests.cluster.test_e2e_produce_consume import Cluster, start_cluster, under_load
 
 pytestmark = [pytest.mark.cluster, pytest.mark.load, pytest.mark.slow]
 
 KILLS = 5
 TARGET_MEDIAN_GAP_S = 1.5
+SHORT_SENDS = {"send_msg_timeout_ms": 2000}  # each send's deadline, retries included (3 s by default)
 
 
 @pytest.mark.timeout(300)
@@ -35,26 +36,19 @@ async def test_kill_leader_five_times_under_load(spawn, tmp_path, figure):
     cluster: Cluster = await start_cluster(spawn, tmp_path)
     topic = "FailoverTopic"
     await cluster.create_topic(topic, 4)
-    load = LoadLedger()
     gaps: list[float] = []
-    async with open_producer(cluster.namesrv, send_msg_timeout_ms=2000, retry_backoff_ms=20) as producer, \
-            open_push_consumer(cluster.namesrv, topic=topic, handler=load.on_message, consumer_group="failover_group",
-                               **LOAD_CONSUMER_OPTIONS):
-        async with trio.open_nursery() as nursery:
-            load.start_senders(nursery, producer, topic)
-            await trio.sleep(2)
-            for round_no in range(KILLS):
-                leader = await cluster.leader_addr()
-                nid = cluster.node_at(leader)
-                killed_at = time.monotonic()
-                await trio.to_thread.run_sync(cluster.nodes[nid].kill)
-                gaps.append(await load.first_ack_after(killed_at, not_by=leader))
-                print(f"\nround {round_no + 1}: killed {nid} ({leader}); first ack by a new leader after "
-                      f"{gaps[-1]:.3f}s")
-                await trio.to_thread.run_sync(cluster.start, nid)
-                await trio.sleep(3)  # let it catch up and the load run on the new leader
-            load.stop.set()
-        await load.wait_consumed()
+    async with under_load(cluster, topic, "failover_group", producer_options=SHORT_SENDS) as load:
+        await trio.sleep(2)
+        for round_no in range(KILLS):
+            leader = await cluster.leader_addr()
+            nid = cluster.node_at(leader)
+            killed_at = time.monotonic()
+            await trio.to_thread.run_sync(cluster.nodes[nid].kill)
+            gaps.append(await load.first_ack_after(killed_at, not_by=leader))
+            print(f"\nround {round_no + 1}: killed {nid} ({leader}); first ack by a new leader after "
+                  f"{gaps[-1]:.3f}s")
+            await trio.to_thread.run_sync(cluster.start, nid)
+            await trio.sleep(3)  # let it catch up and the load run on the new leader
 
     median = statistics.median(gaps)
     figure(f"failover: {len(load.acked)} acked, {len(load.failed)} failed sends, {load.duplicates()} duplicates, "
@@ -71,12 +65,9 @@ async def test_a_leader_stopped_cleanly_hands_its_leadership_over_first(spawn, t
     cluster: Cluster = await start_cluster(spawn, tmp_path)
     topic = "HandOverTopic"
     await cluster.create_topic(topic, 4)
-    load = LoadLedger()
     seen = []  # per restart: (node, exit status, gap, term before, the roles once it had exited, its log lines)
     async with open_admin(cluster.namesrv) as admin, \
-            open_producer(cluster.namesrv, send_msg_timeout_ms=2000, retry_backoff_ms=20) as producer, \
-            open_push_consumer(cluster.namesrv, topic=topic, handler=load.on_message, consumer_group="handover_group",
-                               **LOAD_CONSUMER_OPTIONS):
+            under_load(cluster, topic, "handover_group", producer_options=SHORT_SENDS) as load:
 
         async def roles_of_the_others(stopped: str) -> dict[str, tuple[str, int]]:
             out = {}
@@ -86,25 +77,21 @@ async def test_a_leader_stopped_cleanly_hands_its_leadership_over_first(spawn, t
                     out[nid] = (status["role"], status["term"])
             return out
 
-        async with trio.open_nursery() as nursery:
-            load.start_senders(nursery, producer, topic)
+        await trio.sleep(2)
+        for _ in range(RESTARTS):
+            leader = await cluster.leader_addr()
+            stopped = cluster.node_at(leader)
+            term = (await admin.broker_status(leader))["term"]
+            stop_at = time.monotonic()
+            status = await trio.to_thread.run_sync(cluster.nodes[stopped].stop)
+            # Asked the moment the old leader's process is gone: an election only begins 400-900 ms after a
+            # leader falls silent, so a leader here was made by the hand-over.
+            after_exit = await roles_of_the_others(stopped)
+            gap = await load.first_ack_after(stop_at, not_by=leader)
+            handed = [line.strip() for line in cluster.nodes[stopped].output if "leadership over" in line]
+            seen.append((stopped, status, gap, term, after_exit, handed))
+            await trio.to_thread.run_sync(cluster.start, stopped)
             await trio.sleep(2)
-            for _ in range(RESTARTS):
-                leader = await cluster.leader_addr()
-                stopped = cluster.node_at(leader)
-                term = (await admin.broker_status(leader))["term"]
-                stop_at = time.monotonic()
-                status = await trio.to_thread.run_sync(cluster.nodes[stopped].stop)
-                # Asked the moment the old leader's process is gone: an election only begins 400-900 ms after
-                # a leader falls silent, so a leader here was made by the hand-over.
-                after_exit = await roles_of_the_others(stopped)
-                gap = await load.first_ack_after(stop_at, not_by=leader)
-                handed = [line.strip() for line in cluster.nodes[stopped].output if "leadership over" in line]
-                seen.append((stopped, status, gap, term, after_exit, handed))
-                await trio.to_thread.run_sync(cluster.start, stopped)
-                await trio.sleep(2)
-            load.stop.set()
-        await load.wait_consumed()
 
     failed = Counter(load.failed)
     figure(f"clean stops of the leader: {len(load.acked)} acked, {len(load.failed)} failed sends ({dict(failed)}), "

@@ -7,10 +7,14 @@ messages in queue-offset order, and the third member must get queues (a rebalanc
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -142,9 +146,11 @@ class LoadLedger:
     async def on_message(self, msg) -> None:
         self.consumed[msg.msg_id] += 1
 
-    def start_senders(self, nursery: trio.Nursery, producer, topic: str, count: int = 8) -> None:
+    def start_senders(self, nursery: trio.Nursery, producer, topic: str, count: int = 8, **options: Any) -> None:
+        """``count`` senders (``send_until``; ``options`` are its body_size and pause_s)."""
         for k in range(count):
-            nursery.start_soon(send_until, producer, topic, k, self.stop, self.acked, self.ack_log, self.failed)
+            nursery.start_soon(functools.partial(send_until, **options), producer, topic, k, self.stop, self.acked,
+                               self.ack_log, self.failed)
 
     async def first_ack_after(self, t0: float, not_by: str, timeout_s: float = 30.0) -> float:
         """Seconds from ``t0`` to the first acknowledgement stored by a node other than ``not_by``."""
@@ -163,6 +169,24 @@ class LoadLedger:
 
     def duplicates(self) -> int:
         return sum(c - 1 for c in self.consumed.values() if c > 1)
+
+
+@asynccontextmanager
+async def under_load(cluster: Cluster, topic: str, consumer_group: str, *,
+                     producer_options: dict[str, Any] | None = None,
+                     **sender_options: Any) -> AsyncIterator[LoadLedger]:
+    """A producer with 8 senders and a push consumer (``LOAD_CONSUMER_OPTIONS``) on ``topic``, recorded in the
+    ledger yielded. Leaving stops the senders, then waits (60 s at most) until every acknowledged message is
+    consumed. ``producer_options`` go to the producer, ``sender_options`` to ``send_until``."""
+    load = LoadLedger()
+    async with open_producer(cluster.namesrv, retry_backoff_ms=20, **(producer_options or {})) as producer, \
+            open_push_consumer(cluster.namesrv, topic=topic, handler=load.on_message, consumer_group=consumer_group,
+                               **LOAD_CONSUMER_OPTIONS):
+        async with trio.open_nursery() as nursery:
+            load.start_senders(nursery, producer, topic, **sender_options)
+            yield load
+            load.stop.set()
+        await load.wait_consumed()
 
 
 async def start_cluster(spawn, tmp_path, overrides: dict[str, str] | None = None) -> Cluster:

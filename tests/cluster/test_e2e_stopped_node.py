@@ -26,11 +26,11 @@ from collections import Counter
 import pytest
 import trio
 
-from client import open_admin, open_producer, open_push_consumer
+from client import open_admin, open_producer
 from dledger.service import get_raft_status, transfer_leadership
 from remoting.transport import open_remoting_client
 from raftmq.commands.dev import NODE_IDS
-from tests.cluster.test_e2e_produce_consume import (GROUP, LOAD_CONSUMER_OPTIONS, Cluster, LoadLedger, start_cluster,
+from tests.cluster.test_e2e_produce_consume import (GROUP, Cluster, LoadLedger, start_cluster, under_load,
                                                     verify_output)
 from tests.procs import raftmq_argv
 
@@ -44,33 +44,26 @@ async def _stop_a_node_under_load(spawn, tmp_path, figure, *, leader: bool) -> N
     cluster: Cluster = await start_cluster(spawn, tmp_path)
     topic = "StoppedNodeTopic"
     await cluster.create_topic(topic, 4)
-    load = LoadLedger()
-    async with open_producer(cluster.namesrv, retry_backoff_ms=20) as producer, \
-            open_push_consumer(cluster.namesrv, topic=topic, handler=load.on_message, consumer_group="stopped_group",
-                               **LOAD_CONSUMER_OPTIONS):
-        async with trio.open_nursery() as nursery:
-            load.start_senders(nursery, producer, topic)
-            await trio.sleep(2)
-            leader_addr = await cluster.leader_addr()
-            victim_addr = leader_addr if leader else min(a for a in cluster.addr_of.values() if a != leader_addr)
-            victim = cluster.nodes[cluster.node_at(victim_addr)]
-            stopped_at = time.monotonic()
-            os.kill(victim.pid, signal.SIGSTOP)
-            try:
-                gap = None
-                if leader:
-                    with trio.move_on_after(STOPPED_S):
-                        gap = await load.first_ack_after(stopped_at, not_by=victim_addr, timeout_s=STOPPED_S + 1)
-                else:
-                    await trio.sleep(STOPPED_S)
-                acked_while_stopped = sum(1 for t, _ in load.ack_log if t > stopped_at)
-                failed_while_stopped = len(load.failed)
-            finally:
-                os.kill(victim.pid, signal.SIGCONT)
-            resumed_at = time.monotonic()
-            await trio.sleep(3)  # the resumed node catches up (a leader steps down first) while the load goes on
-            load.stop.set()
-        await load.wait_consumed()
+    async with under_load(cluster, topic, "stopped_group") as load:
+        await trio.sleep(2)
+        leader_addr = await cluster.leader_addr()
+        victim_addr = leader_addr if leader else min(a for a in cluster.addr_of.values() if a != leader_addr)
+        victim = cluster.nodes[cluster.node_at(victim_addr)]
+        stopped_at = time.monotonic()
+        os.kill(victim.pid, signal.SIGSTOP)
+        try:
+            gap = None
+            if leader:
+                with trio.move_on_after(STOPPED_S):
+                    gap = await load.first_ack_after(stopped_at, not_by=victim_addr, timeout_s=STOPPED_S + 1)
+            else:
+                await trio.sleep(STOPPED_S)
+            acked_while_stopped = sum(1 for t, _ in load.ack_log if t > stopped_at)
+            failed_while_stopped = len(load.failed)
+        finally:
+            os.kill(victim.pid, signal.SIGCONT)
+        resumed_at = time.monotonic()
+        await trio.sleep(3)  # the resumed node catches up (a leader steps down first) while the load goes on
 
     verified = await verify_output(raftmq_argv("verify", "--group", GROUP, "--members",
                                                ",".join(cluster.addr_of.values())))
