@@ -557,7 +557,6 @@ _RECORD_TAIL = struct.Struct("<I")
 _original_journal_add = pso_journal.FileJournal.add
 
 
-
 class JournalWriteError(OSError):
     """The Raft journal could not be written (17); ``dledger.group`` stops the member on it."""
 
