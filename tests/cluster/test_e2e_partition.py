@@ -34,7 +34,7 @@ import secrets
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +44,7 @@ import trio
 from client import open_admin, open_producer, open_push_consumer
 from raftmq.commands.dev import GROUP, NODE_IDS, write_broker_configs
 from remoting.errors import RaftMQError
-from tests.cluster.test_e2e_produce_consume import LOAD_CONSUMER_OPTIONS, routed_master, send_until, verify_output
+from tests.cluster.test_e2e_produce_consume import LOAD_CONSUMER_OPTIONS, LoadLedger, routed_master, verify_output
 from tests.netns import NetLab, require
 from tests.procs import ServerProcess, raftmq_argv
 
@@ -108,20 +108,13 @@ class LabCluster:
                                                                      ",".join(self.addr_of.values()))))
 
 
-@dataclass
-class Load:
-    """What the senders and the consumer saw: acknowledged msg ids with their time, (time, storing node) per
-    acknowledgement, consumption counts, and the error class of every failed send."""
+@dataclass(kw_only=True)
+class Load(LoadLedger):
+    """What the senders and the consumer saw (``LoadLedger``), with the lab cluster and the admin client the
+    nemesis works with."""
 
     cluster: LabCluster
     admin: Any
-    acked: dict[str, float] = field(default_factory=dict)
-    ack_log: list[tuple[float, str]] = field(default_factory=list)
-    consumed: Counter[str] = field(default_factory=Counter)
-    failed: list[str] = field(default_factory=list)
-
-    def acks_between(self, t0: float, t1: float, addr: str | None = None) -> int:
-        return sum(1 for t, a in self.ack_log if t0 < t < t1 and (addr is None or a == addr))
 
 
 async def _under_load(netlab: NetLab, spawn, tmp_path, nemesis: Callable[[Load], Awaitable[dict[str, Any]]], *,
@@ -137,26 +130,19 @@ async def _under_load(netlab: NetLab, spawn, tmp_path, nemesis: Callable[[Load],
         lambda: LabCluster(netlab, spawn, tmp_path / "cluster", namesrv_toml=namesrv_toml, broker_set=broker_set))
     options = client_options or {}
     topic = "PartitionTopic"
-    stop_producing = trio.Event()
     # Every socket of the client is made by this thread, now on the client's host.
     with netlab.entered(CLIENT):
         async with open_admin(cluster.namesrv) as admin:
-            load = Load(cluster, admin)
-
-            async def on_message(msg) -> None:
-                load.consumed[msg.msg_id] += 1
-
+            load = Load(cluster=cluster, admin=admin)
             await routed_master(admin)
             with trio.fail_after(30):
                 while not await admin.create_topic(topic, read_queue_nums=4, write_queue_nums=4):
                     await trio.sleep(0.2)
             async with open_producer(cluster.namesrv, retry_backoff_ms=20, **options) as producer, \
-                    open_push_consumer(cluster.namesrv, topic=topic, handler=on_message,
+                    open_push_consumer(cluster.namesrv, topic=topic, handler=load.on_message,
                                        consumer_group="partition_group", **LOAD_CONSUMER_OPTIONS, **options):
                 async with trio.open_nursery() as nursery:
-                    for k in range(8):
-                        nursery.start_soon(send_until, producer, topic, k, stop_producing, load.acked, load.ack_log,
-                                           load.failed)
+                    load.start_senders(nursery, producer, topic)
                     await trio.sleep(2)
                     try:
                         seen = await nemesis(load)
@@ -164,10 +150,8 @@ async def _under_load(netlab: NetLab, spawn, tmp_path, nemesis: Callable[[Load],
                         netlab.heal()
                     seen["healed_at"] = time.monotonic()
                     await trio.sleep(3)  # a node that was cut off catches up while the load goes on
-                    stop_producing.set()
-                with trio.move_on_after(60):
-                    while not set(load.acked) <= set(load.consumed):
-                        await trio.sleep(0.2)
+                    load.stop.set()
+                await load.wait_consumed()
             seen["after"] = await cluster.roles(admin)
     # Outside the client's namespace: trio starts a process from a worker thread, and a thread started inside
     # would stay there (see NetLab.entered). The command enters the namespace by itself.
@@ -183,15 +167,14 @@ def _first_ack_after(load: Load, t0: float) -> float | None:
 def _summary(load: Load, seen: dict[str, Any]) -> str:
     storers = sorted({addr for t, addr in load.ack_log if t > seen["healed_at"]})
     gap = _first_ack_after(load, seen["healed_at"])
-    duplicates = sum(c - 1 for c in load.consumed.values() if c > 1)
     return (f"roles at the end {seen['after']}; first ack "
             + (f"{gap:.3f} s after the heal, by {', '.join(storers)}" if gap is not None else "never after the heal")
             + f"; {len(load.acked)} acked in all, {len(load.failed)} failed ({dict(Counter(load.failed))}), "
-            f"{duplicates} duplicates")
+            f"{load.duplicates()} duplicates")
 
 
 def _assert_nothing_lost(load: Load, seen: dict[str, Any]) -> None:
-    missing = set(load.acked) - set(load.consumed)
+    missing = load.missing()
     assert not missing, f"{len(missing)} acknowledged messages were never consumed"
     assert b"are identical" in seen["verified"], seen["verified"]
 

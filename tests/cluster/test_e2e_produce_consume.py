@@ -152,6 +152,10 @@ class LoadLedger:
             nursery.start_soon(functools.partial(send_until, **options), producer, topic, k, self.stop, self.acked,
                                self.ack_log, self.failed)
 
+    def acks_between(self, t0: float, t1: float, addr: str | None = None) -> int:
+        """Acknowledgements after ``t0`` and before ``t1`` (of messages stored by ``addr``, if given)."""
+        return sum(1 for t, a in self.ack_log if t0 < t < t1 and (addr is None or a == addr))
+
     async def first_ack_after(self, t0: float, not_by: str, timeout_s: float = 30.0) -> float:
         """Seconds from ``t0`` to the first acknowledgement stored by a node other than ``not_by``."""
         with trio.fail_after(timeout_s):
