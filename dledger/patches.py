@@ -106,6 +106,14 @@ so a silent upgrade cannot quietly disable a fix.
     timer fires, so failover costs one round trip more. A leadership transfer (``timeout_now``) skips the pre-vote,
     as the leader asked for the election. (Ignoring ``request_vote`` instead, leader stickiness alone, would leave a
     member whose term had risen unable to rejoin: it ignores the leader's lower-term messages.)
+    Two holes in the first version, found by a `tests/cluster/test_rejoin.py` run that elected no one for 30 s:
+    (a) the stock tick reads the clock again after work of its own (the journal's one-second timer, a snapshot
+    load), so a deadline that passed in between still started an election without a pre-vote; the stock check
+    now sees no deadline while the tick runs. (b) A candidate that cannot win (the member holding the longest log
+    was down when it asked for votes) stays at its higher term, and refuses every pre-vote for a term not above
+    it; the member with the longest log, back at its lower term, asked for that same term for ever. A pre-vote
+    answer now carries the answerer's term, and a member refused by a higher term takes it (as etcd's
+    pre-candidates do), so its next round asks for a term the candidate can grant.
 16. Commit callbacks lost on a snapshot load. ``__loadDumpFile`` moves ``raftLastApplied`` past the snapshot's
     index without calling the callbacks that wait in ``__commandsWaitingCommit`` for the indexes it covers, so
     they are never called. A leader deposed with entries in flight (hung, cut off) and caught up by a snapshot
@@ -331,6 +339,7 @@ _original_send = pso_tcp.TcpConnection.send
 _original_transport_send = pso_transport.TCPTransport.send
 _original_try_read_buffer = pso_tcp.TcpConnection._TcpConnection__tryReadBuffer
 _LEADER = pso_syncobj._RAFT_STATE.LEADER
+_FOLLOWER = pso_syncobj._RAFT_STATE.FOLLOWER
 _original_on_message = pso_syncobj.SyncObj._SyncObj__onMessageReceived
 _original_on_tick = pso_syncobj.SyncObj._onTick
 _original_send_next_node_idx = pso_syncobj.SyncObj._SyncObj__sendNextNodeIdx
@@ -374,16 +383,29 @@ def _on_message(self: Any, node: Any, message: Any) -> None:
 def _on_tick_pre_vote(self: Any, timeToWait: float = 0.0) -> None:  # noqa: N803 (pysyncobj's name)
     """15: where pysyncobj's tick would start an election, a pre-vote round goes first (the deadline moves on,
     so the tick starts nothing); the tick after a won round starts the election."""
-    if (self._SyncObj__raftState != _LEADER and self._SyncObj__raftElectionDeadline < monotonic_time()
-            and self._SyncObj__selfNode is not None and not self._SyncObj__transferInProgress
-            and self._SyncObj__otherNodes):
+    if (self._SyncObj__raftState == _LEADER or self._SyncObj__selfNode is None or self._SyncObj__transferInProgress
+            or not self._SyncObj__otherNodes):
+        _original_on_tick(self, timeToWait)
+        return
+    if self._SyncObj__raftElectionDeadline < monotonic_time():
         if getattr(self, "_dledger_rejoining", False):  # 19: no candidacy before a leader was heard from
             self._SyncObj__raftElectionDeadline = monotonic_time() + self._SyncObj__generateRaftTimeout()
         elif getattr(self, "_dledger_pre_vote_won", False):
             self._dledger_pre_vote_won = False
+            _original_on_tick(self, timeToWait)  # the election
+            return
         else:
             _start_pre_vote(self)
-    _original_on_tick(self, timeToWait)
+    # The stock tick reads the clock again after work of its own (the journal's one-second timer, a snapshot
+    # load): a deadline that passed in between started an election without a pre-vote. Its check sees no
+    # deadline now; a message handled inside the tick may still set one.
+    deadline = self._SyncObj__raftElectionDeadline
+    self._SyncObj__raftElectionDeadline = math.inf
+    try:
+        _original_on_tick(self, timeToWait)
+    finally:
+        if self._SyncObj__raftElectionDeadline == math.inf:
+            self._SyncObj__raftElectionDeadline = deadline
 
 
 def _start_pre_vote(self: Any) -> None:
@@ -405,10 +427,22 @@ def _answer_pre_vote(self: Any, node: Any, message: Any) -> None:
                and term > self._SyncObj__raftCurrentTerm and not _has_current_leader(self)
                and (last_term, last_index) >= (self._SyncObj__getCurrentLogTerm(),
                                                self._SyncObj__getCurrentLogIndex()))
-    self._SyncObj__transport.send(node, {"type": "pre_vote_response", "term": term, "granted": granted})
+    # Our own term goes with the answer: a member that missed a higher term (down while a candidate asked for
+    # votes) learns it here, as it would from a request_vote.
+    self._SyncObj__transport.send(node, {"type": "pre_vote_response", "term": term, "granted": granted,
+                                         "current_term": self._SyncObj__raftCurrentTerm})
 
 
 def _count_pre_vote(self: Any, node: Any, message: Any) -> None:
+    current = message.get("current_term")
+    if type(current) is int and current > self._SyncObj__raftCurrentTerm and self._SyncObj__raftState != _LEADER:
+        # A candidate stuck at a higher term (it can win no vote) refuses every pre-vote for a term that is not
+        # above its own: take its term, as etcd's pre-candidates do, so the next round asks for one it can grant.
+        self._SyncObj__setCurrentTerm(current, None)
+        self._SyncObj__setState(_FOLLOWER)
+        self._SyncObj__raftLeader = None
+        self._dledger_pre_vote = None
+        return
     round_ = getattr(self, "_dledger_pre_vote", None)
     if (round_ is None or not message.get("granted") or message.get("term") != round_[0]
             or round_[0] != self._SyncObj__raftCurrentTerm + 1 or self._SyncObj__raftState == _LEADER):

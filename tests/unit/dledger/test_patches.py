@@ -597,16 +597,16 @@ def test_a_send_that_finds_its_connection_dead_does_not_go_out_on_the_reconnecti
     sent: list[bytes] = []
     conn = SimpleNamespace(encryptor=auth, sendRandKey=b"k" * 32)
     conn._TcpConnection__timeout = 0.1
-    conn._TcpConnection__lastReadTime = time.monotonic() - 1.0  # nothing read for 1 s
+    conn._TcpConnection__lastReadTime = patches.monotonic_time() - 1.0  # nothing read for 1 s
     conn._TcpConnection__state = pso_tcp.CONNECTION_STATE.CONNECTED
-    conn._dledger_last_send = time.monotonic()  # and this side is talking: a dead peer
+    conn._dledger_last_send = patches.monotonic_time()  # and this side is talking: a dead peer
     conn._TcpConnection__writeBuffer = b""
     conn._TcpConnection__trySendBuffer = lambda: sent.append(conn._TcpConnection__writeBuffer)
 
     def disconnect_and_reconnect():  # what TcpConnection.disconnect + TCPTransport._onDisconnected do
         conn.sendRandKey = None
         conn._TcpConnection__state = pso_tcp.CONNECTION_STATE.CONNECTING
-        conn._TcpConnection__lastReadTime = time.monotonic()
+        conn._TcpConnection__lastReadTime = patches.monotonic_time()
         conn._TcpConnection__writeBuffer = b""
 
     conn.disconnect = disconnect_and_reconnect
@@ -714,7 +714,7 @@ def test_an_election_timer_starts_a_pre_vote_and_only_a_majority_of_yes_starts_t
         assert _state(member) == (_RAFT_STATE.FOLLOWER, 0, None)  # no term taken yet
         assert sorted((n.address, m["type"], m["term"]) for n, m in sent) == sorted(
             [(a.address, "pre_vote", 1), (b.address, "pre_vote", 1)])
-        assert member._SyncObj__raftElectionDeadline > time.monotonic()  # the next round waits a timeout
+        assert member._SyncObj__raftElectionDeadline > patches.monotonic_time()  # the next round waits a timeout
 
         patches._on_message(member, a, {"type": "pre_vote_response", "term": 1, "granted": False})
         patches._on_message(member, b, {"type": "pre_vote_response", "term": 7, "granted": True})  # another round
@@ -752,7 +752,7 @@ def test_a_leader_answered_by_a_majority_says_no_to_a_pre_vote(tmp_path):
         sent = _capture_sends(member)
         member._SyncObj__raftState = _RAFT_STATE.LEADER
         member._SyncObj__raftCurrentTerm = 1
-        now = time.monotonic()
+        now = patches.monotonic_time()
         member._SyncObj__lastResponseTime = {follower: now, stale: now - 10}
         patches._on_message(member, stale, dict(_PRE_VOTE))
         member._SyncObj__lastResponseTime = {follower: now - 10, stale: now - 10}  # no majority: no lease
@@ -796,7 +796,7 @@ def test_a_rejoining_member_neither_votes_nor_stands_until_it_hears_from_a_leade
         member._onTick(0.0)
         assert [(m["type"], m.get("granted")) for _, m in sent] == [("pre_vote_response", False)]  # no pre_vote
         assert _state(member) == (_RAFT_STATE.FOLLOWER, 0, None)
-        assert member._SyncObj__raftElectionDeadline > time.monotonic()
+        assert member._SyncObj__raftElectionDeadline > patches.monotonic_time()
 
         patches._on_message(member, leader, dict(_HEARTBEAT))  # a leader of the current term: a member again
         assert member._dledger_rejoining is False
@@ -804,3 +804,65 @@ def test_a_rejoining_member_neither_votes_nor_stands_until_it_hears_from_a_leade
         member._dledger_leader_heard_at -= 0.5  # the leader fell silent since
         patches._on_message(member, candidate, dict(_PRE_VOTE))
         assert [m.get("granted") for _, m in sent] == [True]
+
+
+def test_a_deadline_passing_inside_the_tick_starts_no_election_without_a_pre_vote(tmp_path):
+    """15: the stock tick checks the deadline again after its own work (the journal's one-second timer, a snapshot
+    load); a deadline that passed in between made a candidate without a pre-vote, whose higher term could then
+    outlast its failed election (see the next test)."""
+    from pysyncobj.syncobj import _RAFT_STATE
+
+    with _member_of_three(tmp_path, "slow") as (member, a, b):
+        sent = _capture_sends(member)
+        member._SyncObj__raftLog.onOneSecondTimer = lambda: time.sleep(0.1)
+        member._SyncObj__numOneSecondDumps = 0
+        member._SyncObj__connectedNodes.add(a)
+        member._SyncObj__raftElectionDeadline = patches.monotonic_time() + 0.05
+        member._onTick(0.0)
+        assert _state(member) == (_RAFT_STATE.FOLLOWER, 0, None)
+        assert sent == []
+        assert member._SyncObj__raftElectionDeadline < patches.monotonic_time()  # kept, not lost: the next tick asks
+        member._SyncObj__connectedNodes.add(a)
+        member._onTick(0.0)
+        assert _state(member) == (_RAFT_STATE.FOLLOWER, 0, None)
+        assert sorted((n.address, m["type"]) for n, m in sent) == sorted([(a.address, "pre_vote"),
+                                                                          (b.address, "pre_vote")])
+
+
+def test_a_member_refused_by_a_candidate_at_a_higher_term_takes_its_term_and_wins_the_next_round(tmp_path):
+    """15: a candidate that cannot win (the member holding the longest log was down when it asked for votes, the
+    third is rejoining) refuses every pre-vote for a term not above its own. The member with the longest log,
+    back at its lower term, asked for the same term again and again and the group elected no one (seen once in
+    `tests/cluster/test_rejoin.py` under `make test`: no leader for 30 s). The refusal now carries the
+    candidate's term; the member takes it, and its next round asks for a term the candidate grants."""
+    from pysyncobj.syncobj import _RAFT_STATE
+
+    with _member_of_three(tmp_path, "longest") as (member, candidate_node, _third), \
+            _member_of_three(tmp_path, "candidate") as (candidate, member_node, _other):
+        member._SyncObj__raftLog.add(b"acknowledged", 2, 1)
+        member._SyncObj__raftCurrentTerm = 1
+        candidate._SyncObj__raftState = _RAFT_STATE.CANDIDATE
+        candidate._SyncObj__raftCurrentTerm = 2
+        candidate._SyncObj__votedForNodeId = candidate._SyncObj__selfNode.id
+        to_candidate, to_member = _capture_sends(member), _capture_sends(candidate)
+
+        def round_trip() -> dict:
+            to_candidate.clear()
+            to_member.clear()
+            member._SyncObj__raftElectionDeadline = 0.0
+            member._onTick(0.0)
+            ask = next(m for n, m in to_candidate if n is candidate_node)
+            patches._on_message(candidate, member_node, dict(ask))
+            (_, answer), = to_member
+            patches._on_message(member, candidate_node, dict(answer))
+            return answer
+
+        first = round_trip()
+        assert (first["term"], first["granted"], first["current_term"]) == (2, False, 2)
+        assert _state(member) == (_RAFT_STATE.FOLLOWER, 2, None)  # the candidate's term, no vote cast
+        assert not getattr(member, "_dledger_pre_vote_won", False)
+
+        second = round_trip()
+        assert (second["term"], second["granted"]) == (3, True)
+        assert member._dledger_pre_vote_won  # with its own vote a majority of three: the election comes next
+        assert _state(candidate) == (_RAFT_STATE.CANDIDATE, 2, candidate._SyncObj__selfNode.id)  # unchanged
