@@ -109,11 +109,12 @@ class MembershipChangeError(DLedgerError):
 class TransferLeadershipError(DLedgerError):
     retriable = True
 
-    def __init__(self, group: str, target: str | None, reason: str) -> None:
+    def __init__(self, group: str, target: str | None, reason: str, *, retriable: bool = True) -> None:
         super().__init__(f"Leadership of group {group} was not transferred to {target or 'any member'}: {reason}.")
         self.group = group
         self.target = target
         self.reason = reason
+        self.retriable = retriable  # False when the target names no other member: asking again cannot help
 
 
 def _rebuild_remedy(what_follows: str) -> str:

@@ -676,7 +676,10 @@ class DLedgerGroup:
         if to is not None:
             target_member = self.member_address(to)
             if target_member is None or to == self.config.self_id:
-                raise TransferLeadershipError(self.config.group, to, "no such other member")
+                others = sorted(({m.id for m in self.config.members} | set(self.member.metadata(MEMBERS_TABLE)))
+                                - {self.config.self_id})
+                raise TransferLeadershipError(self.config.group, to, f"no such other member (the others: "
+                                                                     f"{', '.join(others)})", retriable=False)
             target = target_member.raft_address
         m = self.member
         deadline = trio.current_time() + timeout_s

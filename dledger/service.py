@@ -123,7 +123,9 @@ class DLedgerService:
             return make_response(request, ResponseCode.NOT_LEADER, remark=str(e),
                                  ext={"leader_id": self.group.leader_id or ""})
         except TransferLeadershipError as e:
-            return make_response(request, ResponseCode.SYSTEM_ERROR, remark=str(e))
+            # A target that is no other member is the request's fault; a refusal or a slow election is not.
+            code = ResponseCode.SYSTEM_ERROR if e.retriable else ResponseCode.INVALID_REQUEST
+            return make_response(request, code, remark=str(e))
         return make_response(request, ResponseCode.SUCCESS, ext={"term": view.term, "leader_id": view.leader_id})
 
 

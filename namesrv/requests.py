@@ -100,7 +100,11 @@ def decode_topic_configs(body: bytes) -> dict[str, TopicConfig]:
             get = raw.get
             key = (get("read_queue_nums"), get("write_queue_nums"), get("perm"), get("topic_sys_flag", 0),
                    get("order", False))
-            config = shared.get(key)
+            try:
+                config = shared.get(key)
+            except TypeError:  # a list or map where a number belongs (unhashable): the slow path names it
+                configs[topic] = _decode_topic_config(topic, raw)
+                continue
             if config is not None:
                 configs[topic] = config
                 continue

@@ -262,6 +262,11 @@ def test_parse_register_broker_names_the_bad_field(change, field, text):
      "body['T'].order", "true or false, got 1"),
     (cbor2.dumps({"T": {"read_queue_nums": 1, "write_queue_nums": 1, "perm": 6, "color": 1}}),
      "body['T'].color", "unknown field 'color'"),
+    # Unhashable values once escaped the fast path's cache lookup as a TypeError (found by fuzzing).
+    (cbor2.dumps({"T": {"read_queue_nums": 1, "write_queue_nums": 1, "perm": 6, "order": [7]}}),
+     "body['T'].order", "true or false, got [7]"),
+    (cbor2.dumps({"T": {"read_queue_nums": {"n": 1}, "write_queue_nums": 1, "perm": 6}}),
+     "body['T'].read_queue_nums", "must be an integer"),
 ])
 def test_bad_topic_config_bodies(body, field, text):
     with pytest.raises(InvalidRequestError, match=text.replace("[", r"\[")) as info:
