@@ -195,8 +195,11 @@ def encode_properties(properties: Mapping[str, str]) -> bytes:
 
 
 def decode_properties(data: bytes | memoryview) -> dict[str, str]:
+    # A broker refuses properties that are not UTF-8 (scan_batch); bytes stored before it did, or damaged on
+    # disk (the CRC covers only the body), read with U+FFFD in their place, as RocketMQ's Java decoding does,
+    # rather than make the record unreadable for every consumer.
     out: dict[str, str] = {}
-    for pair in bytes(data).decode("utf-8").split("\x02"):
+    for pair in bytes(data).decode("utf-8", "replace").split("\x02"):
         if pair:
             name, _, value = pair.partition("\x01")
             out[name] = value
@@ -367,6 +370,14 @@ def scan_batch(batch: bytes | memoryview, *, max_message_size: int = DEFAULT_MAX
                                                    f"{MAX_PROPERTIES_SIZE}")
         if p + 2 + props_len != end:
             raise MessageFormatError("batch", f"message {i} entry size {entry_size} disagrees with its fields")
+        # Properties are stored as sent and read as UTF-8: bytes that are not would come back altered (U+FFFD,
+        # see decode_properties), so they are refused here. ASCII, the usual case, is checked in C.
+        if props_len and not batch[p + 2:end].isascii():
+            try:
+                batch[p + 2:end].decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise MessageFormatError("properties", f"message {i} properties are not UTF-8 ({e.reason} at "
+                                                       f"byte {e.start})") from None
         pos = end
     if pos != n:
         raise MessageFormatError("batch", f"batch has {n - pos} trailing bytes after {count} messages")
@@ -399,11 +410,7 @@ def decode_batch(batch: bytes | memoryview) -> tuple[tuple[str, int], list[Messa
         (entry_size, queue_id, flag, sys_flag, born_ts, born_ip, born_port, reconsume,
          prepared) = ENTRY_HEAD.unpack_from(mv, pos)
         body, topic, props = _split_tail(mv, pos + ENTRY_HEAD.size)
-        try:
-            properties = decode_properties(props)
-        except UnicodeDecodeError:
-            raise MessageFormatError("properties", f"message properties at {pos} are not UTF-8") from None
-        out.append(MessageInput(topic, queue_id, body, properties, flag, sys_flag, born_ts,
+        out.append(MessageInput(topic, queue_id, body, decode_properties(props), flag, sys_flag, born_ts,
                                 (socket.inet_ntop(socket.AF_INET, born_ip), born_port), reconsume, prepared))
         pos += entry_size
     return store_host, out
@@ -468,10 +475,7 @@ def decode_record(data: bytes | memoryview, offset: int = 0, *, check_crc: bool 
     body, topic_raw, props = _split_tail(mv[:offset + size], offset + RECORD_HEAD.size)
     if check_crc and crc32c(body) != body_crc:
         raise MessageFormatError("record", f"record at {offset} fails its body CRC")
-    try:
-        properties = decode_properties(props)
-    except UnicodeDecodeError:
-        raise MessageFormatError("record", f"record at {offset} has properties that are not UTF-8") from None
+    properties = decode_properties(props)
     return MessageView(topic_raw, queue_id, queue_offset, phy_offset, size, flag, sys_flag, born_ts,
                        (socket.inet_ntop(socket.AF_INET, born_ip), born_port), store_ts,
                        (socket.inet_ntop(socket.AF_INET, store_ip), store_port), reconsume, prepared, body_crc,
@@ -500,7 +504,7 @@ def decode_records(data: bytes, *, check_crc: bool = True) -> list[tuple]:
     ``iter_records`` but no ``MessageView`` and no per-field work a consumer never sees (born host, record size,
     body CRC field). Each tuple is ``(topic, body, queue_id, queue_offset, properties_raw, phy_offset,
     born_timestamp, store_timestamp, store_host, reconsume_times, sys_flag, flag)``; ``properties_raw`` is
-    the encoded properties (``bytes``, valid UTF-8), for ``decode_properties`` when someone asks."""
+    the encoded properties (``bytes``), for ``decode_properties`` when someone asks."""
     if not isinstance(data, bytes):
         data = bytes(data)
     n = len(data)
@@ -542,11 +546,6 @@ def decode_records(data: bytes, *, check_crc: bool = True) -> list[tuple]:
         if check_crc and crc32c(body) != body_crc:
             raise MessageFormatError("record", f"record at {pos} fails its body CRC")
         props = data[p + 2:end]
-        if props and not props.isascii():
-            try:
-                props.decode("utf-8")
-            except UnicodeDecodeError:
-                raise MessageFormatError("record", f"record at {pos} has properties that are not UTF-8") from None
         host = hosts.get((store_ip, store_port))
         if host is None:
             host = (socket.inet_ntop(socket.AF_INET, store_ip), store_port)

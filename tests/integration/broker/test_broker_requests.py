@@ -72,6 +72,14 @@ async def test_bad_input_gets_its_code_and_remark_and_the_broker_keeps_serving(n
             r = await call(client, addr, RequestCode.SEND_BATCH_MESSAGE, {"topic": "TopicTest", "queue_id": 0},
                            body)
             assert r.code == ResponseCode.INVALID_REQUEST and needle in r.remark, r.remark
+        # Properties that are not UTF-8 were stored, and then failed every read of the record (found by fuzzing).
+        not_utf8 = encode_batch([MessageInput("TopicTest", 0, b"a", {"TAGS": "é"})], ("127.0.0.1", 1))
+        not_utf8 = not_utf8[:-2] + b"\x41\x02"  # "é" is c3 a9: c3 41 is not UTF-8
+        before = (await call(client, addr, RequestCode.GET_MAX_OFFSET, {"topic": "TopicTest", "queue_id": 0})).ext
+        r = await call(client, addr, RequestCode.SEND_BATCH_MESSAGE, {"topic": "TopicTest", "queue_id": 0}, not_utf8)
+        assert r.code == ResponseCode.MESSAGE_ILLEGAL and "properties are not UTF-8" in r.remark, r.remark
+        assert (await call(client, addr, RequestCode.GET_MAX_OFFSET, {"topic": "TopicTest", "queue_id": 0})).ext \
+            == before
 
         # The request's queue wins over the queue ids inside the batch (rewritten), as in RocketMQ.
         in_queue_0 = encode_batch([MessageInput("TopicTest", 0, b"q-a"), MessageInput("TopicTest", 0, b"q-b")],

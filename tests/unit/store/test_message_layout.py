@@ -119,6 +119,29 @@ def test_validate_batch_rejects_malformed_batches():
         encode_batch([], ("10.0.0.1", 6))
 
 
+def test_properties_that_are_not_utf8_are_refused_in_a_batch_and_read_with_replacements_from_a_record():
+    """A batch's properties were stored unchecked: a record holding bytes that are not UTF-8 then failed every
+    read (the consumers' pulls, the broker's queue status), found by fuzzing SEND_BATCH_MESSAGE. Batches now
+    refuse them; a record that holds them anyway (stored before, or damaged on disk: the CRC covers only the
+    body) reads with U+FFFD in their place, as RocketMQ's Java decoding does."""
+    accented = dataclasses.replace(MESSAGE, properties={"TAGS": "é"})  # UTF-8 that is not ASCII: c3 a9
+    batch = bytearray(encode_batch([MESSAGE, accented], ("10.0.0.1", 6)))
+    assert scan_batch(bytes(batch)) == (2, False)
+    assert decode_batch(bytes(batch))[1][1].properties == {"TAGS": "é"}
+    assert batch[-3:-1] == b"\xc3\xa9"
+    batch[-2] = 0x41  # no longer a continuation byte
+    with pytest.raises(MessageFormatError, match=r"message 1 properties are not UTF-8 \(invalid continuation") \
+            as info:
+        scan_batch(bytes(batch))
+    assert info.value.field == "properties"
+
+    record = bytearray(GOLDEN_RECORD)
+    record[-2] = 0xff  # the "a" of TAGS
+    view = decode_record(bytes(record))
+    assert view.properties == {"TAGS": "\ufffd"} and view.body == b"hi"
+    assert [v.properties for v in iter_records(bytes(record))] == [{"TAGS": "\ufffd"}]
+
+
 def test_scan_batch_holds_messages_to_one_topic_and_reports_their_queue():
     topic = MESSAGE.topic.encode()
     good = encode_batch([MESSAGE, MESSAGE], ("10.0.0.1", 6))
