@@ -2,10 +2,12 @@
 
 The requests are recorded from the client itself (producer, consumers, admin), so each starts out well formed
 and then loses a field, gets a value of another type or range, a field it never has, or a damaged body. Each must
-be answered with a response code and a remark: never an exception out of a handler (SYSTEM_ERROR "unexpected
-error handling request", logged with its traceback). Afterwards the node still takes sends and reads back what
-was acknowledged before, byte for byte. A seeded run found two defects (a REGISTER_BROKER body with a list as a
-topic config value, and a leadership transfer to an unknown member answered as a server fault).
+be answered with a response code and a remark that says what was wrong: never an exception out of a handler
+(SYSTEM_ERROR "unexpected error handling request", logged with its traceback), nor any other SYSTEM_ERROR, which
+says the server failed. Afterwards the node still takes sends and reads back what was acknowledged before. The
+first runs found three defects: a REGISTER_BROKER body with a list as a topic config value, a leadership
+transfer to an unknown member answered as a server fault, and a batch whose properties were not UTF-8, stored and
+then unreadable.
 """
 
 from __future__ import annotations
@@ -211,7 +213,11 @@ async def test_mutated_client_requests_get_a_code_and_a_remark_and_harm_nothing(
                 response = await rpc.invoke(target, make_request(code, ext=ext if isinstance(ext, dict) else {},
                                                                   body=body), timeout_s=10)
                 answered[response.code] = answered.get(response.code, 0) + 1
-                if "unexpected error" in (response.remark or "") or len(errors.records) > logged:
+                # SYSTEM_ERROR says the server failed, and clients retry it. Bad input must get another code; the
+                # one exception is RocketMQ's own answer to a message id whose offset holds no message.
+                server_fault = response.code == ResponseCode.SYSTEM_ERROR and not (
+                    code == RequestCode.VIEW_MESSAGE_BY_ID and "no message at commit-log offset" in response.remark)
+                if server_fault or "unexpected error" in (response.remark or "") or len(errors.records) > logged:
                     faults.append(f"code {code} ext={ext!r:.300} body={body[:60]!r}: {response.code} "
                                   f"{response.remark!r:.300} {[r.getMessage() for r in errors.records[logged:]]}")
     finally:
