@@ -64,6 +64,9 @@ class Message:
             raise TypeError(f"Message.body must be bytes, got {type(self.body).__name__}")
         if self.tags is not None:
             _check_str("tags", self.tags)
+        if self.keys is not None and not isinstance(self.keys, str) and not (
+                isinstance(self.keys, (list, tuple)) and all(isinstance(k, str) for k in self.keys)):
+            raise TypeError(f"Message.keys must be a string or a list of strings, got {self.keys!r}")
         for k, v in self.properties.items():
             if not isinstance(k, str) or not isinstance(v, str):
                 raise TypeError(f"Message.properties must map str to str, got {k!r}: {v!r}")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import time
 import zlib
 from collections.abc import AsyncIterator, Sequence
@@ -112,6 +113,7 @@ class Producer:
         ``auto_batch`` the message may travel in one request with other concurrent sends (its own result all
         the same)."""
         self._check(message)
+        self._check_routing(message.topic, queue, sharding_key, timeout_s)
         if self._accumulator is not None and self._accumulator.takes(message):
             result = await self._accumulator.send(message, queue, sharding_key, timeout_s)
             if result is not None:
@@ -128,9 +130,13 @@ class Producer:
     async def send_batch(self, messages: Sequence[Message], *, queue: MessageQueue | None = None,
                          timeout_s: float | None = None) -> SendResult:
         """Send several messages of one topic as one request, stored consecutively in one queue."""
+        if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
+            raise TypeError(f"send_batch expects a sequence of Message, got {type(messages).__name__}")
         if not messages:
             raise ValueError("send_batch needs at least one message")
+        self._check(messages[0])
         topic = messages[0].topic
+        self._check_routing(topic, queue, None, timeout_s)
         for i, m in enumerate(messages):
             self._check(m)
             if m.topic != topic:
@@ -173,6 +179,7 @@ class Producer:
     async def send_oneway(self, message: Message, *, queue: MessageQueue | None = None) -> None:
         """Fire and forget: no acknowledgement, no retry; a lost connection loses the message."""
         self._check(message)
+        self._check_routing(message.topic, queue, None, None)
         props = message.wire_properties()
         props.setdefault(PROPERTY_UNIQ_KEY, new_uniq_key())
         info = await self.routes.publish_info(message.topic)
@@ -196,11 +203,29 @@ class Producer:
             raise ClientClosedError("the producer is closed")
         if not isinstance(message, Message):
             raise TypeError(f"send expects a Message, got {type(message).__name__}")
+        if not message.body:
+            raise ValueError(f"the message body of topic {message.topic!r} is empty (RocketMQ refuses it too)")
         if len(message.body) > self.config.max_message_size_bytes:
             raise MessageTooLargeError(
                 f"message body of {len(message.body)} bytes exceeds max_message_size_bytes "
                 f"{self.config.max_message_size_bytes}", topic=message.topic,
                 max_size=self.config.max_message_size_bytes)
+
+    @staticmethod
+    def _check_routing(topic: str, queue: Any, sharding_key: Any, timeout_s: Any) -> None:
+        """The optional arguments of a send, before anything is sent: a wrong one would otherwise surface as an
+        AttributeError deep inside (or, for a queue of another topic, store the message where nobody looks)."""
+        if queue is not None:
+            if not isinstance(queue, MessageQueue):
+                raise TypeError(f"queue must be a MessageQueue, got {queue!r}")
+            if queue.topic != topic:
+                raise ValueError(f"queue {queue} is a queue of topic {queue.topic!r}, not of the message's topic "
+                                 f"{topic!r}")
+        if sharding_key is not None and not isinstance(sharding_key, str):
+            raise TypeError(f"sharding_key must be a string, got {sharding_key!r}")
+        if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))
+                                      or not 0 < timeout_s < math.inf):
+            raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
 
     async def _send_with_retries(self, topic: str, code: int, ext: dict[str, Any], body_for, uniqs: tuple[str, ...],
                                  queue: MessageQueue | None, sharding_key: str | None,

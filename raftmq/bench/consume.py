@@ -102,7 +102,7 @@ async def consume(namesrv: str, args: argparse.Namespace) -> BenchReport:
 
 
 def run(args: argparse.Namespace) -> int:
-    check_range("--size", args.size, 0, 4 * 1024 * 1024)
+    check_range("--size", args.size, 1, 4 * 1024 * 1024)
     check_range("--messages", args.messages, 1, 10**9)
     check_range("--pull-batch", args.pull_batch, 1, 1024)
     check_range("--seconds", args.seconds, 0.1, 3600)

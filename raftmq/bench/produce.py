@@ -162,7 +162,7 @@ def register(subparsers) -> None:
 
 
 def _check(args: argparse.Namespace) -> None:
-    check_range("--size", args.size, 0, 4 * 1024 * 1024)
+    check_range("--size", args.size, 1, 4 * 1024 * 1024)
     check_range("--concurrency", args.concurrency, 1, 10_000)
     check_range("--batch", args.batch, 1, 1024)
     check_range("--messages", args.messages, 1, 10**9)

@@ -71,6 +71,34 @@ async def test_non_retriable_error_and_local_size_check(cluster):
             await p.send(Message("T", b"x" * 11))
 
 
+async def test_bad_send_arguments_are_refused_before_anything_is_sent(cluster):
+    """Found by probing the API with odd values: a queue that was no MessageQueue, a sharding key that was no
+    string and a batch that was no sequence raised AttributeError from deep inside; a queue of another topic
+    stored the message in that queue of the message's own topic; an empty body was sent (RocketMQ's client
+    refuses it: "the message body length is zero")."""
+    async with open_producer(NAMESRV) as p:
+        message = Message("T", b"x")
+        for call, error, text in [
+            (p.send(message, queue=3), TypeError, "queue must be a MessageQueue, got 3"),
+            (p.send(message, queue=MessageQueue("U", "broker-a", 0)), ValueError, "not of the message's topic 'T'"),
+            (p.send_oneway(message, queue=MessageQueue("U", "broker-a", 0)), ValueError, "of topic 'U'"),
+            (p.send(message, sharding_key=5), TypeError, "sharding_key must be a string, got 5"),
+            (p.send(message, timeout_s=-1), ValueError, "timeout_s must be a positive number of seconds, got -1"),
+            (p.send(message, timeout_s="3"), ValueError, "got '3'"),
+            (p.send(message, timeout_s=float("nan")), ValueError, "got nan"),
+            (p.send(Message("T", b"")), ValueError, "message body of topic 'T' is empty"),
+            (p.send_batch([message, Message("T", b"")]), ValueError, "is empty"),
+            (p.send_batch(message), TypeError, "send_batch expects a sequence of Message, got Message"),
+            (p.send_batch("T"), TypeError, "got str"),
+            (p.send_batch([message], queue="T"), TypeError, "queue must be a MessageQueue"),
+        ]:
+            with pytest.raises(error, match=text.replace("(", r"\(")):
+                await call
+        assert await p.send(message, queue=MessageQueue("T", "broker-a", 0), timeout_s=2)
+    sends = [c for c in cluster.calls if c[1] in (RequestCode.SEND_MESSAGE, RequestCode.SEND_BATCH_MESSAGE)]
+    assert sends == [("a:1", RequestCode.SEND_MESSAGE)]  # the good one only
+
+
 async def test_batch_and_pull_consumer_roundtrip(cluster):
     async with open_producer(NAMESRV) as p:
         mq = MessageQueue("T", "broker-b", 2)

@@ -193,6 +193,10 @@ def test_message_properties_and_validation():
         Message("T", "text")
     with pytest.raises(ValueError, match="topic must not be empty"):
         Message("", b"")
+    assert Message("T", b"x", keys=("k1", "k2")).wire_properties()["KEYS"] == "k1 k2"
+    for bad in (-1, ["k1", 2], {"k": "v"}, b"k"):  # were a TypeError from str.join, or stored as their repr
+        with pytest.raises(TypeError, match="Message.keys must be a string or a list of strings"):
+            Message("T", b"x", keys=bad)
     keys = {new_uniq_key() for _ in range(1000)}
     assert len(keys) == 1000
 
