@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import cbor2
@@ -171,9 +171,7 @@ class AdminClient:
                 return
             raise ClientError(f"broker group {name!r} kept naming another leader (last {addr})", broker_name=name)
 
-        async with trio.open_nursery() as nursery:
-            for name, addr in masters.items():
-                nursery.start_soon(_one, name, addr)
+        await _each_group(masters.items(), _one)
         return answers
 
     async def _route_masters(self, topic: str) -> dict[str, str]:
@@ -196,8 +194,7 @@ class AdminClient:
         """Create or update ``topic`` on every group of ``cluster`` (default: all); waits until the name servers
         route it (up to ``wait_route_s``) and returns that route."""
         for name, value in (("read_queue_nums", read_queue_nums), ("write_queue_nums", write_queue_nums)):
-            if not 1 <= value <= 1024:
-                raise ValueError(f"{name} must be within 1..1024, got {value}")
+            _check_int(name, value, 1, 1024)
         masters = await self._target_masters(cluster, broker_names)
         await self._to_leaders(masters, RequestCode.UPDATE_AND_CREATE_TOPIC, {
             "topic": topic, "read_queue_nums": read_queue_nums, "write_queue_nums": write_queue_nums,
@@ -281,8 +278,7 @@ class AdminClient:
         Online members drop what they cached of those queues and pull from there; offline ones start there."""
         if not consumer_group:
             raise ValueError("reset_offset needs a consumer group")
-        if timestamp_ms < 0:
-            raise ValueError(f"timestamp_ms must be >= 0, got {timestamp_ms}")
+        _check_int("timestamp_ms", timestamp_ms, 0, (1 << 63) - 1)
         masters = await self._route_masters(topic)
         answers = await self._to_leaders(masters, RequestCode.INVOKE_BROKER_TO_RESET_OFFSET,
                                          {"consumer_group": consumer_group, "topic": topic,
@@ -330,9 +326,7 @@ class AdminClient:
         async def _one(name: str) -> None:
             answers[name] = await self._read_from_group(info, name, code, ext, ok)
 
-        async with trio.open_nursery() as nursery:
-            for name in sorted({q.broker_name for q in route.queue_datas}):
-                nursery.start_soon(_one, name)
+        await _each_group([(name,) for name in sorted({q.broker_name for q in route.queue_datas})], _one)
         return answers
 
     async def query_message(self, topic: str, key: str, *, max_num: int = 32, begin_ms: int = 0,
@@ -342,9 +336,10 @@ class AdminClient:
         most ``max_num`` (1..64)."""
         if not key:
             raise ValueError("query_message needs a key")
-        if not 1 <= max_num <= MAX_QUERY_NUM:
-            raise ValueError(f"max_num must be within 1..{MAX_QUERY_NUM}, got {max_num}")
+        _check_int("max_num", max_num, 1, MAX_QUERY_NUM)
         end_ms = (1 << 63) - 1 if end_ms is None else end_ms
+        _check_int("begin_ms", begin_ms, 0, (1 << 63) - 1)
+        _check_int("end_ms", end_ms, 0, (1 << 63) - 1)
         if not 0 <= begin_ms <= end_ms:
             raise ValueError(f"the time range must satisfy 0 <= begin_ms <= end_ms, got {begin_ms}..{end_ms}")
         frames = await self._read_from_route(topic, RequestCode.QUERY_MESSAGE,
@@ -393,6 +388,34 @@ class AdminClient:
     async def broker_status(self, addr: str) -> dict[str, Any]:
         frame = raise_for_response(await self._instance.invoke(addr, RequestCode.GET_BROKER_RUNTIME_INFO))
         return dict(cbor2.loads(frame.body)) if frame.body else dict(frame.ext)
+
+
+def _check_int(name: str, value: Any, lo: int, hi: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ValueError(f"{name} must be an integer within {lo}..{hi}, got {value!r}")
+
+
+async def _each_group(calls: Iterable[tuple[Any, ...]], one: Callable[..., Awaitable[None]]) -> None:
+    """``one(*args)`` for every group at once. A refusal or failure (``RaftMQError``) is raised as itself, not in
+    an ExceptionGroup: the first group's, by name, with the others' noted (several groups usually refuse the
+    same bad topic name alike)."""
+    errors: dict[str, RaftMQError] = {}
+
+    async def _run(args: tuple[Any, ...]) -> None:
+        try:
+            await one(*args)
+        except RaftMQError as e:
+            errors[str(args[0])] = e
+
+    async with trio.open_nursery() as nursery:
+        for args in calls:
+            nursery.start_soon(_run, args)
+    if errors:
+        first, *others = sorted(errors)
+        error = errors[first]
+        if others:
+            error.add_note("also from broker group(s) " + "; ".join(f"{name}: {errors[name]}" for name in others))
+        raise error
 
 
 @contextlib.asynccontextmanager

@@ -479,7 +479,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         data = trio.run(main)
     except (RaftMQError, _Refused, OSError, trio.TooSlowError, BaseExceptionGroup) as e:
-        # create/delete ask every group's leader at once: one refusal per group that refused.
+        # create/delete ask every group's leader at once: the first group's refusal, the others' in its notes.
         errors = leaf_exceptions(e) if isinstance(e, BaseExceptionGroup) else [e]
         if not all(isinstance(x, (RaftMQError, _Refused, OSError, trio.TooSlowError)) for x in errors):
             raise
@@ -487,6 +487,8 @@ def run(args: argparse.Namespace) -> int:
             text = (f"no answer within --timeout {args.timeout:g} s (name servers {args.namesrv})"
                     if isinstance(error, trio.TooSlowError) else str(error))
             print(f"raftmq admin {args.admin_command}: {text}", file=sys.stderr, flush=True)
+            for note in getattr(error, "__notes__", ()):
+                print(f"raftmq admin {args.admin_command}: {note}", file=sys.stderr, flush=True)
         return 1
     if args.json:
         print(json.dumps(data, default=str), flush=True)
