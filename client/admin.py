@@ -21,7 +21,7 @@ from client.errors import ClientError
 from client.instance import (
     ClientConfig, ClientInstance, build_config, open_remoting, raise_for_response,
 )
-from client.message import MessageExt, MessageQueue
+from client.message import MessageExt, MessageQueue, check_int_arg
 from client.pull_consumer import to_message_ext
 from client.route import PERM_READ, PERM_WRITE, TopicRouteData, parse_route
 from remoting.codes import RequestCode, ResponseCode
@@ -194,7 +194,7 @@ class AdminClient:
         """Create or update ``topic`` on every group of ``cluster`` (default: all); waits until the name servers
         route it (up to ``wait_route_s``) and returns that route."""
         for name, value in (("read_queue_nums", read_queue_nums), ("write_queue_nums", write_queue_nums)):
-            _check_int(name, value, 1, 1024)
+            check_int_arg(name, value, 1, 1024)
         masters = await self._target_masters(cluster, broker_names)
         await self._to_leaders(masters, RequestCode.UPDATE_AND_CREATE_TOPIC, {
             "topic": topic, "read_queue_nums": read_queue_nums, "write_queue_nums": write_queue_nums,
@@ -278,7 +278,7 @@ class AdminClient:
         Online members drop what they cached of those queues and pull from there; offline ones start there."""
         if not consumer_group:
             raise ValueError("reset_offset needs a consumer group")
-        _check_int("timestamp_ms", timestamp_ms, 0, (1 << 63) - 1)
+        check_int_arg("timestamp_ms", timestamp_ms, 0, (1 << 63) - 1)
         masters = await self._route_masters(topic)
         answers = await self._to_leaders(masters, RequestCode.INVOKE_BROKER_TO_RESET_OFFSET,
                                          {"consumer_group": consumer_group, "topic": topic,
@@ -336,10 +336,10 @@ class AdminClient:
         most ``max_num`` (1..64)."""
         if not key:
             raise ValueError("query_message needs a key")
-        _check_int("max_num", max_num, 1, MAX_QUERY_NUM)
+        check_int_arg("max_num", max_num, 1, MAX_QUERY_NUM)
         end_ms = (1 << 63) - 1 if end_ms is None else end_ms
-        _check_int("begin_ms", begin_ms, 0, (1 << 63) - 1)
-        _check_int("end_ms", end_ms, 0, (1 << 63) - 1)
+        check_int_arg("begin_ms", begin_ms, 0, (1 << 63) - 1)
+        check_int_arg("end_ms", end_ms, 0, (1 << 63) - 1)
         if not 0 <= begin_ms <= end_ms:
             raise ValueError(f"the time range must satisfy 0 <= begin_ms <= end_ms, got {begin_ms}..{end_ms}")
         frames = await self._read_from_route(topic, RequestCode.QUERY_MESSAGE,
@@ -388,11 +388,6 @@ class AdminClient:
     async def broker_status(self, addr: str) -> dict[str, Any]:
         frame = raise_for_response(await self._instance.invoke(addr, RequestCode.GET_BROKER_RUNTIME_INFO))
         return dict(cbor2.loads(frame.body)) if frame.body else dict(frame.ext)
-
-
-def _check_int(name: str, value: Any, lo: int, hi: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise ValueError(f"{name} must be an integer within {lo}..{hi}, got {value!r}")
 
 
 async def _each_group(calls: Iterable[tuple[Any, ...]], one: Callable[..., Awaitable[None]]) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from remoting.message import tags_code
+from remoting.message import MessageFormatError, check_topic, tags_code
 
 __all__ = ["SUB_ALL", "Subscription", "parse_subscription", "tags_code"]
 
@@ -40,8 +40,12 @@ class Subscription:
 
 def parse_subscription(topic: str, expression: str | None, *, sub_version: int = 0) -> Subscription:
     """Parse ``expression``; None, empty and ``*`` mean all. Raises ``ValueError`` naming a bad tag."""
-    if not isinstance(topic, str) or not topic:
-        raise ValueError(f"subscription topic must be a non-empty string, got {topic!r}")
+    try:
+        check_topic(topic)
+    except MessageFormatError as e:
+        raise ValueError(f"subscription {e}") from None
+    if expression is not None and not isinstance(expression, str):
+        raise TypeError(f"tag expression of topic {topic!r} must be a string, got {expression!r}")
     expr = (expression or "").strip()
     if not expr or expr == SUB_ALL:
         return Subscription(topic, SUB_ALL, frozenset(), frozenset(), sub_version)

@@ -29,7 +29,8 @@ from client.errors import ClientClosedError, MessageTooLargeError, NoRouteError,
 from client.instance import (
     ClientConfig, ClientInstance, build_config, now_ms, open_remoting, raise_for_response,
 )
-from client.message import PROPERTY_UNIQ_KEY, Message, MessageQueue, SendResult, SendStatus, new_uniq_key
+from client.message import (PROPERTY_UNIQ_KEY, Message, MessageQueue, SendResult, SendStatus, group_problem,
+                            new_uniq_key)
 from remoting.codes import RequestCode, ResponseCode
 from remoting.config import bounded
 from remoting.errors import ConnectError, ConnectionClosedError, NotLeaderError, RaftMQError
@@ -53,7 +54,7 @@ _LEADER_IN_FLUX = (NotLeaderError, ConnectError, ConnectionClosedError)
 
 @dataclasses.dataclass(frozen=True)
 class ProducerConfig(ClientConfig):
-    producer_group: str = bounded("DEFAULT_PRODUCER", check=lambda v: None if v else "must not be empty")
+    producer_group: str = bounded("DEFAULT_PRODUCER", check=group_problem)
     send_msg_timeout_ms: int = bounded(3_000, min=1, doc="deadline of one send, retries included")
     retry_times_when_send_failed: int = bounded(2, min=0, max=100)
     max_redirects: int = bounded(5, min=0, max=100, doc="NOT_LEADER redirects followed per send")

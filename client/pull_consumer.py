@@ -23,7 +23,8 @@ from client.filter import Subscription, parse_subscription
 from client.instance import (
     ClientConfig, ClientInstance, build_config, open_remoting, raise_for_response,
 )
-from client.message import MessageExt, MessageQueue, PullResult, PullStatus, RecordProperties, _PulledMessageExt
+from client.message import (MessageExt, MessageQueue, PullResult, PullStatus, RecordProperties, _PulledMessageExt,
+                            check_int_arg, group_problem)
 from remoting.codes import RequestCode, ResponseCode
 from remoting.config import bounded
 from remoting.errors import RaftMQError
@@ -175,7 +176,7 @@ class PullAPI:
 
 @dataclasses.dataclass(frozen=True)
 class PullConsumerConfig(ClientConfig):
-    consumer_group: str = bounded("DEFAULT_CONSUMER", check=lambda v: None if v else "must not be empty")
+    consumer_group: str = bounded("DEFAULT_CONSUMER", check=group_problem)
     check_crc: bool = bounded(False, doc="recompute each pulled body's crc32c")
 
 
@@ -197,23 +198,38 @@ class PullConsumer:
     async def pull(self, mq: MessageQueue, offset: int, max_nums: int = 32, *, expression: str = "*",
                    block_ms: int = 0) -> PullResult:
         """Messages of ``mq`` from ``offset``; ``block_ms`` > 0 waits (long polling) for new ones."""
+        _check_queue(mq)
+        check_int_arg("offset", offset, 0, _I64_MAX)
+        check_int_arg("max_nums", max_nums, 1, 1024)
+        check_int_arg("block_ms", block_ms, 0, _I64_MAX)
         sub = parse_subscription(mq.topic, expression)
         return await self._api.pull(mq, offset, max_nums, subscription=sub, suspend_timeout_ms=block_ms)
 
     async def min_offset(self, mq: MessageQueue) -> int:
-        return await self._api.min_offset(mq)
+        return await self._api.min_offset(_check_queue(mq))
 
     async def max_offset(self, mq: MessageQueue) -> int:
-        return await self._api.max_offset(mq)
+        return await self._api.max_offset(_check_queue(mq))
 
     async def search_offset(self, mq: MessageQueue, timestamp_ms: int) -> int:
-        return await self._api.search_offset(mq, timestamp_ms)
+        check_int_arg("timestamp_ms", timestamp_ms, 0, _I64_MAX)
+        return await self._api.search_offset(_check_queue(mq), timestamp_ms)
 
     async def committed_offset(self, mq: MessageQueue) -> int | None:
-        return await self._api.fetch_consume_offset(mq)
+        return await self._api.fetch_consume_offset(_check_queue(mq))
 
     async def commit(self, mq: MessageQueue, offset: int) -> None:
-        await self._api.commit_consume_offset(mq, offset)
+        check_int_arg("offset", offset, 0, _I64_MAX)
+        await self._api.commit_consume_offset(_check_queue(mq), offset)
+
+
+_I64_MAX = (1 << 63) - 1
+
+
+def _check_queue(mq: Any) -> MessageQueue:
+    if not isinstance(mq, MessageQueue):
+        raise TypeError(f"expected a MessageQueue, got {mq!r}")
+    return mq
 
 
 @contextlib.asynccontextmanager

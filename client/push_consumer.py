@@ -37,7 +37,7 @@ from client.filter import Subscription, parse_subscription
 from client.instance import (
     ClientConfig, ClientInstance, ServerRequests, build_config, open_remoting, raise_for_response,
 )
-from client.message import MessageExt, MessageQueue, PullStatus
+from client.message import MessageExt, MessageQueue, PullStatus, group_problem
 from client.offset_store import LocalFileOffsetStore, RemoteOffsetStore
 from client.pull_consumer import PullAPI
 from client.rebalance import allocate_average, diff_assignment
@@ -56,7 +56,7 @@ CONSUME_FROM = ("CONSUME_FROM_LAST_OFFSET", "CONSUME_FROM_FIRST_OFFSET", "CONSUM
 
 @dataclasses.dataclass(frozen=True)
 class PushConsumerConfig(ClientConfig):
-    consumer_group: str = bounded("DEFAULT_CONSUMER", check=lambda v: None if v else "must not be empty")
+    consumer_group: str = bounded("DEFAULT_CONSUMER", check=group_problem)
     message_model: str = bounded("CLUSTERING", choices=("CLUSTERING", "BROADCASTING"))
     consume_from_where: str = bounded("CONSUME_FROM_LAST_OFFSET", choices=CONSUME_FROM)
     consume_timestamp_ms: int = bounded(0, min=0, doc="start time for CONSUME_FROM_TIMESTAMP; 0: 30 min ago")
@@ -483,6 +483,10 @@ async def open_push_consumer(namesrv: str | Sequence[str] | None = None, *, topi
     subs = dict(subscriptions or {})
     if topic is not None:
         subs[topic] = expression
+    if not subs:
+        raise ValueError("open_push_consumer needs a topic or subscriptions")
+    if handler is not None and not callable(handler):
+        raise TypeError(f"handler must be an async function taking a message, got {handler!r}")
     parsed = [parse_subscription(t, e) for t, e in subs.items()]
     server_requests = ServerRequests()
     async with open_remoting(config, server_requests) as remoting:

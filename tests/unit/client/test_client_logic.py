@@ -14,7 +14,7 @@ import client.pull_consumer
 import client.push_consumer
 from client import (Message, MessageQueue, MessageTooLargeError, SendStatus, open_pull_consumer,
                     open_push_consumer, open_producer)
-from client.errors import MessageIllegalError
+from client.errors import ConfigError, MessageIllegalError
 from tests.unit.client.fake_cluster import NAMESRV, FakeGroup, FakeRemoting, fake_remoting_ctx
 from remoting.codes import RequestCode
 
@@ -97,6 +97,45 @@ async def test_bad_send_arguments_are_refused_before_anything_is_sent(cluster):
         assert await p.send(message, queue=MessageQueue("T", "broker-a", 0), timeout_s=2)
     sends = [c for c in cluster.calls if c[1] in (RequestCode.SEND_MESSAGE, RequestCode.SEND_BATCH_MESSAGE)]
     assert sends == [("a:1", RequestCode.SEND_MESSAGE)]  # the good one only
+
+
+async def test_bad_consumer_arguments_are_refused_when_opened_or_called(cluster):
+    """Found by probing the consumer API with odd values: without a topic the push consumer failed with an
+    ExceptionGroup, an illegal group name or topic ran on with every heartbeat or route query refused, a handler
+    that was no function waited for the first message to fail, and the pull consumer's arguments failed on a
+    comparison or an AttributeError."""
+    async def handler(msg) -> None:
+        pass
+
+    for options, error, text in [
+        ({"handler": handler}, ValueError, "needs a topic or subscriptions"),
+        ({"topic": "T", "handler": handler, "consumer_group": "bad group"}, ConfigError,
+         "consumer_group may hold only letters"),
+        ({"topic": "T", "handler": handler, "consumer_group": "g" * 256}, ConfigError, "256 characters long"),
+        ({"topic": "bad topic", "handler": handler}, ValueError, "subscription topic 'bad topic' contains"),
+        ({"topic": "T", "expression": 5, "handler": handler}, TypeError, "tag expression of topic 'T' must be"),
+        ({"subscriptions": {"T": ["A"]}, "handler": handler}, TypeError, "must be a string, got \\['A'\\]"),
+        ({"topic": "T", "handler": 5}, TypeError, "handler must be an async function"),
+    ]:
+        with pytest.raises(error, match=text):
+            async with open_push_consumer(NAMESRV, **options):
+                pass
+    with pytest.raises(ConfigError, match="producer_group may hold only letters"):
+        async with open_producer(NAMESRV, producer_group="a/b"):
+            pass
+
+    mq = MessageQueue("T", "broker-a", 0)
+    async with open_pull_consumer(NAMESRV, consumer_group="g") as c:
+        for call, error, text in [(c.pull("T", 0), TypeError, "expected a MessageQueue, got 'T'"),
+                                  (c.pull(mq, "0"), ValueError, "offset must be an integer within 0.."),
+                                  (c.pull(mq, 0, 0), ValueError, "max_nums must be an integer within 1..1024"),
+                                  (c.pull(mq, 0, block_ms=-1), ValueError, "block_ms"),
+                                  (c.min_offset(None), TypeError, "expected a MessageQueue, got None"),
+                                  (c.search_offset(mq, "x"), ValueError, "timestamp_ms must be an integer"),
+                                  (c.commit(mq, True), ValueError, "offset must be an integer .* got True")]:
+            with pytest.raises(error, match=text):
+                await call
+        assert (await c.pull(mq, 0)).next_begin_offset == 0
 
 
 async def test_batch_and_pull_consumer_roundtrip(cluster):
