@@ -162,9 +162,10 @@ async def _record_client_requests(monkeypatch, namesrv: str, broker: str) -> tup
         await admin.consumer_connections(GROUP)
         await admin.reset_offset(GROUP, TOPIC, 0)
         found = await admin.query_message(TOPIC, "k1")
-        await admin.view_message(found[0].msg_id, topic=TOPIC)
+        await admin.view_message(found[0].msg_id, topic=TOPIC)  # by the producer's unique id: QUERY_MESSAGE
+        await admin.view_message(next(iter(acked)))  # by the broker's offset id: VIEW_MESSAGE_BY_ID
         await admin.broker_status(broker)
-        assert info is not None
+        assert info.master_addr("broker-a") == broker
     async with open_remoting_client() as rpc:
         await get_raft_status(rpc, broker, "broker-a", checksum_up_to=0)
     # A peer's catch-up copy, and a hand-over (one member: nothing to hand over to, so only its mutations run).
@@ -189,7 +190,7 @@ async def test_mutated_client_requests_get_a_code_and_a_remark_and_harm_nothing(
     codes = set(by_code)
     assert {RequestCode.SEND_MESSAGE, RequestCode.SEND_BATCH_MESSAGE, RequestCode.PULL_MESSAGE,
             RequestCode.HEART_BEAT, RequestCode.REGISTER_BROKER, RequestCode.QUERY_MESSAGE,
-            RequestCode.FETCH_COMMIT_LOG} <= codes, sorted(codes)
+            RequestCode.VIEW_MESSAGE_BY_ID, RequestCode.FETCH_COMMIT_LOG} <= codes, sorted(codes)
 
     errors = _ErrorLog()
     logging.getLogger().addHandler(errors)
