@@ -13,11 +13,12 @@ queues, permission read|write (6).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+from remoting.message import group_problem
 
 log = logging.getLogger(__name__)
 
@@ -66,21 +67,9 @@ def validate_topic_name(topic: Any) -> str:
     return topic
 
 
-GROUP_MAX_LENGTH = 255
-
-
-@functools.lru_cache(maxsize=4096)
-def _group_problem(group: str) -> str | None:
-    if len(group) > GROUP_MAX_LENGTH:
-        return f"is {len(group)} characters long; at most {GROUP_MAX_LENGTH} are allowed"
-    if not _TOPIC_RE.match(group):
-        return "contains illegal characters; allowed are letters, digits, '%', '|', '_' and '-'"
-    return None
-
-
 def validate_group_name(group: str, field: str = "consumer_group") -> str:
     """RocketMQ's group-name rule (the topic charset, at most 255 characters)."""
-    problem = _group_problem(group)
+    problem = group_problem(group)
     if problem:
         raise TopicConfigError(f"{field} {group[:40]!r} {problem}", field=field)
     return group

@@ -8,7 +8,6 @@ user's view with ``tags``/``keys`` as attributes; ``Message.wire_properties()`` 
 from __future__ import annotations
 
 import dataclasses
-import re
 import enum
 import itertools
 import os
@@ -37,23 +36,6 @@ _UNIQ_PROPERTY_HEAD = PROPERTY_UNIQ_KEY.encode("ascii") + b"\x01"
 def new_uniq_key() -> str:
     suffix = struct.pack(">IH", int(time.time() * 1000) & 0xFFFFFFFF, next(_uniq_counter) & 0xFFFF)
     return _UNIQ_PREFIX + suffix.hex().upper()
-
-
-GROUP_MAX_LENGTH = 255
-_GROUP_RE = re.compile(r"[%|a-zA-Z0-9_-]+")
-
-
-def group_problem(group: Any) -> str | None:
-    """What is wrong with a producer or consumer group name (RocketMQ's ``Validators.checkGroup``: the topic
-    charset, at most 255 characters), for a config ``check``; None when it is fine. A broker refuses such a
-    group in every heartbeat and offset request, so the client says so before it starts."""
-    if not group:
-        return "must not be empty"
-    if len(group) > GROUP_MAX_LENGTH:
-        return f"is {len(group)} characters long; at most {GROUP_MAX_LENGTH} are allowed"
-    if not _GROUP_RE.fullmatch(group):
-        return "may hold only letters, digits, '%', '|', '_' and '-'"
-    return None
 
 
 def check_int_arg(name: str, value: Any, lo: int, hi: int) -> None:

@@ -29,12 +29,11 @@ from client.errors import ClientClosedError, MessageTooLargeError, NoRouteError,
 from client.instance import (
     ClientConfig, ClientInstance, build_config, now_ms, open_remoting, raise_for_response,
 )
-from client.message import (PROPERTY_UNIQ_KEY, Message, MessageQueue, SendResult, SendStatus, group_problem,
-                            new_uniq_key)
+from client.message import PROPERTY_UNIQ_KEY, Message, MessageQueue, SendResult, SendStatus, new_uniq_key
 from remoting.codes import RequestCode, ResponseCode
 from remoting.config import bounded
 from remoting.errors import ConnectError, ConnectionClosedError, NotLeaderError, RaftMQError
-from remoting.message import MessageFormatError, check_topic, encode_uniform_batch, ip_bytes
+from remoting.message import MessageFormatError, check_topic, encode_uniform_batch, group_problem, ip_bytes
 
 __all__ = ["ProducerConfig", "Producer", "open_producer"]
 

@@ -24,11 +24,11 @@ from client.instance import (
     ClientConfig, ClientInstance, build_config, open_remoting, raise_for_response,
 )
 from client.message import (MessageExt, MessageQueue, PullResult, PullStatus, RecordProperties, _PulledMessageExt,
-                            check_int_arg, group_problem)
+                            check_int_arg)
 from remoting.codes import RequestCode, ResponseCode
 from remoting.config import bounded
 from remoting.errors import RaftMQError
-from remoting.message import decode_records
+from remoting.message import decode_records, group_problem
 
 __all__ = ["PullAPI", "PullConsumerConfig", "PullConsumer", "open_pull_consumer", "to_message_ext"]
 

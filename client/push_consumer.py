@@ -37,13 +37,14 @@ from client.filter import Subscription, parse_subscription
 from client.instance import (
     ClientConfig, ClientInstance, ServerRequests, build_config, open_remoting, raise_for_response,
 )
-from client.message import MessageExt, MessageQueue, PullStatus, group_problem
+from client.message import MessageExt, MessageQueue, PullStatus
 from client.offset_store import LocalFileOffsetStore, RemoteOffsetStore
 from client.pull_consumer import PullAPI
 from client.rebalance import allocate_average, diff_assignment
 from remoting.codes import RequestCode
 from remoting.config import bounded
 from remoting.errors import RaftMQError
+from remoting.message import group_problem
 
 __all__ = ["PushConsumerConfig", "PushConsumer", "ProcessQueue", "open_push_consumer", "ConsumerStatistics"]
 

@@ -47,7 +47,7 @@ __all__ = [
     "encode_record", "decode_record", "iter_records", "decode_records", "record_size",
     "encode_properties", "decode_properties", "encode_uniform_batch", "create_msg_id", "parse_msg_id", "tags_code",
     "create_msg_ids", "ip_bytes",
-    "check_topic",
+    "check_topic", "group_problem", "GROUP_MAX_LENGTH",
     "BATCH_HEAD", "ENTRY_HEAD", "RECORD_HEAD", "BATCH_MAGIC", "MESSAGE_MAGIC", "BLANK_MAGIC",
     "MAX_TOPIC_LENGTH", "MAX_PROPERTIES_SIZE", "DEFAULT_MAX_MESSAGE_SIZE",
     "PROPERTY_TAGS", "PROPERTY_KEYS", "PROPERTY_UNIQ_KEY", "KEY_SEPARATOR", "split_keys",
@@ -177,6 +177,23 @@ def check_topic(topic: str) -> bytes:
     if not _TOPIC_RE.fullmatch(topic):
         raise MessageFormatError("topic", f"topic {topic!r} contains characters outside %|a-zA-Z0-9_-")
     return topic.encode("ascii")
+
+
+GROUP_MAX_LENGTH = 255
+
+
+@lru_cache(maxsize=4096)
+def group_problem(group: str) -> str | None:
+    """What is wrong with a producer or consumer group name (RocketMQ's ``Validators.checkGroup``: the topic
+    charset, at most 255 characters), None when it is legal: the broker's check of every request naming a group,
+    and the clients' check of their config (so a bad name fails when a client opens, not in every heartbeat)."""
+    if not group:
+        return "must not be empty"
+    if len(group) > GROUP_MAX_LENGTH:
+        return f"is {len(group)} characters long; at most {GROUP_MAX_LENGTH} are allowed"
+    if not _TOPIC_RE.fullmatch(group):
+        return "contains illegal characters; allowed are letters, digits, '%', '|', '_' and '-'"
+    return None
 
 
 def encode_properties(properties: Mapping[str, str]) -> bytes:
