@@ -134,14 +134,13 @@ class Producer:
             raise TypeError(f"send_batch expects a sequence of Message, got {type(messages).__name__}")
         if not messages:
             raise ValueError("send_batch needs at least one message")
-        self._check(messages[0])
+        for i, m in enumerate(messages):
+            self._check(m)  # messages[0] first, before its topic is read
+            if m.topic != messages[0].topic:
+                raise ValueError(f"send_batch messages must share one topic: messages[{i}].topic is {m.topic!r}, "
+                                 f"messages[0].topic is {messages[0].topic!r}")
         topic = messages[0].topic
         self._check_routing(topic, queue, None, timeout_s)
-        for i, m in enumerate(messages):
-            self._check(m)
-            if m.topic != topic:
-                raise ValueError(f"send_batch messages must share one topic: messages[{i}].topic is {m.topic!r}, "
-                                 f"messages[0].topic is {topic!r}")
         uniq_list = []
         items = []
         for i, m in enumerate(messages):
