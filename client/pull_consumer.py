@@ -62,6 +62,9 @@ def _to_messages(records: list[tuple], broker_name: str) -> tuple[MessageExt, ..
                        sys_flag, flag) in records])
 
 
+_I64_MAX = (1 << 63) - 1
+
+
 class PullAPI:
     def __init__(self, instance: ClientInstance, consumer_group: str, *, check_crc: bool = False) -> None:
         self.instance = instance
@@ -94,10 +97,8 @@ class PullAPI:
     async def pull(self, mq: MessageQueue, offset: int, max_nums: int, *, subscription: Subscription | None = None,
                    commit_offset: int | None = None, suspend_timeout_ms: int = 0,
                    timeout_s: float | None = None) -> PullResult:
-        if offset < 0:
-            raise ValueError(f"pull offset for {mq} must be >= 0, got {offset}")
-        if not 1 <= max_nums <= 1024:
-            raise ValueError(f"max_nums must be within 1..1024, got {max_nums}")
+        check_int_arg("offset", offset, 0, _I64_MAX)
+        check_int_arg("max_nums", max_nums, 1, 1024)
         sub = subscription or parse_subscription(mq.topic, "*")
         sys_flag = FLAG_SUBSCRIPTION
         if suspend_timeout_ms > 0:
@@ -199,9 +200,7 @@ class PullConsumer:
                    block_ms: int = 0) -> PullResult:
         """Messages of ``mq`` from ``offset``; ``block_ms`` > 0 waits (long polling) for new ones."""
         _check_queue(mq)
-        check_int_arg("offset", offset, 0, _I64_MAX)
-        check_int_arg("max_nums", max_nums, 1, 1024)
-        check_int_arg("block_ms", block_ms, 0, _I64_MAX)
+        check_int_arg("block_ms", block_ms, 0, _I64_MAX)  # offset and max_nums: PullAPI.pull
         sub = parse_subscription(mq.topic, expression)
         return await self._api.pull(mq, offset, max_nums, subscription=sub, suspend_timeout_ms=block_ms)
 
@@ -221,9 +220,6 @@ class PullConsumer:
     async def commit(self, mq: MessageQueue, offset: int) -> None:
         check_int_arg("offset", offset, 0, _I64_MAX)
         await self._api.commit_consume_offset(_check_queue(mq), offset)
-
-
-_I64_MAX = (1 << 63) - 1
 
 
 def _check_queue(mq: Any) -> MessageQueue:
