@@ -8,8 +8,8 @@ so a silent upgrade cannot quietly disable a fix.
 
 1. Wire: stock pysyncobj sends ``zlib.compress(pickle.dumps(msg, protocol=2))`` and unpickles the first frame of
    a new connection before any check (remote code execution for anyone who reaches the port). We replace the
-   frame codec of ``TcpConnection``: ``length(4, native int) | HMAC-SHA256(secret, body)(32) | body`` where
-   ``body = pickle.dumps(msg, protocol=5)``; the tag is verified with ``hmac.compare_digest`` *before*
+   frame codec of ``TcpConnection``: ``length(4, native int) | tag(32) | body`` where
+   ``body = pickle.dumps(msg, protocol=5)`` and ``tag = HMAC-SHA256(secret, connection key || BLAKE3(body))``; the tag is verified with ``hmac.compare_digest`` *before*
    ``pickle.loads`` runs, and a bad tag closes the connection. No zlib: the payloads are message batches that
    the CPU would rather not compress twice. The authenticator is handed to pysyncobj as its "encryptor", which
    also switches on its per-connection random-key handshake, so a frame captured on one connection is rejected
@@ -176,6 +176,7 @@ import socket
 import struct
 from typing import Any
 
+import blake3
 import pysyncobj.journal as pso_journal
 import pysyncobj.pickle as pso_pickle
 import pysyncobj.serializer as pso_serializer
@@ -218,31 +219,35 @@ def check_version(found: str = PYSYNCOBJ_VERSION) -> None:
 
 class FrameAuthenticator:
     """Authenticates each frame body: HMAC-SHA256, keyed from the cluster secret, over the connection's random
-    key and the SHA-256 of the body (hash, then MAC).
+    key and the BLAKE3 digest of the body (hash, then MAC).
 
     The random key (pysyncobj's handshake, one per connection and direction) ties a frame to its connection, so
     a frame recorded on one connection is refused on any other before it is unpickled. Hashing first lets a
     leader hash an append_entries body once for all its followers, who usually get the same bytes: the sender
-    keeps the digest of the last body it tagged. Stands where pysyncobj expects its Fernet encryptor (its
-    truthiness turns on the random-key handshake); only ``tag``/``verify`` are used, by the frame codec below.
+    keeps the digest of the last body it tagged. The body hash is BLAKE3 rather than SHA-256 because every
+    replicated byte passes through it on every member: SHA-256 (1.3-1.5 GB/s here, with SHA-NI) cost ~0.8 µs
+    per 1 KiB message on the leader and again on each follower, BLAKE3 (4.5-6.5 GB/s) ~0.2 µs. Both are
+    collision-resistant 256-bit hashes, which is what hash-then-MAC needs of the inner hash. Stands where
+    pysyncobj expects its Fernet encryptor (its truthiness turns on the random-key handshake); only
+    ``tag``/``verify`` are used, by the frame codec below.
     """
 
     def __init__(self, secret: str) -> None:
         if not secret:
             raise ValueError("a DLedger member needs a non-empty cluster secret")
-        # v2: the frame layout changed with hash-then-MAC; a v1 member's frames fail authentication.
-        self._key = hashlib.sha256(b"raftmq-dledger-v2\x00" + secret.encode()).digest()
-        self._last: tuple[bytes, bytes] = (b"", hashlib.sha256(b"").digest())  # one tuple: swapped atomically
+        # v3: the body hash changed to BLAKE3 (v2: SHA-256); a member of another version fails authentication.
+        self._key = hashlib.sha256(b"raftmq-dledger-v3\x00" + secret.encode()).digest()
+        self._last: tuple[bytes, bytes] = (b"", blake3.blake3(b"").digest())  # one tuple: swapped atomically
 
     def tag(self, body: bytes, rand_key: bytes | None = None) -> bytes:
         last_body, digest = self._last
         if body is not last_body and body != last_body:
-            digest = hashlib.sha256(body).digest()
+            digest = blake3.blake3(body).digest()
             self._last = (body, digest)
         return hmac.digest(self._key, (rand_key or b"") + digest, "sha256")
 
     def verify(self, tag: bytes, body: bytes | memoryview, rand_key: bytes | None = None) -> bool:
-        expected = hmac.digest(self._key, (rand_key or b"") + hashlib.sha256(body).digest(), "sha256")
+        expected = hmac.digest(self._key, (rand_key or b"") + blake3.blake3(body).digest(), "sha256")
         return hmac.compare_digest(tag, expected)
 
     def __bool__(self) -> bool:
