@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
+from itertools import starmap
 
 from broker.store import AppendedMessage, AppendResult, AppendStatus, MessageStore
 from broker.store.commit_log import BuiltBatch
@@ -59,7 +60,7 @@ def encode_payload(built: BuiltBatch) -> bytes:
     parts += [_PIECE.pack(*p) for p in built.pieces]
     for (topic, queue_id), first, units in hint.queues:
         parts += [bytes((len(topic),)), topic, _QUEUE.pack(queue_id, first, len(units) // CQ_UNIT_SIZE), units]
-    parts += [_INDEX.pack(h, phy) for h, phy in hint.index]
+    parts += starmap(_INDEX.pack, hint.index)  # C-level loop: one entry per message
     parts.append(built.data)
     return b"".join(parts)
 
@@ -86,7 +87,7 @@ def decode_payload(payload: bytes, expected_start: int, store_timestamp: int) ->
         touched[key] = first + n
         queues.append((key, first, mv[pos:pos + n * CQ_UNIT_SIZE]))
         pos += n * CQ_UNIT_SIZE
-    index = [_INDEX.unpack_from(payload, pos + i * _INDEX.size) for i in range(n_index)]
+    index = list(_INDEX.iter_unpack(mv[pos:pos + n_index * _INDEX.size]))
     pos += n_index * _INDEX.size
     data = mv[pos:]
     end = pieces[-1][0] + pieces[-1][2] if pieces else expected_start
