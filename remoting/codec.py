@@ -137,6 +137,25 @@ def _uint(value: int, name: str) -> bytes:
     raise ProtocolError(f"header field {name!r} must be <= {MAX_HEADER_INT}, got {value}")
 
 
+# Key tuples already found to be all str: a request kind's ext has the same keys every time, and one set lookup
+# (~0.2 µs) replaces a generator over them (~0.4 µs), paid on every frame with an ext. Bounded, so a peer
+# sending ever new key sets only stops being cached.
+_STR_KEY_TUPLES: set[tuple[Any, ...]] = set()
+_STR_KEY_TUPLES_MAX = 4096
+
+
+def _str_keys(ext: dict[Any, Any]) -> bool:
+    keys = tuple(ext)
+    if keys in _STR_KEY_TUPLES:
+        return True
+    for k in keys:
+        if type(k) is not str:
+            return False
+    if len(_STR_KEY_TUPLES) < _STR_KEY_TUPLES_MAX:
+        _STR_KEY_TUPLES.add(keys)
+    return True
+
+
 def encode(frame: Frame, *, opaque: int | None = None) -> bytes:
     """The frame's wire bytes. ``opaque`` overrides ``frame.opaque`` (connections stamp request ids this way,
     so one request frame can be sent many times). Raises ``ProtocolError`` for a field of the wrong type."""
@@ -157,7 +176,7 @@ def encode(frame: Frame, *, opaque: int | None = None) -> bytes:
         parts.append(_KEY_REMARK)
         parts.append(cbor2.dumps(remark))
     if ext:
-        if type(ext) is not dict or not all(type(k) is str for k in ext):
+        if type(ext) is not dict or not _str_keys(ext):
             raise ProtocolError(f"header field 'ext' must be a dict with str keys, got {ext!r}")
         parts[0] = _MAP6 if remark is not None else _MAP5
         parts.append(_KEY_EXT)
@@ -244,7 +263,7 @@ def _frame_from_header(header: dict[str, Any], body: bytes) -> Frame:
             and 0 <= version <= MAX_HEADER_INT and (remark is None or type(remark) is str)):
         if ext is None:
             return Frame(code, opaque, flag, version, remark, {}, body)
-        if type(ext) is dict and all(type(k) is str for k in ext):
+        if type(ext) is dict and _str_keys(ext):
             return Frame(code, opaque, flag, version, remark, ext, body)
         raise ProtocolError(f"malformed frame header: field 'ext' must be a map with text keys, got {ext!r}")
     for key in _HEADER_KEYS:

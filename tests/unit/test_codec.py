@@ -296,6 +296,16 @@ def test_encode_refuses_bad_fields(frame, match):
         encode(frame)
 
 
+def test_ext_key_check_still_refuses_after_a_good_ext_of_the_same_size_was_cached():
+    decoder = FrameDecoder()
+    decoder.feed(encode(Frame(code=1, ext={"a": 1, "b": 2})))
+    assert decoder.next_frame().ext == {"a": 1, "b": 2}
+    with pytest.raises(ProtocolError, match="'ext' must be a dict with str keys"):
+        encode(Frame(code=1, ext={"a": 1, 2: 2}))
+    with pytest.raises(ProtocolError, match="'ext' must be a dict with str keys"):
+        encode(Frame(code=1, ext={"a": 1, b"b": 2}))
+
+
 def test_int_enum_codes_encode_as_plain_ints():
     assert encode(Frame(code=RequestCode.ECHO)) == encode(Frame(code=1000))
 
