@@ -119,10 +119,12 @@ async def test_a_refused_batch_fails_each_of_its_callers_and_unencodable_message
 
 async def test_a_caller_cancelled_while_waiting_takes_its_message_out(cluster):
     release = trio.Event()
+    in_flight = trio.Event()
     original = cluster.invoke
 
     async def slow(addr, request, timeout_s=3.0):
         if request.code == RequestCode.SEND_BATCH_MESSAGE:
+            in_flight.set()
             await release.wait()
         return await original(addr, request, timeout_s)
 
@@ -132,7 +134,8 @@ async def test_a_caller_cancelled_while_waiting_takes_its_message_out(cluster):
                              auto_batch_max_delay_ms=10_000) as p:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(functools.partial(p.send, Message("T", b"first"), queue=queue))  # held in flight
-            await trio.sleep(0.01)
+            with trio.fail_after(5):
+                await in_flight.wait()  # not a sleep: trio may run the sender's steps after a short one
             with trio.move_on_after(0.05):
                 await p.send(Message("T", b"cancelled"), queue=queue)  # waits for the slot, then gives up
             nursery.start_soon(functools.partial(p.send, Message("T", b"third"), queue=queue))
