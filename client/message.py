@@ -62,6 +62,9 @@ class Message:
     flag: int = 0
 
     def __post_init__(self) -> None:
+        if (type(self.topic) is str and self.topic and type(self.body) is bytes and self.tags is None
+                and self.keys is None and type(self.properties) is dict and not self.properties):
+            return  # the usual message (a topic and a body): nothing below can fail
         _check_str("topic", self.topic)
         if not self.topic:
             raise ValueError("Message.topic must not be empty")

@@ -134,16 +134,18 @@ class Producer:
             raise TypeError(f"send_batch expects a sequence of Message, got {type(messages).__name__}")
         if not messages:
             raise ValueError("send_batch needs at least one message")
-        for i, m in enumerate(messages):
-            self._check(m)  # messages[0] first, before its topic is read
-            if m.topic != messages[0].topic:
-                raise ValueError(f"send_batch messages must share one topic: messages[{i}].topic is {m.topic!r}, "
-                                 f"messages[0].topic is {messages[0].topic!r}")
-        topic = messages[0].topic
-        self._check_routing(topic, queue, None, timeout_s)
+        topic: str | None = None
         uniq_list = []
         items = []
+        # One pass: each message checked, then encoded; the routing arguments once messages[0]'s topic is known.
         for i, m in enumerate(messages):
+            self._check(m)
+            if m.topic != topic:
+                if topic is not None:
+                    raise ValueError(f"send_batch messages must share one topic: messages[{i}].topic is "
+                                     f"{m.topic!r}, messages[0].topic is {topic!r}")
+                topic = m.topic
+                self._check_routing(topic, queue, None, timeout_s)
             try:
                 item, uniq = m.batch_item()
             except MessageFormatError as e:
@@ -151,7 +153,7 @@ class Producer:
                     from None
             uniq_list.append(uniq)
             items.append(item)
-
+        assert topic is not None  # messages is not empty
         return await self._send_encoded_batch(topic, items, tuple(uniq_list), queue, None, timeout_s)
 
     async def _send_encoded_batch(self, topic: str, items: list[tuple[bytes, bytes, int]], uniqs: tuple[str, ...],
