@@ -84,6 +84,33 @@ def test_patched_wire_round_trip_is_pickle5_without_zlib():
     assert conn._TcpConnection__readBuffer == b"\x00\x01"  # the rest waits for more data
 
 
+def test_frames_are_read_into_one_bytearray_and_cut_from_its_front_in_place():
+    """14: receives append to a bytearray (stock built a new bytes of everything read for each one) and a parsed
+    frame is deleted from the front of that same buffer; a frame split across receives still parses whole."""
+    auth = patches.FrameAuthenticator("the-real-cluster-secret")
+    messages = [{"type": "append_entries", "entries": [(bytes([i]) * 70_000, i, 1)]} for i in range(3)]
+    wire = b"".join(patches.encode_frame(auth, m) for m in messages)
+    left, right = socket.socketpair()
+    with left, right:
+        right.setblocking(False)
+        conn = _fake_connection(b"", encryptor=auth)
+        conn._TcpConnection__socket = right
+        conn._TcpConnection__recvBufferSize = 50_000
+        parsed = []
+        for start in range(0, len(wire), 50_000):
+            left.sendall(wire[start:start + 50_000])
+            while pso_tcp.TcpConnection._TcpConnection__processRead(conn):
+                pass
+            buf = conn._TcpConnection__readBuffer
+            assert type(buf) is bytearray
+            while (message := pso_tcp.TcpConnection._TcpConnection__processParseMessage(conn)) is not None:
+                parsed.append(message)
+                assert conn._TcpConnection__readBuffer is buf  # cut in place, not copied
+        assert parsed == messages and conn._TcpConnection__readBuffer == b"" and not conn.disconnected
+        left.close()
+        assert pso_tcp.TcpConnection._TcpConnection__processRead(conn) is False and conn.disconnected
+
+
 def test_a_frame_is_only_accepted_on_the_connection_it_was_tagged_for(tmp_path):
     auth = patches.FrameAuthenticator("the-real-cluster-secret")
     key_a, key_b = os.urandom(32), os.urandom(32)
