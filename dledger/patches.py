@@ -9,11 +9,11 @@ so a silent upgrade cannot quietly disable a fix.
 1. Wire: stock pysyncobj sends ``zlib.compress(pickle.dumps(msg, protocol=2))`` and unpickles the first frame of
    a new connection before any check (remote code execution for anyone who reaches the port). We replace the
    frame codec of ``TcpConnection``: ``length(4, native int) | tag(32) | body`` where
-   ``body = pickle.dumps(msg, protocol=5)`` and ``tag = HMAC-SHA256(secret, connection key || BLAKE3(body))``; the tag is verified with ``hmac.compare_digest`` *before*
-   ``pickle.loads`` runs, and a bad tag closes the connection. No zlib: the payloads are message batches that
-   the CPU would rather not compress twice. The authenticator is handed to pysyncobj as its "encryptor", which
-   also switches on its per-connection random-key handshake, so a frame captured on one connection is rejected
-   on every other one.
+   ``body = pickle.dumps(msg, protocol=5)`` and ``tag = HMAC-SHA256(secret, connection key || BLAKE3(body))``;
+   the tag is verified with ``hmac.compare_digest`` *before* ``pickle.loads`` runs, and a bad tag closes the
+   connection. No zlib: the payloads are message batches that the CPU would rather not compress twice. The
+   authenticator is handed to pysyncobj as its "encryptor", which also switches on its per-connection random-key
+   handshake, so a frame captured on one connection is rejected on every other one.
 2. nextIndex rewind: a success reply for an older append moves ``nextIndex`` backwards, so in-flight entries are
    re-sent and followers truncate already-applied entries. On success the leader now keeps ``nextIndex`` at
    ``max(previous, reported)``.

@@ -138,20 +138,24 @@ def _uint(value: int, name: str) -> bytes:
 
 
 # Key tuples already found to be all str: a request kind's ext has the same keys every time, and one set lookup
-# (~0.2 µs) replaces a generator over them (~0.4 µs), paid on every frame with an ext. Bounded, so a peer
-# sending ever new key sets only stops being cached.
+# (~0.2 µs) replaces a generator over them (~0.4 µs), paid on every frame with an ext. Decoded keys come from
+# peers, so the cache is bounded in entries and each entry in size: a peer sending ever new (or huge) key sets
+# is only not cached, it cannot grow this.
 _STR_KEY_TUPLES: set[tuple[Any, ...]] = set()
-_STR_KEY_TUPLES_MAX = 4096
+_STR_KEY_TUPLES_MAX = 1024
+_STR_KEY_TUPLE_MAX_CHARS = 512
 
 
 def _str_keys(ext: dict[Any, Any]) -> bool:
     keys = tuple(ext)
     if keys in _STR_KEY_TUPLES:
         return True
+    chars = 0
     for k in keys:
         if type(k) is not str:
             return False
-    if len(_STR_KEY_TUPLES) < _STR_KEY_TUPLES_MAX:
+        chars += len(k)
+    if chars <= _STR_KEY_TUPLE_MAX_CHARS and len(_STR_KEY_TUPLES) < _STR_KEY_TUPLES_MAX:
         _STR_KEY_TUPLES.add(keys)
     return True
 

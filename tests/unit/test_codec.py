@@ -306,6 +306,20 @@ def test_ext_key_check_still_refuses_after_a_good_ext_of_the_same_size_was_cache
         encode(Frame(code=1, ext={"a": 1, b"b": 2}))
 
 
+def test_ext_key_cache_keeps_neither_huge_nor_endless_key_sets():
+    from remoting import codec
+    codec._STR_KEY_TUPLES.clear()
+    for i in range(codec._STR_KEY_TUPLES_MAX + 50):
+        encode(Frame(code=1, ext={f"key-{i}": 1}))
+    assert len(codec._STR_KEY_TUPLES) == codec._STR_KEY_TUPLES_MAX
+    codec._STR_KEY_TUPLES.clear()
+    huge = "k" * (codec._STR_KEY_TUPLE_MAX_CHARS + 1)
+    decoder = FrameDecoder()
+    decoder.feed(encode(Frame(code=1, ext={huge: 1})))
+    assert decoder.next_frame().ext == {huge: 1} and not codec._STR_KEY_TUPLES
+    codec._STR_KEY_TUPLES.clear()
+
+
 def test_int_enum_codes_encode_as_plain_ints():
     assert encode(Frame(code=RequestCode.ECHO)) == encode(Frame(code=1000))
 
