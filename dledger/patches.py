@@ -287,35 +287,16 @@ def _transport_send(self: Any, node: Any, message: Any) -> bool:
 
 
 def _try_read_buffer(self: Any) -> None:
-    """14: read until the socket is empty, as pysyncobj does, but no more than one receive buffer per event."""
-    budget = len(self._TcpConnection__readBuffer) + self._TcpConnection__recvBufferSize
+    """14: read until the socket is empty, as pysyncobj does, but no more than one receive buffer per event.
+    The buffer is made a ``bytearray`` first (pysyncobj resets it to ``bytes()`` on every (re)connect): stock
+    ``__processRead``'s ``+=`` then appends in place, and ``_parse_message`` cuts frames from its front."""
+    buf = self._TcpConnection__readBuffer
+    if type(buf) is not bytearray:
+        buf = self._TcpConnection__readBuffer = bytearray(buf)
+    budget = len(buf) + self._TcpConnection__recvBufferSize
     while self._TcpConnection__processRead() and len(self._TcpConnection__readBuffer) < budget:
         pass
     self._TcpConnection__lastReadTime = monotonic_time()
-
-
-def _process_read(self: Any) -> bool:
-    """14: stock ``__processRead`` (one ``recv``; False when nothing more can be read now), appending to a
-    ``bytearray`` read buffer instead of building a new ``bytes`` of the whole buffer."""
-    sock = self._TcpConnection__socket
-    try:
-        incoming = sock.recv(self._TcpConnection__recvBufferSize)
-    except OSError as e:
-        if e.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
-            self.disconnect()
-        return False
-    if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
-        self.disconnect()
-        return False
-    if not incoming:
-        self.disconnect()
-        return False
-    buf = self._TcpConnection__readBuffer
-    if type(buf) is bytearray:
-        buf += incoming
-    else:  # pysyncobj resets it to bytes() on (re)connect
-        self._TcpConnection__readBuffer = bytearray(buf) + incoming
-    return True
 
 
 def _connection_timed_out(self: Any) -> bool:
@@ -380,7 +361,6 @@ _original_process_connection_timeout = pso_tcp.TcpConnection._TcpConnection__pro
 _original_send = pso_tcp.TcpConnection.send
 _original_transport_send = pso_transport.TCPTransport.send
 _original_try_read_buffer = pso_tcp.TcpConnection._TcpConnection__tryReadBuffer
-_original_process_read = pso_tcp.TcpConnection._TcpConnection__processRead
 _LEADER = pso_syncobj._RAFT_STATE.LEADER
 _FOLLOWER = pso_syncobj._RAFT_STATE.FOLLOWER
 _original_on_message = pso_syncobj.SyncObj._SyncObj__onMessageReceived
@@ -788,7 +768,6 @@ def apply_patches() -> None:
     pso_transport.TCPTransport.send = _transport_send
     pso_tcp.TcpConnection._TcpConnection__tryReadBuffer = _try_read_buffer
     pso_tcp.TcpConnection._TcpConnection__processParseMessage = _parse_message
-    pso_tcp.TcpConnection._TcpConnection__processRead = _process_read
     pso_tcp.TcpConnection._TcpConnection__processConnectionTimeout = _connection_timed_out
     pso_syncobj.SyncObj._SyncObj__onMessageReceived = _on_message
     pso_syncobj.SyncObj._onTick = _on_tick_pre_vote
@@ -819,7 +798,6 @@ ORIGINALS = {
     "send": _original_send,
     "transport_send": _original_transport_send,
     "try_read_buffer": _original_try_read_buffer,
-    "process_read": _original_process_read,
     "on_message": _original_on_message,
     "on_tick": _original_on_tick,
     "send_next_node_idx": _original_send_next_node_idx,

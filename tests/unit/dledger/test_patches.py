@@ -13,7 +13,7 @@ import socket
 import struct
 import time
 import zlib
-from types import SimpleNamespace
+from types import MethodType, SimpleNamespace
 
 import pysyncobj.pickle as pso_pickle
 import pysyncobj.syncobj as pso_syncobj
@@ -96,11 +96,11 @@ def test_frames_are_read_into_one_bytearray_and_cut_from_its_front_in_place():
         conn = _fake_connection(b"", encryptor=auth)
         conn._TcpConnection__socket = right
         conn._TcpConnection__recvBufferSize = 50_000
+        conn._TcpConnection__processRead = MethodType(pso_tcp.TcpConnection._TcpConnection__processRead, conn)
         parsed = []
         for start in range(0, len(wire), 50_000):
             left.sendall(wire[start:start + 50_000])
-            while pso_tcp.TcpConnection._TcpConnection__processRead(conn):
-                pass
+            pso_tcp.TcpConnection._TcpConnection__tryReadBuffer(conn)
             buf = conn._TcpConnection__readBuffer
             assert type(buf) is bytearray
             while (message := pso_tcp.TcpConnection._TcpConnection__processParseMessage(conn)) is not None:
