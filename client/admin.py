@@ -21,7 +21,7 @@ from client.errors import ClientError
 from client.instance import (
     ClientConfig, ClientInstance, build_config, open_remoting, raise_for_response,
 )
-from client.message import MessageExt, MessageQueue, check_int_arg
+from client.message import I64_MAX, MessageExt, MessageQueue, check_int_arg
 from client.pull_consumer import to_message_ext
 from client.route import PERM_READ, PERM_WRITE, TopicRouteData, parse_route
 from remoting.codes import RequestCode, ResponseCode
@@ -278,7 +278,7 @@ class AdminClient:
         Online members drop what they cached of those queues and pull from there; offline ones start there."""
         if not consumer_group:
             raise ValueError("reset_offset needs a consumer group")
-        check_int_arg("timestamp_ms", timestamp_ms, 0, (1 << 63) - 1)
+        check_int_arg("timestamp_ms", timestamp_ms, 0, I64_MAX)
         masters = await self._route_masters(topic)
         answers = await self._to_leaders(masters, RequestCode.INVOKE_BROKER_TO_RESET_OFFSET,
                                          {"consumer_group": consumer_group, "topic": topic,
@@ -337,9 +337,9 @@ class AdminClient:
         if not key:
             raise ValueError("query_message needs a key")
         check_int_arg("max_num", max_num, 1, MAX_QUERY_NUM)
-        end_ms = (1 << 63) - 1 if end_ms is None else end_ms
-        check_int_arg("begin_ms", begin_ms, 0, (1 << 63) - 1)
-        check_int_arg("end_ms", end_ms, 0, (1 << 63) - 1)
+        end_ms = I64_MAX if end_ms is None else end_ms
+        check_int_arg("begin_ms", begin_ms, 0, I64_MAX)
+        check_int_arg("end_ms", end_ms, 0, I64_MAX)
         if not 0 <= begin_ms <= end_ms:
             raise ValueError(f"the time range must satisfy 0 <= begin_ms <= end_ms, got {begin_ms}..{end_ms}")
         frames = await self._read_from_route(topic, RequestCode.QUERY_MESSAGE,

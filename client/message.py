@@ -38,6 +38,9 @@ def new_uniq_key() -> str:
     return _UNIQ_PREFIX + suffix.hex().upper()
 
 
+I64_MAX = 2 ** 63 - 1  # offsets and millisecond times are Java longs on the wire
+
+
 def check_int_arg(name: str, value: Any, lo: int, hi: int) -> None:
     """An integer argument of a client call, checked before anything is sent (a str there failed on a
     comparison, '<' not supported, or went to the broker)."""

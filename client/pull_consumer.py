@@ -23,8 +23,8 @@ from client.filter import Subscription, parse_subscription
 from client.instance import (
     ClientConfig, ClientInstance, build_config, open_remoting, raise_for_response,
 )
-from client.message import (MessageExt, MessageQueue, PullResult, PullStatus, RecordProperties, _PulledMessageExt,
-                            check_int_arg)
+from client.message import (I64_MAX, MessageExt, MessageQueue, PullResult, PullStatus, RecordProperties,
+                            _PulledMessageExt, check_int_arg)
 from remoting.codes import RequestCode, ResponseCode
 from remoting.config import bounded
 from remoting.errors import RaftMQError
@@ -62,9 +62,6 @@ def _to_messages(records: list[tuple], broker_name: str) -> tuple[MessageExt, ..
                        sys_flag, flag) in records])
 
 
-_I64_MAX = (1 << 63) - 1
-
-
 class PullAPI:
     def __init__(self, instance: ClientInstance, consumer_group: str, *, check_crc: bool = False) -> None:
         self.instance = instance
@@ -97,7 +94,7 @@ class PullAPI:
     async def pull(self, mq: MessageQueue, offset: int, max_nums: int, *, subscription: Subscription | None = None,
                    commit_offset: int | None = None, suspend_timeout_ms: int = 0,
                    timeout_s: float | None = None) -> PullResult:
-        check_int_arg("offset", offset, 0, _I64_MAX)
+        check_int_arg("offset", offset, 0, I64_MAX)
         check_int_arg("max_nums", max_nums, 1, 1024)
         sub = subscription or parse_subscription(mq.topic, "*")
         sys_flag = FLAG_SUBSCRIPTION
@@ -200,7 +197,7 @@ class PullConsumer:
                    block_ms: int = 0) -> PullResult:
         """Messages of ``mq`` from ``offset``; ``block_ms`` > 0 waits (long polling) for new ones."""
         _check_queue(mq)
-        check_int_arg("block_ms", block_ms, 0, _I64_MAX)  # offset and max_nums: PullAPI.pull
+        check_int_arg("block_ms", block_ms, 0, I64_MAX)  # offset and max_nums: PullAPI.pull
         sub = parse_subscription(mq.topic, expression)
         return await self._api.pull(mq, offset, max_nums, subscription=sub, suspend_timeout_ms=block_ms)
 
@@ -211,14 +208,14 @@ class PullConsumer:
         return await self._api.max_offset(_check_queue(mq))
 
     async def search_offset(self, mq: MessageQueue, timestamp_ms: int) -> int:
-        check_int_arg("timestamp_ms", timestamp_ms, 0, _I64_MAX)
+        check_int_arg("timestamp_ms", timestamp_ms, 0, I64_MAX)
         return await self._api.search_offset(_check_queue(mq), timestamp_ms)
 
     async def committed_offset(self, mq: MessageQueue) -> int | None:
         return await self._api.fetch_consume_offset(_check_queue(mq))
 
     async def commit(self, mq: MessageQueue, offset: int) -> None:
-        check_int_arg("offset", offset, 0, _I64_MAX)
+        check_int_arg("offset", offset, 0, I64_MAX)
         await self._api.commit_consume_offset(_check_queue(mq), offset)
 
 
