@@ -51,7 +51,7 @@ from rich.table import Table
 from client import Message, SendFailedError, open_admin, open_producer, open_push_consumer
 from dledger.service import get_raft_status
 from raftmq.bench.common import check_range, print_json
-from raftmq.commands.dev import GROUP, NODE_IDS, DevClusterError, LocalCluster, plan_ports
+from raftmq.commands.dev import GROUP, NODE_IDS, DevClusterError, LocalCluster, check_base_port, plan_ports
 from raftmq.commands.verify import verify_group
 from raftmq.runner import leaf_exceptions
 from remoting.config import ConfigError
@@ -118,6 +118,7 @@ def check_args(args: argparse.Namespace) -> None:
     check_range("--pause-ms", args.pause_ms, 0, 10_000)
     check_range("--size", args.size, 1, 4 * 1024 * 1024)
     check_range("--drain-seconds", args.drain_seconds, 1, 3600)
+    check_base_port(0)  # a malformed RAFTMQ_PORT_RANGE, named before a data directory is made
     if args.data_dir is not None and args.data_dir.exists():
         if not args.data_dir.is_dir():
             raise ConfigError(f"--data-dir {str(args.data_dir)!r} is not a directory")

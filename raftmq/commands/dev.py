@@ -29,8 +29,10 @@ from typing import Any
 
 import trio
 
-from raftmq.ports import free_port
+from raftmq.bench.common import check_range
+from raftmq.ports import free_port, port_range
 from raftmq.runner import PARENT_PID_ENV, announce_ready, run_until_signalled
+from remoting.config import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -54,24 +56,37 @@ def register(subparsers) -> None:
     parser.set_defaults(func=run)
 
 
+def check_base_port(base_port: int | None) -> None:
+    """Reject a ``--base-port`` that puts a port outside 1..65535, or (``0``) a malformed ``RAFTMQ_PORT_RANGE``,
+    before anything is created: ConfigError, which the CLI turns into exit 2 naming the bad value."""
+    if base_port == 0:
+        try:
+            port_range()
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        return
+    ports = _fixed_ports(9876 if base_port is None else base_port)
+    for port in [ports["namesrv"], *ports["service"], *ports["raft"]]:
+        if not 1 <= port <= 65535:
+            raise ConfigError(f"--base-port {base_port} puts a port outside 1..65535 ({port})")
+
+
+def _fixed_ports(base: int) -> dict[str, Any]:
+    return {"namesrv": base, "service": [base + 1035 + 10 * i for i in range(len(NODE_IDS))],
+            "raft": [base + 11035 + 10 * i for i in range(len(NODE_IDS))]}
+
+
 def plan_ports(data_dir: Path, base_port: int | None) -> dict[str, Any]:
     """Ports of this dev cluster: remembered in ``cluster.json`` so a restart finds the same cluster."""
     state_path = data_dir / "cluster.json"
     if state_path.exists() and base_port is None:
         return json.loads(state_path.read_text())
+    check_base_port(base_port)
     if base_port == 0:
-        try:
-            ports = {"namesrv": free_port(), "service": [free_port() for _ in NODE_IDS],
-                     "raft": [free_port() for _ in NODE_IDS]}
-        except ValueError as e:  # a malformed RAFTMQ_PORT_RANGE
-            raise SystemExit(f"raftmq dev: {e}") from None
+        ports = {"namesrv": free_port(), "service": [free_port() for _ in NODE_IDS],
+                 "raft": [free_port() for _ in NODE_IDS]}
     else:
-        base = 9876 if base_port is None else base_port
-        ports = {"namesrv": base, "service": [base + 1035 + 10 * i for i in range(len(NODE_IDS))],
-                 "raft": [base + 11035 + 10 * i for i in range(len(NODE_IDS))]}
-        for port in [ports["namesrv"], *ports["service"], *ports["raft"]]:
-            if not 1 <= port <= 65535:
-                raise SystemExit(f"raftmq dev: --base-port {base} puts a port outside 1..65535 ({port})")
+        ports = _fixed_ports(9876 if base_port is None else base_port)
     secret_path = data_dir / "secret"
     if secret_path.exists():
         secret = secret_path.read_text().strip()
@@ -235,6 +250,8 @@ class LocalCluster:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_range("--stop-timeout", args.stop_timeout, 0.1, 3600)
+    check_base_port(args.base_port)
     data_dir: Path = args.data_dir
     data_dir.mkdir(parents=True, exist_ok=True)
     cluster = LocalCluster(data_dir, plan_ports(data_dir, args.base_port), overrides=args.set,

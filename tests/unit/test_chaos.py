@@ -65,3 +65,13 @@ def test_a_data_dir_with_something_in_it_is_refused_and_left_alone(tmp_path, cap
     assert f"--data-dir {str(tmp_path)!r} is not empty" in capsys.readouterr().err
     assert [p.name for p in tmp_path.iterdir()] == ["precious"]
     assert (tmp_path / "precious").read_bytes() == b"keep me"
+
+
+def test_a_malformed_port_range_exits_2_before_a_data_dir_is_made(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("RAFTMQ_PORT_RANGE", "9000-")
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # where chaos would make its temporary data directory
+    with pytest.raises(SystemExit) as exit_info:
+        main(["chaos"])
+    assert exit_info.value.code == 2
+    assert "RAFTMQ_PORT_RANGE='9000-'" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,26 @@
+"""``raftmq dev``'s refusals: bad input exits 2 naming the bad value, like every other raftmq command, and
+before anything is written (the cluster itself is tested in tests/cluster/test_broker_cluster.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from raftmq.cli import main
+
+
+@pytest.mark.parametrize("argv, env, named", [
+    (["--base-port", "65000"], None, "--base-port 65000 puts a port outside 1..65535 (66035)"),
+    (["--base-port", "-3"], None, "--base-port -3 puts a port outside 1..65535 (-3)"),
+    (["--base-port", "0"], "70000-70010", "RAFTMQ_PORT_RANGE='70000-70010'"),
+    (["--base-port", "0", "--stop-timeout", "-1"], None, "--stop-timeout must be within 0.1..3600, got -1.0"),
+    (["--base-port", "0", "--stop-timeout", "nan"], None, "--stop-timeout must be within 0.1..3600, got nan"),
+])
+def test_a_bad_option_exits_2_naming_it_and_writes_nothing(argv, env, named, tmp_path, monkeypatch, capsys):
+    if env is not None:
+        monkeypatch.setenv("RAFTMQ_PORT_RANGE", env)
+    data_dir = tmp_path / "dev"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["dev", "--data-dir", str(data_dir), *argv])
+    assert exit_info.value.code == 2
+    assert named in capsys.readouterr().err
+    assert not data_dir.exists()
