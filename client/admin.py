@@ -68,7 +68,7 @@ class ConsumeStats:
     consumer_group: str
     queues: tuple[QueueConsumeStats, ...]
     consumer_ids: Mapping[str, tuple[str, ...]]  # broker_name -> members heartbeating to that group's leader
-    consume_tps: float = 0.0  # messages a second the group pulled from the leaders over the last minute
+    consume_tps: float = 0.0  # messages a second the group pulled over the last minute, from every node
 
     @property
     def total_lag(self) -> int:
@@ -156,9 +156,10 @@ class AdminClient:
         return out
 
     async def _to_leaders(self, masters: Mapping[str, str], code: int, ext: dict[str, Any],
-                          ok: tuple[int, ...] = (ResponseCode.SUCCESS,)) -> dict[str, Any]:
+                          ok: tuple[int, ...] = (ResponseCode.SUCCESS,),
+                          answered_by: dict[str, str] | None = None) -> dict[str, Any]:
         """Send one request to each group's leader at once (following NOT_LEADER); returns each group's answer
-        (a code in ``ok``; any other raises)."""
+        (a code in ``ok``; any other raises). ``answered_by`` gets the address of each group's leader."""
         answers: dict[str, Any] = {}
 
         async def _one(name: str, addr: str) -> None:
@@ -168,6 +169,8 @@ class AdminClient:
                     addr = frame.ext["leader_addr"]
                     continue
                 answers[name] = raise_for_response(frame, ok=ok, topic=ext.get("topic") or None, broker_name=name)
+                if answered_by is not None:
+                    answered_by[name] = addr
                 return
             raise ClientError(f"broker group {name!r} kept naming another leader (last {addr})", broker_name=name)
 
@@ -220,16 +223,23 @@ class AdminClient:
         """The progress of ``consumer_group``: on every group of ``topic``'s route, or without a topic on every
         group of ``cluster`` (default: all), every topic it has committed offsets for. Each group's leader
         answers, so commits not yet replicated count too. No queue at all means the group consumes nothing
-        there (never committed, and no member subscribed to ``topic``)."""
+        there (never committed, and no member subscribed to ``topic``).
+
+        ``consume_tps`` adds up every node's: a pull is counted by the node that served it, which is a follower
+        during a failover (the consumer falls back to the followers) and for a while after it (the old leader
+        keeps what it served). A node that does not answer within 3 s adds nothing."""
         if not consumer_group:
             raise ValueError("consume_stats needs a consumer group")
         if topic:
             masters = await self._route_masters(topic)
         else:
             masters = await self._target_masters(cluster, None)
-        frames = await self._to_leaders(masters, RequestCode.GET_CONSUME_STATS,
-                                        {"consumer_group": consumer_group, "topic": topic or ""})
+        ext = {"consumer_group": consumer_group, "topic": topic or ""}
+        leaders: dict[str, str] = {}
+        frames = await self._to_leaders(masters, RequestCode.GET_CONSUME_STATS, ext, answered_by=leaders)
         answers = {name: cbor2.loads(frame.body) if frame.body else {} for name, frame in frames.items()}
+        tps = sum(float(a.get("consume_tps", 0.0)) for a in answers.values())
+        tps += await self._followers_consume_tps(leaders, ext)
         queues = []
         for name in sorted(answers):
             for row in answers[name].get("offsets", []):
@@ -239,7 +249,31 @@ class AdminClient:
         queues.sort(key=lambda q: (q.queue.topic, q.queue.broker_name, q.queue.queue_id))
         return ConsumeStats(consumer_group, tuple(queues),
                             {name: tuple(a.get("consumer_ids", [])) for name, a in sorted(answers.items())},
-                            round(sum(float(a.get("consume_tps", 0.0)) for a in answers.values()), 1))
+                            round(tps, 1))
+
+    async def _followers_consume_tps(self, leaders: Mapping[str, str], ext: dict[str, Any]) -> float:
+        """The consume TPS the other registered nodes of each group in ``leaders`` (name -> the leader that
+        answered) served, added up; what a node fails to answer is left out (a rate, not a count to trust)."""
+        info = await self.cluster_info()
+        others = [(name, addr) for name, leader in sorted(leaders.items())
+                  for addr in sorted(set(info.broker_addrs.get(name, {}).values())) if addr != leader]
+        rates: list[float] = []
+
+        async def _one(name: str, addr: str) -> None:
+            try:
+                frame = await self._instance.invoke(addr, RequestCode.GET_CONSUME_STATS, ext, timeout_s=3.0)
+            except RaftMQError as e:
+                log.debug("consume TPS of %s (%s) left out: %s", addr, name, e)
+                return
+            if frame.code != ResponseCode.SUCCESS or not frame.body:
+                log.debug("consume TPS of %s (%s) left out: code %d %s", addr, name, frame.code, frame.remark)
+                return
+            rates.append(float(cbor2.loads(frame.body).get("consume_tps", 0.0)))
+
+        async with trio.open_nursery() as nursery:
+            for name, addr in others:
+                nursery.start_soon(_one, name, addr)
+        return sum(rates)
 
     async def topic_status(self, topic: str) -> list[TopicQueueStatus]:
         """Every queue of ``topic`` on every group that routes it, with its offsets (any node answers: the

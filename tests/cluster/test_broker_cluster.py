@@ -18,6 +18,7 @@ import cbor2
 import pytest
 import trio
 
+from client import open_admin
 from raftmq.commands.dev import GROUP, NODE_IDS, plan_ports, write_broker_configs
 from remoting.codec import make_request
 from remoting.codes import RequestCode, ResponseCode
@@ -163,6 +164,16 @@ async def test_registration_follower_reads_and_leader_failover(start, tmp_path, 
         with trio.fail_after(10):
             while (await _call(client, follower, RequestCode.QUERY_CONSUMER_OFFSET, key)).ext.get("offset") != 7:
                 await trio.sleep(0.05)
+
+        # Consumer progress counts the pulls each node served, the followers' too: 30 more pulls of the 20
+        # messages from one follower, against the few the leader served above.
+        for _ in range(30):
+            assert await _pull_all(client, follower) == expected
+        async with open_admin(namesrv) as admin:
+            total = (await admin.consume_stats("cg", topic=TOPIC)).consume_tps
+        r = await _call(client, leader, RequestCode.GET_CONSUME_STATS, {"consumer_group": "cg", "topic": TOPIC})
+        by_leader = cbor2.loads(r.body)["consume_tps"]
+        assert 0 < by_leader and total > 3 * by_leader, (total, by_leader)
 
         # SIGKILL the leader: a new master is registered, takes writes, and still has every acknowledged message.
         old = next(nid for nid, a in addr_of.items() if a == leader)
