@@ -49,7 +49,7 @@ from remoting.codec import make_request
 from remoting.codes import RequestCode, ResponseCode
 from remoting.config import parse_host_port
 from remoting.errors import RaftMQError
-from remoting.message import decode_record
+from remoting.message import decode_record, is_legal_topic
 from remoting.transport import corked, open_remoting_client, serve_remoting
 
 log = logging.getLogger(__name__)
@@ -88,6 +88,7 @@ class BrokerNode:
                                                 interval_ms=config.register_interval_ms,
                                                 timeout_ms=config.register_timeout_ms)
         self._topic_lock = trio.Lock()
+        self._unregistrable_topics: set[str] = set()  # warned about once each
         # Held by the offset flusher around take-and-replicate and by a reset around its own replication, so a
         # batch of commits taken before a reset cannot be replicated after it and undo it.
         self._offset_lock = trio.Lock()
@@ -307,10 +308,20 @@ class BrokerNode:
     def registration_snapshot(self) -> RegistrationSnapshot:
         self.refresh_metadata()
         role = self.group.role
+        topics = self.topics.to_wire()
+        illegal = [name for name in topics if not is_legal_topic(name)]
+        for name in illegal:
+            # The name servers refuse a registration naming one (the whole of it), which would take the group
+            # out of every route once the last good registration expired.
+            del topics[name]
+            if name not in self._unregistrable_topics:
+                self._unregistrable_topics.add(name)
+                log.warning("topic %r has an illegal name (stored by an older version) and is not registered; "
+                            "delete it with `raftmq admin delete-topic`", name)
         return RegistrationSnapshot(
             cluster_name=self.config.cluster_name, broker_name=self.config.broker_name, broker_id=self.broker_id,
             broker_addr=self.broker_addr, role=role.value, term=self.group.term,
-            data_version=self.topics.data_version, topic_configs=self.topics.to_wire())
+            data_version=self.topics.data_version, topic_configs=topics)
 
     def runtime_info(self) -> dict[str, Any]:
         ledger = self.group.statistics()

@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from remoting.message import group_problem
+from remoting.message import MAX_TOPIC_LENGTH, TOPIC_RE, group_problem
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +27,7 @@ PERM_WRITE = 0x2
 PERM_INHERIT = 0x1
 PERM_READ_WRITE = PERM_READ | PERM_WRITE
 
-TOPIC_MAX_LENGTH = 127
+TOPIC_MAX_LENGTH = MAX_TOPIC_LENGTH
 MAX_QUEUE_NUMS = 1024
 DEFAULT_TOPIC_QUEUE_NUMS = 4
 # The template topic clients send to when they want a topic auto-created (RocketMQ's AUTO_CREATE_TOPIC_KEY).
@@ -40,7 +39,6 @@ NOT_ALLOWED_SEND_TOPICS = frozenset({
     "OFFSET_MOVED_EVENT",
 })
 SYSTEM_TOPIC_PREFIX = "rmq_sys_"
-_TOPIC_RE = re.compile(r"^[%|a-zA-Z0-9_-]+$")
 _FILTER_TYPES = ("SINGLE_TAG", "MULTI_TAG")
 
 
@@ -60,7 +58,7 @@ def validate_topic_name(topic: Any) -> str:
         raise TopicConfigError(
             f"topic {topic[:40]!r}... is {len(topic)} characters long; at most {TOPIC_MAX_LENGTH} are allowed",
             field="topic")
-    if not _TOPIC_RE.match(topic):
+    if not TOPIC_RE.fullmatch(topic):
         raise TopicConfigError(
             f"topic {topic!r} contains illegal characters; allowed are letters, digits, '%', '|', '_' and '-'",
             field="topic")
@@ -109,11 +107,18 @@ class TopicConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_wire(cls, data: Mapping[str, Any]) -> TopicConfig:
-        """Build and validate a config from a request's ext or a replicated command (snake_case keys)."""
+    def from_wire(cls, data: Mapping[str, Any], *, stored: bool = False) -> TopicConfig:
+        """Build and validate a config from a request's ext or a replicated command (snake_case keys).
+
+        ``stored``: the config is already in the replicated topic table, so its name is taken if it is a
+        non-empty string. The name check once let a trailing newline through (``re.match`` with "$"), and every
+        node must still load a table holding such a name: it is kept out of registrations (the name servers
+        refuse it) and can be deleted."""
         if not isinstance(data, Mapping):
             raise TopicConfigError(f"topic config must be a map, got {type(data).__name__}", field="topic_config")
-        topic = validate_topic_name(data.get("topic_name", data.get("topic")))
+        topic = data.get("topic_name", data.get("topic"))
+        if not (stored and isinstance(topic, str) and topic):
+            validate_topic_name(topic)
         kwargs: dict[str, Any] = {"topic_name": topic}
         for name in ("read_queue_nums", "write_queue_nums", "perm", "topic_sys_flag"):
             if name in data and data[name] is not None:
@@ -186,7 +191,8 @@ class TopicConfigTable:
         return {"data_version": self.data_version, "topics": [c.to_wire() for c in self._configs.values()]}
 
     def restore(self, snap: Mapping[str, Any]) -> None:
-        self._configs = {c.topic_name: c for c in (TopicConfig.from_wire(t) for t in snap.get("topics", ()))}
+        self._configs = {c.topic_name: c
+                         for c in (TopicConfig.from_wire(t, stored=True) for t in snap.get("topics", ()))}
         self.data_version = int(snap.get("data_version", 0))
         self._notify("restore", "*")
 

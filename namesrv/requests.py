@@ -15,12 +15,13 @@ import cbor2
 
 from namesrv.route_info import ROLES, Registration, TopicConfig
 from remoting.config import ConfigError, parse_host_port
+from remoting.message import MAX_TOPIC_LENGTH, TOPIC_CHARS
 
 __all__ = ["InvalidRequestError", "TopicConfigCache", "parse_register_broker", "parse_unregister_broker", "parse_topic",
            "decode_topic_configs", "encode_topic_configs"]
 
 # RocketMQ's topic rule (TopicValidator): letters, digits, '%', '|', '_', '-'; at most 127 characters.
-_TOPIC_RE = re.compile(r"[%|a-zA-Z0-9_-]{1,127}")
+_TOPIC_RE = re.compile(f"[{TOPIC_CHARS}]{{1,{MAX_TOPIC_LENGTH}}}")
 _NAME_RE = re.compile(r"[a-zA-Z0-9_.-]{1,127}")
 _ALLOWED = {_TOPIC_RE: "letters, digits and %|_-", _NAME_RE: "letters, digits and _.-"}
 _PERM_MAX = 0xF  # PRIORITY | READ | WRITE | INHERIT

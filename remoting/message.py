@@ -47,7 +47,7 @@ __all__ = [
     "encode_record", "decode_record", "iter_records", "decode_records", "record_size",
     "encode_properties", "decode_properties", "encode_uniform_batch", "create_msg_id", "parse_msg_id", "tags_code",
     "create_msg_ids", "ip_bytes",
-    "check_topic", "group_problem", "GROUP_MAX_LENGTH",
+    "check_topic", "is_legal_topic", "TOPIC_CHARS", "TOPIC_RE", "group_problem", "GROUP_MAX_LENGTH",
     "BATCH_HEAD", "ENTRY_HEAD", "RECORD_HEAD", "BATCH_MAGIC", "MESSAGE_MAGIC", "BLANK_MAGIC",
     "MAX_TOPIC_LENGTH", "MAX_PROPERTIES_SIZE", "DEFAULT_MAX_MESSAGE_SIZE",
     "PROPERTY_TAGS", "PROPERTY_KEYS", "PROPERTY_UNIQ_KEY", "KEY_SEPARATOR", "split_keys",
@@ -82,7 +82,10 @@ def split_keys(raw: str | None) -> list[str]:
     found by."""
     return [k for k in raw.split(KEY_SEPARATOR) if k] if raw else []
 
-_TOPIC_RE = re.compile(r"[%|a-zA-Z0-9_-]+")
+# RocketMQ's topic charset (TopicValidator), the one rule of every check of a topic or group name: client,
+# broker and name server. Use ``TOPIC_RE.fullmatch``: ``re.match`` with "$" lets a trailing newline through.
+TOPIC_CHARS = "%|a-zA-Z0-9_-"
+TOPIC_RE = re.compile(f"[{TOPIC_CHARS}]+")
 _TAIL_FIXED = BODY_LEN.size + 1 + PROPS_LEN.size  # body_len + topic_len + properties_len
 
 
@@ -174,9 +177,14 @@ def check_topic(topic: str) -> bytes:
         raise MessageFormatError("topic", f"topic must be a non-empty string, got {topic!r}")
     if len(topic) > MAX_TOPIC_LENGTH:
         raise MessageFormatError("topic", f"topic is {len(topic)} chars long, more than {MAX_TOPIC_LENGTH}")
-    if not _TOPIC_RE.fullmatch(topic):
+    if not TOPIC_RE.fullmatch(topic):
         raise MessageFormatError("topic", f"topic {topic!r} contains characters outside %|a-zA-Z0-9_-")
     return topic.encode("ascii")
+
+
+def is_legal_topic(topic: object) -> bool:
+    """Whether ``check_topic`` would take ``topic``."""
+    return type(topic) is str and 0 < len(topic) <= MAX_TOPIC_LENGTH and TOPIC_RE.fullmatch(topic) is not None
 
 
 GROUP_MAX_LENGTH = 255
@@ -191,7 +199,7 @@ def group_problem(group: str) -> str | None:
         return "must not be empty"
     if len(group) > GROUP_MAX_LENGTH:
         return f"is {len(group)} characters long; at most {GROUP_MAX_LENGTH} are allowed"
-    if not _TOPIC_RE.fullmatch(group):
+    if not TOPIC_RE.fullmatch(group):
         return "contains illegal characters; allowed are letters, digits, '%', '|', '_' and '-'"
     return None
 

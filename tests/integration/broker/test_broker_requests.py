@@ -247,6 +247,53 @@ async def test_topic_admin_is_replicated_and_registered(nursery, tmp_path):
         assert route.code == ResponseCode.TOPIC_NOT_EXIST
 
 
+async def test_a_topic_name_with_a_trailing_newline_is_refused_and_one_stored_earlier_cannot_unroute_the_group(
+        nursery, tmp_path, monkeypatch):
+    # The broker's name check was re.match("^[...]+$"), and "$" matches before a trailing newline: one SEND to
+    # "Orders\n" auto-created that topic, and the name servers then refused every registration of the group
+    # (they check with fullmatch), so the group fell out of every route.
+    import re
+
+    from broker import topic_config
+
+    namesrv = await start_namesrv(nursery)
+    (config,) = broker_configs(tmp_path, namesrv)
+    addr = await start_broker(nursery, config)
+
+    async def topics() -> dict:
+        return cbor2.loads((await call(client, addr, RequestCode.GET_ALL_TOPIC_CONFIG)).body)["topic_configs"]
+
+    async with open_remoting_client() as client:
+        await _wait_leader(client, addr)
+        batch = bytearray(encode_batch([MessageInput("Ordersx", 0, b"a")], ("127.0.0.1", 1)))
+        batch[batch.index(b"Ordersx") + 6] = ord("\n")
+        for r in (await _send(client, addr, topic="Orders\n"),
+                  await call(client, addr, RequestCode.SEND_BATCH_MESSAGE, {"topic": "Orders\n", "queue_id": 0},
+                             bytes(batch)),
+                  await call(client, addr, RequestCode.UPDATE_AND_CREATE_TOPIC, {"topic_name": "Orders\n"}),
+                  await call(client, addr, RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": "Orders\n"}),
+                  await call(client, addr, RequestCode.PULL_MESSAGE,
+                             {"consumer_group": "cg", "topic": "Orders\n", "queue_id": 0, "queue_offset": 0,
+                              "max_msg_nums": 1})):
+            assert r.code == ResponseCode.INVALID_REQUEST and "illegal characters" in r.remark, (r.code, r.remark)
+        assert "Orders\n" not in await topics()
+
+        # A table that already holds such a name (stored under the old check) loads on every node, the name is
+        # left out of registrations, the group stays routable, and the topic can be deleted.
+        monkeypatch.setattr(topic_config, "TOPIC_RE", re.compile(r"[%|a-zA-Z0-9_-]+\n?"))
+        r = await call(client, addr, RequestCode.UPDATE_AND_CREATE_TOPIC, {"topic_name": "Orders\n"})
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        monkeypatch.undo()
+        r = await call(client, addr, RequestCode.UPDATE_AND_CREATE_TOPIC, {"topic_name": "After"})
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        route = await call(client, namesrv, RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "After"})
+        assert route.code == ResponseCode.SUCCESS, route.remark  # registered with "Orders\n" left out
+        assert "Orders\n" in await topics()
+        r = await call(client, addr, RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": "Orders\n"})
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        assert "Orders\n" not in await topics() and "After" in await topics()
+
+
 async def test_sync_flush_acknowledges_after_fsync(nursery, tmp_path):
     config, addr = await _node(nursery, tmp_path, **{"store.flush_disk_type": "SYNC_FLUSH"})
     async with open_remoting_client() as client:

@@ -13,7 +13,8 @@ def test_legal_topic_names(name):
 
 @pytest.mark.parametrize("name,needle", [("", "non-empty"), ("a b", "illegal characters"),
                                          ("top/ic", "illegal characters"), ("x" * 128, "at most 127"),
-                                         (None, "non-empty"), ("héllo", "illegal characters")])
+                                         (None, "non-empty"), ("héllo", "illegal characters"),
+                                         ("Orders\n", "illegal characters")])
 def test_illegal_topic_names_say_why(name, needle):
     with pytest.raises(TopicConfigError, match=needle) as info:
         validate_topic_name(name)
