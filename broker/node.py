@@ -42,14 +42,14 @@ from broker.pull_stats import PullStats
 from broker.registration import RegistrationService, RegistrationSnapshot
 from broker.store import MessageInput, MessageStore, encode_batch
 from broker.store.dispatch import TOPIC_DELETE_LOG
-from broker.topic_config import TopicConfig, TopicConfigTable, auto_create_config
+from broker.topic_config import TopicConfig, TopicConfigTable, auto_create_config, registration_problem
 from dledger import DLedgerConfig, DLedgerError, DLedgerGroup, NotLeaderError, Role, open_dledger_group
 from dledger.service import peer_with_history, remote_fetch_range
 from remoting.codec import make_request
 from remoting.codes import RequestCode, ResponseCode
 from remoting.config import parse_host_port
 from remoting.errors import RaftMQError
-from remoting.message import decode_record, is_legal_topic
+from remoting.message import decode_record
 from remoting.transport import corked, open_remoting_client, serve_remoting
 
 log = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ class BrokerNode:
                                                 interval_ms=config.register_interval_ms,
                                                 timeout_ms=config.register_timeout_ms)
         self._topic_lock = trio.Lock()
-        self._unregistrable_topics: set[str] = set()  # warned about once each
+        self._unregistrable_topics: set[tuple[str, str]] = set()  # (topic, problem) warned about once each
         # Held by the offset flusher around take-and-replicate and by a reset around its own replication, so a
         # batch of commits taken before a reset cannot be replicated after it and undo it.
         self._offset_lock = trio.Lock()
@@ -309,15 +309,17 @@ class BrokerNode:
         self.refresh_metadata()
         role = self.group.role
         topics = self.topics.to_wire()
-        illegal = [name for name in topics if not is_legal_topic(name)]
-        for name in illegal:
-            # The name servers refuse a registration naming one (the whole of it), which would take the group
-            # out of every route once the last good registration expired.
-            del topics[name]
-            if name not in self._unregistrable_topics:
-                self._unregistrable_topics.add(name)
-                log.warning("topic %r has an illegal name (stored by an older version) and is not registered; "
-                            "delete it with `raftmq admin delete-topic`", name)
+        for config in self.topics.all():
+            problem = registration_problem(config)
+            if problem is None:
+                continue
+            del topics[config.topic_name]
+            if (config.topic_name, problem) not in self._unregistrable_topics:
+                self._unregistrable_topics.add((config.topic_name, problem))
+                fix = ("delete it (`raftmq admin delete-topic`)" if problem == "an illegal name" else
+                       "update it (`raftmq admin create-topic` sets topic_sys_flag 0) or delete it")
+                log.warning("topic %r has %s (stored by an older version) and is not registered; %s",
+                            config.topic_name, problem, fix)
         return RegistrationSnapshot(
             cluster_name=self.config.cluster_name, broker_name=self.config.broker_name, broker_id=self.broker_id,
             broker_addr=self.broker_addr, role=role.value, term=self.group.term,

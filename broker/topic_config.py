@@ -17,7 +17,7 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from remoting.message import MAX_TOPIC_LENGTH, TOPIC_RE, group_problem
+from remoting.message import MAX_TOPIC_LENGTH, TOPIC_RE, group_problem, is_legal_topic
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +29,7 @@ PERM_READ_WRITE = PERM_READ | PERM_WRITE
 
 TOPIC_MAX_LENGTH = MAX_TOPIC_LENGTH
 MAX_QUEUE_NUMS = 1024
+SYS_FLAG_MAX = 2 ** 31 - 1  # RocketMQ's topicSysFlag is a Java int; the name servers take 0..this
 DEFAULT_TOPIC_QUEUE_NUMS = 4
 # The template topic clients send to when they want a topic auto-created (RocketMQ's AUTO_CREATE_TOPIC_KEY).
 AUTO_CREATE_TOPIC_KEY = "TBW102"
@@ -111,9 +112,10 @@ class TopicConfig:
         """Build and validate a config from a request's ext or a replicated command (snake_case keys).
 
         ``stored``: the config is already in the replicated topic table, so its name is taken if it is a
-        non-empty string. The name check once let a trailing newline through (``re.match`` with "$"), and every
-        node must still load a table holding such a name: it is kept out of registrations (the name servers
-        refuse it) and can be deleted."""
+        non-empty string and its ``topic_sys_flag`` if it is an integer. Older versions let a name with a trailing
+        newline (``re.match`` with "$") and any ``topic_sys_flag`` through, and every node must still load a
+        table holding one: such a topic is kept out of registrations (``registration_problem``) and can be
+        updated or deleted."""
         if not isinstance(data, Mapping):
             raise TopicConfigError(f"topic config must be a map, got {type(data).__name__}", field="topic_config")
         topic = data.get("topic_name", data.get("topic"))
@@ -133,6 +135,10 @@ class TopicConfig:
         perm = kwargs.get("perm", PERM_READ_WRITE)
         if not 0 <= perm <= 0xF:
             raise TopicConfigError(f"perm must be a combination of 8|4|2|1 (0..15), got {perm}", field="perm")
+        sys_flag = kwargs.get("topic_sys_flag", 0)
+        if not (stored or 0 <= sys_flag <= SYS_FLAG_MAX):
+            raise TopicConfigError(f"topic_sys_flag must be within 0..{SYS_FLAG_MAX}, got {sys_flag}",
+                                   field="topic_sys_flag")
         if "topic_filter_type" in data and data["topic_filter_type"] is not None:
             if data["topic_filter_type"] not in _FILTER_TYPES:
                 raise TopicConfigError(f"topic_filter_type must be one of {', '.join(_FILTER_TYPES)}, got "
@@ -143,6 +149,17 @@ class TopicConfig:
                 raise TopicConfigError(f"order must be true or false, got {data['order']!r}", field="order")
             kwargs["order"] = data["order"]
         return cls(**kwargs)
+
+
+def registration_problem(config: TopicConfig) -> str | None:
+    """Why the name servers would refuse a registration naming ``config`` (they refuse all of it, which takes
+    the group out of every route once its last good registration expires), or None. Only a topic stored by an
+    older version can have one: ``from_wire`` refuses both on new input."""
+    if not is_legal_topic(config.topic_name):
+        return "an illegal name"
+    if not 0 <= config.topic_sys_flag <= SYS_FLAG_MAX:
+        return f"topic_sys_flag {config.topic_sys_flag} outside 0..{SYS_FLAG_MAX}"
+    return None
 
 
 class TopicConfigTable:

@@ -247,14 +247,12 @@ async def test_topic_admin_is_replicated_and_registered(nursery, tmp_path):
         assert route.code == ResponseCode.TOPIC_NOT_EXIST
 
 
-async def test_a_topic_name_with_a_trailing_newline_is_refused_and_one_stored_earlier_cannot_unroute_the_group(
+async def test_topic_configs_the_name_servers_refuse_are_refused_and_stored_ones_cannot_unroute_the_group(
         nursery, tmp_path, monkeypatch):
-    # The broker's name check was re.match("^[...]+$"), and "$" matches before a trailing newline: one SEND to
-    # "Orders\n" auto-created that topic, and the name servers then refused every registration of the group
-    # (they check with fullmatch), so the group fell out of every route.
-    import re
-
-    from broker import topic_config
+    # The name servers refuse a whole registration for one topic they cannot take, which takes the group out of
+    # every route. The broker took two kinds: a name with a trailing newline (its check was re.match("^...$"),
+    # and "$" matches before a final newline; one SEND to "Orders\n" auto-created it) and any topic_sys_flag.
+    from broker.topic_config import TopicConfig
 
     namesrv = await start_namesrv(nursery)
     (config,) = broker_configs(tmp_path, namesrv)
@@ -262,6 +260,10 @@ async def test_a_topic_name_with_a_trailing_newline_is_refused_and_one_stored_ea
 
     async def topics() -> dict:
         return cbor2.loads((await call(client, addr, RequestCode.GET_ALL_TOPIC_CONFIG)).body)["topic_configs"]
+
+    async def routed(topic: str) -> bool:  # topic changes are registered before the answer
+        route = await call(client, namesrv, RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": topic})
+        return route.code == ResponseCode.SUCCESS
 
     async with open_remoting_client() as client:
         await _wait_leader(client, addr)
@@ -276,22 +278,31 @@ async def test_a_topic_name_with_a_trailing_newline_is_refused_and_one_stored_ea
                              {"consumer_group": "cg", "topic": "Orders\n", "queue_id": 0, "queue_offset": 0,
                               "max_msg_nums": 1})):
             assert r.code == ResponseCode.INVALID_REQUEST and "illegal characters" in r.remark, (r.code, r.remark)
-        assert "Orders\n" not in await topics()
+        for flag in (-1, 2 ** 31):
+            r = await call(client, addr, RequestCode.UPDATE_AND_CREATE_TOPIC,
+                           {"topic_name": "Flags", "topic_sys_flag": flag})
+            assert r.code == ResponseCode.INVALID_REQUEST and f"topic_sys_flag must be within 0..{2 ** 31 - 1}, " \
+                f"got {flag}" in r.remark, r.remark
+        assert not {"Orders\n", "Flags"} & set(await topics())
 
-        # A table that already holds such a name (stored under the old check) loads on every node, the name is
-        # left out of registrations, the group stays routable, and the topic can be deleted.
-        monkeypatch.setattr(topic_config, "TOPIC_RE", re.compile(r"[%|a-zA-Z0-9_-]+\n?"))
-        r = await call(client, addr, RequestCode.UPDATE_AND_CREATE_TOPIC, {"topic_name": "Orders\n"})
-        assert r.code == ResponseCode.SUCCESS, r.remark
+        # Topics stored by an older version, which took both (from_wire as it was): every node still loads the
+        # table, they are left out of registrations so the group stays routable, and they can be put right.
+        strict = TopicConfig.from_wire.__func__
+        monkeypatch.setattr(TopicConfig, "from_wire",
+                            classmethod(lambda cls, data, stored=False: strict(cls, data, stored=True)))
+        for ext in ({"topic_name": "Orders\n"}, {"topic_name": "Flags", "topic_sys_flag": -1}):
+            r = await call(client, addr, RequestCode.UPDATE_AND_CREATE_TOPIC, ext)
+            assert r.code == ResponseCode.SUCCESS, r.remark
         monkeypatch.undo()
         r = await call(client, addr, RequestCode.UPDATE_AND_CREATE_TOPIC, {"topic_name": "After"})
         assert r.code == ResponseCode.SUCCESS, r.remark
-        route = await call(client, namesrv, RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "After"})
-        assert route.code == ResponseCode.SUCCESS, route.remark  # registered with "Orders\n" left out
-        assert "Orders\n" in await topics()
+        assert await routed("After") and not await routed("Flags")
+        assert {"Orders\n", "Flags", "After"} <= set(await topics())
         r = await call(client, addr, RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": "Orders\n"})
         assert r.code == ResponseCode.SUCCESS, r.remark
-        assert "Orders\n" not in await topics() and "After" in await topics()
+        r = await call(client, addr, RequestCode.UPDATE_AND_CREATE_TOPIC, {"topic_name": "Flags", "topic_sys_flag": 0})
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        assert await routed("Flags") and "Orders\n" not in await topics()
 
 
 async def test_sync_flush_acknowledges_after_fsync(nursery, tmp_path):
