@@ -28,7 +28,7 @@ from pathlib import Path
 from broker.store.config import StoreConfig
 from dledger.config import DLedgerConfig
 from dledger.service import MAX_FETCH_BYTES
-from remoting.config import ConfigError, bounded, load_config, parse_host_port
+from remoting.config import ConfigError, bounded, load_config, name_problem, parse_host_port
 from remoting.message import BATCH_HEAD, MAX_PROPERTIES_SIZE, MAX_TOPIC_LENGTH, record_size
 
 __all__ = ["BrokerConfig", "load_broker_config"]
@@ -37,10 +37,6 @@ __all__ = ["BrokerConfig", "load_broker_config"]
 _RECORD_OVERHEAD_BYTES = BATCH_HEAD.size + record_size(0, MAX_TOPIC_LENGTH, MAX_PROPERTIES_SIZE)
 # Room for a remoting frame's header and ext around a body.
 _FRAME_SLACK_BYTES = 64 * 1024
-
-
-def _name_ok(value: str) -> str | None:
-    return None if value and all(c.isalnum() or c in "-_" for c in value) else "must be letters, digits, - or _"
 
 
 def _addrs_ok(value: tuple[str, ...]) -> str | None:
@@ -54,7 +50,7 @@ def _addrs_ok(value: tuple[str, ...]) -> str | None:
 
 @dataclasses.dataclass(frozen=True)
 class BrokerConfig:
-    cluster_name: str = bounded("DefaultCluster", check=_name_ok, doc="cluster the group registers under")
+    cluster_name: str = bounded("DefaultCluster", check=name_problem, doc="cluster the group registers under")
     namesrv_addrs: tuple[str, ...] = bounded((), check=_addrs_ok, doc="every name server, HOST:PORT")
     listen: str = bounded("", doc="HOST:PORT to bind remoting on; default: this member's service_address, which "
                                   "is always the advertised address")

@@ -15,7 +15,7 @@ from typing import Any, Callable, Literal
 from pysyncobj import SyncObjConf
 
 from dledger.entry import ENTRY_HEADER
-from remoting.config import ConfigError, bounded, parse_host_port
+from remoting.config import ConfigError, bounded, name_problem, parse_host_port
 
 __all__ = ["MemberAddress", "DLedgerConfig", "build_syncobj_conf", "unknown_syncobj_options", "MIN_SECRET_LENGTH"]
 
@@ -27,18 +27,14 @@ _WIRE_OVERHEAD_BYTES = 4096
 _SOLO_JOIN_OVERHEAD_BYTES = 64 + 8
 
 
-def _member_id_ok(value: str) -> str | None:
-    return None if value and all(c.isalnum() or c in "-_" for c in value) else "must be letters, digits, - or _"
-
-
 @dataclass(frozen=True)
 class MemberAddress:
-    id: str = bounded("", check=_member_id_ok, doc="member id, unique in the group")
+    id: str = bounded("", check=name_problem, doc="member id, unique in the group")
     raft_address: str = bounded("", doc="HOST:PORT of the member's Raft (pysyncobj) port, bound exactly")
     service_address: str = bounded("", doc="HOST:PORT of the member's remoting port (catch-up fetches)")
 
     def __post_init__(self) -> None:
-        problem = _member_id_ok(self.id)
+        problem = name_problem(self.id)
         if problem:
             raise ConfigError(f"member id {problem}, got {self.id!r}")
         _host, port = parse_host_port(self.raft_address, key=f"members[{self.id}].raft_address")
@@ -51,7 +47,7 @@ class MemberAddress:
 
 @dataclass(frozen=True)
 class DLedgerConfig:
-    group: str = bounded("broker-a", check=_member_id_ok, doc="Raft group name (the broker name)")
+    group: str = bounded("broker-a", check=name_problem, doc="Raft group name (the broker name)")
     self_id: str = bounded("", doc="which of members is this process")
     members: tuple[MemberAddress, ...] = ()
     secret: str = bounded("", doc="cluster secret authenticating every Raft frame (>= 16 characters)")

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-__all__ = ["ConfigError", "load_config", "config_from_mapping", "bounded", "parse_host_port"]
+__all__ = ["ConfigError", "load_config", "config_from_mapping", "bounded", "parse_host_port", "name_problem"]
 
 T = TypeVar("T")
 
@@ -36,6 +36,18 @@ def bounded(default: Any, *, min: Any = None, max: Any = None, choices: Any = No
     if isinstance(default, (list, dict, set)):
         return dataclasses.field(default_factory=lambda: type(default)(default), metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
+
+
+NAME_MAX_LENGTH = 127
+
+
+def name_problem(value: str) -> str | None:
+    """What is wrong with a cluster, group (broker) or member name, None if nothing. ASCII only: the name servers
+    refuse every registration of a node whose names stray outside ``[a-zA-Z0-9_.-]{1,127}``, and
+    ``str.isalnum`` alone took "é" and "٣"."""
+    if value and len(value) <= NAME_MAX_LENGTH and value.isascii() and all(c.isalnum() or c in "-_" for c in value):
+        return None
+    return f"must be letters, digits, - or _ (ASCII, 1 to {NAME_MAX_LENGTH} characters)"
 
 
 def parse_host_port(value: str, *, key: str = "address") -> tuple[str, int]:

@@ -70,6 +70,9 @@ def test_missing_dledger_table_is_named():
     ("namesrv_addrs", ["nohost"], "HOST:PORT"),
     ("long_polling_timeout_ms", 0, "long_polling_timeout_ms must be >= 1"),
     ("cluster_name", "bad name", "cluster_name must be letters"),
+    # The name servers take ASCII only and at most 127 characters: anything else was never registered.
+    ("cluster_name", "Clusté", "cluster_name must be letters, digits, - or _ \\(ASCII, 1 to 127"),
+    ("cluster_name", "c" * 128, "cluster_name must be letters"),
     ("listen", "127.0.0.1:99999", "port must be within"),
     ("auto_create_topic_enable", "yes", "must be true or false"),
     ("no_such_key", 1, "unknown config key 'no_such_key'"),
@@ -77,6 +80,16 @@ def test_missing_dledger_table_is_named():
 def test_bad_values_are_named(key, value, needle):
     with pytest.raises(ConfigError, match=needle):
         config_from_mapping(BrokerConfig, _mapping(**{key: value}))
+
+
+@pytest.mark.parametrize("where,value", [("group", "brøker-a"), ("group", "b" * 128), ("self_id", "n٣")])
+def test_a_group_or_member_name_the_name_servers_refuse_is_named(where, value):
+    data = _mapping()
+    data["dledger"][where] = value
+    if where == "self_id":
+        data["dledger"]["members"][0]["id"] = value
+    with pytest.raises(ConfigError, match=r"must be letters, digits, - or _ \(ASCII, 1 to 127 characters\)"):
+        config_from_mapping(BrokerConfig, data)
 
 
 def test_file_round_trip(tmp_path):
