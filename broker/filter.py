@@ -10,10 +10,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from remoting.message import tags_code
+from remoting.message import MAX_TAG_EXPRESSION_LENGTH, tags_code
 
 SUB_ALL = "*"
-MAX_EXPRESSION_LENGTH = 4096
+MAX_EXPRESSION_LENGTH = MAX_TAG_EXPRESSION_LENGTH
 
 
 class SubscriptionParseError(ValueError):

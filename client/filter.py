@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from remoting.message import MessageFormatError, check_topic, tags_code
+from remoting.message import MAX_TAG_EXPRESSION_LENGTH, MessageFormatError, check_topic, tags_code
 
 __all__ = ["SUB_ALL", "Subscription", "parse_subscription", "tags_code"]
 
@@ -61,5 +61,9 @@ def parse_subscription(topic: str, expression: str | None, *, sub_version: int =
         if "|" in tag:
             raise ValueError(f"tag expression {expression!r} has a malformed separator near {tag!r}")
         tags.add(tag)
-    return Subscription(topic, " || ".join(sorted(tags)), frozenset(tags),
-                        frozenset(tags_code(t) for t in tags), sub_version)
+    normalized = " || ".join(sorted(tags))
+    if len(normalized) > MAX_TAG_EXPRESSION_LENGTH:
+        # The broker would refuse every pull and heartbeat carrying it.
+        raise ValueError(f"tag expression of topic {topic!r} is {len(normalized)} characters long as sent "
+                         f"({len(tags)} tags joined by ' || '); brokers take at most {MAX_TAG_EXPRESSION_LENGTH}")
+    return Subscription(topic, normalized, frozenset(tags), frozenset(tags_code(t) for t in tags), sub_version)

@@ -46,7 +46,7 @@ __all__ = [
     "batch_store_host",
     "encode_record", "decode_record", "iter_records", "decode_records", "record_size",
     "encode_properties", "decode_properties", "encode_uniform_batch", "create_msg_id", "parse_msg_id", "tags_code",
-    "create_msg_ids", "ip_bytes",
+    "create_msg_ids", "ip_bytes", "MAX_TAG_EXPRESSION_LENGTH",
     "check_topic", "is_legal_topic", "TOPIC_CHARS", "TOPIC_RE", "group_problem", "GROUP_MAX_LENGTH",
     "BATCH_HEAD", "ENTRY_HEAD", "RECORD_HEAD", "BATCH_MAGIC", "MESSAGE_MAGIC", "BLANK_MAGIC",
     "MAX_TOPIC_LENGTH", "MAX_PROPERTIES_SIZE", "DEFAULT_MAX_MESSAGE_SIZE",
@@ -608,6 +608,11 @@ def parse_msg_id(msg_id: str) -> tuple[tuple[str, int], int]:
         raise MessageFormatError("msg_id", f"msg_id {msg_id!r} must be {MSG_ID.size * 2} hex digits")
     ip, port, phy = MSG_ID.unpack(raw)
     return (socket.inet_ntop(socket.AF_INET, ip), port), phy
+
+
+# The longest tag expression a broker takes in a pull or a heartbeat; the client refuses a longer subscription
+# when it is made, not in every pull.
+MAX_TAG_EXPRESSION_LENGTH = 4096
 
 
 @lru_cache(maxsize=65536)

@@ -40,6 +40,15 @@ def test_parse_subscription_rejects_malformed(expr):
         parse_subscription("T", expr)
 
 
+def test_a_subscription_longer_than_a_broker_takes_is_refused_when_made():
+    # The broker refuses a pull or heartbeat whose expression exceeds 4,096 characters: a consumer subscribed
+    # with one would start and then never consume. What counts is the expression as sent, " || " between tags.
+    tags = [f"Tag{i:05d}" for i in range(342)]  # 8 characters each: 342 * 8 + 341 * 4 = 4,100 as sent
+    with pytest.raises(ValueError, match="is 4100 characters long as sent .342 tags.*at most 4096"):
+        parse_subscription("T", "||".join(tags))
+    assert len(parse_subscription("T", "||".join(tags[:341])).expression) == 4088
+
+
 # -- allocation ------------------------------------------------------------------------------------------------------
 def _queues(n, broker="broker-a"):
     return [MessageQueue("T", broker, i) for i in range(n)]
