@@ -39,6 +39,7 @@ def new_uniq_key() -> str:
 
 
 I64_MAX = 2 ** 63 - 1  # offsets and millisecond times are Java longs on the wire
+I32_MAX = 2 ** 31 - 1  # ... and counts and durations Java ints
 
 
 def check_int_arg(name: str, value: Any, lo: int, hi: int) -> None:

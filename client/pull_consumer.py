@@ -23,7 +23,7 @@ from client.filter import Subscription, parse_subscription
 from client.instance import (
     ClientConfig, ClientInstance, build_config, open_remoting, raise_for_response,
 )
-from client.message import (I64_MAX, MessageExt, MessageQueue, PullResult, PullStatus, RecordProperties,
+from client.message import (I32_MAX, I64_MAX, MessageExt, MessageQueue, PullResult, PullStatus, RecordProperties,
                             _PulledMessageExt, check_int_arg)
 from remoting.codes import RequestCode, ResponseCode
 from remoting.config import bounded
@@ -197,7 +197,7 @@ class PullConsumer:
                    block_ms: int = 0) -> PullResult:
         """Messages of ``mq`` from ``offset``; ``block_ms`` > 0 waits (long polling) for new ones."""
         _check_queue(mq)
-        check_int_arg("block_ms", block_ms, 0, I64_MAX)  # offset and max_nums: PullAPI.pull
+        check_int_arg("block_ms", block_ms, 0, I32_MAX)  # a Java int on the wire; offset and max_nums: PullAPI.pull
         sub = parse_subscription(mq.topic, expression)
         return await self._api.pull(mq, offset, max_nums, subscription=sub, suspend_timeout_ms=block_ms)
 

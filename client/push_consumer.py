@@ -37,7 +37,7 @@ from client.filter import Subscription, parse_subscription
 from client.instance import (
     ClientConfig, ClientInstance, ServerRequests, build_config, open_remoting, raise_for_response,
 )
-from client.message import MessageExt, MessageQueue, PullStatus
+from client.message import I32_MAX, I64_MAX, MessageExt, MessageQueue, PullStatus
 from client.offset_store import LocalFileOffsetStore, RemoteOffsetStore
 from client.pull_consumer import PullAPI
 from client.rebalance import allocate_average, diff_assignment
@@ -55,15 +55,24 @@ Handler = Callable[[MessageExt], Awaitable[Any]]
 CONSUME_FROM = ("CONSUME_FROM_LAST_OFFSET", "CONSUME_FROM_FIRST_OFFSET", "CONSUME_FROM_TIMESTAMP")
 
 
+def _power_of_ten(n: int) -> bool:
+    while n % 10 == 0:
+        n //= 10
+    return n == 1
+
+
 @dataclasses.dataclass(frozen=True)
 class PushConsumerConfig(ClientConfig):
     consumer_group: str = bounded("DEFAULT_CONSUMER", check=group_problem)
     message_model: str = bounded("CLUSTERING", choices=("CLUSTERING", "BROADCASTING"))
     consume_from_where: str = bounded("CONSUME_FROM_LAST_OFFSET", choices=CONSUME_FROM)
-    consume_timestamp_ms: int = bounded(0, min=0, doc="start time for CONSUME_FROM_TIMESTAMP; 0: 30 min ago")
+    consume_timestamp_ms: int = bounded(0, min=0, max=I64_MAX,
+                                        doc="start time for CONSUME_FROM_TIMESTAMP; 0: 30 min ago")
     pull_batch_size: int = bounded(32, min=1, max=1024)
     pull_threshold_for_queue: int = bounded(1000, min=1, doc="flow control: messages cached per queue")
-    broker_suspend_max_time_ms: int = bounded(15_000, min=0, doc="long-polling hold on the broker")
+    # A Java int on the wire: the broker refuses every pull asking for more (and holds at most its own
+    # long_polling_timeout_ms anyway).
+    broker_suspend_max_time_ms: int = bounded(15_000, min=0, max=I32_MAX, doc="long-polling hold on the broker")
     rebalance_interval_ms: int = bounded(5_000, min=10)
     persist_consumer_offset_interval_ms: int = bounded(1_000, min=10)
     pull_time_delay_ms_when_exception: int = bounded(200, min=0)
@@ -423,6 +432,7 @@ class PushConsumer:
                 log.info("cannot find start offset mq=%s error=%s", pq.mq, e)
                 await trio.sleep(delay)
         pq.max_offset_seen = offset - 1
+        failures = 0  # pulls failed in a row
         while not pq.dropped:
             await pq.wait_space()
             try:
@@ -431,9 +441,17 @@ class PushConsumer:
                                               suspend_timeout_ms=cfg.broker_suspend_max_time_ms)
             except RaftMQError as e:
                 self._pull_errors += 1
-                log.debug("pull failed mq=%s offset=%d error=%s", pq.mq, offset, e)
+                failures += 1
+                # A few in a row are a leader moving; a refusal, or a streak, is something to see: the first
+                # refusal, then the 10th, 100th, ... failure in a row, each with its error.
+                if (failures == 1 and not e.retriable) or (failures >= 10 and _power_of_ten(failures)):
+                    log.warning("pull failed %d time(s) in a row mq=%s offset=%d error=%s", failures, pq.mq,
+                                offset, e)
+                else:
+                    log.debug("pull failed mq=%s offset=%d error=%s", pq.mq, offset, e)
                 await trio.sleep(delay)
                 continue
+            failures = 0
             if result.status is PullStatus.FOUND:
                 pq.put(result.messages, cfg.pull_threshold_for_queue)
                 send.send_nowait((pq, result.messages))

@@ -4,6 +4,7 @@ rebalancing, offsets, flow control, tag filtering."""
 from __future__ import annotations
 
 import functools
+import logging
 
 import pytest
 import trio
@@ -16,7 +17,9 @@ from client import (Message, MessageQueue, MessageTooLargeError, SendStatus, ope
                     open_push_consumer, open_producer)
 from client.errors import ConfigError, MessageIllegalError
 from tests.unit.client.fake_cluster import NAMESRV, FakeGroup, FakeRemoting, fake_remoting_ctx
-from remoting.codes import RequestCode
+from remoting.codec import make_response
+from remoting.codes import RequestCode, ResponseCode
+from remoting.errors import ConnectError
 
 
 @pytest.fixture
@@ -116,6 +119,11 @@ async def test_bad_consumer_arguments_are_refused_when_opened_or_called(cluster)
         ({"topic": "T", "expression": 5, "handler": handler}, TypeError, "tag expression of topic 'T' must be"),
         ({"subscriptions": {"T": ["A"]}, "handler": handler}, TypeError, "must be a string, got \\['A'\\]"),
         ({"topic": "T", "handler": 5}, TypeError, "handler must be an async function"),
+        # Java int and long on the wire: beyond them the broker refused every pull or the start offset query.
+        ({"topic": "T", "handler": handler, "broker_suspend_max_time_ms": 2 ** 31}, ConfigError,
+         "broker_suspend_max_time_ms must be <= 2147483647"),
+        ({"topic": "T", "handler": handler, "consume_timestamp_ms": 2 ** 63}, ConfigError,
+         "consume_timestamp_ms must be <= 9223372036854775807"),
     ]:
         with pytest.raises(error, match=text):
             async with open_push_consumer(NAMESRV, **options):
@@ -130,6 +138,8 @@ async def test_bad_consumer_arguments_are_refused_when_opened_or_called(cluster)
                                   (c.pull(mq, "0"), ValueError, "offset must be an integer within 0.."),
                                   (c.pull(mq, 0, 0), ValueError, "max_nums must be an integer within 1..1024"),
                                   (c.pull(mq, 0, block_ms=-1), ValueError, "block_ms"),
+                                  (c.pull(mq, 0, block_ms=2 ** 31), ValueError, "block_ms must be an integer "
+                                                                                 "within 0..2147483647"),
                                   (c.min_offset(None), TypeError, "expected a MessageQueue, got None"),
                                   (c.search_offset(mq, "x"), ValueError, "timestamp_ms must be an integer"),
                                   (c.commit(mq, True), ValueError, "offset must be an integer .* got True")]:
@@ -151,6 +161,38 @@ async def test_batch_and_pull_consumer_roundtrip(cluster):
         assert await c.committed_offset(mq) is None
         await c.commit(mq, 5)
         assert await c.committed_offset(mq) == 5
+
+
+@pytest.mark.parametrize("refusal", [True, False])
+async def test_failing_pulls_are_logged_at_warning_without_flooding_the_log(cluster, caplog, refusal):
+    """A push consumer whose pulls all failed logged each at DEBUG: it ran on, consuming nothing, silently. Now
+    a refusal is a WARNING at once, and any failure streak at its 10th, 100th, ... pull."""
+    answer = cluster.invoke
+
+    async def invoke(addr, request, timeout_s=3.0):
+        if request.code == RequestCode.PULL_MESSAGE and cluster.by_addr[addr].name == "broker-a":
+            if refusal:
+                return make_response(request, ResponseCode.SUBSCRIPTION_PARSE_FAILED, remark="bad subscription")
+            raise ConnectError(addr, "connection refused")
+        return await answer(addr, request, timeout_s)
+
+    cluster.invoke = invoke
+    caplog.set_level(logging.DEBUG, logger="client.push_consumer")
+
+    async def handler(msg) -> None:
+        pass
+
+    async with open_push_consumer(NAMESRV, topic="T", handler=handler, pull_time_delay_ms_when_exception=1):
+        with trio.fail_after(20):
+            while sum("pull failed 100 time(s)" in r.getMessage() for r in caplog.records) < 4:
+                await trio.sleep(0.01)
+    failed = [r for r in caplog.records if "pull failed" in r.getMessage()]
+    warned = [r.getMessage() for r in failed if r.levelno == logging.WARNING]
+    streaks = sorted(int(m.split("pull failed ")[1].split(" ")[0]) for m in warned)
+    per_queue = ([1, 10, 100] if refusal else [10, 100])
+    assert streaks == sorted(per_queue * 4), streaks  # broker-a's 4 queues
+    assert all("broker-a" in m for m in warned)
+    assert ("bad subscription" if refusal else "connection refused") in warned[0]
 
 
 async def test_push_consumer_group_rebalances_and_consumes_everything_in_queue_order(cluster):
