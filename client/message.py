@@ -16,8 +16,8 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from remoting.message import (KEY_SEPARATOR, PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY, MessageFormatError,
-                              create_msg_id, decode_properties, encode_properties, split_keys)
+from remoting.message import (I32, I64, KEY_SEPARATOR, PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY,
+                              MessageFormatError, create_msg_id, decode_properties, encode_properties, split_keys)
 
 __all__ = [
     "Message", "MessageQueue", "MessageExt", "SendStatus", "SendResult", "PullStatus", "PullResult",
@@ -38,8 +38,8 @@ def new_uniq_key() -> str:
     return _UNIQ_PREFIX + suffix.hex().upper()
 
 
-I64_MAX = 2 ** 63 - 1  # offsets and millisecond times are Java longs on the wire
-I32_MAX = 2 ** 31 - 1  # ... and counts and durations Java ints
+I64_MAX = I64[1]  # offsets and millisecond times are Java longs on the wire
+I32_MAX = I32[1]  # ... and counts and durations Java ints
 
 
 def check_int_arg(name: str, value: Any, lo: int, hi: int) -> None:

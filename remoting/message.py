@@ -46,7 +46,7 @@ __all__ = [
     "batch_store_host",
     "encode_record", "decode_record", "iter_records", "decode_records", "record_size",
     "encode_properties", "decode_properties", "encode_uniform_batch", "create_msg_id", "parse_msg_id", "tags_code",
-    "create_msg_ids", "ip_bytes", "MAX_TAG_EXPRESSION_LENGTH",
+    "create_msg_ids", "ip_bytes", "MAX_TAG_EXPRESSION_LENGTH", "I32", "I64",
     "check_topic", "is_legal_topic", "TOPIC_CHARS", "TOPIC_RE", "group_problem", "GROUP_MAX_LENGTH",
     "BATCH_HEAD", "ENTRY_HEAD", "RECORD_HEAD", "BATCH_MAGIC", "MESSAGE_MAGIC", "BLANK_MAGIC",
     "MAX_TOPIC_LENGTH", "MAX_PROPERTIES_SIZE", "DEFAULT_MAX_MESSAGE_SIZE",
@@ -237,8 +237,9 @@ def _int_field(value: object, name: str, lo: int, hi: int) -> int:
     return value
 
 
-_I32 = (-(2 ** 31), 2 ** 31 - 1)
-_I64 = (-(2 ** 63), 2 ** 63 - 1)
+# Java's int and long, the types of RocketMQ's header and record fields: every process checks against these.
+I32 = (-(2 ** 31), 2 ** 31 - 1)
+I64 = (-(2 ** 63), 2 ** 63 - 1)
 
 
 def encode_batch(messages: Sequence[MessageInput], store_host: tuple[str, int], *,
@@ -258,11 +259,11 @@ def encode_batch(messages: Sequence[MessageInput], store_host: tuple[str, int], 
         props = encode_properties(m.properties) if m.properties else b""
         born_ip, born_port = _host_bytes(m.born_host, "born_host")
         entry_size = ENTRY_HEAD.size + _TAIL_FIXED + len(body) + len(topic) + len(props)
-        out += ENTRY_HEAD.pack(entry_size, _int_field(m.queue_id, "queue_id", 0, _I32[1]),
-                               _int_field(m.flag, "flag", *_I32), _int_field(m.sys_flag, "sys_flag", *_I32),
-                               _int_field(m.born_timestamp, "born_timestamp", *_I64), born_ip, born_port,
-                               _int_field(m.reconsume_times, "reconsume_times", *_I32),
-                               _int_field(m.prepared_transaction_offset, "prepared_transaction_offset", *_I64))
+        out += ENTRY_HEAD.pack(entry_size, _int_field(m.queue_id, "queue_id", 0, I32[1]),
+                               _int_field(m.flag, "flag", *I32), _int_field(m.sys_flag, "sys_flag", *I32),
+                               _int_field(m.born_timestamp, "born_timestamp", *I64), born_ip, born_port,
+                               _int_field(m.reconsume_times, "reconsume_times", *I32),
+                               _int_field(m.prepared_transaction_offset, "prepared_transaction_offset", *I64))
         out += BODY_LEN.pack(len(body))
         out += body
         out.append(len(topic))

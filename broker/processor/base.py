@@ -17,11 +17,9 @@ from dledger import (AppendTimeoutError, BatchRejectedError, DLedgerError, Group
                      NotLeaderError, RecordTooLargeError)
 from remoting.codec import Frame, make_response
 from remoting.codes import ResponseCode
+from remoting.message import I32, I64
 
 log = logging.getLogger(__name__)
-
-I32 = (-(2 ** 31), 2 ** 31 - 1)
-I64 = (-(2 ** 63), 2 ** 63 - 1)
 
 
 class RequestRejected(Exception):
