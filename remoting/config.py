@@ -19,7 +19,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-__all__ = ["ConfigError", "load_config", "config_from_mapping", "bounded", "parse_host_port", "name_problem"]
+__all__ = ["ConfigError", "load_config", "config_from_mapping", "apply_overrides", "bounded", "parse_host_port",
+           "name_problem"]
 
 T = TypeVar("T")
 
@@ -79,13 +80,21 @@ def load_config(cls: type[T], path: str | Path | None = None, *, overrides: Mapp
             raise ConfigError(f"config file {str(path)!r} does not exist") from None
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"config file {str(path)!r} is not valid TOML: {e}") from None
-    for dotted, value in (overrides or {}).items():
+    apply_overrides(data, overrides or {})
+    return config_from_mapping(cls, data)
+
+
+def apply_overrides(data: dict[str, Any], overrides: Mapping[str, Any]) -> None:
+    """Set each dotted key of ``overrides`` in ``data`` (tables made as needed); a key that goes through a value
+    that is not a table is a ConfigError naming both."""
+    for dotted, value in overrides.items():
         target = data
         *parents, leaf = dotted.split(".")
-        for part in parents:
+        for i, part in enumerate(parents):
             target = target.setdefault(part, {})
+            if not isinstance(target, dict):
+                raise ConfigError(f"config key {dotted!r}: {'.'.join(parents[:i + 1])!r} is a value, not a table")
         target[leaf] = value
-    return config_from_mapping(cls, data)
 
 
 def config_from_mapping(cls: type[T], data: Mapping[str, Any], *, prefix: str = "") -> T:

@@ -33,7 +33,7 @@ def register(subparsers) -> None:
     parser.set_defaults(func=run)
 
 
-def _overrides(pairs: list[str]) -> dict:
+def parse_overrides(pairs: list[str]) -> dict:
     out = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     from broker.config import load_broker_config
     from broker.node import serve_broker
 
-    overrides = _overrides(args.set)
+    overrides = parse_overrides(args.set)
     if args.rejoin:
         overrides["dledger.rejoin"] = True
     config = load_broker_config(args.config, overrides)

@@ -51,7 +51,8 @@ from rich.table import Table
 from client import Message, SendFailedError, open_admin, open_producer, open_push_consumer
 from dledger.service import get_raft_status
 from raftmq.bench.common import check_range, print_json
-from raftmq.commands.dev import GROUP, NODE_IDS, DevClusterError, LocalCluster, check_base_port, plan_ports
+from raftmq.commands.dev import (GROUP, NODE_IDS, DevClusterError, LocalCluster, check_base_port, check_overrides,
+                                 plan_ports)
 from raftmq.commands.verify import verify_group
 from raftmq.runner import leaf_exceptions
 from remoting.config import ConfigError
@@ -119,6 +120,7 @@ def check_args(args: argparse.Namespace) -> None:
     check_range("--size", args.size, 1, 4 * 1024 * 1024)
     check_range("--drain-seconds", args.drain_seconds, 1, 3600)
     check_base_port(0)  # a malformed RAFTMQ_PORT_RANGE, named before a data directory is made
+    check_overrides(args.set)
     if args.data_dir is not None and args.data_dir.exists():
         if not args.data_dir.is_dir():
             raise ConfigError(f"--data-dir {str(args.data_dir)!r} is not a directory")

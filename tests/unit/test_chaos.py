@@ -75,3 +75,12 @@ def test_a_malformed_port_range_exits_2_before_a_data_dir_is_made(tmp_path, monk
     assert exit_info.value.code == 2
     assert "RAFTMQ_PORT_RANGE='9000-'" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_bad_override_exits_2_before_a_data_dir_is_made(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["chaos", "--set", "long_polling_timeout_ms=0"])
+    assert exit_info.value.code == 2
+    assert "long_polling_timeout_ms must be >= 1, got 0" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

@@ -40,6 +40,9 @@ def test_file_and_overrides(tmp_path):
     assert cfg.store == Inner(segment_size_bytes=8192, flush_disk_type="SYNC_FLUSH")
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.ratio = 1.0  # type: ignore[misc]
+    # An override through a value, not a table, was a TypeError traceback from `raftmq broker --set`.
+    with pytest.raises(ConfigError, match="config key 'ratio.x': 'ratio' is a value, not a table"):
+        load_config(Outer, path, overrides={"ratio.x": 1})
 
 
 @pytest.mark.parametrize("data, message", [

@@ -14,6 +14,13 @@ from raftmq.cli import main
     (["--base-port", "0"], "70000-70010", "RAFTMQ_PORT_RANGE='70000-70010'"),
     (["--base-port", "0", "--stop-timeout", "-1"], None, "--stop-timeout must be within 0.1..3600, got -1.0"),
     (["--base-port", "0", "--stop-timeout", "nan"], None, "--stop-timeout must be within 0.1..3600, got nan"),
+    # --set is checked as every node would check it, before a node is started (they exited one by one, rc 1).
+    (["--base-port", "0", "--set", 'store.flush_disk_type="BAD"'], None,
+     "store.flush_disk_type must be one of 'ASYNC_FLUSH', 'SYNC_FLUSH', got 'BAD'"),
+    (["--base-port", "0", "--set", "nonsense"], None, "--set needs KEY=VALUE, got 'nonsense'"),
+    (["--base-port", "0", "--set", "no_such=1"], None, "unknown config key 'no_such'"),
+    (["--base-port", "0", "--set", "cluster_name.x=1"], None,
+     "config key 'cluster_name.x': 'cluster_name' is a value, not a table"),
 ])
 def test_a_bad_option_exits_2_naming_it_and_writes_nothing(argv, env, named, tmp_path, monkeypatch, capsys):
     if env is not None:
@@ -24,3 +31,10 @@ def test_a_bad_option_exits_2_naming_it_and_writes_nothing(argv, env, named, tmp
     assert exit_info.value.code == 2
     assert named in capsys.readouterr().err
     assert not data_dir.exists()
+
+
+def test_good_overrides_pass_the_check():
+    from raftmq.commands.dev import check_overrides
+
+    check_overrides(["long_polling_timeout_ms=500", 'store.flush_disk_type="SYNC_FLUSH"',
+                     "dledger.heartbeat_interval_ms=50"])
