@@ -15,21 +15,42 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from raftmq.runner import leaf_exceptions
 from remoting.config import ConfigError
 
+T = TypeVar("T")
+
 __all__ = [
-    "LatencySummary", "ReadyProcess", "check_range", "percentile", "print_json", "print_table",
+    "BenchError", "LatencySummary", "ReadyProcess", "check_range", "run_bench", "percentile", "print_json", "print_table",
     "show_progress", "spawn_ready_process", "summarize_latencies",
 ]
+
+
+class BenchError(RuntimeError):
+    """A bench that could not run against its cluster (nothing to reach, a phase that never ended): one
+    sentence for the user, exit 1, instead of a trio.TooSlowError traceback."""
+
+
+def run_bench(name: str, main: Callable[[], Awaitable[T]]) -> T:
+    """``trio.run(main)``; a ``BenchError`` raised anywhere in it (trio wraps what a nursery raises in
+    exception groups) ends the command with ``raftmq bench NAME: error: ...`` and exit status 1."""
+    try:
+        return trio.run(main)
+    except BaseException as e:
+        leaves = leaf_exceptions(e) if isinstance(e, BaseExceptionGroup) else [e]
+        known = next((x for x in leaves if isinstance(x, BenchError)), None)
+        if known is None:
+            raise
+        raise SystemExit(f"raftmq bench {name}: error: {known}") from None
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ import uuid
 import trio
 
 from client import Message, open_producer, open_push_consumer
-from raftmq.bench.common import check_range, summarize_latencies
+from raftmq.bench.common import BenchError, check_range, run_bench, summarize_latencies
 from raftmq.bench.produce import (BenchReport, add_cluster_args, bench_cluster, cpu_per_message, cpu_sample,
                                   ensure_topic, progress, report)
 
@@ -62,7 +62,8 @@ async def consume(namesrv: str, args: argparse.Namespace) -> BenchReport:
     await ensure_topic(namesrv, args.topic, args.queues)
     sent = {"n": 0}
     if not args.live:
-        with trio.fail_after(max(args.seconds, 600)):
+        backlog_s = max(args.seconds, 600)
+        with trio.move_on_after(backlog_s) as backlog:
             started = time.monotonic()
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_produce, namesrv, args, sent)
@@ -71,6 +72,9 @@ async def consume(namesrv: str, args: argparse.Namespace) -> BenchReport:
                     await trio.sleep(0.1)
                 nursery.cancel_scope.cancel()
             log.info("backlog of %d produced in %.1fs", sent["n"], time.monotonic() - started)
+        if backlog.cancelled_caught:
+            raise BenchError(f"the backlog of {args.messages} messages was not produced within {backlog_s:g} s "
+                             f"({sent['n']} sent)")
     target = args.messages
     latencies: list[int] = []
     got = {"n": 0}
@@ -111,5 +115,5 @@ def run(args: argparse.Namespace) -> int:
         async with bench_cluster(args) as namesrv:
             return await consume(namesrv, args)
 
-    report(trio.run(main), as_json=args.json)
+    report(run_bench("consume", main), as_json=args.json)
     return 0

@@ -27,8 +27,8 @@ import trio
 from rich.console import Console
 
 from client import Message, SendFailedError, open_admin, open_producer
-from raftmq.bench.common import (LatencySummary, check_range, print_json, print_table, show_progress,
-                                 spawn_ready_process, summarize_latencies)
+from raftmq.bench.common import (BenchError, LatencySummary, check_range, print_json, print_table, run_bench,
+                                 show_progress, spawn_ready_process, summarize_latencies)
 from remoting.errors import RaftMQError
 
 log = logging.getLogger(__name__)
@@ -172,16 +172,20 @@ def _check(args: argparse.Namespace) -> None:
         check_range("--send-timeout-ms", args.send_timeout_ms, 1, 3_600_000)
 
 
-async def ensure_topic(namesrv: str, topic: str, queues: int) -> None:
+async def ensure_topic(namesrv: str, topic: str, queues: int, timeout_s: float = 30.0) -> None:
+    last: RaftMQError | None = None
     async with open_admin(namesrv) as admin:
-        with trio.fail_after(30):
+        with trio.move_on_after(timeout_s):
             while True:
                 try:
                     await admin.create_topic(topic, read_queue_nums=queues, write_queue_nums=queues)
                     return
                 except RaftMQError as e:
+                    last = e
                     log.info("waiting for the cluster to take topic %s: %s", topic, e)
                     await trio.sleep(0.3)
+    raise BenchError(f"the cluster behind name server {namesrv} did not take topic {topic!r} within "
+                     f"{timeout_s:g} s; last error: {last or 'none (each attempt was still waiting)'}")
 
 
 async def produce(namesrv: str, args: argparse.Namespace) -> BenchReport:
@@ -240,5 +244,5 @@ def run(args: argparse.Namespace) -> int:
         async with bench_cluster(args) as namesrv:
             return await produce(namesrv, args)
 
-    report(trio.run(main), as_json=args.json)
+    report(run_bench("produce", main), as_json=args.json)
     return 0
