@@ -30,8 +30,8 @@ from remoting.config import ConfigError
 T = TypeVar("T")
 
 __all__ = [
-    "BenchError", "LatencySummary", "ReadyProcess", "check_range", "run_bench", "percentile", "print_json", "print_table",
-    "show_progress", "spawn_ready_process", "summarize_latencies",
+    "BenchError", "LatencySummary", "ReadyProcess", "check_range", "percentile", "print_json", "print_table",
+    "run_bench", "show_progress", "spawn_ready_process", "summarize_latencies",
 ]
 
 
