@@ -148,9 +148,12 @@ def tune_gc() -> None:
     gc.set_threshold(GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])
 
 
-def leaf_exceptions(group: BaseExceptionGroup) -> list[BaseException]:
-    """Every exception of ``group`` that is not itself a group, however deeply nested (trio nests them)."""
+def leaf_exceptions(error: BaseException) -> list[BaseException]:
+    """Every exception in ``error`` that is not itself a group, however deeply nested (trio nests them);
+    ``[error]`` for an exception that is no group."""
+    if not isinstance(error, BaseExceptionGroup):
+        return [error]
     out: list[BaseException] = []
-    for e in group.exceptions:
-        out += leaf_exceptions(e) if isinstance(e, BaseExceptionGroup) else [e]
+    for e in error.exceptions:
+        out += leaf_exceptions(e)
     return out

@@ -46,7 +46,7 @@ def run_bench(name: str, main: Callable[[], Awaitable[T]]) -> T:
     try:
         return trio.run(main)
     except BaseException as e:
-        leaves = leaf_exceptions(e) if isinstance(e, BaseExceptionGroup) else [e]
+        leaves = leaf_exceptions(e)
         known = next((x for x in leaves if isinstance(x, BenchError)), None)
         if known is None:
             raise

@@ -480,7 +480,7 @@ def run(args: argparse.Namespace) -> int:
         data = trio.run(main)
     except (RaftMQError, _Refused, OSError, trio.TooSlowError, BaseExceptionGroup) as e:
         # create/delete ask every group's leader at once: the first group's refusal, the others' in its notes.
-        errors = leaf_exceptions(e) if isinstance(e, BaseExceptionGroup) else [e]
+        errors = leaf_exceptions(e)
         if not all(isinstance(x, (RaftMQError, _Refused, OSError, trio.TooSlowError)) for x in errors):
             raise
         for error in errors:

@@ -466,7 +466,7 @@ def run(args: argparse.Namespace) -> int:
         raise
     except Exception as e:
         # trio wraps what fails inside a nursery in exception groups: look for ours among the leaves.
-        leaves = leaf_exceptions(e) if isinstance(e, BaseExceptionGroup) else [e]
+        leaves = leaf_exceptions(e)
         known = [x for x in leaves if isinstance(x, (ChaosError, DevClusterError))]
         if not known:
             raise
