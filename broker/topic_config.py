@@ -17,7 +17,7 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from remoting.message import MAX_TOPIC_LENGTH, TOPIC_RE, group_problem, is_legal_topic
+from remoting.message import MAX_TOPIC_LENGTH, TOPIC_RE, group_problem
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +155,9 @@ def registration_problem(config: TopicConfig) -> str | None:
     """Why the name servers would refuse a registration naming ``config`` (they refuse all of it, which takes
     the group out of every route once its last good registration expires), or None. Only a topic stored by an
     older version can have one: ``from_wire`` refuses both on new input."""
-    if not is_legal_topic(config.topic_name):
+    try:
+        validate_topic_name(config.topic_name)
+    except TopicConfigError:
         return "an illegal name"
     if not 0 <= config.topic_sys_flag <= SYS_FLAG_MAX:
         return f"topic_sys_flag {config.topic_sys_flag} outside 0..{SYS_FLAG_MAX}"

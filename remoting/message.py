@@ -47,7 +47,7 @@ __all__ = [
     "encode_record", "decode_record", "iter_records", "decode_records", "record_size",
     "encode_properties", "decode_properties", "encode_uniform_batch", "create_msg_id", "parse_msg_id", "tags_code",
     "create_msg_ids", "ip_bytes", "MAX_TAG_EXPRESSION_LENGTH", "I32", "I64",
-    "check_topic", "is_legal_topic", "TOPIC_CHARS", "TOPIC_RE", "group_problem", "GROUP_MAX_LENGTH",
+    "check_topic", "TOPIC_CHARS", "TOPIC_RE", "group_problem", "GROUP_MAX_LENGTH",
     "BATCH_HEAD", "ENTRY_HEAD", "RECORD_HEAD", "BATCH_MAGIC", "MESSAGE_MAGIC", "BLANK_MAGIC",
     "MAX_TOPIC_LENGTH", "MAX_PROPERTIES_SIZE", "DEFAULT_MAX_MESSAGE_SIZE",
     "PROPERTY_TAGS", "PROPERTY_KEYS", "PROPERTY_UNIQ_KEY", "KEY_SEPARATOR", "split_keys",
@@ -180,11 +180,6 @@ def check_topic(topic: str) -> bytes:
     if not TOPIC_RE.fullmatch(topic):
         raise MessageFormatError("topic", f"topic {topic!r} contains characters outside %|a-zA-Z0-9_-")
     return topic.encode("ascii")
-
-
-def is_legal_topic(topic: object) -> bool:
-    """Whether ``check_topic`` would take ``topic``."""
-    return type(topic) is str and 0 < len(topic) <= MAX_TOPIC_LENGTH and TOPIC_RE.fullmatch(topic) is not None
 
 
 GROUP_MAX_LENGTH = 255
