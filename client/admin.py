@@ -133,8 +133,9 @@ class AdminClient:
         frame = await self._instance.invoke_namesrv(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": topic})
         return parse_route(topic, cbor2.loads(frame.body) if frame.body else frame.ext)
 
-    async def _target_masters(self, cluster: str | None, broker_names: Sequence[str] | None) -> dict[str, str]:
-        info = await self.cluster_info()
+    async def _target_masters(self, cluster: str | None, broker_names: Sequence[str] | None,
+                              info: ClusterInfo | None = None) -> dict[str, str]:
+        info = info if info is not None else await self.cluster_info()
         if broker_names:
             names = list(broker_names)
         elif cluster is not None:
@@ -177,10 +178,10 @@ class AdminClient:
         await _each_group(masters.items(), _one)
         return answers
 
-    async def _route_masters(self, topic: str) -> dict[str, str]:
+    async def _route_masters(self, topic: str, info: ClusterInfo | None = None) -> dict[str, str]:
         """The registered leader of every group that routes ``topic``."""
         route = await self.get_route(topic)
-        info = await self.cluster_info()
+        info = info if info is not None else await self.cluster_info()
         masters = {}
         for name in sorted({q.broker_name for q in route.queue_datas}):
             addr = info.master_addr(name)
@@ -230,16 +231,17 @@ class AdminClient:
         keeps what it served). A node that does not answer within 3 s adds nothing."""
         if not consumer_group:
             raise ValueError("consume_stats needs a consumer group")
+        info = await self.cluster_info()  # the leaders, then the followers' consume TPS
         if topic:
-            masters = await self._route_masters(topic)
+            masters = await self._route_masters(topic, info)
         else:
-            masters = await self._target_masters(cluster, None)
+            masters = await self._target_masters(cluster, None, info)
         ext = {"consumer_group": consumer_group, "topic": topic or ""}
         leaders: dict[str, str] = {}
         frames = await self._to_leaders(masters, RequestCode.GET_CONSUME_STATS, ext, answered_by=leaders)
         answers = {name: cbor2.loads(frame.body) if frame.body else {} for name, frame in frames.items()}
         tps = sum(float(a.get("consume_tps", 0.0)) for a in answers.values())
-        tps += await self._followers_consume_tps(leaders, ext)
+        tps += await self._followers_consume_tps(info, leaders, ext)
         queues = []
         for name in sorted(answers):
             for row in answers[name].get("offsets", []):
@@ -251,10 +253,10 @@ class AdminClient:
                             {name: tuple(a.get("consumer_ids", [])) for name, a in sorted(answers.items())},
                             round(tps, 1))
 
-    async def _followers_consume_tps(self, leaders: Mapping[str, str], ext: dict[str, Any]) -> float:
-        """The consume TPS the other registered nodes of each group in ``leaders`` (name -> the leader that
-        answered) served, added up; what a node fails to answer is left out (a rate, not a count to trust)."""
-        info = await self.cluster_info()
+    async def _followers_consume_tps(self, info: ClusterInfo, leaders: Mapping[str, str],
+                                     ext: dict[str, Any]) -> float:
+        """The consume TPS the other nodes of each group in ``leaders`` (name -> the leader that answered)
+        served, added up; what a node fails to answer is left out (a rate, not a count to trust)."""
         others = [(name, addr) for name, leader in sorted(leaders.items())
                   for addr in sorted(set(info.broker_addrs.get(name, {}).values())) if addr != leader]
         rates: list[float] = []
