@@ -47,6 +47,7 @@ __all__ = ["CommitLog", "BuiltBatch", "SIZE_MAGIC", "MIN_RECORD_SIZE"]
 SIZE_MAGIC = struct.Struct(">iI")
 PHY_OFFSET_AT = 28  # byte position of phy_offset inside a record (see RECORD_HEAD)
 _MAGIC = struct.Struct(">I")
+_PHY_OFFSET = struct.Struct(">q")
 _NO_MAGIC = bytes(4)
 _TAIL_DELTA = RECORD_HEAD.size - ENTRY_HEAD.size  # a record is this much longer than its batch entry
 MIN_RECORD_SIZE = record_size(0, 1, 0)
@@ -383,14 +384,31 @@ class CommitLog:
         return seg.mv[off:off + size]
 
     def record_at(self, phy_offset: int) -> memoryview | None:
-        """The whole record starting at ``phy_offset`` (None for a blank, an unpublished or a removed offset)."""
-        head = self.read(phy_offset, 8)
+        """The whole record starting at ``phy_offset`` (None for a blank, an unpublished or a removed offset, or
+        an offset inside a record)."""
+        head = self.read(phy_offset, PHY_OFFSET_AT + 8)
         if head is None:
             return None
         size, magic = SIZE_MAGIC.unpack_from(head, 0)
-        if magic != MESSAGE_MAGIC:
+        if magic != MESSAGE_MAGIC or size < MIN_RECORD_SIZE or _PHY_OFFSET.unpack_from(head, PHY_OFFSET_AT)[0] \
+                != phy_offset:
             return None
         return self.read(phy_offset, size)
+
+    def _unit_size(self, seg: Any, pos: int, end: int) -> int | None:
+        """The size of the record or blank that starts at ``pos`` (inside ``seg``, below ``end``), or None when
+        ``pos`` is not where one starts. Callers pass offsets from outside (a peer's fetch, a message id); the
+        bytes inside a record read as a size of 0, a negative one or one past the log end, so nothing may be
+        taken from a header before it is known to be one."""
+        off = pos - seg.start
+        if off + 8 > self.segment_size or pos + 8 > end:
+            return None
+        size, magic = SIZE_MAGIC.unpack_from(seg.mm, off)
+        if magic == BLANK_MAGIC:
+            return size if size == self.segment_size - off and pos + size <= end else None
+        if magic != MESSAGE_MAGIC or size < MIN_RECORD_SIZE or off + size > self.segment_size or pos + size > end:
+            return None
+        return size if _PHY_OFFSET.unpack_from(seg.mm, off + PHY_OFFSET_AT)[0] == pos else None
 
     def read_raw(self, phy_offset: int, max_bytes: int) -> bytes:
         """Whole records (and blanks) from ``phy_offset``, at most ``max_bytes`` unless the first record alone is
@@ -402,10 +420,15 @@ class CommitLog:
             seg = self._segments.get(pos - pos % self.segment_size)
             if seg is None:
                 break
-            off = pos - seg.start
-            size = SIZE_MAGIC.unpack_from(seg.mm, off)[0]
+            size = self._unit_size(seg, pos, end)
+            if size is None:
+                if pos == phy_offset:
+                    raise ValueError(f"phy_offset {phy_offset} is not the start of a record in the commit log")
+                log.warning("commit log holds no record at phy_offset=%d; raw read stopped there", pos)
+                break
             if out and len(out) + size > max_bytes:
                 break
+            off = pos - seg.start
             out += seg.mv[off:off + size]
             pos += size
         return bytes(out)

@@ -179,3 +179,36 @@ def test_store_config_from_toml_values(tmp_path):
     cfg = config_from_mapping(StoreConfig, {"store_dir": str(tmp_path), "delete_when_hours": [3, 4],
                                             "flush_disk_type": "SYNC_FLUSH", "segment_size_bytes": 1 << 24})
     assert cfg.delete_when_hours == (3, 4) and cfg.store_dir == tmp_path and cfg.flush_disk_type == "SYNC_FLUSH"
+
+
+def test_reads_from_inside_a_record_are_refused_not_misread(tmp_path):
+    # FETCH_COMMIT_LOG and VIEW_MESSAGE_BY_ID take a phy_offset from the wire. Inside a record the bytes read as a
+    # size of 0 (a zero queue_id: the read looped forever and the node hung), a negative one, or one reaching far
+    # past the log end (megabytes of zeros sent as "records").
+    import threading
+
+    with MessageStore.open(small_config(tmp_path / "s")) as store:
+        fill(store, 2)
+        records = list(iter_records(store.read_commit_log(0, 1 << 20)))
+        inside = [o for r in records[:2] for o in range(r.phy_offset + 1, r.phy_offset + r.size)]
+        outcomes: dict[int, object] = {}
+
+        def probe() -> None:
+            for offset in inside:
+                try:
+                    outcomes[offset] = store.read_commit_log(offset, 100)
+                except ValueError as e:
+                    outcomes[offset] = e
+
+        worker = threading.Thread(target=probe, daemon=True)
+        worker.start()
+        worker.join(timeout=30)
+        assert not worker.is_alive(), f"read_commit_log hung after offsets {sorted(outcomes)[-1:]}"
+        wrong = {o: v for o, v in outcomes.items() if not isinstance(v, ValueError)}
+        assert not wrong, f"{len(wrong)} offsets inside a record were read, e.g. {min(wrong)}"
+        assert "not the start of a record" in str(outcomes[inside[0]])
+        assert all(store.look_message_by_offset(o) is None for o in inside)
+        # offsets where records start still read as before
+        assert store.read_commit_log(records[1].phy_offset, 1)[:records[1].size] == bytes(
+            store.commit_log.record_at(records[1].phy_offset))
+        assert store.look_message_by_offset(records[1].phy_offset).phy_offset == records[1].phy_offset
