@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 import cbor2
 
-from broker.processor.base import (I64, RequestRejected, get_existing_topic, get_int, get_str, get_topic_queue,
-                                   topic_not_exist)
-from broker.topic_config import SYSTEM_TOPIC_PREFIX, TopicConfig, TopicConfigError, is_system_topic, validate_topic_name
+from broker.processor.base import (I64, RequestRejected, existing_topic_config, get_existing_topic, get_int, get_str,
+                                   get_topic_queue)
+from broker.topic_config import SYSTEM_TOPIC_PREFIX, TopicConfig, TopicConfigError, is_system_topic
 from remoting.codec import Frame, make_response
 from remoting.codes import ResponseCode
 
@@ -46,12 +46,7 @@ class AdminProcessor:
         topic = get_str(request.ext, "topic")
         # A stored topic goes whatever its name: an older version let a trailing newline through, and such a
         # topic can only be deleted.
-        if self.node.topic(topic) is None:
-            try:
-                validate_topic_name(topic)
-            except TopicConfigError as e:
-                raise RequestRejected(ResponseCode.INVALID_REQUEST, str(e)) from None
-            raise topic_not_exist(self.node, topic)
+        existing_topic_config(self.node, topic)
         await self.node.delete_topic(topic)
         return make_response(request, ResponseCode.SUCCESS)
 

@@ -39,13 +39,26 @@ def topic_not_exist(node: Any, topic: str) -> RequestRejected:
                            f"topic {topic!r} does not exist on broker {node.config.broker_name}", ext={"topic": topic})
 
 
+def existing_topic_config(node: Any, topic: str) -> Any:
+    """The config of ``topic``, named by a request. A name that is not stored is checked before it is called
+    unknown: an illegal one is the caller's mistake (INVALID_REQUEST naming ``topic``), a legal one
+    TOPIC_NOT_EXIST. A stored topic is found whatever its name: an older version let a trailing newline through,
+    and such a topic must still be readable and deletable."""
+    config = node.topic(topic)
+    if config is None:
+        try:
+            validate_topic_name(topic)
+        except TopicConfigError as e:
+            raise invalid("topic", str(e).split(" ", 1)[1]) from None
+        raise topic_not_exist(node, topic)
+    return config
+
+
 def get_topic_queue(node: Any, ext: Mapping[str, Any]) -> tuple[str, int]:
     """``topic`` and ``queue_id`` of a request about one existing queue (offsets, min/max, search)."""
     topic = get_str(ext, "topic")
     queue_id = get_int(ext, "queue_id", lo=0, hi=I32[1])
-    config = node.topic(topic)
-    if config is None:
-        raise topic_not_exist(node, topic)
+    config = existing_topic_config(node, topic)
     queue_nums = max(config.read_queue_nums, config.write_queue_nums)
     if queue_id >= queue_nums:
         raise invalid("queue_id", f"must be below {queue_nums} for topic {topic!r}, got {queue_id}")
@@ -62,16 +75,10 @@ def get_str(ext: Mapping[str, Any], name: str, *, default: str | None = None, al
 
 
 def get_existing_topic(node: Any, ext: Mapping[str, Any], *, required: bool = True) -> str:
-    """``topic``: a legal name of a topic this node has; "" when not ``required`` and absent or empty."""
+    """``topic``: the name of a topic this node has; "" when not ``required`` and absent or empty."""
     topic = get_str(ext, "topic", default=None if required else "", allow_empty=not required)
-    if not topic:
-        return topic
-    try:
-        validate_topic_name(topic)
-    except TopicConfigError as e:
-        raise invalid("topic", str(e).split(" ", 1)[1]) from None
-    if node.topic(topic) is None:
-        raise topic_not_exist(node, topic)
+    if topic:
+        existing_topic_config(node, topic)
     return topic
 
 

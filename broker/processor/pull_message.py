@@ -20,8 +20,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from broker.filter import SubscriptionParseError, TagFilter, parse_tag_expression
-from broker.processor.base import I32, RequestRejected, get_group, get_int, get_str, topic_not_exist
-from broker.topic_config import TopicConfigError, validate_topic_name
+from broker.processor.base import I32, RequestRejected, existing_topic_config, get_group, get_int, get_str
 from remoting.codec import Frame, make_response
 from remoting.codes import ResponseCode
 from remoting.errors import RaftMQError
@@ -74,13 +73,7 @@ class PullMessageProcessor:
             "suspend_timeout_millis": get_int(ext, "suspend_timeout_millis", default=0, lo=0, hi=I32[1]),
         }
         node = self.node
-        config = node.topic(topic)
-        if config is None:
-            try:
-                validate_topic_name(topic)
-            except TopicConfigError as e:
-                raise RequestRejected(ResponseCode.INVALID_REQUEST, str(e)) from None
-            raise topic_not_exist(node, topic)
+        config = existing_topic_config(node, topic)
         if not config.readable:
             raise RequestRejected(ResponseCode.NO_PERMISSION,
                                   f"topic {topic!r} is not readable on broker {node.config.broker_name} "

@@ -464,3 +464,30 @@ async def test_reset_offset_moves_the_group_replicates_and_tells_online_members(
             assert r.code == code and words in r.remark, (ext, r.code, r.remark)
         r = await call(client, addr, RequestCode.QUERY_CONSUMER_OFFSET, key)
         assert r.ext["offset"] == 7
+
+
+async def test_every_request_naming_a_topic_calls_an_illegal_name_illegal_not_unknown(nursery, tmp_path):
+    # The requests about one queue answered TOPIC_NOT_EXIST for a name no topic can have, where a pull or a send
+    # said INVALID_REQUEST naming 'topic'.
+    config, addr = await _node(nursery, tmp_path)
+    queue = {"consumer_group": "cg", "queue_id": 0, "commit_offset": 0, "timestamp": 0, "queue_offset": 0,
+             "key": "k1"}
+    codes = (RequestCode.QUERY_CONSUMER_OFFSET, RequestCode.UPDATE_CONSUMER_OFFSET, RequestCode.GET_MAX_OFFSET,
+             RequestCode.GET_MIN_OFFSET, RequestCode.SEARCH_OFFSET_BY_TIMESTAMP,
+             RequestCode.GET_EARLIEST_MSG_STORETIME, RequestCode.PULL_MESSAGE, RequestCode.GET_TOPIC_STATS_INFO,
+             RequestCode.GET_CONSUME_STATS, RequestCode.INVOKE_BROKER_TO_RESET_OFFSET,
+             RequestCode.DELETE_TOPIC_IN_BROKER)
+    async with open_remoting_client() as client:
+        await _wait_leader(client, addr)
+        assert (await _send(client, addr)).code == ResponseCode.SUCCESS
+        for code in codes:
+            for topic in ("bad topic!", "x" * 128):
+                r = await call(client, addr, code, {**queue, "topic": topic})
+                assert r.code == ResponseCode.INVALID_REQUEST, (code, topic, r.code, r.remark)
+                assert r.remark.startswith("request field 'topic' ") and ("illegal characters" in r.remark or
+                                                                         "at most 127" in r.remark), r.remark
+            r = await call(client, addr, code, {**queue, "topic": "NoSuch"})
+            assert r.code == ResponseCode.TOPIC_NOT_EXIST and "'NoSuch'" in r.remark, (code, r.code, r.remark)
+            if code != RequestCode.DELETE_TOPIC_IN_BROKER:
+                r = await call(client, addr, code, {**queue, "topic": "TopicTest"})
+                assert r.code in (ResponseCode.SUCCESS, ResponseCode.QUERY_NOT_FOUND), (code, r.code, r.remark)
