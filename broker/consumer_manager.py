@@ -20,11 +20,17 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from broker.filter import SubscriptionParseError, TagFilter, parse_tag_expression
+from broker.topic_config import TopicConfigError, validate_topic_name
+from remoting.message import group_problem
 
 log = logging.getLogger(__name__)
 
 CONSUME_TYPES = ("CONSUME_PASSIVELY", "CONSUME_ACTIVELY")
 MESSAGE_MODELS = ("CLUSTERING", "BROADCASTING")
+# RocketMQ's ConsumeFromWhere, its deprecated values included (older clients still send them).
+CONSUME_FROM_WHERE = ("CONSUME_FROM_LAST_OFFSET", "CONSUME_FROM_FIRST_OFFSET", "CONSUME_FROM_TIMESTAMP",
+                      "CONSUME_FROM_LAST_OFFSET_AND_FROM_MIN_WHEN_BOOT_FIRST", "CONSUME_FROM_MIN_OFFSET",
+                      "CONSUME_FROM_MAX_OFFSET")
 
 
 class HeartbeatError(ValueError):
@@ -64,6 +70,16 @@ def _str(data: Mapping[str, Any], key: str, where: str, default: str | None = No
     return value
 
 
+def _group(data: Mapping[str, Any], key: str, where: str) -> str:
+    # The rule every other request naming a group is held to: a member must not join a group under a name that
+    # GET_CONSUMER_LIST_BY_GROUP, offsets and pulls then refuse.
+    group = _str(data, key, where)
+    problem = group_problem(group)
+    if problem:
+        raise HeartbeatError(f"{where}{key} {group[:40]!r} {problem}", field=key)
+    return group
+
+
 def parse_heartbeat(body: Any) -> HeartbeatData:
     """Validate a decoded HEART_BEAT body (schema in docs/protocol.md)."""
     if not isinstance(body, Mapping):
@@ -77,13 +93,13 @@ def parse_heartbeat(body: Any) -> HeartbeatData:
     for i, p in enumerate(producers):
         if not isinstance(p, Mapping):
             raise HeartbeatError(f"producers[{i}] must be a map, got {p!r}", field="producers")
-        producer_groups.append(_str(p, "producer_group", f"producers[{i}]."))
+        producer_groups.append(_group(p, "producer_group", f"producers[{i}]."))
     parsed_consumers = []
     for i, c in enumerate(consumers):
         where = f"consumers[{i}]."
         if not isinstance(c, Mapping):
             raise HeartbeatError(f"consumers[{i}] must be a map, got {c!r}", field="consumers")
-        group = _str(c, "consumer_group", where)
+        group = _group(c, "consumer_group", where)
         consume_type = _str(c, "consume_type", where, "CONSUME_PASSIVELY")
         if consume_type not in CONSUME_TYPES:
             raise HeartbeatError(f"{where}consume_type must be one of {', '.join(CONSUME_TYPES)}, got "
@@ -93,6 +109,9 @@ def parse_heartbeat(body: Any) -> HeartbeatData:
             raise HeartbeatError(f"{where}message_model must be one of {', '.join(MESSAGE_MODELS)}, got "
                                  f"{model!r}", field="message_model")
         where_from = _str(c, "consume_from_where", where, "CONSUME_FROM_LAST_OFFSET")
+        if where_from not in CONSUME_FROM_WHERE:
+            raise HeartbeatError(f"{where}consume_from_where must be one of {', '.join(CONSUME_FROM_WHERE)}, got "
+                                 f"{where_from[:80]!r}", field="consume_from_where")
         subs_raw = c.get("subscriptions", [])
         if not isinstance(subs_raw, list):
             raise HeartbeatError(f"{where}subscriptions must be a list, got {subs_raw!r}", field="subscriptions")
@@ -102,6 +121,10 @@ def parse_heartbeat(body: Any) -> HeartbeatData:
             if not isinstance(s, Mapping):
                 raise HeartbeatError(f"{swhere[:-1]} must be a map, got {s!r}", field="subscriptions")
             topic = _str(s, "topic", swhere)
+            try:
+                validate_topic_name(topic)
+            except TopicConfigError as e:
+                raise HeartbeatError(f"{swhere}{e}", field="topic") from None
             expression = s.get("expression", "*")
             try:
                 tag_filter = parse_tag_expression(expression)

@@ -82,9 +82,9 @@ def get_existing_topic(node: Any, ext: Mapping[str, Any], *, required: bool = Tr
     return topic
 
 
-def get_group(ext: Mapping[str, Any], name: str = "consumer_group") -> str:
+def get_group(ext: Mapping[str, Any], name: str = "consumer_group", *, default: str | None = None) -> str:
     """A group name: non-empty, RocketMQ's charset (it is also part of replicated offset keys)."""
-    value = get_str(ext, name)
+    value = get_str(ext, name, default=default)
     try:
         validate_group_name(value, name)
     except TopicConfigError as e:

@@ -45,11 +45,10 @@ class ClientManageProcessor:
     async def unregister_client(self, request: Frame, conn: Any) -> Frame:
         ext = request.ext
         client_id = get_str(ext, "client_id")
-        producer_group = ext.get("producer_group")
-        consumer_group = ext.get("consumer_group")
-        for name, value in (("producer_group", producer_group), ("consumer_group", consumer_group)):
-            if value is not None and not isinstance(value, str):
-                raise invalid(name, f"must be a string or absent, got {value!r}")
+        # Either group may be absent or empty (RocketMQ's optional header fields); one that is named is held to
+        # the rule the heartbeat that joined it was.
+        producer_group, consumer_group = (get_group(ext, name) if ext.get(name) not in (None, "") else None
+                                          for name in ("producer_group", "consumer_group"))
         self.node.clients.unregister(client_id, producer_group, consumer_group)
         return make_response(request, ResponseCode.SUCCESS)
 

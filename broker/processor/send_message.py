@@ -21,7 +21,8 @@ import struct
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from broker.processor.base import I32, I64, RequestRejected, error_response, get_bool, get_int, get_str, invalid
+from broker.processor.base import (I32, I64, RequestRejected, error_response, get_bool, get_group, get_int, get_str,
+                                   invalid)
 from broker.topic_config import TopicConfigError, check_sendable_topic, validate_topic_name
 from dledger import DLedgerError, NotLeaderError
 from remoting.codec import Frame, make_response
@@ -53,7 +54,7 @@ class SendMessageProcessor:
             raise node.not_leader()
         ext = request.ext
         topic = get_str(ext, "topic")
-        get_str(ext, "producer_group", default="DEFAULT_PRODUCER")
+        get_group(ext, "producer_group", default="DEFAULT_PRODUCER")
         # Hot path: a topic in the table was validated when it was created; only unknown names pay the checks.
         config = node.topics.get(topic)
         if config is None:

@@ -491,3 +491,36 @@ async def test_every_request_naming_a_topic_calls_an_illegal_name_illegal_not_un
             if code != RequestCode.DELETE_TOPIC_IN_BROKER:
                 r = await call(client, addr, code, {**queue, "topic": "TopicTest"})
                 assert r.code in (ResponseCode.SUCCESS, ResponseCode.QUERY_NOT_FOUND), (code, r.code, r.remark)
+
+
+async def test_group_names_are_held_to_one_rule_in_every_request(nursery, tmp_path):
+    # HEART_BEAT, SEND_MESSAGE and UNREGISTER_CLIENT took any group name, which every request about the group
+    # afterwards (GET_CONSUMER_LIST_BY_GROUP, pulls, offsets) refused: a consumer joined a group it could not use.
+    config, addr = await _node(nursery, tmp_path)
+    async with open_remoting_client() as client:
+        await _wait_leader(client, addr)
+        for bad in ("bad group", "g" * 256, "pg\n"):
+            r = await call(client, addr, RequestCode.HEART_BEAT,
+                           {"client_id": "c1", "consumers": [{"consumer_group": bad}]})
+            assert r.code == ResponseCode.INVALID_REQUEST and "consumers[0].consumer_group" in r.remark, r.remark
+            r = await call(client, addr, RequestCode.HEART_BEAT,
+                           body=cbor2.dumps({"client_id": "c1", "producers": [{"producer_group": bad}]}))
+            assert r.code == ResponseCode.INVALID_REQUEST and "producers[0].producer_group" in r.remark, r.remark
+            r = await _send(client, addr, producer_group=bad)
+            assert r.code == ResponseCode.INVALID_REQUEST and "'producer_group'" in r.remark, r.remark
+            for name in ("producer_group", "consumer_group"):
+                r = await call(client, addr, RequestCode.UNREGISTER_CLIENT, {"client_id": "c1", name: bad})
+                assert r.code == ResponseCode.INVALID_REQUEST and f"'{name}'" in r.remark, r.remark
+        assert cbor2.loads((await call(client, addr, RequestCode.GET_BROKER_RUNTIME_INFO)).body)[
+            "consumer_groups"] == 0
+        r = await call(client, addr, RequestCode.HEART_BEAT, {"client_id": "c1", "consumers": [
+            {"consumer_group": "cg", "subscriptions": [{"topic": "bad topic"}]}]})
+        assert r.code == ResponseCode.INVALID_REQUEST and "subscriptions[0].topic 'bad topic'" in r.remark, r.remark
+        # legal names, and absent or empty groups in UNREGISTER_CLIENT, as before
+        r = await call(client, addr, RequestCode.HEART_BEAT, {"client_id": "c1", "producers": [
+            {"producer_group": "pg"}], "consumers": [{"consumer_group": "cg", "subscriptions": [{"topic": "T"}]}]})
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        assert (await _send(client, addr, producer_group="pg")).code == ResponseCode.SUCCESS
+        for ext in ({"consumer_group": ""}, {"producer_group": "pg"}, {"consumer_group": "cg"}):
+            r = await call(client, addr, RequestCode.UNREGISTER_CLIENT, {"client_id": "c1", **ext})
+            assert r.code == ResponseCode.SUCCESS, r.remark

@@ -44,6 +44,27 @@ def test_heartbeat_validation_names_the_field():
         parse_heartbeat([1])
 
 
+@pytest.mark.parametrize("data, field, needle", [
+    ({"consumers": [{"consumer_group": "bad group"}]}, "consumer_group", r"consumers\[0\].consumer_group 'bad group' "
+                                                                         "contains illegal characters"),
+    ({"consumers": [{"consumer_group": "g" * 256}]}, "consumer_group", "at most 255"),
+    ({"producers": [{"producer_group": "pg\n"}]}, "producer_group", r"producers\[0\].producer_group 'pg\\n' contains"),
+    ({"consumers": [{"consumer_group": "g", "subscriptions": [{"topic": "bad topic"}]}]}, "topic",
+     r"consumers\[0\].subscriptions\[0\].topic 'bad topic' contains illegal characters"),
+    ({"consumers": [{"consumer_group": "g", "consume_from_where": "NOWHERE"}]}, "consume_from_where",
+     "consume_from_where must be one of CONSUME_FROM_LAST_OFFSET, .*got 'NOWHERE'"),
+])
+def test_heartbeat_holds_names_to_the_rules_of_the_requests_that_follow(data, field, needle):
+    # A heartbeat once joined a member to a group that GET_CONSUMER_LIST_BY_GROUP, pulls and offsets then refused.
+    with pytest.raises(HeartbeatError, match=needle) as info:
+        parse_heartbeat({"client_id": "c", **data})
+    assert info.value.field == field
+    ok = parse_heartbeat({"client_id": "c", "producers": [{"producer_group": "%RETRY%pg_1-x"}], "consumers": [
+        {"consumer_group": "cg|2", "consume_from_where": "CONSUME_FROM_TIMESTAMP",
+         "subscriptions": [{"topic": "%RETRY%cg|2"}]}]})
+    assert ok.consumers[0].subscriptions[0].topic == "%RETRY%cg|2"
+
+
 def test_membership_join_leave_expire_notifies():
     now = [0.0]
     changes = []
