@@ -39,6 +39,16 @@ def topic_not_exist(node: Any, topic: str) -> RequestRejected:
                            f"topic {topic!r} does not exist on broker {node.config.broker_name}", ext={"topic": topic})
 
 
+def get_topic_name(ext: Mapping[str, Any]) -> str:
+    """``topic``: a legal topic name, whether or not the node has such a topic."""
+    topic = get_str(ext, "topic")
+    try:
+        validate_topic_name(topic)
+    except TopicConfigError as e:
+        raise invalid("topic", str(e).split(" ", 1)[1]) from None
+    return topic
+
+
 def existing_topic_config(node: Any, topic: str) -> Any:
     """The config of ``topic``, named by a request. A name that is not stored is checked before it is called
     unknown: an illegal one is the caller's mistake (INVALID_REQUEST naming ``topic``), a legal one
@@ -46,11 +56,7 @@ def existing_topic_config(node: Any, topic: str) -> Any:
     and such a topic must still be readable and deletable."""
     config = node.topic(topic)
     if config is None:
-        try:
-            validate_topic_name(topic)
-        except TopicConfigError as e:
-            raise invalid("topic", str(e).split(" ", 1)[1]) from None
-        raise topic_not_exist(node, topic)
+        raise topic_not_exist(node, get_topic_name({"topic": topic}))
     return config
 
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from broker.processor.base import I64, RequestRejected, get_int, get_str, invalid
+from broker.processor.base import I64, RequestRejected, get_int, get_str, get_topic_name, invalid
 from remoting.codec import Frame, make_response
 from remoting.codes import ResponseCode
-from remoting.message import MessageFormatError, parse_msg_id
+from remoting.message import MAX_PROPERTIES_SIZE, MessageFormatError, parse_msg_id
 
 if TYPE_CHECKING:
     from broker.node import BrokerNode
@@ -41,8 +41,13 @@ class QueryMessageProcessor:
 
     async def query_message(self, request: Frame, conn: Any) -> Frame:
         ext = request.ext
-        topic = get_str(ext, "topic")
+        # An unknown topic is an empty answer (RocketMQ's queryMessage does not look the topic up), but a name no
+        # topic can have, or a key longer than the properties that would hold it, is the caller's mistake.
+        topic = get_topic_name(ext)
         key = get_str(ext, "key")
+        if len(key) > MAX_PROPERTIES_SIZE:
+            raise invalid("key", f"is {len(key)} characters long; no stored key is longer than the "
+                                 f"{MAX_PROPERTIES_SIZE} bytes of a message's properties")
         max_num = min(get_int(ext, "max_num", default=32, lo=1, hi=2 ** 31 - 1), MAX_QUERY_NUM)
         begin = get_int(ext, "begin_timestamp", default=0, lo=0, hi=I64[1])
         end = get_int(ext, "end_timestamp", default=I64[1], lo=0, hi=I64[1])
@@ -51,5 +56,6 @@ class QueryMessageProcessor:
         records = self.node.query_records(topic, key, max_num, begin, end)
         if not records:
             return make_response(request, ResponseCode.QUERY_NOT_FOUND,
-                                 remark=f"no message with key {key!r} in topic {topic!r} between {begin} and {end}")
+                                 remark=f"no message with key {key[:80]!r}{'...' if len(key) > 80 else ''} in topic "
+                                        f"{topic!r} between {begin} and {end}")
         return make_response(request, ResponseCode.SUCCESS, ext={"count": len(records)}, body=b"".join(records))

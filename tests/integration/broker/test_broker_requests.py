@@ -524,3 +524,22 @@ async def test_group_names_are_held_to_one_rule_in_every_request(nursery, tmp_pa
         for ext in ({"consumer_group": ""}, {"producer_group": "pg"}, {"consumer_group": "cg"}):
             r = await call(client, addr, RequestCode.UNREGISTER_CLIENT, {"client_id": "c1", **ext})
             assert r.code == ResponseCode.SUCCESS, r.remark
+
+
+async def test_query_message_refuses_an_illegal_topic_and_an_impossible_key(nursery, tmp_path):
+    # Both were answered QUERY_NOT_FOUND, the second with the whole key (any length) echoed in the remark.
+    config, addr = await _node(nursery, tmp_path)
+    async with open_remoting_client() as client:
+        await _wait_leader(client, addr)
+        assert (await _send(client, addr)).code == ResponseCode.SUCCESS
+        for topic in ("bad topic!", "x" * 128):
+            r = await call(client, addr, RequestCode.QUERY_MESSAGE, {"topic": topic, "key": "k1"})
+            assert r.code == ResponseCode.INVALID_REQUEST and r.remark.startswith("request field 'topic' "), r.remark
+        r = await call(client, addr, RequestCode.QUERY_MESSAGE, {"topic": "TopicTest", "key": "k" * 40_000})
+        assert r.code == ResponseCode.INVALID_REQUEST and "'key' is 40000 characters long" in r.remark, r.remark
+        r = await call(client, addr, RequestCode.QUERY_MESSAGE, {"topic": "TopicTest", "key": "k" * 30_000})
+        assert r.code == ResponseCode.QUERY_NOT_FOUND and len(r.remark) < 200, r.remark[:200]
+        r = await call(client, addr, RequestCode.QUERY_MESSAGE, {"topic": "NoSuch", "key": "k1"})
+        assert r.code == ResponseCode.QUERY_NOT_FOUND
+        r = await call(client, addr, RequestCode.QUERY_MESSAGE, {"topic": "TopicTest", "key": "k1"})
+        assert r.code == ResponseCode.SUCCESS and r.ext["count"] == 1
