@@ -543,3 +543,21 @@ async def test_query_message_refuses_an_illegal_topic_and_an_impossible_key(nurs
         assert r.code == ResponseCode.QUERY_NOT_FOUND
         r = await call(client, addr, RequestCode.QUERY_MESSAGE, {"topic": "TopicTest", "key": "k1"})
         assert r.code == ResponseCode.SUCCESS and r.ext["count"] == 1
+
+
+async def test_a_reserved_topic_can_neither_be_created_nor_sent_to(nursery, tmp_path):
+    # UPDATE_AND_CREATE_TOPIC refused only the rmq_sys_ prefix; once a reserved name such as SCHEDULE_TOPIC_XXXX was
+    # in the table, sends to it were taken (the send path checks reserved names only for topics not in the table).
+    config, addr = await _node(nursery, tmp_path)
+    async with open_remoting_client() as client:
+        await _wait_leader(client, addr)
+        for topic in ("TBW102", "SCHEDULE_TOPIC_XXXX", "RMQ_SYS_TRANS_HALF_TOPIC", "OFFSET_MOVED_EVENT"):
+            r = await call(client, addr, RequestCode.UPDATE_AND_CREATE_TOPIC, {"topic_name": topic})
+            assert r.code == ResponseCode.INVALID_REQUEST and "'topic_name'" in r.remark and "reserved" in r.remark, \
+                (topic, r.code, r.remark)
+            r = await _send(client, addr, topic=topic)
+            assert r.code == ResponseCode.NO_PERMISSION and "reserved" in r.remark, (topic, r.code, r.remark)
+        topics = cbor2.loads((await call(client, addr, RequestCode.GET_ALL_TOPIC_CONFIG)).body)["topic_configs"]
+        assert not {"TBW102", "SCHEDULE_TOPIC_XXXX"} & set(topics)
+        r = await call(client, addr, RequestCode.UPDATE_AND_CREATE_TOPIC, {"topic_name": "SCHEDULE_TOPIC_XXXY"})
+        assert r.code == ResponseCode.SUCCESS, r.remark
