@@ -603,6 +603,10 @@ def parse_msg_id(msg_id: str) -> tuple[tuple[str, int], int]:
     if len(raw) != MSG_ID.size:
         raise MessageFormatError("msg_id", f"msg_id {msg_id!r} must be {MSG_ID.size * 2} hex digits")
     ip, port, phy = MSG_ID.unpack(raw)
+    # The layout has room for what no broker writes: a port past 65535 and (the offset is signed) a negative offset.
+    if port > 65535 or phy < 0:
+        raise MessageFormatError("msg_id", f"msg_id {msg_id!r} names port {port} and commit-log offset {phy}; "
+                                           f"a message id holds a port within 0..65535 and an offset >= 0")
     return (socket.inet_ntop(socket.AF_INET, ip), port), phy
 
 

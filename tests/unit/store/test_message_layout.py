@@ -86,6 +86,11 @@ def test_msg_id_round_trip():
         parse_msg_id("zz")
     with pytest.raises(MessageFormatError, match="32 hex"):
         parse_msg_id("00")
+    # VIEW_MESSAGE_BY_ID answered "no message at commit-log offset -1" (SYSTEM_ERROR) for the first one
+    for bad in ("7F000001000063A0FFFFFFFFFFFFFFFF", "7F000001FFFFFFFF0000000000000000"):
+        with pytest.raises(MessageFormatError, match="port within 0..65535 and an offset >= 0"):
+            parse_msg_id(bad)
+    assert parse_msg_id("7F0000010000FFFF7FFFFFFFFFFFFFFF") == (("127.0.0.1", 65535), 2 ** 63 - 1)
 
 
 @pytest.mark.parametrize("message, field", [
