@@ -71,10 +71,14 @@ def get_topic_queue(node: Any, ext: Mapping[str, Any]) -> tuple[str, int]:
     return topic, queue_id
 
 
+# A field sent as null is absent (RocketMQ's nullable header fields): an optional one takes its default, a required
+# one "is required", as get_bool has always done.
 def get_str(ext: Mapping[str, Any], name: str, *, default: str | None = None, allow_empty: bool = False) -> str:
-    value = ext.get(name, default)
+    value = ext.get(name)
     if value is None:
-        raise invalid(name, "is required")
+        if default is None:
+            raise invalid(name, "is required")
+        value = default
     if not isinstance(value, str) or (not value and not allow_empty):
         raise invalid(name, f"must be a non-empty string, got {value!r}")
     return value
@@ -100,9 +104,11 @@ def get_group(ext: Mapping[str, Any], name: str = "consumer_group", *, default: 
 
 def get_int(ext: Mapping[str, Any], name: str, *, default: int | None = None, lo: int = I64[0],
             hi: int = I64[1]) -> int:
-    value = ext.get(name, default)
+    value = ext.get(name)
     if value is None:
-        raise invalid(name, "is required")
+        if default is None:
+            raise invalid(name, "is required")
+        value = default
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
         raise invalid(name, f"must be an integer within {lo}..{hi}, got {value!r}")
     return value

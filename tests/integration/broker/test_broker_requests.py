@@ -561,3 +561,32 @@ async def test_a_reserved_topic_can_neither_be_created_nor_sent_to(nursery, tmp_
         assert not {"TBW102", "SCHEDULE_TOPIC_XXXX"} & set(topics)
         r = await call(client, addr, RequestCode.UPDATE_AND_CREATE_TOPIC, {"topic_name": "SCHEDULE_TOPIC_XXXY"})
         assert r.code == ResponseCode.SUCCESS, r.remark
+
+
+async def test_an_optional_field_sent_as_null_takes_its_default(nursery, tmp_path):
+    # It was answered "request field ... is required" (SEND_MESSAGE's queue_id, GET_CONSUME_STATS's topic, a pull's
+    # max_msg_nums...): a remark that sends the caller to fill in a field it may leave out. get_bool took null
+    # as absent all along.
+    config, addr = await _node(nursery, tmp_path)
+    async with open_remoting_client() as client:
+        await _wait_leader(client, addr)
+        r = await _send(client, addr, queue_id=None, flag=None, sys_flag=None, reconsume_times=None,
+                        producer_group=None, born_timestamp=None)
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        r = await call(client, addr, RequestCode.PULL_MESSAGE,
+                       {"consumer_group": "cg", "topic": "TopicTest", "queue_id": r.ext["queue_id"], "queue_offset": 0,
+                        "max_msg_nums": None, "sys_flag": None, "commit_offset": None,
+                        "suspend_timeout_millis": None, "subscription": None})
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        r = await call(client, addr, RequestCode.GET_CONSUME_STATS, {"consumer_group": "cg", "topic": None})
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        r = await call(client, addr, RequestCode.QUERY_MESSAGE, {"topic": "TopicTest", "key": "k1", "max_num": None,
+                                                                 "begin_timestamp": None, "end_timestamp": None})
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        # a required field sent as null is still missing
+        for code, ext, field in ((RequestCode.SEND_MESSAGE, {"topic": None}, "topic"),
+                                 (RequestCode.GET_MAX_OFFSET, {"topic": "TopicTest", "queue_id": None}, "queue_id"),
+                                 (RequestCode.GET_CONSUME_STATS, {"consumer_group": None}, "consumer_group")):
+            r = await call(client, addr, code, ext)
+            assert r.code == ResponseCode.INVALID_REQUEST and r.remark == f"request field {field!r} is required", \
+                r.remark
