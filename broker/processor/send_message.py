@@ -153,8 +153,10 @@ class SendMessageProcessor:
         body = request.body
         if len(body) > max_size:
             raise RequestRejected(ResponseCode.MESSAGE_ILLEGAL, self._too_large("message body", len(body), max_size))
-        properties = ext.get("properties") or {}
-        if not isinstance(properties, Mapping):
+        properties = ext.get("properties")
+        if properties is None:
+            properties = {}
+        elif not isinstance(properties, Mapping):
             raise invalid("properties", f"must be a map of strings, got {type(properties).__name__}")
         flag = get_int(ext, "flag", default=0, lo=I32[0], hi=I32[1])
         sys_flag = get_int(ext, "sys_flag", default=0, lo=I32[0], hi=I32[1])

@@ -590,3 +590,16 @@ async def test_an_optional_field_sent_as_null_takes_its_default(nursery, tmp_pat
             r = await call(client, addr, code, ext)
             assert r.code == ResponseCode.INVALID_REQUEST and r.remark == f"request field {field!r} is required", \
                 r.remark
+
+
+async def test_send_properties_of_another_type_are_refused_even_when_empty(nursery, tmp_path):
+    # "", 0, [] and False were taken as "no properties" (``or {}``) while ["a"] was refused.
+    config, addr = await _node(nursery, tmp_path)
+    async with open_remoting_client() as client:
+        await _wait_leader(client, addr)
+        for value in ("", 0, [], False, ["a"], "TAGS=a"):
+            r = await call(client, addr, RequestCode.SEND_MESSAGE, {"topic": "TopicTest", "properties": value}, b"x")
+            assert r.code == ResponseCode.INVALID_REQUEST and "'properties' must be a map" in r.remark, (value, r.remark)
+        for value in (None, {}):
+            r = await call(client, addr, RequestCode.SEND_MESSAGE, {"topic": "TopicTest", "properties": value}, b"x")
+            assert r.code == ResponseCode.SUCCESS, (value, r.remark)
