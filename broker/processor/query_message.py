@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from broker.processor.base import I64, RequestRejected, get_int, get_str, get_topic_name, invalid
 from remoting.codec import Frame, make_response
 from remoting.codes import ResponseCode
-from remoting.message import MAX_PROPERTIES_SIZE, MessageFormatError, parse_msg_id
+from remoting.message import MAX_PROPERTIES_SIZE, MessageFormatError, decode_record, parse_msg_id
 
 if TYPE_CHECKING:
     from broker.node import BrokerNode
@@ -24,10 +24,11 @@ class QueryMessageProcessor:
 
     async def view_message_by_id(self, request: Frame, conn: Any) -> Frame:
         ext = request.ext
+        host = None
         if "msg_id" in ext:
             msg_id = get_str(ext, "msg_id")
             try:
-                _host, phy_offset = parse_msg_id(msg_id)
+                host, phy_offset = parse_msg_id(msg_id)
             except MessageFormatError as e:
                 raise invalid("msg_id", f"is not a message id: {e}") from None
         else:
@@ -37,6 +38,15 @@ class QueryMessageProcessor:
             raise RequestRejected(ResponseCode.SYSTEM_ERROR,
                                   f"no message at commit-log offset {phy_offset} on this broker node "
                                   f"(min {self.node.store.min_phy_offset}, max {self.node.store.max_phy_offset})")
+        # An id is the store host and the offset; the offset alone names a message in every group's log. The
+        # record keeps the host it was stored by (the leader then, whatever the node's address is now).
+        if host is not None:
+            stored_by = decode_record(record, check_crc=False).store_host
+            if tuple(stored_by) != host:
+                raise RequestRejected(ResponseCode.SYSTEM_ERROR,
+                                      f"no message {msg_id} on this broker node: the message at commit-log offset "
+                                      f"{phy_offset} was stored by {stored_by[0]}:{stored_by[1]}, the id names "
+                                      f"{host[0]}:{host[1]} (a node of another broker group?)")
         return make_response(request, ResponseCode.SUCCESS, body=record)
 
     async def query_message(self, request: Frame, conn: Any) -> Frame:

@@ -603,3 +603,20 @@ async def test_send_properties_of_another_type_are_refused_even_when_empty(nurse
         for value in (None, {}):
             r = await call(client, addr, RequestCode.SEND_MESSAGE, {"topic": "TopicTest", "properties": value}, b"x")
             assert r.code == ResponseCode.SUCCESS, (value, r.remark)
+
+
+async def test_view_message_by_id_answers_only_the_message_the_id_names(nursery, tmp_path):
+    # The host and port in the id were ignored: an id of another group's message got whatever this node's log held
+    # at that offset, as if it were the message asked for.
+    config, addr = await _node(nursery, tmp_path)
+    async with open_remoting_client() as client:
+        await _wait_leader(client, addr)
+        msg_id = (await _send(client, addr)).ext["msg_id"]
+        r = await call(client, addr, RequestCode.VIEW_MESSAGE_BY_ID, {"msg_id": msg_id.lower()})
+        assert r.code == ResponseCode.SUCCESS and next(iter_records(r.body)).msg_id == msg_id
+        other = "0A000001" + "0000162E" + msg_id[16:]  # 10.0.0.1:5678, same offset
+        r = await call(client, addr, RequestCode.VIEW_MESSAGE_BY_ID, {"msg_id": other})
+        assert r.code == ResponseCode.SYSTEM_ERROR and not r.body, r.code
+        assert "names 10.0.0.1:5678" in r.remark and f"stored by {addr}" in r.remark, r.remark
+        r = await call(client, addr, RequestCode.VIEW_MESSAGE_BY_ID, {"offset": int(msg_id[16:], 16)})
+        assert r.code == ResponseCode.SUCCESS and next(iter_records(r.body)).msg_id == msg_id
