@@ -35,8 +35,8 @@ import cbor2
 from remoting.errors import FrameTooLargeError, ProtocolError
 
 __all__ = [
-    "DEFAULT_MAX_FRAME_SIZE", "FLAG_ONEWAY", "FLAG_RESPONSE", "Frame", "FrameDecoder", "NEED_DATA",
-    "encode", "make_request", "make_response",
+    "DEFAULT_MAX_FRAME_SIZE", "FLAG_ONEWAY", "FLAG_RESPONSE", "Frame", "FrameDecoder", "MAX_REMARK_LENGTH",
+    "NEED_DATA", "cut_remark", "encode", "make_request", "make_response",
 ]
 
 FLAG_RESPONSE: Final = 0x1
@@ -98,9 +98,25 @@ def make_request(code: int, ext: dict[str, Any] | None = None, body: bytes = b""
     return Frame(int(code), 0, FLAG_ONEWAY if oneway else 0, 0, None, ext if ext is not None else {}, body)
 
 
+# A remark explains; it never needs more than this. Remarks quote the values they refuse, and a value sent in a
+# request may be megabytes (a list in a heartbeat body): quoted whole, the answer to a malformed request outgrew
+# the frame limit and became SYSTEM_ERROR.
+MAX_REMARK_LENGTH: Final = 4096
+
+
+def cut_remark(remark: str) -> str:
+    """``remark`` if it is at most ``MAX_REMARK_LENGTH`` characters, else its start and how much was cut."""
+    if len(remark) <= MAX_REMARK_LENGTH:
+        return remark
+    return f"{remark[:MAX_REMARK_LENGTH]}... ({len(remark) - MAX_REMARK_LENGTH} more characters cut)"
+
+
 def make_response(request: Frame, code: int, remark: str | None = None, ext: dict[str, Any] | None = None,
                   body: bytes = b"") -> Frame:
-    """The response to ``request``: same ``opaque`` and ``version``, the response flag set."""
+    """The response to ``request``: same ``opaque`` and ``version``, the response flag set; a remark longer than
+    ``MAX_REMARK_LENGTH`` is cut (``cut_remark``)."""
+    if remark is not None and len(remark) > MAX_REMARK_LENGTH:
+        remark = cut_remark(remark)
     return Frame(int(code), request.opaque, FLAG_RESPONSE, request.version, remark,
                  ext if ext is not None else {}, body)
 

@@ -15,7 +15,7 @@ from typing import Any
 from broker.topic_config import TopicConfigError, validate_group_name, validate_topic_name
 from dledger import (AppendTimeoutError, BatchRejectedError, DLedgerError, GroupBusyError, LeaderChangedError,
                      NotLeaderError, RecordTooLargeError)
-from remoting.codec import Frame, make_response
+from remoting.codec import Frame, cut_remark, make_response
 from remoting.codes import ResponseCode
 from remoting.message import I32, I64
 
@@ -125,7 +125,7 @@ def get_bool(ext: Mapping[str, Any], name: str, *, default: bool = False) -> boo
 
 def reply(request: Frame, code: int, remark: str, ext: dict[str, Any] | None = None) -> Frame | None:
     if request.is_oneway:
-        log.info("oneway request refused code=%d response_code=%d remark=%s", request.code, code, remark)
+        log.info("oneway request refused code=%d response_code=%d remark=%s", request.code, code, cut_remark(remark))
         return None
     return make_response(request, code, remark=remark, ext=ext)
 

@@ -358,3 +358,18 @@ def test_large_frame_in_small_pieces_after_small_frames():
         while (frame := decoder.next_frame()) is not NEED_DATA:
             out.append(frame)
     assert out == frames
+
+
+def test_make_response_cuts_a_remark_that_quotes_a_huge_value():
+    # Remarks quote refused values; a value of megabytes made an answer larger than a frame (then SYSTEM_ERROR).
+    from remoting.codec import MAX_REMARK_LENGTH, cut_remark
+
+    request = make_request(34)
+    remark = f"got {[0] * 2_000_000!r}"
+    response = make_response(request, 1001, remark=remark)
+    assert len(response.remark) < MAX_REMARK_LENGTH + 64
+    assert response.remark.startswith("got [0, 0") and response.remark.endswith(
+        f"... ({len(remark) - MAX_REMARK_LENGTH} more characters cut)")
+    assert make_response(request, 1001, remark="short").remark == "short"
+    assert make_response(request, 0).remark is None
+    assert cut_remark("x" * MAX_REMARK_LENGTH) == "x" * MAX_REMARK_LENGTH

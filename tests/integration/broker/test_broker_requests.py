@@ -620,3 +620,19 @@ async def test_view_message_by_id_answers_only_the_message_the_id_names(nursery,
         assert "names 10.0.0.1:5678" in r.remark and f"stored by {addr}" in r.remark, r.remark
         r = await call(client, addr, RequestCode.VIEW_MESSAGE_BY_ID, {"offset": int(msg_id[16:], 16)})
         assert r.code == ResponseCode.SUCCESS and next(iter_records(r.body)).msg_id == msg_id
+
+
+async def test_a_refused_value_of_megabytes_gets_its_code_not_system_error(nursery, tmp_path):
+    # The remark quoted the whole value: 18 MB for a 6 MB list, more than a frame, answered SYSTEM_ERROR and
+    # logged as a broker error.
+    config, addr = await _node(nursery, tmp_path)
+    huge = [0] * 6_000_000
+    async with open_remoting_client() as client:
+        await _wait_leader(client, addr)
+        for code, ext, body in ((RequestCode.HEART_BEAT, {}, cbor2.dumps({"client_id": "c", "producers": [huge]})),
+                                (RequestCode.SEND_MESSAGE, {"topic": "TopicTest", "queue_id": huge}, b"x"),
+                                (RequestCode.SEND_MESSAGE, {"topic": "TopicTest", "properties": {"K": huge}}, b"x")):
+            r = await call(client, addr, code, ext, body, timeout_s=30)
+            assert r.code in (ResponseCode.INVALID_REQUEST, ResponseCode.MESSAGE_ILLEGAL), (code, r.code, r.remark)
+            assert len(r.remark) < 5000 and "more characters cut" in r.remark, r.remark[:200]
+        assert (await _send(client, addr)).code == ResponseCode.SUCCESS
