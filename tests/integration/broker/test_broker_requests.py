@@ -636,3 +636,24 @@ async def test_a_refused_value_of_megabytes_gets_its_code_not_system_error(nurse
             assert r.code in (ResponseCode.INVALID_REQUEST, ResponseCode.MESSAGE_ILLEGAL), (code, r.code, r.remark)
             assert len(r.remark) < 5000 and "more characters cut" in r.remark, r.remark[:200]
         assert (await _send(client, addr)).code == ResponseCode.SUCCESS
+
+
+async def test_fetch_commit_log_inside_a_record_is_refused_and_the_node_keeps_serving(nursery, tmp_path):
+    # At 1 and 2 the answer was the segment's bytes past the log end (megabytes of them) passed off as records. At
+    # 12 (a record's queue_id, 0) the read looped forever and the node answered nothing more: that case hangs this
+    # test's own trio loop without the fix, so tests/unit/store/test_append.py covers it from a thread.
+    config, addr = await _node(nursery, tmp_path)
+    async with open_remoting_client() as client:
+        await _wait_leader(client, addr)
+        assert (await _send(client, addr)).code == ResponseCode.SUCCESS
+        group = config.dledger.group
+        with trio.fail_after(10):
+            for offset in (1, 2):
+                r = await call(client, addr, RequestCode.FETCH_COMMIT_LOG,
+                               {"group": group, "phy_offset": offset, "max_bytes": 100})
+                assert r.code == ResponseCode.INVALID_REQUEST and not r.body, (offset, r.code, len(r.body))
+                assert f"phy_offset {offset} is not the start of a record" in r.remark, r.remark
+            r = await call(client, addr, RequestCode.FETCH_COMMIT_LOG, {"group": group, "phy_offset": 0,
+                                                                        "max_bytes": 100})
+            assert r.code == ResponseCode.SUCCESS and next(iter_records(r.body)).phy_offset == 0
+            assert (await _send(client, addr, body=b"still here")).code == ResponseCode.SUCCESS
