@@ -17,6 +17,7 @@ from typing import Any
 
 import trio
 
+from remoting.config import ConfigError
 from remoting.errors import FatalServerError
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,10 @@ def run_until_signalled(main: Callable[[trio.Nursery], Awaitable[Drain | None]])
     everything and return 0. Servers do their final flush in their own shielded ``finally`` blocks. A
     ``FatalServerError`` stops everything the same way and returns ``EXIT_FATAL`` after logging it.
 
+    A ``ConfigError`` raised by ``main`` while it starts the servers (a listen address this host cannot bind:
+    ``start_error`` turns such an OSError into one) leaves as itself, out of trio's exception groups, so the CLI
+    ends with its one line and exit status 2 as for any other config error.
+
     ``main`` may return a *drain*: an async function run on the signal while everything still serves (a broker
     leader hands its leadership over), for at most ``DRAIN_TIMEOUT_S``; a second signal cuts it short."""
 
@@ -92,6 +97,9 @@ def run_until_signalled(main: Callable[[trio.Nursery], Awaitable[Drain | None]])
     try:
         trio.run(_run)
     except BaseExceptionGroup as group:
+        config_errors = leaf_exceptions(group)
+        if all(isinstance(e, ConfigError) for e in config_errors):
+            raise config_errors[0] from None
         fatal, rest = group.split(FatalServerError)
         if fatal is None or rest is not None:
             raise
@@ -102,6 +110,18 @@ def run_until_signalled(main: Callable[[trio.Nursery], Awaitable[Drain | None]])
         return EXIT_FATAL
     sys.stdout.flush()
     return 0
+
+
+def start_error(what: str, group: BaseExceptionGroup[OSError]) -> ConfigError:
+    """The ConfigError for a server that could not start because the host refused what its config asks (an
+    address in use or not this host's, a name that does not resolve, a directory it may not write): ``what``
+    says which server and config value."""
+    error = leaf_exceptions(group)[0]
+    if isinstance(error, OSError) and error.strerror:  # "[Errno 98] ..." says nothing an operator needs
+        reason = error.strerror if error.filename is None else f"{error.strerror}: {str(error.filename)!r}"
+    else:
+        reason = str(error)
+    return ConfigError(f"{what}: {reason}")
 
 
 def _supervisor_pid() -> int | None:

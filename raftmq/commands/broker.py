@@ -11,7 +11,7 @@ from pathlib import Path
 import trio
 
 from raftmq.config_file import check_config_file
-from raftmq.runner import Drain, announce_ready, run_until_signalled
+from raftmq.runner import Drain, announce_ready, run_until_signalled, start_error
 from remoting.config import ConfigError
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,12 @@ def run(args: argparse.Namespace) -> int:
 
     async def main(nursery: trio.Nursery) -> Drain:
         nodes = []
-        host, port = await nursery.start(functools.partial(serve_broker, config, on_serving=nodes.append))
+        try:
+            host, port = await nursery.start(functools.partial(serve_broker, config, on_serving=nodes.append))
+        except* OSError as group:
+            raise start_error(f"broker {config.broker_name} node {config.broker_id} (listen "
+                              f"{config.listen_address}, raft {config.dledger.self_member.raft_address}) "
+                              f"could not start", group) from None
         announce_ready("broker", listen=f"{host}:{port}", broker_name=config.broker_name,
                        broker_id=config.broker_id, raft=config.dledger.self_member.raft_address)
         return nodes[0].hand_over_leadership

@@ -43,7 +43,7 @@ from dledger import (AppendTimeoutError, ByteLog, DLedgerConfig, DLedgerError, D
                      RecordTooLargeError, open_dledger_group)
 from dledger.service import DLedgerService, remote_fetch_range
 from raftmq.config_file import check_config_file
-from raftmq.runner import announce_ready, run_until_signalled
+from raftmq.runner import announce_ready, run_until_signalled, start_error
 from remoting.codec import Frame, make_response
 from remoting.codes import RequestCode, ResponseCode
 from remoting.config import ConfigError, bounded, load_config, parse_host_port
@@ -148,7 +148,12 @@ def run(args: argparse.Namespace) -> int:
     assert config.dledger is not None
 
     async def main(nursery: trio.Nursery) -> None:
-        host, port = await nursery.start(functools.partial(serve_dledger_node, config))
+        try:
+            host, port = await nursery.start(functools.partial(serve_dledger_node, config))
+        except* OSError as group:
+            raise start_error(f"dledger-node {config.dledger.self_id} (listen "
+                              f"{config.dledger.self_member.service_address}, raft "
+                              f"{config.dledger.self_member.raft_address}) could not start", group) from None
         announce_ready("dledger-node", listen=f"{host}:{port}", raft=config.dledger.self_member.raft_address,
                        id=config.dledger.self_id)
 

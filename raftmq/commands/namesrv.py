@@ -11,7 +11,7 @@ import trio
 
 from namesrv import load_namesrv_config, serve_namesrv
 from raftmq.config_file import check_config_file
-from raftmq.runner import announce_ready, run_until_signalled
+from raftmq.runner import announce_ready, run_until_signalled, start_error
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,10 @@ def run(args: argparse.Namespace) -> int:
     config = load_namesrv_config(args.config, listen=args.listen)
 
     async def main(nursery: trio.Nursery) -> None:
-        host, port = await nursery.start(functools.partial(serve_namesrv, config))
+        try:
+            host, port = await nursery.start(functools.partial(serve_namesrv, config))
+        except* OSError as group:
+            raise start_error(f"cannot listen on {config.listen}", group) from None
         announce_ready("namesrv", listen=f"{host}:{port}")
 
     return run_until_signalled(main)

@@ -358,3 +358,24 @@ def test_dev_reports_a_child_that_cannot_start(tmp_path):
     assert r.returncode == 1
     assert "raftmq dev: error: namesrv" in r.stderr and "exited with rc=" in r.stderr
     assert "Address already in use" in r.stderr
+
+
+def test_a_broker_whose_raft_port_is_taken_exits_2_naming_it(tmp_path):
+    """``raftmq broker`` that cannot bind its Raft port: one line naming the node and the port, exit 2 (was a
+    trio exception-group traceback, exit 1)."""
+    import socket
+    import subprocess
+
+    data_dir = tmp_path / "dev"
+    data_dir.mkdir()
+    state = plan_ports(data_dir, 0)
+    config = write_broker_configs(data_dir, state)[0]
+    raft = f"127.0.0.1:{state['ports']['raft'][0]}"
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", state["ports"]["raft"][0]))
+        busy.listen()
+        r = subprocess.run(raftmq_argv("broker", "--config", str(config)), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert (f"raftmq: error: broker {GROUP} node 1 (listen 127.0.0.1:{state['ports']['service'][0]}, raft {raft}) "
+            f"could not start: could not bind the Raft port {raft}") in r.stderr
+    assert "ready" not in r.stdout

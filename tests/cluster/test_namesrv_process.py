@@ -119,3 +119,15 @@ def test_bad_listen_flag_exits_2(tmp_path):
     done = subprocess.run(raftmq_argv("namesrv", "--listen", "nowhere"), capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 2 and "listen must look like HOST:PORT" in done.stderr
+
+
+def test_a_listen_address_it_cannot_bind_exits_2_naming_it(start_namesrv):
+    """A port in use, or an address of no interface here: one line naming it and exit 2, as for any config
+    error (was a trio exception-group traceback and exit 1)."""
+    taken = start_namesrv("--listen", "127.0.0.1:0").fields["listen"]
+    for listen, reason in ((taken, "Address already in use"), ("192.0.2.1:0", "Cannot assign requested address")):
+        done = subprocess.run(raftmq_argv("namesrv", "--listen", listen), capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode == 2, done.stderr
+        assert f"raftmq: error: cannot listen on {listen}: {reason}" in done.stderr
+        assert "Traceback" not in done.stderr and "ready" not in done.stdout

@@ -14,7 +14,8 @@ import trio
 
 from dledger import MemberDivergedError
 from raftmq.runner import (DRAIN_TIMEOUT_S, EXIT_FATAL, GC_GEN0_THRESHOLD, PARENT_PID_ENV, _supervisor_pid,
-                           run_until_signalled)
+                           run_until_signalled, start_error)
+from remoting.config import ConfigError
 
 
 @pytest.fixture(autouse=True)
@@ -70,6 +71,27 @@ def test_other_errors_keep_their_traceback():
     with pytest.raises(BaseExceptionGroup) as info:
         run_until_signalled(main)
     assert info.group_contains(KeyError)
+
+
+def test_a_server_the_host_cannot_start_raises_one_config_error_out_of_the_groups():
+    async def serve(*, task_status) -> None:
+        async with trio.open_nursery():  # the error comes out of a server's own nursery, wrapped
+            raise OSError(98, "Address already in use")
+
+    async def main(nursery: trio.Nursery) -> None:
+        try:
+            await nursery.start(serve)
+        except* OSError as group:
+            raise start_error("cannot listen on 127.0.0.1:9876", group) from None
+
+    with pytest.raises(ConfigError, match=r"^cannot listen on 127.0.0.1:9876: Address already in use$"):
+        run_until_signalled(main)
+
+
+def test_start_error_names_the_file_an_os_error_is_about():
+    group = BaseExceptionGroup("start", [PermissionError(13, "Permission denied", "/var/lib/raftmq/store")])
+    assert str(start_error("broker broker-a node 1 could not start", group)) == (
+        "broker broker-a node 1 could not start: Permission denied: '/var/lib/raftmq/store'")
 
 
 def test_a_signal_stops_the_server_with_status_0():
