@@ -171,9 +171,10 @@ def _check(args: argparse.Namespace) -> None:
             raise ConfigError("KEY must not be empty")
         if not 1 <= args.max <= MAX_QUERY_NUM:
             raise ConfigError(f"--max must be within 1..{MAX_QUERY_NUM}, got {args.max}")
-        if args.begin_ms < 0 or (args.end_ms is not None and args.end_ms < args.begin_ms):
-            raise ConfigError(f"--begin-ms and --end-ms must satisfy 0 <= begin <= end, got {args.begin_ms} and "
-                              f"{args.end_ms}")
+        end_ms = LATEST_MS if args.end_ms is None else args.end_ms
+        if not 0 <= args.begin_ms <= end_ms <= LATEST_MS:
+            raise ConfigError(f"--begin-ms and --end-ms must satisfy 0 <= begin <= end <= {LATEST_MS}, got "
+                              f"{args.begin_ms} and {args.end_ms}")
 
 
 def _route_data(route: TopicRouteData) -> dict[str, Any]:
@@ -269,8 +270,11 @@ def parse_when(value: str) -> int:
         return LATEST_MS
     if text == "now":
         return int(time.time() * 1000)
-    if text.isdigit():
-        return int(text)
+    if text.isascii() and text.isdigit():  # str.isdigit alone takes "٣" and "²"
+        ms = int(text)
+        if ms > LATEST_MS:  # the brokers take a signed 64-bit time
+            raise ConfigError(f"--to in milliseconds must be at most {LATEST_MS} (or latest), got {value!r}")
+        return ms
     try:
         when = datetime.datetime.fromisoformat(text)
     except ValueError:

@@ -1,0 +1,43 @@
+"""``raftmq admin``'s argument checks: a bad value exits 2 with one line naming it, before anything is sent
+(``--namesrv`` points at a closed port, so a value that slipped through would end in exit 1 instead)."""
+
+from __future__ import annotations
+
+import pytest
+
+from raftmq.cli import main
+
+CLOSED = "127.0.0.1:1"
+
+
+def _refused(capsys, *args: str) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["admin", "--namesrv", CLOSED, "--timeout", "2", *args])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    return err
+
+
+@pytest.mark.parametrize("args, named", [
+    # The brokers take a signed 64-bit time: bigger values raised ValueError from the client (a traceback).
+    (["reset-offset", "G", "T", "--to", "99999999999999999999999"],
+     "--to in milliseconds must be at most 9223372036854775807 (or latest), got '99999999999999999999999'"),
+    # str.isdigit takes other scripts' digits: "٣" was read as 3 ms since the epoch.
+    (["reset-offset", "G", "T", "--to", "٣"], "--to must be earliest, latest, now, milliseconds since the epoch"),
+    (["query-msg-key", "T", "k", "--begin-ms", "99999999999999999999"],
+     "--begin-ms and --end-ms must satisfy 0 <= begin <= end <= 9223372036854775807, got 99999999999999999999"),
+    (["query-msg-key", "T", "k", "--end-ms", "99999999999999999999"],
+     "--begin-ms and --end-ms must satisfy 0 <= begin <= end <= 9223372036854775807, got 0 and "
+     "99999999999999999999"),
+])
+def test_a_time_out_of_range_exits_2_naming_it(args, named, capsys):
+    assert named in _refused(capsys, *args)
+
+
+def test_times_within_range_pass_the_checks(capsys):
+    # Past the checks, the closed name server answers: exit 1, naming it.
+    for args in (["reset-offset", "G", "T", "--to", "9223372036854775807"],
+                 ["query-msg-key", "T", "k", "--end-ms", "9223372036854775807"]):
+        assert main(["admin", "--namesrv", CLOSED, "--timeout", "2", *args]) == 1
+        assert "could not connect to 127.0.0.1:1" in capsys.readouterr().err
