@@ -34,7 +34,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from broker.topic_config import TopicConfigError, validate_group_name, validate_topic_name
+from broker.topic_config import (SYSTEM_TOPIC_PREFIX, TopicConfigError, is_system_topic, validate_group_name,
+                                 validate_topic_name)
 from client import open_admin
 from client.admin import MAX_QUERY_NUM, AdminClient
 from client.message import MessageExt
@@ -123,8 +124,9 @@ def _add_targets(parser: argparse.ArgumentParser) -> None:
 
 # The group and topic names a command takes, checked before anything is sent, by how its usage names them.
 _GROUP_ARG = {"consumer-connection": "GROUP", "consumer-progress": "GROUP", "reset-offset": "GROUP"}
-_TOPIC_ARG = {"topic-status": "TOPIC", "consumer-progress": "--topic", "reset-offset": "TOPIC",
-              "query-msg-id": "--topic", "query-msg-key": "TOPIC"}
+_TOPIC_ARG = {"route": "TOPIC", "create-topic": "TOPIC", "delete-topic": "TOPIC", "topic-status": "TOPIC",
+              "consumer-progress": "--topic", "reset-offset": "TOPIC", "query-msg-id": "--topic",
+              "query-msg-key": "TOPIC"}
 
 
 def _check_names(args: argparse.Namespace) -> None:
@@ -134,6 +136,9 @@ def _check_names(args: argparse.Namespace) -> None:
             validate_group_name(args.group, group_arg)
         if topic_arg is not None and args.topic is not None:
             validate_topic_name(args.topic)
+            if args.admin_command == "create-topic" and is_system_topic(args.topic):
+                raise TopicConfigError(f"topic {args.topic!r} is reserved for the broker (prefix "
+                                       f"{SYSTEM_TOPIC_PREFIX!r})", field="topic")
     except TopicConfigError as e:
         # The topic check's sentence says "topic ...": name the argument as the usage does.
         raise ConfigError(str(e).replace("topic ", f"{topic_arg} ", 1) if e.field == "topic" else str(e)) from None

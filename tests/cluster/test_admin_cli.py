@@ -141,8 +141,8 @@ def test_admin_reports_the_group_creates_routes_and_deletes_a_topic(spawn, tmp_p
         time.sleep(0.3)
 
     # Refusals: the cluster's own reason, exit status 1; a bad argument: exit status 2 naming it.
-    bad_topic = _admin(namesrv, "create-topic", "bad topic!", expect_rc=1)
-    assert "bad topic!" in bad_topic.stderr
+    bad_topic = _admin(namesrv, "create-topic", "bad topic!", expect_rc=2)
+    assert "TOPIC 'bad topic!' contains illegal characters" in bad_topic.stderr
     missing = _admin(namesrv, "route", "NoSuchTopic", expect_rc=1)
     assert "NoSuchTopic" in missing.stderr
     unknown_group = _admin(namesrv, "status", "--broker", "broker-zz", expect_rc=1)

@@ -35,6 +35,22 @@ def test_a_time_out_of_range_exits_2_naming_it(args, named, capsys):
     assert named in _refused(capsys, *args)
 
 
+@pytest.mark.parametrize("command", ["route", "create-topic", "delete-topic"])
+@pytest.mark.parametrize("topic, named", [
+    ("bad topic!", "TOPIC 'bad topic!' contains illegal characters"),
+    ("", "TOPIC must be a non-empty string, got ''"),
+    ("x" * 200, "is 200 characters long; at most 127 are allowed"),
+])
+def test_a_bad_topic_name_exits_2_naming_it(command, topic, named, capsys):
+    # Was sent as is: the name server's or broker's INVALID_REQUEST, exit 1, as if the cluster had refused.
+    assert named in _refused(capsys, command, topic)
+
+
+def test_a_system_topic_is_refused_before_the_broker_refuses_it(capsys):
+    assert "TOPIC 'rmq_sys_x' is reserved for the broker (prefix 'rmq_sys_')" in _refused(
+        capsys, "create-topic", "rmq_sys_x")
+
+
 def test_times_within_range_pass_the_checks(capsys):
     # Past the checks, the closed name server answers: exit 1, naming it.
     for args in (["reset-offset", "G", "T", "--to", "9223372036854775807"],
