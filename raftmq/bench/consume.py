@@ -19,8 +19,8 @@ import trio
 
 from client import Message, open_producer, open_push_consumer
 from raftmq.bench.common import BenchError, check_range, run_bench, summarize_latencies
-from raftmq.bench.produce import (BenchReport, add_cluster_args, bench_cluster, cpu_per_message, cpu_sample,
-                                  ensure_topic, progress, report)
+from raftmq.bench.produce import (BenchReport, add_cluster_args, bench_cluster, check_cluster_args, cpu_per_message,
+                                  cpu_sample, ensure_topic, progress, report)
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
     check_range("--messages", args.messages, 1, 10**9)
     check_range("--pull-batch", args.pull_batch, 1, 1024)
     check_range("--seconds", args.seconds, 0.1, 3600)
+    check_cluster_args(args)
 
     async def main() -> BenchReport:
         async with bench_cluster(args) as namesrv:

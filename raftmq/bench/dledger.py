@@ -279,6 +279,7 @@ def run(args: argparse.Namespace) -> int:
     check_range("--seconds", args.seconds, 0.5, 3600)
     check_range("--concurrency", args.concurrency, 1, 20_000)
     check_range("--batch", args.batch, 1, 1024)
+    check_range("--warmup-seconds", args.warmup_seconds, 0, 600)
     if args.size * args.batch > 96 * 1024:
         raise ConfigError(f"--size x --batch must stay within 96 KiB per append, got {args.size * args.batch}")
     try:

@@ -26,9 +26,11 @@ from collections.abc import AsyncIterator, Callable
 import trio
 from rich.console import Console
 
+from broker.topic_config import TopicConfigError, check_sendable_topic, validate_topic_name
 from client import Message, SendFailedError, open_admin, open_producer
 from raftmq.bench.common import (BenchError, LatencySummary, check_range, print_json, print_table, run_bench,
                                  show_progress, spawn_ready_process, summarize_latencies)
+from remoting.config import ConfigError, parse_host_port
 from remoting.errors import RaftMQError
 
 log = logging.getLogger(__name__)
@@ -128,6 +130,21 @@ def add_cluster_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the result as one JSON line")
 
 
+def check_cluster_args(args: argparse.Namespace) -> None:
+    """The options of ``add_cluster_args``, checked before a cluster is started or asked: a topic the brokers
+    refuse was retried by ``ensure_topic`` for 30 s and then reported as the cluster's failure."""
+    if args.namesrv:
+        for addr in args.namesrv.replace(";", ",").split(","):
+            parse_host_port(addr.strip(), key="--namesrv")
+    if args.topic is not None:
+        try:
+            validate_topic_name(args.topic)
+            check_sendable_topic(args.topic)
+        except TopicConfigError as e:
+            raise ConfigError(str(e).replace("topic ", "--topic ", 1)) from None
+    check_range("--queues", args.queues, 1, 1024)
+
+
 @contextlib.asynccontextmanager
 async def bench_cluster(args: argparse.Namespace) -> AsyncIterator[str]:
     """The name server address to use: ``--namesrv``, or a ``raftmq dev`` cluster started (and stopped by
@@ -167,7 +184,8 @@ def _check(args: argparse.Namespace) -> None:
     check_range("--batch", args.batch, 1, 1024)
     check_range("--messages", args.messages, 1, 10**9)
     check_range("--seconds", args.seconds, 0.1, 3600)
-    check_range("--queues", args.queues, 1, 1024)
+    check_range("--warmup-seconds", args.warmup_seconds, 0, 600)
+    check_cluster_args(args)
     if args.send_timeout_ms is not None:
         check_range("--send-timeout-ms", args.send_timeout_ms, 1, 3_600_000)
 

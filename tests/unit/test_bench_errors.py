@@ -35,3 +35,23 @@ def test_a_bench_error_inside_a_nursery_is_found_and_anything_else_is_raised():
 
     with pytest.raises(KeyError):
         run_bench("consume", broken)
+
+
+@pytest.mark.parametrize("argv, named", [
+    # A topic the brokers refuse was retried by ensure_topic for 30 s, then reported as the cluster's failure.
+    (["produce", "--topic", "bad topic"], "--topic 'bad topic' contains illegal characters"),
+    (["produce", "--topic", "rmq_sys_x"], "--topic 'rmq_sys_x' is reserved for the broker"),
+    (["consume", "--topic", "bad topic"], "--topic 'bad topic' contains illegal characters"),
+    (["consume", "--queues", "0"], "--queues must be within 1..1024, got 0"),
+    (["consume", "--namesrv", "nowhere"], "--namesrv must look like HOST:PORT, got 'nowhere'"),
+    (["produce", "--warmup-seconds", "-1"], "--warmup-seconds must be within 0..600, got -1.0"),
+])
+def test_a_bad_option_exits_2_naming_it_before_any_cluster_is_asked(argv, named, capsys):
+    from raftmq.cli import main
+
+    if "--namesrv" not in argv:
+        argv = [*argv, "--namesrv", "127.0.0.1:1"]  # nothing listens: a check that let it through would wait 30 s
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", *argv])
+    assert exit_info.value.code == 2
+    assert named in capsys.readouterr().err
