@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from typing import Any
 
 import trio
 
 from dledger.service import get_raft_status
+from raftmq.bench.common import check_range
 from remoting.config import ConfigError, parse_host_port
 from remoting.errors import RaftMQError
 from remoting.transport import open_remoting_client
@@ -67,10 +69,11 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--members needs at least two addresses, got {args.members!r}")
     for a in addresses:
         parse_host_port(a, key="--members")
+    check_range("--timeout", args.timeout, 0.1, 3600)
     try:
         report = trio.run(lambda: verify_group(args.group, addresses, timeout_s=args.timeout))
     except (RaftMQError, OSError) as e:
-        print(f"verify: could not ask every member of group {args.group}: {e}")
+        print(f"verify: could not ask every member of group {args.group}: {e}", file=sys.stderr)
         return 2
     for addr, status in report["members"].items():
         print(f"member {status.get('self_id', '?')} at {addr}: role={status['role']} term={status['term']} "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from raftmq.commands.verify import compare_checksums
 
 
@@ -17,3 +19,22 @@ def test_divergent_and_missing_segments_are_reported():
     segments, divergent = compare_checksums(sums)
     assert segments == 2
     assert divergent == [(100, {"a": 0xBB, "b": 0xBC})]
+
+
+@pytest.mark.parametrize("timeout", ["-1", "nan", "0"])
+def test_a_bad_timeout_exits_2_naming_it(timeout, capsys):
+    # Was passed on to the remoting client, whose ValueError came out as a traceback (exit 1).
+    from raftmq.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["verify", "--group", "broker-a", "--members", "127.0.0.1:1,127.0.0.1:2", "--timeout", timeout])
+    assert exit_info.value.code == 2
+    assert f"--timeout must be within 0.1..3600, got {float(timeout)!r}" in capsys.readouterr().err
+
+
+def test_a_member_it_cannot_ask_is_reported_on_stderr(capsys):
+    from raftmq.cli import main
+
+    assert main(["verify", "--group", "broker-a", "--members", "127.0.0.1:1,127.0.0.1:2", "--timeout", "2"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "verify: could not ask every member of group broker-a: could not connect" in err
