@@ -14,7 +14,7 @@ from typing import Any
 import cbor2
 
 from namesrv.route_info import ROLES, Registration, TopicConfig
-from remoting.config import ConfigError, parse_host_port
+from remoting.config import ConfigError, name_problem, parse_host_port
 from remoting.message import MAX_TOPIC_LENGTH, TOPIC_CHARS
 
 __all__ = ["InvalidRequestError", "TopicConfigCache", "parse_register_broker", "parse_unregister_broker", "parse_topic",
@@ -22,8 +22,6 @@ __all__ = ["InvalidRequestError", "TopicConfigCache", "parse_register_broker", "
 
 # RocketMQ's topic rule (TopicValidator): letters, digits, '%', '|', '_', '-'; at most 127 characters.
 _TOPIC_RE = re.compile(f"[{TOPIC_CHARS}]{{1,{MAX_TOPIC_LENGTH}}}")
-_NAME_RE = re.compile(r"[a-zA-Z0-9_.-]{1,127}")
-_ALLOWED = {_TOPIC_RE: "letters, digits and %|_-", _NAME_RE: "letters, digits and _.-"}
 _PERM_MAX = 0xF  # PRIORITY | READ | WRITE | INHERIT
 _MAX_QUEUE_NUMS = 1 << 16
 _SYS_FLAG_MAX = 2**31 - 1
@@ -53,12 +51,23 @@ def _int_field(value: Any, name: str, *, lo: int, hi: int | None = None) -> int:
     return value
 
 
-def _name_field(value: Any, name: str, pattern: re.Pattern[str] = _NAME_RE) -> str:
+def _name_field(value: Any, name: str) -> str:
+    """A cluster or broker name, by the rule every broker's config is held to (``name_problem``): the table
+    must not hold a name no broker can be configured with (it took '.', which brokers refuse)."""
     if not isinstance(value, str):
         raise InvalidRequestError(name, f"request field {name!r} must be a string, got {value!r}")
-    if not pattern.fullmatch(value):
+    problem = name_problem(value)
+    if problem:
+        raise InvalidRequestError(name, f"request field {name!r} {problem}, got {value!r}")
+    return value
+
+
+def _topic_field(value: Any, name: str) -> str:
+    if not isinstance(value, str):
+        raise InvalidRequestError(name, f"request field {name!r} must be a string, got {value!r}")
+    if not _TOPIC_RE.fullmatch(value):
         raise InvalidRequestError(
-            name, f"request field {name!r} must be 1 to 127 {_ALLOWED[pattern]}, got {value!r}")
+            name, f"request field {name!r} must be 1 to {MAX_TOPIC_LENGTH} letters, digits and %|_-, got {value!r}")
     return value
 
 
@@ -75,7 +84,7 @@ def _addr_field(value: Any, name: str) -> str:
 
 
 def parse_topic(ext: Mapping[str, Any]) -> str:
-    return _name_field(_require(ext, "topic"), "topic", _TOPIC_RE)
+    return _topic_field(_require(ext, "topic"), "topic")
 
 
 def decode_topic_configs(body: bytes) -> dict[str, TopicConfig]:
@@ -121,7 +130,7 @@ def decode_topic_configs(body: bytes) -> dict[str, TopicConfig]:
 
 def _decode_topic_config(topic: Any, raw: Any) -> TopicConfig:
     where = f"body[{topic!r}]"
-    _name_field(topic, "body topic", _TOPIC_RE)
+    _topic_field(topic, "body topic")
     if not isinstance(raw, Mapping):
         raise InvalidRequestError(where, f"{where} must be a map of topic config fields, got {raw!r}")
     unknown = sorted(set(raw) - _CONFIG_KEYS, key=str)

@@ -234,6 +234,10 @@ def test_parse_register_broker_round_trip():
     ({"cluster_name": None}, "cluster_name", "'cluster_name' is missing"),
     ({"broker_name": 7}, "broker_name", "'broker_name' must be a string, got 7"),
     ({"broker_name": "a b"}, "broker_name", "got 'a b'"),
+    # Names no broker can be configured with (remoting.config.name_problem): the table took '.' and refused none.
+    ({"cluster_name": "prod.eu"}, "cluster_name", "'cluster_name' must be letters, digits, - or _ .*'prod.eu'"),
+    ({"broker_name": "broker.a"}, "broker_name", "got 'broker.a'"),
+    ({"broker_name": "x" * 128}, "broker_name", "1 to 127 characters"),
     ({"broker_id": 0}, "broker_id", "'broker_id' must be >= 1, got 0"),
     ({"broker_id": "1"}, "broker_id", "'broker_id' must be an integer, got '1'"),
     ({"broker_id": True}, "broker_id", "must be an integer, got True"),
