@@ -15,7 +15,7 @@ import cbor2
 
 from namesrv.route_info import ROLES, Registration, TopicConfig
 from remoting.config import ConfigError, name_problem, parse_host_port
-from remoting.message import MAX_TOPIC_LENGTH, TOPIC_CHARS
+from remoting.message import MAX_TOPIC_LENGTH, TOPIC_CHARS, MessageFormatError, ip_bytes
 
 __all__ = ["InvalidRequestError", "TopicConfigCache", "parse_register_broker", "parse_unregister_broker", "parse_topic",
            "decode_topic_configs", "encode_topic_configs"]
@@ -75,11 +75,22 @@ def _addr_field(value: Any, name: str) -> str:
     if not isinstance(value, str):
         raise InvalidRequestError(name, f"request field {name!r} must be a 'host:port' string, got {value!r}")
     try:
-        _, port = parse_host_port(value, key=name)
+        host, port = parse_host_port(value, key=name)
     except ConfigError as e:
         raise InvalidRequestError(name, f"request field {e}") from None
     if port == 0:
         raise InvalidRequestError(name, f"request field {name!r} must have a non-zero port, got {value!r}")
+    # What a broker advertises is its service_address, which its config holds to an IPv4 address (the store
+    # host of every message id) and a plain port; routes must not hand clients '[::1]:5', 'a b:5' or 'h:+5'.
+    try:
+        ip_bytes(host, name)
+    except MessageFormatError:
+        canonical = False
+    else:
+        canonical = value == f"{host}:{port}"
+    if not canonical:
+        raise InvalidRequestError(name, f"request field {name!r} must be an IPv4 address and a port, as a broker's "
+                                        f"service_address, got {value!r}")
     return value
 
 

@@ -243,6 +243,10 @@ def test_parse_register_broker_round_trip():
     ({"broker_id": True}, "broker_id", "must be an integer, got True"),
     ({"broker_addr": "nohost"}, "broker_addr", "broker_addr must look like HOST:PORT, got 'nohost'"),
     ({"broker_addr": "127.0.0.1:0"}, "broker_addr", "non-zero port"),
+    # Addresses no broker advertises (its service_address is IPv4 and a port): they went into routes as is.
+    *(({"broker_addr": addr}, "broker_addr", "must be an IPv4 address and a port, as a broker's service_address")
+      for addr in ("[::1]:10911", "::1", "broker-host:10911", "a b:10911", "127.0.0.1:+5", "127.0.0.1:1_0",
+                   "127.0.0.1: 5")),
     ({"role": "MASTER"}, "role", "must be one of LEADER, FOLLOWER, CANDIDATE, got 'MASTER'"),
     ({"term": -1}, "term", "'term' must be >= 0, got -1"),
     ({"data_version": 1.5}, "data_version", "must be an integer, got 1.5"),
