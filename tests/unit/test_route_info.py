@@ -238,7 +238,7 @@ def test_parse_register_broker_round_trip():
     ({"cluster_name": "prod.eu"}, "cluster_name", "'cluster_name' must be letters, digits, - or _ .*'prod.eu'"),
     ({"broker_name": "broker.a"}, "broker_name", "got 'broker.a'"),
     ({"broker_name": "x" * 128}, "broker_name", "1 to 127 characters"),
-    ({"broker_id": 0}, "broker_id", "'broker_id' must be >= 1, got 0"),
+    ({"broker_id": 0}, "broker_id", "'broker_id' must be within 1..9223372036854775807, got 0"),
     ({"broker_id": "1"}, "broker_id", "'broker_id' must be an integer, got '1'"),
     ({"broker_id": True}, "broker_id", "must be an integer, got True"),
     ({"broker_addr": "nohost"}, "broker_addr", "broker_addr must look like HOST:PORT, got 'nohost'"),
@@ -248,7 +248,11 @@ def test_parse_register_broker_round_trip():
       for addr in ("[::1]:10911", "::1", "broker-host:10911", "a b:10911", "127.0.0.1:+5", "127.0.0.1:1_0",
                    "127.0.0.1: 5")),
     ({"role": "MASTER"}, "role", "must be one of LEADER, FOLLOWER, CANDIDATE, got 'MASTER'"),
-    ({"term": -1}, "term", "'term' must be >= 0, got -1"),
+    ({"term": -1}, "term", "'term' must be within 0..9223372036854775807, got -1"),
+    # CBOR carries up to 2**64 - 1; such a term outranked every real leader of the group for good.
+    ({"term": 2**64 - 1}, "term", "'term' must be within 0..9223372036854775807, got 18446744073709551615"),
+    ({"broker_id": 2**63}, "broker_id", "'broker_id' must be within 1..9223372036854775807"),
+    ({"data_version": 2**63}, "data_version", "'data_version' must be within 0..9223372036854775807"),
     ({"data_version": 1.5}, "data_version", "must be an integer, got 1.5"),
 ])
 def test_parse_register_broker_names_the_bad_field(change, field, text):
@@ -291,6 +295,9 @@ def test_parse_topic_and_unregister():
     assert parse_unregister_broker({"cluster_name": "c", "broker_name": "b", "broker_id": 2}) == ("c", "b", 2, None)
     with pytest.raises(InvalidRequestError) as info:
         parse_unregister_broker({"cluster_name": "c", "broker_name": "b"})
+    assert info.value.field == "broker_id"
+    with pytest.raises(InvalidRequestError, match="within 1..9223372036854775807") as info:
+        parse_unregister_broker({"cluster_name": "c", "broker_name": "b", "broker_id": 2**64 - 1})
     assert info.value.field == "broker_id"
 
 
