@@ -27,6 +27,7 @@ import json
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -165,6 +166,8 @@ def _check(args: argparse.Namespace) -> None:
     if args.admin_command == "reset-offset":
         args.timestamp_ms = parse_when(args.to)
     if args.admin_command == "query-msg-id":
+        if args.body_file is not None:
+            _check_body_file(args.body_file)
         try:
             parse_msg_id(args.msg_id)
         except MessageFormatError:
@@ -180,6 +183,18 @@ def _check(args: argparse.Namespace) -> None:
         if not 0 <= args.begin_ms <= end_ms <= LATEST_MS:
             raise ConfigError(f"--begin-ms and --end-ms must satisfy 0 <= begin <= end <= {LATEST_MS}, got "
                               f"{args.begin_ms} and {args.end_ms}")
+
+
+def _check_body_file(value: str) -> None:
+    """``--body-file``: where the body will be written once the message is found; a path it cannot be written
+    to is a bad argument, not something to learn after the query (an empty one was silently ignored)."""
+    path = Path(value)
+    if not value:
+        raise ConfigError("--body-file must name a file, got ''")
+    if path.is_dir():
+        raise ConfigError(f"--body-file {value!r} is a directory, not a file")
+    if not path.parent.is_dir():
+        raise ConfigError(f"--body-file {value!r}: directory {str(path.parent)!r} does not exist")
 
 
 def _route_data(route: TopicRouteData) -> dict[str, Any]:
@@ -314,9 +329,12 @@ def _message_data(m: MessageExt) -> dict[str, Any]:
 
 async def _query_msg_id(admin: AdminClient, args: argparse.Namespace) -> dict[str, Any]:
     message = await admin.view_message(args.msg_id, topic=args.topic)
-    if args.body_file:
-        with open(args.body_file, "wb") as f:
-            f.write(message.body)
+    if args.body_file is not None:
+        try:
+            with open(args.body_file, "wb") as f:
+                f.write(message.body)
+        except OSError as e:
+            raise _Refused(f"could not write the body to --body-file {args.body_file!r}: {e.strerror or e}") from None
     return {"messages": [_message_data(message)]}
 
 

@@ -57,3 +57,17 @@ def test_times_within_range_pass_the_checks(capsys):
                  ["query-msg-key", "T", "k", "--end-ms", "9223372036854775807"]):
         assert main(["admin", "--namesrv", CLOSED, "--timeout", "2", *args]) == 1
         assert "could not connect to 127.0.0.1:1" in capsys.readouterr().err
+
+
+MSG_ID = "7F000001000073FF00000000015DB836"
+
+
+@pytest.mark.parametrize("body_file, named", [
+    # Was learnt only after the query, as "[Errno 2] ..." and exit 1 (a cluster refusal); '' was ignored.
+    ("{tmp}/missing/body.bin", "--body-file '{tmp}/missing/body.bin': directory '{tmp}/missing' does not exist"),
+    ("{tmp}", "--body-file '{tmp}' is a directory, not a file"),
+    ("", "--body-file must name a file, got ''"),
+])
+def test_a_body_file_it_cannot_write_exits_2_before_the_query(body_file, named, tmp_path, capsys):
+    err = _refused(capsys, "query-msg-id", MSG_ID, "--body-file", body_file.format(tmp=tmp_path))
+    assert named.format(tmp=tmp_path) in err
