@@ -495,8 +495,19 @@ def _print_route(console: Console, route: dict[str, Any]) -> None:
     console.print(table)
 
 
+def _print_json_error(args: argparse.Namespace, messages: list[str], status: int) -> None:
+    """With ``--json``, a failure is one JSON line on stdout too (the sentences also go to stderr): a script
+    reading the JSON line got nothing to parse."""
+    if args.json:
+        print(json.dumps({"error": messages[0], "errors": messages, "exit_status": status}), flush=True)
+
+
 def run(args: argparse.Namespace) -> int:
-    _check(args)
+    try:
+        _check(args)
+    except ConfigError as e:
+        _print_json_error(args, [str(e)], 2)
+        raise
 
     async def main() -> dict[str, Any]:
         with trio.fail_after(args.timeout):
@@ -510,12 +521,14 @@ def run(args: argparse.Namespace) -> int:
         errors = leaf_exceptions(e)
         if not all(isinstance(x, (RaftMQError, _Refused, OSError, trio.TooSlowError)) for x in errors):
             raise
+        messages = []
         for error in errors:
             text = (f"no answer within --timeout {args.timeout:g} s (name servers {args.namesrv})"
                     if isinstance(error, trio.TooSlowError) else str(error))
-            print(f"raftmq admin {args.admin_command}: {text}", file=sys.stderr, flush=True)
-            for note in getattr(error, "__notes__", ()):
-                print(f"raftmq admin {args.admin_command}: {note}", file=sys.stderr, flush=True)
+            messages += [text, *getattr(error, "__notes__", ())]
+        for message in messages:
+            print(f"raftmq admin {args.admin_command}: {message}", file=sys.stderr, flush=True)
+        _print_json_error(args, messages, 1)
         return 1
     if args.json:
         print(json.dumps(data, default=str), flush=True)

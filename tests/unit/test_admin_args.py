@@ -71,3 +71,21 @@ MSG_ID = "7F000001000073FF00000000015DB836"
 def test_a_body_file_it_cannot_write_exits_2_before_the_query(body_file, named, tmp_path, capsys):
     err = _refused(capsys, "query-msg-id", MSG_ID, "--body-file", body_file.format(tmp=tmp_path))
     assert named.format(tmp=tmp_path) in err
+
+
+def test_with_json_a_failure_is_one_json_line_too(capsys):
+    """``--json`` promises one JSON line: a failure printed only sentences on stderr, nothing to parse."""
+    import json
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["admin", "--namesrv", CLOSED, "--json", "route", "bad topic"])
+    assert exit_info.value.code == 2
+    out, err = capsys.readouterr()
+    assert json.loads(out) == {"error": err.strip().removeprefix("raftmq: error: "),
+                               "errors": [err.strip().removeprefix("raftmq: error: ")], "exit_status": 2}
+
+    assert main(["admin", "--namesrv", CLOSED, "--timeout", "2", "--json", "cluster"]) == 1
+    out, err = capsys.readouterr()
+    data = json.loads(out)
+    assert data["exit_status"] == 1 and data["error"].startswith("could not connect to 127.0.0.1:1")
+    assert f"raftmq admin cluster: {data['error']}" in err
