@@ -80,7 +80,7 @@ def plan_ports(data_dir: Path, base_port: int | None) -> dict[str, Any]:
     """Ports of this dev cluster: remembered in ``cluster.json`` so a restart finds the same cluster."""
     state_path = data_dir / "cluster.json"
     if state_path.exists() and base_port is None:
-        return json.loads(state_path.read_text())
+        return _read_state(state_path)
     check_base_port(base_port)
     if base_port == 0:
         ports = {"namesrv": free_port(), "service": [free_port() for _ in NODE_IDS],
@@ -96,6 +96,30 @@ def plan_ports(data_dir: Path, base_port: int | None) -> dict[str, Any]:
         secret_path.chmod(0o600)
     state = {"ports": ports, "secret_file": str(secret_path)}
     state_path.write_text(json.dumps(state, indent=2) + "\n")
+    return state
+
+
+def _read_state(state_path: Path) -> dict[str, Any]:
+    """``cluster.json`` of an earlier run, checked: one that is damaged or hand-edited (or whose secret file is
+    gone) is a ConfigError naming it, not a JSONDecodeError or KeyError traceback from deep in the start."""
+    def refuse(problem: str) -> ConfigError:
+        return ConfigError(f"{str(state_path)!r} (the ports and secret of an earlier run) {problem}; remove it, or "
+                           f"the whole --data-dir, to start over")
+
+    try:
+        state = json.loads(state_path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise refuse(f"cannot be read as JSON ({e})") from None
+    ports = state.get("ports") if isinstance(state, dict) else None
+    if not isinstance(ports, dict) or not isinstance(state.get("secret_file"), str):
+        raise refuse("needs 'ports' and 'secret_file'")
+    lists = [ports.get("service"), ports.get("raft")]
+    if (not all(isinstance(x, list) and len(x) == len(NODE_IDS) for x in lists)
+            or not all(type(p) is int and 1 <= p <= 65535 for p in [ports.get("namesrv"), *lists[0], *lists[1]])):
+        raise refuse(f"'ports' must hold a name server port and {len(NODE_IDS)} service and {len(NODE_IDS)} Raft "
+                     f"ports within 1..65535, got {ports!r}")
+    if not Path(state["secret_file"]).is_file():
+        raise refuse(f"names a secret file that does not exist, {state['secret_file']!r}")
     return state
 
 
@@ -272,7 +296,12 @@ def run(args: argparse.Namespace) -> int:
     check_base_port(args.base_port)
     check_overrides(args.set)
     data_dir: Path = args.data_dir
-    data_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise ConfigError(f"--data-dir {str(data_dir)!r} is a file, not a directory") from None
+    except OSError as e:
+        raise ConfigError(f"--data-dir {str(data_dir)!r} cannot be made: {e.strerror or e}") from None
     cluster = LocalCluster(data_dir, plan_ports(data_dir, args.base_port), overrides=args.set,
                            stop_timeout_s=args.stop_timeout)
     logs = cluster.logs

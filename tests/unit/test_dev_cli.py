@@ -38,3 +38,44 @@ def test_good_overrides_pass_the_check():
 
     check_overrides(["long_polling_timeout_ms=500", 'store.flush_disk_type="SYNC_FLUSH"',
                      "dledger.heartbeat_interval_ms=50"])
+
+
+def _refused(argv, capsys) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["dev", *argv])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    return err
+
+
+def test_a_data_dir_that_is_a_file_or_cannot_be_made_exits_2_naming_it(tmp_path, capsys):
+    # Were FileExistsError / NotADirectoryError tracebacks, exit 1.
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    assert f"--data-dir {str(afile)!r} is a file, not a directory" in _refused(
+        ["--data-dir", str(afile), "--base-port", "0"], capsys)
+    assert f"--data-dir {str(afile / 'sub')!r} cannot be made: Not a directory" in _refused(
+        ["--data-dir", str(afile / "sub"), "--base-port", "0"], capsys)
+
+
+@pytest.mark.parametrize("text, named", [
+    ("{nope", "cannot be read as JSON"),
+    ("[1]", "needs 'ports' and 'secret_file'"),
+    ('{"ports": 5, "secret_file": "s"}', "needs 'ports' and 'secret_file'"),
+    ('{"ports": {"namesrv": 1, "service": [2, 3, 4, 5], "raft": [6, 7]}, "secret_file": "SECRET"}',
+     "'ports' must hold a name server port and 3 service and 3 Raft ports within 1..65535"),
+    ('{"ports": {"namesrv": 0, "service": [2, 3, 4], "raft": [5, 6, 7]}, "secret_file": "SECRET"}',
+     "'ports' must hold a name server port"),
+    ('{"ports": {"namesrv": 1, "service": [2, 3, 4], "raft": [5, 6, 7]}, "secret_file": "/nonexistent/secret"}',
+     "names a secret file that does not exist, '/nonexistent/secret'"),
+])
+def test_a_damaged_cluster_json_exits_2_naming_it(text, named, tmp_path, capsys):
+    # Was a JSONDecodeError, KeyError or FileNotFoundError traceback from deep in the start, exit 1.
+    data_dir = tmp_path / "dev"
+    data_dir.mkdir()
+    (data_dir / "secret").write_text("s" * 32)
+    (data_dir / "cluster.json").write_text(text.replace("SECRET", str(data_dir / "secret")))
+    err = _refused(["--data-dir", str(data_dir)], capsys)
+    assert f"{str(data_dir / 'cluster.json')!r} (the ports and secret of an earlier run) {named}" in err
+    assert "remove it, or the whole --data-dir, to start over" in err
