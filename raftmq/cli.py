@@ -43,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except ConfigError as e:
+        if getattr(args, "json", False):  # the one JSON line --json promises, for a bad argument too
+            from raftmq.bench.common import print_json_error
+            print_json_error([str(e)], 2)
         parser.exit(2, f"raftmq: error: {e}\n")
     except KeyboardInterrupt:
         return 130

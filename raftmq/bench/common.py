@@ -30,8 +30,8 @@ from remoting.config import ConfigError
 T = TypeVar("T")
 
 __all__ = [
-    "BenchError", "LatencySummary", "ReadyProcess", "check_range", "percentile", "print_json", "print_table",
-    "run_bench", "show_progress", "spawn_ready_process", "summarize_latencies",
+    "BenchError", "LatencySummary", "ReadyProcess", "check_range", "percentile", "print_json", "print_json_error",
+    "print_table", "run_bench", "show_progress", "spawn_ready_process", "summarize_latencies",
 ]
 
 
@@ -40,9 +40,10 @@ class BenchError(RuntimeError):
     sentence for the user, exit 1, instead of a trio.TooSlowError traceback."""
 
 
-def run_bench(name: str, main: Callable[[], Awaitable[T]]) -> T:
+def run_bench(name: str, main: Callable[[], Awaitable[T]], *, as_json: bool = False) -> T:
     """``trio.run(main)``; a ``BenchError`` raised anywhere in it (trio wraps what a nursery raises in
-    exception groups) ends the command with ``raftmq bench NAME: error: ...`` and exit status 1."""
+    exception groups) ends the command with ``raftmq bench NAME: error: ...`` and exit status 1 (and, with
+    ``as_json``, its JSON line)."""
     try:
         return trio.run(main)
     except BaseException as e:
@@ -50,6 +51,8 @@ def run_bench(name: str, main: Callable[[], Awaitable[T]]) -> T:
         known = next((x for x in leaves if isinstance(x, BenchError)), None)
         if known is None:
             raise
+        if as_json:
+            print_json_error([str(known)], 1)
         raise SystemExit(f"raftmq bench {name}: error: {known}") from None
 
 
@@ -125,6 +128,12 @@ def print_json(**fields: Any) -> None:
     """One JSON line on stdout, for scripts and tests (``--json``)."""
     print(json.dumps({k: asdict(v) if hasattr(v, "__dataclass_fields__") else v for k, v in fields.items()}),
           flush=True)
+
+
+def print_json_error(messages: Sequence[str], exit_status: int) -> None:
+    """With ``--json``, a failure is one JSON line too (its sentences also go to stderr): ``{"error": first,
+    "errors": all, "exit_status": 1 or 2}``. A script reading the JSON line otherwise got nothing to parse."""
+    print_json(error=messages[0], errors=list(messages), exit_status=exit_status)
 
 
 class ReadyProcess:

@@ -116,5 +116,5 @@ def run(args: argparse.Namespace) -> int:
         async with bench_cluster(args) as namesrv:
             return await consume(namesrv, args)
 
-    report(run_bench("consume", main), as_json=args.json)
+    report(run_bench("consume", main, as_json=args.json), as_json=args.json)
     return 0

@@ -262,5 +262,5 @@ def run(args: argparse.Namespace) -> int:
         async with bench_cluster(args) as namesrv:
             return await produce(namesrv, args)
 
-    report(run_bench("produce", main), as_json=args.json)
+    report(run_bench("produce", main, as_json=args.json), as_json=args.json)
     return 0

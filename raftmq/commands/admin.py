@@ -42,6 +42,7 @@ from client.admin import MAX_QUERY_NUM, AdminClient
 from client.message import MessageExt
 from client.route import PERM_INHERIT, PERM_READ, PERM_WRITE, TopicRouteData
 from remoting.config import ConfigError, parse_host_port
+from raftmq.bench.common import print_json_error
 from raftmq.runner import leaf_exceptions
 from remoting.errors import RaftMQError
 from remoting.message import MessageFormatError, parse_msg_id
@@ -495,19 +496,8 @@ def _print_route(console: Console, route: dict[str, Any]) -> None:
     console.print(table)
 
 
-def _print_json_error(args: argparse.Namespace, messages: list[str], status: int) -> None:
-    """With ``--json``, a failure is one JSON line on stdout too (the sentences also go to stderr): a script
-    reading the JSON line got nothing to parse."""
-    if args.json:
-        print(json.dumps({"error": messages[0], "errors": messages, "exit_status": status}), flush=True)
-
-
 def run(args: argparse.Namespace) -> int:
-    try:
-        _check(args)
-    except ConfigError as e:
-        _print_json_error(args, [str(e)], 2)
-        raise
+    _check(args)  # a ConfigError: cli.py prints it (and its JSON line with --json), exit 2
 
     async def main() -> dict[str, Any]:
         with trio.fail_after(args.timeout):
@@ -528,7 +518,8 @@ def run(args: argparse.Namespace) -> int:
             messages += [text, *getattr(error, "__notes__", ())]
         for message in messages:
             print(f"raftmq admin {args.admin_command}: {message}", file=sys.stderr, flush=True)
-        _print_json_error(args, messages, 1)
+        if args.json:
+            print_json_error(messages, 1)
         return 1
     if args.json:
         print(json.dumps(data, default=str), flush=True)

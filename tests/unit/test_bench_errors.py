@@ -55,3 +55,25 @@ def test_a_bad_option_exits_2_naming_it_before_any_cluster_is_asked(argv, named,
         main(["bench", *argv])
     assert exit_info.value.code == 2
     assert named in capsys.readouterr().err
+
+
+def test_with_json_a_failure_is_one_json_line_too(capsys):
+    """``--json`` promises one JSON line: a bad option or a cluster it cannot use printed nothing on stdout."""
+    import json
+
+    from raftmq.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "produce", "--json", "--namesrv", "127.0.0.1:1", "--size", "0"])
+    assert exit_info.value.code == 2
+    assert json.loads(capsys.readouterr().out) == {"error": "--size must be within 1..4194304, got 0",
+                                                   "errors": ["--size must be within 1..4194304, got 0"],
+                                                   "exit_status": 2}
+
+    async def main_() -> None:
+        await ensure_topic("127.0.0.1:1", "BenchTopic", 8, timeout_s=0.2)
+
+    with pytest.raises(SystemExit):
+        run_bench("produce", main_, as_json=True)
+    data = json.loads(capsys.readouterr().out)
+    assert data["exit_status"] == 1 and data["error"].startswith("the cluster behind name server 127.0.0.1:1")
