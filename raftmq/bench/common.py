@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import trio
@@ -31,7 +32,7 @@ T = TypeVar("T")
 
 __all__ = [
     "BenchError", "LatencySummary", "ReadyProcess", "check_range", "percentile", "print_json", "print_json_error",
-    "print_table", "run_bench", "show_progress", "spawn_ready_process", "summarize_latencies",
+    "make_dir", "print_table", "run_bench", "show_progress", "spawn_ready_process", "summarize_latencies",
 ]
 
 
@@ -91,6 +92,18 @@ def check_range(name: str, value: float, lo: float, hi: float) -> None:
         # Integral bounds in full: "{:g}" would print 4 MiB as 4.1943e+06.
         bounds = "..".join(str(int(b)) if float(b).is_integer() else f"{b:g}" for b in (lo, hi))
         raise ConfigError(f"{name} must be within {bounds}, got {value!r}")
+
+
+def make_dir(path: Path, flag: str) -> None:
+    """Create the directory an option names (parents too, an existing one is fine), or raise a ConfigError
+    naming the option (the CLI turns it into exit 2): a file in the way came out as a FileExistsError or
+    NotADirectoryError traceback from wherever the directory was first used."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise ConfigError(f"{flag} {str(path)!r} is a file, not a directory") from None
+    except OSError as e:
+        raise ConfigError(f"{flag} {str(path)!r} cannot be made: {e.strerror or e}") from None
 
 
 async def show_progress(console: Console, description: str, total_s: float, completed: Callable[[], int],

@@ -36,7 +36,7 @@ from broker.commit_log_machine import CommitLogMachine
 from broker.store import MessageInput, MessageStore, StoreConfig, encode_batch
 from dledger import ByteLog, DLedgerConfig, MemberAddress, open_dledger_group
 from dledger.service import DLedgerService, get_raft_status, transfer_leadership
-from raftmq.bench.common import (check_range, print_json, print_table, show_progress, spawn_ready_process,
+from raftmq.bench.common import (check_range, make_dir, print_json, print_table, show_progress, spawn_ready_process,
                                  summarize_latencies)
 from raftmq.ports import free_port, port_range
 from remoting.config import ConfigError, parse_host_port
@@ -286,6 +286,8 @@ def run(args: argparse.Namespace) -> int:
         port_range()
     except ValueError as e:  # a malformed RAFTMQ_PORT_RANGE, named before anything starts
         raise ConfigError(str(e)) from None
+    if args.data_dir is not None:
+        make_dir(args.data_dir, "--data-dir")
     console = Console()
     base_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="raftmq-bench-dledger-"))
     try:

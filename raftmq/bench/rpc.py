@@ -23,18 +23,21 @@ import trio
 from rich.console import Console
 
 from raftmq.bench.common import (
+    BenchError,
     LatencySummary,
     check_range,
     print_json,
     print_table,
+    run_bench,
     show_progress,
     spawn_ready_process,
     summarize_latencies,
 )
-from raftmq.runner import announce_ready, run_until_signalled
+from raftmq.runner import announce_ready, leaf_exceptions, run_until_signalled
 from remoting.codec import DEFAULT_MAX_FRAME_SIZE, Frame, make_request, make_response
 from remoting.codes import RequestCode, ResponseCode
 from remoting.config import parse_host_port
+from remoting.errors import RaftMQError
 from remoting.transport import RemotingConnection, open_remoting_client, serve_remoting
 
 log = logging.getLogger(__name__)
@@ -92,7 +95,8 @@ async def run_rpc_client(addr: str, *, size: int, concurrency: int, seconds: flo
         conn = await client.get_connection(addr)
         first = await conn.invoke(request, REQUEST_TIMEOUT_S)
         if first.code != ResponseCode.SUCCESS or first.body != body:
-            raise RuntimeError(f"{addr} is not an echo server: it answered {first!r}")
+            raise BenchError(f"{addr} is not an echo server (raftmq bench rpc-server): it answered code "
+                             f"{first.code} ({first.remark or 'no remark'})")
         perf_ns = time.perf_counter_ns
         measure_start = perf_ns() + int(warmup_s * 1e9)
         end = measure_start + int(seconds * 1e9)
@@ -189,10 +193,16 @@ def run(args: argparse.Namespace) -> int:
             addr = server.fields["listen"]
         else:
             addr = args.server
-        result = trio.run(partial(run_rpc_client, addr, size=args.size, concurrency=args.concurrency,
-                                  seconds=args.seconds, warmup_s=args.warmup_seconds,
-                                  console=None if args.json else console,
-                                  server_pid=None if server is None else server.pid))
+        async def main() -> RpcResult:
+            try:
+                return await run_rpc_client(addr, size=args.size, concurrency=args.concurrency,
+                                            seconds=args.seconds, warmup_s=args.warmup_seconds,
+                                            console=None if args.json else console,
+                                            server_pid=None if server is None else server.pid)
+            except* (RaftMQError, OSError) as group:  # a --server nobody listens on: was a traceback
+                raise BenchError(f"echo server {addr}: {leaf_exceptions(group)[0]}") from None
+
+        result = run_bench("rpc", main, as_json=args.json)
     finally:
         if server is not None:
             server.stop()

@@ -247,9 +247,11 @@ def run(args: argparse.Namespace) -> int:
     check_range("--sync-inflight", args.sync_inflight, 1, 10_000)
     check_range("--segment-size-mb", args.segment_size_mb, 8, 4096)
     modes = [m.strip().upper() for m in args.modes.split(",") if m.strip()]
-    for m in modes:
+    for m in modes or [args.modes]:  # an empty list measured nothing and exited 0
         if m not in ("ASYNC_FLUSH", "SYNC_FLUSH"):
             raise ConfigError(f"--modes must list ASYNC_FLUSH and/or SYNC_FLUSH, got {m!r}")
+    if args.dir is not None and not Path(args.dir).is_dir():  # was a traceback from tempfile.mkdtemp
+        raise ConfigError(f"--dir {str(args.dir)!r} is not an existing directory")
     console = Console()
     for mode in modes:
         result = bench_mode(mode, size=args.size, batch=args.batch, messages=args.messages, queues=args.queues,

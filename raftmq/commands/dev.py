@@ -29,7 +29,7 @@ from typing import Any
 
 import trio
 
-from raftmq.bench.common import check_range
+from raftmq.bench.common import check_range, make_dir
 from raftmq.ports import free_port, port_range
 from raftmq.runner import PARENT_PID_ENV, announce_ready, run_until_signalled
 from remoting.config import ConfigError, apply_overrides, config_from_mapping
@@ -296,12 +296,7 @@ def run(args: argparse.Namespace) -> int:
     check_base_port(args.base_port)
     check_overrides(args.set)
     data_dir: Path = args.data_dir
-    try:
-        data_dir.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        raise ConfigError(f"--data-dir {str(data_dir)!r} is a file, not a directory") from None
-    except OSError as e:
-        raise ConfigError(f"--data-dir {str(data_dir)!r} cannot be made: {e.strerror or e}") from None
+    make_dir(data_dir, "--data-dir")
     cluster = LocalCluster(data_dir, plan_ports(data_dir, args.base_port), overrides=args.set,
                            stop_timeout_s=args.stop_timeout)
     logs = cluster.logs

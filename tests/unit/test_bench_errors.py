@@ -77,3 +77,31 @@ def test_with_json_a_failure_is_one_json_line_too(capsys):
         run_bench("produce", main_, as_json=True)
     data = json.loads(capsys.readouterr().out)
     assert data["exit_status"] == 1 and data["error"].startswith("the cluster behind name server 127.0.0.1:1")
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["store", "--modes", "", "--messages", "1"], "--modes must list ASYNC_FLUSH and/or SYNC_FLUSH, got ''"),
+    (["store", "--dir", "{tmp}/missing", "--messages", "1"], "--dir '{tmp}/missing' is not an existing directory"),
+    (["dledger", "--data-dir", "{tmp}/afile", "--seconds", "0.5"], "--data-dir '{tmp}/afile' is a file"),
+    (["dledger", "--data-dir", "{tmp}/afile/x", "--seconds", "0.5"],
+     "--data-dir '{tmp}/afile/x' cannot be made: Not a directory"),
+])
+def test_a_directory_it_cannot_use_exits_2_naming_it(argv, named, tmp_path, capsys):
+    # Were tracebacks from tempfile.mkdtemp / Path.mkdir (exit 1); an empty --modes measured nothing, exit 0.
+    from raftmq.cli import main
+
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", *(a.format(tmp=tmp_path) for a in argv)])
+    assert exit_info.value.code == 2
+    assert named.format(tmp=tmp_path) in capsys.readouterr().err
+
+
+def test_an_echo_server_it_cannot_reach_ends_the_rpc_bench_with_one_sentence():
+    # Was a ConnectError traceback out of trio.run.
+    from raftmq.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "rpc", "--server", "127.0.0.1:1", "--seconds", "0.5", "--warmup-seconds", "0"])
+    assert str(exit_info.value.code).startswith("raftmq bench rpc: error: echo server 127.0.0.1:1: could not "
+                                                "connect to 127.0.0.1:1")
