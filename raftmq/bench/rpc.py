@@ -33,7 +33,7 @@ from raftmq.bench.common import (
     spawn_ready_process,
     summarize_latencies,
 )
-from raftmq.runner import announce_ready, leaf_exceptions, run_until_signalled
+from raftmq.runner import announce_ready, leaf_exceptions, run_until_signalled, start_error
 from remoting.codec import DEFAULT_MAX_FRAME_SIZE, Frame, make_request, make_response
 from remoting.codes import RequestCode, ResponseCode
 from remoting.config import parse_host_port
@@ -229,8 +229,11 @@ def run_server(args: argparse.Namespace) -> int:
     check_range("--max-frame-size", args.max_frame_size, 1024, 2**31 - 1)
 
     async def main(nursery: trio.Nursery) -> None:
-        bound_host, bound_port = await nursery.start(
-            partial(serve_remoting, EchoHandler(), host, port, max_frame_size=args.max_frame_size))
+        try:
+            bound_host, bound_port = await nursery.start(
+                partial(serve_remoting, EchoHandler(), host, port, max_frame_size=args.max_frame_size))
+        except* OSError as group:
+            raise start_error(f"cannot listen on {args.listen}", group) from None
         announce_ready("rpc-server", listen=f"{bound_host}:{bound_port}")
 
     return run_until_signalled(main)

@@ -105,3 +105,19 @@ def test_an_echo_server_it_cannot_reach_ends_the_rpc_bench_with_one_sentence():
         main(["bench", "rpc", "--server", "127.0.0.1:1", "--seconds", "0.5", "--warmup-seconds", "0"])
     assert str(exit_info.value.code).startswith("raftmq bench rpc: error: echo server 127.0.0.1:1: could not "
                                                 "connect to 127.0.0.1:1")
+
+
+def test_an_echo_server_that_cannot_listen_exits_2_naming_the_address(capsys):
+    # Was an exception-group traceback, exit 1 (as raftmq namesrv was).
+    import socket
+
+    from raftmq.cli import main
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = "127.0.0.1:%d" % busy.getsockname()[1]
+        with pytest.raises(SystemExit) as exit_info:
+            main(["bench", "rpc-server", "--listen", taken])
+    assert exit_info.value.code == 2
+    assert f"raftmq: error: cannot listen on {taken}: Address already in use" in capsys.readouterr().err
