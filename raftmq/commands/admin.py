@@ -242,6 +242,8 @@ async def _status(admin: AdminClient, args: argparse.Namespace) -> dict[str, Any
         return {"nodes": {args.addr: await admin.broker_status(args.addr)}}
     info = await admin.cluster_info()
     names = [args.broker] if args.broker else sorted(info.broker_addrs)
+    if not names:  # printed nothing and exited 0, as if every leader had answered
+        raise _Refused("no broker group is registered with the name servers")
     out = {}
     for name in names:
         addr = info.master_addr(name)

@@ -234,3 +234,14 @@ async def _reset_while_consuming(namesrv: str, brokers: list[str]) -> None:
                 r = await client.invoke(addr, make_request(RequestCode.QUERY_CONSUMER_OFFSET, ext={
                     "consumer_group": "ResetGroup", "topic": "ResetTopic", "queue_id": queue_id}))
                 assert (r.code, r.ext["offset"]) == (ResponseCode.SUCCESS, 20), (addr, queue_id, r.remark)
+
+
+def test_admin_against_a_name_server_with_no_broker_group_says_so(spawn):
+    """``status`` printed nothing and exited 0 when no group was registered, as if every leader had answered;
+    it now refuses as create-topic and the consumer commands do."""
+    namesrv = spawn(raftmq_argv("namesrv", "--listen", "127.0.0.1:0")).fields["listen"]
+    for command in (["status"], ["create-topic", "T"], ["consumer-progress", "G"]):
+        refused = _admin(namesrv, *command, expect_rc=1)
+        assert refused.stderr.strip() == (f"raftmq admin {command[0]}: no broker group is registered with the "
+                                          f"name servers")
+    assert _admin_json(namesrv, "cluster") == {"groups": []}
