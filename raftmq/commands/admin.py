@@ -45,7 +45,7 @@ from remoting.config import ConfigError, parse_host_port
 from raftmq.bench.common import print_json_error
 from raftmq.runner import leaf_exceptions
 from remoting.errors import RaftMQError
-from remoting.message import MessageFormatError, parse_msg_id
+from remoting.message import KEY_SEPARATOR, MessageFormatError, parse_msg_id
 
 _ALL_PERMS = PERM_READ | PERM_WRITE | PERM_INHERIT
 LATEST_MS = (1 << 63) - 1  # a time after every message: each queue's end
@@ -178,6 +178,9 @@ def _check(args: argparse.Namespace) -> None:
     if args.admin_command == "query-msg-key":
         if not args.key:
             raise ConfigError("KEY must not be empty")
+        if KEY_SEPARATOR in args.key:  # the answer was "no message with key ...", true but no help
+            raise ConfigError(f"KEY {args.key[:80]!r} holds a space: a message's keys are stored split on spaces, "
+                              f"so no key has one; ask for one key at a time")
         if not 1 <= args.max <= MAX_QUERY_NUM:
             raise ConfigError(f"--max must be within 1..{MAX_QUERY_NUM}, got {args.max}")
         end_ms = LATEST_MS if args.end_ms is None else args.end_ms

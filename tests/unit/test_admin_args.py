@@ -89,3 +89,9 @@ def test_with_json_a_failure_is_one_json_line_too(capsys):
     data = json.loads(out)
     assert data["exit_status"] == 1 and data["error"].startswith("could not connect to 127.0.0.1:1")
     assert f"raftmq admin cluster: {data['error']}" in err
+
+
+def test_a_key_with_a_space_exits_2_saying_no_key_can_hold_one(capsys):
+    # Keys are stored split on spaces: the query ran and answered "no message with key 'k1 k2'", exit 1.
+    assert "KEY 'k1 k2' holds a space: a message's keys are stored split on spaces" in _refused(
+        capsys, "query-msg-key", "T", "k1 k2")
