@@ -9,9 +9,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
+import signal
 import sys
 
 from remoting.config import ConfigError
+
+# What a shell reports for a process that SIGPIPE killed; Python ignores SIGPIPE and gets BrokenPipeError instead.
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
 
 COMMAND_MODULES = (
     "raftmq.commands.namesrv",
@@ -49,6 +54,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.exit(2, f"raftmq: error: {e}\n")
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # Whoever read our output went away (``raftmq admin topics | head -1``): nothing more to say, and no
+        # traceback for it. Point stdout at /dev/null so the interpreter's final flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":
