@@ -26,12 +26,12 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from raftmq.runner import leaf_exceptions
-from remoting.config import ConfigError
+from remoting.config import ConfigError, parse_host_port
 
 T = TypeVar("T")
 
 __all__ = [
-    "BenchError", "LatencySummary", "ReadyProcess", "check_range", "percentile", "print_json", "print_json_error",
+    "BenchError", "LatencySummary", "ReadyProcess", "check_namesrv_arg", "check_range", "percentile", "print_json", "print_json_error",
     "make_dir", "print_table", "run_bench", "show_progress", "spawn_ready_process", "summarize_latencies",
 ]
 
@@ -92,6 +92,18 @@ def check_range(name: str, value: float, lo: float, hi: float) -> None:
         # Integral bounds in full: "{:g}" would print 4 MiB as 4.1943e+06.
         bounds = "..".join(str(int(b)) if float(b).is_integer() else f"{b:g}" for b in (lo, hi))
         raise ConfigError(f"{name} must be within {bounds}, got {value!r}")
+
+
+def check_namesrv_arg(value: str, flag: str = "--namesrv") -> None:
+    """``--namesrv HOST:PORT[,HOST:PORT...]`` of a command that dials name servers: each address parsed, and
+    port 0 (which only means "any free port" to a listener) refused: it was dialled and came back as a
+    connection refused, a cluster failure."""
+    addrs = [a.strip() for a in value.replace(";", ",").split(",") if a.strip()]
+    if not addrs:
+        raise ConfigError(f"{flag} needs HOST:PORT, got {value!r}")
+    for addr in addrs:
+        if parse_host_port(addr, key=flag)[1] == 0:
+            raise ConfigError(f"{flag} needs the name server's own port, not 0, got {addr!r}")
 
 
 def make_dir(path: Path, flag: str) -> None:

@@ -28,9 +28,9 @@ from rich.console import Console
 
 from broker.topic_config import TopicConfigError, check_sendable_topic, validate_topic_name
 from client import Message, SendFailedError, open_admin, open_producer
-from raftmq.bench.common import (BenchError, LatencySummary, check_range, print_json, print_table, run_bench,
-                                 show_progress, spawn_ready_process, summarize_latencies)
-from remoting.config import ConfigError, parse_host_port
+from raftmq.bench.common import (BenchError, LatencySummary, check_namesrv_arg, check_range, print_json, print_table,
+                                 run_bench, show_progress, spawn_ready_process, summarize_latencies)
+from remoting.config import ConfigError
 from remoting.errors import RaftMQError
 
 log = logging.getLogger(__name__)
@@ -133,9 +133,8 @@ def add_cluster_args(parser: argparse.ArgumentParser) -> None:
 def check_cluster_args(args: argparse.Namespace) -> None:
     """The options of ``add_cluster_args``, checked before a cluster is started or asked: a topic the brokers
     refuse was retried by ``ensure_topic`` for 30 s and then reported as the cluster's failure."""
-    if args.namesrv:
-        for addr in args.namesrv.replace(";", ",").split(","):
-            parse_host_port(addr.strip(), key="--namesrv")
+    if args.namesrv is not None:
+        check_namesrv_arg(args.namesrv)
     if args.topic is not None:
         try:
             validate_topic_name(args.topic)

@@ -42,7 +42,7 @@ from client.admin import MAX_QUERY_NUM, AdminClient
 from client.message import MessageExt
 from client.route import PERM_INHERIT, PERM_READ, PERM_WRITE, TopicRouteData
 from remoting.config import ConfigError, parse_host_port
-from raftmq.bench.common import print_json_error
+from raftmq.bench.common import check_namesrv_arg, print_json_error
 from raftmq.runner import leaf_exceptions
 from remoting.errors import RaftMQError
 from remoting.message import KEY_SEPARATOR, MessageFormatError, parse_msg_id
@@ -147,11 +147,7 @@ def _check_names(args: argparse.Namespace) -> None:
 
 
 def _check(args: argparse.Namespace) -> None:
-    addrs = [a.strip() for a in args.namesrv.replace(";", ",").split(",") if a.strip()]
-    if not addrs:
-        raise ConfigError(f"--namesrv needs HOST:PORT, got {args.namesrv!r}")
-    for addr in addrs:
-        parse_host_port(addr, key="--namesrv")
+    check_namesrv_arg(args.namesrv)
     if not 0 < args.timeout <= 3600:
         raise ConfigError(f"--timeout must be within (0, 3600] seconds, got {args.timeout}")
     if args.admin_command == "create-topic":
@@ -162,7 +158,8 @@ def _check(args: argparse.Namespace) -> None:
             raise ConfigError(f"--perm must combine 4 (read), 2 (write) and 1 (inherit) with read or write set, "
                               f"got {args.perm}")
     if args.admin_command == "status" and args.addr:
-        parse_host_port(args.addr, key="--addr")
+        if parse_host_port(args.addr, key="--addr")[1] == 0:
+            raise ConfigError(f"--addr needs the node's own port, not 0, got {args.addr!r}")
     _check_names(args)
     if args.admin_command == "reset-offset":
         args.timestamp_ms = parse_when(args.to)

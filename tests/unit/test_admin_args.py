@@ -95,3 +95,17 @@ def test_a_key_with_a_space_exits_2_saying_no_key_can_hold_one(capsys):
     # Keys are stored split on spaces: the query ran and answered "no message with key 'k1 k2'", exit 1.
     assert "KEY 'k1 k2' holds a space: a message's keys are stored split on spaces" in _refused(
         capsys, "query-msg-key", "T", "k1 k2")
+
+
+@pytest.mark.parametrize("args, named", [
+    # Port 0 means "any free port" only to a listener: it was dialled and reported as a refused connection.
+    (["--namesrv", "127.0.0.1:0", "cluster"], "--namesrv needs the name server's own port, not 0, got '127.0.0.1:0'"),
+    (["--namesrv", "127.0.0.1:9876,h:0", "cluster"], "--namesrv needs the name server's own port, not 0, got 'h:0'"),
+    (["status", "--addr", "127.0.0.1:0"], "--addr needs the node's own port, not 0, got '127.0.0.1:0'"),
+])
+def test_port_0_is_refused_where_an_address_is_dialled(args, named, capsys):
+    argv = ["admin", "--timeout", "2", *args] if args[0] == "--namesrv" else ["admin", "--namesrv", CLOSED, *args]
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert named in capsys.readouterr().err

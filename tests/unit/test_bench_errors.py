@@ -44,6 +44,7 @@ def test_a_bench_error_inside_a_nursery_is_found_and_anything_else_is_raised():
     (["consume", "--topic", "bad topic"], "--topic 'bad topic' contains illegal characters"),
     (["consume", "--queues", "0"], "--queues must be within 1..1024, got 0"),
     (["consume", "--namesrv", "nowhere"], "--namesrv must look like HOST:PORT, got 'nowhere'"),
+    (["produce", "--namesrv", "127.0.0.1:0"], "--namesrv needs the name server's own port, not 0"),
     (["produce", "--warmup-seconds", "-1"], "--warmup-seconds must be within 0..600, got -1.0"),
 ])
 def test_a_bad_option_exits_2_naming_it_before_any_cluster_is_asked(argv, named, capsys):
@@ -121,3 +122,12 @@ def test_an_echo_server_that_cannot_listen_exits_2_naming_the_address(capsys):
             main(["bench", "rpc-server", "--listen", taken])
     assert exit_info.value.code == 2
     assert f"raftmq: error: cannot listen on {taken}: Address already in use" in capsys.readouterr().err
+
+
+def test_an_empty_namesrv_is_refused_not_taken_for_no_namesrv():
+    # produce/consume read a falsy --namesrv as "start a cluster of your own": '' started one.
+    from raftmq.bench.common import check_namesrv_arg
+    from remoting.config import ConfigError
+
+    with pytest.raises(ConfigError, match="--namesrv needs HOST:PORT, got ''"):
+        check_namesrv_arg("")
