@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import base64
 import datetime
+import functools
 import json
 import sys
 import time
@@ -59,17 +60,19 @@ def register(subparsers) -> None:
                                                "deleteTopic, topicStatus, brokerStatus, "
                                                "consumerConnection, consumerProgress, resetOffsetByTime, "
                                                "queryMsgById, queryMsgByKey).")
-    parser.add_argument("--namesrv", default="127.0.0.1:9876",
-                        help="name servers, HOST:PORT[,HOST:PORT...] (default 127.0.0.1:9876, raftmq dev's)")
-    parser.add_argument("--timeout", type=float, default=10.0, help="seconds for the whole command (default 10)")
-    parser.add_argument("--json", action="store_true", help="print the result as one JSON line")
+    _add_common(parser, defaults=True)
+    # The same options after the command too (`raftmq admin topic-status T --json`), where "unrecognized
+    # arguments: --json" contradicted "every command takes --json"; there they only override when given.
+    common = argparse.ArgumentParser(add_help=False)
+    _add_common(common, defaults=False)
     commands = parser.add_subparsers(dest="admin_command", metavar="COMMAND", required=True)
+    add_command = functools.partial(commands.add_parser, parents=[common])
 
-    commands.add_parser("cluster", help="broker groups and their nodes: address, role, term")
-    commands.add_parser("topics", help="every topic the name servers route")
-    route = commands.add_parser("route", help="a topic's queues and the nodes of its groups")
+    add_command("cluster", help="broker groups and their nodes: address, role, term")
+    add_command("topics", help="every topic the name servers route")
+    route = add_command("route", help="a topic's queues and the nodes of its groups")
     route.add_argument("topic")
-    create = commands.add_parser("create-topic", help="create or update a topic on every group of a cluster")
+    create = add_command("create-topic", help="create or update a topic on every group of a cluster")
     create.add_argument("topic")
     create.add_argument("--read-queues", type=int, default=8, help="read queues per group (default 8)")
     create.add_argument("--write-queues", type=int, default=8, help="write queues per group (default 8)")
@@ -77,45 +80,57 @@ def register(subparsers) -> None:
                         help="permission bits: 4 read, 2 write, 1 inherit (default 6)")
     create.add_argument("--order", action="store_true", help="an ordered topic")
     _add_targets(create)
-    delete = commands.add_parser("delete-topic", help="delete a topic from every group of a cluster")
+    delete = add_command("delete-topic", help="delete a topic from every group of a cluster")
     delete.add_argument("topic")
     _add_targets(delete)
-    status = commands.add_parser("status", help="a broker node's runtime status (GET_BROKER_RUNTIME_INFO)")
+    status = add_command("status", help="a broker node's runtime status (GET_BROKER_RUNTIME_INFO)")
     which = status.add_mutually_exclusive_group()
     which.add_argument("--broker", help="the leader of this group (default: of every group)")
     which.add_argument("--addr", help="this node, HOST:PORT (any member, follower or leader)")
-    topic_status = commands.add_parser("topic-status", help="a topic's queues: min and max offsets, last update")
+    topic_status = add_command("topic-status", help="a topic's queues: min and max offsets, last update")
     topic_status.add_argument("topic")
-    connection = commands.add_parser("consumer-connection", help="a consumer group's online members and what "
-                                                                 "they subscribe to")
+    connection = add_command("consumer-connection", help="a consumer group's online members and what "
+                                                          "they subscribe to")
     connection.add_argument("group", help="the consumer group")
     connection.add_argument("--cluster", help="only the broker groups of this cluster (default: every group)")
-    progress = commands.add_parser("consumer-progress",
-                                   help="a consumer group's offsets and lag on every queue it consumes")
+    progress = add_command("consumer-progress",
+                           help="a consumer group's offsets and lag on every queue it consumes")
     progress.add_argument("group", help="the consumer group")
     scope = progress.add_mutually_exclusive_group()
     scope.add_argument("--topic", help="only this topic, on every group that routes it (default: every topic "
                                        "the consumer group has committed offsets for)")
     scope.add_argument("--cluster", help="only the broker groups of this cluster (default: every group)")
-    reset = commands.add_parser("reset-offset", help="move a consumer group to a point in time on every queue "
-                                                     "of a topic (online members follow at once)")
+    reset = add_command("reset-offset", help="move a consumer group to a point in time on every queue "
+                                              "of a topic (online members follow at once)")
     reset.add_argument("group", help="the consumer group")
     reset.add_argument("topic")
     reset.add_argument("--to", required=True, metavar="WHEN",
                        help="earliest (the oldest message kept), latest (the end), now, milliseconds since the "
                             "epoch, or an ISO-8601 time (UTC unless it names its zone)")
-    by_id = commands.add_parser("query-msg-id", help="one message by its id: the broker's offset message id, or "
-                                                     "the producer's unique id with --topic")
+    by_id = add_command("query-msg-id", help="one message by its id: the broker's offset message id, or "
+                                              "the producer's unique id with --topic")
     by_id.add_argument("msg_id", metavar="MSG_ID")
     by_id.add_argument("--topic", help="the message's topic (needed for a producer's unique id, SendResult.msg_id)")
     by_id.add_argument("--body-file", metavar="PATH", help="also write the message body to this file")
-    by_key = commands.add_parser("query-msg-key", help="messages of a topic by key (KEYS), newest first")
+    by_key = add_command("query-msg-key", help="messages of a topic by key (KEYS), newest first")
     by_key.add_argument("topic")
     by_key.add_argument("key")
     by_key.add_argument("--max", type=int, default=32, help=f"most messages (1..{MAX_QUERY_NUM}, default 32)")
     by_key.add_argument("--begin-ms", type=int, default=0, help="stored at or after (ms since the epoch)")
     by_key.add_argument("--end-ms", type=int, default=None, help="stored at or before (ms since the epoch)")
     parser.set_defaults(func=run)
+
+
+def _add_common(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
+    def default(value: Any) -> Any:
+        return value if defaults else argparse.SUPPRESS
+
+    parser.add_argument("--namesrv", default=default("127.0.0.1:9876"),
+                        help="name servers, HOST:PORT[,HOST:PORT...] (default 127.0.0.1:9876, raftmq dev's)")
+    parser.add_argument("--timeout", type=float, default=default(10.0),
+                        help="seconds for the whole command (default 10)")
+    parser.add_argument("--json", action="store_true", default=default(False),
+                        help="print the result as one JSON line")
 
 
 def _add_targets(parser: argparse.ArgumentParser) -> None:

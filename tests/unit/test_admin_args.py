@@ -109,3 +109,17 @@ def test_port_0_is_refused_where_an_address_is_dialled(args, named, capsys):
         main(argv)
     assert exit_info.value.code == 2
     assert named in capsys.readouterr().err
+
+
+def test_the_admin_options_are_taken_after_the_command_too(capsys):
+    """``raftmq admin topic-status T --json``: 'unrecognized arguments: --json', though every command takes it.
+    After the command an option wins over the same one before it; left out, the one before it stands."""
+    from raftmq.cli import build_parser
+
+    args = build_parser().parse_args(["admin", "--namesrv", CLOSED, "topic-status", "T", "--json", "--timeout", "3"])
+    assert (args.namesrv, args.timeout, args.json) == (CLOSED, 3.0, True)
+    args = build_parser().parse_args(["admin", "--namesrv", CLOSED, "--json", "topics"])
+    assert (args.namesrv, args.timeout, args.json) == (CLOSED, 10.0, True)
+    args = build_parser().parse_args(["admin", "--namesrv", "127.0.0.1:2", "topics", "--namesrv", CLOSED])
+    assert args.namesrv == CLOSED and args.json is False
+    assert "--timeout must be within (0, 3600] seconds, got nan" in _refused(capsys, "topics", "--timeout", "nan")
