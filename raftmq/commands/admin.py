@@ -42,7 +42,7 @@ from client import open_admin
 from client.admin import MAX_QUERY_NUM, AdminClient
 from client.message import MessageExt
 from client.route import PERM_INHERIT, PERM_READ, PERM_WRITE, TopicRouteData
-from remoting.config import ConfigError, parse_host_port
+from remoting.config import ConfigError, name_problem, parse_host_port
 from raftmq.bench.common import check_namesrv_arg, print_json_error
 from raftmq.runner import leaf_exceptions
 from remoting.errors import RaftMQError
@@ -159,6 +159,15 @@ def _check_names(args: argparse.Namespace) -> None:
     except TopicConfigError as e:
         # The topic check's sentence says "topic ...": name the argument as the usage does.
         raise ConfigError(str(e).replace("topic ", f"{topic_arg} ", 1) if e.field == "topic" else str(e)) from None
+    # Cluster and broker group names, by the rule every broker and name server holds them to: an illegal one
+    # was looked up and reported as unknown to the name servers (exit 1).
+    broker = getattr(args, "broker", None)  # repeatable (a list) for create/delete-topic, one name for status
+    names = [("--cluster", getattr(args, "cluster", None))]
+    names += [("--broker", b) for b in (broker if isinstance(broker, list) else [broker])]
+    for flag, value in names:
+        problem = None if value is None else name_problem(value)
+        if problem:
+            raise ConfigError(f"{flag} {value!r} {problem}")
 
 
 def _check(args: argparse.Namespace) -> None:

@@ -123,3 +123,14 @@ def test_the_admin_options_are_taken_after_the_command_too(capsys):
     args = build_parser().parse_args(["admin", "--namesrv", "127.0.0.1:2", "topics", "--namesrv", CLOSED])
     assert args.namesrv == CLOSED and args.json is False
     assert "--timeout must be within (0, 3600] seconds, got nan" in _refused(capsys, "topics", "--timeout", "nan")
+
+
+@pytest.mark.parametrize("args, named", [
+    # Looked up and reported as unknown to the name servers (exit 1), though no broker can bear such a name.
+    (["create-topic", "T", "--broker", "broker-a", "--broker", "a b"], "--broker 'a b' must be letters, digits"),
+    (["delete-topic", "T", "--cluster", "prod.eu"], "--cluster 'prod.eu' must be letters, digits"),
+    (["status", "--broker", ""], "--broker '' must be letters, digits"),
+    (["consumer-progress", "G", "--cluster", "a/b"], "--cluster 'a/b' must be letters, digits"),
+])
+def test_an_illegal_cluster_or_group_name_exits_2_naming_it(args, named, capsys):
+    assert named in _refused(capsys, *args)
