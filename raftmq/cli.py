@@ -13,8 +13,10 @@ import os
 import signal
 import sys
 
+from raftmq.runner import leaf_exceptions
 from remoting.config import ConfigError
 
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process Ctrl-C stopped
 # What a shell reports for a process that SIGPIPE killed; Python ignores SIGPIPE and gets BrokenPipeError instead.
 EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
 
@@ -53,7 +55,12 @@ def main(argv: list[str] | None = None) -> int:
             print_json_error([str(e)], 2)
         parser.exit(2, f"raftmq: error: {e}\n")
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
+    except BaseExceptionGroup as group:
+        # Ctrl-C inside trio.run comes out wrapped in the groups of the nurseries it went through.
+        if all(isinstance(e, KeyboardInterrupt) for e in leaf_exceptions(group)):
+            return EXIT_INTERRUPTED
+        raise
     except BrokenPipeError:
         # Whoever read our output went away (``raftmq admin topics | head -1``): nothing more to say, and no
         # traceback for it. Point stdout at /dev/null so the interpreter's final flush does not fail again.

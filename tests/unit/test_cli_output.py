@@ -1,12 +1,14 @@
-"""The CLI's output going nowhere: a reader that closed its end of the pipe (``raftmq admin ... | head -1``)
-ends the command quietly with the shell's SIGPIPE status, not a BrokenPipeError traceback."""
+"""How a CLI command ends when its user goes away: a reader that closed its end of the pipe (``raftmq admin ...
+| head -1``) or a Ctrl-C ends it quietly with the shell's status for the signal, not a traceback."""
 
 from __future__ import annotations
 
 import os
+import signal
+import socket
 import subprocess
 
-from raftmq.cli import EXIT_BROKEN_PIPE
+from raftmq.cli import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED
 from tests.procs import raftmq_argv
 
 
@@ -21,3 +23,25 @@ def test_a_closed_stdout_ends_the_command_quietly():
         os.close(write_end)
     assert done.returncode == EXIT_BROKEN_PIPE == 141
     assert "Traceback" not in done.stderr and "BrokenPipeError" not in done.stderr
+
+
+def test_ctrl_c_during_a_command_ends_it_quietly_with_130():
+    # Was a KeyboardInterrupt traceback out of trio's exception groups, exit 1.
+    with socket.socket() as silent:  # a "name server" that takes the connection and never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        addr = "127.0.0.1:%d" % silent.getsockname()[1]
+        proc = subprocess.Popen(raftmq_argv("admin", "--namesrv", addr, "--timeout", "30", "topics"),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            silent.settimeout(30)
+            conn, _ = silent.accept()  # the command is inside trio.run, waiting for its answer
+            with conn:
+                proc.send_signal(signal.SIGINT)
+                out, err = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert proc.returncode == EXIT_INTERRUPTED == 130
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
