@@ -31,8 +31,9 @@ from remoting.config import ConfigError, parse_host_port
 T = TypeVar("T")
 
 __all__ = [
-    "BenchError", "LatencySummary", "ReadyProcess", "check_namesrv_arg", "check_range", "percentile", "print_json", "print_json_error",
-    "make_dir", "print_table", "run_bench", "show_progress", "spawn_ready_process", "summarize_latencies",
+    "BenchError", "LatencySummary", "ReadyProcess", "check_namesrv_arg", "check_range", "make_dir", "percentile",
+    "print_json", "print_json_error", "print_table", "run_bench", "show_progress", "spawn_ready_process",
+    "summarize_latencies",
 ]
 
 
