@@ -17,7 +17,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from remoting.message import (I32, I64, KEY_SEPARATOR, PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY,
-                              MessageFormatError, create_msg_id, decode_properties, encode_properties, split_keys)
+                              MessageFormatError, check_topic, create_msg_id, decode_properties, encode_properties,
+                              split_keys)
 
 __all__ = [
     "Message", "MessageQueue", "MessageExt", "SendStatus", "SendResult", "PullStatus", "PullResult",
@@ -47,6 +48,23 @@ def check_int_arg(name: str, value: Any, lo: int, hi: int) -> None:
     comparison, '<' not supported, or went to the broker)."""
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
         raise ValueError(f"{name} must be an integer within {lo}..{hi}, got {value!r}")
+
+
+def check_queue(name: str, mq: Any) -> MessageQueue:
+    """A ``MessageQueue`` argument of a client call, checked before anything is sent: the dataclass takes any
+    values, and a queue_id of -1 made the broker pick a queue itself (a pinned send stored elsewhere), a str or
+    bool one was refused by the broker, an empty broker name named no group."""
+    if not isinstance(mq, MessageQueue):
+        raise TypeError(f"{name} must be a MessageQueue, got {mq!r}")
+    try:
+        check_topic(mq.topic)
+    except MessageFormatError as e:
+        raise ValueError(f"{name} {mq!r}: {e}") from None
+    if not isinstance(mq.broker_name, str) or not mq.broker_name:
+        raise ValueError(f"{name} {mq!r}: broker_name must be a non-empty string, got {mq.broker_name!r}")
+    if isinstance(mq.queue_id, bool) or not isinstance(mq.queue_id, int) or not 0 <= mq.queue_id <= I32_MAX:
+        raise ValueError(f"{name} {mq!r}: queue_id must be an integer within 0..{I32_MAX}, got {mq.queue_id!r}")
+    return mq
 
 
 def _check_str(name: str, value: Any) -> None:

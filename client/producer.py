@@ -29,7 +29,8 @@ from client.errors import ClientClosedError, MessageTooLargeError, NoRouteError,
 from client.instance import (
     ClientConfig, ClientInstance, build_config, now_ms, open_remoting, raise_for_response,
 )
-from client.message import PROPERTY_UNIQ_KEY, Message, MessageQueue, SendResult, SendStatus, new_uniq_key
+from client.message import (PROPERTY_UNIQ_KEY, Message, MessageQueue, SendResult, SendStatus, check_queue,
+                            new_uniq_key)
 from remoting.codes import RequestCode, ResponseCode
 from remoting.config import bounded
 from remoting.errors import ConnectError, ConnectionClosedError, NotLeaderError, RaftMQError
@@ -184,6 +185,11 @@ class Producer:
         props = message.wire_properties()
         props.setdefault(PROPERTY_UNIQ_KEY, new_uniq_key())
         info = await self.routes.publish_info(message.topic)
+        if queue is not None and queue not in info.queues:
+            # No answer comes back to refuse it: the broker would drop the message without a word.
+            groups = {mq.broker_name: mq.queue_id + 1 for mq in info.queues}  # queue ids run 0..n-1 per group
+            raise ValueError(f"queue {queue} is not a write queue of topic {message.topic!r} (its route has "
+                             f"{', '.join(f'{n} on {b}' for b, n in sorted(groups.items())) or 'none'})")
         mq = queue or info.select(self._instance.faults if self.config.send_latency_fault_enable else None)
         ext = {"producer_group": self.config.producer_group, "topic": message.topic, "queue_id": mq.queue_id,
                "sys_flag": 0, "born_timestamp": now_ms(), "flag": message.flag, "properties": props,
@@ -217,8 +223,7 @@ class Producer:
         """The optional arguments of a send, before anything is sent: a wrong one would otherwise surface as an
         AttributeError deep inside (or, for a queue of another topic, store the message where nobody looks)."""
         if queue is not None:
-            if not isinstance(queue, MessageQueue):
-                raise TypeError(f"queue must be a MessageQueue, got {queue!r}")
+            check_queue("queue", queue)
             if queue.topic != topic:
                 raise ValueError(f"queue {queue} is a queue of topic {queue.topic!r}, not of the message's topic "
                                  f"{topic!r}")

@@ -24,7 +24,7 @@ from client.instance import (
     ClientConfig, ClientInstance, build_config, open_remoting, raise_for_response,
 )
 from client.message import (I32_MAX, I64_MAX, MessageExt, MessageQueue, PullResult, PullStatus, RecordProperties,
-                            _PulledMessageExt, check_int_arg)
+                            _PulledMessageExt, check_int_arg, check_queue)
 from remoting.codes import RequestCode, ResponseCode
 from remoting.config import bounded
 from remoting.errors import RaftMQError
@@ -196,33 +196,27 @@ class PullConsumer:
     async def pull(self, mq: MessageQueue, offset: int, max_nums: int = 32, *, expression: str = "*",
                    block_ms: int = 0) -> PullResult:
         """Messages of ``mq`` from ``offset``; ``block_ms`` > 0 waits (long polling) for new ones."""
-        _check_queue(mq)
+        check_queue("mq", mq)
         check_int_arg("block_ms", block_ms, 0, I32_MAX)  # a Java int on the wire; offset and max_nums: PullAPI.pull
         sub = parse_subscription(mq.topic, expression)
         return await self._api.pull(mq, offset, max_nums, subscription=sub, suspend_timeout_ms=block_ms)
 
     async def min_offset(self, mq: MessageQueue) -> int:
-        return await self._api.min_offset(_check_queue(mq))
+        return await self._api.min_offset(check_queue("mq", mq))
 
     async def max_offset(self, mq: MessageQueue) -> int:
-        return await self._api.max_offset(_check_queue(mq))
+        return await self._api.max_offset(check_queue("mq", mq))
 
     async def search_offset(self, mq: MessageQueue, timestamp_ms: int) -> int:
         check_int_arg("timestamp_ms", timestamp_ms, 0, I64_MAX)
-        return await self._api.search_offset(_check_queue(mq), timestamp_ms)
+        return await self._api.search_offset(check_queue("mq", mq), timestamp_ms)
 
     async def committed_offset(self, mq: MessageQueue) -> int | None:
-        return await self._api.fetch_consume_offset(_check_queue(mq))
+        return await self._api.fetch_consume_offset(check_queue("mq", mq))
 
     async def commit(self, mq: MessageQueue, offset: int) -> None:
         check_int_arg("offset", offset, 0, I64_MAX)
-        await self._api.commit_consume_offset(_check_queue(mq), offset)
-
-
-def _check_queue(mq: Any) -> MessageQueue:
-    if not isinstance(mq, MessageQueue):
-        raise TypeError(f"expected a MessageQueue, got {mq!r}")
-    return mq
+        await self._api.commit_consume_offset(check_queue("mq", mq), offset)
 
 
 @contextlib.asynccontextmanager

@@ -94,6 +94,17 @@ async def test_bad_send_arguments_are_refused_before_anything_is_sent(cluster):
             (p.send_batch(message), TypeError, "send_batch expects a sequence of Message, got Message"),
             (p.send_batch("T"), TypeError, "got str"),
             (p.send_batch([message], queue="T"), TypeError, "queue must be a MessageQueue"),
+            # A queue_id of -1 made the broker pick the queue (the pinned send stored elsewhere); a str one was
+            # refused by the broker; a oneway send to a queue the topic does not have was dropped without a word.
+            (p.send(message, queue=MessageQueue("T", "broker-a", -1)), ValueError,
+             "queue_id must be an integer within 0..2147483647, got -1"),
+            (p.send_oneway(message, queue=MessageQueue("T", "broker-a", -1)), ValueError, "got -1"),
+            (p.send(message, queue=MessageQueue("T", "broker-a", "0")), ValueError, "queue_id must be .* got '0'"),
+            (p.send_batch([message], queue=MessageQueue("T", "broker-a", True)), ValueError, "got True"),
+            (p.send(message, queue=MessageQueue("T", "", 0)), ValueError, "broker_name must be a non-empty string"),
+            (p.send_oneway(message, queue=MessageQueue("T", "broker-a", 4)), ValueError,
+             "queue T@broker-a:4 is not a write queue of topic 'T' .*4 on broker-a, 4 on broker-b"),
+            (p.send_oneway(message, queue=MessageQueue("T", "broker-c", 0)), ValueError, "not a write queue"),
         ]:
             with pytest.raises(error, match=text.replace("(", r"\(")):
                 await call
@@ -134,13 +145,18 @@ async def test_bad_consumer_arguments_are_refused_when_opened_or_called(cluster)
 
     mq = MessageQueue("T", "broker-a", 0)
     async with open_pull_consumer(NAMESRV, consumer_group="g") as c:
-        for call, error, text in [(c.pull("T", 0), TypeError, "expected a MessageQueue, got 'T'"),
+        for call, error, text in [(c.pull("T", 0), TypeError, "mq must be a MessageQueue, got 'T'"),
+                                  (c.pull(MessageQueue("T", "broker-a", "0"), 0), ValueError,
+                                   "queue_id must be an integer within 0..2147483647, got '0'"),
+                                  (c.max_offset(MessageQueue("T", "broker-a", -1)), ValueError, "got -1"),
+                                  (c.commit(MessageQueue("bad topic", "broker-a", 0), 1), ValueError,
+                                   "topic 'bad topic' contains characters"),
                                   (c.pull(mq, "0"), ValueError, "offset must be an integer within 0.."),
                                   (c.pull(mq, 0, 0), ValueError, "max_nums must be an integer within 1..1024"),
                                   (c.pull(mq, 0, block_ms=-1), ValueError, "block_ms"),
                                   (c.pull(mq, 0, block_ms=2 ** 31), ValueError, "block_ms must be an integer "
                                                                                  "within 0..2147483647"),
-                                  (c.min_offset(None), TypeError, "expected a MessageQueue, got None"),
+                                  (c.min_offset(None), TypeError, "mq must be a MessageQueue, got None"),
                                   (c.search_offset(mq, "x"), ValueError, "timestamp_ms must be an integer"),
                                   (c.commit(mq, True), ValueError, "offset must be an integer .* got True")]:
             with pytest.raises(error, match=text):
