@@ -23,6 +23,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import inspect
 import logging
 import math
 import time
@@ -489,6 +490,11 @@ class PushConsumer:
         self._consumed(pq, msg)
 
 
+def _is_async_callable(handler: Any) -> bool:
+    """An ``async def`` function or method, a ``functools.partial`` of one, or an object whose ``__call__`` is one."""
+    return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(getattr(handler, "__call__", None))
+
+
 @contextlib.asynccontextmanager
 async def open_push_consumer(namesrv: str | Sequence[str] | None = None, *, topic: str | None = None,
                              expression: str = "*", subscriptions: Mapping[str, str] | None = None,
@@ -499,12 +505,17 @@ async def open_push_consumer(namesrv: str | Sequence[str] | None = None, *, topi
     if namesrv is not None:
         options["namesrv"] = namesrv
     config: PushConsumerConfig = build_config(PushConsumerConfig, options)
+    if subscriptions is not None and not isinstance(subscriptions, Mapping):
+        # dict() of a list of topic names made each name's first two characters a (topic, expression) pair.
+        raise TypeError(f"subscriptions must map topic to tag expression, e.g. {{'TopicA': '*'}}, got "
+                        f"{subscriptions!r}")
     subs = dict(subscriptions or {})
     if topic is not None:
         subs[topic] = expression
     if not subs:
         raise ValueError("open_push_consumer needs a topic or subscriptions")
-    if handler is not None and not callable(handler):
+    if handler is not None and not _is_async_callable(handler):
+        # A plain function's None cannot be awaited: every message failed each attempt and was skipped.
         raise TypeError(f"handler must be an async function taking a message, got {handler!r}")
     parsed = [parse_subscription(t, e) for t, e in subs.items()]
     server_requests = ServerRequests()

@@ -130,6 +130,12 @@ async def test_bad_consumer_arguments_are_refused_when_opened_or_called(cluster)
         ({"topic": "T", "expression": 5, "handler": handler}, TypeError, "tag expression of topic 'T' must be"),
         ({"subscriptions": {"T": ["A"]}, "handler": handler}, TypeError, "must be a string, got \\['A'\\]"),
         ({"topic": "T", "handler": 5}, TypeError, "handler must be an async function"),
+        # A plain function was taken: awaiting its None failed every attempt, and every message was skipped.
+        ({"topic": "T", "handler": lambda msg: None}, TypeError, "handler must be an async function"),
+        # A list of topic names went through dict(): ["T1"] subscribed topic "T" with expression "1".
+        ({"subscriptions": ["T1"], "handler": handler}, TypeError,
+         "subscriptions must map topic to tag expression, .* got \\['T1'\\]"),
+        ({"subscriptions": "T", "handler": handler}, TypeError, "subscriptions must map topic to tag expression"),
         # Java int and long on the wire: beyond them the broker refused every pull or the start offset query.
         ({"topic": "T", "handler": handler, "broker_suspend_max_time_ms": 2 ** 31}, ConfigError,
          "broker_suspend_max_time_ms must be <= 2147483647"),
@@ -139,6 +145,13 @@ async def test_bad_consumer_arguments_are_refused_when_opened_or_called(cluster)
         with pytest.raises(error, match=text):
             async with open_push_consumer(NAMESRV, **options):
                 pass
+    class Handler:
+        async def __call__(self, msg) -> None:
+            pass
+
+    for ok in (functools.partial(handler), Handler()):  # async callables that are no plain async def
+        async with open_push_consumer(NAMESRV, topic="T", handler=ok):
+            pass
     with pytest.raises(ConfigError, match="producer_group contains illegal characters; allowed are letters"):
         async with open_producer(NAMESRV, producer_group="a/b"):
             pass
