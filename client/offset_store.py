@@ -102,6 +102,8 @@ class LocalFileOffsetStore(OffsetStore):
     """Offsets in one JSON file, for broadcasting consumers (each member tracks every queue itself)."""
 
     def __init__(self, path: str | Path) -> None:
+        """Loads the file if it exists and creates its directory: a file or directory that cannot be used fails
+        here, when the consumer opens, rather than in the first background persist."""
         super().__init__()
         self.path = Path(path)
         if self.path.exists():
@@ -112,6 +114,15 @@ class LocalFileOffsetStore(OffsetStore):
                     self._offsets[mq] = int(entry["offset"])
             except (ValueError, KeyError, TypeError) as e:
                 raise ValueError(f"offset file {str(self.path)!r} is malformed: {e}") from None
+            except OSError as e:
+                raise ValueError(f"offset file {str(self.path)!r} cannot be read: {e}") from None
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ValueError(f"directory {str(self.path.parent)!r} for the offset file cannot be created: {e}") \
+                from None
+        if not os.access(self.path.parent, os.W_OK | os.X_OK):
+            raise ValueError(f"directory {str(self.path.parent)!r} for the offset file is not writable")
 
     async def read_from_store(self, mq: MessageQueue) -> int | None:
         return self._offsets.get(mq)
@@ -121,12 +132,18 @@ class LocalFileOffsetStore(OffsetStore):
             return 0
         entries = [{"topic": mq.topic, "broker_name": mq.broker_name, "queue_id": mq.queue_id, "offset": off}
                    for mq, off in sorted(self._offsets.items())]
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(self.path.suffix + ".tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"offsets": entries}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump({"offsets": entries}, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except OSError as e:
+            # Like a failed remote commit: kept dirty and written on the next persist (a full disk, a directory
+            # removed under us); raising here took the whole consumer down from its persist task.
+            log.warning("offset file not written path=%s error=%s", self.path, e)
+            return len(self._dirty)
         self._dirty.clear()
         return 0

@@ -43,7 +43,7 @@ from client.offset_store import LocalFileOffsetStore, RemoteOffsetStore
 from client.pull_consumer import PullAPI
 from client.rebalance import allocate_average, diff_assignment
 from remoting.codes import RequestCode
-from remoting.config import bounded
+from remoting.config import ConfigError, bounded
 from remoting.errors import RaftMQError
 from remoting.message import group_problem
 
@@ -147,9 +147,20 @@ class ProcessQueue:
         self._space.set()
 
 
+def local_offset_store(config: PushConsumerConfig) -> LocalFileOffsetStore:
+    """A BROADCASTING member's offset file, loaded; ``ConfigError`` naming ``offset_store_dir`` if it cannot be used
+    (before, a directory that could not be created failed the first persist and took the consumer down)."""
+    # Stable across restarts of the same member (as RocketMQ's ip@instanceName), so it resumes.
+    name = f"{config.consumer_group}@{config.client_ip}@{config.instance_name}.json"
+    try:
+        return LocalFileOffsetStore(Path(config.offset_store_dir) / name)
+    except ValueError as e:
+        raise ConfigError(f"offset_store_dir {config.offset_store_dir!r} cannot keep the offsets: {e}") from None
+
+
 class PushConsumer:
     def __init__(self, config: PushConsumerConfig, instance: ClientInstance, subscriptions: Sequence[Subscription],
-                 handler: Handler | None) -> None:
+                 handler: Handler | None, local_offsets: LocalFileOffsetStore | None = None) -> None:
         if not subscriptions:
             raise ValueError("a push consumer needs at least one subscription (topic)")
         self.config = config
@@ -158,10 +169,7 @@ class PushConsumer:
         self._subs: dict[str, Subscription] = {s.topic: s for s in subscriptions}
         self._handler = handler
         if config.message_model == "BROADCASTING":
-            # Stable across restarts of the same member (as RocketMQ's ip@instanceName), so it resumes.
-            name = f"{config.consumer_group}@{config.client_ip}@{config.instance_name}.json"
-            path = Path(config.offset_store_dir) / name
-            self._offsets: Any = LocalFileOffsetStore(path)
+            self._offsets: Any = local_offsets if local_offsets is not None else local_offset_store(config)
         else:
             self._offsets = RemoteOffsetStore(self._api.fetch_consume_offset, self._api.commit_consume_offset)
         self._pqs: dict[MessageQueue, ProcessQueue] = {}
@@ -518,11 +526,12 @@ async def open_push_consumer(namesrv: str | Sequence[str] | None = None, *, topi
         # A plain function's None cannot be awaited: every message failed each attempt and was skipped.
         raise TypeError(f"handler must be an async function taking a message, got {handler!r}")
     parsed = [parse_subscription(t, e) for t, e in subs.items()]
+    local_offsets = local_offset_store(config) if config.message_model == "BROADCASTING" else None
     server_requests = ServerRequests()
     async with open_remoting(config, server_requests) as remoting:
         async with trio.open_nursery() as nursery:
             instance = ClientInstance(config, remoting, nursery)
-            consumer = PushConsumer(config, instance, parsed, handler)
+            consumer = PushConsumer(config, instance, parsed, handler, local_offsets)
             server_requests.on_consumer_ids_changed = (
                 lambda group: consumer.trigger_rebalance() if group in (None, config.consumer_group) else None)
             server_requests.on_reset_offset = consumer.offsets_reset

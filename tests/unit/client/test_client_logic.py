@@ -113,7 +113,7 @@ async def test_bad_send_arguments_are_refused_before_anything_is_sent(cluster):
     assert sends == [("a:1", RequestCode.SEND_MESSAGE)]  # the good one only
 
 
-async def test_bad_consumer_arguments_are_refused_when_opened_or_called(cluster):
+async def test_bad_consumer_arguments_are_refused_when_opened_or_called(cluster, tmp_path):
     """Found by probing the consumer API with odd values: without a topic the push consumer failed with an
     ExceptionGroup, an illegal group name or topic ran on with every heartbeat or route query refused, a handler
     that was no function waited for the first message to fail, and the pull consumer's arguments failed on a
@@ -145,6 +145,14 @@ async def test_bad_consumer_arguments_are_refused_when_opened_or_called(cluster)
         with pytest.raises(error, match=text):
             async with open_push_consumer(NAMESRV, **options):
                 pass
+    # An offset_store_dir that cannot be made failed the first persist in the background, as a bare OSError in an
+    # ExceptionGroup that took the consumer down.
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ConfigError, match="offset_store_dir '.*file' cannot keep the offsets: directory"):
+        async with open_push_consumer(NAMESRV, topic="T", handler=handler, message_model="BROADCASTING",
+                                      offset_store_dir=str(tmp_path / "file")):
+            pass
+
     class Handler:
         async def __call__(self, msg) -> None:
             pass

@@ -194,6 +194,26 @@ async def test_local_file_offset_store_roundtrip(tmp_path):
         LocalFileOffsetStore(path)
 
 
+async def test_local_offset_store_refuses_an_unusable_directory_and_survives_a_failed_write(tmp_path, caplog):
+    """Found by probing: a directory that could not be created raised a bare FileExistsError from the first
+    background persist and took the broadcasting consumer down; now it fails when the store is made, and a later
+    failed write is logged and retried like a failed remote commit."""
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match="directory .*file/sub' for the offset file cannot be created"):
+        LocalFileOffsetStore(tmp_path / "file" / "sub" / "offsets.json")
+    s = LocalFileOffsetStore(tmp_path / "dir" / "offsets.json")
+    mq = MessageQueue("T", "b", 1)
+    s.update(mq, 7)
+    (tmp_path / "dir").rmdir()
+    (tmp_path / "dir").write_text("")  # the directory replaced by a file under the running consumer
+    assert await s.persist_all() == 1
+    assert "offset file not written" in caplog.text
+    assert s.dirty() == {mq: 7}
+    (tmp_path / "dir").unlink()
+    assert await s.persist_all() == 0
+    assert await LocalFileOffsetStore(tmp_path / "dir" / "offsets.json").read_from_store(mq) == 7
+
+
 # -- messages and API ------------------------------------------------------------------------------------------------
 def test_message_properties_and_validation():
     m = Message("T", b"x", tags="TagA", keys=["k1", "k2"], properties={"a": "b"})
