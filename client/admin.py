@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import cbor2
@@ -21,7 +21,7 @@ from client.errors import ClientError
 from client.instance import (
     ClientConfig, ClientInstance, build_config, open_remoting, raise_for_response,
 )
-from client.message import I64_MAX, MessageExt, MessageQueue, check_int_arg
+from client.message import I64_MAX, MessageExt, MessageQueue, check_int_arg, check_seconds
 from client.pull_consumer import to_message_ext
 from client.route import PERM_READ, PERM_WRITE, TopicRouteData, parse_route
 from remoting.codes import RequestCode, ResponseCode
@@ -199,6 +199,9 @@ class AdminClient:
         route it (up to ``wait_route_s``) and returns that route."""
         for name, value in (("read_queue_nums", read_queue_nums), ("write_queue_nums", write_queue_nums)):
             check_int_arg(name, value, 1, 1024)
+        # Checked here, not by trio.move_on_after once every group has created the topic.
+        check_seconds("wait_route_s", wait_route_s, allow_zero=True)
+        _check_targets(cluster, broker_names)
         masters = await self._target_masters(cluster, broker_names)
         await self._to_leaders(masters, RequestCode.UPDATE_AND_CREATE_TOPIC, {
             "topic": topic, "read_queue_nums": read_queue_nums, "write_queue_nums": write_queue_nums,
@@ -216,6 +219,7 @@ class AdminClient:
 
     async def delete_topic(self, topic: str, *, cluster: str | None = None,
                            broker_names: Sequence[str] | None = None) -> None:
+        _check_targets(cluster, broker_names)
         masters = await self._target_masters(cluster, broker_names)
         await self._to_leaders(masters, RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": topic})
 
@@ -424,6 +428,18 @@ class AdminClient:
     async def broker_status(self, addr: str) -> dict[str, Any]:
         frame = raise_for_response(await self._instance.invoke(addr, RequestCode.GET_BROKER_RUNTIME_INFO))
         return dict(cbor2.loads(frame.body)) if frame.body else dict(frame.ext)
+
+
+def _check_targets(cluster: Any, broker_names: Any) -> None:
+    """``cluster`` and ``broker_names`` of a topic change: a str as ``broker_names`` was taken one character per
+    group ("broker group 'b' has no leader"), a cluster that was no str reported as unknown to the name servers."""
+    if cluster is not None and not isinstance(cluster, str):
+        raise TypeError(f"cluster must be a cluster name (str), got {cluster!r}")
+    if broker_names is None:
+        return
+    if isinstance(broker_names, (str, bytes)) or not isinstance(broker_names, Collection) or not all(
+            isinstance(n, str) and n for n in broker_names):
+        raise TypeError(f"broker_names must be a list of broker group names, got {broker_names!r}")
 
 
 async def _each_group(calls: Iterable[tuple[Any, ...]], one: Callable[..., Awaitable[None]]) -> None:

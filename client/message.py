@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import itertools
+import math
 import os
 import struct
 import time
@@ -48,6 +49,14 @@ def check_int_arg(name: str, value: Any, lo: int, hi: int) -> None:
     comparison, '<' not supported, or went to the broker)."""
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
         raise ValueError(f"{name} must be an integer within {lo}..{hi}, got {value!r}")
+
+
+def check_seconds(name: str, value: Any, *, allow_zero: bool = False) -> None:
+    """A duration argument in seconds: a finite number, positive (or zero where ``allow_zero``)."""
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not value < math.inf
+            or not (value >= 0 if allow_zero else value > 0)):
+        raise ValueError(f"{name} must be a {'non-negative' if allow_zero else 'positive'} number of seconds, "
+                         f"got {value!r}")
 
 
 def check_queue(name: str, mq: Any) -> MessageQueue:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import math
 import time
 import zlib
 from collections.abc import AsyncIterator, Sequence
@@ -30,7 +29,7 @@ from client.instance import (
     ClientConfig, ClientInstance, build_config, now_ms, open_remoting, raise_for_response,
 )
 from client.message import (PROPERTY_UNIQ_KEY, Message, MessageQueue, SendResult, SendStatus, check_queue,
-                            new_uniq_key)
+                            check_seconds, new_uniq_key)
 from remoting.codes import RequestCode, ResponseCode
 from remoting.config import bounded
 from remoting.errors import ConnectError, ConnectionClosedError, NotLeaderError, RaftMQError
@@ -229,9 +228,8 @@ class Producer:
                                  f"{topic!r}")
         if sharding_key is not None and not isinstance(sharding_key, str):
             raise TypeError(f"sharding_key must be a string, got {sharding_key!r}")
-        if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))
-                                      or not 0 < timeout_s < math.inf):
-            raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+        if timeout_s is not None:
+            check_seconds("timeout_s", timeout_s)
 
     async def _send_with_retries(self, topic: str, code: int, ext: dict[str, Any], body_for, uniqs: tuple[str, ...],
                                  queue: MessageQueue | None, sharding_key: str | None,

@@ -101,3 +101,24 @@ async def test_query_by_key_merges_every_group_newest_first_and_finds_unique_ids
     for bad in ({"max_num": 0}, {"max_num": 65}, {"begin_ms": 5, "end_ms": 4}):
         with pytest.raises(ValueError):
             await admin.query_message("T", "k", **bad)
+
+
+async def test_topic_changes_check_their_targets_and_wait_before_asking_anyone():
+    """Found by probing: broker_names="broker-a" was taken one character per group ("broker group 'b' has no
+    leader"), and a negative or NaN wait_route_s failed in trio.move_on_after ("`seconds` must be non-negative")
+    after every group had already created the topic."""
+    instance = FakeInstance({})
+    admin = AdminClient(instance)
+    for call, error, text in [
+        (admin.create_topic("T", broker_names="broker-a"), TypeError,
+         "broker_names must be a list of broker group names, got 'broker-a'"),
+        (admin.create_topic("T", broker_names=["broker-a", 5]), TypeError, "broker_names must be a list"),
+        (admin.delete_topic("T", broker_names="broker-a"), TypeError, "broker_names must be a list"),
+        (admin.create_topic("T", cluster=5), TypeError, "cluster must be a cluster name \\(str\\), got 5"),
+        (admin.create_topic("T", wait_route_s=-1), ValueError,
+         "wait_route_s must be a non-negative number of seconds, got -1"),
+        (admin.create_topic("T", wait_route_s=float("nan")), ValueError, "wait_route_s .* got nan"),
+    ]:
+        with pytest.raises(error, match=text):
+            await call
+    assert instance.asked == []
