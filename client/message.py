@@ -94,7 +94,8 @@ class Message:
 
     def __post_init__(self) -> None:
         if (type(self.topic) is str and self.topic and type(self.body) is bytes and self.tags is None
-                and self.keys is None and type(self.properties) is dict and not self.properties):
+                and self.keys is None and type(self.properties) is dict and not self.properties
+                and self.flag == 0 and type(self.flag) is int):
             return  # the usual message (a topic and a body): nothing below can fail
         _check_str("topic", self.topic)
         if not self.topic:
@@ -108,6 +109,11 @@ class Message:
         if self.keys is not None and not isinstance(self.keys, str) and not (
                 isinstance(self.keys, (list, tuple)) and all(isinstance(k, str) for k in self.keys)):
             raise TypeError(f"Message.keys must be a string or a list of strings, got {self.keys!r}")
+        if not isinstance(self.properties, Mapping):
+            raise TypeError(f"Message.properties must map str to str, got {self.properties!r}")
+        # A Java int on the wire: the single send's flag went to the broker unchecked and was refused there.
+        if type(self.flag) is not int or not I32[0] <= self.flag <= I32[1]:
+            raise ValueError(f"Message.flag must be an integer within {I32[0]}..{I32[1]}, got {self.flag!r}")
         for k, v in self.properties.items():
             if not isinstance(k, str) or not isinstance(v, str):
                 raise TypeError(f"Message.properties must map str to str, got {k!r}: {v!r}")

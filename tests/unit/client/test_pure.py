@@ -226,6 +226,15 @@ def test_message_properties_and_validation():
     for bad in (-1, ["k1", 2], {"k": "v"}, b"k"):  # were a TypeError from str.join, or stored as their repr
         with pytest.raises(TypeError, match="Message.keys must be a string or a list of strings"):
             Message("T", b"x", keys=bad)
+    # Found by probing: properties=None or a list raised AttributeError ('.items'); a flag outside int32 was sent
+    # by send() unchecked and refused by the broker (send_batch refused it, as a ValueError).
+    for bad in (None, [("a", "b")]):
+        with pytest.raises(TypeError, match="Message.properties must map str to str, got"):
+            Message("T", b"x", properties=bad)
+    for bad in ("1", 1.0, True, 2 ** 31, -(2 ** 31) - 1):
+        with pytest.raises(ValueError, match=r"Message.flag must be an integer within -2147483648..2147483647, got"):
+            Message("T", b"x", flag=bad)
+    assert Message("T", b"x", flag=-(2 ** 31)).flag == -(2 ** 31)
     keys = {new_uniq_key() for _ in range(1000)}
     assert len(keys) == 1000
 
