@@ -35,8 +35,9 @@ from client.errors import ClientClosedError, UnknownBrokerError
 from client.route import FaultTracker, RouteCache, decode_route_response
 from remoting.codec import Frame, make_request, make_response
 from remoting.codes import RequestCode, ResponseCode
-from remoting.config import bounded, config_from_mapping, parse_host_port
+from remoting.config import ConfigError, bounded, config_from_mapping, parse_host_port
 from remoting.errors import ConnectError, ConnectionClosedError, RaftMQError, for_code
+from remoting.message import MessageFormatError, ip_bytes
 
 __all__ = ["ClientConfig", "ClientInstance", "build_config", "raise_for_response", "open_remoting",
            "ServerRequests"]
@@ -57,12 +58,21 @@ def _check_addrs(value: tuple[str, ...]) -> str | None:
     return None
 
 
+def _check_ip(value: str) -> str | None:
+    # The born and store hosts of a batch are 4-byte IPv4 addresses: any other value failed every send_batch.
+    try:
+        ip_bytes(value, "client_ip")
+    except MessageFormatError:
+        return "must be an IPv4 address"
+    return None
+
+
 @dataclasses.dataclass(frozen=True)
 class ClientConfig:
     namesrv_addrs: tuple[str, ...] = bounded(("127.0.0.1:9876",), check=_check_addrs,
                                              doc="name servers, HOST:PORT each")
     instance_name: str = bounded("DEFAULT", doc="part of the client id")
-    client_ip: str = bounded("127.0.0.1", doc="reported in heartbeats and message born hosts")
+    client_ip: str = bounded("127.0.0.1", check=_check_ip, doc="reported in heartbeats and message born hosts")
     poll_name_server_interval_ms: int = bounded(30_000, min=10, doc="periodic route refresh")
     heartbeat_broker_interval_ms: int = bounded(10_000, min=10, doc="heartbeat to every broker node")
     request_timeout_ms: int = bounded(3_000, min=1, doc="default timeout of one request")
@@ -81,6 +91,8 @@ def build_config(cls: type, options: Mapping[str, Any]) -> Any:
     if namesrv is not None:
         if isinstance(namesrv, str):
             namesrv = [a.strip() for a in namesrv.replace(",", ";").split(";") if a.strip()]
+        elif isinstance(namesrv, (bytes, bytearray)) or not isinstance(namesrv, Iterable):
+            raise ConfigError(f'namesrv must be "HOST:PORT[;HOST:PORT...]" or a list of HOST:PORT, got {namesrv!r}')
         data["namesrv_addrs"] = list(namesrv)
     return config_from_mapping(cls, data)
 

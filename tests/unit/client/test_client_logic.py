@@ -160,9 +160,16 @@ async def test_bad_consumer_arguments_are_refused_when_opened_or_called(cluster,
     for ok in (functools.partial(handler), Handler()):  # async callables that are no plain async def
         async with open_push_consumer(NAMESRV, topic="T", handler=ok):
             pass
-    with pytest.raises(ConfigError, match="producer_group contains illegal characters; allowed are letters"):
-        async with open_producer(NAMESRV, producer_group="a/b"):
-            pass
+    for options, text in [
+        ({"producer_group": "a/b"}, "producer_group contains illegal characters; allowed are letters"),
+        # Taken before: every send_batch (and auto-batched send) then failed on the batch's born host.
+        ({"client_ip": "not an ip"}, "client_ip must be an IPv4 address, got 'not an ip'"),
+        # Was a TypeError from list(): "'int' object is not iterable".
+        ({"namesrv": 9876}, 'namesrv must be "HOST:PORT\\[;HOST:PORT...\\]" or a list of HOST:PORT, got 9876'),
+    ]:
+        with pytest.raises(ConfigError, match=text):
+            async with open_producer(**options):
+                pass
 
     mq = MessageQueue("T", "broker-a", 0)
     async with open_pull_consumer(NAMESRV, consumer_group="g") as c:
