@@ -19,7 +19,7 @@ import trio
 
 from client.errors import ClientError
 from client.instance import (
-    ClientConfig, ClientInstance, build_config, open_remoting, raise_for_response,
+    ClientConfig, ClientInstance, build_config, open_client_nursery, open_remoting, raise_for_response,
 )
 from client.message import I64_MAX, MessageExt, MessageQueue, check_int_arg, check_seconds
 from client.pull_consumer import to_message_ext
@@ -471,7 +471,7 @@ async def open_admin(namesrv: str | Sequence[str] | None = None, **options: Any)
         options["namesrv"] = namesrv
     config: ClientConfig = build_config(ClientConfig, options)
     async with open_remoting(config) as remoting:
-        async with trio.open_nursery() as nursery:
+        async with open_client_nursery() as nursery:
             instance = ClientInstance(config, remoting, nursery)
             try:
                 yield AdminClient(instance)

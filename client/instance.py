@@ -40,7 +40,7 @@ from remoting.errors import ConnectError, ConnectionClosedError, RaftMQError, fo
 from remoting.message import MessageFormatError, ip_bytes
 
 __all__ = ["ClientConfig", "ClientInstance", "build_config", "raise_for_response", "open_remoting",
-           "ServerRequests"]
+           "open_client_nursery", "ServerRequests"]
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +139,15 @@ def open_remoting(config: ClientConfig, handler: ServerRequests | None = None) -
 
     return open_remoting_client(handler=handler, max_frame_size=config.max_frame_size_bytes,
                                 connect_timeout_s=config.connect_timeout_ms / 1000)
+
+
+def open_client_nursery() -> Any:
+    """The nursery a producer, consumer or admin client runs its background tasks in, around the caller's
+    ``async with`` body: remoting's, which unwraps a lone exception, so ``except SendFailedError`` around the
+    block catches what a call in it raised (a plain nursery handed it out wrapped in an ExceptionGroup)."""
+    from remoting.transport import _background_nursery  # the trio shell, as open_remoting
+
+    return _background_nursery()
 
 
 def raise_for_response(frame: Frame, *, ok: Iterable[int] = (ResponseCode.SUCCESS,), **context: Any) -> Frame:

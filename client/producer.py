@@ -26,7 +26,7 @@ import trio
 from client.accumulator import ProduceAccumulator
 from client.errors import ClientClosedError, MessageTooLargeError, NoRouteError, SendFailedError
 from client.instance import (
-    ClientConfig, ClientInstance, build_config, now_ms, open_remoting, raise_for_response,
+    ClientConfig, ClientInstance, build_config, now_ms, open_client_nursery, open_remoting, raise_for_response,
 )
 from client.message import (PROPERTY_UNIQ_KEY, Message, MessageQueue, SendResult, SendStatus, check_queue,
                             check_seconds, new_uniq_key)
@@ -347,7 +347,7 @@ async def open_producer(namesrv: str | Sequence[str] | None = None, **options: A
         options["namesrv"] = namesrv
     config: ProducerConfig = build_config(ProducerConfig, options)
     async with open_remoting(config) as remoting:
-        async with trio.open_nursery() as nursery:
+        async with open_client_nursery() as nursery:
             instance = ClientInstance(config, remoting, nursery)
             instance.start_background()
             producer = Producer(config, instance)

@@ -21,7 +21,7 @@ import trio
 
 from client.filter import Subscription, parse_subscription
 from client.instance import (
-    ClientConfig, ClientInstance, build_config, open_remoting, raise_for_response,
+    ClientConfig, ClientInstance, build_config, open_client_nursery, open_remoting, raise_for_response,
 )
 from client.message import (I32_MAX, I64_MAX, MessageExt, MessageQueue, PullResult, PullStatus, RecordProperties,
                             _PulledMessageExt, check_int_arg, check_queue)
@@ -226,7 +226,7 @@ async def open_pull_consumer(namesrv: str | Sequence[str] | None = None,
         options["namesrv"] = namesrv
     config: PullConsumerConfig = build_config(PullConsumerConfig, options)
     async with open_remoting(config) as remoting:
-        async with trio.open_nursery() as nursery:
+        async with open_client_nursery() as nursery:
             instance = ClientInstance(config, remoting, nursery)
             instance.start_background()
             try:

@@ -36,7 +36,8 @@ import trio
 
 from client.filter import Subscription, parse_subscription
 from client.instance import (
-    ClientConfig, ClientInstance, ServerRequests, build_config, open_remoting, raise_for_response,
+    ClientConfig, ClientInstance, ServerRequests, build_config, open_client_nursery, open_remoting,
+    raise_for_response,
 )
 from client.message import I32_MAX, I64_MAX, MessageExt, MessageQueue, PullStatus
 from client.offset_store import LocalFileOffsetStore, RemoteOffsetStore
@@ -529,7 +530,7 @@ async def open_push_consumer(namesrv: str | Sequence[str] | None = None, *, topi
     local_offsets = local_offset_store(config) if config.message_model == "BROADCASTING" else None
     server_requests = ServerRequests()
     async with open_remoting(config, server_requests) as remoting:
-        async with trio.open_nursery() as nursery:
+        async with open_client_nursery() as nursery:
             instance = ClientInstance(config, remoting, nursery)
             consumer = PushConsumer(config, instance, parsed, handler, local_offsets)
             server_requests.on_consumer_ids_changed = (

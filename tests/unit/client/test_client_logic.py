@@ -467,3 +467,26 @@ async def test_a_long_poll_held_by_the_leader_does_not_count_as_silence(cluster)
             assert _route_queries(cluster) == before
             n.cancel_scope.cancel()
         cluster.resume("a:1")
+
+
+async def test_an_error_raised_in_the_async_with_block_comes_out_as_itself(cluster):
+    """Found by probing: the clients yield inside their background nursery, so any error of the block (a send that
+    failed, a bad argument) left ``async with open_producer(...)`` wrapped in an ExceptionGroup, and
+    ``except SendFailedError`` around it caught nothing (remoting's own nursery unwraps a lone error for this)."""
+    async def handler(msg) -> None:
+        pass
+
+    async def iterate(consumer) -> None:
+        async for _ in consumer:
+            pass
+
+    mq = MessageQueue("T", "broker-a", 0)
+    for opened, use, error in [
+        (lambda: open_producer(NAMESRV), lambda p: p.send(Message("T", b"x"), timeout_s=-1), ValueError),
+        (lambda: open_pull_consumer(NAMESRV), lambda c: c.pull(mq, -1), ValueError),
+        (lambda: open_push_consumer(NAMESRV, topic="T", handler=handler), iterate, TypeError),
+        (lambda: client.admin.open_admin(NAMESRV), lambda a: a.create_topic("T", wait_route_s=-1), ValueError),
+    ]:
+        with pytest.raises(error):
+            async with opened() as c:
+                await use(c)
