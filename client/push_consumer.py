@@ -468,13 +468,21 @@ class PushConsumer:
             elif result.status is PullStatus.OFFSET_ILLEGAL:
                 log.warning("pull offset moved mq=%s offset=%d next=%d", pq.mq, offset,
                             result.next_begin_offset)
+                if result.next_begin_offset < offset and self._nursery is not None:
+                    # Beyond the queue's end (an offset committed past it, a wiped store): the leader names where
+                    # to go on, back to its min offset, as RocketMQ's OFFSET_OVERFLOW_BADLY correction. Follow it as
+                    # an offset reset does (this queue's cache dropped, the new offset stored, a fresh pull task):
+                    # never moving back, the loop pulled the same offset at once, forever.
+                    self._nursery.start_soon(self._reset_queues, {pq.mq: result.next_begin_offset})
+                    return
             if result.status is not PullStatus.FOUND or not result.messages:
                 # Filtered-out or moved ranges hold nothing to consume; let the offset pass them.
                 pq.max_offset_seen = max(pq.max_offset_seen, result.next_begin_offset - 1)
                 if not pq.msgs and result.next_begin_offset > offset:
                     self._flush_offset(pq)
                     self._offsets.update(pq.mq, result.next_begin_offset, increase_only=True)
-            if result.status is PullStatus.NO_MATCHED_MSG and result.next_begin_offset <= offset:
+            if (result.status in (PullStatus.NO_MATCHED_MSG, PullStatus.OFFSET_ILLEGAL)
+                    and result.next_begin_offset <= offset):
                 await trio.sleep(delay)  # a follower that is behind says "retry": don't spin on it
             offset = max(offset, result.next_begin_offset)
 

@@ -174,6 +174,9 @@ class FakeRemoting:
             if start >= len(log) and ext["suspend_timeout_millis"]:
                 with trio.move_on_after(min(ext["suspend_timeout_millis"] / 1000, 0.05)):
                     await self.wake.wait()
+            if start > len(log):  # beyond the end: the real broker's correction (back to min_offset 0)
+                return make_response(request, ResponseCode.PULL_OFFSET_MOVED,
+                                     ext={"next_begin_offset": 0, "min_offset": 0, "max_offset": len(log)})
             recs = log[start:start + ext["max_msg_nums"]]
             fx = {"next_begin_offset": start + len(recs), "min_offset": 0, "max_offset": len(log)}
             if not recs:

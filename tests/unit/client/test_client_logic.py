@@ -490,3 +490,26 @@ async def test_an_error_raised_in_the_async_with_block_comes_out_as_itself(clust
         with pytest.raises(error):
             async with opened() as c:
                 await use(c)
+
+
+async def test_a_consume_offset_beyond_the_queue_end_is_corrected_as_the_broker_says(cluster, caplog):
+    """Found by probing: with the group's offset committed past a queue's end (a pull consumer's commit, a wiped
+    store), every pull answered OFFSET_ILLEGAL with next_begin_offset 0, which the pull loop ignored (it only moved
+    forward): 16,000 pulls and warnings in 4 s, and nothing new in that queue ever consumed. Now it follows the
+    broker's correction as RocketMQ does (drop the queue's cache, pull from there: at least once)."""
+    mq = MessageQueue("T", "broker-a", 0)
+    async with open_producer(NAMESRV) as p:
+        for i in range(3):
+            await p.send(Message("T", b"%d" % i), queue=mq)
+    async with open_pull_consumer(NAMESRV, consumer_group="g") as c:
+        await c.commit(mq, 1000)
+    caplog.set_level(logging.WARNING, "client.push_consumer")
+    async with open_push_consumer(NAMESRV, topic="T", consumer_group="g", broker_suspend_max_time_ms=20) as consumer:
+        with trio.fail_after(5):
+            got = [msg async for msg in _take(consumer, 3)]
+        assert [(m.message_queue, m.body) for m in got] == [(mq, b"0"), (mq, b"1"), (mq, b"2")]
+        assert consumer.statistics().pulls < 100
+    assert caplog.text.count("pull offset moved") == 1
+    async with open_pull_consumer(NAMESRV, consumer_group="g") as c:
+        assert await c.committed_offset(mq) == 3
+
