@@ -190,7 +190,8 @@ class ProduceAccumulator:
             for n, item in enumerate(batch):
                 item.result = SendResult(send_status=result.send_status, msg_id=item.uniq,
                                          offset_msg_id=offset_ids[n], message_queue=result.message_queue,
-                                         queue_offset=result.queue_offset + n if result.queue_offset >= 0 else -1)
+                                         queue_offset=result.queue_offset + n if result.queue_offset >= 0 else -1,
+                                         msg_ids=(item.uniq,))
                 item.finish()
         finally:
             group.in_flight -= 1

@@ -53,6 +53,7 @@ async def test_concurrent_sends_share_requests_and_each_gets_its_own_result(clus
         assert stored.body == b"body-%03d" % i and stored.tags == ("A" if i % 2 else "B")
         assert stored.keys == [f"k{i}"] and stored.properties["UNIQ_KEY"] == r.msg_id
         assert r.offset_msg_id == str(r.queue_offset)  # the fake's offset id: its queue offset
+        assert r.msg_ids == (r.msg_id,)  # as a send that went alone says (was an empty tuple)
     # Batches spread over queues as single sends would.
     assert len({r.message_queue for r in results.values()}) > 4
 
