@@ -106,9 +106,18 @@ class Message:
             raise TypeError(f"Message.body must be bytes, got {type(self.body).__name__}")
         if self.tags is not None:
             _check_str("tags", self.tags)
+            # Subscriptions split expressions on '||' and strip each tag: a message tagged "A " or "A||B" could
+            # only ever reach '*' subscribers, never one naming its tag.
+            if self.tags != self.tags.strip() or "|" in self.tags or self.tags == "*":
+                raise ValueError(f"Message.tags {self.tags!r} cannot be named by a tag expression (no '|', no "
+                                 f"leading or trailing whitespace, not '*')")
         if self.keys is not None and not isinstance(self.keys, str) and not (
                 isinstance(self.keys, (list, tuple)) and all(isinstance(k, str) for k in self.keys)):
             raise TypeError(f"Message.keys must be a string or a list of strings, got {self.keys!r}")
+        if isinstance(self.keys, (list, tuple)) and any(KEY_SEPARATOR in k for k in self.keys):
+            # Keys travel joined by the separator: ["order 1"] was indexed as keys "order" and "1".
+            raise ValueError(f"Message.keys list items must not contain the key separator {KEY_SEPARATOR!r}, got "
+                             f"{self.keys!r}")
         if not isinstance(self.properties, Mapping):
             raise TypeError(f"Message.properties must map str to str, got {self.properties!r}")
         # A Java int on the wire: the single send's flag went to the broker unchecked and was refused there.

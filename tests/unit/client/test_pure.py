@@ -235,6 +235,15 @@ def test_message_properties_and_validation():
         with pytest.raises(ValueError, match=r"Message.flag must be an integer within -2147483648..2147483647, got"):
             Message("T", b"x", flag=bad)
     assert Message("T", b"x", flag=-(2 ** 31)).flag == -(2 ** 31)
+    # Found by probing: a list key with a space was indexed as two keys (query_message by it found nothing), and a
+    # tag no expression can name ("A ", "A||B", "*") reached '*' subscribers only.
+    with pytest.raises(ValueError, match="keys list items must not contain the key separator ' ', got \\['order 1'"):
+        Message("T", b"x", keys=["order 1"])
+    assert Message("T", b"x", keys="k1 k2").wire_properties()["KEYS"] == "k1 k2"  # a str: separated keys
+    for bad in ("A ", " A", "A||B", "A|B", "*"):
+        with pytest.raises(ValueError, match="cannot be named by a tag expression"):
+            Message("T", b"x", tags=bad)
+    assert Message("T", b"x", tags="Tag A").tags == "Tag A"
     keys = {new_uniq_key() for _ in range(1000)}
     assert len(keys) == 1000
 
