@@ -11,6 +11,10 @@ Rules:
   message that a batch could not carry unchanged goes alone (bigger than ``auto_batch_max_bytes``, or a topic,
   properties or flag the client cannot encode: then the broker's own answer names the problem, as without
   auto-batching).
+- A batch's encoded size (each message's bodies and properties plus its entry header) also stays within
+  ``max_message_size_bytes``, the broker's limit for a whole batch body: with ``auto_batch_max_bytes`` near it,
+  the headers made full batches too big, and each of their callers got the broker's "batch body of N bytes
+  exceeds max_message_size" for a small message.
 - Messages are grouped by topic and, where the caller fixed one (``queue`` or ``sharding_key``), by queue: an
   ordered send stays in its queue and in its order. A group without a fixed queue picks one per batch, as one
   send picks one per message (round robin, fault avoidance, retries elsewhere).
@@ -34,7 +38,7 @@ import trio
 
 from client.errors import ClientClosedError
 from client.message import Message, MessageQueue, SendResult
-from remoting.message import MessageFormatError, check_topic
+from remoting.message import BATCH_HEAD, MessageFormatError, check_topic, encode_uniform_batch
 
 if TYPE_CHECKING:
     from client.producer import Producer
@@ -47,9 +51,9 @@ log = logging.getLogger(__name__)
 class _Item:
     """One caller's message, waiting in a group or in flight in a batch."""
 
-    __slots__ = ("body", "props", "flag", "uniq", "deadline", "task", "result", "error", "sent", "done")
+    __slots__ = ("body", "props", "flag", "uniq", "deadline", "task", "result", "error", "sent", "done", "encoded")
 
-    def __init__(self, body: bytes, props: bytes, flag: int, uniq: str, deadline: float) -> None:
+    def __init__(self, body: bytes, props: bytes, flag: int, uniq: str, deadline: float, entry_overhead: int) -> None:
         self.body = body
         self.props = props
         self.flag = flag
@@ -60,6 +64,7 @@ class _Item:
         self.error: BaseException | None = None
         self.sent = False  # taken into a batch
         self.done = False  # answered, or its caller gave up
+        self.encoded = len(body) + len(props) + entry_overhead  # its bytes in the batch body
 
     @property
     def size(self) -> int:
@@ -72,10 +77,14 @@ class _Item:
 
 
 class _Group:
-    __slots__ = ("topic", "queue", "sharding_key", "items", "size", "in_flight", "timer_armed")
+    __slots__ = ("topic", "queue", "sharding_key", "items", "size", "in_flight", "timer_armed", "entry_overhead")
 
     def __init__(self, topic: str, queue: MessageQueue | None, sharding_key: str | None) -> None:
         self.topic = topic
+        # What the batch layout adds to each message's body and properties (its header and the topic): measured
+        # on an empty entry rather than restating the layout here.
+        self.entry_overhead = len(encode_uniform_batch(check_topic(topic), 0, [(b"", b"", 0)], 0, (bytes(4), 0),
+                                                       (bytes(4), 0))) - BATCH_HEAD.size
         self.queue = queue
         self.sharding_key = sharding_key
         self.items: list[_Item] = []
@@ -91,6 +100,7 @@ class ProduceAccumulator:
         self._nursery = nursery
         self._max_messages = config.auto_batch_max_messages
         self._max_bytes = config.auto_batch_max_bytes
+        self._max_encoded = config.max_message_size_bytes - BATCH_HEAD.size  # what the broker takes in one batch
         self._max_in_flight = config.auto_batch_max_in_flight
         self._max_delay_s = config.auto_batch_max_delay_ms / 1000
         self._default_timeout_s = config.send_msg_timeout_ms / 1000
@@ -110,11 +120,14 @@ class ProduceAccumulator:
         except MessageFormatError:
             return None
         timeout = timeout_s if timeout_s is not None else self._default_timeout_s
-        item = _Item(body, encoded, flag, uniq, time.monotonic() + timeout)
         key = (message.topic, queue, sharding_key)
         group = self._groups.get(key)
         if group is None:
             group = self._groups[key] = _Group(message.topic, queue, sharding_key)
+        item = _Item(body, encoded, flag, uniq, time.monotonic() + timeout, group.entry_overhead)
+        if item.encoded > self._max_encoded:
+            self._forget_if_idle(group)
+            return None  # too big for a batch of its own: alone, the broker's check is on its body
         group.items.append(item)
         group.size += item.size
         if (group.in_flight < self._max_in_flight or len(group.items) >= self._max_messages
@@ -143,11 +156,13 @@ class ProduceAccumulator:
         items = group.items
         take = 0
         size = 0
+        encoded = 0
         while take < len(items) and take < self._max_messages:
-            nxt = items[take].size
-            if take and size + nxt > self._max_bytes:
+            nxt = items[take]
+            if take and (size + nxt.size > self._max_bytes or encoded + nxt.encoded > self._max_encoded):
                 break
-            size += nxt
+            size += nxt.size
+            encoded += nxt.encoded
             take += 1
         if not take:
             return

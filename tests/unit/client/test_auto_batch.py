@@ -144,3 +144,29 @@ async def test_a_caller_cancelled_while_waiting_takes_its_message_out(cluster):
             release.set()
     bodies = [decode_record(r).body for r in cluster.groups[0].logs[("T", 1)]]
     assert bodies == [b"first", b"third"]
+
+
+async def test_a_batch_body_stays_within_max_message_size_headers_included(cluster):
+    """Found by probing: with auto_batch_max_bytes near the broker's max message size, the entry headers made full
+    batches bigger than it, and each of their callers (1,017 sends of 4 KiB) got the broker's "batch body of
+    4248025 bytes exceeds max_message_size". Bodies and properties fit auto_batch_max_bytes, the encoded batch
+    fits max_message_size_bytes; a message too big for any batch goes alone."""
+    original = cluster.invoke
+    batch_sizes = []
+
+    async def measuring(addr, request, timeout_s=3.0):
+        if request.code == RequestCode.SEND_BATCH_MESSAGE:
+            batch_sizes.append(len(request.body))
+        return await original(addr, request, timeout_s)
+
+    cluster.invoke = measuring
+    async with open_producer(NAMESRV, auto_batch=True, auto_batch_max_in_flight=1, auto_batch_max_bytes=4096,
+                             max_message_size_bytes=2000, auto_batch_max_delay_ms=1000) as p:
+        async with trio.open_nursery() as nursery:
+            for i in range(100):
+                nursery.start_soon(functools.partial(p.send, Message("T", b"x" * 100),
+                                                     queue=MessageQueue("T", "broker-a", 0)))
+        assert (await p.send(Message("T", b"y" * 1990))).send_status is SendStatus.SEND_OK
+    assert batch_sizes and max(batch_sizes) <= 2000
+    assert max(batch_sizes) > 1500  # still filled
+    assert len(_sends(cluster, RequestCode.SEND_MESSAGE)) == 1  # the 1,990-byte one
