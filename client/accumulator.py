@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from client.errors import ClientClosedError
-from client.message import Message, MessageQueue, SendResult
-from remoting.message import BATCH_HEAD, MessageFormatError, check_topic, encode_uniform_batch
+from client.message import Message, MessageQueue, SendResult, batch_entry_overhead
+from remoting.message import BATCH_HEAD, MessageFormatError, check_topic
 
 if TYPE_CHECKING:
     from client.producer import Producer
@@ -81,10 +81,7 @@ class _Group:
 
     def __init__(self, topic: str, queue: MessageQueue | None, sharding_key: str | None) -> None:
         self.topic = topic
-        # What the batch layout adds to each message's body and properties (its header and the topic): measured
-        # on an empty entry rather than restating the layout here.
-        self.entry_overhead = len(encode_uniform_batch(check_topic(topic), 0, [(b"", b"", 0)], 0, (bytes(4), 0),
-                                                       (bytes(4), 0))) - BATCH_HEAD.size
+        self.entry_overhead = batch_entry_overhead(topic)
         self.queue = queue
         self.sharding_key = sharding_key
         self.items: list[_Item] = []

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import itertools
 import math
 import os
@@ -17,9 +18,9 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from remoting.message import (I32, I64, KEY_SEPARATOR, PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY,
+from remoting.message import (BATCH_HEAD, I32, I64, KEY_SEPARATOR, PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY,
                               MessageFormatError, check_topic, create_msg_id, decode_properties, encode_properties,
-                              split_keys)
+                              encode_uniform_batch, split_keys)
 
 __all__ = [
     "Message", "MessageQueue", "MessageExt", "SendStatus", "SendResult", "PullStatus", "PullResult",
@@ -49,6 +50,14 @@ def check_int_arg(name: str, value: Any, lo: int, hi: int) -> None:
     comparison, '<' not supported, or went to the broker)."""
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
         raise ValueError(f"{name} must be an integer within {lo}..{hi}, got {value!r}")
+
+
+@functools.lru_cache(maxsize=1024)
+def batch_entry_overhead(topic: str) -> int:
+    """What the batch layout adds to each message's body and encoded properties (its entry header and the topic),
+    measured on an empty entry rather than restating the layout; a batch body takes ``BATCH_HEAD.size`` more."""
+    return len(encode_uniform_batch(check_topic(topic), 0, [(b"", b"", 0)], 0, (bytes(4), 0),
+                                    (bytes(4), 0))) - BATCH_HEAD.size
 
 
 def check_seconds(name: str, value: Any, *, allow_zero: bool = False) -> None:

@@ -28,12 +28,13 @@ from client.errors import ClientClosedError, MessageTooLargeError, NoRouteError,
 from client.instance import (
     ClientConfig, ClientInstance, build_config, now_ms, open_client_nursery, open_remoting, raise_for_response,
 )
-from client.message import (PROPERTY_UNIQ_KEY, Message, MessageQueue, SendResult, SendStatus, check_queue,
-                            check_seconds, new_uniq_key)
+from client.message import (PROPERTY_UNIQ_KEY, Message, MessageQueue, SendResult, SendStatus, batch_entry_overhead,
+                            check_queue, check_seconds, new_uniq_key)
 from remoting.codes import RequestCode, ResponseCode
 from remoting.config import bounded
 from remoting.errors import ConnectError, ConnectionClosedError, NotLeaderError, RaftMQError
-from remoting.message import MessageFormatError, check_topic, encode_uniform_batch, group_problem, ip_bytes
+from remoting.message import (BATCH_HEAD, MessageFormatError, check_topic, encode_uniform_batch, group_problem,
+                              ip_bytes)
 
 __all__ = ["ProducerConfig", "Producer", "open_producer"]
 
@@ -154,6 +155,18 @@ class Producer:
             uniq_list.append(uniq)
             items.append(item)
         assert topic is not None  # messages is not empty
+        # The broker takes a batch body up to its max message size, as the encoded batch, headers included; beyond
+        # the frame size the connection refused it ("frame of N bytes exceeds the maximum frame size").
+        try:
+            overhead = batch_entry_overhead(topic)
+        except MessageFormatError as e:
+            raise ValueError(f"send_batch: {e}") from None
+        size = BATCH_HEAD.size + sum(len(body) + len(props) for body, props, _ in items) + len(items) * overhead
+        if size > self.config.max_message_size_bytes:
+            raise MessageTooLargeError(
+                f"send_batch: {len(items)} messages take {size} bytes as one batch, more than max_message_size_bytes "
+                f"{self.config.max_message_size_bytes}: send them in smaller batches", topic=topic,
+                max_size=self.config.max_message_size_bytes)
         return await self._send_encoded_batch(topic, items, tuple(uniq_list), queue, None, timeout_s)
 
     async def _send_encoded_batch(self, topic: str, items: list[tuple[bytes, bytes, int]], uniqs: tuple[str, ...],

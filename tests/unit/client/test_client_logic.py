@@ -72,6 +72,14 @@ async def test_non_retriable_error_and_local_size_check(cluster):
             await p.send(Message("T", b"x", properties={"reject": "1"}))
         with pytest.raises(MessageTooLargeError, match="exceeds max_message_size_bytes 10"):
             await p.send(Message("T", b"x" * 11))
+    # A batch is limited as a whole, as the broker limits it (was sent, and refused by the broker; over the frame
+    # size, refused by the connection as "frame of N bytes exceeds the maximum frame size").
+    async with open_producer(NAMESRV, max_message_size_bytes=1000) as p:
+        with pytest.raises(MessageTooLargeError, match="send_batch: 10 messages take 1[0-9]{3} bytes as one batch, "
+                                                       "more than max_message_size_bytes 1000"):
+            await p.send_batch([Message("T", b"x" * 100)] * 10)
+        assert (await p.send_batch([Message("T", b"x" * 100)] * 5)).send_status is SendStatus.SEND_OK
+    assert len([c for c in cluster.calls if c[1] == RequestCode.SEND_BATCH_MESSAGE]) == 1
 
 
 async def test_bad_send_arguments_are_refused_before_anything_is_sent(cluster):
