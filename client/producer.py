@@ -31,10 +31,10 @@ from client.instance import (
 from client.message import (PROPERTY_UNIQ_KEY, Message, MessageQueue, SendResult, SendStatus, batch_entry_overhead,
                             check_queue, check_seconds, new_uniq_key)
 from remoting.codes import RequestCode, ResponseCode
-from remoting.config import bounded
+from remoting.config import ConfigError, bounded
 from remoting.errors import ConnectError, ConnectionClosedError, NotLeaderError, RaftMQError
-from remoting.message import (BATCH_HEAD, MessageFormatError, check_topic, encode_uniform_batch, group_problem,
-                              ip_bytes)
+from remoting.message import (BATCH_HEAD, MAX_PROPERTIES_SIZE, MessageFormatError, check_topic, encode_uniform_batch,
+                              group_problem, ip_bytes)
 
 __all__ = ["ProducerConfig", "Producer", "open_producer"]
 
@@ -50,6 +50,10 @@ _SEND_STATUS = {
 
 # Errors that mean "this group's leader is changing", not "this group is broken".
 _LEADER_IN_FLUX = (NotLeaderError, ConnectError, ConnectionClosedError)
+
+
+# The frame header of a send besides its properties (codes, ids, topic, group, timestamps): a few hundred bytes.
+_FRAME_HEADER_ALLOWANCE_BYTES = 4096
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +76,15 @@ class ProducerConfig(ClientConfig):
                                             doc="batches of one topic/queue in flight before messages wait")
     auto_batch_max_delay_ms: int = bounded(10, min=0, max=10_000,
                                            doc="longest a message waits for a batch slot (batchMaxDelayMs)")
+
+    def __post_init__(self) -> None:
+        # A send of the largest message taken must fit one frame: its body (or batch body), properties and header.
+        # With a smaller max_frame_size_bytes such sends failed at the connection, "frame of N bytes exceeds ...".
+        need = self.max_message_size_bytes + MAX_PROPERTIES_SIZE + _FRAME_HEADER_ALLOWANCE_BYTES
+        if self.max_frame_size_bytes < need:
+            raise ConfigError(f"max_frame_size_bytes must be >= {need} (a message of max_message_size_bytes "
+                              f"{self.max_message_size_bytes} with its properties and header), got "
+                              f"{self.max_frame_size_bytes}")
 
 
 @dataclasses.dataclass(slots=True)

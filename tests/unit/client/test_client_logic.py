@@ -172,6 +172,10 @@ async def test_bad_consumer_arguments_are_refused_when_opened_or_called(cluster,
         ({"producer_group": "a/b"}, "producer_group contains illegal characters; allowed are letters"),
         # Taken before: every send_batch (and auto-batched send) then failed on the batch's born host.
         ({"client_ip": "not an ip"}, "client_ip must be an IPv4 address, got 'not an ip'"),
+        # Taken before: every send of more than ~900 bytes then failed at the connection ("frame of N bytes exceeds
+        # the maximum frame size of 1024 bytes").
+        ({"max_frame_size_bytes": 1024}, "max_frame_size_bytes must be >= 4231167 \\(a message of "
+                                         "max_message_size_bytes 4194304 with its properties and header\\), got 1024"),
         # Was a TypeError from list(): "'int' object is not iterable".
         ({"namesrv": 9876}, 'namesrv must be "HOST:PORT\\[;HOST:PORT...\\]" or a list of HOST:PORT, got 9876'),
     ]:
