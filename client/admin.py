@@ -199,6 +199,11 @@ class AdminClient:
         route it (up to ``wait_route_s``) and returns that route."""
         for name, value in (("read_queue_nums", read_queue_nums), ("write_queue_nums", write_queue_nums)):
             check_int_arg(name, value, 1, 1024)
+        if write_queue_nums > read_queue_nums:
+            # Consumers are assigned the read queues only: what producers send to the others is never consumed.
+            raise ValueError(f"write_queue_nums {write_queue_nums} is more than read_queue_nums {read_queue_nums}: "
+                             f"messages sent to queues {read_queue_nums}..{write_queue_nums - 1} would be read by no "
+                             f"consumer (to shrink a topic, lower write_queue_nums first, then read_queue_nums)")
         # Checked here, not by trio.move_on_after once every group has created the topic.
         check_seconds("wait_route_s", wait_route_s, allow_zero=True)
         _check_targets(cluster, broker_names)

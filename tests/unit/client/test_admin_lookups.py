@@ -105,8 +105,8 @@ async def test_query_by_key_merges_every_group_newest_first_and_finds_unique_ids
 
 async def test_topic_changes_check_their_targets_and_wait_before_asking_anyone():
     """Found by probing: broker_names="broker-a" was taken one character per group ("broker group 'b' has no
-    leader"), and a negative or NaN wait_route_s failed in trio.move_on_after ("`seconds` must be non-negative")
-    after every group had already created the topic."""
+    leader"), a negative or NaN wait_route_s failed in trio.move_on_after ("`seconds` must be non-negative")
+    after every group had already created the topic, and more write than read queues were created."""
     instance = FakeInstance({})
     admin = AdminClient(instance)
     for call, error, text in [
@@ -118,6 +118,10 @@ async def test_topic_changes_check_their_targets_and_wait_before_asking_anyone()
         (admin.create_topic("T", wait_route_s=-1), ValueError,
          "wait_route_s must be a non-negative number of seconds, got -1"),
         (admin.create_topic("T", wait_route_s=float("nan")), ValueError, "wait_route_s .* got nan"),
+        # Was created: consumers are assigned read queues only, so what was sent to queues 2 and 3 was never read.
+        (admin.create_topic("T", read_queue_nums=2, write_queue_nums=4), ValueError,
+         "write_queue_nums 4 is more than read_queue_nums 2: messages sent to queues 2..3 would be read by no "
+         "consumer"),
     ]:
         with pytest.raises(error, match=text):
             await call
