@@ -507,9 +507,21 @@ class PushConsumer:
         self._consumed(pq, msg)
 
 
-def _is_async_callable(handler: Any) -> bool:
-    """An ``async def`` function or method, a ``functools.partial`` of one, or an object whose ``__call__`` is one."""
-    return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(getattr(handler, "__call__", None))
+def _check_handler(handler: Any) -> None:
+    """A handler is an ``async def`` function or method, a ``functools.partial`` of one, or an object whose
+    ``__call__`` is one, taking the message as its one argument. Anything else failed each call, inside the
+    consumer: every message was retried ``max_reconsume_times`` times, logged and skipped."""
+    if not (inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(getattr(handler, "__call__", None))):
+        raise TypeError(f"handler must be an async function taking a message, got {handler!r}")
+    try:
+        signature = inspect.signature(handler)
+    except (TypeError, ValueError):
+        return  # no signature to check (some builtins and extension types)
+    try:
+        signature.bind(None)
+    except TypeError:
+        raise TypeError(f"handler must take the message as its one argument, got {handler!r} with signature "
+                        f"{signature}") from None
 
 
 @contextlib.asynccontextmanager
@@ -531,9 +543,8 @@ async def open_push_consumer(namesrv: str | Sequence[str] | None = None, *, topi
         subs[topic] = expression
     if not subs:
         raise ValueError("open_push_consumer needs a topic or subscriptions")
-    if handler is not None and not _is_async_callable(handler):
-        # A plain function's None cannot be awaited: every message failed each attempt and was skipped.
-        raise TypeError(f"handler must be an async function taking a message, got {handler!r}")
+    if handler is not None:
+        _check_handler(handler)
     parsed = [parse_subscription(t, e) for t, e in subs.items()]
     local_offsets = local_offset_store(config) if config.message_model == "BROADCASTING" else None
     server_requests = ServerRequests()

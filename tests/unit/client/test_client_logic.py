@@ -140,6 +140,9 @@ async def test_bad_consumer_arguments_are_refused_when_opened_or_called(cluster,
         ({"topic": "T", "handler": 5}, TypeError, "handler must be an async function"),
         # A plain function was taken: awaiting its None failed every attempt, and every message was skipped.
         ({"topic": "T", "handler": lambda msg: None}, TypeError, "handler must be an async function"),
+        ({"topic": "T", "handler": _no_argument}, TypeError,
+         "handler must take the message as its one argument, got .* with signature \\(\\)"),
+        ({"topic": "T", "handler": _two_arguments}, TypeError, "signature \\(msg, context\\)"),
         # A list of topic names went through dict(): ["T1"] subscribed topic "T" with expression "1".
         ({"subscriptions": ["T1"], "handler": handler}, TypeError,
          "subscriptions must map topic to tag expression, .* got \\['T1'\\]"),
@@ -525,3 +528,10 @@ async def test_a_consume_offset_beyond_the_queue_end_is_corrected_as_the_broker_
     async with open_pull_consumer(NAMESRV, consumer_group="g") as c:
         assert await c.committed_offset(mq) == 3
 
+
+async def _no_argument() -> None:
+    pass
+
+
+async def _two_arguments(msg, context) -> None:
+    pass
