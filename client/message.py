@@ -135,6 +135,11 @@ class Message:
         for k, v in self.properties.items():
             if not isinstance(k, str) or not isinstance(v, str):
                 raise TypeError(f"Message.properties must map str to str, got {k!r}: {v!r}")
+        for name, attribute in ((PROPERTY_TAGS, "tags"), (PROPERTY_KEYS, "keys")):
+            # As RocketMQ's putUserProperty refuses system names: the attribute silently replaced the property, and
+            # a property skipped the attribute's checks.
+            if name in self.properties:
+                raise ValueError(f"Message.properties must not set {name!r}: give Message.{attribute} instead")
 
     def wire_properties(self) -> dict[str, str]:
         props = dict(self.properties)

@@ -244,6 +244,10 @@ def test_message_properties_and_validation():
         with pytest.raises(ValueError, match="cannot be named by a tag expression"):
             Message("T", b"x", tags=bad)
     assert Message("T", b"x", tags="Tag A").tags == "Tag A"
+    # tags="A" silently replaced properties={"TAGS": "B"}, and a TAGS property skipped the checks of tags.
+    for name, attribute in (("TAGS", "tags"), ("KEYS", "keys")):
+        with pytest.raises(ValueError, match=f"Message.properties must not set '{name}': give Message.{attribute}"):
+            Message("T", b"x", properties={name: "B"})
     keys = {new_uniq_key() for _ in range(1000)}
     assert len(keys) == 1000
 
