@@ -190,9 +190,6 @@ class ProduceAccumulator:
                 result = await self._producer._send_encoded_batch(
                     group.topic, [(i.body, i.props, i.flag) for i in batch], tuple(i.uniq for i in batch),
                     group.queue, group.sharding_key, timeout)
-            except trio.Cancelled:
-                _fail(batch, lambda: ClientClosedError("the producer closed before the batch was answered"))
-                raise
             except Exception as e:  # the batch's error is each caller's error
                 _fail(batch, lambda: e)
                 return
@@ -206,6 +203,12 @@ class ProduceAccumulator:
                                          msg_ids=(item.uniq,))
                 item.finish()
         finally:
+            # Cancelled: the producer is closing. It may come as a group of Cancelled from a nursery on the way (an
+            # `except trio.Cancelled` missed that, and the callers waited forever), so whatever the batch ended
+            # with, no caller is left unanswered.
+            unanswered = [item for item in batch if not item.done]
+            if unanswered:
+                _fail(unanswered, lambda: ClientClosedError("the producer closed before the batch was answered"))
             group.in_flight -= 1
             # A slot is free: whatever waited for one leaves now (Nagle).
             if group.items and group.in_flight < self._max_in_flight:

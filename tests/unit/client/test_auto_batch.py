@@ -7,10 +7,11 @@ import functools
 
 import pytest
 import trio
+import trio.testing
 
 import client.producer
 from client import Message, MessageQueue, SendStatus, open_producer
-from client.errors import MessageIllegalError
+from client.errors import ClientClosedError, MessageIllegalError
 from remoting.codec import make_response
 from remoting.codes import RequestCode, ResponseCode
 from remoting.message import decode_batch, decode_record
@@ -170,3 +171,36 @@ async def test_a_batch_body_stays_within_max_message_size_headers_included(clust
     assert batch_sizes and max(batch_sizes) <= 2000
     assert max(batch_sizes) > 1500  # still filled
     assert len(_sends(cluster, RequestCode.SEND_MESSAGE)) == 1  # the 1,990-byte one
+
+
+async def test_every_caller_of_a_batch_is_answered_when_the_producer_closes(cluster):
+    """Found by probing: sends from a nursery outside the producer's block whose batch was in flight when it
+    closed waited forever. The cancellation reached the batch task as a group of Cancelled (from a nursery on the
+    way, as a real connection's), which its `except trio.Cancelled` did not catch, so nobody answered them."""
+    original = cluster.invoke
+
+    async def slow(addr, request, timeout_s=3.0):
+        if request.code == RequestCode.SEND_BATCH_MESSAGE:
+            async with trio.open_nursery() as nursery:  # cancelled, it raises a group of two Cancelled
+                nursery.start_soon(trio.sleep_forever)
+                await trio.sleep(5)  # the first batch stays in flight: the others wait for its slot
+        return await original(addr, request, timeout_s)
+
+    cluster.invoke = slow
+    outcomes = []
+
+    async def one(p):
+        try:
+            await p.send(Message("T", b"x"), queue=MessageQueue("T", "broker-a", 0))
+            outcomes.append("sent")
+        except ClientClosedError:
+            outcomes.append("closed")
+
+    with trio.fail_after(3):
+        async with trio.open_nursery() as outer:
+            async with open_producer(NAMESRV, auto_batch=True, auto_batch_max_in_flight=1,
+                                     auto_batch_max_delay_ms=10_000) as p:
+                for _ in range(10):
+                    outer.start_soon(one, p)
+                await trio.testing.wait_all_tasks_blocked()
+    assert outcomes == ["closed"] * 10
