@@ -189,6 +189,8 @@ class PushConsumer:
         self._pull_errors = 0
         self._nursery: trio.Nursery | None = None
         self._closing = False
+        # Subscribed topics no name server knew when this consumer started: every message they hold came later.
+        self._topics_created_later: set[str] = set()
         instance.heartbeat_data = self._heartbeat_data
 
     @property
@@ -270,6 +272,8 @@ class PushConsumer:
             except RaftMQError as e:
                 # Subscribing before the topic exists is allowed: the periodic rebalance picks it up.
                 log.warning("no route for subscribed topic yet topic=%s error=%s", topic, e)
+                if getattr(e, "topic_unknown", False):
+                    self._topics_created_later.add(topic)
         await self._instance.send_heartbeat_to_all()
         await self.rebalance()
         nursery.start_soon(self._serve_rebalance)
@@ -420,7 +424,11 @@ class PushConsumer:
         if offset is not None:
             return offset
         where = self.config.consume_from_where
-        if where == "CONSUME_FROM_FIRST_OFFSET":
+        if where == "CONSUME_FROM_FIRST_OFFSET" or (where == "CONSUME_FROM_LAST_OFFSET"
+                                                    and mq.topic in self._topics_created_later):
+            # A topic created after we subscribed holds only messages sent since: from its last offset, the ones
+            # sent before the next rebalance found it were never consumed (RocketMQ's broker answers offset 0 for
+            # a group's first query of a queue still starting at 0; ours answers "none").
             offset = await self._api.min_offset(mq)
         elif where == "CONSUME_FROM_TIMESTAMP":
             ts = self.config.consume_timestamp_ms or int(time.time() * 1000) - 30 * 60 * 1000

@@ -285,7 +285,7 @@ class RouteCache:
             self._ns_index = (self._ns_index + i) % n
             self.refresh_count += 1
             if data is None:
-                raise NoRouteError(f"no name server knows topic {topic!r}", topic=topic)
+                raise NoRouteError(f"no name server knows topic {topic!r}", topic=topic, topic_unknown=True)
             return parse_route(topic, data)
         raise NoRouteError(f"no name server answered for topic {topic!r} (tried {', '.join(self.namesrv_addrs)}): "
                            f"{last_error}", topic=topic) from last_error

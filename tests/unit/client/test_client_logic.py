@@ -337,6 +337,23 @@ async def test_consumer_may_subscribe_before_the_topic_exists(cluster):
                 break
 
 
+async def test_a_topic_created_after_subscribing_is_consumed_from_its_first_message(cluster):
+    """Found by probing: a group subscribed (from its last offset, the default) before the topic existed started
+    each queue at its max offset when the next rebalance found it, so what was sent in between, the topic's first
+    messages, was never consumed (8 of 8 on the dev cluster)."""
+    cluster.unknown_topics.add("Later")
+    async with open_push_consumer(NAMESRV, topic="Later", consumer_group="g4", rebalance_interval_ms=10_000,
+                                  broker_suspend_max_time_ms=20) as c:
+        cluster.unknown_topics.discard("Later")
+        async with open_producer(NAMESRV) as p:
+            for i in range(8):
+                await p.send(Message("Later", b"%d" % i))
+        c.trigger_rebalance()
+        with trio.fail_after(5):
+            got = [msg async for msg in _take(c, 8)]
+        assert sorted(m.body for m in got) == [b"%d" % i for i in range(8)]
+
+
 async def test_broadcasting_members_each_get_every_queue_and_resume_from_a_local_file(cluster, tmp_path):
     async with open_producer(NAMESRV) as p:
         for i in range(20):
