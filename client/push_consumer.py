@@ -27,7 +27,7 @@ import inspect
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -157,6 +157,28 @@ def local_offset_store(config: PushConsumerConfig) -> LocalFileOffsetStore:
         return LocalFileOffsetStore(Path(config.offset_store_dir) / name)
     except ValueError as e:
         raise ConfigError(f"offset_store_dir {config.offset_store_dir!r} cannot keep the offsets: {e}") from None
+
+
+# The offset files of this process's open BROADCASTING consumers: two members of a group with one instance_name
+# (the default "DEFAULT" for both) wrote one file, each overwriting the other's offsets.
+_claimed_offset_files: set[Path] = set()
+
+
+@contextlib.contextmanager
+def _claim_offset_file(store: LocalFileOffsetStore | None, config: PushConsumerConfig) -> Iterator[None]:
+    if store is None:
+        yield
+        return
+    path = store.path.resolve()
+    if path in _claimed_offset_files:
+        raise ConfigError(f"another BROADCASTING consumer of group {config.consumer_group!r} in this process keeps its "
+                          f"offsets in {str(path)!r}: give each member its own instance_name (now "
+                          f"{config.instance_name!r})")
+    _claimed_offset_files.add(path)
+    try:
+        yield
+    finally:
+        _claimed_offset_files.discard(path)
 
 
 class PushConsumer:
@@ -556,21 +578,20 @@ async def open_push_consumer(namesrv: str | Sequence[str] | None = None, *, topi
     parsed = [parse_subscription(t, e) for t, e in subs.items()]
     local_offsets = local_offset_store(config) if config.message_model == "BROADCASTING" else None
     server_requests = ServerRequests()
-    async with open_remoting(config, server_requests) as remoting:
-        async with open_client_nursery() as nursery:
-            instance = ClientInstance(config, remoting, nursery)
-            consumer = PushConsumer(config, instance, parsed, handler, local_offsets)
-            server_requests.on_consumer_ids_changed = (
-                lambda group: consumer.trigger_rebalance() if group in (None, config.consumer_group) else None)
-            server_requests.on_reset_offset = consumer.offsets_reset
-            instance.start_background()
-            await consumer.start(nursery)
-            try:
-                yield consumer
-            finally:
-                instance.stop_background()
-                await consumer.close()
-                instance.closed = True
-                nursery.cancel_scope.cancel()
-
-
+    with _claim_offset_file(local_offsets, config):
+        async with open_remoting(config, server_requests) as remoting:
+            async with open_client_nursery() as nursery:
+                instance = ClientInstance(config, remoting, nursery)
+                consumer = PushConsumer(config, instance, parsed, handler, local_offsets)
+                server_requests.on_consumer_ids_changed = (
+                    lambda group: consumer.trigger_rebalance() if group in (None, config.consumer_group) else None)
+                server_requests.on_reset_offset = consumer.offsets_reset
+                instance.start_background()
+                await consumer.start(nursery)
+                try:
+                    yield consumer
+                finally:
+                    instance.stop_background()
+                    await consumer.close()
+                    instance.closed = True
+                    nursery.cancel_scope.cancel()

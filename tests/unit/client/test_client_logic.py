@@ -164,6 +164,20 @@ async def test_bad_consumer_arguments_are_refused_when_opened_or_called(cluster,
                                       offset_store_dir=str(tmp_path / "file")):
             pass
 
+    # Two members of a broadcasting group in one process with one instance_name (both "DEFAULT") wrote one offset
+    # file, each overwriting the other's offsets.
+    broadcasting = dict(topic="T", handler=handler, message_model="BROADCASTING", offset_store_dir=str(tmp_path))
+    async with open_push_consumer(NAMESRV, **broadcasting):
+        with pytest.raises(ConfigError, match="another BROADCASTING consumer of group 'DEFAULT_CONSUMER' in this "
+                                              "process keeps its offsets in .*give each member its own instance_name "
+                                              "\\(now 'DEFAULT'\\)"):
+            async with open_push_consumer(NAMESRV, **broadcasting):
+                pass
+        async with open_push_consumer(NAMESRV, instance_name="other", **broadcasting):
+            pass
+    async with open_push_consumer(NAMESRV, **broadcasting):  # released on close
+        pass
+
     class Handler:
         async def __call__(self, msg) -> None:
             pass
