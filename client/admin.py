@@ -135,6 +135,7 @@ class AdminClient:
 
     async def _target_masters(self, cluster: str | None, broker_names: Sequence[str] | None,
                               info: ClusterInfo | None = None) -> dict[str, str]:
+        _check_targets(cluster, broker_names)
         info = info if info is not None else await self.cluster_info()
         if broker_names:
             names = list(broker_names)
@@ -206,7 +207,6 @@ class AdminClient:
                              f"consumer (to shrink a topic, lower write_queue_nums first, then read_queue_nums)")
         # Checked here, not by trio.move_on_after once every group has created the topic.
         check_seconds("wait_route_s", wait_route_s, allow_zero=True)
-        _check_targets(cluster, broker_names)
         masters = await self._target_masters(cluster, broker_names)
         await self._to_leaders(masters, RequestCode.UPDATE_AND_CREATE_TOPIC, {
             "topic": topic, "read_queue_nums": read_queue_nums, "write_queue_nums": write_queue_nums,
@@ -224,7 +224,6 @@ class AdminClient:
 
     async def delete_topic(self, topic: str, *, cluster: str | None = None,
                            broker_names: Sequence[str] | None = None) -> None:
-        _check_targets(cluster, broker_names)
         masters = await self._target_masters(cluster, broker_names)
         await self._to_leaders(masters, RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": topic})
 

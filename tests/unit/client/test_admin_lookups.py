@@ -115,6 +115,8 @@ async def test_topic_changes_check_their_targets_and_wait_before_asking_anyone()
         (admin.create_topic("T", broker_names=["broker-a", 5]), TypeError, "broker_names must be a list"),
         (admin.delete_topic("T", broker_names="broker-a"), TypeError, "broker_names must be a list"),
         (admin.create_topic("T", cluster=5), TypeError, "cluster must be a cluster name \\(str\\), got 5"),
+        (admin.consumer_connections("g", cluster=5), TypeError, "cluster must be a cluster name"),
+        (admin.consume_stats("g", cluster=["c"]), TypeError, "cluster must be a cluster name"),
         (admin.create_topic("T", wait_route_s=-1), ValueError,
          "wait_route_s must be a non-negative number of seconds, got -1"),
         (admin.create_topic("T", wait_route_s=float("nan")), ValueError, "wait_route_s .* got nan"),
