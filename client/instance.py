@@ -74,7 +74,12 @@ class ClientConfig:
     instance_name: str = bounded("DEFAULT", doc="part of the client id")
     client_ip: str = bounded("127.0.0.1", check=_check_ip, doc="reported in heartbeats and message born hosts")
     poll_name_server_interval_ms: int = bounded(30_000, min=10, doc="periodic route refresh")
-    heartbeat_broker_interval_ms: int = bounded(10_000, min=10, doc="heartbeat to every broker node")
+    # Brokers forget a client whose last heartbeat is older than their channel_expired_timeout_ms (120 s by
+    # default; pulls do not count): a longer interval dropped consumers from their group between heartbeats, and
+    # the others took their queues each time.
+    heartbeat_broker_interval_ms: int = bounded(10_000, min=10, max=60_000,
+                                                doc="heartbeat to every broker node (at most half the brokers' "
+                                                    "default 120 s channel expiry)")
     request_timeout_ms: int = bounded(3_000, min=1, doc="default timeout of one request")
     connect_timeout_ms: int = bounded(3_000, min=1)
     fault_isolation_ms: int = bounded(1_000, min=0, doc="how long a failed group is avoided")

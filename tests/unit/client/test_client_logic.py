@@ -189,6 +189,8 @@ async def test_bad_consumer_arguments_are_refused_when_opened_or_called(cluster,
         ({"producer_group": "a/b"}, "producer_group contains illegal characters; allowed are letters"),
         # Taken before: every send_batch (and auto-batched send) then failed on the batch's born host.
         ({"client_ip": "not an ip"}, "client_ip must be an IPv4 address, got 'not an ip'"),
+        # Beyond the brokers' 120 s channel expiry a consumer dropped out of its group between heartbeats.
+        ({"heartbeat_broker_interval_ms": 120_000}, "heartbeat_broker_interval_ms must be <= 60000"),
         # Taken before: every send of more than ~900 bytes then failed at the connection ("frame of N bytes exceeds
         # the maximum frame size of 1024 bytes").
         ({"max_frame_size_bytes": 1024}, "max_frame_size_bytes must be >= 4231167 \\(a message of "
