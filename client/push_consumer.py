@@ -8,9 +8,11 @@ How it works (RocketMQ's DefaultMQPushConsumer, as trio tasks):
   ``broker_suspend_max_time_ms``) and puts what it gets into that queue's ``ProcessQueue``. Flow control: a pull
   waits while the queue already caches ``pull_threshold_for_queue`` messages not yet consumed.
 - **Delivery**: in iterator form all queues feed one channel, so messages of one queue come out in queue order;
-  a message counts as consumed when the loop asks for the next one. In handler form each queue has its own
-  task calling the handler one message at a time (in order per queue, queues in parallel); a handler that
-  raises is retried after a pause, up to ``max_reconsume_times``, then the message is logged and skipped.
+  a message counts as consumed when the loop asks for the next one, or when the ``async with`` block ends
+  normally (after a ``break``); one the block was left by an exception on is delivered again. In handler form
+  each queue has its own task calling the handler one message at a time (in order per queue, queues in
+  parallel); a handler that raises is retried after a pause, up to ``max_reconsume_times``, then the message
+  is logged and skipped.
 - **Offsets**: a queue's consume offset is the smallest offset still cached (or one past the last pulled), so
   it never passes an unprocessed message; dirty offsets are committed every
   ``persist_consumer_offset_interval_ms``, when a queue is taken away, and on close. Delivery is at least once.
@@ -268,6 +270,11 @@ class PushConsumer:
         if pq is not None:
             self._pending_pq = None
             self._consumed(pq, self._pending_msg)  # type: ignore[arg-type]
+
+    def forget_pending(self) -> None:
+        """Leave the last message the iterator returned unconsumed: its queue's offset stays before it."""
+        self._pending_pq = None
+        self._pending_msg = None
 
     def _consumed(self, pq: ProcessQueue, msg: MessageExt) -> None:
         offset = pq.remove(msg.queue_offset, self.config.pull_threshold_for_queue)
@@ -590,6 +597,11 @@ async def open_push_consumer(namesrv: str | Sequence[str] | None = None, *, topi
                 await consumer.start(nursery)
                 try:
                     yield consumer
+                except BaseException:
+                    # The block left by an exception, maybe while handling the message the iterator returned last:
+                    # not consumed, so delivered again (at least once). Leaving by `break` consumes it (close).
+                    consumer.forget_pending()
+                    raise
                 finally:
                     instance.stop_background()
                     await consumer.close()

@@ -568,3 +568,29 @@ async def _no_argument() -> None:
 
 async def _two_arguments(msg, context) -> None:
     pass
+
+
+async def test_a_message_the_block_raised_on_is_delivered_again(cluster):
+    """Found by probing: leaving the iterator's block by an exception while handling a message still counted that
+    message as consumed (close acknowledged the pending one) and committed past it: lost to the group. Leaving by
+    ``break`` still counts it."""
+    mq = MessageQueue("T", "broker-a", 0)
+    async with open_producer(NAMESRV) as p:
+        for i in range(3):
+            await p.send(Message("T", b"%d" % i), queue=mq)
+    opts = dict(topic="T", consumer_group="g6", consume_from_where="CONSUME_FROM_FIRST_OFFSET",
+                broker_suspend_max_time_ms=20)
+    with pytest.raises(RuntimeError, match="handling failed"):
+        async with open_push_consumer(NAMESRV, **opts) as c:
+            with trio.fail_after(5):
+                async for msg in c:
+                    if msg.body == b"1":
+                        raise RuntimeError("handling failed")
+    async with open_push_consumer(NAMESRV, **opts) as c:
+        with trio.fail_after(5):
+            async for msg in c:
+                assert (msg.message_queue, msg.body) == (mq, b"1")
+                break
+    async with open_push_consumer(NAMESRV, **opts) as c:
+        with trio.fail_after(5):
+            assert [m.body async for m in _take(c, 1)] == [b"2"]
