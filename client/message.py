@@ -102,6 +102,12 @@ class Message:
     flag: int = 0
 
     def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise TypeError/ValueError naming the first bad field. Run when the message is made and again by every
+        send: a message is mutable, and a field changed afterwards failed deep inside (an AssertionError for a
+        topic set to None, a TypeError from str.join for keys) or, for properties set to None, was dropped."""
         if (type(self.topic) is str and self.topic and type(self.body) is bytes and self.tags is None
                 and self.keys is None and type(self.properties) is dict and not self.properties
                 and self.flag == 0 and type(self.flag) is int):
@@ -152,11 +158,9 @@ class Message:
 
     def batch_item(self) -> tuple[tuple[bytes, bytes, int], str]:
         """``((body, encoded properties, flag), unique id)`` for the batch layout (``encode_uniform_batch``),
-        with a fresh UNIQ_KEY unless the message has one; raises ``MessageFormatError`` for a flag outside
-        int32 or properties the layout cannot carry."""
+        with a fresh UNIQ_KEY unless the message has one, for a message ``validate`` passed; raises
+        ``MessageFormatError`` for properties the layout cannot carry."""
         flag = self.flag
-        if type(flag) is not int or not -0x80000000 <= flag <= 0x7FFFFFFF:
-            raise MessageFormatError("flag", f"flag must be an int32, got {flag!r}")
         if not (self.properties or self.tags or self.keys):
             # The common message: nothing but the id we make here (hex, no separator byte to check for).
             uniq = new_uniq_key()

@@ -163,8 +163,7 @@ class Producer:
             try:
                 item, uniq = m.batch_item()
             except MessageFormatError as e:
-                raise ValueError(f"send_batch: messages[{i}].{e}" if e.field == "flag" else f"send_batch: {e}") \
-                    from None
+                raise ValueError(f"send_batch: messages[{i}]: {e}") from None
             uniq_list.append(uniq)
             items.append(item)
         assert topic is not None  # messages is not empty
@@ -235,6 +234,7 @@ class Producer:
             raise ClientClosedError("the producer is closed")
         if not isinstance(message, Message):
             raise TypeError(f"send expects a Message, got {type(message).__name__}")
+        message.validate()
         if not message.body:
             raise ValueError(f"the message body of topic {message.topic!r} is empty (RocketMQ refuses it too)")
         if len(message.body) > self.config.max_message_size_bytes:

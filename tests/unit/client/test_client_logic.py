@@ -117,6 +117,19 @@ async def test_bad_send_arguments_are_refused_before_anything_is_sent(cluster):
             with pytest.raises(error, match=text.replace("(", r"\(")):
                 await call
         assert await p.send(message, queue=MessageQueue("T", "broker-a", 0), timeout_s=2)
+        # A message changed after it was made skipped its checks: an AssertionError for a topic set to None, a
+        # TypeError from str.join for keys, a frame ProtocolError for a str body; properties set to None were
+        # dropped by send_batch.
+        for name, value, error, text in [("topic", None, TypeError, "Message.topic must be a string, got None"),
+                                         ("keys", 5, TypeError, "Message.keys must be a string or a list"),
+                                         ("body", "text", TypeError, "Message.body must be bytes, got str"),
+                                         ("properties", None, TypeError, "Message.properties must map str to str"),
+                                         ("flag", "1", ValueError, "Message.flag must be an integer")]:
+            changed = Message("T", b"x")
+            setattr(changed, name, value)
+            for call in (p.send(changed), p.send_batch([changed]), p.send_oneway(changed)):
+                with pytest.raises(error, match=text):
+                    await call
     sends = [c for c in cluster.calls if c[1] in (RequestCode.SEND_MESSAGE, RequestCode.SEND_BATCH_MESSAGE)]
     assert sends == [("a:1", RequestCode.SEND_MESSAGE)]  # the good one only
 
