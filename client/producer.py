@@ -254,6 +254,10 @@ class Producer:
                                  f"{topic!r}")
         if sharding_key is not None and not isinstance(sharding_key, str):
             raise TypeError(f"sharding_key must be a string, got {sharding_key!r}")
+        if queue is not None and sharding_key is not None:
+            # Both pick the queue: the pinned one won and the key was ignored without a word.
+            raise ValueError(f"give queue or sharding_key, not both (got queue {queue} and sharding_key "
+                             f"{sharding_key!r})")
         if timeout_s is not None:
             check_seconds("timeout_s", timeout_s)
 

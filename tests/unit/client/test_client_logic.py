@@ -113,6 +113,9 @@ async def test_bad_send_arguments_are_refused_before_anything_is_sent(cluster):
             (p.send_oneway(message, queue=MessageQueue("T", "broker-a", 4)), ValueError,
              "queue T@broker-a:4 is not a write queue of topic 'T' .*4 on broker-a, 4 on broker-b"),
             (p.send_oneway(message, queue=MessageQueue("T", "broker-c", 0)), ValueError, "not a write queue"),
+            # The pinned queue won and the key was ignored without a word.
+            (p.send(message, queue=MessageQueue("T", "broker-a", 0), sharding_key="k"), ValueError,
+             "give queue or sharding_key, not both (got queue T@broker-a:0 and sharding_key 'k'"),
         ]:
             with pytest.raises(error, match=text.replace("(", r"\(")):
                 await call
