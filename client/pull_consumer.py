@@ -17,8 +17,6 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-import trio
-
 from client.filter import Subscription, parse_subscription
 from client.instance import (
     ClientConfig, ClientInstance, build_config, open_client_nursery, open_remoting, raise_for_response,
