@@ -577,7 +577,14 @@ async def open_push_consumer(namesrv: str | Sequence[str] | None = None, *, topi
                         f"{subscriptions!r}")
     subs = dict(subscriptions or {})
     if topic is not None:
+        if topic in subs and subs[topic] != expression:
+            raise ValueError(f"topic {topic!r} is subscribed twice: with expression {expression!r} and, in "
+                             f"subscriptions, {subs[topic]!r}")
         subs[topic] = expression
+    elif expression != "*":
+        # Without a topic it applied to nothing, silently: the subscriptions kept their own expressions.
+        raise ValueError(f"expression {expression!r} is for topic, which is not given (subscriptions map each topic "
+                         f"to its own expression)")
     if not subs:
         raise ValueError("open_push_consumer needs a topic or subscriptions")
     if handler is not None:

@@ -163,6 +163,11 @@ async def test_bad_consumer_arguments_are_refused_when_opened_or_called(cluster,
         ({"subscriptions": ["T1"], "handler": handler}, TypeError,
          "subscriptions must map topic to tag expression, .* got \\['T1'\\]"),
         ({"subscriptions": "T", "handler": handler}, TypeError, "subscriptions must map topic to tag expression"),
+        # An expression without a topic, or a topic also in subscriptions with another expression, was ignored.
+        ({"subscriptions": {"T": "*"}, "expression": "A", "handler": handler}, ValueError,
+         "expression 'A' is for topic, which is not given"),
+        ({"topic": "T", "expression": "A", "subscriptions": {"T": "B"}, "handler": handler}, ValueError,
+         "topic 'T' is subscribed twice: with expression 'A' and, in subscriptions, 'B'"),
         # Java int and long on the wire: beyond them the broker refused every pull or the start offset query.
         ({"topic": "T", "handler": handler, "broker_suspend_max_time_ms": 2 ** 31}, ConfigError,
          "broker_suspend_max_time_ms must be <= 2147483647"),
