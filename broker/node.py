@@ -106,6 +106,12 @@ class BrokerNode:
     def is_leader(self) -> bool:
         return self.group.is_leader
 
+    def queues_complete(self) -> bool:
+        """Whether this node's consume queues hold every acknowledged message: it leads, its no-op is applied and
+        dispatch has caught up with its commit log. Only then is an offset beyond a queue's end the consumer's
+        mistake; a leader just elected (or dispatching a burst) may simply not have those units yet."""
+        return self.group.is_ready_leader and self.store.dispatched_phy_offset >= self.store.commit_log.end
+
     def leader_addr(self) -> str | None:
         leader = self.group.leader_id
         if leader is None:

@@ -223,6 +223,12 @@ class DLedgerGroup:
         return self._leader_flag
 
     @property
+    def is_ready_leader(self) -> bool:
+        """Leader with its no-op entry applied, so every entry committed before its term is applied too: what it
+        has applied is all that was ever acknowledged."""
+        return self._can_propose()
+
+    @property
     def serving_reads(self) -> bool:
         """False while the commit log is behind a loaded snapshot (bytes still being copied from a peer)."""
         return self.member.catch_up_target is None

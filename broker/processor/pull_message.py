@@ -11,7 +11,10 @@ FOUND → SUCCESS; NO_MESSAGE_IN_QUEUE / OFFSET_OVERFLOW_ONE → PULL_NOT_FOUND 
 PULL_RETRY_IMMEDIATELY with the advanced ``next_begin_offset``;
 OFFSET_TOO_SMALL / OFFSET_OVERFLOW_BADLY / NO_MATCHED_LOGIC_QUEUE → PULL_OFFSET_MOVED on the leader, with
 ``next_begin_offset`` corrected; a follower answers PULL_RETRY_IMMEDIATELY instead and suggests the master,
-because a follower that is only behind must not tell a consumer to move its offset.
+because a follower that is only behind must not tell a consumer to move its offset. So does a leader for an offset
+beyond the end until its queues are complete (``BrokerNode.queues_complete``: its no-op applied, dispatch caught
+up): just elected, it may not have applied or dispatched what the old leader acknowledged, and RocketMQ's
+correction (back to 0 while min_offset is 0) would deliver the whole queue again.
 """
 
 from __future__ import annotations
@@ -135,12 +138,21 @@ class PullMessageProcessor:
                                  remark=f"no new message in {args['topic']}:{args['queue_id']} at offset "
                                         f"{args['queue_offset']} (max_offset {result.max_offset})", ext=ext)
         # The offset is outside the queue: too small (deleted by retention) or beyond the end.
-        where = "below min_offset" if args["queue_offset"] < result.min_offset else "beyond max_offset"
+        too_small = args["queue_offset"] < result.min_offset
+        where = "below min_offset" if too_small else "beyond max_offset"
         remark = (f"queue_offset {args['queue_offset']} of {args['topic']}:{args['queue_id']} is {where} "
                   f"(min_offset {result.min_offset}, max_offset {result.max_offset}); "
                   f"next_begin_offset {result.next_begin_offset}")
-        if leader:
+        if leader and (too_small or node.queues_complete()):
             return make_response(request, ResponseCode.PULL_OFFSET_MOVED, remark=remark, ext=ext)
+        if leader:
+            # Beyond the end of a leader that may not hold every acknowledged message yet (just elected, or its
+            # dispatch behind its log): moving the consumer back (to 0 while min_offset is 0) would deliver the
+            # whole queue again. Not now; ask again.
+            ext["next_begin_offset"] = args["queue_offset"]
+            return make_response(request, ResponseCode.PULL_RETRY_IMMEDIATELY,
+                                 remark=remark + "; this leader is still applying or dispatching acknowledged "
+                                                 "messages, ask again shortly", ext=ext)
         ext["suggest_which_broker_id"] = MASTER_ID
         return make_response(request, ResponseCode.PULL_RETRY_IMMEDIATELY, remark=remark + "; this replica may "
                              "be behind, ask the master", ext=ext)

@@ -55,6 +55,9 @@ async def test_kill_leader_five_times_under_load(spawn, tmp_path, figure):
            f"gaps {', '.join(f'{g:.3f}' for g in gaps)} s, median {median:.3f} s (target <= {TARGET_MEDIAN_GAP_S} s)")
     assert not load.missing(), f"{len(load.missing())} acknowledged messages were never consumed"
     assert len(gaps) == KILLS
+    # Duplicates are allowed, not a flood: a new leader that told the consumer to go back to offset 0 (its queues
+    # not dispatched yet) redelivered ~15 % of everything; a few per kill is the usual count.
+    assert load.duplicates() < len(load.acked) // 20, f"{load.duplicates()} duplicates of {len(load.acked)} acked"
 
 
 RESTARTS = 2
