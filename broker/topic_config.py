@@ -132,6 +132,13 @@ class TopicConfig:
             value = kwargs.get(name, DEFAULT_TOPIC_QUEUE_NUMS)
             if not 1 <= value <= MAX_QUEUE_NUMS:
                 raise TopicConfigError(f"{name} must be within 1..{MAX_QUEUE_NUMS}, got {value}", field=name)
+        read, write = (kwargs.get(n, DEFAULT_TOPIC_QUEUE_NUMS) for n in ("read_queue_nums", "write_queue_nums"))
+        if write > read and not stored:
+            # Consumers read queues below read_queue_nums only: what is sent to the others is never consumed.
+            # (Shrinking goes write first, then read; growing read first, then write: never more write queues.)
+            raise TopicConfigError(f"write_queue_nums {write} must not exceed read_queue_nums {read}: messages "
+                                   f"sent to queues {read}..{write - 1} would never be consumed",
+                                   field="write_queue_nums")
         perm = kwargs.get("perm", PERM_READ_WRITE)
         if not 0 <= perm <= 0xF:
             raise TopicConfigError(f"perm must be a combination of 8|4|2|1 (0..15), got {perm}", field="perm")

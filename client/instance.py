@@ -153,9 +153,9 @@ def open_client_nursery() -> Any:
     """The nursery a producer, consumer or admin client runs its background tasks in, around the caller's
     ``async with`` body: remoting's, which unwraps a lone exception, so ``except SendFailedError`` around the
     block catches what a call in it raised (a plain nursery handed it out wrapped in an ExceptionGroup)."""
-    from remoting.transport import _background_nursery  # the trio shell, as open_remoting
+    from remoting.transport import background_nursery  # the trio shell, as open_remoting
 
-    return _background_nursery()
+    return background_nursery()
 
 
 def raise_for_response(frame: Frame, *, ok: Iterable[int] = (ResponseCode.SUCCESS,), **context: Any) -> Frame:

@@ -77,7 +77,7 @@ from remoting.errors import (
 
 __all__ = [
     "ClientConnection", "ConnectionStatistics", "RemotingClient", "RemotingConnection", "RequestHandler",
-    "ServerConnection", "corked", "open_connection", "open_remoting_client", "serve_remoting",
+    "ServerConnection", "background_nursery", "corked", "open_connection", "open_remoting_client", "serve_remoting",
 ]
 
 log = logging.getLogger(__name__)
@@ -656,7 +656,7 @@ async def _serve_stream(handler: RequestHandler, max_frame_size: int, stream: tr
 
 
 @asynccontextmanager
-async def _background_nursery() -> AsyncIterator[trio.Nursery]:
+async def background_nursery() -> AsyncIterator[trio.Nursery]:
     """A nursery for connection tasks around a caller's ``async with`` body. Those tasks never raise (they log
     and close), so an exception group out of it holds what the body raised: unwrap a lone exception, so the
     caller's ``except TopicNotExistError`` works as if no nursery were there."""
@@ -708,7 +708,7 @@ async def open_connection(addr: str, *, handler: RequestHandler | None = None,
     ``open_remoting_client`` for that. Raises ``ConnectError`` when it cannot connect."""
     FrameDecoder(max_frame_size)
     stream = await _open_stream(addr, connect_timeout_s)
-    async with _background_nursery() as nursery:
+    async with background_nursery() as nursery:
         conn = await _start_connection(stream, addr, handler, max_frame_size, nursery)
         try:
             yield conn
@@ -781,7 +781,7 @@ async def open_remoting_client(*, handler: RequestHandler | None = None,
     FrameDecoder(max_frame_size)
     if not connect_timeout_s > 0:
         raise ValueError(f"connect_timeout_s must be > 0, got {connect_timeout_s!r}")
-    async with _background_nursery() as nursery:
+    async with background_nursery() as nursery:
         client = RemotingClient(nursery, handler=handler, max_frame_size=max_frame_size,
                                 connect_timeout_s=connect_timeout_s)
         try:

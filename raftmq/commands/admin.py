@@ -178,6 +178,9 @@ def _check(args: argparse.Namespace) -> None:
         for flag, value in (("--read-queues", args.read_queues), ("--write-queues", args.write_queues)):
             if not 1 <= value <= 1024:
                 raise ConfigError(f"{flag} must be within 1..1024, got {value}")
+        if args.write_queues > args.read_queues:  # the brokers and the admin client refuse it too
+            raise ConfigError(f"--write-queues {args.write_queues} must not exceed --read-queues {args.read_queues}: "
+                              f"messages sent to the queues beyond would never be consumed")
         if args.perm & ~_ALL_PERMS or not args.perm & (PERM_READ | PERM_WRITE):
             raise ConfigError(f"--perm must combine 4 (read), 2 (write) and 1 (inherit) with read or write set, "
                               f"got {args.perm}")

@@ -134,3 +134,9 @@ def test_the_admin_options_are_taken_after_the_command_too(capsys):
 ])
 def test_an_illegal_cluster_or_group_name_exits_2_naming_it(args, named, capsys):
     assert named in _refused(capsys, *args)
+
+
+def test_more_write_queues_than_read_queues_exits_2(capsys):
+    # The admin client raises ValueError for it (queues no consumer reads): that was a traceback here.
+    assert "--write-queues 8 must not exceed --read-queues 4" in _refused(
+        capsys, "create-topic", "T", "--read-queues", "4", "--write-queues", "8")

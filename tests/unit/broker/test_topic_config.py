@@ -46,6 +46,13 @@ def test_from_wire_validates_each_field():
         TopicConfig.from_wire({"topic_name": "T", "topic_filter_type": "SQL"})
     with pytest.raises(TopicConfigError, match="must be a map"):
         TopicConfig.from_wire([1])
+    # Consumers read queues below read_queue_nums only: more write queues stored messages nobody would consume.
+    with pytest.raises(TopicConfigError, match="write_queue_nums 8 must not exceed read_queue_nums 4"):
+        TopicConfig.from_wire({"topic_name": "T", "read_queue_nums": 4, "write_queue_nums": 8})
+    assert TopicConfig.from_wire({"topic_name": "T", "read_queue_nums": 8, "write_queue_nums": 4}).write_queue_nums == 4
+    # A table an older version stored such a topic in still loads.
+    assert TopicConfig.from_wire({"topic_name": "T", "read_queue_nums": 4, "write_queue_nums": 8},
+                                 stored=True).write_queue_nums == 8
 
 
 def test_table_versions_changes_and_ignores_replays():
