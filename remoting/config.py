@@ -59,10 +59,11 @@ def parse_host_port(value: str, *, key: str = "address") -> tuple[str, int]:
     host = host.strip("[]")
     if not host:
         raise ConfigError(f"{key} must name a host, got {value!r}")
-    try:
-        port = int(port_text)
-    except ValueError:
-        raise ConfigError(f"{key} must end in a numeric port, got {value!r}") from None
+    # Plain decimal digits only: int() also takes "+5", " 5", "1_0", "05" and other scripts' digits, and the name
+    # servers refuse a broker address that is not written as HOST:PORT exactly (every registration refused).
+    if not (port_text.isascii() and port_text.isdigit()) or (len(port_text) > 1 and port_text[0] == "0"):
+        raise ConfigError(f"{key} must end in a numeric port (decimal digits, no sign or leading zero), got {value!r}")
+    port = int(port_text)
     if not 0 <= port <= 65535:
         raise ConfigError(f"{key} port must be within 0..65535, got {port}")
     return host, port
