@@ -33,6 +33,7 @@ from pysyncobj.monotonic import monotonic as monotonic_time
 from pysyncobj.syncobj import _RAFT_STATE
 
 from dledger import patches
+from remoting.dirlock import DirectoryLock
 from dledger.config import DLedgerConfig, build_syncobj_conf
 from dledger.entry import decode_entry
 from dledger.errors import MemberStoreError
@@ -105,7 +106,10 @@ class RaftMember(SyncObj):
         self._snapshots_written = 0
         self._snapshots_loaded = 0
         self._tick_calls: collections.deque[Callable[[], None]] = collections.deque()
-        os.makedirs(config.data_dir, exist_ok=True)
+        # Before pysyncobj opens the journal: a second process on this directory would load and rewrite it under
+        # the running member (remoting.dirlock).
+        self._dir_lock: DirectoryLock | None = DirectoryLock(config.data_dir, "the Raft data directory",
+                                                              "raft.lock")
         conf = build_syncobj_conf(config, serializer=self._write_snapshot, deserializer=self._read_snapshot)
         me = config.self_member
         try:
@@ -114,6 +118,9 @@ class RaftMember(SyncObj):
         except SyncObjException:
             self._release_files()
             raise RaftPortError(me.raft_address) from None
+        except BaseException:
+            self._dir_lock.release()
+            raise
         self.addOnTickCallback(self._run_tick_calls)
         log.info("raft member started group=%s id=%s raft=%s flush=%s", config.group, me.id, me.raft_address,
                  config.flush_disk_type)
@@ -343,6 +350,9 @@ class RaftMember(SyncObj):
         poller = getattr(self, "_poller", None)
         if poller is not None and hasattr(poller, "close"):
             poller.close()
+        if self._dir_lock is not None:
+            self._dir_lock.release()
+            self._dir_lock = None
 
     def close(self) -> None:
         self.destroy()  # without a tick thread this closes the transport and the journal at once

@@ -25,6 +25,7 @@ from typing import Any
 import trio
 from crc32c import crc32c
 
+from remoting.dirlock import DirectoryLock
 from remoting.message import (CheckedBatch, MessageFormatError, MessageView, batch_store_host, decode_record,
                               parse_msg_id, validate_batch)
 
@@ -79,6 +80,7 @@ class MessageStore:
         self._flush_wanted: trio.Event | None = None
         self._flush_done: trio.Event | None = None
         self._closed = False
+        self._dir_lock: DirectoryLock | None = None  # taken by open()
 
     # -- lifecycle -------------------------------------------------------------------------------------------
     @classmethod
@@ -86,7 +88,15 @@ class MessageStore:
              now_fn: Callable[[], float] | None = None) -> MessageStore:
         """Open (creating if needed) the store at ``config.store_dir`` and recover from a crash: verify the
         commit log past the checkpoint, cut a torn tail, bring ConsumeQueue/IndexFile back in line."""
-        store = cls(config, disk_usage_fn=disk_usage_fn, now_fn=now_fn)
+        # Before anything in the directory is read: a second process recovering it under a running one would cut
+        # what it takes for a torn tail and rewrite the checkpoint (remoting.dirlock).
+        lock = DirectoryLock(config.store_dir, "store_dir")
+        try:
+            store = cls(config, disk_usage_fn=disk_usage_fn, now_fn=now_fn)
+        except BaseException:
+            lock.release()
+            raise
+        store._dir_lock = lock
         try:
             store._recover()
         except BaseException:
@@ -141,8 +151,13 @@ class MessageStore:
             finally:
                 self._checkpoint.close()
         self._closed = True
-        self.dispatcher.close()
-        self.commit_log.close()
+        try:
+            self.dispatcher.close()
+            self.commit_log.close()
+        finally:
+            if self._dir_lock is not None:
+                self._dir_lock.release()
+                self._dir_lock = None
 
     def __enter__(self) -> MessageStore:
         return self

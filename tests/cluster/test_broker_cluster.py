@@ -379,3 +379,31 @@ def test_a_broker_whose_raft_port_is_taken_exits_2_naming_it(tmp_path):
     assert (f"raftmq: error: broker {GROUP} node 1 (listen 127.0.0.1:{state['ports']['service'][0]}, raft {raft}) "
             f"could not start: could not bind the Raft port {raft}") in r.stderr
     assert "ready" not in r.stdout
+
+
+def test_a_second_broker_on_a_running_nodes_directories_is_refused_before_it_opens_them(tmp_path):
+    """Nothing stopped a second ``raftmq broker`` with a running node's config from opening that node's store and
+    Raft journal: it recovered them (cutting a "torn" tail, rewriting the checkpoint) under the live process, and
+    only failed later on the taken Raft port. Now each directory is locked first (remoting.dirlock)."""
+    import subprocess
+
+    data_dir = tmp_path / "dev"
+    data_dir.mkdir()
+    state = plan_ports(data_dir, 0)
+    config = write_broker_configs(data_dir, state)[0]
+    first = ServerProcess(raftmq_argv("broker", "--config", str(config)))
+    try:
+        r = subprocess.run(raftmq_argv("broker", "--config", str(config)), capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 2, r.stderr
+        assert f"is in use by another process (pid {first.pid})" in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr and "ready" not in r.stdout
+        assert first.alive
+    finally:
+        first.stop()
+    # Its lock goes with the process, even a killed one: the same config starts again.
+    again = ServerProcess(raftmq_argv("broker", "--config", str(config)))
+    again.kill()
+    again.stop()  # reaps it and closes its output
+    again = ServerProcess(raftmq_argv("broker", "--config", str(config)))
+    assert again.stop() == 0

@@ -124,6 +124,7 @@ def test_unpublished_index_entries_are_undone_then_redispatched(tmp_path):
         s._checkpoint.close()
         s.dispatcher.close()
         s.commit_log.close()
+        s._dir_lock.release()  # as the kernel does for a process that dies
     with MessageStore.open(cfg) as s:
         _assert_derived_agree(s)
         assert len(s.query_message("TopicTest", "common", 1000).messages) == 120
