@@ -3,6 +3,9 @@
 Rules of this module:
 - A route names, per broker group, the address of each node (``broker_addrs[0]`` is the Raft leader, the
   master) and, per group, how many write/read queues the topic has there.
+- A name server that does not know a topic is asked no more than one that cannot be reached: the next is asked
+  (one restarted less than a registration interval ago knows only the brokers that re-registered since). Only
+  when no name server routes the topic is it unknown (``NoRouteError`` with ``topic_unknown=True``).
 - Routes are cached per topic and refreshed every ``poll_name_server_interval_ms`` and *at once* when a broker
   says NOT_LEADER, a connection fails, or a group's leader falls silent with requests waiting (the leader
   watch in ``client/instance.py``) (``RouteCache.refresh``). Concurrent refreshes of one topic share one
@@ -269,7 +272,11 @@ class RouteCache:
             event.set()
 
     async def _fetch(self, topic: str) -> TopicRouteData:
-        last_error: BaseException | None = None
+        # Name servers never talk to each other and learn brokers only from their registrations (every 30 s): one
+        # restarted a moment ago answers "unknown" for topics the others route. So "unknown" from one is no more
+        # final than a failed connection: ask the next. The topic is unknown only if no name server routes it.
+        errors: dict[str, BaseException] = {}
+        unknown_at: list[str] = []
         n = len(self.namesrv_addrs)
         for i in range(n):
             addr = self.namesrv_addrs[(self._ns_index + i) % n]
@@ -280,13 +287,26 @@ class RouteCache:
                     if not isinstance(e, OSError):
                         raise
                 log.debug("route query failed namesrv=%s topic=%s error=%s", addr, topic, e)
-                last_error = e
+                errors[addr] = e
                 continue
-            self._ns_index = (self._ns_index + i) % n
             self.refresh_count += 1
             if data is None:
-                raise NoRouteError(f"no name server knows topic {topic!r}", topic=topic, topic_unknown=True)
+                log.debug("topic unknown to a name server, asking the next namesrv=%s topic=%s", addr, topic)
+                unknown_at.append(addr)
+                continue
+            self._ns_index = (self._ns_index + i) % n
             return parse_route(topic, data)
+        last_error = next(reversed(errors.values()), None)
+        if not errors:
+            raise NoRouteError(f"no name server knows topic {topic!r} (asked {', '.join(unknown_at)})", topic=topic,
+                               topic_unknown=True)
+        if unknown_at:
+            # Those that answered all said unknown; the silent ones may know better, but nothing routes the topic
+            # now. Still "unknown": a consumer subscribed before the topic exists must take it from its first
+            # message once it appears, name server down or not (at worst it consumes an existing topic's history).
+            failed = "; ".join(f"{a} did not answer: {e}" for a, e in errors.items())
+            raise NoRouteError(f"no name server that answered knows topic {topic!r} ({', '.join(unknown_at)}; "
+                               f"{failed})", topic=topic, topic_unknown=True) from last_error
         raise NoRouteError(f"no name server answered for topic {topic!r} (tried {', '.join(self.namesrv_addrs)}): "
                            f"{last_error}", topic=topic) from last_error
 

@@ -68,6 +68,8 @@ class FakeRemoting:
         self.conns: dict[str, FakeConnection] = {}
         # nodes (NAMESRV too) that take requests and answer nothing: a stopped process, a cut link
         self.hung: set[str] = set()
+        # name servers that know no broker yet (restarted, no registration received): every topic is unknown
+        self.empty_namesrvs: set[str] = set()
         self._request_ids = itertools.count()
 
     def connections(self) -> dict[str, FakeConnection]:
@@ -101,6 +103,12 @@ class FakeRemoting:
         await trio.lowlevel.checkpoint()
         self.calls.append((addr, request.code))
         code, ext = request.code, request.ext
+        if addr in self.empty_namesrvs:
+            if code == RequestCode.GET_ROUTEINFO_BY_TOPIC:
+                return make_response(request, ResponseCode.TOPIC_NOT_EXIST, remark="no route")
+            if code == RequestCode.GET_BROKER_CLUSTER_INFO:
+                return make_response(request, ResponseCode.SUCCESS, body=cbor2.dumps({"broker_addr_table": {}}))
+            raise AssertionError(code)
         if addr == NAMESRV:
             if addr in self.hung:
                 await trio.sleep(timeout_s)

@@ -13,6 +13,7 @@ import client.admin
 import client.producer
 import client.pull_consumer
 import client.push_consumer
+import client.route
 from client import (Message, MessageQueue, MessageTooLargeError, SendStatus, open_pull_consumer,
                     open_push_consumer, open_producer)
 from client.errors import ConfigError, MessageIllegalError
@@ -375,6 +376,21 @@ async def test_consumer_may_subscribe_before_the_topic_exists(cluster):
                 assert msg.body == b"hi"
                 break
 
+
+async def test_a_name_server_without_registrations_yet_is_not_taken_as_the_last_word(cluster, monkeypatch):
+    """Found by probing with two name servers, one just restarted (brokers re-register every 30 s): its
+    TOPIC_NOT_EXIST was taken as 'no name server knows the topic', so the producer sent to a stand-in route for
+    auto-creation and the push consumer got no queue (and took the topic for one created after it subscribed)."""
+    cluster.empty_namesrvs.add("ns-restarted:9876")
+    monkeypatch.setattr(client.route.random, "randrange", lambda n: 0)  # the restarted one is asked first
+    namesrv = f"ns-restarted:9876;{NAMESRV}"
+    async with open_producer(namesrv) as p:
+        await p.send(Message("T", b"x"))
+    assert ("ns-restarted:9876", RequestCode.GET_BROKER_CLUSTER_INFO) not in cluster.calls
+    assert (NAMESRV, RequestCode.GET_ROUTEINFO_BY_TOPIC) in cluster.calls
+    async with open_push_consumer(namesrv, topic="T", consumer_group="g5", rebalance_interval_ms=60_000) as c:
+        assert len(c.assigned_queues()) == 8
+        assert c._topics_created_later == set()
 
 async def test_a_topic_created_after_subscribing_is_consumed_from_its_first_message(cluster):
     """Found by probing: a group subscribed (from its last offset, the default) before the topic existed started

@@ -165,9 +165,52 @@ async def test_route_cache_single_flight_hints_and_failover_between_namesrvs():
     assert set(cache.replica_addrs("broker-a")) == {"127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"}
     cache.drop_leader_hint("broker-a", "127.0.0.1:2")
     assert cache.master_addr("broker-a") == "127.0.0.1:1"
-    with pytest.raises(NoRouteError, match="no name server knows topic 'U'"):
+    with pytest.raises(NoRouteError, match="no name server that answered knows topic 'U'"):
         await cache.get("U")
 
+
+
+async def test_a_name_server_that_does_not_know_the_topic_is_not_the_last_word():
+    """Found by probing: a name server restarted less than a registration interval (30 s) ago answers
+    TOPIC_NOT_EXIST for topics the others route; the cache took the first such answer as 'no name server knows
+    topic', so the producer auto-created the topic and the push consumer thought it created later."""
+    calls = []
+    answers = {"ns:1": {}, "ns:2": {"T": ROUTE}, "ns:3": {}}
+
+    async def query(addr, topic):
+        calls.append(addr)
+        if answers[addr] is None:
+            raise ConnectionRefusedError("down")
+        return answers[addr].get(topic)
+
+    cache = RouteCache(["ns:1", "ns:2", "ns:3"], query)
+    cache._ns_index = 0
+    route = await cache.get("T")
+    assert route.broker("broker-a").master_addr == "127.0.0.1:1"
+    assert calls == ["ns:1", "ns:2"]
+    calls.clear()
+    await cache.refresh("T")  # the next query starts with the name server that routed it
+    assert calls == ["ns:2"]
+
+    # Unknown everywhere: only then is the topic unknown, after asking every name server once.
+    calls.clear()
+    with pytest.raises(NoRouteError, match="no name server knows topic 'U' \\(asked ns:2, ns:3, ns:1\\)") as e:
+        await cache.get("U")
+    assert e.value.topic_unknown is True
+    assert calls == ["ns:2", "ns:3", "ns:1"]
+
+    # One name server down and the rest saying unknown: no one routes it. Still topic_unknown, as before (a
+    # consumer subscribed to a topic created later must consume it from its first message), and said so.
+    answers["ns:2"] = None
+    with pytest.raises(NoRouteError, match="no name server that answered knows topic 'U' \\(ns:3, ns:1; "
+                                           "ns:2 did not answer: down\\)") as e:
+        await cache.get("U")
+    assert e.value.topic_unknown is True
+    # None answering at all is not 'unknown'.
+    answers["ns:1"] = answers["ns:3"] = None
+    with pytest.raises(NoRouteError, match="no name server answered for topic 'U'") as e:
+        await cache.get("U")
+    assert getattr(e.value, "topic_unknown", False) is False
 
 # -- offsets ---------------------------------------------------------------------------------------------------------
 def test_offset_store_dirty_and_increase_only():
