@@ -40,7 +40,7 @@ from remoting.errors import ConnectError, ConnectionClosedError, RaftMQError, fo
 from remoting.message import MessageFormatError, ip_bytes
 
 __all__ = ["ClientConfig", "ClientInstance", "build_config", "raise_for_response", "open_remoting",
-           "open_client_nursery", "ServerRequests"]
+           "open_client_nursery", "ServerRequests", "check_instance_name"]
 
 log = logging.getLogger(__name__)
 
@@ -70,11 +70,29 @@ def _check_ip(value: str) -> str | None:
     return None
 
 
+INSTANCE_NAME_MAX_LENGTH = 127
+
+
+def check_instance_name(value: str) -> str | None:
+    """What is wrong with an ``instance_name``, None if nothing."""
+    # Part of the client id (brokers bound those at 255 characters) and of a BROADCASTING consumer's offset file
+    # name under offset_store_dir: '/', '\\' or '..' put that file elsewhere ("../../x" anywhere the process may
+    # write), a NUL names no file at all, and other control characters garble logs and file listings.
+    if not 1 <= len(value) <= INSTANCE_NAME_MAX_LENGTH:
+        return f"must be 1 to {INSTANCE_NAME_MAX_LENGTH} characters long (is {len(value)})"
+    if "/" in value or "\\" in value or ".." in value:
+        return "must not contain '/', '\\' or '..' (it names a BROADCASTING consumer's offset file)"
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+        return "must not contain control characters (NUL, newline, ...)"
+    return None
+
+
 @dataclasses.dataclass(frozen=True)
 class ClientConfig:
     namesrv_addrs: tuple[str, ...] = bounded(("127.0.0.1:9876",), check=_check_addrs,
                                              doc="name servers, HOST:PORT each")
-    instance_name: str = bounded("DEFAULT", doc="part of the client id")
+    instance_name: str = bounded("DEFAULT", check=check_instance_name,
+                                 doc="part of the client id and of a BROADCASTING consumer's offset file name")
     client_ip: str = bounded("127.0.0.1", check=_check_ip, doc="reported in heartbeats and message born hosts")
     poll_name_server_interval_ms: int = bounded(30_000, min=10, doc="periodic route refresh")
     # Brokers forget a client whose last heartbeat is older than their channel_expired_timeout_ms (120 s by

@@ -38,8 +38,8 @@ import trio
 
 from client.filter import Subscription, parse_subscription
 from client.instance import (
-    ClientConfig, ClientInstance, ServerRequests, build_config, open_client_nursery, open_remoting,
-    raise_for_response,
+    ClientConfig, ClientInstance, ServerRequests, build_config, check_instance_name, open_client_nursery,
+    open_remoting, raise_for_response,
 )
 from client.message import I32_MAX, I64_MAX, MessageExt, MessageQueue, PullStatus
 from client.offset_store import LocalFileOffsetStore, RemoteOffsetStore
@@ -153,7 +153,11 @@ class ProcessQueue:
 def local_offset_store(config: PushConsumerConfig) -> LocalFileOffsetStore:
     """A BROADCASTING member's offset file, loaded; ``ConfigError`` naming ``offset_store_dir`` if it cannot be used
     (before, a directory that could not be created failed the first persist and took the consumer down)."""
-    # Stable across restarts of the same member (as RocketMQ's ip@instanceName), so it resumes.
+    # Stable across restarts of the same member (as RocketMQ's ip@instanceName), so it resumes. The config checks
+    # instance_name when loaded; a config built directly skips that, so check again before it names a file.
+    problem = check_instance_name(config.instance_name)
+    if problem:
+        raise ConfigError(f"instance_name {problem}, got {config.instance_name!r}")
     name = f"{config.consumer_group}@{config.client_ip}@{config.instance_name}.json"
     try:
         return LocalFileOffsetStore(Path(config.offset_store_dir) / name)

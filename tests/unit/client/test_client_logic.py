@@ -247,6 +247,34 @@ async def test_bad_consumer_arguments_are_refused_when_opened_or_called(cluster,
         assert (await c.pull(mq, 0)).next_begin_offset == 0
 
 
+async def test_an_instance_name_that_would_put_the_offset_file_elsewhere_is_refused(cluster, tmp_path):
+    """Found by probing: a BROADCASTING consumer's offset file is named after its instance_name, and
+    instance_name='../x' wrote it outside offset_store_dir (and one with a NUL named no file at all)."""
+    store = tmp_path / "offsets"
+    opts = dict(topic="T", consumer_group="bc", message_model="BROADCASTING", offset_store_dir=str(store))
+    for name, text in [("../escaped", "must not contain '/', '\\\\' or '..'"), ("a/b", "must not contain '/'"),
+                       ("..", "must not contain"), ("a\\b", "must not contain"),
+                       ("a\0b", "must not contain control characters"),
+                       ("a\nb", "must not contain control characters"),
+                       ("", "must be 1 to 127 characters long \\(is 0\\)"),
+                       ("x" * 128, "must be 1 to 127 characters long \\(is 128\\)")]:
+        with pytest.raises(ConfigError, match="instance_name " + text):
+            async with open_push_consumer(NAMESRV, instance_name=name, **opts):
+                pass
+        with pytest.raises(ConfigError, match="instance_name " + text):  # every client kind shares the field
+            async with open_producer(NAMESRV, instance_name=name):
+                pass
+    assert list(tmp_path.iterdir()) == []
+    # A config built directly skips the loader's checks; the offset file's name is checked again.
+    config = client.push_consumer.PushConsumerConfig(instance_name="../escaped", message_model="BROADCASTING",
+                                                     offset_store_dir=str(store))
+    with pytest.raises(ConfigError, match="instance_name must not contain"):
+        client.push_consumer.local_offset_store(config)
+    assert list(tmp_path.iterdir()) == []
+    for ok in ("m1", "host-1.example_2", "x" * 127, "pid 1234"):
+        async with open_push_consumer(NAMESRV, instance_name=ok, **opts) as c:
+            assert c._offsets.path == store / f"bc@127.0.0.1@{ok}.json"
+
 async def test_batch_and_pull_consumer_roundtrip(cluster):
     async with open_producer(NAMESRV) as p:
         mq = MessageQueue("T", "broker-b", 2)
