@@ -79,7 +79,9 @@ class PushConsumerConfig(ClientConfig):
     broker_suspend_max_time_ms: int = bounded(15_000, min=0, max=I32_MAX, doc="long-polling hold on the broker")
     rebalance_interval_ms: int = bounded(5_000, min=10)
     persist_consumer_offset_interval_ms: int = bounded(1_000, min=10)
-    pull_time_delay_ms_when_exception: int = bounded(200, min=0)
+    # 0 made every failing pull loop retry at once: one queue whose broker refused or could not be reached took a
+    # core (RocketMQ waits 3000 ms; we retry sooner, a leader usually moves within a second).
+    pull_time_delay_ms_when_exception: int = bounded(200, min=10, doc="pause after a failed pull, before the next")
     max_reconsume_times: int = bounded(16, min=0)
     reconsume_delay_ms: int = bounded(1_000, min=0)
     offset_store_dir: str = bounded(".raftmq-offsets", doc="where BROADCASTING consumers keep offsets")

@@ -309,7 +309,7 @@ async def test_failing_pulls_are_logged_at_warning_without_flooding_the_log(clus
     async def handler(msg) -> None:
         pass
 
-    async with open_push_consumer(NAMESRV, topic="T", handler=handler, pull_time_delay_ms_when_exception=1):
+    async with open_push_consumer(NAMESRV, topic="T", handler=handler, pull_time_delay_ms_when_exception=10):
         with trio.fail_after(20):
             while sum("pull failed 100 time(s)" in r.getMessage() for r in caplog.records) < 4:
                 await trio.sleep(0.01)
@@ -320,6 +320,34 @@ async def test_failing_pulls_are_logged_at_warning_without_flooding_the_log(clus
     assert streaks == sorted(per_queue * 4), streaks  # broker-a's 4 queues
     assert all("broker-a" in m for m in warned)
     assert ("bad subscription" if refusal else "connection refused") in warned[0]
+
+
+async def test_failing_pulls_pause_at_least_10_ms_between_attempts(cluster, autojump_clock):
+    """Found by probing: pull_time_delay_ms_when_exception=0 was taken, and a queue whose pulls all failed was
+    pulled again at once, forever (a core spent on one unreachable broker)."""
+    async def handler(msg) -> None:
+        pass
+
+    for delay in (0, 9, -1):
+        with pytest.raises(ConfigError, match=f"pull_time_delay_ms_when_exception must be >= 10, got {delay}"):
+            async with open_push_consumer(NAMESRV, topic="T", handler=handler,
+                                          pull_time_delay_ms_when_exception=delay):
+                pass
+    answer = cluster.invoke
+
+    async def invoke(addr, request, timeout_s=3.0):
+        if request.code == RequestCode.PULL_MESSAGE and cluster.by_addr[addr].name == "broker-a":
+            raise ConnectError(addr, "connection refused")  # broker-a's 4 queues: every pull fails at once
+        return await answer(addr, request, timeout_s)
+
+    cluster.invoke = invoke
+    async with open_push_consumer(NAMESRV, topic="T", handler=handler, pull_time_delay_ms_when_exception=10,
+                                  broker_suspend_max_time_ms=1000) as c:
+        started, errors_before = trio.current_time(), c.statistics().pull_errors
+        await trio.sleep(1)
+        failed = c.statistics().pull_errors - errors_before
+    assert trio.current_time() - started >= 1
+    assert 0 < failed <= 4 * (100 + 1), failed  # at most one failed pull per queue per 10 ms
 
 
 async def test_push_consumer_group_rebalances_and_consumes_everything_in_queue_order(cluster):
