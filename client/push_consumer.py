@@ -13,6 +13,11 @@ How it works (RocketMQ's DefaultMQPushConsumer, as trio tasks):
   each queue has its own task calling the handler one message at a time (in order per queue, queues in
   parallel); a handler that raises is retried after a pause, up to ``max_reconsume_times``, then the message
   is logged and skipped.
+- **One iterating task at a time**: the consumer holds one pending message (the last one returned), so a second
+  task's ``__anext__`` would acknowledge the first task's message while it is still being processed. A task
+  that calls ``__anext__`` while another waits in it or holds its last message gets ``RuntimeError``; another
+  task may take over once the first has finished, or has let its message go (``ack_pending()`` after its loop).
+  For parallel consumption use the handler form.
 - **Offsets**: a queue's consume offset is the smallest offset still cached (or one past the last pulled), so
   it never passes an unprocessed message; dirty offsets are committed every
   ``persist_consumer_offset_interval_ms``, when a queue is taken away, and on close. Delivery is at least once.
@@ -211,6 +216,9 @@ class PushConsumer:
         # The last message the iterator returned and its queue, acknowledged on the next __anext__.
         self._pending_pq: ProcessQueue | None = None
         self._pending_msg: MessageExt | None = None
+        # The task iterating (one at a time, see the module docstring) and whether it waits in __anext__.
+        self._iter_task: trio.lowlevel.Task | None = None
+        self._iter_waiting = False
         self._rebalance_now = trio.Event()
         self._lock = trio.Lock()
         self._delivered = 0
@@ -248,6 +256,9 @@ class PushConsumer:
         return self
 
     async def __anext__(self) -> MessageExt:
+        task = trio.lowlevel.current_task()
+        if task is not self._iter_task:
+            self._take_iteration(task)
         pq = self._pending_pq
         if pq is not None:  # ack_pending, inlined: this runs once per message
             self._pending_pq = None
@@ -255,10 +266,13 @@ class PushConsumer:
         batch = self._batch
         while True:
             while not batch:
+                self._iter_waiting = True
                 try:
                     self._batch_pq, msgs = await self._recv.receive()
                 except (trio.EndOfChannel, trio.ClosedResourceError):
                     raise StopAsyncIteration from None
+                finally:
+                    self._iter_waiting = False
                 batch.extend(msgs)
             pq = self._batch_pq
             assert pq is not None
@@ -269,6 +283,17 @@ class PushConsumer:
                 self._delivered += 1
                 return msg
             batch.clear()
+
+    def _take_iteration(self, task: trio.lowlevel.Task) -> None:
+        """Let ``task`` iterate, unless another task still does: one waiting in ``__anext__`` or holding the message
+        it returned last (the next ``__anext__`` would acknowledge it, however far that task has got with it). A
+        task that finished, or that let its message go (``ack_pending``, ``forget_pending``), hands over."""
+        owner = self._iter_task
+        if (owner is not None and (self._iter_waiting or self._pending_pq is not None)
+                and inspect.getcoroutinestate(owner.coro) != inspect.CORO_CLOSED):
+            raise RuntimeError("a push consumer is iterated by one task at a time; use the handler form for "
+                               "parallel consumption")
+        self._iter_task = task
 
     def ack_pending(self) -> None:
         """Mark the last message the iterator returned as consumed (done on the next ``__anext__``)."""

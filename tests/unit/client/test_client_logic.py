@@ -8,6 +8,7 @@ import logging
 
 import pytest
 import trio
+import trio.testing
 
 import client.admin
 import client.producer
@@ -516,6 +517,58 @@ async def test_push_consumer_iterator_commits_exactly_what_was_consumed(cluster)
                  if grp == "g3"}
     assert committed == per_queue
 
+
+async def test_a_push_consumer_is_iterated_by_one_task_at_a_time(cluster):
+    """Found by probing: with two tasks iterating one consumer, one task's __anext__ acknowledged the message the
+    other was still processing (the consumer keeps one pending message): its offset was committed past it, and a
+    crash there lost it. Now the second task gets a RuntimeError; another task may take over once the first is
+    done with its message."""
+    text = "a push consumer is iterated by one task at a time; use the handler form for parallel consumption"
+    mq = MessageQueue("T", "broker-a", 0)
+    async with open_producer(NAMESRV) as p:
+        for i in range(4):
+            await p.send(Message("T", b"%d" % i), queue=mq)
+    async with open_push_consumer(NAMESRV, topic="T", consumer_group="g6", broker_suspend_max_time_ms=20,
+                                  consume_from_where="CONSUME_FROM_FIRST_OFFSET") as c:
+        pq = c._pqs[mq]
+        got: list = []
+        release = trio.Event()
+
+        async def first_task() -> None:
+            got.append(await c.__anext__())
+            await release.wait()  # processing message 0
+
+        with trio.fail_after(5):
+            async with trio.open_nursery() as n:
+                n.start_soon(first_task)
+                while not got:
+                    await trio.sleep(0.001)
+                assert got[0].queue_offset == 0
+                with pytest.raises(RuntimeError, match=text):  # while the first task processes its message
+                    await c.__anext__()
+                assert pq.consume_offset() == 0  # message 0 not acknowledged by the other task
+                release.set()
+            # The first task finished: this one takes over (and message 0 counts as consumed, its loop moved on).
+            assert (await c.__anext__()).queue_offset == 1
+            assert pq.consume_offset() == 1
+            # A task that lets its message go hands over too.
+            c.ack_pending()
+            results: list = []
+            async with trio.open_nursery() as n:
+                n.start_soon(_append_next, c, results)
+            assert results[0].queue_offset == 2
+            assert (await c.__anext__()).queue_offset == 3  # and back: that task has finished
+            # A task waiting for a message counts too: two waiting tasks each took one, and one's was never acked.
+            c.ack_pending()
+            async with trio.open_nursery() as n:
+                n.start_soon(_append_next, c, results)
+                await trio.testing.wait_all_tasks_blocked()
+                with pytest.raises(RuntimeError, match=text):
+                    await c.__anext__()
+                n.cancel_scope.cancel()
+
+async def _append_next(consumer, results: list) -> None:
+    results.append(await consumer.__anext__())
 
 def _route_queries(cluster) -> int:
     return sum(1 for addr, code in cluster.calls if code == RequestCode.GET_ROUTEINFO_BY_TOPIC)
