@@ -114,7 +114,7 @@ class TransferLeadershipError(DLedgerError):
         self.group = group
         self.target = target
         self.reason = reason
-        self.retriable = retriable  # False when the target names no other member: asking again cannot help
+        self.retriable = retriable  # False when the target is the leader or no member: asking again cannot help
 
 
 def _rebuild_remedy(what_follows: str) -> str:

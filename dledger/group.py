@@ -680,8 +680,13 @@ class DLedgerGroup:
             raise self._not_leader()
         target = None
         if to is not None:
+            if to == self.config.self_id:
+                # DLedger answers a transfer to its own leader with "already the leader"; saying the target is
+                # no member, as this did, sent operators looking for a typo in a valid member id.
+                raise TransferLeadershipError(self.config.group, to, f"{to} is already the leader",
+                                              retriable=False)
             target_member = self.member_address(to)
-            if target_member is None or to == self.config.self_id:
+            if target_member is None:
                 others = sorted(({m.id for m in self.config.members} | set(self.member.metadata(MEMBERS_TABLE)))
                                 - {self.config.self_id})
                 raise TransferLeadershipError(self.config.group, to, f"no such other member (the others: "

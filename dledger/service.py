@@ -13,8 +13,9 @@ Requests (ext keys are short text, bodies raw bytes; see ``docs/architecture.md`
   data) and no leader heard from yet); with ``checksum_up_to`` the body is CBOR
   ``[[segment_start, length, crc32c], ...]`` up to that offset (``raftmq verify``).
 - ``TRANSFER_LEADERSHIP`` ext ``{group, to}`` (sent to the leader) -> SUCCESS once ``to`` leads, ext ``{term,
-  leader_id}``; NOT_LEADER (ext ``leader_id``) on a follower; SYSTEM_ERROR naming the reason when the target
-  refuses or no new leader appears within ``timeout_ms`` (default 3000).
+  leader_id}``; NOT_LEADER (ext ``leader_id``) on a follower; INVALID_REQUEST when ``to`` is already the leader
+  or names no member; SYSTEM_ERROR naming the reason when the target refuses or no new leader appears within
+  ``timeout_ms`` (default 3000).
 
 Anything malformed is answered INVALID_REQUEST with a remark naming the field.
 """
@@ -123,7 +124,8 @@ class DLedgerService:
             return make_response(request, ResponseCode.NOT_LEADER, remark=str(e),
                                  ext={"leader_id": self.group.leader_id or ""})
         except TransferLeadershipError as e:
-            # A target that is no other member is the request's fault; a refusal or a slow election is not.
+            # A target that already leads or is no member is the request's fault; a refusal or a slow election
+            # is not.
             code = ResponseCode.SYSTEM_ERROR if e.retriable else ResponseCode.INVALID_REQUEST
             return make_response(request, code, remark=str(e))
         return make_response(request, ResponseCode.SUCCESS, ext={"term": view.term, "leader_id": view.leader_id})

@@ -143,6 +143,11 @@ async def test_transfer_leadership_request_over_remoting(tmp_path):
         assert response.code == ResponseCode.INVALID_REQUEST and "no such other member" in response.remark
         others = sorted(g.config.self_id for g in groups if g is not leader)
         assert f"(the others: {', '.join(others)})" in response.remark
+        response = await client.invoke(address[leader.config.self_id], make_request(  # the leader itself
+            RequestCode.TRANSFER_LEADERSHIP, ext={"group": "g", "to": leader.config.self_id}), timeout_s=5)
+        assert response.code == ResponseCode.INVALID_REQUEST, response
+        assert f"{leader.config.self_id} is already the leader" in response.remark, response.remark
+        assert "no such" not in response.remark
 
         view = await transfer_leadership(client, address[leader.config.self_id], "g", target.config.self_id)
         assert view["leader_id"] == target.config.self_id and view["term"] > 0
