@@ -23,8 +23,10 @@ import logging
 import os
 import pickle
 import struct
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import crc32c
@@ -53,9 +55,47 @@ __all__ = ["RaftMember", "RaftPortError", "SNAPSHOT_MAGIC", "read_snapshot"]
 
 
 class RaftPortError(OSError):
-    def __init__(self, raft_address: str) -> None:
-        super().__init__(f"could not bind the Raft port {raft_address} (in use, or not an address of this host)")
+    def __init__(self, raft_address: str, reason: str | None = None) -> None:
+        # reason: the bind's own error ("Address already in use") when pysyncobj let us see it.
+        super().__init__(f"could not bind the Raft port {raft_address} "
+                         f"({reason or 'in use, or not an address of this host'})")
         self.raft_address = raft_address
+        self.reason = reason
+
+
+class _BindFailureCatcher(logging.Filter):
+    """Drops pysyncobj's ERROR "failed to perform initialization" (with its traceback), logged by
+    ``SyncObj.__init__`` on this thread just before it raises: the caller answers with one ``RaftPortError``
+    line instead, carrying the bind's reason kept here."""
+
+    MESSAGE = "failed to perform initialization"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.thread = threading.get_ident()
+        self.reason: str | None = None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg != self.MESSAGE or record.thread != self.thread:
+            return True
+        error = record.exc_info[1] if record.exc_info else None
+        # pysyncobj raises TransportNotReadyError while handling the socket's OSError.
+        cause = getattr(error, "__context__", None)
+        if isinstance(cause, OSError):
+            self.reason = cause.strerror or str(cause)
+        log.debug("pysyncobj could not bind the Raft port", exc_info=record.exc_info)
+        return False
+
+
+@contextmanager
+def _catching_bind_failure() -> Iterator[_BindFailureCatcher]:
+    catcher = _BindFailureCatcher()
+    syncobj_log = logging.getLogger("pysyncobj.syncobj")
+    syncobj_log.addFilter(catcher)
+    try:
+        yield catcher
+    finally:
+        syncobj_log.removeFilter(catcher)
 
 # Snapshot file: magic(8) | crc32c(4, BE) of body | body = pickle5({"version", "group", "end_offset",
 # "metadata", "raft"}), where "raft" is the tuple pysyncobj hands its serializer (last entries, cluster).
@@ -114,10 +154,11 @@ class RaftMember(SyncObj):
         me = config.self_member
         try:
             # Without a tick thread, SyncObj.__init__ itself retries the bind and raises when it gives up.
-            super().__init__(me.raft_address, [p.raft_address for p in config.peers], conf)
+            with _catching_bind_failure() as bind_failure:
+                super().__init__(me.raft_address, [p.raft_address for p in config.peers], conf)
         except SyncObjException:
             self._release_files()
-            raise RaftPortError(me.raft_address) from None
+            raise RaftPortError(me.raft_address, bind_failure.reason) from None
         except BaseException:
             self._dir_lock.release()
             raise

@@ -362,7 +362,8 @@ def test_dev_reports_a_child_that_cannot_start(tmp_path):
 
 def test_a_broker_whose_raft_port_is_taken_exits_2_naming_it(tmp_path):
     """``raftmq broker`` that cannot bind its Raft port: one line naming the node and the port, exit 2 (was a
-    trio exception-group traceback, exit 1)."""
+    trio exception-group traceback, exit 1), and nothing before it from pysyncobj (was its own ERROR "failed to
+    perform initialization" with a traceback, above our line)."""
     import socket
     import subprocess
 
@@ -378,6 +379,7 @@ def test_a_broker_whose_raft_port_is_taken_exits_2_naming_it(tmp_path):
     assert r.returncode == 2, r.stderr
     assert (f"raftmq: error: broker {GROUP} node 1 (listen 127.0.0.1:{state['ports']['service'][0]}, raft {raft}) "
             f"could not start: could not bind the Raft port {raft}") in r.stderr
+    assert "Traceback" not in r.stderr and "failed to perform initialization" not in r.stderr, r.stderr
     assert "ready" not in r.stdout
 
 

@@ -72,7 +72,10 @@ async def test_members_with_different_secrets_never_elect(tmp_path):
         log.close()
 
 
-async def test_a_taken_raft_port_is_a_clear_error(tmp_path):
+async def test_a_taken_raft_port_is_a_clear_error(tmp_path, caplog):
+    """One error naming the port and the bind's reason; pysyncobj's own ERROR "failed to perform initialization"
+    and its traceback, logged before it (it was), are dropped, and only for that start."""
+    import logging
     import socket as socket_module
 
     from dledger.member import RaftPortError
@@ -83,7 +86,12 @@ async def test_a_taken_raft_port_is_a_clear_error(tmp_path):
         squatter.bind((host, int(port)))
         squatter.listen()
         log = open_log(tmp_path, configs[0].self_id)
-        with pytest.raises(RaftPortError, match="could not bind the Raft port"):
+        caplog.set_level(logging.DEBUG)
+        with pytest.raises(RaftPortError, match="could not bind the Raft port") as info:
             async with open_dledger_group(configs[0], log):
                 pass
         log.close()
+    assert info.value.reason and "in use" in info.value.reason, info.value
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+    assert not [r for r in caplog.records if r.name.startswith("pysyncobj")], caplog.text
+    assert not logging.getLogger("pysyncobj.syncobj").filters  # the filter went with the start
