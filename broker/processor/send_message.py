@@ -197,13 +197,14 @@ class SendMessageProcessor:
         # picked the queue already wrote it into every message).
         try:
             count, in_queue = scan_batch(body, max_message_size=max_size, topic=topic.encode("ascii"),
-                                         queue_id=queue_id)
+                                         queue_id=queue_id, from_producer=True)
         except MessageFormatError as e:
             if e.field == "body" and "exceeds" in str(e):
                 raise RequestRejected(ResponseCode.MESSAGE_ILLEGAL, str(e)) from None
             if e.field in ("properties", "topic"):
                 raise RequestRejected(ResponseCode.MESSAGE_ILLEGAL, str(e)) from None
-            if e.field == "batch_topic":
+            # A field a single send refuses as INVALID_REQUEST is refused so in a batch too, naming the message.
+            if e.field in ("batch_topic", "born_timestamp", "reconsume_times"):
                 raise invalid("body", str(e)) from None
             raise invalid("body", f"is not a valid message batch: {e}") from None
         if count > self.node.config.max_batch_messages:

@@ -545,6 +545,29 @@ async def test_query_message_refuses_an_illegal_topic_and_an_impossible_key(nurs
         assert r.code == ResponseCode.SUCCESS and r.ext["count"] == 1
 
 
+async def test_a_batch_entry_with_a_negative_born_timestamp_or_reconsume_times_is_refused_as_a_single_send_is(
+        nursery, tmp_path):
+    # SEND_MESSAGE refused them (INVALID_REQUEST naming the field); SEND_BATCH_MESSAGE stored them.
+    config, addr = await _node(nursery, tmp_path)
+    async with open_remoting_client() as client:
+        await _wait_leader(client, addr)
+        r = await _send(client, addr, born_timestamp=-1)
+        assert r.code == ResponseCode.INVALID_REQUEST and "'born_timestamp'" in r.remark, r.remark
+        ok = MessageInput("TopicTest", 0, b"ok", born_timestamp=1)
+        before = (await call(client, addr, RequestCode.GET_MAX_OFFSET, {"topic": "TopicTest", "queue_id": 0})).ext
+        for bad, needle in ((MessageInput("TopicTest", 0, b"late", born_timestamp=-5), "message 1 born_timestamp"),
+                            (MessageInput("TopicTest", 0, b"retry", reconsume_times=-1), "message 1 reconsume_times")):
+            body = encode_batch([ok, bad], ("127.0.0.1", 1))
+            r = await call(client, addr, RequestCode.SEND_BATCH_MESSAGE, {"topic": "TopicTest", "queue_id": 0}, body)
+            assert r.code == ResponseCode.INVALID_REQUEST and needle in r.remark and "must be >= 0" in r.remark, \
+                r.remark
+        assert (await call(client, addr, RequestCode.GET_MAX_OFFSET, {"topic": "TopicTest", "queue_id": 0})).ext \
+            == before
+        r = await call(client, addr, RequestCode.SEND_BATCH_MESSAGE, {"topic": "TopicTest", "queue_id": 0},
+                       encode_batch([ok, ok], ("127.0.0.1", 1)))
+        assert r.code == ResponseCode.SUCCESS, r.remark
+
+
 async def test_a_reserved_topic_can_neither_be_created_nor_sent_to(nursery, tmp_path):
     # UPDATE_AND_CREATE_TOPIC refused only the rmq_sys_ prefix; once a reserved name such as SCHEDULE_TOPIC_XXXX was
     # in the table, sends to it were taken (the send path checks reserved names only for topics not in the table).

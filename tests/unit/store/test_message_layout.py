@@ -160,6 +160,34 @@ def test_scan_batch_holds_messages_to_one_topic_and_reports_their_queue():
     assert validate_batch(mixed) == 2  # without a topic to hold it to, a mixed batch is well formed
 
 
+def test_scan_batch_from_a_producer_refuses_a_negative_born_timestamp_or_reconsume_times_and_the_store_does_not():
+    """A single send refuses them (get_int, lo=0); a batch's entries were taken as they came. Only what a
+    producer sends is held to it: batches already written (by an older broker, or before this check) must stay
+    valid for the store's own check (validate_batch: apply, replication, recovery)."""
+    late = dataclasses.replace(MESSAGE, born_timestamp=-1)
+    retried = dataclasses.replace(MESSAGE, reconsume_times=-(2 ** 31))
+    topic = MESSAGE.topic.encode()
+    for messages, index, field, value in (([MESSAGE, late], 1, "born_timestamp", -1),
+                                          ([retried, MESSAGE], 0, "reconsume_times", -(2 ** 31)),
+                                          ([MESSAGE, MESSAGE, dataclasses.replace(late, reconsume_times=-2)], 2,
+                                           "born_timestamp", -1)):
+        batch = encode_batch(messages, ("10.0.0.1", 6))
+        with pytest.raises(MessageFormatError, match=f"^message {index} {field} must be >= 0, got {value}$") \
+                as info:
+            scan_batch(batch, topic=topic, queue_id=0, from_producer=True)
+        assert info.value.field == field
+        assert validate_batch(batch) == len(messages)
+        assert scan_batch(batch, topic=topic) == (len(messages), False)
+    # The largest values of both, and a negative queue id still refused either way.
+    big = dataclasses.replace(MESSAGE, born_timestamp=2 ** 63 - 1, reconsume_times=2 ** 31 - 1)
+    assert scan_batch(encode_batch([big], ("10.0.0.1", 6)), from_producer=True) == (1, False)
+    negative_queue = bytearray(encode_batch([MESSAGE], ("10.0.0.1", 6)))
+    negative_queue[BATCH_HEAD.size + 4:BATCH_HEAD.size + 8] = (-1).to_bytes(4, "big", signed=True)
+    for producer in (False, True):
+        with pytest.raises(MessageFormatError, match="message 0 queue_id must be >= 0, got -1"):
+            scan_batch(bytes(negative_queue), from_producer=producer)
+
+
 topics = st.text(alphabet="abcXYZ019_-%|", min_size=1, max_size=127)
 props = st.dictionaries(st.text(st.characters(blacklist_characters="\x01\x02", blacklist_categories=("Cs",)),
                                 min_size=1, max_size=8),
