@@ -21,7 +21,7 @@ from typing import Any
 
 from broker.filter import SubscriptionParseError, TagFilter, parse_tag_expression
 from broker.topic_config import TopicConfigError, validate_topic_name
-from remoting.message import group_problem
+from remoting.message import CLIENT_ID_MAX_LENGTH, group_problem
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +70,13 @@ def _str(data: Mapping[str, Any], key: str, where: str, default: str | None = No
     return value
 
 
+def client_id_problem(client_id: str) -> str | None:
+    """What is wrong with a client id's length (HEART_BEAT and UNREGISTER_CLIENT), None when nothing."""
+    if len(client_id) > CLIENT_ID_MAX_LENGTH:
+        return f"is {len(client_id)} characters long; at most {CLIENT_ID_MAX_LENGTH} are allowed"
+    return None
+
+
 def _group(data: Mapping[str, Any], key: str, where: str) -> str:
     # The rule every other request naming a group is held to: a member must not join a group under a name that
     # GET_CONSUMER_LIST_BY_GROUP, offsets and pulls then refuse.
@@ -85,6 +92,10 @@ def parse_heartbeat(body: Any) -> HeartbeatData:
     if not isinstance(body, Mapping):
         raise HeartbeatError(f"heartbeat body must be a CBOR map, got {type(body).__name__}", field="body")
     client_id = _str(body, "client_id", "")
+    problem = client_id_problem(client_id)
+    if problem:
+        # Unbounded, one heartbeat's id was kept per group, listed to every member and logged at each join.
+        raise HeartbeatError(f"client_id {client_id[:40]!r}... {problem}", field="client_id")
     producers = body.get("producers", [])
     consumers = body.get("consumers", [])
     if not isinstance(producers, list) or not isinstance(consumers, list):

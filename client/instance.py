@@ -37,7 +37,7 @@ from remoting.codec import Frame, make_request, make_response
 from remoting.codes import RequestCode, ResponseCode
 from remoting.config import ConfigError, bounded, config_from_mapping, parse_host_port
 from remoting.errors import ConnectError, ConnectionClosedError, RaftMQError, for_code
-from remoting.message import MessageFormatError, ip_bytes
+from remoting.message import CLIENT_ID_MAX_LENGTH, MessageFormatError, ip_bytes
 
 __all__ = ["ClientConfig", "ClientInstance", "build_config", "raise_for_response", "open_remoting",
            "open_client_nursery", "ServerRequests", "check_instance_name"]
@@ -70,16 +70,19 @@ def _check_ip(value: str) -> str | None:
     return None
 
 
+# Part of the client id "{client_ip}@{pid}#{instance_name}#{n}" (ClientInstance), which brokers hold to
+# CLIENT_ID_MAX_LENGTH (255): an IPv4 address, a pid, the separators and the instance counter take at most 55.
 INSTANCE_NAME_MAX_LENGTH = 127
 
 
 def check_instance_name(value: str) -> str | None:
     """What is wrong with an ``instance_name``, None if nothing."""
-    # Part of the client id (brokers bound those at 255 characters) and of a BROADCASTING consumer's offset file
-    # name under offset_store_dir: '/', '\\' or '..' put that file elsewhere ("../../x" anywhere the process may
-    # write), a NUL names no file at all, and other control characters garble logs and file listings.
+    # Also part of a BROADCASTING consumer's offset file name under offset_store_dir: '/', '\\' or '..' put that
+    # file elsewhere ("../../x" anywhere the process may write), a NUL names no file at all, and other control
+    # characters garble logs and file listings.
     if not 1 <= len(value) <= INSTANCE_NAME_MAX_LENGTH:
-        return f"must be 1 to {INSTANCE_NAME_MAX_LENGTH} characters long (is {len(value)})"
+        return (f"must be 1 to {INSTANCE_NAME_MAX_LENGTH} characters long (is {len(value)}; it is part of the client "
+                f"id, which brokers hold to {CLIENT_ID_MAX_LENGTH})")
     if "/" in value or "\\" in value or ".." in value:
         return "must not contain '/', '\\' or '..' (it names a BROADCASTING consumer's offset file)"
     if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):

@@ -48,6 +48,7 @@ __all__ = [
     "encode_properties", "decode_properties", "encode_uniform_batch", "create_msg_id", "parse_msg_id", "tags_code",
     "create_msg_ids", "ip_bytes", "MAX_TAG_EXPRESSION_LENGTH", "I32", "I64",
     "check_topic", "TOPIC_CHARS", "TOPIC_RE", "group_problem", "GROUP_MAX_LENGTH",
+    "CLIENT_ID_MAX_LENGTH",
     "BATCH_HEAD", "ENTRY_HEAD", "RECORD_HEAD", "BATCH_MAGIC", "MESSAGE_MAGIC", "BLANK_MAGIC",
     "MAX_TOPIC_LENGTH", "MAX_PROPERTIES_SIZE", "DEFAULT_MAX_MESSAGE_SIZE",
     "PROPERTY_TAGS", "PROPERTY_KEYS", "PROPERTY_UNIQ_KEY", "KEY_SEPARATOR", "split_keys",
@@ -183,6 +184,9 @@ def check_topic(topic: str) -> bytes:
 
 
 GROUP_MAX_LENGTH = 255
+# A client id (RocketMQ's ``ip@instance``; ours ``ip@pid#instance_name#n``) as a broker takes it in HEART_BEAT and
+# UNREGISTER_CLIENT: it is kept per group, listed to every member and logged, so it is bounded like a group name.
+CLIENT_ID_MAX_LENGTH = 255
 
 
 @lru_cache(maxsize=4096)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import cbor2
 
-from broker.consumer_manager import HeartbeatError, parse_heartbeat
+from broker.consumer_manager import HeartbeatError, client_id_problem, parse_heartbeat
 from broker.processor.base import RequestRejected, get_group, get_str, invalid
 from remoting.codec import Frame, make_response
 from remoting.codes import ResponseCode
@@ -45,6 +45,9 @@ class ClientManageProcessor:
     async def unregister_client(self, request: Frame, conn: Any) -> Frame:
         ext = request.ext
         client_id = get_str(ext, "client_id")
+        problem = client_id_problem(client_id)
+        if problem:  # no heartbeat could have registered it
+            raise invalid("client_id", problem)
         # Either group may be absent or empty (RocketMQ's optional header fields); one that is named is held to
         # the rule the heartbeat that joined it was.
         producer_group, consumer_group = (get_group(ext, name) if ext.get(name) not in (None, "") else None

@@ -526,6 +526,29 @@ async def test_group_names_are_held_to_one_rule_in_every_request(nursery, tmp_pa
             assert r.code == ResponseCode.SUCCESS, r.remark
 
 
+async def test_a_client_id_longer_than_255_characters_is_refused(nursery, tmp_path):
+    # HEART_BEAT took a client id of any length (kept per group, listed to every member, logged at each join).
+    config, addr = await _node(nursery, tmp_path)
+    hb = {"consumers": [{"consumer_group": "cg", "subscriptions": [{"topic": "TopicTest"}]}]}
+    async with open_remoting_client() as client:
+        await _wait_leader(client, addr)
+        long_id = "10.0.0.5@" + "i" * 247  # 256 characters
+        r = await call(client, addr, RequestCode.HEART_BEAT, {"client_id": long_id, **hb})
+        assert r.code == ResponseCode.INVALID_REQUEST, r.remark
+        assert "client_id '10.0.0.5@iii" in r.remark and "is 256 characters long; at most 255" in r.remark
+        assert len(r.remark) < 200, r.remark
+        r = await call(client, addr, RequestCode.HEART_BEAT, body=cbor2.dumps({"client_id": long_id * 100, **hb}))
+        assert r.code == ResponseCode.INVALID_REQUEST and "25600 characters long" in r.remark, r.remark
+        r = await call(client, addr, RequestCode.UNREGISTER_CLIENT, {"client_id": long_id, "consumer_group": "cg"})
+        assert r.code == ResponseCode.INVALID_REQUEST and "'client_id'" in r.remark and "at most 255" in r.remark
+        r = await call(client, addr, RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumer_group": "cg"})
+        assert cbor2.loads(r.body)["consumer_id_list"] == []
+        r = await call(client, addr, RequestCode.HEART_BEAT, {"client_id": long_id[:255], **hb})
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        r = await call(client, addr, RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumer_group": "cg"})
+        assert cbor2.loads(r.body)["consumer_id_list"] == [long_id[:255]]
+
+
 async def test_query_message_refuses_an_illegal_topic_and_an_impossible_key(nursery, tmp_path):
     # Both were answered QUERY_NOT_FOUND, the second with the whole key (any length) echoed in the remark.
     config, addr = await _node(nursery, tmp_path)

@@ -44,6 +44,13 @@ def test_heartbeat_validation_names_the_field():
         parse_heartbeat([1])
 
 
+def test_heartbeat_client_id_is_at_most_255_characters():
+    with pytest.raises(HeartbeatError, match="is 256 characters long; at most 255 are allowed") as info:
+        parse_heartbeat({"client_id": "c" * 256})
+    assert info.value.field == "client_id" and len(str(info.value)) < 120
+    assert parse_heartbeat({"client_id": "c" * 255}).client_id == "c" * 255
+
+
 @pytest.mark.parametrize("data, field, needle", [
     ({"consumers": [{"consumer_group": "bad group"}]}, "consumer_group", r"consumers\[0\].consumer_group 'bad group' "
                                                                          "contains illegal characters"),

@@ -84,6 +84,18 @@ async def test_non_retriable_error_and_local_size_check(cluster):
     assert len([c for c in cluster.calls if c[1] == RequestCode.SEND_BATCH_MESSAGE]) == 1
 
 
+async def test_an_instance_name_too_long_for_a_client_id_the_brokers_take_is_refused_when_opened(cluster):
+    # Brokers refuse a client id over 255 characters in every heartbeat; instance_name, part of it, was unbounded.
+    from broker.consumer_manager import parse_heartbeat
+
+    with pytest.raises(ConfigError, match="instance_name must be 1 to 127 characters long .is 128; it is part of "
+                                          "the client id, which brokers hold to 255"):
+        async with open_producer(NAMESRV, instance_name="n" * 128):
+            pass
+    async with open_producer(NAMESRV, instance_name="n" * 127, client_ip="255.255.255.255") as p:
+        assert len(p.client_id) <= 255 and parse_heartbeat({"client_id": p.client_id}).client_id == p.client_id
+
+
 async def test_bad_send_arguments_are_refused_before_anything_is_sent(cluster):
     """Found by probing the API with odd values: a queue that was no MessageQueue, a sharding key that was no
     string and a batch that was no sequence raised AttributeError from deep inside; a queue of another topic
@@ -257,8 +269,8 @@ async def test_an_instance_name_that_would_put_the_offset_file_elsewhere_is_refu
                        ("..", "must not contain"), ("a\\b", "must not contain"),
                        ("a\0b", "must not contain control characters"),
                        ("a\nb", "must not contain control characters"),
-                       ("", "must be 1 to 127 characters long \\(is 0\\)"),
-                       ("x" * 128, "must be 1 to 127 characters long \\(is 128\\)")]:
+                       ("", "must be 1 to 127 characters long \\(is 0;"),
+                       ("x" * 128, "must be 1 to 127 characters long \\(is 128;")]:
         with pytest.raises(ConfigError, match="instance_name " + text):
             async with open_push_consumer(NAMESRV, instance_name=name, **opts):
                 pass
