@@ -97,6 +97,7 @@ def _catching_bind_failure() -> Iterator[_BindFailureCatcher]:
     finally:
         syncobj_log.removeFilter(catcher)
 
+
 # Snapshot file: magic(8) | crc32c(4, BE) of body | body = pickle5({"version", "group", "end_offset",
 # "metadata", "raft"}), where "raft" is the tuple pysyncobj hands its serializer (last entries, cluster).
 SNAPSHOT_MAGIC = b"RMQDLSN1"
