@@ -74,13 +74,24 @@ def load_config(cls: type[T], path: str | Path | None = None, *, overrides: Mapp
     win over the file. With no path the defaults apply."""
     data: dict[str, Any] = {}
     if path is not None:
+        name = str(path)
+        # Every way a file cannot be read as TOML text is one ConfigError naming it (the CLI's one line and exit
+        # 2): a directory, an unreadable file or bytes that are not UTF-8 raised from open/tomllib as tracebacks.
         try:
             with open(path, "rb") as f:
-                data = tomllib.load(f)
+                text = f.read().decode("utf-8")
         except FileNotFoundError:
-            raise ConfigError(f"config file {str(path)!r} does not exist") from None
+            raise ConfigError(f"config file {name!r} does not exist") from None
+        except IsADirectoryError:
+            raise ConfigError(f"config file {name!r} is a directory, not a file") from None
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"config file {name!r} is not valid TOML: not UTF-8 text (byte {e.start})") from None
+        except OSError as e:
+            raise ConfigError(f"config file {name!r} cannot be read: {e.strerror or e}") from None
+        try:
+            data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"config file {str(path)!r} is not valid TOML: {e}") from None
+            raise ConfigError(f"config file {name!r} is not valid TOML: {e}") from None
     apply_overrides(data, overrides or {})
     return config_from_mapping(cls, data)
 

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import trio
 
-from raftmq.config_file import check_config_file
 from raftmq.runner import Drain, announce_ready, run_until_signalled, start_error
 from remoting.config import ConfigError
 
@@ -55,7 +54,6 @@ def run(args: argparse.Namespace) -> int:
     overrides = parse_overrides(args.set)
     if args.rejoin:
         overrides["dledger.rejoin"] = True
-    check_config_file(args.config)
     config = load_broker_config(args.config, overrides)
 
     async def main(nursery: trio.Nursery) -> Drain:

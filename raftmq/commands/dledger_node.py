@@ -42,7 +42,6 @@ from broker.store import MessageStore, StoreConfig
 from dledger import (AppendTimeoutError, ByteLog, DLedgerConfig, DLedgerError, DLedgerGroup, NotLeaderError,
                      RecordTooLargeError, open_dledger_group)
 from dledger.service import DLedgerService, remote_fetch_range
-from raftmq.config_file import check_config_file
 from raftmq.runner import announce_ready, run_until_signalled, start_error
 from remoting.codec import Frame, make_response
 from remoting.codes import RequestCode, ResponseCode
@@ -143,7 +142,6 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    check_config_file(args.config)
     config = load_config(DLedgerNodeConfig, args.config)
     assert config.dledger is not None
 

@@ -10,7 +10,6 @@ from pathlib import Path
 import trio
 
 from namesrv import load_namesrv_config, serve_namesrv
-from raftmq.config_file import check_config_file
 from raftmq.runner import announce_ready, run_until_signalled, start_error
 
 log = logging.getLogger(__name__)
@@ -29,7 +28,6 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # Config errors surface here, before anything listens; cli.py turns them into exit status 2.
-    check_config_file(args.config)
     config = load_namesrv_config(args.config, listen=args.listen)
 
     async def main(nursery: trio.Nursery) -> None:
