@@ -58,6 +58,11 @@ class BrokerConfig:
     dledger: DLedgerConfig | None = None
     auto_create_topic_enable: bool = bounded(True, doc="create unknown topics on first send (RocketMQ default)")
     default_topic_queue_nums: int = bounded(4, min=1, max=1024, doc="queues of an auto-created topic")
+    # Every registration carries the whole topic table. Unbounded, a client sending to ever new names (auto-create
+    # is on by default) grew it past a name server's frame limit (16 MiB: ~80k topics with 127-character names),
+    # after which every registration of the group was refused and it fell out of every route.
+    max_topic_count: int = bounded(50_000, min=1, max=200_000,
+                                   doc="topics this group holds; creating (or auto-creating) one more is refused")
     long_polling_timeout_ms: int = bounded(15_000, min=1, max=3_600_000, doc="longest hold of a pull")
     long_polling_check_interval_ms: int = bounded(1000, min=10, max=60_000)
     max_transfer_count: int = bounded(1024, min=1, max=65_536, doc="messages per pull response, at most")

@@ -173,6 +173,7 @@ class BrokerNode:
         async with self._topic_lock:
             config = self.topic(topic)
             if config is None:
+                self._check_topic_room(topic, "auto-created")
                 config = auto_create_config(topic, self.config.default_topic_queue_nums)
                 log.info("auto-creating topic topic=%s queues=%d", topic, config.write_queue_nums)
                 await self._put_topics({topic: config.to_wire()})
@@ -180,7 +181,19 @@ class BrokerNode:
 
     async def update_topic(self, config: TopicConfig) -> None:
         async with self._topic_lock:
+            if config.topic_name not in self.topics:
+                self._check_topic_room(config.topic_name, "created")
             await self._put_topics({config.topic_name: config.to_wire()})
+
+    def _check_topic_room(self, topic: str, what: str) -> None:
+        """Refuse a new topic once the group holds ``max_topic_count`` (the table rides in every registration)."""
+        limit = self.config.max_topic_count
+        held = len(self.topics)
+        if held >= limit:
+            code = ResponseCode.TOPIC_NOT_EXIST if what == "auto-created" else ResponseCode.INVALID_REQUEST
+            raise RequestRejected(code, f"topic {topic!r} not {what}: broker {self.config.broker_name} holds {held} "
+                                        f"topics, its max_topic_count is {limit} (delete unused topics, or raise it)",
+                                  ext={"topic": topic})
 
     async def delete_topic(self, topic: str) -> None:
         """RocketMQ's deleteTopic: the config, the consumer offsets and the messages go. The messages go by a

@@ -703,3 +703,29 @@ async def test_fetch_commit_log_inside_a_record_is_refused_and_the_node_keeps_se
                                                                         "max_bytes": 100})
             assert r.code == ResponseCode.SUCCESS and next(iter_records(r.body)).phy_offset == 0
             assert (await _send(client, addr, body=b"still here")).code == ResponseCode.SUCCESS
+
+
+async def test_topics_past_max_topic_count_are_not_created_and_the_rest_keep_working(nursery, tmp_path):
+    """The whole topic table rides in every registration: unbounded, a client sending to ever new names grew it past
+    a name server's frame limit, and then every registration of the group was refused (out of every route)."""
+    config, addr = await _node(nursery, tmp_path, max_topic_count=3)
+    async with open_remoting_client() as client:
+        await _wait_leader(client, addr)
+        created = []
+        for i in range(4):
+            r = await call(client, addr, RequestCode.UPDATE_AND_CREATE_TOPIC, {"topic_name": f"T{i}"})
+            if r.code != ResponseCode.SUCCESS:
+                break
+            created.append(f"T{i}")
+        assert 1 <= len(created) < 4, created  # the table may start with the broker's own topics
+        assert r.code == ResponseCode.INVALID_REQUEST and "its max_topic_count is 3" in r.remark, r.remark
+        r = await _send(client, addr, topic="Brandnew")  # an auto-create is refused too
+        assert r.code == ResponseCode.TOPIC_NOT_EXIST and "not auto-created" in r.remark, r.remark
+        # Existing topics are still updated and sent to; a deleted one makes room.
+        r = await call(client, addr, RequestCode.UPDATE_AND_CREATE_TOPIC,
+                       {"topic_name": created[0], "read_queue_nums": 8, "write_queue_nums": 8})
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        assert (await _send(client, addr, topic=created[0])).code == ResponseCode.SUCCESS
+        r = await call(client, addr, RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": created[0]})
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        assert (await _send(client, addr, topic="Brandnew")).code == ResponseCode.SUCCESS
