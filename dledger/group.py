@@ -700,12 +700,24 @@ class DLedgerGroup:
         self._transferring += 1
         try:
             while True:
-                await self._drained.wait()
+                # Bounded by the deadline too: without a majority the batches in flight never commit, and an
+                # unbounded wait held the request (and every new entry) past the caller's timeout.
+                # (Not ``_drained.is_set()`` afterwards: a batch proposed while this task wakes replaces the
+                # event, and a wait that did end would read as one that timed out.)
+                with trio.move_on_at(deadline) as drain_wait:
+                    await self._drained.wait()
+                if drain_wait.cancelled_caught:
+                    raise TransferLeadershipError(
+                        self.config.group, to, f"the entries in flight did not commit within {timeout_s:g} s")
                 try:
                     await self._call_replicated(
                         lambda cb: m.call_on_tick_thread(lambda: m.transferLeadership(target, callback=cb)),
                         max(deadline - trio.current_time(), 0.001))
                     break
+                except AppendTimeoutError:
+                    # pysyncobj did not answer in time: the transfer's timeout, not an append's.
+                    raise TransferLeadershipError(self.config.group, to, f"no answer within {timeout_s:g} s") \
+                        from None
                 except LeaderChangedError as e:
                     if e.reason != "REQUEST_DENIED" or trio.current_time() + 0.02 >= deadline:
                         raise TransferLeadershipError(

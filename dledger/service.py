@@ -14,8 +14,8 @@ Requests (ext keys are short text, bodies raw bytes; see ``docs/architecture.md`
   ``[[segment_start, length, crc32c], ...]`` up to that offset (``raftmq verify``).
 - ``TRANSFER_LEADERSHIP`` ext ``{group, to}`` (sent to the leader) -> SUCCESS once ``to`` leads, ext ``{term,
   leader_id}``; NOT_LEADER (ext ``leader_id``) on a follower; INVALID_REQUEST when ``to`` is already the leader
-  or names no member; SYSTEM_ERROR naming the reason when the target refuses or no new leader appears within
-  ``timeout_ms`` (default 3000).
+  or names no member; SYSTEM_ERROR naming the reason when the target refuses, or the entries in flight do not
+  commit or no new leader appears within ``timeout_ms`` (default 3000; the answer never comes later).
 
 Anything malformed is answered INVALID_REQUEST with a remark naming the field.
 """

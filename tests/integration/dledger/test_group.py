@@ -261,3 +261,72 @@ async def test_a_follower_back_from_a_stall_reads_the_waiting_heartbeats_before_
         assert result.index > 0
     for log in logs:
         log.close()
+
+
+async def test_transfer_leadership_without_majority_ends_within_its_timeout(tmp_path):
+    """A transfer waits for the batches in flight to commit before it asks pysyncobj; without a majority they
+    never do, and the transfer hung past its timeout (or, when they failed late, answered with an append
+    timeout naming no transfer at all)."""
+    from dledger import AppendTimeoutError, TransferLeadershipError
+
+    async with trio.open_nursery() as nursery:
+        leader, logs = await leader_alone(nursery, tmp_path)
+        target = sorted(k for k in logs if k != leader.config.self_id)[0]
+
+        async def stuck_append() -> None:
+            with pytest.raises(AppendTimeoutError):
+                await leader.append(b"no-majority", timeout_s=20)
+
+        nursery.start_soon(stuck_append)
+        with trio.fail_after(1):
+            while leader.statistics().in_flight_batches == 0:
+                await trio.sleep(0.01)
+        started = trio.current_time()
+        with trio.fail_after(5):
+            with pytest.raises(TransferLeadershipError) as info:
+                await leader.transfer_leadership(target, timeout_s=0.5)
+        assert 0.4 <= trio.current_time() - started <= 1.5
+        assert info.value.retriable and "0.5 s" in str(info.value), str(info.value)
+        nursery.cancel_scope.cancel()
+    for log in logs.values():
+        log.close()
+
+
+async def test_repeated_transfers_under_load_all_succeed(tmp_path):
+    """A batch proposed while a transfer's wait for the in-flight batches ends replaces the drained event; read
+    afterwards, it made a wait that had ended look timed out ("did not commit within 3 s" after 0 s)."""
+    from dledger import DLedgerError
+
+    configs = make_configs(tmp_path)
+    logs = [open_log(tmp_path, c.self_id) for c in configs]
+    async with AsyncExitStack() as stack:
+        groups = [await stack.enter_async_context(open_dledger_group(c, log)) for c, log in zip(configs, logs)]
+        await ready_leader(groups)
+        stop = trio.Event()
+
+        async def load(k: int) -> None:
+            i = 0
+            while not stop.is_set():
+                leader = next((g for g in groups if g.is_leader), None)
+                i += 1
+                if leader is None:
+                    await trio.sleep(0.005)
+                    continue
+                try:
+                    await leader.append(b"load-%d-%05d" % (k, i), timeout_s=5)
+                except DLedgerError as e:  # NOT_LEADER, or a batch the old leader could not commit
+                    assert e.retriable, e
+                    await trio.sleep(0.005)
+
+        async with trio.open_nursery() as nursery:
+            for k in range(16):
+                nursery.start_soon(load, k)
+            for _ in range(12):
+                leader = await ready_leader(groups)
+                target = next(g for g in groups if not g.is_leader)
+                view = await leader.transfer_leadership(target.config.self_id, timeout_s=3)
+                assert view.leader_id == target.config.self_id
+                await trio.sleep(0.05)
+            stop.set()
+    for log in logs:
+        log.close()
