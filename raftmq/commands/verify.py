@@ -42,6 +42,17 @@ async def verify_group(group: str, addresses: list[str], *, timeout_s: float = 1
         statuses = {}
         for addr in addresses:
             statuses[addr], _ = await get_raft_status(client, addr, group, timeout_s=timeout_s)
+        # The same member reached by two spellings of its address (localhost and 127.0.0.1) would be compared
+        # with itself and always found identical; its self_id tells.
+        seen: dict[str, str] = {}
+        for addr, status in statuses.items():
+            member_id = status.get("self_id")  # absent from a member older than self_id in the status
+            if member_id is None:
+                continue
+            if member_id in seen:
+                raise ConfigError(f"--members names member {member_id} twice ({seen[member_id]} and {addr}); "
+                                  f"name each member once")
+            seen[member_id] = addr
         up_to = min(int(s["end_offset"]) for s in statuses.values())
         sums = {}
         for addr in addresses:
@@ -69,6 +80,10 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--members needs at least two addresses, got {args.members!r}")
     for a in addresses:
         parse_host_port(a, key="--members")
+    # A repeated address was asked once and compared with itself: "identical" for a group never compared.
+    repeated = sorted({a for a in addresses if addresses.count(a) > 1})
+    if repeated:
+        raise ConfigError(f"--members names {', '.join(repeated)} more than once; name each member once")
     check_range("--timeout", args.timeout, 0.1, 3600)
     try:
         report = trio.run(lambda: verify_group(args.group, addresses, timeout_s=args.timeout))
