@@ -127,10 +127,21 @@ class ByteLog:
             return BatchResult(ApplyStatus.APPLIED, self._end)
 
     def read_raw(self, offset: int, max_bytes: int) -> bytes:
-        """Whole records from ``offset`` (at least one, even if it is bigger than ``max_bytes``)."""
+        """Whole records from ``offset`` (at least one, even if it is bigger than ``max_bytes``); ``ValueError``
+        when ``offset`` is past the end or not the start of a record."""
         end = self._end
-        if offset >= end:
+        if offset > end:
+            raise ValueError(f"phy_offset {offset} is outside the log [0, {end}]")
+        if offset == end:
             return b""
+        # The log keeps no index: an offset is a record's start when the header read there describes a record
+        # that ends within the log and whose crc32c matches. Read from inside a record, data bytes taken for a
+        # header answered FETCH_COMMIT_LOG with bytes that are no records, as much as the rest of the log.
+        header = os.pread(self._fd, RECORD_HEADER.size, offset)
+        size, crc = RECORD_HEADER.unpack(header) if len(header) == RECORD_HEADER.size else (end, 0)
+        if offset + RECORD_HEADER.size + size > end or crc32c.crc32c(
+                os.pread(self._fd, size, offset + RECORD_HEADER.size)) != crc:
+            raise ValueError(f"phy_offset {offset} is not the start of a record in the log")
         buf = os.pread(self._fd, min(max(max_bytes, RECORD_HEADER.size), end - offset), offset)
         pos = 0
         while len(buf) - pos >= RECORD_HEADER.size:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dledger import ApplyStatus, ByteLog
-from dledger.byte_log import RECORD_HEADER
+from dledger.byte_log import RECORD_HEADER, frame_record
 
 
 def test_apply_is_idempotent_and_refuses_gaps(tmp_path):
@@ -51,3 +51,20 @@ def test_torn_tail_is_cut_on_open(tmp_path):
     assert reopened.end_offset == end
     assert reopened.read_records() == [(0, b"whole")]
     reopened.close()
+
+
+def test_raw_read_from_inside_a_record_or_past_the_end_is_refused(tmp_path):
+    # Was answered with bytes that are no records: data read as a header (here b"bbbb" -> 1.6 GB claimed) sent
+    # the rest of the log, however long, as one "record".
+    log = ByteLog(tmp_path / "a.log")
+    log.apply_batch(log.prepare_batch([b"a" * 100, b"b" * 100], 0, 1, fresh=True).payload, 1, 0)
+    second = RECORD_HEADER.size + 100
+    for offset in (1, RECORD_HEADER.size - 1, RECORD_HEADER.size, second + 20, log.end_offset - 1):
+        with pytest.raises(ValueError, match=f"phy_offset {offset} is not the start of a record"):
+            log.read_raw(offset, 1 << 20)
+    with pytest.raises(ValueError, match=f"phy_offset {log.end_offset + 1} is outside the log"):
+        log.read_raw(log.end_offset + 1, 1 << 20)
+    assert log.read_raw(log.end_offset, 1 << 20) == b""
+    assert log.read_raw(second, 1) == frame_record(b"b" * 100)
+    assert [d for _, d in log.read_records(0)] == [b"a" * 100, b"b" * 100]
+    log.close()
