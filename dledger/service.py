@@ -17,7 +17,7 @@ Requests (ext keys are short text, bodies raw bytes; see ``docs/architecture.md`
   or names no member; SYSTEM_ERROR naming the reason when the target refuses, or the entries in flight do not
   commit or no new leader appears within ``timeout_ms`` (default 3000; the answer never comes later).
 
-Anything malformed is answered INVALID_REQUEST with a remark naming the field.
+Anything malformed is answered INVALID_REQUEST with a remark naming the field and ext ``field`` holding its name.
 """
 
 from __future__ import annotations
@@ -48,10 +48,18 @@ class CatchUpDataError(ValueError):
     pass
 
 
+class _BadField(ValueError):
+    """A malformed request field; answered INVALID_REQUEST with ext ``field`` naming it (remoting/codes.py)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 def _int_field(request: Frame, name: str, *, minimum: int = 0) -> int:
     value = request.ext.get(name)
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"ext.{name} must be an integer >= {minimum}, got {value!r}")
+        raise _BadField(name, f"ext.{name} must be an integer >= {minimum}, got {value!r}")
     return value
 
 
@@ -71,15 +79,15 @@ class DLedgerService:
         try:
             group_name = request.ext.get("group")
             if group_name != self.group.config.group:
-                raise ValueError(f"ext.group must be {self.group.config.group!r}, got {group_name!r}")
+                raise _BadField("group", f"ext.group must be {self.group.config.group!r}, got {group_name!r}")
             if request.code == RequestCode.FETCH_COMMIT_LOG:
                 return self._fetch(request)
             if request.code == RequestCode.GET_RAFT_STATUS:
                 return self._status(request)
             if request.code == RequestCode.TRANSFER_LEADERSHIP:
                 return await self._transfer(request)
-        except ValueError as e:
-            return make_response(request, ResponseCode.INVALID_REQUEST, remark=str(e))
+        except _BadField as e:
+            return make_response(request, ResponseCode.INVALID_REQUEST, remark=str(e), ext={"field": e.field})
         return make_response(request, ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
                              remark=f"request code {request.code} is not served here")
 
@@ -92,7 +100,10 @@ class DLedgerService:
                                  ext={"min_offset": sm.min_offset, "end_offset": sm.end_offset},
                                  remark=f"phy_offset {offset} is below this member's min offset {sm.min_offset} "
                                         f"(retention deleted the segments before it)")
-        data = sm.read_raw(offset, max_bytes)
+        try:
+            data = sm.read_raw(offset, max_bytes)
+        except ValueError as e:  # the state machine's refusal: past the end, or not where a record starts
+            raise _BadField("phy_offset", str(e)) from None
         return make_response(request, ResponseCode.SUCCESS, body=data,
                              ext={"crc32c": crc32c.crc32c(data), "end_offset": sm.end_offset})
 
@@ -114,10 +125,10 @@ class DLedgerService:
     async def _transfer(self, request: Frame) -> Frame:
         to = request.ext.get("to")
         if not isinstance(to, str) or not to:
-            raise ValueError(f"ext.to must be a member id, got {to!r}")
+            raise _BadField("to", f"ext.to must be a member id, got {to!r}")
         timeout_ms = request.ext.get("timeout_ms", 3000)
         if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or not 1 <= timeout_ms <= 60_000:
-            raise ValueError(f"ext.timeout_ms must be an integer within 1..60000, got {timeout_ms!r}")
+            raise _BadField("timeout_ms", f"ext.timeout_ms must be an integer within 1..60000, got {timeout_ms!r}")
         try:
             view = await self.group.transfer_leadership(to, timeout_s=timeout_ms / 1000)
         except NotLeaderError as e:
@@ -126,8 +137,9 @@ class DLedgerService:
         except TransferLeadershipError as e:
             # A target that already leads or is no member is the request's fault; a refusal or a slow election
             # is not.
-            code = ResponseCode.SYSTEM_ERROR if e.retriable else ResponseCode.INVALID_REQUEST
-            return make_response(request, code, remark=str(e))
+            if e.retriable:
+                return make_response(request, ResponseCode.SYSTEM_ERROR, remark=str(e))
+            return make_response(request, ResponseCode.INVALID_REQUEST, remark=str(e), ext={"field": "to"})
         return make_response(request, ResponseCode.SUCCESS, ext={"term": view.term, "leader_id": view.leader_id})
 
 
