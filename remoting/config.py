@@ -12,6 +12,7 @@ Metadata keys understood on a field: ``min`` / ``max`` (inclusive numeric bounds
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 import types
 import typing
@@ -176,6 +177,11 @@ def _convert(hint: Any, value: Any, key: str) -> Any:
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{key} must be a number, got {value!r}")
+        # TOML has `nan`, and NaN passes every min/max and cross-field comparison (all False): a NaN
+        # tick_interval_ms crashed the tick loop, a NaN gil_switch_interval_ms set a 292,000-year switch interval
+        # and a NaN file_reserved_hours kept every segment forever. Infinity stays for the bounds to judge.
+        if math.isnan(value):
+            raise ConfigError(f"{key} must be a number, got nan")
         return float(value)
     if hint is str:
         if not isinstance(value, str):

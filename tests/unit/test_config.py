@@ -50,6 +50,7 @@ def test_file_and_overrides(tmp_path):
     ({"store": {"segment_size": 1}}, "unknown config key 'store.segment_size'"),
     ({"ratio": 1.5}, "ratio must be <= 1.0, got 1.5"),
     ({"ratio": "high"}, "ratio must be a number, got 'high'"),
+    ({"ratio": float("nan")}, "ratio must be a number, got nan"),
     ({"enabled": 1}, "enabled must be true or false, got 1"),
     ({"store": {"segment_size_bytes": -1}}, "store.segment_size_bytes must be >= 4096, got -1"),
     ({"store": {"segment_size_bytes": True}}, "store.segment_size_bytes must be an integer, got True"),
@@ -64,6 +65,14 @@ def test_bad_values_are_named(data, message):
         config_from_mapping(Outer, data)
     # Unknown keys also list the known ones; everything else is the whole sentence.
     assert str(info.value) == message or str(info.value).startswith(message + " (known keys: ")
+
+
+def test_nan_is_refused_from_a_file(tmp_path):
+    # TOML's `nan` passed every bound (each comparison with NaN is False) and reached the services.
+    path = tmp_path / "c.toml"
+    path.write_text("ratio = nan\n")
+    with pytest.raises(ConfigError, match="^ratio must be a number, got nan$"):
+        load_config(Outer, path)
 
 
 def test_missing_and_malformed_files(tmp_path):

@@ -82,6 +82,19 @@ def test_bad_values_are_named(key, value, needle):
         config_from_mapping(BrokerConfig, _mapping(**{key: value}))
 
 
+@pytest.mark.parametrize("key", ["dledger.tick_interval_ms", "dledger.gil_switch_interval_ms",
+                                 "dledger.commit_notice_delay_ms", "dledger.max_batch_delay_ms",
+                                 "store.file_reserved_hours"])
+def test_nan_is_refused(key):
+    # NaN passed every bound: the tick loop died on it (trio refuses a NaN timeout), the GIL switch interval became
+    # 292,000 years, and no segment ever expired.
+    table, leaf = key.split(".")
+    data = _mapping()
+    data.setdefault(table, {})[leaf] = float("nan")
+    with pytest.raises(ConfigError, match=f"^{key} must be a number, got nan$"):
+        config_from_mapping(BrokerConfig, data)
+
+
 @pytest.mark.parametrize("where,value", [("group", "brøker-a"), ("group", "b" * 128), ("self_id", "n٣")])
 def test_a_group_or_member_name_the_name_servers_refuse_is_named(where, value):
     data = _mapping()
