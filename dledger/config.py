@@ -118,6 +118,20 @@ class DLedgerConfig:
         raft = [m.raft_address for m in self.members]
         if len(set(raft)) != len(raft):
             raise ConfigError(f"dledger.members raft_address values must be unique, got {raft}")
+        # Every port of the group is one thing: a raft_address that is also a service_address (the member's own
+        # or another's) had one server fail to bind after the store was opened, or, across hosts, peers sent Raft
+        # frames to a remoting port (or catch-up fetches and clients to a Raft port) and the member never joined;
+        # two members sharing a service_address made routes and catch-ups go to the wrong one.
+        seen: dict[str, str] = {}
+        for m in self.members:
+            for kind, address in (("raft_address", m.raft_address), ("service_address", m.service_address)):
+                if not address:
+                    continue
+                where = f"members[{m.id}].{kind}"
+                if address in seen:
+                    raise ConfigError(f"dledger.{where} must differ from every other member address, got "
+                                      f"{address!r}, which is also {seen[address]}")
+                seen[address] = where
         if self.election_timeout_max_ms <= self.election_timeout_min_ms:
             raise ConfigError(f"dledger.election_timeout_max_ms must be > election_timeout_min_ms "
                               f"({self.election_timeout_min_ms}), got {self.election_timeout_max_ms}")

@@ -46,6 +46,24 @@ def test_every_option_passed_is_a_real_syncobjconf_option():
     assert unknown_syncobj_options({"flushJournal": True, "raftMinTimeout": 1}) == ["flushJournal"]
 
 
+@pytest.mark.parametrize("member, field, other", [
+    (0, "raft_address", (0, "service_address")),  # one member's own two ports
+    (1, "raft_address", (0, "service_address")),  # a peer's Raft port is this member's remoting port
+    (1, "service_address", (0, "service_address")),  # two members advertise one remoting address
+    (2, "service_address", (0, "raft_address")),
+])
+def test_every_member_address_is_distinct(member, field, other):
+    # Accepted before: one server failed to bind after the store was opened, or (members on separate hosts) Raft
+    # frames went to a remoting port, and routes and catch-ups to the wrong member.
+    members = list(MEMBERS)
+    address = getattr(members[other[0]], other[1])
+    members[member] = MemberAddress(**{**vars(members[member]), field: address})
+    with pytest.raises(ConfigError, match=f"must differ from every other member address, got '{address}'") as info:
+        _config(members=tuple(members))
+    # Both places the address is given are named, whichever comes first.
+    assert f"members[n{member}].{field}" in str(info.value) and f"members[n{other[0]}].{other[1]}" in str(info.value)
+
+
 @pytest.mark.parametrize("changes, message", [
     ({"secret": ""}, "dledger.secret must be at least 16 characters"),
     ({"secret": "short"}, "dledger.secret must be at least 16 characters"),
