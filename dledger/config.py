@@ -110,6 +110,13 @@ class DLedgerConfig:
             raise ConfigError(f"dledger.secret must be at least {MIN_SECRET_LENGTH} characters (every Raft frame "
                               f"is authenticated with it; `raftmq dev` generates one), got "
                               f"{len(self.secret)} characters")
+        try:
+            self.secret.encode("utf-8")
+        except UnicodeEncodeError as e:
+            # A --set argument that is not UTF-8 arrives with surrogate escapes, which the frame authenticator
+            # could not encode: a traceback once the store was open. The value is a secret, so it is not shown.
+            raise ConfigError(f"dledger.secret must be UTF-8 text (every Raft frame is authenticated with its "
+                              f"bytes), got a character that is not at position {e.start}") from None
         ids = [m.id for m in self.members]
         if len(set(ids)) != len(ids):
             raise ConfigError(f"dledger.members ids must be unique, got {ids}")

@@ -67,6 +67,9 @@ def test_every_member_address_is_distinct(member, field, other):
 @pytest.mark.parametrize("changes, message", [
     ({"secret": ""}, "dledger.secret must be at least 16 characters"),
     ({"secret": "short"}, "dledger.secret must be at least 16 characters"),
+    # Not UTF-8 on a --set command line (a surrogate escape): FrameAuthenticator's encode() raised a traceback.
+    ({"secret": "abcdefghijklmnop\udcff"}, "dledger.secret must be UTF-8 text (every Raft frame is authenticated "
+                                           "with its bytes), got a character that is not at position 16"),
     ({"self_id": "n9"}, "dledger.self_id must name one of members"),
     ({"election_timeout_min_ms": 100, "heartbeat_interval_ms": 50}, "must be > 3 x heartbeat_interval_ms"),
     ({"election_timeout_max_ms": 300}, "election_timeout_max_ms must be > election_timeout_min_ms"),
