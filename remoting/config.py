@@ -60,6 +60,12 @@ def parse_host_port(value: str, *, key: str = "address") -> tuple[str, int]:
     host = host.strip("[]")
     if not host:
         raise ConfigError(f"{key} must name a host, got {value!r}")
+    # What getaddrinfo is given: a host name with an empty or 64+-character label, or a character that is not text
+    # (a surrogate escape from a non-UTF-8 command line), raised a UnicodeError traceback at bind or dial.
+    try:
+        host.encode("idna")
+    except UnicodeError as e:
+        raise ConfigError(f"{key} must name a host that can be looked up ({e.__cause__ or e}), got {value!r}") from None
     # Plain decimal digits only: int() also takes "+5", " 5", "1_0", "05" and other scripts' digits, and the name
     # servers refuse a broker address that is not written as HOST:PORT exactly (every registration refused).
     if not (port_text.isascii() and port_text.isdigit()) or (len(port_text) > 1 and port_text[0] == "0"):

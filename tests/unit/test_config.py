@@ -98,3 +98,12 @@ def test_parse_host_port(text, expected):
 def test_parse_host_port_rejects(text):
     with pytest.raises(ConfigError):
         parse_host_port(text, key="listen")
+
+
+# Host names getaddrinfo cannot be given (idna refuses them): `raftmq broker --set listen=a..b:10911` was a
+# UnicodeError traceback at bind, after the store was opened.
+@pytest.mark.parametrize("host", ["a..b", ".a", "a" * 64, "h\udcff"])
+def test_parse_host_port_rejects_a_host_that_cannot_be_looked_up(host):
+    with pytest.raises(ConfigError, match="^listen must name a host that can be looked up"):
+        parse_host_port(f"{host}:10911", key="listen")
+    assert parse_host_port("r\u00e9seau.example:10911") == ("r\u00e9seau.example", 10911)
