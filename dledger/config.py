@@ -8,6 +8,7 @@ really has (``unknown_syncobj_options``), and a unit test pins the values that t
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal
@@ -37,12 +38,26 @@ class MemberAddress:
         problem = name_problem(self.id)
         if problem:
             raise ConfigError(f"member id {problem}, got {self.id!r}")
-        _host, port = parse_host_port(self.raft_address, key=f"members[{self.id}].raft_address")
+        host, port = parse_host_port(self.raft_address, key=f"members[{self.id}].raft_address")
         if port == 0:
             raise ConfigError(f"members[{self.id}].raft_address needs a fixed port (peers dial it), "
                               f"got {self.raft_address!r}")
+        _check_dialable(host, self.raft_address, f"members[{self.id}].raft_address")
         if self.service_address:
-            parse_host_port(self.service_address, key=f"members[{self.id}].service_address")
+            host, _port = parse_host_port(self.service_address, key=f"members[{self.id}].service_address")
+            _check_dialable(host, self.service_address, f"members[{self.id}].service_address")
+
+
+def _check_dialable(host: str, address: str, key: str) -> None:
+    """A member address is dialed by its peers (and a service_address by clients, from routes): 0.0.0.0 or ::
+    there made a peer on another host dial itself, and a multicast or broadcast address reaches no one member."""
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return  # a host name: looked up when dialed
+    if ip.is_unspecified or ip.is_multicast or ip == ipaddress.IPv4Address("255.255.255.255"):
+        raise ConfigError(f"{key} must be an address peers can dial, not an unspecified, multicast or broadcast "
+                          f"one (bind every interface with the broker's `listen`), got {address!r}")
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from dledger import DLedgerConfig, MemberAddress, build_syncobj_conf
@@ -62,6 +64,19 @@ def test_every_member_address_is_distinct(member, field, other):
         _config(members=tuple(members))
     # Both places the address is given are named, whichever comes first.
     assert f"members[n{member}].{field}" in str(info.value) and f"members[n{other[0]}].{other[1]}" in str(info.value)
+
+
+@pytest.mark.parametrize("field, address", [
+    ("raft_address", "0.0.0.0:20911"), ("raft_address", "[::]:20911"), ("raft_address", "224.0.0.1:20911"),
+    ("service_address", "0.0.0.0:30911"), ("service_address", "255.255.255.255:30911"),
+])
+def test_a_member_address_is_one_peers_can_dial(field, address):
+    # Accepted before: peers (and clients, given a service_address in routes) on other hosts dialed themselves.
+    fields = {"id": "n1", "raft_address": "127.0.0.1:20911", "service_address": "127.0.0.1:30911", field: address}
+    with pytest.raises(ConfigError, match=rf"^members\[n1\]\.{field} must be an address peers can dial, not an "
+                                          rf"unspecified, multicast or broadcast one .*, got '{re.escape(address)}'$"):
+        MemberAddress(**fields)
+    assert MemberAddress(id="n1", raft_address="raft-1.example:20911").raft_address == "raft-1.example:20911"
 
 
 @pytest.mark.parametrize("changes, message", [
