@@ -42,9 +42,12 @@ _FRAME_SLACK_BYTES = 64 * 1024
 def _addrs_ok(value: tuple[str, ...]) -> str | None:
     for addr in value:
         try:
-            parse_host_port(addr, key="namesrv_addrs")
+            _host, port = parse_host_port(addr, key="namesrv_addrs")
         except ConfigError as e:
             return str(e)
+        if port == 0:
+            # Port 0 means "any free port" to a server binding it, but this is dialed: every registration failed.
+            return f"must give each name server's fixed port, not 0 ({addr!r})"
     return None
 
 

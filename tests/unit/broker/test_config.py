@@ -68,6 +68,9 @@ def test_missing_dledger_table_is_named():
 
 @pytest.mark.parametrize("key,value,needle", [
     ("namesrv_addrs", ["nohost"], "HOST:PORT"),
+    # Dialed, never bound: port 0 was accepted and every registration failed (the group never in any route).
+    ("namesrv_addrs", ["127.0.0.1:9876", "127.0.0.1:0"], r"^namesrv_addrs must give each name server's fixed port, "
+                                                         r"not 0 \('127.0.0.1:0'\), got \('127.0.0.1:9876', '127.0.0.1:0'\)$"),
     ("long_polling_timeout_ms", 0, "long_polling_timeout_ms must be >= 1"),
     ("cluster_name", "bad name", "cluster_name must be letters"),
     # The name servers take ASCII only and at most 127 characters: anything else was never registered.
