@@ -88,7 +88,11 @@ class BrokerConfig:
         if self.dledger is None:
             raise ConfigError("broker config needs a [dledger] table: group, self_id, secret and members")
         if self.listen:
-            parse_host_port(self.listen, key="listen")
+            _host, port = parse_host_port(self.listen, key="listen")
+            if port == 0:
+                # Clients and peers dial the service_address's port: bound to any other, the node was unreachable.
+                raise ConfigError(f"listen needs a fixed port (what service_address advertises is dialed), "
+                                  f"got {self.listen!r}")
         key = f"dledger.members[{self.dledger.self_id}].service_address"
         host, port = parse_host_port(self.dledger.self_member.service_address or "", key=key)
         if port == 0:

@@ -77,6 +77,8 @@ def test_missing_dledger_table_is_named():
     ("cluster_name", "Clusté", "cluster_name must be letters, digits, - or _ \\(ASCII, 1 to 127"),
     ("cluster_name", "c" * 128, "cluster_name must be letters"),
     ("listen", "127.0.0.1:99999", "port must be within"),
+    # Bound to a random port while the service_address's port was advertised and dialed: nobody reached the node.
+    ("listen", "0.0.0.0:0", r"^listen needs a fixed port \(what service_address advertises is dialed\), got '0.0.0.0:0'$"),
     ("auto_create_topic_enable", "yes", "must be true or false"),
     ("no_such_key", 1, "unknown config key 'no_such_key'"),
 ])
