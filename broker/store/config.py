@@ -43,9 +43,12 @@ class StoreConfig:
     clean_interval_ms: int = bounded(10_000, min=1, doc="how often the clean service looks at ages and disk")
     disk_clean_early_ratio: float = bounded(0.75, min=0.0, max=1.0,
                                             doc="disk usage from which expired segments go at any hour")
-    disk_clean_forcibly_ratio: float = bounded(0.85, min=0.0, max=1.0,
+    # Floors as RocketMQ's (diskSpaceCleanForciblyRatio 0.30, diskSpaceWarningLevelRatio 0.35): at 0, a value
+    # taken for "off", every pass deleted unexpired segments down to min_retained_segments, or every send was
+    # refused as if the disk were full.
+    disk_clean_forcibly_ratio: float = bounded(0.85, min=0.30, max=1.0,
                                                doc="disk usage from which the oldest segments go, expired or not")
-    disk_reject_ratio: float = bounded(0.90, min=0.0, max=1.0, doc="disk usage from which appends are refused")
+    disk_reject_ratio: float = bounded(0.90, min=0.35, max=1.0, doc="disk usage from which appends are refused")
     hot_window_bytes: int = bounded(64 * 1024 * 1024, min=0,
                                     doc="mapped bytes behind the write position kept resident; older pages are "
                                         "released after each flush so RSS does not grow with the data stored")

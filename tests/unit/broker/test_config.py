@@ -87,6 +87,17 @@ def test_bad_values_are_named(key, value, needle):
         config_from_mapping(BrokerConfig, _mapping(**{key: value}))
 
 
+@pytest.mark.parametrize("key,value,floor", [("disk_clean_forcibly_ratio", 0.0, 0.3), ("disk_reject_ratio", 0.0, 0.35),
+                                             ("disk_reject_ratio", 0.2, 0.35)])
+def test_disk_ratios_that_would_delete_or_refuse_everything_are_refused(key, value, floor):
+    # Accepted before (min 0.0): a forcibly ratio of 0 deleted unexpired segments at every clean pass, a reject ratio
+    # of 0 refused every send as DISK_FULL. The floors are RocketMQ's.
+    data = _mapping()
+    data["store"].update({"disk_clean_early_ratio": 0.0, key: value})
+    with pytest.raises(ConfigError, match=rf"^store\.{key} must be >= {floor}, got {value}$"):
+        config_from_mapping(BrokerConfig, data)
+
+
 @pytest.mark.parametrize("key", ["dledger.tick_interval_ms", "dledger.gil_switch_interval_ms",
                                  "dledger.commit_notice_delay_ms", "dledger.max_batch_delay_ms",
                                  "store.file_reserved_hours"])
