@@ -63,6 +63,8 @@ def parse_host_port(value: str, *, key: str = "address") -> tuple[str, int]:
     # What getaddrinfo is given: a host name with an empty or 64+-character label, or a character that is not text
     # (a surrogate escape from a non-UTF-8 command line), raised a UnicodeError traceback at bind or dial.
     try:
+        if "\x00" in host:
+            raise UnicodeError("a NUL character")
         host.encode("idna")
     except UnicodeError as e:
         raise ConfigError(f"{key} must name a host that can be looked up ({e.__cause__ or e}), got {value!r}") from None
@@ -196,6 +198,9 @@ def _convert(hint: Any, value: Any, key: str) -> Any:
     if isinstance(hint, type) and issubclass(hint, Path):
         if not isinstance(value, (str, Path)):
             raise ConfigError(f"{key} must be a path string, got {value!r}")
+        # TOML's "\u0000" is a valid string but no valid path: mkdir raised "embedded null byte" as a traceback.
+        if "\x00" in str(value):
+            raise ConfigError(f"{key} must be a path without a NUL character, got {value!r}")
         return Path(value)
     return value
 

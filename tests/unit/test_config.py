@@ -51,6 +51,8 @@ def test_file_and_overrides(tmp_path):
     ({"ratio": 1.5}, "ratio must be <= 1.0, got 1.5"),
     ({"ratio": "high"}, "ratio must be a number, got 'high'"),
     ({"ratio": float("nan")}, "ratio must be a number, got nan"),
+    # mkdir raised "ValueError: embedded null byte" as a traceback once the node started.
+    ({"data_dir": "/x\x00y"}, "data_dir must be a path without a NUL character, got '/x\\x00y'"),
     ({"enabled": 1}, "enabled must be true or false, got 1"),
     ({"store": {"segment_size_bytes": -1}}, "store.segment_size_bytes must be >= 4096, got -1"),
     ({"store": {"segment_size_bytes": True}}, "store.segment_size_bytes must be an integer, got True"),
@@ -102,7 +104,7 @@ def test_parse_host_port_rejects(text):
 
 # Host names getaddrinfo cannot be given (idna refuses them): `raftmq broker --set listen=a..b:10911` was a
 # UnicodeError traceback at bind, after the store was opened.
-@pytest.mark.parametrize("host", ["a..b", ".a", "a" * 64, "h\udcff"])
+@pytest.mark.parametrize("host", ["a..b", ".a", "a" * 64, "h\udcff", "a\x00b"])
 def test_parse_host_port_rejects_a_host_that_cannot_be_looked_up(host):
     with pytest.raises(ConfigError, match="^listen must name a host that can be looked up"):
         parse_host_port(f"{host}:10911", key="listen")
