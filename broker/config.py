@@ -71,7 +71,10 @@ class BrokerConfig:
     max_transfer_count: int = bounded(1024, min=1, max=65_536, doc="messages per pull response, at most")
     max_transfer_bytes: int = bounded(1 << 20, min=1024, max=64 << 20, doc="bytes per pull response, at most")
     max_batch_messages: int = bounded(1024, min=1, max=65_536, doc="messages per SEND_BATCH_MESSAGE")
-    register_interval_ms: int = bounded(30_000, min=10, max=600_000, doc="periodic registration")
+    # A name server evicts a node not heard from for its broker_expired_ms (120 s by default): registering every
+    # 120 s or more (up to 600 s was taken) left the group out of every route for most of each interval. 60 s is
+    # RocketMQ's cap on registerNameServerPeriod, so one lost registration does not evict it either.
+    register_interval_ms: int = bounded(30_000, min=10, max=60_000, doc="periodic registration")
     register_timeout_ms: int = bounded(3000, min=10, max=60_000)
     consumer_offset_flush_interval_ms: int = bounded(200, min=1, max=60_000,
                                                      doc="how often pending offset commits are replicated")
