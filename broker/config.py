@@ -78,7 +78,10 @@ class BrokerConfig:
     register_timeout_ms: int = bounded(3000, min=10, max=60_000)
     consumer_offset_flush_interval_ms: int = bounded(200, min=1, max=60_000,
                                                      doc="how often pending offset commits are replicated")
-    channel_expired_timeout_ms: int = bounded(120_000, min=100, max=3_600_000,
+    # Only a client's heartbeat (client.heartbeat_broker_interval_ms, 10 s by default) keeps it in its groups: a
+    # shorter expiry (100 ms was taken) dropped every live consumer between two heartbeats and the groups rebalanced
+    # at each one. 30 s is three default heartbeats (RocketMQ's fixed 120 s is four of its 30 s ones).
+    channel_expired_timeout_ms: int = bounded(120_000, min=30_000, max=3_600_000,
                                               doc="a client silent this long leaves its groups")
     send_timeout_ms: int = bounded(5000, min=10, max=600_000, doc="longest wait for a Raft commit of a send")
     # raftmq.runner.DRAIN_TIMEOUT_S (5 s) bounds everything done on a signal before the node stops serving.

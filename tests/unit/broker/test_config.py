@@ -78,6 +78,8 @@ def test_missing_dledger_table_is_named():
     ("cluster_name", "c" * 128, "cluster_name must be letters"),
     # Past a name server's broker_expired_ms (120 s) between registrations the group fell out of every route.
     ("register_interval_ms", 600_000, r"^register_interval_ms must be <= 60000, got 600000$"),
+    # Shorter than a client's heartbeat interval (10 s by default): every live consumer left its group between two.
+    ("channel_expired_timeout_ms", 5000, r"^channel_expired_timeout_ms must be >= 30000, got 5000$"),
     ("listen", "127.0.0.1:99999", "port must be within"),
     # Bound to a random port while the service_address's port was advertised and dialed: nobody reached the node.
     ("listen", "0.0.0.0:0", r"^listen needs a fixed port \(what service_address advertises is dialed\), got '0.0.0.0:0'$"),
