@@ -19,6 +19,9 @@ END_FILE_MIN_BLANK_LENGTH = 8
 def _hours(value: tuple[int, ...]) -> str | None:
     if any(not 0 <= h <= 23 for h in value):
         return "must list hours within 0..23"
+    if not value:
+        # No hour ever matched: segments past file_reserved_hours stayed until the disk was 75 % full.
+        return "must list at least one hour (every hour: 0 to 23)"
     return None
 
 

@@ -102,6 +102,15 @@ def test_disk_ratios_that_would_delete_or_refuse_everything_are_refused(key, val
         config_from_mapping(BrokerConfig, data)
 
 
+def test_no_delete_hour_is_refused():
+    # Accepted before: no hour ever matched, and expired segments stayed until the disk was 75 % full.
+    data = _mapping()
+    data["store"]["delete_when_hours"] = []
+    with pytest.raises(ConfigError, match=r"^store\.delete_when_hours must list at least one hour \(every hour: 0 to "
+                                          r"23\), got \(\)$"):
+        config_from_mapping(BrokerConfig, data)
+
+
 @pytest.mark.parametrize("key", ["dledger.tick_interval_ms", "dledger.gil_switch_interval_ms",
                                  "dledger.commit_notice_delay_ms", "dledger.max_batch_delay_ms",
                                  "store.file_reserved_hours"])
