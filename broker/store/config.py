@@ -71,6 +71,11 @@ class StoreConfig:
             raise ConfigError(f"store.segment_size_bytes must hold one record of max_message_size "
                               f"{self.max_message_size} ({largest + END_FILE_MIN_BLANK_LENGTH} bytes), "
                               f"got {self.segment_size_bytes}")
+        if self.index_hash_slots > self.index_max_entries:
+            # Every IndexFile holds all its slots (4 bytes each) whatever its entries: index_max_entries lowered
+            # alone (1000 against 1,000,000 slots) made a 4 MB file, and one more mapping, per 1000 keys.
+            raise ConfigError(f"store.index_hash_slots must be <= index_max_entries ({self.index_max_entries}): "
+                              f"an IndexFile never uses more slots than entries, got {self.index_hash_slots}")
         if not self.disk_clean_early_ratio <= self.disk_clean_forcibly_ratio <= self.disk_reject_ratio:
             raise ConfigError("store disk ratios must satisfy disk_clean_early_ratio <= disk_clean_forcibly_ratio "
                               f"<= disk_reject_ratio, got {self.disk_clean_early_ratio}, "

@@ -102,6 +102,18 @@ def test_disk_ratios_that_would_delete_or_refuse_everything_are_refused(key, val
         config_from_mapping(BrokerConfig, data)
 
 
+def test_more_index_slots_than_entries_is_refused():
+    # Accepted before: index_max_entries lowered alone made every IndexFile 4 MB (the default 1,000,000 slots) for
+    # 1000 keys: up to 4 KiB of disk per key, and one more mapped file per 1000 (max_map_count is 65530).
+    data = _mapping()
+    data["store"]["index_max_entries"] = 1000
+    with pytest.raises(ConfigError, match=r"^store\.index_hash_slots must be <= index_max_entries \(1000\): an "
+                                          r"IndexFile never uses more slots than entries, got 1000000$"):
+        config_from_mapping(BrokerConfig, data)
+    data["store"]["index_hash_slots"] = 1000
+    assert config_from_mapping(BrokerConfig, data).store.index_max_entries == 1000
+
+
 def test_no_delete_hour_is_refused():
     # Accepted before: no hour ever matched, and expired segments stayed until the disk was 75 % full.
     data = _mapping()
