@@ -23,6 +23,7 @@ import struct
 from collections.abc import Iterator
 from pathlib import Path
 
+from .errors import StoreCorruptedError
 from .mapped_file import MappedFile, file_name, parse_file_name
 
 log = logging.getLogger(__name__)
@@ -78,8 +79,18 @@ class ConsumeQueue:
     def load(self, commit_log_min: int, commit_log_end: int) -> None:
         for entry in os.listdir(self.dir):
             start = parse_file_name(entry)
-            if start is None or start % self.file_size:
+            if start is None:
                 continue
+            # Files written with another store.consume_queue_units_per_file were skipped (start not a multiple) or
+            # extended and read at the wrong units: queues silently lost their offsets. 0 bytes: a file being
+            # created when the process died.
+            size = os.path.getsize(self.dir / entry)
+            if start % self.file_size or size not in (0, self.file_size):
+                raise StoreCorruptedError(
+                    f"consume queue file {self.dir / entry} ({size} bytes) does not fit "
+                    f"store.consume_queue_units_per_file {self.units_per_file} ({self.file_size}-byte files); was it "
+                    f"changed? Set it back, or remove {self.dir.parent.parent} to rebuild every queue from the "
+                    f"commit log")
             idx = start // self.file_size
             self._files[idx] = MappedFile.open(self.dir / entry, start, self.file_size)
         self._find_max()

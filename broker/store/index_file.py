@@ -27,6 +27,7 @@ from pathlib import Path
 
 from crc32c import crc32c
 
+from .errors import StoreCorruptedError
 from .mapped_file import MappedFile, file_name, parse_file_name
 
 log = logging.getLogger(__name__)
@@ -175,6 +176,15 @@ class IndexService:
     def load(self, commit_log_end: int) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         starts = sorted(s for s in (parse_file_name(n) for n in os.listdir(self.dir)) if s is not None)
+        for start in starts:
+            # A file written with other store.index_hash_slots / index_max_entries was extended and read with the
+            # wrong slot table, silently (or refused as an OSError when bigger). 0 bytes: being created at a crash.
+            size = os.path.getsize(self.dir / file_name(start))
+            if size not in (0, self.file_size):
+                raise StoreCorruptedError(
+                    f"index file {self.dir / file_name(start)} ({size} bytes) does not fit store.index_hash_slots "
+                    f"{self.slots} and index_max_entries {self.max_entries} ({self.file_size}-byte files); was one "
+                    f"changed? Set them back, or remove {self.dir} to rebuild the index from the commit log")
         for start in starts:
             mf = MappedFile.open(self.dir / file_name(start), start, self.file_size)
             self.files.append(IndexFile(mf, self.slots, self.max_entries))

@@ -80,6 +80,10 @@ class MessageStore:
         self._flush_wanted: trio.Event | None = None
         self._flush_done: trio.Event | None = None
         self._closed = False
+        # Set once _recover finished: only a recovered store may dispatch and flush on close. After a refused
+        # recovery (say, consume queue files of another units_per_file), close re-dispatched the whole commit log
+        # from offset 0 into the files just refused and wrote a checkpoint vouching for them.
+        self._recovered = False
         self._dir_lock: DirectoryLock | None = None  # taken by open()
 
     # -- lifecycle -------------------------------------------------------------------------------------------
@@ -102,6 +106,7 @@ class MessageStore:
         except BaseException:
             store.close()
             raise
+        store._recovered = True
         return store
 
     def _recover(self) -> None:
@@ -140,7 +145,9 @@ class MessageStore:
     def close(self) -> None:
         if self._closed:
             return
-        if self._checkpoint is not None:
+        if self._checkpoint is not None and not self._recovered:
+            self._checkpoint.close()
+        elif self._checkpoint is not None:
             try:
                 if self.dispatcher.dispatched < self.commit_log.end:
                     self.dispatch_pending()

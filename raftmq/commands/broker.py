@@ -50,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
     # Imported here so `raftmq --help` and the other commands do not pay for (or depend on) the broker stack.
     from broker.config import load_broker_config
     from broker.node import serve_broker
+    from broker.store import StoreCorruptedError
 
     overrides = parse_overrides(args.set)
     if args.rejoin:
@@ -60,7 +61,9 @@ def run(args: argparse.Namespace) -> int:
         nodes = []
         try:
             host, port = await nursery.start(functools.partial(serve_broker, config, on_serving=nodes.append))
-        except* OSError as group:
+        # StoreCorruptedError: store files that do not fit the config (a changed segment or consume queue size),
+        # a traceback before; its message says what to do.
+        except* (OSError, StoreCorruptedError) as group:
             raise start_error(f"broker {config.broker_name} node {config.broker_id} (listen "
                               f"{config.listen_address}, raft {config.dledger.self_member.raft_address}) "
                               f"could not start", group) from None

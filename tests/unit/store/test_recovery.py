@@ -172,3 +172,41 @@ def test_a_batch_cut_short_by_a_crash_is_cut_whole(tmp_path):
     with MessageStore.open(cfg) as s:
         assert s.max_phy_offset == end
         assert sum(s.get_max_offset_in_queue("TopicTest", q) for q in range(4)) == 40
+
+
+@pytest.mark.parametrize("units", [100, 128, 32])
+def test_consume_queue_files_of_another_units_per_file_are_refused(tmp_path, units):
+    # store.consume_queue_units_per_file changed on a kept store: files not at a multiple were skipped and the
+    # others extended and read at the wrong units (100: queue 0 ended at offset 64 instead of 200), silently.
+    from broker.store import StoreCorruptedError
+    with MessageStore.open(small_config(tmp_path / "s")) as s:
+        fill(s, 100)
+        s.dispatch_pending()
+        assert s.dispatcher.queue("TopicTest", 0).max_offset == 200
+    before = tree_bytes(tmp_path / "s", "consumequeue")
+    changed = small_config(tmp_path / "s", consume_queue_units_per_file=units)
+    with pytest.raises(StoreCorruptedError, match=r"does not fit store\.consume_queue_units_per_file "
+                                                  rf"{units} \({units * 20}-byte files\); was it changed\?"):
+        MessageStore.open(changed)
+    assert tree_bytes(tmp_path / "s", "consumequeue") == before  # nothing extended
+    shutil.rmtree(tmp_path / "s" / "consumequeue")  # as the error says: rebuilt from the commit log
+    with MessageStore.open(changed) as s:
+        assert s.dispatcher.queue("TopicTest", 0).max_offset == 200
+
+
+@pytest.mark.parametrize("changes", [{"index_hash_slots": 53}, {"index_max_entries": 600}, {"index_max_entries": 200}])
+def test_index_files_of_other_sizes_are_refused(tmp_path, changes):
+    # store.index_hash_slots / index_max_entries changed on a kept store: smaller files were extended and read with
+    # the wrong slot table (lookups silently missed), bigger ones refused as a bare OSError.
+    from broker.store import StoreCorruptedError
+    with MessageStore.open(small_config(tmp_path / "s")) as s:
+        fill(s, 100)
+        s.dispatch_pending()
+    before = tree_bytes(tmp_path / "s", "index")
+    changed = small_config(tmp_path / "s", **changes)
+    with pytest.raises(StoreCorruptedError, match=r"does not fit store\.index_hash_slots .* was one changed\?"):
+        MessageStore.open(changed)
+    assert tree_bytes(tmp_path / "s", "index") == before
+    shutil.rmtree(tmp_path / "s" / "index")  # as the error says: rebuilt from the commit log
+    with MessageStore.open(changed) as s:
+        assert s.dispatcher.index.files
