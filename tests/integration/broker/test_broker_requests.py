@@ -645,7 +645,8 @@ async def test_send_properties_of_another_type_are_refused_even_when_empty(nurse
         await _wait_leader(client, addr)
         for value in ("", 0, [], False, ["a"], "TAGS=a"):
             r = await call(client, addr, RequestCode.SEND_MESSAGE, {"topic": "TopicTest", "properties": value}, b"x")
-            assert r.code == ResponseCode.INVALID_REQUEST and "'properties' must be a map" in r.remark, (value, r.remark)
+            assert r.code == ResponseCode.INVALID_REQUEST, (value, r.remark)
+            assert "'properties' must be a map" in r.remark, (value, r.remark)
         for value in (None, {}):
             r = await call(client, addr, RequestCode.SEND_MESSAGE, {"topic": "TopicTest", "properties": value}, b"x")
             assert r.code == ResponseCode.SUCCESS, (value, r.remark)
