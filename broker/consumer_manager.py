@@ -20,8 +20,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from broker.filter import SubscriptionParseError, TagFilter, parse_tag_expression
-from broker.topic_config import TopicConfigError, validate_topic_name
-from remoting.message import CLIENT_ID_MAX_LENGTH, group_problem
+from broker.topic_config import TopicConfigError, validate_group_name, validate_topic_name
+from remoting.message import CLIENT_ID_MAX_LENGTH
 
 log = logging.getLogger(__name__)
 
@@ -81,10 +81,10 @@ def _group(data: Mapping[str, Any], key: str, where: str) -> str:
     # The rule every other request naming a group is held to: a member must not join a group under a name that
     # GET_CONSUMER_LIST_BY_GROUP, offsets and pulls then refuse.
     group = _str(data, key, where)
-    problem = group_problem(group)
-    if problem:
-        raise HeartbeatError(f"{where}{key} {group[:40]!r} {problem}", field=key)
-    return group
+    try:
+        return validate_group_name(group, f"{where}{key}")
+    except TopicConfigError as e:
+        raise HeartbeatError(str(e), field=key) from None
 
 
 def parse_heartbeat(body: Any) -> HeartbeatData:
