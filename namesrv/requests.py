@@ -15,7 +15,7 @@ import cbor2
 
 from namesrv.route_info import ROLES, Registration, TopicConfig
 from remoting.config import ConfigError, name_problem, parse_host_port
-from remoting.message import MAX_TOPIC_LENGTH, TOPIC_CHARS, MessageFormatError, ip_bytes
+from remoting.message import I64, MAX_TOPIC_LENGTH, TOPIC_CHARS, MessageFormatError, ip_bytes
 
 __all__ = ["InvalidRequestError", "TopicConfigCache", "parse_register_broker", "parse_unregister_broker", "parse_topic",
            "decode_topic_configs", "encode_topic_configs"]
@@ -25,9 +25,8 @@ _TOPIC_RE = re.compile(f"[{TOPIC_CHARS}]{{1,{MAX_TOPIC_LENGTH}}}")
 _PERM_MAX = 0xF  # PRIORITY | READ | WRITE | INHERIT
 _MAX_QUEUE_NUMS = 1 << 16
 _SYS_FLAG_MAX = 2**31 - 1
-# broker_id, term and data_version: RocketMQ's longs. CBOR carries up to 2**64 - 1, which a route table would
-# keep and hand to every client (and a term that high would outrank every real leader of its group for good).
-_LONG_MAX = 2**63 - 1
+# broker_id, term and data_version are RocketMQ's longs (I64). CBOR carries up to 2**64 - 1, which a route table
+# would keep and hand to every client (and a term that high would outrank every real leader of its group for good).
 _CONFIG_KEYS = frozenset({"read_queue_nums", "write_queue_nums", "perm", "topic_sys_flag", "order"})
 
 
@@ -201,10 +200,10 @@ def parse_register_broker(ext: Mapping[str, Any], body: bytes, cache: TopicConfi
         raise InvalidRequestError("role", f"request field 'role' must be one of {', '.join(ROLES)}, got {role!r}")
     cluster_name = _name_field(_require(ext, "cluster_name"), "cluster_name")
     broker_name = _name_field(_require(ext, "broker_name"), "broker_name")
-    broker_id = _int_field(_require(ext, "broker_id"), "broker_id", lo=1, hi=_LONG_MAX)
+    broker_id = _int_field(_require(ext, "broker_id"), "broker_id", lo=1, hi=I64[1])
     broker_addr = _addr_field(_require(ext, "broker_addr"), "broker_addr")
-    term = _int_field(_require(ext, "term"), "term", lo=0, hi=_LONG_MAX)
-    data_version = _int_field(_require(ext, "data_version"), "data_version", lo=0, hi=_LONG_MAX)
+    term = _int_field(_require(ext, "term"), "term", lo=0, hi=I64[1])
+    data_version = _int_field(_require(ext, "data_version"), "data_version", lo=0, hi=I64[1])
     configs = cache.decode((broker_name, broker_id), body) if cache else decode_topic_configs(body)
     return Registration(cluster_name, broker_name, broker_id, broker_addr, role, term, data_version, configs)
 
@@ -214,5 +213,5 @@ def parse_unregister_broker(ext: Mapping[str, Any]) -> tuple[str, str, int, str 
     addr = ext.get("broker_addr")
     return (_name_field(_require(ext, "cluster_name"), "cluster_name"),
             _name_field(_require(ext, "broker_name"), "broker_name"),
-            _int_field(_require(ext, "broker_id"), "broker_id", lo=1, hi=_LONG_MAX),
+            _int_field(_require(ext, "broker_id"), "broker_id", lo=1, hi=I64[1]),
             _addr_field(addr, "broker_addr") if addr is not None else None)
