@@ -36,8 +36,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from broker.topic_config import (SYSTEM_TOPIC_PREFIX, TopicConfigError, is_system_topic, validate_group_name,
-                                 validate_topic_name)
+from broker.topic_config import (SYSTEM_TOPIC_PREFIX, TopicConfigError, check_sendable_topic, is_system_topic,
+                                 validate_group_name, validate_topic_name)
 from client import open_admin
 from client.admin import MAX_QUERY_NUM, AdminClient
 from client.message import MessageExt
@@ -156,6 +156,8 @@ def _check_names(args: argparse.Namespace) -> None:
             if args.admin_command == "create-topic" and is_system_topic(args.topic):
                 raise TopicConfigError(f"topic {args.topic!r} is reserved for the broker (prefix "
                                        f"{SYSTEM_TOPIC_PREFIX!r})", field="topic")
+            if args.admin_command == "create-topic":
+                check_sendable_topic(args.topic)  # the brokers create no topic producers may not send to (TBW102)
     except TopicConfigError as e:
         # The topic check's sentence says "topic ...": name the argument as the usage does.
         raise ConfigError(str(e).replace("topic ", f"{topic_arg} ", 1) if e.field == "topic" else str(e)) from None
