@@ -54,10 +54,7 @@ def _check_addrs(value: tuple[str, ...]) -> str | None:
     if not value:
         return "must name at least one name server"
     for addr in value:
-        _, port = parse_host_port(addr, key="namesrv_addrs")
-        if port == 0:
-            # Port 0 lets a server pick a free port; connecting to it is refused ("could not connect").
-            return "must name each name server's port (0 is a listening server's 'any free port')"
+        parse_host_port(addr, key="namesrv_addrs", dial=True)
     return None
 
 

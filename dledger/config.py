@@ -38,10 +38,7 @@ class MemberAddress:
         problem = name_problem(self.id)
         if problem:
             raise ConfigError(f"member id {problem}, got {self.id!r}")
-        host, port = parse_host_port(self.raft_address, key=f"members[{self.id}].raft_address")
-        if port == 0:
-            raise ConfigError(f"members[{self.id}].raft_address needs a fixed port (peers dial it), "
-                              f"got {self.raft_address!r}")
+        host, _port = parse_host_port(self.raft_address, key=f"members[{self.id}].raft_address", dial=True)
         _check_dialable(host, self.raft_address, f"members[{self.id}].raft_address")
         if self.service_address:
             host, _port = parse_host_port(self.service_address, key=f"members[{self.id}].service_address")

@@ -77,11 +77,9 @@ def _addr_field(value: Any, name: str) -> str:
     if not isinstance(value, str):
         raise InvalidRequestError(name, f"request field {name!r} must be a 'host:port' string, got {value!r}")
     try:
-        host, port = parse_host_port(value, key=name)
+        host, port = parse_host_port(value, key=name, dial=True)
     except ConfigError as e:
         raise InvalidRequestError(name, f"request field {e}") from None
-    if port == 0:
-        raise InvalidRequestError(name, f"request field {name!r} must have a non-zero port, got {value!r}")
     # What a broker advertises is its service_address, which its config holds to an IPv4 address (the store
     # host of every message id) and a plain port; routes must not hand clients '[::1]:5', 'a b:5' or 'h:+5'.
     try:

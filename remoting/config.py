@@ -52,8 +52,10 @@ def name_problem(value: str) -> str | None:
     return f"must be letters, digits, - or _ (ASCII, 1 to {NAME_MAX_LENGTH} characters)"
 
 
-def parse_host_port(value: str, *, key: str = "address") -> tuple[str, int]:
-    """``"127.0.0.1:9876"`` → ``("127.0.0.1", 9876)``; port 0 means "any free port"."""
+def parse_host_port(value: str, *, key: str = "address", dial: bool = False) -> tuple[str, int]:
+    """``"127.0.0.1:9876"`` → ``("127.0.0.1", 9876)``; port 0 means "any free port" to a listener. ``dial``: the
+    address is connected to (a name server, a peer, a node), or names the port others connect to, so port 0 is
+    refused: it was dialled and came back as a refused connection."""
     if not isinstance(value, str) or ":" not in value:
         raise ConfigError(f"{key} must look like HOST:PORT, got {value!r}")
     host, _, port_text = value.rpartition(":")
@@ -75,6 +77,9 @@ def parse_host_port(value: str, *, key: str = "address") -> tuple[str, int]:
     port = int(port_text)
     if not 0 <= port <= 65535:
         raise ConfigError(f"{key} port must be within 0..65535, got {port}")
+    if dial and port == 0:
+        raise ConfigError(f"{key} needs a fixed port (it is dialed; port 0 only tells a listening server to pick "
+                          f"any free one), got {value!r}")
     return host, port
 
 

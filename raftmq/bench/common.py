@@ -103,8 +103,7 @@ def check_namesrv_arg(value: str, flag: str = "--namesrv") -> None:
     if not addrs:
         raise ConfigError(f"{flag} needs HOST:PORT, got {value!r}")
     for addr in addrs:
-        if parse_host_port(addr, key=flag)[1] == 0:
-            raise ConfigError(f"{flag} needs the name server's own port, not 0, got {addr!r}")
+        parse_host_port(addr, key=flag, dial=True)
 
 
 def make_dir(path: Path, flag: str) -> None:

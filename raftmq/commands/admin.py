@@ -187,8 +187,7 @@ def _check(args: argparse.Namespace) -> None:
             raise ConfigError(f"--perm must combine 4 (read), 2 (write) and 1 (inherit) with read or write set, "
                               f"got {args.perm}")
     if args.admin_command == "status" and args.addr:
-        if parse_host_port(args.addr, key="--addr")[1] == 0:
-            raise ConfigError(f"--addr needs the node's own port, not 0, got {args.addr!r}")
+        parse_host_port(args.addr, key="--addr", dial=True)
     _check_names(args)
     if args.admin_command == "reset-offset":
         args.timestamp_ms = parse_when(args.to)

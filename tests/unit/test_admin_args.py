@@ -103,9 +103,12 @@ def test_a_key_with_a_space_exits_2_saying_no_key_can_hold_one(capsys):
 
 @pytest.mark.parametrize("args, named", [
     # Port 0 means "any free port" only to a listener: it was dialled and reported as a refused connection.
-    (["--namesrv", "127.0.0.1:0", "cluster"], "--namesrv needs the name server's own port, not 0, got '127.0.0.1:0'"),
-    (["--namesrv", "127.0.0.1:9876,h:0", "cluster"], "--namesrv needs the name server's own port, not 0, got 'h:0'"),
-    (["status", "--addr", "127.0.0.1:0"], "--addr needs the node's own port, not 0, got '127.0.0.1:0'"),
+    (["--namesrv", "127.0.0.1:0", "cluster"], "--namesrv needs a fixed port (it is dialed; port 0 only tells a "
+                                               "listening server to pick any free one), got '127.0.0.1:0'"),
+    (["--namesrv", "127.0.0.1:9876,h:0", "cluster"], "--namesrv needs a fixed port (it is dialed; port 0 only tells a "
+                                                     "listening server to pick any free one), got 'h:0'"),
+    (["status", "--addr", "127.0.0.1:0"], "--addr needs a fixed port (it is dialed; port 0 only tells a listening "
+                                          "server to pick any free one), got '127.0.0.1:0'"),
 ])
 def test_port_0_is_refused_where_an_address_is_dialled(args, named, capsys):
     argv = ["admin", "--timeout", "2", *args] if args[0] == "--namesrv" else ["admin", "--namesrv", CLOSED, *args]

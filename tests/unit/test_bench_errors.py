@@ -44,7 +44,7 @@ def test_a_bench_error_inside_a_nursery_is_found_and_anything_else_is_raised():
     (["consume", "--topic", "bad topic"], "--topic 'bad topic' contains illegal characters"),
     (["consume", "--queues", "0"], "--queues must be within 1..1024, got 0"),
     (["consume", "--namesrv", "nowhere"], "--namesrv must look like HOST:PORT, got 'nowhere'"),
-    (["produce", "--namesrv", "127.0.0.1:0"], "--namesrv needs the name server's own port, not 0"),
+    (["produce", "--namesrv", "127.0.0.1:0"], "--namesrv needs a fixed port (it is dialed"),
     (["produce", "--warmup-seconds", "-1"], "--warmup-seconds must be within 0..600, got -1.0"),
 ])
 def test_a_bad_option_exits_2_naming_it_before_any_cluster_is_asked(argv, named, capsys):

@@ -102,6 +102,16 @@ def test_parse_host_port_rejects(text):
         parse_host_port(text, key="listen")
 
 
+# One rule and one sentence for every address that is dialed (name servers, peers, a node's advertised port): port
+# 0 only tells a listening server to pick a free port, and each of six places refused it in its own words.
+def test_parse_host_port_refuses_port_0_only_where_the_address_is_dialed():
+    assert parse_host_port("127.0.0.1:0", key="listen") == ("127.0.0.1", 0)
+    assert parse_host_port("127.0.0.1:1", key="--addr", dial=True) == ("127.0.0.1", 1)
+    with pytest.raises(ConfigError, match=r"^--addr needs a fixed port \(it is dialed; port 0 only tells a listening "
+                                          r"server to pick any free one\), got '127.0.0.1:0'$"):
+        parse_host_port("127.0.0.1:0", key="--addr", dial=True)
+
+
 # Host names getaddrinfo cannot be given (idna refuses them): `raftmq broker --set listen=a..b:10911` was a
 # UnicodeError traceback at bind, after the store was opened.
 @pytest.mark.parametrize("host", ["a..b", ".a", "a" * 64, "h\udcff", "a\x00b"])

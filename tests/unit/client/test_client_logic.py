@@ -231,7 +231,7 @@ async def test_bad_consumer_arguments_are_refused_when_opened_or_called(cluster,
         ({"max_frame_size_bytes": 1024}, "max_frame_size_bytes must be >= 4231167 \\(a message of "
                                          "max_message_size_bytes 4194304 with its properties and header\\), got 1024"),
         # Taken before (port 0 is a server's "any free port"): every request failed with "could not connect".
-        ({"namesrv": "127.0.0.1:0"}, "namesrv_addrs must name each name server's port .* got \\('127.0.0.1:0',\\)"),
+        ({"namesrv": "127.0.0.1:0"}, "namesrv_addrs needs a fixed port \\(it is dialed; .*\\), got '127.0.0.1:0'"),
         # Was a TypeError from list(): "'int' object is not iterable".
         ({"namesrv": 9876}, 'namesrv must be "HOST:PORT\\[;HOST:PORT...\\]" or a list of HOST:PORT, got 9876'),
     ]:
