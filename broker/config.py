@@ -28,7 +28,7 @@ from pathlib import Path
 from broker.store.config import StoreConfig
 from dledger.config import DLedgerConfig
 from dledger.service import MAX_FETCH_BYTES
-from remoting.config import ConfigError, bounded, load_config, name_problem, parse_host_port
+from remoting.config import ConfigError, bounded, check_fields, load_config, name_problem, parse_host_port
 from remoting.message import BATCH_HEAD, MAX_PROPERTIES_SIZE, MAX_TOPIC_LENGTH, record_size
 
 __all__ = ["BrokerConfig", "load_broker_config"]
@@ -86,6 +86,7 @@ class BrokerConfig:
     max_frame_size: int = bounded(16 << 20, min=1024, max=1 << 30)
 
     def __post_init__(self) -> None:
+        check_fields(self)
         if self.dledger is None:
             raise ConfigError("broker config needs a [dledger] table: group, self_id, secret and members")
         if self.listen:

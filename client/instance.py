@@ -35,7 +35,7 @@ from client.errors import ClientClosedError, UnknownBrokerError
 from client.route import FaultTracker, RouteCache, decode_route_response
 from remoting.codec import Frame, make_request, make_response
 from remoting.codes import RequestCode, ResponseCode
-from remoting.config import ConfigError, bounded, config_from_mapping, parse_host_port
+from remoting.config import ConfigError, bounded, check_fields, config_from_mapping, parse_host_port
 from remoting.errors import ConnectError, ConnectionClosedError, RaftMQError, for_code
 from remoting.message import CLIENT_ID_MAX_LENGTH, MessageFormatError, ip_bytes
 
@@ -108,6 +108,9 @@ class ClientConfig:
         1_000, min=0, doc="a leader connection with requests waiting that received nothing this long makes the "
                           "client ask the name servers whether the group has another leader (0: never)")
     max_frame_size_bytes: int = bounded(16 * 1024 * 1024, min=1024)
+
+    def __post_init__(self) -> None:
+        check_fields(self)
 
 
 def build_config(cls: type, options: Mapping[str, Any]) -> Any:

@@ -78,6 +78,7 @@ class ProducerConfig(ClientConfig):
                                            doc="longest a message waits for a batch slot (batchMaxDelayMs)")
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         # A send of the largest message taken must fit one frame: its body (or batch body), properties and header.
         # With a smaller max_frame_size_bytes such sends failed at the connection, "frame of N bytes exceeds ...".
         need = self.max_message_size_bytes + MAX_PROPERTIES_SIZE + _FRAME_HEADER_ALLOWANCE_BYTES

@@ -43,7 +43,7 @@ import trio
 
 from client.filter import Subscription, parse_subscription
 from client.instance import (
-    ClientConfig, ClientInstance, ServerRequests, build_config, check_instance_name, open_client_nursery,
+    ClientConfig, ClientInstance, ServerRequests, build_config, open_client_nursery,
     open_remoting, raise_for_response,
 )
 from client.message import I32_MAX, I64_MAX, MessageExt, MessageQueue, PullStatus
@@ -160,11 +160,9 @@ class ProcessQueue:
 def local_offset_store(config: PushConsumerConfig) -> LocalFileOffsetStore:
     """A BROADCASTING member's offset file, loaded; ``ConfigError`` naming ``offset_store_dir`` if it cannot be used
     (before, a directory that could not be created failed the first persist and took the consumer down)."""
-    # Stable across restarts of the same member (as RocketMQ's ip@instanceName), so it resumes. The config checks
-    # instance_name when loaded; a config built directly skips that, so check again before it names a file.
-    problem = check_instance_name(config.instance_name)
-    if problem:
-        raise ConfigError(f"instance_name {problem}, got {config.instance_name!r}")
+    # Stable across restarts of the same member (as RocketMQ's ip@instanceName), so it resumes. Every config,
+    # one built directly too, has had its instance_name checked (client.instance.check_instance_name): it cannot
+    # put the file outside offset_store_dir.
     name = f"{config.consumer_group}@{config.client_ip}@{config.instance_name}.json"
     try:
         return LocalFileOffsetStore(Path(config.offset_store_dir) / name)

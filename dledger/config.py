@@ -16,7 +16,7 @@ from typing import Any, Callable, Literal
 from pysyncobj import SyncObjConf
 
 from dledger.entry import ENTRY_HEADER
-from remoting.config import ConfigError, bounded, name_problem, parse_host_port
+from remoting.config import ConfigError, bounded, check_fields, name_problem, parse_host_port
 
 __all__ = ["MemberAddress", "DLedgerConfig", "build_syncobj_conf", "unknown_syncobj_options", "MIN_SECRET_LENGTH"]
 
@@ -35,9 +35,7 @@ class MemberAddress:
     service_address: str = bounded("", doc="HOST:PORT of the member's remoting port (catch-up fetches)")
 
     def __post_init__(self) -> None:
-        problem = name_problem(self.id)
-        if problem:
-            raise ConfigError(f"member id {problem}, got {self.id!r}")
+        check_fields(self)
         host, _port = parse_host_port(self.raft_address, key=f"members[{self.id}].raft_address", dial=True)
         _check_dialable(host, self.raft_address, f"members[{self.id}].raft_address")
         if self.service_address:
@@ -118,6 +116,7 @@ class DLedgerConfig:
     rejoin_probe_timeout_ms: int = bounded(1000, min=0, max=60_000)
 
     def __post_init__(self) -> None:
+        check_fields(self)
         if len(self.secret) < MIN_SECRET_LENGTH:
             raise ConfigError(f"dledger.secret must be at least {MIN_SECRET_LENGTH} characters (every Raft frame "
                               f"is authenticated with it; `raftmq dev` generates one), got "

@@ -9,7 +9,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from remoting.config import ConfigError, bounded, load_config, parse_host_port
+from remoting.config import ConfigError, bounded, check_fields, load_config, parse_host_port
 
 __all__ = ["NamesrvConfig", "load_namesrv_config"]
 
@@ -31,6 +31,9 @@ class NamesrvConfig:
     scan_interval_ms: int = bounded(5_000, min=1, max=3_600_000, doc="how often silent nodes are looked for")
     max_frame_size_bytes: int = bounded(16 * 1024 * 1024, min=1024, max=1 << 30,
                                         doc="a bigger frame closes its connection")
+
+    def __post_init__(self) -> None:
+        check_fields(self)
 
     @property
     def listen_address(self) -> tuple[str, int]:

@@ -7,6 +7,11 @@ must never be silently ignored), wrong types, values out of bounds. Nested datac
 
 Metadata keys understood on a field: ``min`` / ``max`` (inclusive numeric bounds), ``choices`` (allowed values),
 ``check`` (a callable returning an error sentence or None) and ``doc`` (one line shown in errors and docs).
+
+A config dataclass calls ``check_fields(self)`` first in its ``__post_init__``, so one built directly in Python
+(``PushConsumerConfig(instance_name="a/b")``) is refused with the sentence a TOML file with that value gets. The
+loader checks each value too, before building, so that a nested table's error names the full key
+(``store.segment_size_bytes``). Configs are built once per process or client, never per message.
 """
 
 from __future__ import annotations
@@ -20,8 +25,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-__all__ = ["ConfigError", "load_config", "config_from_mapping", "apply_overrides", "bounded", "parse_host_port",
-           "name_problem"]
+__all__ = ["ConfigError", "load_config", "config_from_mapping", "apply_overrides", "bounded", "check_fields",
+           "parse_host_port", "name_problem"]
 
 T = TypeVar("T")
 
@@ -38,6 +43,12 @@ def bounded(default: Any, *, min: Any = None, max: Any = None, choices: Any = No
     if isinstance(default, (list, dict, set)):
         return dataclasses.field(default_factory=lambda: type(default)(default), metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
+
+
+def check_fields(config: Any) -> None:
+    """Check every field of a config dataclass against its ``bounded`` metadata (see the module docstring)."""
+    for field in dataclasses.fields(config):
+        _check(field, getattr(config, field.name), field.name)
 
 
 NAME_MAX_LENGTH = 127
@@ -143,7 +154,6 @@ def config_from_mapping(cls: type[T], data: Mapping[str, Any], *, prefix: str = 
         if isinstance(e, ConfigError):
             raise
         raise ConfigError(f"{prefix.rstrip('.') or 'config'}: {e}") from None
-    # Defaults are trusted, but a __post_init__ may cross-check fields and raise ConfigError itself.
     return obj
 
 

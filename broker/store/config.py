@@ -6,7 +6,7 @@ import dataclasses
 from pathlib import Path
 from typing import Literal
 
-from remoting.config import ConfigError, bounded
+from remoting.config import ConfigError, bounded, check_fields
 from remoting.message import DEFAULT_MAX_MESSAGE_SIZE, MAX_PROPERTIES_SIZE, MAX_TOPIC_LENGTH, record_size
 
 __all__ = ["StoreConfig", "END_FILE_MIN_BLANK_LENGTH"]
@@ -64,6 +64,7 @@ class StoreConfig:
                                         doc="commit-log bytes dispatched before the reput task yields")
 
     def __post_init__(self) -> None:
+        check_fields(self)
         if not isinstance(self.store_dir, Path):
             object.__setattr__(self, "store_dir", Path(self.store_dir))
         largest = record_size(self.max_message_size, MAX_TOPIC_LENGTH, MAX_PROPERTIES_SIZE)

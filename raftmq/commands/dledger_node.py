@@ -45,7 +45,7 @@ from dledger.service import DLedgerService, remote_fetch_range
 from raftmq.runner import announce_ready, run_until_signalled, start_error
 from remoting.codec import Frame, make_response
 from remoting.codes import RequestCode, ResponseCode
-from remoting.config import ConfigError, bounded, load_config, parse_host_port
+from remoting.config import ConfigError, bounded, check_fields, load_config, parse_host_port
 from remoting.transport import open_remoting_client, serve_remoting
 
 log = logging.getLogger(__name__)
@@ -60,6 +60,7 @@ class DLedgerNodeConfig:
     store: StoreConfig = dataclasses.field(default_factory=StoreConfig)
 
     def __post_init__(self) -> None:
+        check_fields(self)
         if self.dledger is None:
             raise ConfigError("dledger-node config needs a [dledger] table: group, self_id, secret and members")
         if not self.dledger.self_member.service_address:

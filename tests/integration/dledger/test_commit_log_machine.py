@@ -24,11 +24,11 @@ def _batch(i: int, n: int = 1) -> bytes:
 
 
 def _open(path):
-    return MessageStore.open(StoreConfig(store_dir=path, segment_size_bytes=40_000, max_message_size=2048))
+    return MessageStore.open(StoreConfig(store_dir=path, segment_size_bytes=64 * 1024, max_message_size=2048))
 
 
 def _big(i: int, n: int) -> bytes:
-    return encode_batch([MessageInput(topic="TopicA", queue_id=i % 4, body=b"body-%d-%d|" % (i, k) + bytes(900),
+    return encode_batch([MessageInput(topic="TopicA", queue_id=i % 4, body=b"body-%d-%d|" % (i, k) + bytes(1500),
                                       properties={"KEYS": f"k{i}"}, born_host=("127.0.0.1", 5000))
                          for k in range(n)], HOST)
 
@@ -141,7 +141,7 @@ def test_the_leader_refuses_records_while_the_disk_is_full(tmp_path):
     from remoting.codes import ResponseCode
 
     usage = [0.5]
-    store = MessageStore.open(StoreConfig(store_dir=tmp_path / "s", segment_size_bytes=40_000,
+    store = MessageStore.open(StoreConfig(store_dir=tmp_path / "s", segment_size_bytes=64 * 1024,
                                           max_message_size=2048), disk_usage_fn=lambda _path: usage[0])
     machine = CommitLogMachine(store)
     try:

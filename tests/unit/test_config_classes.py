@@ -1,0 +1,81 @@
+"""Every config dataclass of the project checks its ``bounded`` fields when built, not only when loaded: one built
+directly in Python (``PushConsumerConfig(instance_name="a/b")``) was taken as is, while the same value in a TOML
+file or as an ``open_*`` option was refused. Both ways now give the same sentence."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import pkgutil
+from typing import Any
+
+import pytest
+
+from remoting.config import ConfigError, config_from_mapping
+
+_DLEDGER = {"group": "broker-a", "self_id": "n0", "secret": "s" * 16,
+            "members": [{"id": "n0", "raft_address": "127.0.0.1:20911", "service_address": "127.0.0.1:10911"}]}
+
+# What each class needs besides its defaults to be built at all.
+_BASE: dict[str, dict[str, Any]] = {
+    "broker.config.BrokerConfig": {"dledger": _DLEDGER},
+    "dledger.config.DLedgerConfig": _DLEDGER,
+    "dledger.config.MemberAddress": {"id": "n0", "raft_address": "127.0.0.1:20911"},
+    "raftmq.commands.dledger_node.DLedgerNodeConfig": {"dledger": _DLEDGER},
+}
+
+# A value each ``check=`` refuses (min, max and choices give theirs).
+_REFUSED_BY_CHECK = {
+    "cluster_name": "", "group": "", "id": "", "consumer_group": "", "producer_group": "", "instance_name": "a/b",
+    "client_ip": "not an ip", "namesrv_addrs": ("127.0.0.1:0",), "listen": "", "delete_when_hours": (24,),
+}
+
+
+def _config_classes() -> dict[str, type]:
+    """Every dataclass in our packages with a field declared by ``bounded``."""
+    found = {}
+    for package in ("broker", "client", "dledger", "namesrv", "remoting", "raftmq"):
+        for info in pkgutil.walk_packages(importlib.import_module(package).__path__, package + "."):
+            if info.name.endswith("__main__"):
+                continue
+            module = importlib.import_module(info.name)
+            for obj in vars(module).values():
+                if (isinstance(obj, type) and dataclasses.is_dataclass(obj) and obj.__module__ == info.name
+                        and any("check" in f.metadata for f in dataclasses.fields(obj))):
+                    found[f"{obj.__module__}.{obj.__qualname__}"] = obj
+    return found
+
+
+def _refused_value(field: dataclasses.Field) -> Any:
+    meta = field.metadata
+    if meta["min"] is not None:
+        return meta["min"] - 1
+    if meta["max"] is not None:
+        return meta["max"] + 1
+    if meta["choices"] is not None:
+        return "NO_SUCH_CHOICE"
+    if meta["check"] is not None:
+        assert field.name in _REFUSED_BY_CHECK, f"give _REFUSED_BY_CHECK a value {field.name}'s check refuses"
+        return _REFUSED_BY_CHECK[field.name]
+    return None
+
+
+def test_the_config_classes_are_found():
+    assert set(_config_classes()) >= {"broker.config.BrokerConfig", "broker.store.config.StoreConfig",
+                                      "client.push_consumer.PushConsumerConfig", "namesrv.config.NamesrvConfig"}
+
+
+@pytest.mark.parametrize("name, cls", sorted(_config_classes().items()))
+def test_a_config_built_directly_is_refused_as_a_loaded_one_is(name, cls):
+    base = _BASE.get(name, {})
+    built = config_from_mapping(cls, base)
+    checked = [(f.name, _refused_value(f)) for f in dataclasses.fields(cls) if f.metadata]
+    checked = [(key, value) for key, value in checked if value is not None]
+    assert checked
+    for key, value in checked:
+        with pytest.raises(ConfigError) as loaded:
+            config_from_mapping(cls, {**base, key: value})
+        with pytest.raises(ConfigError) as direct:
+            dataclasses.replace(built, **{key: value})
+        assert str(direct.value) == str(loaded.value)
+        assert str(direct.value).startswith(f"{key} ")
