@@ -7,7 +7,6 @@ registration into its table: a bad route would send every client of the cluster 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,13 +14,11 @@ import cbor2
 
 from namesrv.route_info import ROLES, Registration, TopicConfig
 from remoting.config import ConfigError, name_problem, parse_host_port
-from remoting.message import I64, MAX_TOPIC_LENGTH, TOPIC_CHARS, MessageFormatError, ip_bytes
+from remoting.message import I64, MessageFormatError, check_topic, ip_bytes
 
 __all__ = ["InvalidRequestError", "TopicConfigCache", "parse_register_broker", "parse_unregister_broker", "parse_topic",
            "decode_topic_configs", "encode_topic_configs"]
 
-# RocketMQ's topic rule (TopicValidator): letters, digits, '%', '|', '_', '-'; at most 127 characters.
-_TOPIC_RE = re.compile(f"[{TOPIC_CHARS}]{{1,{MAX_TOPIC_LENGTH}}}")
 _PERM_MAX = 0xF  # PRIORITY | READ | WRITE | INHERIT
 _MAX_QUEUE_NUMS = 1 << 16
 _SYS_FLAG_MAX = 2**31 - 1
@@ -65,12 +62,23 @@ def _name_field(value: Any, name: str) -> str:
 
 
 def _topic_field(value: Any, name: str) -> str:
+    """A topic name, by the rule of every client and broker (``check_topic``): the table must route exactly the
+    names they can send to and create."""
     if not isinstance(value, str):
         raise InvalidRequestError(name, f"request field {name!r} must be a string, got {value!r}")
-    if not _TOPIC_RE.fullmatch(value):
-        raise InvalidRequestError(
-            name, f"request field {name!r} must be 1 to {MAX_TOPIC_LENGTH} letters, digits and %|_-, got {value!r}")
+    try:
+        check_topic(value)
+    except MessageFormatError as e:
+        raise InvalidRequestError(name, f"request field {name!r}: {e}") from None
     return value
+
+
+def _legal_topic(topic: str) -> bool:
+    try:
+        check_topic(topic)
+    except MessageFormatError:
+        return False
+    return True
 
 
 def _addr_field(value: Any, name: str) -> str:
@@ -115,7 +123,7 @@ def decode_topic_configs(body: bytes) -> dict[str, TopicConfig]:
     # finds and names the bad field.
     configs: dict[str, TopicConfig] = {}
     shared: dict[tuple, TopicConfig] = {}
-    topic_ok = _TOPIC_RE.fullmatch
+    topic_ok = _legal_topic
     for topic, raw in data.items():
         if type(raw) is dict and type(topic) is str and raw.keys() <= _CONFIG_KEYS and topic_ok(topic):
             get = raw.get

@@ -268,7 +268,8 @@ def test_parse_register_broker_names_the_bad_field(change, field, text):
 @pytest.mark.parametrize("body, field, text", [
     (b"\xff\xfe", "body", "not valid CBOR"),
     (cbor2.dumps([1, 2]), "body", "must be a CBOR map"),
-    (cbor2.dumps({"Bad Topic": {}}), "body topic", "got 'Bad Topic'"),
+    (cbor2.dumps({"Bad Topic": {}}), "body topic",
+     "^request field 'body topic': topic 'Bad Topic' contains characters "),
     (cbor2.dumps({"T": 5}), "body['T']", "must be a map"),
     (cbor2.dumps({"T": {"read_queue_nums": 1, "perm": 6}}), "body['T'].write_queue_nums", "is missing"),
     (cbor2.dumps({"T": {"read_queue_nums": 1, "write_queue_nums": 1, "perm": 99}}), "body['T'].perm",
@@ -293,8 +294,12 @@ def test_parse_topic_and_unregister():
     assert parse_topic({"topic": "TopicA"}) == "TopicA"
     with pytest.raises(InvalidRequestError, match="'topic' is missing"):
         parse_topic({})
-    with pytest.raises(InvalidRequestError, match="got 'a/b'"):
+    with pytest.raises(InvalidRequestError, match="^request field 'topic': topic 'a/b' contains characters outside"):
         parse_topic({"topic": "a/b"})
+    with pytest.raises(InvalidRequestError, match="^request field 'topic': topic is 128 chars long, more than 127$"):
+        parse_topic({"topic": "t" * 128})
+    with pytest.raises(InvalidRequestError, match="^request field 'topic': topic must be a non-empty string, got ''$"):
+        parse_topic({"topic": ""})
     assert parse_unregister_broker({"cluster_name": "c", "broker_name": "b", "broker_id": 2}) == ("c", "b", 2, None)
     with pytest.raises(InvalidRequestError) as info:
         parse_unregister_broker({"cluster_name": "c", "broker_name": "b"})
