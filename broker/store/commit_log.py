@@ -386,26 +386,29 @@ class CommitLog:
     def record_at(self, phy_offset: int) -> memoryview | None:
         """The whole record starting at ``phy_offset`` (None for a blank, an unpublished or a removed offset, or
         an offset inside a record)."""
-        head = self.read(phy_offset, PHY_OFFSET_AT + 8)
-        if head is None:
+        if phy_offset < self.min_phy_offset:
             return None
-        size, magic = SIZE_MAGIC.unpack_from(head, 0)
-        if magic != MESSAGE_MAGIC or size < MIN_RECORD_SIZE or _PHY_OFFSET.unpack_from(head, PHY_OFFSET_AT)[0] \
-                != phy_offset:
+        seg = self._segments.get(phy_offset - phy_offset % self.segment_size)
+        if seg is None:
             return None
-        return self.read(phy_offset, size)
+        size = self._unit_size(seg, phy_offset, self.end, blank=False)
+        if size is None:
+            return None
+        off = phy_offset - seg.start
+        return seg.mv[off:off + size]
 
-    def _unit_size(self, seg: Any, pos: int, end: int) -> int | None:
-        """The size of the record or blank that starts at ``pos`` (inside ``seg``, below ``end``), or None when
-        ``pos`` is not where one starts. Callers pass offsets from outside (a peer's fetch, a message id); the
-        bytes inside a record read as a size of 0, a negative one or one past the log end, so nothing may be
-        taken from a header before it is known to be one."""
+    def _unit_size(self, seg: Any, pos: int, end: int, *, blank: bool = True) -> int | None:
+        """The size of the record or (with ``blank``) blank that starts at ``pos`` (inside ``seg``, below
+        ``end``), or None when ``pos`` is not where one starts: the one rule of "a record starts here" for the
+        reads at an offset from outside (a peer's fetch, a message id). The bytes inside a record read as a size
+        of 0, a negative one or one past the log end, so nothing may be taken from a header before it is known to
+        be one."""
         off = pos - seg.start
         if off + 8 > self.segment_size or pos + 8 > end:
             return None
         size, magic = SIZE_MAGIC.unpack_from(seg.mm, off)
         if magic == BLANK_MAGIC:
-            return size if size == self.segment_size - off and pos + size <= end else None
+            return size if blank and size == self.segment_size - off and pos + size <= end else None
         if magic != MESSAGE_MAGIC or size < MIN_RECORD_SIZE or off + size > self.segment_size or pos + size > end:
             return None
         return size if _PHY_OFFSET.unpack_from(seg.mm, off + PHY_OFFSET_AT)[0] == pos else None

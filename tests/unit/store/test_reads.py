@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from broker.store import GetMessageStatus, MessageFormatError, MessageStore, decode_record, tags_code
+from broker.store.commit_log import SIZE_MAGIC
+from remoting.message import MESSAGE_MAGIC
 
 from .helpers import fill, make_batch, small_config
 
@@ -144,3 +146,20 @@ def test_query_message_by_key_unique_key_and_time(store):
     assert {v.store_timestamp for v in window.messages} == {1_700_000_000_000 + 5_000, 1_700_000_000_000 + 6_000}
     assert store.query_message("OtherTopic", "key-17", 10).messages == []
     assert len(store.dispatcher.index.files) > 1  # 300 entries per file: the chain spans several files
+
+
+def test_record_at_answers_exactly_where_a_record_starts(tmp_path):
+    # record_at (lookups by offset) and read_commit_log (a peer's fetch) share one rule for "a record starts
+    # here"; the blank that closes a segment is a unit a fetch copies but no record.
+    with MessageStore.open(small_config(tmp_path / "s", segment_size_bytes=64 * 1024)) as store:
+        fill(store, 40)
+        data = store.read_commit_log(0, 1 << 30)
+        records, blanks, pos = set(), set(), 0
+        while pos < len(data):
+            size, magic = SIZE_MAGIC.unpack_from(data, pos)
+            (records if magic == MESSAGE_MAGIC else blanks).add(pos)
+            pos += size
+        assert pos == store.max_phy_offset and blanks and len(records) == 320
+        assert {o for o in range(pos + 64) if store.commit_log.record_at(o) is not None} == records
+        for b in blanks:
+            assert store.read_commit_log(b, 1) == data[b:b + 64 * 1024 - b % (64 * 1024)]
