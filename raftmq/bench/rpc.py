@@ -183,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
     check_range("--seconds", args.seconds, 0.1, 3600)
     check_range("--warmup-seconds", args.warmup_seconds, 0, 600)
     if args.server is not None:
-        parse_host_port(args.server, key="--server")
+        parse_host_port(args.server, key="--server", dial=True)
     console = Console(stderr=args.json)
     server = None
     try:

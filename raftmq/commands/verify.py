@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     if len(addresses) < 2:
         raise ConfigError(f"--members needs at least two addresses, got {args.members!r}")
     for a in addresses:
-        parse_host_port(a, key="--members")
+        parse_host_port(a, key="--members", dial=True)
     # A repeated address was asked once and compared with itself: "identical" for a group never compared.
     repeated = sorted({a for a in addresses if addresses.count(a) > 1})
     if repeated:

@@ -108,6 +108,17 @@ def test_an_echo_server_it_cannot_reach_ends_the_rpc_bench_with_one_sentence():
                                                 "connect to 127.0.0.1:1")
 
 
+def test_an_echo_server_at_port_0_exits_2_naming_it(capsys):
+    # Port 0 only tells a listener to pick a free port: it was dialled and came back as "could not connect".
+    from raftmq.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "rpc", "--server", "127.0.0.1:0", "--seconds", "0.5", "--warmup-seconds", "0"])
+    assert exit_info.value.code == 2
+    assert "--server needs a fixed port (it is dialed; port 0 only tells a listening server to pick any free one), " \
+           "got '127.0.0.1:0'" in capsys.readouterr().err
+
+
 def test_an_echo_server_that_cannot_listen_exits_2_naming_the_address(capsys):
     # Was an exception-group traceback, exit 1 (as raftmq namesrv was).
     import socket

@@ -51,6 +51,17 @@ def test_a_repeated_member_address_exits_2_naming_it(capsys):
     assert "--members names 127.0.0.1:1 more than once" in err and len(err.strip().splitlines()) == 1
 
 
+def test_port_0_exits_2_naming_it(capsys):
+    # Port 0 only tells a listener to pick a free port: it was dialled and reported as a member it could not ask.
+    from raftmq.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["verify", "--group", "broker-a", "--members", "127.0.0.1:1,127.0.0.1:0"])
+    assert exit_info.value.code == 2
+    assert "--members needs a fixed port (it is dialed; port 0 only tells a listening server to pick any free one), " \
+           "got '127.0.0.1:0'" in capsys.readouterr().err
+
+
 async def test_one_member_under_two_addresses_is_refused(monkeypatch):
     # localhost:P and 127.0.0.1:P are one member; compared with itself it was always "identical".
     import raftmq.commands.verify as verify
