@@ -3,7 +3,8 @@
 How it works (RocketMQ's DefaultMQPushConsumer, as trio tasks):
 - **Rebalance** every ``rebalance_interval_ms`` (and once at start, after a first heartbeat so this member is
   counted): ask a broker of each subscribed topic for the group's members, allocate the queues averagely, stop
-  the queues that went to someone else (committing their offsets first) and start the new ones.
+  the queues that went to someone else (committing their offsets first) and start the new ones, each from the
+  offset found for it before its first pull (so ``open_push_consumer`` returns with the start positions fixed).
 - **One pull task per assigned queue**, in its own cancel scope: long-polls the group (held on the broker up to
   ``broker_suspend_max_time_ms``) and puts what it gets into that queue's ``ProcessQueue``. Flow control: a pull
   waits while the queue already caches ``pull_threshold_for_queue`` messages not yet consumed.
@@ -448,9 +449,10 @@ class PushConsumer:
                          len(wanted))
                 for mq in diff.removed:
                     await self._remove_queue(mq)
+                starts = await self._start_offsets(diff.added)
                 for mq in diff.added:
                     if not self._closing:
-                        self._add_queue(mq)
+                        self._add_queue(mq, starts.get(mq))
 
     async def _remove_queue(self, mq: MessageQueue) -> None:
         pq = self._pqs.pop(mq)
@@ -460,21 +462,41 @@ class PushConsumer:
             await self._offsets.persist(mq)
         self._offsets.remove(mq)
 
-    def _add_queue(self, mq: MessageQueue) -> None:
+    async def _start_offsets(self, queues: Sequence[MessageQueue]) -> dict[MessageQueue, int]:
+        """Where each newly assigned queue starts, found before its pull task runs (as RocketMQ's rebalance
+        computes pull-from-where before it dispatches the first pull): found later, in the pull task, a
+        CONSUME_FROM_LAST_OFFSET start was the queue's end *then*, after messages sent once the consumer had
+        opened, which nobody consumed. A queue whose offset cannot be found now is left to its pull task, which
+        retries; the others are not held up by it."""
+        starts: dict[MessageQueue, int] = {}
+
+        async def one(mq: MessageQueue) -> None:
+            try:
+                starts[mq] = await self._compute_pull_from(mq)
+            except RaftMQError as e:
+                log.info("cannot find start offset mq=%s error=%s", mq, e)
+
+        if queues and not self._closing:
+            async with trio.open_nursery() as nursery:
+                for mq in queues:
+                    nursery.start_soon(one, mq)
+        return starts
+
+    def _add_queue(self, mq: MessageQueue, start_offset: int | None = None) -> None:
         assert self._nursery is not None
         pq = ProcessQueue(mq)
         self._pqs[mq] = pq
-        self._nursery.start_soon(self._run_queue, pq)
+        self._nursery.start_soon(self._run_queue, pq, start_offset)
 
-    async def _run_queue(self, pq: ProcessQueue) -> None:
+    async def _run_queue(self, pq: ProcessQueue, start_offset: int | None) -> None:
         # One cancel scope per queue stops its pull (and handler) the moment the queue is taken away.
         with pq.cancel_scope:
             if self._handler is None:
-                await self._pull_loop(pq, self._send)
+                await self._pull_loop(pq, self._send, start_offset)
                 return
             send, recv = trio.open_memory_channel[tuple[ProcessQueue, Sequence[MessageExt]]](math.inf)
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._pull_loop, pq, send)
+                nursery.start_soon(self._pull_loop, pq, send, start_offset)
                 nursery.start_soon(self._handle_loop, pq, recv)
 
     async def _compute_pull_from(self, mq: MessageQueue) -> int:
@@ -496,14 +518,13 @@ class PushConsumer:
         self._offsets.update(mq, offset)
         return offset
 
-    async def _pull_loop(self, pq: ProcessQueue, send: trio.MemorySendChannel) -> None:
+    async def _pull_loop(self, pq: ProcessQueue, send: trio.MemorySendChannel, offset: int | None) -> None:
         cfg = self.config
         delay = cfg.pull_time_delay_ms_when_exception / 1000
         sub = self._subs[pq.mq.topic]
-        while True:
+        while offset is None:
             try:
                 offset = await self._compute_pull_from(pq.mq)
-                break
             except RaftMQError as e:
                 log.info("cannot find start offset mq=%s error=%s", pq.mq, e)
                 await trio.sleep(delay)
