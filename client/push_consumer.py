@@ -21,7 +21,8 @@ How it works (RocketMQ's DefaultMQPushConsumer, as trio tasks):
   For parallel consumption use the handler form.
 - **Offsets**: a queue's consume offset is the smallest offset still cached (or one past the last pulled), so
   it never passes an unprocessed message; dirty offsets are committed every
-  ``persist_consumer_offset_interval_ms``, when a queue is taken away, and on close. Delivery is at least once.
+  ``persist_consumer_offset_interval_ms``, when a queue is taken away, and on close; a start found from
+  ``consume_from_where`` (the group had no offset) at once, before the first pull. Delivery is at least once.
 - **Offset resets** (``raftmq admin reset-offset``): the broker tells every online member; each drops the named
   queues it holds, commits the new offsets at once and pulls from them.
 """
@@ -516,6 +517,15 @@ class PushConsumer:
         else:
             offset = await self._api.max_offset(mq)
         self._offsets.update(mq, offset)
+        # Written down before the first pull: until the group has an offset for the queue, each start is from
+        # consume_from_where again, and from the last offset that is the queue's end at that moment. A member
+        # killed before its first periodic commit (or a queue moved to another member before it) skipped every
+        # message stored in between. RocketMQ's broker hides this for queues still starting at 0 by answering a
+        # group's first query with 0; ours answers QUERY_NOT_FOUND, so the start itself is committed.
+        if isinstance(self._offsets, RemoteOffsetStore):
+            await self._offsets.persist(mq)
+        else:
+            await self._offsets.persist_all([mq])
         return offset
 
     async def _pull_loop(self, pq: ProcessQueue, send: trio.MemorySendChannel, offset: int | None) -> None:

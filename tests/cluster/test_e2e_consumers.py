@@ -1,0 +1,60 @@
+"""Consumers against real processes: a name server and the 3-node group broker-a, consumers in processes of their
+own (``tests/consumer_process.py``) where a test kills one with SIGKILL, in this process otherwise."""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import trio
+
+from client import Message, open_producer
+from tests.cluster.test_e2e_produce_consume import Cluster, start_cluster
+from tests.procs import ServerProcess
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+
+async def start_consumer(spawn, cluster: Cluster, topic: str, group: str, out: Path, *, delay_ms: int = 0,
+                         expression: str = "*", **options: object) -> ServerProcess:
+    """A push consumer process appending each processed body to ``out``; returns once it has opened."""
+    argv = [sys.executable, "-m", "tests.consumer_process", "--namesrv", cluster.namesrv, "--topic", topic,
+            "--group", group, "--out", str(out), "--delay-ms", str(delay_ms), "--expression", expression]
+    for key, value in options.items():
+        argv += ["--option", f"{key}={value}"]
+    return await trio.to_thread.run_sync(lambda: spawn(argv, ready_timeout_s=60))
+
+
+def consumed(*outs: Path) -> Counter[str]:
+    """How often each body was processed, over the output files of consumer processes."""
+    return Counter(line for out in outs if out.exists() for line in out.read_text().split())
+
+
+async def wait_consumed(outs: list[Path], want: set[str], timeout_s: float = 30.0) -> Counter[str]:
+    with trio.move_on_after(timeout_s):
+        while not want <= set(consumed(*outs)):
+            await trio.sleep(0.1)
+    return consumed(*outs)
+
+
+@pytest.mark.timeout(180)
+async def test_a_member_killed_before_its_first_commit_leaves_its_start_to_the_next(spawn, tmp_path):
+    """A new group's member from its last offset is killed before it has committed anything (its periodic commit
+    is a minute away, each message takes 10 s): its successor starts where it started, and gets every message
+    (was: the group had no offset, the successor started from the end, and all 20 were skipped)."""
+    cluster = await start_cluster(spawn, tmp_path)
+    await cluster.create_topic("KilledEarly", 4)
+    first, second = tmp_path / "first.txt", tmp_path / "second.txt"
+    killed = await start_consumer(spawn, cluster, "KilledEarly", "killed_early", first, delay_ms=10_000,
+                                  persist_consumer_offset_interval_ms=60_000)
+    sent = {f"m{i:03d}" for i in range(20)}
+    async with open_producer(cluster.namesrv) as producer:
+        for body in sorted(sent):
+            await producer.send(Message("KilledEarly", body.encode()))
+    await trio.sleep(0.5)  # pulled, and the first of each queue in the handler
+    killed.kill()
+    await start_consumer(spawn, cluster, "KilledEarly", "killed_early", second)
+    got = await wait_consumed([first, second], sent)
+    assert set(got) == sent, f"never consumed: {sorted(sent - set(got))}"

@@ -1,0 +1,70 @@
+"""A push consumer in a process of its own, for tests that SIGKILL a consumer (``python -m tests.consumer_process``).
+
+It prints ``ready kind=consumer pid=... client_id=...`` once ``open_push_consumer`` has returned, then appends the
+body of each message its handler has processed to ``--out`` as one line (written and flushed before the handler
+returns, so a line exists for every message whose offset may have been committed). ``--delay-ms`` makes each
+message take that long, so a kill lands in the middle of a pulled batch. SIGTERM closes the consumer cleanly
+(offsets committed); it also stops by itself once the process that started it is gone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+
+import trio
+
+from client import open_push_consumer
+from raftmq.runner import PARENT_PID_ENV
+
+
+def _option(text: str) -> tuple[str, object]:
+    key, _, value = text.partition("=")
+    return key, int(value) if value.lstrip("-").isdigit() else value
+
+
+async def _main(args: argparse.Namespace) -> None:
+    options = dict(_option(o) for o in args.option)
+    out = open(args.out, "a", encoding="ascii")
+
+    async def handler(msg) -> None:
+        if args.delay_ms:
+            await trio.sleep(args.delay_ms / 1000)
+        out.write(msg.body.decode("ascii") + "\n")
+        out.flush()
+
+    parent = int(os.environ.get(PARENT_PID_ENV, "0") or 0)
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with open_push_consumer(args.namesrv, topic=args.topic, expression=args.expression, handler=handler,
+                                      consumer_group=args.group, **options) as consumer:
+            print(f"ready kind=consumer pid={os.getpid()} client_id={consumer.client_id}", flush=True)
+            async with trio.open_nursery() as nursery:
+                async def watch_parent() -> None:
+                    while not parent or os.getppid() == parent:
+                        await trio.sleep(0.5)
+                    nursery.cancel_scope.cancel()
+
+                nursery.start_soon(watch_parent)
+                async for _ in signals:
+                    nursery.cancel_scope.cancel()
+                    break
+    out.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.consumer_process")
+    parser.add_argument("--namesrv", required=True)
+    parser.add_argument("--topic", required=True)
+    parser.add_argument("--group", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--expression", default="*")
+    parser.add_argument("--delay-ms", type=int, default=0)
+    parser.add_argument("--option", action="append", default=[], help="a PushConsumerConfig field, KEY=VALUE")
+    trio.run(_main, parser.parse_args(argv))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
