@@ -5,7 +5,11 @@ the request here with the offset it is waiting past and a deadline (``suspend_ti
 capped by the broker's ``long_polling_timeout_ms``). The request is resumed, i.e. the pull is executed again and
 its response sent, as soon as one of these happens:
 
-* the dispatch path reports a queue's new max offset beyond the held offset (``notify_message_arriving``);
+* the dispatch path reports a queue's new max offset beyond the held offset (``notify_message_arriving``), and,
+  for a pull with a tag filter, a new unit carries a tags code the filter wants (RocketMQ's
+  ``isMatchedByConsumeQueue``): units it does not want move the held offset past them instead, and the resumed
+  pull starts there. Before, every arrival woke every held pull of the queue: a consumer of a rare tag on a busy
+  queue made a round trip per arrival to be told "nothing for you";
 * the deadline passes (the re-executed pull then answers PULL_NOT_FOUND, so the client simply pulls again);
 * a periodic check (``check_interval_ms``) sees the queue's max offset moved, in case a notification was missed
   (dispatch on a follower can race a hold that was registered a moment later);
@@ -27,16 +31,19 @@ import trio
 
 log = logging.getLogger(__name__)
 
-ResumeFn = Callable[[bool], Awaitable[None]]  # resume(timed_out)
+ResumeFn = Callable[[bool, int], Awaitable[None]]  # resume(timed_out, offset to pull from)
+# matches(begin, end): whether a unit of the queue in [begin, end) may match the held pull's filter
+MatchFn = Callable[[int, int], bool]
 
 
 @dataclasses.dataclass(eq=False)
 class HeldPull:
     topic: str
     queue_id: int
-    offset: int
+    offset: int  # moves past units the filter does not want
     deadline: float  # trio.current_time() based
     resume: ResumeFn
+    matches: MatchFn | None = None  # None: every message matches
     done: bool = False
 
 
@@ -64,13 +71,15 @@ class PullRequestHoldService:
     def statistics(self) -> LongPollingStatistics:
         return LongPollingStatistics(self._held, self._by_arrival, self._by_timeout)
 
-    def hold(self, topic: str, queue_id: int, offset: int, timeout_s: float, resume: ResumeFn) -> None:
-        """Hold a pull waiting for messages at ``offset`` or beyond in (topic, queue_id)."""
-        req = HeldPull(topic, queue_id, offset, trio.current_time() + timeout_s, resume)
+    def hold(self, topic: str, queue_id: int, offset: int, timeout_s: float, resume: ResumeFn,
+             matches: MatchFn | None = None) -> None:
+        """Hold a pull waiting for messages at ``offset`` or beyond in (topic, queue_id) (that ``matches``, if
+        given)."""
+        req = HeldPull(topic, queue_id, offset, trio.current_time() + timeout_s, resume, matches)
         if not self._running:
             self._finish(req, True)
             return
-        if self._max_offset(topic, queue_id) > offset:
+        if self._arrived(req, self._max_offset(topic, queue_id)):
             # The message arrived between the pull's read and this hold: resume at once.
             self._finish(req, False)
             return
@@ -87,7 +96,7 @@ class PullRequestHoldService:
             return
         keep = []
         for req in waiting:
-            if max_offset > req.offset:
+            if self._arrived(req, max_offset):
                 self._finish(req, False)
             else:
                 keep.append(req)
@@ -95,6 +104,15 @@ class PullRequestHoldService:
             self._by_queue[(topic, queue_id)] = keep
         else:
             del self._by_queue[(topic, queue_id)]
+
+    @staticmethod
+    def _arrived(req: HeldPull, max_offset: int) -> bool:
+        if max_offset <= req.offset:
+            return False
+        if req.matches is None or req.matches(req.offset, max_offset):
+            return True
+        req.offset = max_offset  # nothing there for this pull: it waits past those units
+        return False
 
     def _finish(self, req: HeldPull, timed_out: bool) -> None:
         if req.done:
@@ -156,7 +174,7 @@ class PullRequestHoldService:
     @staticmethod
     async def _run_resume(req: HeldPull, timed_out: bool) -> None:
         try:
-            await req.resume(timed_out)
+            await req.resume(timed_out, req.offset)
         except trio.Cancelled:
             raise
         except Exception:

@@ -8,7 +8,8 @@ and executed again when a message for that queue is dispatched or the time is up
 
 Status mapping (store → response), as RocketMQ:
 FOUND → SUCCESS; NO_MESSAGE_IN_QUEUE / OFFSET_OVERFLOW_ONE → PULL_NOT_FOUND (or held); NO_MATCHED_MESSAGE →
-PULL_RETRY_IMMEDIATELY with the advanced ``next_begin_offset``;
+PULL_RETRY_IMMEDIATELY with the advanced ``next_begin_offset``, or, when the scan reached the queue's end and the
+pull may wait, held from there (only a unit the filter wants wakes it: ``broker/long_polling.py``);
 OFFSET_TOO_SMALL / OFFSET_OVERFLOW_BADLY / NO_MATCHED_LOGIC_QUEUE → PULL_OFFSET_MOVED on the leader, with
 ``next_begin_offset`` corrected; a follower answers PULL_RETRY_IMMEDIATELY instead and suggests the master,
 because a follower that is only behind must not tell a consumer to move its offset. So does a leader for an offset
@@ -19,6 +20,7 @@ correction (back to 0 while min_offset is 0) would deliver the whole queue again
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -45,21 +47,25 @@ class PullMessageProcessor:
 
     async def process(self, request: Frame, conn: Any) -> Frame | None:
         args = self._parse(request)
-        response = self._pull(request, args, allow_suspend=True)
+        response, hold_from = self._pull(request, args, allow_suspend=True)
         if response is not None:
             return response
         # Nothing yet: hold the request; the hold service re-runs the pull and sends the response itself.
         timeout_s = min(args["suspend_timeout_millis"], self.node.config.long_polling_timeout_ms) / 1000
 
-        async def resume(timed_out: bool) -> None:
-            again = self._pull(request, args, allow_suspend=False)
+        async def resume(timed_out: bool, offset: int) -> None:
+            # From where the hold got to: the units it passed carry no tags code the filter wants.
+            again, _ = self._pull(request, {**args, "queue_offset": offset}, allow_suspend=False)
             assert again is not None
             try:
                 await conn.send_response(again)
             except RaftMQError as e:
                 log.debug("held pull answer not delivered topic=%s error=%s", args["topic"], e)
 
-        self.node.hold.hold(args["topic"], args["queue_id"], args["queue_offset"], timeout_s, resume)
+        tag_filter: TagFilter = args["tag_filter"]
+        matches = None if tag_filter.matches_all else functools.partial(
+            self.node.store.has_tags_code_between, args["topic"], args["queue_id"], codes=tag_filter.codes)
+        self.node.hold.hold(args["topic"], args["queue_id"], hold_from, timeout_s, resume, matches)
         return None
 
     def _parse(self, request: Frame) -> dict[str, Any]:
@@ -100,7 +106,8 @@ class PullMessageProcessor:
             node.offsets.commit(args["consumer_group"], topic, args["queue_id"], args["commit_offset"])
         return args
 
-    def _pull(self, request: Frame, args: dict[str, Any], *, allow_suspend: bool) -> Frame | None:
+    def _pull(self, request: Frame, args: dict[str, Any], *, allow_suspend: bool) -> tuple[Frame | None, int]:
+        """The response, or (None, the offset to hold the pull from) when it is to wait for messages."""
         node = self.node
         config = node.config
         max_nums = min(args["max_msg_nums"], config.max_transfer_count)
@@ -116,7 +123,7 @@ class PullMessageProcessor:
         if status == "FOUND":
             node.pulled_messages += len(result.messages)
             node.pull_stats.add(args["consumer_group"], args["topic"], len(result.messages))
-            return make_response(request, ResponseCode.SUCCESS, ext=ext, body=b"".join(result.messages))
+            return make_response(request, ResponseCode.SUCCESS, ext=ext, body=b"".join(result.messages)), 0
         if status in ("NO_MESSAGE_IN_QUEUE", "NO_MATCHED_LOGIC_QUEUE") and args["queue_offset"] > 0:
             # An empty (or never written) queue and a consumer past 0: its offset is beyond the end.
             status = "OFFSET_OVERFLOW_BADLY"
@@ -125,18 +132,23 @@ class PullMessageProcessor:
             # Retention removed what the offset pointed at: continue from next_begin_offset.
             return make_response(request, ResponseCode.PULL_RETRY_IMMEDIATELY,
                                  remark=f"messages at {args['topic']}:{args['queue_id']} offset "
-                                        f"{args['queue_offset']} were removed by retention", ext=ext)
+                                        f"{args['queue_offset']} were removed by retention", ext=ext), 0
+        may_wait = allow_suspend and args["sys_flag"] & FLAG_SUSPEND and args["suspend_timeout_millis"] > 0
         if status == "NO_MATCHED_MESSAGE":
+            if may_wait and result.next_begin_offset >= result.max_offset:
+                # Scanned to the end and nothing matched: wait there. Answered, the consumer pulled again at
+                # once, and again after each unwanted arrival: a round trip per message it does not want.
+                return None, result.next_begin_offset
             # Messages were scanned but none matched the tags: move on at once from next_begin_offset.
             return make_response(request, ResponseCode.PULL_RETRY_IMMEDIATELY,
                                  remark=f"no message matching {tag_filter.expression!r} in the scanned range",
-                                 ext=ext)
+                                 ext=ext), 0
         if status in ("NO_MESSAGE_IN_QUEUE", "NO_MATCHED_LOGIC_QUEUE", "OFFSET_OVERFLOW_ONE"):
-            if allow_suspend and args["sys_flag"] & FLAG_SUSPEND and args["suspend_timeout_millis"] > 0:
-                return None
+            if may_wait:
+                return None, args["queue_offset"]
             return make_response(request, ResponseCode.PULL_NOT_FOUND,
                                  remark=f"no new message in {args['topic']}:{args['queue_id']} at offset "
-                                        f"{args['queue_offset']} (max_offset {result.max_offset})", ext=ext)
+                                        f"{args['queue_offset']} (max_offset {result.max_offset})", ext=ext), 0
         # The offset is outside the queue: too small (deleted by retention) or beyond the end.
         too_small = args["queue_offset"] < result.min_offset
         where = "below min_offset" if too_small else "beyond max_offset"
@@ -144,7 +156,7 @@ class PullMessageProcessor:
                   f"(min_offset {result.min_offset}, max_offset {result.max_offset}); "
                   f"next_begin_offset {result.next_begin_offset}")
         if leader and (too_small or node.queues_complete()):
-            return make_response(request, ResponseCode.PULL_OFFSET_MOVED, remark=remark, ext=ext)
+            return make_response(request, ResponseCode.PULL_OFFSET_MOVED, remark=remark, ext=ext), 0
         if leader:
             # Beyond the end of a leader that may not hold every acknowledged message yet (just elected, or its
             # dispatch behind its log): moving the consumer back (to 0 while min_offset is 0) would deliver the
@@ -152,7 +164,7 @@ class PullMessageProcessor:
             ext["next_begin_offset"] = args["queue_offset"]
             return make_response(request, ResponseCode.PULL_RETRY_IMMEDIATELY,
                                  remark=remark + "; this leader is still applying or dispatching acknowledged "
-                                                 "messages, ask again shortly", ext=ext)
+                                                 "messages, ask again shortly", ext=ext), 0
         ext["suggest_which_broker_id"] = MASTER_ID
         return make_response(request, ResponseCode.PULL_RETRY_IMMEDIATELY, remark=remark + "; this replica may "
-                             "be behind, ask the master", ext=ext)
+                             "be behind, ask the master", ext=ext), 0

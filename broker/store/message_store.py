@@ -486,6 +486,24 @@ class MessageStore:
             cl.note_touched(last_seg.start, max(total, last_seg.start + off + size - first_span))
         return GetMessageResult(status, offset + consumed, mn, mx, messages, qoffs, total)
 
+    def has_tags_code_between(self, topic: str, queue_id: int, begin: int, end: int, codes: Collection[int]) -> bool:
+        """Whether a unit of the queue in ``[begin, end)`` carries a tags code in ``codes``: whether a pull filtered
+        by them could find anything there. True where a unit cannot be read (retention passed ``begin``): the pull
+        says what happened."""
+        cq = self.dispatcher.queue(topic, queue_id)
+        if cq is None or begin < cq.min_offset:
+            return True
+        offset, end = begin, min(end, cq.max_offset)
+        while offset < end:
+            units = cq.units(offset, end - offset)
+            if units is None:
+                return True
+            for _phy, _size, code in CQ_UNIT.iter_unpack(units):
+                if code in codes:
+                    return True
+            offset += len(units) // CQ_UNIT.size
+        return False
+
     def get_min_offset_in_queue(self, topic: str, queue_id: int) -> int:
         cq = self.dispatcher.queue(topic, queue_id)
         return cq.min_offset if cq is not None else 0

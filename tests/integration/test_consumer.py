@@ -5,7 +5,7 @@ from __future__ import annotations
 import cbor2
 import trio
 
-from client import Message, open_producer, open_push_consumer
+from client import Message, MessageQueue, open_producer, open_push_consumer
 from remoting.codes import RequestCode, ResponseCode
 from remoting.transport import open_remoting_client
 from tests.integration.broker.helpers import broker_configs, call, start_broker, start_namesrv
@@ -49,3 +49,25 @@ async def test_a_new_group_from_the_last_offset_consumes_what_is_sent_once_it_ha
                                           broker_suspend_max_time_ms=300) as consumer:
                 await producer.send(Message("Backlog", b"new%d" % trial))
                 assert await _receive(consumer, b"new%d" % trial) == [b"new%d" % trial]
+
+
+async def test_messages_a_held_pull_does_not_want_do_not_wake_it(nursery, tmp_path):
+    """A consumer of TagZ on a queue that gets 300 TagA messages, one at a time: its held pulls stay held (was: each
+    arrival woke them, the answer was "nothing matched", and the consumer pulled again: ~150 pulls), and a TagZ
+    message still reaches it at once."""
+    namesrv, addr = await _start(nursery, tmp_path)
+    mq = MessageQueue("Busy", "broker-a", 0)
+    async with open_producer(namesrv) as producer, open_remoting_client() as client:
+        await producer.send(Message("Busy", b"before", tags="TagA"), queue=mq)
+        async with open_push_consumer(namesrv, topic="Busy", expression="TagZ", consumer_group="rare_tag") as consumer:
+            await trio.sleep(0.3)  # its pulls are held
+            pulls = consumer.statistics().pulls
+            info = cbor2.loads((await call(client, addr, RequestCode.GET_BROKER_RUNTIME_INFO)).body)
+            for i in range(300):
+                await producer.send(Message("Busy", b"unwanted%d" % i, tags="TagA"), queue=mq)
+            await producer.send(Message("Busy", b"wanted", tags="TagZ"), queue=mq)
+            with trio.fail_after(2):  # long before the 15 s hold would time out
+                assert await _receive(consumer, b"wanted") == [b"wanted"]
+            after = cbor2.loads((await call(client, addr, RequestCode.GET_BROKER_RUNTIME_INFO)).body)
+            assert consumer.statistics().pulls - pulls <= 2
+            assert after["long_polling_resumed_by_arrival"] - info["long_polling_resumed_by_arrival"] == 1

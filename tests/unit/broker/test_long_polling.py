@@ -12,7 +12,7 @@ async def test_held_pull_resumes_on_arrival_and_on_timeout(autojump_clock):
     resumed = []
 
     def resume_fn(name):
-        async def resume(timed_out):
+        async def resume(timed_out, offset):
             resumed.append((name, timed_out, trio.current_time()))
         return resume
 
@@ -40,4 +40,46 @@ async def test_held_pull_resumes_on_arrival_and_on_timeout(autojump_clock):
         assert resumed[-1][:2] == ("now", False)
         stats = service.statistics()
         assert (stats.held, stats.resumed_by_arrival, stats.resumed_by_timeout) == (3, 3, 1)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_held_pull_with_a_filter_is_woken_only_by_a_unit_it_wants_and_resumes_past_the_others(autojump_clock):
+    """Before, every arrival woke every held pull of the queue: a consumer of a rare tag on a busy queue was
+    answered "nothing for you" and pulled again once per arrival."""
+    max_offsets = {("T", 0): 5}
+    wanted = {7}  # the only queue offset whose unit carries a tags code the filter wants
+    asked = []
+
+    def matches(begin, end):
+        asked.append((begin, end))
+        return any(begin <= o < end for o in wanted)
+
+    service = PullRequestHoldService(lambda t, q: max_offsets[(t, q)], check_interval_ms=1000)
+    resumed = []
+
+    async def resume(timed_out, offset):
+        resumed.append((timed_out, offset))
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(service.serve)
+        service.hold("T", 0, 3, 15.0, resume, matches)  # units 3 and 4 arrived before the hold: not wanted
+        for end in (6, 7):
+            max_offsets[("T", 0)] = end
+            service.notify_message_arriving("T", 0, end)
+        await trio.sleep(1.5)  # the periodic check sees nothing new either
+        assert resumed == [] and asked == [(3, 5), (5, 6), (6, 7)]
+        max_offsets[("T", 0)] = 9
+        service.notify_message_arriving("T", 0, 9)
+        await trio.sleep(0.01)
+        assert resumed == [(False, 7)]  # from past the units it did not want
+        # Without a filter, any arrival wakes it.
+        service.hold("T", 0, 9, 15.0, resume)
+        service.notify_message_arriving("T", 0, 10)
+        await trio.sleep(0.01)
+        assert resumed[-1] == (False, 9)
+        # Timed out: resumed from where the unwanted units took it.
+        service.hold("T", 0, 10, 2.0, resume, matches)
+        service.notify_message_arriving("T", 0, 12)
+        await trio.sleep(2.5)
+        assert resumed[-1] == (True, 12)
         nursery.cancel_scope.cancel()

@@ -27,7 +27,8 @@ def _pull(node: SimpleNamespace, offset: int):
     args = {"consumer_group": "cg", "topic": "T", "queue_id": 0, "queue_offset": offset, "max_msg_nums": 32,
             "sys_flag": 0, "commit_offset": -1, "suspend_timeout_millis": 0, "tag_filter": parse_tag_expression("*")}
     request = make_request(RequestCode.PULL_MESSAGE, {})
-    return PullMessageProcessor(node)._pull(request, args, allow_suspend=False)  # type: ignore[arg-type]
+    response, _ = PullMessageProcessor(node)._pull(request, args, allow_suspend=False)  # type: ignore[arg-type]
+    return response
 
 
 BEYOND = GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_BADLY, 0, 0, 100)
