@@ -7,7 +7,9 @@ How it works (RocketMQ's DefaultMQPushConsumer, as trio tasks):
   offset found for it before its first pull (so ``open_push_consumer`` returns with the start positions fixed).
 - **One pull task per assigned queue**, in its own cancel scope: long-polls the group (held on the broker up to
   ``broker_suspend_max_time_ms``) and puts what it gets into that queue's ``ProcessQueue``. Flow control: a pull
-  waits while the queue already caches ``pull_threshold_for_queue`` messages not yet consumed.
+  waits while the queue already caches ``pull_threshold_for_queue`` messages, or
+  ``pull_threshold_size_for_queue_mib`` MiB of bodies, not yet consumed (RocketMQ's two bounds: a count alone let
+  a queue of 4 MiB messages cache 4 GiB).
 - **Delivery**: in iterator form all queues feed one channel, so messages of one queue come out in queue order;
   a message counts as consumed when the loop asks for the next one, or when the ``async with`` block ends
   normally (after a ``break``); one the block was left by an exception on is delivered again. In handler form
@@ -81,6 +83,8 @@ class PushConsumerConfig(ClientConfig):
                                         doc="start time for CONSUME_FROM_TIMESTAMP; 0: 30 min ago")
     pull_batch_size: int = bounded(32, min=1, max=1024)
     pull_threshold_for_queue: int = bounded(1000, min=1, doc="flow control: messages cached per queue")
+    pull_threshold_size_for_queue_mib: int = bounded(100, min=1, max=1 << 20,
+                                                     doc="flow control: MiB of message bodies cached per queue")
     # A Java int on the wire: the broker refuses every pull asking for more (and holds at most its own
     # long_polling_timeout_ms anyway).
     broker_suspend_max_time_ms: int = bounded(15_000, min=0, max=I32_MAX, doc="long-polling hold on the broker")
@@ -103,14 +107,19 @@ class ConsumerStatistics:
     pulls: int
     pull_errors: int
     cached: int
+    cached_bytes: int
 
 
 class ProcessQueue:
-    """Messages of one queue pulled but not yet consumed, in offset order."""
+    """Messages of one queue pulled but not yet consumed, in offset order. Pulls wait (``wait_space``) while it
+    holds ``threshold`` messages or ``threshold_bytes`` of bodies; one pull may go past either by its size."""
 
-    def __init__(self, mq: MessageQueue) -> None:
+    def __init__(self, mq: MessageQueue, threshold: int = 1000, threshold_bytes: int = 100 << 20) -> None:
         self.mq = mq
+        self.threshold = threshold
+        self.threshold_bytes = threshold_bytes
         self.msgs: dict[int, MessageExt] = {}
+        self.msg_bytes = 0
         self.dropped = False
         self.max_offset_seen = -1
         # The consume offset reached by the last consumed message, not yet handed to the offset store: one
@@ -125,19 +134,23 @@ class ProcessQueue:
     def count(self) -> int:
         return len(self.msgs)
 
-    def put(self, msgs: Sequence[MessageExt], threshold: int) -> None:
+    def put(self, msgs: Sequence[MessageExt]) -> None:
+        # Offsets only grow within one ProcessQueue (a reset makes a new one), so none is put twice.
         for m in msgs:
             self.msgs[m.queue_offset] = m
+            self.msg_bytes += len(m.body)
             self.max_offset_seen = max(self.max_offset_seen, m.queue_offset)
-        if len(self.msgs) >= threshold and self._space_set:
+        if self._space_set and (len(self.msgs) >= self.threshold or self.msg_bytes >= self.threshold_bytes):
             self._space = trio.Event()
             self._space_set = False
 
-    def remove(self, offset: int, threshold: int) -> int:
+    def remove(self, offset: int) -> int:
         """Drop a consumed message; returns the queue's new consume offset."""
         msgs = self.msgs
-        msgs.pop(offset, None)
-        if not self._space_set and len(msgs) < threshold:
+        msg = msgs.pop(offset, None)
+        if msg is not None:
+            self.msg_bytes -= len(msg.body)
+        if not self._space_set and len(msgs) < self.threshold and self.msg_bytes < self.threshold_bytes:
             self._space_set = True
             self._space.set()
         # Offsets are inserted in increasing order and dicts keep insertion order: the first is the least.
@@ -240,7 +253,8 @@ class PushConsumer:
 
     def statistics(self) -> ConsumerStatistics:
         return ConsumerStatistics(len(self._pqs), self._delivered, self._rebalances, self._pulls,
-                                  self._pull_errors, sum(pq.count for pq in self._pqs.values()))
+                                  self._pull_errors, sum(pq.count for pq in self._pqs.values()),
+                                  sum(pq.msg_bytes for pq in self._pqs.values()))
 
     def _heartbeat_data(self) -> dict[str, Any]:
         return {"producers": [], "consumers": [{
@@ -308,7 +322,7 @@ class PushConsumer:
         self._pending_msg = None
 
     def _consumed(self, pq: ProcessQueue, msg: MessageExt) -> None:
-        offset = pq.remove(msg.queue_offset, self.config.pull_threshold_for_queue)
+        offset = pq.remove(msg.queue_offset)
         if not pq.dropped:
             pq.unflushed_offset = offset
 
@@ -485,7 +499,7 @@ class PushConsumer:
 
     def _add_queue(self, mq: MessageQueue, start_offset: int | None = None) -> None:
         assert self._nursery is not None
-        pq = ProcessQueue(mq)
+        pq = ProcessQueue(mq, self.config.pull_threshold_for_queue, self.config.pull_threshold_size_for_queue_mib << 20)
         self._pqs[mq] = pq
         self._nursery.start_soon(self._run_queue, pq, start_offset)
 
@@ -560,7 +574,7 @@ class PushConsumer:
                 continue
             failures = 0
             if result.status is PullStatus.FOUND:
-                pq.put(result.messages, cfg.pull_threshold_for_queue)
+                pq.put(result.messages)
                 send.send_nowait((pq, result.messages))
             elif result.status is PullStatus.OFFSET_ILLEGAL:
                 log.warning("pull offset moved mq=%s offset=%d next=%d", pq.mq, offset,

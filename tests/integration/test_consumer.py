@@ -71,3 +71,26 @@ async def test_messages_a_held_pull_does_not_want_do_not_wake_it(nursery, tmp_pa
             after = cbor2.loads((await call(client, addr, RequestCode.GET_BROKER_RUNTIME_INFO)).body)
             assert consumer.statistics().pulls - pulls <= 2
             assert after["long_polling_resumed_by_arrival"] - info["long_polling_resumed_by_arrival"] == 1
+
+
+async def test_cached_messages_are_bounded_by_their_size_as_well_as_their_number(nursery, tmp_path):
+    """With 256 KiB messages the 1000-message bound alone let a queue cache 250 MiB (150 MiB seen in a probe, all
+    there was); the size bound stops the pulls at 4 MiB (plus one pull), and they go on once consumed."""
+    namesrv, _ = await _start(nursery, tmp_path)
+    mq = MessageQueue("Large", "broker-a", 0)
+    async with open_producer(namesrv) as producer:
+        for i in range(60):
+            await producer.send(Message("Large", b"%03d" % i + b"." * (256 << 10)), queue=mq)
+    async with open_push_consumer(namesrv, topic="Large", consumer_group="large", pull_threshold_size_for_queue_mib=4,
+                                  consume_from_where="CONSUME_FROM_FIRST_OFFSET") as consumer:
+        await trio.sleep(1)
+        stats = consumer.statistics()
+        assert stats.cached_bytes <= (4 << 20) + (1 << 20) and stats.cached < 60, stats
+        got = []
+        with trio.fail_after(10):
+            async for msg in consumer:
+                assert consumer.statistics().cached_bytes <= 5 << 20
+                got.append(msg.body[:3])
+                if len(got) == 60:
+                    break
+        assert got == [b"%03d" % i for i in range(60)]
