@@ -240,8 +240,9 @@ class PushConsumer:
         self._pull_errors = 0
         self._nursery: trio.Nursery | None = None
         self._closing = False
-        # Subscribed topics no name server knew when this consumer started: every message they hold came later.
-        self._topics_created_later: set[str] = set()
+        # The read queues of each subscribed topic in the first route this consumer got (none for a topic no name
+        # server knew when it started): a queue beyond them was created later, and holds only messages sent since.
+        self._first_queues: dict[str, frozenset[MessageQueue]] = {}
         instance.heartbeat_data = self._heartbeat_data
 
     @property
@@ -342,12 +343,14 @@ class PushConsumer:
         self._nursery = nursery
         for topic in self._subs:
             try:
-                await self._instance.routes.get(topic)
+                route = await self._instance.routes.get(topic)
             except RaftMQError as e:
                 # Subscribing before the topic exists is allowed: the periodic rebalance picks it up.
                 log.warning("no route for subscribed topic yet topic=%s error=%s", topic, e)
                 if getattr(e, "topic_unknown", False):
-                    self._topics_created_later.add(topic)
+                    self._first_queues[topic] = frozenset()
+            else:
+                self._first_queues[topic] = frozenset(route.read_queues())
         await self._instance.send_heartbeat_to_all()
         await self.rebalance()
         nursery.start_soon(self._serve_rebalance)
@@ -442,6 +445,7 @@ class PushConsumer:
                     log.info("rebalance skipped topic=%s error=%s", topic, e)
                     continue
                 mqs = route.read_queues()
+                self._first_queues.setdefault(topic, frozenset(mqs))
                 if self.config.message_model == "BROADCASTING":
                     wanted = mqs
                 else:
@@ -520,10 +524,11 @@ class PushConsumer:
             return offset
         where = self.config.consume_from_where
         if where == "CONSUME_FROM_FIRST_OFFSET" or (where == "CONSUME_FROM_LAST_OFFSET"
-                                                    and mq.topic in self._topics_created_later):
-            # A topic created after we subscribed holds only messages sent since: from its last offset, the ones
-            # sent before the next rebalance found it were never consumed (RocketMQ's broker answers offset 0 for
-            # a group's first query of a queue still starting at 0; ours answers "none").
+                                                    and mq not in self._first_queues.get(mq.topic, (mq,))):
+            # A queue created after we subscribed (a new topic, or more queues for ours) holds only messages sent
+            # since: from its last offset, the ones sent before a rebalance found it were never consumed (RocketMQ's
+            # broker answers offset 0 for a group's first query of a queue still starting at 0; ours answers
+            # "none").
             offset = await self._api.min_offset(mq)
         elif where == "CONSUME_FROM_TIMESTAMP":
             ts = self.config.consume_timestamp_ms or int(time.time() * 1000) - 30 * 60 * 1000

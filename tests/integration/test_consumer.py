@@ -5,7 +5,7 @@ from __future__ import annotations
 import cbor2
 import trio
 
-from client import Message, MessageQueue, open_producer, open_push_consumer
+from client import Message, MessageQueue, open_admin, open_producer, open_push_consumer
 from remoting.codes import RequestCode, ResponseCode
 from remoting.transport import open_remoting_client
 from tests.integration.broker.helpers import broker_configs, call, start_broker, start_namesrv
@@ -94,3 +94,32 @@ async def test_cached_messages_are_bounded_by_their_size_as_well_as_their_number
                 if len(got) == 60:
                     break
         assert got == [b"%03d" % i for i in range(60)]
+
+
+async def test_queues_added_to_a_topic_are_consumed_from_their_first_message(nursery, tmp_path):
+    """A group from its last offset, the default, consuming a topic that goes from 4 to 8 queues: what is sent to
+    the new queues before a rebalance finds them is consumed (was: they started at their max offset then, and
+    the 40 of 80 messages sent there were never consumed; RocketMQ's broker answers a group's first query of a
+    queue still starting at 0 with 0)."""
+    namesrv, _ = await _start(nursery, tmp_path)
+    async with open_admin(namesrv) as admin:
+        await admin.create_topic("Growing", read_queue_nums=4, write_queue_nums=4)
+    consumed: set[bytes] = set()
+
+    async def on_message(msg) -> None:
+        consumed.add(msg.body)
+
+    async with open_push_consumer(namesrv, topic="Growing", handler=on_message, consumer_group="growing",
+                                  poll_name_server_interval_ms=300, rebalance_interval_ms=300) as consumer:
+        assert len(consumer.assigned_queues()) == 4
+        async with open_admin(namesrv) as admin:
+            await admin.create_topic("Growing", read_queue_nums=8, write_queue_nums=8)
+        sent = {b"m%02d" % i for i in range(80)}
+        async with open_producer(namesrv) as producer:
+            queues = {(await producer.send(Message("Growing", body))).message_queue.queue_id for body in sent}
+        assert queues == set(range(8))
+        with trio.move_on_after(10):
+            while consumed != sent:
+                await trio.sleep(0.1)
+        assert len(consumer.assigned_queues()) == 8
+    assert consumed == sent, f"{len(sent - consumed)} of {len(sent)} never consumed"

@@ -458,7 +458,7 @@ async def test_a_name_server_without_registrations_yet_is_not_taken_as_the_last_
     assert (NAMESRV, RequestCode.GET_ROUTEINFO_BY_TOPIC) in cluster.calls
     async with open_push_consumer(namesrv, topic="T", consumer_group="g5", rebalance_interval_ms=60_000) as c:
         assert len(c.assigned_queues()) == 8
-        assert c._topics_created_later == set()
+        assert c._first_queues["T"] == frozenset(c.assigned_queues())
 
 async def test_a_topic_created_after_subscribing_is_consumed_from_its_first_message(cluster):
     """Found by probing: a group subscribed (from its last offset, the default) before the topic existed started
