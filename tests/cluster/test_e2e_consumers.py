@@ -58,3 +58,48 @@ async def test_a_member_killed_before_its_first_commit_leaves_its_start_to_the_n
     await start_consumer(spawn, cluster, "KilledEarly", "killed_early", second)
     got = await wait_consumed([first, second], sent)
     assert set(got) == sent, f"never consumed: {sorted(sent - set(got))}"
+
+
+@pytest.mark.load
+@pytest.mark.timeout(240)
+async def test_a_group_loses_nothing_to_members_joining_leaving_and_killed_while_another_group_reads(spawn, tmp_path,
+                                                                                                    figure):
+    """3,000 messages sent at a steady pace into 8 queues while group `churn` changes under them: a member joins,
+    one leaves cleanly (SIGTERM: offsets committed, unregistered), one is killed (SIGKILL: the brokers drop its
+    channel when its connections close, and its queues move to the others), another joins. Every message is
+    consumed by the group (duplicates, from the killed member's uncommitted progress, counted), and group
+    `other`, on the same topic, consumes every message too, on its own offsets."""
+    cluster = await start_cluster(spawn, tmp_path)
+    await cluster.create_topic("Churn", 8)
+    outs = {name: tmp_path / f"{name}.txt" for name in ("a", "b", "c", "d", "other")}
+    options = {"consume_from_where": "CONSUME_FROM_FIRST_OFFSET"}
+    members = {name: await start_consumer(spawn, cluster, "Churn", "churn", outs[name], delay_ms=2, **options)
+               for name in ("a", "b")}
+    await start_consumer(spawn, cluster, "Churn", "other", outs["other"], **options)
+    sent: set[str] = set()
+    async with open_producer(cluster.namesrv) as producer:
+        async def produce() -> None:
+            for i in range(3000):
+                body = f"c{i:05d}"
+                await producer.send(Message("Churn", body.encode()))
+                sent.add(body)
+                await trio.sleep(0.002)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(produce)
+            await trio.sleep(2)
+            members["c"] = await start_consumer(spawn, cluster, "Churn", "churn", outs["c"], delay_ms=2, **options)
+            await trio.sleep(2)
+            assert await trio.to_thread.run_sync(members["b"].stop) == 0
+            await trio.sleep(2)
+            members["a"].kill()
+            await trio.sleep(1)
+            members["d"] = await start_consumer(spawn, cluster, "Churn", "churn", outs["d"], delay_ms=2, **options)
+    assert len(sent) == 3000
+    group = await wait_consumed([outs[name] for name in "abcd"], sent, timeout_s=60)
+    other = await wait_consumed([outs["other"]], sent, timeout_s=30)
+    assert set(group) == sent, f"group churn never consumed {len(sent - set(group))}"
+    assert set(other) == sent, f"group other never consumed {len(sent - set(other))}"
+    per_member = {name: sum(consumed(outs[name]).values()) for name in "abcd"}
+    figure(f"churn: 3000 messages, per member {per_member}, duplicates {sum(group.values()) - len(sent)} in group "
+           f"churn, {sum(other.values()) - len(sent)} in group other")
