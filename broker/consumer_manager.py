@@ -7,6 +7,12 @@ once (NOTIFY_CONSUMER_IDS_CHANGED, oneway; clients also re-run rebalancing perio
 costs only a delay). A member leaves on UNREGISTER_CLIENT, when its connection closes, or when it has been silent
 for ``channel_expired_timeout_ms``.
 
+Members of one group should subscribe alike. Each member pulls the queues it is given with its own expression, so
+in a group whose members differ, a message only another member wants is skipped by the member whose queue holds
+it (RocketMQ behaves the same and asks for one subscription per group). Nothing else would say so: the group's
+subscription shown by consumerConnection is whichever member heartbeated last. So each member's subscriptions are
+kept with its channel, listed per connection, and a difference is logged once at WARNING.
+
 Membership is deliberately *not* replicated: it is soft state rebuilt by heartbeats, which clients send to every
 node of a group they talk to, as RocketMQ's clients send to every broker of a route.
 """
@@ -155,6 +161,7 @@ class ClientChannel:
     client_id: str
     conn: Any  # remoting ServerConnection
     last_update_s: float
+    subscriptions: dict[str, str] = dataclasses.field(default_factory=dict)  # a consumer's topic -> expression
 
 
 @dataclasses.dataclass
@@ -165,6 +172,8 @@ class ConsumerGroupInfo:
     consume_from_where: str = "CONSUME_FROM_LAST_OFFSET"
     channels: dict[str, ClientChannel] = dataclasses.field(default_factory=dict)
     subscriptions: dict[str, SubscriptionData] = dataclasses.field(default_factory=dict)
+    # topic -> the expressions its members differed in when that was last logged
+    differing: dict[str, frozenset[str]] = dataclasses.field(default_factory=dict)
 
 
 class ClientManager:
@@ -195,16 +204,19 @@ class ClientManager:
                 old = info.subscriptions.get(sub.topic)
                 if old is None or sub.sub_version >= old.sub_version:
                     info.subscriptions[sub.topic] = sub
+            expressions = {sub.topic: sub.expression for sub in consumer.subscriptions}
             channel = info.channels.get(data.client_id)
             if channel is None or channel.conn is not conn:
                 joined = channel is None
-                info.channels[data.client_id] = ClientChannel(data.client_id, conn, now)
+                info.channels[data.client_id] = ClientChannel(data.client_id, conn, now, expressions)
                 if joined:
                     log.info("consumer joined consumer_group=%s client_id=%s members=%d",
                              consumer.consumer_group, data.client_id, len(info.channels))
                     self._changed(info)
             else:
                 channel.last_update_s = now
+                channel.subscriptions = expressions
+            self._check_alike(info, expressions)
 
     def unregister(self, client_id: str, producer_group: str | None, consumer_group: str | None) -> None:
         if producer_group:
@@ -235,6 +247,21 @@ class ClientManager:
                          client_id, reason)
             if gone:
                 self._changed(info)
+
+    @staticmethod
+    def _check_alike(info: ConsumerGroupInfo, expressions: Mapping[str, str]) -> None:
+        for topic in expressions:
+            seen = frozenset(ch.subscriptions[topic] for ch in info.channels.values() if topic in ch.subscriptions)
+            if len(seen) < 2:
+                info.differing.pop(topic, None)
+            elif info.differing.get(topic) != seen:
+                info.differing[topic] = seen
+                members = ", ".join(f"{cid} {ch.subscriptions[topic]!r}" for cid, ch in sorted(info.channels.items())
+                                    if topic in ch.subscriptions)
+                log.warning("members of consumer group %r subscribe to topic %r differently (%s): each pulls the "
+                            "queues it is given with its own expression, so messages only another member wants "
+                            "are skipped; give every member of a group the same subscription",
+                            info.consumer_group, topic, members)
 
     def _changed(self, info: ConsumerGroupInfo) -> None:
         self._notify(info.consumer_group, [ch.conn for ch in info.channels.values()])

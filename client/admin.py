@@ -89,13 +89,25 @@ class TopicQueueStatus:
 @dataclasses.dataclass(frozen=True, slots=True)
 class ConsumerConnection:
     """A consumer group's online members (RocketMQ's consumerConnection): ``connections`` maps each member's
-    client id to its address as its group leader sees it; ``subscriptions`` maps topic to tag expression."""
+    client id to its address as its group leader sees it; ``subscriptions`` maps topic to tag expression, and
+    ``member_subscriptions`` does so for each member (client id) on its own."""
 
     consumer_group: str
     message_model: str
     consume_from_where: str
     subscriptions: Mapping[str, str]
     connections: Mapping[str, str]
+    member_subscriptions: Mapping[str, Mapping[str, str]] = dataclasses.field(default_factory=dict)
+
+    def differing_topics(self) -> dict[str, dict[str, str]]:
+        """Topics the members subscribe to with different expressions, each with ``{client id: expression}``.
+        Each member pulls the queues it is given with its own expression, so in such a group a message only
+        another member wants is skipped: members of one group should subscribe alike."""
+        by_topic: dict[str, dict[str, str]] = {}
+        for client_id, subs in self.member_subscriptions.items():
+            for topic, expression in subs.items():
+                by_topic.setdefault(topic, {})[client_id] = expression
+        return {topic: members for topic, members in sorted(by_topic.items()) if len(set(members.values())) > 1}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -306,6 +318,7 @@ class AdminClient:
                    if frame.code == ResponseCode.SUCCESS}
         connections: dict[str, str] = {}
         subscriptions: dict[str, str] = {}
+        member_subscriptions: dict[str, dict[str, str]] = {}
         model = where = ""
         for _name, data in sorted(answers.items()):
             model, where = data.get("message_model", model), data.get("consume_from_where", where)
@@ -313,8 +326,12 @@ class AdminClient:
                 subscriptions.setdefault(sub["topic"], sub["expression"])
             for c in data.get("connections", []):
                 connections.setdefault(c["client_id"], c.get("client_addr", ""))
+                member = member_subscriptions.setdefault(c["client_id"], {})
+                for sub in c.get("subscriptions", []):
+                    member.setdefault(sub["topic"], sub["expression"])
+        members = {cid: dict(sorted(subs.items())) for cid, subs in sorted(member_subscriptions.items())}
         return ConsumerConnection(consumer_group, model, where, dict(sorted(subscriptions.items())),
-                                  dict(sorted(connections.items())))
+                                  dict(sorted(connections.items())), members)
 
     async def reset_offset(self, consumer_group: str, topic: str, timestamp_ms: int) -> OffsetReset:
         """RocketMQ's resetOffsetByTime: on every group of ``topic``, move ``consumer_group`` to the first

@@ -76,6 +76,8 @@ class ClientManageProcessor:
                 "subscriptions": [{"topic": sub.topic, "expression": sub.expression}
                                   for _topic, sub in sorted(info.subscriptions.items())],
                 "connections": [{"client_id": ch.client_id, "client_addr": getattr(ch.conn, "remote_address", ""),
-                                 "last_heartbeat_age_ms": int(max(0.0, now - ch.last_update_s) * 1000)}
+                                 "last_heartbeat_age_ms": int(max(0.0, now - ch.last_update_s) * 1000),
+                                 "subscriptions": [{"topic": topic, "expression": expression}
+                                                   for topic, expression in sorted(ch.subscriptions.items())]}
                                 for _id, ch in sorted(info.channels.items())]}
         return make_response(request, ResponseCode.SUCCESS, body=cbor2.dumps(body))

@@ -296,7 +296,10 @@ async def _consumer_connection(admin: AdminClient, args: argparse.Namespace) -> 
         raise _Refused(f"consumer group {args.group!r} has no member online")
     return {"consumer_group": found.consumer_group, "message_model": found.message_model,
             "consume_from_where": found.consume_from_where, "subscriptions": dict(found.subscriptions),
-            "connections": [{"client_id": cid, "client_addr": addr} for cid, addr in found.connections.items()]}
+            "connections": [{"client_id": cid, "client_addr": addr,
+                             "subscriptions": dict(found.member_subscriptions.get(cid, {}))}
+                            for cid, addr in found.connections.items()],
+            "differing_subscriptions": found.differing_topics()}
 
 
 async def _consumer_progress(admin: AdminClient, args: argparse.Namespace) -> dict[str, Any]:
@@ -429,11 +432,17 @@ def _print(command: str, data: dict[str, Any]) -> None:
         table = Table(title=f"members of consumer group {data['consumer_group']}", header_style="bold")
         table.add_column("client id")
         table.add_column("address")
+        table.add_column("subscriptions")
         for c in data["connections"]:
-            table.add_row(Text(c["client_id"]), c["client_addr"])
+            table.add_row(Text(c["client_id"]), c["client_addr"],
+                          Text(", ".join(f"{t} ({e})" for t, e in c["subscriptions"].items())))
         console.print(table)
         print(f"message model: {data['message_model']}; consume from: {data['consume_from_where']}; "
               "subscriptions: " + ", ".join(f"{t} ({e})" for t, e in data["subscriptions"].items()))
+        for topic, members in data["differing_subscriptions"].items():
+            print(f"warning: the members subscribe to {topic} differently ("
+                  + ", ".join(f"{cid}: {e}" for cid, e in members.items()) + "): each pulls the queues it is given "
+                  "with its own expression, so messages only another member wants are skipped")
     elif command == "consumer-progress":
         _print_progress(console, data)
     elif command == "reset-offset":

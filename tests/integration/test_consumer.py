@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
+
 import cbor2
 import trio
 
+import raftmq.commands.admin
 from client import Message, MessageQueue, open_admin, open_producer, open_push_consumer
 from remoting.codes import RequestCode, ResponseCode
 from remoting.transport import open_remoting_client
@@ -123,3 +126,29 @@ async def test_queues_added_to_a_topic_are_consumed_from_their_first_message(nur
                 await trio.sleep(0.1)
         assert len(consumer.assigned_queues()) == 8
     assert consumed == sent, f"{len(sent - consumed)} of {len(sent)} never consumed"
+
+
+async def test_members_of_a_group_subscribing_differently_are_shown_and_logged(nursery, tmp_path, caplog, capsys):
+    """Two members of one group, one on TagA and one on TagB: each pulls its own queues with its own expression,
+    so half of the messages are skipped by the group (as in RocketMQ). consumer-connection used to show one
+    subscription, the last heartbeat's, and nothing said so; now each member's is listed, the difference is
+    flagged, and the broker logs it once."""
+    namesrv, _ = await _start(nursery, tmp_path)
+    async with open_admin(namesrv) as admin:
+        await admin.create_topic("Mixed", read_queue_nums=4, write_queue_nums=4)
+        async with open_push_consumer(namesrv, topic="Mixed", expression="TagA", consumer_group="mixed") as a, \
+                open_push_consumer(namesrv, topic="Mixed", expression="TagB", consumer_group="mixed") as b, \
+                open_push_consumer(namesrv, topic="Mixed", expression="TagB", consumer_group="alike") as c:
+            found = await admin.consumer_connections("mixed")
+            assert found.member_subscriptions == {a.client_id: {"Mixed": "TagA"}, b.client_id: {"Mixed": "TagB"}}
+            assert found.differing_topics() == {"Mixed": {a.client_id: "TagA", b.client_id: "TagB"}}
+            assert (await admin.consumer_connections("alike")).differing_topics() == {}
+            data = await raftmq.commands.admin._consumer_connection(
+                admin, argparse.Namespace(group="mixed", cluster=None))
+            raftmq.commands.admin._print("consumer-connection", data)
+    shown = capsys.readouterr().out
+    assert "warning: the members subscribe to Mixed differently" in shown
+    assert f"{a.client_id}: TagA" in shown and f"{b.client_id}: TagB" in shown
+    assert c.client_id
+    logged = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "differently" in r.getMessage()]
+    assert len(logged) == 1 and "'mixed'" in logged[0] and "'TagA'" in logged[0] and "'TagB'" in logged[0]
