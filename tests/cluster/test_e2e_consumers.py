@@ -10,8 +10,12 @@ from pathlib import Path
 import pytest
 import trio
 
-from client import Message, open_producer
+from client import Message, MessageQueue, open_producer
+from remoting.codes import RequestCode, ResponseCode
+from remoting.message import iter_records
+from remoting.transport import open_remoting_client
 from tests.cluster.test_e2e_produce_consume import Cluster, start_cluster
+from tests.integration.broker.helpers import call
 from tests.procs import ServerProcess
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -103,3 +107,42 @@ async def test_a_group_loses_nothing_to_members_joining_leaving_and_killed_while
     per_member = {name: sum(consumed(outs[name]).values()) for name in "abcd"}
     figure(f"churn: 3000 messages, per member {per_member}, duplicates {sum(group.values()) - len(sent)} in group "
            f"churn, {sum(other.values()) - len(sent)} in group other")
+
+
+@pytest.mark.timeout(180)
+async def test_a_pull_held_by_a_follower_is_answered_when_a_message_it_wants_arrives(spawn, tmp_path):
+    """Followers serve pulls from their own store and hold them as the leader does: a held pull filtered on TagB
+    stays held through TagA messages and is answered as soon as a TagB message is dispatched there."""
+    cluster = await start_cluster(spawn, tmp_path)
+    await cluster.create_topic("Held", 1)
+    leader = await cluster.leader_addr()
+    mq = MessageQueue("Held", "broker-a", 0)
+    async with open_producer(cluster.namesrv) as producer, open_remoting_client() as client:
+        await producer.send(Message("Held", b"first", tags="TagA"), queue=mq)
+        for follower in [addr for addr in cluster.addr_of.values() if addr != leader]:
+            end = (await call(client, leader, RequestCode.GET_MAX_OFFSET, {"topic": "Held", "queue_id": 0})).ext
+            with trio.fail_after(10):  # the follower has applied and dispatched what the leader has
+                while (await call(client, follower, RequestCode.GET_MAX_OFFSET,
+                                  {"topic": "Held", "queue_id": 0})).ext["offset"] < end["offset"]:
+                    await trio.sleep(0.05)
+            answers = []
+
+            async def pull() -> None:
+                answers.append(await call(client, follower, RequestCode.PULL_MESSAGE,
+                                          {"consumer_group": "held", "topic": "Held", "queue_id": 0,
+                                           "queue_offset": end["offset"], "max_msg_nums": 32, "sys_flag": 0x2 | 0x4,
+                                           "subscription": "TagB", "suspend_timeout_millis": 15_000}, timeout_s=20))
+                answers.append(trio.current_time())
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(pull)
+                for _ in range(5):
+                    await producer.send(Message("Held", b"unwanted", tags="TagA"), queue=mq)
+                await trio.sleep(0.5)
+                assert answers == [], f"{follower} answered a pull no message it wants had arrived for"
+                sent_at = trio.current_time()
+                await producer.send(Message("Held", b"wanted", tags="TagB"), queue=mq)
+            response, answered_at = answers
+            assert response.code == ResponseCode.SUCCESS, response.remark
+            assert [view.body for view in iter_records(response.body)] == [b"wanted"]
+            assert answered_at - sent_at < 2.0
