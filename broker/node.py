@@ -382,6 +382,23 @@ class BrokerNode:
                 self.refresh_metadata()
                 self.registration.trigger()
 
+    async def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        """A consumer's commit (UPDATE_CONSUMER_OFFSET), on the leader: pending, replicated with the others within
+        ``consumer_offset_flush_interval_ms``, except a group's first offset of a queue, replicated before this
+        returns. A lost later commit costs re-consumption; a lost first one left the group without an offset, and
+        a consumer from its last offset started at the queue's end, skipping everything stored since."""
+        first = self.offsets.query(group, topic, queue_id) is None
+        self.offsets.commit(group, topic, queue_id, offset)
+        if not first:
+            return
+        await self._flush_offsets_once()
+        if self._committed_offset(group, topic, queue_id) is None:
+            if not self.is_leader():
+                raise self.not_leader()
+            raise RequestRejected(ResponseCode.SYSTEM_BUSY,
+                                  f"the first offset of consumer group {group!r} for {topic}:{queue_id} is not "
+                                  f"replicated yet; it is retried with the next offsets")
+
     async def flush_offsets(self) -> None:
         interval = self.config.consumer_offset_flush_interval_ms / 1000
         while True:

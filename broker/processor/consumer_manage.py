@@ -1,8 +1,11 @@
 """QUERY_CONSUMER_OFFSET, UPDATE_CONSUMER_OFFSET, GET_CONSUME_STATS and INVOKE_BROKER_TO_RESET_OFFSET.
 
 Updates are accepted by the leader only (NOT_LEADER elsewhere, with ``leader_addr``) and replicated in batches
-(``broker/offset_manager.py``). Queries are answered by any node; a group that never committed an offset for
-the queue gets QUERY_NOT_FOUND, as RocketMQ, and the client then starts from its ``consume_from_where``.
+(``broker/offset_manager.py``); a group's first offset of a queue before the answer (``BrokerNode.commit_offset``).
+Queries are answered by any node; a group that never committed an offset for the queue gets QUERY_NOT_FOUND, and
+the client then starts from its ``consume_from_where`` (RocketMQ answers 0 while the queue still starts at 0, which
+replays the backlog to a new group from its last offset; the push consumer covers what that answer was for: a
+queue created after it subscribed starts at its first message, and a start it found is committed at once).
 
 GET_CONSUME_STATS is RocketMQ's consumer progress (``mqadmin consumerProgress``): for every queue of the topics
 a group consumes here, the queue's max offset, the group's offset and the lag between them. Any node answers;
@@ -51,7 +54,7 @@ class ConsumerManageProcessor:
             raise self.node.not_leader()
         group, topic, queue_id = self._key(request)
         offset = get_int(request.ext, "commit_offset", lo=0)
-        self.node.offsets.commit(group, topic, queue_id, offset)
+        await self.node.commit_offset(group, topic, queue_id, offset)
         return None if request.is_oneway else make_response(request, ResponseCode.SUCCESS)
 
     async def reset_offset(self, request: Frame, conn: Any) -> Frame:

@@ -64,6 +64,29 @@ async def test_a_member_killed_before_its_first_commit_leaves_its_start_to_the_n
     assert set(got) == sent, f"never consumed: {sorted(sent - set(got))}"
 
 
+@pytest.mark.timeout(180)
+async def test_a_groups_first_offsets_survive_the_leader_killed_before_its_next_offset_flush(spawn, tmp_path):
+    """The leader replicates consumer offsets every consumer_offset_flush_interval_ms (here widened to 30 s to hold
+    the window open) and a leader that dies loses what it had not replicated: later commits are re-consumed, but
+    a group's first ones left it without an offset. A new group's member from its last offset commits its starts,
+    the leader is killed, 20 messages are sent to the new one, the member is killed: its successor gets all 20
+    (was: none, it started from the end)."""
+    cluster = await start_cluster(spawn, tmp_path, {"consumer_offset_flush_interval_ms": "30000"})
+    await cluster.create_topic("FirstOffsets", 4)
+    leader = await cluster.leader_addr()
+    first, second = tmp_path / "first.txt", tmp_path / "second.txt"
+    member = await start_consumer(spawn, cluster, "FirstOffsets", "first_offsets", first, delay_ms=10_000,
+                                  persist_consumer_offset_interval_ms=60_000)
+    cluster.nodes[cluster.node_at(leader)].kill()
+    sent = {f"m{i:03d}" for i in range(20)}
+    async with open_producer(cluster.namesrv) as producer:
+        for body in sorted(sent):
+            await producer.send(Message("FirstOffsets", body.encode()))
+    member.kill()
+    await start_consumer(spawn, cluster, "FirstOffsets", "first_offsets", second)
+    got = await wait_consumed([first, second], sent)
+    assert set(got) == sent, f"never consumed: {sorted(sent - set(got))}"
+
 @pytest.mark.load
 @pytest.mark.timeout(240)
 async def test_a_group_loses_nothing_to_members_joining_leaving_and_killed_while_another_group_reads(spawn, tmp_path,
