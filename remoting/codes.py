@@ -71,7 +71,7 @@ class RequestCode(IntEnum):
     QUERY_DATA_VERSION = 322
     # raftmq's own
     ECHO = 1000
-    """Answered with SUCCESS and the request's body and ext; used by ``raftmq bench rpc`` and health checks."""
+    """Answered with SUCCESS and the request's body and ext by ``raftmq bench rpc``'s echo server (only there)."""
     FETCH_COMMIT_LOG = 1001
     """A follower copying commit-log bytes it missed from a peer (design §4)."""
     GET_RAFT_STATUS = 1002
