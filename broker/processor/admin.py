@@ -33,7 +33,8 @@ class AdminProcessor:
         try:
             config = TopicConfig.from_wire(request.ext)
         except TopicConfigError as e:
-            raise RequestRejected(ResponseCode.INVALID_REQUEST, f"request field {e.field!r}: {e}") from None
+            raise RequestRejected(ResponseCode.INVALID_REQUEST, f"request field {e.field!r}: {e}",
+                                  ext={"field": e.field}) from None
         # Every name a producer may not send to (RocketMQ's isSystemTopic): a topic in the table is taken as
         # checked by the send path, so a reserved one created here would be open to sends.
         try:
@@ -43,7 +44,7 @@ class AdminProcessor:
                    else "the name is reserved for the broker")
             raise RequestRejected(ResponseCode.INVALID_REQUEST,
                                   f"request field 'topic_name': topic {config.topic_name!r} conflicts with the "
-                                  f"system topics ({why})") from None
+                                  f"system topics ({why})", ext={"field": "topic_name"}) from None
         await self.node.update_topic(config)
         return make_response(request, ResponseCode.SUCCESS)
 

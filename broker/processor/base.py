@@ -31,7 +31,8 @@ class RequestRejected(Exception):
 
 
 def invalid(field: str, problem: str) -> RequestRejected:
-    return RequestRejected(ResponseCode.INVALID_REQUEST, f"request field {field!r} {problem}")
+    """INVALID_REQUEST naming ``field`` in the remark and in ext ``field`` (``InvalidRequestError.field``)."""
+    return RequestRejected(ResponseCode.INVALID_REQUEST, f"request field {field!r} {problem}", ext={"field": field})
 
 
 def topic_not_exist(node: Any, topic: str) -> RequestRejected:

@@ -38,7 +38,7 @@ class ClientManageProcessor:
         try:
             heartbeat = parse_heartbeat(data)
         except HeartbeatError as e:
-            raise RequestRejected(ResponseCode.INVALID_REQUEST, f"heartbeat: {e}") from None
+            raise RequestRejected(ResponseCode.INVALID_REQUEST, f"heartbeat: {e}", ext={"field": e.field}) from None
         self.node.clients.heartbeat(heartbeat, conn)
         return make_response(request, ResponseCode.SUCCESS)
 

@@ -25,7 +25,8 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from broker.filter import SubscriptionParseError, TagFilter, parse_tag_expression
-from broker.processor.base import I32, RequestRejected, existing_topic_config, get_group, get_int, get_str
+from broker.processor.base import (I32, RequestRejected, existing_topic_config, get_group, get_int, get_str,
+                                   invalid)
 from remoting.codec import Frame, make_response
 from remoting.codes import ResponseCode
 from remoting.errors import RaftMQError
@@ -88,9 +89,8 @@ class PullMessageProcessor:
                                   f"topic {topic!r} is not readable on broker {node.config.broker_name} "
                                   f"(perm={config.perm})")
         if args["queue_id"] >= config.read_queue_nums:
-            raise RequestRejected(ResponseCode.INVALID_REQUEST,
-                                  f"request field 'queue_id' must be below topic {topic!r}'s read_queue_nums "
-                                  f"{config.read_queue_nums}, got {args['queue_id']}")
+            raise invalid("queue_id", f"must be below topic {topic!r}'s read_queue_nums {config.read_queue_nums}, "
+                                      f"got {args['queue_id']}")
         expression = ext.get("subscription")
         tag_filter: TagFilter
         if expression is None and not args["sys_flag"] & FLAG_SUBSCRIPTION:

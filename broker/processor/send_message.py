@@ -62,8 +62,9 @@ class SendMessageProcessor:
                 validate_topic_name(topic)
                 check_sendable_topic(topic)
             except TopicConfigError as e:
-                code = ResponseCode.NO_PERMISSION if "reserved" in str(e) else ResponseCode.INVALID_REQUEST
-                raise RequestRejected(code, str(e)) from None
+                if "reserved" in str(e):
+                    raise RequestRejected(ResponseCode.NO_PERMISSION, str(e)) from None
+                raise RequestRejected(ResponseCode.INVALID_REQUEST, str(e), ext={"field": "topic"}) from None
             config = await node.topic_for_send(topic)
         if not config.writable:
             raise RequestRejected(ResponseCode.NO_PERMISSION,

@@ -730,3 +730,27 @@ async def test_topics_past_max_topic_count_are_not_created_and_the_rest_keep_wor
         r = await call(client, addr, RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": created[0]})
         assert r.code == ResponseCode.SUCCESS, r.remark
         assert (await _send(client, addr, topic="Brandnew")).code == ResponseCode.SUCCESS
+
+
+async def test_a_bad_request_field_is_named_in_ext_field_as_well_as_in_the_remark(nursery, tmp_path):
+    # docs/protocol.md and ResponseCode.INVALID_REQUEST promise ext `field` (InvalidRequestError.field reads it), as
+    # name servers and DLedger requests answer; the broker named the field in its remark only.
+    config, addr = await _node(nursery, tmp_path)
+    async with open_remoting_client() as client:
+        await _wait_leader(client, addr)
+        assert (await _send(client, addr)).code == ResponseCode.SUCCESS
+        pull = {"consumer_group": "cg", "topic": "TopicTest", "queue_id": 0, "queue_offset": 0, "max_msg_nums": 1}
+        cases = [
+            (RequestCode.SEND_MESSAGE, {"topic": "TopicTest", "queue_id": "zero"}, b"x", "queue_id"),
+            (RequestCode.SEND_MESSAGE, {"topic": "bad topic!"}, b"x", "topic"),
+            (RequestCode.SEND_BATCH_MESSAGE, {"topic": "TopicTest", "queue_id": 0}, b"junk", "body"),
+            (RequestCode.PULL_MESSAGE, {**pull, "queue_id": 99}, b"", "queue_id"),
+            (RequestCode.GET_MAX_OFFSET, {"topic": "TopicTest"}, b"", "queue_id"),
+            (RequestCode.UPDATE_AND_CREATE_TOPIC, {"topic_name": "T", "perm": 99}, b"", "perm"),
+            (RequestCode.UPDATE_AND_CREATE_TOPIC, {"topic_name": "TBW102"}, b"", "topic_name"),
+            (RequestCode.HEART_BEAT, {}, cbor2.dumps({"client_id": ""}), "client_id"),
+        ]
+        for code, ext, body, field in cases:
+            r = await call(client, addr, code, ext, body)
+            assert r.code == ResponseCode.INVALID_REQUEST and field in r.remark, (code, ext, r.code, r.remark)
+            assert r.ext.get("field") == field, (code, ext, r.ext, r.remark)
