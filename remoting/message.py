@@ -3,7 +3,7 @@
 Two layouts, each defined once here next to its ``struct.Struct`` and mirrored in ``docs/store-format.md``.
 All integers are big-endian, as RocketMQ writes them.
 
-**Batch** (what a producer sends as a SEND_BATCH_MESSAGE body and what one Raft entry carries)::
+**Batch** (what a producer sends as a SEND_BATCH_MESSAGE body and the broker hands its Raft group as one record)::
 
     0        4        8                 12       16
     | magic  | count  | store_host ip   | port   |      BATCH_HEAD, 16 bytes
