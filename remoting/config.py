@@ -56,7 +56,7 @@ NAME_MAX_LENGTH = 127
 
 def name_problem(value: str) -> str | None:
     """What is wrong with a cluster, group (broker) or member name, None if nothing. ASCII only: the name servers
-    refuse every registration of a node whose names stray outside ``[a-zA-Z0-9_.-]{1,127}``, and
+    refuse every registration of a node whose names stray outside ``[a-zA-Z0-9_-]{1,127}``, and
     ``str.isalnum`` alone took "é" and "٣"."""
     if value and len(value) <= NAME_MAX_LENGTH and value.isascii() and all(c.isalnum() or c in "-_" for c in value):
         return None

@@ -7,8 +7,8 @@ Layout (big-endian, 32 bytes, rewritten in place then fdatasync'd)::
 
 ``commit_log_flushed``: every commit-log byte before it was fdatasync'd (always a record boundary).
 ``dispatched``: every record before it has its ConsumeQueue unit and index entries flushed. A torn or missing
-checkpoint is not an error: recovery then verifies the last segments and re-dispatches from the start of the
-commit log (both idempotent).
+checkpoint is not an error: recovery then verifies the last two segments and re-dispatches from the last record
+the index header names as dispatched, else from the start of the commit log (both idempotent).
 """
 
 from __future__ import annotations
