@@ -461,6 +461,12 @@ class BrokerNode:
         while True:
             await trio.sleep(0.2)
             self.refresh_metadata()
+            # A follower applies the topic changes its leader registered, but registered them itself only every
+            # register_interval_ms. While the group has no master (its leader just died), a name server routes the
+            # group's topics from the followers' registrations: a topic created since their last one dropped out
+            # of the route, and clients that refreshed then stopped using the group until their next refresh.
+            if self.topics.data_version != self.registration.registered_data_version:
+                self.registration.trigger()
 
     async def scan_clients(self) -> None:
         while True:

@@ -2,9 +2,11 @@
 
 Each node sends REGISTER_BROKER (schema in docs/protocol.md, "Name server requests") with its Raft role and
 term and the group's topic configs, every ``register_interval_ms`` and immediately when ``trigger()`` is called:
-on a role change (so routes name the new leader as master within one round trip, not a period) and after a topic
-change. Name servers never talk to each other, so a failure to reach one does not delay the others: each round
-registers with all of them concurrently, each under its own timeout. A clean shutdown unregisters.
+on a role change (so routes name the new leader as master within one round trip, not a period) and once the
+node's replicated topic table has moved past the one it last registered (on a follower too: while its group has
+no master, a name server routes the group's topics from the followers' registrations). Name servers never talk
+to each other, so a failure to reach one does not delay the others: each round registers with all of them
+concurrently, each under its own timeout. A clean shutdown unregisters.
 """
 
 from __future__ import annotations
@@ -71,6 +73,8 @@ class RegistrationService:
         self._successes = 0
         self._failures = 0
         self._last_master: str | None = None
+        # The topic table's data_version that the last round carried (None before the first round).
+        self.registered_data_version: int | None = None
         self.registered_once = trio.Event()
 
     def statistics(self) -> RegistrationStatistics:
@@ -94,6 +98,7 @@ class RegistrationService:
     async def register_all(self) -> None:
         snap = self._snapshot()
         self._rounds += 1
+        self.registered_data_version = snap.data_version
         async with trio.open_nursery() as nursery:
             for addr in self._addrs:
                 nursery.start_soon(self._register_one, addr, snap)
