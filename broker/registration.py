@@ -7,6 +7,13 @@ node's replicated topic table has moved past the one it last registered (on a fo
 no master, a name server routes the group's topics from the followers' registrations). Name servers never talk
 to each other, so a failure to reach one does not delay the others: each round registers with all of them
 concurrently, each under its own timeout. A clean shutdown unregisters.
+
+A name server keeps nothing on disk: restarted, it knows no node until each registers again, and until then it
+routes a cluster's topics on the groups that did (a client that asks it leaves the others' queues unused and
+unconsumed; ``raftmq admin create-topic`` asking it found no group, or only those). So a name server is
+registered with again within ``RECONNECT_INTERVAL_S`` once its connection closes (it stopped or restarted; the
+name server evicts a node whose registration connection closes, the same signal the other way round) and, after
+a failed registration, every ``RECONNECT_INTERVAL_S`` until one succeeds, instead of at the next period.
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ from remoting.errors import RaftMQError
 from remoting.transport import open_connection
 
 log = logging.getLogger(__name__)
+
+RECONNECT_INTERVAL_S = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +82,10 @@ class RegistrationService:
         self._successes = 0
         self._failures = 0
         self._last_master: str | None = None
+        # Name servers whose last registration succeeded (over the pooled connection: one that closes since means
+        # the name server went away), and the failures in a row of the others.
+        self._registered: set[str] = set()
+        self._failing: dict[str, int] = {}
         # The topic table's data_version that the last round carried (None before the first round).
         self.registered_data_version: int | None = None
         self.registered_once = trio.Event()
@@ -89,11 +102,33 @@ class RegistrationService:
         if not self._addrs:
             log.warning("no name server configured (namesrv_addrs is empty); clients will not find this node")
             await trio.sleep_forever()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._serve_reconnect)
+            while True:
+                self._wake = trio.Event()
+                await self.register_all()
+                with trio.move_on_after(self._interval_s):
+                    await self._wake.wait()
+
+    async def _serve_reconnect(self) -> None:
+        """Register again with each name server whose last registration failed or whose connection has closed
+        since, every ``RECONNECT_INTERVAL_S`` (a task of its own: a name server that hangs here holds up no periodic
+        or triggered round)."""
         while True:
-            self._wake = trio.Event()
-            await self.register_all()
-            with trio.move_on_after(self._interval_s):
-                await self._wake.wait()
+            await trio.sleep(RECONNECT_INTERVAL_S)
+            connections = self._client.connections()
+            lost = [addr for addr in self._addrs
+                    if addr in self._failing or (addr in self._registered and addr not in connections)]
+            if not lost:
+                continue
+            for addr in lost:
+                if addr not in self._failing:
+                    log.info("connection to a name server closed, registering again namesrv=%s", addr)
+                    self._registered.discard(addr)
+            snap = self._snapshot()
+            async with trio.open_nursery() as nursery:
+                for addr in lost:
+                    nursery.start_soon(self._register_one, addr, snap)
 
     async def register_all(self) -> None:
         snap = self._snapshot()
@@ -108,20 +143,30 @@ class RegistrationService:
         try:
             response = await self._client.invoke(addr, request, timeout_s=self._timeout_s)
         except RaftMQError as e:
-            self._failures += 1
-            log.warning("registration failed namesrv=%s error=%s", addr, e)
+            self._failed(addr, str(e))
             return
         if response.code != ResponseCode.SUCCESS:
-            self._failures += 1
-            log.warning("registration refused namesrv=%s code=%s remark=%s", addr, response.code, response.remark)
+            self._failed(addr, f"refused with code {response.code}: {response.remark}")
             return
         self._successes += 1
+        self._registered.add(addr)
+        failed = self._failing.pop(addr, 0)
+        if failed:
+            log.info("registered again namesrv=%s failed_attempts=%d", addr, failed)
         master = response.ext.get("master_addr")
         if master != self._last_master:
             log.info("name server sees master namesrv=%s master_addr=%s role=%s term=%d", addr, master, snap.role,
                      snap.term)
             self._last_master = master
         self.registered_once.set()
+
+    def _failed(self, addr: str, reason: str) -> None:
+        self._failures += 1
+        self._registered.discard(addr)
+        n = self._failing[addr] = self._failing.get(addr, 0) + 1
+        # Retried every second while it lasts: the first failure, then the 10th, 100th, ... in a row are warnings.
+        level = logging.WARNING if str(n).rstrip("0") == "1" else logging.DEBUG
+        log.log(level, "registration failed namesrv=%s failures_in_a_row=%d error=%s", addr, n, reason)
 
     async def unregister_all(self) -> None:
         """Tell every name server this node is going away (call it shielded: it runs during shutdown)."""

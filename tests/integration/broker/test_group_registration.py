@@ -8,9 +8,11 @@ import cbor2
 import trio
 
 from broker.node import serve_broker
+from namesrv import NamesrvConfig, serve_namesrv
 from remoting.codes import RequestCode, ResponseCode
 from remoting.transport import open_remoting_client
 from tests.integration.broker.helpers import broker_configs, call, start_namesrv
+from tests.procs import free_port
 
 
 async def _leader(client, addrs: list[str]) -> str:
@@ -64,3 +66,43 @@ async def test_a_topic_created_after_the_followers_registered_stays_routed_when_
         route = await call(client, namesrv, RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "LateTopic"})
         assert route.code == ResponseCode.SUCCESS, f"the topic left the route with the leader: {route.remark}"
         assert cbor2.loads(route.body)["queue_datas"][0]["write_queue_nums"] == 4
+
+
+async def test_a_restarted_name_server_learns_the_nodes_again_within_seconds(nursery, tmp_path):
+    # A name server keeps nothing on disk: restarted, it knows no node until each registers again, and meanwhile it
+    # routes a cluster's topics on the groups that did (with two groups, clients and `raftmq admin create-topic`
+    # used one). Nodes registered again only at their next period, up to register_interval_ms (30 s) later.
+    port = free_port()
+    addr = f"127.0.0.1:{port}"
+
+    async def namesrv(*, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        await serve_namesrv(NamesrvConfig(listen=addr), task_status=task_status)
+
+    async def start_namesrv_at() -> trio.CancelScope:
+        scope = trio.CancelScope()
+
+        async def run(*, task_status=trio.TASK_STATUS_IGNORED) -> None:
+            with scope:
+                await namesrv(task_status=task_status)
+
+        await nursery.start(run)
+        return scope
+
+    async def wait_registered(client, timeout_s: float) -> None:
+        with trio.fail_after(timeout_s):
+            while True:
+                r = await call(client, addr, RequestCode.GET_BROKER_CLUSTER_INFO)
+                if r.code == ResponseCode.SUCCESS and cbor2.loads(r.body)["nodes"].get("broker-a"):
+                    return
+                await trio.sleep(0.05)
+
+    scope = await start_namesrv_at()
+    (config,) = broker_configs(tmp_path, addr)
+    await nursery.start(functools.partial(serve_broker, config))
+    async with open_remoting_client() as client:
+        await wait_registered(client, 10)
+        for down_s in (0, 2.5):  # restarted at once (its connection closed), and after registrations failed
+            scope.cancel()
+            await trio.sleep(down_s)
+            scope = await start_namesrv_at()
+            await wait_registered(client, 5)
