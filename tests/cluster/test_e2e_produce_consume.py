@@ -177,15 +177,16 @@ class LoadLedger:
 
 @asynccontextmanager
 async def under_load(cluster: Cluster, topic: str, consumer_group: str, *,
-                     producer_options: dict[str, Any] | None = None,
+                     producer_options: dict[str, Any] | None = None, consumer_options: dict[str, Any] | None = None,
                      **sender_options: Any) -> AsyncIterator[LoadLedger]:
     """A producer with 8 senders and a push consumer (``LOAD_CONSUMER_OPTIONS``) on ``topic``, recorded in the
     ledger yielded. Leaving stops the senders, then waits (60 s at most) until every acknowledged message is
-    consumed. ``producer_options`` go to the producer, ``sender_options`` to ``send_until``."""
+    consumed. ``producer_options`` go to the producer, ``consumer_options`` to the consumer (over
+    ``LOAD_CONSUMER_OPTIONS``), ``sender_options`` to ``send_until``. ``cluster`` needs only ``namesrv``."""
     load = LoadLedger()
     async with open_producer(cluster.namesrv, retry_backoff_ms=20, **(producer_options or {})) as producer, \
             open_push_consumer(cluster.namesrv, topic=topic, handler=load.on_message, consumer_group=consumer_group,
-                               **LOAD_CONSUMER_OPTIONS):
+                               **{**LOAD_CONSUMER_OPTIONS, **(consumer_options or {})}):
         async with trio.open_nursery() as nursery:
             load.start_senders(nursery, producer, topic, **sender_options)
             yield load
