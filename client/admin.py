@@ -235,9 +235,26 @@ class AdminClient:
         return None
 
     async def delete_topic(self, topic: str, *, cluster: str | None = None,
-                           broker_names: Sequence[str] | None = None) -> None:
+                           broker_names: Sequence[str] | None = None) -> list[str]:
+        """Delete ``topic`` from every group of ``cluster`` (default: all) or of ``broker_names`` that has it;
+        returns those groups' names. A topic need not be on every group (created with ``broker_names``, or while
+        a group was down): a group without it has nothing to delete (before, its TOPIC_NOT_EXIST failed the whole
+        delete, though the others had deleted it). Only a topic on none of them is refused, as the first group's
+        TopicNotExistError."""
         masters = await self._target_masters(cluster, broker_names)
-        await self._to_leaders(masters, RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": topic})
+        frames = await self._to_leaders(masters, RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": topic},
+                                        ok=(ResponseCode.SUCCESS, ResponseCode.TOPIC_NOT_EXIST))
+        deleted = sorted(name for name, frame in frames.items() if frame.code == ResponseCode.SUCCESS)
+        if not deleted:
+            first, *others = sorted(frames)
+            try:
+                raise_for_response(frames[first], topic=topic, broker_name=first)
+            except RaftMQError as e:
+                if others:
+                    e.add_note("also from broker group(s) " + "; ".join(f"{name}: {frames[name].remark}"
+                                                                       for name in others))
+                raise
+        return deleted
 
     async def consume_stats(self, consumer_group: str, *, topic: str | None = None,
                             cluster: str | None = None) -> ConsumeStats:

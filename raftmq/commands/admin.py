@@ -261,8 +261,8 @@ async def _create(admin: AdminClient, args: argparse.Namespace) -> dict[str, Any
 
 
 async def _delete(admin: AdminClient, args: argparse.Namespace) -> dict[str, Any]:
-    await admin.delete_topic(args.topic, cluster=args.cluster, broker_names=args.broker)
-    return {"topic": args.topic, "deleted": True}
+    groups = await admin.delete_topic(args.topic, cluster=args.cluster, broker_names=args.broker)
+    return {"topic": args.topic, "deleted": True, "broker_names": groups}
 
 
 async def _status(admin: AdminClient, args: argparse.Namespace) -> dict[str, Any]:
@@ -419,7 +419,7 @@ def _print(command: str, data: dict[str, Any]) -> None:
         else:
             _print_route(console, data["route"])
     elif command == "delete-topic":
-        print(f"topic {data['topic']} deleted")
+        print(f"topic {data['topic']} deleted from {', '.join(data['broker_names'])}")
     elif command == "topic-status":
         table = Table(title=f"status of {data['topic']}", header_style="bold")
         for column in ("group", "queue", "min offset", "max offset", "last update (UTC)"):

@@ -44,3 +44,27 @@ async def test_a_refusal_by_every_group_is_raised_as_itself_and_bad_numbers_name
                 await call
         route = await admin.create_topic("T", read_queue_nums=2, write_queue_nums=2)
         assert route is not None and {q.broker_name for q in route.queue_datas} == {"broker-a", "broker-b"}
+
+
+async def test_a_topic_on_some_groups_is_deleted_from_those_and_a_topic_on_none_is_refused(nursery, tmp_path):
+    """A topic created on broker-b alone (or while broker-a was down): deleting it from every group failed with
+    broker-a's TOPIC_NOT_EXIST, exit 1 from `raftmq admin delete-topic`, though broker-b had deleted it."""
+    namesrv = await start_namesrv(nursery)
+    for group in ("broker-a", "broker-b"):
+        (config,) = broker_configs(tmp_path / group, namesrv, **{"dledger.group": group})
+        await start_broker(nursery, config)
+    async with open_admin(namesrv) as admin:
+        with trio.fail_after(10):
+            while True:
+                info = await admin.cluster_info()
+                if info.master_addr("broker-a") and info.master_addr("broker-b"):
+                    break
+                await trio.sleep(0.05)
+        route = await admin.create_topic("OnlyB", read_queue_nums=2, write_queue_nums=2, broker_names=["broker-b"])
+        assert route is not None and [q.broker_name for q in route.queue_datas] == ["broker-b"]
+        assert await admin.delete_topic("OnlyB") == ["broker-b"]
+        with pytest.raises(TopicNotExistError, match="no route info"):
+            await admin.get_route("OnlyB")
+        with pytest.raises(TopicNotExistError, match="'OnlyB' does not exist on broker broker-a") as refused:
+            await admin.delete_topic("OnlyB")
+        assert "also from broker group(s) broker-b: " in "".join(getattr(refused.value, "__notes__", []))
