@@ -146,6 +146,34 @@ class ConsumeQueue:
                     return
         self.min_offset = self.max_offset
 
+    def missing_file(self) -> int | None:
+        """The index of a file missing between this queue's first and last (retention deletes from the front
+        only, so any gap was lost), or None."""
+        held = sorted(self._files)
+        for before, idx in zip(held, held[1:]):
+            if idx != before + 1:
+                return before + 1
+        return None
+
+    def max_offset_at(self, phy_offset: int) -> int:
+        """The max offset this queue had when dispatch stood at ``phy_offset``: one past its last unit pointing
+        before it (0 if none). Units are in commit-log order, so a binary search finds it; a unit in a file
+        retention deleted pointed before it. Recovery compares the sum over the queues with the checkpoint's."""
+        lo, hi = min(self._files, default=0) * self.units_per_file, self.max_offset
+        while lo < hi:
+            mid = (lo + hi) // 2
+            unit = self.unit(mid)
+            if unit is None or unit[1] == 0 or unit[0] < phy_offset:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo:
+            # Only holes before: a queue begun past offset 0 (a store that starts past 0) after that point.
+            unit = self.unit(lo - 1)
+            if unit is not None and unit[1] == 0:
+                return 0
+        return lo
+
     def apply_cut(self, phy_offset: int) -> None:
         """Hide every unit pointing before ``phy_offset`` (its topic was deleted there). Units are in commit-log
         order within a queue, so the new min offset is found by binary search; until units past the cut
@@ -174,7 +202,8 @@ class ConsumeQueue:
         self._files[idx] = f
         return f
 
-    def put(self, queue_offset: int, phy_offset: int, size: int, tags_code: int) -> None:
+    def put(self, queue_offset: int, phy_offset: int, size: int, tags_code: int) -> int:
+        """Write one unit; returns how far the max offset grew."""
         idx, r = divmod(queue_offset, self.units_per_file)
         f = self._files.get(idx) or self._create(idx)
         at = r * CQ_UNIT_SIZE
@@ -182,13 +211,17 @@ class ConsumeQueue:
             f.reserve(at + CQ_UNIT_SIZE)
         CQ_UNIT.pack_into(f.mm, at, phy_offset, size, tags_code)
         self._dirty.add(idx)
-        if queue_offset >= self.max_offset:
-            if self.max_offset == 0:  # the first unit: a queue rebuilt after retention starts past 0
-                self.min_offset = queue_offset
-            self.max_offset = queue_offset + 1
+        if queue_offset < self.max_offset:
+            return 0
+        grown = queue_offset + 1 - self.max_offset
+        if self.max_offset == 0:  # the first unit: a queue rebuilt after retention starts past 0
+            self.min_offset = queue_offset
+        self.max_offset = queue_offset + 1
+        return grown
 
-    def put_units(self, first_offset: int, units: bytes | memoryview) -> None:
-        """Write consecutive units from ``first_offset`` (one copy per file instead of one pack per unit)."""
+    def put_units(self, first_offset: int, units: bytes | memoryview) -> int:
+        """Write consecutive units from ``first_offset`` (one copy per file instead of one pack per unit); returns
+        how far the max offset grew."""
         mv = memoryview(units)
         n = len(mv) // CQ_UNIT_SIZE
         done = 0
@@ -201,10 +234,13 @@ class ConsumeQueue:
             self._dirty.add(idx)
             done += take
         end = first_offset + n
-        if n and end > self.max_offset:
-            if self.max_offset == 0:  # the first unit: a queue rebuilt after retention starts past 0
-                self.min_offset = first_offset
-            self.max_offset = end
+        if not n or end <= self.max_offset:
+            return 0
+        grown = end - self.max_offset
+        if self.max_offset == 0:  # the first unit: a queue rebuilt after retention starts past 0
+            self.min_offset = first_offset
+        self.max_offset = end
+        return grown
 
     # -- reading ---------------------------------------------------------------------------------------------
     def unit(self, queue_offset: int) -> tuple[int, int, int] | None:

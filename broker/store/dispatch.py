@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from .commit_log import SIZE_MAGIC, CommitLog
 from .consume_queue import CQ_UNIT, ConsumeQueue
 from .dispatch_info import DispatchHint, index_hashes, scan_properties, tags_code_of
 from .index_file import IndexService
+from .mapped_file import file_name
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +52,10 @@ class Dispatcher:
         self.queues: dict[tuple[bytes, int], ConsumeQueue] = {}
         self.by_topic: dict[str, dict[int, ConsumeQueue]] = {}
         self.dispatched = 0  # every record before this offset is dispatched
+        self.queue_units = 0  # the sum of every queue's max offset
+        # (dispatched, queue_units) at the end of the last dispatch round, in one tuple: the flush thread reads it
+        # for the checkpoint while the reput task dispatches.
+        self.mark = (0, 0)
         self._hints: collections.deque[DispatchHint] = collections.deque()
         self.cuts: dict[str, int] = {}  # topic -> commit-log offset of its latest deletion record
 
@@ -66,6 +72,36 @@ class Dispatcher:
 
     def has_queue_files(self) -> bool:
         return any(cq.max_offset for cq in self.queues.values())
+
+    def queue_damage(self, dispatched: int | None, queue_units: int | None) -> str | None:
+        """Why the loaded ConsumeQueue files cannot be trusted, or None. Appends take each queue's next offset
+        from its files, so a queue that lost its newest file (or its directory) would give its offsets again, and
+        pulls skip a lost middle file: a file missing inside a queue, or fewer units before ``dispatched`` than
+        the checkpoint counted (``queue_units``), means the queues must be rebuilt from the commit log."""
+        for cq in self.queues.values():
+            gap = cq.missing_file()
+            if gap is not None:
+                return f"consume queue {cq.topic}:{cq.queue_id} lacks its file {file_name(gap * cq.file_size)}"
+        if dispatched is not None and queue_units is not None:
+            held = sum(cq.max_offset_at(dispatched) for cq in self.queues.values())
+            if held != queue_units:
+                return (f"the consume queues hold {held} units before dispatched offset {dispatched}, the checkpoint "
+                        f"counted {queue_units}")
+        return None
+
+    def drop_queues(self) -> None:
+        """Delete every ConsumeQueue file, for recovery to rebuild them from the commit log."""
+        for cq in self.queues.values():
+            cq.close()
+        self.queues.clear()
+        self.by_topic.clear()
+        shutil.rmtree(self.cq_root)
+        self.cq_root.mkdir(parents=True)
+
+    def reset_mark(self) -> None:
+        """Count the queues' units afresh and mark the current dispatch position (recovery, ``start_at``)."""
+        self.queue_units = sum(cq.max_offset for cq in self.queues.values())
+        self.mark = (self.dispatched, self.queue_units)
 
     def _queue(self, topic: bytes, queue_id: int) -> ConsumeQueue:
         cq = self.queues.get((topic, queue_id))
@@ -107,14 +143,16 @@ class Dispatcher:
                 break  # nothing published past here yet
             pos = self.dispatched
         self.index.write_headers()
+        self.mark = (self.dispatched, self.queue_units)
         return count
 
     def _dispatch_hint(self, hint: DispatchHint, touched: dict[tuple[bytes, int], ConsumeQueue]) -> int:
         queues = self.queues
         deletions: list[int] = []
+        grown = 0
         for key, first, units in hint.queues:
             cq = queues.get(key) or self._queue(*key)
-            cq.put_units(first, units)
+            grown += cq.put_units(first, units)
             touched[key] = cq
             if key[0] == _TOPIC_DELETE_LOG:
                 deletions += [phy for phy, _, _ in CQ_UNIT.iter_unpack(units)]
@@ -147,6 +185,7 @@ class Dispatcher:
                 i += 1
             index_file.end_phy_offset = hint.last_phy
             index_file.end_timestamp = ts
+        self.queue_units += grown
         self.dispatched = hint.end
         return hint.count
 
@@ -180,6 +219,7 @@ class Dispatcher:
         head_size = RECORD_HEAD.size
         seg_size = cl.segment_size
         count = 0
+        grown = 0
         seg = None
         while pos < stop:
             if seg is None or not seg.start <= pos < seg.start + seg_size:
@@ -213,7 +253,7 @@ class Dispatcher:
                 tags, raw_keys, uniq = scan_properties(bytes(props))
                 if tags:
                     code = tags_code_of(tags)
-            cq.put(queue_offset, pos, size, code)
+            grown += cq.put(queue_offset, pos, size, code)
             touched[key] = cq
             if topic == _TOPIC_DELETE_LOG:
                 self._cut_at(pos)
@@ -231,6 +271,7 @@ class Dispatcher:
             count += 1
         if count:
             cl.note_touched(seg.start, pos - self.dispatched)
+        self.queue_units += grown
         self.dispatched = pos
         return count
 

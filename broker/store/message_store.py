@@ -124,6 +124,11 @@ class MessageStore:
         d = self.dispatcher
         d.load_queues(cl.min_phy_offset, end)
         d.index.load(end)
+        damage = d.queue_damage(self._checkpoint.dispatched, self._checkpoint.queue_units)
+        if damage is not None:
+            log.warning("consume queues do not match the commit log, rebuilding them from it dir=%s reason=%s",
+                        cfg.store_dir, damage)
+            d.drop_queues()
         restart = self._checkpoint.dispatched
         if restart is None:
             # No checkpoint: the index header names the last record dispatched (its units and entries are
@@ -136,6 +141,7 @@ class MessageStore:
         while d.dispatched < end:
             redispatched += d.dispatch(end, cfg.dispatch_chunk_bytes, {})
         d.load_cuts()
+        d.reset_mark()
         self._queue_offsets = d.queue_offsets()
         self.retention.refresh_disk_state()
         self.flush_all()
@@ -278,6 +284,7 @@ class MessageStore:
                                  f"[{cl.min_phy_offset}, {cl.end}) and {len(self.dispatcher.queues)} queues")
             cl.end = cl.min_phy_offset = phy_offset
             self.dispatcher.dispatched = phy_offset
+            self.dispatcher.reset_mark()
             self._flushed = phy_offset
         log.info("empty store starts its commit log at phy_offset=%d", phy_offset)
         self.flush_all()  # the checkpoint remembers the start until the first segment exists
@@ -391,12 +398,13 @@ class MessageStore:
         """Flush the commit log, then ConsumeQueue and IndexFile, then write the checkpoint; release pages
         behind the hot window so RSS does not grow with the data stored, and drop flushed commit-log pages
         behind ``page_cache_window_bytes`` from the page cache."""
-        dispatched = self.dispatcher.dispatched
+        # Read before the flush, which syncs the commit log to its end: flushed is then at or past dispatched.
+        dispatched, queue_units = self.dispatcher.mark
         flushed = self.flush()
         with self._files_lock:
             self.dispatcher.flush()
             if self._checkpoint is not None:
-                self._checkpoint.write(flushed, min(dispatched, flushed))
+                self._checkpoint.write(flushed, dispatched, queue_units)
             self.commit_log.release_cold_pages(self.commit_log.end, self.config.hot_window_bytes)
             if self.config.page_cache_window_bytes:
                 self.commit_log.drop_cached(flushed - self.config.page_cache_window_bytes)
