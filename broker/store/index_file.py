@@ -197,6 +197,24 @@ class IndexService:
             removed = self.files[-1].truncate_past(commit_log_end) + undone
             if removed:
                 log.warning("index entries past the commit-log end removed count=%d", removed)
+            self._undo_split_record()
+
+    def _undo_split_record(self) -> None:
+        """A file is begun when the one before is full, which may happen between the keys of one record: its
+        first keys stay in the full file (past that file's ``end_phy_offset``), the others begin the new one.
+        When the new file is gone (lost, or never published: a crash before its first header write leaves it
+        reading as fresh), re-dispatch from the full file's end would put all the record's keys in a new file,
+        and a lookup would find the record twice. So the full file gives those first keys back: re-dispatch
+        then fills it and begins the next file exactly as before."""
+        last = self.files[-1]
+        if len(self.files) > 1 and last.index_count == 1 and last.end_phy_offset < last.begin_phy_offset:
+            self.files.pop()
+            last.file.destroy()
+            last = self.files[-1]
+        removed = last.truncate_past(last.end_phy_offset + 1)
+        if removed:
+            log.warning("index entries of a record split over two files removed count=%d end_phy_offset=%d", removed,
+                        last.end_phy_offset)
 
     @property
     def indexed_up_to(self) -> int:

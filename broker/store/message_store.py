@@ -130,9 +130,10 @@ class MessageStore:
                         cfg.store_dir, damage)
             d.drop_queues()
         restart = self._checkpoint.dispatched
-        if restart is None:
-            # No checkpoint: the index header names the last record dispatched (its units and entries are
-            # written before the header), so re-dispatch starts there rather than at the start of the log.
+        if restart is None or (d.index.restart_offset is not None and d.index.restart_offset < restart):
+            # The index header names the last record dispatched (its units and entries are written before the
+            # header), so without a checkpoint re-dispatch starts there rather than at the start of the log; and
+            # there too when the index ends before the checkpoint: its newest file was lost or never published.
             restart = d.index.restart_offset if d.index.restart_offset is not None else cl.min_phy_offset
         if end > cl.min_phy_offset and (not d.has_queue_files() or not d.index.files):
             restart = cl.min_phy_offset  # derived files were deleted: rebuild them from the whole commit log
