@@ -89,6 +89,40 @@ class Dispatcher:
                         f"counted {queue_units}")
         return None
 
+    def index_damage(self) -> str | None:
+        """Why the loaded IndexFiles cannot be trusted, or None. A file is begun only when the one before is full,
+        at the record after that one's last (its ``end_phy_offset``), and retention deletes only the oldest files,
+        those ending before the commit log begins: so the first file begins at or before the commit log's start
+        and each next one at the record after its predecessor's end. Otherwise files were lost, and dispatch
+        from the checkpoint on would never index the keys they held."""
+        files = self.index.files
+        cl = self.commit_log
+        if not files or cl.end <= cl.min_phy_offset:
+            return None
+        if files[0].begin_phy_offset > cl.min_phy_offset:
+            return (f"the first index file begins at phy_offset {files[0].begin_phy_offset}, after the commit log's "
+                    f"start {cl.min_phy_offset}")
+        for before, after in zip(files, files[1:]):
+            following = self._record_after(before.end_phy_offset)
+            if following is not None and after.begin_phy_offset > following:
+                return (f"index file {file_name(after.begin_phy_offset)} follows one ending at phy_offset "
+                        f"{before.end_phy_offset}, whose next record is at {following}")
+        return None
+
+    def _record_after(self, phy: int) -> int | None:
+        """The offset of the record after the one at ``phy`` (past a segment's closing blank); None when no record
+        starts at ``phy`` (retention removed it)."""
+        raw = self.commit_log.record_at(phy)
+        if raw is None:
+            return None
+        pos = phy + len(raw)
+        seg = self.commit_log.segment_at(pos)
+        if seg is not None and pos < self.commit_log.end:
+            size, magic = SIZE_MAGIC.unpack_from(seg.mm, pos - seg.start)
+            if magic == BLANK_MAGIC:
+                pos += size
+        return pos
+
     def drop_queues(self) -> None:
         """Delete every ConsumeQueue file, for recovery to rebuild them from the commit log."""
         for cq in self.queues.values():

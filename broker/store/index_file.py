@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import struct
 from collections.abc import Sequence
 from pathlib import Path
@@ -282,6 +283,13 @@ class IndexService:
             dead.file.destroy()
             deleted += 1
         return deleted
+
+    def drop(self) -> None:
+        """Delete every IndexFile, for recovery to rebuild the index from the commit log."""
+        self.close()
+        self._dirty.clear()
+        shutil.rmtree(self.dir)
+        self.dir.mkdir(parents=True)
 
     def close(self) -> None:
         for f in self.files:

@@ -129,6 +129,11 @@ class MessageStore:
             log.warning("consume queues do not match the commit log, rebuilding them from it dir=%s reason=%s",
                         cfg.store_dir, damage)
             d.drop_queues()
+        damage = d.index_damage()
+        if damage is not None:
+            log.warning("index files do not match the commit log, rebuilding them from it dir=%s reason=%s",
+                        cfg.store_dir, damage)
+            d.index.drop()
         restart = self._checkpoint.dispatched
         if restart is None or (d.index.restart_offset is not None and d.index.restart_offset < restart):
             # The index header names the last record dispatched (its units and entries are written before the

@@ -292,16 +292,16 @@ def test_a_crash_before_a_new_index_files_first_header_write_loses_no_key_and_do
     assert tree_bytes(tmp_path / "r", "index") == tree_bytes(tmp_path / "s", "index")
 
 
-@pytest.mark.parametrize("lost", ["last", "two_last"])
-def test_lost_newest_index_files_are_rebuilt_from_the_commit_log(tmp_path, lost):
-    # Recovery dispatched on from the checkpoint: the keys of the records between the end of the newest file left
-    # and the checkpoint were never found again by query_message.
+@pytest.mark.parametrize("lost", ["first", "middle", "last", "two_last"])
+def test_lost_index_files_are_rebuilt_from_the_commit_log(tmp_path, lost):
+    # Recovery dispatched on from the checkpoint: the keys of the records a lost first or middle file held were
+    # never found again by query_message (of a lost newest file: see the test above).
     cfg = small_config(tmp_path / "s")
     with MessageStore.open(cfg) as s:
         fill(s, 100)  # 300 entries a file, 3 a message: 9 files
     names = sorted(os.listdir(tmp_path / "s" / "index"))
     assert len(names) == 9
-    victims = {"last": names[-1:], "two_last": names[-2:]}[lost]
+    victims = {"first": names[:1], "middle": names[4:5], "last": names[-1:], "two_last": names[-2:]}[lost]
     for name in victims:
         os.unlink(tmp_path / "s" / "index" / name)
     with MessageStore.open(cfg) as s:
