@@ -143,6 +143,7 @@ class CommitLog:
         unpack8 = SIZE_MAGIC.unpack_from
         unpack_head = RECORD_HEAD.unpack_from
         unpack_i = BODY_LEN.unpack_from
+        unpack_h = PROPS_LEN.unpack_from
         while True:
             seg = self._segments.get(pos - pos % seg_size)
             if seg is None:
@@ -165,6 +166,19 @@ class CommitLog:
                 return pos
             body_at = off + RECORD_HEAD.size + 4
             if crc32c(seg.mv[body_at:body_at + body_len]) != head[2]:
+                return pos
+            # The CRC covers the body only. The last page written before a power loss may read as zeros while
+            # the page before it holds the head and body of the record it ends: its topic and properties then no
+            # longer add up to its size, or hold zeros where a stored record cannot: in its topic, and as the
+            # last byte of its properties (RocketMQ's encoding ends each pair with \x02) with nothing after it.
+            t = body_at + body_len
+            record_end = off + size
+            p = t + 1 + seg.mm[t]
+            if p == t + 1 or p + 2 > record_end or p + 2 + unpack_h(seg.mm, p)[0] != record_end \
+                    or 0 in seg.mm[t + 1:p]:
+                return pos
+            if p + 2 < record_end and not seg.mm[record_end - 1] and unpack8(seg.mm, record_end)[1] not in (
+                    MESSAGE_MAGIC, BLANK_MAGIC):
                 return pos
             pos += size
 
