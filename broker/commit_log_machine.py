@@ -41,7 +41,7 @@ from broker.store import AppendedMessage, AppendResult, AppendStatus, MessageSto
 from broker.store.commit_log import BuiltBatch
 from broker.store.consume_queue import CQ_UNIT_SIZE
 from broker.store.dispatch_info import DispatchHint
-from dledger import ApplyStatus, BatchResult, PreparedBatch
+from dledger import ApplyStatus, BatchResult, LogMismatchError, PreparedBatch
 from remoting.message import batch_store_host
 
 __all__ = ["CommitLogMachine", "RecordResult", "encode_payload", "decode_payload", "PAYLOAD_VERSION"]
@@ -204,6 +204,9 @@ class CommitLogMachine:
     def apply_batch(self, payload: bytes, store_timestamp: int, expected_start_offset: int) -> BatchResult:
         pieces, touched, data, hint = decode_payload(payload, expected_start_offset, store_timestamp)
         status = self.store.apply_built(pieces, data, touched, expected_start_offset, hint)
+        if status is AppendStatus.CORRUPTED:
+            raise LogMismatchError(expected_start_offset, f"the commit log holds other bytes than the committed "
+                                   f"entry written from offset {expected_start_offset} to {hint.end}")
         if status is AppendStatus.DUPLICATE:
             return BatchResult(ApplyStatus.DUPLICATE, self.store.max_phy_offset)
         if status is AppendStatus.OFFSET_MISMATCH:

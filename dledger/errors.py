@@ -10,8 +10,8 @@ from remoting.errors import FatalServerError, RaftMQError
 
 __all__ = ["CommitLogMovedError", "DLedgerError", "NotLeaderError", "LeaderChangedError", "AppendTimeoutError",
            "AppendOutcomeUnknownError", "GroupBusyError", "RecordTooLargeError", "BatchRejectedError",
-           "MembershipChangeError", "MemberDivergedError", "MemberFellBehindError", "MemberStoreError",
-           "TransferLeadershipError"]
+           "LogMismatchError", "MembershipChangeError", "MemberDivergedError", "MemberFellBehindError",
+           "MemberStoreError", "TransferLeadershipError"]
 
 
 class DLedgerError(RaftMQError):
@@ -134,6 +134,16 @@ class MemberDivergedError(DLedgerError, FatalServerError):
             + _rebuild_remedy("it copies the group's log from a peer"))
         self.group = group
         self.member_id = member_id
+        self.offset = offset
+        self.reason = reason
+
+
+class LogMismatchError(DLedgerError):
+    """Raised by a state machine's ``apply_batch``: what its log holds of a committed entry's range (replayed
+    after a restart) differs from the entry's bytes. The member turns it into ``MemberDivergedError``."""
+
+    def __init__(self, offset: int, reason: str) -> None:
+        super().__init__(f"log mismatch at offset {offset}: {reason}")
         self.offset = offset
         self.reason = reason
 

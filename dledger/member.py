@@ -38,7 +38,7 @@ from dledger import patches
 from remoting.dirlock import DirectoryLock
 from dledger.config import DLedgerConfig, build_syncobj_conf
 from dledger.entry import decode_entry
-from dledger.errors import MemberStoreError
+from dledger.errors import LogMismatchError, MemberDivergedError, MemberStoreError
 from dledger.state_machine import ApplyStatus, BatchResult, StateMachine
 from remoting.errors import RESOURCE_ERRNOS
 
@@ -207,6 +207,11 @@ class RaftMember(SyncObj):
                     waited += 1
                     time.sleep(APPLY_RETRY_S)
                     continue
+            except LogMismatchError as e:
+                # The state machine holds, where the entry goes, bytes the group never committed: a restart
+                # would find them again, so the member stops as one that diverged (rebuilt, not restarted).
+                self._dledger_apply_gate_open = False
+                raise MemberDivergedError(self._config.group, self._config.self_id, e.offset, e.reason) from e
             except Exception as e:
                 error = e
             # pysyncobj would leave the entry unapplied and try it again on every tick (and it already dropped

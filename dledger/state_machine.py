@@ -10,7 +10,10 @@
 - ``apply_batch`` is deterministic (everything it writes follows from the payload, ``store_timestamp`` and
   ``expected_start_offset``) and idempotent: ``expected_start_offset < end_offset`` means the batch was already
   applied (DUPLICATE, write nothing), ``>`` means a batch planned against a state that never happened (REJECTED,
-  write nothing). pysyncobj replays its journal on restart, so duplicates are routine.
+  write nothing). pysyncobj replays its journal on restart, so duplicates are routine. What the log holds of a
+  duplicate must be the batch's own bytes, else ``LogMismatchError``; and a batch is written whole, so a log
+  that ends *inside* one lost the rest of it (a tail lost behind the Raft journal): it writes the rest
+  (APPLIED).
 - ``apply_batch`` (inside a pysyncobj tick) and ``write_raw`` (catch-up) both run on the trio thread, never
   interleaved with each other (the apply gate is closed while raw bytes are copied in).
 - ``read_raw`` returns bytes of the log as stored, so a copy written with ``write_raw`` is byte-identical.

@@ -261,18 +261,51 @@ class MessageStore:
                     hint: DispatchHint | None = None) -> AppendStatus:
         """Write bytes made by ``prepare_append`` (on this or another replica) at the end: PUT_OK,
         DUPLICATE (``expected_phy_offset`` behind the end: nothing written) or OFFSET_MISMATCH (ahead). With the
-        build's ``hint`` the dispatcher writes its units and index entries without parsing the records."""
+        build's ``hint`` the dispatcher writes its units and index entries without parsing the records.
+
+        Behind the end, the log must hold the build's own bytes: CORRUPTED (nothing written) when it holds
+        others. A log that ends inside the build lost the rest of it (recovery cut a tail the Raft log still
+        has): the rest is written, PUT_OK."""
         if self._closed:
             raise StoreClosedError("the message store is closed")
         with self._write_lock:
             end = self.commit_log.end
             if expected_phy_offset != end:
-                return AppendStatus.DUPLICATE if expected_phy_offset < end else AppendStatus.OFFSET_MISMATCH
+                if expected_phy_offset > end:
+                    return AppendStatus.OFFSET_MISMATCH
+                # Written before: pysyncobj replays its journal on restart, and a catch-up copies past entries
+                # it then applies. Builds are written whole, so a log that ends inside one lost the rest of it
+                # (a power loss, a tail cut by recovery); skipped, it would never be written, and every later
+                # build would start past the end.
+                rest = self._unwritten_part(pieces, data, end)
+                if rest is None:
+                    return AppendStatus.CORRUPTED
+                if not rest:
+                    return AppendStatus.DUPLICATE
+                log.warning("commit log completed from a build it held only in part expected_phy_offset=%d "
+                            "end=%d build_end=%d", expected_phy_offset, end, rest[-1][0] + rest[-1][2])
+                pieces, hint = rest, None
             self.commit_log.write_built(pieces, data, self._queue_offsets, touched)
             if hint is not None:
                 self.dispatcher.add_hint(hint)
         self._notify_appended()
         return AppendStatus.PUT_OK
+
+    def _unwritten_part(self, pieces: Sequence[tuple[int, int, int]], data: bytes | memoryview,
+                        end: int) -> list[tuple[int, int, int]] | None:
+        """The pieces of a build from ``end`` on (empty: all written), or None when the log before ``end`` holds
+        other bytes than the build's (retention's deleted segments aside)."""
+        cl = self.commit_log
+        mv = memoryview(data)
+        rest = []
+        for phy, o, n in pieces:
+            held = min(n, end - phy)
+            if held > 0 and phy >= cl.min_phy_offset and cl.read(phy, held) != mv[o:o + held]:
+                return None
+            held = max(held, 0)
+            if held < n:
+                rest.append((phy + held, o + held, n - held))
+        return rest
 
     def start_at(self, phy_offset: int) -> None:
         """Begin an empty store's commit log at ``phy_offset`` (a segment start) instead of 0: a member rebuilt

@@ -21,7 +21,7 @@ class AppendStatus(enum.Enum):
     MESSAGE_ILLEGAL = "MESSAGE_ILLEGAL"  # bad topic, oversize body, malformed batch
     PROPERTIES_SIZE_EXCEEDED = "PROPERTIES_SIZE_EXCEEDED"
     DISK_FULL = "DISK_FULL"  # disk usage passed disk_reject_ratio
-    CORRUPTED = "CORRUPTED"  # a raw commit-log copy failed its size/magic/offset/CRC checks
+    CORRUPTED = "CORRUPTED"  # a raw copy failed its checks, or the log holds other bytes where a build goes
 
 
 class AppendedMessage(NamedTuple):

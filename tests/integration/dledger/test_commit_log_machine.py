@@ -159,3 +159,83 @@ def test_the_leader_refuses_records_while_the_disk_is_full(tmp_path):
         assert accepted.payload is not None and accepted.record_results[0].ok
     finally:
         store.close()
+
+
+def _entries(machine: CommitLogMachine, count: int, tag: bytes = b"body") -> list[tuple[int, int, bytes]]:
+    """``count`` entries of 8 records each, planned one after another: ``(start, store_timestamp, payload)``."""
+    out, start = [], machine.end_offset
+    for n in range(count):
+        recs = [encode_batch([MessageInput(topic="TopicA", queue_id=i % 4, body=tag + b"-%d-%d|" % (n, i) +
+                                           bytes(300), properties={"KEYS": f"k{n}-{i}"},
+                                           born_host=("127.0.0.1", 5000))], HOST) for i in range(8)]
+        p = machine.prepare_batch(recs, start, 1_700_000_000_000 + n, fresh=n == 0)
+        out.append((start, 1_700_000_000_000 + n, p.payload))
+        start = p.end_offset
+    return out
+
+
+def _cut(path, at: int) -> None:
+    """Zero the commit log from ``at`` on and drop the checkpoint: a tail lost after the last fdatasync."""
+    seg = path / "commitlog" / "00000000000000000000"
+    data = seg.read_bytes()
+    seg.write_bytes(data[:at] + bytes(len(data) - at))
+    (path / "checkpoint").unlink()
+
+
+def test_an_entry_the_commit_log_holds_only_in_part_is_written_again_from_its_missing_part(tmp_path):
+    # A member whose commit log lost a tail (a power loss, its Raft journal surviving further) replays entries
+    # from the journal. The entry whose records were cut in the middle was DUPLICATE (it starts before the end),
+    # so its last records were never written, and every later entry started past the end: REJECTED, all of them,
+    # for ever. The member went on as a follower that applied nothing, or as a leader building on its short log.
+    with _open(tmp_path / "source") as source:  # the group's log
+        planner = CommitLogMachine(source)
+        entries = _entries(planner, 6)
+        for start, ts, payload in entries:
+            assert planner.apply_batch(payload, ts, start).status is ApplyStatus.APPLIED
+    with _open(tmp_path / "member") as member:
+        machine = CommitLogMachine(member)
+        for start, ts, payload in entries:
+            assert machine.apply_batch(payload, ts, start).status is ApplyStatus.APPLIED
+        mid_entry = member.look_message_by_offset(entries[4][0]).size * 3 + entries[4][0]  # after 3 of its 8
+    _cut(tmp_path / "member", mid_entry + 100)
+    with _open(tmp_path / "member") as member:
+        assert member.max_phy_offset == mid_entry
+        machine = CommitLogMachine(member)
+        statuses = [machine.apply_batch(payload, ts, start).status for start, ts, payload in entries]
+        assert statuses == [ApplyStatus.DUPLICATE] * 4 + [ApplyStatus.APPLIED] * 2
+        member.dispatch_pending()
+        assert [member.get_max_offset_in_queue("TopicA", q) for q in range(4)] == [12] * 4
+        assert member.query_message("TopicA", "k4-7", 2).messages[0].body.startswith(b"body-4-7|")
+    with _open(tmp_path / "source") as source, _open(tmp_path / "member") as member:
+        assert member.segment_checksums(1 << 40) == source.segment_checksums(1 << 40)
+        for sub in ("consumequeue", "index"):
+            assert tree_bytes(tmp_path / "member", sub) == tree_bytes(tmp_path / "source", sub)
+
+
+@pytest.mark.parametrize("held", ["whole", "in_part"])
+def test_an_entry_replayed_over_other_bytes_stops_the_member(tmp_path, held):
+    # The commit log holds other bytes than a replayed entry where it goes: bytes its group never committed
+    # (damaged on disk, or kept by recovery from a torn write). Before, the entry was skipped as a duplicate, and
+    # with the log ending inside it every later entry was rejected: the member served those bytes as the log.
+    from dledger import LogMismatchError
+    with _open(tmp_path / "source") as source:
+        entries = _entries(CommitLogMachine(source), 2)
+    with _open(tmp_path / "member") as member:
+        machine = CommitLogMachine(member)
+        with _open(tmp_path / "other") as elsewhere:
+            other = _entries(CommitLogMachine(elsewhere), 2, tag=b"BODY")  # the same sizes, other bytes
+        assert other[1][0] == entries[1][0]
+        for start, ts, payload in (entries[0], other[1]):
+            assert machine.apply_batch(payload, ts, start).status is ApplyStatus.APPLIED
+        end = member.max_phy_offset
+        if held == "in_part":
+            end = member.look_message_by_offset(entries[1][0]).size * 3 + entries[1][0]
+    if held == "in_part":
+        _cut(tmp_path / "member", end + 100)
+    with _open(tmp_path / "member") as member:
+        machine = CommitLogMachine(member)
+        assert machine.apply_batch(entries[0][2], entries[0][1], entries[0][0]).status is ApplyStatus.DUPLICATE
+        with pytest.raises(LogMismatchError, match=rf"offset {entries[1][0]} to") as info:
+            machine.apply_batch(entries[1][2], entries[1][1], entries[1][0])
+        assert info.value.offset == entries[1][0]
+        assert member.max_phy_offset == end
