@@ -114,6 +114,15 @@ class CommitLog:
             if i and start != starts[i - 1] + self.segment_size:
                 raise StoreCorruptedError(f"commit log segments are not contiguous: {file_name(starts[i - 1])} "
                                           f"is followed by {file_name(start)}")
+        # Segments are created at their full size: a shorter one lost its end (a file truncated by a tool or a
+        # repair; the last one may also be a file being created when the process died). Opening extends it with
+        # zeros, which must not be taken for the records the checkpoint vouched for.
+        held = {start: os.path.getsize(self.dir / file_name(start)) for start in starts}
+        for start in starts[:-1]:
+            if held[start] < self.segment_size:
+                raise StoreCorruptedError(f"commit log segment {file_name(start)} is {held[start]} bytes, shorter "
+                                          f"than segment_size_bytes {self.segment_size}: it lost its end, and the "
+                                          f"segments after it continue the log from there")
         for start in starts:
             self._segments[start] = MappedFile.open(self.dir / file_name(start), start, self.segment_size)
             self._touched_segments.add(start)
@@ -123,6 +132,11 @@ class CommitLog:
             return self.end
         self.min_phy_offset = starts[0]
         last_end = starts[-1] + self.segment_size
+        if trusted_offset is not None and trusted_offset > starts[-1] + held[starts[-1]]:
+            log.warning("commit log segment shorter than the checkpoint says it was written, verifying it from "
+                        "its start start=%d bytes=%d commit_log_flushed=%d", starts[-1], held[starts[-1]],
+                        trusted_offset)
+            trusted_offset = starts[-1]
         if trusted_offset is not None and starts[0] <= trusted_offset <= last_end:
             scan_from = trusted_offset
         else:

@@ -184,6 +184,35 @@ def test_missing_middle_segment_is_refused(tmp_path):
         MessageStore.open(cfg)
 
 
+@pytest.mark.timeout(30)
+def test_a_truncated_last_segment_is_verified_from_its_start_and_cut_where_its_records_end(tmp_path):
+    # The checkpoint vouched for bytes the file no longer had: recovery extended the file with zeros and trusted
+    # them, so the log ended at the checkpoint with zeros served as records, and a re-dispatch across them never
+    # ended (a zero-sized record does not advance).
+    cfg = small_config(tmp_path / "s")
+    with MessageStore.open(cfg) as s:
+        fill(s, 100, body_size=900)
+        starts = [seg.start for seg in s.commit_log.segments()]
+        end = s.max_phy_offset
+    assert len(starts) > 2 and end - starts[-1] > 5000
+    os.truncate(tmp_path / "s" / "commitlog" / f"{starts[-1]:020d}", end - starts[-1] - 3000)
+    with MessageStore.open(cfg) as s:
+        assert starts[-1] < s.max_phy_offset <= end - 3000
+        _assert_derived_agree(s)
+
+
+def test_a_truncated_middle_segment_is_refused(tmp_path):
+    from broker.store import StoreCorruptedError
+    cfg = small_config(tmp_path / "s")
+    with MessageStore.open(cfg) as s:
+        fill(s, 100, body_size=900)
+        starts = [seg.start for seg in s.commit_log.segments()]
+    os.truncate(tmp_path / "s" / "commitlog" / f"{starts[1]:020d}", 1000)
+    with pytest.raises(StoreCorruptedError, match=rf"commit log segment {starts[1]:020d} is 1000 bytes"):
+        MessageStore.open(cfg)
+    assert os.path.getsize(tmp_path / "s" / "commitlog" / f"{starts[1]:020d}") == 1000  # nothing written
+
+
 def test_a_batch_cut_short_by_a_crash_is_cut_whole(tmp_path):
     cfg = small_config(tmp_path / "s")
     with MessageStore.open(cfg) as s:
