@@ -23,12 +23,13 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from remoting.message import BLANK_MAGIC, BODY_LEN, PROPS_LEN, RECORD_HEAD, MessageFormatError, check_topic, \
-    decode_record
+from remoting.message import BLANK_MAGIC, BODY_LEN, MESSAGE_MAGIC, PROPS_LEN, RECORD_HEAD, MessageFormatError, \
+    check_topic, decode_record
 
-from .commit_log import SIZE_MAGIC, CommitLog
+from .commit_log import MIN_RECORD_SIZE, SIZE_MAGIC, CommitLog
 from .consume_queue import CQ_UNIT, ConsumeQueue
 from .dispatch_info import DispatchHint, index_hashes, scan_properties, tags_code_of
+from .errors import StoreCorruptedError
 from .index_file import IndexService
 from .mapped_file import file_name
 
@@ -266,9 +267,15 @@ class Dispatcher:
                 mm = seg.mm
             off = pos - seg.start
             size, magic = unpack8(mm, off)
-            if magic == BLANK_MAGIC:
+            if magic == BLANK_MAGIC and size == seg_size - off:
                 pos += size
                 continue
+            if magic != MESSAGE_MAGIC or size < MIN_RECORD_SIZE or off + size > seg_size:
+                # Only whole records are published, so the bytes changed after they were written; a size of 0
+                # would not even move on.
+                raise StoreCorruptedError(f"commit log holds no record at phy_offset {pos} (size {size}, magic "
+                                          f"{magic:#x}), before its end {cl.end}: its bytes were lost or damaged "
+                                          f"after they were written")
             head = unpack_head(mm, off)
             queue_id = head[3]
             queue_offset = head[5]

@@ -35,7 +35,7 @@ from .config import StoreConfig
 from .consume_queue import CQ_UNIT
 from .dispatch import Dispatcher, DispatchListener
 from .dispatch_info import DispatchHint
-from .errors import StoreClosedError
+from .errors import StoreClosedError, StoreCorruptedError
 from .index_file import IndexService
 from .raw_copy import validate_raw
 from .results import (AppendResult, AppendStatus, GetMessageResult, GetMessageStatus, QueryMessageResult,
@@ -144,8 +144,15 @@ class MessageStore:
             restart = cl.min_phy_offset  # derived files were deleted: rebuild them from the whole commit log
         d.dispatched = min(max(restart, cl.min_phy_offset), end)
         redispatched = 0
-        while d.dispatched < end:
-            redispatched += d.dispatch(end, cfg.dispatch_chunk_bytes, {})
+        try:
+            while d.dispatched < end:
+                redispatched += d.dispatch(end, cfg.dispatch_chunk_bytes, {})
+        except StoreCorruptedError as e:
+            if flushed is None or d.dispatched >= flushed:
+                raise
+            raise StoreCorruptedError(f"{e}. The checkpoint vouched for them: remove {self._checkpoint.path}, and "
+                                      f"recovery verifies the last segments and ends the log before the damage (a "
+                                      f"group member then gets the rest from its peers)") from None
         d.load_cuts()
         d.reset_mark()
         self._queue_offsets = d.queue_offsets()

@@ -201,6 +201,30 @@ def test_a_truncated_last_segment_is_verified_from_its_start_and_cut_where_its_r
         _assert_derived_agree(s)
 
 
+@pytest.mark.timeout(30)
+def test_zeros_where_the_checkpoint_vouched_for_records_are_refused_naming_the_offset_and_the_remedy(tmp_path):
+    # Bytes before the checkpoint's commit_log_flushed are trusted; zeros there (a disk that lost what it said
+    # was written, a damaged file) made re-dispatch spin for ever on a zero-sized "record": the broker never
+    # started, saying nothing.
+    from broker.store import StoreCorruptedError
+    cfg = small_config(tmp_path / "s")
+    with MessageStore.open(cfg) as s:
+        fill(s, 100)
+        s.dispatch_pending()
+        end = s.max_phy_offset
+        last = s.dispatcher.index.files[-1].end_phy_offset  # the record re-dispatch starts at
+    path = tmp_path / "s" / "commitlog" / f"{end - end % cfg.segment_size_bytes:020d}"
+    with open(path, "r+b") as f:
+        f.seek(last % cfg.segment_size_bytes)
+        f.write(bytes(end - last))
+    with pytest.raises(StoreCorruptedError, match=rf"no record at phy_offset {last}.*remove .*checkpoint"):
+        MessageStore.open(cfg)
+    os.unlink(tmp_path / "s" / "checkpoint")  # as the error says
+    with MessageStore.open(cfg) as s:
+        assert s.max_phy_offset == last
+        _assert_derived_agree(s)
+
+
 def test_a_truncated_middle_segment_is_refused(tmp_path):
     from broker.store import StoreCorruptedError
     cfg = small_config(tmp_path / "s")
