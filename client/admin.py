@@ -452,8 +452,10 @@ class AdminClient:
         if name is None:
             raise ClientError(f"msg_id {msg_id!r} was stored by {store_addr}, which is no node of a group the name "
                               f"servers know", msg_id=msg_id)
+        # QUERY_NOT_FOUND: no such message; SYSTEM_ERROR is how older brokers said so (RocketMQ's answer).
         frame = await self._read_from_group(info, name, RequestCode.VIEW_MESSAGE_BY_ID, {"offset": phy_offset},
-                                            ok=(ResponseCode.SUCCESS, ResponseCode.SYSTEM_ERROR))
+                                            ok=(ResponseCode.SUCCESS, ResponseCode.QUERY_NOT_FOUND,
+                                                ResponseCode.SYSTEM_ERROR))
         views = list(iter_records(frame.body)) if frame.code == ResponseCode.SUCCESS else []
         if not views:
             raise ClientError(f"no message {msg_id!r} on broker group {name!r}: {frame.remark or 'empty answer'}",

@@ -25,28 +25,34 @@ class QueryMessageProcessor:
     async def view_message_by_id(self, request: Frame, conn: Any) -> Frame:
         ext = request.ext
         host = None
-        if "msg_id" in ext:
+        if ext.get("msg_id") is not None:
             msg_id = get_str(ext, "msg_id")
             try:
                 host, phy_offset = parse_msg_id(msg_id)
             except MessageFormatError as e:
                 raise invalid("msg_id", f"is not a message id: {e}") from None
+            asked = f"no message {msg_id} (commit-log offset {phy_offset})"
         else:
             phy_offset = get_int(ext, "offset", lo=0)
+            asked = f"no message at commit-log offset {phy_offset}"
+        # A lookup that finds nothing is QUERY_NOT_FOUND, as QUERY_MESSAGE's: RocketMQ answers SYSTEM_ERROR here,
+        # which says the broker failed and which clients retry, for what is a final answer about the id.
+        store = self.node.store
         record = self.node.read_record(phy_offset)
         if record is None:
-            raise RequestRejected(ResponseCode.SYSTEM_ERROR,
-                                  f"no message at commit-log offset {phy_offset} on this broker node "
-                                  f"(min {self.node.store.min_phy_offset}, max {self.node.store.max_phy_offset})")
+            raise _not_found(phy_offset, f"{asked} on this broker node (its commit log holds offsets "
+                                         f"{store.min_phy_offset}..{store.max_phy_offset})")
+        view = decode_record(record, check_crc=False)
         # An id is the store host and the offset; the offset alone names a message in every group's log. The
         # record keeps the host it was stored by (the leader then, whatever the node's address is now).
-        if host is not None:
-            stored_by = decode_record(record, check_crc=False).store_host
-            if tuple(stored_by) != host:
-                raise RequestRejected(ResponseCode.SYSTEM_ERROR,
-                                      f"no message {msg_id} on this broker node: the message at commit-log offset "
-                                      f"{phy_offset} was stored by {stored_by[0]}:{stored_by[1]}, the id names "
-                                      f"{host[0]}:{host[1]} (a node of another broker group?)")
+        if host is not None and tuple(view.store_host) != host:
+            raise _not_found(phy_offset, f"{asked} on this broker node: the message at that offset was stored by "
+                                         f"{view.store_host[0]}:{view.store_host[1]}, the id names "
+                                         f"{host[0]}:{host[1]} (a node of another broker group?)")
+        # QUERY_MESSAGE and pulls hide what a topic deletion removed; so does a lookup by id.
+        if store.deleted_with_topic(view.topic, phy_offset):
+            raise _not_found(phy_offset, f"{asked} on this broker node: its topic {view.topic!r} was deleted "
+                                         f"after it was stored")
         return make_response(request, ResponseCode.SUCCESS, body=record)
 
     async def query_message(self, request: Frame, conn: Any) -> Frame:
@@ -69,3 +75,7 @@ class QueryMessageProcessor:
                                  remark=f"no message with key {key[:80]!r}{'...' if len(key) > 80 else ''} in topic "
                                         f"{topic!r} between {begin} and {end}")
         return make_response(request, ResponseCode.SUCCESS, ext={"count": len(records)}, body=b"".join(records))
+
+
+def _not_found(phy_offset: int, remark: str) -> RequestRejected:
+    return RequestRejected(ResponseCode.QUERY_NOT_FOUND, remark, ext={"phy_offset": phy_offset})

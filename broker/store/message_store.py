@@ -590,6 +590,12 @@ class MessageStore:
                 hi = mid
         return lo
 
+    def deleted_with_topic(self, topic: str, phy_offset: int) -> bool:
+        """Whether the message of ``topic`` at ``phy_offset`` was deleted with its topic: stored before the
+        topic's latest deletion record. Its bytes stay in the commit log until retention, so every lookup that
+        starts from an offset (an index hit, a message id) asks this; pulls never see it (the queues are cut)."""
+        return phy_offset < self.dispatcher.cut_of(topic)
+
     def look_message_by_offset(self, phy_offset: int) -> MessageView | None:
         raw = self.commit_log.record_at(phy_offset)
         if raw is None:
@@ -606,11 +612,10 @@ class MessageStore:
         """Messages of ``topic`` whose KEYS hold ``key`` or whose UNIQ_KEY is ``key``, stored in
         ``[begin_ts, end_ts]``, newest first."""
         index = self.dispatcher.index
-        cut = self.dispatcher.cut_of(topic)
         found: list[MessageView] = []
         for phy in index.query(topic, key, max_num * 2 + 8, begin_ts, end_ts):
-            if phy < cut:
-                continue  # the topic was deleted after this message
+            if self.deleted_with_topic(topic, phy):
+                continue
             view = self.look_message_by_offset(phy)
             if view is None or view.topic != topic or not begin_ts <= view.store_timestamp <= end_ts:
                 continue

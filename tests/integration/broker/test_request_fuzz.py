@@ -215,10 +215,8 @@ async def test_mutated_client_requests_get_a_code_and_a_remark_and_harm_nothing(
                 response = await rpc.invoke(target, make_request(code, ext=ext if isinstance(ext, dict) else {},
                                                                   body=body), timeout_s=10)
                 answered[response.code] = answered.get(response.code, 0) + 1
-                # SYSTEM_ERROR says the server failed, and clients retry it. Bad input must get another code; the
-                # one exception is RocketMQ's own answer to a message id whose offset holds no message.
-                server_fault = response.code == ResponseCode.SYSTEM_ERROR and not (
-                    code == RequestCode.VIEW_MESSAGE_BY_ID and "no message at commit-log offset" in response.remark)
+                # SYSTEM_ERROR says the server failed, and clients retry it. Bad input must get another code.
+                server_fault = response.code == ResponseCode.SYSTEM_ERROR
                 if server_fault or "unexpected error" in (response.remark or "") or len(errors.records) > logged:
                     faults.append(f"code {code} ext={ext!r:.300} body={body[:60]!r}: {response.code} "
                                   f"{response.remark!r:.300} {[r.getMessage() for r in errors.records[logged:]]}")
