@@ -177,6 +177,11 @@ class TopicConfigTable:
 
     def __init__(self, configs: Iterable[TopicConfig] = ()) -> None:
         self._configs: dict[str, TopicConfig] = {c.topic_name: c for c in configs}
+        # The topics a producer may send to, kept beside the table and judged as each config comes in, so the send
+        # path can trust a hit without checking the name per message. A name refused on new input can still be
+        # stored: an older version took reserved names (TBW102, SCHEDULE_TOPIC_XXXX, rmq_sys_*) from
+        # UPDATE_AND_CREATE_TOPIC, and a name with a trailing newline.
+        self._sendable: dict[str, TopicConfig] = {n: c for n, c in self._configs.items() if _sendable_name(n)}
         self.data_version = 0
         self._listeners: list[Any] = []
 
@@ -186,6 +191,11 @@ class TopicConfigTable:
 
     def get(self, topic: str) -> TopicConfig | None:
         return self._configs.get(topic)
+
+    def sendable(self, topic: str) -> TopicConfig | None:
+        """The config of ``topic`` if it is stored under a name producers may send to; None if it is not stored,
+        or is stored under a reserved or illegal name (the caller's own checks then say which)."""
+        return self._sendable.get(topic)
 
     def __contains__(self, topic: str) -> bool:
         return topic in self._configs
@@ -204,12 +214,15 @@ class TopicConfigTable:
         if self._configs.get(config.topic_name) == config:
             return False
         self._configs[config.topic_name] = config
+        if _sendable_name(config.topic_name):
+            self._sendable[config.topic_name] = config
         self._changed("update", config.topic_name)
         return True
 
     def apply_delete(self, topic: str) -> bool:
         if self._configs.pop(topic, None) is None:
             return False
+        self._sendable.pop(topic, None)
         self._changed("delete", topic)
         return True
 
@@ -219,6 +232,7 @@ class TopicConfigTable:
     def restore(self, snap: Mapping[str, Any]) -> None:
         self._configs = {c.topic_name: c
                          for c in (TopicConfig.from_wire(t, stored=True) for t in snap.get("topics", ()))}
+        self._sendable = {n: c for n, c in self._configs.items() if _sendable_name(n)}
         self.data_version = int(snap.get("data_version", 0))
         self._notify("restore", "*")
 
@@ -230,6 +244,15 @@ class TopicConfigTable:
         log.info("topic config %s topic=%s data_version=%d", what, topic, self.data_version)
         for callback in self._listeners:
             callback()
+
+
+def _sendable_name(topic: str) -> bool:
+    try:
+        validate_topic_name(topic)
+        check_sendable_topic(topic)
+    except TopicConfigError:
+        return False
+    return True
 
 
 def auto_create_config(topic: str, default_queue_nums: int = DEFAULT_TOPIC_QUEUE_NUMS) -> TopicConfig:

@@ -35,8 +35,8 @@ class AdminProcessor:
         except TopicConfigError as e:
             raise RequestRejected(ResponseCode.INVALID_REQUEST, f"request field {e.field!r}: {e}",
                                   ext={"field": e.field}) from None
-        # Every name a producer may not send to (RocketMQ's isSystemTopic): a topic in the table is taken as
-        # checked by the send path, so a reserved one created here would be open to sends.
+        # Every name a producer may not send to (RocketMQ's isSystemTopic) is the broker's own: creating one would
+        # only put a topic in the routes that every send refuses.
         try:
             check_sendable_topic(config.topic_name)
         except TopicConfigError:

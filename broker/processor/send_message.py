@@ -55,8 +55,9 @@ class SendMessageProcessor:
         ext = request.ext
         topic = get_str(ext, "topic")
         get_group(ext, "producer_group", default="DEFAULT_PRODUCER")
-        # Hot path: a topic in the table was validated when it was created; only unknown names pay the checks.
-        config = node.topics.get(topic)
+        # Hot path: the table judged each stored name as it came in (reserved or illegal ones are not sendable),
+        # so only a name it does not hold as sendable pays the checks.
+        config = node.topics.sendable(topic)
         if config is None:
             try:
                 validate_topic_name(topic)

@@ -609,6 +609,31 @@ async def test_a_reserved_topic_can_neither_be_created_nor_sent_to(nursery, tmp_
         assert r.code == ResponseCode.SUCCESS, r.remark
 
 
+async def test_a_reserved_topic_stored_by_an_older_version_cannot_be_sent_to(nursery, tmp_path, monkeypatch):
+    # The send path checked reserved names only for topics not in the table, so a reserved topic an older version
+    # had created (before UPDATE_AND_CREATE_TOPIC refused them) took sends, single and batch.
+    import broker.processor.admin as admin
+
+    config, addr = await _node(nursery, tmp_path)
+    reserved = ("TBW102", "SCHEDULE_TOPIC_XXXX", "rmq_sys_old")
+    async with open_remoting_client() as client:
+        await _wait_leader(client, addr)
+        monkeypatch.setattr(admin, "check_sendable_topic", lambda topic: None)  # as the older version was
+        for topic in reserved:
+            r = await call(client, addr, RequestCode.UPDATE_AND_CREATE_TOPIC, {"topic_name": topic})
+            assert r.code == ResponseCode.SUCCESS, r.remark
+        monkeypatch.undo()
+        for topic in reserved:
+            batch = encode_batch([MessageInput(topic, 0, b"b")], ("127.0.0.1", 1))
+            for r in (await _send(client, addr, topic=topic),
+                      await call(client, addr, RequestCode.SEND_BATCH_MESSAGE, {"topic": topic, "queue_id": 0}, batch)):
+                assert r.code == ResponseCode.NO_PERMISSION and "reserved" in r.remark, (topic, r.code, r.remark)
+            r = await call(client, addr, RequestCode.GET_MAX_OFFSET, {"topic": topic, "queue_id": 0})
+            assert r.code == ResponseCode.SUCCESS and r.ext["offset"] == 0, (topic, r.remark)
+            r = await call(client, addr, RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": topic})
+            assert r.code == ResponseCode.SUCCESS, r.remark
+
+
 async def test_an_optional_field_sent_as_null_takes_its_default(nursery, tmp_path):
     # It was answered "request field ... is required" (SEND_MESSAGE's queue_id, GET_CONSUME_STATS's topic, a pull's
     # max_msg_nums...): a remark that sends the caller to fill in a field it may leave out. get_bool took null

@@ -72,3 +72,20 @@ def test_table_snapshot_round_trip():
     other.restore(table.snapshot())
     assert sorted(c.topic_name for c in other.all()) == ["A", "B"] and other.get("B") == TopicConfig("B", 2, 3, 4)
     assert other.data_version == 7
+
+
+def test_a_stored_reserved_or_illegal_name_is_never_sendable_however_it_came_in():
+    # An older version stored reserved names (TBW102, SCHEDULE_TOPIC_XXXX, rmq_sys_*) from UPDATE_AND_CREATE_TOPIC;
+    # the send path trusted any topic in the table, so sends to them were taken.
+    stored = [TopicConfig(name) for name in ("TBW102", "SCHEDULE_TOPIC_XXXX", "rmq_sys_x", "Orders\n", "T")]
+    table = TopicConfigTable(stored)
+    other = TopicConfigTable()
+    other.restore(table.snapshot())
+    updated = TopicConfigTable()
+    for config in stored:
+        updated.apply_update(config)
+    for t in (table, other, updated):
+        assert [c.topic_name for c in stored if t.sendable(c.topic_name)] == ["T"]
+        assert all(t.get(c.topic_name) == c for c in stored)  # still stored: readable and deletable
+    updated.apply_delete("T")
+    assert updated.sendable("T") is None and updated.get("TBW102") is not None
