@@ -33,6 +33,7 @@
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Sequence
 from itertools import starmap
@@ -42,6 +43,7 @@ from broker.store.commit_log import BuiltBatch
 from broker.store.consume_queue import CQ_UNIT_SIZE
 from broker.store.dispatch_info import DispatchHint
 from dledger import ApplyStatus, BatchResult, LogMismatchError, PreparedBatch
+from dledger.state_machine import ChecksumWork, checksum_views
 from remoting.message import batch_store_host
 
 __all__ = ["CommitLogMachine", "RecordResult", "encode_payload", "decode_payload", "PAYLOAD_VERSION"]
@@ -229,5 +231,6 @@ class CommitLogMachine:
             raise ValueError(f"raw commit-log copy at offset {offset} refused: {result.status.value} "
                              f"{result.remark}")
 
-    def checksums(self, up_to_offset: int) -> list[tuple[int, int, int]]:
-        return self.store.segment_checksums(up_to_offset)
+    def prepare_checksums(self, up_to_offset: int) -> ChecksumWork:
+        views = self.store.segment_views(up_to_offset)
+        return functools.partial(checksum_views, views)

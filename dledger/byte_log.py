@@ -7,7 +7,7 @@ without the message store, and the reference implementation of ``dledger.state_m
     batch payload = record | record | ...         (what prepare_batch builds, appended as one unit)
     file  = batch payload | batch payload | ...   (offsets are byte positions in the file)
 
-``checksums`` cuts the file into fixed logical segments of ``segment_size_bytes`` (crc32c of each, up to the
+``prepare_checksums`` cuts the file into fixed logical segments of ``segment_size_bytes`` (crc32c of each, up to the
 asked offset), the same shape as the message store's per-segment checksums, so ``raftmq verify`` treats both
 alike. On open, a torn tail (a record cut by a crash) is truncated away: only whole, CRC-valid records count.
 """
@@ -17,12 +17,13 @@ from __future__ import annotations
 import os
 import struct
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import crc32c
 
-from dledger.state_machine import ApplyStatus, BatchResult, PreparedBatch
+from dledger.state_machine import (CHECKSUM_CHUNK_BYTES, ApplyStatus, BatchResult, ChecksumStopped, ChecksumWork,
+                                   PreparedBatch)
 
 __all__ = ["ByteLog", "RECORD_HEADER", "frame_record", "iter_records"]
 
@@ -167,18 +168,25 @@ class ByteLog:
     def read_records(self, offset: int = 0, max_bytes: int = 1 << 30) -> list[tuple[int, bytes]]:
         return list(iter_records(self.read_raw(offset, max_bytes), base_offset=offset))
 
-    def checksums(self, up_to_offset: int) -> list[tuple[int, int, int]]:
+    def prepare_checksums(self, up_to_offset: int) -> ChecksumWork:
         up_to = min(up_to_offset, self._end)
-        out = []
-        start = 0
-        while start < up_to:
-            length = min(self.segment_size_bytes, up_to - start)
-            crc = 0
-            pos = start
-            while pos < start + length:
-                block = os.pread(self._fd, min(8 << 20, start + length - pos), pos)
-                crc = crc32c.crc32c(block, crc)
-                pos += len(block)
-            out.append((start, length, crc))
-            start += length
-        return out
+        path, segment_size = self.path, self.segment_size_bytes
+
+        def work(stop: Callable[[], bool]) -> list[tuple[int, int, int]]:
+            # A descriptor of its own: the log's may be closed (and its number reused) while this runs elsewhere.
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                out = []
+                for start in range(0, up_to, segment_size):
+                    length = min(segment_size, up_to - start)
+                    crc = 0
+                    for pos in range(start, start + length, CHECKSUM_CHUNK_BYTES):
+                        if stop():
+                            raise ChecksumStopped(f"checksums stopped at offset {pos}")
+                        crc = crc32c.crc32c(os.pread(fd, min(CHECKSUM_CHUNK_BYTES, start + length - pos), pos), crc)
+                    out.append((start, length, crc))
+                return out
+            finally:
+                os.close(fd)
+
+        return work

@@ -371,13 +371,22 @@ class MessageStore:
     def segment_checksums(self, up_to_phy_offset: int) -> list[tuple[int, int, int]]:
         """``(segment start, bytes covered, crc32c)`` per segment below ``up_to_phy_offset`` (clamped to the
         end), for comparing replicas."""
+        out = []
+        for start, view in self.segment_views(up_to_phy_offset):
+            with view:
+                out.append((start, len(view), crc32c(view)))
+        return out
+
+    def segment_views(self, up_to_phy_offset: int) -> list[tuple[int, memoryview]]:
+        """``(segment start, view of its bytes below up_to_phy_offset)`` per segment (clamped to the end). Taken on
+        the thread that appends and deletes segments; published bytes never change, and a view keeps its segment
+        mapped should retention delete it meanwhile, so the views may be read from any thread. Release them."""
         up_to = min(up_to_phy_offset, self.commit_log.end)
         out = []
         for seg in self.commit_log.segments():
             if seg.start >= up_to:
                 break
-            n = min(seg.size, up_to - seg.start)
-            out.append((seg.start, n, crc32c(seg.mv[:n])))
+            out.append((seg.start, seg.mv[:min(seg.size, up_to - seg.start)]))
         return out
 
     # -- dispatch --------------------------------------------------------------------------------------------

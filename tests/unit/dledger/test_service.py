@@ -8,6 +8,7 @@ import pytest
 
 from dledger import ByteLog
 from dledger.service import DLedgerService
+from dledger.state_machine import CHECKSUM_CHUNK_BYTES
 from remoting.codec import make_request
 from remoting.codes import RequestCode, ResponseCode
 
@@ -36,3 +37,99 @@ async def test_a_malformed_field_is_named_in_remark_and_ext(service, code, ext, 
     response = await service.handle(make_request(code, ext=ext), None)
     assert response.code == ResponseCode.INVALID_REQUEST, response
     assert response.ext.get("field") == field and field in response.remark, response
+
+
+@pytest.fixture
+def slow_disk_service(tmp_path, monkeypatch):
+    """A service over a 64 MB ByteLog whose checksum reads take 25 ms per 8 MiB chunk, as from a slow disk."""
+    import crc32c
+    import time
+
+    log = ByteLog(tmp_path / "big.log", segment_size_bytes=32 << 20)
+    for _ in range(8):
+        log.apply_batch(log.prepare_batch([bytes(1 << 20)] * 8, log.end_offset, 1, fresh=True).payload, 1,
+                        log.end_offset)
+    fast = crc32c.crc32c
+    chunks = []
+
+    def slow(data, value=0, *args):
+        time.sleep(0.025)  # sleeps without the GIL, as a read from disk does
+        chunks.append(len(data))
+        return fast(data, value, *args)
+
+    monkeypatch.setattr(crc32c, "crc32c", slow)
+    yield DLedgerService(SimpleNamespace(config=SimpleNamespace(group="g"), _sm=log,
+                                         statistics=lambda: _statistics(log))), log, chunks, fast
+    log.close()
+
+
+def _statistics(log):
+    from dledger import Role
+    return SimpleNamespace(role=Role.LEADER, term=1, leader_id="n1", committed_index=1, last_applied_index=1,
+                           end_offset=log.end_offset, serving_reads=True, self_id="n1", snapshots_loaded=0,
+                           catch_up_bytes=0, connected_peers=(), in_flight_batches=0, pending_records=0,
+                           busy_records=0, rejoining=False)
+
+
+async def test_checksums_are_computed_off_the_event_loop_and_the_member_keeps_answering(slow_disk_service):
+    # GET_RAFT_STATUS with checksum_up_to hashed the whole log on the trio thread: on a broker that stalled every
+    # request of the node and its Raft tick (measured: 0.15-0.45 s for 420 MB of commit log not in the page cache).
+    import cbor2
+    import trio
+
+    service, log, chunks, fast = slow_disk_service
+    answered: list[str] = []
+    longest_gap = 0.0
+
+    async def ask(name, ext):
+        response = await service.handle(make_request(RequestCode.GET_RAFT_STATUS, ext={"group": "g", **ext}), None)
+        assert response.code == ResponseCode.SUCCESS, response.remark
+        answered.append(name)
+        return response
+
+    async def ticker(done):
+        nonlocal longest_gap
+        last = trio.current_time()
+        while not done.is_set():
+            await trio.sleep(0.005)
+            longest_gap = max(longest_gap, trio.current_time() - last)
+            last = trio.current_time()
+
+    done = trio.Event()
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ticker, done)
+            results = {}
+
+            async def checksums():
+                results["sums"] = await ask("checksums", {"checksum_up_to": log.end_offset})
+                done.set()
+
+            nursery.start_soon(checksums)
+            await trio.sleep(0.05)
+            await ask("status", {})
+    assert answered == ["status", "checksums"]
+    assert longest_gap < 0.1, longest_gap  # the 9 chunks took >= 0.225 s
+    data = log.path.read_bytes()
+    expected = [[start, len(data[start:start + (32 << 20)]), fast(data[start:start + (32 << 20)])]
+                for start in range(0, len(data), 32 << 20)]
+    assert cbor2.loads(results["sums"].body) == expected
+
+
+async def test_a_cancelled_checksum_request_stops_its_thread_and_frees_the_next(slow_disk_service):
+    import trio
+
+    service, log, chunks, _fast = slow_disk_service
+    request = make_request(RequestCode.GET_RAFT_STATUS, ext={"group": "g", "checksum_up_to": log.end_offset})
+    with trio.move_on_after(0.06):
+        await service.handle(request, None)
+    await trio.sleep(0.1)  # the thread notices within one chunk
+    stopped_after = len(chunks)
+    segments = [min(32 << 20, log.end_offset - start) for start in range(0, log.end_offset, 32 << 20)]
+    whole = sum(-(-n // CHECKSUM_CHUNK_BYTES) for n in segments)
+    assert stopped_after < whole, stopped_after
+    await trio.sleep(0.1)
+    assert len(chunks) == stopped_after
+    with trio.fail_after(5):  # the one-at-a-time limiter was released
+        response = await service.handle(request, None)
+    assert response.code == ResponseCode.SUCCESS and len(chunks) == stopped_after + whole
