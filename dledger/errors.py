@@ -23,9 +23,11 @@ class NotLeaderError(DLedgerError):
     retriable = True
     refresh_route = True
 
-    def __init__(self, group: str, leader_id: str | None, leader_service_address: str | None) -> None:
+    def __init__(self, group: str, leader_id: str | None, leader_service_address: str | None, *,
+                 why: str | None = None) -> None:
         where = f"member {leader_id} ({leader_service_address})" if leader_id else "no member yet"
-        super().__init__(f"This member is not the leader of group {group}; the leader is {where}.")
+        because = f" ({why})" if why else ""
+        super().__init__(f"This member is not the leader of group {group}{because}; the leader is {where}.")
         self.group = group
         self.leader_id = leader_id
         self.leader_addr = leader_service_address

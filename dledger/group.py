@@ -327,10 +327,10 @@ class DLedgerGroup:
         return (self._role.role is Role.LEADER and m._isLeader() and noop is not None
                 and m.raftLastApplied >= noop and m.catch_up_target is None)
 
-    def _not_leader(self) -> NotLeaderError:
+    def _not_leader(self, why: str | None = None) -> NotLeaderError:
         leader_id = self._role.leader_id if self._role.leader_id != self.config.self_id else None
         return NotLeaderError(self.config.group, leader_id,
-                              self._role.leader_service_address if leader_id else None)
+                              self._role.leader_service_address if leader_id else None, why=why)
 
     # ---- append (group commit) ----
 
@@ -701,11 +701,16 @@ class DLedgerGroup:
         try:
             while True:
                 # Bounded by the deadline too: without a majority the batches in flight never commit, and an
-                # unbounded wait held the request (and every new entry) past the caller's timeout.
-                # (Not ``_drained.is_set()`` afterwards: a batch proposed while this task wakes replaces the
-                # event, and a wait that did end would read as one that timed out.)
+                # unbounded wait held the request (and every new entry) past the caller's timeout. Ended by a
+                # step-down as well: a leader that lost its majority leaves its entries in flight uncommitted.
+                # (The event is read once: a batch proposed while this task wakes replaces ``_drained``, and a
+                # wait that did end would read as one that timed out.)
+                drained = self._drained
                 with trio.move_on_at(deadline) as drain_wait:
-                    await self._drained.wait()
+                    while self.is_leader and not drained.is_set():
+                        await _first_set(drained, self._changed)
+                if not self.is_leader:
+                    return await self._leader_after_step_down(to, deadline)
                 if drain_wait.cancelled_caught:
                     raise TransferLeadershipError(
                         self.config.group, to, f"the entries in flight did not commit within {timeout_s:g} s")
@@ -719,6 +724,8 @@ class DLedgerGroup:
                     raise TransferLeadershipError(self.config.group, to, f"no answer within {timeout_s:g} s") \
                         from None
                 except LeaderChangedError as e:
+                    if not self.is_leader or e.reason == "NOT_LEADER":
+                        return await self._leader_after_step_down(to, deadline)
                     if e.reason != "REQUEST_DENIED" or trio.current_time() + 0.02 >= deadline:
                         raise TransferLeadershipError(
                             self.config.group, to, f"refused ({e.reason}: the target must be connected and "
@@ -726,6 +733,10 @@ class DLedgerGroup:
                 await trio.sleep(0.02)  # the target is still catching up (or not connected yet)
             with trio.move_on_at(deadline):
                 while self._role.leader_id in (None, self.config.self_id) or (to and self._role.leader_id != to):
+                    if self._role.leader_id not in (None, self.config.self_id):
+                        # Another member won an election meanwhile: the target will not lead in this term.
+                        raise self._not_leader(f"it stepped down during the leadership transfer to {to}, and "
+                                               f"another member was elected")
                     await self._changed.wait()
                 return self._role
             raise TransferLeadershipError(self.config.group, to, f"no new leader within {timeout_s:g} s")
@@ -734,6 +745,24 @@ class DLedgerGroup:
             if not self._transferring:
                 self._transfer_done.set()
                 self._transfer_done = trio.Event()
+
+    async def _leader_after_step_down(self, to: str | None, deadline: float) -> RoleChange:
+        """This member stopped leading before the transfer was asked of pysyncobj (its majority lost, or a higher
+        term seen). Waits up to one election timeout (within the transfer's deadline) for the group to name a
+        leader: the target (or any other member when none was named) is the transfer done; anyone else, or no
+        one yet, is a ``NotLeaderError`` naming who leads now, which a caller can act on: ask that leader, or
+        look the leader up and ask again."""
+        wait_until = min(deadline, trio.current_time() + self.config.election_timeout_max_ms / 1000)
+        with trio.move_on_at(wait_until):
+            while self._role.leader_id is None:
+                await self._changed.wait()
+        leader = self._role.leader_id
+        if leader is not None and leader != self.config.self_id and (to is None or leader == to):
+            return self._role
+        if leader == self.config.self_id:
+            raise TransferLeadershipError(self.config.group, to, "this member lost its leadership during the "
+                                                                 "transfer and was elected again; ask again")
+        raise self._not_leader(f"it stepped down during the leadership transfer to {to or 'a follower'}")
 
     async def add_member(self, member: MemberAddress, *, timeout_s: float = 5.0) -> None:
         """Add one member (one change at a time); it must be started with the full new member list."""
@@ -792,6 +821,16 @@ class DLedgerGroup:
             catch_up_bytes=self._catch_up.copied_bytes,
             serving_reads=m.catch_up_target is None, connected_peers=m.connected_peers(),
             rejoining=m.rejoining)
+
+
+async def _first_set(*events: trio.Event) -> None:
+    """Return once any of ``events`` is set."""
+    async with trio.open_nursery() as nursery:
+        for event in events:
+            async def wait(event: trio.Event = event) -> None:
+                await event.wait()
+                nursery.cancel_scope.cancel()
+            nursery.start_soon(wait)
 
 
 @asynccontextmanager

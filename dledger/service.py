@@ -15,7 +15,8 @@ Requests (ext keys are short text, bodies raw bytes; see ``docs/architecture.md`
   one request at a time per member, and stopped when the request is cancelled (the node keeps serving and
   ticking Raft meanwhile: a few hundred MB from disk took 0.15-0.45 s on the trio thread).
 - ``TRANSFER_LEADERSHIP`` ext ``{group, to}`` (sent to the leader) -> SUCCESS once ``to`` leads, ext ``{term,
-  leader_id}``; NOT_LEADER (ext ``leader_id``) on a follower; INVALID_REQUEST when ``to`` is already the leader
+  leader_id}``; NOT_LEADER (ext ``leader_id``, ``leader_addr``) on a follower, and from a leader that stepped
+  down during the transfer with another member (or none yet) leading; INVALID_REQUEST when ``to`` is already the leader
   or names no member; SYSTEM_ERROR naming the reason when the target refuses, or the entries in flight do not
   commit or no new leader appears within ``timeout_ms`` (default 3000; the answer never comes later).
 
@@ -147,8 +148,10 @@ class DLedgerService:
         try:
             view = await self.group.transfer_leadership(to, timeout_s=timeout_ms / 1000)
         except NotLeaderError as e:
+            # Also a leader that stepped down during the transfer: the remark says so, and leader_id/leader_addr
+            # name who leads now ("" / null while no one is known), as a follower's answer does.
             return make_response(request, ResponseCode.NOT_LEADER, remark=str(e),
-                                 ext={"leader_id": self.group.leader_id or ""})
+                                 ext={"leader_id": e.leader_id or "", "leader_addr": e.leader_addr})
         except TransferLeadershipError as e:
             # A target that already leads or is no member is the request's fault; a refusal or a slow election
             # is not.

@@ -10,6 +10,7 @@ import trio
 from pysyncobj.monotonic import monotonic
 
 from dledger import NotLeaderError, Role, open_dledger_group
+from remoting.codes import RequestCode
 from tests.integration.dledger.helpers import (MemberRunner, leader_alone, make_configs, open_log, ready_leader,
                                               wait_ends)
 
@@ -329,4 +330,36 @@ async def test_repeated_transfers_under_load_all_succeed(tmp_path):
                 await trio.sleep(0.05)
             stop.set()
     for log in logs:
+        log.close()
+
+
+async def test_a_leader_that_steps_down_during_a_transfer_answers_not_leader(tmp_path):
+    """A leader that lost its majority while a transfer waited for its entries in flight stepped down, and the
+    transfer then failed as "refused (NOT_LEADER ...)": a TransferLeadershipError, which the request answered
+    SYSTEM_ERROR, so a client could not tell that it must ask the group's new leader."""
+    from dledger import AppendTimeoutError, LeaderChangedError
+    from dledger.service import DLedgerService
+    from remoting.codec import make_request
+    from remoting.codes import ResponseCode
+
+    async with trio.open_nursery() as nursery:
+        leader, logs = await leader_alone(nursery, tmp_path, leader_fallback_timeout_ms=1000)
+        target = sorted(k for k in logs if k != leader.config.self_id)[0]
+
+        async def stuck_append() -> None:
+            with pytest.raises((AppendTimeoutError, LeaderChangedError, NotLeaderError)):
+                await leader.append(b"no-majority", timeout_s=20)
+
+        nursery.start_soon(stuck_append)
+        with trio.fail_after(1):
+            while leader.statistics().in_flight_batches == 0:
+                await trio.sleep(0.01)
+        with trio.fail_after(8):
+            response = await DLedgerService(leader).handle(make_request(
+                RequestCode.TRANSFER_LEADERSHIP, ext={"group": "g", "to": target, "timeout_ms": 5000}), None)
+        assert not leader.is_leader
+        assert response.code == ResponseCode.NOT_LEADER, (response.code, response.remark)
+        assert "stepped down" in response.remark and response.ext["leader_id"] == "", response
+        nursery.cancel_scope.cancel()
+    for log in logs.values():
         log.close()
