@@ -66,11 +66,16 @@ class BrokerConfig:
     max_transfer_count: int = bounded(1024, min=1, max=65_536, doc="messages per pull response, at most")
     max_transfer_bytes: int = bounded(1 << 20, min=1024, max=64 << 20, doc="bytes per pull response, at most")
     max_batch_messages: int = bounded(1024, min=1, max=65_536, doc="messages per SEND_BATCH_MESSAGE")
-    # A name server evicts a node not heard from for its broker_expired_ms (120 s by default): registering every
+    # A name server evicted a node not heard from for its broker_expired_ms (120 s by default): registering every
     # 120 s or more (up to 600 s was taken) left the group out of every route for most of each interval. 60 s is
-    # RocketMQ's cap on registerNameServerPeriod, so one lost registration does not evict it either.
+    # RocketMQ's cap on registerNameServerPeriod (the node now sends its timeout, held to twice the interval).
     register_interval_ms: int = bounded(30_000, min=10, max=60_000, doc="periodic registration")
     register_timeout_ms: int = bounded(3000, min=10, max=60_000)
+    # Sent in every registration (RocketMQ 5's heartbeatTimeoutMillis): name servers evict this node after this long
+    # without one, whatever their own broker_expired_ms, which they cannot hold to an interval they do not know.
+    broker_not_active_timeout_ms: int = bounded(
+        120_000, min=20, max=86_400_000, doc="name servers evict this node after this long without a registration; "
+                                             "at least 2 x register_interval_ms")
     consumer_offset_flush_interval_ms: int = bounded(200, min=1, max=60_000,
                                                      doc="how often pending offset commits are replicated")
     # Only a client's heartbeat (client.heartbeat_broker_interval_ms, 10 s by default) keeps it in its groups: a
@@ -89,6 +94,10 @@ class BrokerConfig:
         check_fields(self)
         if self.dledger is None:
             raise ConfigError("broker config needs a [dledger] table: group, self_id, secret and members")
+        if self.broker_not_active_timeout_ms < 2 * self.register_interval_ms:
+            # One registration lost or late must not take the node out of every route.
+            raise ConfigError(f"broker_not_active_timeout_ms must be >= 2 x register_interval_ms "
+                              f"({2 * self.register_interval_ms}), got {self.broker_not_active_timeout_ms}")
         if self.listen:
             # Clients and peers dial the service_address's port: bound to any other, the node was unreachable.
             parse_host_port(self.listen, key="listen", dial=True)

@@ -342,7 +342,8 @@ class BrokerNode:
         return RegistrationSnapshot(
             cluster_name=self.config.cluster_name, broker_name=self.config.broker_name, broker_id=self.broker_id,
             broker_addr=self.broker_addr, role=role.value, term=self.group.term,
-            data_version=self.topics.data_version, topic_configs=topics)
+            data_version=self.topics.data_version, topic_configs=topics,
+            heartbeat_timeout_ms=self.config.broker_not_active_timeout_ms)
 
     def runtime_info(self) -> dict[str, Any]:
         ledger = self.group.statistics()

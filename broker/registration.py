@@ -48,11 +48,12 @@ class RegistrationSnapshot:
     term: int
     data_version: int
     topic_configs: dict[str, dict[str, Any]]
+    heartbeat_timeout_ms: int
 
     def ext(self) -> dict[str, Any]:
         return {"cluster_name": self.cluster_name, "broker_name": self.broker_name, "broker_id": self.broker_id,
                 "broker_addr": self.broker_addr, "role": self.role, "term": self.term,
-                "data_version": self.data_version}
+                "data_version": self.data_version, "heartbeat_timeout_ms": self.heartbeat_timeout_ms}
 
     def body(self) -> bytes:
         return cbor2.dumps({topic: {"read_queue_nums": c["read_queue_nums"],

@@ -27,7 +27,8 @@ class NamesrvConfig:
     listen: str = bounded("127.0.0.1:9876", check=_check_listen,
                           doc="address to listen on; port 0 picks a free port")
     broker_expired_ms: int = bounded(120_000, min=1, max=86_400_000,
-                                     doc="a node silent this long is evicted from routes")
+                                     doc="a node silent this long is evicted from routes, unless its registration "
+                                         "carries its own heartbeat_timeout_ms (every raftmq broker's does)")
     scan_interval_ms: int = bounded(5_000, min=1, max=3_600_000, doc="how often silent nodes are looked for")
     max_frame_size_bytes: int = bounded(16 * 1024 * 1024, min=1024, max=1 << 30,
                                         doc="a bigger frame closes its connection")

@@ -24,6 +24,7 @@ _MAX_QUEUE_NUMS = 1 << 16
 _SYS_FLAG_MAX = 2**31 - 1
 # broker_id, term and data_version are RocketMQ's longs (I64). CBOR carries up to 2**64 - 1, which a route table
 # would keep and hand to every client (and a term that high would outrank every real leader of its group for good).
+HEARTBEAT_TIMEOUT_MAX_MS = 86_400_000  # a day, the most broker_expired_ms takes
 _CONFIG_KEYS = frozenset({"read_queue_nums", "write_queue_nums", "perm", "topic_sys_flag", "order"})
 
 
@@ -210,8 +211,14 @@ def parse_register_broker(ext: Mapping[str, Any], body: bytes, cache: TopicConfi
     broker_addr = _addr_field(_require(ext, "broker_addr"), "broker_addr")
     term = _int_field(_require(ext, "term"), "term", lo=0, hi=I64[1])
     data_version = _int_field(_require(ext, "data_version"), "data_version", lo=0, hi=I64[1])
+    # Optional (RocketMQ 5's heartbeatTimeoutMillis): brokers before 2026-11-25 do not send it, and get the name
+    # server's broker_expired_ms. Bounded as that setting is.
+    timeout = ext.get("heartbeat_timeout_ms")
+    heartbeat_timeout_ms = (_int_field(timeout, "heartbeat_timeout_ms", lo=1, hi=HEARTBEAT_TIMEOUT_MAX_MS)
+                            if timeout is not None else None)
     configs = cache.decode((broker_name, broker_id), body) if cache else decode_topic_configs(body)
-    return Registration(cluster_name, broker_name, broker_id, broker_addr, role, term, data_version, configs)
+    return Registration(cluster_name, broker_name, broker_id, broker_addr, role, term, data_version, configs,
+                        heartbeat_timeout_ms)
 
 
 def parse_unregister_broker(ext: Mapping[str, Any]) -> tuple[str, str, int, str | None]:

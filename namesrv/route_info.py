@@ -13,7 +13,9 @@ Rules this module keeps (design §1):
 * Queue data (topics with queue counts and permissions) come from the master's registration; while a group has
   no master they come from the node with the highest ``data_version``, so readers keep a route during an
   election. Each registration carries the full topic set, so a topic missing from it is gone from that group.
-* A node silent for ``broker_expired_ms`` is evicted by ``scan_not_active``; a closed registration connection
+* A node silent for its own ``heartbeat_timeout_ms`` (sent in its registration, as RocketMQ 5's
+  ``heartbeatTimeoutMillis``; ``broker_expired_ms`` for a registration without one) is evicted by
+  ``scan_not_active``: only the broker knows how often it registers. A closed registration connection
   evicts at once the nodes whose latest registration came over it (and only those: a node that has since
   registered over a new connection stays). A group whose last node leaves disappears, with its queue data; a
   topic with no queue data left disappears.
@@ -64,6 +66,8 @@ class Registration:
     term: int
     data_version: int
     topic_configs: Mapping[str, TopicConfig]
+    # Evict the node after this long without a registration; None: the name server's broker_expired_ms.
+    heartbeat_timeout_ms: int | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -126,6 +130,7 @@ class NodeStatus:
     data_version: int
     is_master: bool
     last_update_age_ms: int
+    heartbeat_timeout_ms: int
 
     def to_wire(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -185,6 +190,7 @@ class _Node:
     topic_configs: Mapping[str, TopicConfig]
     last_update_ms: int
     conn_key: Hashable | None
+    heartbeat_timeout_ms: int
 
 
 @dataclasses.dataclass(slots=True)
@@ -249,11 +255,12 @@ class RouteInfoManager:
             log.info("broker group joined cluster=%s broker_name=%s", reg.cluster_name, reg.broker_name)
         self._clusters.setdefault(reg.cluster_name, set()).add(reg.broker_name)
 
+        timeout_ms = reg.heartbeat_timeout_ms or self.broker_expired_ms
         node = group.nodes.get(reg.broker_id)
         if node is None:
             node = group.nodes[reg.broker_id] = _Node(
                 reg.broker_id, reg.broker_addr, reg.role, reg.term, reg.data_version, reg.topic_configs,
-                now_ms, conn_key)
+                now_ms, conn_key, timeout_ms)
             self._generation += 1
             log.info("node registered broker_name=%s broker_id=%d broker_addr=%s role=%s term=%d",
                      reg.broker_name, reg.broker_id, reg.broker_addr, reg.role, reg.term)
@@ -266,7 +273,7 @@ class RouteInfoManager:
             self._unlink_conn(node.conn_key, reg.broker_name, reg.broker_id)
             node.broker_addr, node.role, node.term = reg.broker_addr, reg.role, reg.term
             node.data_version, node.topic_configs = reg.data_version, reg.topic_configs
-            node.last_update_ms, node.conn_key = now_ms, conn_key
+            node.last_update_ms, node.conn_key, node.heartbeat_timeout_ms = now_ms, conn_key, timeout_ms
         if conn_key is not None:
             self._by_conn.setdefault(conn_key, set()).add((reg.broker_name, reg.broker_id))
         if reg.role == "LEADER" and reg.term > group.leader_term_seen:
@@ -294,10 +301,9 @@ class RouteInfoManager:
         return self._remove_node(group, node, "unregistered")
 
     def scan_not_active(self, now_ms: int) -> list[EvictedNode]:
-        """Evict every node whose last registration is more than ``broker_expired_ms`` old."""
-        deadline = now_ms - self.broker_expired_ms
+        """Evict every node whose last registration is older than its heartbeat timeout."""
         stale = [(group, node) for group in self._groups.values() for node in group.nodes.values()
-                 if node.last_update_ms < deadline]
+                 if node.last_update_ms < now_ms - node.heartbeat_timeout_ms]
         return [self._remove_node(group, node, "expired") for group, node in stale]
 
     def connection_closed(self, conn_key: Hashable) -> list[EvictedNode]:
@@ -323,7 +329,8 @@ class RouteInfoManager:
     def cluster_info(self, now_ms: int) -> ClusterInfo:
         nodes = {
             name: tuple(NodeStatus(n.broker_id, n.broker_addr, n.role, n.term, n.data_version,
-                                   n.broker_id == g.master_id, max(0, now_ms - n.last_update_ms))
+                                   n.broker_id == g.master_id, max(0, now_ms - n.last_update_ms),
+                                   n.heartbeat_timeout_ms)
                         for _, n in sorted(g.nodes.items()))
             for name, g in self._groups.items()
         }
@@ -346,8 +353,8 @@ class RouteInfoManager:
         self._generation += 1
         self._unlink_conn(node.conn_key, group.broker_name, node.broker_id)
         self._evictions += 1
-        log.info("node removed reason=%s broker_name=%s broker_id=%d broker_addr=%s",
-                 reason, group.broker_name, node.broker_id, node.broker_addr)
+        log.info("node removed reason=%s broker_name=%s broker_id=%d broker_addr=%s heartbeat_timeout_ms=%d",
+                 reason, group.broker_name, node.broker_id, node.broker_addr, node.heartbeat_timeout_ms)
         if group.nodes:
             self._refresh_group(group)
         else:

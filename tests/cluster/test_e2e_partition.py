@@ -326,8 +326,9 @@ async def test_without_a_name_server_the_client_finds_the_new_leader_through_the
 @pytest.mark.timeout(180)
 async def test_leader_cut_off_from_the_name_server_keeps_serving_and_is_routed_again_once_healed(netlab, spawn,
                                                                                               tmp_path, figure):
-    """Only the leader's link to the name server is cut, for longer than the name server's broker_expired_ms
-    (2 s here; 120 s by default), so the name server evicts the leader while the followers go on registering:
+    """Only the leader's link to the name server is cut, for longer than the heartbeat timeout the brokers send
+    (broker_not_active_timeout_ms: 2 s here; 120 s by default), so the name server evicts the leader while the
+    followers go on registering:
     its route names no master. The group is healthy and the client still reaches the leader, and re-reads
     the route every 300 ms here, so it sees the master-less route during the cut. Sends must go on being
     acknowledged by the leader: the client asks a follower, which answers NOT_LEADER naming the leader. Once
@@ -360,8 +361,8 @@ async def test_leader_cut_off_from_the_name_server_keeps_serving_and_is_routed_a
         return seen
 
     load, seen = await _under_load(netlab, spawn, tmp_path, cut_the_leader_from_the_name_server,
-                                   namesrv_toml="broker_expired_ms = 2000\nscan_interval_ms = 200\n",
-                                   broker_set=("register_interval_ms=500",),
+                                   namesrv_toml="scan_interval_ms = 200\n",
+                                   broker_set=("register_interval_ms=500", "broker_not_active_timeout_ms=2000"),
                                    client_options={"poll_name_server_interval_ms": 300})
     leader, evicted, routed_again = seen["leader"], seen["evicted"], seen["routed_again"]
     figure(f"leader {leader} cut off from the name server for {CUT_S:.0f} s: evicted from the route after "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import cbor2
 import pytest
 from hypothesis import given, settings
@@ -155,6 +157,26 @@ def test_expiry_scan_with_explicit_times():
     assert table.statistics().evictions == 3
 
 
+def test_each_node_expires_by_the_heartbeat_timeout_its_registration_carries():
+    # broker_expired_ms below a broker's registration interval evicted the live group between registrations; the
+    # name server cannot know the interval, so a broker sends its own timeout (RocketMQ 5's heartbeatTimeoutMillis).
+    table = RouteInfoManager(broker_expired_ms=1000)
+    for node_id, timeout in ((1, 5000), (2, None), (3, 3000)):
+        registration = dataclasses.replace(reg(node_id, "LEADER" if node_id == 1 else "FOLLOWER"),
+                                           heartbeat_timeout_ms=timeout)
+        table.register_broker(registration, now_ms=0, conn_key=f"conn-{node_id}")
+    assert [n.heartbeat_timeout_ms for n in table.cluster_info(0).nodes["broker-a"]] == [5000, 1000, 3000]
+    assert table.scan_not_active(1000) == []
+    assert [e.broker_id for e in table.scan_not_active(1001)] == [2]   # no timeout of its own: the default
+    assert table.scan_not_active(3000) == []
+    assert [e.broker_id for e in table.scan_not_active(3001)] == [3]
+    assert addrs(table) == {0: "127.0.0.1:10911"}
+    # A registration without the field (a broker downgraded) takes the default again.
+    table.register_broker(reg(1, "LEADER"), now_ms=4000, conn_key="conn-1")
+    assert [e.broker_id for e in table.scan_not_active(5001)] == [1]
+    assert table.cluster_info(5001).to_wire()["nodes"] == {}
+
+
 def test_a_group_whose_last_node_leaves_disappears_but_shared_topics_stay():
     table = RouteInfoManager()
     table.register_broker(reg(1, "LEADER"), now_ms=0, conn_key="a")
@@ -228,6 +250,15 @@ def test_parse_register_broker_round_trip():
     assert parse_register_broker(GOOD_EXT, b"").topic_configs == {}
     assert decode_topic_configs(cbor2.dumps({"T": {"read_queue_nums": 1, "write_queue_nums": 2, "perm": 6}})) \
         == {"T": TopicConfig(1, 2, 6, 0, False)}
+
+
+def test_parse_register_broker_takes_an_optional_heartbeat_timeout():
+    assert parse_register_broker(GOOD_EXT, b"").heartbeat_timeout_ms is None
+    assert parse_register_broker({**GOOD_EXT, "heartbeat_timeout_ms": 30_000}, b"").heartbeat_timeout_ms == 30_000
+    for bad in (0, -1, 86_400_001, "30000", True, 1.5):
+        with pytest.raises(InvalidRequestError, match="'heartbeat_timeout_ms' must") as info:
+            parse_register_broker({**GOOD_EXT, "heartbeat_timeout_ms": bad}, b"")
+        assert info.value.field == "heartbeat_timeout_ms"
 
 
 @pytest.mark.parametrize("change, field, text", [

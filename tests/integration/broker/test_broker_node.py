@@ -91,3 +91,30 @@ async def test_send_auto_creates_registers_and_pull_returns_records(nursery, tmp
         info = cbor2.loads((await call(client, addr, RequestCode.GET_BROKER_RUNTIME_INFO)).body)
         assert info["put_messages"] == 12 and info["broker_name"] == "broker-a" and info["topics"] >= 1
         assert info["commit_log_max_offset"] > 0 and 0 <= info["disk_usage_ratio"] <= 1 and not info["disk_full"]
+
+
+async def test_a_name_server_expiry_shorter_than_the_registration_interval_keeps_the_group_routed(nursery, tmp_path):
+    # The name server evicted a node silent for its broker_expired_ms, which it cannot hold to the brokers'
+    # registration interval: set below it, the live group fell out of every route between two registrations
+    # (here after 300 ms of each 1 s). Each registration now carries the broker's own heartbeat_timeout_ms.
+    import functools
+
+    from namesrv import NamesrvConfig, serve_namesrv
+
+    host, port = await nursery.start(functools.partial(
+        serve_namesrv, NamesrvConfig(listen="127.0.0.1:0", broker_expired_ms=300, scan_interval_ms=20)))
+    namesrv = f"{host}:{port}"
+    (config,) = broker_configs(tmp_path, namesrv, register_interval_ms=1000)
+    addr = await start_broker(nursery, config)
+    async with open_remoting_client() as client:
+        await _wait_leader(client, addr)
+        r = await call(client, addr, RequestCode.UPDATE_AND_CREATE_TOPIC, {"topic_name": "Routed"})
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        missing = 0
+        for _ in range(50):  # 2.5 s: two registration intervals and more
+            route = await call(client, namesrv, RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "Routed"})
+            missing += route.code != ResponseCode.SUCCESS
+            await trio.sleep(0.05)
+        assert missing == 0, f"unrouted in {missing} of 50 route queries"
+        info = cbor2.loads((await call(client, namesrv, RequestCode.GET_BROKER_CLUSTER_INFO)).body)
+        assert [n["heartbeat_timeout_ms"] for n in info["nodes"]["broker-a"]] == [120_000]

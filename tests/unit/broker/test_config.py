@@ -79,6 +79,9 @@ def test_missing_dledger_table_is_named():
     ("cluster_name", "c" * 128, "cluster_name must be letters"),
     # Past a name server's broker_expired_ms (120 s) between registrations the group fell out of every route.
     ("register_interval_ms", 600_000, r"^register_interval_ms must be <= 60000, got 600000$"),
+    # Sent to the name servers, which evict the node after it: one lost registration must not.
+    ("broker_not_active_timeout_ms", 59_999,
+     r"^broker_not_active_timeout_ms must be >= 2 x register_interval_ms \(60000\), got 59999$"),
     # Shorter than a client's heartbeat interval (10 s by default): every live consumer left its group between two.
     ("channel_expired_timeout_ms", 5000, r"^channel_expired_timeout_ms must be >= 30000, got 5000$"),
     ("listen", "127.0.0.1:99999", "port must be within"),
