@@ -198,18 +198,25 @@ class BrokerNode:
     async def delete_topic(self, topic: str) -> None:
         """RocketMQ's deleteTopic: the config, the consumer offsets and the messages go. The messages go by a
         deletion record in the commit log (``broker.store.dispatch``), appended first: should the config
-        removal then fail, the topic still exists and the admin's retry completes the delete. A producer's
-        auto-create of the same name waits on the topic lock, so its messages land after the cut."""
+        removal then fail, the topic still exists and the admin's retry completes the delete. Then a second one:
+        a send admitted by the config before its removal was applied here can be queued behind the first record,
+        and would sit past the cut, unreachable until the name is created again, then served as the new topic's
+        (64 acknowledged sends of each round in a probe). Once the config is gone no send is admitted, and the
+        group's queue is first in, first out, so the second record lands behind every admitted one. A producer's
+        auto-create of the same name waits on the topic lock, so its messages land after both."""
         async with self._topic_lock:
-            marker = encode_batch([MessageInput(topic=TOPIC_DELETE_LOG, queue_id=0, body=topic.encode("ascii"),
-                                                properties={"KEYS": topic}, born_timestamp=int(time.time() * 1000),
-                                                born_host=self.store_host)], self.store_host)
-            await self.append_messages(marker)
+            await self.append_messages(self._deletion_record(topic))
             await self._put_topics({topic: None})
+            await self.append_messages(self._deletion_record(topic))
             stale = [k for k in self.group.metadata(OFFSET_TABLE) if k.split("\x01")[1:2] == [topic]]
             if stale:
                 await self._replicate(OFFSET_TABLE, {k: None for k in stale})
             self.offsets.apply_delete_topic(topic)
+
+    def _deletion_record(self, topic: str) -> bytes:
+        return encode_batch([MessageInput(topic=TOPIC_DELETE_LOG, queue_id=0, body=topic.encode("ascii"),
+                                          properties={"KEYS": topic}, born_timestamp=int(time.time() * 1000),
+                                          born_host=self.store_host)], self.store_host)
 
     async def _put_topics(self, items: dict[str, Any]) -> None:
         self.refresh_metadata()

@@ -726,6 +726,44 @@ async def test_view_by_id_hides_a_deleted_topic_as_query_does_and_a_missing_mess
             assert r.ext["phy_offset"] == ext.get("offset", end)
 
 
+async def test_sends_racing_a_topic_deletion_do_not_reappear_when_the_topic_is_created_again(nursery, tmp_path):
+    # A send admitted by the topic config while DELETE_TOPIC_IN_BROKER ran could be appended after the deletion
+    # record and before the config was removed: past the cut, it came back as a message of the topic created
+    # again under the name (64 acknowledged sends of each round in a probe with 64 senders).
+    config, addr = await _node(nursery, tmp_path, auto_create_topic_enable=False)
+    one_queue = {"topic_name": "Racy", "read_queue_nums": 1, "write_queue_nums": 1}
+    async with open_remoting_client() as client, open_remoting_client() as admin:
+        await _wait_leader(client, addr)
+        assert (await call(admin, addr, RequestCode.UPDATE_AND_CREATE_TOPIC, one_queue)).code == ResponseCode.SUCCESS
+        acked = 0
+        deleted = trio.Event()
+
+        async def sender() -> None:
+            nonlocal acked
+            for _ in range(2000):  # bounded; stops soon after the delete
+                r = await call(client, addr, RequestCode.SEND_MESSAGE, {"topic": "Racy", "queue_id": 0}, b"old")
+                acked += r.code == ResponseCode.SUCCESS
+                if deleted.is_set() and r.code == ResponseCode.TOPIC_NOT_EXIST:
+                    return
+
+        with trio.fail_after(30):
+            async with trio.open_nursery() as senders:
+                for _ in range(48):
+                    senders.start_soon(sender)
+                while acked < 200:
+                    await trio.sleep(0.01)
+                r = await call(admin, addr, RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": "Racy"})
+                assert r.code == ResponseCode.SUCCESS, r.remark
+                deleted.set()
+        assert (await call(admin, addr, RequestCode.UPDATE_AND_CREATE_TOPIC, one_queue)).code == ResponseCode.SUCCESS
+        offsets = [(await call(admin, addr, code, {"topic": "Racy", "queue_id": 0})).ext["offset"]
+                   for code in (RequestCode.GET_MIN_OFFSET, RequestCode.GET_MAX_OFFSET)]
+        r = await call(admin, addr, RequestCode.PULL_MESSAGE, {"consumer_group": "cg", "topic": "Racy", "queue_id": 0,
+                                                              "queue_offset": offsets[0], "max_msg_nums": 1000})
+        reappeared = len(list(iter_records(r.body))) if r.code == ResponseCode.SUCCESS else 0
+        assert offsets[0] == offsets[1] and reappeared == 0, (acked, offsets, reappeared)
+
+
 async def test_a_refused_value_of_megabytes_gets_its_code_not_system_error(nursery, tmp_path):
     # The remark quoted the whole value: 18 MB for a 6 MB list, more than a frame, answered SYSTEM_ERROR and
     # logged as a broker error.
