@@ -62,13 +62,17 @@ def existing_topic_config(node: Any, topic: str) -> Any:
 
 
 def get_topic_queue(node: Any, ext: Mapping[str, Any]) -> tuple[str, int]:
-    """``topic`` and ``queue_id`` of a request about one existing queue (offsets, min/max, search)."""
+    """``topic`` and ``queue_id`` of a request about one existing queue (offsets, min/max, search): one below the
+    topic's queue counts, or one that holds messages. Lowering read_queue_nums leaves a queue's messages stored
+    and its consumers holding it until they rebalance; their last commits there were refused, and once the
+    count was raised again the group consumed that stretch a second time."""
     topic = get_str(ext, "topic")
     queue_id = get_int(ext, "queue_id", lo=0, hi=I32[1])
     config = existing_topic_config(node, topic)
     queue_nums = max(config.read_queue_nums, config.write_queue_nums)
-    if queue_id >= queue_nums:
-        raise invalid("queue_id", f"must be below {queue_nums} for topic {topic!r}, got {queue_id}")
+    if queue_id >= queue_nums and queue_id not in node.store.queue_ids(topic):
+        raise invalid("queue_id", f"must be below {queue_nums} for topic {topic!r} (or name a queue that holds "
+                                  f"messages), got {queue_id}")
     return topic, queue_id
 
 

@@ -764,6 +764,43 @@ async def test_sends_racing_a_topic_deletion_do_not_reappear_when_the_topic_is_c
         assert offsets[0] == offsets[1] and reappeared == 0, (acked, offsets, reappeared)
 
 
+async def test_a_queue_removed_by_lowering_the_queue_counts_keeps_taking_its_consumers_commits(nursery, tmp_path):
+    # After read_queue_nums was lowered, the consumers still holding a removed queue until their rebalance had their
+    # last commits there refused (INVALID_REQUEST): once the count was raised again, the group consumed that
+    # stretch a second time (20 messages twice in a probe). RocketMQ takes an offset for any queue id.
+    config, addr = await _node(nursery, tmp_path)
+    async with open_remoting_client() as client:
+        await _wait_leader(client, addr)
+
+        async def queues(read: int, write: int) -> None:
+            r = await call(client, addr, RequestCode.UPDATE_AND_CREATE_TOPIC,
+                           {"topic_name": "Shrunk", "read_queue_nums": read, "write_queue_nums": write})
+            assert r.code == ResponseCode.SUCCESS, r.remark
+
+        def offset_ext(queue_id: int, **more) -> dict:
+            return {"consumer_group": "cg", "topic": "Shrunk", "queue_id": queue_id, **more}
+
+        await queues(8, 8)
+        for _ in range(5):
+            assert (await _send(client, addr, topic="Shrunk", queue_id=6)).code == ResponseCode.SUCCESS
+        r = await call(client, addr, RequestCode.UPDATE_CONSUMER_OFFSET, offset_ext(6, commit_offset=2))
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        await queues(8, 4)
+        await queues(4, 4)
+        r = await call(client, addr, RequestCode.UPDATE_CONSUMER_OFFSET, offset_ext(6, commit_offset=4))
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        r = await call(client, addr, RequestCode.QUERY_CONSUMER_OFFSET, offset_ext(6))
+        assert r.code == ResponseCode.SUCCESS and r.ext["offset"] == 4, (r.code, r.remark, r.ext)
+        r = await call(client, addr, RequestCode.GET_MAX_OFFSET, {"topic": "Shrunk", "queue_id": 6})
+        assert r.code == ResponseCode.SUCCESS and r.ext["offset"] == 5, r.remark
+        # A queue that never held a message is no queue of the topic.
+        r = await call(client, addr, RequestCode.UPDATE_CONSUMER_OFFSET, offset_ext(7, commit_offset=1))
+        assert r.code == ResponseCode.INVALID_REQUEST and "'queue_id' must be below 4" in r.remark, r.remark
+        await queues(8, 4)
+        r = await call(client, addr, RequestCode.QUERY_CONSUMER_OFFSET, offset_ext(6))
+        assert r.code == ResponseCode.SUCCESS and r.ext["offset"] == 4, (r.code, r.remark)
+
+
 async def test_a_refused_value_of_megabytes_gets_its_code_not_system_error(nursery, tmp_path):
     # The remark quoted the whole value: 18 MB for a 6 MB list, more than a frame, answered SYSTEM_ERROR and
     # logged as a broker error.
