@@ -208,10 +208,15 @@ class BrokerNode:
             await self.append_messages(self._deletion_record(topic))
             await self._put_topics({topic: None})
             await self.append_messages(self._deletion_record(topic))
-            stale = [k for k in self.group.metadata(OFFSET_TABLE) if k.split("\x01")[1:2] == [topic]]
-            if stale:
-                await self._replicate(OFFSET_TABLE, {k: None for k in stale})
-            self.offsets.apply_delete_topic(topic)
+            # Under the flusher's lock, as a reset: a batch of the topic's commits it took before the delete and was
+            # still replicating would otherwise land after the removal below, and the group's offsets would outlive
+            # the topic (and be its offsets again once the name is created again). Commits pending now are dropped
+            # before any flush can take them; new ones are refused, the config being gone.
+            async with self._offset_lock:
+                self.offsets.apply_delete_topic(topic)
+                stale = [k for k in self.group.metadata(OFFSET_TABLE) if k.split("\x01")[1:2] == [topic]]
+                if stale:
+                    await self._replicate(OFFSET_TABLE, {k: None for k in stale})
 
     def _deletion_record(self, topic: str) -> bytes:
         return encode_batch([MessageInput(topic=TOPIC_DELETE_LOG, queue_id=0, body=topic.encode("ascii"),

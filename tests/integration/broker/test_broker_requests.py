@@ -801,6 +801,51 @@ async def test_a_queue_removed_by_lowering_the_queue_counts_keeps_taking_its_con
         assert r.code == ResponseCode.SUCCESS and r.ext["offset"] == 4, (r.code, r.remark)
 
 
+async def test_offsets_being_flushed_while_their_topic_is_deleted_do_not_outlive_it(nursery, tmp_path):
+    # delete_topic removed the offsets it found in the replicated table without the offset flusher's lock: a batch
+    # of commits the flusher had taken before the delete and was still replicating landed after the removal, so
+    # the group's offsets of the deleted topic stayed, and came back as its offsets once the name was created again.
+    import functools
+
+    from broker.node import OFFSET_TABLE, serve_broker
+
+    (config,) = broker_configs(tmp_path, None, consumer_offset_flush_interval_ms=60_000)  # flushed by hand here
+    nodes = []
+    host, port = await nursery.start(functools.partial(serve_broker, config, on_serving=nodes.append))
+    addr, node = f"{host}:{port}", nodes[0]
+    async with open_remoting_client() as client:
+        await _wait_leader(client, addr)
+        assert (await _send(client, addr, topic="Gone")).code == ResponseCode.SUCCESS
+        for offset in (0, 1):  # a group's first offset of a queue is replicated at once, the next one pending
+            r = await call(client, addr, RequestCode.UPDATE_CONSUMER_OFFSET,
+                           {"consumer_group": "cg", "topic": "Gone", "queue_id": 0, "commit_offset": offset})
+            assert r.code == ResponseCode.SUCCESS, r.remark
+        assert node.offsets.has_pending()
+        replicate = node._replicate
+        flushing = trio.Event()
+
+        async def slow_offset_commits(table, items):  # a replication that takes a while, as under load
+            if table == OFFSET_TABLE and None not in items.values():
+                flushing.set()
+                await trio.sleep(0.3)
+            await replicate(table, items)
+
+        node._replicate = slow_offset_commits
+        with trio.fail_after(10):
+            async with trio.open_nursery() as both:
+                both.start_soon(node._flush_offsets_once)
+                await flushing.wait()
+                r = await call(client, addr, RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": "Gone"})
+                assert r.code == ResponseCode.SUCCESS, r.remark
+        left = [k for k in node.group.metadata(OFFSET_TABLE) if k.split("\x01")[1] == "Gone"]
+        assert left == [], left
+        r = await call(client, addr, RequestCode.UPDATE_AND_CREATE_TOPIC, {"topic_name": "Gone"})
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        r = await call(client, addr, RequestCode.QUERY_CONSUMER_OFFSET,
+                       {"consumer_group": "cg", "topic": "Gone", "queue_id": 0})
+        assert r.code == ResponseCode.QUERY_NOT_FOUND, (r.code, r.ext)
+
+
 async def test_a_refused_value_of_megabytes_gets_its_code_not_system_error(nursery, tmp_path):
     # The remark quoted the whole value: 18 MB for a 6 MB list, more than a frame, answered SYSTEM_ERROR and
     # logged as a broker error.
