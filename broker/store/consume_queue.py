@@ -159,7 +159,19 @@ class ConsumeQueue:
         """The max offset this queue had when dispatch stood at ``phy_offset``: one past its last unit pointing
         before it (0 if none). Units are in commit-log order, so a binary search finds it; a unit in a file
         retention deleted pointed before it. Recovery compares the sum over the queues with the checkpoint's."""
-        lo, hi = min(self._files, default=0) * self.units_per_file, self.max_offset
+        lo = self._first_unit_from(phy_offset, min(self._files, default=0) * self.units_per_file)
+        if lo:
+            # Only holes before: a queue begun past offset 0 (a store that starts past 0) after that point.
+            unit = self.unit(lo - 1)
+            if unit is not None and unit[1] == 0:
+                return 0
+        return lo
+
+    def _first_unit_from(self, phy_offset: int, lo: int) -> int:
+        """The first queue offset from ``lo`` whose unit points at ``phy_offset`` or after (``max_offset`` if none).
+        Units are in commit-log order, so a binary search finds it; a unit whose file is gone (or a hole) counts as
+        pointing before: it cannot be served either way."""
+        hi = self.max_offset
         while lo < hi:
             mid = (lo + hi) // 2
             unit = self.unit(mid)
@@ -167,11 +179,6 @@ class ConsumeQueue:
                 lo = mid + 1
             else:
                 hi = mid
-        if lo:
-            # Only holes before: a queue begun past offset 0 (a store that starts past 0) after that point.
-            unit = self.unit(lo - 1)
-            if unit is not None and unit[1] == 0:
-                return 0
         return lo
 
     def apply_cut(self, phy_offset: int) -> None:
@@ -181,15 +188,7 @@ class ConsumeQueue:
         if phy_offset <= self.cut:
             return
         self.cut = phy_offset
-        lo, hi = self.min_offset, self.max_offset
-        while lo < hi:
-            mid = (lo + hi) // 2
-            unit = self.unit(mid)
-            # A unit whose file is gone (or a hole) cannot be served either way: treat it as before the cut.
-            if unit is None or unit[1] == 0 or unit[0] < phy_offset:
-                lo = mid + 1
-            else:
-                hi = mid
+        lo = self._first_unit_from(phy_offset, self.min_offset)
         if lo > self.min_offset:
             log.info("consume queue cut topic=%s queue_id=%d cut=%d min_offset=%d->%d max_offset=%d", self.topic,
                      self.queue_id, phy_offset, self.min_offset, lo, self.max_offset)

@@ -65,15 +65,20 @@ async def _kill_and_restart(cluster: Cluster, victims: list[str], damage) -> Non
         await trio.to_thread.run_sync(cluster.start, nid)
 
 
+async def _loaded_cluster(spawn, tmp_path, acked: dict[str, tuple[int, int, bytes]]) -> tuple[Cluster, str]:
+    """A group without log compaction holding 300 acknowledged messages (noted in ``acked``), and its leader."""
+    cluster: Cluster = await start_cluster(spawn, tmp_path, NO_COMPACTION)
+    await cluster.create_topic(TOPIC, QUEUES)
+    async with open_producer(cluster.namesrv, send_msg_timeout_ms=10_000) as producer:
+        await _send(producer, "before", 300, acked)
+    return cluster, cluster.node_at(await cluster.leader_addr())
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("who", ["a_follower", "the_leader", "all_three"])
 async def test_members_that_lost_a_tail_write_it_again_from_the_group(spawn, tmp_path, who):
-    cluster: Cluster = await start_cluster(spawn, tmp_path, NO_COMPACTION)
-    await cluster.create_topic(TOPIC, QUEUES)
     acked: dict[str, tuple[int, int, bytes]] = {}
-    async with open_producer(cluster.namesrv, send_msg_timeout_ms=10_000) as producer:
-        await _send(producer, "before", 300, acked)
-    leader = cluster.node_at(await cluster.leader_addr())
+    cluster, leader = await _loaded_cluster(spawn, tmp_path, acked)
     victims = {"a_follower": [next(n for n in cluster.nodes if n != leader)], "the_leader": [leader],
                "all_three": list(cluster.nodes)}[who]
     store_dir = {nid: tmp_path / "cluster" / GROUP / nid / "store" for nid in cluster.nodes}
@@ -95,12 +100,8 @@ async def test_members_that_lost_a_tail_write_it_again_from_the_group(spawn, tmp
 
 @pytest.mark.timeout(300)
 async def test_a_member_holding_a_record_the_group_never_wrote_stops_naming_its_offset(spawn, tmp_path):
-    cluster: Cluster = await start_cluster(spawn, tmp_path, NO_COMPACTION)
-    await cluster.create_topic(TOPIC, QUEUES)
     acked: dict[str, tuple[int, int, bytes]] = {}
-    async with open_producer(cluster.namesrv, send_msg_timeout_ms=10_000) as producer:
-        await _send(producer, "before", 300, acked)
-    leader = cluster.node_at(await cluster.leader_addr())
+    cluster, leader = await _loaded_cluster(spawn, tmp_path, acked)
     follower = next(n for n in cluster.nodes if n != leader)
     store_dir = tmp_path / "cluster" / GROUP / follower / "store"
 

@@ -36,6 +36,16 @@ def _assert_derived_agree(store: MessageStore) -> None:
     assert records == count
 
 
+
+def _die(s: MessageStore) -> None:
+    """Leave ``s`` as a killed process does: files closed without the clean close's flush and checkpoint, and the
+    directory lock released, as the kernel does."""
+    s._closed = True
+    s._checkpoint.close()
+    s.dispatcher.close()
+    s.commit_log.close()
+    s._dir_lock.release()
+
 def test_rebuild_after_deleting_every_derived_file_is_byte_identical(tmp_path):
     cfg = small_config(tmp_path / "s")
     with MessageStore.open(cfg) as s:
@@ -146,11 +156,7 @@ def test_unpublished_index_entries_are_undone_then_redispatched(tmp_path):
         s.dispatch_pending()
         s._checkpoint.write(s.flush(), 0, 0)  # checkpoint behind the dispatch
         f.file.mm[:INDEX_HEADER.size] = header  # as if the process died before the header write
-        s._closed = True  # skip the clean close
-        s._checkpoint.close()
-        s.dispatcher.close()
-        s.commit_log.close()
-        s._dir_lock.release()  # as the kernel does for a process that dies
+        _die(s)
     with MessageStore.open(cfg) as s:
         _assert_derived_agree(s)
         assert len(s.query_message("TopicTest", "common", 1000).messages) == 120
@@ -355,11 +361,7 @@ def test_a_crash_before_a_new_index_files_first_header_write_loses_no_key_and_do
         assert first.end_phy_offset < second.begin_phy_offset == s.look_message_by_offset(
             second.begin_phy_offset).phy_offset
         second.file.mm[:INDEX_HEADER.size] = bytes(INDEX_HEADER.size)  # as if the process died before writing it
-        s._closed = True  # skip the clean close
-        s._checkpoint.close()
-        s.dispatcher.close()
-        s.commit_log.close()
-        s._dir_lock.release()  # as the kernel does for a process that dies
+        _die(s)
     with MessageStore.open(cfg) as s:
         _assert_derived_agree(s)
         for n in range(112):
