@@ -161,6 +161,13 @@ class DLedgerService:
         return make_response(request, ResponseCode.SUCCESS, ext={"term": view.term, "leader_id": view.leader_id})
 
 
+def _error_for(response: Frame) -> RaftMQError:
+    """The error for a failed answer, with its ext values as fields: a NOT_LEADER's ``leader_addr`` is what lets
+    the caller follow it to the leader, and INVALID_REQUEST's ``field`` names what was wrong."""
+    fields = {str(k): v for k, v in response.ext.items() if v is not None}
+    return for_code(response.code, response.remark, **fields)
+
+
 def remote_fetch_range(client: Any, group: str) -> FetchRange:
     """A ``fetch_range`` for ``open_dledger_group`` that asks peers' ``DLedgerService`` over remoting."""
 
@@ -173,7 +180,7 @@ def remote_fetch_range(client: Any, group: str) -> FetchRange:
             if all(type(v) is int for v in moved):
                 raise CommitLogMovedError(peer.id, offset, *moved)
         if response.code != ResponseCode.SUCCESS:
-            raise for_code(response.code, response.remark)
+            raise _error_for(response)
         if crc32c.crc32c(response.body) != response.ext.get("crc32c"):
             raise CatchUpDataError(f"commit-log bytes from {peer.id} at offset {offset} fail their crc32c check")
         return response.body
@@ -189,7 +196,7 @@ async def get_raft_status(client: Any, address: str, group: str, *, checksum_up_
     response = await client.invoke(address, make_request(RequestCode.GET_RAFT_STATUS, ext=ext),
                                    timeout_s=timeout_s)
     if response.code != ResponseCode.SUCCESS:
-        raise for_code(response.code, response.remark)
+        raise _error_for(response)
     checksums = [tuple(c) for c in cbor2.loads(response.body)] if response.body else []
     return dict(response.ext), checksums  # type: ignore[return-value]
 
@@ -228,5 +235,5 @@ async def transfer_leadership(client: Any, leader_address: str, group: str, to: 
                            ext={"group": group, "to": to, "timeout_ms": int(timeout_s * 1000)})
     response = await client.invoke(leader_address, request, timeout_s=timeout_s + 1.0)
     if response.code != ResponseCode.SUCCESS:
-        raise for_code(response.code, response.remark)
+        raise _error_for(response)
     return dict(response.ext)

@@ -135,10 +135,14 @@ async def test_transfer_leadership_request_over_remoting(tmp_path):
         leader = await ready_leader(groups)
         target, other = [g for g in groups if not g.is_leader]
 
-        with pytest.raises(WireNotLeaderError):  # a follower cannot give away what it does not hold
+        with pytest.raises(WireNotLeaderError) as refused:  # a follower cannot give away what it does not hold
             await transfer_leadership(client, address[other.config.self_id], "g", target.config.self_id)
-        with pytest.raises(InvalidRequestError, match="ext.to"):
+        # ... and names the leader's service address, for the caller to ask it instead
+        assert refused.value.leader_addr == leader.member_address(leader.config.self_id).service_address
+        assert refused.value.fields["leader_id"] == leader.config.self_id
+        with pytest.raises(InvalidRequestError, match="ext.to") as invalid:
             await transfer_leadership(client, address[leader.config.self_id], "g", "")
+        assert invalid.value.fields["field"] == "to"
         response = await client.invoke(address[leader.config.self_id], make_request(
             RequestCode.TRANSFER_LEADERSHIP, ext={"group": "g", "to": "n9"}), timeout_s=5)
         assert response.code == ResponseCode.INVALID_REQUEST and "no such other member" in response.remark
