@@ -13,6 +13,10 @@ its response sent, as soon as one of these happens:
 * the deadline passes (the re-executed pull then answers PULL_NOT_FOUND, so the client simply pulls again);
 * a periodic check (``check_interval_ms``) sees the queue's max offset moved, in case a notification was missed
   (dispatch on a follower can race a hold that was registered a moment later);
+* the broker releases it (``release``): its topic was deleted, or its queue is no longer readable (read_queue_nums
+  lowered below its queue_id, perm). The re-executed pull then gives the answer a fresh pull gets
+  (TOPIC_NOT_EXIST, INVALID_REQUEST naming ``queue_id``) at once, not PULL_NOT_FOUND at the deadline, which told
+  the consumer to keep pulling a queue that is gone. Counted neither as an arrival nor as a timeout.
 
 Resumes run as tasks in the service's nursery, never inline in ``notify_message_arriving``, because that is called
 from the store's dispatch path which must not block on sockets.
@@ -105,6 +109,14 @@ class PullRequestHoldService:
         else:
             del self._by_queue[(topic, queue_id)]
 
+    def release(self, refused: Callable[[str, int], bool]) -> None:
+        """Resume at once every held pull whose (topic, queue_id) ``refused`` picks."""
+        for (topic, queue_id), waiting in list(self._by_queue.items()):
+            if refused(topic, queue_id):
+                del self._by_queue[(topic, queue_id)]
+                for req in waiting:
+                    self._finish(req, False, counted=False)
+
     @staticmethod
     def _arrived(req: HeldPull, max_offset: int) -> bool:
         if max_offset <= req.offset:
@@ -114,13 +126,13 @@ class PullRequestHoldService:
         req.offset = max_offset  # nothing there for this pull: it waits past those units
         return False
 
-    def _finish(self, req: HeldPull, timed_out: bool) -> None:
+    def _finish(self, req: HeldPull, timed_out: bool, *, counted: bool = True) -> None:
         if req.done:
             return
         req.done = True
-        if not timed_out:
+        if counted and not timed_out:
             self._by_arrival += 1
-        else:
+        elif counted:
             self._by_timeout += 1
         self._send.send_nowait((req, timed_out))
 

@@ -38,6 +38,7 @@ from broker.dispatcher import BrokerDispatcher
 from broker.long_polling import PullRequestHoldService
 from broker.offset_manager import ConsumerOffsetTable
 from broker.processor.base import RequestRejected
+from broker.processor.pull_message import check_pullable
 from broker.pull_stats import PullStats
 from broker.registration import RegistrationService, RegistrationSnapshot
 from broker.store import MessageInput, MessageStore, encode_batch
@@ -140,6 +141,16 @@ class BrokerNode:
             return
         self.topics.restore({"data_version": version,
                              "topics": [v for k, v in table.items() if k != _VERSION_KEY]})
+        # Pulls held on a queue the change took away (topic deleted, read queues lowered) are answered now, as a
+        # fresh pull would be, rather than "no new message" at their deadline.
+        self.hold.release(self._pull_refused)
+
+    def _pull_refused(self, topic: str, queue_id: int) -> bool:
+        try:
+            check_pullable(self, topic, queue_id)
+        except RequestRejected:
+            return True
+        return False
 
     def _committed_offset(self, group: str, topic: str, queue_id: int) -> int | None:
         value = self.group.metadata(OFFSET_TABLE).get(_offset_key(group, topic, queue_id))

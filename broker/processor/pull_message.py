@@ -25,8 +25,8 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from broker.filter import SubscriptionParseError, TagFilter, parse_tag_expression
-from broker.processor.base import (I32, RequestRejected, existing_topic_config, get_group, get_int, get_str,
-                                   invalid)
+from broker.processor.base import (I32, RequestRejected, error_response, existing_topic_config, get_group, get_int,
+                                   get_str, invalid)
 from remoting.codec import Frame, make_response
 from remoting.codes import ResponseCode
 from remoting.errors import RaftMQError
@@ -42,6 +42,20 @@ FLAG_SUBSCRIPTION = 0x4
 MASTER_ID = 0
 
 
+def check_pullable(node: BrokerNode, topic: str, queue_id: int) -> None:
+    """Raise the refusal a pull of (topic, queue_id) gets: a topic that does not exist or is not readable, or a
+    queue_id at or beyond its read_queue_nums. Checked again when a held pull resumes, and by the node after a
+    topic change to release the held pulls it now refuses."""
+    config = existing_topic_config(node, topic)
+    if not config.readable:
+        raise RequestRejected(ResponseCode.NO_PERMISSION,
+                              f"topic {topic!r} is not readable on broker {node.config.broker_name} "
+                              f"(perm={config.perm})")
+    if queue_id >= config.read_queue_nums:
+        raise invalid("queue_id", f"must be below topic {topic!r}'s read_queue_nums {config.read_queue_nums}, "
+                                  f"got {queue_id}")
+
+
 class PullMessageProcessor:
     def __init__(self, node: BrokerNode) -> None:
         self.node = node
@@ -55,9 +69,17 @@ class PullMessageProcessor:
         timeout_s = min(args["suspend_timeout_millis"], self.node.config.long_polling_timeout_ms) / 1000
 
         async def resume(timed_out: bool, offset: int) -> None:
-            # From where the hold got to: the units it passed carry no tags code the filter wants.
-            again, _ = self._pull(request, {**args, "queue_offset": offset}, allow_suspend=False)
-            assert again is not None
+            try:
+                # The topic may have been deleted or its read queues lowered while the pull was held: the
+                # answer is then the one a fresh pull gets, not "no new message".
+                check_pullable(self.node, args["topic"], args["queue_id"])
+            except RequestRejected as e:
+                again = error_response(self.node, request, e)
+            else:
+                # From where the hold got to: the units it passed carry no tags code the filter wants.
+                again, _ = self._pull(request, {**args, "queue_offset": offset}, allow_suspend=False)
+            if again is None:
+                return
             try:
                 await conn.send_response(again)
             except RaftMQError as e:
@@ -83,14 +105,7 @@ class PullMessageProcessor:
             "suspend_timeout_millis": get_int(ext, "suspend_timeout_millis", default=0, lo=0, hi=I32[1]),
         }
         node = self.node
-        config = existing_topic_config(node, topic)
-        if not config.readable:
-            raise RequestRejected(ResponseCode.NO_PERMISSION,
-                                  f"topic {topic!r} is not readable on broker {node.config.broker_name} "
-                                  f"(perm={config.perm})")
-        if args["queue_id"] >= config.read_queue_nums:
-            raise invalid("queue_id", f"must be below topic {topic!r}'s read_queue_nums {config.read_queue_nums}, "
-                                      f"got {args['queue_id']}")
+        check_pullable(node, topic, args["queue_id"])
         expression = ext.get("subscription")
         tag_filter: TagFilter
         if expression is None and not args["sys_flag"] & FLAG_SUBSCRIPTION:

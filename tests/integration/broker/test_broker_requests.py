@@ -931,3 +931,46 @@ async def test_a_bad_request_field_is_named_in_ext_field_as_well_as_in_the_remar
             r = await call(client, addr, code, ext, body)
             assert r.code == ResponseCode.INVALID_REQUEST and field in r.remark, (code, ext, r.code, r.remark)
             assert r.ext.get("field") == field, (code, ext, r.ext, r.remark)
+
+
+async def test_a_held_pull_whose_queue_goes_away_is_answered_at_once_as_a_fresh_pull(nursery, tmp_path):
+    # A pull held on a topic deleted meanwhile (or on a queue its read_queue_nums was lowered past) was answered
+    # PULL_NOT_FOUND at its deadline, 15 s later: the consumer was told to keep pulling a queue that is gone.
+    config, addr = await _node(nursery, tmp_path)
+    async with open_remoting_client() as client:
+        await _wait_leader(client, addr)
+        for topic in ("Doomed", "Shrinking"):
+            r = await call(client, addr, RequestCode.UPDATE_AND_CREATE_TOPIC,
+                           {"topic_name": topic, "read_queue_nums": 8, "write_queue_nums": 8})
+            assert r.code == ResponseCode.SUCCESS, r.remark
+        answers: dict[tuple[str, int], tuple[object, float]] = {}
+
+        async def pull(topic: str, queue_id: int) -> None:
+            ext = {"consumer_group": "cg", "topic": topic, "queue_id": queue_id, "queue_offset": 0,
+                   "max_msg_nums": 32, "sys_flag": 0x2, "suspend_timeout_millis": 15_000}
+            response = await call(client, addr, RequestCode.PULL_MESSAGE, ext, timeout_s=20)
+            answers[(topic, queue_id)] = response, trio.current_time()
+
+        async with trio.open_nursery() as inner:
+            for topic, queue_id in (("Doomed", 0), ("Shrinking", 6), ("Shrinking", 1)):
+                inner.start_soon(pull, topic, queue_id)
+            await trio.sleep(0.3)
+            assert not answers  # all held
+            changed_at = trio.current_time()
+            r = await call(client, addr, RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": "Doomed"})
+            assert r.code == ResponseCode.SUCCESS, r.remark
+            r = await call(client, addr, RequestCode.UPDATE_AND_CREATE_TOPIC,
+                           {"topic_name": "Shrinking", "read_queue_nums": 4, "write_queue_nums": 4})
+            assert r.code == ResponseCode.SUCCESS, r.remark
+            with trio.fail_after(3):
+                while len(answers) < 2:
+                    await trio.sleep(0.05)
+            assert ("Shrinking", 1) not in answers  # its queue is still there: still held
+            assert (await _send(client, addr, topic="Shrinking", queue_id=1)).code == ResponseCode.SUCCESS
+        response, answered_at = answers[("Doomed", 0)]
+        assert response.code == ResponseCode.TOPIC_NOT_EXIST and response.ext["topic"] == "Doomed", response
+        assert answered_at - changed_at < 3
+        response, answered_at = answers[("Shrinking", 6)]
+        assert response.code == ResponseCode.INVALID_REQUEST and response.ext["field"] == "queue_id", response
+        assert "read_queue_nums 4" in response.remark and answered_at - changed_at < 3
+        assert answers[("Shrinking", 1)][0].code == ResponseCode.SUCCESS

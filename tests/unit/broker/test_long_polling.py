@@ -83,3 +83,29 @@ async def test_a_held_pull_with_a_filter_is_woken_only_by_a_unit_it_wants_and_re
         await trio.sleep(2.5)
         assert resumed[-1] == (True, 12)
         nursery.cancel_scope.cancel()
+
+
+async def test_release_resumes_at_once_only_the_pulls_it_picks_and_counts_them_as_neither(autojump_clock):
+    service = PullRequestHoldService(lambda t, q: 0, check_interval_ms=1000)
+    resumed = []
+
+    def resume_fn(name):
+        async def resume(timed_out, offset):
+            resumed.append((name, timed_out, trio.current_time()))
+        return resume
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(service.serve)
+        start = trio.current_time()
+        service.hold("Gone", 0, 0, 15.0, resume_fn("gone"))
+        service.hold("T", 6, 0, 15.0, resume_fn("shrunk"))
+        service.hold("T", 1, 0, 2.0, resume_fn("kept"))
+        service.release(lambda topic, queue_id: topic == "Gone" or queue_id >= 4)
+        await trio.sleep(0.01)
+        assert sorted(r[:2] for r in resumed) == [("gone", False), ("shrunk", False)]
+        assert all(r[2] - start < 0.02 for r in resumed)
+        await trio.sleep(2)  # the released ones are gone from the deadline heap; the kept one times out alone
+        assert sorted(r[:2] for r in resumed) == [("gone", False), ("kept", True), ("shrunk", False)]
+        stats = service.statistics()
+        assert (stats.held, stats.resumed_by_arrival, stats.resumed_by_timeout) == (3, 0, 1)
+        nursery.cancel_scope.cancel()
