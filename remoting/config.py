@@ -9,9 +9,10 @@ Metadata keys understood on a field: ``min`` / ``max`` (inclusive numeric bounds
 ``check`` (a callable returning an error sentence or None) and ``doc`` (one line shown in errors and docs).
 
 A config dataclass calls ``check_fields(self)`` first in its ``__post_init__``, so one built directly in Python
-(``PushConsumerConfig(instance_name="a/b")``) is refused with the sentence a TOML file with that value gets. The
-loader checks each value too, before building, so that a nested table's error names the full key
-(``store.segment_size_bytes``). Configs are built once per process or client, never per message.
+(``PushConsumerConfig(instance_name="a/b")``, ``StoreConfig(flush_disk_type="SYNC")``) is refused with the
+sentence a TOML file with that value gets, for its type as for its bounds. The loader checks each value too,
+before building, so that a nested table's error names the full key (``store.segment_size_bytes``). Configs are
+built once per process or client, never per message.
 """
 
 from __future__ import annotations
@@ -46,9 +47,13 @@ def bounded(default: Any, *, min: Any = None, max: Any = None, choices: Any = No
 
 
 def check_fields(config: Any) -> None:
-    """Check every field of a config dataclass against its ``bounded`` metadata (see the module docstring)."""
+    """Check every field of a config dataclass against its type, as the loader does (``Literal`` choices, bool
+    not int, str not number, NaN), and its ``bounded`` metadata (see the module docstring)."""
+    hints = typing.get_type_hints(type(config))
     for field in dataclasses.fields(config):
-        _check(field, getattr(config, field.name), field.name)
+        value = getattr(config, field.name)
+        _convert(hints[field.name], value, field.name)  # only for its refusal: the value is kept as given
+        _check(field, value, field.name)
 
 
 NAME_MAX_LENGTH = 127
@@ -160,6 +165,8 @@ def config_from_mapping(cls: type[T], data: Mapping[str, Any], *, prefix: str = 
 def _convert(hint: Any, value: Any, key: str) -> Any:
     origin = typing.get_origin(hint)
     if dataclasses.is_dataclass(hint):
+        if isinstance(value, hint):  # built directly: its own __post_init__ checked it
+            return value
         return config_from_mapping(hint, value, prefix=key + ".")  # type: ignore[arg-type]
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(hint) if a is not type(None)]

@@ -1,13 +1,18 @@
-"""Every config dataclass of the project checks its ``bounded`` fields when built, not only when loaded: one built
-directly in Python (``PushConsumerConfig(instance_name="a/b")``) was taken as is, while the same value in a TOML
-file or as an ``open_*`` option was refused. Both ways now give the same sentence."""
+"""Every config dataclass of the project checks its fields when built, not only when loaded: one built directly in
+Python (``PushConsumerConfig(instance_name="a/b")``, ``StoreConfig(flush_disk_type="SYNC")``) was taken as is,
+while the same value in a TOML file or as an ``open_*`` option was refused. Both ways now give the same sentence,
+for a value out of bounds and for one of the wrong type."""
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
+import math
 import pkgutil
-from typing import Any
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal
 
 import pytest
 
@@ -79,3 +84,55 @@ def test_a_config_built_directly_is_refused_as_a_loaded_one_is(name, cls):
             dataclasses.replace(built, **{key: value})
         assert str(direct.value) == str(loaded.value)
         assert str(direct.value).startswith(f"{key} ")
+
+
+def _wrong_typed_values(hint: Any) -> list[Any]:
+    """Values the loader refuses for a field of type ``hint``: another Literal choice, an int for a bool, a bool
+    for an int, a number for a str, NaN for a float, ..."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        # Refused only if every option refuses it.
+        first, *rest = [_wrong_typed_values(a) for a in typing.get_args(hint) if a is not type(None)]
+        return [v for v in first if all(v in r for r in rest)]
+    if origin is Literal:
+        return ["NO_SUCH_CHOICE"]
+    if origin in (tuple, list):
+        return ["not a list", 7]
+    if origin is dict or dataclasses.is_dataclass(hint):
+        return ["not a table"]
+    if hint is bool:
+        return [1, "true"]
+    if hint is int:
+        return [True, "1", 1.0]
+    if hint is float:
+        return [math.nan, "1.5", False]
+    if hint is str:
+        return [1, b"x"]
+    if hint is Path:
+        return [1]
+    return []
+
+
+@pytest.mark.parametrize("name, cls", sorted(_config_classes().items()))
+def test_a_config_built_directly_with_a_value_of_the_wrong_type_is_refused_as_a_loaded_one_is(name, cls):
+    base = _BASE.get(name, {})
+    built = config_from_mapping(cls, base)
+    hints = typing.get_type_hints(cls)
+    checked = [(f.name, value) for f in dataclasses.fields(cls) if f.init
+               for value in _wrong_typed_values(hints[f.name])]
+    assert checked
+    for key, value in checked:
+        with pytest.raises(ConfigError) as loaded:
+            config_from_mapping(cls, {**base, key: value})
+        with pytest.raises(ConfigError) as direct:
+            dataclasses.replace(built, **{key: value})
+        assert str(direct.value) == str(loaded.value)
+        assert str(direct.value).startswith(f"{key} ")
+
+
+def test_a_literal_field_built_directly_names_its_choices():
+    from broker.store.config import StoreConfig
+
+    with pytest.raises(ConfigError, match=r"^flush_disk_type must be one of 'ASYNC_FLUSH', 'SYNC_FLUSH', got 'SYNC'$"):
+        StoreConfig(flush_disk_type="SYNC")
+    assert StoreConfig(flush_disk_type="SYNC_FLUSH").flush_disk_type == "SYNC_FLUSH"
