@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import re
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,3 +67,11 @@ def test_checker_sees_a_violation(tmp_path):
     bad = tmp_path / "m.py"
     bad.write_text("import broker.store\nfrom client import x\nfrom . import y\n")
     assert _imports(bad) == {"broker", "client"}
+
+
+def test_every_runtime_dependency_is_imported():
+    # prometheus-client was installed with every deployment while nothing imported it (metrics are not built).
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["dependencies"]
+    names = {re.split(r"[<>=!~;\[ ]", d, maxsplit=1)[0].lower().replace("-", "_") for d in declared}
+    imported = set().union(*(_imports(p) for pkg in OURS for p in _modules(pkg)))
+    assert names and not names - imported, sorted(names - imported)
