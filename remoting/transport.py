@@ -163,6 +163,9 @@ class RemotingConnection:
         self._drained = trio.lowlevel.ParkingLot()
         # Senders waiting for the queue to drop below HIGH_WATER_BYTES, longest waiting first.
         self._room_waiters: deque[trio.lowlevel.Task] = deque()
+        # The waiter let in but not yet run: it holds the room, so a newcomer queues behind it (seeing room and no
+        # waiters, one went first, and the longest waiter's frame left after a newcomer's).
+        self._admitted: trio.lowlevel.Task | None = None
         self._close_reason: str | None = None
         self._on_close: Callable[[RemotingConnection], None] | None = None
         self._frames_received = self._frames_sent = self._bytes_received = self._bytes_sent = 0
@@ -223,7 +226,7 @@ class RemotingConnection:
         else:
             raise ValueError(f"timeout_s must be > 0 or None, got {timeout_s!r}")
         if (len(data) - 4 > self.max_frame_size or self._out_bytes > HIGH_WATER_BYTES or self._room_waiters
-                or self._close_reason):
+                or self._admitted is not None or self._close_reason):
             with trio.move_on_at(deadline) as waiting:
                 await self._prepare_send(data)
             if waiting.cancelled_caught:  # the queue never had room for it: nothing was sent
@@ -313,7 +316,8 @@ class RemotingConnection:
         """Wait until the queued bytes are back under HIGH_WATER_BYTES and no earlier sender still waits (see the
         module rules); ConnectionClosedError if the connection closes meanwhile (or was closed). The caller
         queues its frame before its next checkpoint."""
-        if (self._out_bytes > HIGH_WATER_BYTES or self._room_waiters) and self._close_reason is None:
+        if (self._out_bytes > HIGH_WATER_BYTES or self._room_waiters or self._admitted is not None) \
+                and self._close_reason is None:
             waiters = self._room_waiters
             task = trio.lowlevel.current_task()
             waiters.append(task)
@@ -324,6 +328,7 @@ class RemotingConnection:
 
             while True:
                 await trio.lowlevel.wait_task_rescheduled(abort)  # _admit_waiter took us off the queue
+                self._admitted = None
                 if self._out_bytes <= HIGH_WATER_BYTES or self._close_reason is not None:
                     break
                 waiters.appendleft(task)  # a newcomer took the room first: keep our place at the head
@@ -334,8 +339,10 @@ class RemotingConnection:
 
     def _admit_waiter(self) -> None:
         """Wake the longest-waiting sender if there is room (or the connection closed: it then raises)."""
-        if self._room_waiters and (self._out_bytes <= HIGH_WATER_BYTES or self._close_reason is not None):
-            trio.lowlevel.reschedule(self._room_waiters.popleft())
+        if self._room_waiters and self._admitted is None and (self._out_bytes <= HIGH_WATER_BYTES
+                                                              or self._close_reason is not None):
+            self._admitted = self._room_waiters.popleft()
+            trio.lowlevel.reschedule(self._admitted)
 
     def _enqueue(self, data: bytes) -> None:
         self._out.append(data)

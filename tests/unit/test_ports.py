@@ -3,6 +3,7 @@ one between the choice and the bind."""
 
 from __future__ import annotations
 
+import random
 import socket
 
 import pytest
@@ -31,11 +32,20 @@ def test_a_port_in_use_is_skipped(monkeypatch):
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         taken = busy.getsockname()[1]
-        picks = iter([taken, taken + 1 if taken < 65535 else taken - 1])
-        monkeypatch.setattr(ports.random, "randint", lambda a, b: next(picks))
+        # The busy port first, then random ones: a fixed second pick could be in use too, or handed out already
+        # by this process (a worker that ran other tests first), and the picks ran out.
+        rng = random.Random()
+        tried: list[int] = []
+
+        def pick(low: int, high: int) -> int:
+            tried.append(taken if not tried else rng.randint(max(low, 1024), high))
+            return tried[-1]
+
+        monkeypatch.setattr(ports.random, "randint", pick)
         monkeypatch.setattr(ports, "_ephemeral_low", lambda: 65536)
         monkeypatch.setattr(ports, "LOWEST_PORT", 1)
         assert ports.free_port() != taken
+        assert tried[0] == taken
 
 
 def test_a_range_of_ones_own_is_kept_to(monkeypatch):
