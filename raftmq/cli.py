@@ -57,8 +57,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except BaseExceptionGroup as group:
-        # Ctrl-C inside trio.run comes out wrapped in the groups of the nurseries it went through.
-        if all(isinstance(e, KeyboardInterrupt) for e in leaf_exceptions(group)):
+        # Ctrl-C inside trio.run comes out wrapped in the groups of the nurseries it went through, possibly beside
+        # errors it caused (a connection closed under a task it cancelled): the user asked to stop, so 130 all
+        # the same, not the traceback of a group that was neither all interrupts nor all errors.
+        if any(isinstance(e, KeyboardInterrupt) for e in leaf_exceptions(group)):
             return EXIT_INTERRUPTED
         raise
     except BrokenPipeError:
