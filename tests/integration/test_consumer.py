@@ -9,9 +9,9 @@ import trio
 
 import raftmq.commands.admin
 from client import Message, MessageQueue, open_admin, open_producer, open_push_consumer
-from remoting.codes import RequestCode, ResponseCode
+from remoting.codes import RequestCode
 from remoting.transport import open_remoting_client
-from tests.integration.broker.helpers import broker_configs, call, start_broker, start_namesrv
+from tests.integration.broker.helpers import broker_configs, call, start_broker, start_namesrv, wait_leader
 
 
 async def _start(nursery, tmp_path, **overrides) -> tuple[str, str]:
@@ -20,12 +20,7 @@ async def _start(nursery, tmp_path, **overrides) -> tuple[str, str]:
     (config,) = broker_configs(tmp_path, namesrv, **overrides)
     addr = await start_broker(nursery, config)
     async with open_remoting_client() as client:
-        with trio.fail_after(10):
-            while True:
-                r = await call(client, addr, RequestCode.GET_BROKER_RUNTIME_INFO)
-                if r.code == ResponseCode.SUCCESS and cbor2.loads(r.body)["role"] == "LEADER":
-                    break
-                await trio.sleep(0.05)
+        await wait_leader(client, addr)
     return namesrv, addr
 
 

@@ -6,12 +6,14 @@ import functools
 from pathlib import Path
 from typing import Any
 
+import cbor2
 import trio
 
 from broker.config import BrokerConfig
 from broker.node import serve_broker
 from namesrv import NamesrvConfig, serve_namesrv
 from remoting.codec import make_request
+from remoting.codes import RequestCode, ResponseCode
 from remoting.config import config_from_mapping
 from tests.procs import free_port
 
@@ -55,3 +57,13 @@ async def start_broker(nursery: trio.Nursery, config: BrokerConfig) -> str:
 async def call(client: Any, addr: str, code: int, ext: dict | None = None, body: bytes = b"",
                timeout_s: float = 5.0):
     return await client.invoke(addr, make_request(code, ext=ext or {}, body=body), timeout_s=timeout_s)
+
+
+async def wait_leader(client: Any, addr: str) -> None:
+    """Until the node at ``addr`` reports itself LEADER (GET_BROKER_RUNTIME_INFO), at most 10 s."""
+    with trio.fail_after(10):
+        while True:
+            r = await call(client, addr, RequestCode.GET_BROKER_RUNTIME_INFO)
+            if r.code == ResponseCode.SUCCESS and cbor2.loads(r.body)["role"] == "LEADER":
+                return
+            await trio.sleep(0.05)

@@ -9,16 +9,7 @@ import trio
 from remoting.codes import RequestCode, ResponseCode
 from remoting.message import MessageInput, encode_batch, iter_records
 from remoting.transport import open_remoting_client
-from tests.integration.broker.helpers import broker_configs, call, start_broker, start_namesrv
-
-
-async def _wait_leader(client, addr: str) -> None:
-    with trio.fail_after(10):
-        while True:
-            r = await call(client, addr, RequestCode.GET_BROKER_RUNTIME_INFO)
-            if r.code == ResponseCode.SUCCESS and cbor2.loads(r.body)["role"] == "LEADER":
-                return
-            await trio.sleep(0.05)
+from tests.integration.broker.helpers import broker_configs, call, start_broker, start_namesrv, wait_leader
 
 
 async def _send(client, addr, topic="TopicTest", body=b"hello", queue_id=0, **ext):
@@ -32,7 +23,7 @@ async def test_send_auto_creates_registers_and_pull_returns_records(nursery, tmp
     (config,) = broker_configs(tmp_path, namesrv)
     addr = await start_broker(nursery, config)
     async with open_remoting_client() as client:
-        await _wait_leader(client, addr)
+        await wait_leader(client, addr)
         r = await _send(client, addr)
         assert r.code == ResponseCode.SUCCESS, r.remark
         assert r.ext["queue_id"] == 0 and r.ext["queue_offset"] == 0 and len(r.ext["msg_id"]) == 32
@@ -107,7 +98,7 @@ async def test_a_name_server_expiry_shorter_than_the_registration_interval_keeps
     (config,) = broker_configs(tmp_path, namesrv, register_interval_ms=1000)
     addr = await start_broker(nursery, config)
     async with open_remoting_client() as client:
-        await _wait_leader(client, addr)
+        await wait_leader(client, addr)
         r = await call(client, addr, RequestCode.UPDATE_AND_CREATE_TOPIC, {"topic_name": "Routed"})
         assert r.code == ResponseCode.SUCCESS, r.remark
         missing = 0

@@ -11,8 +11,8 @@ from remoting.codec import make_request
 from remoting.codes import RequestCode, ResponseCode
 from remoting.message import MessageInput, encode_batch, iter_records
 from remoting.transport import open_connection, open_remoting_client
-from tests.integration.broker.helpers import broker_configs, call, start_broker, start_namesrv
-from tests.integration.broker.test_broker_node import _send, _wait_leader
+from tests.integration.broker.helpers import broker_configs, call, start_broker, start_namesrv, wait_leader
+from tests.integration.broker.test_broker_node import _send
 
 
 async def _node(nursery, tmp_path, **overrides):
@@ -24,7 +24,7 @@ async def _node(nursery, tmp_path, **overrides):
 async def test_bad_input_gets_its_code_and_remark_and_the_broker_keeps_serving(nursery, tmp_path):
     config, addr = await _node(nursery, tmp_path)
     async with open_remoting_client() as client:
-        await _wait_leader(client, addr)
+        await wait_leader(client, addr)
         assert (await _send(client, addr)).code == ResponseCode.SUCCESS
 
         big = b"x" * (config.max_message_size + 1)
@@ -119,7 +119,7 @@ async def test_bad_input_gets_its_code_and_remark_and_the_broker_keeps_serving(n
 async def test_long_polling_answers_on_arrival_or_timeout(nursery, tmp_path):
     config, addr = await _node(nursery, tmp_path, long_polling_timeout_ms=600)
     async with open_remoting_client() as client:
-        await _wait_leader(client, addr)
+        await wait_leader(client, addr)
         assert (await _send(client, addr)).code == ResponseCode.SUCCESS
         pull_ext = {"consumer_group": "cg", "topic": "TopicTest", "queue_id": 0, "queue_offset": 1,
                     "max_msg_nums": 32, "sys_flag": 0x2, "suspend_timeout_millis": 15_000}
@@ -158,7 +158,7 @@ async def test_long_polling_answers_on_arrival_or_timeout(nursery, tmp_path):
 async def test_consumer_offsets_membership_and_notification(nursery, tmp_path):
     config, addr = await _node(nursery, tmp_path, consumer_offset_flush_interval_ms=20)
     async with open_remoting_client() as client:
-        await _wait_leader(client, addr)
+        await wait_leader(client, addr)
         assert (await _send(client, addr)).code == ResponseCode.SUCCESS
         key = {"consumer_group": "cg", "topic": "TopicTest", "queue_id": 0}
         r = await call(client, addr, RequestCode.QUERY_CONSUMER_OFFSET, key)
@@ -215,7 +215,7 @@ async def test_topic_admin_is_replicated_and_registered(nursery, tmp_path):
     (config,) = broker_configs(tmp_path, [namesrv, other_namesrv], auto_create_topic_enable=False)
     addr = await start_broker(nursery, config)
     async with open_remoting_client() as client:
-        await _wait_leader(client, addr)
+        await wait_leader(client, addr)
         r = await _send(client, addr, topic="Orders")
         assert r.code == ResponseCode.TOPIC_NOT_EXIST and "auto_create_topic_enable" in r.remark
         r = await call(client, addr, RequestCode.UPDATE_AND_CREATE_TOPIC,
@@ -266,7 +266,7 @@ async def test_topic_configs_the_name_servers_refuse_are_refused_and_stored_ones
         return route.code == ResponseCode.SUCCESS
 
     async with open_remoting_client() as client:
-        await _wait_leader(client, addr)
+        await wait_leader(client, addr)
         batch = bytearray(encode_batch([MessageInput("Ordersx", 0, b"a")], ("127.0.0.1", 1)))
         batch[batch.index(b"Ordersx") + 6] = ord("\n")
         for r in (await _send(client, addr, topic="Orders\n"),
@@ -308,7 +308,7 @@ async def test_topic_configs_the_name_servers_refuse_are_refused_and_stored_ones
 async def test_sync_flush_acknowledges_after_fsync(nursery, tmp_path):
     config, addr = await _node(nursery, tmp_path, **{"store.flush_disk_type": "SYNC_FLUSH"})
     async with open_remoting_client() as client:
-        await _wait_leader(client, addr)
+        await wait_leader(client, addr)
         for i in range(3):
             r = await _send(client, addr, body=b"durable %d" % i)
             assert r.code == ResponseCode.SUCCESS and r.ext["queue_offset"] == i
@@ -318,7 +318,7 @@ async def test_consume_stats_connections_and_topic_status(nursery, tmp_path):
     # A long flush interval keeps the commit pending on the leader: consume stats must count it all the same.
     config, addr = await _node(nursery, tmp_path, consumer_offset_flush_interval_ms=60_000)
     async with open_remoting_client() as client:
-        await _wait_leader(client, addr)
+        await wait_leader(client, addr)
         for queue_id, count in ((0, 3), (1, 2)):
             for i in range(count):
                 assert (await _send(client, addr, body=b"m%d" % i, queue_id=queue_id)).code == ResponseCode.SUCCESS
@@ -403,7 +403,7 @@ async def test_consume_stats_connections_and_topic_status(nursery, tmp_path):
 async def test_reset_offset_moves_the_group_replicates_and_tells_online_members(nursery, tmp_path):
     config, addr = await _node(nursery, tmp_path, consumer_offset_flush_interval_ms=60_000)
     async with open_remoting_client() as client:
-        await _wait_leader(client, addr)
+        await wait_leader(client, addr)
         for i in range(4):
             assert (await _send(client, addr, body=b"old%d" % i, queue_id=0)).code == ResponseCode.SUCCESS
         await trio.sleep(0.02)
@@ -478,7 +478,7 @@ async def test_every_request_naming_a_topic_calls_an_illegal_name_illegal_not_un
              RequestCode.GET_CONSUME_STATS, RequestCode.INVOKE_BROKER_TO_RESET_OFFSET,
              RequestCode.DELETE_TOPIC_IN_BROKER)
     async with open_remoting_client() as client:
-        await _wait_leader(client, addr)
+        await wait_leader(client, addr)
         assert (await _send(client, addr)).code == ResponseCode.SUCCESS
         for code in codes:
             for topic in ("bad topic!", "x" * 128):
@@ -498,7 +498,7 @@ async def test_group_names_are_held_to_one_rule_in_every_request(nursery, tmp_pa
     # afterwards (GET_CONSUMER_LIST_BY_GROUP, pulls, offsets) refused: a consumer joined a group it could not use.
     config, addr = await _node(nursery, tmp_path)
     async with open_remoting_client() as client:
-        await _wait_leader(client, addr)
+        await wait_leader(client, addr)
         for bad in ("bad group", "g" * 256, "pg\n"):
             r = await call(client, addr, RequestCode.HEART_BEAT,
                            {"client_id": "c1", "consumers": [{"consumer_group": bad}]})
@@ -531,7 +531,7 @@ async def test_a_client_id_longer_than_255_characters_is_refused(nursery, tmp_pa
     config, addr = await _node(nursery, tmp_path)
     hb = {"consumers": [{"consumer_group": "cg", "subscriptions": [{"topic": "TopicTest"}]}]}
     async with open_remoting_client() as client:
-        await _wait_leader(client, addr)
+        await wait_leader(client, addr)
         long_id = "10.0.0.5@" + "i" * 247  # 256 characters
         r = await call(client, addr, RequestCode.HEART_BEAT, {"client_id": long_id, **hb})
         assert r.code == ResponseCode.INVALID_REQUEST, r.remark
@@ -553,7 +553,7 @@ async def test_query_message_refuses_an_illegal_topic_and_an_impossible_key(nurs
     # Both were answered QUERY_NOT_FOUND, the second with the whole key (any length) echoed in the remark.
     config, addr = await _node(nursery, tmp_path)
     async with open_remoting_client() as client:
-        await _wait_leader(client, addr)
+        await wait_leader(client, addr)
         assert (await _send(client, addr)).code == ResponseCode.SUCCESS
         for topic in ("bad topic!", "x" * 128):
             r = await call(client, addr, RequestCode.QUERY_MESSAGE, {"topic": topic, "key": "k1"})
@@ -573,7 +573,7 @@ async def test_a_batch_entry_with_a_negative_born_timestamp_or_reconsume_times_i
     # SEND_MESSAGE refused them (INVALID_REQUEST naming the field); SEND_BATCH_MESSAGE stored them.
     config, addr = await _node(nursery, tmp_path)
     async with open_remoting_client() as client:
-        await _wait_leader(client, addr)
+        await wait_leader(client, addr)
         r = await _send(client, addr, born_timestamp=-1)
         assert r.code == ResponseCode.INVALID_REQUEST and "'born_timestamp'" in r.remark, r.remark
         ok = MessageInput("TopicTest", 0, b"ok", born_timestamp=1)
@@ -596,7 +596,7 @@ async def test_a_reserved_topic_can_neither_be_created_nor_sent_to(nursery, tmp_
     # in the table, sends to it were taken (the send path checks reserved names only for topics not in the table).
     config, addr = await _node(nursery, tmp_path)
     async with open_remoting_client() as client:
-        await _wait_leader(client, addr)
+        await wait_leader(client, addr)
         for topic in ("TBW102", "SCHEDULE_TOPIC_XXXX", "RMQ_SYS_TRANS_HALF_TOPIC", "OFFSET_MOVED_EVENT"):
             r = await call(client, addr, RequestCode.UPDATE_AND_CREATE_TOPIC, {"topic_name": topic})
             assert r.code == ResponseCode.INVALID_REQUEST and "'topic_name'" in r.remark and "reserved" in r.remark, \
@@ -617,7 +617,7 @@ async def test_a_reserved_topic_stored_by_an_older_version_cannot_be_sent_to(nur
     config, addr = await _node(nursery, tmp_path)
     reserved = ("TBW102", "SCHEDULE_TOPIC_XXXX", "rmq_sys_old")
     async with open_remoting_client() as client:
-        await _wait_leader(client, addr)
+        await wait_leader(client, addr)
         monkeypatch.setattr(admin, "check_sendable_topic", lambda topic: None)  # as the older version was
         for topic in reserved:
             r = await call(client, addr, RequestCode.UPDATE_AND_CREATE_TOPIC, {"topic_name": topic})
@@ -640,7 +640,7 @@ async def test_an_optional_field_sent_as_null_takes_its_default(nursery, tmp_pat
     # as absent all along.
     config, addr = await _node(nursery, tmp_path)
     async with open_remoting_client() as client:
-        await _wait_leader(client, addr)
+        await wait_leader(client, addr)
         r = await _send(client, addr, queue_id=None, flag=None, sys_flag=None, reconsume_times=None,
                         producer_group=None, born_timestamp=None)
         assert r.code == ResponseCode.SUCCESS, r.remark
@@ -667,7 +667,7 @@ async def test_send_properties_of_another_type_are_refused_even_when_empty(nurse
     # "", 0, [] and False were taken as "no properties" (``or {}``) while ["a"] was refused.
     config, addr = await _node(nursery, tmp_path)
     async with open_remoting_client() as client:
-        await _wait_leader(client, addr)
+        await wait_leader(client, addr)
         for value in ("", 0, [], False, ["a"], "TAGS=a"):
             r = await call(client, addr, RequestCode.SEND_MESSAGE, {"topic": "TopicTest", "properties": value}, b"x")
             assert r.code == ResponseCode.INVALID_REQUEST, (value, r.remark)
@@ -682,7 +682,7 @@ async def test_view_message_by_id_answers_only_the_message_the_id_names(nursery,
     # at that offset, as if it were the message asked for.
     config, addr = await _node(nursery, tmp_path)
     async with open_remoting_client() as client:
-        await _wait_leader(client, addr)
+        await wait_leader(client, addr)
         msg_id = (await _send(client, addr)).ext["msg_id"]
         r = await call(client, addr, RequestCode.VIEW_MESSAGE_BY_ID, {"msg_id": msg_id.lower()})
         assert r.code == ResponseCode.SUCCESS and next(iter_records(r.body)).msg_id == msg_id
@@ -700,7 +700,7 @@ async def test_view_by_id_hides_a_deleted_topic_as_query_does_and_a_missing_mess
     # broker failed and which clients retry.
     config, addr = await _node(nursery, tmp_path)
     async with open_remoting_client() as client:
-        await _wait_leader(client, addr)
+        await wait_leader(client, addr)
         old_id = (await _send(client, addr, topic="Doomed", body=b"old")).ext["msg_id"]
         by_key = {"topic": "Doomed", "key": "k1"}
         assert (await call(client, addr, RequestCode.QUERY_MESSAGE, by_key)).code == ResponseCode.SUCCESS
@@ -733,7 +733,7 @@ async def test_sends_racing_a_topic_deletion_do_not_reappear_when_the_topic_is_c
     config, addr = await _node(nursery, tmp_path, auto_create_topic_enable=False)
     one_queue = {"topic_name": "Racy", "read_queue_nums": 1, "write_queue_nums": 1}
     async with open_remoting_client() as client, open_remoting_client() as admin:
-        await _wait_leader(client, addr)
+        await wait_leader(client, addr)
         assert (await call(admin, addr, RequestCode.UPDATE_AND_CREATE_TOPIC, one_queue)).code == ResponseCode.SUCCESS
         acked = 0
         deleted = trio.Event()
@@ -770,7 +770,7 @@ async def test_a_queue_removed_by_lowering_the_queue_counts_keeps_taking_its_con
     # stretch a second time (20 messages twice in a probe). RocketMQ takes an offset for any queue id.
     config, addr = await _node(nursery, tmp_path)
     async with open_remoting_client() as client:
-        await _wait_leader(client, addr)
+        await wait_leader(client, addr)
 
         async def queues(read: int, write: int) -> None:
             r = await call(client, addr, RequestCode.UPDATE_AND_CREATE_TOPIC,
@@ -814,7 +814,7 @@ async def test_offsets_being_flushed_while_their_topic_is_deleted_do_not_outlive
     host, port = await nursery.start(functools.partial(serve_broker, config, on_serving=nodes.append))
     addr, node = f"{host}:{port}", nodes[0]
     async with open_remoting_client() as client:
-        await _wait_leader(client, addr)
+        await wait_leader(client, addr)
         assert (await _send(client, addr, topic="Gone")).code == ResponseCode.SUCCESS
         for offset in (0, 1):  # a group's first offset of a queue is replicated at once, the next one pending
             r = await call(client, addr, RequestCode.UPDATE_CONSUMER_OFFSET,
@@ -852,7 +852,7 @@ async def test_a_refused_value_of_megabytes_gets_its_code_not_system_error(nurse
     config, addr = await _node(nursery, tmp_path)
     huge = [0] * 6_000_000
     async with open_remoting_client() as client:
-        await _wait_leader(client, addr)
+        await wait_leader(client, addr)
         for code, ext, body in ((RequestCode.HEART_BEAT, {}, cbor2.dumps({"client_id": "c", "producers": [huge]})),
                                 (RequestCode.SEND_MESSAGE, {"topic": "TopicTest", "queue_id": huge}, b"x"),
                                 (RequestCode.SEND_MESSAGE, {"topic": "TopicTest", "properties": {"K": huge}}, b"x")):
@@ -868,7 +868,7 @@ async def test_fetch_commit_log_inside_a_record_is_refused_and_the_node_keeps_se
     # test's own trio loop without the fix, so tests/unit/store/test_append.py covers it from a thread.
     config, addr = await _node(nursery, tmp_path)
     async with open_remoting_client() as client:
-        await _wait_leader(client, addr)
+        await wait_leader(client, addr)
         assert (await _send(client, addr)).code == ResponseCode.SUCCESS
         group = config.dledger.group
         with trio.fail_after(10):
@@ -888,7 +888,7 @@ async def test_topics_past_max_topic_count_are_not_created_and_the_rest_keep_wor
     a name server's frame limit, and then every registration of the group was refused (out of every route)."""
     config, addr = await _node(nursery, tmp_path, max_topic_count=3)
     async with open_remoting_client() as client:
-        await _wait_leader(client, addr)
+        await wait_leader(client, addr)
         created = []
         for i in range(4):
             r = await call(client, addr, RequestCode.UPDATE_AND_CREATE_TOPIC, {"topic_name": f"T{i}"})
@@ -914,7 +914,7 @@ async def test_a_bad_request_field_is_named_in_ext_field_as_well_as_in_the_remar
     # name servers and DLedger requests answer; the broker named the field in its remark only.
     config, addr = await _node(nursery, tmp_path)
     async with open_remoting_client() as client:
-        await _wait_leader(client, addr)
+        await wait_leader(client, addr)
         assert (await _send(client, addr)).code == ResponseCode.SUCCESS
         pull = {"consumer_group": "cg", "topic": "TopicTest", "queue_id": 0, "queue_offset": 0, "max_msg_nums": 1}
         cases = [
@@ -938,7 +938,7 @@ async def test_a_held_pull_whose_queue_goes_away_is_answered_at_once_as_a_fresh_
     # PULL_NOT_FOUND at its deadline, 15 s later: the consumer was told to keep pulling a queue that is gone.
     config, addr = await _node(nursery, tmp_path)
     async with open_remoting_client() as client:
-        await _wait_leader(client, addr)
+        await wait_leader(client, addr)
         for topic in ("Doomed", "Shrinking"):
             r = await call(client, addr, RequestCode.UPDATE_AND_CREATE_TOPIC,
                            {"topic_name": topic, "read_queue_nums": 8, "write_queue_nums": 8})

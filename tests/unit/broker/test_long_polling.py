@@ -6,15 +6,20 @@ import trio.testing
 from broker.long_polling import PullRequestHoldService
 
 
-async def test_held_pull_resumes_on_arrival_and_on_timeout(autojump_clock):
-    max_offsets = {("T", 0): 0, ("T", 1): 0}
-    service = PullRequestHoldService(lambda t, q: max_offsets[(t, q)], check_interval_ms=1000)
-    resumed = []
-
+def _recording_into(resumed: list[tuple[str, bool, float]]):
+    """resume_fn(name): a held pull's resume that notes (name, timed_out, when) in ``resumed``."""
     def resume_fn(name):
         async def resume(timed_out, offset):
             resumed.append((name, timed_out, trio.current_time()))
         return resume
+    return resume_fn
+
+
+async def test_held_pull_resumes_on_arrival_and_on_timeout(autojump_clock):
+    max_offsets = {("T", 0): 0, ("T", 1): 0}
+    service = PullRequestHoldService(lambda t, q: max_offsets[(t, q)], check_interval_ms=1000)
+    resumed: list[tuple[str, bool, float]] = []
+    resume_fn = _recording_into(resumed)
 
     async with trio.open_nursery() as nursery:
         await nursery.start(service.serve)
@@ -87,12 +92,8 @@ async def test_a_held_pull_with_a_filter_is_woken_only_by_a_unit_it_wants_and_re
 
 async def test_release_resumes_at_once_only_the_pulls_it_picks_and_counts_them_as_neither(autojump_clock):
     service = PullRequestHoldService(lambda t, q: 0, check_interval_ms=1000)
-    resumed = []
-
-    def resume_fn(name):
-        async def resume(timed_out, offset):
-            resumed.append((name, timed_out, trio.current_time()))
-        return resume
+    resumed: list[tuple[str, bool, float]] = []
+    resume_fn = _recording_into(resumed)
 
     async with trio.open_nursery() as nursery:
         await nursery.start(service.serve)
