@@ -127,6 +127,11 @@ class LocalFileOffsetStore(OffsetStore):
     async def read_from_store(self, mq: MessageQueue) -> int | None:
         return self._offsets.get(mq)
 
+    async def persist(self, mq: MessageQueue) -> bool:
+        """Write ``mq``'s offset now (the file holds every queue, so this writes the file if anything is dirty);
+        False if it could not be written."""
+        return not await self.persist_all([mq])
+
     async def persist_all(self, queues: Iterable[MessageQueue] | None = None) -> int:
         if not self._dirty:
             return 0

@@ -408,10 +408,7 @@ class PushConsumer:
                 pq.drop()
                 self._offsets.update(mq, offset)
                 log.info("offset reset group=%s mq=%s offset=%d", self.config.consumer_group, mq, offset)
-                if isinstance(self._offsets, RemoteOffsetStore):
-                    await self._offsets.persist(mq)
-                else:
-                    await self._offsets.persist_all([mq])
+                await self._offsets.persist(mq)
                 self._add_queue(mq)
 
     # -- rebalance ------------------------------------------------------------------------------------------------
@@ -541,10 +538,7 @@ class PushConsumer:
         # killed before its first periodic commit (or a queue moved to another member before it) skipped every
         # message stored in between. RocketMQ's broker hides this for queues still starting at 0 by answering a
         # group's first query with 0; ours answers QUERY_NOT_FOUND, so the start itself is committed.
-        if isinstance(self._offsets, RemoteOffsetStore):
-            await self._offsets.persist(mq)
-        else:
-            await self._offsets.persist_all([mq])
+        await self._offsets.persist(mq)
         return offset
 
     async def _pull_loop(self, pq: ProcessQueue, send: trio.MemorySendChannel, offset: int | None) -> None:
