@@ -6,7 +6,8 @@ The process a DLedger group is tested and benchmarked with, without the broker's
 the member's ``service_address`` answering
 
 - ``SEND_MESSAGE`` (body = one record: an encoded message batch for the message store) with the Raft index
-  and first phy_offset in ext, or NOT_LEADER with ext ``leader_addr``;
+  and first phy_offset in ext, or NOT_LEADER with ext ``leader_addr`` (null while no leader is known, as a
+  broker answers);
 - ``FETCH_COMMIT_LOG`` / ``GET_RAFT_STATUS`` (``dledger.service``) for catching-up peers and ``raftmq verify``.
 
 Config (TOML)::
@@ -86,7 +87,7 @@ class NodeHandler:
             appended = await self.group.append(request.body)
         except NotLeaderError as e:
             return make_response(request, ResponseCode.NOT_LEADER, remark=str(e),
-                                 ext={"leader_addr": e.leader_addr or ""})
+                                 ext={"leader_addr": e.leader_addr})
         except RecordTooLargeError as e:
             return make_response(request, ResponseCode.MESSAGE_ILLEGAL, remark=str(e))
         except (AppendTimeoutError, DLedgerError) as e:
