@@ -110,13 +110,18 @@ class IndexFile:
                                self.end_phy_offset, self.slots, self.index_count)
 
     def lookup(self, h: int, max_num: int, begin_ts: int, end_ts: int, out: list[int]) -> None:
+        """Append to ``out`` the offsets of entries with hash ``h`` that may have been stored within
+        ``[begin_ts, end_ts]``, newest first. An entry knows its time only to the second: ``time_diff_s`` is rounded
+        down, so the record was stored within the 999 ms after the entry's time (before the file's begin at
+        ``time_diff_s`` 0, which also holds a clock that went back; at the cap, any time later). The caller reads
+        the record and checks its exact time."""
         mm = self.file.mm
         pos = INDEX_SLOT.unpack_from(mm, INDEX_HEADER.size + (h % self.slots) * 4)[0]
         seen = 0
         while 0 < pos < self.index_count and len(out) < max_num and seen < self.max_entries:
             eh, phy, diff, prev = INDEX_ENTRY.unpack_from(mm, self.entries_at + pos * INDEX_ENTRY.size)
             ts = self.begin_timestamp + diff * 1000
-            if eh == h and begin_ts <= ts <= end_ts + 999:
+            if eh == h and (diff == 0 or ts <= end_ts) and (diff == 0x7FFFFFFF or ts + 999 >= begin_ts):
                 out.append(phy)
             if prev >= pos:
                 break

@@ -148,6 +148,22 @@ def test_query_message_by_key_unique_key_and_time(store):
     assert len(store.dispatcher.index.files) > 1  # 300 entries per file: the chain spans several files
 
 
+def test_query_message_finds_every_record_of_a_window_between_whole_seconds(tmp_path):
+    # An index entry keeps its time to the second since the file's first entry, rounded down. Compared with the
+    # window as if exact, a record stored later within its second was left out whenever the window began after
+    # that second began: with batches 250 ms apart, the window 1.25 s .. 1.75 s found none of its 24 records.
+    ts0 = 1_700_000_000_000
+    with MessageStore.open(small_config(tmp_path / "s")) as store:
+        for seq in range(40):
+            assert store.append_batch(make_batch(seq), ts0 + seq * 250, store.max_phy_offset).ok
+        store.dispatch_pending()
+        for begin, end in ((1250, 1750), (1001, 1001), (0, 0), (9_750, 9_999), (1, 249)):
+            window = store.query_message("TopicTest", "common", 64, ts0 + begin, ts0 + end).messages
+            want = {ts0 + seq * 250 for seq in range(40) if begin <= seq * 250 <= end}
+            assert {v.store_timestamp for v in window} == want, (begin, end)
+            assert len(window) == 8 * len(want)
+
+
 def test_record_at_answers_exactly_where_a_record_starts(tmp_path):
     # record_at (lookups by offset) and read_commit_log (a peer's fetch) share one rule for "a record starts
     # here"; the blank that closes a segment is a unit a fetch copies but no record.
