@@ -23,7 +23,7 @@ import logging
 import os
 import shutil
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from crc32c import crc32c
@@ -109,20 +109,20 @@ class IndexFile:
         INDEX_HEADER.pack_into(self.file.mm, 0, self.begin_timestamp, self.end_timestamp, self.begin_phy_offset,
                                self.end_phy_offset, self.slots, self.index_count)
 
-    def lookup(self, h: int, max_num: int, begin_ts: int, end_ts: int, out: list[int]) -> None:
-        """Append to ``out`` the offsets of entries with hash ``h`` that may have been stored within
-        ``[begin_ts, end_ts]``, newest first. An entry knows its time only to the second: ``time_diff_s`` is rounded
-        down, so the record was stored within the 999 ms after the entry's time (before the file's begin at
-        ``time_diff_s`` 0, which also holds a clock that went back; at the cap, any time later). The caller reads
-        the record and checks its exact time."""
+    def lookup(self, h: int, begin_ts: int, end_ts: int) -> Iterator[int]:
+        """The offsets of entries with hash ``h`` that may have been stored within ``[begin_ts, end_ts]``, newest
+        (highest offset) first. An entry knows its time only to the second: ``time_diff_s`` is rounded down, so the
+        record was stored within the 999 ms after the entry's time (before the file's begin at ``time_diff_s`` 0,
+        which also holds a clock that went back; at the cap, any time later). The caller reads the record and
+        checks its exact time."""
         mm = self.file.mm
         pos = INDEX_SLOT.unpack_from(mm, INDEX_HEADER.size + (h % self.slots) * 4)[0]
         seen = 0
-        while 0 < pos < self.index_count and len(out) < max_num and seen < self.max_entries:
+        while 0 < pos < self.index_count and seen < self.max_entries:
             eh, phy, diff, prev = INDEX_ENTRY.unpack_from(mm, self.entries_at + pos * INDEX_ENTRY.size)
             ts = self.begin_timestamp + diff * 1000
             if eh == h and (diff == 0 or ts <= end_ts) and (diff == 0x7FFFFFFF or ts + 999 >= begin_ts):
-                out.append(phy)
+                yield phy
             if prev >= pos:
                 break
             pos = prev
@@ -251,16 +251,15 @@ class IndexService:
         if self.files:
             self.files[-1].write_header()
 
-    def query(self, topic: str, key: str, max_num: int, begin_ts: int, end_ts: int) -> list[int]:
+    def query(self, topic: str, key: str, begin_ts: int, end_ts: int) -> Iterator[int]:
+        """The offsets of records of ``topic`` that may hold ``key`` and may have been stored within
+        ``[begin_ts, end_ts]`` (``IndexFile.lookup``), newest first, as the caller asks for more: how many it
+        reads depends on how many the records' own check lets through. Take them before the next dispatch."""
         h = key_hash(topic, key)
-        out: list[int] = []
         for f in reversed(list(self.files)):
-            if len(out) >= max_num:
-                break
             if f.index_count > 1 and f.begin_timestamp <= end_ts and (f.end_timestamp >= begin_ts
                                                                       or f is self.files[-1]):
-                f.lookup(h, max_num, begin_ts, end_ts, out)
-        return out
+                yield from f.lookup(h, begin_ts, end_ts)
 
     def flush(self) -> None:
         dirty, self._dirty = self._dirty, set()

@@ -622,9 +622,15 @@ class MessageStore:
         ``[begin_ts, end_ts]``, newest first."""
         index = self.dispatcher.index
         found: list[MessageView] = []
-        for phy in index.query(topic, key, max_num * 2 + 8, begin_ts, end_ts):
-            if self.deleted_with_topic(topic, phy):
-                continue
+        # Every index hit is read until max_num are found: entries outside the window by milliseconds (an entry
+        # knows its second only), of a deleted topic or of another key with the same hash do not count. Before,
+        # the walk stopped after max_num * 2 + 8 hits, and 100 messages of one key stored in one second hid the
+        # older ones from a window around those. Hits come newest first, so the first one before the topic's
+        # latest deletion, or before the commit log's start, ends the walk: every later hit is older.
+        oldest = max(self.dispatcher.cut_of(topic), self.commit_log.min_phy_offset)
+        for phy in index.query(topic, key, begin_ts, end_ts):
+            if phy < oldest:
+                break
             view = self.look_message_by_offset(phy)
             if view is None or view.topic != topic or not begin_ts <= view.store_timestamp <= end_ts:
                 continue

@@ -164,6 +164,21 @@ def test_query_message_finds_every_record_of_a_window_between_whole_seconds(tmp_
             assert len(window) == 8 * len(want)
 
 
+def test_query_message_looks_past_newer_records_of_the_key_outside_the_window(tmp_path):
+    # 320 records of the key "common" within one second, 8 per millisecond. The index walk stopped after
+    # max_num * 2 + 8 hits: the newest 16 for max_num 4, all outside a window on the first two milliseconds, so
+    # the query found none of the 16 records there.
+    ts0 = 1_700_000_000_000
+    with MessageStore.open(small_config(tmp_path / "s", index_max_entries=100_000)) as store:
+        for seq in range(40):
+            assert store.append_batch(make_batch(seq), ts0 + seq, store.max_phy_offset).ok
+        store.dispatch_pending()
+        window = store.query_message("TopicTest", "common", 4, ts0, ts0 + 1).messages
+        assert len(window) == 4 and {v.store_timestamp for v in window} == {ts0 + 1}
+        assert len(store.query_message("TopicTest", "common", 64, ts0, ts0 + 1).messages) == 16
+        assert len(store.query_message("TopicTest", "common", 64, ts0 + 39, ts0 + 39).messages) == 8
+
+
 def test_record_at_answers_exactly_where_a_record_starts(tmp_path):
     # record_at (lookups by offset) and read_commit_log (a peer's fetch) share one rule for "a record starts
     # here"; the blank that closes a segment is a unit a fetch copies but no record.
