@@ -180,6 +180,10 @@ class PullMessageProcessor:
             return make_response(request, ResponseCode.PULL_RETRY_IMMEDIATELY,
                                  remark=remark + "; this leader is still applying or dispatching acknowledged "
                                                  "messages, ask again shortly", ext=ext), 0
+        # Nor does a follower move it, not even in the answer's next_begin_offset: the pull consumer's caller (as
+        # RocketMQ's) goes on from there after NO_MATCHED_MSG, and the store's correction (0 while min_offset is
+        # 0) sent one whose leader was unreachable back to the start of the queue.
+        ext["next_begin_offset"] = args["queue_offset"]
         ext["suggest_which_broker_id"] = MASTER_ID
         return make_response(request, ResponseCode.PULL_RETRY_IMMEDIATELY, remark=remark + "; this replica may "
                              "be behind, ask the master", ext=ext), 0
