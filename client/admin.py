@@ -32,6 +32,9 @@ __all__ = ["AdminClient", "ClusterInfo", "ConsumeStats", "ConsumerConnection", "
            "TopicQueueStatus", "open_admin"]
 
 MAX_QUERY_NUM = 64  # the broker's cap on the messages of one QUERY_MESSAGE (RocketMQ's maxNum bound)
+# VIEW_MESSAGE_BY_ID's answers: QUERY_NOT_FOUND, no such message; SYSTEM_ERROR, how older brokers said so
+# (RocketMQ's answer).
+_VIEW_ANSWERS = (ResponseCode.SUCCESS, ResponseCode.QUERY_NOT_FOUND, ResponseCode.SYSTEM_ERROR)
 
 log = logging.getLogger(__name__)
 
@@ -432,8 +435,9 @@ class AdminClient:
     async def view_message(self, msg_id: str, *, topic: str | None = None) -> MessageExt:
         """RocketMQ's viewMessage / queryMsgById. ``msg_id`` is the broker's offset message id (32 hex digits:
         ``SendResult.offset_msg_id``, ``MessageExt.offset_msg_id``), read from any node of the group that
-        stored it; or, with ``topic``, the producer's unique id (``SendResult.msg_id``), found through the
-        index. A message sent more than once under one unique id (a retried send) is found once: the newest."""
+        stored it (every group is asked when the node that stored it is registered no more); or, with ``topic``,
+        the producer's unique id (``SendResult.msg_id``), found through the index. A message sent more than once
+        under one unique id (a retried send) is found once: the newest."""
         try:
             (host, port), phy_offset = parse_msg_id(msg_id)
         except MessageFormatError:
@@ -450,12 +454,10 @@ class AdminClient:
         # The id names the node that led the group when the message was stored; every member holds it.
         name = next((n for n, nodes in sorted(info.broker_addrs.items()) if store_addr in nodes.values()), None)
         if name is None:
-            raise ClientError(f"msg_id {msg_id!r} was stored by {store_addr}, which is no node of a group the name "
-                              f"servers know", msg_id=msg_id)
-        # QUERY_NOT_FOUND: no such message; SYSTEM_ERROR is how older brokers said so (RocketMQ's answer).
-        frame = await self._read_from_group(info, name, RequestCode.VIEW_MESSAGE_BY_ID, {"offset": phy_offset},
-                                            ok=(ResponseCode.SUCCESS, ResponseCode.QUERY_NOT_FOUND,
-                                                ResponseCode.SYSTEM_ERROR))
+            name, frame = await self._view_stored_by_unregistered(info, msg_id, store_addr)
+        else:
+            frame = await self._read_from_group(info, name, RequestCode.VIEW_MESSAGE_BY_ID, {"offset": phy_offset},
+                                                ok=_VIEW_ANSWERS)
         views = list(iter_records(frame.body)) if frame.code == ResponseCode.SUCCESS else []
         if not views:
             raise ClientError(f"no message {msg_id!r} on broker group {name!r}: {frame.remark or 'empty answer'}",
@@ -464,6 +466,26 @@ class AdminClient:
             raise ClientError(f"message {msg_id!r} is of topic {views[0].topic!r}, not {topic!r}", msg_id=msg_id,
                               topic=topic)
         return to_message_ext(views[0], name)
+
+    async def _view_stored_by_unregistered(self, info: ClusterInfo, msg_id: str, store_addr: str) -> tuple[str, Any]:
+        """``(group, VIEW_MESSAGE_BY_ID answer)`` for an id whose storing node no name server lists: a leader
+        killed (a node is unregistered when its connections close) or moved to another address. Its group's other
+        members hold the message (before, the lookup was refused while they served it). Every group is asked with
+        the whole id, which a node answers only with a record stored at that offset by that host."""
+        misses = []
+        for name in sorted(info.broker_addrs):
+            try:
+                frame = await self._read_from_group(info, name, RequestCode.VIEW_MESSAGE_BY_ID, {"msg_id": msg_id},
+                                                    ok=_VIEW_ANSWERS)
+            except RaftMQError as e:
+                misses.append(f"{name}: {e}")
+                continue
+            if frame.code == ResponseCode.SUCCESS:
+                return name, frame
+            misses.append(f"{name}: {frame.remark or 'not found'}")
+        raise ClientError(f"msg_id {msg_id!r} was stored by {store_addr}, which is no node of a group the name "
+                          f"servers know, and no group holds it ({'; '.join(misses) or 'no group is registered'})",
+                          msg_id=msg_id)
 
     async def broker_status(self, addr: str) -> dict[str, Any]:
         frame = raise_for_response(await self._instance.invoke(addr, RequestCode.GET_BROKER_RUNTIME_INFO))

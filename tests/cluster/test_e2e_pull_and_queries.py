@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 import trio
 
-from client import Message, MessageQueue, PullStatus, open_producer, open_pull_consumer
+from client import ClientError, Message, MessageQueue, PullStatus, open_admin, open_producer, open_pull_consumer
 from remoting.codec import make_request
 from remoting.codes import RequestCode, ResponseCode
+from remoting.message import create_msg_id, parse_msg_id
 from remoting.transport import open_remoting_client
 from tests.cluster.test_e2e_produce_consume import start_cluster
 
@@ -52,3 +53,29 @@ async def test_a_follower_asked_beyond_its_end_leaves_the_offset_where_it_was(sp
     async with open_pull_consumer(cluster.namesrv, consumer_group="pq") as consumer:
         found = await consumer.pull(mq, 0, 32)
         assert found.status is PullStatus.FOUND and [m.body for m in found.messages] == [b"m%d" % i for i in range(10)]
+
+
+@pytest.mark.timeout(180)
+async def test_messages_stored_by_a_killed_leader_are_viewed_by_their_offset_ids(spawn, tmp_path):
+    # An offset message id names the node that stored the message, and the admin client asked that node's group;
+    # a killed leader leaves the name servers' lists, so its ids were refused ("which is no node of a group the
+    # name servers know") while the two other members held every message and served everything else.
+    cluster = await start_cluster(spawn, tmp_path)
+    topic = "ViewAfterKillTopic"
+    await cluster.create_topic(topic, 2)
+    async with open_producer(cluster.namesrv) as producer:
+        sent = [await producer.send(Message(topic, b"v%d" % i, keys=f"view-{i}")) for i in range(8)]
+    old_leader = await cluster.leader_addr()
+    host, port = old_leader.rsplit(":", 1)
+    assert {parse_msg_id(r.offset_msg_id)[0] for r in sent} == {(host, int(port))}
+    cluster.nodes[cluster.node_at(old_leader)].kill()
+    async with open_admin(cluster.namesrv) as admin:
+        with trio.fail_after(20):  # until the name server has dropped the killed node
+            while old_leader in (await admin.cluster_info()).broker_addrs.get("broker-a", {}).values():
+                await trio.sleep(0.1)
+        for i, result in enumerate(sent):
+            message = await admin.view_message(result.offset_msg_id)
+            assert (message.body, message.msg_id, message.keys) == (b"v%d" % i, result.msg_id, [f"view-{i}"])
+            assert message.queue_offset == result.queue_offset and message.message_queue == result.message_queue
+        with pytest.raises(ClientError, match="no group holds it"):
+            await admin.view_message(create_msg_id((host, int(port)), 10 ** 9))

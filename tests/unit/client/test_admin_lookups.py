@@ -83,6 +83,22 @@ async def test_view_refuses_ids_of_unknown_hosts_and_reports_a_missing_message()
         await admin.view_message("AB" * 12)
 
 
+async def test_an_id_stored_by_a_node_registered_no_more_is_asked_of_every_group_with_the_whole_id():
+    # The leader that stored it was killed (unregistered), its followers still hold it: refused before.
+    gone = ("127.0.0.1", 29)
+    record = _record(b"hello", 1000, 4096, store_host=gone)
+    instance = FakeInstance({"127.0.0.1:10": ConnectError("127.0.0.1:10", "refused"), "127.0.0.1:20": record})
+    msg_id = create_msg_id(gone, 4096)
+    message = await AdminClient(instance).view_message(msg_id)
+    assert (message.body, message.broker_name, message.store_host) == (b"hello", "broker-b", gone)
+    assert [(a, c, e) for a, c, e in instance.asked] == [
+        (addr, RequestCode.VIEW_MESSAGE_BY_ID, {"msg_id": msg_id}) for addr in ("127.0.0.1:10", "127.0.0.1:11",
+                                                                                  "127.0.0.1:20")]
+    with pytest.raises(ClientError, match=r"127.0.0.1:29, which is no node .* no group holds it \(broker-a: no "
+                                          r"message here; broker-b: no message here\)"):
+        await AdminClient(FakeInstance({})).view_message(msg_id)
+
+
 async def test_query_by_key_merges_every_group_newest_first_and_finds_unique_ids():
     a = _record(b"a-old", 1000, 0) + _record(b"uniq", 3000, 200)
     b = _record(b"b-mid", 2000, 0, store_host=("127.0.0.1", 20))
