@@ -8,9 +8,10 @@ Per pass (every ``clean_interval_ms``), with ``u`` the disk usage of the store d
 * ``u >= disk_clean_forcibly_ratio``: the oldest segments are deleted even if not expired.
 * ``u >= disk_reject_ratio``: appends are refused with ``DISK_FULL`` until usage falls again.
 
-The newest ``min_retained_segments`` segments are never deleted, and one pass deletes at most
-``delete_segments_per_pass``. After the commit log shrinks, ConsumeQueue and IndexFile files that only point
-into deleted segments go too. ``disk_usage_fn`` and ``now_fn`` are injectable, so tests use a small fake disk.
+The newest ``min_retained_segments`` segments are never deleted, nor one not yet dispatched to its end, and one
+pass deletes at most ``delete_segments_per_pass``. After the commit log shrinks, ConsumeQueue and IndexFile
+files that only point into deleted segments go too. ``disk_usage_fn`` and ``now_fn`` are injectable, so tests
+use a small fake disk.
 """
 
 from __future__ import annotations
@@ -63,10 +64,17 @@ class Retention:
         # The segment holding the end is being written: it is always among the retained ones.
         candidates = segments[:max(0, len(segments) - cfg.min_retained_segments)]
         end_segment = cl.end - cl.end % cl.segment_size
+        # Only segments dispatched to their end: the ConsumeQueue and IndexFile files are trimmed and each queue's
+        # min offset moved right after a deletion, from the units dispatched by then. A follower applying a
+        # backlog (or any node whose dispatch lags) had segments deleted before their units were written; the
+        # units came after, pointing into nothing, and its queues kept min offset 0 (the leader said 126):
+        # GET_MIN_OFFSET and the first pull disagreed between replicas until a later deletion.
+        dispatched = self.store.dispatcher.dispatched
         expiry_s = cfg.file_reserved_hours * 3600.0
         deleted = 0
         for seg in candidates:
-            if deleted >= cfg.delete_segments_per_pass or seg.start >= end_segment:
+            if deleted >= cfg.delete_segments_per_pass or seg.start >= end_segment \
+                    or seg.start + cl.segment_size > dispatched:
                 break
             try:
                 age_s = now - os.stat(seg.path).st_mtime

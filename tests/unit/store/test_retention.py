@@ -120,3 +120,25 @@ def test_disk_full_refuses_appends_with_a_clear_status(setup):
     store.retention.clean_once()
     assert store.append_batch(make_batch(501), 1, store.max_phy_offset).ok
     assert store.statistics().disk_full is False
+
+
+def test_segments_not_dispatched_yet_stay_until_they_are(tmp_path):
+    # A follower applying a backlog writes segments faster than it dispatches them. Deleted before their units
+    # were written, they left every queue at min offset 0 with units pointing at nothing: GET_MIN_OFFSET said 0
+    # where the leader said 126, and a pull from 0 was "removed by retention" instead of moved to the min.
+    clock = {"now": _at_hour(4)}
+    cfg = small_config(tmp_path / "s", file_reserved_hours=72)
+    with MessageStore.open(cfg, disk_usage_fn=lambda _path: 0.1, now_fn=lambda: clock["now"]) as store:
+        fill(store, 160, body_size=900)  # 6 segments of 256 KiB, not dispatched
+        _age_segments(store, clock["now"], 100, len(store.commit_log.segments()))
+        store.retention.clean_once()  # the clean service's pass before the reput task's
+        store.dispatch_pending()
+        while store.retention.clean_once():
+            pass
+        assert len(store.commit_log.segments()) == 1
+        for queue_id in range(4):
+            mn = store.get_min_offset_in_queue("TopicTest", queue_id)
+            assert store.dispatcher.queue("TopicTest", queue_id).unit(mn)[0] >= store.min_phy_offset > 0
+            assert store.get_messages("TopicTest", queue_id, mn, 1, 1 << 20).status is GetMessageStatus.FOUND
+            too_small = store.get_messages("TopicTest", queue_id, 0, 1, 1 << 20)
+            assert too_small.status is GetMessageStatus.OFFSET_TOO_SMALL and too_small.next_begin_offset == mn
