@@ -168,10 +168,12 @@ class PullMessageProcessor:
         too_small = args["queue_offset"] < result.min_offset
         where = "below min_offset" if too_small else "beyond max_offset"
         remark = (f"queue_offset {args['queue_offset']} of {args['topic']}:{args['queue_id']} is {where} "
-                  f"(min_offset {result.min_offset}, max_offset {result.max_offset}); "
-                  f"next_begin_offset {result.next_begin_offset}")
+                  f"(min_offset {result.min_offset}, max_offset {result.max_offset})")
         if leader and (too_small or node.queues_complete()):
-            return make_response(request, ResponseCode.PULL_OFFSET_MOVED, remark=remark, ext=ext), 0
+            return make_response(request, ResponseCode.PULL_OFFSET_MOVED, ext=ext,
+                                 remark=f"{remark}; next_begin_offset {result.next_begin_offset}"), 0
+        # The answers below leave the offset where it was: a remark naming the store's correction as
+        # next_begin_offset contradicted the ext field of the same name.
         if leader:
             # Beyond the end of a leader that may not hold every acknowledged message yet (just elected, or its
             # dispatch behind its log): moving the consumer back (to 0 while min_offset is 0) would deliver the

@@ -46,10 +46,12 @@ async def test_a_follower_asked_beyond_its_end_leaves_the_offset_where_it_was(sp
                 r = await _pull(client, addr, topic, offset)
                 assert r.code == ResponseCode.PULL_RETRY_IMMEDIATELY, (addr, offset, r.remark)
                 assert r.ext["next_begin_offset"] == offset and r.ext["suggest_which_broker_id"] == 0, r.ext
+                assert "ask the master" in r.remark and "next_begin_offset" not in r.remark, r.remark
             r = await _pull(client, addr, topic, 10)
             assert r.code == ResponseCode.PULL_NOT_FOUND and r.ext["next_begin_offset"] == 10
         r = await _pull(client, leader, topic, 11)  # the leader's correction stays RocketMQ's
         assert r.code == ResponseCode.PULL_OFFSET_MOVED and r.ext["next_begin_offset"] == 0
+        assert r.remark.endswith("(min_offset 0, max_offset 10); next_begin_offset 0"), r.remark
     async with open_pull_consumer(cluster.namesrv, consumer_group="pq") as consumer:
         found = await consumer.pull(mq, 0, 32)
         assert found.status is PullStatus.FOUND and [m.body for m in found.messages] == [b"m%d" % i for i in range(10)]
