@@ -18,9 +18,9 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from remoting.message import (BATCH_HEAD, I32, I64, KEY_SEPARATOR, PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY,
-                              MessageFormatError, check_topic, create_msg_id, decode_properties, encode_properties,
-                              encode_uniform_batch, split_keys)
+from remoting.message import (BATCH_HEAD, I32, I64, KEY_SEPARATOR, MAX_PROPERTIES_SIZE, PROPERTY_KEYS,
+                              PROPERTY_TAGS, PROPERTY_UNIQ_KEY, MessageFormatError, check_topic, create_msg_id,
+                              decode_properties, encode_properties, encode_uniform_batch, split_keys)
 
 __all__ = [
     "Message", "MessageQueue", "MessageExt", "SendStatus", "SendResult", "PullStatus", "PullResult",
@@ -34,11 +34,54 @@ _uniq_counter = itertools.count()
 
 
 _UNIQ_PROPERTY_HEAD = PROPERTY_UNIQ_KEY.encode("ascii") + b"\x01"
+_UNIQ_SUFFIX = struct.Struct(">IH")  # milliseconds, counter
 
 
 def new_uniq_key() -> str:
-    suffix = struct.pack(">IH", int(time.time() * 1000) & 0xFFFFFFFF, next(_uniq_counter) & 0xFFFF)
+    suffix = _UNIQ_SUFFIX.pack(int(time.time() * 1000) & 0xFFFFFFFF, next(_uniq_counter) & 0xFFFF)
     return _UNIQ_PREFIX + suffix.hex().upper()
+
+
+# What the UNIQ_KEY a send adds takes of the properties' MAX_PROPERTIES_SIZE bytes.
+_UNIQ_PROPERTY_SIZE = len(_UNIQ_PROPERTY_HEAD) + len(_UNIQ_PREFIX) + 2 * _UNIQ_SUFFIX.size + 1
+
+
+def _property_size(field: str, text: str) -> int:
+    """Bytes ``text`` takes in encoded properties, with its separator; raises naming ``field`` for text the broker
+    refuses there."""
+    if "\x01" in text or "\x02" in text:
+        raise ValueError(f"Message.{field} must not contain the separator bytes \\x01 and \\x02, got {text!r}")
+    if text.isascii():
+        return len(text) + 1
+    try:
+        return len(text.encode("utf-8")) + 1
+    except UnicodeEncodeError as e:
+        raise ValueError(f"Message.{field} is not valid text ({e.reason} at position {e.start}), "
+                         f"got {text!r}") from None
+
+
+def _check_wire_properties(message: Message) -> None:
+    """The rules of ``encode_properties``, which the broker applies, on what ``wire_properties`` would hold: a
+    single or oneway send carries its properties in the request header, where a lone surrogate failed as a
+    ProtocolError naming the header ('ext'), and a separator byte or more than MAX_PROPERTIES_SIZE bytes was the
+    broker's to refuse, which for a oneway send means dropped without a word (send_batch raised a bare
+    UnicodeEncodeError)."""
+    props = message.properties
+    size = 0 if PROPERTY_UNIQ_KEY in props else _UNIQ_PROPERTY_SIZE
+    for name, value in props.items():
+        if not name:
+            raise ValueError("Message.properties must not have an empty name")
+        field = f"properties[{name!r}]"
+        size += _property_size(field, name) + _property_size(field, value)
+    if message.tags:
+        size += len(PROPERTY_TAGS) + 1 + _property_size("tags", message.tags)
+    keys = message.keys
+    if keys:
+        size += len(PROPERTY_KEYS) + 1 + (_property_size("keys", keys) if isinstance(keys, str) else
+                                          sum(_property_size("keys", k) for k in keys))
+    if size > MAX_PROPERTIES_SIZE:
+        raise ValueError(f"Message properties (tags, keys and the unique id included) take {size} bytes encoded, "
+                         f"more than {MAX_PROPERTIES_SIZE}")
 
 
 I64_MAX = I64[1]  # offsets and millisecond times are Java longs on the wire
@@ -146,6 +189,7 @@ class Message:
             # a property skipped the attribute's checks.
             if name in self.properties:
                 raise ValueError(f"Message.properties must not set {name!r}: give Message.{attribute} instead")
+        _check_wire_properties(self)
 
     def wire_properties(self) -> dict[str, str]:
         props = dict(self.properties)

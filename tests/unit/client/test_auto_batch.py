@@ -14,6 +14,7 @@ from client import Message, MessageQueue, SendStatus, open_producer
 from client.errors import ClientClosedError, MessageIllegalError
 from remoting.codec import make_response
 from remoting.codes import RequestCode, ResponseCode
+from remoting.errors import InvalidRequestError
 from remoting.message import decode_batch, decode_record
 from tests.unit.client.fake_cluster import NAMESRV, FakeGroup, FakeRemoting, fake_remoting_ctx
 
@@ -93,9 +94,9 @@ async def test_a_refused_batch_fails_each_of_its_callers_and_unencodable_message
             _, msgs = decode_batch(request.body)
             if any(m.properties.get("reject") for m in msgs):
                 return make_response(request, ResponseCode.MESSAGE_ILLEGAL, remark="batch refused")
-        if request.code == RequestCode.SEND_MESSAGE and "bad\x01key" in request.ext["properties"]:
+        if request.code == RequestCode.SEND_MESSAGE and request.ext["topic"] == "T T":
             cluster.calls.append((addr, request.code))
-            return make_response(request, ResponseCode.MESSAGE_ILLEGAL, remark="property 'bad\x01key' refused")
+            return make_response(request, ResponseCode.INVALID_REQUEST, remark="topic 'T T' has illegal characters")
         return await original(addr, request, timeout_s)
 
     cluster.invoke = refusing
@@ -111,9 +112,9 @@ async def test_a_refused_batch_fails_each_of_its_callers_and_unencodable_message
         async with trio.open_nursery() as nursery:
             for i in range(8):
                 nursery.start_soon(one, i)
-        # A property the batch layout cannot carry: sent alone, and the broker's own answer decides.
-        with pytest.raises(MessageIllegalError, match="bad"):
-            await p.send(Message("T", b"y", properties={"bad\x01key": "v"}))
+        # A topic the batch layout cannot carry: sent alone, and the broker's own answer decides.
+        with pytest.raises(InvalidRequestError, match="illegal characters"):
+            await p.send(Message("T T", b"y"))
     assert errors and all("batch refused" in str(e) for e in errors)
     assert len(errors) < 8  # only the callers whose batch held the refused message
     assert len(_sends(cluster, RequestCode.SEND_MESSAGE)) == 1

@@ -151,6 +151,41 @@ async def test_bad_send_arguments_are_refused_before_anything_is_sent(cluster):
     assert sends == [("a:1", RequestCode.SEND_MESSAGE)]  # the good one only
 
 
+async def test_properties_the_broker_would_refuse_are_refused_before_anything_is_sent(cluster):
+    """Found by probing: a lone surrogate in a tag, key or property failed as a ProtocolError naming the request
+    header ('ext') or, from send_batch, as a bare UnicodeEncodeError; a separator byte, an empty name or more than
+    32767 bytes of properties reached the broker, which refused it, and a oneway send was dropped without a
+    word."""
+    biggest = "é" * 16357 + "xx"  # with TAGS, KEYS and the UNIQ_KEY a send adds: 32767 bytes, the broker's limit
+    async with open_producer(NAMESRV) as p:
+        mq = MessageQueue("T", "broker-a", 0)
+        for fields, text in [({"keys": "\ud800"}, r"Message.keys is not valid text \(surrogates not allowed"),
+                             ({"tags": "A\udfff"}, r"Message.tags is not valid text .* at position 1"),
+                             ({"properties": {"p": "\ud800"}}, r"Message.properties\['p'\] is not valid text"),
+                             ({"properties": {"\ud800": "v"}}, r"Message.properties\['\\ud800'\] is not valid"),
+                             ({"properties": {"p": "a\x01b"}}, r"Message.properties\['p'\] must not contain the "
+                                                              r"separator bytes \\x01 and \\x02, got 'a\\x01b'"),
+                             ({"properties": {"p\x02": "v"}}, "must not contain the separator bytes"),
+                             ({"properties": {"": "v"}}, "Message.properties must not have an empty name"),
+                             ({"tags": "A", "keys": "k", "properties": {"p": biggest + "x"}},
+                              "take 32768 bytes encoded, more than 32767")]:
+            with pytest.raises(ValueError, match=text):
+                Message("T", b"x", **fields)
+            changed = Message("T", b"x")
+            for name, value in fields.items():
+                setattr(changed, name, value)
+            for call in (p.send(changed), p.send_batch([changed]), p.send_oneway(changed, queue=mq)):
+                with pytest.raises(ValueError, match=text):
+                    await call
+        assert cluster.calls == [c for c in cluster.calls if c[1] not in (RequestCode.SEND_MESSAGE,
+                                                                           RequestCode.SEND_BATCH_MESSAGE)]
+        assert await p.send(Message("T", b"x", tags="A", keys="k", properties={"p": biggest}))
+        # A unique id of the caller's own counts as it is, not as the one a send would add.
+        assert await p.send(Message("T", b"x", properties={"UNIQ_KEY": "u", "p": "x" * (32767 - 11 - 3)}))
+        with pytest.raises(ValueError, match="take 32768 bytes"):
+            Message("T", b"x", properties={"UNIQ_KEY": "u", "p": "x" * (32767 - 11 - 2)})
+
+
 async def test_bad_consumer_arguments_are_refused_when_opened_or_called(cluster, tmp_path):
     """Found by probing the consumer API with odd values: without a topic the push consumer failed with an
     ExceptionGroup, an illegal group name or topic ran on with every heartbeat or route query refused, a handler
