@@ -628,9 +628,15 @@ class MessageStore:
         # older ones from a window around those. Hits come newest first, so the first one before the topic's
         # latest deletion, or before the commit log's start, ends the walk: every later hit is older.
         oldest = max(self.dispatcher.cut_of(topic), self.commit_log.min_phy_offset)
+        # A record is indexed once per key it holds: one whose KEYS name a key twice, or its own UNIQ_KEY, has
+        # two entries under that key, and was found twice (each counting against max_num).
+        seen: set[int] = set()
         for phy in index.query(topic, key, begin_ts, end_ts):
             if phy < oldest:
                 break
+            if phy in seen:
+                continue
+            seen.add(phy)
             view = self.look_message_by_offset(phy)
             if view is None or view.topic != topic or not begin_ts <= view.store_timestamp <= end_ts:
                 continue

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from broker.store import GetMessageStatus, MessageFormatError, MessageStore, decode_record, tags_code
+from broker.store import (GetMessageStatus, MessageFormatError, MessageInput, MessageStore, decode_record,
+                          encode_batch, tags_code)
 from broker.store.commit_log import SIZE_MAGIC
 from remoting.message import MESSAGE_MAGIC
 
@@ -177,6 +178,21 @@ def test_query_message_looks_past_newer_records_of_the_key_outside_the_window(tm
         assert len(window) == 4 and {v.store_timestamp for v in window} == {ts0 + 1}
         assert len(store.query_message("TopicTest", "common", 64, ts0, ts0 + 1).messages) == 16
         assert len(store.query_message("TopicTest", "common", 64, ts0 + 39, ts0 + 39).messages) == 8
+
+
+def test_a_record_naming_a_key_twice_is_found_once(tmp_path):
+    # Each key of KEYS is indexed, and the UNIQ_KEY too: a record whose KEYS repeat a key, or hold its own unique
+    # id, has two entries under it and was found twice, each copy counting against max_num.
+    with MessageStore.open(small_config(tmp_path / "s")) as store:
+        batch = encode_batch([MessageInput("TopicTest", 0, b"twice", {"KEYS": "dup dup other", "UNIQ_KEY": "u1"}),
+                              MessageInput("TopicTest", 0, b"own id", {"KEYS": "u2", "UNIQ_KEY": "u2"}),
+                              MessageInput("TopicTest", 0, b"plain", {"KEYS": "dup", "UNIQ_KEY": "u3"})],
+                             ("10.0.0.7", 10911))
+        assert store.append_batch(batch, 1_700_000_000_000, 0).ok
+        store.dispatch_pending()
+        assert [v.body for v in store.query_message("TopicTest", "dup", 10).messages] == [b"plain", b"twice"]
+        assert [v.body for v in store.query_message("TopicTest", "dup", 2).messages] == [b"plain", b"twice"]
+        assert [v.body for v in store.query_message("TopicTest", "u2", 10).messages] == [b"own id"]
 
 
 def test_record_at_answers_exactly_where_a_record_starts(tmp_path):
