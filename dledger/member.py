@@ -339,6 +339,15 @@ class RaftMember(SyncObj):
         self._applied_end_offset = max(local_end, target)
         return snap["raft"]
 
+    def _dledger_snapshot_entries(self) -> tuple[Any, Any] | None:
+        """The last two Raft entries the snapshot file covers, read without loading it (dledger.patches, 20);
+        None without a readable snapshot (the load itself then says why)."""
+        try:
+            last, before = read_snapshot(self._config.snapshot_path)["raft"][:2]
+        except (OSError, ValueError, KeyError, TypeError, pickle.UnpicklingError):
+            return None
+        return before, last
+
     # ---- ticking (from dledger.group's tick task, on the trio thread) ----
 
     @property

@@ -157,6 +157,16 @@ so a silent upgrade cannot quietly disable a fix.
     acknowledged entries, instead of losing them. A member whose state machine holds a log but whose Raft
     journal and snapshot are missing (its Raft data directory lost, its store kept) does the same by itself
     (``DLedgerConfig.rejoin_without_raft_data``, checked in ``dledger.member``).
+20. A restart between a snapshot and the journal truncation it allows lost the journal's newer entries.
+    Compaction puts the snapshot file in place first and drops the journal entries it covers later (stock: in
+    the next tick), so a member stopped in between finds a journal that begins before its snapshot. The startup
+    load (``__loadDumpFile(clearJournal=False)``) keeps the journal only if its first two entries are the
+    snapshot's last two, and otherwise clears it, entries *after* the snapshot included: entries the member had
+    acknowledged, and, stopped the same way on a majority, entries the group had committed (each member's
+    commit log then ends past its Raft log, at a different place, and the next leader plans new entries on its
+    own end: the others reject them, or hold other bytes there and stop as diverged). Now, when the journal holds
+    the snapshot's last two entries further in, the load first drops only what comes before them, as the
+    truncation would have.
 
 The chunked-send defect (entries at least ``appendEntriesBatchSizeBytes`` long) is contained by configuration:
 ``dledger.config`` keeps the entry size limit below half the batch size (16 MiB by default, so ~8 MiB entries:
@@ -548,6 +558,32 @@ def _apply_log_entries_gated(self: Any) -> bool:
     return need_send
 
 
+def _trim_journal_to_snapshot(self: Any) -> None:
+    """20: drop the journal entries before the snapshot's last two when the journal holds those two further in (a
+    member stopped between its snapshot and the truncation), so the stock load keeps the entries after them.
+    ``_dledger_snapshot_entries()`` (``RaftMember``) reads them from the snapshot file without loading it."""
+    peek = getattr(self, "_dledger_snapshot_entries", None)
+    journal = self._SyncObj__raftLog
+    if peek is None or len(journal) < 3:
+        return
+    entries = peek()
+    if entries is None:
+        return
+    before, last = entries
+    k = before[1] - journal[0][1]
+    if 0 < k < len(journal) - 1 and journal[k] == before and journal[k + 1] == last:
+        kept = len(journal) - k - 2
+        journal.deleteEntriesTo(k)
+        log.info("the Raft journal begins before its snapshot (stopped before the entries the snapshot covers were "
+                 "dropped): dropping them now, keeping the %d entries after index %d", kept, last[1])
+
+
+def _load_dump_file_patched(self: Any, clearJournal: bool) -> None:
+    if not clearJournal:  # the load at start-up; a snapshot received from a leader replaces the journal
+        _trim_journal_to_snapshot(self)
+    _load_dump_file_releasing_callbacks(self, clearJournal)
+
+
 def _load_dump_file_releasing_callbacks(self: Any, clearJournal: bool) -> None:
     """16: after a snapshot load, the commit callbacks of the entries it covers are called (``OUTCOME_UNKNOWN``)
     instead of waiting for an apply that will never come."""
@@ -774,7 +810,7 @@ def apply_patches() -> None:
     pso_syncobj.SyncObj._SyncObj__sendNextNodeIdx = _send_next_node_idx_flushed
     pso_syncobj.SyncObj._SyncObj__sendAppendEntries = _send_append_entries_flushed
     pso_syncobj.SyncObj._SyncObj__applyLogEntries = _apply_log_entries_gated
-    pso_syncobj.SyncObj._SyncObj__loadDumpFile = _load_dump_file_releasing_callbacks
+    pso_syncobj.SyncObj._SyncObj__loadDumpFile = _load_dump_file_patched
     pso_journal.MetaStorer.getMeta = _get_meta_closed
     pso_journal.FileJournal.setCurrentTerm = _set_current_term_or_stop
     pso_journal.FileJournal.add = _journal_add_in_place

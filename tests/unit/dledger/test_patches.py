@@ -255,6 +255,54 @@ def test_a_snapshot_load_calls_the_commit_callbacks_of_the_entries_it_covers(mon
     assert patches.OUTCOME_UNKNOWN not in vars(pso_syncobj.FAIL_REASON).values()
 
 
+def _snapshot_file(member, last: tuple, before: tuple) -> None:
+    """A snapshot covering the journal up to ``last``, as ``RaftMember._write_snapshot`` writes one."""
+    from crc32c import crc32c
+
+    from dledger.member import _CRC, SNAPSHOT_MAGIC
+
+    cluster = member._SyncObj__otherNodes | {member._SyncObj__selfNode}
+    body = pickle.dumps({"version": 1, "group": member._config.group, "end_offset": 0, "metadata": {},
+                         "raft": (last, before, cluster)}, protocol=5)
+    member._config.snapshot_path.write_bytes(SNAPSHOT_MAGIC + _CRC.pack(crc32c(body)) + body)
+
+
+def test_a_member_stopped_between_its_snapshot_and_the_journal_truncation_keeps_the_entries_after_it(tmp_path):
+    """20: compaction puts the snapshot in place, then drops the journal entries it covers. A member stopped in
+    between starts with a journal that begins before its snapshot: the stock load cleared it, and the entries
+    after the snapshot with it; now only what the snapshot covers goes, in memory and in the journal file."""
+    from tests.integration.dledger.helpers import make_configs, open_log
+
+    config = make_configs(tmp_path)[0]
+    log = open_log(tmp_path, config.self_id)
+    entries = [(b"\x00entry-%d" % idx, idx, 1) for idx in range(1, 11)]
+    kept = {}
+    try:
+        for name, load in (("stock", patches.ORIGINALS["load_dump_file"]),
+                           ("patched", pso_syncobj.SyncObj._SyncObj__loadDumpFile)):
+            member = RaftMember(config, log, notify=lambda kind, value: None)
+            try:
+                journal = member._SyncObj__raftLog
+                journal.clear()
+                for entry in entries:
+                    journal.add(*entry)
+                _snapshot_file(member, last=entries[5], before=entries[4])  # covers entries 1..6
+                load(member, False)  # what the first tick after a start does
+                kept[name] = [journal[i][1] for i in range(len(journal))]
+            finally:
+                member.close()
+        assert kept["stock"] == [5, 6]  # the defect: entries 7..10 gone with those the snapshot covers
+        assert kept["patched"] == [5, 6, 7, 8, 9, 10]
+        member = RaftMember(config, log, notify=lambda kind, value: None)
+        try:
+            journal = member._SyncObj__raftLog
+            assert [journal[i] for i in range(len(journal))] == entries[4:]
+        finally:
+            member.close()
+    finally:
+        log.close()
+
+
 def test_version_pin_is_checked():
     patches.check_version("0.3.17")
     with pytest.raises(ImportError, match="0.3.18"):
