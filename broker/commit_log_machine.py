@@ -231,6 +231,9 @@ class CommitLogMachine:
             raise ValueError(f"raw commit-log copy at offset {offset} refused: {result.status.value} "
                              f"{result.remark}")
 
+    async def wait_durable(self, offset: int) -> None:
+        await self.store.wait_flushed(offset)  # the flush service's group commit, asked for a flush now
+
     def prepare_checksums(self, up_to_offset: int) -> ChecksumWork:
         views = self.store.segment_views(up_to_offset)
         return functools.partial(checksum_views, views)

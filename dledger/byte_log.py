@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import crc32c
+import trio
 
 from dledger.state_machine import (CHECKSUM_CHUNK_BYTES, ApplyStatus, BatchResult, ChecksumStopped, ChecksumWork,
                                    PreparedBatch)
@@ -63,6 +64,9 @@ class ByteLog:
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         self._lock = threading.Lock()
         self._end = self._recover()
+        # What a power loss would keep: nothing recovered is known to be synced (a killed process's writes may
+        # still be in the page cache), so the first wait_durable syncs.
+        self._durable = 0
 
     def _recover(self) -> int:
         size = os.fstat(self._fd).st_size
@@ -164,6 +168,13 @@ class ByteLog:
             if self._fsync:
                 os.fdatasync(self._fd)
             self._end = offset + len(data)
+
+    async def wait_durable(self, offset: int) -> None:
+        if self._fsync or self._durable >= min(offset, self._end):
+            return  # with fsync every write was synced before its end was published
+        end = self._end
+        await trio.to_thread.run_sync(os.fdatasync, self._fd)
+        self._durable = max(self._durable, end)
 
     def read_records(self, offset: int = 0, max_bytes: int = 1 << 30) -> list[tuple[int, bytes]]:
         return list(iter_records(self.read_raw(offset, max_bytes), base_offset=offset))

@@ -227,7 +227,7 @@ def unknown_syncobj_options(options: dict[str, Any]) -> list[str]:
 
 
 def syncobj_options(config: DLedgerConfig, *, serializer: Callable | None, deserializer: Callable | None,
-                    on_state_changed: Callable | None) -> dict[str, Any]:
+                    on_state_changed: Callable | None, serialize_checker: Callable | None = None) -> dict[str, Any]:
     member = config.self_member
     return {
         # Fix: bind exactly the configured address (pysyncobj's default is 0.0.0.0).
@@ -258,6 +258,8 @@ def syncobj_options(config: DLedgerConfig, *, serializer: Callable | None, deser
         "fullDumpFile": str(config.snapshot_path),
         "serializer": serializer,
         "deserializer": deserializer,
+        # The serializer puts its snapshot in place off the tick; this says when (dledger.patches, 21).
+        "serializeChecker": serialize_checker,
         "useFork": False,
         "dynamicMembershipChange": True,
         "onStateChanged": on_state_changed,
@@ -269,10 +271,10 @@ def syncobj_options(config: DLedgerConfig, *, serializer: Callable | None, deser
 
 
 def build_syncobj_conf(config: DLedgerConfig, *, serializer: Callable | None = None,
-                       deserializer: Callable | None = None,
-                       on_state_changed: Callable | None = None) -> SyncObjConf:
+                       deserializer: Callable | None = None, on_state_changed: Callable | None = None,
+                       serialize_checker: Callable | None = None) -> SyncObjConf:
     options = syncobj_options(config, serializer=serializer, deserializer=deserializer,
-                              on_state_changed=on_state_changed)
+                              on_state_changed=on_state_changed, serialize_checker=serialize_checker)
     unknown = unknown_syncobj_options(options)
     if unknown:
         raise ConfigError(f"SyncObjConf has no option(s) {unknown}; pysyncobj would silently ignore them")

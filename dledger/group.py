@@ -26,6 +26,8 @@ Rules of this module (the essay the rest of ``dledger`` leans on):
 - **Catch-up.** When a loaded snapshot is ahead of the commit log, the catch-up task (``dledger.catch_up``)
   copies the missing bytes from a peer (``fetch_range``, leader first) while the apply gate is closed;
   ``serving_reads`` is False until then.
+- **Snapshots.** A snapshot written in a tick is put in place by the snapshot task (``dledger.snapshot``) once
+  the state machine's log is on disk up to its end offset; the journal keeps what it covers until then.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from dledger.errors import (AppendOutcomeUnknownError, AppendTimeoutError, Batch
 from dledger.member import RaftMember
 from dledger.patches import OUTCOME_UNKNOWN, JournalWriteError
 from dledger.pending import CallbackPending, Pending
+from dledger.snapshot import SnapshotWriter
 from dledger.state_machine import ApplyStatus, StateMachine
 from remoting.errors import FatalServerError
 
@@ -171,6 +174,7 @@ class DLedgerGroup:
         self._changed = trio.Event()
         self._role_listeners: list[trio.MemorySendChannel[RoleChange]] = []
         self._catch_up = CatchUp(config, state_machine, fetch_range, lambda: self._role.leader_id)
+        self._snapshot_writer = SnapshotWriter(state_machine)
         self._waiting: set[Pending] = set()
         self._appended_records = 0
         self._appended_batches = 0
@@ -192,6 +196,7 @@ class DLedgerGroup:
         nursery.start_soon(self._poll_status)
         nursery.start_soon(self._batcher)
         nursery.start_soon(self._catch_up.run, self._member)
+        nursery.start_soon(self._snapshot_writer.run, self._member)
         nursery.start_soon(self._expire_appends)
 
     def _close(self) -> None:
@@ -796,9 +801,10 @@ class DLedgerGroup:
     # ---- catch-up ----
 
     def _notify_threadsafe(self, kind: str, value: Any) -> None:
-        if kind == "catch_up" and self._token is not None:
+        wake = {"catch_up": self._catch_up.want, "snapshot": self._snapshot_writer.want}.get(kind)
+        if wake is not None and self._token is not None:
             try:
-                self._token.run_sync_soon(self._catch_up.want)
+                self._token.run_sync_soon(wake)
             except trio.RunFinishedError:
                 pass
 

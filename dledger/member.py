@@ -14,6 +14,8 @@ Rules (the trio side in ``dledger.group`` relies on them):
   (pickle protocol 5 + crc32c), never pysyncobj's gzip of ``__dict__``.
 - A snapshot whose end offset is ahead of the local commit log closes the apply gate (``dledger.patches``) and
   asks the trio side to copy the missing bytes from a peer; Raft keeps voting and acknowledging meanwhile.
+- A snapshot of our own is written in the tick but put in place by the trio side, once the commit log is on
+  disk up to its end offset (``dledger.snapshot``); pysyncobj drops the journal entries it covers only then.
 """
 
 from __future__ import annotations
@@ -27,10 +29,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import crc32c
-from pysyncobj import SyncObj, SyncObjException, replicated
+from pysyncobj import SERIALIZER_STATE, SyncObj, SyncObjException, replicated
 from pysyncobj.monotonic import monotonic as monotonic_time
 from pysyncobj.syncobj import _RAFT_STATE
 
@@ -39,6 +42,7 @@ from remoting.dirlock import DirectoryLock
 from dledger.config import DLedgerConfig, build_syncobj_conf
 from dledger.entry import decode_entry
 from dledger.errors import LogMismatchError, MemberDivergedError, MemberStoreError
+from dledger.snapshot import PendingSnapshot
 from dledger.state_machine import ApplyStatus, BatchResult, StateMachine
 from remoting.errors import RESOURCE_ERRNOS
 
@@ -46,6 +50,8 @@ _LEADER = _RAFT_STATE.LEADER
 # An apply out of descriptors or memory is tried again this often, this many times, before the member stops.
 APPLY_RETRY_S = 0.05
 APPLY_RETRY_LIMIT = 10
+# A snapshot that could not be written or put in place is not tried again for this long (a full disk, say).
+SNAPSHOT_RETRY_S = 1.0
 
 patches.apply_patches()
 
@@ -120,7 +126,8 @@ class RaftMember(SyncObj):
     def __init__(self, config: DLedgerConfig, state_machine: StateMachine, *,
                  notify: Callable[[str, Any], None]) -> None:
         """``notify(kind, value)`` is called inside a tick (it must only schedule work elsewhere):
-        ``("catch_up", target_end_offset)`` when a loaded snapshot is ahead of the state machine."""
+        ``("catch_up", target_end_offset)`` when a loaded snapshot is ahead of the state machine, and
+        ``("snapshot", PendingSnapshot)`` when a snapshot was written, to be put in place (``dledger.snapshot``)."""
         # Set before SyncObj.__init__: its transport starts inside it.
         self._dledger_auth = patches.FrameAuthenticator(config.secret)
         self._dledger_flush_journal = config.flush_disk_type == "SYNC_FLUSH"
@@ -146,12 +153,15 @@ class RaftMember(SyncObj):
         self._rejected_batches = 0
         self._snapshots_written = 0
         self._snapshots_loaded = 0
+        self._pending_snapshot: PendingSnapshot | None = None
+        self._snapshot_retry_at = 0.0
         self._tick_calls: collections.deque[Callable[[], None]] = collections.deque()
         # Before pysyncobj opens the journal: a second process on this directory would load and rewrite it under
         # the running member (remoting.dirlock).
         self._dir_lock: DirectoryLock | None = DirectoryLock(config.data_dir, "the Raft data directory",
                                                               "raft.lock")
-        conf = build_syncobj_conf(config, serializer=self._write_snapshot, deserializer=self._read_snapshot)
+        conf = build_syncobj_conf(config, serializer=self._write_snapshot, deserializer=self._read_snapshot,
+                                  serialize_checker=self._snapshot_state)
         me = config.self_member
         try:
             # Without a tick thread, SyncObj.__init__ itself retries the bind and raises when it gives up.
@@ -267,6 +277,15 @@ class RaftMember(SyncObj):
         return getattr(self, "_SyncObj__noopIDx", None)
 
     @property
+    def pending_snapshot(self) -> PendingSnapshot | None:
+        """The snapshot written and not yet in place (``dledger.snapshot``)."""
+        return self._pending_snapshot
+
+    @property
+    def snapshots_loaded(self) -> int:
+        return self._snapshots_loaded
+
+    @property
     def journal_flushes(self) -> int:
         return self._dledger_journal_flushes
 
@@ -311,15 +330,46 @@ class RaftMember(SyncObj):
 
     # ---- snapshots (custom serializer: small, checksummed) ----
 
-    def _write_snapshot(self, file_name: str, raft_data: Any) -> None:
-        body = pickle.dumps({"version": 1, "group": self._config.group, "end_offset": self._applied_end_offset,
+    def _write_snapshot(self, file_name: str, raft_data: Any) -> bool:
+        """pysyncobj's serializer, in a tick (dledger.patches, 21): write the snapshot under ``file_name``, a
+        temporary name, and hand it to the trio side to put in place; False when no snapshot is due now."""
+        end_offset = self._applied_end_offset
+        if self._sm.end_offset < end_offset or monotonic_time() < self._snapshot_retry_at:
+            # Catching up: the commit log does not hold what the snapshot would vouch for (the snapshot loaded
+            # from the leader does, and stays). Asked again next tick.
+            return False
+        body = pickle.dumps({"version": 1, "group": self._config.group, "end_offset": end_offset,
                              "metadata": self._metadata, "raft": raft_data}, protocol=5)
-        with open(file_name, "wb") as f:
-            f.write(SNAPSHOT_MAGIC + _CRC.pack(crc32c.crc32c(body)) + body)
-            f.flush()
-            if self._dledger_flush_journal:
-                os.fsync(f.fileno())
-        self._snapshots_written += 1
+        try:
+            with open(file_name, "wb") as f:
+                f.write(SNAPSHOT_MAGIC + _CRC.pack(crc32c.crc32c(body)) + body)
+                if self._dledger_flush_journal:
+                    f.flush()
+                    os.fsync(f.fileno())
+        except OSError as e:
+            log.error("writing a snapshot failed; the journal keeps its entries path=%s error=%s", file_name, e)
+            self._snapshot_retry_at = monotonic_time() + SNAPSHOT_RETRY_S
+            return False
+        self._pending_snapshot = PendingSnapshot(Path(file_name), self._config.snapshot_path, end_offset,
+                                                 self._snapshots_loaded)
+        self._notify("snapshot", self._pending_snapshot)
+        return True
+
+    def _snapshot_state(self) -> int:
+        """pysyncobj's serialize checker, every tick: SUCCESS (drop the journal entries the snapshot covers) only
+        once the trio side put it in place."""
+        pending = self._pending_snapshot
+        if pending is None:
+            return SERIALIZER_STATE.NOT_SERIALIZING
+        if not pending.done:
+            return SERIALIZER_STATE.SERIALIZING
+        self._pending_snapshot = None
+        if pending.in_place and pending.loads == self._snapshots_loaded:
+            self._snapshots_written += 1
+            return SERIALIZER_STATE.SUCCESS
+        if not pending.in_place and pending.loads == self._snapshots_loaded:
+            self._snapshot_retry_at = monotonic_time() + SNAPSHOT_RETRY_S
+        return SERIALIZER_STATE.FAILED
 
     def _read_snapshot(self, file_name: str) -> Any:
         snap = read_snapshot(file_name)

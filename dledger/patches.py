@@ -167,6 +167,16 @@ so a silent upgrade cannot quietly disable a fix.
     own end: the others reject them, or hold other bytes there and stop as diverged). Now, when the journal holds
     the snapshot's last two entries further in, the load first drops only what comes before them, as the
     truncation would have.
+21. A snapshot is put in place in the tick that writes it. With a custom serializer, ``Serializer.serialize``
+    calls it in the tick, renames the temporary file over the snapshot at once, and reports success at the next
+    tick, whereupon the journal entries the snapshot covers are dropped. ``SyncObjConf.serializeChecker`` is
+    pysyncobj's hook "for async serializer", but stock renames the temporary file right after starting the
+    serializer all the same. With a checker, the serializer now owns its file: it returns whether it started
+    one (False: not now, asked again next tick), puts it in place itself, and the checker says when it has
+    (``SUCCESS``: the journal is truncated) or failed (``FAILED``: the journal stays whole). Meanwhile no other
+    snapshot is begun and none is streamed to a follower, as stock does while its forked serializer runs; once
+    one is in place, transmissions restart from it, as stock's own serializer does. ``RaftMember`` uses this to
+    put a snapshot in place only once the commit log is on disk up to the snapshot's end (``dledger.snapshot``).
 
 The chunked-send defect (entries at least ``appendEntriesBatchSizeBytes`` long) is contained by configuration:
 ``dledger.config`` keeps the entry size limit below half the batch size (16 MiB by default, so ~8 MiB entries:
@@ -190,6 +200,7 @@ import struct
 from typing import Any
 
 import blake3
+import pysyncobj.config as pso_config
 import pysyncobj.journal as pso_journal
 import pysyncobj.pickle as pso_pickle
 import pysyncobj.serializer as pso_serializer
@@ -631,6 +642,20 @@ def _cancel_transmission_closed(self: Any, transmission_id: Any) -> None:
 
 
 _original_check_serializing = pso_serializer.Serializer.checkSerializing
+_original_serialize = pso_serializer.Serializer.serialize
+
+
+def _serialize_handing_over(self: Any, data: Any, id: Any) -> None:  # noqa: A002 (pysyncobj's name)
+    """21: with a ``serializeChecker``, the serializer writes and puts its file in place itself, and the checker
+    reports when it has; without one, stock."""
+    if self._Serializer__serializeChecker is None or self._Serializer__fileName is None:
+        _original_serialize(self, data, id)
+        return
+    if self._Serializer__pid != 0:
+        return
+    self._Serializer__currentID = id
+    if self._Serializer__serializer(self._Serializer__fileName + ".tmp", data[1:]):
+        self._Serializer__pid = -1  # as stock's forked serializer: no other snapshot, no transmission meanwhile
 
 
 def _check_serializing_closing(self: Any) -> Any:
@@ -638,6 +663,8 @@ def _check_serializing_closing(self: Any) -> Any:
     # of snapshots still being streamed to lagging followers; they restart from the new snapshot.
     before = self._Serializer__transmissions
     result = _original_check_serializing(self)
+    if self._Serializer__serializeChecker is not None and result[0] == pso_config.SERIALIZER_STATE.SUCCESS:
+        self._Serializer__transmissions = {}  # 21: stock does so for its own serializers only
     if self._Serializer__transmissions is not before:
         for transmission in before.values():
             if "file" in transmission:
@@ -821,6 +848,7 @@ def apply_patches() -> None:
     pso_serializer.Serializer.getTransmissionData = _get_transmission_closed
     pso_serializer.Serializer.cancelTransmisstion = _cancel_transmission_closed
     pso_serializer.Serializer.checkSerializing = _check_serializing_closing
+    pso_serializer.Serializer.serialize = _serialize_handing_over
     # Module global read by pysyncobj.pickle.dumps (not name-mangled: it is a module, not a class).
     setattr(pso_pickle, "__protocol", WIRE_PICKLE_PROTOCOL)
     _patched = True
@@ -840,6 +868,7 @@ ORIGINALS = {
     "send_append_entries": _original_send_append_entries,
     "apply_log_entries": _original_apply_log_entries,
     "load_dump_file": _original_load_dump_file,
+    "serialize": _original_serialize,
     "resizable_write": _original_resizable_write,
     "set_current_term": _original_set_current_term,
     "on_new_connection": _original_on_new_connection,

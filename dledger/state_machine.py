@@ -17,6 +17,9 @@
 - ``apply_batch`` (inside a pysyncobj tick) and ``write_raw`` (catch-up) both run on the trio thread, never
   interleaved with each other (the apply gate is closed while raw bytes are copied in).
 - ``read_raw`` returns bytes of the log as stored, so a copy written with ``write_raw`` is byte-identical.
+- ``wait_durable(offset)`` returns once every byte before ``offset`` is on disk (fdatasync'd), without blocking
+  the trio thread. A Raft snapshot records the applied end offset and replaces the journal entries that wrote
+  the bytes before it, so it is put in place only after this (``dledger.snapshot``).
 - ``prepare_checksums`` runs on the trio thread and only captures what will be read; the function it returns
   reads and hashes, in a worker thread (``DLedgerService``): hundreds of MB take tens of ms from the page cache
   and seconds from disk, during which the trio thread must go on serving requests and ticking Raft. That function
@@ -116,6 +119,9 @@ class StateMachine(Protocol):
     def write_raw(self, offset: int, data: bytes) -> None:
         """Append bytes copied from a peer's ``read_raw``; requires ``offset == end_offset``; validates before
         writing anything (raises ``ValueError`` naming what is wrong)."""
+
+    async def wait_durable(self, offset: int) -> None:
+        """Return once the log is on disk up to ``offset`` (at most its end), asking for a flush if none is due."""
 
     def prepare_checksums(self, up_to_offset: int) -> ChecksumWork:
         """The work of ``(segment_start, length_covered, crc32c)`` per segment up to ``up_to_offset``, to be run in

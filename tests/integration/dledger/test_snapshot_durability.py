@@ -1,0 +1,77 @@
+"""A Raft snapshot vouches only for log bytes that are on disk (dledger/snapshot.py).
+
+A snapshot records the applied end offset, and the journal entries it covers are dropped once it is in place;
+after a power loss a member finds its log only as far as it was fdatasync'd. Every snapshot a member puts in
+place must therefore end at or before what its log had fdatasync'd at that moment. The logs here never sync
+on their own (``ByteLog`` without ``fsync``, like the store's ASYNC_FLUSH between two flushes), so before the
+fix every snapshot vouched for bytes that only the page cache held. The cluster-level consequence, a group stuck
+for good after a power loss of all its members, is ``tests/cluster/test_power_loss.py``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pysyncobj.serializer as pso_serializer
+import pytest
+import trio
+
+from dledger import ByteLog
+from dledger.member import read_snapshot
+from tests.integration.dledger.helpers import MemberRunner, make_configs, ready_leader, wait_ends
+
+pytestmark = pytest.mark.timeout(90)
+
+
+class SyncedLog(ByteLog):
+    """A ByteLog that remembers its end as of its last fdatasync: what a power loss would leave of it."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path, segment_size_bytes=1 << 16)
+        self.synced = 0
+
+    async def wait_durable(self, offset: int) -> None:
+        end = self.end_offset
+        await trio.sleep(0.01)  # a flush takes a while: the group goes on applying meanwhile
+        await trio.to_thread.run_sync(os.fdatasync, self._fd)
+        self.synced = max(self.synced, end)
+
+
+def _recording(real, logs: dict[str, SyncedLog], placed: list[tuple[str, int, int]]):
+    """``real`` (a rename), noting for each of a member's own snapshots (``raft.snapshot.tmp``) put in place: the
+    member, the snapshot's end offset and how far its log was synced then."""
+    def replace(src, dst):
+        if str(src).endswith("raft.snapshot.tmp"):
+            member_id = Path(dst).parent.name
+            placed.append((member_id, read_snapshot(src)["end_offset"], logs[member_id].synced))
+        return real(src, dst)
+    return replace
+
+
+async def test_a_snapshot_is_put_in_place_only_once_the_log_is_on_disk_up_to_its_end(tmp_path, monkeypatch):
+    configs = {c.self_id: c for c in make_configs(tmp_path, log_compaction_min_entries=20)}
+    logs = {k: SyncedLog(tmp_path / k / "byte.log") for k in configs}
+    placed: list[tuple[str, int, int]] = []
+    # Stock pysyncobj renames the snapshot in its Serializer; ours in dledger.snapshot.
+    monkeypatch.setattr(pso_serializer, "atomicReplace", _recording(os.rename, logs, placed))
+    monkeypatch.setattr(os, "replace", _recording(os.replace, logs, placed))
+    try:
+        async with trio.open_nursery() as nursery:
+            runners = {k: MemberRunner(nursery, cfg, logs[k]) for k, cfg in configs.items()}
+            groups = {k: await r.start() for k, r in runners.items()}
+            leader = await ready_leader(list(groups.values()))
+            for i in range(150):  # one record per entry: several compactions of 20 entries on every member
+                await leader.append(b"record-%04d" % i)
+            await wait_ends(logs.values(), leader.statistics().end_offset)
+            with trio.fail_after(10):
+                while any(g.statistics().snapshots_written < 3 for g in groups.values()):
+                    await trio.sleep(0.02)
+            nursery.cancel_scope.cancel()
+    finally:
+        for log in logs.values():
+            log.close()
+    assert {member for member, _, _ in placed} == set(configs)
+    ahead = [(member, end, synced) for member, end, synced in placed if end > synced]
+    assert not ahead, f"{len(ahead)} of {len(placed)} snapshots (member, end offset, log synced to) vouched for " \
+                      f"bytes not on disk: {ahead[:5]}"
