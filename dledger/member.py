@@ -341,11 +341,8 @@ class RaftMember(SyncObj):
         body = pickle.dumps({"version": 1, "group": self._config.group, "end_offset": end_offset,
                              "metadata": self._metadata, "raft": raft_data}, protocol=5)
         try:
-            with open(file_name, "wb") as f:
+            with open(file_name, "wb") as f:  # synced off the tick, before it is put in place (dledger.snapshot)
                 f.write(SNAPSHOT_MAGIC + _CRC.pack(crc32c.crc32c(body)) + body)
-                if self._dledger_flush_journal:
-                    f.flush()
-                    os.fsync(f.fileno())
         except OSError as e:
             log.error("writing a snapshot failed; the journal keeps its entries path=%s error=%s", file_name, e)
             self._snapshot_retry_at = monotonic_time() + SNAPSHOT_RETRY_S

@@ -15,8 +15,12 @@ heartbeats for as long as the fdatasync takes):
    still behind its applied end (catching up after a snapshot from the leader) writes none.
 2. ``SnapshotWriter`` waits until the state machine's log is on disk up to the snapshot's end offset
    (``StateMachine.wait_durable``; the store asks its flush service for a flush at once).
-3. It renames the file over the previous snapshot, unless a snapshot from the leader was loaded meanwhile (that
-   one is newer, and the journal was replaced with it).
+3. It fsyncs the file, renames it over the previous snapshot (unless a snapshot from the leader was loaded
+   meanwhile: that one is newer, and the journal was replaced with it) and fsyncs the directory, so the new
+   snapshot, not an empty file nor the old one, is what a power loss leaves. Before, the file was fsync'd in
+   SYNC_FLUSH only (in the tick) and the directory never, so the truncated journal could reach the disk before
+   the snapshot: a member found the old snapshot, or a torn new one, beside a journal that had dropped what
+   only the new one held.
 4. ``RaftMember``'s serialize checker then reports success to pysyncobj at its next tick, which drops the journal
    entries the snapshot covers (``dledger.patches``, 21). Until then the previous snapshot and the whole journal
    stand; a member stopped in between keeps the journal's entries after the new snapshot (``dledger.patches``, 20).
@@ -40,7 +44,16 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PendingSnapshot", "SnapshotWriter"]
+__all__ = ["PendingSnapshot", "SnapshotWriter", "fsync_path"]
+
+
+def fsync_path(path: Path) -> None:
+    """fsync a file, or a directory (after a rename in it), by path."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 @dataclass(slots=True)
@@ -84,6 +97,7 @@ class SnapshotWriter:
     async def _put_in_place(self, member: RaftMember, pending: PendingSnapshot) -> None:
         try:
             await self._sm.wait_durable(pending.end_offset)
+            await trio.to_thread.run_sync(fsync_path, pending.tmp_path)
             if member.snapshots_loaded != pending.loads:
                 log.info("snapshot end_offset=%d not put in place: a newer one from the leader was loaded meanwhile",
                          pending.end_offset)
@@ -91,6 +105,7 @@ class SnapshotWriter:
                 return
             # On the trio thread, between ticks: no tick can load a received snapshot between the check and this.
             os.replace(pending.tmp_path, pending.path)
+            await trio.to_thread.run_sync(fsync_path, pending.path.parent)
         except OSError as e:
             log.error("snapshot end_offset=%d could not be put in place; the journal keeps its entries and the "
                       "next compaction tries again error=%s", pending.end_offset, e)

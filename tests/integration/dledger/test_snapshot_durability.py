@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pysyncobj.journal as pso_journal
 import pysyncobj.serializer as pso_serializer
 import pytest
 import trio
@@ -75,3 +76,53 @@ async def test_a_snapshot_is_put_in_place_only_once_the_log_is_on_disk_up_to_its
     ahead = [(member, end, synced) for member, end, synced in placed if end > synced]
     assert not ahead, f"{len(ahead)} of {len(placed)} snapshots (member, end offset, log synced to) vouched for " \
                       f"bytes not on disk: {ahead[:5]}"
+
+
+async def test_the_journal_drops_entries_only_once_the_snapshot_file_and_its_rename_are_on_disk(tmp_path,
+                                                                                                 monkeypatch):
+    """Per member, every compaction must go: fsync the new snapshot file (F), rename it into place (R), fsync the
+    directory (D), and only then truncate the journal (T). Before, neither fsync happened (ASYNC_FLUSH) and the
+    journal truncation could reach the disk ahead of the snapshot: a power loss then left the old snapshot (or
+    an empty new one) beside a journal that had dropped what only the new one held."""
+    configs = {c.self_id: c for c in make_configs(tmp_path, log_compaction_min_entries=20)}
+    logs = {k: SyncedLog(tmp_path / k / "byte.log") for k in configs}
+    events: dict[str, list[str]] = {k: [] for k in configs}
+    real_fsync, real_replace, real_truncate = os.fsync, os.replace, pso_journal.FileJournal.deleteEntriesTo
+
+    def fsync(fd):
+        path = Path(os.readlink(f"/proc/self/fd/{fd}"))
+        if path.name == "raft.snapshot.tmp":
+            events[path.parent.name].append("F")
+        elif path.name in events:
+            events[path.name].append("D")
+        return real_fsync(fd)
+
+    def replace(src, dst):
+        if str(src).endswith("raft.snapshot.tmp"):
+            events[Path(dst).parent.name].append("R")
+        return real_replace(src, dst)
+
+    def truncate(journal, entry_to):
+        events[Path(journal._FileJournal__journalFile._ResizableFile__fileName).parent.name].append("T")
+        return real_truncate(journal, entry_to)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(pso_journal.FileJournal, "deleteEntriesTo", truncate)
+    try:
+        async with trio.open_nursery() as nursery:
+            runners = {k: MemberRunner(nursery, cfg, logs[k]) for k, cfg in configs.items()}
+            groups = {k: await r.start() for k, r in runners.items()}
+            leader = await ready_leader(list(groups.values()))
+            for i in range(100):
+                await leader.append(b"record-%04d" % i)
+            with trio.fail_after(10):
+                while any(g.statistics().snapshots_written < 3 for g in groups.values()):
+                    await trio.sleep(0.02)
+            nursery.cancel_scope.cancel()
+    finally:
+        for log in logs.values():
+            log.close()
+    for member, seen in events.items():
+        order = "".join(seen)
+        assert order.count("T") >= 3 and order.rstrip("FRD") == "FRDT" * order.count("T"), (member, order)
