@@ -448,7 +448,7 @@ class DLedgerGroup:
         except FatalServerError as e:  # the state machine failed to apply an entry (dledger.member)
             self._fatal = e
         except JournalWriteError as e:
-            self._fatal = MemberStoreError(self.config.group, self.config.self_id, "write its Raft journal", e)
+            self._fatal = MemberStoreError(self.config.group, self.config.self_id, e.action, e)
         except Exception:
             # As pysyncobj's own tick thread does: log and go on; Raft recovers on the next ticks.
             log.exception("raft tick failed group=%s id=%s", self.config.group, self.config.self_id)

@@ -177,6 +177,16 @@ so a silent upgrade cannot quietly disable a fix.
     snapshot is begun and none is streamed to a follower, as stock does while its forked serializer runs; once
     one is in place, transmissions restart from it, as stock's own serializer does. ``RaftMember`` uses this to
     put a snapshot in place only once the commit log is on disk up to the snapshot's end (``dledger.snapshot``).
+22. A snapshot received from the leader is not synced before the journal is replaced with it. The last chunk
+    closes the incoming file and renames it over the snapshot (``Serializer.setTransmissionData``), and the
+    load clears the journal down to the snapshot's two entries at once; neither the file nor the directory is
+    fsync'd. The cleared journal may then reach the disk first (SYNC_FLUSH msyncs it before the very
+    acknowledgement of the snapshot), and a power loss leaves the old snapshot, or an empty file, beside it:
+    the member lost everything it had acknowledged since its old snapshot, or cannot read its state at all. Now
+    the incoming file is fsync'd before the rename and the directory after it, before the load. In the tick: a
+    snapshot is received only by a follower too far behind for entries, and these are a few KB. A failure
+    stops the member (``SnapshotWriteError``, as 17), unless a descriptor or memory was missing for a moment:
+    the snapshot is then not loaded, and the leader sends it again.
 
 The chunked-send defect (entries at least ``appendEntriesBatchSizeBytes`` long) is contained by configuration:
 ``dledger.config`` keeps the entry size limit below half the batch size (16 MiB by default, so ~8 MiB entries:
@@ -635,6 +645,40 @@ def _get_transmission_closed(self: Any, transmission_id: Any) -> Any:
     return result
 
 
+_original_set_transmission = pso_serializer.Serializer.setTransmissionData
+
+
+def _set_transmission_data_synced(self: Any, data: Any) -> bool:
+    """22: the last chunk of a received snapshot is fsync'd before stock renames the file into place, and the
+    directory after; only then does it report the snapshot complete (and pysyncobj load it)."""
+    incoming = self._Serializer__incomingTransmissionFile
+    file_name = self._Serializer__fileName
+    if data is None or not data[2] or data[1] or incoming is None or file_name is None:
+        return _original_set_transmission(self, data)
+    try:
+        incoming.write(data[0])
+        incoming.flush()
+        os.fsync(incoming.fileno())
+        done = _original_set_transmission(self, (b"", False, True))  # closes and renames
+        if done:
+            fd = os.open(os.path.dirname(file_name) or ".", os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    except OSError as e:
+        if incoming is self._Serializer__incomingTransmissionFile:
+            incoming.close()
+            self._Serializer__incomingTransmissionFile = None
+        if e.errno in RESOURCE_ERRNOS:
+            log.warning("a snapshot received from the leader could not be synced; not loaded, the leader sends it "
+                        "again error=%s", e)
+            return False
+        raise SnapshotWriteError(e.errno, f"syncing the snapshot received at {file_name} failed: "
+                                          f"{e.strerror or e}") from e
+    return done
+
+
 def _cancel_transmission_closed(self: Any, transmission_id: Any) -> None:
     before = self._Serializer__transmissions.get(transmission_id)
     _original_cancel_transmission(self, transmission_id)
@@ -679,6 +723,14 @@ _original_journal_add = pso_journal.FileJournal.add
 
 class JournalWriteError(OSError):
     """The Raft journal could not be written (17); ``dledger.group`` stops the member on it."""
+
+    action = "write its Raft journal"
+
+
+class SnapshotWriteError(JournalWriteError):
+    """A snapshot received from the leader could not be stored (22)."""
+
+    action = "store the Raft snapshot it received"
 
 
 def _journal_add_in_place(self: Any, command: Any, idx: int, term: int) -> None:
@@ -849,6 +901,7 @@ def apply_patches() -> None:
     pso_serializer.Serializer.cancelTransmisstion = _cancel_transmission_closed
     pso_serializer.Serializer.checkSerializing = _check_serializing_closing
     pso_serializer.Serializer.serialize = _serialize_handing_over
+    pso_serializer.Serializer.setTransmissionData = _set_transmission_data_synced
     # Module global read by pysyncobj.pickle.dumps (not name-mangled: it is a module, not a class).
     setattr(pso_pickle, "__protocol", WIRE_PICKLE_PROTOCOL)
     _patched = True
@@ -869,6 +922,7 @@ ORIGINALS = {
     "apply_log_entries": _original_apply_log_entries,
     "load_dump_file": _original_load_dump_file,
     "serialize": _original_serialize,
+    "set_transmission_data": _original_set_transmission,
     "resizable_write": _original_resizable_write,
     "set_current_term": _original_set_current_term,
     "on_new_connection": _original_on_new_connection,

@@ -7,6 +7,7 @@ code to show it is gone: remove a patch and its test fails.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import pickle
 import socket
@@ -301,6 +302,64 @@ def test_a_member_stopped_between_its_snapshot_and_the_journal_truncation_keeps_
             member.close()
     finally:
         log.close()
+
+
+def test_a_snapshot_received_from_the_leader_is_on_disk_before_it_is_loaded(tmp_path, monkeypatch):
+    """22: stock renames a received snapshot into place with neither the file nor the directory fsync'd, and the
+    load then clears the journal at once: a power loss could keep the cleared journal beside the old snapshot
+    or an empty file. Patched, the file is fsync'd before the rename and the directory after it."""
+    import pysyncobj.serializer as pso_serializer
+
+    events: list[tuple[str, str]] = []
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def rename(src, dst):
+        events.append(("rename", f"{os.path.basename(src)} -> {os.path.basename(dst)}"))
+        os.rename(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(pso_serializer, "atomicReplace", rename)
+    chunks = [(b"snap", True, False), (b"shot", False, False), (b"", False, True)]
+    for name, receive in (("stock", patches.ORIGINALS["set_transmission_data"]),
+                          ("patched", pso_serializer.Serializer.setTransmissionData)):
+        path = tmp_path / name / "raft.snapshot"
+        path.parent.mkdir()
+        serializer = pso_serializer.Serializer(str(path), 10, False, lambda *a: None, lambda *a: None, None)
+        events.clear()
+        assert [receive(serializer, chunk) for chunk in chunks] == [False, False, True]
+        assert path.read_bytes() == b"snapshot"
+        if name == "stock":
+            assert events == [("rename", "raft.snapshot.1.tmp -> raft.snapshot")]  # the defect: nothing synced
+        else:
+            assert events == [("fsync", f"{path}.1.tmp"), ("rename", "raft.snapshot.1.tmp -> raft.snapshot"),
+                              ("fsync", str(path.parent))]
+
+
+@pytest.mark.parametrize("error, outcome", [(errno.EIO, "stops"), (errno.EMFILE, "not loaded")])
+def test_a_received_snapshot_that_cannot_be_synced_is_not_loaded(tmp_path, monkeypatch, error, outcome):
+    """22: an fsync that fails stops the member (SnapshotWriteError, which dledger.group turns into
+    MemberStoreError), unless a descriptor was missing for a moment: then the snapshot is not loaded and the
+    leader sends it again."""
+    import pysyncobj.serializer as pso_serializer
+
+    def fsync(fd):
+        raise OSError(error, os.strerror(error))
+
+    path = tmp_path / "raft.snapshot"
+    path.write_bytes(b"old")
+    serializer = pso_serializer.Serializer(str(path), 10, False, lambda *a: None, lambda *a: None, None)
+    assert serializer.setTransmissionData((b"new", True, False)) is False
+    monkeypatch.setattr(os, "fsync", fsync)
+    if outcome == "stops":
+        with pytest.raises(patches.SnapshotWriteError, match="syncing the snapshot received at .* failed"):
+            serializer.setTransmissionData((b"", False, True))
+    else:
+        assert serializer.setTransmissionData((b"", False, True)) is False
+    assert path.read_bytes() == b"old" and serializer._Serializer__incomingTransmissionFile is None
 
 
 def test_version_pin_is_checked():
