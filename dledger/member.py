@@ -174,6 +174,8 @@ class RaftMember(SyncObj):
             self._dir_lock.release()
             raise
         self.addOnTickCallback(self._run_tick_calls)
+        # dledger.patches, 23: compaction replaces the journal file instead of rewriting it in place.
+        self._SyncObj__raftLog._dledger_sync = self._dledger_flush_journal
         log.info("raft member started group=%s id=%s raft=%s flush=%s", config.group, me.id, me.raft_address,
                  config.flush_disk_type)
         if raft_data_lost and not config.rejoin:

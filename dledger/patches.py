@@ -187,6 +187,18 @@ so a silent upgrade cannot quietly disable a fix.
     snapshot is received only by a follower too far behind for entries, and these are a few KB. A failure
     stops the member (``SnapshotWriteError``, as 17), unless a descriptor or memory was missing for a moment:
     the snapshot is then not loaded, and the leader sends it again.
+23. Compaction rewrites the journal in place. ``FileJournal.deleteEntriesTo`` (the truncation once a snapshot is
+    in place) writes the header, then the entries it keeps, over the file from its start, through the mapping:
+    the entries it keeps were on disk (SYNC_FLUSH msynced them before acknowledging them), and now their pages
+    are rewritten with other records at those offsets, synced by the next msync. A power loss during that msync
+    leaves a mix of old and new pages: a header counting records that are not there (the journal does not load)
+    or records cut across (nonsense entries). Every member compacts at about the same index, so under load a
+    power loss of the group could catch all three so. With ``flush_journal`` (SYNC_FLUSH) the kept entries are
+    now written to ``raft.journal.tmp``, fsync'd, renamed over the journal and the directory fsync'd, then the
+    journal is mapped afresh: the old file stays whole until the new one is on disk. That fsync is in the tick,
+    where the msync of the rewritten pages was before. Without it (ASYNC_FLUSH) nothing of the journal is synced
+    and the stock rewrite stays. A rewrite that cannot be done for want of a descriptor or memory keeps the
+    journal whole (the start-up load trims it, 20); any other failure stops the member (``JournalWriteError``).
 
 The chunked-send defect (entries at least ``appendEntriesBatchSizeBytes`` long) is contained by configuration:
 ``dledger.config`` keeps the entry size limit below half the batch size (16 MiB by default, so ~8 MiB entries:
@@ -752,6 +764,58 @@ def _journal_add_in_place(self: Any, command: Any, idx: int, term: int) -> None:
     self._FileJournal__setLastRecordOffset(self._FileJournal__currentOffset)
 
 
+_original_delete_entries_to = pso_journal.FileJournal.deleteEntriesTo
+
+
+def _delete_entries_to_replacing(self: Any, entry_to: int) -> None:
+    """23: with ``_dledger_sync`` (set by ``RaftMember`` for SYNC_FLUSH), the entries kept go to a new file that
+    replaces the journal once it is on disk; otherwise stock's rewrite in place."""
+    if not getattr(self, "_dledger_sync", False):
+        _original_delete_entries_to(self, entry_to)
+        return
+    kept = self._FileJournal__journal[entry_to:]
+    old = self._FileJournal__journalFile
+    path = old._ResizableFile__fileName
+    tmp = path + ".tmp"
+    offset = pso_journal.FIRST_RECORD_OFFSET
+    replaced = False
+    try:
+        with open(tmp, "wb") as f:
+            f.write(self._FileJournal__getDefaultHeader())
+            for command, idx, term in kept:
+                data = pso_journal.to_bytes(command)
+                size = 16 + len(data)
+                f.write(_RECORD_HEAD.pack(size, idx, term))
+                f.write(data)
+                f.write(_RECORD_TAIL.pack(size))
+                offset += size + 8
+            f.seek(pso_journal.LAST_RECORD_OFFSET_OFFSET)
+            f.write(_RECORD_TAIL.pack(offset))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        replaced = True
+        fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        new = pso_journal.ResizableFile(path)
+    except OSError as e:
+        if e.errno in RESOURCE_ERRNOS and not replaced:
+            log.warning("the Raft journal could not be rewritten without the entries its snapshot covers; kept "
+                        "whole until the next compaction error=%s", e)
+            return
+        raise JournalWriteError(e.errno, f"rewriting the Raft journal {path} without the entries its snapshot "
+                                         f"covers failed: {e.strerror or e}") from e
+    # The old mapping's inode is gone from the directory: closed without a flush, nothing of it is read again.
+    old._ResizableFile__mm.close()
+    old._ResizableFile__f.close()
+    self._FileJournal__journalFile = new
+    self._FileJournal__journal = list(kept)
+    self._FileJournal__currentOffset = offset
+
+
 _original_resizable_write = pso_journal.ResizableFile.write
 
 
@@ -893,6 +957,7 @@ def apply_patches() -> None:
     pso_journal.MetaStorer.getMeta = _get_meta_closed
     pso_journal.FileJournal.setCurrentTerm = _set_current_term_or_stop
     pso_journal.FileJournal.add = _journal_add_in_place
+    pso_journal.FileJournal.deleteEntriesTo = _delete_entries_to_replacing
     pso_journal.ResizableFile.write = _resizable_write_allocated
     pso_tcp_server.TcpServer.bind = _bind_closing_on_failure
     pso_tcp_server.TcpServer._TcpServer__onNewConnection = _on_new_connection_kept
@@ -910,6 +975,7 @@ def apply_patches() -> None:
 
 ORIGINALS = {
     "journal_add": _original_journal_add,
+    "delete_entries_to": _original_delete_entries_to,
     "parse_message": _original_parse_message,
     "process_connection_timeout": _original_process_connection_timeout,
     "send": _original_send,

@@ -362,6 +362,48 @@ def test_a_received_snapshot_that_cannot_be_synced_is_not_loaded(tmp_path, monke
     assert path.read_bytes() == b"old" and serializer._Serializer__incomingTransmissionFile is None
 
 
+def test_compaction_replaces_a_synced_journal_instead_of_rewriting_it_in_place(tmp_path, monkeypatch):
+    """23: stock ``deleteEntriesTo`` rewrites the journal over its own pages, which held entries already synced
+    (SYNC_FLUSH): a power loss during the next msync mixed old and new pages. Patched (``_dledger_sync``), the
+    kept entries go to a new file, fsync'd and renamed over the journal, the directory fsync'd; the old file's
+    bytes are never touched, and the journal goes on from the new file."""
+    import pysyncobj.journal as pso_journal
+
+    entries = [(b"\x00" + bytes([idx]) * 3000, idx, 1) for idx in range(1, 200)]
+    events: list[str] = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append(f"fsync {os.readlink(f'/proc/self/fd/{fd}')}"),
+                                                 real_fsync(fd))[1])
+    monkeypatch.setattr(os, "replace", lambda src, dst: (events.append(f"rename {src} -> {dst}"),
+                                                         real_replace(src, dst))[1])
+    touched = {}
+    for name, truncate in (("stock", patches.ORIGINALS["delete_entries_to"]),
+                           ("patched", pso_journal.FileJournal.deleteEntriesTo)):
+        path = str(tmp_path / name / "raft.journal")
+        os.mkdir(os.path.dirname(path))
+        journal = pso_journal.FileJournal(path)
+        journal._dledger_sync = True
+        for entry in entries:
+            journal.add(*entry)
+        journal.flush()
+        old = os.open(path, os.O_RDONLY)
+        before = os.pread(old, 1 << 20, 0)
+        events.clear()
+        truncate(journal, 150)
+        touched[name] = os.pread(old, 1 << 20, 0) != before
+        os.close(old)
+        assert [journal[i] for i in range(len(journal))] == entries[150:]
+        journal.add(b"\x00after", 200, 2)
+        journal._destroy()
+        reloaded = pso_journal.FileJournal(path)
+        assert [reloaded[i] for i in range(len(reloaded))] == [*entries[150:], (b"\x00after", 200, 2)]
+        reloaded._destroy()
+        if name == "patched":
+            assert events == [f"fsync {path}.tmp", f"rename {path}.tmp -> {path}",
+                              f"fsync {os.path.dirname(path)}"]
+    assert touched == {"stock": True, "patched": False}  # stock overwrote synced entries in place
+
+
 def test_version_pin_is_checked():
     patches.check_version("0.3.17")
     with pytest.raises(ImportError, match="0.3.18"):
