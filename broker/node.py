@@ -113,6 +113,20 @@ class BrokerNode:
         mistake; a leader just elected (or dispatching a burst) may simply not have those units yet."""
         return self.group.is_ready_leader and self.store.dispatched_phy_offset >= self.store.commit_log.end
 
+    async def wait_ready_leader(self) -> None:
+        """Return once this node leads with its no-op applied, so its metadata holds every change its group
+        committed; raise NOT_LEADER on a follower, or on a leader not ready within a second. A leader's table is
+        complete only then: entries committed in an earlier term are applied after the new term's no-op, and after
+        a restart of the whole group a member has applied only up to the commit index its journal had stored."""
+        if self.group.is_ready_leader:
+            return
+        if not self.is_leader():
+            raise self.not_leader()
+        with trio.move_on_after(1.0):
+            await self.group.wait_ready_leader()
+        if not self.group.is_ready_leader:
+            raise self.not_leader()
+
     def leader_addr(self) -> str | None:
         leader = self.group.leader_id
         if leader is None:

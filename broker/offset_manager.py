@@ -4,9 +4,9 @@ Consumers commit offsets often (every pull carries ``commit_offset``, plus a per
 Raft proposal per commit would cost more than the messages themselves. So the leader keeps the newest offset per
 (consumer_group, topic, queue_id) in a *pending* map and proposes the whole map as one metadata command every
 ``consumer_offset_flush_interval_ms``; every node applies that command to its *committed* table. Queries on the
-leader read pending first, so a consumer always sees its own last commit; a follower answers from the committed
-table (at most one flush interval behind). Losing the pending map when a leader dies costs re-consumption of at
-most one interval of messages, which RocketMQ's at-least-once contract already allows.
+leader read pending first, so a consumer always sees its own last commit; consumers ask only the leader (a
+follower's committed table may be behind: GET_CONSUME_STATS shows it). Losing the pending map when a leader dies
+costs re-consumption of at most one interval of messages, which RocketMQ's at-least-once contract already allows.
 """
 
 from __future__ import annotations

@@ -2,10 +2,12 @@
 
 Updates are accepted by the leader only (NOT_LEADER elsewhere, with ``leader_addr``) and replicated in batches
 (``broker/offset_manager.py``); a group's first offset of a queue before the answer (``BrokerNode.commit_offset``).
-Queries are answered by any node; a group that never committed an offset for the queue gets QUERY_NOT_FOUND, and
-the client then starts from its ``consume_from_where`` (RocketMQ answers 0 while the queue still starts at 0, which
-replays the backlog to a new group from its last offset; the push consumer covers what that answer was for: a
-queue created after it subscribed starts at its first message, and a start it found is committed at once).
+Queries too are answered by the leader only, once its no-op is applied (``BrokerNode.wait_ready_leader``): the
+answer is where a consumer resumes, and only that table holds every replicated commit. A group that never committed
+an offset for the queue gets QUERY_NOT_FOUND, and the client then starts from its ``consume_from_where`` (RocketMQ
+answers 0 while the queue still starts at 0, which replays the backlog to a new group from its last offset; the push
+consumer covers what that answer was for: a queue created after it subscribed starts at its first message, and a
+start it found is committed at once).
 
 GET_CONSUME_STATS is RocketMQ's consumer progress (``mqadmin consumerProgress``): for every queue of the topics
 a group consumes here, the queue's max offset, the group's offset and the lag between them. Any node answers;
@@ -41,6 +43,10 @@ class ConsumerManageProcessor:
         return group, topic, queue_id
 
     async def query_consumer_offset(self, request: Frame, conn: Any) -> Frame:
+        # A follower's table, or a leader's before its no-op is applied, may lack the latest commits: a consumer
+        # told an older offset went back over what it had committed, and one told none (a group's first commits)
+        # started from consume_from_where, from its last offset past every message it had not consumed.
+        await self.node.wait_ready_leader()
         group, topic, queue_id = self._key(request)
         offset = self.node.offsets.query(group, topic, queue_id)
         if offset is None:
