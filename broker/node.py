@@ -191,6 +191,13 @@ class BrokerNode:
         config = self.topic(topic)
         if config is not None:
             return config
+        # Unknown here, but a leader elected a moment ago applies the entries of earlier terms only after its
+        # no-op: auto-created before that, a topic created just before the failover (or the restart of the whole
+        # group) got the default config over the one it was created with, and an older data version.
+        await self.wait_ready_leader()
+        config = self.topic(topic)
+        if config is not None:
+            return config
         if not self.config.auto_create_topic_enable:
             raise RequestRejected(ResponseCode.TOPIC_NOT_EXIST,
                                   f"topic {topic!r} does not exist on broker {self.config.broker_name} and "
@@ -206,7 +213,9 @@ class BrokerNode:
 
     async def update_topic(self, config: TopicConfig) -> None:
         async with self._topic_lock:
-            if config.topic_name not in self.topics:
+            # Decided from a complete table (see topic_for_send): its data version too, which the change raises.
+            await self.wait_ready_leader()
+            if self.topic(config.topic_name) is None:
                 self._check_topic_room(config.topic_name, "created")
             await self._put_topics({config.topic_name: config.to_wire()})
 
@@ -230,6 +239,7 @@ class BrokerNode:
         group's queue is first in, first out, so the second record lands behind every admitted one. A producer's
         auto-create of the same name waits on the topic lock, so its messages land after both."""
         async with self._topic_lock:
+            await self.wait_ready_leader()  # as update_topic
             await self.append_messages(self._deletion_record(topic))
             await self._put_topics({topic: None})
             await self.append_messages(self._deletion_record(topic))

@@ -28,8 +28,7 @@ class AdminProcessor:
 
     # --- topics --------------------------------------------------------------------------------------------
     async def update_and_create_topic(self, request: Frame, conn: Any) -> Frame:
-        if not self.node.is_leader():
-            raise self.node.not_leader()
+        await self.node.wait_ready_leader()
         try:
             config = TopicConfig.from_wire(request.ext)
         except TopicConfigError as e:
@@ -49,8 +48,8 @@ class AdminProcessor:
         return make_response(request, ResponseCode.SUCCESS)
 
     async def delete_topic(self, request: Frame, conn: Any) -> Frame:
-        if not self.node.is_leader():
-            raise self.node.not_leader()
+        # A topic created just before this leader was elected exists once it has applied its no-op.
+        await self.node.wait_ready_leader()
         topic = get_str(request.ext, "topic")
         # A stored topic goes whatever its name: an older version let a trailing newline through, and such a
         # topic can only be deleted.

@@ -66,8 +66,7 @@ class ConsumerManageProcessor:
     async def reset_offset(self, request: Frame, conn: Any) -> Frame:
         """Body: ``{"offsets": [{queue_id, offset, previous}], "consumer_ids": [members told]}``."""
         node = self.node
-        if not node.is_leader():
-            raise node.not_leader()
+        await node.wait_ready_leader()  # "previous" offsets and the topic, from a complete table
         group = get_group(request.ext)
         topic = get_existing_topic(node, request.ext)
         timestamp = get_int(request.ext, "timestamp", lo=0, hi=I64[1])
