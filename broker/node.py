@@ -3,8 +3,8 @@
 ``serve_broker(config, task_status=...)`` opens the store, makes it the Raft state machine
 (``broker/commit_log_machine.py``), opens this member of the DLedger group, and serves remoting on the member's
 service address until cancelled. Everything runs in one nursery (design §8.4): the store's services, the
-remoting server, long polling, registration, the role watcher, the offset flusher, the metadata refresher and
-the client-expiry scan.
+remoting server, long polling, registration, the role watcher, the offset flusher, the topic-change registrar
+and the client-expiry scan.
 
 Rules this module keeps:
 
@@ -101,6 +101,12 @@ class BrokerNode:
         self.put_requests = 0
         self.pulled_messages = 0
         self.pull_stats = PullStats()
+        # The topic table is mirrored as TopicConfigs (the send path reads them), refreshed as the group applies a
+        # change to it: polled every 0.2 s before, a node served the old table that long after applying a change
+        # (a follower refused pulls of queues a topic had just gained; a new leader, after the entries of the
+        # earlier term, refused sends to them, INVALID_REQUEST, which producers do not retry).
+        self._topic_generation = group.metadata_generation(TOPIC_TABLE)
+        group.on_metadata_applied(self._metadata_applied)
         self.refresh_metadata()
 
     # --- role ----------------------------------------------------------------------------------------------
@@ -158,6 +164,12 @@ class BrokerNode:
         # Pulls held on a queue the change took away (topic deleted, read queues lowered) are answered now, as a
         # fresh pull would be, rather than "no new message" at their deadline.
         self.hold.release(self._pull_refused)
+
+    def _metadata_applied(self) -> None:
+        generation = self.group.metadata_generation(TOPIC_TABLE)
+        if generation != self._topic_generation:
+            self._topic_generation = generation
+            self.refresh_metadata()
 
     def _pull_refused(self, topic: str, queue_id: int) -> bool:
         try:
@@ -505,10 +517,9 @@ class BrokerNode:
         if outcome:
             log.warning("stopping without handing leadership over: %s", outcome)
 
-    async def refresh_metadata_periodically(self) -> None:
+    async def register_topic_changes(self) -> None:
         while True:
             await trio.sleep(0.2)
-            self.refresh_metadata()
             # A follower applies the topic changes its leader registered, but registered them itself only every
             # register_interval_ms. While the group has no master (its leader just died), a name server routes the
             # group's topics from the followers' registrations: a topic created since their last one dropped out
@@ -568,7 +579,7 @@ async def serve_broker(config: BrokerConfig, *, on_serving: Callable[[BrokerNode
                                 serve_remoting, dispatcher, host, port, max_frame_size=config.max_frame_size))
                             nursery.start_soon(node.watch_role)
                             nursery.start_soon(node.flush_offsets)
-                            nursery.start_soon(node.refresh_metadata_periodically)
+                            nursery.start_soon(node.register_topic_changes)
                             nursery.start_soon(node.scan_clients)
                             await nursery.start(node.registration.serve)
                             log.info("broker node serving broker_name=%s broker_id=%d listen=%s:%d",

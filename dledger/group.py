@@ -173,6 +173,8 @@ class DLedgerGroup:
         self._coarse_now = 0.0
         self._changed = trio.Event()
         self._role_listeners: list[trio.MemorySendChannel[RoleChange]] = []
+        self._metadata_listeners: list[Callable[[], None]] = []
+        self._metadata_seen = 0
         self._catch_up = CatchUp(config, state_machine, fetch_range, lambda: self._role.leader_id)
         self._snapshot_writer = SnapshotWriter(state_machine)
         self._waiting: set[Pending] = set()
@@ -431,6 +433,9 @@ class DLedgerGroup:
                 m.tick()
             finally:
                 self._in_tick = False
+            if m.metadata_applied != self._metadata_seen:
+                self._metadata_seen = m.metadata_applied
+                self._metadata_applied()
             if self._completions:
                 self._run_completions()
             if m.commit_notice_due:
@@ -455,6 +460,13 @@ class DLedgerGroup:
         finally:
             self._ticking = False
         return wait_s
+
+    def _metadata_applied(self) -> None:
+        for listener in list(self._metadata_listeners):
+            try:
+                listener()
+            except Exception:
+                log.exception("metadata listener failed group=%s id=%s", self.config.group, self.config.self_id)
 
     def _run_completions(self) -> None:
         completions, self._completions = self._completions, []
@@ -644,6 +656,16 @@ class DLedgerGroup:
     def metadata(self, table: str) -> dict[str, Any]:
         """This member's applied copy of a metadata table."""
         return self.member.metadata(table)
+
+    def metadata_generation(self, table: str) -> int:
+        """Moves whenever ``table`` may have changed: compare it to tell whether a copy is still current."""
+        return self.member.metadata_generation(table)
+
+    def on_metadata_applied(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` after every tick that applied a metadata change or loaded a snapshot, on the trio
+        thread and before any other task runs: a copy kept up to date by it is never behind the applied tables
+        while a request is served."""
+        self._metadata_listeners.append(callback)
 
     async def _call_replicated(self, call: Callable[[Callable[[Any, int], None]], None], timeout_s: float) -> Any:
         done = trio.Event()

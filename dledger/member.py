@@ -146,6 +146,11 @@ class RaftMember(SyncObj):
         self._sm = state_machine
         self._notify = notify
         self._metadata: dict[str, dict[str, Any]] = {}
+        # Counts applied metadata changes (a replicated put, a loaded snapshot); per table, the count at its last
+        # change, so the trio side can tell cheaply whether a table it mirrors moved (metadata_generation).
+        self._metadata_applied = 0
+        self._metadata_changed_at: dict[str, int] = {}
+        self._snapshot_loaded_at = 0
         self._applied_end_offset = state_machine.end_offset
         self._catch_up_target: int | None = None
         self._applied_batches = 0
@@ -252,12 +257,22 @@ class RaftMember(SyncObj):
                 target.pop(key, None)
             else:
                 target[key] = value
+        self._metadata_applied += 1
+        self._metadata_changed_at[table] = self._metadata_applied
         return len(target)
 
     # ---- reads for the trio side ----
 
     def metadata(self, table: str) -> dict[str, Any]:
         return dict(self._metadata.get(table, {}))
+
+    @property
+    def metadata_applied(self) -> int:
+        return self._metadata_applied
+
+    def metadata_generation(self, table: str) -> int:
+        """A number that moves whenever ``table`` may have changed (its own changes, and every snapshot load)."""
+        return max(self._metadata_changed_at.get(table, 0), self._snapshot_loaded_at)
 
     @property
     def applied_end_offset(self) -> int:
@@ -375,6 +390,8 @@ class RaftMember(SyncObj):
         if snap.get("group") != self._config.group:
             raise ValueError(f"snapshot of group {snap.get('group')!r} loaded into group {self._config.group!r}")
         self._metadata = snap["metadata"]
+        self._metadata_applied += 1
+        self._snapshot_loaded_at = self._metadata_applied
         target = snap["end_offset"]
         self._snapshots_loaded += 1
         local_end = self._sm.end_offset

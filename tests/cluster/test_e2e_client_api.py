@@ -1,11 +1,12 @@
 """The rest of the client surface against real processes, on one cluster: admin (topics, routes, cluster info),
-send_batch and send_oneway, the pull consumer with a tag filter, the push consumer's start positions, and a
-topic deleted and created again."""
+send_batch and send_oneway, the pull consumer with a tag filter, the push consumer's start positions, a topic
+deleted and created again, and a topic change served by every node once it has applied it."""
 
 from __future__ import annotations
 
 import time
 
+import cbor2
 import pytest
 import trio
 
@@ -152,3 +153,33 @@ async def test_a_deleted_topic_created_again_is_empty_on_every_node(spawn, tmp_p
         assert await puller.min_offset(mq) == 10
         res = await puller.pull(mq, 0, 32)
         assert res.status is not PullStatus.FOUND and res.next_begin_offset == 10
+
+
+@pytest.mark.timeout(180)
+async def test_a_node_serves_a_topic_change_from_the_moment_it_applies_it(spawn, tmp_path):
+    """A topic gains queues, three times; each follower serves a pull of its last new queue as soon as it has
+    applied the change (was: INVALID_REQUEST "must be below topic 'GrowingTopic's read_queue_nums" for up to
+    0.2 s more, until a periodic refresh of the node's copy of the topic table; a leader elected meanwhile
+    refused sends to those queues the same way)."""
+    cluster = await start_cluster(spawn, tmp_path)
+    topic = "GrowingTopic"
+    await cluster.create_topic(topic, 2)
+    leader = await cluster.leader_addr()
+    followers = [addr for addr in cluster.addr_of.values() if addr != leader]
+    async with open_remoting_client() as client, open_admin(cluster.namesrv) as admin:
+
+        async def applied_index(addr: str) -> int:
+            r = await client.invoke(addr, make_request(RequestCode.GET_BROKER_RUNTIME_INFO))
+            return cbor2.loads(r.body)["last_applied_index"]
+
+        for queues in (4, 6, 8):
+            await admin.create_topic(topic, read_queue_nums=queues, write_queue_nums=queues)
+            change = await applied_index(leader)
+            for addr in followers:
+                with trio.fail_after(10):
+                    while await applied_index(addr) < change:
+                        await trio.sleep(0)
+                r = await client.invoke(addr, make_request(RequestCode.PULL_MESSAGE, ext={
+                    "consumer_group": "growing", "topic": topic, "queue_id": queues - 1, "queue_offset": 0,
+                    "max_msg_nums": 1}))
+                assert r.code == ResponseCode.PULL_NOT_FOUND, (addr, queues, r.code, r.remark)

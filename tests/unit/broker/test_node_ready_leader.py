@@ -55,6 +55,12 @@ class NewLeaderGroup:
     def member_address(self, member_id: str) -> None:
         return None
 
+    def metadata_generation(self, table: str) -> int:
+        return 0  # the node finds a table it mirrors changed by itself (a miss, or after its own change)
+
+    def on_metadata_applied(self, callback: Any) -> None:
+        pass
+
 
 def _node(group: NewLeaderGroup, tmp_path) -> BrokerNode:
     config = config_from_mapping(BrokerConfig, {
