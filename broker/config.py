@@ -83,6 +83,12 @@ class BrokerConfig:
     # at each one. 30 s is three default heartbeats (RocketMQ's fixed 120 s is four of its 30 s ones).
     channel_expired_timeout_ms: int = bounded(120_000, min=30_000, max=3_600_000,
                                               doc="a client silent this long leaves its groups")
+    # RocketMQ's rebalanceLockMaxLiveTime. A member trusts a lock for half of it after asking (client.orderly), and
+    # a deposed leader that still thinks it leads may renew locks until leader_fallback_timeout_ms after the new
+    # leader restored them: both must end before the new leader's copy lapses (see __post_init__).
+    rebalance_lock_max_live_time_ms: int = bounded(
+        60_000, min=1_000, max=3_600_000, doc="an orderly consumer's queue lock lapses this long after its holder's "
+                                              "last lock request; more than 2 x dledger.leader_fallback_timeout_ms")
     send_timeout_ms: int = bounded(5000, min=10, max=600_000, doc="longest wait for a Raft commit of a send")
     # raftmq.runner.DRAIN_TIMEOUT_S (5 s) bounds everything done on a signal before the node stops serving.
     leadership_handover_timeout_ms: int = bounded(
@@ -98,6 +104,10 @@ class BrokerConfig:
             # One registration lost or late must not take the node out of every route.
             raise ConfigError(f"broker_not_active_timeout_ms must be >= 2 x register_interval_ms "
                               f"({2 * self.register_interval_ms}), got {self.broker_not_active_timeout_ms}")
+        if self.rebalance_lock_max_live_time_ms <= 2 * self.dledger.leader_fallback_timeout_ms:
+            raise ConfigError(f"rebalance_lock_max_live_time_ms must be > 2 x dledger.leader_fallback_timeout_ms "
+                              f"({2 * self.dledger.leader_fallback_timeout_ms}): a member may consume for half a lock "
+                              f"life after a deposed leader renewed it, got {self.rebalance_lock_max_live_time_ms}")
         if self.listen:
             # Clients and peers dial the service_address's port: bound to any other, the node was unreachable.
             parse_host_port(self.listen, key="listen", dial=True)

@@ -19,6 +19,7 @@ from broker.processor.client_manage import ClientManageProcessor
 from broker.processor.consumer_manage import ConsumerManageProcessor
 from broker.processor.pull_message import PullMessageProcessor
 from broker.processor.query_message import QueryMessageProcessor
+from broker.processor.queue_lock import QueueLockProcessor
 from broker.processor.send_message import SendMessageProcessor
 from dledger import DLedgerError
 from dledger.service import DLedgerService
@@ -43,6 +44,7 @@ class BrokerDispatcher:
         offsets = ConsumerManageProcessor(node)
         admin = AdminProcessor(node)
         query = QueryMessageProcessor(node)
+        locks = QueueLockProcessor(node)
         self.handlers: dict[int, Handler] = {
             RequestCode.SEND_MESSAGE: send.process,
             RequestCode.SEND_MESSAGE_V2: send.process,
@@ -55,6 +57,8 @@ class BrokerDispatcher:
             RequestCode.QUERY_CONSUMER_OFFSET: offsets.query_consumer_offset,
             RequestCode.UPDATE_CONSUMER_OFFSET: offsets.update_consumer_offset,
             RequestCode.GET_CONSUME_STATS: offsets.get_consume_stats,
+            RequestCode.LOCK_BATCH_MQ: locks.lock_batch_mq,
+            RequestCode.UNLOCK_BATCH_MQ: locks.unlock_batch_mq,
             RequestCode.INVOKE_BROKER_TO_RESET_OFFSET: offsets.reset_offset,
             RequestCode.UPDATE_AND_CREATE_TOPIC: admin.update_and_create_topic,
             RequestCode.DELETE_TOPIC_IN_BROKER: admin.delete_topic,

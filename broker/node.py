@@ -15,6 +15,9 @@ Rules this module keeps:
   (``broker.topic_config``: topic → config, plus key ``""`` holding the data version; ``broker.consumer_offset``:
   ``group\\x01topic\\x01queue_id`` → offset). Every node mirrors them locally; a new leader therefore knows every
   topic and every offset flushed before it was elected.
+* **Queue locks for orderly consumers** (``broker/rebalance_lock.py``): served by the leader, held in its memory,
+  with every change of holder replicated (``broker.rebalance_lock``: ``group\\x01topic\\x01queue_id`` → client
+  id) so that a new leader knows who holds what; it restores them when its term starts.
 * **Registration follows the role.** A role change triggers an immediate registration with every name server,
   so the route names the new leader as master within a round trip.
 """
@@ -40,6 +43,7 @@ from broker.offset_manager import ConsumerOffsetTable
 from broker.processor.base import RequestRejected
 from broker.processor.pull_message import check_pullable
 from broker.pull_stats import PullStats
+from broker.rebalance_lock import QueueKey, RebalanceLockManager
 from broker.registration import RegistrationService, RegistrationSnapshot
 from broker.store import MessageInput, MessageStore, encode_batch
 from broker.store.dispatch import TOPIC_DELETE_LOG
@@ -55,10 +59,11 @@ from remoting.transport import corked, open_remoting_client, serve_remoting
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BrokerNode", "serve_broker", "TOPIC_TABLE", "OFFSET_TABLE"]
+__all__ = ["BrokerNode", "serve_broker", "TOPIC_TABLE", "OFFSET_TABLE", "LOCK_TABLE"]
 
 TOPIC_TABLE = "broker.topic_config"
 OFFSET_TABLE = "broker.consumer_offset"
+LOCK_TABLE = "broker.rebalance_lock"
 _VERSION_KEY = ""
 VERSION = "raftmq-0.1.0"
 
@@ -93,6 +98,11 @@ class BrokerNode:
         # Held by the offset flusher around take-and-replicate and by a reset around its own replication, so a
         # batch of commits taken before a reset cannot be replicated after it and undo it.
         self._offset_lock = trio.Lock()
+        self.queue_locks = RebalanceLockManager(config.rebalance_lock_max_live_time_ms)
+        # The leader term whose holders queue_locks holds (restored from LOCK_TABLE when a term starts); lock
+        # requests, with the replication of what they change, go one at a time.
+        self._queue_locks_term: int | None = None
+        self._queue_lock_mutex = trio.Lock()
         self._nursery: trio.Nursery | None = None
         self._started_ms = int(time.time() * 1000)
         self._sync_flush = config.store.flush_disk_type == "SYNC_FLUSH"
@@ -367,6 +377,69 @@ class BrokerNode:
                 self._nursery.start_soon(self._notify_one, channel.conn, frame)
         return sorted(ch.client_id for ch in channels)
 
+    # --- queue locks (orderly consumers) ------------------------------------------------------------------
+    async def lock_queues(self, group: str, client_id: str, queues: Sequence[QueueKey]) -> list[QueueKey]:
+        """LOCK_BATCH_MQ on the leader: renew ``client_id``'s locks among ``queues``, take the free ones (the change
+        of holder replicated before this returns) and return every queue it now holds."""
+        async with self._queue_lock_mutex:
+            await self._queue_locks_of_this_term()
+            plan = self.queue_locks.plan(group, client_id, queues)
+            if plan.free:
+                await self._replicate(LOCK_TABLE, {_offset_key(group, t, q): client_id for t, q in plan.free})
+                self.queue_locks.grant(group, client_id, plan.free)
+            return sorted(plan.held + plan.free)
+
+    async def unlock_queues(self, group: str, client_id: str, queues: Sequence[QueueKey]) -> list[QueueKey]:
+        """UNLOCK_BATCH_MQ on the leader: release ``client_id``'s locks among ``queues``; returns those released."""
+        async with self._queue_lock_mutex:
+            await self._queue_locks_of_this_term()
+            mine = self.queue_locks.held_by(group, client_id, queues)
+            if not mine:
+                return []
+            # The holder committed its last offsets before it unlocked, but they may still be pending here: a new
+            # leader that knew of the unlock and not of them would let the next holder start before them, and it
+            # would handle again, after their successors, messages the last one handled.
+            await self._flush_offsets_once()
+            await self._replicate(LOCK_TABLE, dict.fromkeys(_offset_key(group, t, q) for t, q in mine))
+            return self.queue_locks.release(group, client_id, mine)
+
+    async def _queue_locks_of_this_term(self) -> None:
+        """Make ``queue_locks`` this leader term's: once per term, the replicated holders, each renewed now."""
+        if not self.is_leader():
+            raise self.not_leader()
+        term = self.group.term
+        if self._queue_locks_term == term:
+            return
+        # The table must hold every change committed before this term: wait for the term's no-op to apply.
+        with trio.move_on_after(1.0):
+            await self.group.wait_ready_leader()
+        if not self.group.is_ready_leader or self.group.term != term:
+            raise self.not_leader()
+        holders = []
+        for key, client_id in self.group.metadata(LOCK_TABLE).items():
+            group, topic, queue_id = key.split("\x01")
+            holders.append((group, topic, int(queue_id), str(client_id)))
+        self.queue_locks.restore(holders)
+        self._queue_locks_term = term
+        if holders:
+            log.info("queue locks restored term=%d locks=%d (each held a whole life from now unless renewed)", term,
+                     len(holders))
+
+    async def prune_queue_locks(self) -> None:
+        """Drop lapsed locks from the table and the replicated table (a killed member's stay there otherwise)."""
+        if not self.is_leader() or self._queue_locks_term != self.group.term:
+            return
+        async with self._queue_lock_mutex:
+            lapsed = self.queue_locks.take_lapsed()
+            if not lapsed:
+                return
+            try:
+                await self._replicate(LOCK_TABLE, dict.fromkeys(_offset_key(g, t, q) for g, (t, q) in lapsed))
+            except (RequestRejected, DLedgerError) as e:
+                # Harmless: a holder replicated here and restored by a later leader lapses there again.
+                log.info("lapsed queue locks not removed from the replicated table locks=%d error=%s", len(lapsed),
+                         e)
+
     # --- clients -------------------------------------------------------------------------------------------
     def _consumer_ids_changed(self, group: str, conns: list[Any]) -> None:
         if self._nursery is None:
@@ -532,6 +605,7 @@ class BrokerNode:
             await trio.sleep(10)
             self.clients.scan_expired()
             self.pull_stats.prune()
+            await self.prune_queue_locks()
 
 
 async def _rejoin_if_rebuilt(config: DLedgerConfig, store: MessageStore, client: Any) -> DLedgerConfig:

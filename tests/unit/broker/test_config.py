@@ -47,6 +47,18 @@ def test_frame_size_must_hold_one_whole_message():
         config_from_mapping(BrokerConfig, _mapping(max_frame_size=4 << 20))
 
 
+def test_a_queue_lock_must_outlive_twice_a_deposed_leaders_fallback():
+    # A member trusts a lock for half its life after asking; a deposed leader renews locks for up to
+    # leader_fallback_timeout_ms after a new one restored them. The member must stop before the new copy lapses.
+    assert config_from_mapping(BrokerConfig, _mapping()).rebalance_lock_max_live_time_ms == 60_000
+    mapping = _mapping(rebalance_lock_max_live_time_ms=6000)
+    with pytest.raises(ConfigError, match=r"^rebalance_lock_max_live_time_ms must be > 2 x "
+                                          r"dledger.leader_fallback_timeout_ms \(6000\).*got 6000$"):
+        config_from_mapping(BrokerConfig, mapping)
+    mapping["dledger"]["leader_fallback_timeout_ms"] = 2000
+    assert config_from_mapping(BrokerConfig, mapping).rebalance_lock_max_live_time_ms == 6000
+
+
 def test_listen_binds_but_service_address_is_advertised():
     config = config_from_mapping(BrokerConfig, _mapping(listen="0.0.0.0:10002"))
     assert config.listen_address == "0.0.0.0:10002" and config.broker_addr == "127.0.0.1:10002"
