@@ -17,6 +17,8 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+import cbor2
+
 from client.filter import Subscription, parse_subscription
 from client.instance import (
     ClientConfig, ClientInstance, build_config, open_client_nursery, open_remoting, raise_for_response,
@@ -25,7 +27,7 @@ from client.message import (I32_MAX, I64_MAX, MessageExt, MessageQueue, PullResu
                             _PulledMessageExt, check_int_arg, check_queue)
 from remoting.codes import RequestCode, ResponseCode
 from remoting.config import bounded
-from remoting.errors import RaftMQError
+from remoting.errors import RaftMQError, for_code
 from remoting.message import decode_records, group_problem
 
 __all__ = ["PullAPI", "PullConsumerConfig", "PullConsumer", "open_pull_consumer", "to_message_ext"]
@@ -149,7 +151,31 @@ class PullAPI:
                "commit_offset": offset}
         await self._leader_invoke(mq, RequestCode.UPDATE_CONSUMER_OFFSET, ext)
 
-    async def _leader_invoke(self, mq: MessageQueue, code: int, ext: dict[str, Any], *, ok=(ResponseCode.SUCCESS,)):
+    async def lock_batch(self, client_id: str, mqs: Sequence[MessageQueue]) -> tuple[set[MessageQueue], int]:
+        """LOCK_BATCH_MQ of ``mqs`` (one broker group's) on that group's leader: the queues ``client_id`` holds now,
+        and how long the broker keeps a lock without a renewal (ms)."""
+        frame = await self._leader_invoke(mqs[0], RequestCode.LOCK_BATCH_MQ, {}, body=self._lock_body(client_id, mqs))
+        try:
+            entries = cbor2.loads(frame.body)["lock_ok_mq_set"]
+            locked = {MessageQueue(str(e["topic"]), str(e["broker_name"]), int(e["queue_id"])) for e in entries}
+            life_ms = int(frame.ext["rebalance_lock_max_live_time_ms"])
+            if life_ms <= 0:
+                raise ValueError(f"rebalance_lock_max_live_time_ms must be > 0, got {life_ms}")
+        except (KeyError, TypeError, ValueError, cbor2.CBORDecodeError) as e:
+            raise for_code(ResponseCode.SYSTEM_ERROR, f"malformed LOCK_BATCH_MQ answer from broker group "
+                                                      f"{mqs[0].broker_name}: {e}") from None
+        return locked & set(mqs), life_ms
+
+    async def unlock_batch(self, client_id: str, mqs: Sequence[MessageQueue]) -> None:
+        await self._leader_invoke(mqs[0], RequestCode.UNLOCK_BATCH_MQ, {}, body=self._lock_body(client_id, mqs))
+
+    def _lock_body(self, client_id: str, mqs: Sequence[MessageQueue]) -> bytes:
+        return cbor2.dumps({"consumer_group": self.consumer_group, "client_id": client_id,
+                            "mq_set": [{"topic": mq.topic, "broker_name": mq.broker_name, "queue_id": mq.queue_id}
+                                       for mq in mqs]})
+
+    async def _leader_invoke(self, mq: MessageQueue, code: int, ext: dict[str, Any], *, ok=(ResponseCode.SUCCESS,),
+                             body: bytes = b""):
         inst = self.instance
         if inst.routes.master_addr(mq.broker_name) is None:
             await inst.routes.get(mq.topic)
@@ -157,7 +183,7 @@ class PullAPI:
         while True:
             addr = inst.master_addr(mq.broker_name)
             try:
-                frame = await inst.invoke(addr, code, ext)
+                frame = await inst.invoke(addr, code, ext, body)
                 return raise_for_response(frame, ok=ok, topic=mq.topic, broker_name=mq.broker_name)
             except RaftMQError as e:
                 inst.on_error(e, mq.topic, mq.broker_name, addr)

@@ -27,6 +27,18 @@ How it works (RocketMQ's DefaultMQPushConsumer, as trio tasks):
   ``consume_from_where`` (the group had no offset) at once, before the first pull. Delivery is at least once.
 - **Offset resets** (``raftmq admin reset-offset``): the broker tells every online member; each drops the named
   queues it holds, commits the new offsets at once and pulls from them.
+- **Orderly consumption** (``orderly=True``, handler form; RocketMQ's MessageListenerOrderly): in clustering mode a
+  queue is pulled and consumed only while this member holds its lock on the broker (``client/orderly.py``), so no
+  two members handle one queue at once, even while they disagree about the allocation. A queue taken away (or
+  whose lock was lost, or on close) stops pulling at once, finishes the message in its handler, commits its offset
+  and only then is unlocked; its next holder starts from that offset. A handler that raises suspends its queue for
+  ``suspend_current_queue_time_ms`` and gets the same message again, up to ``max_reconsume_times`` retries; then
+  the message is logged and skipped, as in the concurrent form (there are no retry or dead-letter topics yet).
+  Offsets only ever pass messages whose handler returned (or that were skipped so). Close waits up to
+  ``client.orderly.CLOSE_WAIT_S`` (3 s) for the messages in handlers, then cancels them (they are delivered again
+  to the next holder, never at the same time). A member killed outright keeps its locks until they lapse on the
+  broker (``rebalance_lock_max_live_time_ms``, 60 s): its queues wait that long, and its successor handles again
+  what it had handled after its last commit (at least once).
 """
 
 from __future__ import annotations
@@ -52,6 +64,7 @@ from client.instance import (
 )
 from client.message import I32_MAX, I64_MAX, MessageExt, MessageQueue, PullStatus
 from client.offset_store import LocalFileOffsetStore, RemoteOffsetStore
+from client.orderly import OrderlyService
 from client.pull_consumer import PullAPI
 from client.rebalance import allocate_average, diff_assignment
 from remoting.codes import RequestCode
@@ -66,6 +79,9 @@ log = logging.getLogger(__name__)
 Handler = Callable[[MessageExt], Awaitable[Any]]
 
 CONSUME_FROM = ("CONSUME_FROM_LAST_OFFSET", "CONSUME_FROM_FIRST_OFFSET", "CONSUME_FROM_TIMESTAMP")
+
+# A queue another member still holds is asked for again this soon (RocketMQ's rebalanceLater(500)).
+LOCK_RETRY_S = 0.5
 
 
 def _power_of_ten(n: int) -> bool:
@@ -97,6 +113,15 @@ class PushConsumerConfig(ClientConfig):
     reconsume_delay_ms: int = bounded(1_000, min=0)
     offset_store_dir: str = bounded(".raftmq-offsets", doc="where BROADCASTING consumers keep offsets")
     check_crc: bool = bounded(False, doc="recompute each pulled body's crc32c")
+    orderly: bool = bounded(False, doc="handler form only: hold each queue's lock on the broker while consuming it, "
+                                       "one message at a time, retrying a failed one before its successors")
+    rebalance_lock_interval_ms: int = bounded(20_000, min=10, max=3_600_000,
+                                              doc="orderly: how often held queue locks are renewed (sooner if the "
+                                                  "broker's lock life is under three times this)")
+    # RocketMQ clamps its suspendCurrentQueueTimeMillis to 10..30000 ms.
+    suspend_current_queue_time_ms: int = bounded(1_000, min=10, max=30_000,
+                                                 doc="orderly: pause of a queue whose handler raised, before the same "
+                                                     "message is handled again")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -126,6 +151,11 @@ class ProcessQueue:
         # attribute write per message; the consumer flushes it before every persist and when the queue goes.
         self.unflushed_offset: int | None = None
         self.cancel_scope = trio.CancelScope()
+        # Orderly form: cancel_scope stops the pull only; the handler finishes its message unless this is cancelled
+        # too (close past its wait, an offset reset). ``reset``: dropped by an offset reset, which keeps the lock.
+        self.handler_scope = trio.CancelScope()
+        self.reset = False
+        self.finished = trio.Event()  # its orderly queue task has ended
         self._space = trio.Event()
         self._space.set()
         self._space_set = True
@@ -212,6 +242,7 @@ class PushConsumer:
                  handler: Handler | None, local_offsets: LocalFileOffsetStore | None = None) -> None:
         if not subscriptions:
             raise ValueError("a push consumer needs at least one subscription (topic)")
+        _check_orderly(config, handler)
         self.config = config
         self._instance = instance
         self._api = PullAPI(instance, config.consumer_group, check_crc=config.check_crc)
@@ -234,7 +265,7 @@ class PushConsumer:
         self._iter_waiting = False
         self._rebalance_now = trio.Event()
         self._lock = trio.Lock()
-        self._delivered = 0
+        self._delivered = 0  # by the iterator and the concurrent handlers; orderly ones count in OrderlyService
         self._rebalances = 0
         self._pulls = 0
         self._pull_errors = 0
@@ -243,6 +274,8 @@ class PushConsumer:
         # The read queues of each subscribed topic in the first route this consumer got (none for a topic no name
         # server knew when it started): a queue beyond them was created later, and holds only messages sent since.
         self._first_queues: dict[str, frozenset[MessageQueue]] = {}
+        self._orderly = (OrderlyService(self, config, self._api, instance.client_id, self._offsets)
+                         if config.orderly else None)
         instance.heartbeat_data = self._heartbeat_data
 
     @property
@@ -253,7 +286,8 @@ class PushConsumer:
         return sorted(self._pqs)
 
     def statistics(self) -> ConsumerStatistics:
-        return ConsumerStatistics(len(self._pqs), self._delivered, self._rebalances, self._pulls,
+        delivered = self._delivered + (self._orderly.delivered if self._orderly is not None else 0)
+        return ConsumerStatistics(len(self._pqs), delivered, self._rebalances, self._pulls,
                                   self._pull_errors, sum(pq.count for pq in self._pqs.values()),
                                   sum(pq.msg_bytes for pq in self._pqs.values()))
 
@@ -355,12 +389,17 @@ class PushConsumer:
         await self.rebalance()
         nursery.start_soon(self._serve_rebalance)
         nursery.start_soon(self._serve_persist)
+        if self._orderly is not None and self._orderly.locks is not None:
+            nursery.start_soon(self._orderly.locks.serve_renewal)
 
     async def close(self) -> None:
-        """Stop pulling, commit offsets, leave the group (so the others rebalance at once)."""
+        """Stop pulling, commit offsets, leave the group (so the others rebalance at once). Orderly: first let each
+        handler finish its message (``client.orderly.CLOSE_WAIT_S`` at most), then commit and unlock each queue."""
         self._closing = True
         self.ack_pending()
         self._flush_offsets()
+        if self._orderly is not None:
+            await self._orderly.close(list(self._pqs))
         for pq in list(self._pqs.values()):
             pq.drop()
         with trio.move_on_after(3) as scope:
@@ -375,7 +414,9 @@ class PushConsumer:
 
     async def _serve_rebalance(self) -> None:
         while True:
-            with trio.move_on_after(self.config.rebalance_interval_ms / 1000):
+            interval_s = self.config.rebalance_interval_ms / 1000
+            soon = self._orderly is not None and self._orderly.lock_retry
+            with trio.move_on_after(min(interval_s, LOCK_RETRY_S) if soon else interval_s):
                 await self._rebalance_now.wait()
             self._rebalance_now = trio.Event()
             try:
@@ -405,11 +446,15 @@ class PushConsumer:
                 pq = self._pqs.pop(mq, None)
                 if pq is None or self._closing:
                     continue  # another member's queue (it resets its own), or we are leaving
+                # Orderly: the handler stops too, and the queue keeps its lock for the new start (no commit of the
+                # old position, no unlock).
+                pq.reset = True
+                pq.handler_scope.cancel()
                 pq.drop()
                 self._offsets.update(mq, offset)
                 log.info("offset reset group=%s mq=%s offset=%d", self.config.consumer_group, mq, offset)
                 await self._offsets.persist(mq)
-                self._add_queue(mq)
+                self._add_queue(mq, after=pq)
 
     # -- rebalance ------------------------------------------------------------------------------------------------
     async def find_consumer_ids(self, topic: str) -> list[str]:
@@ -433,6 +478,8 @@ class PushConsumer:
 
     async def rebalance(self) -> None:
         async with self._lock:
+            if self._orderly is not None:
+                self._orderly.lock_retry = False
             for topic in self._subs:
                 if self._closing:
                     return
@@ -459,18 +506,26 @@ class PushConsumer:
                 diff = diff_assignment(current, wanted)
                 if not diff.changed:
                     continue
+                added = diff.added
+                if self._orderly is not None and added:
+                    added = await self._orderly.lock_new_queues(added)
+                    if not added and not diff.removed:
+                        continue  # nothing changes until the holders give their queues back
                 self._rebalances += 1
                 log.info("rebalance group=%s topic=%s client=%s added=%d removed=%d now=%d",
-                         self.config.consumer_group, topic, self.client_id, len(diff.added), len(diff.removed),
-                         len(wanted))
+                         self.config.consumer_group, topic, self.client_id, len(added), len(diff.removed),
+                         len(current) - len(diff.removed) + len(added))
                 for mq in diff.removed:
                     await self._remove_queue(mq)
-                starts = await self._start_offsets(diff.added)
-                for mq in diff.added:
+                starts = await self._start_offsets(added)
+                for mq in added:
                     if not self._closing:
                         self._add_queue(mq, starts.get(mq))
 
     async def _remove_queue(self, mq: MessageQueue) -> None:
+        if self._orderly is not None:
+            self._orderly.take_away(mq)
+            return
         pq = self._pqs.pop(mq)
         pq.drop()
         self._flush_offset(pq)
@@ -498,11 +553,14 @@ class PushConsumer:
                     nursery.start_soon(one, mq)
         return starts
 
-    def _add_queue(self, mq: MessageQueue, start_offset: int | None = None) -> None:
+    def _add_queue(self, mq: MessageQueue, start_offset: int | None = None, after: ProcessQueue | None = None) -> None:
         assert self._nursery is not None
         pq = ProcessQueue(mq, self.config.pull_threshold_for_queue, self.config.pull_threshold_size_for_queue_mib << 20)
         self._pqs[mq] = pq
-        self._nursery.start_soon(self._run_queue, pq, start_offset)
+        if self._orderly is not None:
+            self._nursery.start_soon(self._orderly.run_queue, pq, start_offset, after)
+        else:
+            self._nursery.start_soon(self._run_queue, pq, start_offset)
 
     async def _run_queue(self, pq: ProcessQueue, start_offset: int | None) -> None:
         # One cancel scope per queue stops its pull (and handler) the moment the queue is taken away.
@@ -617,6 +675,15 @@ class PushConsumer:
         self._consumed(pq, msg)
 
 
+def _check_orderly(config: PushConsumerConfig, handler: Handler | None) -> None:
+    if config.orderly and handler is None:
+        # The iterator hands out messages of every queue through one channel and counts one as consumed only when
+        # the next is asked for: it cannot hold a queue until its message is handled, nor retry it before the
+        # next one, so it could not keep the promise.
+        raise ValueError("orderly=True needs a handler (open_push_consumer(..., handler=async_fn, orderly=True)): "
+                         "the iterator form cannot consume in order around a rebalance")
+
+
 def _check_handler(handler: Any) -> None:
     """A handler is an ``async def`` function or method, a ``functools.partial`` of one, or an object whose
     ``__call__`` is one, taking the message as its one argument. Anything else failed each call, inside the
@@ -662,6 +729,7 @@ async def open_push_consumer(namesrv: str | Sequence[str] | None = None, *, topi
         raise ValueError("open_push_consumer needs a topic or subscriptions")
     if handler is not None:
         _check_handler(handler)
+    _check_orderly(config, handler)
     parsed = [parse_subscription(t, e) for t, e in subs.items()]
     local_offsets = local_offset_store(config) if config.message_model == "BROADCASTING" else None
     server_requests = ServerRequests()

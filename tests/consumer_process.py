@@ -3,7 +3,10 @@
 It prints ``ready kind=consumer pid=... client_id=...`` once ``open_push_consumer`` has returned, then appends the
 body of each message its handler has processed to ``--out`` as one line (written and flushed before the handler
 returns, so a line exists for every message whose offset may have been committed). ``--delay-ms`` makes each
-message take that long, so a kill lands in the middle of a pulled batch. SIGTERM closes the consumer cleanly
+message take that long, so a kill lands in the middle of a pulled batch. With ``--times`` each line also carries when
+the handler started and ended (``time.monotonic_ns()``, one clock for every process of the machine), for tests that
+check no two members handle a key at once (``--option orderly=true``), and a handler the consumer cancels midway
+writes its line too, ending in ``cut``. SIGTERM closes the consumer cleanly
 (offsets committed); it also stops by itself once the process that started it is gone.
 """
 
@@ -13,6 +16,7 @@ import argparse
 import os
 import signal
 import sys
+import time
 
 import trio
 
@@ -22,6 +26,8 @@ from raftmq.runner import PARENT_PID_ENV
 
 def _option(text: str) -> tuple[str, object]:
     key, _, value = text.partition("=")
+    if value in ("true", "false"):
+        return key, value == "true"
     return key, int(value) if value.lstrip("-").isdigit() else value
 
 
@@ -30,9 +36,19 @@ async def _main(args: argparse.Namespace) -> None:
     out = open(args.out, "a", encoding="ascii")
 
     async def handler(msg) -> None:
-        if args.delay_ms:
-            await trio.sleep(args.delay_ms / 1000)
-        out.write(msg.body.decode("ascii") + "\n")
+        started_ns = time.monotonic_ns()
+        line = msg.body.decode("ascii")
+        try:
+            if args.delay_ms:
+                await trio.sleep(args.delay_ms / 1000)
+        except trio.Cancelled:
+            if args.times:  # a handling cut off (the consumer cancelled its handler): it was begun all the same
+                out.write(f"{line} {started_ns} {time.monotonic_ns()} cut\n")
+                out.flush()
+            raise
+        if args.times:
+            line += f" {started_ns} {time.monotonic_ns()}"
+        out.write(line + "\n")
         out.flush()
 
     parent = int(os.environ.get(PARENT_PID_ENV, "0") or 0)
@@ -61,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--expression", default="*")
     parser.add_argument("--delay-ms", type=int, default=0)
+    parser.add_argument("--times", action="store_true", help="write each line as BODY START_NS END_NS [cut]")
     parser.add_argument("--option", action="append", default=[], help="a PushConsumerConfig field, KEY=VALUE")
     trio.run(_main, parser.parse_args(argv))
     return 0

@@ -22,10 +22,13 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 
 async def start_consumer(spawn, cluster: Cluster, topic: str, group: str, out: Path, *, delay_ms: int = 0,
-                         expression: str = "*", **options: object) -> ServerProcess:
-    """A push consumer process appending each processed body to ``out``; returns once it has opened."""
+                         expression: str = "*", times: bool = False, **options: object) -> ServerProcess:
+    """A push consumer process appending each processed body to ``out`` (with its handler's start and end times if
+    ``times``); returns once it has opened."""
     argv = [sys.executable, "-m", "tests.consumer_process", "--namesrv", cluster.namesrv, "--topic", topic,
             "--group", group, "--out", str(out), "--delay-ms", str(delay_ms), "--expression", expression]
+    if times:
+        argv.append("--times")
     for key, value in options.items():
         argv += ["--option", f"{key}={value}"]
     return await trio.to_thread.run_sync(lambda: spawn(argv, ready_timeout_s=60))
