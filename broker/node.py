@@ -411,9 +411,8 @@ class BrokerNode:
         if self._queue_locks_term == term:
             return
         # The table must hold every change committed before this term: wait for the term's no-op to apply.
-        with trio.move_on_after(1.0):
-            await self.group.wait_ready_leader()
-        if not self.group.is_ready_leader or self.group.term != term:
+        await self.wait_ready_leader()
+        if self.group.term != term:
             raise self.not_leader()
         holders = []
         for key, client_id in self.group.metadata(LOCK_TABLE).items():
