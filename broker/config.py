@@ -25,6 +25,7 @@ import dataclasses
 import socket
 from pathlib import Path
 
+from broker.delay_level import DEFAULT_MESSAGE_DELAY_LEVEL, delay_levels_problem, parse_delay_levels
 from broker.store.config import StoreConfig
 from dledger.config import DLedgerConfig
 from dledger.service import MAX_FETCH_BYTES
@@ -95,6 +96,9 @@ class BrokerConfig:
         2000, min=0, max=5000, doc="on SIGTERM/SIGINT a leader first hands its leadership to its most caught-up "
                                    "connected follower, waiting at most this long; 0: it stops without")
     max_frame_size: int = bounded(16 << 20, min=1024, max=1 << 30)
+    message_delay_level: str = bounded(DEFAULT_MESSAGE_DELAY_LEVEL, check=delay_levels_problem,
+                                       doc="delay of each level of delayed messages and consumer retries, "
+                                           "RocketMQ's format (units ms, s, m, h, d)")
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -148,6 +152,10 @@ class BrokerConfig:
     def broker_addr(self) -> str:
         """The advertised address: registered with name servers, given as ``leader_addr``, in message ids."""
         return self.dledger.self_member.service_address  # type: ignore[union-attr]
+
+    @property
+    def delay_levels_ms(self) -> tuple[int, ...]:
+        return parse_delay_levels(self.message_delay_level)
 
     @property
     def max_message_size(self) -> int:

@@ -45,6 +45,7 @@ from broker.processor.pull_message import check_pullable
 from broker.pull_stats import PullStats
 from broker.rebalance_lock import QueueKey, RebalanceLockManager
 from broker.registration import RegistrationService, RegistrationSnapshot
+from broker.schedule import ScheduleMessageService
 from broker.store import MessageInput, MessageStore, encode_batch
 from broker.store.dispatch import TOPIC_DELETE_LOG
 from broker.topic_config import TopicConfig, TopicConfigTable, auto_create_config, registration_problem
@@ -99,6 +100,7 @@ class BrokerNode:
         # batch of commits taken before a reset cannot be replicated after it and undo it.
         self._offset_lock = trio.Lock()
         self.queue_locks = RebalanceLockManager(config.rebalance_lock_max_live_time_ms)
+        self.schedule = ScheduleMessageService(self, config.delay_levels_ms)
         # The leader term whose holders queue_locks holds (restored from LOCK_TABLE when a term starts); lock
         # requests, with the replication of what they change, go one at a time.
         self._queue_locks_term: int | None = None
@@ -497,6 +499,7 @@ class BrokerNode:
                 self.clients.connection_count(),
             "put_requests": self.put_requests, "put_messages": self.put_messages,
             "pulled_messages": self.pulled_messages,
+            "scheduled_delivered": self.schedule.delivered, "scheduled_dropped": self.schedule.dropped,
             "appended_batches": ledger.appended_batches, "failed_batches": ledger.failed_batches,
             "busy_records": ledger.busy_records, "pre_votes": ledger.pre_votes,
             "long_polling_held": hold.held, "long_polling_resumed_by_arrival": hold.resumed_by_arrival,
@@ -654,6 +657,7 @@ async def serve_broker(config: BrokerConfig, *, on_serving: Callable[[BrokerNode
                             nursery.start_soon(node.flush_offsets)
                             nursery.start_soon(node.register_topic_changes)
                             nursery.start_soon(node.scan_clients)
+                            nursery.start_soon(node.schedule.serve)
                             await nursery.start(node.registration.serve)
                             log.info("broker node serving broker_name=%s broker_id=%d listen=%s:%d",
                                      config.broker_name, node.broker_id, bound[0], bound[1])

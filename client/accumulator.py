@@ -105,7 +105,8 @@ class ProduceAccumulator:
         self.batches_sent = 0
 
     def takes(self, message: Message) -> bool:
-        return len(message.body) < self._max_bytes
+        # A delayed message is stored in its delay level's queue, so it cannot share a batch (one queue).
+        return len(message.body) < self._max_bytes and not message.delay_level
 
     async def send(self, message: Message, queue: MessageQueue | None, sharding_key: str | None,
                    timeout_s: float | None) -> SendResult | None:

@@ -18,9 +18,9 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from remoting.message import (BATCH_HEAD, I32, I64, KEY_SEPARATOR, MAX_PROPERTIES_SIZE, PROPERTY_KEYS,
-                              PROPERTY_TAGS, PROPERTY_UNIQ_KEY, MessageFormatError, check_topic, create_msg_id,
-                              decode_properties, encode_properties, encode_uniform_batch, split_keys)
+from remoting.message import (BATCH_HEAD, I32, I64, KEY_SEPARATOR, MAX_PROPERTIES_SIZE, PROPERTY_DELAY,
+                              PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY, MessageFormatError, check_topic,
+                              create_msg_id, decode_properties, encode_properties, encode_uniform_batch, split_keys)
 
 __all__ = [
     "Message", "MessageQueue", "MessageExt", "SendStatus", "SendResult", "PullStatus", "PullResult",
@@ -75,6 +75,8 @@ def _check_wire_properties(message: Message) -> None:
         size += _property_size(field, name) + _property_size(field, value)
     if message.tags:
         size += len(PROPERTY_TAGS) + 1 + _property_size("tags", message.tags)
+    if message.delay_level:
+        size += len(PROPERTY_DELAY) + 2 + len(str(message.delay_level))
     keys = message.keys
     if keys:
         size += len(PROPERTY_KEYS) + 1 + (_property_size("keys", keys) if isinstance(keys, str) else
@@ -135,7 +137,9 @@ def _check_str(name: str, value: Any) -> None:
 
 @dataclasses.dataclass(slots=True)
 class Message:
-    """A message to send. ``body`` is bytes; ``properties`` are user string properties."""
+    """A message to send. ``body`` is bytes; ``properties`` are user string properties. ``delay_level`` (1-based
+    into the broker's ``message_delay_level``, "1s 5s 10s 30s 1m ..." by default; 0: none) delivers the message
+    to its topic that long after the broker stored it (RocketMQ's setDelayTimeLevel); not in ``send_batch``."""
 
     topic: str
     body: bytes
@@ -143,6 +147,7 @@ class Message:
     keys: str | list[str] | None = None
     properties: dict[str, str] = dataclasses.field(default_factory=dict)
     flag: int = 0
+    delay_level: int = 0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -153,7 +158,8 @@ class Message:
         topic set to None, a TypeError from str.join for keys) or, for properties set to None, was dropped."""
         if (type(self.topic) is str and self.topic and type(self.body) is bytes and self.tags is None
                 and self.keys is None and type(self.properties) is dict and not self.properties
-                and self.flag == 0 and type(self.flag) is int):
+                and self.flag == 0 and type(self.flag) is int and self.delay_level == 0
+                and type(self.delay_level) is int):
             return  # the usual message (a topic and a body): nothing below can fail
         _check_str("topic", self.topic)
         if not self.topic:
@@ -181,10 +187,13 @@ class Message:
         # A Java int on the wire: the single send's flag went to the broker unchecked and was refused there.
         if type(self.flag) is not int or not I32[0] <= self.flag <= I32[1]:
             raise ValueError(f"Message.flag must be an integer within {I32[0]}..{I32[1]}, got {self.flag!r}")
+        if type(self.delay_level) is not int or not 0 <= self.delay_level <= I32[1]:
+            raise ValueError(f"Message.delay_level must be an integer within 0..{I32[1]} (0: not delayed), got "
+                             f"{self.delay_level!r}")
         for k, v in self.properties.items():
             if not isinstance(k, str) or not isinstance(v, str):
                 raise TypeError(f"Message.properties must map str to str, got {k!r}: {v!r}")
-        for name, attribute in ((PROPERTY_TAGS, "tags"), (PROPERTY_KEYS, "keys")):
+        for name, attribute in ((PROPERTY_TAGS, "tags"), (PROPERTY_KEYS, "keys"), (PROPERTY_DELAY, "delay_level")):
             # As RocketMQ's putUserProperty refuses system names: the attribute silently replaced the property, and
             # a property skipped the attribute's checks.
             if name in self.properties:
@@ -198,6 +207,8 @@ class Message:
         if self.keys:
             props[PROPERTY_KEYS] = (self.keys if isinstance(self.keys, str)
                                     else KEY_SEPARATOR.join(self.keys))
+        if self.delay_level:
+            props[PROPERTY_DELAY] = str(self.delay_level)
         return props
 
     def batch_item(self) -> tuple[tuple[bytes, bytes, int], str]:

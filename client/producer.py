@@ -155,6 +155,9 @@ class Producer:
         # One pass: each message checked, then encoded; the routing arguments once messages[0]'s topic is known.
         for i, m in enumerate(messages):
             self._check(m)
+            if m.delay_level:
+                raise ValueError(f"send_batch: messages[{i}].delay_level is {m.delay_level}; delayed messages go "
+                                 f"one by one (send), as RocketMQ's batches")
             if m.topic != topic:
                 if topic is not None:
                     raise ValueError(f"send_batch messages must share one topic: messages[{i}].topic is "

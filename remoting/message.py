@@ -52,6 +52,8 @@ __all__ = [
     "BATCH_HEAD", "ENTRY_HEAD", "RECORD_HEAD", "BATCH_MAGIC", "MESSAGE_MAGIC", "BLANK_MAGIC",
     "MAX_TOPIC_LENGTH", "MAX_PROPERTIES_SIZE", "DEFAULT_MAX_MESSAGE_SIZE",
     "PROPERTY_TAGS", "PROPERTY_KEYS", "PROPERTY_UNIQ_KEY", "KEY_SEPARATOR", "split_keys",
+    "PROPERTY_DELAY", "PROPERTY_REAL_TOPIC", "PROPERTY_REAL_QUEUE_ID", "PROPERTY_RETRY_TOPIC",
+    "PROPERTY_ORIGIN_MESSAGE_ID", "SCHEDULE_TOPIC", "RETRY_GROUP_TOPIC_PREFIX", "DLQ_GROUP_TOPIC_PREFIX",
 ]
 
 BATCH_MAGIC = 0x524D4231  # "RMB1"
@@ -75,6 +77,15 @@ PROPERTY_TAGS = "TAGS"
 PROPERTY_KEYS = "KEYS"
 PROPERTY_UNIQ_KEY = "UNIQ_KEY"
 KEY_SEPARATOR = " "
+# Delayed messages and consumer retries (RocketMQ's MessageConst names, so a RocketMQ user reads them as before).
+PROPERTY_DELAY = "DELAY"  # the delay level, 1-based into the broker's message_delay_level
+PROPERTY_REAL_TOPIC = "REAL_TOPIC"  # where a scheduled message goes once due
+PROPERTY_REAL_QUEUE_ID = "REAL_QID"
+PROPERTY_RETRY_TOPIC = "RETRY_TOPIC"  # the topic a sent-back message was first consumed from
+PROPERTY_ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
+SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"  # queue (level - 1) holds the messages of one delay level
+RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
+DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
 
 
 def split_keys(raw: str | None) -> list[str]:
@@ -345,9 +356,9 @@ def scan_batch(batch: bytes | memoryview, *, max_message_size: int = DEFAULT_MAX
     broker taking a SEND_BATCH_MESSAGE. Returns ``(count, all_in_queue)``.
 
     ``from_producer``: also refuse what a single send refuses of a producer, a negative ``born_timestamp`` or
-    ``reconsume_times`` (field named so, with the message index). Only for bytes a producer just sent: the
-    store's and replication's checks of written batches leave it off, so records stored before this rule (or
-    by an older broker) stay readable and replicable."""
+    ``reconsume_times`` (field named so, with the message index), or a DELAY property (field ``delay``). Only
+    for bytes a producer just sent: the store's and replication's checks of written batches leave it off, so
+    records stored before this rule (or by an older broker) stay readable and replicable."""
     if not isinstance(batch, bytes):
         batch = bytes(batch)
     n = len(batch)
@@ -364,6 +375,7 @@ def scan_batch(batch: bytes | memoryview, *, max_message_size: int = DEFAULT_MAX
     unpack_h = PROPS_LEN.unpack_from
     head = ENTRY_HEAD.size
     good_topics = _GOOD_TOPICS
+    delay_head = _DELAY_HEAD
     all_in_queue = True
     for i in range(count):
         if pos + head + _TAIL_FIXED > n:
@@ -402,18 +414,28 @@ def scan_batch(batch: bytes | memoryview, *, max_message_size: int = DEFAULT_MAX
             raise MessageFormatError("batch", f"message {i} entry size {entry_size} disagrees with its fields")
         # Properties are stored as sent and read as UTF-8: bytes that are not would come back altered (U+FFFD,
         # see decode_properties), so they are refused here. ASCII, the usual case, is checked in C.
-        if props_len and not batch[p + 2:end].isascii():
-            try:
-                batch[p + 2:end].decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise MessageFormatError("properties", f"message {i} properties are not UTF-8 ({e.reason} at "
-                                                       f"byte {e.start})") from None
+        if props_len:
+            props = batch[p + 2:end]
+            if not props.isascii():
+                try:
+                    props.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise MessageFormatError("properties", f"message {i} properties are not UTF-8 ({e.reason} at "
+                                                           f"byte {e.start})") from None
+            # A delayed message waits in its level's queue, not in the batch's (RocketMQ's MessageBatch refuses it).
+            # (find: about half the cost of `in` on these short bytes; ~0.1 us per message measured)
+            if from_producer and props.find(delay_head) >= 0 and (props.startswith(delay_head)
+                                                                   or _DELAY_PAIR in props):
+                raise MessageFormatError("delay", f"message {i} of the batch is delayed (property "
+                                                  f"{PROPERTY_DELAY}); delayed messages are sent one by one")
         pos = end
     if pos != n:
         raise MessageFormatError("batch", f"batch has {n - pos} trailing bytes after {count} messages")
     return count, all_in_queue
 
 
+_DELAY_HEAD = PROPERTY_DELAY.encode("ascii") + b"\x01"  # a DELAY property first, or after a pair's \x02
+_DELAY_PAIR = b"\x02" + _DELAY_HEAD
 _GOOD_TOPICS: set[bytes] = set()  # topics already found legal: the check is then one set lookup
 # What scan_batch reads of an entry in one unpack: ENTRY_HEAD's entry_size and queue_id, the first (sign) byte of
 # born_timestamp (offset 16) and of reconsume_times (offset 32), and the body length after the head (offset 44).

@@ -28,8 +28,9 @@ from dledger import DLedgerError, NotLeaderError
 from remoting.codec import Frame, make_response
 from remoting.codes import RequestCode, ResponseCode
 from remoting.errors import RaftMQError
-from remoting.message import (BATCH_HEAD, BATCH_MAGIC, ENTRY_HEAD, CheckedBatch, MessageFormatError, MessageInput,
-                              check_topic, encode_batch, encode_properties, encode_single_batch, scan_batch)
+from remoting.message import (BATCH_HEAD, BATCH_MAGIC, ENTRY_HEAD, PROPERTY_DELAY, CheckedBatch, MessageFormatError,
+                              MessageInput, check_topic, encode_batch, encode_properties, encode_single_batch,
+                              scan_batch)
 
 if TYPE_CHECKING:
     from broker.node import BrokerNode
@@ -160,6 +161,9 @@ class SendMessageProcessor:
             properties = {}
         elif not isinstance(properties, Mapping):
             raise invalid("properties", f"must be a map of strings, got {type(properties).__name__}")
+        if properties and PROPERTY_DELAY in properties:
+            # The one lookup a message with properties pays; a delayed one waits in its level's schedule queue.
+            topic, queue_id, properties = self.node.schedule.redirect(topic, queue_id, properties)
         flag = get_int(ext, "flag", default=0, lo=I32[0], hi=I32[1])
         sys_flag = get_int(ext, "sys_flag", default=0, lo=I32[0], hi=I32[1])
         born_timestamp = get_int(ext, "born_timestamp", default=0, lo=0, hi=I64[1])
@@ -203,7 +207,7 @@ class SendMessageProcessor:
         except MessageFormatError as e:
             if e.field == "body" and "exceeds" in str(e):
                 raise RequestRejected(ResponseCode.MESSAGE_ILLEGAL, str(e)) from None
-            if e.field in ("properties", "topic"):
+            if e.field in ("properties", "topic", "delay"):
                 raise RequestRejected(ResponseCode.MESSAGE_ILLEGAL, str(e)) from None
             # A field a single send refuses as INVALID_REQUEST is refused so in a batch too, naming the message.
             if e.field in ("batch_topic", "born_timestamp", "reconsume_times"):

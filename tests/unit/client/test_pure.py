@@ -325,3 +325,14 @@ async def test_route_without_registered_leader_keeps_queues_and_asks_a_follower(
     cache.drop_leader_hint("broker-a", "127.0.0.1:9")
     assert cache.master_addr("broker-a") == "127.0.0.1:2"
     assert len((await cache.publish_info("T")).queues) == 5
+
+
+def test_a_delayed_message_carries_its_level_as_the_delay_property_and_only_that_way():
+    m = Message("T", b"x", delay_level=3)
+    assert m.wire_properties()["DELAY"] == "3"
+    assert "DELAY" not in Message("T", b"x").wire_properties()
+    for bad in (-1, True, "3", 2 ** 31):
+        with pytest.raises(ValueError, match="delay_level"):
+            Message("T", b"x", delay_level=bad)
+    with pytest.raises(ValueError, match="give Message.delay_level"):
+        Message("T", b"x", properties={"DELAY": "3"})

@@ -1,0 +1,44 @@
+"""``message_delay_level``: RocketMQ's delay levels ("1s 5s 10s 30s 1m ... 2h"), parsed once at start.
+
+Kept apart from ``broker/schedule.py`` so the config can check the key without importing the service.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["DEFAULT_MESSAGE_DELAY_LEVEL", "MAX_DELAY_LEVELS", "parse_delay_levels", "delay_levels_problem"]
+
+DEFAULT_MESSAGE_DELAY_LEVEL = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
+MAX_DELAY_LEVELS = 64
+# RocketMQ's units (s, m, h, d), and ms, which RocketMQ lacks, so tests and demos can use short delays.
+_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+_LEVEL_RE = re.compile(r"([0-9]{1,9})(ms|s|m|h|d)")
+
+
+def parse_delay_levels(text: str) -> tuple[int, ...]:
+    """The delay of each level in ms from RocketMQ's ``messageDelayLevel`` format ("1s 5s 10s 30s 1m ... 2h");
+    raises ValueError naming the bad piece."""
+    if not isinstance(text, str):
+        raise ValueError(f"must be a string of delays such as '1s 5s 1m', got {text!r}")
+    pieces = text.split()
+    if not pieces:
+        raise ValueError("must name at least one delay, such as '1s 5s 1m'")
+    if len(pieces) > MAX_DELAY_LEVELS:
+        raise ValueError(f"names {len(pieces)} delay levels; at most {MAX_DELAY_LEVELS} are allowed")
+    out = []
+    for i, piece in enumerate(pieces, 1):
+        m = _LEVEL_RE.fullmatch(piece)
+        if m is None or int(m.group(1)) == 0:
+            raise ValueError(f"level {i} is {piece!r}; each level is a positive number with a unit ms, s, m, h or d")
+        out.append(int(m.group(1)) * _UNITS_MS[m.group(2)])
+    return tuple(out)
+
+
+def delay_levels_problem(text: str) -> str | None:
+    """The config check of ``message_delay_level`` (``remoting.config.bounded``)."""
+    try:
+        parse_delay_levels(text)
+    except ValueError as e:
+        return str(e)
+    return None
