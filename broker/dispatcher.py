@@ -20,6 +20,7 @@ from broker.processor.consumer_manage import ConsumerManageProcessor
 from broker.processor.pull_message import PullMessageProcessor
 from broker.processor.query_message import QueryMessageProcessor
 from broker.processor.queue_lock import QueueLockProcessor
+from broker.processor.send_back import SendBackProcessor
 from broker.processor.send_message import SendMessageProcessor
 from dledger import DLedgerError
 from dledger.service import DLedgerService
@@ -45,11 +46,13 @@ class BrokerDispatcher:
         admin = AdminProcessor(node)
         query = QueryMessageProcessor(node)
         locks = QueueLockProcessor(node)
+        send_back = SendBackProcessor(node)
         self.handlers: dict[int, Handler] = {
             RequestCode.SEND_MESSAGE: send.process,
             RequestCode.SEND_MESSAGE_V2: send.process,
             RequestCode.SEND_BATCH_MESSAGE: send.process,
             RequestCode.PULL_MESSAGE: pull.process,
+            RequestCode.CONSUMER_SEND_MSG_BACK: send_back.consumer_send_msg_back,
             RequestCode.HEART_BEAT: clients.heartbeat,
             RequestCode.UNREGISTER_CLIENT: clients.unregister_client,
             RequestCode.GET_CONSUMER_LIST_BY_GROUP: clients.get_consumer_list_by_group,

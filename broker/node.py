@@ -235,6 +235,24 @@ class BrokerNode:
                 await self._put_topics({topic: config.to_wire()})
         return config
 
+    async def ensure_topic(self, config: TopicConfig) -> TopicConfig:
+        """The config of ``config.topic_name``, created as ``config`` if it does not exist (the group's retry and
+        dead-letter topics, whatever ``auto_create_topic_enable`` says, as RocketMQ's
+        createTopicInSendMessageBackMethod); decided by a ready leader, as every topic change."""
+        existing = self.topic(config.topic_name)
+        if existing is not None:
+            return existing
+        async with self._topic_lock:
+            await self.wait_ready_leader()
+            existing = self.topic(config.topic_name)
+            if existing is not None:
+                return existing
+            self._check_topic_room(config.topic_name, "created")
+            log.info("creating topic topic=%s queues=%d perm=%d", config.topic_name, config.write_queue_nums,
+                     config.perm)
+            await self._put_topics({config.topic_name: config.to_wire()})
+        return config
+
     async def update_topic(self, config: TopicConfig) -> None:
         async with self._topic_lock:
             # Decided from a complete table (see topic_for_send): its data version too, which the change raises.

@@ -1,0 +1,112 @@
+"""CONSUMER_SEND_MSG_BACK (36): a consumer hands a message it failed to consume back to the broker that stored it.
+
+RocketMQ's SendMessageProcessor.consumerSendMsgBack, on the leader. The request names the failed message by its
+commit-log offset (``offset``; ext as RocketMQ's ConsumerSendMsgBackRequestHeader: ``offset``, ``group``,
+``delay_level``, ``origin_msg_id``, ``origin_topic``, ``max_reconsume_times``). The broker reads the message from
+its own store and appends a copy with ``reconsume_times`` + 1 and properties RETRY_TOPIC (the topic it was first
+consumed from, kept from the first failure on) and ORIGIN_MESSAGE_ID:
+
+* while the stored copy's ``reconsume_times`` is below ``max_reconsume_times`` (and ``delay_level`` >= 0), to the
+  group's retry topic ``%RETRY%<group>``, delayed by ``delay_level`` or, when 0, by level 3 + reconsume_times
+  (RocketMQ's backoff: 10 s, 30 s, 1 m, ... with the default levels), capped at the last level;
+* else (or with ``delay_level`` -1) at once to the group's dead-letter topic ``%DLQ%<group>``.
+
+Both topics are created on first use with one queue, as RocketMQ's subscription-group defaults: the retry topic
+read|write (every member of the group subscribes to it), the DLQ write-only, so no consumer reads it by accident;
+lookups by key or id (``raftmq admin``) do not need read permission.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from broker.processor.base import I32, RequestRejected, get_group, get_int, get_str, invalid
+from broker.schedule import schedule_properties
+from broker.topic_config import PERM_READ_WRITE, PERM_WRITE, TopicConfig, TopicConfigError, validate_topic_name
+from remoting.codec import Frame, make_response
+from remoting.codes import ResponseCode
+from remoting.message import (DLQ_GROUP_TOPIC_PREFIX, MAX_TOPIC_LENGTH, PROPERTY_DELAY, PROPERTY_ORIGIN_MESSAGE_ID,
+                              PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC, PROPERTY_RETRY_TOPIC, PROPERTY_UNIQ_KEY,
+                              RETRY_GROUP_TOPIC_PREFIX, SCHEDULE_TOPIC, MessageFormatError, MessageInput,
+                              create_msg_id, encode_batch)
+
+if TYPE_CHECKING:
+    from broker.node import BrokerNode
+
+DEFAULT_MAX_RECONSUME_TIMES = 16  # RocketMQ's subscription-group retryMaxTimes
+RETRY_QUEUE_NUMS = 1  # RocketMQ's subscription-group retryQueueNums
+_FIRST_RETRY_LEVEL = 3  # RocketMQ: delay level 3 + reconsume_times when the consumer names none
+
+
+def retry_topic(group: str) -> str:
+    return RETRY_GROUP_TOPIC_PREFIX + group
+
+
+def dlq_topic(group: str) -> str:
+    return DLQ_GROUP_TOPIC_PREFIX + group
+
+
+class SendBackProcessor:
+    def __init__(self, node: BrokerNode) -> None:
+        self.node = node
+
+    async def consumer_send_msg_back(self, request: Frame, conn: Any) -> Frame:
+        node = self.node
+        if not node.is_leader():
+            raise node.not_leader()
+        ext = request.ext
+        group = get_group(ext, "group")
+        if len(DLQ_GROUP_TOPIC_PREFIX + group) > MAX_TOPIC_LENGTH:
+            raise invalid("group", f"{group[:40]!r}... is too long for its retry and dead-letter topics (at most "
+                                   f"{MAX_TOPIC_LENGTH - len(RETRY_GROUP_TOPIC_PREFIX)} characters)")
+        offset = get_int(ext, "offset", lo=0)
+        delay_level = get_int(ext, "delay_level", default=0, lo=-1, hi=I32[1])
+        max_reconsume_times = get_int(ext, "max_reconsume_times", default=DEFAULT_MAX_RECONSUME_TIMES, lo=0,
+                                      hi=I32[1])
+        origin_msg_id = get_str(ext, "origin_msg_id", default="", allow_empty=True)
+        origin_topic = get_str(ext, "origin_topic", default="", allow_empty=True)
+        if origin_topic:
+            try:
+                validate_topic_name(origin_topic)
+            except TopicConfigError as e:
+                raise invalid("origin_topic", str(e).split(" ", 1)[1]) from None
+        store = node.store
+        view = store.look_message_by_offset(offset) if store.min_phy_offset <= offset < store.max_phy_offset else None
+        if view is None or store.deleted_with_topic(view.topic, offset):
+            raise RequestRejected(ResponseCode.NO_MESSAGE,
+                                  f"no message starts at commit-log offset {offset} on broker "
+                                  f"{node.config.broker_name} (its commit log holds offsets "
+                                  f"{store.min_phy_offset}..{store.max_phy_offset}); nothing was sent back",
+                                  ext={"field": "offset"})
+        props = dict(view.properties)
+        first_topic = props.get(PROPERTY_RETRY_TOPIC, view.topic)
+        if origin_topic and origin_topic not in (view.topic, first_topic):
+            # A stale or wrong offset would otherwise retry (or bury in the DLQ) some other topic's message.
+            raise invalid("offset", f"{offset} holds a message of topic {view.topic!r}, not of origin_topic "
+                                    f"{origin_topic!r}")
+        reconsume_times = view.reconsume_times
+        levels = len(node.config.delay_levels_ms)
+        dead = reconsume_times >= max_reconsume_times or delay_level < 0
+        target = dlq_topic(group) if dead else retry_topic(group)
+        props[PROPERTY_RETRY_TOPIC] = first_topic
+        props[PROPERTY_ORIGIN_MESSAGE_ID] = (origin_msg_id or props.get(PROPERTY_UNIQ_KEY)
+                                             or create_msg_id(view.store_host, view.phy_offset))
+        for name in (PROPERTY_DELAY, PROPERTY_REAL_TOPIC, PROPERTY_REAL_QUEUE_ID):
+            props.pop(name, None)
+        await node.ensure_topic(TopicConfig(target, RETRY_QUEUE_NUMS, RETRY_QUEUE_NUMS,
+                                            PERM_WRITE if dead else PERM_READ_WRITE))
+        topic, queue_id = target, 0
+        if not dead:
+            level = min(delay_level or _FIRST_RETRY_LEVEL + reconsume_times, levels)
+            topic, queue_id, props = SCHEDULE_TOPIC, level - 1, schedule_properties(target, 0, props, level)
+        message = MessageInput(topic=topic, queue_id=queue_id, body=bytes(view.body), properties=props,
+                               flag=view.flag, sys_flag=view.sys_flag, born_timestamp=view.born_timestamp,
+                               born_host=view.born_host, reconsume_times=reconsume_times + 1)
+        try:
+            batch = encode_batch([message], node.store_host, max_message_size=node.max_message_size)
+        except MessageFormatError as e:
+            raise RequestRejected(ResponseCode.MESSAGE_ILLEGAL, f"the message at offset {offset} cannot be sent "
+                                                                f"back: {e}") from None
+        (stored,) = await node.append_messages(batch)
+        return make_response(request, ResponseCode.SUCCESS, ext={
+            "topic": target, "msg_id": stored.msg_id, "reconsume_times": reconsume_times + 1, "dead": dead})
