@@ -21,10 +21,10 @@ the queue back), and each renews only queues still held when it is sent.
 
 Handling, per queue, one message at a time (also in broadcasting mode, which needs no lock: every member consumes
 every queue): a handler that raises suspends the queue for ``suspend_current_queue_time_ms`` and gets the same
-message again, up to ``max_reconsume_times`` retries; then the message is logged and skipped, as the concurrent
-handler form does (raftmq has no retry or dead-letter topics yet; RocketMQ sends it to its group's retry topic
-after Integer.MAX_VALUE attempts by default). A queue's offset only passes messages whose handler returned, or that
-were so skipped.
+message again, up to ``max_reconsume_times`` retries; then, in clustering mode, the message is sent to its group's
+dead-letter topic (CONSUMER_SEND_MSG_BACK with delay level -1, retried while the queue stays suspended), as
+RocketMQ's orderly service; in broadcasting mode (no broker-side retries, as RocketMQ) it is logged and skipped.
+A queue's offset only passes messages whose handler returned, or that went to the dead letters or were skipped.
 """
 
 from __future__ import annotations
@@ -266,7 +266,8 @@ class OrderlyService:
 
     async def _handle(self, pq: ProcessQueue, msg: MessageExt) -> bool:
         """Handle ``msg`` until its handler returns (RocketMQ's SUSPEND_CURRENT_QUEUE_A_MOMENT between attempts),
-        or skip it after ``max_reconsume_times`` retries; False if the queue stopped first (``msg`` unconsumed)."""
+        or, after ``max_reconsume_times`` retries, send it to the dead-letter topic (clustering) or skip it
+        (broadcasting); False if the queue stopped first (``msg`` unconsumed)."""
         retries = 0
         while True:
             try:
@@ -276,9 +277,17 @@ class OrderlyService:
                 log.exception("handler failed, queue suspended mq=%s offset=%d attempt=%d", pq.mq, msg.queue_offset,
                               retries + 1)
             if retries >= self._config.max_reconsume_times:
-                log.error("message skipped after %d failed attempts mq=%s offset=%d msg_id=%s", retries + 1, pq.mq,
-                          msg.queue_offset, msg.msg_id)
-                break
+                if self._consumer._retry_topic is None:
+                    # Broadcasting: no broker-side retries (as RocketMQ), so the message is given up here.
+                    log.error("message skipped after %d failed attempts mq=%s offset=%d msg_id=%s", retries + 1,
+                              pq.mq, msg.queue_offset, msg.msg_id)
+                    break
+                # Clustering: to the group's dead-letter topic (delay level -1), as RocketMQ's orderly service;
+                # should that fail, the queue stays suspended on this message and tries again, never skipping it.
+                if await self._consumer.send_back(pq.mq, msg, delay_level=-1):
+                    log.error("message sent to the dead-letter topic after %d failed attempts mq=%s offset=%d "
+                              "msg_id=%s", retries + 1, pq.mq, msg.queue_offset, msg.msg_id)
+                    break
             retries += 1
             await trio.sleep(self._config.suspend_current_queue_time_ms / 1000)
             if pq.dropped or not self._trusted(pq.mq):

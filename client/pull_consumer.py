@@ -191,6 +191,15 @@ class PullAPI:
                 if not getattr(e, "leader_addr", None) or redirects < 0:
                     raise
 
+    async def send_back(self, mq: MessageQueue, msg: MessageExt, max_reconsume_times: int, *,
+                        delay_level: int = 0) -> None:
+        """CONSUMER_SEND_MSG_BACK of ``msg`` (pulled from ``mq``) to the leader of the group that stored it: the
+        broker stores it again in the group's retry topic, delayed (``delay_level`` 0: its backoff), or in its
+        dead-letter topic once ``max_reconsume_times`` is reached (``delay_level`` -1: at once)."""
+        ext = {"offset": msg.phy_offset, "group": self.consumer_group, "delay_level": delay_level,
+               "origin_msg_id": msg.msg_id, "origin_topic": msg.topic, "max_reconsume_times": max_reconsume_times}
+        await self._leader_invoke(mq, RequestCode.CONSUMER_SEND_MSG_BACK, ext)
+
     async def fetch_subscribe_queues(self, topic: str) -> list[MessageQueue]:
         route = await self.instance.routes.refresh(topic)
         return route.read_queues()

@@ -14,8 +14,15 @@ How it works (RocketMQ's DefaultMQPushConsumer, as trio tasks):
   a message counts as consumed when the loop asks for the next one, or when the ``async with`` block ends
   normally (after a ``break``); one the block was left by an exception on is delivered again. In handler form
   each queue has its own task calling the handler one message at a time (in order per queue, queues in
-  parallel); a handler that raises is retried after a pause, up to ``max_reconsume_times``, then the message
-  is logged and skipped.
+  parallel). A handler that raises, in clustering mode: the message is sent back to its broker
+  (CONSUMER_SEND_MSG_BACK), which stores it delayed in the group's retry topic ``%RETRY%<group>``, or in its
+  dead-letter topic ``%DLQ%<group>`` once it failed ``max_reconsume_times`` times; the queue moves on. Every
+  clustering member subscribes to the retry topic, and a message pulled from it reaches the handler with its
+  first topic restored and ``reconsume_times`` counting its failures. Only if the send-back fails is it retried
+  here after ``reconsume_delay_ms``, holding its queue, up to ``max_reconsume_times`` (then logged and skipped);
+  broadcasting mode always retries here, as RocketMQ does. The iterator form has no failure but leaving the
+  ``async with`` block by an exception, which already means "deliver this message again" (from its queue, to the
+  next member: nothing is sent back); it still consumes the retry topic that handler-form members fill.
 - **One iterating task at a time**: the consumer holds one pending message (the last one returned), so a second
   task's ``__anext__`` would acknowledge the first task's message while it is still being processed. A task
   that calls ``__anext__`` while another waits in it or holds its last message gets ``RuntimeError``; another
@@ -33,12 +40,13 @@ How it works (RocketMQ's DefaultMQPushConsumer, as trio tasks):
   whose lock was lost, or on close) stops pulling at once, finishes the message in its handler, commits its offset
   and only then is unlocked; its next holder starts from that offset. A handler that raises suspends its queue for
   ``suspend_current_queue_time_ms`` and gets the same message again, up to ``max_reconsume_times`` retries; then
-  the message is logged and skipped, as in the concurrent form (there are no retry or dead-letter topics yet).
-  Offsets only ever pass messages whose handler returned (or that were skipped so). Close waits up to
-  ``client.orderly.CLOSE_WAIT_S`` (3 s) for the messages in handlers, then cancels them (they are delivered again
-  to the next holder, never at the same time). A member killed outright keeps its locks until they lapse on the
-  broker (``rebalance_lock_max_live_time_ms``, 60 s): its queues wait that long, and its successor handles again
-  what it had handled after its last commit (at least once).
+  the message goes to the group's dead-letter topic (send-back with delay level -1; should that fail, the queue
+  stays suspended and tries again), as RocketMQ's orderly service; in broadcasting mode it is logged and skipped.
+  Offsets only ever pass messages whose handler returned (or that were sent to the dead letters or skipped so).
+  Close waits up to ``client.orderly.CLOSE_WAIT_S`` (3 s) for the messages in handlers, then cancels them (they
+  are delivered again to the next holder, never at the same time). A member killed outright keeps its locks until
+  they lapse on the broker (``rebalance_lock_max_live_time_ms``, 60 s): its queues wait that long, and its
+  successor handles again what it had handled after its last commit (at least once).
 """
 
 from __future__ import annotations
@@ -70,7 +78,7 @@ from client.rebalance import allocate_average, diff_assignment
 from remoting.codes import RequestCode
 from remoting.config import ConfigError, bounded
 from remoting.errors import RaftMQError
-from remoting.message import group_problem
+from remoting.message import PROPERTY_RETRY_TOPIC, RETRY_GROUP_TOPIC_PREFIX, group_problem
 
 __all__ = ["PushConsumerConfig", "PushConsumer", "ProcessQueue", "open_push_consumer", "ConsumerStatistics"]
 
@@ -247,6 +255,12 @@ class PushConsumer:
         self._instance = instance
         self._api = PullAPI(instance, config.consumer_group, check_crc=config.check_crc)
         self._subs: dict[str, Subscription] = {s.topic: s for s in subscriptions}
+        # Clustering members all consume the group's retry topic, where failed messages come back (RocketMQ's
+        # copySubscription); broadcasting ones retry locally, as RocketMQ's, which sends nothing back for them.
+        self._retry_topic: str | None = None
+        if config.message_model == "CLUSTERING":
+            self._retry_topic = RETRY_GROUP_TOPIC_PREFIX + config.consumer_group
+            self._subs.setdefault(self._retry_topic, parse_subscription(self._retry_topic, "*"))
         self._handler = handler
         if config.message_model == "BROADCASTING":
             self._offsets: Any = local_offsets if local_offsets is not None else local_offset_store(config)
@@ -379,8 +393,10 @@ class PushConsumer:
             try:
                 route = await self._instance.routes.get(topic)
             except RaftMQError as e:
-                # Subscribing before the topic exists is allowed: the periodic rebalance picks it up.
-                log.warning("no route for subscribed topic yet topic=%s error=%s", topic, e)
+                # Subscribing before the topic exists is allowed: the periodic rebalance picks it up. The retry
+                # topic exists only once a member sent a message back.
+                log.log(logging.INFO if topic == self._retry_topic else logging.WARNING,
+                        "no route for subscribed topic yet topic=%s error=%s", topic, e)
                 if getattr(e, "topic_unknown", False):
                     self._first_queues[topic] = frozenset()
             else:
@@ -578,8 +594,10 @@ class PushConsumer:
         if offset is not None:
             return offset
         where = self.config.consume_from_where
-        if where == "CONSUME_FROM_FIRST_OFFSET" or (where == "CONSUME_FROM_LAST_OFFSET"
-                                                    and mq not in self._first_queues.get(mq.topic, (mq,))):
+        # The retry topic from its start whatever consume_from_where says, as RocketMQ: it holds only this group's
+        # failed messages, and from its end a member started after a send-back would skip them.
+        if where == "CONSUME_FROM_FIRST_OFFSET" or mq.topic == self._retry_topic or (
+                where == "CONSUME_FROM_LAST_OFFSET" and mq not in self._first_queues.get(mq.topic, (mq,))):
             # A queue created after we subscribed (a new topic, or more queues for ours) holds only messages sent
             # since: from its last offset, the ones sent before a rebalance found it were never consumed (RocketMQ's
             # broker answers offset 0 for a group's first query of a queue still starting at 0; ours answers
@@ -631,8 +649,11 @@ class PushConsumer:
                 continue
             failures = 0
             if result.status is PullStatus.FOUND:
-                pq.put(result.messages)
-                send.send_nowait((pq, result.messages))
+                msgs = result.messages
+                if pq.mq.topic == self._retry_topic:
+                    msgs = _restore_retry_topic(msgs)
+                pq.put(msgs)
+                send.send_nowait((pq, msgs))
             elif result.status is PullStatus.OFFSET_ILLEGAL:
                 log.warning("pull offset moved mq=%s offset=%d next=%d", pq.mq, offset,
                             result.next_begin_offset)
@@ -667,12 +688,33 @@ class PushConsumer:
                 break
             except Exception:
                 log.exception("handler failed mq=%s offset=%d attempt=%d", pq.mq, msg.queue_offset, attempt + 1)
-                await trio.sleep(self.config.reconsume_delay_ms / 1000)
+            # Clustering: handed back to the broker (retry topic, then dead letters) and this queue moves on. Only
+            # when that fails is it retried here, holding its queue, as RocketMQ's consumeMessageDirectly fallback.
+            if self._retry_topic is not None and await self.send_back(pq.mq, msg):
+                break
+            await trio.sleep(self.config.reconsume_delay_ms / 1000)
         else:
             log.error("message skipped after %d failed attempts mq=%s offset=%d msg_id=%s",
                       self.config.max_reconsume_times + 1, pq.mq, msg.queue_offset, msg.msg_id)
         self._delivered += 1
         self._consumed(pq, msg)
+
+    async def send_back(self, mq: MessageQueue, msg: MessageExt, *, delay_level: int = 0) -> bool:
+        """CONSUMER_SEND_MSG_BACK of a failed message; False (logged) if the broker could not take it."""
+        try:
+            await self._api.send_back(mq, msg, self.config.max_reconsume_times, delay_level=delay_level)
+        except RaftMQError as e:
+            log.warning("send back failed, retrying locally mq=%s offset=%d msg_id=%s error=%s", mq,
+                        msg.queue_offset, msg.msg_id, e)
+            return False
+        return True
+
+
+def _restore_retry_topic(msgs: Sequence[MessageExt]) -> tuple[MessageExt, ...]:
+    """A message pulled from the retry topic as its handler knew it: its first topic (RocketMQ's
+    resetRetryAndNamespace); ``reconsume_times`` tells how often it failed."""
+    return tuple(dataclasses.replace(m, topic=origin) if (origin := m.properties.get(PROPERTY_RETRY_TOPIC)) else m
+                 for m in msgs)
 
 
 def _check_orderly(config: PushConsumerConfig, handler: Handler | None) -> None:

@@ -135,7 +135,10 @@ async def test_members_of_a_group_subscribing_differently_are_shown_and_logged(n
                 open_push_consumer(namesrv, topic="Mixed", expression="TagB", consumer_group="mixed") as b, \
                 open_push_consumer(namesrv, topic="Mixed", expression="TagB", consumer_group="alike") as c:
             found = await admin.consumer_connections("mixed")
-            assert found.member_subscriptions == {a.client_id: {"Mixed": "TagA"}, b.client_id: {"Mixed": "TagB"}}
+                    # Every clustering member also subscribes to its group's retry topic, as RocketMQ's.
+            retry = {"%RETRY%mixed": "*"}
+            assert found.member_subscriptions == {a.client_id: {"Mixed": "TagA", **retry},
+                                                  b.client_id: {"Mixed": "TagB", **retry}}
             assert found.differing_topics() == {"Mixed": {a.client_id: "TagA", b.client_id: "TagB"}}
             assert (await admin.consumer_connections("alike")).differing_topics() == {}
             data = await raftmq.commands.admin._consumer_connection(

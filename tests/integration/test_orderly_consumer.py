@@ -82,10 +82,11 @@ async def test_members_joining_and_leaving_never_handle_a_key_out_of_order_or_at
     assert len(ledger.begun) == len(ledger.handled)
 
 
-async def test_a_failing_handler_suspends_its_queue_and_gets_the_same_message_until_it_is_skipped(nursery, tmp_path):
+async def test_a_failing_handler_suspends_its_queue_and_gets_the_same_message_until_its_dead_letter(nursery, tmp_path):
     """A handler that raises for one message: the queue waits suspend_current_queue_time_ms, gets that message
-    again (its successors wait), and after max_reconsume_times retries the message is skipped, as the concurrent
-    form does (no retry topic yet); the offset passes it then, and only then."""
+    again (its successors wait), and after max_reconsume_times retries the message is sent to the group's
+    dead-letter topic, as RocketMQ's orderly service (it was logged and skipped: lost); the offset passes it then,
+    and only then."""
     namesrv, _ = await _start(nursery, tmp_path)
     async with open_admin(namesrv) as admin:
         await admin.create_topic("Suspended", read_queue_nums=1, write_queue_nums=1)
@@ -99,7 +100,7 @@ async def test_a_failing_handler_suspends_its_queue_and_gets_the_same_message_un
 
     async with open_producer(namesrv) as producer:
         for body in (b"first", b"flaky", b"bad", b"last"):
-            await producer.send(Message("Suspended", body))
+            await producer.send(Message("Suspended", body, keys=[body.decode()]))
     async with open_push_consumer(namesrv, topic="Suspended", handler=handler, consumer_group="suspended",
                                   orderly=True, consume_from_where="CONSUME_FROM_FIRST_OFFSET",
                                   suspend_current_queue_time_ms=200, max_reconsume_times=2) as consumer:
@@ -113,7 +114,9 @@ async def test_a_failing_handler_suspends_its_queue_and_gets_the_same_message_un
     assert all(gap >= 0.2 for gap in gaps), gaps
     async with open_admin(namesrv) as admin:
         progress = await admin.consume_stats("suspended", topic="Suspended")
-    assert [row.consumer_offset for row in progress.queues] == [4]
+        assert [row.consumer_offset for row in progress.queues] == [4]
+        (dead,) = await admin.query_message("%DLQ%suspended", "bad")
+        assert dead.body == b"bad" and dead.properties["RETRY_TOPIC"] == "Suspended" and dead.reconsume_times == 1
 
 
 async def test_the_iterator_form_refuses_orderly(nursery, tmp_path):

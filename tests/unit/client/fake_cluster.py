@@ -114,7 +114,8 @@ class FakeRemoting:
                 await trio.sleep(timeout_s)
                 raise RequestTimeoutError(addr, timeout_s, code)
             if code == RequestCode.GET_ROUTEINFO_BY_TOPIC:
-                if ext["topic"] in self.unknown_topics:
+                # A group's retry topic exists only once a member sent a message back, as on a real cluster.
+                if ext["topic"] in self.unknown_topics or ext["topic"].startswith("%RETRY%"):
                     return make_response(request, ResponseCode.TOPIC_NOT_EXIST, remark="no route")
                 return make_response(request, ResponseCode.SUCCESS, body=cbor2.dumps(self.route(ext["topic"])))
             if code == RequestCode.GET_BROKER_CLUSTER_INFO:
