@@ -19,6 +19,7 @@ from remoting.codec import (
     make_request,
     make_response,
 )
+from remoting.codec import _decode_header, _frame_from_header
 from remoting.codes import RequestCode, ResponseCode
 from remoting.errors import FrameTooLargeError, ProtocolError
 
@@ -330,14 +331,52 @@ def test_decoder_rejects_a_silly_maximum(bad):
         FrameDecoder(max_frame_size=bad)
 
 
-@pytest.mark.parametrize("header", [
-    {"code": 5, "opaque": 1, "flag": 0, "version": 0},  # the fast path
-    {"version": 0, "flag": 0, "opaque": 1, "code": 5},  # another key order: the general path
-], ids=["canonical", "reordered"])
-def test_both_decoding_paths_agree(header):
+@pytest.mark.parametrize("header,ext", [
+    ({"code": 5, "opaque": 1, "flag": 0, "version": 0}, {}),  # the fast path
+    ({"version": 0, "flag": 0, "opaque": 1, "code": 5}, {}),  # another key order: the general path
+    ({"code": 5, "opaque": 1, "flag": 0, "version": 0, "ext": {"a": [1, {"b": None}]}}, {"a": [1, {"b": None}]}),
+    ({"ext": {"a": 1}, "code": 5, "opaque": 1, "flag": 0, "version": 0}, {"a": 1}),
+], ids=["canonical", "reordered", "canonical-ext", "reordered-ext"])
+def test_both_decoding_paths_agree(header, ext):
     decoder = FrameDecoder()
     decoder.feed(_frame_bytes(cbor2.dumps(header), b"b"))
-    assert decoder.next_frame() == Frame(code=5, opaque=1, body=b"b")
+    assert decoder.next_frame() == Frame(code=5, opaque=1, ext=ext, body=b"b")
+
+
+def _decoded_either_way(header: bytes) -> tuple[object, object]:
+    """What the decoder makes of ``header`` (a Frame or the error's text), and what the general path makes of it."""
+    results = []
+    for decode in (lambda: _next_frame_of(header), lambda: _frame_from_header(_decode_header(header), b"")):
+        try:
+            results.append(decode())
+        except ProtocolError as e:
+            results.append(str(e))
+    return results[0], results[1]
+
+
+def _next_frame_of(header: bytes) -> Frame:
+    decoder = FrameDecoder()
+    decoder.feed(_frame_bytes(header))
+    return decoder.next_frame()
+
+
+@pytest.mark.parametrize("depth", range(26, 36))
+def test_the_ext_fast_path_refuses_the_same_nesting_as_the_general_path(depth):
+    # The fast path decodes the ext alone, one level less deep than inside the header map.
+    value: object = 1
+    for _ in range(depth):
+        value = [value]
+    header = cbor2.dumps({"code": 10, "opaque": 1, "flag": 0, "version": 0, "ext": {"a": value}})
+    fast, general = _decoded_either_way(header)
+    assert fast == general
+
+
+@given(ext=st.dictionaries(st.text(max_size=12), json_like, max_size=5), tail=st.binary(max_size=3))
+@settings(max_examples=200)
+def test_the_ext_fast_path_agrees_with_the_general_path(ext, tail):
+    header = cbor2.dumps({"code": 10, "opaque": 70000, "flag": 1, "version": 0, "ext": ext}) + tail
+    fast, general = _decoded_either_way(header)
+    assert fast == general
 
 
 def test_non_shortest_int_forms_are_accepted():
