@@ -169,6 +169,11 @@ class FaultTracker:
         else:
             self._until.pop(broker_name, None)
 
+    @property
+    def avoiding(self) -> bool:
+        """Whether some group may be avoided now (False: every group is available, nothing to ask per group)."""
+        return bool(self._until)
+
     def is_available(self, broker_name: str) -> bool:
         until = self._until.get(broker_name)
         if until is None:
@@ -193,6 +198,8 @@ class TopicPublishInfo:
                                topic=self.route.topic)
         n = len(self.queues)
         start = next(self._counter)
+        if last_broker is None and (faults is None or not faults.avoiding):
+            return self.queues[start % n]  # what the loops below pick when no group is to be skipped
         if faults is not None:
             for i in range(n):
                 mq = self.queues[(start + i) % n]
@@ -204,6 +211,9 @@ class TopicPublishInfo:
                 if mq.broker_name != last_broker:
                     return mq
         return self.queues[start % n]
+
+
+_UNKNOWN: Any = object()
 
 
 class RouteCache:
@@ -223,6 +233,9 @@ class RouteCache:
         self._inflight: dict[str, trio.Event] = {}
         self._errors: dict[str, BaseException] = {}
         self._leader_hints: dict[str, str] = {}
+        # broker_name -> master_addr(broker_name), asked at least once per send: kept until a route or a leader
+        # hint changes, instead of searching the routes each time.
+        self._masters: dict[str, str | None] = {}
         self._ns_index = random.randrange(len(self.namesrv_addrs))
         self.refresh_count = 0
 
@@ -311,6 +324,7 @@ class RouteCache:
                            f"{last_error}", topic=topic) from last_error
 
     def _install(self, route: TopicRouteData) -> None:
+        self._masters.clear()
         old = self._routes.get(route.topic)
         self._routes[route.topic] = route
         if old is None or old.write_queues() != route.write_queues() or old.broker_datas != route.broker_datas:
@@ -336,6 +350,7 @@ class RouteCache:
         return route
 
     def set_leader_hint(self, broker_name: str, addr: str | None) -> None:
+        self._masters.pop(broker_name, None)
         if addr:
             self._leader_hints[broker_name] = addr
         else:
@@ -344,6 +359,7 @@ class RouteCache:
     def drop_leader_hint(self, broker_name: str, addr: str) -> None:
         if self._leader_hints.get(broker_name) == addr:
             del self._leader_hints[broker_name]
+            self._masters.pop(broker_name, None)
 
     def _broker(self, broker_name: str) -> BrokerData | None:
         for route in self._routes.values():
@@ -353,6 +369,12 @@ class RouteCache:
         return None
 
     def master_addr(self, broker_name: str) -> str | None:
+        addr = self._masters.get(broker_name, _UNKNOWN)
+        if addr is _UNKNOWN:
+            addr = self._masters[broker_name] = self._find_master_addr(broker_name)
+        return addr
+
+    def _find_master_addr(self, broker_name: str) -> str | None:
         hint = self._leader_hints.get(broker_name)
         if hint:
             return hint

@@ -169,6 +169,47 @@ async def test_route_cache_single_flight_hints_and_failover_between_namesrvs():
         await cache.get("U")
 
 
+async def test_master_addr_follows_each_route_and_hint_change_after_it_was_asked():
+    # The answer is remembered between sends; every change that may alter it must be seen at once.
+    routes = {"T": ROUTE}
+    cache = RouteCache(["ns:1"], lambda addr, topic: _answer(routes[topic]))
+    assert cache.master_addr("broker-a") is None  # no route yet
+    await cache.refresh("T")
+    assert cache.master_addr("broker-a") == "127.0.0.1:1"
+    cache.set_leader_hint("broker-a", "127.0.0.1:3")
+    assert cache.master_addr("broker-a") == "127.0.0.1:3"
+    cache.set_leader_hint("broker-a", None)
+    assert cache.master_addr("broker-a") == "127.0.0.1:1"
+    cache.set_leader_hint("broker-a", "127.0.0.1:3")
+    cache.drop_leader_hint("broker-a", "127.0.0.1:3")
+    assert cache.master_addr("broker-a") == "127.0.0.1:1"
+    moved = json.loads(json.dumps(ROUTE))
+    moved["broker_datas"][0]["broker_addrs"] = {"0": "127.0.0.1:2", "1": "127.0.0.1:1"}
+    routes["T"] = moved
+    await cache.refresh("T")  # a new leader registered
+    assert cache.master_addr("broker-a") == "127.0.0.1:2"
+    del moved["broker_datas"][0]["broker_addrs"]["0"]
+    await cache.refresh("T")  # no leader registered: a follower is asked, and redirects
+    assert cache.master_addr("broker-a") == "127.0.0.1:1"
+    cache.install_default("U", {"broker-c": {0: "127.0.0.1:9"}}, 4)
+    assert cache.master_addr("broker-c") == "127.0.0.1:9"
+
+
+async def _answer(route):
+    return route
+
+
+def test_select_without_faults_to_skip_is_plain_round_robin():
+    info = TopicPublishInfo(parse_route("T", ROUTE))
+    ft = FaultTracker(clock=lambda: 0.0)
+    ft.update("broker-a", 600, isolation=False)
+    ft.update("broker-a", 1, isolation=False)  # fast again: nothing avoided any more
+    assert not ft.avoiding
+    start = next(info._counter) + 1
+    assert [info.select(ft) for _ in range(10)] == [info.queues[(start + i) % 5] for i in range(10)]
+    ft.update("broker-b", 0, isolation=True)
+    assert ft.avoiding and {info.select(ft).broker_name for _ in range(10)} == {"broker-a"}
+
 
 async def test_a_name_server_that_does_not_know_the_topic_is_not_the_last_word():
     """Found by probing: a name server restarted less than a registration interval (30 s) ago answers
