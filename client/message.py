@@ -255,6 +255,24 @@ class SendResult:
     msg_ids: tuple[str, ...] = ()
 
 
+class _NewSendResult:
+    """Builds a ``SendResult`` for the producer's hot path, one per acknowledged send, as ``_PulledMessageExt``
+    builds a ``MessageExt`` (0.2 µs instead of the frozen dataclass's 0.5 µs, 0.7 with keywords); the result
+    is indistinguishable from ``SendResult(...)`` with the same arguments, and a test checks it."""
+
+    __slots__ = SendResult.__slots__
+
+    def __init__(self, send_status: SendStatus, msg_id: str, offset_msg_id: str, message_queue: MessageQueue,
+                 queue_offset: int, msg_ids: tuple[str, ...]) -> None:
+        self.send_status = send_status
+        self.msg_id = msg_id
+        self.offset_msg_id = offset_msg_id
+        self.message_queue = message_queue
+        self.queue_offset = queue_offset
+        self.msg_ids = msg_ids
+        self.__class__ = SendResult  # type: ignore[assignment]
+
+
 class RecordProperties(Mapping[str, str]):
     """A consumed message's properties, decoded from their record bytes on first use: most consumers never
     read them, and a pull decodes hundreds of records. Reads like the ``dict`` it wraps."""

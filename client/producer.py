@@ -28,8 +28,8 @@ from client.errors import ClientClosedError, MessageTooLargeError, NoRouteError,
 from client.instance import (
     ClientConfig, ClientInstance, build_config, now_ms, open_client_nursery, open_remoting, raise_for_response,
 )
-from client.message import (PROPERTY_UNIQ_KEY, Message, MessageQueue, SendResult, SendStatus, batch_entry_overhead,
-                            check_queue, check_seconds, new_uniq_key)
+from client.message import (PROPERTY_UNIQ_KEY, Message, MessageQueue, SendResult, SendStatus, _NewSendResult,
+                            batch_entry_overhead, check_queue, check_seconds, new_uniq_key)
 from remoting.codes import RequestCode, ResponseCode
 from remoting.config import ConfigError, bounded
 from remoting.errors import ConnectError, ConnectionClosedError, NotLeaderError, RaftMQError
@@ -369,9 +369,8 @@ class Producer:
         queue_id = ext.get("queue_id", mq.queue_id)
         if queue_id != mq.queue_id:
             mq = MessageQueue(mq.topic, mq.broker_name, queue_id)
-        return SendResult(send_status=status, msg_id=",".join(uniqs) if len(uniqs) > 1 else uniqs[0],
-                          offset_msg_id=offset_msg_id, message_queue=mq,
-                          queue_offset=int(ext.get("queue_offset", -1)), msg_ids=uniqs)
+        return _NewSendResult(status, ",".join(uniqs) if len(uniqs) > 1 else uniqs[0], offset_msg_id, mq,
+                              int(ext.get("queue_offset", -1)), uniqs)
 
 
 @contextlib.asynccontextmanager
