@@ -33,7 +33,7 @@ import trio
 
 from client.errors import ClientClosedError, UnknownBrokerError
 from client.route import FaultTracker, RouteCache, decode_route_response
-from remoting.codec import Frame, make_request, make_response
+from remoting.codec import EncodedExt, Frame, make_request, make_response
 from remoting.codes import RequestCode, ResponseCode
 from remoting.config import ConfigError, bounded, check_fields, config_from_mapping, parse_host_port
 from remoting.errors import ConnectError, ConnectionClosedError, RaftMQError, for_code
@@ -214,7 +214,8 @@ class ClientInstance:
                      *, timeout_s: float | None = None) -> Frame:
         if self.closed:
             raise ClientClosedError("the client is closed")
-        request = make_request(code, ext=dict(ext or {}), body=body)
+        # A copy: the caller may change its map once this returns (an EncodedExt cannot change).
+        request = make_request(code, ext=ext if type(ext) is EncodedExt else dict(ext or {}), body=body)
         return await self.remoting.invoke(addr, request, timeout_s=timeout_s or self.timeout_s)
 
     async def invoke_oneway(self, addr: str, code: int, ext: Mapping[str, Any] | None = None,

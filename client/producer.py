@@ -30,6 +30,7 @@ from client.instance import (
 )
 from client.message import (PROPERTY_UNIQ_KEY, Message, MessageQueue, SendResult, SendStatus, _NewSendResult,
                             batch_entry_overhead, check_queue, check_seconds, new_uniq_key)
+from client.send_ext import SendExt, SendExtEncoder, ext_fields
 from remoting.codes import RequestCode, ResponseCode
 from remoting.config import ConfigError, bounded
 from remoting.errors import ConnectError, ConnectionClosedError, NotLeaderError, RaftMQError
@@ -102,6 +103,7 @@ class Producer:
         self.config = config
         self._instance = instance
         self._stats = ProducerStatistics()
+        self._ext = SendExtEncoder(config.producer_group)
         self._accumulator = ProduceAccumulator(self, instance.nursery) if config.auto_batch else None
         instance.heartbeat_data = lambda: {"producers": [{"producer_group": config.producer_group}],
                                            "consumers": []}
@@ -133,11 +135,7 @@ class Producer:
             result = await self._accumulator.send(message, queue, sharding_key, timeout_s)
             if result is not None:
                 return result
-        props = message.wire_properties()
-        uniq = props.setdefault(PROPERTY_UNIQ_KEY, new_uniq_key())
-        ext = {"producer_group": self.config.producer_group, "topic": message.topic, "queue_id": 0,
-               "sys_flag": 0, "born_timestamp": now_ms(), "flag": message.flag, "properties": props,
-               "reconsume_times": 0, "batch": False}
+        ext, uniq = self._ext.single(message, now_ms())
         return await self._send_with_retries(message.topic, RequestCode.SEND_MESSAGE, ext,
                                              lambda mq, addr: message.body, (uniq,), queue, sharding_key,
                                              timeout_s)
@@ -201,10 +199,8 @@ class Producer:
             # Encoded once per attempt (the queue may change), with every field already checked.
             return encode_uniform_batch(topic_bytes, mq.queue_id, items, born, client_host, client_host)
 
-        ext = {"producer_group": self.config.producer_group, "topic": topic, "queue_id": 0, "sys_flag": 0,
-               "born_timestamp": born, "flag": 0, "properties": {}, "reconsume_times": 0, "batch": True}
-        return await self._send_with_retries(topic, RequestCode.SEND_BATCH_MESSAGE, ext, _body, uniqs, queue,
-                                             sharding_key, timeout_s)
+        return await self._send_with_retries(topic, RequestCode.SEND_BATCH_MESSAGE, self._ext.batch(topic, born),
+                                             _body, uniqs, queue, sharding_key, timeout_s)
 
     async def send_oneway(self, message: Message, *, queue: MessageQueue | None = None) -> None:
         """Fire and forget: no acknowledgement, no retry; a lost connection loses the message."""
@@ -219,9 +215,7 @@ class Producer:
             raise ValueError(f"queue {queue} is not a write queue of topic {message.topic!r} (its route has "
                              f"{', '.join(f'{n} on {b}' for b, n in sorted(groups.items())) or 'none'})")
         mq = queue or info.select(self._instance.faults if self.config.send_latency_fault_enable else None)
-        ext = {"producer_group": self.config.producer_group, "topic": message.topic, "queue_id": mq.queue_id,
-               "sys_flag": 0, "born_timestamp": now_ms(), "flag": message.flag, "properties": props,
-               "reconsume_times": 0, "batch": False}
+        ext = ext_fields(self.config.producer_group, message.topic, mq.queue_id, now_ms(), message.flag, props, False)
         addr = self._instance.master_addr(mq.broker_name)
         try:
             await self._instance.invoke_oneway(addr, RequestCode.SEND_MESSAGE, ext, message.body)
@@ -265,7 +259,7 @@ class Producer:
         if timeout_s is not None:
             check_seconds("timeout_s", timeout_s)
 
-    async def _send_with_retries(self, topic: str, code: int, ext: dict[str, Any], body_for, uniqs: tuple[str, ...],
+    async def _send_with_retries(self, topic: str, code: int, ext: SendExt, body_for, uniqs: tuple[str, ...],
                                  queue: MessageQueue | None, sharding_key: str | None,
                                  timeout_s: float | None) -> SendResult:
         inst = self._instance
@@ -309,10 +303,10 @@ class Producer:
                     break
                 await self._backoff(attempts, deadline)
                 continue
-            ext["queue_id"] = mq.queue_id
             started = time.monotonic()
             try:
-                frame = await inst.invoke(addr, code, ext, body_for(mq, addr), timeout_s=remaining)
+                frame = await inst.invoke(addr, code, ext.for_queue(mq.queue_id), body_for(mq, addr),
+                                          timeout_s=remaining)
                 status = _SEND_STATUS.get(frame.code)
                 if status is None:
                     raise_for_response(frame, topic=topic, broker_name=mq.broker_name)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import re
 import struct
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -35,8 +36,8 @@ import cbor2
 from remoting.errors import FrameTooLargeError, ProtocolError
 
 __all__ = [
-    "DEFAULT_MAX_FRAME_SIZE", "FLAG_ONEWAY", "FLAG_RESPONSE", "Frame", "FrameDecoder", "MAX_REMARK_LENGTH",
-    "NEED_DATA", "cut_remark", "encode", "make_request", "make_response",
+    "DEFAULT_MAX_FRAME_SIZE", "EncodedExt", "FLAG_ONEWAY", "FLAG_RESPONSE", "Frame", "FrameDecoder",
+    "MAX_REMARK_LENGTH", "NEED_DATA", "cut_remark", "encode", "make_request", "make_response",
 ]
 
 FLAG_RESPONSE: Final = 0x1
@@ -64,6 +65,42 @@ class _NeedData:
 NEED_DATA: Final = _NeedData()
 
 
+class EncodedExt(Mapping[str, Any]):
+    """A frame's ext given as its CBOR bytes, by a sender that encodes its own ext faster than cbor2 can (the
+    producer's sends: the same keys in the same order every time, most values fixed): ``encode`` writes the bytes
+    as they are. They must be the CBOR of a non-empty map with text keys, as ``cbor2.dumps`` writes it (the
+    sender's tests compare the two). Read as a mapping it decodes them, once, on first use."""
+
+    __slots__ = ("cbor", "_map")
+
+    def __init__(self, cbor: bytes) -> None:
+        self.cbor = cbor
+        self._map: dict[str, Any] | None = None
+
+    def _decoded(self) -> dict[str, Any]:
+        m = self._map
+        if m is None:
+            m = self._map = cbor2.loads(self.cbor)
+        return m
+
+    def __getitem__(self, key: str) -> Any:
+        return self._decoded()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._decoded())
+
+    def __len__(self) -> int:
+        return len(self._decoded())
+
+    def __eq__(self, other: object) -> bool:
+        return self._decoded() == (other._decoded() if isinstance(other, EncodedExt) else other)
+
+    __hash__ = None  # type: ignore[assignment]  # like the dict it stands for
+
+    def __repr__(self) -> str:
+        return repr(self._decoded())
+
+
 @dataclass(slots=True)
 class Frame:
     """One request or response. Treat it as immutable (``ext`` included): frames are shared, not copied.
@@ -75,7 +112,7 @@ class Frame:
     flag: int = 0
     version: int = 0
     remark: str | None = None
-    ext: dict[str, Any] = field(default_factory=dict)
+    ext: dict[str, Any] | EncodedExt = field(default_factory=dict)  # an EncodedExt only in frames built to send
     body: bytes = b""
 
     @property
@@ -93,7 +130,8 @@ class Frame:
                 f"remark={self.remark!r} ext={self.ext!r} body={len(self.body)}B)")
 
 
-def make_request(code: int, ext: dict[str, Any] | None = None, body: bytes = b"", oneway: bool = False) -> Frame:
+def make_request(code: int, ext: dict[str, Any] | EncodedExt | None = None, body: bytes = b"",
+                 oneway: bool = False) -> Frame:
     """A request frame. Its ``opaque`` is 0: the connection that sends it stamps its own request id."""
     return Frame(int(code), 0, FLAG_ONEWAY if oneway else 0, 0, None, ext if ext is not None else {}, body)
 
@@ -178,7 +216,8 @@ def _str_keys(ext: dict[Any, Any]) -> bool:
 
 def encode(frame: Frame, *, opaque: int | None = None) -> bytes:
     """The frame's wire bytes. ``opaque`` overrides ``frame.opaque`` (connections stamp request ids this way,
-    so one request frame can be sent many times). Raises ``ProtocolError`` for a field of the wrong type."""
+    so one request frame can be sent many times). Raises ``ProtocolError`` for a field of the wrong type; an
+    ``EncodedExt`` is written as it is."""
     code, flag, version, remark, ext, body = frame.code, frame.flag, frame.version, frame.remark, frame.ext, \
         frame.body
     if opaque is None:
@@ -195,7 +234,11 @@ def encode(frame: Frame, *, opaque: int | None = None) -> bytes:
         parts[0] = _MAP5
         parts.append(_KEY_REMARK)
         parts.append(cbor2.dumps(remark))
-    if ext:
+    if type(ext) is EncodedExt:
+        parts[0] = _MAP6 if remark is not None else _MAP5
+        parts.append(_KEY_EXT)
+        parts.append(ext.cbor)
+    elif ext:
         if type(ext) is not dict or not _str_keys(ext):
             raise ProtocolError(f"header field 'ext' must be a dict with str keys, got {ext!r}")
         parts[0] = _MAP6 if remark is not None else _MAP5

@@ -13,6 +13,7 @@ from remoting.codec import (
     FLAG_ONEWAY,
     FLAG_RESPONSE,
     NEED_DATA,
+    EncodedExt,
     Frame,
     FrameDecoder,
     encode,
@@ -412,3 +413,15 @@ def test_make_response_cuts_a_remark_that_quotes_a_huge_value():
     assert make_response(request, 1001, remark="short").remark == "short"
     assert make_response(request, 0).remark is None
     assert cut_remark("x" * MAX_REMARK_LENGTH) == "x" * MAX_REMARK_LENGTH
+
+
+@given(frames.filter(lambda f: bool(f.ext)))
+@settings(max_examples=100)
+def test_an_encoded_ext_is_written_as_it_is_and_reads_as_its_map(frame):
+    encoded = EncodedExt(cbor2.dumps(frame.ext))
+    assert encode(Frame(frame.code, frame.opaque, frame.flag, frame.version, frame.remark, encoded, frame.body)) \
+        == encode(frame)
+    assert encoded == frame.ext and dict(encoded) == frame.ext and len(encoded) == len(frame.ext)
+    assert repr(encoded) == repr(frame.ext) and EncodedExt(encoded.cbor) == encoded
+    key = next(iter(frame.ext))
+    assert encoded[key] == frame.ext[key] and encoded.get(key) == frame.ext[key] and key in encoded
