@@ -81,7 +81,7 @@ class SendExtEncoder:
 
     def single(self, message: Message, born_timestamp: int) -> tuple[SendExt, str]:
         """The ext of a SEND_MESSAGE of ``message``, and its UNIQ_KEY: a fresh one unless it has one."""
-        if not (message.properties or message.tags or message.keys):
+        if not (message.properties or message.tags or message.keys or message.delay_level):
             # The usual message: its properties are the id made here, 24 ASCII characters.
             uniq = new_uniq_key()
             data = uniq.encode()

@@ -38,11 +38,11 @@ def _check(ext, expected: dict) -> None:
 @given(group=names, topic=topics, body=st.binary(min_size=1, max_size=4), tags=tags, keys=keys,
        props=properties, flag=st.integers(-(2**31), 2**31 - 1) | st.just(0), queue_ids=st.lists(queue_ids, min_size=1,
                                                                                                max_size=3),
-       born=born)
+       born=born, delay=st.just(0) | st.integers(0, 18))
 @settings(max_examples=300)
 def test_a_single_send_ext_is_the_map_as_cbor2_writes_it(group, topic, body, tags, keys, props, flag, queue_ids,
-                                                          born):
-    message = Message(topic, body, tags=tags, keys=keys, properties=props, flag=flag)
+                                                          born, delay):
+    message = Message(topic, body, tags=tags, keys=keys, properties=props, flag=flag, delay_level=delay)
     ext, uniq = SendExtEncoder(group).single(message, born)
     wire_properties = message.wire_properties()
     assert uniq == wire_properties.get(PROPERTY_UNIQ_KEY, uniq)
@@ -62,3 +62,8 @@ def test_a_message_with_its_own_unique_key_keeps_it():
     message = Message("T", b"b", properties={PROPERTY_UNIQ_KEY: "mine"})
     ext, uniq = SendExtEncoder("G").single(message, 1_750_000_000_000)
     assert uniq == "mine" and ext.for_queue(1)["properties"] == {PROPERTY_UNIQ_KEY: "mine"}
+
+
+def test_a_delayed_message_without_other_properties_keeps_its_delay():
+    ext, uniq = SendExtEncoder("G").single(Message("T", b"b", delay_level=3), 1_750_000_000_000)
+    assert ext.for_queue(0)["properties"] == {"DELAY": "3", PROPERTY_UNIQ_KEY: uniq}
