@@ -6,6 +6,7 @@ Rules this module keeps:
   ``message_delay_level``) is stored, as sent, in ``SCHEDULE_TOPIC_XXXX`` queue ``level - 1``, with its real
   topic and queue in REAL_TOPIC and REAL_QID (``schedule_properties``). One queue per level keeps each queue in
   due order: every message of a level waits the same time, and a queue is in store-time order.
+  A queue left from a longer ``message_delay_level`` (fewer levels after a restart) is due by the last level.
 * **Who delivers.** Only the leader whose no-op is applied, so one node at a time and with the complete progress
   table. Each round reads the head of each level's queue, appends every message that is due (store timestamp +
   the level's delay) to its real topic in one batch through the group commit, and only then replicates the new
@@ -115,7 +116,12 @@ class ScheduleMessageService:
         size = 0
         progress: dict[str, int] = {}
         full = False
-        for level, delay_ms in enumerate(self.levels_ms, 1):
+        levels = list(enumerate(self.levels_ms, 1))
+        # A message stored while message_delay_level had more levels waits in a queue no configured level reads:
+        # it would never be delivered. It goes out after the last level's delay, the longest wait still known.
+        levels += [(queue_id + 1, self.levels_ms[-1]) for queue_id in store.queue_ids(SCHEDULE_TOPIC)
+                   if queue_id >= len(self.levels_ms)]
+        for level, delay_ms in levels:
             if full:
                 break
             offset = done.get(level, 0)

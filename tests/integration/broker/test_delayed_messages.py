@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -97,3 +98,30 @@ async def test_bad_delay_levels_are_refused_naming_the_property_and_batches_may_
         r = await call(client, addr, RequestCode.SEND_BATCH_MESSAGE, {"topic": "DelayT", "queue_id": 0}, batch)
         assert r.code == ResponseCode.SUCCESS
         assert [v.body for v in await _pull(client, addr, "DelayT", 0)] == [b"now", b"DELAY\x011"]
+
+
+async def test_messages_waiting_in_a_level_the_restarted_broker_no_longer_has_are_delivered_by_its_last_level(
+        nursery, tmp_path):
+    # Stored at level 3 of "300ms 600ms 30s", then the broker restarts with two levels: the message waits in a
+    # schedule queue no configured level reads. Before, it stayed there for good, acknowledged and never delivered.
+    (config,) = broker_configs(tmp_path, None, message_delay_level="300ms 600ms 30s")
+    with trio.CancelScope() as first:
+        async with trio.open_nursery() as inner:
+            addr = await start_broker(inner, config)
+            async with open_remoting_client() as client:
+                await wait_leader(client, addr)
+                r = await call(client, addr, RequestCode.SEND_MESSAGE,
+                               {"topic": "DelayT", "queue_id": 0, "properties": {"DELAY": "3", "KEYS": "k3"}},
+                               b"level-3")
+                assert r.code == ResponseCode.SUCCESS, r.remark
+            first.cancel()
+    addr = await start_broker(nursery, dataclasses.replace(config, message_delay_level="300ms 600ms"))
+    async with open_remoting_client() as client:
+        await wait_leader(client, addr)
+        with trio.fail_after(10):
+            while not (got := await _pull(client, addr, "DelayT", 0)):
+                await trio.sleep(0.05)
+        assert [(v.body, v.properties["KEYS"]) for v in got] == [(b"level-3", "k3")]
+        assert "DELAY" not in got[0].properties
+        await trio.sleep(0.5)
+        assert len(await _pull(client, addr, "DelayT", 0)) == 1
