@@ -78,7 +78,7 @@ from client.rebalance import allocate_average, diff_assignment
 from remoting.codes import RequestCode
 from remoting.config import ConfigError, bounded
 from remoting.errors import RaftMQError
-from remoting.message import PROPERTY_RETRY_TOPIC, RETRY_GROUP_TOPIC_PREFIX, group_problem
+from remoting.message import PROPERTY_RETRY_TOPIC, RETRY_GROUP_MAX_LENGTH, RETRY_GROUP_TOPIC_PREFIX, group_problem
 
 __all__ = ["PushConsumerConfig", "PushConsumer", "ProcessQueue", "open_push_consumer", "ConsumerStatistics"]
 
@@ -259,6 +259,13 @@ class PushConsumer:
         # copySubscription); broadcasting ones retry locally, as RocketMQ's, which sends nothing back for them.
         self._retry_topic: str | None = None
         if config.message_model == "CLUSTERING":
+            if len(config.consumer_group) > RETRY_GROUP_MAX_LENGTH:
+                # Legal as a group (255), but its retry topic's name is not: the subscription to it failed with an
+                # error about a topic the user never named.
+                raise ConfigError(f"consumer_group {config.consumer_group[:40]!r}... is {len(config.consumer_group)} "
+                                  f"characters long; a CLUSTERING consumer's group names its retry topic "
+                                  f"{RETRY_GROUP_TOPIC_PREFIX}<group>, so it may have at most "
+                                  f"{RETRY_GROUP_MAX_LENGTH}")
             self._retry_topic = RETRY_GROUP_TOPIC_PREFIX + config.consumer_group
             self._subs.setdefault(self._retry_topic, parse_subscription(self._retry_topic, "*"))
         self._handler = handler

@@ -54,6 +54,7 @@ __all__ = [
     "PROPERTY_TAGS", "PROPERTY_KEYS", "PROPERTY_UNIQ_KEY", "KEY_SEPARATOR", "split_keys",
     "PROPERTY_DELAY", "PROPERTY_REAL_TOPIC", "PROPERTY_REAL_QUEUE_ID", "PROPERTY_RETRY_TOPIC",
     "PROPERTY_ORIGIN_MESSAGE_ID", "SCHEDULE_TOPIC", "RETRY_GROUP_TOPIC_PREFIX", "DLQ_GROUP_TOPIC_PREFIX",
+    "RETRY_GROUP_MAX_LENGTH",
 ]
 
 BATCH_MAGIC = 0x524D4231  # "RMB1"
@@ -86,6 +87,9 @@ PROPERTY_ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"  # queue (level - 1) holds the messages of one delay level
 RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
 DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
+# The longest consumer group whose retry and dead-letter topic names are both legal: a clustering consumer
+# subscribes to %RETRY%<group>, and the broker creates both topics on its first send-back.
+RETRY_GROUP_MAX_LENGTH = MAX_TOPIC_LENGTH - max(len(RETRY_GROUP_TOPIC_PREFIX), len(DLQ_GROUP_TOPIC_PREFIX))
 
 
 def split_keys(raw: str | None) -> list[str]:

@@ -25,10 +25,10 @@ from broker.schedule import schedule_properties
 from broker.topic_config import PERM_READ_WRITE, PERM_WRITE, TopicConfig, TopicConfigError, validate_topic_name
 from remoting.codec import Frame, make_response
 from remoting.codes import ResponseCode
-from remoting.message import (DLQ_GROUP_TOPIC_PREFIX, MAX_TOPIC_LENGTH, PROPERTY_DELAY, PROPERTY_ORIGIN_MESSAGE_ID,
+from remoting.message import (DLQ_GROUP_TOPIC_PREFIX, PROPERTY_DELAY, PROPERTY_ORIGIN_MESSAGE_ID,
                               PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC, PROPERTY_RETRY_TOPIC, PROPERTY_UNIQ_KEY,
-                              RETRY_GROUP_TOPIC_PREFIX, SCHEDULE_TOPIC, MessageFormatError, MessageInput,
-                              create_msg_id, encode_batch)
+                              RETRY_GROUP_MAX_LENGTH, RETRY_GROUP_TOPIC_PREFIX, SCHEDULE_TOPIC, MessageFormatError,
+                              MessageInput, create_msg_id, encode_batch)
 
 if TYPE_CHECKING:
     from broker.node import BrokerNode
@@ -36,9 +36,6 @@ if TYPE_CHECKING:
 DEFAULT_MAX_RECONSUME_TIMES = 16  # RocketMQ's subscription-group retryMaxTimes
 RETRY_QUEUE_NUMS = 1  # RocketMQ's subscription-group retryQueueNums
 _FIRST_RETRY_LEVEL = 3  # RocketMQ: delay level 3 + reconsume_times when the consumer names none
-# Both topic names must be legal: checked against the shorter prefix (%DLQ%), a group of 121 or 122 characters
-# passed and its retry topic was created with a name no client could subscribe to.
-MAX_RETRY_GROUP_LENGTH = MAX_TOPIC_LENGTH - max(len(RETRY_GROUP_TOPIC_PREFIX), len(DLQ_GROUP_TOPIC_PREFIX))
 
 
 def retry_topic(group: str) -> str:
@@ -59,9 +56,9 @@ class SendBackProcessor:
             raise node.not_leader()
         ext = request.ext
         group = get_group(ext, "group")
-        if len(group) > MAX_RETRY_GROUP_LENGTH:
+        if len(group) > RETRY_GROUP_MAX_LENGTH:
             raise invalid("group", f"{group[:40]!r}... is too long for its retry and dead-letter topics (at most "
-                                   f"{MAX_RETRY_GROUP_LENGTH} characters)")
+                                   f"{RETRY_GROUP_MAX_LENGTH} characters)")
         offset = get_int(ext, "offset", lo=0)
         delay_level = get_int(ext, "delay_level", default=0, lo=-1, hi=I32[1])
         max_reconsume_times = get_int(ext, "max_reconsume_times", default=DEFAULT_MAX_RECONSUME_TIMES, lo=0,

@@ -222,6 +222,10 @@ async def test_bad_consumer_arguments_are_refused_when_opened_or_called(cluster,
          "broker_suspend_max_time_ms must be <= 2147483647"),
         ({"topic": "T", "handler": handler, "consume_timestamp_ms": 2 ** 63}, ConfigError,
          "consume_timestamp_ms must be <= 9223372036854775807"),
+        # A legal group (up to 255) too long for %RETRY%<group> failed on "subscription topic is 128 chars long".
+        ({"topic": "T", "handler": handler, "consumer_group": "g" * 121}, ConfigError,
+         "consumer_group 'g+'... is 121 characters long; a CLUSTERING consumer's group names its retry topic "
+         "%RETRY%<group>, so it may have at most 120"),
     ]:
         with pytest.raises(error, match=text):
             async with open_push_consumer(NAMESRV, **options):
