@@ -12,6 +12,8 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+import cbor2
+
 from broker.topic_config import TopicConfigError, validate_group_name, validate_topic_name
 from dledger import (AppendTimeoutError, BatchRejectedError, DLedgerError, GroupBusyError, LeaderChangedError,
                      NotLeaderError, RecordTooLargeError)
@@ -33,6 +35,17 @@ class RequestRejected(Exception):
 def invalid(field: str, problem: str) -> RequestRejected:
     """INVALID_REQUEST naming ``field`` in the remark and in ext ``field`` (``InvalidRequestError.field``)."""
     return RequestRejected(ResponseCode.INVALID_REQUEST, f"request field {field!r} {problem}", ext={"field": field})
+
+
+def request_data(request: Frame) -> Any:
+    """What a request carries as one CBOR item: its body, or (a small request may inline it, as heartbeats do) its
+    ext. Garbage in the body is INVALID_REQUEST naming ``body``; the caller checks the shape."""
+    if not request.body:
+        return request.ext
+    try:
+        return cbor2.loads(request.body)
+    except Exception as e:  # cbor2 raises several unrelated types on garbage
+        raise invalid("body", f"is not valid CBOR: {e}") from None
 
 
 def topic_not_exist(node: Any, topic: str) -> RequestRejected:

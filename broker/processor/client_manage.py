@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import cbor2
 
 from broker.consumer_manager import HeartbeatError, client_id_problem, parse_heartbeat
-from broker.processor.base import RequestRejected, get_group, get_str, invalid
+from broker.processor.base import RequestRejected, get_group, get_str, invalid, request_data
 from remoting.codec import Frame, make_response
 from remoting.codes import ResponseCode
 
@@ -28,13 +28,7 @@ class ClientManageProcessor:
         self.node = node
 
     async def heartbeat(self, request: Frame, conn: Any) -> Frame:
-        if request.body:
-            try:
-                data = cbor2.loads(request.body)
-            except Exception as e:  # cbor2 raises several unrelated types on garbage
-                raise invalid("body", f"is not valid CBOR: {e}") from None
-        else:
-            data = request.ext
+        data = request_data(request)
         try:
             heartbeat = parse_heartbeat(data)
         except HeartbeatError as e:

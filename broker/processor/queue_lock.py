@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import cbor2
 
 from broker.consumer_manager import client_id_problem
-from broker.processor.base import get_group, get_str, invalid
+from broker.processor.base import get_group, get_str, invalid, request_data
 from broker.rebalance_lock import QueueKey
 from broker.topic_config import TopicConfigError, validate_topic_name
 from remoting.codec import Frame, make_response
@@ -36,13 +36,7 @@ MAX_LOCK_QUEUES = 16_384
 def parse_lock_request(request: Frame, broker_name: str) -> tuple[str, str, list[QueueKey]]:
     """``(consumer_group, client_id, [(topic, queue_id)])`` of a lock or unlock request, or INVALID_REQUEST naming
     the field (``mq_set[3].queue_id``)."""
-    if request.body:
-        try:
-            data = cbor2.loads(request.body)
-        except Exception as e:  # cbor2 raises several unrelated types on garbage
-            raise invalid("body", f"is not valid CBOR: {e}") from None
-    else:
-        data = request.ext
+    data = request_data(request)
     if not isinstance(data, Mapping):
         raise invalid("body", f"must be a CBOR map {{consumer_group, client_id, mq_set}}, got {type(data).__name__}")
     group = get_group(data)
