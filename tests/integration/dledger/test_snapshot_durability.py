@@ -50,19 +50,14 @@ def _recording(real, logs: dict[str, SyncedLog], placed: list[tuple[str, int, in
     return replace
 
 
-async def test_a_snapshot_is_put_in_place_only_once_the_log_is_on_disk_up_to_its_end(tmp_path, monkeypatch):
-    configs = {c.self_id: c for c in make_configs(tmp_path, log_compaction_min_entries=20)}
-    logs = {k: SyncedLog(tmp_path / k / "byte.log") for k in configs}
-    placed: list[tuple[str, int, int]] = []
-    # Stock pysyncobj renames the snapshot in its Serializer; ours in dledger.snapshot.
-    monkeypatch.setattr(pso_serializer, "atomicReplace", _recording(os.rename, logs, placed))
-    monkeypatch.setattr(os, "replace", _recording(os.replace, logs, placed))
+async def _compact_three_times(configs: dict, logs: dict[str, SyncedLog], records: int) -> None:
+    """Three members on ``logs``, ``records`` appends of one entry each, until every member wrote 3 snapshots."""
     try:
         async with trio.open_nursery() as nursery:
             runners = {k: MemberRunner(nursery, cfg, logs[k]) for k, cfg in configs.items()}
             groups = {k: await r.start() for k, r in runners.items()}
             leader = await ready_leader(list(groups.values()))
-            for i in range(150):  # one record per entry: several compactions of 20 entries on every member
+            for i in range(records):
                 await leader.append(b"record-%04d" % i)
             await wait_ends(logs.values(), leader.statistics().end_offset)
             with trio.fail_after(10):
@@ -72,6 +67,16 @@ async def test_a_snapshot_is_put_in_place_only_once_the_log_is_on_disk_up_to_its
     finally:
         for log in logs.values():
             log.close()
+
+
+async def test_a_snapshot_is_put_in_place_only_once_the_log_is_on_disk_up_to_its_end(tmp_path, monkeypatch):
+    configs = {c.self_id: c for c in make_configs(tmp_path, log_compaction_min_entries=20)}
+    logs = {k: SyncedLog(tmp_path / k / "byte.log") for k in configs}
+    placed: list[tuple[str, int, int]] = []
+    # Stock pysyncobj renames the snapshot in its Serializer; ours in dledger.snapshot.
+    monkeypatch.setattr(pso_serializer, "atomicReplace", _recording(os.rename, logs, placed))
+    monkeypatch.setattr(os, "replace", _recording(os.replace, logs, placed))
+    await _compact_three_times(configs, logs, 150)  # one record per entry: compactions of 20 entries on each member
     assert {member for member, _, _ in placed} == set(configs)
     ahead = [(member, end, synced) for member, end, synced in placed if end > synced]
     assert not ahead, f"{len(ahead)} of {len(placed)} snapshots (member, end offset, log synced to) vouched for " \
@@ -114,20 +119,7 @@ async def test_the_journal_drops_entries_only_once_the_snapshot_file_and_its_ren
     monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(os, "replace", replace)
     monkeypatch.setattr(pso_journal.FileJournal, "deleteEntriesTo", truncate)
-    try:
-        async with trio.open_nursery() as nursery:
-            runners = {k: MemberRunner(nursery, cfg, logs[k]) for k, cfg in configs.items()}
-            groups = {k: await r.start() for k, r in runners.items()}
-            leader = await ready_leader(list(groups.values()))
-            for i in range(100):
-                await leader.append(b"record-%04d" % i)
-            with trio.fail_after(10):
-                while any(g.statistics().snapshots_written < 3 for g in groups.values()):
-                    await trio.sleep(0.02)
-            nursery.cancel_scope.cancel()
-    finally:
-        for log in logs.values():
-            log.close()
+    await _compact_three_times(configs, logs, 100)
     for member, seen in events.items():
         order = "".join(seen)
         # Every truncation right after its own snapshot's F, R, D; a received one synced with its directory too.
