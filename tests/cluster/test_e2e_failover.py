@@ -51,7 +51,8 @@ async def test_kill_leader_five_times_under_load(spawn, tmp_path, figure):
             await trio.sleep(3)  # let it catch up and the load run on the new leader
 
     median = statistics.median(gaps)
-    figure(f"failover: {len(load.acked)} acked, {len(load.failed)} failed sends, {load.duplicates()} duplicates, "
+    figure(f"failover: {len(load.acked)} acked, {len(load.failed)} failed sends ({dict(Counter(load.failed))}), "
+           f"{load.duplicates()} duplicates, "
            f"gaps {', '.join(f'{g:.3f}' for g in gaps)} s, median {median:.3f} s (target <= {TARGET_MEDIAN_GAP_S} s)")
     assert not load.missing(), f"{len(load.missing())} acknowledged messages were never consumed"
     assert len(gaps) == KILLS
