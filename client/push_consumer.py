@@ -78,7 +78,8 @@ from client.rebalance import allocate_average, diff_assignment
 from remoting.codes import RequestCode
 from remoting.config import ConfigError, bounded
 from remoting.errors import RaftMQError
-from remoting.message import PROPERTY_RETRY_TOPIC, RETRY_GROUP_MAX_LENGTH, RETRY_GROUP_TOPIC_PREFIX, group_problem
+from remoting.message import (PROPERTY_RETRY_TOPIC, RETRY_GROUP_MAX_LENGTH, RETRY_GROUP_TOPIC_PREFIX, group_problem,
+                              retry_topic)
 
 __all__ = ["PushConsumerConfig", "PushConsumer", "ProcessQueue", "open_push_consumer", "ConsumerStatistics"]
 
@@ -266,7 +267,7 @@ class PushConsumer:
                                   f"characters long; a CLUSTERING consumer's group names its retry topic "
                                   f"{RETRY_GROUP_TOPIC_PREFIX}<group>, so it may have at most "
                                   f"{RETRY_GROUP_MAX_LENGTH}")
-            self._retry_topic = RETRY_GROUP_TOPIC_PREFIX + config.consumer_group
+            self._retry_topic = retry_topic(config.consumer_group)
             self._subs.setdefault(self._retry_topic, parse_subscription(self._retry_topic, "*"))
         self._handler = handler
         if config.message_model == "BROADCASTING":

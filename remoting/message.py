@@ -54,6 +54,7 @@ __all__ = [
     "PROPERTY_TAGS", "PROPERTY_KEYS", "PROPERTY_UNIQ_KEY", "KEY_SEPARATOR", "split_keys",
     "PROPERTY_DELAY", "PROPERTY_REAL_TOPIC", "PROPERTY_REAL_QUEUE_ID", "PROPERTY_RETRY_TOPIC",
     "PROPERTY_ORIGIN_MESSAGE_ID", "SCHEDULE_TOPIC", "RETRY_GROUP_TOPIC_PREFIX", "DLQ_GROUP_TOPIC_PREFIX",
+    "retry_topic", "dlq_topic",
     "RETRY_GROUP_MAX_LENGTH",
 ]
 
@@ -90,6 +91,16 @@ DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
 # The longest consumer group whose retry and dead-letter topic names are both legal: a clustering consumer
 # subscribes to %RETRY%<group>, and the broker creates both topics on its first send-back.
 RETRY_GROUP_MAX_LENGTH = MAX_TOPIC_LENGTH - max(len(RETRY_GROUP_TOPIC_PREFIX), len(DLQ_GROUP_TOPIC_PREFIX))
+
+
+def retry_topic(group: str) -> str:
+    """A consumer group's retry topic: its members subscribe to it, the broker fills it with sent-back messages."""
+    return RETRY_GROUP_TOPIC_PREFIX + group
+
+
+def dlq_topic(group: str) -> str:
+    """A consumer group's dead-letter topic."""
+    return DLQ_GROUP_TOPIC_PREFIX + group
 
 
 def split_keys(raw: str | None) -> list[str]:

@@ -25,10 +25,10 @@ from broker.schedule import schedule_properties
 from broker.topic_config import PERM_READ_WRITE, PERM_WRITE, TopicConfig, TopicConfigError, validate_topic_name
 from remoting.codec import Frame, make_response
 from remoting.codes import ResponseCode
-from remoting.message import (DLQ_GROUP_TOPIC_PREFIX, PROPERTY_DELAY, PROPERTY_ORIGIN_MESSAGE_ID,
+from remoting.message import (PROPERTY_DELAY, PROPERTY_ORIGIN_MESSAGE_ID,
                               PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC, PROPERTY_RETRY_TOPIC, PROPERTY_UNIQ_KEY,
-                              RETRY_GROUP_MAX_LENGTH, RETRY_GROUP_TOPIC_PREFIX, SCHEDULE_TOPIC, MessageFormatError,
-                              MessageInput, create_msg_id, encode_batch)
+                              RETRY_GROUP_MAX_LENGTH, SCHEDULE_TOPIC, MessageFormatError,
+                              MessageInput, create_msg_id, dlq_topic, encode_batch, retry_topic)
 
 if TYPE_CHECKING:
     from broker.node import BrokerNode
@@ -36,14 +36,6 @@ if TYPE_CHECKING:
 DEFAULT_MAX_RECONSUME_TIMES = 16  # RocketMQ's subscription-group retryMaxTimes
 RETRY_QUEUE_NUMS = 1  # RocketMQ's subscription-group retryQueueNums
 _FIRST_RETRY_LEVEL = 3  # RocketMQ: delay level 3 + reconsume_times when the consumer names none
-
-
-def retry_topic(group: str) -> str:
-    return RETRY_GROUP_TOPIC_PREFIX + group
-
-
-def dlq_topic(group: str) -> str:
-    return DLQ_GROUP_TOPIC_PREFIX + group
 
 
 class SendBackProcessor:
