@@ -226,19 +226,14 @@ class BrokerNode:
             raise RequestRejected(ResponseCode.TOPIC_NOT_EXIST,
                                   f"topic {topic!r} does not exist on broker {self.config.broker_name} and "
                                   f"auto_create_topic_enable is false", ext={"topic": topic})
-        async with self._topic_lock:
-            config = self.topic(topic)
-            if config is None:
-                self._check_topic_room(topic, "auto-created")
-                config = auto_create_config(topic, self.config.default_topic_queue_nums)
-                log.info("auto-creating topic topic=%s queues=%d", topic, config.write_queue_nums)
-                await self._put_topics({topic: config.to_wire()})
-        return config
+        return await self.ensure_topic(auto_create_config(topic, self.config.default_topic_queue_nums),
+                                       "auto-created")
 
-    async def ensure_topic(self, config: TopicConfig) -> TopicConfig:
-        """The config of ``config.topic_name``, created as ``config`` if it does not exist (the group's retry and
-        dead-letter topics, whatever ``auto_create_topic_enable`` says, as RocketMQ's
-        createTopicInSendMessageBackMethod); decided by a ready leader, as every topic change."""
+    async def ensure_topic(self, config: TopicConfig, how: str = "created") -> TopicConfig:
+        """The config of ``config.topic_name``, created as ``config`` if it does not exist: an auto-created topic,
+        or a group's retry and dead-letter topics (whatever ``auto_create_topic_enable`` says, as RocketMQ's
+        createTopicInSendMessageBackMethod); decided by a ready leader, as every topic change. ``how`` names the
+        creation in the log and in a refusal for want of room."""
         existing = self.topic(config.topic_name)
         if existing is not None:
             return existing
@@ -247,8 +242,8 @@ class BrokerNode:
             existing = self.topic(config.topic_name)
             if existing is not None:
                 return existing
-            self._check_topic_room(config.topic_name, "created")
-            log.info("creating topic topic=%s queues=%d perm=%d", config.topic_name, config.write_queue_nums,
+            self._check_topic_room(config.topic_name, how)
+            log.info("topic %s topic=%s queues=%d perm=%d", how, config.topic_name, config.write_queue_nums,
                      config.perm)
             await self._put_topics({config.topic_name: config.to_wire()})
         return config
