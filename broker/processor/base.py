@@ -53,14 +53,19 @@ def topic_not_exist(node: Any, topic: str) -> RequestRejected:
                            f"topic {topic!r} does not exist on broker {node.config.broker_name}", ext={"topic": topic})
 
 
-def get_topic_name(ext: Mapping[str, Any]) -> str:
-    """``topic``: a legal topic name, whether or not the node has such a topic."""
-    topic = get_str(ext, "topic")
+def legal_topic(field: str, topic: str) -> str:
+    """``topic`` if it is a legal topic name (whether or not the node has such a topic); else INVALID_REQUEST
+    naming ``field``."""
     try:
         validate_topic_name(topic)
     except TopicConfigError as e:
-        raise invalid("topic", str(e).split(" ", 1)[1]) from None
+        raise invalid(field, str(e).split(" ", 1)[1]) from None
     return topic
+
+
+def get_topic_name(ext: Mapping[str, Any]) -> str:
+    """``topic``: a legal topic name, whether or not the node has such a topic."""
+    return legal_topic("topic", get_str(ext, "topic"))
 
 
 def existing_topic_config(node: Any, topic: str) -> Any:

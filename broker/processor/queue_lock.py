@@ -19,9 +19,8 @@ from typing import TYPE_CHECKING, Any
 import cbor2
 
 from broker.consumer_manager import client_id_problem
-from broker.processor.base import get_group, get_str, invalid, request_data
+from broker.processor.base import get_group, get_str, invalid, legal_topic, request_data
 from broker.rebalance_lock import QueueKey
-from broker.topic_config import TopicConfigError, validate_topic_name
 from remoting.codec import Frame, make_response
 from remoting.codes import ResponseCode
 from remoting.message import I32
@@ -60,10 +59,7 @@ def _queue(entry: Any, where: str, broker_name: str) -> QueueKey:
     topic = entry.get("topic")
     if not isinstance(topic, str) or not topic:
         raise invalid(f"{where}.topic", f"must be a non-empty string, got {topic!r}")
-    try:
-        validate_topic_name(topic)
-    except TopicConfigError as e:
-        raise invalid(f"{where}.topic", str(e).split(" ", 1)[1]) from None
+    legal_topic(f"{where}.topic", topic)
     queue_id = entry.get("queue_id")
     if isinstance(queue_id, bool) or not isinstance(queue_id, int) or not 0 <= queue_id <= I32[1]:
         raise invalid(f"{where}.queue_id", f"must be an integer within 0..{I32[1]}, got {queue_id!r}")

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from broker.processor.base import I32, RequestRejected, get_group, get_int, get_str, invalid
+from broker.processor.base import I32, RequestRejected, get_group, get_int, get_str, invalid, legal_topic
 from broker.schedule import schedule_properties
-from broker.topic_config import PERM_READ_WRITE, PERM_WRITE, TopicConfig, TopicConfigError, validate_topic_name
+from broker.topic_config import PERM_READ_WRITE, PERM_WRITE, TopicConfig
 from remoting.codec import Frame, make_response
 from remoting.codes import ResponseCode
 from remoting.message import (PROPERTY_DELAY, PROPERTY_ORIGIN_MESSAGE_ID,
@@ -58,10 +58,7 @@ class SendBackProcessor:
         origin_msg_id = get_str(ext, "origin_msg_id", default="", allow_empty=True)
         origin_topic = get_str(ext, "origin_topic", default="", allow_empty=True)
         if origin_topic:
-            try:
-                validate_topic_name(origin_topic)
-            except TopicConfigError as e:
-                raise invalid("origin_topic", str(e).split(" ", 1)[1]) from None
+            legal_topic("origin_topic", origin_topic)
         store = node.store
         view = store.look_message_by_offset(offset) if store.min_phy_offset <= offset < store.max_phy_offset else None
         if view is None or store.deleted_with_topic(view.topic, offset):
