@@ -199,6 +199,23 @@ so a silent upgrade cannot quietly disable a fix.
     where the msync of the rewritten pages was before. Without it (ASYNC_FLUSH) nothing of the journal is synced
     and the stock rewrite stays. A rewrite that cannot be done for want of a descriptor or memory keeps the
     journal whole (the start-up load trims it, 20); any other failure stops the member (``JournalWriteError``).
+24. The term and vote are renamed into place unsynced. ``MetaStorer.storeMeta`` writes ``raft.journal.meta.tmp``
+    and renames it over ``raft.journal.meta`` with no fsync of either, in ``setCurrentTerm`` (before a vote is
+    granted or asked for: Raft needs it durable first) and every second for the commit index. After a power loss
+    a member could forget the vote it gave, and vote again in the same term (two leaders of one term), or find
+    the renamed file empty (a rename can reach the disk before the data it names), which pysyncobj reads as
+    term 0 and no vote. Now the file is fsync'd before every rename (~0.5 ms, at most once a second outside
+    elections), and after a term or vote change the directory too, before the vote goes out.
+25. A torn journal append stopped the member for good. An append writes the record, then the header's end
+    offset, through the mapping; a power loss during the msync that would sync them can keep any of those
+    pages. The stock load trusts the header and checks nothing: a record whose pages never landed reads as
+    size 0 (``struct.error``: the member never starts again), or as a record of whatever the pages held. Such a
+    record was never acknowledged (SYNC_FLUSH acknowledges only after the msync returned), so the load now
+    keeps the records up to the first that is not whole: its size fits before the header's end, its trailer
+    repeats the size, its index follows the one before and its term does not fall (a record left from before
+    a truncation has an older term). The header is set back to that end and the member starts; the leader
+    sends it what follows. Not detected: a record whose head, trailer and index are whole but a page in the
+    middle is not (pysyncobj's records carry no checksum).
 
 The chunked-send defect (entries at least ``appendEntriesBatchSizeBytes`` long) is contained by configuration:
 ``dledger.config`` keeps the entry size limit below half the batch size (16 MiB by default, so ~8 MiB entries:
@@ -795,11 +812,7 @@ def _delete_entries_to_replacing(self: Any, entry_to: int) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
         replaced = True
-        fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _fsync_dir(path)
         new = pso_journal.ResizableFile(path)
     except OSError as e:
         if e.errno in RESOURCE_ERRNOS and not replaced:
@@ -836,6 +849,75 @@ def _resizable_write_allocated(self: Any, offset: int, values: bytes) -> None:
     mm[offset:end] = values
 
 
+def _fsync_dir(path: str) -> None:
+    fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+_original_store_meta = pso_journal.MetaStorer.storeMeta
+_original_file_journal_init = pso_journal.FileJournal.__init__
+
+
+def _store_meta_synced(self: Any, meta: dict) -> None:
+    """24: stock ``MetaStorer.storeMeta`` with the new file fsync'd before it is renamed over the old one."""
+    path = self.getPath()
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(pso_journal.dumps(meta))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _load_whole_records(self: Any) -> None:
+    """25: the records of a journal file up to the first one a torn append left (see the module's rules)."""
+    journal_file = self._FileJournal__journalFile
+    mm = journal_file._ResizableFile__mm
+    header_end = self._FileJournal__getLastRecordOffset()
+    end = min(header_end, len(mm))
+    records = self._FileJournal__journal
+    offset = pso_journal.FIRST_RECORD_OFFSET
+    prev_idx = prev_term = None
+    why = None
+    while offset < end:
+        if offset + _RECORD_HEAD.size > end:
+            why = "a record head cut short"
+            break
+        size, idx, term = _RECORD_HEAD.unpack_from(mm, offset)
+        if size < 16 or offset + size + 8 > end:
+            why = f"a record size of {size} bytes"
+            break
+        if _RECORD_TAIL.unpack_from(mm, offset + 4 + size)[0] != size:
+            why = "a record whose trailer does not repeat its size"
+            break
+        if prev_idx is not None and (idx != prev_idx + 1 or term < prev_term):
+            why = f"record {idx} (term {term}) after record {prev_idx} (term {prev_term})"
+            break
+        records.append((mm[offset + _RECORD_HEAD.size:offset + 4 + size], idx, term))
+        prev_idx, prev_term = idx, term
+        offset += size + 8
+    self._FileJournal__currentOffset = offset
+    if offset != header_end:
+        log.warning("the Raft journal ends with a torn append (a power loss during its sync): kept %d records, "
+                    "dropped %d bytes from offset %d at %s; the leader sends what follows", len(records),
+                    header_end - offset, offset, why or "the end of the file")
+        self._FileJournal__setLastRecordOffset(offset)
+
+
+def _file_journal_init_checked(self: Any, journal_file: str) -> None:
+    """25: stock ``FileJournal.__init__`` with the records loaded by ``_load_whole_records``."""
+    self._FileJournal__journalFile = pso_journal.ResizableFile(journal_file,
+                                                               defaultContent=self._FileJournal__getDefaultHeader())
+    self._FileJournal__journal = []
+    self._FileJournal__metaStorer = pso_journal.MetaStorer(journal_file + ".meta")
+    self._FileJournal__meta = self._FileJournal__metaStorer.getMeta()
+    self._FileJournal__metaSaved = True
+    _load_whole_records(self)
+
+
 _original_set_current_term = pso_journal.FileJournal.setCurrentTerm
 
 
@@ -844,6 +926,8 @@ def _set_current_term_or_stop(self: Any, term: int, voted_for: Any) -> None:
     descriptor or memory was missing for a moment: then stock behaviour, and the timer stores them again."""
     try:
         _original_set_current_term(self, term, voted_for)
+        # 24: the rename on disk before the vote (or the request for one) goes out.
+        _fsync_dir(self._FileJournal__metaStorer.getPath())
     except OSError as e:
         if e.errno in RESOURCE_ERRNOS:
             self._FileJournal__metaSaved = False  # stored again by onOneSecondTimer
@@ -955,6 +1039,8 @@ def apply_patches() -> None:
     pso_syncobj.SyncObj._SyncObj__applyLogEntries = _apply_log_entries_gated
     pso_syncobj.SyncObj._SyncObj__loadDumpFile = _load_dump_file_patched
     pso_journal.MetaStorer.getMeta = _get_meta_closed
+    pso_journal.MetaStorer.storeMeta = _store_meta_synced
+    pso_journal.FileJournal.__init__ = _file_journal_init_checked
     pso_journal.FileJournal.setCurrentTerm = _set_current_term_or_stop
     pso_journal.FileJournal.add = _journal_add_in_place
     pso_journal.FileJournal.deleteEntriesTo = _delete_entries_to_replacing
@@ -991,5 +1077,7 @@ ORIGINALS = {
     "set_transmission_data": _original_set_transmission,
     "resizable_write": _original_resizable_write,
     "set_current_term": _original_set_current_term,
+    "store_meta": _original_store_meta,
+    "file_journal_init": _original_file_journal_init,
     "on_new_connection": _original_on_new_connection,
 }

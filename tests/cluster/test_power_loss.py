@@ -11,6 +11,8 @@ the first page after the smaller of
 
 and starts them again. The Raft journal is kept whole: it is what SYNC_FLUSH (``dledger.flush_disk_type``)
 syncs before any entry is acknowledged, and after a compaction it holds only the entries after the snapshot.
+But each journal gets one more append torn by the loss (its header counting a record whose pages never landed):
+before ``dledger/patches.py`` 25 no member started again (``struct.error`` reading ``raft.journal``).
 
 Before the fix, a snapshot recorded the applied end offset whatever had been synced: with ASYNC_FLUSH every
 member came back with a snapshot past the end of its commit log, closed its apply gate to copy the missing bytes
@@ -26,6 +28,7 @@ and that send's fdatasync, too short to hit on purpose.)
 from __future__ import annotations
 
 import os
+import struct
 from pathlib import Path
 
 import pytest
@@ -44,6 +47,20 @@ HOUR_MS = str(3_600_000)
 # Compaction every 40 entries (and not by time); the store syncs only when asked (a SYNC_FLUSH send, a snapshot).
 POWER_LOSS = {**OVERRIDES, "dledger.log_compaction_min_entries": "40", "dledger.log_compaction_min_time_s": "3600",
               "store.flush_interval_ms": HOUR_MS, "store.flush_consume_queue_interval_ms": HOUR_MS}
+
+
+def _tear_journal(journal: Path) -> None:
+    """One more append in flight at the loss: the header's end offset (bytes 36..40) landed, the record did not."""
+    with open(journal, "r+b") as f:
+        f.seek(36)
+        (end,) = struct.unpack("<I", f.read(4))
+        f.seek(0, os.SEEK_END)
+        if f.tell() < end + 2 * PAGE:
+            f.truncate(end + 2 * PAGE)
+        f.seek(end)
+        f.write(bytes(PAGE))
+        f.seek(36)
+        f.write(struct.pack("<I", end + PAGE))
 
 
 def _lose_unsynced(store_dir: Path, keep: int) -> None:
@@ -105,6 +122,7 @@ async def test_a_group_whose_members_all_lost_power_after_compaction_serves_ever
     for nid, (snapshot_end, synced, end) in state.items():
         kept[nid] = min(snapshot_end, synced)
         _lose_unsynced(node_dir[nid] / "store", kept[nid])
+        _tear_journal(node_dir[nid] / "dledger" / "raft.journal")
     print(f"{flush}: per member (snapshot end, synced, end) {state}; commit logs kept up to {kept}")
     assert all(0 < snapshot_end for snapshot_end, _, _ in state.values()), state  # compaction ran on each
     for nid in cluster.nodes:
