@@ -29,7 +29,8 @@ from broker.delay_level import DEFAULT_MESSAGE_DELAY_LEVEL, delay_levels_problem
 from broker.store.config import StoreConfig
 from dledger.config import DLedgerConfig
 from dledger.service import MAX_FETCH_BYTES
-from remoting.config import ConfigError, bounded, check_fields, load_config, name_problem, parse_host_port
+from remoting.config import (ConfigError, bounded, check_fields, config_from_mapping, name_problem, parse_host_port,
+                             read_config_data)
 from remoting.message import BATCH_HEAD, MAX_PROPERTIES_SIZE, MAX_TOPIC_LENGTH, record_size
 
 __all__ = ["BrokerConfig", "load_broker_config"]
@@ -184,4 +185,11 @@ class BrokerConfig:
 
 
 def load_broker_config(path: str | Path | None, overrides: dict | None = None) -> BrokerConfig:
-    return load_config(BrokerConfig, path, overrides=overrides)
+    data = read_config_data(path, overrides=overrides)
+    store, ledger = data.get("store"), data.get("dledger")
+    if isinstance(store, dict) and "flush_disk_type" in store and isinstance(ledger, dict) \
+            and "flush_disk_type" not in ledger:
+        # RocketMQ's one knob: SYNC_FLUSH means an acknowledged message survives a power loss, which on a Raft
+        # group takes the members' journals synced too (docs/operations.md). Set apart only when asked.
+        ledger["flush_disk_type"] = store["flush_disk_type"]
+    return config_from_mapping(BrokerConfig, data)

@@ -26,8 +26,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-__all__ = ["ConfigError", "load_config", "config_from_mapping", "apply_overrides", "bounded", "check_fields",
-           "parse_host_port", "name_problem"]
+__all__ = ["ConfigError", "load_config", "read_config_data", "config_from_mapping", "apply_overrides", "bounded",
+           "check_fields", "parse_host_port", "name_problem"]
 
 T = TypeVar("T")
 
@@ -102,6 +102,11 @@ def parse_host_port(value: str, *, key: str = "address", dial: bool = False) -> 
 def load_config(cls: type[T], path: str | Path | None = None, *, overrides: Mapping[str, Any] | None = None) -> T:
     """Read ``path`` (TOML) into ``cls``; ``overrides`` (dotted keys, e.g. ``{"store.segment_size_bytes": 1}``)
     win over the file. With no path the defaults apply."""
+    return config_from_mapping(cls, read_config_data(path, overrides=overrides))
+
+
+def read_config_data(path: str | Path | None = None, *, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The tables ``load_config`` builds a config from: ``path`` read as TOML, ``overrides`` applied."""
     data: dict[str, Any] = {}
     if path is not None:
         name = str(path)
@@ -123,7 +128,7 @@ def load_config(cls: type[T], path: str | Path | None = None, *, overrides: Mapp
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"config file {name!r} is not valid TOML: {e}") from None
     apply_overrides(data, overrides or {})
-    return config_from_mapping(cls, data)
+    return data
 
 
 def apply_overrides(data: dict[str, Any], overrides: Mapping[str, Any]) -> None:

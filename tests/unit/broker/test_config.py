@@ -171,3 +171,29 @@ def test_file_round_trip(tmp_path):
         'members = [{id = "n1", raft_address = "127.0.0.1:20911", service_address = "127.0.0.1:10911"}]\n')
     config = load_broker_config(path, {"long_polling_timeout_ms": 500})
     assert (config.cluster_name, config.broker_id, config.long_polling_timeout_ms) == ("C1", 1, 500)
+
+
+@pytest.mark.parametrize(("store", "ledger", "expected"), [
+    (None, None, "ASYNC_FLUSH"),
+    ("SYNC_FLUSH", None, "SYNC_FLUSH"),  # RocketMQ's one knob: the members' journals are synced too
+    ("SYNC_FLUSH", "ASYNC_FLUSH", "ASYNC_FLUSH"),  # set apart when asked
+    ("ASYNC_FLUSH", "SYNC_FLUSH", "SYNC_FLUSH"),
+])
+def test_the_raft_journal_is_flushed_as_the_store_is_unless_set_apart(tmp_path, store, ledger, expected):
+    mapping = _mapping()
+    overrides = {}
+    if store:
+        overrides["store.flush_disk_type"] = store
+    if ledger:
+        overrides["dledger.flush_disk_type"] = ledger
+    path = tmp_path / "broker.toml"
+    members = ", ".join(f'{{id = "{m["id"]}", raft_address = "{m["raft_address"]}", '
+                        f'service_address = "{m["service_address"]}"}}' for m in mapping["dledger"]["members"])
+    path.write_text(f'namesrv_addrs = ["127.0.0.1:9876"]\n[store]\nstore_dir = "{tmp_path}/store"\n'
+                    f'[dledger]\ngroup = "broker-b"\nself_id = "n2"\nsecret = "{SECRET}"\n'
+                    f'data_dir = "{tmp_path}/dledger"\nmembers = [{members}]\n')
+    config = load_broker_config(path, overrides)
+    assert config.dledger.flush_disk_type == expected
+    assert config.store.flush_disk_type == (store or "ASYNC_FLUSH")
+    with pytest.raises(ConfigError, match="store.flush_disk_type must be one of"):
+        load_broker_config(path, {"store.flush_disk_type": "SOMETIMES"})
