@@ -100,6 +100,16 @@ class BrokerConfig:
     message_delay_level: str = bounded(DEFAULT_MESSAGE_DELAY_LEVEL, check=delay_levels_problem,
                                        doc="delay of each level of delayed messages and consumer retries, "
                                            "RocketMQ's format (units ms, s, m, h, d)")
+    # Transactional messages (broker/transaction.py), RocketMQ's transactionTimeOut, transactionCheckMax and
+    # transactionCheckInterval.
+    transaction_timeout_ms: int = bounded(6_000, min=1, max=86_400_000,
+                                          doc="a half message not ended this long after it was stored is checked "
+                                              "back with its producer group")
+    transaction_check_max: int = bounded(15, min=1, max=1_000,
+                                         doc="checks of one half message before it is discarded to "
+                                             "TRANS_CHECK_MAX_TIME_TOPIC")
+    transaction_check_interval_ms: int = bounded(60_000, min=10, max=86_400_000,
+                                                 doc="how often the leader scans the half messages for checks")
 
     def __post_init__(self) -> None:
         check_fields(self)

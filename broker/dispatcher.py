@@ -17,6 +17,7 @@ from broker.processor.admin import AdminProcessor
 from broker.processor.base import RequestRejected, error_response, reply
 from broker.processor.client_manage import ClientManageProcessor
 from broker.processor.consumer_manage import ConsumerManageProcessor
+from broker.processor.end_transaction import EndTransactionProcessor
 from broker.processor.pull_message import PullMessageProcessor
 from broker.processor.query_message import QueryMessageProcessor
 from broker.processor.queue_lock import QueueLockProcessor
@@ -47,12 +48,14 @@ class BrokerDispatcher:
         query = QueryMessageProcessor(node)
         locks = QueueLockProcessor(node)
         send_back = SendBackProcessor(node)
+        end_transaction = EndTransactionProcessor(node)
         self.handlers: dict[int, Handler] = {
             RequestCode.SEND_MESSAGE: send.process,
             RequestCode.SEND_MESSAGE_V2: send.process,
             RequestCode.SEND_BATCH_MESSAGE: send.process,
             RequestCode.PULL_MESSAGE: pull.process,
             RequestCode.CONSUMER_SEND_MSG_BACK: send_back.consumer_send_msg_back,
+            RequestCode.END_TRANSACTION: end_transaction.end_transaction,
             RequestCode.HEART_BEAT: clients.heartbeat,
             RequestCode.UNREGISTER_CLIENT: clients.unregister_client,
             RequestCode.GET_CONSUMER_LIST_BY_GROUP: clients.get_consumer_list_by_group,

@@ -3,8 +3,9 @@
 ``serve_broker(config, task_status=...)`` opens the store, makes it the Raft state machine
 (``broker/commit_log_machine.py``), opens this member of the DLedger group, and serves remoting on the member's
 service address until cancelled. Everything runs in one nursery (design §8.4): the store's services, the
-remoting server, long polling, registration, the role watcher, the offset flusher, the topic-change registrar
-and the client-expiry scan.
+remoting server, long polling, registration, the role watcher, the offset flusher, the topic-change registrar,
+the client-expiry scan, the schedule service of delayed messages and the check service of transactional
+messages.
 
 Rules this module keeps:
 
@@ -46,6 +47,7 @@ from broker.pull_stats import PullStats
 from broker.rebalance_lock import QueueKey, RebalanceLockManager
 from broker.registration import RegistrationService, RegistrationSnapshot
 from broker.schedule import ScheduleMessageService
+from broker.transaction import TransactionalMessageService
 from broker.store import MessageInput, MessageStore, encode_batch
 from broker.store.dispatch import TOPIC_DELETE_LOG
 from broker.topic_config import TopicConfig, TopicConfigTable, auto_create_config, registration_problem
@@ -101,6 +103,7 @@ class BrokerNode:
         self._offset_lock = trio.Lock()
         self.queue_locks = RebalanceLockManager(config.rebalance_lock_max_live_time_ms)
         self.schedule = ScheduleMessageService(self, config.delay_levels_ms)
+        self.transactions = TransactionalMessageService(self)
         # The leader term whose holders queue_locks holds (restored from LOCK_TABLE when a term starts); lock
         # requests, with the replication of what they change, go one at a time.
         self._queue_locks_term: int | None = None
@@ -462,6 +465,11 @@ class BrokerNode:
         for conn in conns:
             self._nursery.start_soon(self._notify_one, conn, frame)
 
+    def notify_soon(self, conn: Any, frame: Any) -> None:
+        """Send the oneway ``frame`` to a client's connection from a task of the node (a lost one is only logged)."""
+        if self._nursery is not None:
+            self._nursery.start_soon(self._notify_one, conn, frame)
+
     @staticmethod
     async def _notify_one(conn: Any, frame: Any) -> None:
         try:
@@ -513,6 +521,7 @@ class BrokerNode:
             "put_requests": self.put_requests, "put_messages": self.put_messages,
             "pulled_messages": self.pulled_messages,
             "scheduled_delivered": self.schedule.delivered, "scheduled_dropped": self.schedule.dropped,
+            **self.transactions.statistics(),
             "appended_batches": ledger.appended_batches, "failed_batches": ledger.failed_batches,
             "busy_records": ledger.busy_records, "pre_votes": ledger.pre_votes,
             "long_polling_held": hold.held, "long_polling_resumed_by_arrival": hold.resumed_by_arrival,
@@ -671,6 +680,7 @@ async def serve_broker(config: BrokerConfig, *, on_serving: Callable[[BrokerNode
                             nursery.start_soon(node.register_topic_changes)
                             nursery.start_soon(node.scan_clients)
                             nursery.start_soon(node.schedule.serve)
+                            nursery.start_soon(node.transactions.serve)
                             await nursery.start(node.registration.serve)
                             log.info("broker node serving broker_name=%s broker_id=%d listen=%s:%d",
                                      config.broker_name, node.broker_id, bound[0], bound[1])

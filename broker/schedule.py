@@ -41,20 +41,47 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SCHEDULE_TABLE", "schedule_properties", "delay_level_of", "ScheduleMessageService"]
+__all__ = ["SCHEDULE_TABLE", "schedule_properties", "with_real_destination", "restored_message", "delay_level_of",
+           "ScheduleMessageService"]
 
 SCHEDULE_TABLE = "broker.schedule_offset"
 ROUND_INTERVAL_S = 0.1
 DELIVER_MAX_MESSAGES = 64
 
 
-def schedule_properties(topic: str, queue_id: int, properties: Mapping[str, str], level: int) -> dict[str, str]:
-    """The properties of a message of ``topic``:``queue_id`` stored to wait ``level`` in the schedule topic."""
+def with_real_destination(properties: Mapping[str, Any], topic: str, queue_id: int) -> dict[str, Any]:
+    """``properties`` plus REAL_TOPIC and REAL_QID: where a message parked in a system topic (a delay level's
+    schedule queue, the transaction half queue) goes once it is due or committed (``restored_message``)."""
     props = dict(properties)
-    props[PROPERTY_DELAY] = str(level)
     props[PROPERTY_REAL_TOPIC] = topic
     props[PROPERTY_REAL_QUEUE_ID] = str(queue_id)
     return props
+
+
+def schedule_properties(topic: str, queue_id: int, properties: Mapping[str, str], level: int) -> dict[str, str]:
+    """The properties of a message of ``topic``:``queue_id`` stored to wait ``level`` in the schedule topic."""
+    return with_real_destination({**properties, PROPERTY_DELAY: str(level)}, topic, queue_id)
+
+
+def restored_message(view: MessageView, drop: Sequence[str], *, sys_flag: int | None = None,
+                     prepared_transaction_offset: int | None = None) -> MessageInput:
+    """The message a parked record stands for, back in its REAL_TOPIC / REAL_QID: body, flag, born time and host,
+    reconsume times and every property but those in ``drop``, as it was sent. Raises ``MessageFormatError``
+    (field ``properties``) when the record names no real destination, or one it cannot be written to."""
+    props = dict(view.properties)
+    topic = props.get(PROPERTY_REAL_TOPIC)
+    queue_id = props.get(PROPERTY_REAL_QUEUE_ID)
+    for name in drop:
+        props.pop(name, None)
+    if topic is None or queue_id is None or not queue_id.isdecimal():
+        raise MessageFormatError("properties", f"REAL_TOPIC {topic!r} / REAL_QID {queue_id!r} missing or not a queue")
+    return MessageInput(topic=topic, queue_id=int(queue_id), body=bytes(view.body), properties=props,
+                        flag=view.flag, sys_flag=view.sys_flag if sys_flag is None else sys_flag,
+                        born_timestamp=view.born_timestamp, born_host=view.born_host,
+                        reconsume_times=view.reconsume_times,
+                        prepared_transaction_offset=(view.prepared_transaction_offset
+                                                     if prepared_transaction_offset is None
+                                                     else prepared_transaction_offset))
 
 
 def delay_level_of(value: Any, levels: int) -> int:
@@ -156,18 +183,8 @@ class ScheduleMessageService:
         return len(batch) or 1
 
     def _delivered(self, view: MessageView) -> MessageInput | None:
-        props = dict(view.properties)
-        topic = props.get(PROPERTY_REAL_TOPIC)
-        queue_id = props.get(PROPERTY_REAL_QUEUE_ID)
-        props.pop(PROPERTY_DELAY, None)
         try:
-            if topic is None or queue_id is None or not queue_id.isdecimal():
-                raise MessageFormatError("properties", f"REAL_TOPIC {topic!r} / REAL_QID {queue_id!r} missing or "
-                                                       f"not a queue")
-            message = MessageInput(topic=topic, queue_id=int(queue_id), body=bytes(view.body), properties=props,
-                                   flag=view.flag, sys_flag=view.sys_flag, born_timestamp=view.born_timestamp,
-                                   born_host=view.born_host, reconsume_times=view.reconsume_times,
-                                   prepared_transaction_offset=view.prepared_transaction_offset)
+            message = restored_message(view, (PROPERTY_DELAY,))
             encode_batch([message], self.node.store_host, max_message_size=self.node.max_message_size)
         except MessageFormatError as e:
             # Only the send path stores here, and it checked all of this: a message that still fails would block

@@ -56,6 +56,10 @@ __all__ = [
     "PROPERTY_ORIGIN_MESSAGE_ID", "SCHEDULE_TOPIC", "RETRY_GROUP_TOPIC_PREFIX", "DLQ_GROUP_TOPIC_PREFIX",
     "retry_topic", "dlq_topic",
     "RETRY_GROUP_MAX_LENGTH",
+    "PROPERTY_TRANSACTION_PREPARED", "PROPERTY_PRODUCER_GROUP", "PROPERTY_TRANSACTION_CHECK_TIMES",
+    "TRANS_HALF_TOPIC", "TRANS_OP_HALF_TOPIC", "TRANS_CHECK_MAX_TIME_TOPIC",
+    "TRANSACTION_NOT_TYPE", "TRANSACTION_PREPARED_TYPE", "TRANSACTION_COMMIT_TYPE", "TRANSACTION_ROLLBACK_TYPE",
+    "TRANSACTION_TYPE_MASK",
 ]
 
 BATCH_MAGIC = 0x524D4231  # "RMB1"
@@ -87,6 +91,20 @@ PROPERTY_RETRY_TOPIC = "RETRY_TOPIC"  # the topic a sent-back message was first 
 PROPERTY_ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"  # queue (level - 1) holds the messages of one delay level
 RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
+# Transactional messages (RocketMQ's names): a half message carries TRAN_MSG=true and its producer group, waits in
+# the half topic, and is ended by an op record in the op topic; one checked too often goes to the check-max topic.
+PROPERTY_TRANSACTION_PREPARED = "TRAN_MSG"
+PROPERTY_PRODUCER_GROUP = "PGROUP"
+PROPERTY_TRANSACTION_CHECK_TIMES = "TRANSACTION_CHECK_TIMES"
+TRANS_HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
+TRANS_OP_HALF_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
+TRANS_CHECK_MAX_TIME_TOPIC = "TRANS_CHECK_MAX_TIME_TOPIC"
+# RocketMQ's MessageSysFlag transaction type, bits 2-3 of sys_flag; END_TRANSACTION's commit_or_rollback too.
+TRANSACTION_NOT_TYPE = 0x0
+TRANSACTION_PREPARED_TYPE = 0x4
+TRANSACTION_COMMIT_TYPE = 0x8
+TRANSACTION_ROLLBACK_TYPE = 0xC
+TRANSACTION_TYPE_MASK = 0xC
 DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
 # The longest consumer group whose retry and dead-letter topic names are both legal: a clustering consumer
 # subscribes to %RETRY%<group>, and the broker creates both topics on its first send-back.
@@ -371,7 +389,8 @@ def scan_batch(batch: bytes | memoryview, *, max_message_size: int = DEFAULT_MAX
     broker taking a SEND_BATCH_MESSAGE. Returns ``(count, all_in_queue)``.
 
     ``from_producer``: also refuse what a single send refuses of a producer, a negative ``born_timestamp`` or
-    ``reconsume_times`` (field named so, with the message index), or a DELAY property (field ``delay``). Only
+    ``reconsume_times`` (field named so, with the message index), a DELAY property (field ``delay``), or a
+    transaction type in ``sys_flag`` (field ``transaction``). Only
     for bytes a producer just sent: the store's and replication's checks of written batches leave it off, so
     records stored before this rule (or by an older broker) stay readable and replicable."""
     if not isinstance(batch, bytes):
@@ -395,12 +414,18 @@ def scan_batch(batch: bytes | memoryview, *, max_message_size: int = DEFAULT_MAX
     for i in range(count):
         if pos + head + _TAIL_FIXED > n:
             raise MessageFormatError("batch", f"batch ends inside message {i} header")
-        entry_size, qid, born_sign, reconsume_sign, body_len = unpack_head(batch, pos)
+        entry_size, qid, sys_low, born_sign, reconsume_sign, body_len = unpack_head(batch, pos)
         end = pos + entry_size
         if entry_size < head + _TAIL_FIXED or end > n:
             raise MessageFormatError("batch", f"message {i} size {entry_size} does not fit the batch")
         if qid | born_sign | reconsume_sign < 0:  # any of them negative: one compare on the hot path
             _negative_field(batch, pos, i)
+        if sys_low & TRANSACTION_TYPE_MASK and from_producer:
+            # A half message waits in the half topic for its own END_TRANSACTION; a batch is one queue (RocketMQ's
+            # CommitLog refuses a transactional batch the same way).
+            raise MessageFormatError("transaction", f"message {i} of the batch is transactional (sys_flag "
+                                                    f"{sys_low & TRANSACTION_TYPE_MASK:#x}); transactional messages "
+                                                    f"are sent one by one (send_in_transaction)")
         if qid != queue_id:
             all_in_queue = False
         if body_len < 0 or body_len > max_message_size:
@@ -452,13 +477,14 @@ def scan_batch(batch: bytes | memoryview, *, max_message_size: int = DEFAULT_MAX
 _DELAY_HEAD = PROPERTY_DELAY.encode("ascii") + b"\x01"  # a DELAY property first, or after a pair's \x02
 _DELAY_PAIR = b"\x02" + _DELAY_HEAD
 _GOOD_TOPICS: set[bytes] = set()  # topics already found legal: the check is then one set lookup
-# What scan_batch reads of an entry in one unpack: ENTRY_HEAD's entry_size and queue_id, the first (sign) byte of
-# born_timestamp (offset 16) and of reconsume_times (offset 32), and the body length after the head (offset 44).
+# What scan_batch reads of an entry in one unpack: ENTRY_HEAD's entry_size and queue_id, the low byte of sys_flag
+# (offset 15: its transaction type bits), the first (sign) byte of born_timestamp (offset 16) and of reconsume_times
+# (offset 32), and the body length after the head (offset 44).
 # The sign bytes are signed for a producer's batch, so a negative field reads negative, and unsigned (never
 # negative, never refused) for the store's check of written batches. A byte, not the whole field: a small int
 # costs no allocation; and one unpack instead of two pays for the two ORs of the check.
-_ENTRY_CHECKED = struct.Struct(">ii8xb15xb11xi")
-_ENTRY_CHECKED_STORED = struct.Struct(">ii8xB15xB11xi")
+_ENTRY_CHECKED = struct.Struct(">ii7xBb15xb11xi")
+_ENTRY_CHECKED_STORED = struct.Struct(">ii7xBB15xB11xi")
 assert _ENTRY_CHECKED.size == ENTRY_HEAD.size + BODY_LEN.size
 
 

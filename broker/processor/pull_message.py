@@ -30,6 +30,7 @@ from broker.processor.base import (I32, RequestRejected, error_response, existin
 from remoting.codec import Frame, make_response
 from remoting.codes import ResponseCode
 from remoting.errors import RaftMQError
+from remoting.message import TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
 
 if TYPE_CHECKING:
     from broker.node import BrokerNode
@@ -46,7 +47,15 @@ def check_pullable(node: BrokerNode, topic: str, queue_id: int) -> None:
     """Raise the refusal a pull of (topic, queue_id) gets: a topic that does not exist or is not readable, or a
     queue_id at or beyond its read_queue_nums. Checked again when a held pull resumes, and by the node after a
     topic change to release the held pulls it now refuses."""
-    config = existing_topic_config(node, topic)
+    try:
+        config = existing_topic_config(node, topic)
+    except RequestRejected:
+        if topic in (TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC):
+            # Stored without a topic config, read by the broker alone: "does not exist" would mislead.
+            raise RequestRejected(ResponseCode.NO_PERMISSION,
+                                  f"topic {topic!r} holds the broker's transaction records (half messages wait there "
+                                  f"for their END_TRANSACTION); no consumer may pull or subscribe to it") from None
+        raise
     if not config.readable:
         raise RequestRejected(ResponseCode.NO_PERMISSION,
                               f"topic {topic!r} is not readable on broker {node.config.broker_name} "

@@ -28,9 +28,10 @@ from dledger import DLedgerError, NotLeaderError
 from remoting.codec import Frame, make_response
 from remoting.codes import RequestCode, ResponseCode
 from remoting.errors import RaftMQError
-from remoting.message import (BATCH_HEAD, BATCH_MAGIC, ENTRY_HEAD, PROPERTY_DELAY, CheckedBatch, MessageFormatError,
-                              MessageInput, check_topic, encode_batch, encode_properties, encode_single_batch,
-                              scan_batch)
+from broker.transaction import prepared_sys_flag
+from remoting.message import (BATCH_HEAD, BATCH_MAGIC, ENTRY_HEAD, PROPERTY_DELAY, PROPERTY_TRANSACTION_PREPARED,
+                              CheckedBatch, MessageFormatError, MessageInput, check_topic, encode_batch,
+                              encode_properties, encode_single_batch, scan_batch)
 
 if TYPE_CHECKING:
     from broker.node import BrokerNode
@@ -161,11 +162,19 @@ class SendMessageProcessor:
             properties = {}
         elif not isinstance(properties, Mapping):
             raise invalid("properties", f"must be a map of strings, got {type(properties).__name__}")
-        if properties and PROPERTY_DELAY in properties:
-            # The one lookup a message with properties pays; a delayed one waits in its level's schedule queue.
-            topic, queue_id, properties = self.node.schedule.redirect(topic, queue_id, properties)
+        half = False
+        if properties:
+            # The two lookups a message with properties pays: a half message waits in the transaction half queue
+            # for its END_TRANSACTION, a delayed one in its level's schedule queue.
+            if PROPERTY_TRANSACTION_PREPARED in properties:
+                topic, queue_id, properties = self.node.transactions.half_destination(topic, queue_id, properties)
+                half = True
+            elif PROPERTY_DELAY in properties:
+                topic, queue_id, properties = self.node.schedule.redirect(topic, queue_id, properties)
         flag = get_int(ext, "flag", default=0, lo=I32[0], hi=I32[1])
         sys_flag = get_int(ext, "sys_flag", default=0, lo=I32[0], hi=I32[1])
+        if half:
+            sys_flag = prepared_sys_flag(sys_flag)
         born_timestamp = get_int(ext, "born_timestamp", default=0, lo=0, hi=I64[1])
         reconsume_times = get_int(ext, "reconsume_times", default=0, lo=0, hi=I32[1])
         remote = getattr(conn, "remote_address", None)
@@ -207,7 +216,7 @@ class SendMessageProcessor:
         except MessageFormatError as e:
             if e.field == "body" and "exceeds" in str(e):
                 raise RequestRejected(ResponseCode.MESSAGE_ILLEGAL, str(e)) from None
-            if e.field in ("properties", "topic", "delay"):
+            if e.field in ("properties", "topic", "delay", "transaction"):
                 raise RequestRejected(ResponseCode.MESSAGE_ILLEGAL, str(e)) from None
             # A field a single send refuses as INVALID_REQUEST is refused so in a batch too, naming the message.
             if e.field in ("batch_topic", "born_timestamp", "reconsume_times"):

@@ -1,0 +1,435 @@
+"""Transactional messages: RocketMQ's TransactionalMessageService, the heart of its EndTransactionProcessor and its
+TransactionalMessageCheckService, on a Raft group.
+
+Rules this module keeps:
+
+* **Half message.** A single send whose properties hold TRAN_MSG=true (and PGROUP, the producer group, and
+  UNIQ_KEY, the transaction id) is stored, as sent, in ``RMQ_SYS_TRANS_HALF_TOPIC`` queue 0 with sys flag
+  PREPARED and its real topic and queue in REAL_TOPIC / REAL_QID (``half_destination``; the schedule service's
+  helpers). No consumer reads that topic. A transactional message may not be delayed, nor sent in a batch.
+* **Done means an op record.** A half is ended by an op record in ``RMQ_SYS_TRANS_OP_HALF_TOPIC`` queue 0: tag
+  ``d``, body the half's queue offset in decimal (RocketMQ's), property TRAN_OUTCOME saying why: ``commit``,
+  ``rollback``, ``discard`` (checked ``transaction_check_max`` times) or ``recheck`` (re-stored for a check, below).
+  A COMMIT appends the real message *and* its op record in one batch, one Raft entry: a leader kill leaves both
+  or neither. A ROLLBACK appends the op record only. UNKNOWN appends nothing.
+* **Each half ends once.** The leader holds, per term, the outcome of every half at or above the check progress
+  (read from the op queue when its term starts, then kept as it appends), and refuses to act on a half that is
+  being ended, or whose ending append had an unknown outcome (a timeout: the entry may still commit) until its op
+  record shows up or the term changes. A repeated END_TRANSACTION is answered with the outcome already decided
+  (TRANSACTION_SHOULD_COMMIT / TRANSACTION_SHOULD_ROLLBACK) and changes nothing; RocketMQ only checks that the
+  half still exists, so two ENDs racing a check could both commit.
+* **Check-back.** Every ``transaction_check_interval_ms`` the ready leader scans the half queue from the
+  replicated progress (``broker.transaction_offset``: ``half`` → next half queue offset not settled, ``op`` → op
+  queue offset from which every op of a half at or above it is found). A half with an op record is settled; the
+  scan stops at the first unsettled half younger than ``transaction_timeout_ms``. An older one is re-stored at the
+  end of the half queue with TRANSACTION_CHECK_TIMES + 1, in one batch with the op record (``recheck``) of the old
+  copy, so exactly one live copy exists whatever fails; then one connected producer of its group is sent
+  CHECK_TRANSACTION_STATE naming the new copy. At ``transaction_check_max`` checks it is moved to
+  ``TRANS_CHECK_MAX_TIME_TOPIC`` instead (with op ``discard``), where an operator finds it. Checks count whether
+  or not a producer of the group is connected, as RocketMQ's. The progress is replicated after the batch: a leader
+  killed in between makes its successor rescan halves that the op records already show settled.
+* **A late END for a re-stored half** (the producer answered after the broker re-stored it for a check) is applied
+  to the live copy, found by its transaction id.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from broker.processor.base import RequestRejected, invalid
+from broker.schedule import restored_message, with_real_destination
+from broker.store.results import GetMessageStatus
+from broker.topic_config import PERM_READ, TopicConfig
+from dledger import GroupBusyError, RecordTooLargeError
+from remoting.codec import make_request
+from remoting.codes import RequestCode, ResponseCode
+from remoting.errors import RaftMQError
+from remoting.message import (PROPERTY_DELAY, PROPERTY_PRODUCER_GROUP, PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC,
+                              PROPERTY_TAGS, PROPERTY_TRANSACTION_CHECK_TIMES, PROPERTY_TRANSACTION_PREPARED,
+                              PROPERTY_UNIQ_KEY, TRANS_CHECK_MAX_TIME_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC,
+                              TRANSACTION_COMMIT_TYPE, TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE,
+                              TRANSACTION_TYPE_MASK,
+                              MessageFormatError, MessageInput, MessageView, decode_record, encode_batch,
+                              group_problem)
+
+if TYPE_CHECKING:
+    from broker.node import BrokerNode
+    from broker.store import MessageStore
+
+log = logging.getLogger(__name__)
+
+__all__ = ["TRANSACTION_TABLE", "PROPERTY_TRANSACTION_OUTCOME", "EndOutcome", "TransactionalMessageService",
+           "prepared_sys_flag"]
+
+TRANSACTION_TABLE = "broker.transaction_offset"
+PROPERTY_TRANSACTION_OUTCOME = "TRAN_OUTCOME"
+OP_TAG = "d"  # RocketMQ's TransactionalMessageUtil.REMOVE_TAG
+COMMIT, ROLLBACK, DISCARD, RECHECK = "commit", "rollback", "discard", "recheck"
+CHECKS_PER_BATCH = 32  # halves re-stored (or discarded) in one append
+READ_MAX_MESSAGES = 64
+# Properties a committed message does not keep (RocketMQ's endMessageTransaction clears the destination).
+_NOT_DELIVERED = (PROPERTY_REAL_TOPIC, PROPERTY_REAL_QUEUE_ID, PROPERTY_PRODUCER_GROUP)
+_CATCH_UP_TIMEOUT_S = 1.0
+
+
+def prepared_sys_flag(sys_flag: int) -> int:
+    """``sys_flag`` with the transaction type PREPARED: what a half message is stored with."""
+    return sys_flag & ~TRANSACTION_TYPE_MASK | TRANSACTION_PREPARED_TYPE
+
+
+@dataclass(frozen=True)
+class EndOutcome:
+    """What an END_TRANSACTION did: ``code`` SUCCESS (acted on, or UNKNOWN: nothing to do), or the outcome decided
+    before (TRANSACTION_SHOULD_COMMIT / _ROLLBACK, TRANSACTION_STATE_UNKNOW when no longer known)."""
+
+    code: int
+    outcome: str
+    remark: str = ""
+    msg_id: str | None = None  # of the committed message
+    queue_id: int | None = None
+    queue_offset: int | None = None
+
+
+def _read_queue(store: MessageStore, topic: str, offset: int, max_bytes: int) -> Iterator[tuple[memoryview, int]]:
+    """Every record of ``topic`` queue 0 from ``offset`` on, with its queue offset; a range retention removed is
+    stepped over."""
+    while True:
+        result = store.get_messages(topic, 0, offset, READ_MAX_MESSAGES, max_bytes)
+        yield from zip(result.messages, result.queue_offsets)
+        if result.next_begin_offset <= offset:
+            return
+        if result.status in (GetMessageStatus.OFFSET_TOO_SMALL, GetMessageStatus.OFFSET_FOUND_NULL):
+            log.warning("transaction records removed before they were settled topic=%s from=%d to=%d", topic,
+                        offset, result.next_begin_offset)
+        offset = result.next_begin_offset
+
+
+class TransactionalMessageService:
+    def __init__(self, node: BrokerNode) -> None:
+        self.node = node
+        config = node.config
+        self.timeout_ms = config.transaction_timeout_ms
+        self.check_max = config.transaction_check_max
+        self.interval_ms = config.transaction_check_interval_ms
+        self._term: int | None = None
+        self._term_lock = trio.Lock()
+        self._half_progress = 0
+        self._op_cursor = 0
+        self._done: dict[int, tuple[int, str]] = {}  # half queue offset -> (op queue offset, outcome)
+        self._busy: set[int] = set()  # halves an append is ending (or re-storing) right now
+        self._uncertain: set[int] = set()  # halves whose ending append may or may not have committed
+        self._next_producer = 0
+        self.committed = 0
+        self.rolled_back = 0
+        self.checks = 0
+        self.discarded = 0
+
+    # --- the send path -------------------------------------------------------------------------------------
+    def half_destination(self, topic: str, queue_id: int,
+                         properties: Mapping[str, Any]) -> tuple[str, int, dict[str, Any]]:
+        """Where a sent message with TRAN_MSG is stored: the half queue. Bad transactional properties are
+        INVALID_REQUEST naming ``properties``."""
+        problem = None
+        group = properties.get(PROPERTY_PRODUCER_GROUP)
+        if properties[PROPERTY_TRANSACTION_PREPARED] != "true":
+            problem = f"{PROPERTY_TRANSACTION_PREPARED!r} must be 'true' in a transactional message"
+        elif PROPERTY_DELAY in properties:
+            problem = f"a transactional message ({PROPERTY_TRANSACTION_PREPARED}) may not be delayed ({PROPERTY_DELAY})"
+        elif type(group) is not str or group_problem(group):
+            problem = f"{PROPERTY_PRODUCER_GROUP!r} must name the producer group of a transactional message, got " \
+                      f"{group!r}"
+        elif type(properties.get(PROPERTY_UNIQ_KEY)) is not str or not properties[PROPERTY_UNIQ_KEY]:
+            problem = f"{PROPERTY_UNIQ_KEY!r} (the transaction id) is required in a transactional message"
+        if problem:
+            raise invalid("properties", problem)
+        return TRANS_HALF_TOPIC, 0, with_real_destination(properties, topic, queue_id)
+
+    # --- the leader's view of what is settled -------------------------------------------------------------
+    async def _ready(self) -> None:
+        """Return on a ready leader whose view of settled halves is complete."""
+        node = self.node
+        await node.wait_ready_leader()
+        term = node.group.term
+        if self._term != term:
+            async with self._term_lock:
+                if self._term != term:
+                    await self._start_term(term)
+        self._read_ops()
+
+    async def _start_term(self, term: int) -> None:
+        # Every op record of an earlier term is in the commit log before this term's no-op: once dispatch has
+        # passed the end seen now, the op queue holds them all.
+        store = self.node.store
+        end = store.max_phy_offset
+        with trio.move_on_after(_CATCH_UP_TIMEOUT_S):
+            while store.dispatched_phy_offset < end:
+                await trio.sleep(0.005)
+        if store.dispatched_phy_offset < end:
+            raise RequestRejected(ResponseCode.SYSTEM_BUSY, f"broker {self.node.config.broker_name} is still "
+                                                            f"dispatching what its group stored before it led; retry")
+        progress = self.node.group.metadata(TRANSACTION_TABLE)
+        self._half_progress = int(progress.get("half", 0))
+        self._op_cursor = int(progress.get("op", 0))
+        self._done.clear()
+        self._busy.clear()
+        self._uncertain.clear()
+        self._term = term
+        log.info("transaction check progress restored term=%d half=%d op=%d", term, self._half_progress,
+                 self._op_cursor)
+
+    def _read_ops(self) -> None:
+        half_progress = self._half_progress
+        for raw, op_offset in _read_queue(self.node.store, TRANS_OP_HALF_TOPIC, self._op_cursor,
+                                          self.node.max_message_size):
+            view = decode_record(raw, check_crc=False)
+            self._op_cursor = op_offset + 1
+            try:
+                half = int(bytes(view.body))
+            except ValueError:
+                log.error("op record without a half offset skipped op_offset=%d", op_offset)
+                continue
+            if half >= half_progress:
+                self._done.setdefault(half, (op_offset, view.properties.get(PROPERTY_TRANSACTION_OUTCOME, COMMIT)))
+                self._uncertain.discard(half)
+
+    def _settled(self, half: int, op_offset: int, outcome: str) -> None:
+        self._done[half] = (op_offset, outcome)
+        self._uncertain.discard(half)
+
+    def _refuse_if_in_flight(self, half: int) -> None:
+        if half in self._busy or half in self._uncertain:
+            why = "is being ended right now" if half in self._busy else "had an ending whose outcome is not known yet"
+            raise RequestRejected(ResponseCode.SYSTEM_BUSY, f"the half message at queue offset {half} {why}; retry")
+
+    # --- END_TRANSACTION -----------------------------------------------------------------------------------
+    def _half_at(self, half_offset: int, commit_log_offset: int) -> MessageView:
+        """The half message stored at ``half_offset`` of the half queue, which must start at ``commit_log_offset``
+        (so that an offset inside some message's body can never pass for a half)."""
+        result = self.node.store.get_messages(TRANS_HALF_TOPIC, 0, half_offset, 1, self.node.max_message_size)
+        view = decode_record(result.messages[0], check_crc=False) if result.messages else None
+        if view is None or result.queue_offsets[0] != half_offset or view.phy_offset != commit_log_offset:
+            raise RequestRejected(ResponseCode.NO_MESSAGE,
+                                  f"no half message at commit_log_offset {commit_log_offset} and "
+                                  f"tran_state_table_offset {half_offset} on broker {self.node.config.broker_name}",
+                                  ext={"field": "commit_log_offset"})
+        return view
+
+    async def end(self, producer_group: str, half_offset: int, commit_log_offset: int, state: int,
+                  transaction_id: str) -> EndOutcome:
+        """END_TRANSACTION on the leader: ``state`` is TRANSACTION_COMMIT_TYPE, TRANSACTION_ROLLBACK_TYPE or
+        TRANSACTION_NOT_TYPE (unknown: nothing is done)."""
+        await self._ready()
+        view = self._half_at(half_offset, commit_log_offset)
+        group = view.properties.get(PROPERTY_PRODUCER_GROUP)
+        if group != producer_group:
+            raise RequestRejected(ResponseCode.TRANSACTION_STATE_GROUP_WRONG,
+                                  f"the half message at commit_log_offset {commit_log_offset} belongs to producer "
+                                  f"group {group!r}, not to producer_group {producer_group!r}",
+                                  ext={"field": "producer_group"})
+        uniq = view.properties.get(PROPERTY_UNIQ_KEY)
+        if transaction_id and transaction_id != uniq:
+            raise invalid("transaction_id", f"{transaction_id!r} is not the transaction id of the half message at "
+                                            f"commit_log_offset {commit_log_offset} ({uniq!r})")
+        if state not in (TRANSACTION_COMMIT_TYPE, TRANSACTION_ROLLBACK_TYPE):
+            return EndOutcome(ResponseCode.SUCCESS, "unknown", "state unknown: the broker checks back later")
+        self._refuse_if_in_flight(half_offset)
+        decided = self._done.get(half_offset)
+        if decided is not None and decided[1] == RECHECK or decided is None and half_offset < self._half_progress:
+            # Re-stored for a check after this half was sent (or settled long ago): the live copy, if any.
+            found = self._live_copy(uniq)
+            if found is None:
+                return EndOutcome(ResponseCode.TRANSACTION_STATE_UNKNOW, "settled",
+                                  f"the half message at tran_state_table_offset {half_offset} was settled before "
+                                  f"the broker's check progress; its outcome is no longer held, nothing was done")
+            half_offset, view = found
+            self._refuse_if_in_flight(half_offset)
+            decided = self._done.get(half_offset)
+        if decided is not None:
+            return self._decided_before(half_offset, decided[1], state)
+        return await self._append_end(half_offset, view, state)
+
+    def _decided_before(self, half_offset: int, outcome: str, state: int) -> EndOutcome:
+        asked = "COMMIT" if state == TRANSACTION_COMMIT_TYPE else "ROLLBACK"
+        committed = outcome == COMMIT
+        code = ResponseCode.TRANSACTION_SHOULD_COMMIT if committed else ResponseCode.TRANSACTION_SHOULD_ROLLBACK
+        done = {COMMIT: "committed", ROLLBACK: "rolled back"}.get(
+            outcome, f"discarded to {TRANS_CHECK_MAX_TIME_TOPIC} after {self.check_max} checks")
+        return EndOutcome(code, "already " + outcome, f"the transaction of the half message at "
+                                                      f"tran_state_table_offset {half_offset} was already {done}; "
+                                                      f"this {asked} changed nothing")
+
+    def _live_copy(self, transaction_id: str | None) -> tuple[int, MessageView] | None:
+        """The unsettled half of ``transaction_id`` at or past the progress (the copy a check re-stored)."""
+        if not transaction_id:
+            return None
+        found = None
+        for raw, offset in _read_queue(self.node.store, TRANS_HALF_TOPIC, self._half_progress,
+                                       self.node.max_message_size):
+            if offset in self._done:
+                continue
+            view = decode_record(raw, check_crc=False)
+            if view.properties.get(PROPERTY_UNIQ_KEY) == transaction_id:
+                found = (offset, view)
+        return found
+
+    async def _append_end(self, half_offset: int, view: MessageView, state: int) -> EndOutcome:
+        node = self.node
+        outcome = COMMIT if state == TRANSACTION_COMMIT_TYPE else ROLLBACK
+        messages = [self._op_record(half_offset, outcome)]
+        if outcome == COMMIT:
+            try:
+                real = restored_message(view, _NOT_DELIVERED, prepared_transaction_offset=view.phy_offset,
+                                        sys_flag=view.sys_flag & ~TRANSACTION_TYPE_MASK | TRANSACTION_COMMIT_TYPE)
+            except MessageFormatError as e:
+                raise RequestRejected(ResponseCode.MESSAGE_ILLEGAL, f"the half message at commit_log_offset "
+                                                                    f"{view.phy_offset} cannot be committed: {e}") \
+                    from None
+            messages.insert(0, real)
+        stored = await self._append_settling([half_offset], messages)
+        self._settled(half_offset, stored[-1].queue_offset, outcome)
+        if outcome == COMMIT:
+            self.committed += 1
+            first = stored[0]
+            return EndOutcome(ResponseCode.SUCCESS, "committed", msg_id=first.msg_id, queue_id=first.queue_id,
+                              queue_offset=first.queue_offset)
+        self.rolled_back += 1
+        return EndOutcome(ResponseCode.SUCCESS, "rolled back")
+
+    async def _append_settling(self, halves: list[int], messages: list[MessageInput]) -> Any:
+        """Append ``messages`` (which settle ``halves``) as one batch, the halves marked busy meanwhile. An append
+        whose outcome is unknown leaves them uncertain: nothing acts on them until their op records show up (or the
+        term, and with it this view, changes)."""
+        node = self.node
+        self._busy.update(halves)
+        try:
+            batch = encode_batch(messages, node.store_host, max_message_size=node.max_message_size)
+            return await node.append_messages(batch)
+        except BaseException as e:
+            if not isinstance(e, (RequestRejected, GroupBusyError, RecordTooLargeError, MessageFormatError)):
+                self._uncertain.update(halves)
+            raise
+        finally:
+            self._busy.difference_update(halves)
+
+    def _op_record(self, half_offset: int, outcome: str) -> MessageInput:
+        return MessageInput(topic=TRANS_OP_HALF_TOPIC, queue_id=0, body=str(half_offset).encode("ascii"),
+                            properties={PROPERTY_TAGS: OP_TAG, PROPERTY_TRANSACTION_OUTCOME: outcome},
+                            born_timestamp=int(time.time() * 1000), born_host=self.node.store_host)
+
+    # --- check-back ----------------------------------------------------------------------------------------
+    def progress(self) -> dict[str, int]:
+        """Replicated progress: ``half`` (next half queue offset not settled) and ``op``."""
+        return {k: int(v) for k, v in self.node.group.metadata(TRANSACTION_TABLE).items()}
+
+    async def serve(self) -> None:
+        group = self.node.group
+        while True:
+            await trio.sleep(self.interval_ms / 1000)
+            if not group.is_ready_leader:
+                continue
+            try:
+                while await self.check_round() >= CHECKS_PER_BATCH and group.is_ready_leader:
+                    await trio.sleep(0)
+            except (RequestRejected, RaftMQError) as e:
+                # Nothing settled, or settled without the progress replicated: the next round (here or on the next
+                # leader) starts again from the replicated progress, and the op records tell what is settled.
+                log.info("transaction check round failed error=%s", getattr(e, "remark", e))
+
+    async def check_round(self, now_ms: int | None = None) -> int:
+        """One scan: re-store (and check) or discard the unsettled halves older than ``transaction_timeout_ms``, at
+        most ``CHECKS_PER_BATCH``, then replicate the progress; returns how many halves were checked or discarded."""
+        await self._ready()
+        node = self.node
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        progress = self._half_progress
+        messages: list[MessageInput] = []
+        halves: list[tuple[int, str]] = []  # (half queue offset, outcome of its op record)
+        checked: list[tuple[int, str, str]] = []  # (index in messages, producer group, transaction id)
+        for raw, offset in _read_queue(node.store, TRANS_HALF_TOPIC, progress, node.max_message_size):
+            if offset in self._done:
+                progress = offset + 1
+                continue
+            if offset in self._busy or offset in self._uncertain or len(halves) >= CHECKS_PER_BATCH:
+                break
+            view = decode_record(raw, check_crc=False)
+            if view.store_timestamp + self.timeout_ms > now:
+                break
+            props = dict(view.properties)
+            times = props.get(PROPERTY_TRANSACTION_CHECK_TIMES, "0")
+            times = int(times) if times.isdecimal() else 0
+            if times >= self.check_max:
+                # Kept as stored (its REAL_TOPIC, PGROUP and check count say what it was) for an operator.
+                topic, queue_id, outcome = TRANS_CHECK_MAX_TIME_TOPIC, 0, DISCARD
+                log.warning("half message discarded after %d checks topic=%s transaction_id=%s producer_group=%s",
+                            times, props.get(PROPERTY_REAL_TOPIC), props.get(PROPERTY_UNIQ_KEY),
+                            props.get(PROPERTY_PRODUCER_GROUP))
+            else:
+                topic, queue_id, outcome = TRANS_HALF_TOPIC, 0, RECHECK
+                props[PROPERTY_TRANSACTION_CHECK_TIMES] = str(times + 1)
+                checked.append((len(messages), props.get(PROPERTY_PRODUCER_GROUP, ""),
+                                props.get(PROPERTY_UNIQ_KEY, "")))
+            messages.append(MessageInput(topic, queue_id, bytes(view.body), props, view.flag, view.sys_flag,
+                                         view.born_timestamp, view.born_host, view.reconsume_times,
+                                         view.prepared_transaction_offset))
+            messages.append(self._op_record(offset, outcome))
+            halves.append((offset, outcome))
+            progress = offset + 1
+        if len(checked) < len(halves):
+            await node.ensure_topic(TopicConfig(TRANS_CHECK_MAX_TIME_TOPIC, 1, 1, PERM_READ))
+        if messages:
+            stored = await self._append_settling([half for half, _ in halves], messages)
+            for (half, outcome), op in zip(halves, stored[1::2]):
+                self._settled(half, op.queue_offset, outcome)
+            for index, group, transaction_id in checked:
+                self._send_check(stored[index], group, transaction_id)
+            self.checks += len(checked)
+            self.discarded += len(halves) - len(checked)
+        if progress != self._half_progress:
+            await self._advance(progress)
+        return len(halves)
+
+    async def _advance(self, progress: int) -> None:
+        """Move the check progress to ``progress`` (every half below it settled) and replicate it with the op
+        queue offset from which the ops of the halves still above it are found."""
+        self._half_progress = progress
+        for half in [h for h in self._done if h < progress]:
+            del self._done[half]
+        op = min([op for op, _ in self._done.values()] + [self._op_cursor])
+        if not self.node.is_leader():
+            raise self.node.not_leader()
+        await self.node.group.put_metadata(TRANSACTION_TABLE, {"half": progress, "op": op},
+                                           timeout_s=self.node.config.send_timeout_ms / 1000)
+
+    def _send_check(self, copy: Any, producer_group: str, transaction_id: str) -> None:
+        """CHECK_TRANSACTION_STATE (oneway, as RocketMQ's) about the re-stored ``copy`` to one connected producer of
+        ``producer_group``, taken in turn; its answer is an END_TRANSACTION naming the copy."""
+        node = self.node
+        channels = [ch for ch in node.clients.producer_groups.get(producer_group, {}).values() if not ch.conn.closed]
+        if not channels:
+            log.info("transaction not checked: no producer of its group is connected producer_group=%s "
+                     "transaction_id=%s", producer_group, transaction_id)
+            return
+        raw = node.read_record(copy.phy_offset)
+        if raw is None:
+            return
+        channel = channels[self._next_producer % len(channels)]
+        self._next_producer += 1
+        frame = make_request(RequestCode.CHECK_TRANSACTION_STATE, oneway=True, body=raw, ext={
+            "producer_group": producer_group, "tran_state_table_offset": copy.queue_offset,
+            "commit_log_offset": copy.phy_offset, "msg_id": copy.msg_id, "transaction_id": transaction_id,
+            "broker_name": node.config.broker_name})
+        node.notify_soon(channel.conn, frame)
+
+    def statistics(self) -> dict[str, int]:
+        """For GET_BROKER_RUNTIME_INFO."""
+        progress = self.progress()
+        return {"transactions_committed": self.committed, "transactions_rolled_back": self.rolled_back,
+                "transaction_checks": self.checks, "transactions_discarded": self.discarded,
+                "transaction_half_offset": progress.get("half", 0),
+                "transaction_half_max_offset": self.node.store.get_max_offset_in_queue(TRANS_HALF_TOPIC, 0)}
