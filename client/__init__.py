@@ -2,6 +2,9 @@
 
     async with open_producer(namesrv="127.0.0.1:9876") as producer:
         result = await producer.send(Message("TopicTest", b"hello", tags="TagA"))
+
+Transactional messages: ``open_producer(..., transaction_listener=...)`` and ``send_in_transaction``
+(``client/transaction.py``).
 """
 
 from client.admin import (
@@ -43,6 +46,7 @@ from client.producer import Producer, ProducerConfig, open_producer
 from client.pull_consumer import PullConsumer, PullConsumerConfig, open_pull_consumer
 from client.push_consumer import PushConsumer, PushConsumerConfig, open_push_consumer
 from client.rebalance import allocate_average
+from client.transaction import TransactionListener, TransactionSendResult, TransactionState
 
 __all__ = [
     "open_producer", "Producer", "ProducerConfig",
@@ -52,6 +56,7 @@ __all__ = [
     "QueueConsumeStats", "TopicQueueStatus",
     "Message", "MessageExt", "MessageQueue", "SendResult", "SendStatus", "PullResult", "PullStatus",
     "Subscription", "parse_subscription", "tags_code", "allocate_average",
+    "TransactionListener", "TransactionSendResult", "TransactionState",
     "RaftMQError", "RemotingError", "ConnectError", "ConnectionClosedError", "RequestTimeoutError", "BrokerError",
     "NotLeaderError", "ClientError", "NoRouteError", "ClientClosedError", "MessageTooLargeError",
     "SendFailedError", "ConfigError",

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from remoting.message import MAX_TAG_EXPRESSION_LENGTH, MessageFormatError, check_topic, tags_code
+from remoting.message import (MAX_TAG_EXPRESSION_LENGTH, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC, MessageFormatError,
+                              check_topic, tags_code)
 
 __all__ = ["SUB_ALL", "Subscription", "parse_subscription", "tags_code"]
 
@@ -44,6 +45,9 @@ def parse_subscription(topic: str, expression: str | None, *, sub_version: int =
         check_topic(topic)
     except MessageFormatError as e:
         raise ValueError(f"subscription {e}") from None
+    if topic in (TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC):
+        raise ValueError(f"topic {topic!r} holds the brokers' transaction records, not messages to consume: a "
+                         f"transactional message reaches its own topic once committed")
     if expression is not None and not isinstance(expression, str):
         raise TypeError(f"tag expression of topic {topic!r} must be a string, got {expression!r}")
     expr = (expression or "").strip()

@@ -128,16 +128,27 @@ def build_config(cls: type, options: Mapping[str, Any]) -> Any:
 
 class ServerRequests:
     """Answers what brokers send *to* the client: NOTIFY_CONSUMER_IDS_CHANGED (a member joined or left: the
-    consumer rebalances at once instead of at its next period) and RESET_CONSUMER_CLIENT_OFFSET (an operator
-    reset the group's offsets: the consumer drops what it cached of those queues and pulls from the new offsets).
+    consumer rebalances at once instead of at its next period), RESET_CONSUMER_CLIENT_OFFSET (an operator
+    reset the group's offsets: the consumer drops what it cached of those queues and pulls from the new offsets)
+    and CHECK_TRANSACTION_STATE (a transaction left unknown: the producer asks its listener, then answers with an
+    END_TRANSACTION of its own; oneway, as RocketMQ's).
     """
 
     def __init__(self) -> None:
         self.on_consumer_ids_changed: Callable[[str | None], None] | None = None
         # (consumer_group, topic, broker_name, {queue_id: offset})
         self.on_reset_offset: Callable[[str, str, str, dict[int, int]], None] | None = None
+        # Must not wait: it runs in the connection's reader (the producer starts a task).
+        self.on_check_transaction: Callable[[Frame], None] | None = None
 
     async def handle(self, request: Frame, conn: Any) -> Frame | None:
+        if request.code == RequestCode.CHECK_TRANSACTION_STATE:
+            if self.on_check_transaction is None:
+                log.warning("transaction check ignored: this client is no producer remote=%s",
+                            getattr(conn, "remote_address", "?"))
+            else:
+                self.on_check_transaction(request)
+            return None if request.is_oneway else make_response(request, ResponseCode.SUCCESS)
         if request.code == RequestCode.NOTIFY_CONSUMER_IDS_CHANGED:
             if self.on_consumer_ids_changed is not None:
                 self.on_consumer_ids_changed(request.ext.get("consumer_group"))

@@ -19,8 +19,9 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from remoting.message import (BATCH_HEAD, I32, I64, KEY_SEPARATOR, MAX_PROPERTIES_SIZE, PROPERTY_DELAY,
-                              PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY, MessageFormatError, check_topic,
-                              create_msg_id, decode_properties, encode_properties, encode_uniform_batch, split_keys)
+                              PROPERTY_KEYS, PROPERTY_PRODUCER_GROUP, PROPERTY_TAGS, PROPERTY_TRANSACTION_PREPARED,
+                              PROPERTY_UNIQ_KEY, MessageFormatError, check_topic, create_msg_id, decode_properties,
+                              encode_properties, encode_uniform_batch, split_keys)
 
 __all__ = [
     "Message", "MessageQueue", "MessageExt", "SendStatus", "SendResult", "PullStatus", "PullResult",
@@ -193,11 +194,14 @@ class Message:
         for k, v in self.properties.items():
             if not isinstance(k, str) or not isinstance(v, str):
                 raise TypeError(f"Message.properties must map str to str, got {k!r}: {v!r}")
-        for name, attribute in ((PROPERTY_TAGS, "tags"), (PROPERTY_KEYS, "keys"), (PROPERTY_DELAY, "delay_level")):
+        for name, how in ((PROPERTY_TAGS, "give Message.tags"), (PROPERTY_KEYS, "give Message.keys"),
+                          (PROPERTY_DELAY, "give Message.delay_level"),
+                          (PROPERTY_TRANSACTION_PREPARED, "send it with Producer.send_in_transaction"),
+                          (PROPERTY_PRODUCER_GROUP, "send it with Producer.send_in_transaction")):
             # As RocketMQ's putUserProperty refuses system names: the attribute silently replaced the property, and
-            # a property skipped the attribute's checks.
+            # a property skipped the attribute's checks (TRAN_MSG by hand made a half message nothing would end).
             if name in self.properties:
-                raise ValueError(f"Message.properties must not set {name!r}: give Message.{attribute} instead")
+                raise ValueError(f"Message.properties must not set {name!r}: {how} instead")
         _check_wire_properties(self)
 
     def wire_properties(self) -> dict[str, str]:

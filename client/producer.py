@@ -9,6 +9,15 @@ Sending rules (RocketMQ's ``DefaultMQProducerImpl.sendDefaultImpl``, adapted to 
   with a short growing pause, all within the send's deadline; anything else is raised at once.
 - Concurrency is the caller's: start many ``send`` calls at once (from a nursery); they share
   one connection per node, with many requests in flight on it.
+
+Transactions (RocketMQ's TransactionMQProducer as an option of the one producer, since it only adds a listener to
+a producer's sends): ``open_producer(..., transaction_listener=listener)`` enables ``send_in_transaction``, which
+sends the message as a half message (property TRAN_MSG, sys flag PREPARED; as any single send, with retries),
+runs ``listener.execute`` and sends END_TRANSACTION with its outcome to the current leader of the group that
+stored the half (followed by broker name, NOT_LEADER hints included). The same producer answers the broker's
+CHECK_TRANSACTION_STATE with ``listener.check`` in a task of its own (a connection's reader must not wait for it),
+at most ``transaction_check_concurrency`` at a time. An END that fails is logged, not raised: the broker checks
+back (``broker/transaction.py``).
 """
 
 from __future__ import annotations
@@ -26,15 +35,20 @@ import trio
 from client.accumulator import ProduceAccumulator
 from client.errors import ClientClosedError, MessageTooLargeError, NoRouteError, SendFailedError
 from client.instance import (
-    ClientConfig, ClientInstance, build_config, now_ms, open_client_nursery, open_remoting, raise_for_response,
+    ClientConfig, ClientInstance, ServerRequests, build_config, now_ms, open_client_nursery, open_remoting,
+    raise_for_response,
 )
 from client.message import (PROPERTY_UNIQ_KEY, Message, MessageQueue, SendResult, SendStatus, _NewSendResult,
                             batch_entry_overhead, check_queue, check_seconds, new_uniq_key)
 from client.send_ext import SendExt, SendExtEncoder, ext_fields
+from client.transaction import (TransactionListener, TransactionSendResult, TransactionState, end_transaction_ext,
+                                read_check_request)
+from remoting.codec import Frame
 from remoting.codes import RequestCode, ResponseCode
 from remoting.config import ConfigError, bounded
 from remoting.errors import ConnectError, ConnectionClosedError, NotLeaderError, RaftMQError
-from remoting.message import (BATCH_HEAD, MAX_PROPERTIES_SIZE, MessageFormatError, check_topic, encode_uniform_batch,
+from remoting.message import (BATCH_HEAD, MAX_PROPERTIES_SIZE, PROPERTY_PRODUCER_GROUP, PROPERTY_TRANSACTION_PREPARED,
+                              TRANSACTION_PREPARED_TYPE, MessageFormatError, check_topic, encode_uniform_batch,
                               group_problem, ip_bytes)
 
 __all__ = ["ProducerConfig", "Producer", "open_producer"]
@@ -51,6 +65,10 @@ _SEND_STATUS = {
 
 # Errors that mean "this group's leader is changing", not "this group is broken".
 _LEADER_IN_FLUX = (NotLeaderError, ConnectError, ConnectionClosedError)
+
+# END_TRANSACTION answers that are outcomes, not failures: done now, or decided before (broker/transaction.py).
+_END_OK = (ResponseCode.SUCCESS, ResponseCode.TRANSACTION_SHOULD_COMMIT, ResponseCode.TRANSACTION_SHOULD_ROLLBACK,
+           ResponseCode.TRANSACTION_STATE_UNKNOW)
 
 
 # The frame header of a send besides its properties (codes, ids, topic, group, timestamps): a few hundred bytes.
@@ -77,6 +95,9 @@ class ProducerConfig(ClientConfig):
                                             doc="batches of one topic/queue in flight before messages wait")
     auto_batch_max_delay_ms: int = bounded(10, min=0, max=10_000,
                                            doc="longest a message waits for a batch slot (batchMaxDelayMs)")
+    transaction_check_concurrency: int = bounded(16, min=1, max=1024,
+                                                 doc="broker checks of local transactions answered at once "
+                                                     "(TransactionListener.check)")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -99,9 +120,12 @@ class ProducerStatistics:
 
 
 class Producer:
-    def __init__(self, config: ProducerConfig, instance: ClientInstance) -> None:
+    def __init__(self, config: ProducerConfig, instance: ClientInstance,
+                 transaction_listener: TransactionListener | None = None) -> None:
         self.config = config
         self._instance = instance
+        self._listener = transaction_listener
+        self._check_limiter = trio.CapacityLimiter(config.transaction_check_concurrency)
         self._stats = ProducerStatistics()
         self._ext = SendExtEncoder(config.producer_group)
         self._accumulator = ProduceAccumulator(self, instance.nursery) if config.auto_batch else None
@@ -202,6 +226,40 @@ class Producer:
         return await self._send_with_retries(topic, RequestCode.SEND_BATCH_MESSAGE, self._ext.batch(topic, born),
                                              _body, uniqs, queue, sharding_key, timeout_s)
 
+    async def send_in_transaction(self, message: Message, arg: Any = None, *,
+                                  timeout_s: float | None = None) -> TransactionSendResult:
+        """Send ``message`` as a half message, run the listener's ``execute(message, arg)`` and end the transaction
+        with its outcome (an exception in ``execute`` is UNKNOWN: the broker checks back). Consumers get the message
+        only once it is committed. Not for delayed messages, nor batches. A failed half send raises (``execute``
+        does not run); a failed END is logged, the broker then checks back."""
+        if self._listener is None:
+            raise ValueError("send_in_transaction needs a producer opened with transaction_listener=... (its check "
+                             "answers the broker about transactions left unknown)")
+        self._check(message)
+        if message.delay_level:
+            raise ValueError(f"send_in_transaction: Message.delay_level is {message.delay_level}; a transactional "
+                             f"message may not be delayed (RocketMQ refuses it too)")
+        self._check_routing(message.topic, None, None, timeout_s)
+        group = self.config.producer_group
+        props = message.wire_properties()
+        uniq = props.setdefault(PROPERTY_UNIQ_KEY, new_uniq_key())
+        props[PROPERTY_TRANSACTION_PREPARED] = "true"
+        props[PROPERTY_PRODUCER_GROUP] = group
+        fields = ext_fields(group, message.topic, 0, now_ms(), message.flag, props, False)
+        fields["sys_flag"] = TRANSACTION_PREPARED_TYPE
+        half = await self._send_with_retries(message.topic, RequestCode.SEND_MESSAGE, SendExt(None, None, fields),
+                                             lambda mq, addr: message.body, (uniq,), None, None, timeout_s,
+                                             half=True)
+        state = await self._local_state(self._listener.execute, message, arg)
+        ext = end_transaction_ext(group, uniq, half.offset_msg_id, half.queue_offset, state, from_check=False)
+        try:
+            await self._end_transaction(half.message_queue.broker_name, message.topic, ext)
+        except RaftMQError as e:
+            log.warning("end of transaction not delivered; the broker checks back transaction_id=%s state=%s "
+                        "error=%s", uniq, state.value, e)
+        return TransactionSendResult(half.send_status, half.msg_id, half.offset_msg_id, half.message_queue,
+                                     half.queue_offset, half.msg_ids, state, uniq)
+
     async def send_oneway(self, message: Message, *, queue: MessageQueue | None = None) -> None:
         """Fire and forget: no acknowledgement, no retry; a lost connection loses the message."""
         self._check(message)
@@ -259,9 +317,71 @@ class Producer:
         if timeout_s is not None:
             check_seconds("timeout_s", timeout_s)
 
+    @staticmethod
+    async def _local_state(run: Any, *args: Any) -> TransactionState:
+        """What ``execute`` or ``check`` says; an exception or another value is UNKNOWN (logged)."""
+        try:
+            state = await run(*args)
+        except Exception:
+            log.exception("local transaction failed; counted as UNKNOWN")
+            return TransactionState.UNKNOWN
+        if not isinstance(state, TransactionState):
+            log.error("transaction listener returned %r, not a TransactionState; counted as UNKNOWN", state)
+            return TransactionState.UNKNOWN
+        return state
+
+    async def _end_transaction(self, broker_name: str, topic: str, ext: dict[str, Any]) -> Frame:
+        """END_TRANSACTION to the current leader of ``broker_name``, following NOT_LEADER hints and retrying what
+        is retriable within ``send_msg_timeout_ms``."""
+        inst = self._instance
+        deadline = time.monotonic() + self.config.send_msg_timeout_ms / 1000
+        attempts = 0
+        while True:
+            addr = inst.master_addr(broker_name)
+            try:
+                frame = await inst.invoke(addr, RequestCode.END_TRANSACTION, ext,
+                                          timeout_s=max(deadline - time.monotonic(), 0.001))
+                raise_for_response(frame, ok=_END_OK, broker_name=broker_name)
+            except RaftMQError as e:
+                inst.on_error(e, topic, broker_name, addr)
+                attempts += 1
+                if not e.retriable or attempts > self.config.max_redirects + self.config.retry_times_when_send_failed \
+                        or time.monotonic() >= deadline:
+                    raise
+                if not getattr(e, "leader_addr", None):
+                    await self._backoff(attempts, deadline)
+                continue
+            if frame.code != ResponseCode.SUCCESS:
+                log.info("transaction ended before transaction_id=%s answer=%s", ext["transaction_id"], frame.remark)
+            return frame
+
+    def _on_check(self, request: Frame) -> None:
+        """CHECK_TRANSACTION_STATE from a broker: answered from a task, so the connection reads on meanwhile."""
+        try:
+            group, broker_name, half_offset, message = read_check_request(request.ext, request.body)
+        except ValueError as e:
+            log.warning("malformed transaction check ignored error=%s", e)
+            return
+        if group != self.config.producer_group or self._listener is None:
+            log.warning("transaction check not answered: this producer of group %r has no transaction listener for "
+                        "group %r transaction_id=%s", self.config.producer_group, group, message.msg_id)
+            return
+        self._instance.nursery.start_soon(self._answer_check, broker_name, half_offset, message)
+
+    async def _answer_check(self, broker_name: str, half_offset: int, message: Any) -> None:
+        assert self._listener is not None
+        async with self._check_limiter:
+            state = await self._local_state(self._listener.check, message)
+        ext = end_transaction_ext(self.config.producer_group, message.msg_id, message.offset_msg_id, half_offset,
+                                  state, from_check=True)
+        try:
+            await self._end_transaction(broker_name, message.topic, ext)
+        except RaftMQError as e:
+            log.warning("answer to a transaction check not delivered transaction_id=%s error=%s", message.msg_id, e)
+
     async def _send_with_retries(self, topic: str, code: int, ext: SendExt, body_for, uniqs: tuple[str, ...],
                                  queue: MessageQueue | None, sharding_key: str | None,
-                                 timeout_s: float | None) -> SendResult:
+                                 timeout_s: float | None, *, half: bool = False) -> SendResult:
         inst = self._instance
         timeout = timeout_s if timeout_s is not None else self.config.send_msg_timeout_ms / 1000
         deadline = time.monotonic() + timeout
@@ -339,7 +459,7 @@ class Producer:
             if faults is not None:
                 faults.update(mq.broker_name, (time.monotonic() - started) * 1000, isolation=False)
             self._stats.sent += len(uniqs)
-            return self._result(frame, status, mq, uniqs)
+            return self._result(frame, status, mq, uniqs, half)
         self._stats.failed += len(uniqs)
         if last_error is None:
             last_error = trio.TooSlowError(f"send timed out after {timeout:.3f}s")
@@ -355,29 +475,40 @@ class Producer:
             await trio.sleep(pause)
 
     @staticmethod
-    def _result(frame, status: SendStatus, mq: MessageQueue, uniqs: tuple[str, ...]) -> SendResult:
+    def _result(frame, status: SendStatus, mq: MessageQueue, uniqs: tuple[str, ...], half: bool = False) -> SendResult:
         ext = frame.ext
         offset_msg_id = ext.get("msg_id") or ""
         if isinstance(offset_msg_id, list):
             offset_msg_id = ",".join(offset_msg_id)
         queue_id = ext.get("queue_id", mq.queue_id)
-        if queue_id != mq.queue_id:
+        if queue_id != mq.queue_id and not half:  # a half is stored in the half queue, bound for ``mq``
             mq = MessageQueue(mq.topic, mq.broker_name, queue_id)
         return _NewSendResult(status, ",".join(uniqs) if len(uniqs) > 1 else uniqs[0], offset_msg_id, mq,
                               int(ext.get("queue_offset", -1)), uniqs)
 
 
 @contextlib.asynccontextmanager
-async def open_producer(namesrv: str | Sequence[str] | None = None, **options: Any) -> AsyncIterator[Producer]:
-    """Open a producer. ``namesrv`` is "host:port[;host:port]"; other options are ``ProducerConfig`` fields."""
+async def open_producer(namesrv: str | Sequence[str] | None = None, *,
+                        transaction_listener: TransactionListener | None = None,
+                        **options: Any) -> AsyncIterator[Producer]:
+    """Open a producer. ``namesrv`` is "host:port[;host:port]"; other options are ``ProducerConfig`` fields.
+    ``transaction_listener`` (``client.TransactionListener``) enables ``send_in_transaction`` and answers the
+    brokers' checks of this producer group's transactions."""
     if namesrv is not None:
         options["namesrv"] = namesrv
     config: ProducerConfig = build_config(ProducerConfig, options)
-    async with open_remoting(config) as remoting:
+    if transaction_listener is not None:
+        for name in ("execute", "check"):
+            if not callable(getattr(transaction_listener, name, None)):
+                raise TypeError(f"transaction_listener must have async methods execute(msg, arg) and check(msg); "
+                                f"{transaction_listener!r} has no {name}")
+    server_requests = ServerRequests()
+    async with open_remoting(config, server_requests) as remoting:
         async with open_client_nursery() as nursery:
             instance = ClientInstance(config, remoting, nursery)
             instance.start_background()
-            producer = Producer(config, instance)
+            producer = Producer(config, instance, transaction_listener)
+            server_requests.on_check_transaction = producer._on_check
             try:
                 yield producer
             finally:

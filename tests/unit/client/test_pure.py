@@ -349,6 +349,10 @@ def test_message_properties_and_validation():
     for name, attribute in (("TAGS", "tags"), ("KEYS", "keys")):
         with pytest.raises(ValueError, match=f"Message.properties must not set '{name}': give Message.{attribute}"):
             Message("T", b"x", properties={name: "B"})
+    # TRAN_MSG by hand made a half message that no END_TRANSACTION would end and no listener check.
+    for name in ("TRAN_MSG", "PGROUP"):
+        with pytest.raises(ValueError, match=f"must not set '{name}': send it with Producer.send_in_transaction"):
+            Message("T", b"x", properties={name: "true"})
     keys = {new_uniq_key() for _ in range(1000)}
     assert len(keys) == 1000
 
@@ -362,6 +366,7 @@ def test_public_api_is_pinned():
         "QueueConsumeStats", "TopicQueueStatus",
         "Message", "MessageExt", "MessageQueue", "SendResult", "SendStatus", "PullResult", "PullStatus",
         "Subscription", "parse_subscription", "tags_code", "allocate_average",
+        "TransactionListener", "TransactionSendResult", "TransactionState",
         "RaftMQError", "RemotingError", "ConnectError", "ConnectionClosedError", "RequestTimeoutError",
         "BrokerError", "NotLeaderError", "ClientError", "NoRouteError", "ClientClosedError",
         "MessageTooLargeError", "SendFailedError", "ConfigError"])
