@@ -208,10 +208,17 @@ class TransactionalMessageService:
             raise RequestRejected(ResponseCode.SYSTEM_BUSY, f"the half message at queue offset {half} {why}; retry")
 
     # --- END_TRANSACTION -----------------------------------------------------------------------------------
-    def _half_at(self, half_offset: int, commit_log_offset: int) -> MessageView:
+    async def _half_at(self, half_offset: int, commit_log_offset: int) -> MessageView:
         """The half message stored at ``half_offset`` of the half queue, which must start at ``commit_log_offset``
         (so that an offset inside some message's body can never pass for a half)."""
-        result = self.node.store.get_messages(TRANS_HALF_TOPIC, 0, half_offset, 1, self.node.max_message_size)
+        store = self.node.store
+        if store.dispatched_phy_offset <= commit_log_offset < store.max_phy_offset:
+            # Acknowledged once applied, a half is in the half queue once dispatched: an END sent at once can come
+            # first.
+            with trio.move_on_after(_CATCH_UP_TIMEOUT_S):
+                while store.dispatched_phy_offset <= commit_log_offset:
+                    await trio.sleep(0.002)
+        result = store.get_messages(TRANS_HALF_TOPIC, 0, half_offset, 1, self.node.max_message_size)
         view = decode_record(result.messages[0], check_crc=False) if result.messages else None
         if view is None or result.queue_offsets[0] != half_offset or view.phy_offset != commit_log_offset:
             raise RequestRejected(ResponseCode.NO_MESSAGE,
@@ -225,7 +232,7 @@ class TransactionalMessageService:
         """END_TRANSACTION on the leader: ``state`` is TRANSACTION_COMMIT_TYPE, TRANSACTION_ROLLBACK_TYPE or
         TRANSACTION_NOT_TYPE (unknown: nothing is done)."""
         await self._ready()
-        view = self._half_at(half_offset, commit_log_offset)
+        view = await self._half_at(half_offset, commit_log_offset)
         group = view.properties.get(PROPERTY_PRODUCER_GROUP)
         if group != producer_group:
             raise RequestRejected(ResponseCode.TRANSACTION_STATE_GROUP_WRONG,

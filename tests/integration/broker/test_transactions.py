@@ -220,6 +220,9 @@ async def test_a_half_not_ended_is_checked_each_interval_and_discarded_after_the
         (discarded,) = dead
         assert discarded.body == b"body-f1" and discarded.properties["TRANSACTION_CHECK_TIMES"] == "2"
         assert discarded.properties["REAL_TOPIC"] == "TxT" and discarded.properties["PGROUP"] == GROUP
+        found = await call(client, addr, RequestCode.QUERY_MESSAGE, {"topic": "TRANS_CHECK_MAX_TIME_TOPIC",
+                                                                     "key": "f1"})
+        assert [v.body for v in iter_records(found.body)] == [b"body-f1"]  # what `admin query-msg-key` asks
         f1_checks = [e for e, _ in producer.checks if e["transaction_id"] == "U-f1"]
         assert len(f1_checks) == 2
         a1_checks = [e for e, _ in producer.checks if e["transaction_id"] == "U-a1"]
