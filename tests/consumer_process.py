@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 import time
+from typing import Any
 
 import trio
 
@@ -51,22 +52,28 @@ async def _main(args: argparse.Namespace) -> None:
         out.write(line + "\n")
         out.flush()
 
-    parent = int(os.environ.get(PARENT_PID_ENV, "0") or 0)
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with open_push_consumer(args.namesrv, topic=args.topic, expression=args.expression, handler=handler,
                                       consumer_group=args.group, **options) as consumer:
             print(f"ready kind=consumer pid={os.getpid()} client_id={consumer.client_id}", flush=True)
-            async with trio.open_nursery() as nursery:
-                async def watch_parent() -> None:
-                    while not parent or os.getppid() == parent:
-                        await trio.sleep(0.5)
-                    nursery.cancel_scope.cancel()
-
-                nursery.start_soon(watch_parent)
-                async for _ in signals:
-                    nursery.cancel_scope.cancel()
-                    break
+            await run_until_stopped(signals)
     out.close()
+
+
+async def run_until_stopped(signals: Any) -> None:
+    """Return at the first SIGTERM/SIGINT from ``signals`` or once the process that started this one is gone (a
+    client process of a test must not outlive it)."""
+    parent = int(os.environ.get(PARENT_PID_ENV, "0") or 0)
+    async with trio.open_nursery() as nursery:
+        async def watch_parent() -> None:
+            while not parent or os.getppid() == parent:
+                await trio.sleep(0.5)
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(watch_parent)
+        async for _ in signals:
+            nursery.cancel_scope.cancel()
+            break
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,7 +20,7 @@ import sys
 import trio
 
 from client import Message, MessageExt, TransactionState, open_producer
-from raftmq.runner import PARENT_PID_ENV
+from tests.consumer_process import run_until_stopped
 
 
 class _Listener:
@@ -41,7 +41,6 @@ class _Listener:
 
 
 async def _main(args: argparse.Namespace) -> None:
-    parent = int(os.environ.get(PARENT_PID_ENV, "0") or 0)
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with open_producer(args.namesrv, producer_group=args.group, transaction_listener=_Listener(args.hang),
                                  heartbeat_broker_interval_ms=200) as producer:
@@ -50,16 +49,8 @@ async def _main(args: argparse.Namespace) -> None:
             async with trio.open_nursery() as nursery:
                 for key in args.send:
                     nursery.start_soon(producer.send_in_transaction, Message(args.topic, key.encode(), keys=key))
-
-                async def watch_parent() -> None:
-                    while not parent or os.getppid() == parent:
-                        await trio.sleep(0.5)
-                    nursery.cancel_scope.cancel()
-
-                nursery.start_soon(watch_parent)
-                async for _ in signals:
-                    nursery.cancel_scope.cancel()
-                    break
+                await run_until_stopped(signals)
+                nursery.cancel_scope.cancel()
 
 
 def main(argv: list[str] | None = None) -> int:
