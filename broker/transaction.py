@@ -231,8 +231,9 @@ class TransactionalMessageService:
                   transaction_id: str) -> EndOutcome:
         """END_TRANSACTION on the leader: ``state`` is TRANSACTION_COMMIT_TYPE, TRANSACTION_ROLLBACK_TYPE or
         TRANSACTION_NOT_TYPE (unknown: nothing is done)."""
-        await self._ready()
         view = await self._half_at(half_offset, commit_log_offset)
+        # From here to the append nothing waits: what this leader knows of the half cannot change in between.
+        await self._ready()
         group = view.properties.get(PROPERTY_PRODUCER_GROUP)
         if group != producer_group:
             raise RequestRejected(ResponseCode.TRANSACTION_STATE_GROUP_WRONG,
@@ -298,6 +299,7 @@ class TransactionalMessageService:
                                                                     f"{view.phy_offset} cannot be committed: {e}") \
                     from None
             messages.insert(0, real)
+        self._busy.add(half_offset)
         stored = await self._append_settling([half_offset], messages)
         self._settled(half_offset, stored[-1].queue_offset, outcome)
         if outcome == COMMIT:
@@ -309,11 +311,11 @@ class TransactionalMessageService:
         return EndOutcome(ResponseCode.SUCCESS, "rolled back")
 
     async def _append_settling(self, halves: list[int], messages: list[MessageInput]) -> Any:
-        """Append ``messages`` (which settle ``halves``) as one batch, the halves marked busy meanwhile. An append
-        whose outcome is unknown leaves them uncertain: nothing acts on them until their op records show up (or the
-        term, and with it this view, changes)."""
+        """Append ``messages`` (which settle ``halves``, marked busy by the caller when it chose them, before it
+        waited for anything) as one batch, and unmark them. An append whose outcome is unknown leaves them
+        uncertain: nothing acts on them until their op records show up (or the term, and with it this view,
+        changes)."""
         node = self.node
-        self._busy.update(halves)
         try:
             batch = encode_batch(messages, node.store_host, max_message_size=node.max_message_size)
             return await node.append_messages(batch)
@@ -386,10 +388,15 @@ class TransactionalMessageService:
                                          view.prepared_transaction_offset))
             messages.append(self._op_record(offset, outcome))
             halves.append((offset, outcome))
+            self._busy.add(offset)  # an END for it now waits (SYSTEM_BUSY) until this batch settled it
             progress = offset + 1
-        if len(checked) < len(halves):
-            await node.ensure_topic(TopicConfig(TRANS_CHECK_MAX_TIME_TOPIC, 1, 1, PERM_READ))
         if messages:
+            try:
+                if len(checked) < len(halves):
+                    await node.ensure_topic(TopicConfig(TRANS_CHECK_MAX_TIME_TOPIC, 1, 1, PERM_READ))
+            except BaseException:
+                self._busy.difference_update(half for half, _ in halves)
+                raise
             stored = await self._append_settling([half for half, _ in halves], messages)
             for (half, outcome), op in zip(halves, stored[1::2]):
                 self._settled(half, op.queue_offset, outcome)
