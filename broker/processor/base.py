@@ -9,7 +9,7 @@ integer within 0..1023, got 'x'"`` so a client (or a human with a packet capture
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import cbor2
@@ -19,6 +19,7 @@ from dledger import (AppendTimeoutError, BatchRejectedError, DLedgerError, Group
                      NotLeaderError, RecordTooLargeError)
 from remoting.codec import Frame, cut_remark, make_response
 from remoting.codes import ResponseCode
+from remoting.errors import RaftMQError
 from remoting.message import I32, I64
 
 log = logging.getLogger(__name__)
@@ -151,6 +152,31 @@ def reply(request: Frame, code: int, remark: str, ext: dict[str, Any] | None = N
         log.info("oneway request refused code=%d response_code=%d remark=%s", request.code, code, cut_remark(remark))
         return None
     return make_response(request, code, remark=remark, ext=ext)
+
+
+def unexpected_response(request: Frame) -> Frame:
+    """An answer sent outside the dispatcher (callback or task) gets the dispatcher's treatment of a bug: logged
+    with its traceback, answered SYSTEM_ERROR, the connection lives on. Call it from an ``except`` block."""
+    log.exception("request failed unexpectedly code=%d", request.code)
+    return make_response(request, ResponseCode.SYSTEM_ERROR, remark="unexpected broker error; see the broker log")
+
+
+async def answer_from_task(node: Any, request: Frame, conn: Any, work: Callable[[], Awaitable[Frame]]) -> None:
+    """Run ``work`` (which returns the response) in a task of the connection and send what it answers, a refusal
+    mapped as the dispatcher maps it: the connection's reader goes on with its next request meanwhile, instead of
+    waiting for a Raft commit."""
+    try:
+        response: Frame | None = await work()
+    except (RequestRejected, DLedgerError) as e:
+        response = error_response(node, request, e)
+    except Exception:
+        response = unexpected_response(request)
+    if response is None or request.is_oneway:
+        return
+    try:
+        await conn.send_response(response)
+    except RaftMQError as e:
+        log.debug("answer not delivered code=%d error=%s", request.code, e)
 
 
 def error_response(node: Any, request: Frame, exc: RequestRejected | DLedgerError) -> Frame | None:

@@ -14,10 +14,11 @@ while the same half is being ended, INVALID_REQUEST naming a missing or malforme
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import TYPE_CHECKING, Any
 
-from broker.processor.base import get_bool, get_group, get_int, get_str, invalid
+from broker.processor.base import answer_from_task, get_bool, get_group, get_int, get_str, invalid
 from remoting.codec import Frame, make_response
 from remoting.message import TRANSACTION_COMMIT_TYPE, TRANSACTION_NOT_TYPE, TRANSACTION_ROLLBACK_TYPE
 
@@ -33,7 +34,14 @@ class EndTransactionProcessor:
     def __init__(self, node: BrokerNode) -> None:
         self.node = node
 
-    async def end_transaction(self, request: Frame, conn: Any) -> Frame:
+    async def end_transaction(self, request: Frame, conn: Any) -> Frame | None:
+        if getattr(conn, "nursery", None) is None:
+            return await self._end(request)
+        # Answered from a task, as a send: the producer's sends on this connection do not wait for this Raft commit.
+        conn.nursery.start_soon(answer_from_task, self.node, request, conn, functools.partial(self._end, request))
+        return None
+
+    async def _end(self, request: Frame) -> Frame:
         node = self.node
         if not node.is_leader():
             raise node.not_leader()

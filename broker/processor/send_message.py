@@ -21,13 +21,12 @@ import struct
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from broker.processor.base import (I32, I64, RequestRejected, error_response, get_bool, get_group, get_int, get_str,
-                                   invalid)
+from broker.processor.base import (I32, I64, RequestRejected, answer_from_task, error_response, get_bool, get_group,
+                                   get_int, get_str, invalid, unexpected_response)
 from broker.topic_config import TopicConfigError, check_sendable_topic, validate_topic_name
 from dledger import DLedgerError, NotLeaderError
 from remoting.codec import Frame, make_response
 from remoting.codes import RequestCode, ResponseCode
-from remoting.errors import RaftMQError
 from broker.transaction import prepared_sys_flag
 from remoting.message import (BATCH_HEAD, BATCH_MAGIC, ENTRY_HEAD, PROPERTY_DELAY, PROPERTY_TRANSACTION_PREPARED,
                               CheckedBatch, MessageFormatError, MessageInput, check_topic, encode_batch,
@@ -121,25 +120,14 @@ class SendMessageProcessor:
         except RequestRejected as e:
             response = error_response(node, request, e)
         except Exception:
-            response = _unexpected(request)
+            response = unexpected_response(request)
         if response is None or request.is_oneway:
             return
         if not conn.send_response_nowait(response):
             log.debug("send answer not delivered: connection closed remote=%s", conn.remote_address)
 
     async def _append_and_answer(self, request: Frame, batch: bytes, conn: Any) -> None:
-        try:
-            response = await self._append(request, batch)
-        except (RequestRejected, DLedgerError) as e:
-            response = error_response(self.node, request, e)
-        except Exception:
-            response = _unexpected(request)
-        if response is None or request.is_oneway:
-            return
-        try:
-            await conn.send_response(response)
-        except RaftMQError as e:
-            log.debug("send answer not delivered error=%s", e)
+        await answer_from_task(self.node, request, conn, functools.partial(self._append, request, batch))
 
     async def _append(self, request: Frame, batch: bytes) -> Frame:
         return self._success(request, await self.node.append_messages(batch))
@@ -269,10 +257,3 @@ def _host_bytes_or_none(host: Any) -> tuple[bytes, int] | None:
         return socket.inet_pton(socket.AF_INET, ip), port
     except (OSError, TypeError, ValueError):
         return None
-
-
-def _unexpected(request: Frame) -> Frame:
-    """An answer sent outside the dispatcher (callback or task) gets the dispatcher's treatment of a bug: logged
-    with its traceback, answered SYSTEM_ERROR, the connection lives on. Call it from an ``except`` block."""
-    log.exception("send failed unexpectedly code=%d", request.code)
-    return make_response(request, ResponseCode.SYSTEM_ERROR, remark="unexpected broker error; see the broker log")
