@@ -77,7 +77,8 @@ from remoting.errors import (
 
 __all__ = [
     "ClientConnection", "ConnectionStatistics", "RemotingClient", "RemotingConnection", "RequestHandler",
-    "ServerConnection", "background_nursery", "corked", "open_connection", "open_remoting_client", "serve_remoting",
+    "ServerConnection", "background_nursery", "corked", "open_connection", "open_listeners", "open_remoting_client",
+    "serve_remoting",
 ]
 
 log = logging.getLogger(__name__)
@@ -627,12 +628,9 @@ class ClientConnection(RemotingConnection):
 # ---------------------------------------------------------------------------------------------- server
 
 
-async def serve_remoting(handler: RequestHandler, host: str, port: int, *,
-                         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
-                         task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED) -> None:
-    """Listen on ``host:port`` (0: any free port), report ``(host, bound_port)`` through ``task_status`` and
-    serve every connection with ``handler`` until cancelled."""
-    FrameDecoder(max_frame_size)  # validates the size now rather than on the first connection
+async def open_listeners(host: str, port: int) -> tuple[list[trio.SocketListener], int]:
+    """TCP listeners on ``host:port`` (0: any free port) and the port they are bound to; every server of ours
+    (remoting, the metrics endpoint) listens through this."""
     listeners = await trio.open_tcp_listeners(port, host=host)
     if port == 0 and len(listeners) > 1:
         # A name resolving to several addresses gets a different free port on each: keep one, so the port
@@ -640,7 +638,16 @@ async def serve_remoting(handler: RequestHandler, host: str, port: int, *,
         for extra in listeners[1:]:
             await extra.aclose()
         listeners = listeners[:1]
-    bound_port = listeners[0].socket.getsockname()[1]
+    return listeners, listeners[0].socket.getsockname()[1]
+
+
+async def serve_remoting(handler: RequestHandler, host: str, port: int, *,
+                         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+                         task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED) -> None:
+    """Listen on ``host:port`` (0: any free port), report ``(host, bound_port)`` through ``task_status`` and
+    serve every connection with ``handler`` until cancelled."""
+    FrameDecoder(max_frame_size)  # validates the size now rather than on the first connection
+    listeners, bound_port = await open_listeners(host, port)
     log.info("remoting server listening host=%s port=%d max_frame_size=%d", host, bound_port, max_frame_size)
     async with trio.open_nursery() as nursery:
         task_status.started((host, bound_port))

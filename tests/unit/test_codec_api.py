@@ -23,5 +23,6 @@ def test_remoting_public_api():
 def test_transport_public_api():
     assert sorted(transport.__all__) == sorted([
         "ClientConnection", "ConnectionStatistics", "RemotingClient", "RemotingConnection", "RequestHandler",
-        "ServerConnection", "background_nursery", "corked", "open_connection", "open_remoting_client", "serve_remoting",
+        "ServerConnection", "background_nursery", "corked", "open_connection", "open_listeners", "open_remoting_client",
+        "serve_remoting",
     ])
