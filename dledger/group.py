@@ -117,6 +117,7 @@ class DLedgerStatistics:
     snapshots_loaded: int
     journal_flushes: int
     pre_votes: int  # pre-vote rounds this member began (patches.py, 15): its election timer fired
+    leader_changes: int  # leaders (itself too) this member learnt of, each of a new term: elections it saw won
     log_entries_in_memory: int
     catch_up_bytes: int
     serving_reads: bool
@@ -168,6 +169,8 @@ class DLedgerGroup:
         self._role = RoleChange(Role.FOLLOWER, 0, None, None)
         self._raw_role: tuple[Any, ...] = ()
         self._leader_flag = False
+        self._leader_changes = 0
+        self._last_leader: tuple[int, str] | None = None  # (term, leader_id) last counted in _leader_changes
         # Refreshed by the expiry task every 50 ms: deadlines need no finer clock, and reading trio's clock
         # once per append is a measurable cost.
         self._coarse_now = 0.0
@@ -288,6 +291,10 @@ class DLedgerGroup:
             return
         previous, self._role = self._role, current
         self._leader_flag = current.role is Role.LEADER
+        if current.leader_id is not None and (current.term, current.leader_id) != self._last_leader:
+            # A leader lost from sight and found again in the same term is no new election.
+            self._last_leader = (current.term, current.leader_id)
+            self._leader_changes += 1
         if current.role is not previous.role or current.leader_id != previous.leader_id:
             log.info("role changed group=%s id=%s role=%s term=%d leader=%s", self.config.group,
                      self.config.self_id, current.role.value, current.term, current.leader_id)
@@ -845,7 +852,8 @@ class DLedgerGroup:
             applied_batches=counters["applied_batches"], duplicate_batches=counters["duplicate_batches"],
             rejected_batches=counters["rejected_batches"], snapshots_written=counters["snapshots_written"],
             snapshots_loaded=counters["snapshots_loaded"], journal_flushes=counters["journal_flushes"],
-            pre_votes=counters["pre_votes"], log_entries_in_memory=counters["log_entries_in_memory"],
+            pre_votes=counters["pre_votes"], leader_changes=self._leader_changes,
+            log_entries_in_memory=counters["log_entries_in_memory"],
             catch_up_bytes=self._catch_up.copied_bytes,
             serving_reads=m.catch_up_target is None, connected_peers=m.connected_peers(),
             rejoining=m.rejoining)

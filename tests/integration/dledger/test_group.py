@@ -62,6 +62,9 @@ async def test_metadata_roles_and_transfer(tmp_path):
         for g in groups:
             info = await g.wait_leader()
             assert info.leader_id == leader.config.self_id
+        # Each member counts the elections it saw won (the metrics' raftmq_raft_leader_changes_total).
+        before = [g.statistics().leader_changes for g in groups]
+        assert all(count >= 1 for count in before), before
         target = next(g for g in groups if not g.is_leader)
         async with target.role_changes() as changes:
             new_view = await leader.transfer_leadership(target.config.self_id)
@@ -71,6 +74,11 @@ async def test_metadata_roles_and_transfer(tmp_path):
                     if change.role is Role.LEADER:
                         break
         await target.wait_ready_leader()
+        with trio.fail_after(5):
+            while any(g.statistics().leader_id != target.config.self_id for g in groups):
+                await trio.sleep(0.02)
+        after = [g.statistics().leader_changes for g in groups]
+        assert all(a >= b + 1 for a, b in zip(after, before)), (before, after)
         result = await target.append(b"after-transfer")
         assert result.index > 0
     for log in logs:
