@@ -11,7 +11,8 @@ Rules this module keeps:
 * **Scrapes cost the server nothing between scrapes.** The registry holds custom collectors that read at
   scrape time what the server counts anyway; nothing here is called per message or per request of the server's
   own protocol. A scrape runs the collectors in the trio thread, so its cost (proportional to topics, queues and
-  consumer groups) is paid once per scrape by the server's event loop.
+  consumer groups) is paid once per scrape by the server's event loop; ``render_exposition`` formats a family,
+  or a slice of a big one, at a time with a checkpoint in between, so the server's other tasks run meanwhile.
 * **Only GET (and HEAD) of /metrics.** ``200`` with the exposition (a query string is ignored); another path
   ``404``; another method ``405`` with ``Allow``; a request h11 cannot parse ``400`` (``431`` when its head
   exceeds ``MAX_REQUEST_HEAD_BYTES``, a request line alone included); a GET with a body ``400``; a collector
@@ -26,6 +27,7 @@ Rules this module keeps:
 
 from __future__ import annotations
 
+import copy
 import http
 import logging
 from collections.abc import Sequence
@@ -35,7 +37,7 @@ import h11
 import trio
 from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector,
                                generate_latest)
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from remoting.config import ConfigError, parse_host_port
@@ -43,7 +45,7 @@ from remoting.transport import open_listeners
 
 log = logging.getLogger(__name__)
 
-__all__ = ["serve_metrics", "metrics_registry", "MetricFamilies", "METRICS_PATH", "MAX_REQUEST_HEAD_BYTES",
+__all__ = ["serve_metrics", "render_exposition", "metrics_registry", "MetricFamilies", "METRICS_PATH", "MAX_REQUEST_HEAD_BYTES",
            "MAX_CONNECTIONS", "REQUEST_TIMEOUT_S", "SEND_TIMEOUT_S"]
 
 METRICS_PATH = b"/metrics"
@@ -56,6 +58,8 @@ SEND_TIMEOUT_S = 10.0
 # A few Prometheus servers and an operator's curl; more at once is a misbehaving client.
 MAX_CONNECTIONS = 16
 ALLOWED_METHODS = (b"GET", b"HEAD")
+# Samples formatted between two checkpoints: ~10 us each, so a few ms of the event loop at a time.
+EXPOSITION_CHUNK_SAMPLES = 500
 
 _Family = TypeVar("_Family", GaugeMetricFamily, CounterMetricFamily)
 
@@ -157,7 +161,7 @@ class _MetricsServer:
                     return
             if not isinstance(request, h11.Request):
                 return  # closed by the client, or no whole request in time (idle or too slow)
-            status, headers, body = self._answer(request)
+            status, headers, body = await self._answer(request)
             if request.method == b"HEAD":
                 await _send(stream, conn, status, headers, b"", content_length=len(body))
             else:
@@ -169,7 +173,7 @@ class _MetricsServer:
                 return  # an error answer (connection: close), or the client asked to close
             conn.start_next_cycle()
 
-    def _answer(self, request: h11.Request) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    async def _answer(self, request: h11.Request) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
         path = request.target.split(b"?", 1)[0]
         if path != METRICS_PATH:
             return _error(http.HTTPStatus.NOT_FOUND, f"no such path; metrics are at {METRICS_PATH.decode()}")
@@ -181,11 +185,42 @@ class _MetricsServer:
                for name, value in request.headers):
             return _error(http.HTTPStatus.BAD_REQUEST, "a GET of /metrics carries no body")
         try:
-            body = generate_latest(self.registry)
+            body = await render_exposition(self.registry)
         except Exception:
             log.exception("metrics collection failed")
             return _error(http.HTTPStatus.INTERNAL_SERVER_ERROR, "metrics collection failed; see the server log")
         return http.HTTPStatus.OK, [(b"content-type", CONTENT_TYPE_LATEST.encode())], body
+
+
+async def render_exposition(registry: CollectorRegistry) -> bytes:
+    """``generate_latest(registry)``, made a family at a time, and a big family ``EXPOSITION_CHUNK_SAMPLES`` samples
+    at a time, with a checkpoint in between: the server's other tasks run while a big registry is formatted (a
+    broker with 1,000 topics and five consumer groups has ~17,000 samples, ~100 ms of formatting)."""
+    parts = []
+    for family in registry.collect():
+        samples = family.samples
+        if len(samples) <= EXPOSITION_CHUNK_SAMPLES:
+            parts.append(generate_latest(_Single(family)))
+        else:
+            for start in range(0, len(samples), EXPOSITION_CHUNK_SAMPLES):
+                piece = copy.copy(family)
+                piece.samples = samples[start:start + EXPOSITION_CHUNK_SAMPLES]
+                text = generate_latest(_Single(piece))
+                # Its HELP and TYPE lines once, before the first piece (each is one line: newlines are escaped).
+                parts.append(text if start == 0 else text.split(b"\n", 2)[2])
+                await trio.sleep(0)
+        await trio.sleep(0)
+    return b"".join(parts)
+
+
+class _Single:
+    """A collector of one family, for ``generate_latest``."""
+
+    def __init__(self, family: Metric) -> None:
+        self.family = family
+
+    def collect(self) -> list[Metric]:
+        return [self.family]
 
 
 async def _receive_request(stream: trio.SocketStream, conn: h11.Connection) -> h11.Request | None:

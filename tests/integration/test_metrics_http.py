@@ -7,10 +7,12 @@ import functools
 
 import pytest
 import trio
+from prometheus_client import CollectorRegistry, generate_latest
 
 from remoting import metrics_http
 from remoting.config import ConfigError
-from remoting.metrics_http import MAX_REQUEST_HEAD_BYTES, MetricFamilies, metrics_registry, serve_metrics
+from remoting.metrics_http import (EXPOSITION_CHUNK_SAMPLES, MAX_REQUEST_HEAD_BYTES, MetricFamilies, metrics_registry,
+                                   render_exposition, serve_metrics)
 from tests.metrics_scrape import exchange, parse_samples, read_answer, scrape, value
 
 GET = b"GET /metrics HTTP/1.1\r\nHost: test\r\n\r\n"
@@ -173,3 +175,22 @@ async def test_an_address_in_use_is_a_config_error_naming_metrics_listen(nursery
                                           r"already in use"):
         await serve_metrics(metrics_registry(Figures()), f"127.0.0.1:{port}")
 
+
+
+class ManyTopics:
+    def collect(self):
+        f = MetricFamilies(node_type="test", node_id="t1")
+        sent = f.counter("test_sent_total", "sent, by topic", labels=["topic"])
+        for i in range(3 * EXPOSITION_CHUNK_SAMPLES + 17):
+            f.add(sent, i, f"Topic{i}")
+        yield sent
+        yield f.gauge("test_after", "a family after the big one", 1)
+
+
+async def test_a_big_family_is_rendered_in_slices_as_generate_latest_renders_it_whole():
+    registry = CollectorRegistry()
+    registry.register(ManyTopics())
+    rendered = await render_exposition(registry)
+    assert rendered == generate_latest(registry)
+    assert rendered.count(b"# TYPE test_sent_total counter") == 1
+    assert value(parse_samples(rendered.decode()), "test_sent_total", topic="Topic1516") == 1516
