@@ -29,8 +29,8 @@ from broker.delay_level import DEFAULT_MESSAGE_DELAY_LEVEL, delay_levels_problem
 from broker.store.config import StoreConfig
 from dledger.config import DLedgerConfig
 from dledger.service import MAX_FETCH_BYTES
-from remoting.config import (ConfigError, bounded, check_fields, config_from_mapping, name_problem, parse_host_port,
-                             read_config_data)
+from remoting.config import (ConfigError, bounded, check_fields, config_from_mapping, metrics_listen_problem,
+                             name_problem, parse_host_port, read_config_data)
 from remoting.message import BATCH_HEAD, MAX_PROPERTIES_SIZE, MAX_TOPIC_LENGTH, record_size
 
 __all__ = ["BrokerConfig", "load_broker_config"]
@@ -54,6 +54,9 @@ class BrokerConfig:
     namesrv_addrs: tuple[str, ...] = bounded((), check=_addrs_ok, doc="every name server, HOST:PORT")
     listen: str = bounded("", doc="HOST:PORT to bind remoting on; default: this member's service_address, which "
                                   "is always the advertised address")
+    # Off by default, as RocketMQ's metricsExporterType: a port more to open and firewall is the operator's call.
+    metrics_listen: str = bounded("", check=metrics_listen_problem,
+                                  doc="HOST:PORT to serve Prometheus metrics on (GET /metrics); empty: none")
     store: StoreConfig = dataclasses.field(default_factory=StoreConfig)
     dledger: DLedgerConfig | None = None
     auto_create_topic_enable: bool = bounded(True, doc="create unknown topics on first send (RocketMQ default)")

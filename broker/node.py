@@ -4,8 +4,8 @@
 (``broker/commit_log_machine.py``), opens this member of the DLedger group, and serves remoting on the member's
 service address until cancelled. Everything runs in one nursery (design §8.4): the store's services, the
 remoting server, long polling, registration, the role watcher, the offset flusher, the topic-change registrar,
-the client-expiry scan, the schedule service of delayed messages and the check service of transactional
-messages.
+the client-expiry scan, the schedule service of delayed messages, the check service of transactional messages
+and, with ``metrics_listen`` set, the ``/metrics`` endpoint (``broker/metrics.py``).
 
 Rules this module keeps:
 
@@ -29,7 +29,7 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import cbor2
@@ -40,6 +40,7 @@ from broker.config import BrokerConfig
 from broker.consumer_manager import ClientManager
 from broker.dispatcher import BrokerDispatcher
 from broker.long_polling import PullRequestHoldService
+from broker.metrics import broker_metrics_registry
 from broker.offset_manager import ConsumerOffsetTable
 from broker.processor.base import RequestRejected
 from broker.processor.pull_message import check_pullable
@@ -58,6 +59,7 @@ from remoting.codes import RequestCode, ResponseCode
 from remoting.config import parse_host_port
 from remoting.errors import RaftMQError
 from remoting.message import decode_record
+from remoting.metrics_http import serve_metrics
 from remoting.transport import corked, open_remoting_client, serve_remoting
 
 log = logging.getLogger(__name__)
@@ -116,6 +118,11 @@ class BrokerNode:
         self.put_requests = 0
         self.pulled_messages = 0
         self.pull_stats = PullStats()
+        # topic -> [messages, body bytes] acknowledged to producers here (as leader): the per-topic figures of the
+        # metrics, counted once per send request by the send processor, never per message.
+        self.put_by_topic: dict[str, list[int]] = {}
+        # Where GET /metrics is served ((host, port)), once serve_broker has started it; None: metrics_listen unset.
+        self.metrics_address: tuple[str, int] | None = None
         # The topic table is mirrored as TopicConfigs (the send path reads them), refreshed as the group applies a
         # change to it: polled every 0.2 s before, a node served the old table that long after applying a change
         # (a follower refused pulls of queues a topic had just gained; a new leader, after the entries of the
@@ -198,13 +205,15 @@ class BrokerNode:
         return int(value) if value is not None else None
 
     def _committed_offsets(self, group: str) -> dict[tuple[str, int], int]:
-        prefix = group + "\x01"
-        out = {}
+        return {(topic, queue_id): offset for _group, topic, queue_id, offset in self.committed_offsets(group)}
+
+    def committed_offsets(self, group: str | None = None) -> Iterator[tuple[str, str, int, int]]:
+        """``(consumer_group, topic, queue_id, offset)`` of the replicated offset table, of ``group`` or of all."""
+        prefix = "" if group is None else group + "\x01"
         for key, value in self.group.metadata(OFFSET_TABLE).items():
             if key.startswith(prefix):
-                _group, topic, queue_id = key.split("\x01")
-                out[(topic, int(queue_id))] = int(value)
-        return out
+                consumer_group, topic, queue_id = key.split("\x01")
+                yield consumer_group, topic, int(queue_id), int(value)
 
     def topic(self, topic: str) -> TopicConfig | None:
         config = self.topics.get(topic)
@@ -682,8 +691,12 @@ async def serve_broker(config: BrokerConfig, *, on_serving: Callable[[BrokerNode
                             nursery.start_soon(node.schedule.serve)
                             nursery.start_soon(node.transactions.serve)
                             await nursery.start(node.registration.serve)
-                            log.info("broker node serving broker_name=%s broker_id=%d listen=%s:%d",
-                                     config.broker_name, node.broker_id, bound[0], bound[1])
+                            if config.metrics_listen:
+                                node.metrics_address = await nursery.start(
+                                    serve_metrics, broker_metrics_registry(node), config.metrics_listen)
+                            log.info("broker node serving broker_name=%s broker_id=%d listen=%s:%d metrics=%s",
+                                     config.broker_name, node.broker_id, bound[0], bound[1],
+                                     "%s:%d" % node.metrics_address if node.metrics_address else "off")
                             if on_serving is not None:
                                 on_serving(node)
                             task_status.started(bound)

@@ -20,6 +20,13 @@ log = logging.getLogger(__name__)
 OffsetKey = tuple[str, str, int]  # (consumer_group, topic, queue_id)
 
 
+def consumer_lag(broker_offset: int, min_offset: int, consumer_offset: int | None) -> int:
+    """Messages still stored in a queue that a group has not consumed: none before the queue's min offset (retention
+    removed them), all of those kept when the group committed nothing (None)."""
+    start = min_offset if consumer_offset is None else max(consumer_offset, min_offset)
+    return max(0, broker_offset - start)
+
+
 class ConsumerOffsetTable:
     """``read_committed(group, topic, queue_id)`` and ``read_group(group)``, when given, read the committed
     offsets from the replicated metadata directly (the broker node's case); without them the table keeps its own

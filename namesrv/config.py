@@ -9,7 +9,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from remoting.config import ConfigError, bounded, check_fields, load_config, parse_host_port
+from remoting.config import ConfigError, bounded, check_fields, load_config, metrics_listen_problem, parse_host_port
 
 __all__ = ["NamesrvConfig", "load_namesrv_config"]
 
@@ -26,6 +26,8 @@ def _check_listen(value: str) -> str | None:
 class NamesrvConfig:
     listen: str = bounded("127.0.0.1:9876", check=_check_listen,
                           doc="address to listen on; port 0 picks a free port")
+    metrics_listen: str = bounded("", check=metrics_listen_problem,
+                                  doc="HOST:PORT to serve Prometheus metrics on (GET /metrics); empty: none")
     broker_expired_ms: int = bounded(120_000, min=1, max=86_400_000,
                                      doc="a node silent this long is evicted from routes, unless its registration "
                                          "carries its own heartbeat_timeout_ms (every raftmq broker's does)")
@@ -41,9 +43,13 @@ class NamesrvConfig:
         return parse_host_port(self.listen, key="listen")
 
 
-def load_namesrv_config(path: str | Path | None = None, *, listen: str | None = None) -> NamesrvConfig:
-    """The TOML file at ``path`` (defaults without one), with ``--listen`` winning over the file."""
+def load_namesrv_config(path: str | Path | None = None, *, listen: str | None = None,
+                        metrics_listen: str | None = None) -> NamesrvConfig:
+    """The TOML file at ``path`` (defaults without one), with ``--listen`` and ``--metrics-listen`` winning over
+    the file."""
     overrides: dict[str, Any] = {}
     if listen is not None:
         overrides["listen"] = listen
+    if metrics_listen is not None:
+        overrides["metrics_listen"] = metrics_listen
     return load_config(NamesrvConfig, path, overrides=overrides)

@@ -40,6 +40,9 @@ class NamesrvProcessor:
         # far, and encoding a route with a few groups costs more than the whole rest of the request.
         self._route_bodies: dict[str, bytes] = {}
         self._route_bodies_generation = -1
+        # GET_ROUTEINFO_BY_TOPIC answered, and of those TOPIC_NOT_EXIST: the metrics' routes served.
+        self.route_queries = 0
+        self.route_misses = 0
         self._handlers: dict[int, Callable[[Frame, Any], Frame]] = {
             RequestCode.REGISTER_BROKER: self._register_broker,
             RequestCode.UNREGISTER_BROKER: self._unregister_broker,
@@ -85,6 +88,7 @@ class NamesrvProcessor:
 
     def _get_route_info_by_topic(self, request: Frame, conn: Any) -> Frame:
         topic = parse_topic(request.ext)
+        self.route_queries += 1
         if self._route_bodies_generation != self.route_info.generation:
             self._route_bodies.clear()
             self._route_bodies_generation = self.route_info.generation
@@ -92,6 +96,7 @@ class NamesrvProcessor:
         if body is None:
             route = self.route_info.pickup_topic_route(topic)
             if route is None:
+                self.route_misses += 1
                 return make_response(request, ResponseCode.TOPIC_NOT_EXIST, ext={"topic": topic},
                                      remark=f"no route info in this name server for topic {topic!r}")
             body = self._route_bodies[topic] = cbor2.dumps(route.to_wire())

@@ -168,7 +168,8 @@ class RouteStatistics:
     nodes: int
     topics: int
     registrations: int
-    evictions: int
+    evictions: int  # nodes removed for any reason: every value of ``removals``
+    removals: Mapping[str, int]  # nodes removed, by reason: expired, connection_closed, unregistered
 
 
 class RouteConflictError(ValueError):
@@ -224,7 +225,7 @@ class RouteInfoManager:
         self._topic_queue_table: dict[str, dict[str, QueueData]] = {}
         self._by_conn: dict[Hashable, set[tuple[str, int]]] = {}
         self._registrations = 0
-        self._evictions = 0
+        self._removals = {"expired": 0, "connection_closed": 0, "unregistered": 0}
         self._generation = 0
 
     @property
@@ -343,7 +344,7 @@ class RouteInfoManager:
     def statistics(self) -> RouteStatistics:
         return RouteStatistics(len(self._clusters), len(self._groups),
                                sum(len(g.nodes) for g in self._groups.values()), len(self._topic_queue_table),
-                               self._registrations, self._evictions)
+                               self._registrations, sum(self._removals.values()), dict(self._removals))
 
     # ---- internals ---------------------------------------------------------------------------------------
 
@@ -352,7 +353,7 @@ class RouteInfoManager:
         del group.nodes[node.broker_id]
         self._generation += 1
         self._unlink_conn(node.conn_key, group.broker_name, node.broker_id)
-        self._evictions += 1
+        self._removals[reason] += 1
         log.info("node removed reason=%s broker_name=%s broker_id=%d broker_addr=%s heartbeat_timeout_ms=%d",
                  reason, group.broker_name, node.broker_id, node.broker_addr, node.heartbeat_timeout_ms)
         if group.nodes:

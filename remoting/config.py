@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 __all__ = ["ConfigError", "load_config", "read_config_data", "config_from_mapping", "apply_overrides", "bounded",
-           "check_fields", "parse_host_port", "name_problem"]
+           "check_fields", "parse_host_port", "name_problem", "metrics_listen_problem"]
 
 T = TypeVar("T")
 
@@ -97,6 +97,14 @@ def parse_host_port(value: str, *, key: str = "address", dial: bool = False) -> 
         raise ConfigError(f"{key} needs a fixed port (it is dialed; port 0 only tells a listening server to pick "
                           f"any free one), got {value!r}")
     return host, port
+
+
+def metrics_listen_problem(value: str) -> str | None:
+    """The ``metrics_listen`` key of a server's config: empty (no metrics endpoint, the default) or HOST:PORT to
+    serve ``/metrics`` on (port 0: any free port, printed in the ready line). Raises the ConfigError naming it."""
+    if value:
+        parse_host_port(value, key="metrics_listen")
+    return None
 
 
 def load_config(cls: type[T], path: str | Path | None = None, *, overrides: Mapping[str, Any] | None = None) -> T:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import cbor2
 
+from broker.offset_manager import consumer_lag
 from broker.processor.base import I64, get_existing_topic, get_group, get_int, get_topic_queue
 from remoting.codec import Frame, make_response
 from remoting.codes import ResponseCode
@@ -104,14 +105,12 @@ class ConsumerManageProcessor:
                 broker_offset = store.get_max_offset_in_queue(name, queue_id)
                 min_offset = store.get_min_offset_in_queue(name, queue_id)
                 consumer_offset = committed.get((name, queue_id))
-                # Messages still stored that the group has not consumed: none before the queue's min offset.
-                start = min_offset if consumer_offset is None else max(consumer_offset, min_offset)
                 last_timestamp = None
                 if consumer_offset is not None and min_offset < consumer_offset <= broker_offset:
                     message = node.message_at(name, queue_id, consumer_offset - 1)
                     last_timestamp = message.store_timestamp if message is not None else None
                 rows.append({"topic": name, "queue_id": queue_id, "broker_offset": broker_offset,
-                             "consumer_offset": consumer_offset, "lag": max(0, broker_offset - start),
+                             "consumer_offset": consumer_offset, "lag": consumer_lag(broker_offset, min_offset, consumer_offset),
                              "last_timestamp": last_timestamp})
         tps = sum(node.pull_stats.tps(group, name) for name in topics)
         body = cbor2.dumps({"offsets": rows, "consumer_ids": node.clients.consumer_ids(group),

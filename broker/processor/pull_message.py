@@ -146,8 +146,9 @@ class PullMessageProcessor:
                "suggest_which_broker_id": MASTER_ID if leader else node.broker_id}
         if status == "FOUND":
             node.pulled_messages += len(result.messages)
-            node.pull_stats.add(args["consumer_group"], args["topic"], len(result.messages))
-            return make_response(request, ResponseCode.SUCCESS, ext=ext, body=b"".join(result.messages)), 0
+            body = b"".join(result.messages)
+            node.pull_stats.add(args["consumer_group"], args["topic"], len(result.messages), len(body))
+            return make_response(request, ResponseCode.SUCCESS, ext=ext, body=body), 0
         if status in ("NO_MESSAGE_IN_QUEUE", "NO_MATCHED_LOGIC_QUEUE") and args["queue_offset"] > 0:
             # An empty (or never written) queue and a consumer past 0: its offset is beyond the end.
             status = "OFFSET_OVERFLOW_BADLY"

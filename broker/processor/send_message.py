@@ -132,8 +132,15 @@ class SendMessageProcessor:
     async def _append(self, request: Frame, batch: bytes) -> Frame:
         return self._success(request, await self.node.append_messages(batch))
 
-    @staticmethod
-    def _success(request: Frame, results: Any) -> Frame:
+    def _success(self, request: Frame, results: Any) -> Frame:
+        # The per-topic figures of the metrics: one dict lookup per request, whatever the batch holds. The topic is
+        # the one the producer named (a delayed message's, not the schedule topic it waits in).
+        topic = request.ext["topic"]
+        counts = self.node.put_by_topic.get(topic)
+        if counts is None:
+            counts = self.node.put_by_topic[topic] = [0, 0]
+        counts[0] += len(results)
+        counts[1] += len(request.body)
         first = results[0]
         msg_id = first.msg_id if len(results) == 1 else ",".join(r.msg_id for r in results)
         return make_response(request, ResponseCode.SUCCESS, ext={

@@ -67,8 +67,11 @@ def run(args: argparse.Namespace) -> int:
             raise start_error(f"broker {config.broker_name} node {config.broker_id} (listen "
                               f"{config.listen_address}, raft {config.dledger.self_member.raft_address}) "
                               f"could not start", group) from None
+        node = nodes[0]
+        # metrics= only with metrics_listen set: the bound address (its port 0 resolved), for `raftmq dev` and tests.
+        metrics = {"metrics": "%s:%d" % node.metrics_address} if node.metrics_address else {}
         announce_ready("broker", listen=f"{host}:{port}", broker_name=config.broker_name,
-                       broker_id=config.broker_id, raft=config.dledger.self_member.raft_address)
-        return nodes[0].hand_over_leadership
+                       broker_id=config.broker_id, raft=config.dledger.self_member.raft_address, **metrics)
+        return node.hand_over_leadership
 
     return run_until_signalled(main)

@@ -26,6 +26,10 @@ def test_file_and_listen_override(tmp_path):
     cfg = load_namesrv_config(path)
     assert (cfg.listen, cfg.broker_expired_ms, cfg.scan_interval_ms) == ("127.0.0.1:9000", 300, 50)
     assert load_namesrv_config(path, listen="127.0.0.1:0").listen_address == ("127.0.0.1", 0)
+    assert load_namesrv_config(path).metrics_listen == ""  # off unless asked for
+    path.write_text('metrics_listen = "0.0.0.0:5557"\n')
+    assert load_namesrv_config(path).metrics_listen == "0.0.0.0:5557"
+    assert load_namesrv_config(path, metrics_listen="127.0.0.1:0").metrics_listen == "127.0.0.1:0"
 
 
 @pytest.mark.parametrize("text, message", [
@@ -37,6 +41,9 @@ def test_file_and_listen_override(tmp_path):
     ('listen = "localhost"\n', "listen must look like HOST:PORT"),
     ('listen = "127.0.0.1:70000"\n', "got '127.0.0.1:70000'"),
     ("listen = [\n", "is not valid TOML"),
+    ('metrics_listen = "5557"\n', "metrics_listen must look like HOST:PORT, got '5557'"),
+    ('metrics_listen = "127.0.0.1:65536"\n', "metrics_listen port must be within 0..65535, got 65536"),
+    ("metrics_listen = 5557\n", "metrics_listen must be a string, got 5557"),
 ])
 def test_bad_files_name_key_and_value(tmp_path, text, message):
     path = tmp_path / "namesrv.toml"

@@ -59,6 +59,11 @@ def test_a_queue_lock_must_outlive_twice_a_deposed_leaders_fallback():
     assert config_from_mapping(BrokerConfig, mapping).rebalance_lock_max_live_time_ms == 6000
 
 
+def test_metrics_are_off_unless_an_address_is_given_and_port_0_picks_one():
+    assert config_from_mapping(BrokerConfig, _mapping()).metrics_listen == ""
+    assert config_from_mapping(BrokerConfig, _mapping(metrics_listen="127.0.0.1:0")).metrics_listen == "127.0.0.1:0"
+
+
 def test_listen_binds_but_service_address_is_advertised():
     config = config_from_mapping(BrokerConfig, _mapping(listen="0.0.0.0:10002"))
     assert config.listen_address == "0.0.0.0:10002" and config.broker_addr == "127.0.0.1:10002"
@@ -101,6 +106,9 @@ def test_missing_dledger_table_is_named():
     ("listen", "0.0.0.0:0",
      r"^listen needs a fixed port \(it is dialed; .*\), got '0.0.0.0:0'$"),
     ("auto_create_topic_enable", "yes", "must be true or false"),
+    ("metrics_listen", "localhost", r"^metrics_listen must look like HOST:PORT, got 'localhost'$"),
+    ("metrics_listen", "127.0.0.1:-1", "^metrics_listen must end in a numeric port"),
+    ("metrics_listen", 9100, "^metrics_listen must be a string, got 9100$"),
     ("no_such_key", 1, "unknown config key 'no_such_key'"),
 ])
 def test_bad_values_are_named(key, value, needle):

@@ -7,14 +7,14 @@ def test_consume_tps_is_the_last_minute_of_pulls_over_the_time_it_spans():
     now = [1000.0]
     stats = PullStats(clock=lambda: now[0])
     assert stats.tps("g", "T") == 0.0
-    stats.add("g", "T", 50)
+    stats.add("g", "T", 50, 5000)
     now[0] += 0.5
     assert stats.tps("g", "T") == 50.0  # a group that just started: over at least one second
     for _ in range(12):  # 120 messages a second, one add per second, for 12 s
         now[0] += 1.0
-        stats.add("g", "T", 120)
+        stats.add("g", "T", 120, 12000)
     assert abs(stats.tps("g", "T") - (50 + 12 * 120) / 12.5) < 1e-9
-    stats.add("g", "U", 7)
+    stats.add("g", "U", 7, 700)
     assert stats.tps("g", "U") == 7.0 and stats.tps("h", "T") == 0.0
     now[0] += 55.0  # the buckets that began less than a minute ago still count, older ones not
     assert 0 < stats.tps("g", "T") < 120
@@ -22,3 +22,5 @@ def test_consume_tps_is_the_last_minute_of_pulls_over_the_time_it_spans():
     assert stats.tps("g", "T") == 0.0
     stats.prune()
     assert stats.tps("g", "T") == 0.0 and not stats._buckets
+    # The totals behind the metrics' counters outlive the window and the prune: a counter never goes back.
+    assert stats.totals() == {("g", "T"): (50 + 12 * 120, (50 + 12 * 120) * 100), ("g", "U"): (7, 700)}
