@@ -45,8 +45,9 @@ from remoting.transport import open_listeners
 
 log = logging.getLogger(__name__)
 
-__all__ = ["serve_metrics", "render_exposition", "metrics_registry", "MetricFamilies", "METRICS_PATH", "MAX_REQUEST_HEAD_BYTES",
-           "MAX_CONNECTIONS", "REQUEST_TIMEOUT_S", "SEND_TIMEOUT_S"]
+__all__ = ["serve_metrics", "render_exposition", "metrics_registry", "MetricFamilies", "METRICS_PATH",
+           "MAX_REQUEST_HEAD_BYTES", "MAX_CONNECTIONS", "REQUEST_TIMEOUT_S", "SEND_TIMEOUT_S",
+           "EXPOSITION_CHUNK_SAMPLES"]
 
 METRICS_PATH = b"/metrics"
 # Prometheus sends a request line and a handful of headers, a few hundred bytes.
