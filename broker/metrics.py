@@ -37,6 +37,49 @@ if TYPE_CHECKING:
 __all__ = ["BrokerCollector", "broker_metrics_registry"]
 
 
+# DLedgerStatistics fields exported as they are: (metric, "gauge" or "counter", help, field).
+_RAFT_FIGURES = (
+    ("raftmq_raft_term", "gauge", "Raft term this member is in", "term"),
+    ("raftmq_raft_committed_index", "gauge", "index of the last Raft entry this member knows committed",
+     "committed_index"),
+    ("raftmq_raft_applied_index", "gauge", "index of the last Raft entry applied to this member's store",
+     "last_applied_index"),
+    ("raftmq_raft_leader_changes_total", "counter",
+     "leaders this member learnt of, each of a new term (itself too): elections it saw won", "leader_changes"),
+    ("raftmq_raft_serving_reads", "gauge", "1 when this member serves reads (not copying a commit log from a peer)",
+     "serving_reads"),
+    ("raftmq_raft_rejoining", "gauge", "1 while this member, started to rejoin, waits to hear from a leader (no "
+                                       "vote, no candidacy)", "rejoining"),
+    ("raftmq_raft_appended_records_total", "counter", "records (message batches, metadata changes) this member "
+                                                      "appended as leader", "appended_records"),
+    ("raftmq_raft_appended_batches_total", "counter", "Raft entries (group-commit batches) this member proposed as "
+                                                      "leader and saw committed", "appended_batches"),
+    ("raftmq_raft_failed_batches_total", "counter", "proposed entries that failed (leadership lost, timeout)",
+     "failed_batches"),
+    ("raftmq_raft_busy_records_total", "counter", "records refused SYSTEM_BUSY, the group overloaded "
+                                                  "(dledger.max_queue_wait_ms)", "busy_records"),
+    ("raftmq_raft_in_flight_batches", "gauge", "entries proposed and not yet committed", "in_flight_batches"),
+    ("raftmq_raft_pending_records", "gauge", "records waiting for a batch", "pending_records"),
+    ("raftmq_raft_applied_batches_total", "counter", "entries this member applied to its store", "applied_batches"),
+    ("raftmq_raft_duplicate_batches_total", "counter", "entries skipped at apply, already in the store (a journal "
+                                                       "replay)", "duplicate_batches"),
+    ("raftmq_raft_rejected_batches_total", "counter", "entries refused at apply, not starting at the store's end",
+     "rejected_batches"),
+    ("raftmq_raft_snapshots_written_total", "counter", "Raft snapshots (log compactions) written",
+     "snapshots_written"),
+    ("raftmq_raft_snapshots_loaded_total", "counter", "Raft snapshots loaded (a lagging member sent one)",
+     "snapshots_loaded"),
+    ("raftmq_raft_journal_flushes_total", "counter", "syncs of the Raft journal (dledger.flush_disk_type SYNC_FLUSH)",
+     "journal_flushes"),
+    ("raftmq_raft_pre_votes_total", "counter", "pre-vote rounds this member began: its election timer fired",
+     "pre_votes"),
+    ("raftmq_raft_log_entries_in_memory", "gauge", "Raft entries held in memory until the next compaction",
+     "log_entries_in_memory"),
+    ("raftmq_raft_catch_up_bytes_total", "counter", "commit-log bytes this member copied from a peer",
+     "catch_up_bytes"),
+)
+
+
 def broker_metrics_registry(node: BrokerNode) -> CollectorRegistry:
     return metrics_registry(BrokerCollector(node))
 
@@ -63,50 +106,10 @@ class BrokerCollector:
         for each in Role:
             f.add(role, 1 if stats.role is each else 0, each.value)
         yield role
-        yield f.gauge("raftmq_raft_term", "Raft term this member is in", stats.term)
-        yield f.gauge("raftmq_raft_committed_index", "index of the last Raft entry this member knows committed",
-                      stats.committed_index)
-        yield f.gauge("raftmq_raft_applied_index", "index of the last Raft entry applied to this member's store",
-                      stats.last_applied_index)
-        yield f.counter("raftmq_raft_leader_changes_total",
-                        "leaders this member learnt of, each of a new term (itself too): elections it saw won",
-                        stats.leader_changes)
         yield f.gauge("raftmq_raft_connected_peers", "members this one has a Raft connection with now",
                       len(stats.connected_peers))
-        yield f.gauge("raftmq_raft_serving_reads", "1 when this member serves reads (not copying a commit log from "
-                                                   "a peer)", int(stats.serving_reads))
-        yield f.gauge("raftmq_raft_rejoining", "1 while this member, started to rejoin, waits to hear from a "
-                                               "leader (no vote, no candidacy)", int(stats.rejoining))
-        yield f.counter("raftmq_raft_appended_records_total", "records (message batches, metadata changes) this "
-                                                              "member appended as leader", stats.appended_records)
-        yield f.counter("raftmq_raft_appended_batches_total", "Raft entries (group-commit batches) this member "
-                                                              "proposed as leader and saw committed",
-                        stats.appended_batches)
-        yield f.counter("raftmq_raft_failed_batches_total", "proposed entries that failed (leadership lost, "
-                                                            "timeout)", stats.failed_batches)
-        yield f.counter("raftmq_raft_busy_records_total", "records refused SYSTEM_BUSY, the group overloaded "
-                                                          "(dledger.max_queue_wait_ms)", stats.busy_records)
-        yield f.gauge("raftmq_raft_in_flight_batches", "entries proposed and not yet committed",
-                      stats.in_flight_batches)
-        yield f.gauge("raftmq_raft_pending_records", "records waiting for a batch", stats.pending_records)
-        yield f.counter("raftmq_raft_applied_batches_total", "entries this member applied to its store",
-                        stats.applied_batches)
-        yield f.counter("raftmq_raft_duplicate_batches_total", "entries skipped at apply, already in the store "
-                                                               "(a journal replay)", stats.duplicate_batches)
-        yield f.counter("raftmq_raft_rejected_batches_total", "entries refused at apply, not starting at the "
-                                                              "store's end", stats.rejected_batches)
-        yield f.counter("raftmq_raft_snapshots_written_total", "Raft snapshots (log compactions) written",
-                        stats.snapshots_written)
-        yield f.counter("raftmq_raft_snapshots_loaded_total", "Raft snapshots loaded (a lagging member sent one)",
-                        stats.snapshots_loaded)
-        yield f.counter("raftmq_raft_journal_flushes_total", "syncs of the Raft journal (dledger.flush_disk_type "
-                                                             "SYNC_FLUSH)", stats.journal_flushes)
-        yield f.counter("raftmq_raft_pre_votes_total", "pre-vote rounds this member began: its election timer "
-                                                       "fired", stats.pre_votes)
-        yield f.gauge("raftmq_raft_log_entries_in_memory", "Raft entries held in memory until the next compaction",
-                      stats.log_entries_in_memory)
-        yield f.counter("raftmq_raft_catch_up_bytes_total", "commit-log bytes this member copied from a peer",
-                        stats.catch_up_bytes)
+        for name, kind, doc, field in _RAFT_FIGURES:
+            yield getattr(f, kind)(name, doc, float(getattr(stats, field)))
 
     def _store(self) -> Iterator[Metric]:
         f = self._families
