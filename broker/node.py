@@ -681,6 +681,11 @@ async def serve_broker(config: BrokerConfig, *, on_serving: Callable[[BrokerNode
                     try:
                         async with trio.open_nursery() as nursery:
                             node._nursery = nursery
+                            if config.metrics_listen:
+                                # First: a metrics address the host refuses stops the node before it serves or
+                                # registers (a ConfigError naming metrics_listen).
+                                node.metrics_address = await nursery.start(
+                                    serve_metrics, broker_metrics_registry(node), config.metrics_listen)
                             await nursery.start(node.hold.serve)
                             bound = await nursery.start(functools.partial(
                                 serve_remoting, dispatcher, host, port, max_frame_size=config.max_frame_size))
@@ -691,9 +696,6 @@ async def serve_broker(config: BrokerConfig, *, on_serving: Callable[[BrokerNode
                             nursery.start_soon(node.schedule.serve)
                             nursery.start_soon(node.transactions.serve)
                             await nursery.start(node.registration.serve)
-                            if config.metrics_listen:
-                                node.metrics_address = await nursery.start(
-                                    serve_metrics, broker_metrics_registry(node), config.metrics_listen)
                             log.info("broker node serving broker_name=%s broker_id=%d listen=%s:%d metrics=%s",
                                      config.broker_name, node.broker_id, bound[0], bound[1],
                                      "%s:%d" % node.metrics_address if node.metrics_address else "off")

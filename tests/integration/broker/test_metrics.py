@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import functools
 
+import pytest
 import trio
 
 from broker.node import BrokerNode, serve_broker
 from namesrv import NamesrvConfig, serve_namesrv
+from raftmq.runner import leaf_exceptions
 from remoting.codes import RequestCode, ResponseCode
+from remoting.config import ConfigError
 from remoting.message import MessageInput, encode_batch
 from remoting.transport import open_remoting_client
 from tests.integration.broker.helpers import broker_configs, call, wait_leader
@@ -101,3 +104,19 @@ async def test_bad_http_to_a_broker_leaves_it_serving_scrapes_and_sends(nursery,
                 assert await stream.receive_some(100) == b""
         assert (await _send(client, addr)).code == ResponseCode.SUCCESS
     assert value(await scrape(metrics), "rocketmq_messages_in_total", topic="TopicTest") == 1
+
+
+async def test_a_metrics_address_in_use_stops_the_node_before_it_serves_naming_metrics_listen(tmp_path):
+    taken = trio.socket.socket()
+    with taken:
+        await taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        (config,) = broker_configs(tmp_path, None, metrics_listen=f"127.0.0.1:{port}")
+        nodes: list[BrokerNode] = []
+        with pytest.raises(BaseException) as raised:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(functools.partial(serve_broker, config, on_serving=nodes.append))
+    errors = leaf_exceptions(raised.value)
+    assert [type(e) for e in errors] == [ConfigError] and not nodes
+    assert str(errors[0]) == f"metrics_listen '127.0.0.1:{port}' cannot be listened on: Address already in use"
