@@ -287,7 +287,6 @@ class TransactionalMessageService:
         return found
 
     async def _append_end(self, half_offset: int, view: MessageView, state: int) -> EndOutcome:
-        node = self.node
         outcome = COMMIT if state == TRANSACTION_COMMIT_TYPE else ROLLBACK
         messages = [self._op_record(half_offset, outcome)]
         if outcome == COMMIT:
