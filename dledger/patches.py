@@ -217,6 +217,18 @@ so a silent upgrade cannot quietly disable a fix.
     sends it what follows. Not detected: a record whose head, trailer and index are whole but a page in the
     middle is not (pysyncobj's records carry no checksum).
 
+26. A lagging follower froze its leader. ``__sendAppendEntries`` sends a follower everything from its next index
+    in frames of up to ``appendEntriesBatchSizeBytes`` (16 MiB here) until ``appendEntriesPeriod`` (50 ms) has
+    passed, and ``TcpConnection`` keeps what the socket did not take in a ``bytes`` buffer that every frame is
+    concatenated to and every partial send re-slices: copies of the whole backlog per frame and per send. A
+    member rejoining under load (the failover test: a killed leader restarted ~1 s later) made its new leader's
+    ticks last 0.1-0.5 s, in which no send was answered; a few sends in flight ran out of their 2 s deadline
+    (``RequestTimeoutError``). Now a frame carries at most ``CATCH_UP_FRAME_BYTES`` (1 MiB) of entries (one
+    entry, however big, still goes alone), what the socket did not take is kept in a ``bytearray`` cut from
+    its front in place (a frame the socket takes whole is not copied at all), and a follower whose connection still holds ``BACKLOG_BYTES`` (4 MiB, the socket buffer) unsent is skipped
+    by that round of appends: its next index stays, it gets the rest once it has read what it has. Skipping
+    counts as talking for 12, so a follower that stopped reading is still dropped after the connection timeout.
+
 The chunked-send defect (entries at least ``appendEntriesBatchSizeBytes`` long) is contained by configuration:
 ``dledger.config`` keeps the entry size limit below half the batch size (16 MiB by default, so ~8 MiB entries:
 one 4 MiB message fits) and ``dledger.entry`` refuses bigger entries. It is not patched: the fix would mean
@@ -334,8 +346,42 @@ def _send(self: Any, message: Any) -> None:
         return
     self._dledger_last_send = monotonic_time()
     # pysyncobj wraps the message as (sendRandKey, message); here the key goes into the tag instead.
-    self._TcpConnection__writeBuffer += encode_frame(auth, message, self.sendRandKey)
+    frame = encode_frame(auth, message, self.sendRandKey)
+    buf = self._TcpConnection__writeBuffer
+    if not buf:
+        # 26: the usual case, nothing waiting: the frame itself goes to the socket, not a copy of it.
+        self._TcpConnection__writeBuffer = frame
+    else:
+        if type(buf) is not bytearray:
+            buf = self._TcpConnection__writeBuffer = bytearray(buf)
+        buf += frame
     self._TcpConnection__trySendBuffer()
+
+
+def _process_send(self: Any) -> bool:
+    """26: stock ``__processSend``, cutting what the socket took from the front of the buffer in place."""
+    buf = self._TcpConnection__writeBuffer
+    if not buf:
+        return False
+    try:
+        res = self._TcpConnection__socket.send(buf)
+    except OSError as e:
+        if e.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
+            self.disconnect()
+        return False
+    if res < 0:
+        self.disconnect()
+        return False
+    if res == 0:
+        return False
+    if type(buf) is bytearray:
+        del buf[:res]
+    elif res == len(buf):
+        self._TcpConnection__writeBuffer = b""
+    else:
+        # What the socket did not take is copied once into a bytearray, then cut from its front in place.
+        self._TcpConnection__writeBuffer = bytearray(memoryview(buf)[res:])
+    return True
 
 
 def _transport_send(self: Any, node: Any, message: Any) -> bool:
@@ -427,6 +473,10 @@ _original_on_message = pso_syncobj.SyncObj._SyncObj__onMessageReceived
 _original_on_tick = pso_syncobj.SyncObj._onTick
 _original_send_next_node_idx = pso_syncobj.SyncObj._SyncObj__sendNextNodeIdx
 _original_send_append_entries = pso_syncobj.SyncObj._SyncObj__sendAppendEntries
+_original_get_entries = pso_syncobj.SyncObj._SyncObj__getEntries
+_original_process_send = pso_tcp.TcpConnection._TcpConnection__processSend
+CATCH_UP_FRAME_BYTES = 1 << 20
+BACKLOG_BYTES = 4 << 20
 _original_apply_log_entries = pso_syncobj.SyncObj._SyncObj__applyLogEntries
 _original_load_dump_file = pso_syncobj.SyncObj._SyncObj__loadDumpFile
 
@@ -595,7 +645,41 @@ def _send_next_node_idx_flushed(self: Any, node: Any, reset: bool = False, nextN
 def _send_append_entries_flushed(self: Any) -> None:
     _flush_journal(self)
     self._dledger_commit_notice_due = False  # every append_entries carries the commit index
-    _original_send_append_entries(self)
+    others = self._SyncObj__otherNodes
+    backlogged = _backlogged_nodes(self, others)
+    if not backlogged:
+        _original_send_append_entries(self)
+        return
+    # 26: the stock loop walks __otherNodes (and __readonlyNodes, which dledger never has); a follower that has
+    # not read its backlog yet sits this round out.
+    self._SyncObj__otherNodes = others - backlogged
+    try:
+        _original_send_append_entries(self)
+    finally:
+        self._SyncObj__otherNodes = others
+
+
+def _backlogged_nodes(self: Any, nodes: Any) -> set:
+    backlogged: set = set()
+    if not nodes:
+        return backlogged
+    connections = self._SyncObj__transport._connections
+    for node in nodes:
+        conn = connections.get(node)
+        if conn is not None and len(conn._TcpConnection__writeBuffer) >= BACKLOG_BYTES:
+            # Skipping counts as talking (12): a follower that stopped reading is still dropped once its
+            # connection has been silent for the timeout.
+            if not _connection_timed_out(conn):
+                conn._dledger_last_send = monotonic_time()
+            backlogged.add(node)
+    return backlogged
+
+
+def _get_entries_capped(self: Any, from_idx: Any, count: Any = None, max_size_bytes: Any = None) -> Any:
+    """26: the only caller passing a size is ``__sendAppendEntries``: frames of at most CATCH_UP_FRAME_BYTES."""
+    if max_size_bytes is not None:
+        max_size_bytes = min(max_size_bytes, CATCH_UP_FRAME_BYTES)
+    return _original_get_entries(self, from_idx, count, max_size_bytes)
 
 
 def _apply_log_entries_gated(self: Any) -> bool:
@@ -1036,6 +1120,8 @@ def apply_patches() -> None:
     pso_syncobj.SyncObj._onTick = _on_tick_pre_vote
     pso_syncobj.SyncObj._SyncObj__sendNextNodeIdx = _send_next_node_idx_flushed
     pso_syncobj.SyncObj._SyncObj__sendAppendEntries = _send_append_entries_flushed
+    pso_syncobj.SyncObj._SyncObj__getEntries = _get_entries_capped
+    pso_tcp.TcpConnection._TcpConnection__processSend = _process_send
     pso_syncobj.SyncObj._SyncObj__applyLogEntries = _apply_log_entries_gated
     pso_syncobj.SyncObj._SyncObj__loadDumpFile = _load_dump_file_patched
     pso_journal.MetaStorer.getMeta = _get_meta_closed
@@ -1071,6 +1157,8 @@ ORIGINALS = {
     "on_tick": _original_on_tick,
     "send_next_node_idx": _original_send_next_node_idx,
     "send_append_entries": _original_send_append_entries,
+    "get_entries": _original_get_entries,
+    "process_send": _original_process_send,
     "apply_log_entries": _original_apply_log_entries,
     "load_dump_file": _original_load_dump_file,
     "serialize": _original_serialize,

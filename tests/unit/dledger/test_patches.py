@@ -216,6 +216,7 @@ def test_commit_notice_is_deferred_to_after_the_callbacks():
     # Any append_entries carries the commit index, so sending one settles the notice.
     sent = []
     deferred._dledger_flush_journal = False
+    deferred._SyncObj__otherNodes = set()
     original = patches._original_send_append_entries
     patches._original_send_append_entries = lambda self: sent.append("append_entries")
     try:
@@ -223,6 +224,74 @@ def test_commit_notice_is_deferred_to_after_the_callbacks():
     finally:
         patches._original_send_append_entries = original
     assert sent == ["append_entries"] and deferred._dledger_commit_notice_due is False
+
+
+class _Conn:
+    """A connection with ``backlog`` bytes its socket has not taken yet."""
+
+    def __init__(self, backlog: int, read_ago_s: float = 0.0) -> None:
+        self._TcpConnection__writeBuffer = bytearray(backlog)
+        self._TcpConnection__lastReadTime = time.monotonic() - read_ago_s
+        self._TcpConnection__timeout = 3.5
+        self._TcpConnection__state = pso_tcp.CONNECTION_STATE.CONNECTED
+        self.disconnected = False
+
+    def disconnect(self) -> None:
+        self.disconnected = True
+
+
+def test_a_follower_with_a_backlog_sits_a_round_of_appends_out(monkeypatch):
+    """26: stock ``__sendAppendEntries`` appends to every follower's buffer whatever it still holds; patched, a
+    follower whose connection holds BACKLOG_BYTES unsent is skipped (its next index stays), the others are not,
+    and one that stopped reading for the connection timeout is still dropped."""
+    walked: list[set] = []
+    monkeypatch.setattr(patches, "_original_send_append_entries",
+                        lambda self: walked.append(set(self._SyncObj__otherNodes)))
+    conns = {"n2": _Conn(patches.BACKLOG_BYTES), "n3": _Conn(patches.BACKLOG_BYTES - 1),
+             "n4": _Conn(patches.BACKLOG_BYTES, read_ago_s=10.0)}
+    conns["n4"]._dledger_last_send = time.monotonic()  # talking, and not heard from for 10 s: dead
+    leader = SimpleNamespace(_dledger_flush_journal=False, _SyncObj__otherNodes={"n2", "n3", "n4", "n5"},
+                             _SyncObj__transport=SimpleNamespace(_connections=conns))
+    patches._send_append_entries_flushed(leader)
+    assert walked == [{"n3", "n5"}]  # n5: not connected; the stock loop deals with it as before
+    assert leader._SyncObj__otherNodes == {"n2", "n3", "n4", "n5"}  # restored
+    assert not conns["n2"].disconnected and conns["n4"].disconnected
+    assert conns["n2"]._dledger_last_send <= time.monotonic()  # skipping counts as talking (12)
+
+
+def test_catch_up_frames_are_capped_and_the_write_buffer_is_cut_in_place():
+    """26: stock sends a lagging follower frames of up to appendEntriesBatchSizeBytes (16 MiB here) and keeps
+    the unsent bytes in a ``bytes`` buffer re-sliced on every partial send; patched, a frame carries at most
+    CATCH_UP_FRAME_BYTES of entries (a bigger single entry still goes alone) and the buffer is a bytearray cut
+    from its front."""
+    entries = [(bytes(300_000), idx, 1) for idx in range(1, 200)]
+    log = SimpleNamespace()
+    log._SyncObj__raftLog = entries
+    stock = patches.ORIGINALS["get_entries"](log, 1, None, 16 << 20)
+    assert sum(len(e[0]) for e in stock) >= 16 << 20
+    capped = patches._get_entries_capped(log, 1, None, 16 << 20)
+    assert len(capped) == 4 and sum(len(e[0]) for e in capped) >= patches.CATCH_UP_FRAME_BYTES
+    log._SyncObj__raftLog = [(bytes(5 << 20), 1, 1), (b"x", 2, 1)]
+    assert patches._get_entries_capped(log, 1, None, 16 << 20) == [(bytes(5 << 20), 1, 1)]
+    assert patches._get_entries_capped(log, 1, 2) == log._SyncObj__raftLog  # no size: untouched
+
+    taken = []
+
+    class _Socket:
+        def send(self, data) -> int:
+            n = min(len(data), 1000)
+            taken.append(bytes(data[:n]))
+            return n
+
+    conn = SimpleNamespace(_TcpConnection__socket=_Socket(), _TcpConnection__writeBuffer=b"ab" * 1500)
+    assert patches._process_send(conn)
+    buf = conn._TcpConnection__writeBuffer
+    assert type(buf) is bytearray and buf == b"ab" * 1000  # the rest, copied once
+    while patches._process_send(conn):
+        pass
+    assert b"".join(taken) == b"ab" * 1500 and conn._TcpConnection__writeBuffer is buf and not buf
+    conn._TcpConnection__writeBuffer = b"whole"
+    assert patches._process_send(conn) and conn._TcpConnection__writeBuffer == b""
 
 
 def test_a_snapshot_load_calls_the_commit_callbacks_of_the_entries_it_covers(monkeypatch):
