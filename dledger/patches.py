@@ -225,9 +225,10 @@ so a silent upgrade cannot quietly disable a fix.
     ticks last 0.1-0.5 s, in which no send was answered; a few sends in flight ran out of their 2 s deadline
     (``RequestTimeoutError``). Now a frame carries at most ``CATCH_UP_FRAME_BYTES`` (1 MiB) of entries (one
     entry, however big, still goes alone), what the socket did not take is kept in a ``bytearray`` cut from
-    its front in place (a frame the socket takes whole is not copied at all), and a follower whose connection still holds ``BACKLOG_BYTES`` (4 MiB, the socket buffer) unsent is skipped
-    by that round of appends: its next index stays, it gets the rest once it has read what it has. Skipping
-    counts as talking for 12, so a follower that stopped reading is still dropped after the connection timeout.
+    its front in place (a frame the socket takes whole is not copied at all), and a follower whose connection
+    still holds ``BACKLOG_BYTES`` (4 MiB, the socket buffer) unsent is skipped by that round of appends: its
+    next index stays, it gets the rest once it has read what it has. Skipping counts as talking for 12, so a
+    follower that stopped reading is still dropped after the connection timeout.
 
 The chunked-send defect (entries at least ``appendEntriesBatchSizeBytes`` long) is contained by configuration:
 ``dledger.config`` keeps the entry size limit below half the batch size (16 MiB by default, so ~8 MiB entries:
