@@ -745,7 +745,17 @@ class RemotingClient:
     async def invoke(self, addr: str, request: Frame, timeout_s: float | None = 3.0) -> Frame:
         conn = self._connections.get(addr)
         if conn is None or conn._close_reason is not None:
-            conn = await self.get_connection(addr)
+            if timeout_s is None:
+                conn = await self.get_connection(addr)
+            else:
+                # The request's deadline covers connecting too: a host that does not answer SYNs held a 2 s
+                # send for the whole connect timeout (3 s).
+                deadline = trio.current_time() + timeout_s
+                with trio.move_on_after(timeout_s):
+                    conn = await self.get_connection(addr)
+                if conn is None or conn.closed:
+                    raise ConnectError(addr, f"no answer within the request's {timeout_s:g} s")
+                timeout_s = max(deadline - trio.current_time(), 0.001)
         return await conn.invoke(request, timeout_s)
 
     async def invoke_oneway(self, addr: str, request: Frame) -> None:

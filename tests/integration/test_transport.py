@@ -304,6 +304,34 @@ async def test_connect_to_nothing():
             await client.invoke("no-port", make_request(RequestCode.ECHO))
 
 
+async def test_a_request_deadline_covers_connecting_to_a_host_that_does_not_answer():
+    """A listener whose backlog is full drops SYNs (as a dead host does): the connect hangs. The request's own
+    deadline, not the pool's connect timeout, bounds it."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        addr = "127.0.0.1:%d" % listener.getsockname()[1]
+        fillers = []
+        try:
+            for _ in range(4):
+                filler = socket.socket()
+                filler.setblocking(False)
+                try:
+                    filler.connect(listener.getsockname())
+                except BlockingIOError:
+                    pass
+                fillers.append(filler)
+            async with open_remoting_client(connect_timeout_s=30.0) as client:
+                # Bound far below the 30 s connect timeout: without the fix this waits the whole 30 s.
+                with trio.fail_after(10):
+                    with pytest.raises(ConnectError, match=r"no answer within the request's 0.3 s") as info:
+                        await client.invoke(addr, make_request(RequestCode.ECHO), timeout_s=0.3)
+                assert info.value.retriable
+        finally:
+            for filler in fillers:
+                filler.close()
+
+
 async def test_client_refuses_an_oversize_request_before_sending(server):
     _, addr = server
     async with open_connection(addr, max_frame_size=64 * 1024) as conn:
