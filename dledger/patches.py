@@ -249,6 +249,7 @@ import os
 import pickle
 import socket
 import struct
+from pathlib import Path
 from typing import Any
 
 import blake3
@@ -265,6 +266,7 @@ from pysyncobj.poller import POLL_EVENT_TYPE
 from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
 
 from dledger.poller import EpollPoller
+from dledger.snapshot import fsync_path
 from remoting.errors import RESOURCE_ERRNOS
 
 log = logging.getLogger(__name__)
@@ -775,11 +777,7 @@ def _set_transmission_data_synced(self: Any, data: Any) -> bool:
         os.fsync(incoming.fileno())
         done = _original_set_transmission(self, (b"", False, True))  # closes and renames
         if done:
-            fd = os.open(os.path.dirname(file_name) or ".", os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            fsync_path(Path(file_name).parent)
     except OSError as e:
         if incoming is self._Serializer__incomingTransmissionFile:
             incoming.close()
@@ -897,7 +895,7 @@ def _delete_entries_to_replacing(self: Any, entry_to: int) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
         replaced = True
-        _fsync_dir(path)
+        fsync_path(Path(path).parent)
         new = pso_journal.ResizableFile(path)
     except OSError as e:
         if e.errno in RESOURCE_ERRNOS and not replaced:
@@ -932,14 +930,6 @@ def _resizable_write_allocated(self: Any, offset: int, values: bytes) -> None:
             mm.resize(target)
         self._dledger_allocated = target
     mm[offset:end] = values
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 _original_store_meta = pso_journal.MetaStorer.storeMeta
@@ -1012,7 +1002,7 @@ def _set_current_term_or_stop(self: Any, term: int, voted_for: Any) -> None:
     try:
         _original_set_current_term(self, term, voted_for)
         # 24: the rename on disk before the vote (or the request for one) goes out.
-        _fsync_dir(self._FileJournal__metaStorer.getPath())
+        fsync_path(Path(self._FileJournal__metaStorer.getPath()).parent)
     except OSError as e:
         if e.errno in RESOURCE_ERRNOS:
             self._FileJournal__metaSaved = False  # stored again by onOneSecondTimer
