@@ -170,20 +170,11 @@ async def test_route_cache_single_flight_hints_and_failover_between_namesrvs():
 
 
 def test_new_send_result_is_a_plain_send_result():
-    import copy
-    import dataclasses
-    import pickle
-
     from client.message import SendResult, SendStatus, _NewSendResult
+    from tests.unit.client.test_record_decode import assert_built_as_the_dataclass
     args = (SendStatus.FLUSH_DISK_TIMEOUT, "id1", "off1", MessageQueue("T", "broker-a", 3), 7, ("id1",))
-    fast, ref = _NewSendResult(*args), SendResult(*args)
-    assert type(fast) is SendResult and fast == ref and hash(fast) == hash(ref)
-    assert repr(fast) == repr(ref) and dataclasses.astuple(fast) == dataclasses.astuple(ref)
-    assert [getattr(fast, f.name) for f in dataclasses.fields(SendResult)] == list(args)
-    assert pickle.loads(pickle.dumps(fast)) == ref and copy.copy(fast) == ref
-    assert dataclasses.replace(fast, queue_offset=8) == dataclasses.replace(ref, queue_offset=8)
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        fast.msg_id = "id2"  # type: ignore[misc]
+    assert_built_as_the_dataclass(_NewSendResult(*args), SendResult(*args), args, {"queue_offset": 8},
+                                  hashable=True)
 
 
 async def test_master_addr_follows_each_route_and_hint_change_after_it_was_asked():
