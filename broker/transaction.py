@@ -168,8 +168,7 @@ class TransactionalMessageService:
         store = self.node.store
         end = store.max_phy_offset
         with trio.move_on_after(_CATCH_UP_TIMEOUT_S):
-            while store.dispatched_phy_offset < end:
-                await trio.sleep(0.005)
+            await store.wait_dispatched(end)
         if store.dispatched_phy_offset < end:
             raise RequestRejected(ResponseCode.SYSTEM_BUSY, f"broker {self.node.config.broker_name} is still "
                                                             f"dispatching what its group stored before it led; retry")
@@ -216,8 +215,7 @@ class TransactionalMessageService:
             # Acknowledged once applied, a half is in the half queue once dispatched: an END sent at once can come
             # first.
             with trio.move_on_after(_CATCH_UP_TIMEOUT_S):
-                while store.dispatched_phy_offset <= commit_log_offset:
-                    await trio.sleep(0.002)
+                await store.wait_dispatched(commit_log_offset + 1)
         result = store.get_messages(TRANS_HALF_TOPIC, 0, half_offset, 1, self.node.max_message_size)
         view = decode_record(result.messages[0], check_crc=False) if result.messages else None
         if view is None or result.queue_offsets[0] != half_offset or view.phy_offset != commit_log_offset:
