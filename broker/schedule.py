@@ -41,8 +41,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SCHEDULE_TABLE", "schedule_properties", "with_real_destination", "restored_message", "delay_level_of",
-           "ScheduleMessageService"]
+__all__ = ["SCHEDULE_TABLE", "schedule_properties", "with_real_destination", "restored_message", "stored_again",
+           "delay_level_of", "ScheduleMessageService"]
 
 SCHEDULE_TABLE = "broker.schedule_offset"
 ROUND_INTERVAL_S = 0.1
@@ -75,10 +75,19 @@ def restored_message(view: MessageView, drop: Sequence[str], *, sys_flag: int | 
         props.pop(name, None)
     if topic is None or queue_id is None or not queue_id.isdecimal():
         raise MessageFormatError("properties", f"REAL_TOPIC {topic!r} / REAL_QID {queue_id!r} missing or not a queue")
-    return MessageInput(topic=topic, queue_id=int(queue_id), body=bytes(view.body), properties=props,
+    return stored_again(view, topic, int(queue_id), props, sys_flag=sys_flag,
+                        prepared_transaction_offset=prepared_transaction_offset)
+
+
+def stored_again(view: MessageView, topic: str, queue_id: int, properties: Mapping[str, str], *,
+                 sys_flag: int | None = None, reconsume_times: int | None = None,
+                 prepared_transaction_offset: int | None = None) -> MessageInput:
+    """A stored record written again to ``topic``/``queue_id`` with ``properties``: its body, flag, born time and
+    host as they were, and its sys flag, reconsume times and prepared transaction offset unless given."""
+    return MessageInput(topic=topic, queue_id=queue_id, body=bytes(view.body), properties=properties,
                         flag=view.flag, sys_flag=view.sys_flag if sys_flag is None else sys_flag,
                         born_timestamp=view.born_timestamp, born_host=view.born_host,
-                        reconsume_times=view.reconsume_times,
+                        reconsume_times=view.reconsume_times if reconsume_times is None else reconsume_times,
                         prepared_transaction_offset=(view.prepared_transaction_offset
                                                      if prepared_transaction_offset is None
                                                      else prepared_transaction_offset))

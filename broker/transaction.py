@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from broker.processor.base import RequestRejected, invalid
-from broker.schedule import restored_message, with_real_destination
+from broker.schedule import restored_message, stored_again, with_real_destination
 from broker.store.results import GetMessageStatus
 from broker.topic_config import PERM_READ, TopicConfig
 from dledger import GroupBusyError, RecordTooLargeError
@@ -380,9 +380,7 @@ class TransactionalMessageService:
                 props[PROPERTY_TRANSACTION_CHECK_TIMES] = str(times + 1)
                 checked.append((len(messages), props.get(PROPERTY_PRODUCER_GROUP, ""),
                                 props.get(PROPERTY_UNIQ_KEY, "")))
-            messages.append(MessageInput(topic, queue_id, bytes(view.body), props, view.flag, view.sys_flag,
-                                         view.born_timestamp, view.born_host, view.reconsume_times,
-                                         view.prepared_transaction_offset))
+            messages.append(stored_again(view, topic, queue_id, props))
             messages.append(self._op_record(offset, outcome))
             halves.append((offset, outcome))
             self._busy.add(offset)  # an END for it now waits (SYSTEM_BUSY) until this batch settled it

@@ -21,14 +21,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from broker.processor.base import I32, RequestRejected, get_group, get_int, get_str, invalid, legal_topic
-from broker.schedule import schedule_properties
+from broker.schedule import schedule_properties, stored_again
 from broker.topic_config import PERM_READ_WRITE, PERM_WRITE, TopicConfig
 from remoting.codec import Frame, make_response
 from remoting.codes import ResponseCode
 from remoting.message import (PROPERTY_DELAY, PROPERTY_ORIGIN_MESSAGE_ID,
                               PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC, PROPERTY_RETRY_TOPIC, PROPERTY_UNIQ_KEY,
-                              RETRY_GROUP_MAX_LENGTH, SCHEDULE_TOPIC, MessageFormatError,
-                              MessageInput, create_msg_id, dlq_topic, encode_batch, retry_topic)
+                              RETRY_GROUP_MAX_LENGTH, SCHEDULE_TOPIC, MessageFormatError, create_msg_id, dlq_topic,
+                              encode_batch, retry_topic)
 
 if TYPE_CHECKING:
     from broker.node import BrokerNode
@@ -88,9 +88,8 @@ class SendBackProcessor:
         if not dead:
             level = min(delay_level or _FIRST_RETRY_LEVEL + reconsume_times, levels)
             topic, queue_id, props = SCHEDULE_TOPIC, level - 1, schedule_properties(target, 0, props, level)
-        message = MessageInput(topic=topic, queue_id=queue_id, body=bytes(view.body), properties=props,
-                               flag=view.flag, sys_flag=view.sys_flag, born_timestamp=view.born_timestamp,
-                               born_host=view.born_host, reconsume_times=reconsume_times + 1)
+        message = stored_again(view, topic, queue_id, props, reconsume_times=reconsume_times + 1,
+                               prepared_transaction_offset=0)
         try:
             batch = encode_batch([message], node.store_host, max_message_size=node.max_message_size)
         except MessageFormatError as e:
