@@ -396,6 +396,34 @@ class AdminClient:
         assert error is not None
         raise error
 
+    async def _view_from_group(self, info: ClusterInfo, name: str, ext: dict[str, Any]) -> Any:
+        """VIEW_MESSAGE_BY_ID of group ``name``'s nodes, leader first, until one has the record. A follower learns
+        that an entry is committed a moment after the leader, and only from a leader: right after a leader dies,
+        the last messages it acknowledged are on the survivors' Raft logs but not yet in their commit logs until
+        one of them is elected, so one node's "not found" is not the group's. The last answer when none has it."""
+        nodes = info.broker_addrs.get(name, {})
+        addrs = list(dict.fromkeys(addr for _id, addr in sorted(nodes.items())))
+        if not addrs:
+            raise ClientError(f"broker group {name!r} has no node registered with the name servers",
+                              broker_name=name)
+        answer: Any = None
+        error: RaftMQError | None = None
+        for addr in addrs:
+            try:
+                frame = await self._instance.invoke(addr, RequestCode.VIEW_MESSAGE_BY_ID, ext, timeout_s=10.0)
+            except RaftMQError as e:
+                if not e.retriable:
+                    raise
+                error = e
+                continue
+            answer = raise_for_response(frame, ok=_VIEW_ANSWERS, broker_name=name)
+            if answer.code == ResponseCode.SUCCESS:
+                return answer
+        if answer is None:
+            assert error is not None
+            raise error
+        return answer
+
     async def _read_from_route(self, topic: str, code: int, ext: dict[str, Any],
                                ok: tuple[int, ...] = (ResponseCode.SUCCESS,)) -> dict[str, Any]:
         """The same read of every group that routes ``topic``, at once (``_read_from_group``); each group's
@@ -456,8 +484,7 @@ class AdminClient:
         if name is None:
             name, frame = await self._view_stored_by_unregistered(info, msg_id, store_addr)
         else:
-            frame = await self._read_from_group(info, name, RequestCode.VIEW_MESSAGE_BY_ID, {"offset": phy_offset},
-                                                ok=_VIEW_ANSWERS)
+            frame = await self._view_from_group(info, name, {"offset": phy_offset})
         views = list(iter_records(frame.body)) if frame.code == ResponseCode.SUCCESS else []
         if not views:
             raise ClientError(f"no message {msg_id!r} on broker group {name!r}: {frame.remark or 'empty answer'}",
@@ -475,8 +502,7 @@ class AdminClient:
         misses = []
         for name in sorted(info.broker_addrs):
             try:
-                frame = await self._read_from_group(info, name, RequestCode.VIEW_MESSAGE_BY_ID, {"msg_id": msg_id},
-                                                    ok=_VIEW_ANSWERS)
+                frame = await self._view_from_group(info, name, {"msg_id": msg_id})
             except RaftMQError as e:
                 misses.append(f"{name}: {e}")
                 continue
