@@ -1,5 +1,13 @@
 # The two commands a newcomer runs: `make run` and `make test`. Both build .venv on first use.
-PYTHON ?= python3
+# The interpreter the venv is built from. Everything here is CPU-bound Python, and the build of the interpreter shows:
+# the distribution's (Debian's: PGO, LTO, libpython linked into the executable) ran the brokers and the bench ~9 %
+# leaner per message than a pyenv build made without --enable-optimizations and with --enable-shared, the python3
+# first on PATH on our machines (docs/benchmarks.md, twenty-second session). So /usr/bin/python3 comes first when it
+# is >= 3.11 and can build a venv with pip; `make PYTHON=/path/to/python3 ...` picks another (a venv already built
+# stays as it is: `rm -rf .venv` first).
+PYTHON ?= $(shell for p in /usr/bin/python3 python3; do \
+	"$$p" -c 'import sys, ensurepip, venv; sys.exit(sys.version_info < (3, 11))' 2>/dev/null && { echo "$$p"; break; }; \
+	done)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -7,6 +15,7 @@ STAMP := $(VENV)/.installed
 .PHONY: run test install system-deps clean-dev
 
 $(BIN)/python:
+	@test -n "$(PYTHON)" || { echo "no Python >= 3.11 with venv and ensurepip found; set PYTHON=/path/to/python3" >&2; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): $(BIN)/python pyproject.toml
