@@ -43,8 +43,8 @@ so a silent upgrade cannot quietly disable a fix.
 10. Commit notice after the answer: once a leader applies newly committed entries, stock pysyncobj sends every
     follower an append_entries carrying only the new commit index, inside the same tick and so before the
     commit callbacks can answer anyone; with one append in flight those two sends (each waking a follower's
-    process) were ~0.3 ms of the ~0.8 ms commit latency. The send is deferred: ``__applyLogEntries`` marks
-    ``_dledger_commit_notice_due`` instead, and ``dledger.group``'s tick loop sends it
+    process) were ~0.3 ms of the ~0.8 ms commit latency. The send is deferred: ``__applyLogEntries`` of a leader
+    marks ``_dledger_commit_notice_due`` instead (a follower's apply asks for a send too, which stock ignores), and ``dledger.group``'s tick loop sends it
     (``RaftMember.send_commit_notice``) ``commit_notice_delay_ms`` after it ran the commit callbacks. Any
     append_entries sent meanwhile (new entries, heartbeats) carries the commit index too and clears the mark,
     so under load no such notice goes out at all.
@@ -690,7 +690,11 @@ def _apply_log_entries_gated(self: Any) -> bool:
         return False
     need_send = _original_apply_log_entries(self)
     if need_send and getattr(self, "_dledger_defer_commit_notice", False):
-        self._dledger_commit_notice_due = True
+        # Stock asks for a send after every apply, a follower's too (it is then ignored there); marking a
+        # follower due had its tick loop wake commit_notice_delay_ms later for nothing, ~70 times a second under
+        # load, each wake-up a tick and a cancelled wait.
+        if self._SyncObj__raftState == _LEADER:
+            self._dledger_commit_notice_due = True
         return False
     return need_send
 

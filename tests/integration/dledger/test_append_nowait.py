@@ -147,5 +147,7 @@ async def test_idle_group_proposes_at_once_and_answers_before_telling_followers(
                 await trio.sleep(0.005)
         await wait_ends(logs, leader.statistics().end_offset, timeout_s=5)
         assert not leader.member.commit_notice_due
+        # The followers applied it and owe nobody a notice (their tick loops are not woken for one).
+        assert not any(f.member.commit_notice_due for f in followers)
     for log in logs:
         log.close()

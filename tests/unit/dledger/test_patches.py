@@ -194,9 +194,10 @@ def test_apply_gate_defers_applying():
 
 
 def test_commit_notice_is_deferred_to_after_the_callbacks():
-    def fake(defer: bool):
+    def fake(defer: bool, state=patches._LEADER):
         events = []
         obj = SimpleNamespace(_dledger_defer_commit_notice=defer, _dledger_commit_notice_due=False)
+        obj._SyncObj__raftState = state
         obj._SyncObj__raftCommitIndex = 5
         obj._SyncObj__raftLastApplied = 4
         obj._SyncObj__getEntries = lambda start, count: [(b"cmd", 5, 1)]
@@ -213,6 +214,11 @@ def test_commit_notice_is_deferred_to_after_the_callbacks():
     assert events == ["apply", "callback"]
     not_deferred, _ = fake(defer=False)
     assert patches._apply_log_entries_gated(not_deferred) is True
+    # A follower applies what a leader committed: stock asks it for a send too, but it has no notice to give, and
+    # a mark would wake its tick loop commit_notice_delay_ms later for nothing.
+    follower, events = fake(defer=True, state=pso_syncobj._RAFT_STATE.FOLLOWER)
+    assert patches._apply_log_entries_gated(follower) is False
+    assert follower._dledger_commit_notice_due is False and events == ["apply", "callback"]
     # Any append_entries carries the commit index, so sending one settles the notice.
     sent = []
     deferred._dledger_flush_journal = False
