@@ -8,6 +8,7 @@ starve request handling.
 from __future__ import annotations
 
 import logging
+import threading
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -26,6 +27,7 @@ __all__ = ["run_services"]
 
 async def run_services(store: MessageStore, task_status: Any) -> None:
     store._trio_token = trio.lowlevel.current_trio_token()
+    store._trio_thread = threading.get_ident()
     store._reput_event = trio.Event()
     store._dispatch_progress = trio.Event()
     store._flush_wanted = trio.Event()
@@ -37,7 +39,7 @@ async def run_services(store: MessageStore, task_status: Any) -> None:
             nursery.start_soon(_clean_loop, store)
             task_status.started()
     finally:
-        store._trio_token = None
+        store._trio_token = store._trio_thread = None
         store._reput_event = store._dispatch_progress = None
         store._flush_wanted = store._flush_done = None
         with trio.CancelScope(shield=True):
@@ -84,8 +86,9 @@ async def _reput_loop(store: MessageStore) -> None:
             progress, store._dispatch_progress = store._dispatch_progress, trio.Event()
             if progress is not None:
                 progress.set()
-            await trio.sleep(0)
-        await event.wait()
+            if store.dispatcher.dispatched < store.commit_log.end:
+                await trio.sleep(0)  # more to dispatch: let the other tasks run between chunks
+        await event.wait()  # a checkpoint too, when the event is set already
 
 
 async def _flush_loop(store: MessageStore) -> None:
