@@ -15,7 +15,8 @@ STAMP := $(VENV)/.installed
 .PHONY: run test install system-deps clean-dev
 
 $(BIN)/python:
-	@test -n "$(PYTHON)" || { echo "no Python >= 3.11 with venv and ensurepip found; set PYTHON=/path/to/python3" >&2; exit 1; }
+	@test -n "$(PYTHON)" || { echo "no Python >= 3.11 with venv and ensurepip; set PYTHON=/path/to/python3" >&2; \
+		exit 1; }
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): $(BIN)/python pyproject.toml

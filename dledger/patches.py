@@ -44,10 +44,10 @@ so a silent upgrade cannot quietly disable a fix.
     follower an append_entries carrying only the new commit index, inside the same tick and so before the
     commit callbacks can answer anyone; with one append in flight those two sends (each waking a follower's
     process) were ~0.3 ms of the ~0.8 ms commit latency. The send is deferred: ``__applyLogEntries`` of a leader
-    marks ``_dledger_commit_notice_due`` instead (a follower's apply asks for a send too, which stock ignores), and ``dledger.group``'s tick loop sends it
-    (``RaftMember.send_commit_notice``) ``commit_notice_delay_ms`` after it ran the commit callbacks. Any
-    append_entries sent meanwhile (new entries, heartbeats) carries the commit index too and clears the mark,
-    so under load no such notice goes out at all.
+    marks ``_dledger_commit_notice_due`` instead (a follower's apply asks for a send too, which stock ignores),
+    and ``dledger.group``'s tick loop sends it (``RaftMember.send_commit_notice``) ``commit_notice_delay_ms``
+    after it ran the commit callbacks. Any append_entries sent meanwhile (new entries, heartbeats) carries the
+    commit index too and clears the mark, so under load no such notice goes out at all.
 
 11. Commit index from a snapshot chunk: while a leader streams its snapshot (``append_entries`` without
     ``prevLogIdx``), the follower's handler still sets its commit index to ``min(leader's commit, own last
