@@ -183,9 +183,18 @@ class BrokerNode:
             return
         self.topics.restore({"data_version": version,
                              "topics": [v for k, v in table.items() if k != _VERSION_KEY]})
+        self._forget_deleted_topics()
         # Pulls held on a queue the change took away (topic deleted, read queues lowered) are answered now, as a
         # fresh pull would be, rather than "no new message" at their deadline.
         self.hold.release(self._pull_refused)
+
+    def _forget_deleted_topics(self) -> None:
+        """The send and pull figures of topics the table no longer holds go with them (the metrics exported them
+        until the process restarted, and the counts grew with every topic ever deleted)."""
+        topics = self.topics
+        for topic in [t for t in self.put_by_topic if t not in topics]:
+            del self.put_by_topic[topic]
+        self.pull_stats.forget_topics(lambda topic: topic not in topics)
 
     def _metadata_applied(self) -> None:
         generation = self.group.metadata_generation(TOPIC_TABLE)

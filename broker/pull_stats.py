@@ -64,6 +64,14 @@ class PullStats:
         """``{(group, topic): (messages, bytes)}`` pulled since the node started."""
         return {key: (messages, size) for key, (messages, size) in self._totals.items()}
 
+    def forget_topics(self, gone: Callable[[str], bool]) -> None:
+        """Drop every figure of a topic for which ``gone(topic)`` holds (deleted): with topics created and deleted
+        by the thousand, the totals would grow for as long as the process runs."""
+        for key in [k for k in self._totals if gone(k[1])]:
+            del self._totals[key]
+            self._buckets.pop(key, None)
+            self._since.pop(key, None)
+
     def prune(self) -> None:
         """Forget groups that pulled nothing for a whole window (called now and then, not per pull)."""
         now = self._clock()

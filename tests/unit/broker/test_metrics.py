@@ -122,3 +122,27 @@ def test_a_follower_exports_its_own_figures_but_no_lag(tmp_path):
     assert "rocketmq_consumer_lag_messages" not in s  # the leader's alone, so a sum over the group counts once
     assert value(s, "rocketmq_consumer_group_number") == 2 and value(s, "rocketmq_topic_number") == 2
     assert s.get("rocketmq_messages_in_total") is None  # nothing acknowledged here
+
+
+def test_a_deleted_topics_send_and_pull_figures_go_with_it(tmp_path):
+    # Before, they were exported until the process restarted, and every topic ever deleted kept its counts.
+    with MessageStore.open(small_config(tmp_path / "s")) as store:
+        node = _node(tmp_path, store, Role.LEADER)
+        node.put_by_topic.update({"TopicTest": [3, 300], "Other": [1, 100]})
+        node.pull_stats.add("cg", "TopicTest", 2, 200)
+        node.pull_stats.add("cg", "Other", 1, 100)
+        node.refresh_metadata()
+        table = node.group.tables[TOPIC_TABLE]
+        del table["Other"]
+        table[""] = 4  # the table's data version, as a deletion moves it
+        # A send answered just after the deletion counts again under the gone name: not exported either.
+        node.refresh_metadata()
+        node.put_by_topic["Other"] = [1, 50]
+        s = _samples(node)
+    assert set(node.put_by_topic) == {"TopicTest", "Other"} and set(node.pull_stats.totals()) == {("cg", "TopicTest")}
+    assert value(s, "rocketmq_messages_in_total", topic="TopicTest") == 3
+    assert value(s, "rocketmq_messages_in_total", topic="Other") is None
+    assert value(s, "rocketmq_messages_out_total", topic="TopicTest", consumer_group="cg") == 2
+    assert value(s, "rocketmq_messages_out_total", topic="Other", consumer_group="cg") is None
+    node.refresh_metadata()  # nothing changed: nothing more is dropped
+    assert set(node.put_by_topic) == {"TopicTest", "Other"}
