@@ -375,32 +375,12 @@ class AdminClient:
         return OffsetReset(consumer_group, offsets, previous, told)
 
     async def _read_from_group(self, info: ClusterInfo, name: str, code: int, ext: dict[str, Any],
-                               ok: tuple[int, ...] = (ResponseCode.SUCCESS,)) -> Any:
+                               ok: tuple[int, ...] = (ResponseCode.SUCCESS,), *, until_found: bool = False) -> Any:
         """A read any node of group ``name`` serves (their commit logs are byte-identical): the leader first,
-        then the others when a node cannot be reached."""
-        nodes = info.broker_addrs.get(name, {})
-        addrs = list(dict.fromkeys(addr for _id, addr in sorted(nodes.items())))
-        if not addrs:
-            raise ClientError(f"broker group {name!r} has no node registered with the name servers",
-                              broker_name=name)
-        error: RaftMQError | None = None
-        for addr in addrs:
-            try:
-                frame = await self._instance.invoke(addr, code, ext, timeout_s=10.0)
-            except RaftMQError as e:
-                if not e.retriable:
-                    raise
-                error = e
-                continue
-            return raise_for_response(frame, ok=ok, topic=ext.get("topic"), broker_name=name)
-        assert error is not None
-        raise error
-
-    async def _view_from_group(self, info: ClusterInfo, name: str, ext: dict[str, Any]) -> Any:
-        """VIEW_MESSAGE_BY_ID of group ``name``'s nodes, leader first, until one has the record. A follower learns
-        that an entry is committed a moment after the leader, and only from a leader: right after a leader dies,
-        the last messages it acknowledged are on the survivors' Raft logs but not yet in their commit logs until
-        one of them is elected, so one node's "not found" is not the group's. The last answer when none has it."""
+        then the others when a node cannot be reached. With ``until_found``, also when a node answers other than
+        SUCCESS (the last answer when none does): a follower learns that an entry is committed a moment after the
+        leader, and only from a leader, so right after a leader dies the last messages it acknowledged are in the
+        survivors' Raft logs but not yet in their commit logs, and one node's "not found" is not the group's."""
         nodes = info.broker_addrs.get(name, {})
         addrs = list(dict.fromkeys(addr for _id, addr in sorted(nodes.items())))
         if not addrs:
@@ -410,19 +390,19 @@ class AdminClient:
         error: RaftMQError | None = None
         for addr in addrs:
             try:
-                frame = await self._instance.invoke(addr, RequestCode.VIEW_MESSAGE_BY_ID, ext, timeout_s=10.0)
+                frame = await self._instance.invoke(addr, code, ext, timeout_s=10.0)
             except RaftMQError as e:
                 if not e.retriable:
                     raise
                 error = e
                 continue
-            answer = raise_for_response(frame, ok=_VIEW_ANSWERS, broker_name=name)
-            if answer.code == ResponseCode.SUCCESS:
+            answer = raise_for_response(frame, ok=ok, topic=ext.get("topic"), broker_name=name)
+            if not until_found or answer.code == ResponseCode.SUCCESS:
                 return answer
-        if answer is None:
-            assert error is not None
-            raise error
-        return answer
+        if answer is not None:
+            return answer
+        assert error is not None
+        raise error
 
     async def _read_from_route(self, topic: str, code: int, ext: dict[str, Any],
                                ok: tuple[int, ...] = (ResponseCode.SUCCESS,)) -> dict[str, Any]:
@@ -484,7 +464,8 @@ class AdminClient:
         if name is None:
             name, frame = await self._view_stored_by_unregistered(info, msg_id, store_addr)
         else:
-            frame = await self._view_from_group(info, name, {"offset": phy_offset})
+            frame = await self._read_from_group(info, name, RequestCode.VIEW_MESSAGE_BY_ID, {"offset": phy_offset},
+                                                ok=_VIEW_ANSWERS, until_found=True)
         views = list(iter_records(frame.body)) if frame.code == ResponseCode.SUCCESS else []
         if not views:
             raise ClientError(f"no message {msg_id!r} on broker group {name!r}: {frame.remark or 'empty answer'}",
@@ -502,7 +483,8 @@ class AdminClient:
         misses = []
         for name in sorted(info.broker_addrs):
             try:
-                frame = await self._view_from_group(info, name, {"msg_id": msg_id})
+                frame = await self._read_from_group(info, name, RequestCode.VIEW_MESSAGE_BY_ID, {"msg_id": msg_id},
+                                                    ok=_VIEW_ANSWERS, until_found=True)
             except RaftMQError as e:
                 misses.append(f"{name}: {e}")
                 continue

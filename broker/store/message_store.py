@@ -393,14 +393,14 @@ class MessageStore:
 
     # -- dispatch --------------------------------------------------------------------------------------------
     def _notify_appended(self) -> None:
-        token = self._trio_token
-        if token is not None and threading.get_ident() == self._trio_thread:
+        if threading.get_ident() == self._trio_thread:  # set with the token, None while no trio run serves
             # Applied on the trio thread (dledger ticks pysyncobj there): set the event at once. Through the token
             # every applied entry cost each member a wake-up of its own loop (a write to trio's wake-up socket,
             # an epoll return, a system task step), ~260 a second in a single-send run.
             if self._reput_event is not None:
                 self._reput_event.set()
             return
+        token = self._trio_token
         if token is not None and not self._reput_wake_pending:
             self._reput_wake_pending = True
             try:
