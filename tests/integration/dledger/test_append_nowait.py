@@ -9,7 +9,8 @@ import pytest
 import trio
 
 from dledger import AppendTimeoutError, GroupBusyError, NotLeaderError, open_dledger_group
-from tests.integration.dledger.helpers import leader_alone, make_configs, open_log, ready_leader, wait_ends
+from tests.integration.dledger.helpers import (MemberRunner, leader_alone, make_configs, open_log, ready_leader,
+                                               wait_ends)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -109,6 +110,48 @@ async def test_records_left_unproposed_past_max_queue_wait_are_answered_busy_and
             while "in-flight" not in outcomes:
                 await trio.sleep(0.05)
         assert isinstance(outcomes["in-flight"][0], AppendTimeoutError)
+        nursery.cancel_scope.cancel()
+    for log in logs.values():
+        log.close()
+
+
+async def test_a_batch_waiting_for_a_slot_takes_the_records_queued_meanwhile(tmp_path):
+    """The batcher holds a batch while the one slot is taken (the leader lost its followers); records queued after
+    that join the held batch, so all of them commit in one entry once a follower is back, instead of the first
+    in one entry and the rest in the next."""
+    configs = {c.self_id: c for c in make_configs(tmp_path, max_in_flight_batches=1, leader_fallback_timeout_ms=8000,
+                                                   connection_timeout_ms=8000, max_queue_wait_ms=8000)}
+    logs = {k: open_log(tmp_path, k) for k in configs}
+    async with trio.open_nursery() as nursery:
+        runners = {k: MemberRunner(nursery, c, logs[k]) for k, c in configs.items()}
+        groups = {k: await r.start() for k, r in runners.items()}
+        leader = await ready_leader(list(groups.values()))
+        await leader.append(b"with-majority")
+        followers = [k for k in runners if k != leader.config.self_id]
+        for k in followers:
+            await runners[k].stop()
+        done: dict[str, object] = {}
+
+        def on_done(name, pending):
+            done[name] = pending
+
+        leader.append_nowait(b"in-flight", functools.partial(on_done, "in-flight"), timeout_s=8)
+        assert leader.statistics().in_flight_batches == 1
+        leader.append_nowait(b"held", functools.partial(on_done, "held"), timeout_s=8)
+        with trio.fail_after(2):
+            while leader.statistics().pending_records:  # the batcher took it and waits for the slot
+                await trio.sleep(0.005)
+        for i in range(3):
+            leader.append_nowait(b"queued-%d" % i, functools.partial(on_done, f"queued-{i}"), timeout_s=8)
+        assert leader.statistics().pending_records == 3
+        await runners[followers[0]].start()
+        with trio.fail_after(6):
+            while len(done) < 5:
+                await trio.sleep(0.01)
+        assert all(p.error is None for p in done.values()), {k: p.error for k, p in done.items()}
+        assert done["in-flight"].index < done["held"].index
+        assert {done[f"queued-{i}"].index for i in range(3)} == {done["held"].index}
+        assert leader.statistics().pending_records == 0
         nursery.cancel_scope.cancel()
     for log in logs.values():
         log.close()
