@@ -48,6 +48,13 @@ async def wait_ends(logs, end: int, timeout_s: float = 20.0) -> None:
 
 async def leader_alone(nursery, tmp_path: Path, **overrides):
     """A group whose leader committed one record and then lost both followers: ``(leader, logs by id)``."""
+    leader, _runners, logs = await leader_cut_off(nursery, tmp_path, **overrides)
+    return leader, logs
+
+
+async def leader_cut_off(nursery, tmp_path: Path, **overrides):
+    """``leader_alone`` with the members' runners too, ``(leader, runners by id, logs by id)``: a test can start a
+    follower again to give the leader back its majority."""
     overrides = {"leader_fallback_timeout_ms": 5000, "connection_timeout_ms": 5000, **overrides}
     configs = {c.self_id: c for c in make_configs(tmp_path, **overrides)}
     logs = {k: open_log(tmp_path, k) for k in configs}
@@ -58,7 +65,7 @@ async def leader_alone(nursery, tmp_path: Path, **overrides):
     for k, runner in runners.items():
         if k != leader.config.self_id:
             await runner.stop()
-    return leader, logs
+    return leader, runners, logs
 
 
 class MemberRunner:

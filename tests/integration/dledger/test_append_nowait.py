@@ -9,7 +9,7 @@ import pytest
 import trio
 
 from dledger import AppendTimeoutError, GroupBusyError, NotLeaderError, open_dledger_group
-from tests.integration.dledger.helpers import (MemberRunner, leader_alone, make_configs, open_log, ready_leader,
+from tests.integration.dledger.helpers import (leader_alone, leader_cut_off, make_configs, open_log, ready_leader,
                                                wait_ends)
 
 pytestmark = pytest.mark.timeout(60)
@@ -119,17 +119,11 @@ async def test_a_batch_waiting_for_a_slot_takes_the_records_queued_meanwhile(tmp
     """The batcher holds a batch while the one slot is taken (the leader lost its followers); records queued after
     that join the held batch, so all of them commit in one entry once a follower is back, instead of the first
     in one entry and the rest in the next."""
-    configs = {c.self_id: c for c in make_configs(tmp_path, max_in_flight_batches=1, leader_fallback_timeout_ms=8000,
-                                                   connection_timeout_ms=8000, max_queue_wait_ms=8000)}
-    logs = {k: open_log(tmp_path, k) for k in configs}
     async with trio.open_nursery() as nursery:
-        runners = {k: MemberRunner(nursery, c, logs[k]) for k, c in configs.items()}
-        groups = {k: await r.start() for k, r in runners.items()}
-        leader = await ready_leader(list(groups.values()))
-        await leader.append(b"with-majority")
+        leader, runners, logs = await leader_cut_off(nursery, tmp_path, max_in_flight_batches=1,
+                                                     leader_fallback_timeout_ms=8000, connection_timeout_ms=8000,
+                                                     max_queue_wait_ms=8000)
         followers = [k for k in runners if k != leader.config.self_id]
-        for k in followers:
-            await runners[k].stop()
         done: dict[str, object] = {}
 
         def on_done(name, pending):
