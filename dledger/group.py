@@ -5,10 +5,10 @@ Rules of this module (the essay the rest of ``dledger`` leans on):
 - **Group commit.** ``await group.append(record)`` queues the record; one batcher task turns queued records into
   one entry (up to ``max_batch_messages`` / ``max_batch_bytes``; when batches are already in flight it waits up
   to ``max_batch_delay_ms`` for more; a batch waiting for a slot takes what is queued meanwhile) and proposes it
-  with ONE pysyncobj call. A record bigger than
-  ``max_batch_bytes`` (up to ``max_record_bytes``, e.g. one 4 MiB message) is proposed alone. At most
-  ``max_in_flight_batches`` entries are in flight. Few Raft calls keep pysyncobj's work per message small (it
-  is ticked on this thread, between trio tasks), and so keep the term from moving under load.
+  with ONE pysyncobj call. A record bigger than ``max_batch_bytes`` (up to ``max_record_bytes``, e.g. one 4 MiB
+  message) is proposed alone. At most ``max_in_flight_batches`` entries are in flight. Few Raft calls keep
+  pysyncobj's work per message small (it is ticked on this thread, between trio tasks), and so keep the term from
+  moving under load.
 - **Planned offsets.** Each entry carries the commit-log offset it expects to start at: the state machine's end
   when nothing is in flight, else the planned end of the previous in-flight entry. The state machine builds the
   payload once, here (``prepare_batch``), and knows every record's result before the entry is proposed. A leader

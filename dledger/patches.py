@@ -232,9 +232,9 @@ so a silent upgrade cannot quietly disable a fix.
 
 27. Copies of every entry on apply. ``__doApplyCommand`` unpickles a regular command from ``command[1:]``, a copy
     of the whole command made only to drop its type byte, before unpickling copies the entry out of it. A
-    regular command is now unpickled from a view of the same bytes: one copy less of every entry on every member
-    (with ``dledger.entry.decode_entry``'s payload view and ``CommitLog.build``'s buffer handed out as is, three
-    copies less on a leader; ~480 KB each under batched sends).
+    regular command is now unpickled from a view of the same bytes. With ``dledger.entry.decode_entry``'s payload
+    a view too, every member copies each entry twice less, and a leader, which also hands out
+    ``CommitLog.build``'s buffer as is, three times less (~480 KB an entry under batched sends).
 
 The chunked-send defect (entries at least ``appendEntriesBatchSizeBytes`` long) is contained by configuration:
 ``dledger.config`` keeps the entry size limit below half the batch size (16 MiB by default, so ~8 MiB entries:
