@@ -12,6 +12,7 @@ import math
 import os
 import selectors
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -40,6 +41,38 @@ __all__ = [
 class BenchError(RuntimeError):
     """A bench that could not run against its cluster (nothing to reach, a phase that never ended): one
     sentence for the user, exit 1, instead of a trio.TooSlowError traceback."""
+
+
+def machine_speed(rounds: int = 201) -> dict[str, float]:
+    """Two reference timings of this machine, the median of ``rounds``, for a bench's report: a VM's speed drifts,
+    and a figure is only comparable with one taken when these read the same (docs/benchmarks.md, twenty-third
+    session: within an hour the mean 480 KiB copy went from 9.95 to 12.45 µs, and every process's CPU per
+    message rose with it). ``copy_480k_us``: copying 480 KiB of bytes (an entry under batched sends; memory
+    bound); ``python_loop_us``: a fixed loop of dict lookups and additions (interpreter bound). The median, not
+    the best: the fastest copies are the cache-warm ones, which hid that drift (8.8 µs best, 10.1 median)."""
+    if type(rounds) is not int or rounds < 1:
+        raise ValueError(f"rounds must be a positive integer, got {rounds!r}")
+    buf = bytearray(os.urandom(480 * 1024))  # random bytes: real pages, not the shared zero page
+    table = {i: i for i in range(256)}
+
+    def loop() -> int:
+        total = 0
+        for i in range(1000):
+            total += table[i & 255]
+        return total
+
+    clock = time.perf_counter
+    copies: list[float] = []
+    loops: list[float] = []
+    for _ in range(rounds):
+        started = clock()
+        bytes(buf)
+        copies.append(clock() - started)
+        started = clock()
+        loop()
+        loops.append(clock() - started)
+    return {"copy_480k_us": round(statistics.median(copies) * 1e6, 2),
+            "python_loop_us": round(statistics.median(loops) * 1e6, 2)}
 
 
 def run_bench(name: str, main: Callable[[], Awaitable[T]], *, as_json: bool = False) -> T:

@@ -18,7 +18,7 @@ import uuid
 import trio
 
 from client import Message, open_producer, open_push_consumer
-from raftmq.bench.common import BenchError, check_range, run_bench, summarize_latencies
+from raftmq.bench.common import BenchError, check_range, machine_speed, run_bench, summarize_latencies
 from raftmq.bench.produce import (BenchReport, add_cluster_args, bench_cluster, check_cluster_args, cpu_per_message,
                                   cpu_sample, ensure_topic, progress, report)
 
@@ -57,6 +57,7 @@ async def _produce(namesrv: str, args: argparse.Namespace, sent: dict) -> None:
 
 
 async def consume(namesrv: str, args: argparse.Namespace) -> BenchReport:
+    machine = machine_speed()
     if args.topic is None:
         args.topic = f"BenchConsume_{uuid.uuid4().hex[:8]}"
     await ensure_topic(namesrv, args.topic, args.queues)
@@ -102,7 +103,8 @@ async def consume(namesrv: str, args: argparse.Namespace) -> BenchReport:
         cpu = cpu_per_message(cpu_before, await cpu_sample(namesrv), got["n"])
     return BenchReport("consume", got["n"], got["n"] * args.size, elapsed, summarize_latencies(latencies),
                        target - got["n"],
-                       {"size": args.size, "pull_batch": args.pull_batch, "live": args.live}, cpu_us_per_msg=cpu)
+                       {"size": args.size, "pull_batch": args.pull_batch, "live": args.live}, cpu_us_per_msg=cpu,
+                       machine=machine)
 
 
 def run(args: argparse.Namespace) -> int:

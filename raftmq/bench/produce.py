@@ -28,8 +28,8 @@ from rich.console import Console
 
 from broker.topic_config import TopicConfigError, check_sendable_topic, validate_topic_name
 from client import Message, SendFailedError, open_admin, open_producer
-from raftmq.bench.common import (BenchError, LatencySummary, check_namesrv_arg, check_range, print_json, print_table,
-                                 run_bench, show_progress, spawn_ready_process, summarize_latencies)
+from raftmq.bench.common import (BenchError, LatencySummary, check_namesrv_arg, check_range, machine_speed, print_json,
+                                 print_table, run_bench, show_progress, spawn_ready_process, summarize_latencies)
 from remoting.config import ConfigError
 from remoting.errors import RaftMQError
 
@@ -92,6 +92,8 @@ class BenchReport:
     # Why sends failed: the class of the last attempt's error (a SendFailedError's last_error) → count.
     error_kinds: dict[str, int] = dataclasses.field(default_factory=dict)
     cpu_us_per_msg: dict[str, float] = dataclasses.field(default_factory=dict)
+    # machine_speed() just before the run: how fast this machine was when the figures were taken.
+    machine: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def msgs_per_s(self) -> float:
@@ -106,13 +108,14 @@ def report(r: BenchReport, *, as_json: bool = False) -> None:
     if as_json:
         print_json(kind=r.kind, params=r.params, messages=r.messages, elapsed_s=r.elapsed_s,
                    msgs_per_s=r.msgs_per_s, mb_per_s=r.mb_per_s, latency=r.latency, errors=r.errors,
-                   error_kinds=r.error_kinds, cpu_us_per_msg=r.cpu_us_per_msg)
+                   error_kinds=r.error_kinds, cpu_us_per_msg=r.cpu_us_per_msg, machine=r.machine)
         return
     rows = [*((k, v) for k, v in r.params.items()), ("messages", r.messages), ("seconds", r.elapsed_s),
             ("msgs/s", r.msgs_per_s), ("MB/s", r.mb_per_s), ("latency p50 ms", r.latency.p50_ms),
             ("latency p99 ms", r.latency.p99_ms), ("latency max ms", r.latency.max_ms), ("errors", r.errors),
             *((f"errors: {kind}", n) for kind, n in sorted(r.error_kinds.items())),
-            *((f"CPU µs/msg {label}", us) for label, us in r.cpu_us_per_msg.items())]
+            *((f"CPU µs/msg {label}", us) for label, us in r.cpu_us_per_msg.items()),
+            *((f"machine {name}", value) for name, value in r.machine.items())]
     print_table(Console(), f"raftmq bench {r.kind}", rows)
 
 
@@ -206,6 +209,7 @@ async def ensure_topic(namesrv: str, topic: str, queues: int, timeout_s: float =
 
 
 async def produce(namesrv: str, args: argparse.Namespace) -> BenchReport:
+    machine = machine_speed()
     await ensure_topic(namesrv, args.topic, args.queues)
     body = b"x" * args.size
     latencies: list[int] = []
@@ -251,7 +255,7 @@ async def produce(namesrv: str, args: argparse.Namespace) -> BenchReport:
             params["requests (with warm-up)"] = producer.statistics().auto_batches
     return BenchReport("produce", counters["sent"], counters["sent"] * args.size, elapsed,
                        summarize_latencies(latencies), counters["errors"], params, dict(error_kinds),
-                       cpu_us_per_msg=cpu)
+                       cpu_us_per_msg=cpu, machine=machine)
 
 
 def run(args: argparse.Namespace) -> int:

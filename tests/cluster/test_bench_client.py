@@ -41,6 +41,9 @@ def test_bench_produce_and_consume_report_rates_latencies_and_cpu(spawn, tmp_pat
     assert single["latency"]["count"] == single["messages"]
     assert 0 < single["latency"]["p50_ms"] <= single["latency"]["p99_ms"]
     _check_cpu(single["cpu_us_per_msg"])
+    # How fast the machine was: the reference timings of machine_speed(), taken before the run.
+    assert set(single["machine"]) == {"copy_480k_us", "python_loop_us"}
+    assert all(0 < v < 100_000 for v in single["machine"].values()), single["machine"]
 
     batch = _bench("produce", "--namesrv", namesrv, "--seconds", "1", "--warmup-seconds", "0.3",
                    "--concurrency", "4", "--batch", "32", "--size", "256")
@@ -59,6 +62,7 @@ def test_bench_produce_and_consume_report_rates_latencies_and_cpu(spawn, tmp_pat
     consumed = _bench("consume", "--namesrv", namesrv, "--messages", "3000", "--size", "128", "--seconds", "60")
     assert consumed["messages"] == 3000 and consumed["errors"] == 0 and consumed["msgs_per_s"] > 0
     _check_cpu(consumed["cpu_us_per_msg"])
+    assert set(consumed["machine"]) == {"copy_480k_us", "python_loop_us"}
 
     bad = subprocess.run(raftmq_argv("bench", "produce", "--namesrv", namesrv, "--batch", "0"), capture_output=True,
                          text=True, timeout=60)
