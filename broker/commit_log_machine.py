@@ -67,7 +67,7 @@ def encode_payload(built: BuiltBatch) -> bytes:
     return b"".join(parts)
 
 
-def decode_payload(payload: bytes | memoryview, expected_start: int, store_timestamp: int) -> tuple[
+def decode_payload(payload: bytes, expected_start: int, store_timestamp: int) -> tuple[
         list[tuple[int, int, int]], dict[tuple[bytes, int], int], memoryview, DispatchHint]:
     """``(pieces, next queue offsets, data, dispatch hint)`` of an entry payload."""
     version, n_pieces, n_queues, n_index, count, last_phy = _HEAD.unpack_from(payload, 0)
@@ -81,7 +81,7 @@ def decode_payload(payload: bytes | memoryview, expected_start: int, store_times
     queues = []
     for _ in range(n_queues):
         tl = payload[pos]
-        topic = bytes(payload[pos + 1:pos + 1 + tl])  # a key of the store's tables: not a view of the entry
+        topic = payload[pos + 1:pos + 1 + tl]
         pos += 1 + tl
         queue_id, first, n = _QUEUE.unpack_from(payload, pos)
         pos += _QUEUE.size
@@ -203,7 +203,7 @@ class CommitLogMachine:
                 pos += n
         return PreparedBatch(encode_payload(built), built.end, tuple(results))
 
-    def apply_batch(self, payload: bytes | memoryview, store_timestamp: int, expected_start_offset: int) -> BatchResult:
+    def apply_batch(self, payload: bytes, store_timestamp: int, expected_start_offset: int) -> BatchResult:
         pieces, touched, data, hint = decode_payload(payload, expected_start_offset, store_timestamp)
         status = self.store.apply_built(pieces, data, touched, expected_start_offset, hint)
         if status is AppendStatus.CORRUPTED:

@@ -118,7 +118,7 @@ class ByteLog:
             pos += len(f)
         return PreparedBatch(b"".join(framed), pos, tuple(offsets))
 
-    def apply_batch(self, payload: bytes | memoryview, store_timestamp: int, expected_start_offset: int) -> BatchResult:
+    def apply_batch(self, payload: bytes, store_timestamp: int, expected_start_offset: int) -> BatchResult:
         with self._lock:
             end = self._end
             if expected_start_offset < end:

@@ -44,7 +44,7 @@ class EntryTooLargeError(EntryError):
 class Entry:
     expected_start_offset: int
     store_timestamp: int
-    payload: memoryview  # a view of the entry's bytes: an entry under batched sends is ~480 KB, not copied
+    payload: bytes
 
 
 def encode_entry(expected_start_offset: int, store_timestamp: int, payload: bytes, *, max_entry_bytes: int) -> bytes:
@@ -54,7 +54,7 @@ def encode_entry(expected_start_offset: int, store_timestamp: int, payload: byte
     return ENTRY_HEADER.pack(ENTRY_MAGIC, expected_start_offset, store_timestamp, len(payload)) + payload
 
 
-def decode_entry(data: bytes | memoryview) -> Entry:
+def decode_entry(data: bytes) -> Entry:
     if len(data) < ENTRY_HEADER.size:
         raise EntryError(f"a DLedger entry needs at least {ENTRY_HEADER.size} bytes, got {len(data)}")
     magic, start, ts, length = ENTRY_HEADER.unpack_from(data, 0)
@@ -62,4 +62,4 @@ def decode_entry(data: bytes | memoryview) -> Entry:
         raise EntryError(f"bad DLedger entry magic 0x{magic:02x}, expected 0x{ENTRY_MAGIC:02x}")
     if len(data) - ENTRY_HEADER.size != length:
         raise EntryError(f"DLedger entry payload_length={length} but {len(data) - ENTRY_HEADER.size} bytes follow")
-    return Entry(start, ts, memoryview(data)[ENTRY_HEADER.size:])
+    return Entry(start, ts, bytes(data[ENTRY_HEADER.size:]))

@@ -230,12 +230,6 @@ so a silent upgrade cannot quietly disable a fix.
     next index stays, it gets the rest once it has read what it has. Skipping counts as talking for 12, so a
     follower that stopped reading is still dropped after the connection timeout.
 
-27. Copies of every entry on apply. ``__doApplyCommand`` unpickles a regular command from ``command[1:]``, a copy
-    of the whole command made only to drop its type byte, before unpickling copies the entry out of it. A
-    regular command is now unpickled from a view of the same bytes. With ``dledger.entry.decode_entry``'s payload
-    a view too, every member copies each entry twice less, and a leader, which also hands out
-    ``CommitLog.build``'s buffer as is, three times less (~480 KB an entry under batched sends).
-
 The chunked-send defect (entries at least ``appendEntriesBatchSizeBytes`` long) is contained by configuration:
 ``dledger.config`` keeps the entry size limit below half the batch size (16 MiB by default, so ~8 MiB entries:
 one 4 MiB message fits) and ``dledger.entry`` refuses bigger entries. It is not patched: the fix would mean
@@ -1105,30 +1099,6 @@ def _create_poller(poller_type: str) -> Any:
     return _original_create_poller(poller_type)
 
 
-_original_do_apply_command = pso_syncobj.SyncObj._SyncObj__doApplyCommand
-_REGULAR_COMMAND = pso_syncobj._COMMAND_TYPE.REGULAR
-
-
-def _do_apply_command_from_view(self: Any, command: bytes) -> Any:
-    """27: stock ``__doApplyCommand`` for a regular command, unpickled from a view (stock slices a copy); the
-    other command types (version, membership, no-op) go to stock."""
-    if command[0] != _REGULAR_COMMAND:
-        return _original_do_apply_command(self, command)
-    # The standard library's loads, as stock's pysyncobj.pickle.loads does on Python 3 (it only adds a retry with
-    # the pure-Python unpickler, and turns its argument into bytes, which a view is not).
-    decoded = pickle.loads(memoryview(command)[1:])
-    args: Any = ()
-    kwargs = {"_doApply": True}
-    if not isinstance(decoded, tuple):
-        func_id = decoded
-    elif len(decoded) == 2:
-        func_id, args = decoded
-    else:
-        func_id, args, more = decoded
-        kwargs.update(more)
-    return self._idToMethod[func_id](*args, **kwargs)
-
-
 def apply_patches() -> None:
     """Install every fix; idempotent."""
     global _patched
@@ -1148,7 +1118,6 @@ def apply_patches() -> None:
     pso_syncobj.SyncObj._SyncObj__getEntries = _get_entries_capped
     pso_tcp.TcpConnection._TcpConnection__processSend = _process_send
     pso_syncobj.SyncObj._SyncObj__applyLogEntries = _apply_log_entries_gated
-    pso_syncobj.SyncObj._SyncObj__doApplyCommand = _do_apply_command_from_view
     pso_syncobj.SyncObj._SyncObj__loadDumpFile = _load_dump_file_patched
     pso_journal.MetaStorer.getMeta = _get_meta_closed
     pso_journal.MetaStorer.storeMeta = _store_meta_synced
@@ -1186,7 +1155,6 @@ ORIGINALS = {
     "get_entries": _original_get_entries,
     "process_send": _original_process_send,
     "apply_log_entries": _original_apply_log_entries,
-    "do_apply_command": _original_do_apply_command,
     "load_dump_file": _original_load_dump_file,
     "serialize": _original_serialize,
     "set_transmission_data": _original_set_transmission,

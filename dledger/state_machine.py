@@ -101,9 +101,8 @@ class StateMachine(Protocol):
         """The payload of one entry holding ``records`` (passed to ``append``, in order), planned to be applied
         at ``start_offset``; no I/O. Raises only for a bug: a bad record gets a refusal as its result."""
 
-    def apply_batch(self, payload: memoryview, store_timestamp: int, expected_start_offset: int) -> BatchResult:
-        """Apply a payload made by ``prepare_batch`` (on this member or another): a view of the committed entry,
-        valid for the call; copy what must outlive it."""
+    def apply_batch(self, payload: bytes, store_timestamp: int, expected_start_offset: int) -> BatchResult:
+        ...
 
     @property
     def min_offset(self) -> int:

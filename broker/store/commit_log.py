@@ -58,7 +58,7 @@ class BuiltBatch(NamedTuple):
     data_offset, length)`` runs of ``data``; a run ends where a segment is closed by a blank header."""
 
     pieces: tuple[tuple[int, int, int], ...]
-    data: bytearray  # the buffer the build wrote, not copied out (up to 512 KiB an entry)
+    data: bytes
     end: int
     phy_offsets: list[int]
     queue_offsets: list[int]
@@ -333,7 +333,7 @@ class CommitLog:
         del out[o:]
         hint = DispatchHint(start, end, store_timestamp, phys[-1] if phys else start, len(phys),
                             [(k, first, bytes(u)) for k, (first, u) in units.items()], index)
-        return BuiltBatch(tuple(pieces), out, end, phys, qoffs, sizes, qids, touched, hint)
+        return BuiltBatch(tuple(pieces), bytes(out), end, phys, qoffs, sizes, qids, touched, hint)
 
     def write_built(self, pieces: Sequence[tuple[int, int, int]], data: bytes | memoryview,
                     queue_offsets: dict[tuple[bytes, int], int], touched: Mapping[tuple[bytes, int], int]) -> int:

@@ -479,35 +479,6 @@ def test_compaction_replaces_a_synced_journal_instead_of_rewriting_it_in_place(t
     assert touched == {"stock": True, "patched": False}  # stock overwrote synced entries in place
 
 
-class _RefusesSlices(bytes):
-    """A command whose slices fail: each would be a copy of a whole entry (~480 KB under batched sends)."""
-
-    def __getitem__(self, key):
-        if isinstance(key, slice):
-            raise AssertionError(f"sliced a copy of the command [{key.start}:{key.stop}]")
-        return super().__getitem__(key)
-
-
-def test_a_regular_command_is_unpickled_from_a_view_not_a_sliced_copy():
-    applied = []
-    fake = SimpleNamespace(_idToMethod={7: lambda *args, **kwargs: applied.append((args, kwargs)) or "result"},
-                           _SyncObj__parseChangeClusterRequest=lambda command: None)
-    plain = b"\x00" + pickle.dumps((7, (b"entry",)), protocol=5)
-    # Same result as stock's for an ordinary command...
-    assert patches.ORIGINALS["do_apply_command"](fake, plain) == "result"
-    assert patches._do_apply_command_from_view(fake, plain) == "result"
-    assert applied == [((b"entry",), {"_doApply": True})] * 2
-    # ...without the copy stock slices off to drop the type byte.
-    with pytest.raises(AssertionError, match="sliced a copy"):
-        patches.ORIGINALS["do_apply_command"](fake, _RefusesSlices(plain))
-    assert patches._do_apply_command_from_view(fake, _RefusesSlices(plain)) == "result"
-    # Keyword arguments, and a command of another type (a no-op) still goes to stock.
-    with_kwargs = b"\x00" + pickle.dumps((7, (1,), {"x": 2}), protocol=5)
-    assert patches._do_apply_command_from_view(fake, with_kwargs) == "result"
-    assert applied[-1] == ((1,), {"_doApply": True, "x": 2})
-    assert patches._do_apply_command_from_view(fake, b"\x01") is None and len(applied) == 4
-
-
 def test_version_pin_is_checked():
     patches.check_version("0.3.17")
     with pytest.raises(ImportError, match="0.3.18"):
