@@ -54,9 +54,14 @@ def test_bench_produce_and_consume_report_rates_latencies_and_cpu(spawn, tmp_pat
     hurried = _bench("produce", "--namesrv", namesrv, "--seconds", "0.5", "--warmup-seconds", "0",
                      "--concurrency", "8", "--send-timeout-ms", "1")
     assert hurried["errors"] > 0 and sum(hurried["error_kinds"].values()) == hurried["errors"]
-    # The wait for a response runs out, or (before the route is known) the deadline passes before any attempt.
+    # The wait for a response runs out, or (before the route is known) the deadline passes before any attempt. On a
+    # loaded machine (make test's other worker) the leader can be silent past SILENT_CLOSE_MIN_S while sends time
+    # out: the client then closes that connection, a reconnect does not fit in 1 ms (ConnectError), and asking a
+    # follower where the leader is answers NOT_LEADER (seen once: 1 and 1 of 230). Each is still the error that
+    # ended its send, which is what is checked here.
     assert "RequestTimeoutError" in hurried["error_kinds"], hurried["error_kinds"]
-    assert set(hurried["error_kinds"]) <= {"RequestTimeoutError", "TooSlowError"}, hurried["error_kinds"]
+    assert set(hurried["error_kinds"]) <= {"RequestTimeoutError", "TooSlowError", "ConnectError", "NotLeaderError"}, \
+        hurried["error_kinds"]
     assert single["error_kinds"] == {}
 
     consumed = _bench("consume", "--namesrv", namesrv, "--messages", "3000", "--size", "128", "--seconds", "60")
