@@ -276,6 +276,39 @@ async def test_a_follower_back_from_a_stall_reads_the_waiting_heartbeats_before_
         log.close()
 
 
+async def test_a_wake_up_of_a_member_costs_one_pysyncobj_tick(tmp_path):
+    """The tick task wakes a member when its sockets have something to read. pysyncobj polls at the end of its
+    tick and acts on what it read (commit, apply, the next send) only in the following tick, so each wake-up
+    took two ticks, the first with nothing to act on. A poll before the first tick makes it one: counted here
+    over sequential appends, which wake each follower once per append and the leader once per answer."""
+    configs = make_configs(tmp_path)
+    logs = [open_log(tmp_path, c.self_id) for c in configs]
+    async with AsyncExitStack() as stack:
+        groups = [await stack.enter_async_context(open_dledger_group(c, log)) for c, log in zip(configs, logs)]
+        leader = await ready_leader(groups)
+        counts = {}
+        for g in groups:
+            member, count = g.member, counts.setdefault(g.config.self_id, {"wake-ups": 0, "ticks": 0})
+
+            def count_calls(name, key, member=member, count=count):
+                original = getattr(member, name)
+
+                def counted(*args):
+                    count[key] += 1
+                    return original(*args)
+                setattr(member, name, counted)
+            count_calls("tick", "wake-ups")
+            count_calls("doTick", "ticks")
+        for i in range(100):
+            await leader.append(b"one at a time %d" % i)
+        await wait_ends(logs, leader.statistics().end_offset, timeout_s=5)
+    for log in logs:
+        log.close()
+    for member_id, count in counts.items():
+        assert count["wake-ups"] >= 100, (member_id, count)
+        assert count["ticks"] < 1.5 * count["wake-ups"], (member_id, count)  # 2.0 without the poll first
+
+
 async def test_transfer_leadership_without_majority_ends_within_its_timeout(tmp_path):
     """A transfer waits for the batches in flight to commit before it asks pysyncobj; without a majority they
     never do, and the transfer hung past its timeout (or, when they failed late, answered with an append
