@@ -232,7 +232,7 @@ def syncobj_options(config: DLedgerConfig, *, serializer: Callable | None, deser
     return {
         # Fix: bind exactly the configured address (pysyncobj's default is 0.0.0.0).
         "bindAddress": member.raft_address,
-        # Authentication is done by dledger.patches (HMAC before unpickling); pysyncobj's own Fernet password
+        # Authentication is done by dledger.patches (a MAC checked before unpickling); pysyncobj's own Fernet password
         # stays off (it needs `cryptography` and base64-encodes every frame).
         "password": None,
         # No tick thread: dledger.group ticks pysyncobj from a trio task (dledger.poller explains why).

@@ -27,7 +27,7 @@ def test_syncobj_conf_values_that_the_fixes_depend_on(tmp_path):
     cfg = _config(data_dir=tmp_path, flush_disk_type="SYNC_FLUSH")
     conf = build_syncobj_conf(cfg)
     assert conf.bindAddress == "127.0.0.1:20911"  # never 0.0.0.0
-    assert conf.password is None  # authentication is dledger's HMAC (patches), not Fernet
+    assert conf.password is None  # authentication is dledger's frame MAC (patches), not Fernet
     assert conf.appendEntriesUseBatch is False
     assert conf.appendEntriesBatchSizeBytes == cfg.append_entries_batch_size_bytes
     assert cfg.max_entry_bytes < conf.appendEntriesBatchSizeBytes // 2  # chunked-send path unreachable

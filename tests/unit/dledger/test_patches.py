@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
+import hmac
 import os
 import pickle
 import socket
@@ -16,6 +18,7 @@ import time
 import zlib
 from types import MethodType, SimpleNamespace
 
+import blake3
 import pysyncobj.pickle as pso_pickle
 import pysyncobj.syncobj as pso_syncobj
 import pysyncobj.tcp_connection as pso_tcp
@@ -140,6 +143,24 @@ def test_pysyncobj_command_pickles_use_protocol_5():
 def test_authenticator_refuses_an_empty_secret():
     with pytest.raises(ValueError, match="secret"):
         patches.FrameAuthenticator("")
+
+
+def test_a_frame_tagged_by_the_previous_wire_version_is_refused():
+    """v4 tags with keyed BLAKE3; a v3 member tagged the same bytes with HMAC-SHA256 under a key of its own
+    version. A group mixing the two must refuse each other's frames (docs/operations.md, rolling upgrades), not
+    half-understand them."""
+    secret, rand_key = "the-real-cluster-secret", os.urandom(32)
+    auth = patches.FrameAuthenticator(secret)
+    body = pickle.dumps({"type": "append_entries", "entries": [(b"z" * 300, 4, 2)]}, protocol=5)
+    v3_key = hashlib.sha256(b"raftmq-dledger-v3\x00" + secret.encode()).digest()
+    v3_tag = hmac.digest(v3_key, rand_key + blake3.blake3(body).digest(), "sha256")
+    assert not auth.verify(v3_tag, body, rand_key)
+    tag = auth.tag(body, rand_key)
+    assert auth.verify(tag, body, rand_key)
+    assert not patches.FrameAuthenticator(secret + "!").verify(tag, body, rand_key)
+    # A tag is a keyed hash of the whole input: one flipped bit of the body or the connection key fails it.
+    assert not auth.verify(tag, body[:-1] + bytes([body[-1] ^ 1]), rand_key)
+    assert not auth.verify(tag, body, bytes([rand_key[0] ^ 1]) + rand_key[1:])
 
 
 def _leader_fake(next_index: int, match_index: int):
