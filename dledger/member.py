@@ -430,7 +430,9 @@ class RaftMember(SyncObj):
         polling before the first tick lets that tick act on it. Without it, every wake-up cost a tick that had
         nothing to act on, then the one that did: one-at-a-time sends took 2.0 pysyncobj ticks per wake-up on a
         follower and 2.0 on the leader, now 1.0 and 1.3 (2-4 % of their latency; docs/benchmarks.md,
-        twenty-fourth session). A wake-up by the timer pays one empty poll.
+        twenty-fourth session). A wake-up by the timer pays one empty poll. A leader resumed after a stall now reads
+        the answers waiting in its sockets before its tick judges its followers silent, and commits what a
+        majority acknowledged before it hears of a newer term (as Raft allows: those entries are on a majority).
 
         pysyncobj checks a follower's election deadline at the start of a tick and polls at its end. A follower
         that was busy or starved of CPU for longer than the election timeout (applying 4 MB messages on a

@@ -154,11 +154,13 @@ async def test_a_follower_back_from_a_stop_does_not_depose_the_leader(spawn, tmp
 @pytest.mark.timeout(180)
 async def test_a_leader_deposed_with_entries_in_flight_leads_again_once_caught_up(spawn, tmp_path, figure):
     """Both followers are stopped for a moment so that the leader's entries cannot commit, then the leader is
-    stopped with them in flight and the followers resume: they elect a leader and go on under load for
-    STOPPED_S, compacting their logs, so the old leader, resumed, catches up through a snapshot that covers its
-    in-flight entries. Before dledger/patches.py 16 their commit callbacks were never called: the old leader
-    counted them in flight for ever and, handed the leadership back, proposed nothing (16 SYSTEM_BUSY answers,
-    no acknowledgement, in the run that found it)."""
+    stopped with them in flight, and the followers are killed and started again: the entries the leader sent
+    them die unread with their processes, so no acknowledgement of them waits for the old leader (resumed, it
+    reads what waits in its sockets before anything else, dledger/member.py ``tick``, and would commit them).
+    The followers elect a leader and go on under load for STOPPED_S, compacting their logs, so the old leader,
+    resumed, catches up through a snapshot that covers its in-flight entries. Before dledger/patches.py 16 their
+    commit callbacks were never called: the old leader counted them in flight for ever and, handed the
+    leadership back, proposed nothing (16 SYSTEM_BUSY answers, no acknowledgement, in the run that found it)."""
     cluster: Cluster = await start_cluster(spawn, tmp_path)
     topic = "DeposedLeaderTopic"
     await cluster.create_topic(topic, 4)
@@ -180,8 +182,10 @@ async def test_a_leader_deposed_with_entries_in_flight_leads_again_once_caught_u
                 os.kill(leader.pid, signal.SIGSTOP)
                 stopped.append(leader.pid)
                 for proc in followers:
-                    os.kill(proc.pid, signal.SIGCONT)
+                    proc.kill()
                     stopped.remove(proc.pid)
+                follower_ids = [nid for nid in NODE_IDS if cluster.addr_of[nid] != leader_addr]
+                await trio.to_thread.run_sync(lambda: [cluster.start(nid) for nid in follower_ids])
                 await trio.sleep(STOPPED_S)
             finally:
                 for pid in stopped:
