@@ -229,6 +229,16 @@ so a silent upgrade cannot quietly disable a fix.
     still holds ``BACKLOG_BYTES`` (4 MiB, the socket buffer) unsent is skipped by that round of appends: its
     next index stays, it gets the rest once it has read what it has. Skipping counts as talking for 12, so a
     follower that stopped reading is still dropped after the connection timeout.
+27. Commands forwarded to another leader. ``_checkCommandsToApply`` sends the commands a member queued while it
+    was leader, when it finds itself a follower, to the leader it now knows (``apply_command``), which appends
+    them to its own log. A DLedger entry carries the commit-log offset its proposer planned from its own store,
+    so no other leader's log may take it: a leader stopped for a second and resumed took the clients' sends
+    waiting in its socket, proposed them, read the new leader's term before its tick took the commands, and
+    forwarded them; the new leader committed an entry planned at an offset it had already written, and it and
+    the old leader stopped, "diverged from the group" (``tests/cluster/test_e2e_stopped_node.py``, once in a
+    ``make test``, after the poll before the tick in ``RaftMember.tick``). A member that is not leader now
+    fails its queued commands with ``NOT_LEADER`` (the group answers them as not committed, and replans), and a
+    leader refuses ``apply_command`` from a peer (``REQUEST_DENIED``).
 
 The chunked-send defect (entries at least ``appendEntriesBatchSizeBytes`` long) is contained by configuration:
 ``dledger.config`` keeps the entry size limit below half the batch size (16 MiB by default, so ~8 MiB entries:
@@ -480,6 +490,7 @@ _original_try_read_buffer = pso_tcp.TcpConnection._TcpConnection__tryReadBuffer
 _LEADER = pso_syncobj._RAFT_STATE.LEADER
 _FOLLOWER = pso_syncobj._RAFT_STATE.FOLLOWER
 _original_on_message = pso_syncobj.SyncObj._SyncObj__onMessageReceived
+_original_check_commands_to_apply = pso_syncobj.SyncObj._checkCommandsToApply
 _original_on_tick = pso_syncobj.SyncObj._onTick
 _original_send_next_node_idx = pso_syncobj.SyncObj._SyncObj__sendNextNodeIdx
 _original_send_append_entries = pso_syncobj.SyncObj._SyncObj__sendAppendEntries
@@ -491,10 +502,36 @@ _original_apply_log_entries = pso_syncobj.SyncObj._SyncObj__applyLogEntries
 _original_load_dump_file = pso_syncobj.SyncObj._SyncObj__loadDumpFile
 
 
+def _check_commands_to_apply_as_leader(self: Any) -> None:
+    """27: the queued commands are appended by this member as leader, or failed; never forwarded."""
+    if self._SyncObj__raftState == _LEADER:
+        _original_check_commands_to_apply(self)
+        return
+    queue = self._SyncObj__commandsQueue
+    while True:
+        try:
+            _command, callback = queue.get_nowait()
+        except Exception:  # pysyncobj's FastQueue raises queue.Empty
+            return
+        self._SyncObj__callErrCallback(pso_syncobj.FAIL_REASON.NOT_LEADER, callback)
+
+
+def _refuse_forwarded_command(self: Any, node: Any, message: dict) -> None:
+    """27: a peer's ``apply_command`` is answered as refused, not appended."""
+    log.warning("raft command forwarded by %s refused: a member appends only the entries it planned itself",
+                getattr(node, "address", node))
+    if "request_id" in message:
+        self._SyncObj__transport.send(node, {"type": "apply_command_response", "request_id": message["request_id"],
+                                             "error": pso_syncobj.FAIL_REASON.REQUEST_DENIED})
+
+
 def _on_message(self: Any, node: Any, message: Any) -> None:
-    """pysyncobj's message handler with fixes 2, 11 and 15 around the messages they concern."""
+    """pysyncobj's message handler with fixes 2, 11, 15 and 27 around the messages they concern."""
     if isinstance(message, dict):
         kind = message.get("type")
+        if kind == "apply_command":
+            _refuse_forwarded_command(self, node, message)
+            return
         if kind == "request_vote" and getattr(self, "_dledger_rejoining", False):
             return  # 19: no vote before a leader was heard from
         if kind == "next_node_idx":
@@ -1119,6 +1156,7 @@ def apply_patches() -> None:
     pso_tcp.TcpConnection._TcpConnection__processParseMessage = _parse_message
     pso_tcp.TcpConnection._TcpConnection__processConnectionTimeout = _connection_timed_out
     pso_syncobj.SyncObj._SyncObj__onMessageReceived = _on_message
+    pso_syncobj.SyncObj._checkCommandsToApply = _check_commands_to_apply_as_leader
     pso_syncobj.SyncObj._onTick = _on_tick_pre_vote
     pso_syncobj.SyncObj._SyncObj__sendNextNodeIdx = _send_next_node_idx_flushed
     pso_syncobj.SyncObj._SyncObj__sendAppendEntries = _send_append_entries_flushed
@@ -1156,6 +1194,7 @@ ORIGINALS = {
     "transport_send": _original_transport_send,
     "try_read_buffer": _original_try_read_buffer,
     "on_message": _original_on_message,
+    "check_commands_to_apply": _original_check_commands_to_apply,
     "on_tick": _original_on_tick,
     "send_next_node_idx": _original_send_next_node_idx,
     "send_append_entries": _original_send_append_entries,

@@ -1180,6 +1180,45 @@ def test_a_rejoining_member_neither_votes_nor_stands_until_it_hears_from_a_leade
         assert [m.get("granted") for _, m in sent] == [True]
 
 
+def test_a_member_no_longer_leader_fails_its_queued_commands_instead_of_forwarding_them(tmp_path):
+    """27: stock pysyncobj sends the commands a deposed leader still had queued to the leader it now knows, whose
+    log then takes an entry planned against another member's store (a divergence, seen once in make test)."""
+    from pysyncobj.syncobj import _RAFT_STATE, FAIL_REASON
+
+    for check, forwarded in ((patches.ORIGINALS["check_commands_to_apply"], True),
+                             (pso_syncobj.SyncObj._checkCommandsToApply, False)):
+        with _member_of_three(tmp_path, f"deposed-{forwarded}") as (member, new_leader, _third):
+            sent = _capture_sends(member)
+            results: list[tuple[object, int]] = []
+            member._applyCommand(b"planned as leader", lambda res, err: results.append((res, err)))
+            member._SyncObj__raftState = _RAFT_STATE.FOLLOWER
+            member._SyncObj__raftLeader = new_leader
+            log_length = len(member._SyncObj__raftLog)
+            check(member)
+            if forwarded:  # the defect
+                assert [(n, m["type"], m["command"]) for n, m in sent] == [
+                    (new_leader, "apply_command", b"planned as leader")]
+                assert results == []
+            else:
+                assert sent == [] and results == [(None, FAIL_REASON.NOT_LEADER)]
+                assert len(member._SyncObj__raftLog) == log_length
+
+
+def test_a_leader_refuses_a_command_forwarded_by_a_peer(tmp_path):
+    """27: a peer's apply_command is answered REQUEST_DENIED and never reaches the log."""
+    from pysyncobj.syncobj import _RAFT_STATE, FAIL_REASON
+
+    with _member_of_three(tmp_path, "leader") as (member, peer, _third):
+        sent = _capture_sends(member)
+        member._SyncObj__raftState = _RAFT_STATE.LEADER
+        patches._on_message(member, peer, {"type": "apply_command", "command": b"planned elsewhere",
+                                           "request_id": 7})
+        assert sent == [(peer, {"type": "apply_command_response", "request_id": 7,
+                                "error": FAIL_REASON.REQUEST_DENIED})]
+        with pytest.raises(Exception):  # nothing queued for the log
+            member._SyncObj__commandsQueue.get_nowait()
+
+
 def test_a_deadline_passing_inside_the_tick_starts_no_election_without_a_pre_vote(tmp_path):
     """15: the stock tick checks the deadline again after its own work (the journal's one-second timer, a snapshot
     load); a deadline that passed in between made a candidate without a pre-vote, whose higher term could then
