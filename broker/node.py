@@ -596,6 +596,10 @@ class BrokerNode:
                 log.warning("consumer offset flush failed entries=%d error=%s", len(batch), e)
                 if self.is_leader():
                     self.offsets.requeue(batch)
+                else:
+                    self.offsets.flushed()
+            else:
+                self.offsets.flushed()
 
     async def hand_over_leadership(self) -> None:
         """On a clean stop (SIGTERM/SIGINT), while the node still serves: a leader replicates the consumer

@@ -38,6 +38,9 @@ class ConsumerOffsetTable:
         self._read_group = read_group
         self._committed: dict[OffsetKey, int] = {}
         self._pending: dict[OffsetKey, int] = {}
+        # Taken by a flush and not applied yet: still what queries answer, else a consumer asking while its last
+        # commit is being replicated got the offset before it (a test saw 2 after committing 4).
+        self._flushing: dict[OffsetKey, int] = {}
 
     # --- leader side: collect, then hand a batch to replication -------------------------------------------
     def commit(self, consumer_group: str, topic: str, queue_id: int, offset: int) -> None:
@@ -47,19 +50,27 @@ class ConsumerOffsetTable:
         return bool(self._pending)
 
     def take_pending(self) -> list[tuple[str, str, int, int]]:
-        """The pending updates as a command payload; the map is cleared (re-queued by ``requeue`` on failure)."""
+        """The pending updates as a command payload; the map is cleared (re-queued by ``requeue`` on failure).
+        Queries answer them until ``flushed`` (one flush at a time)."""
         batch = [(g, t, q, o) for (g, t, q), o in self._pending.items()]
-        self._pending.clear()
+        self._flushing = self._pending
+        self._pending = {}
         return batch
+
+    def flushed(self) -> None:
+        """The batch taken last is applied (the committed table answers for it now), requeued or dropped."""
+        self._flushing = {}
 
     def requeue(self, batch: Iterable[tuple[str, str, int, int]]) -> None:
         """Put back a batch whose proposal failed, unless a newer commit for the same key arrived meanwhile."""
         for group, topic, queue_id, offset in batch:
             self._pending.setdefault((group, topic, queue_id), offset)
+        self._flushing = {}
 
     def drop_pending(self) -> None:
         """On losing leadership: the new leader's table is the truth from now on."""
         self._pending.clear()
+        self._flushing = {}
 
     # --- every node: apply in log order --------------------------------------------------------------------
     def apply_batch(self, batch: Iterable[Any]) -> None:
@@ -69,14 +80,17 @@ class ConsumerOffsetTable:
     def apply_delete_topic(self, topic: str) -> None:
         for key in [k for k in self._committed if k[1] == topic]:
             del self._committed[key]
-        for key in [k for k in self._pending if k[1] == topic]:
-            del self._pending[key]
+        for pending in (self._pending, self._flushing):
+            for key in [k for k in pending if k[1] == topic]:
+                del pending[key]
 
     # --- reads ---------------------------------------------------------------------------------------------
     def query(self, consumer_group: str, topic: str, queue_id: int) -> int | None:
         key = (consumer_group, topic, queue_id)
         if key in self._pending:
             return self._pending[key]
+        if key in self._flushing:
+            return self._flushing[key]
         if self._read_committed is not None:
             return self._read_committed(consumer_group, topic, queue_id)
         return self._committed.get(key)
@@ -87,7 +101,8 @@ class ConsumerOffsetTable:
             merged = self._read_group(consumer_group)
         else:
             merged = {(t, q): o for (g, t, q), o in self._committed.items() if g == consumer_group}
-        merged.update({(t, q): o for (g, t, q), o in self._pending.items() if g == consumer_group})
+        for pending in (self._flushing, self._pending):
+            merged.update({(t, q): o for (g, t, q), o in pending.items() if g == consumer_group})
         return merged
 
     def __len__(self) -> int:
