@@ -112,6 +112,37 @@ def run_until_signalled(main: Callable[[trio.Nursery], Awaitable[Drain | None]])
     return 0
 
 
+def run_interruptible(async_fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
+    """``trio.run(async_fn, *args)`` for a command: Ctrl-C (SIGINT) cancels the run, and KeyboardInterrupt is
+    raised once trio has returned (the CLI exits 130). Left to trio, the KeyboardInterrupt is raised wherever
+    the signal lands; one that landed in trio's own bookkeeping of a task ending came out as TrioInternalError
+    with a traceback and exit 1 (``tests/unit/test_cli_output.py``, once under ``make test``). What ``async_fn``
+    raises leaves as itself, not in an exception group."""
+    interrupted = False
+
+    async def _main() -> Any:
+        watching = trio.Event()
+        with trio.CancelScope() as scope:
+            async def _watch() -> None:
+                nonlocal interrupted
+                with trio.open_signal_receiver(signal.SIGINT) as signals:
+                    watching.set()
+                    async for _ in signals:
+                        interrupted = True
+                        scope.cancel()
+                        return
+
+            trio.lowlevel.spawn_system_task(_watch)
+            await watching.wait()
+            return await async_fn(*args)
+        return None
+
+    result = trio.run(_main)
+    if interrupted:
+        raise KeyboardInterrupt
+    return result
+
+
 def start_error(what: str, group: BaseExceptionGroup[OSError]) -> ConfigError:
     """The ConfigError for a server that could not start because the host refused what its config asks (an
     address in use or not this host's, a name that does not resolve, a directory it may not write): ``what``

@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from raftmq.runner import leaf_exceptions
+from raftmq.runner import leaf_exceptions, run_interruptible
 from remoting.config import ConfigError, parse_host_port
 
 T = TypeVar("T")
@@ -80,7 +80,7 @@ def run_bench(name: str, main: Callable[[], Awaitable[T]], *, as_json: bool = Fa
     exception groups) ends the command with ``raftmq bench NAME: error: ...`` and exit status 1 (and, with
     ``as_json``, its JSON line)."""
     try:
-        return trio.run(main)
+        return run_interruptible(main)
     except BaseException as e:
         leaves = leaf_exceptions(e)
         known = next((x for x in leaves if isinstance(x, BenchError)), None)

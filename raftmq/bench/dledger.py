@@ -39,6 +39,7 @@ from dledger.service import DLedgerService, get_raft_status, transfer_leadership
 from raftmq.bench.common import (check_range, make_dir, print_json, print_table, show_progress, spawn_ready_process,
                                  summarize_latencies)
 from raftmq.ports import free_port, port_range
+from raftmq.runner import run_interruptible
 from remoting.config import ConfigError, parse_host_port
 from remoting.errors import RaftMQError
 from remoting.transport import open_remoting_client, serve_remoting
@@ -291,7 +292,7 @@ def run(args: argparse.Namespace) -> int:
     console = Console()
     base_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="raftmq-bench-dledger-"))
     try:
-        result = trio.run(_bench, args, base_dir, console)
+        result = run_interruptible(_bench, args, base_dir, console)
     finally:
         if args.data_dir is None:
             shutil.rmtree(base_dir, ignore_errors=True)

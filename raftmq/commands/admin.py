@@ -44,7 +44,7 @@ from client.message import MessageExt
 from client.route import PERM_INHERIT, PERM_READ, PERM_WRITE, TopicRouteData
 from remoting.config import ConfigError, name_problem, parse_host_port
 from raftmq.bench.common import check_namesrv_arg, print_json_error
-from raftmq.runner import leaf_exceptions
+from raftmq.runner import leaf_exceptions, run_interruptible
 from remoting.errors import RaftMQError
 from remoting.message import KEY_SEPARATOR, MessageFormatError, parse_msg_id
 
@@ -544,7 +544,7 @@ def run(args: argparse.Namespace) -> int:
                 return await _COMMANDS[args.admin_command](admin, args)
 
     try:
-        data = trio.run(main)
+        data = run_interruptible(main)
     except (RaftMQError, _Refused, OSError, trio.TooSlowError, BaseExceptionGroup) as e:
         # create/delete ask every group's leader at once: the first group's refusal, the others' in its notes.
         errors = leaf_exceptions(e)

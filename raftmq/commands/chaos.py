@@ -54,7 +54,7 @@ from raftmq.bench.common import check_range, print_json
 from raftmq.commands.dev import (GROUP, NODE_IDS, DevClusterError, LocalCluster, check_base_port, check_overrides,
                                  plan_ports)
 from raftmq.commands.verify import verify_group
-from raftmq.runner import leaf_exceptions
+from raftmq.runner import leaf_exceptions, run_interruptible
 from remoting.config import ConfigError
 from remoting.errors import RaftMQError
 from remoting.message import parse_msg_id
@@ -460,7 +460,7 @@ def run(args: argparse.Namespace) -> int:
     chaos = Chaos(args, cluster, console)
     report: dict[str, Any] | None = None
     try:
-        report = trio.run(chaos.run)
+        report = run_interruptible(chaos.run)
     except KeyboardInterrupt:
         print(f"raftmq chaos: interrupted; data and logs kept in {data_dir}", file=sys.stderr)
         raise

@@ -13,10 +13,9 @@ import logging
 import sys
 from typing import Any
 
-import trio
-
 from dledger.service import get_raft_status
 from raftmq.bench.common import check_range
+from raftmq.runner import run_interruptible
 from remoting.config import ConfigError, parse_host_port
 from remoting.errors import RaftMQError
 from remoting.transport import open_remoting_client
@@ -86,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--members names {', '.join(repeated)} more than once; name each member once")
     check_range("--timeout", args.timeout, 0.1, 3600)
     try:
-        report = trio.run(lambda: verify_group(args.group, addresses, timeout_s=args.timeout))
+        report = run_interruptible(lambda: verify_group(args.group, addresses, timeout_s=args.timeout))
     except (RaftMQError, OSError) as e:
         print(f"verify: could not ask every member of group {args.group}: {e}", file=sys.stderr)
         return 2

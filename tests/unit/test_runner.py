@@ -14,7 +14,7 @@ import trio
 
 from dledger import MemberDivergedError
 from raftmq.runner import (DRAIN_TIMEOUT_S, EXIT_FATAL, GC_GEN0_THRESHOLD, PARENT_PID_ENV, _supervisor_pid,
-                           run_until_signalled, start_error)
+                           run_interruptible, run_until_signalled, start_error)
 from remoting.config import ConfigError
 
 
@@ -201,3 +201,36 @@ def test_a_server_raises_its_open_files_limit_to_the_hard_limit():
         assert raised == (hard if hard != resource.RLIM_INFINITY else max(lowered, 1 << 20))
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_command_run_interruptibly_is_cancelled_by_ctrl_c_and_raises_keyboard_interrupt_after_trio():
+    # Trio raises KeyboardInterrupt wherever SIGINT lands; once it landed in trio's bookkeeping of an ending task
+    # (TrioInternalError, exit 1 instead of 130). Here the signal only cancels, and the interrupt comes after.
+    seen: list[str] = []
+
+    async def command(delay: float) -> str:
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            await trio.sleep(delay)
+        except trio.Cancelled:
+            seen.append("cancelled")
+            raise
+        return "done"
+
+    handler = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt):
+        run_interruptible(command, 5)
+    assert seen == ["cancelled"]
+    assert signal.getsignal(signal.SIGINT) is handler  # put back once trio returned
+
+    async def fails() -> None:
+        raise ValueError("bad input")
+
+    with pytest.raises(ValueError, match="bad input"):  # as itself, not in an exception group
+        run_interruptible(fails)
+
+    async def answers(x: int) -> int:
+        await trio.sleep(0)
+        return x * 2
+
+    assert run_interruptible(answers, 21) == 42
