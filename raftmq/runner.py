@@ -12,6 +12,7 @@ import os
 import resource
 import signal
 import sys
+import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -117,7 +118,12 @@ def run_interruptible(async_fn: Callable[..., Awaitable[Any]], *args: Any) -> An
     raised once trio has returned (the CLI exits 130). Left to trio, the KeyboardInterrupt is raised wherever
     the signal lands; one that landed in trio's own bookkeeping of a task ending came out as TrioInternalError
     with a traceback and exit 1 (``tests/unit/test_cli_output.py``, once under ``make test``). What ``async_fn``
-    raises leaves as itself, not in an exception group."""
+    raises leaves as itself, not in an exception group. Off the main thread (a command run from a test's worker
+    thread), or with SIGINT not Python's default (ignored, as in a background job), this is ``trio.run``: only the
+    main thread can take signals, and an ignored Ctrl-C stays ignored."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        return trio.run(async_fn, *args)
     interrupted = False
 
     async def _main() -> Any:

@@ -217,11 +217,14 @@ def test_a_command_run_interruptibly_is_cancelled_by_ctrl_c_and_raises_keyboard_
             raise
         return "done"
 
-    handler = signal.getsignal(signal.SIGINT)
-    with pytest.raises(KeyboardInterrupt):
-        run_interruptible(command, 5)
-    assert seen == ["cancelled"]
-    assert signal.getsignal(signal.SIGINT) is handler  # put back once trio returned
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # a terminal's process, whatever runs us
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_interruptible(command, 5)
+        assert seen == ["cancelled"]
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back once trio returned
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
     async def fails() -> None:
         raise ValueError("bad input")
@@ -234,3 +237,25 @@ def test_a_command_run_interruptibly_is_cancelled_by_ctrl_c_and_raises_keyboard_
         return x * 2
 
     assert run_interruptible(answers, 21) == 42
+
+
+def test_a_command_run_off_the_main_thread_or_with_sigint_ignored_is_a_plain_trio_run():
+    # Only the main thread can take signals (tests call the CLI from worker threads), and a background job's
+    # ignored SIGINT must stay ignored.
+    import threading
+
+    async def answers() -> str:
+        await trio.sleep(0)
+        return "ok"
+
+    results: list[object] = []
+    worker = threading.Thread(target=lambda: results.append(run_interruptible(answers)))
+    worker.start()
+    worker.join(10)
+    assert results == ["ok"]
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        assert run_interruptible(answers) == "ok"
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
