@@ -256,6 +256,7 @@ import logging
 import math
 import os
 import pickle
+import queue
 import socket
 import struct
 from pathlib import Path
@@ -507,11 +508,11 @@ def _check_commands_to_apply_as_leader(self: Any) -> None:
     if self._SyncObj__raftState == _LEADER:
         _original_check_commands_to_apply(self)
         return
-    queue = self._SyncObj__commandsQueue
+    commands = self._SyncObj__commandsQueue
     while True:
         try:
-            _command, callback = queue.get_nowait()
-        except Exception:  # pysyncobj's FastQueue raises queue.Empty
+            _command, callback = commands.get_nowait()
+        except queue.Empty:  # what pysyncobj's FastQueue raises
             return
         self._SyncObj__callErrCallback(pso_syncobj.FAIL_REASON.NOT_LEADER, callback)
 
