@@ -35,7 +35,6 @@ from typing import Any
 import crc32c
 from pysyncobj import SERIALIZER_STATE, SyncObj, SyncObjException, replicated
 from pysyncobj.monotonic import monotonic as monotonic_time
-from pysyncobj.syncobj import _RAFT_STATE
 
 from dledger import patches
 from remoting.dirlock import DirectoryLock
@@ -46,7 +45,6 @@ from dledger.snapshot import PendingSnapshot
 from dledger.state_machine import ApplyStatus, BatchResult, StateMachine
 from remoting.errors import RESOURCE_ERRNOS
 
-_LEADER = _RAFT_STATE.LEADER
 # An apply out of descriptors or memory is tried again this often, this many times, before the member stops.
 APPLY_RETRY_S = 0.05
 APPLY_RETRY_LIMIT = 10
@@ -437,16 +435,16 @@ class RaftMember(SyncObj):
         pysyncobj checks a follower's election deadline at the start of a tick and polls at its end. A follower
         that was busy or starved of CPU for longer than the election timeout (applying 4 MB messages on a
         loaded machine) would then start an election before reading the leader's heartbeats that wait in its
-        socket, and its higher term deposes a healthy leader. So a follower past its deadline polls first, before
-        each tick (one tick that applied a large batch can outlast the timeout too).
+        socket, and its higher term deposes a healthy leader. The poll before the first tick reads them, and every
+        later tick of the loop follows the poll that ended the one before, after its work (one tick that applied
+        a large batch can outlast the timeout too). Until the transport is ready there is no connection whose
+        heartbeats could wait.
 
         Last, a Raft listener paused by a failed accept is polled again once its pause is over (patches, 18)."""
         poller = self._poller
         if self._SyncObj__transport.ready:  # pysyncobj's tick binds the listener before it polls; so do we
             poller.poll(0.0)
         for _ in range(8):
-            if self._SyncObj__raftState != _LEADER and self._SyncObj__raftElectionDeadline < monotonic_time():
-                poller.poll(0.0)
             self.doTick(0.0)
             if not poller.handled:
                 break
