@@ -596,9 +596,7 @@ class BrokerNode:
                 log.warning("consumer offset flush failed entries=%d error=%s", len(batch), e)
                 if self.is_leader():
                     self.offsets.requeue(batch)
-                else:
-                    self.offsets.flushed()
-            else:
+            finally:
                 self.offsets.flushed()
 
     async def hand_over_leadership(self) -> None:
