@@ -670,9 +670,24 @@ class DLedgerGroup:
     # ---- replicated metadata ----
 
     async def put_metadata(self, table: str, items: dict[str, Any], *, timeout_s: float = 3.0) -> int:
-        """Replicate key/value changes of a metadata table (None deletes a key); leader only."""
+        """Replicate key/value changes of a metadata table (None deletes a key); leader only. Held while a leadership
+        transfer runs, then refused with NOT_LEADER if the leadership moved."""
         if not self.is_leader:
             raise self._not_leader()
+        if self._transferring:
+            # Held like the batcher's entries: one appended after the TimeoutNow leaves the target a log shorter
+            # than this member's, so the target loses the election it was asked to hold and this member, stepping
+            # down, wins it back (a broker's periodic consumer-offset flush did, under load: its clean stop then
+            # waited out the hand-over timeout and stopped without one).
+            deadline = trio.current_time() + timeout_s
+            with trio.move_on_at(deadline):
+                while self._transferring:
+                    await self._transfer_done.wait()
+            if self._transferring:
+                raise GroupBusyError(self.config.group, f"a leadership transfer held the change for {timeout_s:g} s")
+            if not self.is_leader:
+                raise self._not_leader()
+            timeout_s = max(deadline - trio.current_time(), 0.001)
         outcome = await self._call_replicated(lambda cb: self.member.put_metadata(table, items, callback=cb),
                                               timeout_s)
         return outcome

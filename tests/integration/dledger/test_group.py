@@ -408,3 +408,53 @@ async def test_a_leader_that_steps_down_during_a_transfer_answers_not_leader(tmp
         nursery.cancel_scope.cancel()
     for log in logs.values():
         log.close()
+
+
+
+async def test_a_metadata_put_during_a_transfer_waits_for_it_and_does_not_cost_the_target_its_election(tmp_path):
+    """Metadata puts (a broker's periodic consumer-offset flush, topic changes) went straight to pysyncobj, past
+    the batcher that holds entries during a transfer: one appended after the TimeoutNow left the target a log
+    shorter than its leader's, so it lost the election it was asked to hold, the stepping-down leader won it
+    back, and a broker's clean stop waited out its hand-over timeout (seen under load in the cluster tests). Here
+    a put is asked for the moment the TimeoutNow has gone out, each of several transfers."""
+    from dledger import DLedgerError
+
+    configs = make_configs(tmp_path)
+    logs = [open_log(tmp_path, c.self_id) for c in configs]
+    async with AsyncExitStack() as stack:
+        groups = [await stack.enter_async_context(open_dledger_group(c, log)) for c, log in zip(configs, logs)]
+        for n in range(6):
+            leader = await ready_leader(groups)
+            target = next(g for g in groups if not g.is_leader)
+            member = leader.member
+            sent = trio.Event()
+            original = member.transferLeadership
+
+            def transfer_then_signal(node=None, callback=None, _original=original, _sent=sent):
+                def done(res, err):
+                    if callback is not None:
+                        callback(res, err)
+                    if err == 0:  # FAIL_REASON.SUCCESS: the TimeoutNow is on its way
+                        _sent.set()
+                _original(node, callback=done)
+
+            member.transferLeadership = transfer_then_signal
+            outcome: list[object] = []
+
+            async def put_once() -> None:
+                await sent.wait()
+                try:
+                    outcome.append(await leader.put_metadata("offsets", {"k": n}, timeout_s=3))
+                except DLedgerError as e:
+                    outcome.append(e)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(put_once)
+                view = await leader.transfer_leadership(target.config.self_id, timeout_s=3)
+            del member.transferLeadership
+            assert view.leader_id == target.config.self_id, (n, view)
+            # Held until the transfer ended, then refused: the put is the new leader's to take.
+            assert len(outcome) == 1 and isinstance(outcome[0], NotLeaderError), (n, outcome)
+    for log in logs:
+        log.close()
+
