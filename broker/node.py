@@ -611,8 +611,9 @@ class BrokerNode:
         if timeout_s <= 0 or not group.is_leader or not group.statistics().connected_peers:
             return
         started = time.monotonic()
-        outcome = f"not done within {self.config.leadership_handover_timeout_ms} ms"
-        with trio.move_on_after(timeout_s):
+        outcome = ""
+        waiting_for = "the consumer offsets to replicate"
+        with trio.move_on_after(timeout_s) as handover:
             async with trio.open_nursery() as nursery:
                 async def give_up_when_alone() -> None:
                     nonlocal outcome
@@ -624,13 +625,17 @@ class BrokerNode:
                 nursery.start_soon(give_up_when_alone)
                 try:
                     await self._flush_offsets_once()
+                    waiting_for = ""
                     role = await group.transfer_leadership(timeout_s=timeout_s)
-                    outcome = ""
                     log.info("handed leadership over before stopping to=%s term=%d after_ms=%d", role.leader_id,
                              role.term, (time.monotonic() - started) * 1000)
                 except DLedgerError as e:
                     outcome = str(e)
                 nursery.cancel_scope.cancel()
+        if handover.cancelled_caught:
+            # Where it was stuck, so a slow hand-over can be told apart from a refused one.
+            outcome = (f"not done within {self.config.leadership_handover_timeout_ms} ms (waiting for "
+                       f"{waiting_for or group.transfer_phase or 'the transfer to start'})")
         if outcome:
             log.warning("stopping without handing leadership over: %s", outcome)
 

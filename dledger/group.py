@@ -145,6 +145,7 @@ class DLedgerGroup:
         self._notice_at: float | None = None
         self._batcher_idle = False
         self._transferring = 0  # transfer_leadership calls under way: the batcher holds new entries
+        self._transfer_phase = ""  # what the last transfer waited for last (transfer_phase)
         self._transfer_done = trio.Event()
         # Callers sending one record at a time: the pipeline's last flight (proposal to drain) carried a single
         # record. Only then does append_nowait propose inline; under load, records proposed inline would split
@@ -740,6 +741,12 @@ class DLedgerGroup:
 
     # ---- leadership and membership ----
 
+    @property
+    def transfer_phase(self) -> str:
+        """What the running (else the last) ``transfer_leadership`` waited for last, "" before any: a caller that
+        gave up on one says where it was stuck."""
+        return self._transfer_phase
+
     async def transfer_leadership(self, to: str | None = None, *, timeout_s: float = 3.0) -> RoleChange:
         """Hand leadership to member ``to`` (None: the most caught-up follower); returns the new role view."""
         if not self.is_leader:
@@ -765,47 +772,70 @@ class DLedgerGroup:
         # about to step down. Records keep queueing; the new leader's NOT_LEADER answers redirect them.
         self._transferring += 1
         try:
-            while True:
-                # Bounded by the deadline too: without a majority the batches in flight never commit, and an
-                # unbounded wait held the request (and every new entry) past the caller's timeout. Ended by a
-                # step-down as well: a leader that lost its majority leaves its entries in flight uncommitted.
-                # (The event is read once: a batch proposed while this task wakes replaces ``_drained``, and a
-                # wait that did end would read as one that timed out.)
-                drained = self._drained
-                with trio.move_on_at(deadline) as drain_wait:
-                    while self.is_leader and not drained.is_set():
-                        await _first_set(drained, self._changed)
-                if not self.is_leader:
-                    return await self._leader_after_step_down(to, deadline)
-                if drain_wait.cancelled_caught:
-                    raise TransferLeadershipError(
-                        self.config.group, to, f"the entries in flight did not commit within {timeout_s:g} s")
-                try:
-                    await self._call_replicated(
-                        lambda cb: m.call_on_tick_thread(lambda: m.transferLeadership(target, callback=cb)),
-                        max(deadline - trio.current_time(), 0.001))
-                    break
-                except AppendTimeoutError:
-                    # pysyncobj did not answer in time: the transfer's timeout, not an append's.
-                    raise TransferLeadershipError(self.config.group, to, f"no answer within {timeout_s:g} s") \
-                        from None
-                except LeaderChangedError as e:
-                    if not self.is_leader or e.reason == "NOT_LEADER":
+            while True:  # a round per TimeoutNow sent
+                while True:
+                    self._transfer_phase = "the entries in flight to commit"
+                    # Bounded by the deadline too: without a majority the batches in flight never commit, and an
+                    # unbounded wait held the request (and every new entry) past the caller's timeout. Ended by a
+                    # step-down as well: a leader that lost its majority leaves its entries in flight uncommitted.
+                    # (The event is read once: a batch proposed while this task wakes replaces ``_drained``, and a
+                    # wait that did end would read as one that timed out.)
+                    drained = self._drained
+                    with trio.move_on_at(deadline) as drain_wait:
+                        while self.is_leader and not drained.is_set():
+                            await _first_set(drained, self._changed)
+                    if not self.is_leader:
                         return await self._leader_after_step_down(to, deadline)
-                    if e.reason != "REQUEST_DENIED" or trio.current_time() + 0.02 >= deadline:
+                    if drain_wait.cancelled_caught:
                         raise TransferLeadershipError(
-                            self.config.group, to, f"refused ({e.reason}: the target must be connected and "
-                                                   f"fully caught up)") from None
-                await trio.sleep(0.02)  # the target is still catching up (or not connected yet)
-            with trio.move_on_at(deadline):
-                while self._role.leader_id in (None, self.config.self_id) or (to and self._role.leader_id != to):
-                    if self._role.leader_id not in (None, self.config.self_id):
-                        # Another member won an election meanwhile: the target will not lead in this term.
-                        raise self._not_leader(f"it stepped down during the leadership transfer to {to}, and "
-                                               f"another member was elected")
-                    await self._changed.wait()
-                return self._role
-            raise TransferLeadershipError(self.config.group, to, f"no new leader within {timeout_s:g} s")
+                            self.config.group, to, f"the entries in flight did not commit within {timeout_s:g} s")
+                    self._transfer_phase = "the target to be connected and caught up"
+                    try:
+                        await self._call_replicated(
+                            lambda cb: m.call_on_tick_thread(lambda: m.transferLeadership(target, callback=cb)),
+                            max(deadline - trio.current_time(), 0.001))
+                        break
+                    except AppendTimeoutError:
+                        # pysyncobj did not answer in time: the transfer's timeout, not an append's.
+                        raise TransferLeadershipError(self.config.group, to, f"no answer within {timeout_s:g} s") \
+                            from None
+                    except LeaderChangedError as e:
+                        if not self.is_leader or e.reason == "NOT_LEADER":
+                            return await self._leader_after_step_down(to, deadline)
+                        if e.reason != "REQUEST_DENIED" or trio.current_time() + 0.02 >= deadline:
+                            raise TransferLeadershipError(
+                                self.config.group, to, f"refused ({e.reason}: the target must be connected and "
+                                                       f"fully caught up)") from None
+                    await trio.sleep(0.02)  # the target is still catching up (or not connected yet)
+                self._transfer_phase = "the target to win its election"
+                sent_term = self._role.term
+                # A TimeoutNow can go unheeded: lost with a connection judged dead, or its election lost to a log
+                # that grew after it (pysyncobj checks the target's match index only when it sends). This member then
+                # leads on, or is elected again; it asks again after an election timeout instead of waiting out the
+                # caller's whole deadline.
+                ask_again_at = min(deadline, trio.current_time() + self.config.election_timeout_min_ms / 1000)
+                with trio.move_on_at(ask_again_at):
+                    while True:
+                        role = self._role
+                        if role.leader_id not in (None, self.config.self_id):
+                            if to and role.leader_id != to:
+                                # Another member won an election meanwhile: the target will not lead in this term.
+                                raise self._not_leader(f"it stepped down during the leadership transfer to {to}, "
+                                                       f"and another member was elected")
+                            return role
+                        if role.leader_id == self.config.self_id and role.term > sent_term:
+                            break
+                        await self._changed.wait()
+                if not self.is_leader:
+                    # Stepped down, the election not decided yet: wait for it; the next round reads its outcome.
+                    with trio.move_on_at(deadline):
+                        while self._role.leader_id is None:
+                            await self._changed.wait()
+                if trio.current_time() >= deadline:
+                    raise TransferLeadershipError(self.config.group, to, f"no new leader within {timeout_s:g} s")
+                log.info("leadership transfer asked again group=%s to=%s term=%d: %s", self.config.group,
+                         to or "any follower", self._role.term,
+                         "elected again" if self._role.term > sent_term else "no election followed")
         finally:
             self._transferring -= 1
             if not self._transferring:

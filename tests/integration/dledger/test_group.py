@@ -458,3 +458,35 @@ async def test_a_metadata_put_during_a_transfer_waits_for_it_and_does_not_cost_t
     for log in logs:
         log.close()
 
+
+async def test_a_transfer_whose_timeout_now_went_unheeded_asks_again(tmp_path):
+    """pysyncobj's transferLeadership reports success once its TimeoutNow is handed to the transport, which drops
+    it on a connection it judges dead; the transfer then waited out its whole timeout for an election that never
+    came. It now asks again after an election timeout. Here the first TimeoutNow is never sent."""
+    configs = make_configs(tmp_path)
+    logs = [open_log(tmp_path, c.self_id) for c in configs]
+    async with AsyncExitStack() as stack:
+        groups = [await stack.enter_async_context(open_dledger_group(c, log)) for c, log in zip(configs, logs)]
+        leader = await ready_leader(groups)
+        target = next(g for g in groups if not g.is_leader)
+        member = leader.member
+        original = member.transferLeadership
+        asked = []
+
+        def lose_the_first(node=None, callback=None):
+            asked.append(node)
+            if len(asked) == 1:
+                callback(None, 0)  # FAIL_REASON.SUCCESS, as pysyncobj says when the transport drops the message
+            else:
+                original(node, callback=callback)
+
+        member.transferLeadership = lose_the_first
+        started = trio.current_time()
+        view = await leader.transfer_leadership(target.config.self_id, timeout_s=3)
+        took = trio.current_time() - started
+        assert view.leader_id == target.config.self_id and target.is_leader
+        assert len(asked) == 2, asked
+        # One election timeout (400 ms by default) for the lost one, then a transfer's few milliseconds.
+        assert configs[0].election_timeout_min_ms / 1000 <= took < 3, took
+    for log in logs:
+        log.close()
