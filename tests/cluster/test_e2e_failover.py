@@ -93,7 +93,7 @@ async def test_a_leader_stopped_cleanly_hands_its_leadership_over_first(spawn, t
             after_exit = await roles_of_the_others(stopped)
             gap = await load.first_ack_after(stop_at, not_by=leader)
             handed = [line.strip() for line in cluster.nodes[stopped].output if "leadership over" in line]
-            seen.append((stopped, status, gap, term, after_exit, handed))
+            seen.append((stop_at, stopped, status, gap, term, after_exit, handed))
             await trio.to_thread.run_sync(cluster.start, stopped)
             await trio.sleep(2)
 
@@ -101,12 +101,15 @@ async def test_a_leader_stopped_cleanly_hands_its_leadership_over_first(spawn, t
     figure(f"clean stops of the leader: {len(load.acked)} acked, {len(load.failed)} failed sends ({dict(failed)}), "
            f"{load.duplicates()} duplicates; " + "; ".join(
                f"{nid} exited {rc}, first ack by another node {gap:.3f} s after SIGTERM, roles at its exit {after}"
-               for nid, rc, gap, _term, after, _handed in seen))
-    for nid, rc, _gap, term, after, handed in seen:
+               for _at, nid, rc, gap, _term, after, _handed in seen))
+    for _at, nid, rc, _gap, term, after, handed in seen:
         assert rc == 0, f"{nid} exited with status {rc} on SIGTERM"
         assert handed and "handed leadership over before stopping" in handed[-1], (nid, handed)
         leaders = [(other, t) for other, (role, t) in after.items() if role == "LEADER"]
         assert len(leaders) == 1 and leaders[0][1] > term, (
             f"no leader of a term above {term} when {nid} had exited: {after} (no hand-over, an election to come)")
-    assert not load.failed, f"sends failed across clean stops of the leader: {dict(failed)}"
+    stops = [at for at, *_ in seen]
+    assert not load.failed, f"sends failed across clean stops of the leader: {dict(failed)}; " + "; ".join(
+        f"sent {sent - max([s for s in stops if s <= sent], default=sent):+.3f} s after a stop, failed "
+        f"{failed_at - sent:.3f} s later: {text}" for sent, failed_at, text in load.failure_log)
     assert not load.missing(), f"{len(load.missing())} acknowledged messages were never consumed"

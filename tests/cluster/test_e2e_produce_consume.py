@@ -110,18 +110,22 @@ LOAD_CONSUMER_OPTIONS = {"consume_from_where": "CONSUME_FROM_FIRST_OFFSET", "reb
 
 async def send_until(producer, topic: str, k: int, stop: trio.Event, acked: dict[str, float],
                      ack_log: list[tuple[float, str]], failed: list[str], *, body_size: int = 0,
-                     pause_s: float = 0.002) -> None:
+                     pause_s: float = 0.002, failure_log: list[tuple[float, float, str]] | None = None) -> None:
     """Sender ``k`` of a failover test, until ``stop``: each acknowledged message's id and time go into
     ``acked``, (that time, the address of the node that stored it) into ``ack_log``, and each failed send's
-    error class into ``failed``. Bodies are padded to ``body_size``; ``pause_s`` follows each acknowledgement
-    (the default, with ~8 senders, is a few hundred sends a second each: load without starving the brokers)."""
+    error class into ``failed`` (and, given ``failure_log``, when it was sent, when it failed, and the error's
+    text). Bodies are padded to ``body_size``; ``pause_s`` follows each acknowledgement (the default, with ~8
+    senders, is a few hundred sends a second each: load without starving the brokers)."""
     i = 0
     while not stop.is_set():
         i += 1
+        sent_at = time.monotonic()
         try:
             r = await producer.send(Message(topic, (b"%02d-%08d" % (k, i)).ljust(body_size, b".")))
         except (SendFailedError, RaftMQError) as e:
             failed.append(type(getattr(e, "last_error", None) or e).__name__)
+            if failure_log is not None:
+                failure_log.append((sent_at, time.monotonic(), str(e)))
             await trio.sleep(0.01)
             continue
         now = time.monotonic()
@@ -141,6 +145,7 @@ class LoadLedger:
     ack_log: list[tuple[float, str]] = field(default_factory=list)
     consumed: Counter[str] = field(default_factory=Counter)
     failed: list[str] = field(default_factory=list)
+    failure_log: list[tuple[float, float, str]] = field(default_factory=list)  # failed sends: sent, failed, error
     stop: trio.Event = field(default_factory=trio.Event)
 
     async def on_message(self, msg) -> None:
@@ -149,8 +154,8 @@ class LoadLedger:
     def start_senders(self, nursery: trio.Nursery, producer, topic: str, count: int = 8, **options: Any) -> None:
         """``count`` senders (``send_until``; ``options`` are its body_size and pause_s)."""
         for k in range(count):
-            nursery.start_soon(functools.partial(send_until, **options), producer, topic, k, self.stop, self.acked,
-                               self.ack_log, self.failed)
+            nursery.start_soon(functools.partial(send_until, failure_log=self.failure_log, **options), producer,
+                               topic, k, self.stop, self.acked, self.ack_log, self.failed)
 
     def acks_between(self, t0: float, t1: float, addr: str | None = None) -> int:
         """Acknowledgements after ``t0`` and before ``t1`` (of messages stored by ``addr``, if given)."""
