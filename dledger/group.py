@@ -377,9 +377,13 @@ class DLedgerGroup:
         less per commit. A record the state machine refuses is then answered before this returns."""
         self._admit(record)
         pending = CallbackPending(record, timeout_s, self._coarse_now, on_done, self._waiting)
+        # Not while a follower catches up: each of the tick's rounds then sends it a frame of old entries, and a
+        # send path ticking inline held its connection's reader for all of them (0.4-0.5 s a send after a
+        # hand-over to a leader whose peer had just restarted: each send alone in its flight kept the group "one at
+        # a time", so every send waited for the ones before it, and sends of 2 s timed out).
         if (self._batcher_idle and self._in_flight == 0 and self._one_at_a_time and not self._queue
                 and not self._transferring
-                and self._can_propose()):
+                and self._can_propose() and self.member.followers_current()):
             self._waiting.add(pending)
             self._slots.acquire_nowait()  # nothing in flight and the batcher idle: every slot is free
             self._propose_now([pending])

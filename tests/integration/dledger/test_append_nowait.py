@@ -188,3 +188,51 @@ async def test_idle_group_proposes_at_once_and_answers_before_telling_followers(
         assert not any(f.member.commit_notice_due for f in followers)
     for log in logs:
         log.close()
+
+
+async def test_no_inline_tick_while_a_follower_is_sent_old_entries(tmp_path):
+    """An idle group's append_nowait proposes and ticks right away (one-at-a-time latency), but not while a
+    connected follower is still being sent older entries: that tick sends it a frame of them each round, and the
+    broker's send path, which calls append_nowait while reading a connection, held the reader for the whole tick
+    (0.4-0.5 s a send while a restarted follower caught up; sends of 2 s timed out in the cluster tests)."""
+    configs = make_configs(tmp_path)
+    logs = [open_log(tmp_path, c.self_id) for c in configs]
+    async with AsyncExitStack() as stack:
+        groups = [await stack.enter_async_context(open_dledger_group(c, log)) for c, log in zip(configs, logs)]
+        leader = await ready_leader(groups)
+        await leader.append(b"first")
+        inline = []  # per append_nowait call: whether it proposed (and ticked) before returning
+        propose_now = leader._propose_now
+        calling = []
+
+        def spying_propose(batch):
+            if calling:
+                inline.append(member.followers_current())
+            return propose_now(batch)
+
+        def append_nowait(record, on_done):
+            calling.append(True)
+            try:
+                leader.append_nowait(record, on_done)
+            finally:
+                calling.clear()
+
+        member = leader.member
+        leader._propose_now = spying_propose
+        done = trio.Event()
+        append_nowait(b"idle", lambda p: done.set())
+        with trio.fail_after(5):
+            await done.wait()
+        assert inline == [True]  # the usual case: proposed and sent at once
+        await trio.sleep(0.05)  # the batcher idle again, nothing in flight
+        follower = next(iter(member._SyncObj__connectedNodes & member._SyncObj__otherNodes))
+        member._SyncObj__raftNextIndex[follower] = 1  # as if it had just come back: everything is to be sent
+        assert not member.followers_current()
+        done = trio.Event()
+        append_nowait(b"while-catching-up", lambda p: done.set())
+        with trio.fail_after(5):
+            await done.wait()
+        assert inline == [True], inline  # left to the tick task
+        del leader._propose_now
+    for log in logs:
+        log.close()
