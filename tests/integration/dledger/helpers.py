@@ -24,6 +24,17 @@ def open_log(tmp_path: Path, member_id: str) -> ByteLog:
     return ByteLog(tmp_path / member_id / "byte.log", segment_size_bytes=1 << 16)
 
 
+async def open_groups(stack, tmp_path: Path, **overrides):
+    """A started 3-member group entered on ``stack`` (an ``AsyncExitStack``): ``(configs, logs, groups)``; the
+    caller closes the logs after the stack."""
+    from dledger import open_dledger_group
+
+    configs = make_configs(tmp_path, **overrides)
+    logs = [open_log(tmp_path, c.self_id) for c in configs]
+    groups = [await stack.enter_async_context(open_dledger_group(c, log)) for c, log in zip(configs, logs)]
+    return configs, logs, groups
+
+
 async def ready_leader(groups):
     """The one leader among ``groups`` once it may propose (10 s at most)."""
     import trio

@@ -9,8 +9,8 @@ import pytest
 import trio
 
 from dledger import AppendTimeoutError, GroupBusyError, NotLeaderError, open_dledger_group
-from tests.integration.dledger.helpers import (leader_alone, leader_cut_off, make_configs, open_log, ready_leader,
-                                               wait_ends)
+from tests.integration.dledger.helpers import (leader_alone, leader_cut_off, make_configs, open_groups, open_log,
+                                               ready_leader, wait_ends)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -195,10 +195,8 @@ async def test_no_inline_tick_while_a_follower_is_sent_old_entries(tmp_path):
     connected follower is still being sent older entries: that tick sends it a frame of them each round, and the
     broker's send path, which calls append_nowait while reading a connection, held the reader for the whole tick
     (0.4-0.5 s a send while a restarted follower caught up; sends of 2 s timed out in the cluster tests)."""
-    configs = make_configs(tmp_path)
-    logs = [open_log(tmp_path, c.self_id) for c in configs]
     async with AsyncExitStack() as stack:
-        groups = [await stack.enter_async_context(open_dledger_group(c, log)) for c, log in zip(configs, logs)]
+        configs, logs, groups = await open_groups(stack, tmp_path)
         leader = await ready_leader(groups)
         await leader.append(b"first")
         inline = []  # per append_nowait call: whether it proposed (and ticked) before returning

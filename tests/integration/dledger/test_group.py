@@ -11,8 +11,8 @@ from pysyncobj.monotonic import monotonic
 
 from dledger import NotLeaderError, Role, open_dledger_group
 from remoting.codes import RequestCode
-from tests.integration.dledger.helpers import (MemberRunner, leader_alone, make_configs, open_log, ready_leader,
-                                              wait_ends)
+from tests.integration.dledger.helpers import (MemberRunner, leader_alone, make_configs, open_groups, open_log,
+                                              ready_leader, wait_ends)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -419,10 +419,8 @@ async def test_a_metadata_put_during_a_transfer_waits_for_it_and_does_not_cost_t
     a put is asked for the moment the TimeoutNow has gone out, each of several transfers."""
     from dledger import DLedgerError
 
-    configs = make_configs(tmp_path)
-    logs = [open_log(tmp_path, c.self_id) for c in configs]
     async with AsyncExitStack() as stack:
-        groups = [await stack.enter_async_context(open_dledger_group(c, log)) for c, log in zip(configs, logs)]
+        configs, logs, groups = await open_groups(stack, tmp_path)
         for n in range(6):
             leader = await ready_leader(groups)
             target = next(g for g in groups if not g.is_leader)
@@ -463,10 +461,8 @@ async def test_a_transfer_whose_timeout_now_went_unheeded_asks_again(tmp_path):
     """pysyncobj's transferLeadership reports success once its TimeoutNow is handed to the transport, which drops
     it on a connection it judges dead; the transfer then waited out its whole timeout for an election that never
     came. It now asks again after an election timeout. Here the first TimeoutNow is never sent."""
-    configs = make_configs(tmp_path)
-    logs = [open_log(tmp_path, c.self_id) for c in configs]
     async with AsyncExitStack() as stack:
-        groups = [await stack.enter_async_context(open_dledger_group(c, log)) for c, log in zip(configs, logs)]
+        configs, logs, groups = await open_groups(stack, tmp_path)
         leader = await ready_leader(groups)
         target = next(g for g in groups if not g.is_leader)
         member = leader.member
