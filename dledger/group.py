@@ -682,8 +682,8 @@ class DLedgerGroup:
         if self._transferring:
             # Held like the batcher's entries: one appended after the TimeoutNow leaves the target a log shorter
             # than this member's, so the target loses the election it was asked to hold and this member, stepping
-            # down, wins it back (a broker's periodic consumer-offset flush did, under load: its clean stop then
-            # waited out the hand-over timeout and stopped without one).
+            # down, wins it back (seen under load, most likely a broker's periodic consumer-offset flush: its clean
+            # stop then waited out the hand-over timeout and stopped without one).
             deadline = trio.current_time() + timeout_s
             with trio.move_on_at(deadline):
                 while self._transferring:
