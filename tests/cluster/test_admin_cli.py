@@ -213,7 +213,8 @@ async def _reset_while_consuming(namesrv: str, brokers: list[str]) -> None:
             members = json.loads((await trio.to_thread.run_sync(
                 lambda: _admin(namesrv, "--json", "consumer-connection", "ResetGroup"))).stdout)
             assert [c["client_id"] for c in members["connections"]] == [consumer.client_id]
-            # Every clustering member also consumes its group's retry topic (RocketMQ's consumerConnection shows it too).
+            # Every clustering member also consumes its group's retry topic (RocketMQ's consumerConnection shows it
+            # too).
             assert members["subscriptions"] == {"ResetTopic": "*", "%RETRY%ResetGroup": "*"}
             assert members["message_model"] == "CLUSTERING"
             # Back to the start while the member is online: it drops its position and consumes everything again.
