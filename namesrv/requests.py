@@ -117,7 +117,8 @@ def decode_topic_configs(body: bytes) -> dict[str, TopicConfig]:
     except Exception as e:  # cbor2 raises several unrelated types on garbage
         raise InvalidRequestError("body", f"request body is not valid CBOR: {e}") from None
     if not isinstance(data, Mapping):
-        raise InvalidRequestError("body", f"request body must be a CBOR map of topic configs, got {type(data).__name__}")
+        raise InvalidRequestError("body",
+                                  f"request body must be a CBOR map of topic configs, got {type(data).__name__}")
     # Brokers re-send their whole topic set every registration, so this loop runs once per topic per node per
     # interval: a fast path checks the common, well-formed entry with plain type tests and shares one
     # TopicConfig between topics with equal settings (most are); anything odd goes to the slow path, which

@@ -19,8 +19,9 @@ from typing import Any, ClassVar
 from remoting.codes import ResponseCode
 
 __all__ = [
-    "BrokerError", "BrokerSystemError", "ConnectError", "ConnectionClosedError", "ConsumeMsgTimeoutError", "ConsumerNotOnlineError",
-    "FatalServerError", "FilterDataNotExistError", "FilterDataNotLatestError", "FlushDiskTimeoutError", "FlushSlaveTimeoutError",
+    "BrokerError", "BrokerSystemError", "ConnectError", "ConnectionClosedError", "ConsumeMsgTimeoutError",
+    "ConsumerNotOnlineError", "FatalServerError", "FilterDataNotExistError", "FilterDataNotLatestError",
+    "FlushDiskTimeoutError", "FlushSlaveTimeoutError",
     "FrameTooLargeError", "InvalidRequestError", "MessageIllegalError", "NoBuyerIdError", "NoMessageError",
     "NoPermissionError", "NotInCurrentUnitError", "NotLeaderError", "ProtocolError", "PullNotFoundError",
     "PullOffsetMovedError", "PullRetryImmediatelyError", "QueryNotFoundError", "RESOURCE_ERRNOS", "RaftMQError",

@@ -110,7 +110,8 @@ class ConsumerManageProcessor:
                     message = node.message_at(name, queue_id, consumer_offset - 1)
                     last_timestamp = message.store_timestamp if message is not None else None
                 rows.append({"topic": name, "queue_id": queue_id, "broker_offset": broker_offset,
-                             "consumer_offset": consumer_offset, "lag": consumer_lag(broker_offset, min_offset, consumer_offset),
+                             "consumer_offset": consumer_offset,
+                             "lag": consumer_lag(broker_offset, min_offset, consumer_offset),
                              "last_timestamp": last_timestamp})
         tps = sum(node.pull_stats.tps(group, name) for name in topics)
         body = cbor2.dumps({"offsets": rows, "consumer_ids": node.clients.consumer_ids(group),
