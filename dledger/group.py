@@ -582,10 +582,14 @@ class DLedgerGroup:
             self.config.group, f"{len(batch)} records waited {self.config.max_queue_wait_ms} ms (max_queue_wait_ms) "
                                f"for the {self.config.max_in_flight_batches} batches in flight to commit"))
 
-    async def _wait_to_propose(self) -> None:
-        """Until a slot is held and nothing is in flight if a replan is due; a cancelled wait holds no slot."""
+    async def _transfers_done(self) -> None:
+        """Until no leadership transfer runs: what is proposed meanwhile waits for it (the batcher, metadata)."""
         while self._transferring:
             await self._transfer_done.wait()
+
+    async def _wait_to_propose(self) -> None:
+        """Until a slot is held and nothing is in flight if a replan is due; a cancelled wait holds no slot."""
+        await self._transfers_done()
         await self._slots.acquire()
         if self._replan and self._in_flight:
             try:
@@ -686,8 +690,7 @@ class DLedgerGroup:
             # stop then waited out the hand-over timeout and stopped without one).
             deadline = trio.current_time() + timeout_s
             with trio.move_on_at(deadline):
-                while self._transferring:
-                    await self._transfer_done.wait()
+                await self._transfers_done()
             if self._transferring:
                 raise GroupBusyError(self.config.group, f"a leadership transfer held the change for {timeout_s:g} s")
             if not self.is_leader:
