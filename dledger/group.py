@@ -840,9 +840,10 @@ class DLedgerGroup:
                             await self._changed.wait()
                 if trio.current_time() >= deadline:
                     raise TransferLeadershipError(self.config.group, to, f"no new leader within {timeout_s:g} s")
-                log.info("leadership transfer asked again group=%s to=%s term=%d: %s", self.config.group,
-                         to or "any follower", self._role.term,
-                         "elected again" if self._role.term > sent_term else "no election followed")
+                if self.is_leader:  # else another member leads: the next round returns it (or says who)
+                    log.info("leadership transfer asked again group=%s to=%s term=%d: %s", self.config.group,
+                             to or "any follower", self._role.term,
+                             "elected again" if self._role.term > sent_term else "no election followed")
         finally:
             self._transferring -= 1
             if not self._transferring:
