@@ -62,10 +62,10 @@ class ConsumerOffsetTable:
         self._flushing = {}
 
     def requeue(self, batch: Iterable[tuple[str, str, int, int]]) -> None:
-        """Put back a batch whose proposal failed, unless a newer commit for the same key arrived meanwhile."""
+        """Put back a batch whose proposal failed, unless a newer commit for the same key arrived meanwhile (the
+        flush then ends with ``flushed``, as every flush does)."""
         for group, topic, queue_id, offset in batch:
             self._pending.setdefault((group, topic, queue_id), offset)
-        self._flushing = {}
 
     def drop_pending(self) -> None:
         """On losing leadership: the new leader's table is the truth from now on."""
