@@ -158,9 +158,14 @@ class Ledger:
 
     def longest_pause(self, start: float, end: float) -> float:
         """The longest stretch of ``[start, end]`` without an acknowledgement."""
+        return self.longest_pause_span(start, end)[0]
+
+    def longest_pause_span(self, start: float, end: float) -> tuple[float, float]:
+        """``(length, beginning)`` of the longest stretch of ``[start, end]`` without an acknowledgement: when it
+        began tells a failover's gap from a stall while the node was down or after it came back."""
         lo, hi = bisect.bisect_right(self.ack_times, start), bisect.bisect_right(self.ack_times, end)
         edges = [start, *self.ack_times[lo:hi], end]
-        return max(b - a for a, b in zip(edges, edges[1:]))
+        return max((b - a, a) for a, b in zip(edges, edges[1:]))
 
     def missing(self) -> set[str]:
         return self.acked - self.consumed.keys()
@@ -314,11 +319,14 @@ class Chaos:
         resumed = ledger.acks_between(back_at, end_at) > 0
         # For the post-mortem of a group that stopped acknowledging: what each member says of itself now.
         statuses = None if resumed else await self._raft_statuses(rpc)
+        pause, pause_began = ledger.longest_pause_span(fault_at, end_at)
         new_leader, new_term = await find_leader(rpc, self.addr_of, timeout_s=LEADER_LOOKUP_S)
         result = {
             "round": number, "fault": args.fault, "victim": victim, "role": role, "leader": leader, "term": term,
             "first_ack_by_another_s": None if first_ack is None else round(first_ack - fault_at, 3),
-            "longest_pause_s": round(ledger.longest_pause(fault_at, end_at), 3),
+            "longest_pause_s": round(pause, 3),
+            "longest_pause_began_s": round(pause_began - fault_at, 3),
+            "back_s": round(back_at - fault_at, 3),
             "acked": ledger.acks_between(fault_at, end_at),
             "acks_resumed": resumed,
             "leader_after": new_leader, "term_after": new_term,
@@ -400,13 +408,15 @@ async def _create_topic(namesrv: str, timeout_s: float = 30.0) -> None:
 def print_report(console: Console, report: dict[str, Any], data_dir: Path | None) -> None:
     table = Table(title=f"raftmq chaos: {report['fault']} {report['target']}, {len(report['rounds'])} rounds",
                   header_style="bold", caption="gap: from the fault to the first ack stored by another node; "
-                                               "pause: the longest time without any ack")
-    for column in ("round", "node", "role", "term", "gap", "pause", "acked", "leader after"):
+                                               "pause: the longest time without any ack; at: when it began; "
+                                               "back: when the node was back (both after the fault)")
+    for column in ("round", "node", "role", "term", "gap", "pause", "at", "back", "acked", "leader after"):
         table.add_column(column, justify="right")
     for r in report["rounds"]:
         gap = r["first_ack_by_another_s"]
         table.add_row(str(r["round"]), r["victim"], r["role"], str(r["term"]), "-" if gap is None else f"{gap:.3f} s",
-                      f"{r['longest_pause_s']:.3f} s", f"{r['acked']:,}",
+                      f"{r['longest_pause_s']:.3f} s", f"+{r['longest_pause_began_s']:.2f} s",
+                      f"+{r['back_s']:.2f} s", f"{r['acked']:,}",
                       f"{r['leader_after']} (term {r['term_after']})")
     console.print(table)
     for r in report["rounds"]:

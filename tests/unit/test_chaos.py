@@ -41,6 +41,10 @@ def test_the_longest_pause_includes_the_window_edges():
     assert ledger.longest_pause(1.5, 7.0) == pytest.approx(4.0)   # 2.0 -> 6.0
     assert ledger.longest_pause(6.5, 10.0) == pytest.approx(3.5)  # nothing after the last ack
     assert ledger.longest_pause(3.0, 5.0) == pytest.approx(2.0)   # no ack at all in the window
+    # Where it began: a gap right after the fault is a failover, one later a stall after the node came back.
+    assert ledger.longest_pause_span(1.5, 7.0) == (pytest.approx(4.0), 2.0)
+    assert ledger.longest_pause_span(6.5, 10.0) == (pytest.approx(3.5), 6.5)
+    assert ledger.longest_pause_span(0.0, 6.2) == (pytest.approx(4.0), 2.0)
     assert ledger.acks_between(1.5, 6.5) == 3
 
 
