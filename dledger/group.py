@@ -137,6 +137,7 @@ class DLedgerGroup:
         self._completions: list[tuple[Any, ...]] = []
         self._in_tick = False  # inside pysyncobj's tick: its callbacks are run when it returns
         self._ticking = False  # inside _tick_once: no nested tick from an append made by a completion
+        self._tick_wait: trio.CancelScope | None = None  # the tick task's wait for an event, while it waits
         # A tick raised an error the member cannot go on from (MemberStoreError): no more ticks, and the tick
         # loop raises it, which stops the group and the process (exit status 3, one CRITICAL line).
         self._fatal: FatalServerError | None = None
@@ -388,7 +389,8 @@ class DLedgerGroup:
             self._slots.acquire_nowait()  # nothing in flight and the batcher idle: every slot is free
             self._propose_now([pending])
             if not self._ticking:  # an append made by a completion: the tick loop ticks again right away
-                self._tick_once()
+                if self._tick_once() <= 0 and self._tick_wait is not None:
+                    self._tick_wait.cancel()  # work left over: the tick task must not sleep on it
             return
         self._enqueue(pending)
 
@@ -428,13 +430,18 @@ class DLedgerGroup:
             wait_s = self._tick_once()
             if self._fatal is not None:
                 raise self._fatal
-            with trio.move_on_after(wait_s):
+            if wait_s <= 0:  # the tick stopped at its budget with work left: the others' turn, then tick again
+                await trio.lowlevel.checkpoint()
+                continue
+            with trio.move_on_after(wait_s) as self._tick_wait:
                 await trio.lowlevel.wait_readable(fd)
+            self._tick_wait = None
 
     def _tick_once(self) -> float:
         """One tick, then the commit completions it produced, then (when due) the commit notice; returns how
-        long the tick loop may wait for the next event. Also called by ``append_nowait`` right after an
-        inline proposal, so the entry leaves without waiting for the tick task."""
+        long the tick loop may wait for the next event, 0 when the tick stopped at its time budget with events
+        still coming (``RaftMember.tick``). Also called by ``append_nowait`` right after an inline proposal, so
+        the entry leaves without waiting for the tick task."""
         m = self.member
         wait_s = self._tick_interval_s
         if self._fatal is not None:
@@ -443,7 +450,8 @@ class DLedgerGroup:
         try:
             self._in_tick = True
             try:
-                m.tick()
+                if m.tick():
+                    wait_s = 0.0
             finally:
                 self._in_tick = False
             if m.metadata_applied != self._metadata_seen:

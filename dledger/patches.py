@@ -228,7 +228,12 @@ so a silent upgrade cannot quietly disable a fix.
     its front in place (a frame the socket takes whole is not copied at all), and a follower whose connection
     still holds ``BACKLOG_BYTES`` (4 MiB, the socket buffer) unsent is skipped by that round of appends: its
     next index stays, it gets the rest once it has read what it has. Skipping counts as talking for 12, so a
-    follower that stopped reading is still dropped after the connection timeout.
+    follower that stopped reading is still dropped after the connection timeout. And a round of appends sends
+    for at most ``SEND_ROUND_BUDGET_S`` (10 ms), not the 50 ms of ``appendEntriesPeriod``, which the stock loop
+    also uses as its budget: a follower restarted under load took its leader's ticks to ~50 ms each, and with
+    ``RaftMember.tick`` ticking 8 times a wake-up the leader answered nothing for 0.4-0.5 s (chaos rounds
+    killing a follower). While a follower still lags, the next round is due after the budget; otherwise the
+    heartbeat keeps its period.
 27. Commands forwarded to another leader. ``_checkCommandsToApply`` sends the commands a member queued while it
     was leader, when it finds itself a follower, to the leader it now knows (``apply_command``), which appends
     them to its own log. A DLedger entry carries the commit-log offset its proposer planned from its own store,
@@ -499,6 +504,7 @@ _original_get_entries = pso_syncobj.SyncObj._SyncObj__getEntries
 _original_process_send = pso_tcp.TcpConnection._TcpConnection__processSend
 CATCH_UP_FRAME_BYTES = 1 << 20
 BACKLOG_BYTES = 4 << 20
+SEND_ROUND_BUDGET_S = 0.01
 _original_apply_log_entries = pso_syncobj.SyncObj._SyncObj__applyLogEntries
 _original_load_dump_file = pso_syncobj.SyncObj._SyncObj__loadDumpFile
 
@@ -695,16 +701,37 @@ def _send_append_entries_flushed(self: Any) -> None:
     self._dledger_commit_notice_due = False  # every append_entries carries the commit index
     others = self._SyncObj__otherNodes
     backlogged = _backlogged_nodes(self, others)
-    if not backlogged:
-        _original_send_append_entries(self)
-        return
-    # 26: the stock loop walks __otherNodes (and __readonlyNodes, which dledger never has); a follower that has
-    # not read its backlog yet sits this round out.
-    self._SyncObj__otherNodes = others - backlogged
+    # 26: the stock loop sends until appendEntriesPeriod (the heartbeat period) has passed; it reads the period
+    # for that budget and for the next heartbeat's time, so it runs with SEND_ROUND_BUDGET_S and the heartbeat
+    # time is set back after it.
+    conf = self._SyncObj__conf
+    period = conf.appendEntriesPeriod
+    started = monotonic_time()
+    conf.appendEntriesPeriod = min(period, SEND_ROUND_BUDGET_S)
     try:
-        _original_send_append_entries(self)
+        if not backlogged:
+            _original_send_append_entries(self)
+        else:
+            # The stock loop walks __otherNodes (and __readonlyNodes, which dledger never has); a follower that has
+            # not read its backlog yet sits this round out.
+            self._SyncObj__otherNodes = others - backlogged
+            try:
+                _original_send_append_entries(self)
+            finally:
+                self._SyncObj__otherNodes = others
     finally:
-        self._SyncObj__otherNodes = others
+        conf.appendEntriesPeriod = period
+        if not backlogged and not _lagging(self, others):
+            self._SyncObj__newAppendEntriesTime = started + period
+        # else: the next round is due after the budget (stock set it so), not after a heartbeat period
+
+
+def _lagging(self: Any, nodes: Any) -> bool:
+    """Whether a connected follower's next index is still at or before the log's last entry."""
+    last = self._SyncObj__getCurrentLogIndex()
+    next_index = self._SyncObj__raftNextIndex
+    connected = self._SyncObj__connectedNodes
+    return any(node in connected and next_index.get(node, 0) <= last for node in nodes)
 
 
 def _backlogged_nodes(self: Any, nodes: Any) -> set:

@@ -243,7 +243,7 @@ def test_commit_notice_is_deferred_to_after_the_callbacks():
     # Any append_entries carries the commit index, so sending one settles the notice.
     sent = []
     deferred._dledger_flush_journal = False
-    deferred._SyncObj__otherNodes = set()
+    _leader_state(deferred, others=set(), connected=set())
     original = patches._original_send_append_entries
     patches._original_send_append_entries = lambda self: sent.append("append_entries")
     try:
@@ -251,6 +251,50 @@ def test_commit_notice_is_deferred_to_after_the_callbacks():
     finally:
         patches._original_send_append_entries = original
     assert sent == ["append_entries"] and deferred._dledger_commit_notice_due is False
+
+
+def _leader_state(obj, *, others: set, connected: set, last: int = 5, period_s: float = 0.05):
+    """What ``_send_append_entries_flushed`` reads of a leader besides its connections: every follower is sent up
+    to ``last`` (the stock loop's stand-ins in these tests send nothing)."""
+    obj._SyncObj__otherNodes = others
+    obj._SyncObj__connectedNodes = connected
+    obj._SyncObj__conf = SimpleNamespace(appendEntriesPeriod=period_s)
+    obj._SyncObj__getCurrentLogIndex = lambda: last
+    obj._SyncObj__raftNextIndex = {node: last + 1 for node in others}
+    obj._SyncObj__newAppendEntriesTime = 0.0
+    return obj
+
+
+def test_a_round_of_appends_sends_for_the_send_budget_not_the_heartbeat_period(monkeypatch):
+    """26: the stock loop sends a lagging follower frames until appendEntriesPeriod (the 50 ms heartbeat period)
+    has passed, and sets the next round a period ahead; patched, it runs with SEND_ROUND_BUDGET_S as that budget,
+    the next round is due after the budget while a follower still lags, and a period ahead once none does."""
+    seen = []  # pysyncobj's clock (CLOCK_MONOTONIC_RAW) throughout, as the patch reads it
+
+    def stock(self, lag_left: bool):
+        # As stock: the period read for the loop's budget and for the next round's time.
+        seen.append(self._SyncObj__conf.appendEntriesPeriod)
+        self._SyncObj__newAppendEntriesTime = patches.monotonic_time() + self._SyncObj__conf.appendEntriesPeriod
+        self._SyncObj__raftNextIndex["n2"] = 3 if lag_left else 6  # the loop stopped at its budget, or did not
+
+    leader = _leader_state(SimpleNamespace(_dledger_flush_journal=False,
+                                           _SyncObj__transport=SimpleNamespace(_connections={})),
+                           others={"n2", "n3"}, connected={"n2", "n3"}, period_s=0.05)
+    monkeypatch.setattr(patches, "_original_send_append_entries", lambda self: stock(self, lag_left=True))
+    before = patches.monotonic_time()
+    patches._send_append_entries_flushed(leader)
+    assert seen == [patches.SEND_ROUND_BUDGET_S] and patches.SEND_ROUND_BUDGET_S < 0.05
+    assert leader._SyncObj__conf.appendEntriesPeriod == 0.05  # restored
+    assert leader._SyncObj__newAppendEntriesTime <= patches.monotonic_time() + patches.SEND_ROUND_BUDGET_S  # lagging: soon
+    monkeypatch.setattr(patches, "_original_send_append_entries", lambda self: stock(self, lag_left=False))
+    patches._send_append_entries_flushed(leader)
+    assert leader._SyncObj__newAppendEntriesTime >= before + 0.05  # caught up: the heartbeat keeps its period
+    # A follower not connected lags for ever on paper: it does not make the rounds come faster.
+    leader._SyncObj__raftNextIndex["n4"] = 1
+    leader._SyncObj__otherNodes = {"n2", "n3", "n4"}
+    before = patches.monotonic_time()
+    patches._send_append_entries_flushed(leader)
+    assert leader._SyncObj__newAppendEntriesTime >= before + 0.05
 
 
 class _Conn:
@@ -277,8 +321,9 @@ def test_a_follower_with_a_backlog_sits_a_round_of_appends_out(monkeypatch):
     conns = {"n2": _Conn(patches.BACKLOG_BYTES), "n3": _Conn(patches.BACKLOG_BYTES - 1),
              "n4": _Conn(patches.BACKLOG_BYTES, read_ago_s=10.0)}
     conns["n4"]._dledger_last_send = time.monotonic()  # talking, and not heard from for 10 s: dead
-    leader = SimpleNamespace(_dledger_flush_journal=False, _SyncObj__otherNodes={"n2", "n3", "n4", "n5"},
-                             _SyncObj__transport=SimpleNamespace(_connections=conns))
+    leader = _leader_state(SimpleNamespace(_dledger_flush_journal=False,
+                                           _SyncObj__transport=SimpleNamespace(_connections=conns)),
+                           others={"n2", "n3", "n4", "n5"}, connected={"n2", "n3", "n4"})
     patches._send_append_entries_flushed(leader)
     assert walked == [{"n3", "n5"}]  # n5: not connected; the stock loop deals with it as before
     assert leader._SyncObj__otherNodes == {"n2", "n3", "n4", "n5"}  # restored
