@@ -126,6 +126,26 @@ class ScheduleMessageService:
         """Replicated progress: level → next schedule queue offset to deliver."""
         return {int(k): int(v) for k, v in self.node.group.metadata(SCHEDULE_TABLE).items()}
 
+    def levels(self) -> list[tuple[int, int]]:
+        """``(level, delay_ms)`` of every schedule queue that is read: the configured levels, then any queue left
+        from a longer ``message_delay_level`` (fewer levels after a restart). Its messages would otherwise never be
+        delivered; they go out after the last level's delay, the longest wait still known."""
+        levels = list(enumerate(self.levels_ms, 1))
+        levels += [(queue_id + 1, self.levels_ms[-1]) for queue_id in self.node.store.queue_ids(SCHEDULE_TOPIC)
+                   if queue_id >= len(self.levels_ms)]
+        return levels
+
+    def progress(self) -> list[dict[str, int]]:
+        """GET_ALL_DELAY_OFFSET (RocketMQ's delayOffset table, with each queue's end): per level its delay, the
+        replicated progress (``delivered_offset``: the next schedule queue offset to deliver; everything before it
+        went out, or was removed by retention first) and the schedule queue's ``max_offset``. What still waits is
+        the difference. Any node answers from its own replica."""
+        done = self.offsets()
+        store = self.node.store
+        return [{"level": level, "delay_ms": delay_ms, "delivered_offset": done.get(level, 0),
+                 "max_offset": store.get_max_offset_in_queue(SCHEDULE_TOPIC, level - 1)}
+                for level, delay_ms in self.levels()]
+
     async def serve(self) -> None:
         group = self.node.group
         while True:
@@ -152,12 +172,7 @@ class ScheduleMessageService:
         size = 0
         progress: dict[str, int] = {}
         full = False
-        levels = list(enumerate(self.levels_ms, 1))
-        # A message stored while message_delay_level had more levels waits in a queue no configured level reads:
-        # it would never be delivered. It goes out after the last level's delay, the longest wait still known.
-        levels += [(queue_id + 1, self.levels_ms[-1]) for queue_id in store.queue_ids(SCHEDULE_TOPIC)
-                   if queue_id >= len(self.levels_ms)]
-        for level, delay_ms in levels:
+        for level, delay_ms in self.levels():
             if full:
                 break
             offset = done.get(level, 0)

@@ -28,8 +28,8 @@ from remoting.codes import RequestCode, ResponseCode
 from remoting.errors import RaftMQError
 from remoting.message import MessageFormatError, iter_records, parse_msg_id
 
-__all__ = ["AdminClient", "ClusterInfo", "ConsumeStats", "ConsumerConnection", "OffsetReset", "QueueConsumeStats",
-           "TopicQueueStatus", "open_admin"]
+__all__ = ["AdminClient", "ClusterInfo", "ConsumeStats", "ConsumerConnection", "DelayLevelProgress", "OffsetReset",
+           "QueueConsumeStats", "TopicQueueStatus", "open_admin"]
 
 MAX_QUERY_NUM = 64  # the broker's cap on the messages of one QUERY_MESSAGE (RocketMQ's maxNum bound)
 # VIEW_MESSAGE_BY_ID's answers: QUERY_NOT_FOUND, no such message; SYSTEM_ERROR, how older brokers said so
@@ -87,6 +87,23 @@ class TopicQueueStatus:
     min_offset: int
     max_offset: int
     last_update_timestamp: int | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DelayLevelProgress:
+    """One delay level of a broker group (RocketMQ's delayOffset table, GET_ALL_DELAY_OFFSET): its delay, how far
+    delivery went in its schedule queue (``delivered_offset``, the next offset to deliver) and where the queue
+    ends (``max_offset``)."""
+
+    level: int
+    delay_ms: int
+    delivered_offset: int
+    max_offset: int
+
+    @property
+    def waiting(self) -> int:
+        """Delayed messages of this level not delivered yet."""
+        return max(0, self.max_offset - self.delivered_offset)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -498,6 +515,13 @@ class AdminClient:
     async def broker_status(self, addr: str) -> dict[str, Any]:
         frame = raise_for_response(await self._instance.invoke(addr, RequestCode.GET_BROKER_RUNTIME_INFO))
         return dict(cbor2.loads(frame.body)) if frame.body else dict(frame.ext)
+
+    async def delay_offsets(self, addr: str) -> list[DelayLevelProgress]:
+        """The delayed messages of the group of node ``addr``, per level (any node answers from its replica; the
+        leader's is the freshest)."""
+        frame = raise_for_response(await self._instance.invoke(addr, RequestCode.GET_ALL_DELAY_OFFSET))
+        return [DelayLevelProgress(int(row["level"]), int(row["delay_ms"]), int(row["delivered_offset"]),
+                                   int(row["max_offset"])) for row in cbor2.loads(frame.body)["levels"]]
 
 
 def _check_targets(cluster: Any, broker_names: Any) -> None:

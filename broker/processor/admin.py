@@ -1,4 +1,5 @@
-"""Admin requests: topic create/update/delete, topic listing, queue offsets, topic status, broker status.
+"""Admin requests: topic create/update/delete, topic listing, queue offsets, topic status, broker status, delayed
+messages' progress.
 
 Topic changes are leader-only and replicated through the group's metadata before the answer, then the node
 re-registers with every name server at once, so a route query right after the answer already shows the change.
@@ -110,3 +111,7 @@ class AdminProcessor:
     # --- status --------------------------------------------------------------------------------------------
     async def get_broker_runtime_info(self, request: Frame, conn: Any) -> Frame:
         return make_response(request, ResponseCode.SUCCESS, body=cbor2.dumps(self.node.runtime_info()))
+
+    async def get_all_delay_offset(self, request: Frame, conn: Any) -> Frame:
+        """Delayed messages per level: delivered up to where, stored up to where (``ScheduleMessageService``)."""
+        return make_response(request, ResponseCode.SUCCESS, body=cbor2.dumps({"levels": self.node.schedule.progress()}))

@@ -84,9 +84,10 @@ def register(subparsers) -> None:
     delete.add_argument("topic")
     _add_targets(delete)
     status = add_command("status", help="a broker node's runtime status (GET_BROKER_RUNTIME_INFO)")
-    which = status.add_mutually_exclusive_group()
-    which.add_argument("--broker", help="the leader of this group (default: of every group)")
-    which.add_argument("--addr", help="this node, HOST:PORT (any member, follower or leader)")
+    _add_node(status)
+    delays = add_command("delay-offsets", help="delayed messages per delay level: delivered and stored up to "
+                                               "where, how many wait (GET_ALL_DELAY_OFFSET)")
+    _add_node(delays)
     topic_status = add_command("topic-status", help="a topic's queues: min and max offsets, last update")
     topic_status.add_argument("topic")
     connection = add_command("consumer-connection", help="a consumer group's online members and what "
@@ -131,6 +132,12 @@ def _add_common(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
                         help="seconds for the whole command (default 10)")
     parser.add_argument("--json", action="store_true", default=default(False),
                         help="print the result as one JSON line")
+
+
+def _add_node(parser: argparse.ArgumentParser) -> None:
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--broker", help="the leader of this group (default: of every group)")
+    which.add_argument("--addr", help="this node, HOST:PORT (any member, follower or leader)")
 
 
 def _add_targets(parser: argparse.ArgumentParser) -> None:
@@ -186,7 +193,7 @@ def _check(args: argparse.Namespace) -> None:
         if args.perm & ~_ALL_PERMS or not args.perm & (PERM_READ | PERM_WRITE):
             raise ConfigError(f"--perm must combine 4 (read), 2 (write) and 1 (inherit) with read or write set, "
                               f"got {args.perm}")
-    if args.admin_command == "status" and args.addr:
+    if args.admin_command in ("status", "delay-offsets") and args.addr:
         parse_host_port(args.addr, key="--addr", dial=True)
     _check_names(args)
     if args.admin_command == "reset-offset":
@@ -265,21 +272,33 @@ async def _delete(admin: AdminClient, args: argparse.Namespace) -> dict[str, Any
     return {"topic": args.topic, "deleted": True, "broker_names": groups}
 
 
-async def _status(admin: AdminClient, args: argparse.Namespace) -> dict[str, Any]:
+async def _nodes(admin: AdminClient, args: argparse.Namespace) -> list[str]:
+    """The nodes a per-node command asks: ``--addr``, else the leader of ``--broker``, else of every group."""
     if args.addr:
-        return {"nodes": {args.addr: await admin.broker_status(args.addr)}}
+        return [args.addr]
     info = await admin.cluster_info()
     names = [args.broker] if args.broker else sorted(info.broker_addrs)
     if not names:  # printed nothing and exited 0, as if every leader had answered
         raise _Refused("no broker group is registered with the name servers")
-    out = {}
+    addrs = []
     for name in names:
         addr = info.master_addr(name)
         if addr is None:
             raise _Refused(f"broker group {name!r} has no leader registered with the name servers "
                            f"(known groups: {', '.join(sorted(info.broker_addrs)) or 'none'})")
-        out[addr] = await admin.broker_status(addr)
-    return {"nodes": out}
+        addrs.append(addr)
+    return addrs
+
+
+async def _status(admin: AdminClient, args: argparse.Namespace) -> dict[str, Any]:
+    return {"nodes": {addr: await admin.broker_status(addr) for addr in await _nodes(admin, args)}}
+
+
+async def _delay_offsets(admin: AdminClient, args: argparse.Namespace) -> dict[str, Any]:
+    return {"nodes": {addr: [{"level": p.level, "delay_ms": p.delay_ms, "delivered_offset": p.delivered_offset,
+                              "max_offset": p.max_offset, "waiting": p.waiting}
+                             for p in await admin.delay_offsets(addr)]
+                      for addr in await _nodes(admin, args)}}
 
 
 async def _topic_status(admin: AdminClient, args: argparse.Namespace) -> dict[str, Any]:
@@ -387,7 +406,8 @@ class _Refused(Exception):
 
 _COMMANDS: dict[str, Callable[[AdminClient, argparse.Namespace], Awaitable[dict[str, Any]]]] = {
     "cluster": _cluster, "topics": _topics, "route": _route, "create-topic": _create, "delete-topic": _delete,
-    "status": _status, "topic-status": _topic_status, "consumer-connection": _consumer_connection,
+    "status": _status, "delay-offsets": _delay_offsets, "topic-status": _topic_status,
+    "consumer-connection": _consumer_connection,
     "consumer-progress": _consumer_progress, "reset-offset": _reset_offset,
     "query-msg-id": _query_msg_id,
     "query-msg-key": _query_msg_key,
@@ -457,6 +477,15 @@ def _print(command: str, data: dict[str, Any]) -> None:
         members = sorted({m for ids in data["consumer_ids"].values() for m in ids})
         print(f"members online told to pull from the new offsets: {len(members)}"
               + (f" ({', '.join(members)})" if members else ""))
+    elif command == "delay-offsets":
+        for addr, levels in data["nodes"].items():
+            table = Table(title=f"delayed messages on broker node {addr}", header_style="bold")
+            for column in ("level", "delay", "delivered offset", "max offset", "waiting"):
+                table.add_column(column, justify="right")
+            for row in levels:
+                table.add_row(str(row["level"]), _duration(row["delay_ms"]), str(row["delivered_offset"]),
+                              str(row["max_offset"]), str(row["waiting"]))
+            console.print(table)
     elif command == "query-msg-id":
         _print_message(console, data["messages"][0])
     elif command == "query-msg-key":
@@ -478,6 +507,14 @@ def _print(command: str, data: dict[str, Any]) -> None:
             for key, value in sorted(status.items()):
                 table.add_row(key, str(value))
             console.print(table)
+
+
+def _duration(ms: int) -> str:
+    """A delay as message_delay_level writes it: 2h, 30m, 5s, 250ms."""
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        if ms % size == 0:
+            return f"{ms // size}{unit}"
+    return f"{ms}ms"
 
 
 def _utc(ms: int | None) -> str:

@@ -135,6 +135,23 @@ def test_admin_reports_the_group_creates_routes_and_deletes_a_topic(spawn, tmp_p
     bad_max = _admin(namesrv, "query-msg-key", "AdminTopic", "k", "--max", "65", expect_rc=2)
     assert "--max" in bad_max.stderr and "65" in bad_max.stderr
 
+    # Delayed messages: one of 1 s, delivered within seconds, and one of 2 h (level 18), still waiting.
+    trio.run(_send_delayed, namesrv)
+    deadline = time.monotonic() + 30
+    while True:
+        [levels] = _admin_json(namesrv, "delay-offsets")["nodes"].values()
+        if levels[0]["delivered_offset"] == 1:
+            break
+        assert time.monotonic() < deadline, levels[0]
+        time.sleep(0.3)
+    assert len(levels) == 18 and [r["level"] for r in levels] == list(range(1, 19))
+    assert levels[0] == {"level": 1, "delay_ms": 1000, "delivered_offset": 1, "max_offset": 1, "waiting": 0}
+    assert levels[17] == {"level": 18, "delay_ms": 7_200_000, "delivered_offset": 0, "max_offset": 1, "waiting": 1}
+    [on_follower] = _admin_json(namesrv, "delay-offsets", "--addr", follower)["nodes"].values()
+    assert on_follower[17]["max_offset"] == 1  # a follower answers from its own replica
+    table = _admin(namesrv, "delay-offsets", "--broker", "broker-a").stdout
+    assert "delayed messages on broker node" in table and "2h" in table
+
     _admin(namesrv, "delete-topic", "AdminTopic")
     deadline = time.monotonic() + 30
     while "AdminTopic" in _admin_json(namesrv, "topics")["topics"]:  # gone once the leader re-registers
@@ -150,6 +167,12 @@ def test_admin_reports_the_group_creates_routes_and_deletes_a_topic(spawn, tmp_p
     assert "broker-zz" in unknown_group.stderr
     bad_perm = _admin(namesrv, "create-topic", "T", "--perm", "8", expect_rc=2, process=True)
     assert "--perm" in bad_perm.stderr and "8" in bad_perm.stderr
+
+
+async def _send_delayed(namesrv: str) -> None:
+    async with open_producer(namesrv) as producer:
+        for level in (1, 18):
+            await producer.send(Message("AdminTopic", b"delayed %d" % level, delay_level=level))
 
 
 async def _produce_and_commit(namesrv: str, commits: dict[int, int]) -> dict[tuple[int, int], SendResult]:

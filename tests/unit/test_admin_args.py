@@ -109,6 +109,8 @@ def test_a_key_with_a_space_exits_2_saying_no_key_can_hold_one(capsys):
                                                      "listening server to pick any free one), got 'h:0'"),
     (["status", "--addr", "127.0.0.1:0"], "--addr needs a fixed port (it is dialed; port 0 only tells a listening "
                                           "server to pick any free one), got '127.0.0.1:0'"),
+    (["delay-offsets", "--addr", "127.0.0.1:0"], "--addr needs a fixed port (it is dialed; port 0 only tells a "
+                                                 "listening server to pick any free one), got '127.0.0.1:0'"),
 ])
 def test_port_0_is_refused_where_an_address_is_dialled(args, named, capsys):
     argv = ["admin", "--timeout", "2", *args] if args[0] == "--namesrv" else ["admin", "--namesrv", CLOSED, *args]
@@ -137,6 +139,7 @@ def test_the_admin_options_are_taken_after_the_command_too(capsys):
     (["create-topic", "T", "--broker", "broker-a", "--broker", "a b"], "--broker 'a b' must be letters, digits"),
     (["delete-topic", "T", "--cluster", "prod.eu"], "--cluster 'prod.eu' must be letters, digits"),
     (["status", "--broker", ""], "--broker '' must be letters, digits"),
+    (["delay-offsets", "--broker", "a b"], "--broker 'a b' must be letters, digits"),
     (["consumer-progress", "G", "--cluster", "a/b"], "--cluster 'a/b' must be letters, digits"),
 ])
 def test_an_illegal_cluster_or_group_name_exits_2_naming_it(args, named, capsys):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
+import cbor2
 import pytest
 import trio
 
@@ -35,6 +36,14 @@ async def _pull(client, addr, topic, queue_id, offset=0):
     return list(iter_records(r.body)) if r.code == ResponseCode.SUCCESS else []
 
 
+async def _delay_offsets(client, addr) -> list[tuple[int, int, int, int]]:
+    """GET_ALL_DELAY_OFFSET: (level, delay_ms, delivered_offset, max_offset) per level."""
+    r = await call(client, addr, RequestCode.GET_ALL_DELAY_OFFSET, {})
+    assert r.code == ResponseCode.SUCCESS, r.remark
+    return [(row["level"], row["delay_ms"], row["delivered_offset"], row["max_offset"])
+            for row in cbor2.loads(r.body)["levels"]]
+
+
 async def test_a_delayed_message_waits_its_level_then_arrives_with_its_properties_and_a_new_offset(nursery, tmp_path):
     (config,) = broker_configs(tmp_path, None, message_delay_level=LEVELS)
     addr = await start_broker(nursery, config)
@@ -55,6 +64,7 @@ async def test_a_delayed_message_waits_its_level_then_arrives_with_its_propertie
         assert (waiting.topic, waiting.queue_id, waiting.body) == ("SCHEDULE_TOPIC_XXXX", 2, b"later")
         assert waiting.properties["REAL_TOPIC"] == "DelayT" and waiting.properties["REAL_QID"] == "1"
         assert len(await _pull(client, addr, "DelayT", 1)) == 1
+        assert await _delay_offsets(client, addr) == [(1, 300, 0, 0), (2, 600, 0, 0), (3, 1000, 0, 1)]
         with trio.fail_after(10):
             while len(got := await _pull(client, addr, "DelayT", 1)) < 2:
                 await trio.sleep(0.05)
@@ -72,6 +82,7 @@ async def test_a_delayed_message_waits_its_level_then_arrives_with_its_propertie
         # Delivered once: progress is replicated metadata, so later rounds start past it.
         await trio.sleep(0.5)
         assert len(await _pull(client, addr, "DelayT", 1)) == 2
+        assert await _delay_offsets(client, addr) == [(1, 300, 0, 0), (2, 600, 0, 0), (3, 1000, 1, 1)]
         status = await call(client, addr, RequestCode.GET_BROKER_RUNTIME_INFO)
         assert status.code == ResponseCode.SUCCESS
 
@@ -118,6 +129,8 @@ async def test_messages_waiting_in_a_level_the_restarted_broker_no_longer_has_ar
     addr = await start_broker(nursery, dataclasses.replace(config, message_delay_level="300ms 600ms"))
     async with open_remoting_client() as client:
         await wait_leader(client, addr)
+        # Listed with the delay it now waits: the last configured level's.
+        assert (await _delay_offsets(client, addr))[2] in ((3, 600, 0, 1), (3, 600, 1, 1))
         with trio.fail_after(10):
             while not (got := await _pull(client, addr, "DelayT", 0)):
                 await trio.sleep(0.05)

@@ -354,7 +354,7 @@ def test_public_api_is_pinned():
         "open_push_consumer", "PushConsumer", "PushConsumerConfig",
         "open_pull_consumer", "PullConsumer", "PullConsumerConfig",
         "open_admin", "AdminClient", "ClusterInfo", "ConsumeStats", "ConsumerConnection", "OffsetReset",
-        "QueueConsumeStats", "TopicQueueStatus",
+        "QueueConsumeStats", "TopicQueueStatus", "DelayLevelProgress",
         "Message", "MessageExt", "MessageQueue", "SendResult", "SendStatus", "PullResult", "PullStatus",
         "Subscription", "parse_subscription", "tags_code", "allocate_average",
         "TransactionListener", "TransactionSendResult", "TransactionState",
