@@ -1148,6 +1148,32 @@ def test_an_election_timer_starts_a_pre_vote_and_only_a_majority_of_yes_starts_t
         assert member._dledger_pre_votes == 1
 
 
+def test_a_member_still_copying_its_commit_log_stands_for_election_one_timeout_later(tmp_path, monkeypatch):
+    """28: a member whose apply gate is closed (copying the commit-log bytes its snapshot is ahead of) won
+    elections and then served nothing for 2-3 s; its timer now waits one more timeout before the pre-vote, so a
+    caught-up peer stands first, and it stands itself if no leader was heard from meanwhile."""
+    with _member_of_three(tmp_path, "copying") as (member, a, b):
+        sent = _capture_sends(member)
+        member._SyncObj__connectedNodes.add(a)
+        member._dledger_apply_gate_open = False
+        member._SyncObj__raftElectionDeadline = 0.0
+        member._onTick(0.0)
+        assert sent == []  # no pre-vote yet
+        deferred = member._SyncObj__raftElectionDeadline
+        assert deferred > patches.monotonic_time()
+        # A leader heard from meanwhile starts a new period: its expiry waits again.
+        member._SyncObj__raftElectionDeadline = 1.0
+        member._onTick(0.0)
+        assert sent == [] and member._SyncObj__raftElectionDeadline > patches.monotonic_time()
+        deferred = member._SyncObj__raftElectionDeadline
+        # The wait's own deadline passes with no leader heard from: it stands.
+        monkeypatch.setattr(patches, "monotonic_time", lambda: deferred + 0.001)
+        member._SyncObj__connectedNodes.add(a)
+        member._onTick(0.0)
+        assert sorted((n.address, m["type"]) for n, m in sent) == sorted([(a.address, "pre_vote"),
+                                                                          (b.address, "pre_vote")])
+
+
 def test_a_follower_hearing_from_its_leader_says_no_to_a_pre_vote_until_the_leader_falls_silent(tmp_path):
     from pysyncobj.syncobj import _RAFT_STATE
 
