@@ -248,9 +248,9 @@ so a silent upgrade cannot quietly disable a fix.
     snapshot from its leader and copies the commit-log bytes it lacks from a peer (``dledger.catch_up``), its
     apply gate closed meanwhile; its Raft log is current, so it may win an election, and then it answers nothing
     until the copy and the apply of what followed are done. In ``raftmq chaos`` rounds killing the leader 5 s after
-    the previous one came back (32 senders of 64 KiB messages), the member still copying won in 2 of 6 rounds,
-    and the first acknowledgement came 2.2-2.9 s after the kill (0.6-0.9 s when the caught-up member won; 32 sends
-    timed out in one of those rounds). Now, while its apply gate is closed, a member whose election timer fires
+    the previous one came back (32 senders of 64 KiB messages), the first acknowledgement came 2.2-3.0 s after the
+    kill (32 sends timed out once), and in the round traced the member still copying had won and finished its
+    copy 2 s later. Now, while its apply gate is closed, a member whose election timer fires
     waits one more timeout before its pre-vote, so a caught-up peer stands first; it stands after that wait if no
     leader was heard from (a group with no caught-up member still elects one).
 
