@@ -473,13 +473,7 @@ class RaftMember(SyncObj):
         the tick that sends a new entry then sends that entry and nothing else. pysyncobj sends a lagging
         follower everything from its next index within one tick, tens of milliseconds a tick while a restarted
         follower catches up."""
-        last = self._SyncObj__getCurrentLogIndex()
-        next_index = self._SyncObj__raftNextIndex
-        connected = self._SyncObj__connectedNodes
-        for node in self._SyncObj__otherNodes:
-            if node in connected and next_index.get(node, 0) <= last:
-                return False
-        return True
+        return not patches.followers_lagging(self, self._SyncObj__otherNodes)
 
     @property
     def commit_notice_due(self) -> bool:

@@ -736,13 +736,14 @@ def _send_append_entries_flushed(self: Any) -> None:
                 self._SyncObj__otherNodes = others
     finally:
         conf.appendEntriesPeriod = period
-        if not backlogged and not _lagging(self, others):
+        if not backlogged and not followers_lagging(self, others):
             self._SyncObj__newAppendEntriesTime = started + period
         # else: the next round is due after the budget (stock set it so), not after a heartbeat period
 
 
-def _lagging(self: Any, nodes: Any) -> bool:
-    """Whether a connected follower's next index is still at or before the log's last entry."""
+def followers_lagging(self: Any, nodes: Any) -> bool:
+    """Whether a connected member of ``nodes`` has a next index still at or before the log's last entry: it has
+    not been sent the whole log (``RaftMember.followers_current`` asks the same of every follower)."""
     last = self._SyncObj__getCurrentLogIndex()
     next_index = self._SyncObj__raftNextIndex
     connected = self._SyncObj__connectedNodes
