@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["DEFAULT_MESSAGE_DELAY_LEVEL", "MAX_DELAY_LEVELS", "parse_delay_levels", "delay_levels_problem"]
+__all__ = ["DEFAULT_MESSAGE_DELAY_LEVEL", "MAX_DELAY_LEVELS", "parse_delay_levels", "delay_levels_problem",
+           "format_delay"]
 
 DEFAULT_MESSAGE_DELAY_LEVEL = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
 MAX_DELAY_LEVELS = 64
 # RocketMQ's units (s, m, h, d), and ms, which RocketMQ lacks, so tests and demos can use short delays.
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+_UNITS_LARGEST_FIRST = sorted(_UNITS_MS.items(), key=lambda item: -item[1])
 _LEVEL_RE = re.compile(r"([0-9]{1,9})(ms|s|m|h|d)")
 
 
@@ -33,6 +35,14 @@ def parse_delay_levels(text: str) -> tuple[int, ...]:
             raise ValueError(f"level {i} is {piece!r}; each level is a positive number with a unit ms, s, m, h or d")
         out.append(int(m.group(1)) * _UNITS_MS[m.group(2)])
     return tuple(out)
+
+
+def format_delay(ms: int) -> str:
+    """One level's delay as ``message_delay_level`` writes it, in its largest whole unit: 2h, 30m, 5s, 250ms."""
+    for unit, size in _UNITS_LARGEST_FIRST:
+        if ms % size == 0:
+            return f"{ms // size}{unit}"
+    return f"{ms}ms"
 
 
 def delay_levels_problem(text: str) -> str | None:

@@ -36,6 +36,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from broker.delay_level import format_delay
 from broker.topic_config import (SYSTEM_TOPIC_PREFIX, TopicConfigError, check_sendable_topic, is_system_topic,
                                  validate_group_name, validate_topic_name)
 from client import open_admin
@@ -483,7 +484,7 @@ def _print(command: str, data: dict[str, Any]) -> None:
             for column in ("level", "delay", "delivered offset", "max offset", "waiting"):
                 table.add_column(column, justify="right")
             for row in levels:
-                table.add_row(str(row["level"]), _duration(row["delay_ms"]), str(row["delivered_offset"]),
+                table.add_row(str(row["level"]), format_delay(row["delay_ms"]), str(row["delivered_offset"]),
                               str(row["max_offset"]), str(row["waiting"]))
             console.print(table)
     elif command == "query-msg-id":
@@ -507,14 +508,6 @@ def _print(command: str, data: dict[str, Any]) -> None:
             for key, value in sorted(status.items()):
                 table.add_row(key, str(value))
             console.print(table)
-
-
-def _duration(ms: int) -> str:
-    """A delay as message_delay_level writes it: 2h, 30m, 5s, 250ms."""
-    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
-        if ms % size == 0:
-            return f"{ms // size}{unit}"
-    return f"{ms}ms"
 
 
 def _utc(ms: int | None) -> str:

@@ -9,7 +9,7 @@ import cbor2
 import pytest
 import trio
 
-from broker.delay_level import parse_delay_levels
+from broker.delay_level import format_delay, parse_delay_levels
 from remoting.codes import RequestCode, ResponseCode
 from remoting.config import ConfigError
 from remoting.message import MessageInput, decode_record, encode_batch, iter_records
@@ -22,6 +22,9 @@ LEVELS = "300ms 600ms 1s"
 def test_delay_levels_take_rocketmqs_format_and_bad_ones_are_refused_at_start(tmp_path):
     assert parse_delay_levels("1s 5s 10s 30s 1m 2m 1h 2d 250ms") == (
         1000, 5000, 10_000, 30_000, 60_000, 120_000, 3_600_000, 172_800_000, 250)
+    # And back, in each delay's largest whole unit (raftmq admin delay-offsets prints them so).
+    assert [format_delay(ms) for ms in parse_delay_levels("1s 5s 90s 1m 2h 2d 250ms 1500ms")] == [
+        "1s", "5s", "90s", "1m", "2h", "2d", "250ms", "1500ms"]
     for bad, needle in (("", "at least one"), ("1s 5x", "level 2 is '5x'"), ("0s", "level 1 is '0s'"),
                         ("1.5s", "level 1"), ("1s " * 65, "at most 64")):
         with pytest.raises(ConfigError, match="message_delay_level") as e:
