@@ -730,6 +730,31 @@ async def open_connection(addr: str, *, handler: RequestHandler | None = None,
             conn.close()
 
 
+class _Connecting:
+    """One connection attempt to an address, awaited by every request that needs it meanwhile."""
+
+    __slots__ = ("done", "conn", "error")
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.conn: ClientConnection | None = None
+        self.error: BaseException | None = None
+
+
+def _raised_again(error: BaseException) -> BaseException:
+    """A new exception like the one a connection attempt raised, for each request that waited on it: one object
+    raised in several tasks would gather all their tracebacks."""
+    if type(error) is ConnectError:
+        again: BaseException = ConnectError(error.addr, error.reason)
+    elif type(error) is ValueError:
+        again = ValueError(*error.args)
+    else:
+        return error
+    again.__cause__ = error.__cause__
+    again.__suppress_context__ = True
+    return again
+
+
 class RemotingClient:
     """A pool with one connection per address; a closed connection is replaced on the next request."""
 
@@ -740,7 +765,7 @@ class RemotingClient:
         self._max_frame_size = max_frame_size
         self._connect_timeout_s = connect_timeout_s
         self._connections: dict[str, ClientConnection] = {}
-        self._connecting: dict[str, trio.Lock] = {}
+        self._connecting: dict[str, _Connecting] = {}
 
     async def invoke(self, addr: str, request: Frame, timeout_s: float | None = 3.0) -> Frame:
         conn = self._connections.get(addr)
@@ -765,16 +790,40 @@ class RemotingClient:
         await conn.invoke_oneway(request)
 
     async def get_connection(self, addr: str) -> ClientConnection:
-        """The pooled connection to ``addr``, connecting (once, however many tasks ask) if needed."""
-        lock = self._connecting.setdefault(addr, trio.Lock())
-        async with lock:
-            conn = self._connections.get(addr)
-            if conn is None or conn.closed:
-                stream = await _open_stream(addr, self._connect_timeout_s)
-                conn = await _start_connection(stream, addr, self._handler, self._max_frame_size, self._nursery)
-                conn._on_close = self._forget
-                self._connections[addr] = conn
+        """The pooled connection to ``addr``, connecting if needed: one attempt at a time per address, run by the
+        pool rather than by the task that asked, so that a caller who stops waiting (its request's deadline
+        passed) does not abandon it. When each caller connected itself, a send timeout shorter than a connect (a
+        loaded machine) never connected at all: every request started an attempt that its deadline then
+        cancelled (`raftmq bench produce --send-timeout-ms 1` once failed all of its 1,448 sends so)."""
+        conn = self._connections.get(addr)
+        if conn is not None and not conn.closed:
             return conn
+        attempt = self._connecting.get(addr)
+        if attempt is None:
+            attempt = self._connecting[addr] = _Connecting()
+            self._nursery.start_soon(self._connect, addr, attempt)
+        await attempt.done.wait()
+        if attempt.conn is None:
+            assert attempt.error is not None
+            raise _raised_again(attempt.error)
+        return attempt.conn
+
+    async def _connect(self, addr: str, attempt: _Connecting) -> None:
+        try:
+            stream = await _open_stream(addr, self._connect_timeout_s)
+            conn = await _start_connection(stream, addr, self._handler, self._max_frame_size, self._nursery)
+            conn._on_close = self._forget
+            self._connections[addr] = conn
+            attempt.conn = conn
+        except Exception as e:  # noqa: BLE001 - every waiter raises it; the pool itself must not fail
+            attempt.error = e
+        except BaseException:
+            attempt.error = ConnectError(addr, "the client closed while connecting")
+            raise
+        finally:
+            if self._connecting.get(addr) is attempt:
+                del self._connecting[addr]
+            attempt.done.set()
 
     def close_connection(self, addr: str, reason: str = "closed locally") -> None:
         """Close the pooled connection to ``addr``: its waiting requests fail with ``ConnectionClosedError``

@@ -19,6 +19,7 @@ from remoting.errors import (
     RequestTimeoutError,
     TopicNotExistError,
 )
+from remoting import transport
 from remoting.transport import open_connection, open_remoting_client, serve_remoting
 
 SLOW = 2000  # a request code the test handler never answers by itself
@@ -330,6 +331,59 @@ async def test_a_request_deadline_covers_connecting_to_a_host_that_does_not_answ
         finally:
             for filler in fillers:
                 filler.close()
+
+
+def _slow_connects(monkeypatch, delay_s: float) -> list[str]:
+    """Every connect the pool makes takes ``delay_s`` longer; returns the list of addresses it connected to."""
+    opened: list[str] = []
+    real = transport._open_stream
+
+    async def slow_open(addr: str, connect_timeout_s: float):
+        opened.append(addr)
+        await trio.sleep(delay_s)
+        return await real(addr, connect_timeout_s)
+
+    monkeypatch.setattr(transport, "_open_stream", slow_open)
+    return opened
+
+
+async def test_a_connect_outlives_the_request_whose_deadline_passed_and_serves_the_next(server, monkeypatch):
+    """A request that gives up waiting for its connection does not give up the connect. When it did, a timeout
+    shorter than a connect never connected: each request started an attempt that its deadline cancelled."""
+    _, addr = server
+    opened = _slow_connects(monkeypatch, 0.3)
+    async with open_remoting_client() as client:
+        with pytest.raises(ConnectError, match=r"no answer within the request's 0.05 s"):
+            await client.invoke(addr, make_request(RequestCode.ECHO), timeout_s=0.05)
+        await trio.sleep(0.4)  # the attempt that request started ends meanwhile
+        response = await client.invoke(addr, make_request(RequestCode.ECHO), timeout_s=0.05)
+        assert response.code == ResponseCode.SUCCESS
+        assert opened == [addr]
+
+
+async def test_a_failed_connect_fails_every_request_that_waited_for_it_and_the_next_tries_again(monkeypatch):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        addr = "127.0.0.1:%d" % s.getsockname()[1]
+    opened = _slow_connects(monkeypatch, 0.1)
+    async with open_remoting_client() as client:
+        errors: list[BaseException] = []
+
+        async def echo() -> None:
+            try:
+                await client.invoke(addr, make_request(RequestCode.ECHO), timeout_s=2.0)
+            except ConnectError as e:
+                errors.append(e)
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(3):
+                nursery.start_soon(echo)
+        assert len(errors) == 3 and len({id(e) for e in errors}) == 3  # one attempt, an exception for each
+        assert all("could not connect to " + addr in str(e) and e.retriable for e in errors), errors
+        assert opened == [addr]
+        with pytest.raises(ConnectError, match="could not connect"):
+            await client.invoke(addr, make_request(RequestCode.ECHO), timeout_s=2.0)
+        assert opened == [addr, addr]
 
 
 async def test_client_refuses_an_oversize_request_before_sending(server):
