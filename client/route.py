@@ -216,6 +216,17 @@ class TopicPublishInfo:
 _UNKNOWN: Any = object()
 
 
+class _RouteFetch:
+    """One query of the name servers for a topic, awaited by every caller that needs it meanwhile."""
+
+    __slots__ = ("done", "finished", "error")
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.finished = False  # False once done: the caller that started it was cancelled
+        self.error: Exception | None = None
+
+
 class RouteCache:
     """Routes per topic from the name servers, with leader hints per broker group.
 
@@ -230,8 +241,7 @@ class RouteCache:
         self._query = query
         self._routes: dict[str, TopicRouteData] = {}
         self._publish: dict[str, TopicPublishInfo] = {}
-        self._inflight: dict[str, trio.Event] = {}
-        self._errors: dict[str, BaseException] = {}
+        self._inflight: dict[str, _RouteFetch] = {}
         self._leader_hints: dict[str, str] = {}
         # broker_name -> master_addr(broker_name), asked at least once per send: kept until a route or a leader
         # hint changes, instead of searching the routes each time.
@@ -263,26 +273,33 @@ class RouteCache:
         return info
 
     async def refresh(self, topic: str) -> TopicRouteData:
-        """Ask the name servers now; concurrent callers for one topic share one query."""
-        event = self._inflight.get(topic)
-        if event is not None:
-            await event.wait()
-            route = self._routes.get(topic)
-            if route is None:
-                raise self._errors.get(topic) or NoRouteError(f"no route for topic {topic!r}", topic=topic)
-            return route
-        event = self._inflight[topic] = trio.Event()
+        """Ask the name servers now; concurrent callers for one topic share one query. A query given up by the
+        caller that started it (cancelled by its own deadline, or a closing consumer) answers nothing: those
+        that waited on it ask again, the first of them for the rest. They were handed its ``trio.Cancelled``,
+        which then unwound tasks that nobody had cancelled."""
+        while True:
+            fetch = self._inflight.get(topic)
+            if fetch is None:
+                break
+            await fetch.done.wait()
+            if fetch.finished:
+                route = self._routes.get(topic)
+                if route is None:
+                    raise fetch.error or NoRouteError(f"no route for topic {topic!r}", topic=topic)
+                return route
+        fetch = self._inflight[topic] = _RouteFetch()
         try:
             route = await self._fetch(topic)
             self._install(route)
-            self._errors.pop(topic, None)
+            fetch.finished = True
             return route
-        except BaseException as e:
-            self._errors[topic] = e
+        except Exception as e:
+            fetch.error = e
+            fetch.finished = True
             raise
         finally:
             del self._inflight[topic]
-            event.set()
+            fetch.done.set()
 
     async def _fetch(self, topic: str) -> TopicRouteData:
         # Name servers never talk to each other and learn brokers only from their registrations (every 30 s): one

@@ -169,6 +169,52 @@ async def test_route_cache_single_flight_hints_and_failover_between_namesrvs():
         await cache.get("U")
 
 
+async def test_a_route_query_given_up_by_its_starter_is_asked_again_by_those_who_waited_for_it():
+    # They were handed the starter's trio.Cancelled, which unwound tasks nobody had cancelled.
+    import trio
+
+    calls: list[str] = []
+
+    async def query(addr, topic):
+        calls.append(topic)
+        await trio.sleep(0.2)
+        return ROUTE if topic == "T" else None
+
+    cache = RouteCache(["ns:1"], query)
+    outcomes: list[object] = []
+
+    async def wait_for(topic: str) -> None:
+        try:
+            outcomes.append((await cache.refresh(topic)).broker_datas[0].broker_name)
+        except NoRouteError as e:
+            outcomes.append(type(e).__name__)
+
+    for topic, expected in (("T", "broker-a"), ("U", "NoRouteError")):
+        calls.clear()
+        outcomes.clear()
+        gave_up: list[bool] = []
+
+        async def starter() -> None:
+            with trio.move_on_after(0.05) as scope:
+                await cache.refresh(topic)
+            gave_up.append(scope.cancelled_caught)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(starter)
+            while topic not in calls:  # the starter's query is under way
+                await trio.sleep(0.001)
+            nursery.start_soon(wait_for, topic)
+            nursery.start_soon(wait_for, topic)
+        assert gave_up == [True]
+        assert outcomes == [expected, expected] and calls == [topic, topic], (outcomes, calls)
+    # A finished query is the answer for those who waited: one call for any number of them.
+    calls.clear()
+    async with trio.open_nursery() as nursery:
+        for _ in range(3):
+            nursery.start_soon(wait_for, "T")
+    assert calls == ["T"]
+
+
 def test_new_send_result_is_a_plain_send_result():
     from client.message import SendResult, SendStatus, _NewSendResult
     from tests.unit.client.test_record_decode import assert_built_as_the_dataclass
