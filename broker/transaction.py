@@ -46,7 +46,7 @@ from broker.processor.base import RequestRejected, invalid
 from broker.schedule import restored_message, stored_again, with_real_destination
 from broker.store.results import GetMessageStatus
 from broker.topic_config import PERM_READ, TopicConfig
-from dledger import GroupBusyError, RecordTooLargeError
+from dledger import BatchRejectedError, GroupBusyError, LeaderChangedError, RecordTooLargeError
 from remoting.codec import make_request
 from remoting.codes import RequestCode, ResponseCode
 from remoting.errors import RaftMQError
@@ -108,6 +108,21 @@ def _read_queue(store: MessageStore, topic: str, offset: int, max_bytes: int) ->
             log.warning("transaction records removed before they were settled topic=%s from=%d to=%d", topic,
                         offset, result.next_begin_offset)
         offset = result.next_begin_offset
+
+
+class _Settling:
+    """The outcome of one settling append, for the request that waits on it."""
+
+    __slots__ = ("done", "result", "error")
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.result: Any = None
+        self.error: Exception | None = None
+
+
+_NOTHING_APPLIED = (RequestRejected, GroupBusyError, RecordTooLargeError, MessageFormatError, BatchRejectedError,
+                    LeaderChangedError)
 
 
 class TransactionalMessageService:
@@ -311,17 +326,44 @@ class TransactionalMessageService:
         """Append ``messages`` (which settle ``halves``, marked busy by the caller when it chose them, before it
         waited for anything) as one batch, and unmark them. An append whose outcome is unknown leaves them
         uncertain: nothing acts on them until their op records show up (or the term, and with it this view,
-        changes)."""
+        changes).
+
+        The append runs in the node's nursery, not in the request's task: an END whose producer hung up is
+        cancelled with its connection, and a record cancelled while still queued is never proposed, so no op
+        record ever came to clear its half, and every check after it stopped for the rest of the term."""
         node = self.node
         try:
             batch = encode_batch(messages, node.store_host, max_message_size=node.max_message_size)
-            return await node.append_messages(batch)
-        except BaseException as e:
-            if not isinstance(e, (RequestRejected, GroupBusyError, RecordTooLargeError, MessageFormatError)):
+        except BaseException:
+            self._busy.difference_update(halves)
+            raise
+        settling = _Settling()
+        nursery = getattr(node, "_nursery", None)
+        if nursery is None:
+            await self._settle(batch, halves, settling)
+        else:
+            nursery.start_soon(self._settle, batch, halves, settling)
+            await settling.done.wait()
+        if settling.error is not None:
+            raise settling.error
+        return settling.result
+
+    async def _settle(self, batch: bytes, halves: list[int], settling: _Settling) -> None:
+        try:
+            settling.result = await self.node.append_messages(batch)
+        except Exception as e:
+            # These applied nothing; any other failure (a timeout, an outcome unknown) may still commit.
+            if not isinstance(e, _NOTHING_APPLIED):
                 self._uncertain.update(halves)
+            settling.error = e
+        except BaseException:  # the node stopping
+            self._uncertain.update(halves)
+            settling.error = RequestRejected(ResponseCode.SYSTEM_BUSY, f"broker {self.node.config.broker_name} "
+                                                                       f"is stopping; retry")
             raise
         finally:
             self._busy.difference_update(halves)
+            settling.done.set()
 
     def _op_record(self, half_offset: int, outcome: str) -> MessageInput:
         return MessageInput(topic=TRANS_OP_HALF_TOPIC, queue_id=0, body=str(half_offset).encode("ascii"),

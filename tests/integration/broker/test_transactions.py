@@ -7,12 +7,12 @@ import cbor2
 import pytest
 import trio
 
-from remoting.codec import make_response
+from remoting.codec import make_request, make_response
 from remoting.codes import RequestCode, ResponseCode
 from remoting.config import ConfigError
 from remoting.message import (TRANSACTION_COMMIT_TYPE, TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE,
                               MessageInput, decode_record, encode_batch, iter_records, parse_msg_id)
-from remoting.transport import open_remoting_client
+from remoting.transport import open_connection, open_remoting_client
 from tests.integration.broker.helpers import broker_configs, call, start_broker, wait_leader
 
 GROUP = "tx_group"
@@ -134,6 +134,44 @@ async def pull_op(client, addr):
                                                                 "group": "broker-a"})
     assert r.code == ResponseCode.SUCCESS, r.remark
     return [v for v in iter_records(r.body) if v.topic == "RMQ_SYS_TRANS_OP_HALF_TOPIC"], r
+
+
+async def test_an_end_whose_producer_hung_up_while_it_waited_is_still_carried_out(nursery, tmp_path, monkeypatch):
+    """The END's append is the broker's, not the request's: cancelled with the connection of a producer that hung
+    up, a queued append was never proposed, and its half stayed "uncertain" for the rest of the term (every END
+    for it answered SYSTEM_BUSY, and no half after it was checked again)."""
+    from broker.node import BrokerNode
+
+    (config,) = broker_configs(tmp_path, None)
+    addr = await start_broker(nursery, config)
+    gate: list[trio.Event] = []
+    real_append = BrokerNode.append_messages
+
+    async def gated_append(self, batch: bytes):
+        if gate:
+            await gate[0].wait()
+        return await real_append(self, batch)
+
+    monkeypatch.setattr(BrokerNode, "append_messages", gated_append)
+    async with open_remoting_client() as client:
+        await wait_leader(client, addr)
+        half = await send_half(client, addr, "hung-up")
+        gate.append(trio.Event())
+        async with open_connection(addr) as producer:
+            with trio.move_on_after(0.3) as waited:
+                await producer.invoke(make_request(RequestCode.END_TRANSACTION,
+                                                   ext=end_ext(half, TRANSACTION_COMMIT_TYPE)), timeout_s=5.0)
+            assert waited.cancelled_caught  # the END waits at the gate; its producer goes away
+        await trio.sleep(0.2)  # the broker has seen the connection close
+        gate.pop().set()
+        with trio.fail_after(5):
+            while not (await pull(client, addr, "TxT", 1))[0]:
+                await trio.sleep(0.05)
+        (real,), _ = await pull(client, addr, "TxT", 1)
+        assert real.body == b"body-hung-up"
+        again = await call(client, addr, RequestCode.END_TRANSACTION, end_ext(half, TRANSACTION_COMMIT_TYPE))
+        assert again.code == ResponseCode.TRANSACTION_SHOULD_COMMIT and "already committed" in again.remark, \
+            (again.code, again.remark)
 
 
 async def test_bad_end_transactions_get_their_own_codes_and_change_nothing(nursery, tmp_path):
