@@ -596,6 +596,12 @@ class BrokerNode:
                 log.warning("consumer offset flush failed entries=%d error=%s", len(batch), e)
                 if self.is_leader():
                     self.offsets.requeue(batch)
+            except BaseException:
+                # Cancelled: the first commit of a consumer whose connection closed flushes inline, and every
+                # group's pending commits, acknowledged already, went with it. Kept for the next flush instead.
+                if self.is_leader():
+                    self.offsets.requeue(batch)
+                raise
             finally:
                 self.offsets.flushed()
 

@@ -974,3 +974,43 @@ async def test_a_held_pull_whose_queue_goes_away_is_answered_at_once_as_a_fresh_
         assert response.code == ResponseCode.INVALID_REQUEST and response.ext["field"] == "queue_id", response
         assert "read_queue_nums 4" in response.remark and answered_at - changed_at < 3
         assert answers[("Shrinking", 1)][0].code == ResponseCode.SUCCESS
+
+
+async def test_a_flush_of_offsets_cancelled_midway_keeps_them_for_the_next(nursery, tmp_path):
+    # A group's first commit of a queue flushes every pending commit inline, in its request's task: cancelled with
+    # that request (its consumer's connection closed), the flush dropped the other groups' commits, acknowledged
+    # SUCCESS already, so their consumers would never resend them.
+    import functools
+
+    from broker.node import OFFSET_TABLE, serve_broker
+
+    (config,) = broker_configs(tmp_path, None, consumer_offset_flush_interval_ms=60_000)  # flushed by hand here
+    nodes = []
+    host, port = await nursery.start(functools.partial(serve_broker, config, on_serving=nodes.append))
+    addr, node = f"{host}:{port}", nodes[0]
+    key = {"consumer_group": "cg", "topic": "Kept", "queue_id": 0}
+    async with open_remoting_client() as client:
+        await wait_leader(client, addr)
+        assert (await _send(client, addr, topic="Kept")).code == ResponseCode.SUCCESS
+        for offset in (0, 1):  # the first replicated at once, the next pending
+            r = await call(client, addr, RequestCode.UPDATE_CONSUMER_OFFSET, {**key, "commit_offset": offset})
+            assert r.code == ResponseCode.SUCCESS, r.remark
+        replicate = node._replicate
+        release = trio.Event()
+
+        async def held(table, items):
+            if table == OFFSET_TABLE:
+                await release.wait()
+            await replicate(table, items)
+
+        node._replicate = held
+        with trio.move_on_after(0.2) as cancelled:
+            await node._flush_offsets_once()
+        assert cancelled.cancelled_caught
+        node._replicate = replicate
+        release.set()
+        r = await call(client, addr, RequestCode.QUERY_CONSUMER_OFFSET, key)
+        assert r.code == ResponseCode.SUCCESS and r.ext["offset"] == 1, (r.code, r.ext)
+        await node._flush_offsets_once()
+        assert not node.offsets.has_pending()
+        assert [o for k, o in node.group.metadata(OFFSET_TABLE).items() if k.split("\x01")[1] == "Kept"] == [1]
