@@ -256,7 +256,7 @@ class ClientInstance:
         if frame.code == ResponseCode.TOPIC_NOT_EXIST:
             return None
         raise_for_response(frame, topic=topic)
-        return decode_route_response(frame.ext, frame.body)
+        return decode_route_response(frame.ext, frame.body, topic)
 
     async def install_default_route(self, topic: str, queue_nums: int) -> None:
         """Route an unknown topic to every registered broker group, so a send can auto-create it there."""

@@ -312,6 +312,7 @@ class RouteCache:
             addr = self.namesrv_addrs[(self._ns_index + i) % n]
             try:
                 data = await self._query(addr, topic)
+                route = None if data is None else parse_route(topic, data)  # a malformed one: ask the next
             except Exception as e:  # noqa: BLE001 - any name server failure means: try the next one
                 if not getattr(e, "retriable", False) and not getattr(e, "refresh_route", False):
                     if not isinstance(e, OSError):
@@ -325,7 +326,7 @@ class RouteCache:
                 unknown_at.append(addr)
                 continue
             self._ns_index = (self._ns_index + i) % n
-            return parse_route(topic, data)
+            return route
         last_error = next(reversed(errors.values()), None)
         if not errors:
             raise NoRouteError(f"no name server knows topic {topic!r} (asked {', '.join(unknown_at)})", topic=topic,
@@ -437,11 +438,19 @@ class RouteCache:
         return out
 
 
-def decode_route_response(ext: Mapping[str, Any], body: bytes) -> Mapping[str, Any]:
-    """The route map from a GET_ROUTEINFO_BY_TOPIC response: a CBOR body, else the ext itself."""
+def decode_route_response(ext: Mapping[str, Any], body: bytes, topic: str = "") -> Mapping[str, Any]:
+    """The route map from a GET_ROUTEINFO_BY_TOPIC response: a CBOR body, else the ext itself. A body that is not
+    one raises ``NoRouteError``, as a malformed map does in ``parse_route``: that name server's answer is not
+    usable and the next is asked. (A bare ``ValueError`` escaped the background route refreshes, which expect
+    ``RaftMQError``, and took the whole client down with them.)"""
     if body:
-        data = cbor2.loads(body)
+        try:
+            data = cbor2.loads(body)
+        except Exception as e:  # noqa: BLE001 - cbor2 reports bad input as several exception types
+            raise NoRouteError(f"the name server's route for topic {topic!r} is not valid CBOR: {e}",
+                               topic=topic) from e
         if not isinstance(data, Mapping):
-            raise ValueError(f"route body is a {type(data).__name__}, not a map")
+            raise NoRouteError(f"the name server's route for topic {topic!r} is a {type(data).__name__}, not a map",
+                               topic=topic)
         return data
     return ext

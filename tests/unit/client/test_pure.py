@@ -215,6 +215,29 @@ async def test_a_route_query_given_up_by_its_starter_is_asked_again_by_those_who
     assert calls == ["T"]
 
 
+async def test_a_malformed_route_from_one_name_server_is_that_ones_failure_and_the_next_is_asked():
+    # A body that was not CBOR raised a bare ValueError from the route query, which the background refreshes
+    # (expecting RaftMQError) let through, taking the client down; a malformed map ended the query at the first
+    # name server, however well the others knew the topic.
+    from client.route import decode_route_response
+
+    for body in (b"\xff\x00", b"\x83\x01"):  # not CBOR; CBOR but an array
+        with pytest.raises(NoRouteError, match="name server's route for topic 'T'") as info:
+            decode_route_response({}, body, "T")
+        assert info.value.retriable
+    answers = {"ns:1": {"queue_datas": 5, "broker_datas": []}, "ns:2": ROUTE}
+
+    async def query(addr, topic):
+        return answers[addr]
+
+    cache = RouteCache(["ns:1", "ns:2"], query)
+    cache._ns_index = 0
+    assert await cache.refresh("T") == parse_route("T", ROUTE)
+    answers["ns:2"] = {"queue_datas": [{"broker_name": None}]}  # both malformed: the error says so
+    with pytest.raises(NoRouteError, match="malformed"):
+        await cache.refresh("T")
+
+
 def test_new_send_result_is_a_plain_send_result():
     from client.message import SendResult, SendStatus, _NewSendResult
     from tests.unit.client.test_record_decode import assert_built_as_the_dataclass
