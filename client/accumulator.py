@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from client.errors import ClientClosedError
+from client.errors import ClientClosedError, SendFailedError
 from client.message import Message, MessageQueue, SendResult, batch_entry_overhead
 from remoting.message import BATCH_HEAD, MessageFormatError, check_topic
 
@@ -143,7 +143,15 @@ class ProduceAccumulator:
                 self._forget_if_idle(group)
             return trio.lowlevel.Abort.SUCCEEDED
 
-        await trio.lowlevel.wait_task_rescheduled(abort)
+        # The caller's own deadline: its batch runs to the latest deadline of the messages in it (the earliest
+        # made a 3 s send fail with a 50 ms one it happened to share a batch with, where it would have retried).
+        with trio.move_on_after(max(item.deadline - time.monotonic(), 0)) as waited:
+            await trio.lowlevel.wait_task_rescheduled(abort)
+        if waited.cancelled_caught:
+            what = "in its batch's request" if item.sent else "for its batch to leave"
+            raise SendFailedError(f"sending to topic {message.topic!r} timed out after {timeout:.3f}s, waiting {what}",
+                                  attempts=1 if item.sent else 0, last_error=trio.TooSlowError(
+                                      f"send timed out after {timeout:.3f}s"), topic=message.topic)
         if item.error is not None:
             raise item.error
         assert item.result is not None
@@ -186,7 +194,7 @@ class ProduceAccumulator:
 
     async def _send_batch(self, group: _Group, batch: list[_Item]) -> None:
         try:
-            timeout = max(min(item.deadline for item in batch) - time.monotonic(), 0.001)
+            timeout = max(max(item.deadline for item in batch) - time.monotonic(), 0.001)
             try:
                 result = await self._producer._send_encoded_batch(
                     group.topic, [(i.body, i.props, i.flag) for i in batch], tuple(i.uniq for i in batch),

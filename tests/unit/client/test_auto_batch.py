@@ -11,7 +11,7 @@ import trio.testing
 
 import client.producer
 from client import Message, MessageQueue, SendStatus, open_producer
-from client.errors import ClientClosedError, MessageIllegalError
+from client.errors import ClientClosedError, MessageIllegalError, SendFailedError
 from remoting.codec import make_response
 from remoting.codes import RequestCode, ResponseCode
 from remoting.errors import InvalidRequestError
@@ -146,6 +146,51 @@ async def test_a_caller_cancelled_while_waiting_takes_its_message_out(cluster):
             release.set()
     bodies = [decode_record(r).body for r in cluster.groups[0].logs[("T", 1)]]
     assert bodies == [b"first", b"third"]
+
+
+async def test_each_caller_keeps_its_own_deadline_and_a_batch_runs_to_the_latest_of_them(cluster):
+    # A batch's request ran to the earliest deadline among its messages: a send with the default 3 s failed with
+    # the 0.3 s one it happened to share a batch with, where alone it would have waited, or retried elsewhere.
+    releases = [trio.Event(), trio.Event()]
+    in_flight = trio.Event()
+    timeouts: list[float] = []
+    original = cluster.invoke
+
+    async def held(addr, request, timeout_s=3.0):
+        if request.code == RequestCode.SEND_BATCH_MESSAGE:
+            timeouts.append(timeout_s)
+            in_flight.set()
+            await releases[len(timeouts) - 1].wait()
+        return await original(addr, request, timeout_s)
+
+    cluster.invoke = held
+    queue = MessageQueue("T", "broker-a", 1)
+    outcomes: dict[str, object] = {}
+
+    async def send(name: str, timeout_s: float | None) -> None:
+        try:
+            outcomes[name] = await p.send(Message("T", name.encode()), queue=queue, timeout_s=timeout_s)
+        except SendFailedError as e:
+            outcomes[name] = e
+
+    async with open_producer(NAMESRV, auto_batch=True, auto_batch_max_in_flight=1,
+                             auto_batch_max_delay_ms=10_000) as p:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send, "first", None)  # holds the one slot
+            with trio.fail_after(5):
+                await in_flight.wait()
+            nursery.start_soon(send, "short", 0.3)
+            nursery.start_soon(send, "long", None)
+            await trio.sleep(0.05)
+            releases[0].set()  # "short" and "long" leave together, and are held
+            await trio.sleep(0.6)
+            releases[1].set()
+    assert len(timeouts) == 2 and timeouts[1] > 2.5, timeouts
+    short = outcomes["short"]
+    assert isinstance(short, SendFailedError) and "timed out after 0.300s" in str(short), short
+    assert outcomes["long"].send_status is SendStatus.SEND_OK and outcomes["first"].send_status is SendStatus.SEND_OK
+    # "short" was in the request when its caller gave up: stored all the same, as a single send timing out may be.
+    assert [decode_record(r).body for r in cluster.groups[0].logs[("T", 1)]] == [b"first", b"short", b"long"]
 
 
 async def test_a_batch_body_stays_within_max_message_size_headers_included(cluster):
