@@ -146,6 +146,13 @@ class RegistrationService:
         except RaftMQError as e:
             self._failed(addr, str(e))
             return
+        except BaseException:
+            # Cancelled: a round run inline by a request (a topic change) whose client went away. Counted neither
+            # way, the name server kept the old topic table until the next periodic round (30 s); marked, the
+            # reconnect task registers again within a second.
+            self._registered.discard(addr)
+            self._failing.setdefault(addr, 0)
+            raise
         if response.code != ResponseCode.SUCCESS:
             self._failed(addr, f"refused with code {response.code}: {response.remark}")
             return
