@@ -388,6 +388,10 @@ class TransactionalMessageService:
                 # Nothing settled, or settled without the progress replicated: the next round (here or on the next
                 # leader) starts again from the replicated progress, and the op records tell what is settled.
                 log.info("transaction check round failed error=%s", getattr(e, "remark", e))
+            except Exception:
+                # A round's defect must not stop the broker: this task runs in the node's nursery, and every
+                # leader would meet the same half after it (as one that could not be re-stored once did).
+                log.exception("transaction check round failed")
 
     async def check_round(self, now_ms: int | None = None) -> int:
         """One scan: re-store (and check) or discard the unsettled halves older than ``transaction_timeout_ms``, at
@@ -420,9 +424,19 @@ class TransactionalMessageService:
             else:
                 topic, queue_id, outcome = TRANS_HALF_TOPIC, 0, RECHECK
                 props[PROPERTY_TRANSACTION_CHECK_TIMES] = str(times + 1)
+            again = stored_again(view, topic, queue_id, props)
+            if outcome == RECHECK and (problem := self._unstorable(again)) is not None:
+                # The count it would carry makes it too big to store (properties just under RocketMQ's 32,767
+                # bytes): re-stored anyway, the batch failed, the broker stopped, and every next leader with it.
+                log.error("half message cannot be re-stored for another check, discarded (%s) topic=%s "
+                          "transaction_id=%s producer_group=%s", problem, props.get(PROPERTY_REAL_TOPIC),
+                          props.get(PROPERTY_UNIQ_KEY), props.get(PROPERTY_PRODUCER_GROUP))
+                topic, queue_id, outcome = TRANS_CHECK_MAX_TIME_TOPIC, 0, DISCARD
+                again = stored_again(view, topic, queue_id, dict(view.properties))
+            if outcome == RECHECK:
                 checked.append((len(messages), props.get(PROPERTY_PRODUCER_GROUP, ""),
                                 props.get(PROPERTY_UNIQ_KEY, "")))
-            messages.append(stored_again(view, topic, queue_id, props))
+            messages.append(again)
             messages.append(self._op_record(offset, outcome))
             halves.append((offset, outcome))
             self._busy.add(offset)  # an END for it now waits (SYSTEM_BUSY) until this batch settled it
@@ -444,6 +458,14 @@ class TransactionalMessageService:
         if progress != self._half_progress:
             await self._advance(progress)
         return len(halves)
+
+    def _unstorable(self, message: MessageInput) -> str | None:
+        node = self.node
+        try:
+            encode_batch([message], node.store_host, max_message_size=node.max_message_size)
+        except MessageFormatError as e:
+            return str(e)
+        return None
 
     async def _advance(self, progress: int) -> None:
         """Move the check progress to ``progress`` (every half below it settled) and replicate it with the op

@@ -3,6 +3,8 @@ what END_TRANSACTION does (once), what it refuses, and the check-back with a raw
 
 from __future__ import annotations
 
+import time
+
 import cbor2
 import pytest
 import trio
@@ -296,3 +298,35 @@ async def test_a_half_not_ended_is_checked_each_interval_and_discarded_after_the
         info = cbor2.loads((await call(client, addr, RequestCode.GET_BROKER_RUNTIME_INFO)).body)
         assert info["transactions_discarded"] == 1 and info["transaction_checks"] >= 3
         assert info["transaction_half_offset"] >= 3
+
+
+async def test_a_half_too_big_to_carry_one_more_check_count_is_discarded_not_fatal(nursery, tmp_path):
+    # Its properties just under RocketMQ's 32,767 bytes, the check count a re-stored copy adds made it unstorable:
+    # the check round raised MessageFormatError out of the node's nursery and stopped the broker, and every leader
+    # after it at the same half, the replicated progress never passing it.
+    import functools
+
+    from broker.node import serve_broker
+    from remoting.message import MAX_PROPERTIES_SIZE, encode_properties
+
+    (config,) = broker_configs(tmp_path, None)
+    nodes = []
+    host, port = await nursery.start(functools.partial(serve_broker, config, on_serving=nodes.append))
+    addr, node = f"{host}:{port}", nodes[0]
+    async with open_remoting_client() as client:
+        await wait_leader(client, addr)
+        small = await send_half(client, addr, "small", pad="x" * 100)
+        stored = decode_record((await call(client, addr, RequestCode.VIEW_MESSAGE_BY_ID,
+                                           {"msg_id": small.ext["msg_id"]})).body)
+        # The same properties with a pad that leaves 10 bytes ("TRANSACTION_CHECK_TIMES\x011\x02" takes 26).
+        pad = 100 + MAX_PROPERTIES_SIZE - 10 - len(encode_properties(stored.properties))
+        big = await send_half(client, addr, "big", pad="x" * pad)  # 4 bytes shorter in its id and key: 14 left
+        checked = await node.transactions.check_round(now_ms=int(time.time() * 1000) + 3_600_000)
+        assert checked == 2 and (node.transactions.checks, node.transactions.discarded) == (1, 1)
+        (discarded,), _ = await pull(client, addr, "TRANS_CHECK_MAX_TIME_TOPIC", 0)
+        assert discarded.properties["pad"] == "x" * pad and "TRANSACTION_CHECK_TIMES" not in discarded.properties
+        assert big.ext["queue_offset"] == 1
+        r = await call(client, addr, RequestCode.END_TRANSACTION, end_ext(big, TRANSACTION_COMMIT_TYPE))
+        # Settled (and passed by the check progress): nothing is committed.
+        assert r.code == ResponseCode.TRANSACTION_STATE_UNKNOW and "settled" in r.remark, (r.code, r.remark)
+        assert (await pull(client, addr, "TxT", 1))[0] == []
