@@ -32,6 +32,7 @@ import cbor2
 import trio
 
 from client.errors import NoRouteError
+from remoting.config import ConfigError, parse_host_port
 from client.message import MessageQueue
 
 __all__ = [
@@ -113,6 +114,17 @@ def _field(d: Mapping[str, Any], *names: str, default: Any = None) -> Any:
     return default
 
 
+def _peer_addr(value: Any) -> str:
+    """An address a peer gave (a route's broker, a leader hint), checked where it comes in: a bad one reached the
+    connection pool, whose ValueError (meant for a caller's own bad argument) ended the client's background tasks
+    (heartbeats, route refreshes), which expect RaftMQError."""
+    try:
+        parse_host_port(value, key="broker address", dial=True)
+    except ConfigError as e:
+        raise ValueError(str(e)) from None
+    return value
+
+
 def parse_route(topic: str, data: Mapping[str, Any]) -> TopicRouteData:
     """Build a ``TopicRouteData`` from the name server's map; raises ``NoRouteError`` if it is malformed."""
     try:
@@ -126,10 +138,10 @@ def parse_route(topic: str, data: Mapping[str, Any]) -> TopicRouteData:
         broker_datas = tuple(
             BrokerData(cluster=str(_field(b, "cluster", default="")),
                        broker_name=str(_field(b, "broker_name", "brokerName")),
-                       broker_addrs={int(k): str(v)
+                       broker_addrs={int(k): _peer_addr(v)
                                      for k, v in _field(b, "broker_addrs", "brokerAddrs", default={}).items()})
             for b in _field(data, "broker_datas", "brokerDatas", default=()))
-    except (TypeError, ValueError, AttributeError) as e:
+    except (TypeError, ValueError, AttributeError, OverflowError) as e:
         raise NoRouteError(f"the name server's route for topic {topic!r} is malformed: {e}", topic=topic) from e
     return TopicRouteData(topic, queue_datas, broker_datas)
 
@@ -370,6 +382,12 @@ class RouteCache:
     def set_leader_hint(self, broker_name: str, addr: str | None) -> None:
         self._masters.pop(broker_name, None)
         if addr:
+            try:
+                addr = _peer_addr(addr)
+            except ValueError as e:  # a broker's NOT_LEADER or status named one: worth nothing, the route decides
+                log.warning("leader hint ignored broker_name=%s error=%s", broker_name, e)
+                self._leader_hints.pop(broker_name, None)
+                return
             self._leader_hints[broker_name] = addr
         else:
             self._leader_hints.pop(broker_name, None)

@@ -190,7 +190,8 @@ async def test_each_caller_keeps_its_own_deadline_and_a_batch_runs_to_the_latest
     assert isinstance(short, SendFailedError) and "timed out after 0.300s" in str(short), short
     assert outcomes["long"].send_status is SendStatus.SEND_OK and outcomes["first"].send_status is SendStatus.SEND_OK
     # "short" was in the request when its caller gave up: stored all the same, as a single send timing out may be.
-    assert [decode_record(r).body for r in cluster.groups[0].logs[("T", 1)]] == [b"first", b"short", b"long"]
+    stored = [decode_record(r).body for r in cluster.groups[0].logs[("T", 1)]]
+    assert stored[0] == b"first" and sorted(stored[1:]) == [b"long", b"short"]  # the two in either order
 
 
 async def test_a_batch_body_stays_within_max_message_size_headers_included(cluster):

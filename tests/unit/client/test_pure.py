@@ -238,6 +238,26 @@ async def test_a_malformed_route_from_one_name_server_is_that_ones_failure_and_t
         await cache.refresh("T")
 
 
+async def test_a_peers_bad_broker_address_is_refused_where_it_comes_in():
+    # A route naming "x" as a broker, or a NOT_LEADER hint of "nonsense", reached the connection pool, whose
+    # ValueError (meant for a caller's bad argument) ended the client's heartbeat task and with it the client.
+    import copy
+
+    bad = copy.deepcopy(ROUTE)
+    bad["broker_datas"][0]["broker_addrs"]["0"] = "x"
+    with pytest.raises(NoRouteError, match="malformed.*broker address must look like HOST:PORT"):
+        parse_route("T", bad)
+    bad["broker_datas"][0]["broker_addrs"]["0"] = ["127.0.0.1:1"]
+    with pytest.raises(NoRouteError, match="malformed"):
+        parse_route("T", bad)
+    cache = RouteCache(["ns:1"], lambda addr, topic: _answer(ROUTE))
+    await cache.refresh("T")
+    cache.set_leader_hint("broker-a", "127.0.0.1:3")
+    for hint in ("nonsense", "127.0.0.1:0", "127.0.0.1:99999"):
+        cache.set_leader_hint("broker-a", hint)  # ignored, and the older hint with it: the route decides
+        assert cache.master_addr("broker-a") == "127.0.0.1:1"
+
+
 def test_new_send_result_is_a_plain_send_result():
     from client.message import SendResult, SendStatus, _NewSendResult
     from tests.unit.client.test_record_decode import assert_built_as_the_dataclass
