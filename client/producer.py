@@ -46,7 +46,7 @@ from client.transaction import (TransactionListener, TransactionSendResult, Tran
 from remoting.codec import Frame
 from remoting.codes import RequestCode, ResponseCode
 from remoting.config import ConfigError, bounded
-from remoting.errors import ConnectError, ConnectionClosedError, NotLeaderError, RaftMQError
+from remoting.errors import ConnectError, ConnectionClosedError, NotLeaderError, RaftMQError, for_code
 from remoting.message import (BATCH_HEAD, MAX_PROPERTIES_SIZE, PROPERTY_PRODUCER_GROUP, PROPERTY_TRANSACTION_PREPARED,
                               TRANSACTION_PREPARED_TYPE, MessageFormatError, check_topic, encode_uniform_batch,
                               group_problem, ip_bytes)
@@ -478,13 +478,19 @@ class Producer:
     def _result(frame, status: SendStatus, mq: MessageQueue, uniqs: tuple[str, ...], half: bool = False) -> SendResult:
         ext = frame.ext
         offset_msg_id = ext.get("msg_id") or ""
-        if isinstance(offset_msg_id, list):
+        if type(offset_msg_id) is list and all(type(i) is str for i in offset_msg_id):
             offset_msg_id = ",".join(offset_msg_id)
         queue_id = ext.get("queue_id", mq.queue_id)
+        queue_offset = ext.get("queue_offset", -1)
+        if type(offset_msg_id) is not str or type(queue_id) is not int or type(queue_offset) is not int:
+            # Not a broker's answer: an AttributeError from it ended the auto-batching producer's task group.
+            raise for_code(ResponseCode.SYSTEM_ERROR, f"malformed answer to a send from broker group "
+                                                      f"{mq.broker_name!r}: msg_id {offset_msg_id!r}, queue_id "
+                                                      f"{queue_id!r}, queue_offset {queue_offset!r}")
         if queue_id != mq.queue_id and not half:  # a half is stored in the half queue, bound for ``mq``
             mq = MessageQueue(mq.topic, mq.broker_name, queue_id)
         return _NewSendResult(status, ",".join(uniqs) if len(uniqs) > 1 else uniqs[0], offset_msg_id, mq,
-                              int(ext.get("queue_offset", -1)), uniqs)
+                              queue_offset, uniqs)
 
 
 @contextlib.asynccontextmanager

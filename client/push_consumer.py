@@ -495,9 +495,17 @@ class PushConsumer:
                     continue
                 ids = frame.ext.get("consumer_id_list")
                 if ids is None and frame.body:
-                    decoded = cbor2.loads(frame.body)
+                    try:
+                        decoded = cbor2.loads(frame.body)
+                    except Exception:  # noqa: BLE001 - cbor2 reports bad input as several exception types
+                        decoded = frame.body  # not a list: refused below
                     ids = decoded.get("consumer_id_list") if isinstance(decoded, Mapping) else decoded
-                return [str(i) for i in ids or ()]
+                if ids is not None and not (type(ids) is list and all(type(i) is str for i in ids)):
+                    # A ValueError or TypeError from it ended the rebalance task, and the consumer with it: the
+                    # next node is asked instead.
+                    log.warning("malformed GET_CONSUMER_LIST_BY_GROUP answer addr=%s ids=%r", addr, ids)
+                    continue
+                return list(ids or ())
         return []
 
     async def rebalance(self) -> None:

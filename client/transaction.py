@@ -96,4 +96,8 @@ def read_check_request(ext: Mapping[str, Any], body: bytes) -> tuple[str, str, i
     message = MessageExt(real_topic, view.body, int(real_queue), queue_offset, broker_name, view.properties,
                          view.phy_offset, view.born_timestamp, view.store_timestamp, view.store_host,
                          view.reconsume_times, view.sys_flag, view.flag)
+    try:  # the answer names the half by these: one that cannot be made (a negative offset, a bad port) ended the
+        parse_msg_id(message.offset_msg_id)  # producer's task group when the answer was built
+    except (MessageFormatError, ValueError) as e:
+        raise ValueError(f"the half message record cannot be named: {e}") from None
     return group, broker_name, queue_offset, message

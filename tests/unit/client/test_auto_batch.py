@@ -14,7 +14,7 @@ from client import Message, MessageQueue, SendStatus, open_producer
 from client.errors import ClientClosedError, MessageIllegalError, SendFailedError
 from remoting.codec import make_response
 from remoting.codes import RequestCode, ResponseCode
-from remoting.errors import InvalidRequestError
+from remoting.errors import BrokerSystemError, InvalidRequestError
 from remoting.message import decode_batch, decode_record
 from tests.unit.client.fake_cluster import NAMESRV, FakeGroup, FakeRemoting, fake_remoting_ctx
 
@@ -192,6 +192,25 @@ async def test_each_caller_keeps_its_own_deadline_and_a_batch_runs_to_the_latest
     # "short" was in the request when its caller gave up: stored all the same, as a single send timing out may be.
     stored = [decode_record(r).body for r in cluster.groups[0].logs[("T", 1)]]
     assert stored[0] == b"first" and sorted(stored[1:]) == [b"long", b"short"]  # the two in either order
+
+
+async def test_a_malformed_answer_to_a_batch_fails_its_callers_and_not_the_producer(cluster):
+    # A msg_id that was not text raised AttributeError in the batch's task, outside what it caught: the producer's
+    # task group ended, every send with it.
+    original = cluster.invoke
+
+    async def odd(addr, request, timeout_s=3.0):
+        response = await original(addr, request, timeout_s)
+        if request.code == RequestCode.SEND_BATCH_MESSAGE and request.body.count(b"odd"):
+            return make_response(request, ResponseCode.SUCCESS, ext={**response.ext, "msg_id": 7})
+        return response
+
+    cluster.invoke = odd
+    queue = MessageQueue("T", "broker-a", 1)
+    async with open_producer(NAMESRV, auto_batch=True) as p:
+        with pytest.raises(BrokerSystemError, match="malformed answer to a send.*msg_id 7"):
+            await p.send(Message("T", b"odd"), queue=queue)
+        assert (await p.send(Message("T", b"fine"), queue=queue)).send_status is SendStatus.SEND_OK
 
 
 async def test_a_batch_body_stays_within_max_message_size_headers_included(cluster):

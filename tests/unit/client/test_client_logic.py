@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import logging
 
+import cbor2
 import pytest
 import trio
 import trio.testing
@@ -800,3 +801,26 @@ async def test_a_message_the_block_raised_on_is_delivered_again(cluster):
     async with open_push_consumer(NAMESRV, **opts) as c:
         with trio.fail_after(5):
             assert [m.body async for m in _take(c, 1)] == [b"2"]
+
+
+async def test_a_malformed_consumer_list_is_that_nodes_failure_and_the_next_is_asked(cluster):
+    # A body that was not CBOR, or a list that was not of ids, raised out of the rebalance task (which catches
+    # RaftMQError) and ended the consumer.
+    original = cluster.invoke
+    odd_answers = {"a:1": b"\xff\x00", "a:2": cbor2.dumps({"consumer_id_list": 5})}
+
+    async def odd(addr, request, timeout_s=3.0):
+        if request.code == RequestCode.GET_CONSUMER_LIST_BY_GROUP and addr in odd_answers:
+            await trio.lowlevel.checkpoint()
+            return make_response(request, ResponseCode.SUCCESS, body=odd_answers[addr])
+        return await original(addr, request, timeout_s)
+
+    cluster.invoke = odd
+    async with open_push_consumer(NAMESRV, topic="T", consumer_group="g", rebalance_interval_ms=50) as consumer:
+        await consumer._instance.send_heartbeat_to_all()  # a member of its group on every node now
+        ids = await consumer.find_consumer_ids("T")
+        assert ids == [consumer.client_id], ids  # a:3's answer, after a:1's and a:2's were refused
+        odd_answers["a:3"] = b"\xff"
+        await trio.sleep(0.2)  # rebalances meanwhile (every 50 ms) meet the same answers: the consumer stays open
+        assert await consumer.find_consumer_ids("T") == [consumer.client_id]  # broker-b's
+        assert {a for a, code in cluster.calls if code == RequestCode.GET_CONSUMER_LIST_BY_GROUP} >= {"a:3", "b:1"}

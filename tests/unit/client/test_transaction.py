@@ -11,13 +11,13 @@ from client.transaction import end_transaction_ext, read_check_request
 from remoting.message import MessageInput, create_msg_id, encode_batch, encode_record, record_size
 
 
-def _half_record(properties: dict[str, str]) -> bytes:
+def _half_record(properties: dict[str, str], phy_offset: int = 4096) -> bytes:
     message = MessageInput("RMQ_SYS_TRANS_HALF_TOPIC", 0, b"order-7", properties, sys_flag=0x4,
                            born_timestamp=42, born_host=("127.0.0.1", 5))
     encode_batch([message], ("127.0.0.1", 1))  # the same checks the broker ran
     props = "".join(f"{k}\x01{v}\x02" for k, v in properties.items()).encode()
     buf = bytearray(record_size(len(message.body), len(message.topic), len(props)))
-    encode_record(buf, 0, message, queue_offset=3, phy_offset=4096, store_timestamp=43,
+    encode_record(buf, 0, message, queue_offset=3, phy_offset=phy_offset, store_timestamp=43,
                   store_host=("127.0.0.1", 10911))
     return bytes(buf)
 
@@ -51,6 +51,10 @@ def test_a_check_request_reads_as_the_message_its_consumers_would_get():
             read_check_request(bad_ext, _half_record(bad_props))
     with pytest.raises(ValueError, match="not a half message record"):
         read_check_request(ext, b"\x00" * 10)
+    # A record no id can name: the check is dropped here, where the answer built for it raised MessageFormatError
+    # in the producer's task group and stopped the producer.
+    with pytest.raises(ValueError, match="cannot be named.*offset -1"):
+        read_check_request(ext, _half_record(props, phy_offset=-1))
 
 
 def test_a_transaction_send_result_is_a_send_result_with_the_local_state():
