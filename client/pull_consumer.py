@@ -28,7 +28,7 @@ from client.message import (I32_MAX, I64_MAX, MessageExt, MessageQueue, PullResu
 from remoting.codes import RequestCode, ResponseCode
 from remoting.config import bounded
 from remoting.errors import RaftMQError, for_code
-from remoting.message import decode_records, group_problem
+from remoting.message import MessageFormatError, decode_records, group_problem
 
 __all__ = ["PullAPI", "PullConsumerConfig", "PullConsumer", "open_pull_consumer", "to_message_ext"]
 
@@ -114,18 +114,23 @@ class PullAPI:
         fx = frame.ext
         messages: tuple[MessageExt, ...] = ()
         if status is PullStatus.FOUND and frame.body:
+            try:
+                records = decode_records(frame.body, check_crc=self.check_crc)
+            except (MessageFormatError, ValueError) as e:
+                raise _malformed(mq, "PULL_MESSAGE", f"its records cannot be read: {e}") from None
             # Tags codes can collide, so the broker's filter is a superset: check the tag strings here.
-            messages = _to_messages(decode_records(frame.body, check_crc=self.check_crc), mq.broker_name)
+            messages = _to_messages(records, mq.broker_name)
             if not sub.matches_all:
                 messages = tuple(m for m in messages if sub.matches(m.tags))
             if not messages:
                 status = PullStatus.NO_MATCHED_MSG
-        return PullResult(status, int(fx.get("next_begin_offset", offset)), int(fx.get("min_offset", 0)),
-                          int(fx.get("max_offset", 0)), messages)
+        return PullResult(status, _answered_offset(mq, "PULL_MESSAGE", fx, "next_begin_offset", offset),
+                          _answered_offset(mq, "PULL_MESSAGE", fx, "min_offset", 0),
+                          _answered_offset(mq, "PULL_MESSAGE", fx, "max_offset", 0), messages)
 
     async def _offset_query(self, mq: MessageQueue, code: int, **extra: Any) -> int:
         frame = await self._read_invoke(mq, code, {"topic": mq.topic, "queue_id": mq.queue_id, **extra})
-        return int(frame.ext["offset"])
+        return _answered_offset(mq, RequestCode(code).name, frame.ext, "offset", None)
 
     async def min_offset(self, mq: MessageQueue) -> int:
         return await self._offset_query(mq, RequestCode.GET_MIN_OFFSET)
@@ -203,6 +208,21 @@ class PullAPI:
     async def fetch_subscribe_queues(self, topic: str) -> list[MessageQueue]:
         route = await self.instance.routes.refresh(topic)
         return route.read_queues()
+
+
+def _malformed(mq: MessageQueue, request: str, problem: str) -> RaftMQError:
+    return for_code(ResponseCode.SYSTEM_ERROR, f"malformed {request} answer from broker group {mq.broker_name!r} "
+                                               f"for {mq.topic}:{mq.queue_id}: {problem}")
+
+
+def _answered_offset(mq: MessageQueue, request: str, ext: Any, key: str, default: int | None) -> int:
+    """An offset a broker answered, 0..I64_MAX: anything else (a negative, a text, none where one is due) raised
+    ValueError, KeyError or TypeError in the push consumer's pull and rebalance tasks, which expect RaftMQError,
+    and ended the consumer; or came back in the next pull, which refused it the same way."""
+    value = ext.get(key, default)
+    if type(value) is not int or not 0 <= value <= I64_MAX:
+        raise _malformed(mq, request, f"{key} {value!r} is not an offset")
+    return value
 
 
 @dataclasses.dataclass(frozen=True)

@@ -824,3 +824,34 @@ async def test_a_malformed_consumer_list_is_that_nodes_failure_and_the_next_is_a
         await trio.sleep(0.2)  # rebalances meanwhile (every 50 ms) meet the same answers: the consumer stays open
         assert await consumer.find_consumer_ids("T") == [consumer.client_id]  # broker-b's
         assert {a for a, code in cluster.calls if code == RequestCode.GET_CONSUMER_LIST_BY_GROUP} >= {"a:3", "b:1"}
+
+
+async def test_malformed_offsets_and_records_from_a_broker_are_its_errors_not_the_consumers(cluster):
+    # An offset of -1 or "7", or records that cannot be read, raised ValueError/KeyError/TypeError in the push
+    # consumer's pull and rebalance tasks, which expect RaftMQError, and ended the consumer.
+    from remoting.errors import BrokerSystemError
+
+    original = cluster.invoke
+    odd: dict[int, dict] = {}
+
+    async def answer(addr, request, timeout_s=3.0):
+        if request.code in odd:
+            await trio.lowlevel.checkpoint()
+            return make_response(request, ResponseCode.SUCCESS, **odd[request.code])
+        return await original(addr, request, timeout_s)
+
+    cluster.invoke = answer
+    mq = MessageQueue("T", "broker-a", 0)
+    async with open_pull_consumer(NAMESRV, consumer_group="g") as consumer:
+        for ext in ({"offset": -1}, {"offset": "7"}, {}, {"offset": 2**63}):
+            odd[RequestCode.GET_MAX_OFFSET] = {"ext": ext}
+            with pytest.raises(BrokerSystemError, match="malformed GET_MAX_OFFSET answer.*is not an offset"):
+                await consumer.max_offset(mq)
+        odd[RequestCode.PULL_MESSAGE] = {"ext": {"next_begin_offset": -1}}
+        with pytest.raises(BrokerSystemError, match="next_begin_offset -1 is not an offset"):
+            await consumer.pull(mq, 0, 8)
+        odd[RequestCode.PULL_MESSAGE] = {"ext": {"next_begin_offset": 1, "max_offset": 1}, "body": b"\x00" * 30}
+        with pytest.raises(BrokerSystemError, match="records cannot be read"):
+            await consumer.pull(mq, 0, 8)
+        odd.clear()
+        assert await consumer.max_offset(mq) == 0
