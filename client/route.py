@@ -32,8 +32,8 @@ import cbor2
 import trio
 
 from client.errors import NoRouteError
-from remoting.config import ConfigError, parse_host_port
 from client.message import MessageQueue
+from remoting.config import parse_host_port
 
 __all__ = [
     "PERM_READ", "PERM_WRITE", "PERM_INHERIT", "MASTER_ID", "QueueData", "BrokerData", "TopicRouteData",
@@ -117,11 +117,8 @@ def _field(d: Mapping[str, Any], *names: str, default: Any = None) -> Any:
 def _peer_addr(value: Any) -> str:
     """An address a peer gave (a route's broker, a leader hint), checked where it comes in: a bad one reached the
     connection pool, whose ValueError (meant for a caller's own bad argument) ended the client's background tasks
-    (heartbeats, route refreshes), which expect RaftMQError."""
-    try:
-        parse_host_port(value, key="broker address", dial=True)
-    except ConfigError as e:
-        raise ValueError(str(e)) from None
+    (heartbeats, route refreshes), which expect RaftMQError. Raises ``ConfigError``, a ``ValueError``."""
+    parse_host_port(value, key="broker address", dial=True)
     return value
 
 
@@ -456,7 +453,7 @@ class RouteCache:
         return out
 
 
-def decode_route_response(ext: Mapping[str, Any], body: bytes, topic: str = "") -> Mapping[str, Any]:
+def decode_route_response(ext: Mapping[str, Any], body: bytes, topic: str) -> Mapping[str, Any]:
     """The route map from a GET_ROUTEINFO_BY_TOPIC response: a CBOR body, else the ext itself. A body that is not
     one raises ``NoRouteError``, as a malformed map does in ``parse_route``: that name server's answer is not
     usable and the next is asked. (A bare ``ValueError`` escaped the background route refreshes, which expect
