@@ -397,6 +397,9 @@ class ClientInstance:
             except (RaftMQError, ValueError) as e:  # ValueError: a body that is not CBOR
                 log.debug("status of a replica not read addr=%s error=%s", addr, e)
                 return
+            if not isinstance(status, dict):
+                log.debug("status of a replica not read addr=%s error=a %s, not a map", addr, type(status).__name__)
+                return
             term, leader = status.get("term"), status.get("leader_addr")
             if type(term) is int and isinstance(leader, str) and leader:
                 answers.append((term, leader))

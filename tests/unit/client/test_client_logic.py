@@ -692,6 +692,32 @@ async def test_with_the_name_server_silent_too_the_leader_the_other_nodes_name_i
     assert {addr for addr, code in cluster.calls if code == RequestCode.GET_BROKER_RUNTIME_INFO} == {"a:2", "a:3"}
 
 
+async def test_a_status_that_is_no_map_is_that_nodes_silence_and_the_other_node_is_heard(cluster):
+    # a:2 answers its status as a CBOR list: status.get raised AttributeError in the leader watch, which ended the
+    # producer. It is now as if a:2 had not answered; a:3 names a:2 and the send moves there.
+    a = cluster.groups[0]
+    original = cluster.invoke
+
+    async def answer(addr, request, timeout_s=3.0):
+        if addr == "a:2" and request.code == RequestCode.GET_BROKER_RUNTIME_INFO:
+            await trio.lowlevel.checkpoint()
+            cluster.calls.append((addr, request.code))
+            return make_response(request, ResponseCode.SUCCESS, body=cbor2.dumps(["term", 2]))
+        return await original(addr, request, timeout_s)
+
+    cluster.invoke = answer
+    async with open_producer(NAMESRV, leader_silence_timeout_ms=100, retry_backoff_ms=0) as p:
+        await p.routes.refresh("T")
+        cluster.hung.update({"a:1", NAMESRV})
+        a.leader, a.term = "a:2", 2
+        r = await p.send(Message("T", b"x"), queue=MessageQueue("T", "broker-a", 0))
+        assert "a:1" not in cluster.conns
+        cluster.resume("a:1")
+    assert r.send_status is SendStatus.SEND_OK
+    assert [addr for addr, code in cluster.calls if code == RequestCode.SEND_MESSAGE] == ["a:1", "a:2"]
+    assert {addr for addr, code in cluster.calls if code == RequestCode.GET_BROKER_RUNTIME_INFO} == {"a:2", "a:3"}
+
+
 async def test_with_the_name_server_silent_too_a_leader_its_nodes_still_name_is_kept(cluster):
     async with open_producer(NAMESRV, leader_silence_timeout_ms=50) as p:
         await p.routes.refresh("T")
