@@ -148,8 +148,10 @@ class PullAPI:
                                           ok=(ResponseCode.SUCCESS, ResponseCode.QUERY_NOT_FOUND))
         if frame.code == ResponseCode.QUERY_NOT_FOUND:
             return None
-        offset = int(frame.ext.get("offset", frame.ext.get("commit_offset", -1)))
-        return offset if offset >= 0 else None
+        ext = {"offset": frame.ext.get("offset", frame.ext.get("commit_offset", -1))}
+        if type(ext["offset"]) is int and ext["offset"] == -1:  # none committed, as QUERY_NOT_FOUND
+            return None
+        return _answered_offset(mq, "QUERY_CONSUMER_OFFSET", ext, "offset", None)
 
     async def commit_consume_offset(self, mq: MessageQueue, offset: int) -> None:
         ext = {"consumer_group": self.consumer_group, "topic": mq.topic, "queue_id": mq.queue_id,
@@ -163,10 +165,12 @@ class PullAPI:
         try:
             entries = cbor2.loads(frame.body)["lock_ok_mq_set"]
             locked = {MessageQueue(str(e["topic"]), str(e["broker_name"]), int(e["queue_id"])) for e in entries}
-            life_ms = int(frame.ext["rebalance_lock_max_live_time_ms"])
-            if life_ms <= 0:
-                raise ValueError(f"rebalance_lock_max_live_time_ms must be > 0, got {life_ms}")
-        except (KeyError, TypeError, ValueError, cbor2.CBORDecodeError) as e:
+            life_ms = frame.ext["rebalance_lock_max_live_time_ms"]
+            # An infinite or huge life raised OverflowError in the renewal task (int(), then life_ms / 1000),
+            # which expects RaftMQError, and ended the consumer.
+            if type(life_ms) is not int or not 0 < life_ms <= I64_MAX:
+                raise ValueError(f"rebalance_lock_max_live_time_ms must be 1..{I64_MAX}, got {life_ms!r}")
+        except (KeyError, TypeError, ValueError, OverflowError) as e:  # CBORDecodeError is a ValueError
             raise for_code(ResponseCode.SYSTEM_ERROR, f"malformed LOCK_BATCH_MQ answer from broker group "
                                                       f"{mqs[0].broker_name}: {e}") from None
         return locked & set(mqs), life_ms

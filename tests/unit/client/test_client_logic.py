@@ -879,5 +879,24 @@ async def test_malformed_offsets_and_records_from_a_broker_are_its_errors_not_th
         odd[RequestCode.PULL_MESSAGE] = {"ext": {"next_begin_offset": 1, "max_offset": 1}, "body": b"\x00" * 30}
         with pytest.raises(BrokerSystemError, match="records cannot be read"):
             await consumer.pull(mq, 0, 8)
+        for ext in ({"offset": "7"}, {"offset": 2**63}, {"offset": -2}, {"offset": float("inf")}):
+            odd[RequestCode.QUERY_CONSUMER_OFFSET] = {"ext": ext}
+            with pytest.raises(BrokerSystemError, match="malformed QUERY_CONSUMER_OFFSET answer.*is not an offset"):
+                await consumer.committed_offset(mq)
+        odd[RequestCode.QUERY_CONSUMER_OFFSET] = {"ext": {"offset": -1}}
+        assert await consumer.committed_offset(mq) is None
+        lock_body = cbor2.dumps({"lock_ok_mq_set": [{"topic": "T", "broker_name": "broker-a", "queue_id": 0}]})
+        for life in (float("inf"), 2**64, 0, "60000", None):
+            # inf raised OverflowError in the orderly member's renewal task, which ended the consumer
+            odd[RequestCode.LOCK_BATCH_MQ] = {"ext": {"rebalance_lock_max_live_time_ms": life}, "body": lock_body}
+            with pytest.raises(BrokerSystemError, match="malformed LOCK_BATCH_MQ answer.*rebalance_lock_max_live"):
+                await consumer._api.lock_batch("me", [mq])
+        odd[RequestCode.LOCK_BATCH_MQ] = {"ext": {"rebalance_lock_max_live_time_ms": 60_000},
+                                          "body": cbor2.dumps({"lock_ok_mq_set": [{"queue_id": float("inf")}]})}
+        with pytest.raises(BrokerSystemError, match="malformed LOCK_BATCH_MQ answer"):
+            await consumer._api.lock_batch("me", [mq])
+        odd[RequestCode.LOCK_BATCH_MQ]["body"] = lock_body
+        assert await consumer._api.lock_batch("me", [mq]) == ({mq}, 60_000)
         odd.clear()
         assert await consumer.max_offset(mq) == 0
+        assert await consumer.committed_offset(mq) is None
