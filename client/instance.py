@@ -394,7 +394,7 @@ class ClientInstance:
             try:
                 frame = await self.invoke(addr, RequestCode.GET_BROKER_RUNTIME_INFO, timeout_s=timeout_s)
                 status = cbor2.loads(frame.body) if frame.code == ResponseCode.SUCCESS and frame.body else {}
-            except (RaftMQError, ValueError) as e:  # ValueError: a body that is not CBOR
+            except (RaftMQError, ValueError, cbor2.CBORError) as e:  # cbor2 6 raises no ValueError on garbage
                 log.debug("status of a replica not read addr=%s error=%s", addr, e)
                 return
             if not isinstance(status, dict):

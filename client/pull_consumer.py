@@ -170,7 +170,7 @@ class PullAPI:
             # which expects RaftMQError, and ended the consumer.
             if type(life_ms) is not int or not 0 < life_ms <= I64_MAX:
                 raise ValueError(f"rebalance_lock_max_live_time_ms must be 1..{I64_MAX}, got {life_ms!r}")
-        except (KeyError, TypeError, ValueError, OverflowError) as e:  # CBORDecodeError is a ValueError
+        except (KeyError, TypeError, ValueError, OverflowError, cbor2.CBORError) as e:
             raise for_code(ResponseCode.SYSTEM_ERROR, f"malformed LOCK_BATCH_MQ answer from broker group "
                                                       f"{mqs[0].broker_name}: {e}") from None
         return locked & set(mqs), life_ms

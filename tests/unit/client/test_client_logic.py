@@ -692,9 +692,11 @@ async def test_with_the_name_server_silent_too_the_leader_the_other_nodes_name_i
     assert {addr for addr, code in cluster.calls if code == RequestCode.GET_BROKER_RUNTIME_INFO} == {"a:2", "a:3"}
 
 
-async def test_a_status_that_is_no_map_is_that_nodes_silence_and_the_other_node_is_heard(cluster):
-    # a:2 answers its status as a CBOR list: status.get raised AttributeError in the leader watch, which ended the
-    # producer. It is now as if a:2 had not answered; a:3 names a:2 and the send moves there.
+@pytest.mark.parametrize("body", [cbor2.dumps(["term", 2]), b"\xff"])
+async def test_a_status_that_is_no_map_is_that_nodes_silence_and_the_other_node_is_heard(cluster, body):
+    # a:2 answers its status as a CBOR list, or not as CBOR: status.get raised AttributeError, and cbor2 6 a
+    # CBORDecodeError that is no ValueError, in the leader watch, which ended the producer. It is now as if a:2
+    # had not answered; a:3 names a:2 and the send moves there.
     a = cluster.groups[0]
     original = cluster.invoke
 
@@ -702,7 +704,7 @@ async def test_a_status_that_is_no_map_is_that_nodes_silence_and_the_other_node_
         if addr == "a:2" and request.code == RequestCode.GET_BROKER_RUNTIME_INFO:
             await trio.lowlevel.checkpoint()
             cluster.calls.append((addr, request.code))
-            return make_response(request, ResponseCode.SUCCESS, body=cbor2.dumps(["term", 2]))
+            return make_response(request, ResponseCode.SUCCESS, body=body)
         return await original(addr, request, timeout_s)
 
     cluster.invoke = answer
@@ -893,6 +895,9 @@ async def test_malformed_offsets_and_records_from_a_broker_are_its_errors_not_th
                 await consumer._api.lock_batch("me", [mq])
         odd[RequestCode.LOCK_BATCH_MQ] = {"ext": {"rebalance_lock_max_live_time_ms": 60_000},
                                           "body": cbor2.dumps({"lock_ok_mq_set": [{"queue_id": float("inf")}]})}
+        with pytest.raises(BrokerSystemError, match="malformed LOCK_BATCH_MQ answer"):
+            await consumer._api.lock_batch("me", [mq])
+        odd[RequestCode.LOCK_BATCH_MQ]["body"] = b"\xff"
         with pytest.raises(BrokerSystemError, match="malformed LOCK_BATCH_MQ answer"):
             await consumer._api.lock_batch("me", [mq])
         odd[RequestCode.LOCK_BATCH_MQ]["body"] = lock_body
