@@ -197,7 +197,14 @@ async def get_raft_status(client: Any, address: str, group: str, *, checksum_up_
                                    timeout_s=timeout_s)
     if response.code != ResponseCode.SUCCESS:
         raise _error_for(response)
-    checksums = [tuple(c) for c in cbor2.loads(response.body)] if response.body else []
+    try:
+        checksums = [tuple(c) for c in cbor2.loads(response.body)] if response.body else []
+    except (cbor2.CBORError, ValueError, TypeError) as e:  # TypeError: no list of lists
+        raise for_code(ResponseCode.SYSTEM_ERROR,
+                       f"malformed GET_RAFT_STATUS answer from {address}: checksums cannot be read: {e}") from None
+    if not all(len(c) == 3 and all(type(v) is int for v in c) for c in checksums):
+        raise for_code(ResponseCode.SYSTEM_ERROR, f"malformed GET_RAFT_STATUS answer from {address}: checksums "
+                                                  f"are not (offset, size, crc32c) rows of integers")
     return dict(response.ext), checksums  # type: ignore[return-value]
 
 
@@ -216,7 +223,13 @@ async def peer_with_history(client: Any, config: DLedgerConfig) -> tuple[str, di
         except (RaftMQError, OSError) as e:
             log.info("rejoin probe: no answer from peer %s error=%s", address, e)
             return
-        if int(status.get("end_offset", 0)) > 0:
+        end_offset = status.get("end_offset", 0)
+        if type(end_offset) is not int:
+            # int() of it raised in this probe and failed the broker's start, as no unanswered probe does
+            log.warning("rejoin probe: peer %s answered end_offset %r, not an offset; taken as no answer",
+                        address, end_offset)
+            return
+        if end_offset > 0:
             found.append((address, status))
             done.cancel()
 

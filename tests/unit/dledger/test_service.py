@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import cbor2
 import pytest
 
 from dledger import ByteLog
-from dledger.service import DLedgerService
+from dledger.service import DLedgerService, get_raft_status, peer_with_history
 from dledger.state_machine import CHECKSUM_CHUNK_BYTES
-from remoting.codec import make_request
+from remoting.codec import make_request, make_response
 from remoting.codes import RequestCode, ResponseCode
+from remoting.errors import BrokerSystemError
 
 
 @pytest.fixture
@@ -133,3 +135,37 @@ async def test_a_cancelled_checksum_request_stops_its_thread_and_frees_the_next(
     with trio.fail_after(5):  # the one-at-a-time limiter was released
         response = await service.handle(request, None)
     assert response.code == ResponseCode.SUCCESS and len(chunks) == stopped_after + whole
+
+
+class _Peers:
+    """Each address answers GET_RAFT_STATUS with its own (ext, body)."""
+
+    def __init__(self, answers):
+        self.answers = answers
+
+    async def invoke(self, address, request, timeout_s):
+        ext, body = self.answers[address]
+        return make_response(request, ResponseCode.SUCCESS, ext=ext, body=body)
+
+
+async def test_a_peer_answering_a_status_that_cannot_be_read_is_a_peer_that_did_not_answer():
+    # A non-CBOR body (ValueError), checksums that are no rows (TypeError) or an end_offset that is no offset
+    # (int("x")) escaped the rejoin probe and failed the start of a broker whose log was empty; now such a peer
+    # counts as one that did not answer, and a peer with a log is still found.
+    answers = {"127.0.0.1:1": ({"end_offset": 5}, b"\xff"),
+               "127.0.0.1:2": ({"end_offset": 5}, cbor2.dumps([1, 2])),
+               "127.0.0.1:3": ({"end_offset": "x"}, b""),
+               "127.0.0.1:4": ({"end_offset": 100}, b"")}
+    config = SimpleNamespace(group="g", rejoin_probe_timeout_ms=2000,
+                             peers=[SimpleNamespace(service_address=a) for a in answers])
+    found = await peer_with_history(_Peers(answers), config)
+    assert found == ("127.0.0.1:4", {"end_offset": 100})
+    del answers["127.0.0.1:4"]
+    config.peers.pop()
+    assert await peer_with_history(_Peers(answers), config) is None
+
+
+@pytest.mark.parametrize("body", [b"\xff", cbor2.dumps(7), cbor2.dumps([[0, 10]]), cbor2.dumps([[0, 10, "x"]])])
+async def test_checksums_that_cannot_be_read_are_the_members_system_error(body):
+    with pytest.raises(BrokerSystemError, match="malformed GET_RAFT_STATUS answer from 127.0.0.1:1"):
+        await get_raft_status(_Peers({"127.0.0.1:1": ({}, body)}), "127.0.0.1:1", "g", checksum_up_to=0)
