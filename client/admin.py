@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import cbor2
@@ -23,9 +23,10 @@ from client.instance import (
 )
 from client.message import I64_MAX, MessageExt, MessageQueue, check_int_arg, check_seconds
 from client.pull_consumer import to_message_ext
-from client.route import PERM_READ, PERM_WRITE, TopicRouteData, parse_route
+from client.route import (PERM_READ, PERM_WRITE, TopicRouteData, decode_route_response, parse_broker_addr_table,
+                          parse_route, peer_addr)
 from remoting.codes import RequestCode, ResponseCode
-from remoting.errors import RaftMQError
+from remoting.errors import RaftMQError, for_code
 from remoting.message import MessageFormatError, iter_records, parse_msg_id
 
 __all__ = ["AdminClient", "ClusterInfo", "ConsumeStats", "ConsumerConnection", "DelayLevelProgress", "OffsetReset",
@@ -142,10 +143,59 @@ class OffsetReset:
 
 
 def _parse_cluster_info(data: Mapping[str, Any]) -> ClusterInfo:
-    brokers = {name: {int(k): str(v) for k, v in b.get("broker_addrs", {}).items()}
-               for name, b in data.get("broker_addr_table", {}).items()}
-    clusters = {c: tuple(names) for c, names in data.get("cluster_addr_table", {}).items()}
-    return ClusterInfo(brokers, clusters, data.get("nodes", {}))
+    brokers = parse_broker_addr_table(data)
+    clusters = {c: _names(names, "cluster_addr_table entry") for c, names in data.get("cluster_addr_table", {}).items()}
+    nodes = data.get("nodes", {})
+    if not isinstance(nodes, Mapping):
+        raise TypeError(f"nodes is a {type(nodes).__name__}, not a map")
+    return ClusterInfo(brokers, clusters, nodes)
+
+
+def _decoded(frame: Any) -> Any:
+    """An answer's CBOR body, else its ext (a small answer may carry its map there)."""
+    return cbor2.loads(frame.body) if frame.body else frame.ext
+
+
+@contextlib.contextmanager
+def _reading(request: str, source: str) -> Iterator[None]:
+    """Reads an answer: what it holds that cannot be read as it should (not CBOR, a field missing or of another
+    type, records that are no records) is that peer's SYSTEM_ERROR naming the request and the peer. A bare
+    KeyError or CBORDecodeError came out of the admin call instead (from the CLI, a traceback)."""
+    try:
+        yield
+    except (cbor2.CBORError, KeyError, TypeError, ValueError, AttributeError, OverflowError) as e:
+        raise for_code(ResponseCode.SYSTEM_ERROR,
+                       f"malformed {request} answer from {source}: {type(e).__name__}: {e}") from None
+
+
+def _int(value: Any, key: str) -> int:
+    if type(value) is not int:
+        raise TypeError(f"{key} {value!r} is not an integer")
+    return value
+
+
+def _opt_int(value: Any, key: str) -> int | None:
+    return None if value is None else _int(value, key)
+
+
+def _str(value: Any, key: str) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{key} {value!r} is not a text")
+    return value
+
+
+def _rate(value: Any) -> float:
+    """A consume TPS: a finite number, at least 0 (a text or NaN was added up into the total, or raised)."""
+    if type(value) not in (int, float) or not 0 <= value < float("inf"):
+        raise TypeError(f"consume_tps {value!r} is not a rate")
+    return float(value)
+
+
+def _names(value: Any, key: str) -> tuple[str, ...]:
+    """A list of texts (a text itself was taken one character per item)."""
+    if type(value) is not list or not all(isinstance(v, str) for v in value):
+        raise TypeError(f"{key} {value!r} is not a list of texts")
+    return tuple(value)
 
 
 class AdminClient:
@@ -154,16 +204,17 @@ class AdminClient:
 
     async def cluster_info(self) -> ClusterInfo:
         frame = await self._instance.invoke_namesrv(RequestCode.GET_BROKER_CLUSTER_INFO)
-        return _parse_cluster_info(cbor2.loads(frame.body) if frame.body else frame.ext)
+        with _reading("GET_BROKER_CLUSTER_INFO", "the name servers"):
+            return _parse_cluster_info(_decoded(frame))
 
     async def list_topics(self) -> list[str]:
         frame = await self._instance.invoke_namesrv(RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER)
-        data = cbor2.loads(frame.body) if frame.body else frame.ext
-        return sorted(data.get("topic_list", []))
+        with _reading("GET_ALL_TOPIC_LIST_FROM_NAMESERVER", "the name servers"):
+            return sorted(_names(_decoded(frame).get("topic_list", []), "topic_list"))
 
     async def get_route(self, topic: str) -> TopicRouteData:
         frame = await self._instance.invoke_namesrv(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": topic})
-        return parse_route(topic, cbor2.loads(frame.body) if frame.body else frame.ext)
+        return parse_route(topic, decode_route_response(frame.ext, frame.body, topic))
 
     async def _target_masters(self, cluster: str | None, broker_names: Sequence[str] | None,
                               info: ClusterInfo | None = None) -> dict[str, str]:
@@ -200,8 +251,12 @@ class AdminClient:
             for _ in range(4):
                 frame = await self._instance.invoke(addr, code, ext, timeout_s=10.0)
                 if frame.code == ResponseCode.NOT_LEADER and frame.ext.get("leader_addr"):
-                    addr = frame.ext["leader_addr"]
-                    continue
+                    try:
+                        addr = peer_addr(frame.ext["leader_addr"])
+                    except ValueError:  # no address: this NOT_LEADER is raised below, naming the node asked
+                        pass
+                    else:
+                        continue
                 answers[name] = raise_for_response(frame, ok=ok, topic=ext.get("topic") or None, broker_name=name)
                 if answered_by is not None:
                     answered_by[name] = addr
@@ -296,19 +351,23 @@ class AdminClient:
         ext = {"consumer_group": consumer_group, "topic": topic or ""}
         leaders: dict[str, str] = {}
         frames = await self._to_leaders(masters, RequestCode.GET_CONSUME_STATS, ext, answered_by=leaders)
-        answers = {name: cbor2.loads(frame.body) if frame.body else {} for name, frame in frames.items()}
-        tps = sum(float(a.get("consume_tps", 0.0)) for a in answers.values())
-        tps += await self._followers_consume_tps(info, leaders, ext)
         queues = []
-        for name in sorted(answers):
-            for row in answers[name].get("offsets", []):
-                queues.append(QueueConsumeStats(MessageQueue(row["topic"], name, int(row["queue_id"])),
-                                                int(row["broker_offset"]), row.get("consumer_offset"),
-                                                int(row["lag"]), row.get("last_timestamp")))
+        tps = 0.0
+        consumer_ids = {}
+        for name, frame in sorted(frames.items()):
+            with _reading("GET_CONSUME_STATS", f"broker group {name!r}"):
+                answer = cbor2.loads(frame.body) if frame.body else {}
+                tps += _rate(answer.get("consume_tps", 0.0))
+                consumer_ids[name] = _names(answer.get("consumer_ids", []), "consumer_ids")
+                for row in answer.get("offsets", []):
+                    queues.append(QueueConsumeStats(
+                        MessageQueue(_names([row["topic"]], "topic")[0], name, _int(row["queue_id"], "queue_id")),
+                        _int(row["broker_offset"], "broker_offset"),
+                        _opt_int(row.get("consumer_offset"), "consumer_offset"), _int(row["lag"], "lag"),
+                        _opt_int(row.get("last_timestamp"), "last_timestamp")))
+        tps += await self._followers_consume_tps(info, leaders, ext)
         queues.sort(key=lambda q: (q.queue.topic, q.queue.broker_name, q.queue.queue_id))
-        return ConsumeStats(consumer_group, tuple(queues),
-                            {name: tuple(a.get("consumer_ids", [])) for name, a in sorted(answers.items())},
-                            round(tps, 1))
+        return ConsumeStats(consumer_group, tuple(queues), consumer_ids, round(tps, 1))
 
     async def _followers_consume_tps(self, info: ClusterInfo, leaders: Mapping[str, str],
                                      ext: dict[str, Any]) -> float:
@@ -327,7 +386,11 @@ class AdminClient:
             if frame.code != ResponseCode.SUCCESS or not frame.body:
                 log.debug("consume TPS of %s (%s) left out: code %d %s", addr, name, frame.code, frame.remark)
                 return
-            rates.append(float(cbor2.loads(frame.body).get("consume_tps", 0.0)))
+            try:
+                with _reading("GET_CONSUME_STATS", addr):
+                    rates.append(_rate(cbor2.loads(frame.body).get("consume_tps", 0.0)))
+            except RaftMQError as e:  # as a node that did not answer: it raised out of the nursery before
+                log.warning("consume TPS of %s (%s) left out: %s", addr, name, e)
 
         async with trio.open_nursery() as nursery:
             for name, addr in others:
@@ -338,9 +401,13 @@ class AdminClient:
         """Every queue of ``topic`` on every group that routes it, with its offsets (any node answers: the
         leader first)."""
         frames = await self._read_from_route(topic, RequestCode.GET_TOPIC_STATS_INFO, {"topic": topic})
-        out = [TopicQueueStatus(MessageQueue(topic, name, int(row["queue_id"])), int(row["min_offset"]),
-                                int(row["max_offset"]), row.get("last_update_timestamp"))
-               for name, frame in frames.items() for row in cbor2.loads(frame.body).get("offsets", [])]
+        out = []
+        for name, frame in frames.items():
+            with _reading("GET_TOPIC_STATS_INFO", f"broker group {name!r}"):
+                out += [TopicQueueStatus(MessageQueue(topic, name, _int(row["queue_id"], "queue_id")),
+                                         _int(row["min_offset"], "min_offset"), _int(row["max_offset"], "max_offset"),
+                                         _opt_int(row.get("last_update_timestamp"), "last_update_timestamp"))
+                        for row in cbor2.loads(frame.body).get("offsets", [])]
         return sorted(out, key=lambda q: (q.queue.broker_name, q.queue.queue_id))
 
     async def consumer_connections(self, consumer_group: str, *, cluster: str | None = None) -> ConsumerConnection:
@@ -351,21 +418,25 @@ class AdminClient:
         frames = await self._to_leaders(await self._target_masters(cluster, None),
                                         RequestCode.GET_CONSUMER_CONNECTION_LIST, {"consumer_group": consumer_group},
                                         ok=(ResponseCode.SUCCESS, ResponseCode.CONSUMER_NOT_ONLINE))
-        answers = {name: cbor2.loads(frame.body) for name, frame in frames.items()
-                   if frame.code == ResponseCode.SUCCESS}
         connections: dict[str, str] = {}
         subscriptions: dict[str, str] = {}
         member_subscriptions: dict[str, dict[str, str]] = {}
         model = where = ""
-        for _name, data in sorted(answers.items()):
-            model, where = data.get("message_model", model), data.get("consume_from_where", where)
-            for sub in data.get("subscriptions", []):
-                subscriptions.setdefault(sub["topic"], sub["expression"])
-            for c in data.get("connections", []):
-                connections.setdefault(c["client_id"], c.get("client_addr", ""))
-                member = member_subscriptions.setdefault(c["client_id"], {})
-                for sub in c.get("subscriptions", []):
-                    member.setdefault(sub["topic"], sub["expression"])
+        for name, frame in sorted(frames.items()):
+            if frame.code != ResponseCode.SUCCESS:
+                continue
+            with _reading("GET_CONSUMER_CONNECTION_LIST", f"broker group {name!r}"):
+                data = cbor2.loads(frame.body)
+                model = _str(data.get("message_model", model), "message_model")
+                where = _str(data.get("consume_from_where", where), "consume_from_where")
+                for sub in data.get("subscriptions", []):
+                    subscriptions.setdefault(_str(sub["topic"], "topic"), _str(sub["expression"], "expression"))
+                for c in data.get("connections", []):
+                    client_id = _str(c["client_id"], "client_id")
+                    connections.setdefault(client_id, _str(c.get("client_addr", ""), "client_addr"))
+                    member = member_subscriptions.setdefault(client_id, {})
+                    for sub in c.get("subscriptions", []):
+                        member.setdefault(_str(sub["topic"], "topic"), _str(sub["expression"], "expression"))
         members = {cid: dict(sorted(subs.items())) for cid, subs in sorted(member_subscriptions.items())}
         return ConsumerConnection(consumer_group, model, where, dict(sorted(subscriptions.items())),
                                   dict(sorted(connections.items())), members)
@@ -383,12 +454,13 @@ class AdminClient:
                                           "timestamp": timestamp_ms})
         offsets, previous, told = {}, {}, {}
         for name, frame in sorted(answers.items()):
-            data = cbor2.loads(frame.body) if frame.body else {}
-            for row in data.get("offsets", []):
-                mq = MessageQueue(topic, name, int(row["queue_id"]))
-                offsets[mq] = int(row["offset"])
-                previous[mq] = row.get("previous")
-            told[name] = tuple(data.get("consumer_ids", []))
+            with _reading("INVOKE_BROKER_TO_RESET_OFFSET", f"broker group {name!r}"):
+                data = cbor2.loads(frame.body) if frame.body else {}
+                for row in data.get("offsets", []):
+                    mq = MessageQueue(topic, name, _int(row["queue_id"], "queue_id"))
+                    offsets[mq] = _int(row["offset"], "offset")
+                    previous[mq] = _opt_int(row.get("previous"), "previous")
+                told[name] = _names(data.get("consumer_ids", []), "consumer_ids")
         return OffsetReset(consumer_group, offsets, previous, told)
 
     async def _read_from_group(self, info: ClusterInfo, name: str, code: int, ext: dict[str, Any],
@@ -452,8 +524,11 @@ class AdminClient:
                                              {"topic": topic, "key": key, "max_num": max_num,
                                               "begin_timestamp": begin_ms, "end_timestamp": end_ms},
                                              ok=(ResponseCode.SUCCESS, ResponseCode.QUERY_NOT_FOUND))
-        found = [to_message_ext(view, name) for name, frame in frames.items()
-                 if frame.code == ResponseCode.SUCCESS for view in iter_records(frame.body)]
+        found = []
+        for name, frame in frames.items():
+            if frame.code == ResponseCode.SUCCESS:
+                with _reading("QUERY_MESSAGE", f"broker group {name!r}"):
+                    found += [to_message_ext(view, name) for view in iter_records(frame.body)]
         found.sort(key=lambda m: (-m.store_timestamp, m.broker_name, m.phy_offset))
         return found[:max_num]
 
@@ -483,7 +558,8 @@ class AdminClient:
         else:
             frame = await self._read_from_group(info, name, RequestCode.VIEW_MESSAGE_BY_ID, {"offset": phy_offset},
                                                 ok=_VIEW_ANSWERS, until_found=True)
-        views = list(iter_records(frame.body)) if frame.code == ResponseCode.SUCCESS else []
+        with _reading("VIEW_MESSAGE_BY_ID", f"broker group {name!r}"):
+            views = list(iter_records(frame.body)) if frame.code == ResponseCode.SUCCESS else []
         if not views:
             raise ClientError(f"no message {msg_id!r} on broker group {name!r}: {frame.remark or 'empty answer'}",
                               msg_id=msg_id, broker_name=name)
@@ -514,14 +590,20 @@ class AdminClient:
 
     async def broker_status(self, addr: str) -> dict[str, Any]:
         frame = raise_for_response(await self._instance.invoke(addr, RequestCode.GET_BROKER_RUNTIME_INFO))
-        return dict(cbor2.loads(frame.body)) if frame.body else dict(frame.ext)
+        with _reading("GET_BROKER_RUNTIME_INFO", addr):
+            status = _decoded(frame)
+            if not isinstance(status, Mapping):
+                raise TypeError(f"the status is a {type(status).__name__}, not a map")
+            return dict(status)
 
     async def delay_offsets(self, addr: str) -> list[DelayLevelProgress]:
         """The delayed messages of the group of node ``addr``, per level (any node answers from its replica; the
         leader's is the freshest)."""
         frame = raise_for_response(await self._instance.invoke(addr, RequestCode.GET_ALL_DELAY_OFFSET))
-        return [DelayLevelProgress(int(row["level"]), int(row["delay_ms"]), int(row["delivered_offset"]),
-                                   int(row["max_offset"])) for row in cbor2.loads(frame.body)["levels"]]
+        with _reading("GET_ALL_DELAY_OFFSET", addr):
+            return [DelayLevelProgress(*(_int(row[k], k) for k in ("level", "delay_ms", "delivered_offset",
+                                                                     "max_offset")))
+                    for row in cbor2.loads(frame.body)["levels"]]
 
 
 def _check_targets(cluster: Any, broker_names: Any) -> None:

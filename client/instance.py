@@ -31,8 +31,8 @@ from typing import Any
 import cbor2
 import trio
 
-from client.errors import ClientClosedError, UnknownBrokerError
-from client.route import FaultTracker, RouteCache, decode_route_response
+from client.errors import ClientClosedError, NoRouteError, UnknownBrokerError
+from client.route import FaultTracker, RouteCache, decode_route_response, parse_broker_addr_table
 from remoting.codec import EncodedExt, Frame, make_request, make_response
 from remoting.codes import RequestCode, ResponseCode
 from remoting.config import ConfigError, bounded, check_fields, config_from_mapping, parse_host_port
@@ -261,9 +261,13 @@ class ClientInstance:
     async def install_default_route(self, topic: str, queue_nums: int) -> None:
         """Route an unknown topic to every registered broker group, so a send can auto-create it there."""
         frame = await self.invoke_namesrv(RequestCode.GET_BROKER_CLUSTER_INFO)
-        data = cbor2.loads(frame.body) if frame.body else frame.ext
-        brokers = {name: {int(k): str(v) for k, v in b.get("broker_addrs", {}).items()}
-                   for name, b in data.get("broker_addr_table", {}).items()}
+        try:
+            brokers = parse_broker_addr_table(cbor2.loads(frame.body) if frame.body else frame.ext)
+        except (cbor2.CBORError, TypeError, ValueError, AttributeError, OverflowError) as e:
+            # Raised as itself, it ended an auto-batch's task, which expects RaftMQError, and the producer.
+            raise NoRouteError(f"topic {topic!r} is unknown and the name server's cluster info, to send it to "
+                               f"every group for auto-create, is malformed: {type(e).__name__}: {e}",
+                               topic=topic) from None
         self.routes.install_default(topic, brokers, queue_nums)
         log.info("topic not routed yet, sending to every group to auto-create it topic=%s groups=%d", topic,
                  len(brokers))

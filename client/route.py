@@ -114,11 +114,25 @@ def _field(d: Mapping[str, Any], *names: str, default: Any = None) -> Any:
     return default
 
 
-def _peer_addr(value: Any) -> str:
+def peer_addr(value: Any) -> str:
     """An address a peer gave (a route's broker, a leader hint), checked where it comes in: a bad one reached the
     connection pool, whose ValueError (meant for a caller's own bad argument) ended the client's background tasks
     (heartbeats, route refreshes), which expect RaftMQError. Raises ``ConfigError``, a ``ValueError``."""
     parse_host_port(value, key="broker address", dial=True)
+    return value
+
+
+def parse_broker_addr_table(data: Any) -> dict[str, dict[int, str]]:
+    """``{group: {broker id: address}}`` from a GET_BROKER_CLUSTER_INFO map. Raises TypeError, ValueError,
+    AttributeError or OverflowError where the map is malformed; callers say whose answer it was."""
+    table = data.get("broker_addr_table", {})
+    return {_text(name, "broker name"): {int(k): peer_addr(v) for k, v in group.get("broker_addrs", {}).items()}
+            for name, group in table.items()}
+
+
+def _text(value: Any, what: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise TypeError(f"{what} {value!r} is not a non-empty text")
     return value
 
 
@@ -135,7 +149,7 @@ def parse_route(topic: str, data: Mapping[str, Any]) -> TopicRouteData:
         broker_datas = tuple(
             BrokerData(cluster=str(_field(b, "cluster", default="")),
                        broker_name=str(_field(b, "broker_name", "brokerName")),
-                       broker_addrs={int(k): _peer_addr(v)
+                       broker_addrs={int(k): peer_addr(v)
                                      for k, v in _field(b, "broker_addrs", "brokerAddrs", default={}).items()})
             for b in _field(data, "broker_datas", "brokerDatas", default=()))
     except (TypeError, ValueError, AttributeError, OverflowError) as e:
@@ -380,7 +394,7 @@ class RouteCache:
         self._masters.pop(broker_name, None)
         if addr:
             try:
-                addr = _peer_addr(addr)
+                addr = peer_addr(addr)
             except ValueError as e:  # a broker's NOT_LEADER or status named one: worth nothing, the route decides
                 log.warning("leader hint ignored broker_name=%s error=%s", broker_name, e)
                 self._leader_hints.pop(broker_name, None)

@@ -7,10 +7,10 @@ import cbor2
 import pytest
 
 from client.admin import AdminClient
-from client.errors import ClientError
+from client.errors import ClientError, NoRouteError
 from remoting.codec import make_request, make_response
 from remoting.codes import RequestCode, ResponseCode
-from remoting.errors import ConnectError
+from remoting.errors import BrokerSystemError, ConnectError
 from remoting.message import MessageInput, create_msg_id, encode_record, record_size
 
 GROUPS = {"broker-a": {0: "127.0.0.1:10", 1: "127.0.0.1:11", 2: "127.0.0.1:12"},
@@ -26,12 +26,15 @@ def _record(body: bytes, store_ts: int, phy_offset: int, store_host=("127.0.0.1"
 
 
 class FakeInstance:
-    def __init__(self, answers):
+    def __init__(self, answers, namesrv_bodies=None):
         self.answers = answers  # addr -> frame body (bytes), a response code, or an exception to raise
+        self.namesrv_bodies = namesrv_bodies or {}  # request code -> the name servers' answer body
         self.asked: list[tuple[str, int, dict]] = []
 
     async def invoke_namesrv(self, code, ext=None, body=b"", **_):
         request = make_request(code, ext=dict(ext or {}))
+        if code in self.namesrv_bodies:
+            return make_response(request, ResponseCode.SUCCESS, body=self.namesrv_bodies[code])
         if code == RequestCode.GET_BROKER_CLUSTER_INFO:
             data = {"broker_addr_table": {n: {"broker_addrs": {str(i): a for i, a in addrs.items()}}
                                           for n, addrs in GROUPS.items()},
@@ -155,3 +158,63 @@ async def test_topic_changes_check_their_targets_and_wait_before_asking_anyone()
         with pytest.raises(error, match=text):
             await call
     assert instance.asked == []
+
+
+def _cluster_info(broker_addrs=None, clusters=None) -> bytes:
+    return cbor2.dumps({"broker_addr_table": {"broker-a": {"broker_addrs": broker_addrs or {"0": "127.0.0.1:10"}}},
+                        "cluster_addr_table": {"DefaultCluster": clusters or ["broker-a"]}})
+
+
+@pytest.mark.parametrize("call, answers, namesrv, error, text", [
+    ("cluster_info", {}, {RequestCode.GET_BROKER_CLUSTER_INFO: b"\xff"}, BrokerSystemError,
+     "malformed GET_BROKER_CLUSTER_INFO answer from the name servers: CBORDecodeError"),
+    ("cluster_info", {}, {RequestCode.GET_BROKER_CLUSTER_INFO: _cluster_info({"0": "nowhere"})}, BrokerSystemError,
+     "malformed GET_BROKER_CLUSTER_INFO answer .*nowhere"),
+    ("cluster_info", {}, {RequestCode.GET_BROKER_CLUSTER_INFO: _cluster_info(clusters="broker-a")},
+     BrokerSystemError, "cluster_addr_table entry 'broker-a' is not a list of texts"),
+    ("list_topics", {}, {RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER: cbor2.dumps({"topic_list": "TopicA"})},
+     BrokerSystemError, "malformed GET_ALL_TOPIC_LIST_FROM_NAMESERVER answer .*topic_list 'TopicA'"),
+    ("get_route", {}, {RequestCode.GET_ROUTEINFO_BY_TOPIC: b"\xff"}, NoRouteError, "is not valid CBOR"),
+    ("topic_status", {"127.0.0.1:10": cbor2.dumps({"offsets": [{"queue_id": 0, "min_offset": "0",
+                                                                "max_offset": 5}]}),
+                      "127.0.0.1:20": cbor2.dumps({})},
+     {}, BrokerSystemError, "malformed GET_TOPIC_STATS_INFO answer from broker group 'broker-a': .*min_offset '0'"),
+    ("consume_stats", {"127.0.0.1:10": cbor2.dumps({"consume_tps": "fast"}), "127.0.0.1:20": b""}, {},
+     BrokerSystemError,
+     "malformed GET_CONSUME_STATS answer from broker group 'broker-a': .*consume_tps 'fast'"),
+    ("consumer_connections", {"127.0.0.1:10": cbor2.dumps({"connections": [{"client_id": 5}]}),
+                              "127.0.0.1:20": b""}, {}, BrokerSystemError,
+     "malformed GET_CONSUMER_CONNECTION_LIST answer from broker group 'broker-a': .*client_id 5"),
+    ("reset_offset", {"127.0.0.1:10": cbor2.dumps({"offsets": [{"queue_id": 0}]}), "127.0.0.1:20": b""}, {},
+     BrokerSystemError,
+     "malformed INVOKE_BROKER_TO_RESET_OFFSET answer from broker group 'broker-a': KeyError: 'offset'"),
+    ("query_message", {"127.0.0.1:10": b"\x00" * 40}, {}, BrokerSystemError,
+     "malformed QUERY_MESSAGE answer from broker group 'broker-a'"),
+    ("broker_status", {"127.0.0.1:10": cbor2.dumps([1, 2])}, {}, BrokerSystemError,
+     "malformed GET_BROKER_RUNTIME_INFO answer from 127.0.0.1:10: TypeError: the status is a list"),
+    ("delay_offsets", {"127.0.0.1:10": cbor2.dumps({"levels": [{"level": 1}]})}, {}, BrokerSystemError,
+     "malformed GET_ALL_DELAY_OFFSET answer from 127.0.0.1:10: KeyError: 'delay_ms'"),
+])
+async def test_an_answer_that_cannot_be_read_is_that_peers_error_naming_the_request(call, answers, namesrv, error,
+                                                                                   text):
+    # Each came out of the admin call as a bare CBORDecodeError, KeyError or TypeError (a traceback from the CLI),
+    # or was handed on as it was: a topic list "TopicA" sorted into six one-letter topics.
+    admin = AdminClient(FakeInstance(answers, namesrv))
+    args = {"cluster_info": (), "list_topics": (), "get_route": ("T",), "topic_status": ("T",),
+            "consume_stats": ("g",), "consumer_connections": ("g",), "reset_offset": ("g", "T", 0),
+            "query_message": ("T", "k"), "broker_status": ("127.0.0.1:10",),
+            "delay_offsets": ("127.0.0.1:10",)}[call]
+    with pytest.raises(error, match=text):
+        await getattr(admin, call)(*args)
+
+
+async def test_a_follower_whose_consume_tps_cannot_be_read_is_left_out_of_the_total():
+    # It raised out of the nursery that asks the followers and failed the whole consume_stats.
+    leader = cbor2.dumps({"consume_tps": 5.0, "consumer_ids": ["c1"], "offsets": [
+        {"topic": "T", "queue_id": 0, "broker_offset": 9, "consumer_offset": 4, "lag": 5, "last_timestamp": None}]})
+    answers = {"127.0.0.1:10": leader, "127.0.0.1:11": cbor2.dumps({"consume_tps": float("nan")}),
+               "127.0.0.1:12": cbor2.dumps({"consume_tps": 2}), "127.0.0.1:20": cbor2.dumps({}),
+               "127.0.0.1:21": b"\xff"}
+    stats = await AdminClient(FakeInstance(answers)).consume_stats("g")
+    assert stats.consume_tps == 7.0
+    assert stats.total_lag == 5 and stats.consumer_ids == {"broker-a": ("c1",), "broker-b": ()}

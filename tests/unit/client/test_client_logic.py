@@ -12,6 +12,7 @@ import trio
 import trio.testing
 
 import client.admin
+import client.errors
 import client.instance
 import client.producer
 import client.pull_consumer
@@ -470,6 +471,30 @@ async def test_unknown_topic_is_sent_to_every_group_for_auto_create(cluster):
         results = [await p.send(Message("New", b"x")) for _ in range(8)]
     assert {r.message_queue for r in results} == {MessageQueue("New", b, q) for b in ("broker-a", "broker-b")
                                                    for q in range(2)}
+
+
+@pytest.mark.parametrize("info", [b"\xff", cbor2.dumps({"broker_addr_table": ["broker-a"]}),
+                                  cbor2.dumps({"broker_addr_table": {"broker-a": {"broker_addrs": {"0": "x"}}}})])
+async def test_cluster_info_that_cannot_be_read_is_no_route_for_an_unknown_topic(cluster, info):
+    # Read to send an unknown topic to every group for auto-create, it raised CBORDecodeError or AttributeError
+    # out of the send (in the auto-batch's task, which expects RaftMQError: the end of the producer), or installed
+    # a route to a broker at "x".
+    original = cluster.invoke
+
+    async def answer(addr, request, timeout_s=3.0):
+        if request.code == RequestCode.GET_BROKER_CLUSTER_INFO:
+            await trio.lowlevel.checkpoint()
+            return make_response(request, ResponseCode.SUCCESS, body=info)
+        return await original(addr, request, timeout_s)
+
+    cluster.invoke = answer
+    cluster.unknown_topics.add("New")
+    async with open_producer(NAMESRV, retry_times_when_send_failed=0) as p:
+        with pytest.raises(client.errors.SendFailedError, match="topic 'New' is unknown and the name server's "
+                                                                "cluster info, to send it to every group for "
+                                                                "auto-create, is malformed"):
+            await p.send(Message("New", b"x"))
+        assert (await p.send(Message("T", b"x"))).send_status is SendStatus.SEND_OK
 
 
 async def test_consumer_may_subscribe_before_the_topic_exists(cluster):
