@@ -361,7 +361,7 @@ class AdminClient:
                 consumer_ids[name] = _names(answer.get("consumer_ids", []), "consumer_ids")
                 for row in answer.get("offsets", []):
                     queues.append(QueueConsumeStats(
-                        MessageQueue(_names([row["topic"]], "topic")[0], name, _int(row["queue_id"], "queue_id")),
+                        MessageQueue(_str(row["topic"], "topic"), name, _int(row["queue_id"], "queue_id")),
                         _int(row["broker_offset"], "broker_offset"),
                         _opt_int(row.get("consumer_offset"), "consumer_offset"), _int(row["lag"], "lag"),
                         _opt_int(row.get("last_timestamp"), "last_timestamp")))
