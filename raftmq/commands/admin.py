@@ -513,7 +513,13 @@ def _print(command: str, data: dict[str, Any]) -> None:
 def _utc(ms: int | None) -> str:
     if ms is None:
         return "-"
-    return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+    try:
+        return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc).strftime(
+            "%Y-%m-%d %H:%M:%S.%f")[:-3]
+    except (ValueError, OverflowError, OSError):
+        # A producer may set any born_timestamp 0..2^63-1 and the broker keeps it: past year 9999 datetime raised
+        # out of the table and the command ended in a traceback.
+        return f"{ms} ms (not a date)"
 
 
 def _print_message(console: Console, m: dict[str, Any]) -> None:

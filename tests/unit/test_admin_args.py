@@ -150,3 +150,13 @@ def test_more_write_queues_than_read_queues_exits_2(capsys):
     # The admin client raises ValueError for it (queues no consumer reads): that was a traceback here.
     assert "--write-queues 8 must not exceed --read-queues 4" in _refused(
         capsys, "create-topic", "T", "--read-queues", "4", "--write-queues", "8")
+
+
+@pytest.mark.parametrize("ms, shown", [(0, "1970-01-01 00:00:00.000"), (2**62, "4611686018427387904 ms (not a date)"),
+                                       (2**63 - 1, "9223372036854775807 ms (not a date)")])
+def test_a_time_no_date_can_show_is_printed_as_its_number(ms, shown):
+    # A producer may set any born_timestamp 0..2^63-1 and the broker keeps it: past year 9999, datetime raised
+    # ValueError out of query-msg-id's table and the command ended in a traceback.
+    from raftmq.commands.admin import _utc
+
+    assert _utc(ms) == shown
