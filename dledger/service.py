@@ -205,7 +205,21 @@ async def get_raft_status(client: Any, address: str, group: str, *, checksum_up_
     if not all(len(c) == 3 and all(type(v) is int for v in c) for c in checksums):
         raise for_code(ResponseCode.SYSTEM_ERROR, f"malformed GET_RAFT_STATUS answer from {address}: checksums "
                                                   f"are not (offset, size, crc32c) rows of integers")
-    return dict(response.ext), checksums  # type: ignore[return-value]
+    status = dict(response.ext)
+    # What callers read without looking (the rejoin probe, `raftmq verify`, `raftmq chaos`): one of another type
+    # raised TypeError/ValueError/KeyError out of them (a broker's start failed, the CLI ended in a traceback).
+    for key, kind in _STATUS_FIELDS.items():
+        value = status.get(key)
+        if not isinstance(value, kind) or isinstance(value, bool) or (kind is int and value < 0):
+            raise for_code(ResponseCode.SYSTEM_ERROR, f"malformed GET_RAFT_STATUS answer from {address}: {key} "
+                                                      f"{value!r} is not a {'count' if kind is int else 'text'}")
+    if "self_id" in status and not isinstance(status["self_id"], str):  # absent from members older than it
+        raise for_code(ResponseCode.SYSTEM_ERROR, f"malformed GET_RAFT_STATUS answer from {address}: self_id "
+                                                  f"{status['self_id']!r} is not a text")
+    return status, checksums  # type: ignore[return-value]
+
+
+_STATUS_FIELDS = {"role": str, "term": int, "committed_index": int, "end_offset": int}
 
 
 async def peer_with_history(client: Any, config: DLedgerConfig) -> tuple[str, dict[str, Any]] | None:
@@ -223,13 +237,7 @@ async def peer_with_history(client: Any, config: DLedgerConfig) -> tuple[str, di
         except (RaftMQError, OSError) as e:
             log.info("rejoin probe: no answer from peer %s error=%s", address, e)
             return
-        end_offset = status.get("end_offset", 0)
-        if type(end_offset) is not int:
-            # int() of it raised in this probe and failed the broker's start, as no unanswered probe does
-            log.warning("rejoin probe: peer %s answered end_offset %r, not an offset; taken as no answer",
-                        address, end_offset)
-            return
-        if end_offset > 0:
+        if status["end_offset"] > 0:
             found.append((address, status))
             done.cancel()
 

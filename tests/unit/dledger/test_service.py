@@ -148,18 +148,22 @@ class _Peers:
         return make_response(request, ResponseCode.SUCCESS, ext=ext, body=body)
 
 
+def _status(**fields):
+    return {"role": "FOLLOWER", "term": 2, "committed_index": 7, "end_offset": 5, **fields}
+
+
 async def test_a_peer_answering_a_status_that_cannot_be_read_is_a_peer_that_did_not_answer():
-    # A non-CBOR body (ValueError), checksums that are no rows (TypeError) or an end_offset that is no offset
+    # A non-CBOR body (CBORDecodeError), checksums that are no rows (TypeError) or an end_offset that is no offset
     # (int("x")) escaped the rejoin probe and failed the start of a broker whose log was empty; now such a peer
     # counts as one that did not answer, and a peer with a log is still found.
-    answers = {"127.0.0.1:1": ({"end_offset": 5}, b"\xff"),
-               "127.0.0.1:2": ({"end_offset": 5}, cbor2.dumps([1, 2])),
-               "127.0.0.1:3": ({"end_offset": "x"}, b""),
-               "127.0.0.1:4": ({"end_offset": 100}, b"")}
+    answers = {"127.0.0.1:1": (_status(), b"\xff"),
+               "127.0.0.1:2": (_status(), cbor2.dumps([1, 2])),
+               "127.0.0.1:3": (_status(end_offset="x"), b""),
+               "127.0.0.1:4": (_status(end_offset=100), b"")}
     config = SimpleNamespace(group="g", rejoin_probe_timeout_ms=2000,
                              peers=[SimpleNamespace(service_address=a) for a in answers])
     found = await peer_with_history(_Peers(answers), config)
-    assert found == ("127.0.0.1:4", {"end_offset": 100})
+    assert found == ("127.0.0.1:4", _status(end_offset=100))
     del answers["127.0.0.1:4"]
     config.peers.pop()
     assert await peer_with_history(_Peers(answers), config) is None
@@ -167,5 +171,21 @@ async def test_a_peer_answering_a_status_that_cannot_be_read_is_a_peer_that_did_
 
 @pytest.mark.parametrize("body", [b"\xff", cbor2.dumps(7), cbor2.dumps([[0, 10]]), cbor2.dumps([[0, 10, "x"]])])
 async def test_checksums_that_cannot_be_read_are_the_members_system_error(body):
-    with pytest.raises(BrokerSystemError, match="malformed GET_RAFT_STATUS answer from 127.0.0.1:1"):
-        await get_raft_status(_Peers({"127.0.0.1:1": ({}, body)}), "127.0.0.1:1", "g", checksum_up_to=0)
+    with pytest.raises(BrokerSystemError, match="malformed GET_RAFT_STATUS answer from 127.0.0.1:1: checksums"):
+        await get_raft_status(_Peers({"127.0.0.1:1": (_status(), body)}), "127.0.0.1:1", "g", checksum_up_to=0)
+
+
+@pytest.mark.parametrize("fields, named", [
+    ({"end_offset": None}, "end_offset None is not a count"), ({"end_offset": -1}, "end_offset -1 is not a count"),
+    ({"term": "3x"}, "term '3x' is not a count"), ({"role": None}, "role None is not a text"),
+    ({"committed_index": True}, "committed_index True is not a count"),
+    ({"self_id": ["n1"]}, r"self_id \['n1'\] is not a text"),
+])
+async def test_status_fields_its_callers_read_are_checked_where_it_is_read(fields, named):
+    # `raftmq verify` (int(end_offset), self_id in a set) and `raftmq chaos` (int(term)) ended in tracebacks.
+    with pytest.raises(BrokerSystemError, match=f"malformed GET_RAFT_STATUS answer from 127.0.0.1:1: {named}"):
+        await get_raft_status(_Peers({"127.0.0.1:1": (_status(**fields), b"")}), "127.0.0.1:1", "g")
+    missing = _status()
+    del missing[next(iter(fields)) if "self_id" not in fields else "role"]
+    with pytest.raises(BrokerSystemError, match="malformed GET_RAFT_STATUS answer"):
+        await get_raft_status(_Peers({"127.0.0.1:1": (missing, b"")}), "127.0.0.1:1", "g")
