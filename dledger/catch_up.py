@@ -123,7 +123,9 @@ class CatchUp:
                     # ends where every peer's log has been deleted, and the gap cannot be filled.
                     try:
                         self._sm.start_at(first.min_offset)
-                    except ValueError:
+                    except ValueError as e:  # not empty, or not a start this store can take (a segment's)
+                        log.error("catch-up: the commit log cannot begin at member %s's min offset %d: %s",
+                                  first.peer_id, first.min_offset, e)
                         raise MemberFellBehindError(self.config.group, self.config.self_id, end,
                                                     first.min_offset) from None
                     log.warning("catch-up: empty commit log starts at offset %d, member %s's min offset",
@@ -135,6 +137,5 @@ class CatchUp:
                         m.extend_catch_up(first.end_offset)
                         log.warning("catch-up: member %s's log begins past the snapshot's end %d: copying up to "
                                     "its end %d", first.peer_id, target, first.end_offset)
-                    continue
-                if not copied:
+                if not copied:  # also after a start_at: peers answering "moved" again must not be asked in a spin
                     await trio.sleep(0.2)

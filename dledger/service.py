@@ -176,9 +176,13 @@ def remote_fetch_range(client: Any, group: str) -> FetchRange:
                                ext={"group": group, "phy_offset": offset, "max_bytes": max_bytes})
         response = await client.invoke(peer.service_address, request, timeout_s=5.0)
         if response.code == ResponseCode.PULL_OFFSET_MOVED:
-            moved = response.ext.get("min_offset"), response.ext.get("end_offset")
-            if all(type(v) is int for v in moved):
-                raise CommitLogMovedError(peer.id, offset, *moved)
+            low, end = response.ext.get("min_offset"), response.ext.get("end_offset")
+            # Only what a peer that deleted the log before `offset` says (its min above the offset asked, its end
+            # not below its min): an empty member starts its log at that min and copies up to that end. Anything
+            # else is that peer's failed fetch: a negative min ended the member as "fell behind", a huge one
+            # started its log where no member's is and it never served again.
+            if type(low) is int and type(end) is int and offset < low <= end:
+                raise CommitLogMovedError(peer.id, offset, low, end)
         if response.code != ResponseCode.SUCCESS:
             raise _error_for(response)
         if crc32c.crc32c(response.body) != response.ext.get("crc32c"):

@@ -62,3 +62,38 @@ async def test_a_peer_a_fetch_failed_from_is_asked_after_the_others(caplog):
     assert asked == ["n1", "n2", "n2", "n2", "n2"]
     assert [r.levelname for r in caplog.records if "fetch failed" in r.getMessage()] == ["WARNING"]
     assert catch_up.copied_bytes == 4 * CHUNK
+
+
+class _EmptyStore(_Log):
+    """An empty log that can begin past 0 (a rebuilt member's store), at segment starts of 1000 bytes."""
+
+    def start_at(self, offset: int) -> None:
+        if offset < 0 or offset % 1000:
+            raise ValueError(f"phy_offset {offset} is not a segment start")
+        self.end_offset = offset
+
+
+async def test_peers_answering_moved_again_and_again_are_not_asked_in_a_spin():
+    # After starting an empty log at a peer's min offset the loop went straight back to asking, so peers that kept
+    # answering "moved" (their min above what was just started at) were asked thousands of times a second, each
+    # answer a start_at (a checkpoint flush) and two warnings.
+    from dledger.errors import CommitLogMovedError
+
+    peers = [MemberAddress(id="n1", raft_address="127.0.0.1:10001", service_address="127.0.0.1:10002")]
+    config = SimpleNamespace(peers=peers, catch_up_chunk_bytes=CHUNK, group="g", self_id="n0")
+    asked = 0
+
+    async def fetch_range(peer: MemberAddress, offset: int, max_bytes: int) -> bytes:
+        nonlocal asked
+        asked += 1
+        await trio.lowlevel.checkpoint()
+        raise CommitLogMovedError(peer.id, offset, offset + 1000 if offset else 1000, 10**6)
+
+    member = _Member(target=500)
+    member.extend_catch_up = lambda end: setattr(member, "catch_up_target", end)
+    catch_up = CatchUp(config, _EmptyStore(), fetch_range, leader_id=lambda: "n1")
+    with trio.move_on_after(0.5):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(catch_up.run, member)
+            catch_up.want()
+    assert 2 <= asked <= 4  # one every 0.2 s

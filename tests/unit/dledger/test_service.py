@@ -189,3 +189,29 @@ async def test_status_fields_its_callers_read_are_checked_where_it_is_read(field
     del missing[next(iter(fields)) if "self_id" not in fields else "role"]
     with pytest.raises(BrokerSystemError, match="malformed GET_RAFT_STATUS answer"):
         await get_raft_status(_Peers({"127.0.0.1:1": (missing, b"")}), "127.0.0.1:1", "g")
+
+
+class _Moved:
+    def __init__(self, ext):
+        self.ext = ext
+
+    async def invoke(self, address, request, timeout_s):
+        return make_response(request, ResponseCode.PULL_OFFSET_MOVED, remark="moved", ext=self.ext)
+
+
+@pytest.mark.parametrize("low, end, moved", [
+    (4096, 8192, True), (4096, 4096, True),
+    (-4096, 0, False), (0, 8192, False), (8192, 4096, False), ("4096", 8192, False), (4096, None, False),
+])
+async def test_only_a_moved_answer_a_peer_that_deleted_the_log_could_give_starts_a_log_elsewhere(low, end, moved):
+    # An empty member starts its log at the min offset a moved answer gives: a negative one ended it as "fell
+    # behind", and any such answer was taken. Now only a min above the offset asked and an end not below the min.
+    from dledger.config import MemberAddress
+    from dledger.errors import CommitLogMovedError
+    from dledger.service import remote_fetch_range
+    from remoting.errors import PullOffsetMovedError
+
+    fetch = remote_fetch_range(_Moved({"min_offset": low, "end_offset": end}), "g")
+    peer = MemberAddress(id="n1", raft_address="127.0.0.1:10001", service_address="127.0.0.1:10002")
+    with pytest.raises(CommitLogMovedError if moved else PullOffsetMovedError):
+        await fetch(peer, 0, 100)
