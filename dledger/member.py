@@ -391,10 +391,19 @@ class RaftMember(SyncObj):
         snap = read_snapshot(file_name)
         if snap.get("group") != self._config.group:
             raise ValueError(f"snapshot of group {snap.get('group')!r} loaded into group {self._config.group!r}")
-        self._metadata = snap["metadata"]
+        # Checked before anything is taken from it: pysyncobj logs a failed load and goes on, so a snapshot (from
+        # a leader of another version, say) whose end_offset failed below had already replaced the metadata, and
+        # metadata that is no map of maps then raised in the broker's registration task and stopped the node.
+        metadata, target, raft = snap.get("metadata"), snap.get("end_offset"), snap.get("raft")
+        if raft is None:
+            raise ValueError("snapshot holds no Raft state")
+        if not isinstance(metadata, dict) or not all(isinstance(t, dict) for t in metadata.values()):
+            raise ValueError(f"snapshot metadata is a {type(metadata).__name__}, not a map of tables")
+        if type(target) is not int or target < 0:
+            raise ValueError(f"snapshot end_offset {target!r} is not an offset")
+        self._metadata = metadata
         self._metadata_applied += 1
         self._snapshot_loaded_at = self._metadata_applied
-        target = snap["end_offset"]
         self._snapshots_loaded += 1
         local_end = self._sm.end_offset
         if local_end < target:
@@ -405,7 +414,7 @@ class RaftMember(SyncObj):
                      local_end, target)
             self._notify("catch_up", target)
         self._applied_end_offset = max(local_end, target)
-        return snap["raft"]
+        return raft
 
     def _dledger_snapshot_entries(self) -> tuple[Any, Any] | None:
         """The last two Raft entries the snapshot file covers, read without loading it (dledger.patches, 20);
