@@ -194,7 +194,8 @@ def _check(args: argparse.Namespace) -> None:
         if args.perm & ~_ALL_PERMS or not args.perm & (PERM_READ | PERM_WRITE):
             raise ConfigError(f"--perm must combine 4 (read), 2 (write) and 1 (inherit) with read or write set, "
                               f"got {args.perm}")
-    if args.admin_command in ("status", "delay-offsets") and args.addr:
+    if args.admin_command in ("status", "delay-offsets") and args.addr is not None:
+        # An empty --addr was taken as none given: the group leaders answered instead of the node meant.
         parse_host_port(args.addr, key="--addr", dial=True)
     _check_names(args)
     if args.admin_command == "reset-offset":
@@ -202,12 +203,16 @@ def _check(args: argparse.Namespace) -> None:
     if args.admin_command == "query-msg-id":
         if args.body_file is not None:
             _check_body_file(args.body_file)
+        if not args.msg_id:  # with --topic, the lookup by unique id raised ValueError: a traceback
+            raise ConfigError("MSG_ID must not be empty")
         try:
             parse_msg_id(args.msg_id)
-        except MessageFormatError:
+        except MessageFormatError as e:
             if args.topic is None:
-                raise ConfigError(f"MSG_ID {args.msg_id!r} is not an offset message id (32 hex digits); a "
-                                  f"producer's unique id needs --topic") from None
+                # What is wrong with it: "32 hex digits" alone was said of one that has them but names no port
+                # or offset a broker writes.
+                raise ConfigError(f"MSG_ID {args.msg_id!r} is not an offset message id ({e}); "
+                                  f"a producer's unique id needs --topic") from None
     if args.admin_command == "query-msg-key":
         if not args.key:
             raise ConfigError("KEY must not be empty")
@@ -275,7 +280,7 @@ async def _delete(admin: AdminClient, args: argparse.Namespace) -> dict[str, Any
 
 async def _nodes(admin: AdminClient, args: argparse.Namespace) -> list[str]:
     """The nodes a per-node command asks: ``--addr``, else the leader of ``--broker``, else of every group."""
-    if args.addr:
+    if args.addr is not None:
         return [args.addr]
     info = await admin.cluster_info()
     names = [args.broker] if args.broker else sorted(info.broker_addrs)
@@ -588,7 +593,9 @@ def run(args: argparse.Namespace) -> int:
             raise
         messages = []
         for error in errors:
-            text = (f"no answer within --timeout {args.timeout:g} s (name servers {args.namesrv})"
+            asked = (f"node {args.addr}" if getattr(args, "addr", None) is not None
+                     else f"name servers {args.namesrv}")  # --addr's node is asked without the name servers
+            text = (f"no answer within --timeout {args.timeout:g} s ({asked})"
                     if isinstance(error, trio.TooSlowError) else str(error))
             messages += [text, *getattr(error, "__notes__", ())]
         for message in messages:

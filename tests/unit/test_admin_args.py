@@ -160,3 +160,30 @@ def test_a_time_no_date_can_show_is_printed_as_its_number(ms, shown):
     from raftmq.commands.admin import _utc
 
     assert _utc(ms) == shown
+
+
+@pytest.mark.parametrize("args, named", [
+    # Taken as no --addr at all: the group leaders answered instead of the node asked for, exit 0.
+    (["status", "--addr", ""], "--addr"),
+    (["delay-offsets", "--addr", ""], "--addr"),
+    # With --topic it is looked up as a unique id: the admin client's ValueError came out as a traceback.
+    (["query-msg-id", "", "--topic", "T"], "MSG_ID must not be empty"),
+    # 32 hex digits, but naming no port and offset a broker writes: "not an offset message id (32 hex digits)" said nothing.
+    (["query-msg-id", "7F000001FFFF0000FFFFFFFFFFFFFFFF"],
+     "is not an offset message id (msg_id '7F000001FFFF0000FFFFFFFFFFFFFFFF' names port 4294901760 and "
+     "commit-log offset -1"),
+])
+def test_an_empty_or_unusable_target_exits_2_naming_it(args, named, capsys):
+    assert named in _refused(capsys, *args)
+
+
+def test_a_node_asked_with_addr_that_does_not_answer_is_the_one_named(capsys):
+    # "no answer within --timeout 1 s (name servers ...)": the name servers were never asked, the node was.
+    import socket
+
+    with socket.socket() as silent:  # takes the connection, never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        addr = "127.0.0.1:%d" % silent.getsockname()[1]
+        assert main(["admin", "--namesrv", CLOSED, "--timeout", "1", "status", "--addr", addr]) == 1
+    assert capsys.readouterr().err.strip() == f"raftmq admin status: no answer within --timeout 1 s (node {addr})"
