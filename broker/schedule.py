@@ -148,6 +148,14 @@ class ScheduleMessageService:
 
     async def serve(self) -> None:
         group = self.node.group
+        past = [queue_id + 1 for queue_id in self.node.store.queue_ids(SCHEDULE_TOPIC)
+                if queue_id >= len(self.levels_ms)]
+        if past:
+            # Not refused: the messages were acknowledged. But they now go out sooner (or later) than they were
+            # sent to, and nothing else would tell the operator who shortened message_delay_level.
+            log.warning("schedule queues of delay levels %s are past message_delay_level's %d levels: their "
+                        "messages are delivered after the last level's delay, %d ms", past, len(self.levels_ms),
+                        self.levels_ms[-1])
         while True:
             await trio.sleep(ROUND_INTERVAL_S)
             if not group.is_ready_leader:

@@ -115,7 +115,7 @@ async def test_bad_delay_levels_are_refused_naming_the_property_and_batches_may_
 
 
 async def test_messages_waiting_in_a_level_the_restarted_broker_no_longer_has_are_delivered_by_its_last_level(
-        nursery, tmp_path):
+        nursery, tmp_path, caplog):
     # Stored at level 3 of "300ms 600ms 30s", then the broker restarts with two levels: the message waits in a
     # schedule queue no configured level reads. Before, it stayed there for good, acknowledged and never delivered.
     (config,) = broker_configs(tmp_path, None, message_delay_level="300ms 600ms 30s")
@@ -132,6 +132,8 @@ async def test_messages_waiting_in_a_level_the_restarted_broker_no_longer_has_ar
     addr = await start_broker(nursery, dataclasses.replace(config, message_delay_level="300ms 600ms"))
     async with open_remoting_client() as client:
         await wait_leader(client, addr)
+        assert ("schedule queues of delay levels [3] are past message_delay_level's 2 levels: their messages are "
+                "delivered after the last level's delay, 600 ms") in caplog.text
         # Listed with the delay it now waits: the last configured level's.
         assert (await _delay_offsets(client, addr))[2] in ((3, 600, 0, 1), (3, 600, 1, 1))
         with trio.fail_after(10):
