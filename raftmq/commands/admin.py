@@ -267,10 +267,25 @@ async def _route(admin: AdminClient, args: argparse.Namespace) -> dict[str, Any]
 
 
 async def _create(admin: AdminClient, args: argparse.Namespace) -> dict[str, Any]:
+    await _warn_of_hidden_queues(admin, args.topic, args.read_queues)
     route = await admin.create_topic(args.topic, read_queue_nums=args.read_queues, write_queue_nums=args.write_queues,
                                      perm=args.perm, order=args.order, cluster=args.cluster,
                                      broker_names=args.broker)
     return {"topic": args.topic, "created": True, "route": _route_data(route) if route is not None else None}
+
+
+async def _warn_of_hidden_queues(admin: AdminClient, topic: str, read_queue_nums: int) -> None:
+    """Fewer read queues than a group has now leave the messages in the others to no consumer until they are
+    raised again. Allowed, as in RocketMQ (it is how a topic is shrunk once those queues are drained), but said."""
+    try:
+        queues = await admin.topic_status(topic)
+    except RaftMQError:  # a new topic, or one no node can tell about: nothing to hide
+        return
+    hidden = [q for q in queues if q.queue.queue_id >= read_queue_nums and q.max_offset > q.min_offset]
+    for q in hidden:
+        print(f"raftmq admin create-topic: warning: {q.queue.broker_name} queue {q.queue.queue_id} of {topic} holds "
+              f"{q.max_offset - q.min_offset} message(s) that --read-queues {read_queue_nums} leaves to no consumer "
+              f"until the read queues are raised again", file=sys.stderr, flush=True)
 
 
 async def _delete(admin: AdminClient, args: argparse.Namespace) -> dict[str, Any]:

@@ -168,7 +168,8 @@ def test_a_time_no_date_can_show_is_printed_as_its_number(ms, shown):
     (["delay-offsets", "--addr", ""], "--addr"),
     # With --topic it is looked up as a unique id: the admin client's ValueError came out as a traceback.
     (["query-msg-id", "", "--topic", "T"], "MSG_ID must not be empty"),
-    # 32 hex digits, but naming no port and offset a broker writes: "not an offset message id (32 hex digits)" said nothing.
+    # 32 hex digits, but naming no port and offset a broker writes: "not an offset message id (32 hex digits)"
+    # said nothing.
     (["query-msg-id", "7F000001FFFF0000FFFFFFFFFFFFFFFF"],
      "is not an offset message id (msg_id '7F000001FFFF0000FFFFFFFFFFFFFFFF' names port 4294901760 and "
      "commit-log offset -1"),
@@ -187,3 +188,30 @@ def test_a_node_asked_with_addr_that_does_not_answer_is_the_one_named(capsys):
         addr = "127.0.0.1:%d" % silent.getsockname()[1]
         assert main(["admin", "--namesrv", CLOSED, "--timeout", "1", "status", "--addr", addr]) == 1
     assert capsys.readouterr().err.strip() == f"raftmq admin status: no answer within --timeout 1 s (node {addr})"
+
+
+async def test_fewer_read_queues_than_hold_messages_is_done_with_a_warning_naming_them(capsys):
+    # Lowering --read-queues of a topic with messages in the queues dropped hid them from every consumer, exit 0,
+    # without a word (RocketMQ allows it too: it is how a drained topic shrinks).
+    import argparse
+
+    from client.admin import TopicQueueStatus
+    from client.message import MessageQueue
+    from raftmq.commands.admin import _create
+
+    class Admin:
+        created = None
+
+        async def topic_status(self, topic):
+            return [TopicQueueStatus(MessageQueue(topic, "broker-a", q), 0, n, None) for q, n in enumerate((2, 0, 5))]
+
+        async def create_topic(self, topic, **options):
+            self.created = options
+
+    admin = Admin()
+    args = argparse.Namespace(topic="T", read_queues=1, write_queues=1, perm=6, order=False, cluster=None,
+                              broker=None)
+    assert (await _create(admin, args))["created"] and admin.created["read_queue_nums"] == 1
+    assert capsys.readouterr().err.splitlines() == [
+        "raftmq admin create-topic: warning: broker-a queue 2 of T holds 5 message(s) that --read-queues 1 leaves to "
+        "no consumer until the read queues are raised again"]
