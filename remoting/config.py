@@ -236,6 +236,12 @@ def _convert(hint: Any, value: Any, key: str) -> Any:
         # TOML's "\u0000" is a valid string but no valid path: mkdir raised "embedded null byte" as a traceback.
         if "\x00" in str(value):
             raise ConfigError(f"{key} must be a path without a NUL character, got {value!r}")
+        # Checked here, before Path() turns "" into "." and no check can tell the two apart: an empty store_dir or
+        # data_dir (`--set 'store.store_dir=""'`) put the commit log or raft.journal in the current directory.
+        # Blank too: "  " made a directory named by spaces there. "." still names the current directory.
+        if isinstance(value, str) and not value.strip():
+            raise ConfigError(f"{key} must be a non-empty path (an empty one means the current directory), "
+                              f"got {value!r}")
         return Path(value)
     return value
 

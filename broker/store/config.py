@@ -38,12 +38,22 @@ class StoreConfig:
     max_message_size: int = bounded(DEFAULT_MAX_MESSAGE_SIZE, min=1, max=256 * 1024 * 1024)
     index_hash_slots: int = bounded(1_000_000, min=1, max=50_000_000, doc="hash slots per IndexFile")
     index_max_entries: int = bounded(4_000_000, min=1, max=100_000_000, doc="entries per IndexFile")
-    file_reserved_hours: float = bounded(72.0, min=0.0, doc="age after which a commit-log segment may go")
+    # Ten years: retention by age is off for longer (inf was taken), and the disk ratios still delete.
+    file_reserved_hours: float = bounded(72.0, min=0.0, max=87_600.0,
+                                         doc="age after which a commit-log segment may go")
     delete_when_hours: tuple[int, ...] = bounded((4,), check=_hours,
                                                  doc="local hours at which expired segments are deleted")
-    min_retained_segments: int = bounded(1, min=1, doc="the newest segments never deleted, expired or not")
-    delete_segments_per_pass: int = bounded(10, min=1, doc="segments one clean pass may delete")
-    clean_interval_ms: int = bounded(10_000, min=1, doc="how often the clean service looks at ages and disk")
+    # The store maps every segment it holds (vm.max_map_count is 65530 by default), so it never holds more; a
+    # count past that (2**64 was taken) only said, by accident, that nothing is ever deleted, not even forcibly.
+    min_retained_segments: int = bounded(1, min=1, max=65_536,
+                                         doc="the newest segments never deleted, expired or not")
+    # A pass runs on the event loop (Raft ticks wait for it), and each deletion unmaps and unlinks a whole segment;
+    # RocketMQ's deleteFileBatchMax is 10.
+    delete_segments_per_pass: int = bounded(10, min=1, max=100, doc="segments one clean pass may delete")
+    # The pass also refreshes the disk usage that refuses appends at disk_reject_ratio (RocketMQ's
+    # cleanResourceInterval is 10 s): an hour at most, as the flush intervals; 2**64 turned cleaning off.
+    clean_interval_ms: int = bounded(10_000, min=1, max=3_600_000,
+                                     doc="how often the clean service looks at ages and disk")
     disk_clean_early_ratio: float = bounded(0.75, min=0.0, max=1.0,
                                             doc="disk usage from which expired segments go at any hour")
     # Floors as RocketMQ's (diskSpaceCleanForciblyRatio 0.30, diskSpaceWarningLevelRatio 0.35): at 0, a value
@@ -52,15 +62,19 @@ class StoreConfig:
     disk_clean_forcibly_ratio: float = bounded(0.85, min=0.30, max=1.0,
                                                doc="disk usage from which the oldest segments go, expired or not")
     disk_reject_ratio: float = bounded(0.90, min=0.35, max=1.0, doc="disk usage from which appends are refused")
-    hot_window_bytes: int = bounded(64 * 1024 * 1024, min=0,
+    # Both windows at most 1 TiB (the largest segment_size_bytes): one past any machine's memory only turned the
+    # release off (2**64 was taken), and RSS or the page cache grew with the data stored.
+    hot_window_bytes: int = bounded(64 * 1024 * 1024, min=0, max=2 ** 40,
                                     doc="mapped bytes behind the write position kept resident; older pages are "
                                         "released after each flush so RSS does not grow with the data stored")
-    page_cache_window_bytes: int = bounded(256 * 1024 * 1024, min=0,
+    page_cache_window_bytes: int = bounded(256 * 1024 * 1024, min=0, max=2 ** 40,
                                            doc="flushed commit-log bytes behind the write position left in the "
                                                "page cache; older ones are dropped after each flush so the "
                                                "store recycles its page cache instead of taking fresh memory "
                                                "(0 leaves it all to the kernel)")
-    dispatch_chunk_bytes: int = bounded(1024 * 1024, min=4096,
+    # A chunk is dispatched on the event loop with no checkpoint inside: at ~100 MB/s (docs/benchmarks.md) 64 MiB
+    # holds it ~0.6 s, past dledger's election timeouts; 16 MiB stays near 0.15 s.
+    dispatch_chunk_bytes: int = bounded(1024 * 1024, min=4096, max=16 * 1024 * 1024,
                                         doc="commit-log bytes dispatched before the reput task yields")
 
     def __post_init__(self) -> None:

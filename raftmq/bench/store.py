@@ -250,6 +250,10 @@ def run(args: argparse.Namespace) -> int:
     for m in modes or [args.modes]:  # an empty list measured nothing and exited 0
         if m not in ("ASYNC_FLUSH", "SYNC_FLUSH"):
             raise ConfigError(f"--modes must list ASYNC_FLUSH and/or SYNC_FLUSH, got {m!r}")
+    if args.dir is not None and not args.dir.strip():
+        # Path("") is "." and mkdtemp(dir="") the current directory: the store landed there.
+        raise ConfigError(f"--dir must name a directory (an empty one means the current directory), "
+                          f"got {args.dir!r}")
     if args.dir is not None and not Path(args.dir).is_dir():  # was a traceback from tempfile.mkdtemp
         raise ConfigError(f"--dir {str(args.dir)!r} is not an existing directory")
     console = Console()

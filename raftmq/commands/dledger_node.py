@@ -55,7 +55,9 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class DLedgerNodeConfig:
     state_machine: Literal["message_store", "byte_log"] = "message_store"
-    byte_log_segment_size_bytes: int = bounded(64 << 20, min=4096)
+    # The logical segments the byte log's checksums are cut into, for `raftmq verify` as the message store's: at
+    # most 1 TiB, as store.segment_size_bytes.
+    byte_log_segment_size_bytes: int = bounded(64 << 20, min=4096, max=2 ** 40)
     max_frame_size_bytes: int = bounded(16 << 20, min=1 << 16, max=256 << 20)
     dledger: DLedgerConfig | None = None
     store: StoreConfig = dataclasses.field(default_factory=StoreConfig)
