@@ -44,6 +44,8 @@ __all__ = ["ClientConfig", "ClientInstance", "build_config", "raise_for_response
 
 log = logging.getLogger(__name__)
 
+HOUR_MS = 3_600_000  # the longest period or timeout a client config takes
+
 _instance_counter = itertools.count(1)
 
 # Requests a broker holds on purpose (long polling): their wait says nothing about the broker's health.
@@ -94,20 +96,23 @@ class ClientConfig:
     instance_name: str = bounded("DEFAULT", check=check_instance_name,
                                  doc="part of the client id and of a BROADCASTING consumer's offset file name")
     client_ip: str = bounded("127.0.0.1", check=_check_ip, doc="reported in heartbeats and message born hosts")
-    poll_name_server_interval_ms: int = bounded(30_000, min=10, doc="periodic route refresh")
+    # Every period and timeout at most an hour, as the servers' intervals: a value past any use (2**64 was taken)
+    # only switched the thing off by accident.
+    poll_name_server_interval_ms: int = bounded(30_000, min=10, max=HOUR_MS, doc="periodic route refresh")
     # Brokers forget a client whose last heartbeat is older than their channel_expired_timeout_ms (120 s by
     # default; pulls do not count): a longer interval dropped consumers from their group between heartbeats, and
     # the others took their queues each time.
     heartbeat_broker_interval_ms: int = bounded(10_000, min=10, max=60_000,
                                                 doc="heartbeat to every broker node (at most half the brokers' "
                                                     "default 120 s channel expiry)")
-    request_timeout_ms: int = bounded(3_000, min=1, doc="default timeout of one request")
-    connect_timeout_ms: int = bounded(3_000, min=1)
-    fault_isolation_ms: int = bounded(1_000, min=0, doc="how long a failed group is avoided")
+    request_timeout_ms: int = bounded(3_000, min=1, max=HOUR_MS, doc="default timeout of one request")
+    connect_timeout_ms: int = bounded(3_000, min=1, max=HOUR_MS)
+    fault_isolation_ms: int = bounded(1_000, min=0, max=HOUR_MS, doc="how long a failed group is avoided")
     leader_silence_timeout_ms: int = bounded(
-        1_000, min=0, doc="a leader connection with requests waiting that received nothing this long makes the "
-                          "client ask the name servers whether the group has another leader (0: never)")
-    max_frame_size_bytes: int = bounded(16 * 1024 * 1024, min=1024)
+        1_000, min=0, max=HOUR_MS,
+        doc="a leader connection with requests waiting that received nothing this long makes the client ask the name "
+            "servers whether the group has another leader (0: never)")
+    max_frame_size_bytes: int = bounded(16 * 1024 * 1024, min=1024, max=256 * 1024 * 1024)  # as the servers' max
 
     def __post_init__(self) -> None:
         check_fields(self)

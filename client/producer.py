@@ -35,7 +35,7 @@ import trio
 from client.accumulator import ProduceAccumulator
 from client.errors import ClientClosedError, MessageTooLargeError, NoRouteError, SendFailedError
 from client.instance import (
-    ClientConfig, ClientInstance, ServerRequests, build_config, now_ms, open_client_nursery, open_remoting,
+    HOUR_MS, ClientConfig, ClientInstance, ServerRequests, build_config, now_ms, open_client_nursery, open_remoting,
     raise_for_response,
 )
 from client.message import (PROPERTY_UNIQ_KEY, Message, MessageQueue, SendResult, SendStatus, _NewSendResult,
@@ -78,11 +78,11 @@ _FRAME_HEADER_ALLOWANCE_BYTES = 4096
 @dataclasses.dataclass(frozen=True)
 class ProducerConfig(ClientConfig):
     producer_group: str = bounded("DEFAULT_PRODUCER", check=group_problem)
-    send_msg_timeout_ms: int = bounded(3_000, min=1, doc="deadline of one send, retries included")
+    send_msg_timeout_ms: int = bounded(3_000, min=1, max=HOUR_MS, doc="deadline of one send, retries included")
     retry_times_when_send_failed: int = bounded(2, min=0, max=100)
     max_redirects: int = bounded(5, min=0, max=100, doc="NOT_LEADER redirects followed per send")
-    retry_backoff_ms: int = bounded(50, min=0, doc="pause before the n-th retry: n * retry_backoff_ms")
-    max_message_size_bytes: int = bounded(4 * 1024 * 1024, min=1)
+    retry_backoff_ms: int = bounded(50, min=0, max=60_000, doc="pause before the n-th retry: n * retry_backoff_ms")
+    max_message_size_bytes: int = bounded(4 * 1024 * 1024, min=1, max=256 * 1024 * 1024)  # as a store's max
     send_latency_fault_enable: bool = True
     default_topic_queue_nums: int = bounded(4, min=1, max=1024,
                                             doc="queues per group of a topic created by its first send")

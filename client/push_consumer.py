@@ -67,7 +67,7 @@ import trio
 
 from client.filter import Subscription, parse_subscription
 from client.instance import (
-    ClientConfig, ClientInstance, ServerRequests, build_config, open_client_nursery,
+    HOUR_MS, ClientConfig, ClientInstance, ServerRequests, build_config, open_client_nursery,
     open_remoting, raise_for_response,
 )
 from client.message import I32_MAX, I64_MAX, MessageExt, MessageQueue, PullStatus
@@ -99,6 +99,10 @@ def _power_of_ten(n: int) -> bool:
     return n == 1
 
 
+def _nonblank_dir(value: str) -> str | None:
+    return "must name a directory (an empty one means the current directory)" if not value.strip() else None
+
+
 @dataclasses.dataclass(frozen=True)
 class PushConsumerConfig(ClientConfig):
     consumer_group: str = bounded("DEFAULT_CONSUMER", check=group_problem)
@@ -107,20 +111,25 @@ class PushConsumerConfig(ClientConfig):
     consume_timestamp_ms: int = bounded(0, min=0, max=I64_MAX,
                                         doc="start time for CONSUME_FROM_TIMESTAMP; 0: 30 min ago")
     pull_batch_size: int = bounded(32, min=1, max=1024)
-    pull_threshold_for_queue: int = bounded(1000, min=1, doc="flow control: messages cached per queue")
+    pull_threshold_for_queue: int = bounded(1000, min=1, max=65_535,  # RocketMQ's range
+                                            doc="flow control: messages cached per queue")
     pull_threshold_size_for_queue_mib: int = bounded(100, min=1, max=1 << 20,
                                                      doc="flow control: MiB of message bodies cached per queue")
     # A Java int on the wire: the broker refuses every pull asking for more (and holds at most its own
     # long_polling_timeout_ms anyway).
     broker_suspend_max_time_ms: int = bounded(15_000, min=0, max=I32_MAX, doc="long-polling hold on the broker")
-    rebalance_interval_ms: int = bounded(5_000, min=10)
-    persist_consumer_offset_interval_ms: int = bounded(1_000, min=10)
+    rebalance_interval_ms: int = bounded(5_000, min=10, max=HOUR_MS)
+    persist_consumer_offset_interval_ms: int = bounded(1_000, min=10, max=HOUR_MS)
     # 0 made every failing pull loop retry at once: one queue whose broker refused or could not be reached took a
     # core (RocketMQ waits 3000 ms; we retry sooner, a leader usually moves within a second).
-    pull_time_delay_ms_when_exception: int = bounded(200, min=10, doc="pause after a failed pull, before the next")
-    max_reconsume_times: int = bounded(16, min=0)
-    reconsume_delay_ms: int = bounded(1_000, min=0)
-    offset_store_dir: str = bounded(".raftmq-offsets", doc="where BROADCASTING consumers keep offsets")
+    pull_time_delay_ms_when_exception: int = bounded(200, min=10, max=HOUR_MS,
+                                                     doc="pause after a failed pull, before the next")
+    # A Java int on the wire: the broker refused every send-back of a member asking for more, INVALID_REQUEST.
+    max_reconsume_times: int = bounded(16, min=0, max=I32_MAX)
+    reconsume_delay_ms: int = bounded(1_000, min=0, max=HOUR_MS)
+    # An empty one put the offset files in the current directory (Path("") is ".").
+    offset_store_dir: str = bounded(".raftmq-offsets", check=_nonblank_dir,
+                                    doc="where BROADCASTING consumers keep offsets")
     check_crc: bool = bounded(False, doc="recompute each pulled body's crc32c")
     orderly: bool = bounded(False, doc="handler form only: hold each queue's lock on the broker while consuming it, "
                                        "one message at a time, retrying a failed one before its successors")

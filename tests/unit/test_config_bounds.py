@@ -1,4 +1,4 @@
-"""Every numeric key of the servers' configs has an upper bound, and no path key may be empty.
+"""Every numeric key of the servers' and clients' configs has an upper bound, and no path key may be empty.
 
 Keys with only a floor took any value and the process started: ``store.clean_interval_ms = 2**64`` turned
 cleaning (and the disk-full check it carries) off, ``store.file_reserved_hours = inf`` kept every segment, and
@@ -14,6 +14,10 @@ import pytest
 
 from broker.config import BrokerConfig, load_broker_config
 from broker.store.config import StoreConfig
+from client.instance import ClientConfig
+from client.producer import ProducerConfig
+from client.pull_consumer import PullConsumerConfig
+from client.push_consumer import PushConsumerConfig
 from dledger.config import DLedgerConfig
 from namesrv.config import NamesrvConfig
 from raftmq.commands.broker import parse_overrides
@@ -26,6 +30,7 @@ _DLEDGER = {"group": "broker-a", "self_id": "n1", "secret": "0123456789abcdef-se
 _BROKER = {"namesrv_addrs": ["127.0.0.1:9876"], "store": {"store_dir": "/tmp/x/store"}, "dledger": _DLEDGER}
 
 _SERVER_CONFIGS = [BrokerConfig, StoreConfig, DLedgerConfig, NamesrvConfig, DLedgerNodeConfig]
+_CLIENT_CONFIGS = [ClientConfig, ProducerConfig, PushConsumerConfig, PullConsumerConfig]
 
 
 def _broker(**overrides: typing.Any) -> BrokerConfig:
@@ -41,7 +46,7 @@ def _nested(base: dict, overrides: dict) -> dict:
     return data
 
 
-@pytest.mark.parametrize("cls", _SERVER_CONFIGS, ids=lambda c: c.__name__)
+@pytest.mark.parametrize("cls", _SERVER_CONFIGS + _CLIENT_CONFIGS, ids=lambda c: c.__name__)
 def test_every_numeric_key_has_an_upper_bound(cls):
     hints = typing.get_type_hints(cls)
     unbounded = [f.name for f in dataclasses.fields(cls)
@@ -139,3 +144,22 @@ def test_bench_store_refuses_an_empty_dir(tmp_path, monkeypatch, capsys):
     assert ("--dir must name a directory (an empty one means the current directory), got ''"
             in capsys.readouterr().err)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("key, value, bound", [
+    ("request_timeout_ms", 2 ** 64, 3_600_000), ("poll_name_server_interval_ms", 2 ** 64, 3_600_000),
+    ("max_frame_size_bytes", 2 ** 40, 256 * 1024 * 1024), ("pull_threshold_for_queue", 70_000, 65_535),
+    # The broker refused every send-back of a member asking for more than a Java int, INVALID_REQUEST.
+    ("max_reconsume_times", 2 ** 40, 2 ** 31 - 1),
+])
+def test_a_client_key_past_its_bound_is_refused_naming_it(key, value, bound):
+    with pytest.raises(ConfigError, match=f"^{key} must be <= {bound}, got {value}$"):
+        PushConsumerConfig(**{key: value})
+    assert getattr(PushConsumerConfig(**{key: bound}), key) == bound
+
+
+@pytest.mark.parametrize("value", ["", "  "])
+def test_an_empty_offset_store_dir_is_refused(value):
+    # A BROADCASTING member kept its offset files in the current directory.
+    with pytest.raises(ConfigError, match="offset_store_dir must name a directory"):
+        PushConsumerConfig(offset_store_dir=value)
