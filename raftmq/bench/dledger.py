@@ -99,8 +99,8 @@ def register(subparsers) -> None:
     parser.add_argument("--state-machine", choices=["message_store", "byte_log"], default="message_store",
                         help="what the group replicates into (default message_store)")
     parser.add_argument("--flush-disk-type", choices=["ASYNC_FLUSH", "SYNC_FLUSH"], default="ASYNC_FLUSH")
-    parser.add_argument("--data-dir", type=Path, help="where the members keep their data (default: a temporary "
-                                                      "directory, removed afterwards)")
+    parser.add_argument("--data-dir", type=Path, help="where the members keep their data; must be new or empty "
+                                                      "(default: a temporary directory, removed afterwards)")
     parser.add_argument("--json", action="store_true", help="print one JSON line instead of a table")
     parser.set_defaults(func=run)
 
@@ -288,6 +288,15 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:  # a malformed RAFTMQ_PORT_RANGE, named before anything starts
         raise ConfigError(str(e)) from None
     if args.data_dir is not None:
+        # An earlier run's members left their Raft logs and terms there under another secret and other ports:
+        # the new group never elected n0 and the bench gave up after 30 s with a trio.TooSlowError traceback.
+        try:
+            used = args.data_dir.is_dir() and any(args.data_dir.iterdir())
+        except OSError as e:
+            raise ConfigError(f"--data-dir {str(args.data_dir)!r} cannot be read: {e.strerror or e}") from None
+        if used:
+            raise ConfigError(f"--data-dir {str(args.data_dir)!r} is not empty: the bench starts a new group of its "
+                              f"own and cannot run on what an earlier one left there")
         make_dir(args.data_dir, "--data-dir")
     console = Console()
     base_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="raftmq-bench-dledger-"))

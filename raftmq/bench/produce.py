@@ -31,7 +31,7 @@ from client import Message, SendFailedError, open_admin, open_producer
 from raftmq.bench.common import (BenchError, LatencySummary, check_namesrv_arg, check_range, machine_speed, print_json,
                                  print_table, run_bench, show_progress, spawn_ready_process, summarize_latencies)
 from remoting.config import ConfigError
-from remoting.errors import RaftMQError
+from remoting.errors import ConnectionClosedError, RaftMQError, RemotingError
 
 log = logging.getLogger(__name__)
 
@@ -192,17 +192,53 @@ def _check(args: argparse.Namespace) -> None:
         check_range("--send-timeout-ms", args.send_timeout_ms, 1, 3_600_000)
 
 
-async def ensure_topic(namesrv: str, topic: str, queues: int, timeout_s: float = 30.0) -> None:
+async def ensure_topic(namesrv: str, topic: str, queues: int, timeout_s: float = 30.0, *,
+                       namesrv_grace_s: float = 5.0, log_every_s: float = 5.0) -> None:
+    """Create ``topic`` (``queues`` queues) on every broker group, retrying for up to ``timeout_s``: a cluster
+    just started answers before its groups have elected and registered. A name server that has not answered at
+    all within ``namesrv_grace_s`` (nothing listens, or it stays silent), or that answers in another protocol,
+    is no starting cluster: the bench ends then, not after 30 s. The waiting is logged when its reason changes
+    and at most once per ``log_every_s`` otherwise (it was a line per 0.3 s retry: 100 lines for 30 s)."""
     last: RaftMQError | None = None
+    answered = False  # has any name server answered a request, in our protocol?
+    namesrv_deadline = trio.current_time() + namesrv_grace_s
+    logged: tuple[str, float] | None = None
+
+    def note(what: str, e: RaftMQError) -> None:
+        nonlocal logged
+        now = trio.current_time()
+        if logged is None or logged[0] != str(e) or now - logged[1] >= log_every_s:
+            log.info("waiting for %s: %s", what, e)
+            logged = (str(e), now)
+
     async with open_admin(namesrv) as admin:
         with trio.move_on_after(timeout_s):
             while True:
+                if not answered:
+                    try:
+                        await admin.cluster_info()
+                    except RemotingError as e:
+                        last = e
+                        # The transport's "bad frame" close: the peer speaks another protocol (an HTTP metrics
+                        # port, say), and waiting would not change that.
+                        if isinstance(e, ConnectionClosedError) and e.reason.startswith("bad frame"):
+                            raise BenchError(f"name server {namesrv} does not speak the raftmq protocol: "
+                                             f"{e}") from None
+                        if trio.current_time() >= namesrv_deadline:
+                            raise BenchError(f"no name server at {namesrv} answered within {namesrv_grace_s:g} s: "
+                                             f"{e}") from None
+                        note(f"name server {namesrv} to answer", e)
+                        await trio.sleep(0.3)
+                        continue
+                    except RaftMQError:
+                        pass  # an error response is an answer: create_topic reports it below
+                    answered = True
                 try:
                     await admin.create_topic(topic, read_queue_nums=queues, write_queue_nums=queues)
                     return
                 except RaftMQError as e:
                     last = e
-                    log.info("waiting for the cluster to take topic %s: %s", topic, e)
+                    note(f"the cluster to take topic {topic}", e)
                     await trio.sleep(0.3)
     raise BenchError(f"the cluster behind name server {namesrv} did not take topic {topic!r} within "
                      f"{timeout_s:g} s; last error: {last or 'none (each attempt was still waiting)'}")
