@@ -4,7 +4,8 @@ It starts one name server and the 3-node group ``broker-a`` as child processes (
 ``raftmq broker`` a deployment runs, so what works here works there), with data, generated configs, logs and a
 generated cluster secret under ``./.raftmq-dev/``. Ports are fixed by default (name server 9876, brokers
 10911/10921/10931, Raft 20911/20921/20931) so clients can be pointed at the same address every time;
-``--base-port 0`` picks free ones. A second run reuses the data, the secret and the ports. Every process also
+``--base-port 0`` picks free ones. A second run reuses the data, the secret and the ports; one started while
+another runs on the same ``--data-dir`` is refused before it writes anything (``lock_data_dir``). Every process also
 serves Prometheus metrics (``GET /metrics``) on a free port of its host, printed at start (``metrics_listen``
 port 0: a scrape config follows the printed addresses, or sets its own in a deployment's config).
 
@@ -35,11 +36,17 @@ from raftmq.bench.common import check_range, make_dir
 from raftmq.ports import free_port, port_range
 from raftmq.runner import PARENT_PID_ENV, announce_ready, run_until_signalled
 from remoting.config import ConfigError, apply_overrides, config_from_mapping
+from remoting.dirlock import DirectoryInUseError, DirectoryLock
 
 log = logging.getLogger(__name__)
 
 GROUP = "broker-a"
 NODE_IDS = ("n1", "n2", "n3")
+# The broker config keys that differ from node to node in what ``_broker_toml`` writes (``metrics_listen`` by
+# host), or default from them (``listen`` is the member's service_address): one ``--set`` value given to all
+# three made them claim one identity, port or directory, and it ended in a bind error from the second node.
+PER_NODE_KEYS = ("listen", "metrics_listen", "store.store_dir", "dledger.self_id", "dledger.data_dir",
+                 "dledger.members")
 
 
 def register(subparsers) -> None:
@@ -47,14 +54,16 @@ def register(subparsers) -> None:
         "dev", help="run a name server and a 3-node broker group on loopback (Ctrl-C stops everything)",
         description="Start the embedded default cluster: one name server and the 3-node group broker-a on "
                     "127.0.0.1, data under ./.raftmq-dev/. Prints the addresses, then serves until Ctrl-C.")
-    parser.add_argument("--data-dir", type=Path, default=Path(".raftmq-dev"), help="default ./.raftmq-dev")
+    # A str, not a Path: Path("") is "." and an empty --data-dir must be told from an explicit "." to refuse it.
+    parser.add_argument("--data-dir", default=".raftmq-dev", help="default ./.raftmq-dev")
     parser.add_argument("--base-port", type=int, default=None,
                         help="name server on BASE, brokers on BASE+1035+10*i, Raft on BASE+11035+10*i "
                              "(default 9876, i.e. 9876/10911/20911; 0 picks free ports)")
     parser.add_argument("--stop-timeout", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="broker config override passed to every node, e.g. --set store.flush_disk_type="
-                             '\'"SYNC_FLUSH"\'')
+                             '\'"SYNC_FLUSH"\' (not the keys dev sets per node: '
+                             + ", ".join(PER_NODE_KEYS) + ")")
     parser.set_defaults(func=run)
 
 
@@ -159,16 +168,67 @@ def _broker_toml(nid: str, node_dir: Path, ports: dict[str, Any], secret: str, h
 def check_overrides(overrides: Sequence[str]) -> None:
     """Refuse a bad ``--set`` before anything is made or started: checked on a config like the ones
     ``write_broker_configs`` writes, so it fails here as it would in every node (ConfigError naming the key,
-    exit 2), not as three brokers exiting one after the other."""
+    exit 2), not as three brokers exiting one after the other. A key of ``PER_NODE_KEYS`` (or a table holding
+    one, or a key under one) is refused too: it is valid in each node's config, and wrong in all three at once."""
     if not overrides:
         return
     from broker.config import BrokerConfig  # the broker stack only when there is something to check
     from raftmq.commands.broker import parse_overrides
 
+    parsed = parse_overrides(list(overrides))
+    for key in parsed:
+        for per_node in PER_NODE_KEYS:
+            if key == per_node or key.startswith(per_node + "."):
+                raise ConfigError(f"--set {key}: raftmq dev sets this per node (each node its own identity, "
+                                  f"addresses and directories); a different layout needs configs of its own, run "
+                                  f"with raftmq broker")
+            if per_node.startswith(key + "."):
+                raise ConfigError(f"--set {key}: raftmq dev sets {per_node} in it per node, and this replaces the "
+                                  f"whole table; set its other keys one by one ({key}.KEY=VALUE)")
     data = tomllib.loads(_broker_toml(NODE_IDS[0], Path("/raftmq-dev-check") / GROUP / NODE_IDS[0],
                                       _fixed_ports(9876), "0" * 32, {}, "127.0.0.1"))
-    apply_overrides(data, parse_overrides(list(overrides)))
+    apply_overrides(data, parsed)
     config_from_mapping(BrokerConfig, data)
+
+
+def check_data_dir(value: str) -> Path:
+    """``--data-dir`` as a Path; an empty one (Path("") is the current directory, where the whole cluster then
+    landed) is a ConfigError."""
+    if not value.strip():
+        raise ConfigError(f"--data-dir must name a directory (an empty one means the current directory), "
+                          f"got {value!r}")
+    return Path(value)
+
+
+def lock_data_dir(data_dir: Path) -> DirectoryLock:
+    """Lock ``data_dir`` for this ``raftmq dev`` (remoting.dirlock: released with the process, however it exits),
+    or raise DirectoryInUseError naming the directory and the holder's pid (exit 2) before anything is written.
+
+    A second ``raftmq dev --base-port 0`` on a running one's directory rewrote cluster.json and the three node
+    configs with new ports, then failed on the nodes' store locks: the running cluster's files named ports
+    nothing listened on, and the next run started on those. The node directories are probed too, for nodes
+    that run without a ``raftmq dev`` holding this lock (started by hand from its configs, by ``raftmq chaos``
+    on this directory, or left by a ``raftmq dev`` from before this lock)."""
+    try:
+        lock = DirectoryLock(data_dir, "--data-dir", "dev.lock")
+    except OSError as e:  # a read-only directory: a traceback from the first file written, as before the lock
+        raise ConfigError(f"--data-dir {str(data_dir)!r} cannot be written: {e.strerror or e}") from None
+    # The locks each node's store and Raft member take (broker/store/message_store.py, dledger/member.py), taken
+    # and let go at once; a directory not made yet holds no running node.
+    node_locks = [(data_dir / GROUP / nid / sub, what, file) for nid in NODE_IDS
+                  for sub, what, file in (("store", "store_dir", "lock"),
+                                          ("dledger", "the Raft data directory", "raft.lock"))]
+    try:
+        for path, what, file in node_locks:
+            if path.is_dir():
+                DirectoryLock(path, what, file).release()
+    except DirectoryInUseError as e:
+        lock.release()
+        raise DirectoryInUseError(f"--data-dir {str(data_dir)!r} holds a running node: {e}") from None
+    except BaseException:
+        lock.release()
+        raise
+    return lock
 
 
 class DevClusterError(RuntimeError):
@@ -298,8 +358,17 @@ def run(args: argparse.Namespace) -> int:
     check_range("--stop-timeout", args.stop_timeout, 0.1, 3600)
     check_base_port(args.base_port)
     check_overrides(args.set)
-    data_dir: Path = args.data_dir
+    data_dir = check_data_dir(args.data_dir)
     make_dir(data_dir, "--data-dir")
+    lock = lock_data_dir(data_dir)
+    try:
+        return _run_locked(args, data_dir)
+    finally:
+        # Held until every child has stopped: a second run must not rewrite the files of nodes still flushing.
+        lock.release()
+
+
+def _run_locked(args: argparse.Namespace, data_dir: Path) -> int:
     cluster = LocalCluster(data_dir, plan_ports(data_dir, args.base_port), overrides=args.set,
                            stop_timeout_s=args.stop_timeout)
     logs = cluster.logs

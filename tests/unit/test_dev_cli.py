@@ -21,16 +21,49 @@ from raftmq.cli import main
     (["--base-port", "0", "--set", "no_such=1"], None, "unknown config key 'no_such'"),
     (["--base-port", "0", "--set", "cluster_name.x=1"], None,
      "config key 'cluster_name.x': 'cluster_name' is a value, not a table"),
+    # A key dev writes per node passed the check, and every node claimed one identity, port or directory: it ended
+    # as a bind error from the second node, exit 1.
+    (["--base-port", "0", "--set", 'dledger.self_id="n2"'], None,
+     "--set dledger.self_id: raftmq dev sets this per node"),
+    (["--base-port", "0", "--set", ' dledger.self_id = "n2"'], None,
+     "--set dledger.self_id: raftmq dev sets this per node"),
+    (["--base-port", "0", "--set", 'store.store_dir="/tmp/one-store"'], None,
+     "--set store.store_dir: raftmq dev sets this per node"),
+    (["--base-port", "0", "--set", 'dledger.data_dir="/tmp/one-raft"'], None,
+     "--set dledger.data_dir: raftmq dev sets this per node"),
+    (["--base-port", "0", "--set", 'listen="127.0.0.1:12345"'], None, "--set listen: raftmq dev sets this per node"),
+    (["--base-port", "0", "--set", 'metrics_listen="127.0.0.1:9100"'], None,
+     "--set metrics_listen: raftmq dev sets this per node"),
+    (["--base-port", "0", "--set",
+      'dledger.members=[{id="n1", raft_address="127.0.0.1:2", service_address="127.0.0.1:3"}]'], None,
+     "--set dledger.members: raftmq dev sets this per node"),
+    (["--base-port", "0", "--set", "dledger.members.x=1"], None,
+     "--set dledger.members.x: raftmq dev sets this per node"),
+    # A whole table put store_dir back to its default, "store" in the current directory, for all three nodes.
+    (["--base-port", "0", "--set", 'store={flush_disk_type="SYNC_FLUSH"}'], None,
+     "--set store: raftmq dev sets store.store_dir in it per node, and this replaces the whole table; set its "
+     "other keys one by one (store.KEY=VALUE)"),
+    (["--base-port", "0", "--set", 'dledger={group="broker-a"}'], None,
+     "--set dledger: raftmq dev sets dledger.self_id in it per node"),
+    # Path("") is ".": the whole cluster was written into the current directory.
+    (["--base-port", "0", "--data-dir", ""], None,
+     "--data-dir must name a directory (an empty one means the current directory), got ''"),
+    (["--base-port", "0", "--data-dir", "  "], None,
+     "--data-dir must name a directory (an empty one means the current directory), got '  '"),
 ])
 def test_a_bad_option_exits_2_naming_it_and_writes_nothing(argv, env, named, tmp_path, monkeypatch, capsys):
     if env is not None:
         monkeypatch.setenv("RAFTMQ_PORT_RANGE", env)
+    (tmp_path / "cwd").mkdir()  # where an empty --data-dir put the cluster
+    monkeypatch.chdir(tmp_path / "cwd")
     data_dir = tmp_path / "dev"
     with pytest.raises(SystemExit) as exit_info:
         main(["dev", "--data-dir", str(data_dir), *argv])
     assert exit_info.value.code == 2
-    assert named in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert named in err and len(err.strip().splitlines()) == 1, err
     assert not data_dir.exists()
+    assert not any((tmp_path / "cwd").iterdir())
 
 
 def test_good_overrides_pass_the_check():

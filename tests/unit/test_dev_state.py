@@ -1,0 +1,76 @@
+"""``raftmq dev``'s state files (cluster.json, secret, the nodes' configs) belong to one run at a time: a second run
+on a directory in use is refused before it writes anything (raftmq.commands.dev.lock_data_dir)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from raftmq.cli import main
+from raftmq.commands.dev import GROUP, NODE_IDS, plan_ports, write_broker_configs
+from remoting.dirlock import DirectoryLock
+from tests.procs import raftmq_argv
+
+
+def _state_files(data_dir: Path) -> dict[str, bytes]:
+    names = ["cluster.json", "secret", *(f"{GROUP}-{nid}.toml" for nid in NODE_IDS)]
+    return {name: (data_dir / name).read_bytes() for name in names}
+
+
+@pytest.mark.cluster
+def test_a_second_dev_on_a_running_ones_data_dir_is_refused_before_it_writes(tmp_path, spawn):
+    # It rewrote cluster.json and the three configs with new ports, then failed on the nodes' store locks (exit 1):
+    # the running cluster's files named ports nothing listened on, and the next `raftmq dev` started on those.
+    data_dir = tmp_path / "dev"
+    first = spawn(raftmq_argv("dev", "--data-dir", str(data_dir), "--base-port", "0"), ready_timeout_s=120)
+    before = _state_files(data_dir)
+    for again in (["--base-port", "0"], []):
+        r = subprocess.run(raftmq_argv("dev", "--data-dir", str(data_dir), *again), capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 2, r.stderr
+        assert r.stderr.strip() == (f"raftmq: error: --data-dir {str(data_dir)!r} is in use by another process "
+                                    f"(pid {first.pid}): two processes writing one directory would corrupt "
+                                    f"it"), r.stderr
+        assert "ready" not in r.stdout
+        assert _state_files(data_dir) == before
+    assert first.alive
+    first.stop()
+    DirectoryLock(data_dir, "--data-dir", "dev.lock").release()  # let go with the process
+
+
+def test_a_dir_whose_node_runs_without_dev_is_refused_before_it_writes(tmp_path, capsys):
+    # A node started by hand from the directory's configs (or by `raftmq chaos` on it) holds its store and Raft
+    # locks but not dev's: the nodes' own locks are probed too. Held here as the store and the member hold them.
+    data_dir = tmp_path / "dev"
+    data_dir.mkdir()
+    write_broker_configs(data_dir, plan_ports(data_dir, 0))
+    before = _state_files(data_dir)
+    for sub, what, file in (("store", "store_dir", "lock"), ("dledger", "the Raft data directory", "raft.lock")):
+        held = DirectoryLock(data_dir / GROUP / "n2" / sub, what, file)
+        try:
+            with pytest.raises(SystemExit) as exit_info:
+                main(["dev", "--data-dir", str(data_dir), "--base-port", "0"])
+        finally:
+            held.release()
+        assert exit_info.value.code == 2
+        assert capsys.readouterr().err.strip() == (
+            f"raftmq: error: --data-dir {str(data_dir)!r} holds a running node: {what} "
+            f"{str(data_dir / GROUP / 'n2' / sub)!r} is in use by another process (pid {os.getpid()}): two "
+            f"processes writing one directory would corrupt it")
+        assert _state_files(data_dir) == before
+    DirectoryLock(data_dir, "--data-dir", "dev.lock").release()  # a refused start let go of its own lock
+
+
+def test_a_refused_start_lets_go_of_the_data_dir(tmp_path, capsys):
+    # Refused after the lock was taken (a damaged cluster.json): the lock goes with the refusal, not the process.
+    data_dir = tmp_path / "dev"
+    data_dir.mkdir()
+    (data_dir / "cluster.json").write_text("{nope")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["dev", "--data-dir", str(data_dir)])
+    assert exit_info.value.code == 2
+    assert "cannot be read as JSON" in capsys.readouterr().err
+    DirectoryLock(data_dir, "--data-dir", "dev.lock").release()
