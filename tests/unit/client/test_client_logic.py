@@ -695,6 +695,12 @@ async def test_a_silent_leader_still_routed_is_kept_and_its_late_answer_taken(cl
     assert _route_queries(cluster) - before >= 3  # asked every 50 / 4 ms... at least a few times in 0.45 s
 
 
+def _assert_sent_to_a1_then_a2_named_by_the_others(cluster, result) -> None:
+    assert result.send_status is SendStatus.SEND_OK
+    assert [addr for addr, code in cluster.calls if code == RequestCode.SEND_MESSAGE] == ["a:1", "a:2"]
+    assert {addr for addr, code in cluster.calls if code == RequestCode.GET_BROKER_RUNTIME_INFO} == {"a:2", "a:3"}
+
+
 async def test_with_the_name_server_silent_too_the_leader_the_other_nodes_name_is_taken(cluster):
     # The client cut off from the name server as well: the watch's route refresh gets no answer, but the status
     # it asks of a:2 and a:3 at the same time names a:2 (term 2) once a:2 is elected.
@@ -710,11 +716,9 @@ async def test_with_the_name_server_silent_too_the_leader_the_other_nodes_name_i
         async with trio.open_nursery() as n:
             n.start_soon(elect_a2)
             r = await p.send(Message("T", b"x"), queue=MessageQueue("T", "broker-a", 0))
-        assert "a:1" not in cluster.conns
+        assert "a:1" not in cluster.conns  # closed by the watch
         cluster.resume("a:1")
-    assert r.send_status is SendStatus.SEND_OK
-    assert [addr for addr, code in cluster.calls if code == RequestCode.SEND_MESSAGE] == ["a:1", "a:2"]
-    assert {addr for addr, code in cluster.calls if code == RequestCode.GET_BROKER_RUNTIME_INFO} == {"a:2", "a:3"}
+    _assert_sent_to_a1_then_a2_named_by_the_others(cluster, r)
 
 
 @pytest.mark.parametrize("body", [cbor2.dumps(["term", 2]), b"\xff"])
@@ -738,11 +742,9 @@ async def test_a_status_that_is_no_map_is_that_nodes_silence_and_the_other_node_
         cluster.hung.update({"a:1", NAMESRV})
         a.leader, a.term = "a:2", 2
         r = await p.send(Message("T", b"x"), queue=MessageQueue("T", "broker-a", 0))
-        assert "a:1" not in cluster.conns
+        assert "a:1" not in cluster.conns  # closed by the watch
         cluster.resume("a:1")
-    assert r.send_status is SendStatus.SEND_OK
-    assert [addr for addr, code in cluster.calls if code == RequestCode.SEND_MESSAGE] == ["a:1", "a:2"]
-    assert {addr for addr, code in cluster.calls if code == RequestCode.GET_BROKER_RUNTIME_INFO} == {"a:2", "a:3"}
+    _assert_sent_to_a1_then_a2_named_by_the_others(cluster, r)
 
 
 async def test_with_the_name_server_silent_too_a_leader_its_nodes_still_name_is_kept(cluster):
