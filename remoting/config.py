@@ -118,6 +118,8 @@ def read_config_data(path: str | Path | None = None, *, overrides: Mapping[str, 
     data: dict[str, Any] = {}
     if path is not None:
         name = str(path)
+        if not name.strip():  # the CLI passes --config as given: as a Path, '' had become '.', "a directory"
+            raise ConfigError(f"config file must be named, got {name!r}")
         # Every way a file cannot be read as TOML text is one ConfigError naming it (the CLI's one line and exit
         # 2): a directory, an unreadable file or bytes that are not UTF-8 raised from open/tomllib as tracebacks.
         try:

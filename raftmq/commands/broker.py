@@ -6,7 +6,6 @@ import argparse
 import functools
 import logging
 import tomllib
-from pathlib import Path
 
 import trio
 
@@ -21,7 +20,7 @@ def register(subparsers) -> None:
         "broker", help="run a broker node (one member of a 3-node broker group)",
         description="Run one broker node: a member of its group's Raft group serving producers and consumers. "
                     "Prints one ready line once listening; SIGTERM/SIGINT stop it cleanly.")
-    parser.add_argument("--config", type=Path, metavar="FILE", required=True,
+    parser.add_argument("--config", type=str, metavar="FILE", required=True,
                         help="broker TOML: cluster_name, namesrv_addrs, [store], [dledger] (see docs/operations.md)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config key (dotted, TOML value syntax), "

@@ -140,7 +140,7 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser("dledger-node", help="run one member of a DLedger (Raft) group",
                                    description="Run one DLedger member with its commit log and remoting port. "
                                                "Prints one ready line once serving.")
-    parser.add_argument("--config", type=Path, metavar="FILE", required=True,
+    parser.add_argument("--config", type=str, metavar="FILE", required=True,
                         help="TOML file: state_machine, [dledger] (group, self_id, secret, members...), [store]")
     parser.set_defaults(func=run)
 

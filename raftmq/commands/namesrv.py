@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import functools
 import logging
-from pathlib import Path
 
 import trio
 
@@ -19,7 +18,7 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser("namesrv", help="run a name server (stateless route registry)",
                                    description="Run a name server: brokers register with it, clients ask it "
                                                "for topic routes. Prints one ready line once listening.")
-    parser.add_argument("--config", type=Path, metavar="FILE",
+    parser.add_argument("--config", type=str, metavar="FILE",
                         help="TOML file (keys: listen, metrics_listen, broker_expired_ms, scan_interval_ms, "
                              "max_frame_size_bytes)")
     parser.add_argument("--listen", metavar="HOST:PORT",

@@ -30,6 +30,13 @@ def test_a_directory_is_named(command, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("name", ["", " "])
+def test_an_empty_name_is_refused_as_itself(command, name, capsys):
+    # Parsed as a Path, '' was '.': "config file '.' is a directory", naming a value nobody gave.
+    assert f"config file must be named, got {name!r}" in _run([command, "--config", name], capsys)
+
+
+@pytest.mark.parametrize("command", COMMANDS)
 def test_a_file_that_is_not_utf8_is_named(command, tmp_path, capsys):
     path = tmp_path / "binary.toml"
     path.write_bytes(b'listen = "\xff\xfe"\n')
