@@ -29,7 +29,10 @@ class DirectoryLock:
 
     def __init__(self, path: Path, what: str, file: str = "lock") -> None:
         path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):  # "could not start: [Errno 17] File exists" named no key
+            raise ConfigError(f"{what} {str(path)!r} is not a directory: a file is in the way") from None
         self.path = path / file
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:

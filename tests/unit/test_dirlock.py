@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -38,3 +39,12 @@ def test_a_killed_holder_leaves_no_stale_lock(tmp_path):
         holder.wait(10)
         holder.stdout.close()
     DirectoryLock(tmp_path, "store_dir").release()
+
+
+@pytest.mark.parametrize("where", ["store", "store/deeper"])
+def test_a_file_in_the_way_is_named_with_the_key(tmp_path, where):
+    # mkdir's FileExistsError / NotADirectoryError came out as "could not start: [Errno 17] File exists: ...".
+    (tmp_path / "store").write_text("not a directory")
+    named = re.escape(f"store_dir '{tmp_path / where}' is not a directory: a file is in the way")
+    with pytest.raises(ConfigError, match=f"^{named}$"):
+        DirectoryLock(tmp_path / where, "store_dir")
