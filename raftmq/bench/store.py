@@ -250,6 +250,8 @@ def run(args: argparse.Namespace) -> int:
     for m in modes or [args.modes]:  # an empty list measured nothing and exited 0
         if m not in ("ASYNC_FLUSH", "SYNC_FLUSH"):
             raise ConfigError(f"--modes must list ASYNC_FLUSH and/or SYNC_FLUSH, got {m!r}")
+        if modes.count(m) > 1:  # measured twice, as two rows of one table
+            raise ConfigError(f"--modes names {m} more than once, got {args.modes!r}")
     if args.dir is not None and not args.dir.strip():
         # Path("") is "." and mkdtemp(dir="") the current directory: the store landed there.
         raise ConfigError(f"--dir must name a directory (an empty one means the current directory), "

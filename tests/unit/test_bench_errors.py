@@ -46,6 +46,8 @@ def test_a_bench_error_inside_a_nursery_is_found_and_anything_else_is_raised():
     (["consume", "--namesrv", "nowhere"], "--namesrv must look like HOST:PORT, got 'nowhere'"),
     (["produce", "--namesrv", "127.0.0.1:0"], "--namesrv needs a fixed port (it is dialed"),
     (["produce", "--warmup-seconds", "-1"], "--warmup-seconds must be within 0..600, got -1.0"),
+    # Ran explicit batches with auto_batch on and nothing for it to do, and reported it as on.
+    (["produce", "--auto-batch", "--batch", "4"], "--auto-batch batches single sends; --batch 4 sends batches"),
 ])
 def test_a_bad_option_exits_2_naming_it_before_any_cluster_is_asked(argv, named, capsys):
     from raftmq.cli import main
@@ -82,6 +84,8 @@ def test_with_json_a_failure_is_one_json_line_too(capsys):
 
 @pytest.mark.parametrize("argv, named", [
     (["store", "--modes", "", "--messages", "1"], "--modes must list ASYNC_FLUSH and/or SYNC_FLUSH, got ''"),
+    (["store", "--modes", "ASYNC_FLUSH,async_flush", "--messages", "1"],
+     "--modes names ASYNC_FLUSH more than once, got 'ASYNC_FLUSH,async_flush'"),
     (["store", "--dir", "{tmp}/missing", "--messages", "1"], "--dir '{tmp}/missing' is not an existing directory"),
     (["dledger", "--data-dir", "{tmp}/afile", "--seconds", "0.5"], "--data-dir '{tmp}/afile' is a file"),
     (["dledger", "--data-dir", "{tmp}/afile/x", "--seconds", "0.5"],
