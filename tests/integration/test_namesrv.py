@@ -150,8 +150,8 @@ async def test_silent_node_expires_and_heartbeats_keep_it(nursery):
                 await trio.sleep(0.1)
         assert (await route(client, addr, "TopicA")).code == ResponseCode.TOPIC_NOT_EXIST
         assert (await route(client, addr, "Kept")).code == ResponseCode.SUCCESS
-        elapsed = await wait_topic_gone(client, addr, "Kept")
-        assert 0.2 < elapsed < 2.0
+        elapsed = await wait_topic_gone(client, addr, "Kept", timeout_s=2.0)  # liveness: expired, not kept
+        assert elapsed > 0.2
 
 
 async def test_closed_registration_connection_evicts_at_once(nursery):
@@ -161,5 +161,5 @@ async def test_closed_registration_connection_evicts_at_once(nursery):
             await broker.invoke(addr, register_request(1, "LEADER"))
             await broker.invoke(addr, register_request(2))
         assert (await route(observer, addr)).code in (ResponseCode.SUCCESS, ResponseCode.TOPIC_NOT_EXIST)
-        assert await wait_topic_gone(observer, addr, timeout_s=3.0) < 3.0
+        await wait_topic_gone(observer, addr, timeout_s=3.0)  # evicted at once: its fail_after(3), not the 120 s expiry
         assert table.statistics().nodes == 0 and table.statistics().evictions == 2

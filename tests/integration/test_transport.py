@@ -123,9 +123,10 @@ async def test_request_timeout_on_a_connection_that_answers_others_keeps_it(serv
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_echo_every, conn, 0.02, stop)
             start = trio.current_time()
-            with pytest.raises(RequestTimeoutError, match=r"did not answer request code 2000 within 0.2 s") as info:
+            with trio.fail_after(5), pytest.raises(RequestTimeoutError,  # liveness: its 0.2 s, not the echoes'
+                                                   match=r"did not answer request code 2000 within 0.2 s") as info:
                 await client.invoke(addr, make_request(SLOW), timeout_s=0.2)
-            assert 0.2 <= trio.current_time() - start < 2.0  # generous: the machine is shared
+            assert trio.current_time() - start >= 0.2
             stop.set()
         assert info.value.retriable
         response = await client.invoke(addr, make_request(RequestCode.ECHO, body=b"still"))

@@ -147,8 +147,9 @@ def test_code_numbers(member, number):
 
 
 def test_codes_are_unique():
+    # Iterating an enum skips aliases, so counting its members could never see two names for one number.
     for enum in (RequestCode, ResponseCode):
-        assert len({int(m) for m in enum}) == len(list(enum))
+        assert [name for name, member in enum.__members__.items() if member.name != name] == []
 
 
 def test_ext_keys_cannot_shadow_the_error_itself():

@@ -7,14 +7,13 @@ import gc
 import logging
 import os
 import signal
-import time
 
 import pytest
 import trio
 
 from dledger import MemberDivergedError
-from raftmq.runner import (DRAIN_TIMEOUT_S, EXIT_FATAL, GC_GEN0_THRESHOLD, PARENT_PID_ENV, _supervisor_pid,
-                           run_interruptible, run_until_signalled, start_error)
+from raftmq.runner import (EXIT_FATAL, GC_GEN0_THRESHOLD, PARENT_PID_ENV, _supervisor_pid, run_interruptible,
+                           run_until_signalled, start_error)
 from remoting.config import ConfigError
 
 
@@ -131,7 +130,11 @@ def test_a_drain_runs_on_the_signal_while_the_servers_still_serve():
     assert events == ["drain started", "drain done", "server cancelled"]
 
 
-def test_a_second_signal_cuts_the_drain_short():
+@pytest.mark.timeout(60)  # liveness: with the drain's own bound out of reach, only the second signal ends it
+def test_a_second_signal_cuts_the_drain_short(monkeypatch):
+    import raftmq.runner
+
+    monkeypatch.setattr(raftmq.runner, "DRAIN_TIMEOUT_S", 3600.0)  # so its end is the signal's, not the bound's
     events = []
 
     async def main(nursery: trio.Nursery):
@@ -151,10 +154,8 @@ def test_a_second_signal_cuts_the_drain_short():
         nursery.start_soon(signal_twice)
         return drain
 
-    started = time.monotonic()
     assert run_until_signalled(main) == 0
     assert events == ["drain started", "drain cut short"]
-    assert time.monotonic() - started < DRAIN_TIMEOUT_S  # by the second signal, not by the drain's bound
 
 
 @pytest.mark.timeout(30)  # without the watch it would serve for ever

@@ -117,9 +117,9 @@ async def test_append_without_a_majority_times_out(tmp_path):
     async with trio.open_nursery() as nursery:
         leader, logs = await leader_alone(nursery, tmp_path)
         started = trio.current_time()
-        with pytest.raises(AppendTimeoutError) as info:
+        with trio.fail_after(1.0), pytest.raises(AppendTimeoutError) as info:  # liveness: its 0.3 s, not forever
             await leader.append(b"no-majority", timeout_s=0.3)
-        assert info.value.retriable and 0.2 <= trio.current_time() - started <= 1.0
+        assert info.value.retriable and trio.current_time() - started >= 0.2
         nursery.cancel_scope.cancel()
     for log in logs.values():
         log.close()
@@ -331,7 +331,7 @@ async def test_transfer_leadership_without_majority_ends_within_its_timeout(tmp_
         with trio.fail_after(5):
             with pytest.raises(TransferLeadershipError) as info:
                 await leader.transfer_leadership(target, timeout_s=0.5)
-        assert 0.4 <= trio.current_time() - started <= 1.5
+        assert trio.current_time() - started >= 0.4  # ended by its 0.5 s (the fail_after: not the append's 20 s)
         assert info.value.retriable and "0.5 s" in str(info.value), str(info.value)
         nursery.cancel_scope.cancel()
     for log in logs.values():
@@ -349,8 +349,10 @@ async def test_repeated_transfers_under_load_all_succeed(tmp_path):
         groups = [await stack.enter_async_context(open_dledger_group(c, log)) for c, log in zip(configs, logs)]
         await ready_leader(groups)
         stop = trio.Event()
+        acked = 0
 
         async def load(k: int) -> None:
+            nonlocal acked
             i = 0
             while not stop.is_set():
                 leader = next((g for g in groups if g.is_leader), None)
@@ -360,19 +362,28 @@ async def test_repeated_transfers_under_load_all_succeed(tmp_path):
                     continue
                 try:
                     await leader.append(b"load-%d-%05d" % (k, i), timeout_s=5)
+                    acked += 1
                 except DLedgerError as e:  # NOT_LEADER, or a batch the old leader could not commit
                     assert e.retriable, e
+                    await trio.sleep(0.005)
+
+        async def load_acknowledged_after(count: int) -> None:
+            # Under load by construction: every transfer starts once appends are committing on the current leader
+            # (the load swallows retriable errors, so it could otherwise have failed throughout unseen).
+            with trio.fail_after(10):
+                while acked <= count:
                     await trio.sleep(0.005)
 
         async with trio.open_nursery() as nursery:
             for k in range(16):
                 nursery.start_soon(load, k)
             for _ in range(12):
+                await load_acknowledged_after(acked)
                 leader = await ready_leader(groups)
                 target = next(g for g in groups if not g.is_leader)
                 view = await leader.transfer_leadership(target.config.self_id, timeout_s=3)
                 assert view.leader_id == target.config.self_id
-                await trio.sleep(0.05)
+            await load_acknowledged_after(acked)
             stop.set()
     for log in logs:
         log.close()
@@ -483,6 +494,6 @@ async def test_a_transfer_whose_timeout_now_went_unheeded_asks_again(tmp_path):
         assert view.leader_id == target.config.self_id and target.is_leader
         assert len(asked) == 2, asked
         # One election timeout (400 ms by default) for the lost one, then a transfer's few milliseconds.
-        assert configs[0].election_timeout_min_ms / 1000 <= took < 3, took
+        assert configs[0].election_timeout_min_ms / 1000 <= took, took  # (its timeout_s=3 bounds it above)
     for log in logs:
         log.close()
