@@ -19,7 +19,7 @@ import trio
 
 from client.errors import ClientError
 from client.instance import (
-    ClientConfig, ClientInstance, build_config, open_client_nursery, open_remoting, raise_for_response,
+    ClientConfig, ClientInstance, answer_data, build_config, open_client_nursery, open_remoting, raise_for_response,
 )
 from client.message import I64_MAX, MessageExt, MessageQueue, check_int_arg, check_seconds
 from client.pull_consumer import to_message_ext
@@ -151,11 +151,6 @@ def _parse_cluster_info(data: Mapping[str, Any]) -> ClusterInfo:
     return ClusterInfo(brokers, clusters, nodes)
 
 
-def _decoded(frame: Any) -> Any:
-    """An answer's CBOR body, else its ext (a small answer may carry its map there)."""
-    return cbor2.loads(frame.body) if frame.body else frame.ext
-
-
 @contextlib.contextmanager
 def _reading(request: str, source: str) -> Iterator[None]:
     """Reads an answer: what it holds that cannot be read as it should (not CBOR, a field missing or of another
@@ -205,12 +200,12 @@ class AdminClient:
     async def cluster_info(self) -> ClusterInfo:
         frame = await self._instance.invoke_namesrv(RequestCode.GET_BROKER_CLUSTER_INFO)
         with _reading("GET_BROKER_CLUSTER_INFO", "the name servers"):
-            return _parse_cluster_info(_decoded(frame))
+            return _parse_cluster_info(answer_data(frame))
 
     async def list_topics(self) -> list[str]:
         frame = await self._instance.invoke_namesrv(RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER)
         with _reading("GET_ALL_TOPIC_LIST_FROM_NAMESERVER", "the name servers"):
-            return sorted(_names(_decoded(frame).get("topic_list", []), "topic_list"))
+            return sorted(_names(answer_data(frame).get("topic_list", []), "topic_list"))
 
     async def get_route(self, topic: str) -> TopicRouteData:
         frame = await self._instance.invoke_namesrv(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": topic})
@@ -591,7 +586,7 @@ class AdminClient:
     async def broker_status(self, addr: str) -> dict[str, Any]:
         frame = raise_for_response(await self._instance.invoke(addr, RequestCode.GET_BROKER_RUNTIME_INFO))
         with _reading("GET_BROKER_RUNTIME_INFO", addr):
-            status = _decoded(frame)
+            status = answer_data(frame)
             if not isinstance(status, Mapping):
                 raise TypeError(f"the status is a {type(status).__name__}, not a map")
             return dict(status)

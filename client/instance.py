@@ -118,6 +118,12 @@ class ClientConfig:
         check_fields(self)
 
 
+def answer_data(frame: Frame) -> Any:
+    """What an answer carries as one CBOR item: its body, or (a small answer may inline it) its ext. A body that
+    is not CBOR raises cbor2.CBORError; the caller says whose answer it was."""
+    return cbor2.loads(frame.body) if frame.body else frame.ext
+
+
 def build_config(cls: type, options: Mapping[str, Any]) -> Any:
     """``cls`` from keyword options, validated like a TOML file; ``namesrv`` may be "a:1;b:2" or a list."""
     data = dict(options)
@@ -267,7 +273,7 @@ class ClientInstance:
         """Route an unknown topic to every registered broker group, so a send can auto-create it there."""
         frame = await self.invoke_namesrv(RequestCode.GET_BROKER_CLUSTER_INFO)
         try:
-            brokers = parse_broker_addr_table(cbor2.loads(frame.body) if frame.body else frame.ext)
+            brokers = parse_broker_addr_table(answer_data(frame))
         except (cbor2.CBORError, TypeError, ValueError, AttributeError, OverflowError) as e:
             # Raised as itself, it ended an auto-batch's task, which expects RaftMQError, and the producer.
             raise NoRouteError(f"topic {topic!r} is unknown and the name server's cluster info, to send it to "

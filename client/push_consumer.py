@@ -76,7 +76,7 @@ from client.orderly import OrderlyService
 from client.pull_consumer import PullAPI
 from client.rebalance import allocate_average, diff_assignment
 from remoting.codes import RequestCode
-from remoting.config import ConfigError, bounded
+from remoting.config import ConfigError, blank_dir_problem, bounded
 from remoting.errors import RaftMQError
 from remoting.message import (PROPERTY_RETRY_TOPIC, RETRY_GROUP_MAX_LENGTH, RETRY_GROUP_TOPIC_PREFIX, group_problem,
                               retry_topic)
@@ -97,10 +97,6 @@ def _power_of_ten(n: int) -> bool:
     while n % 10 == 0:
         n //= 10
     return n == 1
-
-
-def _nonblank_dir(value: str) -> str | None:
-    return "must name a directory (an empty one means the current directory)" if not value.strip() else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,7 +124,7 @@ class PushConsumerConfig(ClientConfig):
     max_reconsume_times: int = bounded(16, min=0, max=I32_MAX)
     reconsume_delay_ms: int = bounded(1_000, min=0, max=HOUR_MS)
     # An empty one put the offset files in the current directory (Path("") is ".").
-    offset_store_dir: str = bounded(".raftmq-offsets", check=_nonblank_dir,
+    offset_store_dir: str = bounded(".raftmq-offsets", check=blank_dir_problem,
                                     doc="where BROADCASTING consumers keep offsets")
     check_crc: bool = bounded(False, doc="recompute each pulled body's crc32c")
     orderly: bool = bounded(False, doc="handler form only: hold each queue's lock on the broker while consuming it, "

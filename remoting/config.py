@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 __all__ = ["ConfigError", "load_config", "read_config_data", "config_from_mapping", "apply_overrides", "bounded",
-           "check_fields", "parse_host_port", "name_problem", "metrics_listen_problem"]
+           "check_fields", "parse_host_port", "name_problem", "metrics_listen_problem", "blank_dir_problem"]
 
 T = TypeVar("T")
 
@@ -57,6 +57,12 @@ def check_fields(config: Any) -> None:
 
 
 NAME_MAX_LENGTH = 127
+
+
+def blank_dir_problem(value: str) -> str | None:
+    """What is wrong with a directory named by an empty or blank text, for a ``str`` option or key (``Path`` keys
+    are checked where they are converted): ``Path("")`` is the current directory, where the files then landed."""
+    return "must name a directory (an empty one means the current directory)" if not value.strip() else None
 
 
 def name_problem(value: str) -> str | None:

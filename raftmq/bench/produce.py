@@ -190,7 +190,7 @@ def _check(args: argparse.Namespace) -> None:
     check_cluster_args(args)
     if args.send_timeout_ms is not None:
         check_range("--send-timeout-ms", args.send_timeout_ms, 1, 3_600_000)
-    if getattr(args, "auto_batch", False) and args.batch > 1:
+    if args.auto_batch and args.batch > 1:
         # Measured explicit batches with auto_batch on and nothing for it to do, and reported it as on.
         raise ConfigError(f"--auto-batch batches single sends; --batch {args.batch} sends batches already "
                           f"(use one or the other)")

@@ -40,7 +40,7 @@ from rich.console import Console
 
 from broker.store import GetMessageStatus, MessageInput, MessageStore, StoreConfig, encode_batch
 from raftmq.bench.common import check_range, print_json, print_table
-from remoting.config import ConfigError
+from remoting.config import ConfigError, blank_dir_problem
 
 __all__ = ["register", "run", "StoreBenchResult", "bench_mode"]
 
@@ -252,10 +252,8 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--modes must list ASYNC_FLUSH and/or SYNC_FLUSH, got {m!r}")
         if modes.count(m) > 1:  # measured twice, as two rows of one table
             raise ConfigError(f"--modes names {m} more than once, got {args.modes!r}")
-    if args.dir is not None and not args.dir.strip():
-        # Path("") is "." and mkdtemp(dir="") the current directory: the store landed there.
-        raise ConfigError(f"--dir must name a directory (an empty one means the current directory), "
-                          f"got {args.dir!r}")
+    if args.dir is not None and (problem := blank_dir_problem(args.dir)):  # mkdtemp(dir="") is the cwd too
+        raise ConfigError(f"--dir {problem}, got {args.dir!r}")
     if args.dir is not None and not Path(args.dir).is_dir():  # was a traceback from tempfile.mkdtemp
         raise ConfigError(f"--dir {str(args.dir)!r} is not an existing directory")
     console = Console()

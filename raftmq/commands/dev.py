@@ -35,7 +35,7 @@ import trio
 from raftmq.bench.common import check_range, make_dir
 from raftmq.ports import free_port, port_range
 from raftmq.runner import PARENT_PID_ENV, announce_ready, run_until_signalled
-from remoting.config import ConfigError, apply_overrides, config_from_mapping
+from remoting.config import ConfigError, apply_overrides, blank_dir_problem, config_from_mapping
 from remoting.dirlock import DirectoryInUseError, DirectoryLock
 
 log = logging.getLogger(__name__)
@@ -194,9 +194,8 @@ def check_overrides(overrides: Sequence[str]) -> None:
 def check_data_dir(value: str) -> Path:
     """``--data-dir`` as a Path; an empty one (Path("") is the current directory, where the whole cluster then
     landed) is a ConfigError."""
-    if not value.strip():
-        raise ConfigError(f"--data-dir must name a directory (an empty one means the current directory), "
-                          f"got {value!r}")
+    if problem := blank_dir_problem(value):
+        raise ConfigError(f"--data-dir {problem}, got {value!r}")
     return Path(value)
 
 
