@@ -74,9 +74,12 @@ class ConnectionClosedError(RemotingError):
     retriable = True
     refresh_route = True
 
-    def __init__(self, addr: str, reason: str) -> None:
+    def __init__(self, addr: str, reason: str, *, bad_frame: bool = False) -> None:
         self.addr = addr
         self.reason = reason
+        # The connection was closed because the peer sent bytes that are no raftmq frame: it speaks another
+        # protocol (or is broken), so asking it again will not help. Callers test this, not the reason's text.
+        self.bad_frame = bad_frame
         super().__init__(f"the connection to {addr} closed before the response arrived: {reason}")
 
 

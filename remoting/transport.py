@@ -168,6 +168,7 @@ class RemotingConnection:
         # waiters, one went first, and the longest waiter's frame left after a newcomer's).
         self._admitted: trio.lowlevel.Task | None = None
         self._close_reason: str | None = None
+        self._bad_frame = False  # closed for bytes that were no frame (ConnectionClosedError.bad_frame)
         self._on_close: Callable[[RemotingConnection], None] | None = None
         self._frames_received = self._frames_sent = self._bytes_received = self._bytes_sent = 0
         self._send_calls = 0
@@ -336,7 +337,7 @@ class RemotingConnection:
             # The next waiter runs after our frame is queued, and goes back to the head if it left no room.
             self._admit_waiter()
         if self._close_reason is not None:
-            raise ConnectionClosedError(self.remote_address, self._close_reason)
+            raise ConnectionClosedError(self.remote_address, self._close_reason, bad_frame=self._bad_frame)
 
     def _admit_waiter(self) -> None:
         """Wake the longest-waiting sender if there is room (or the connection closed: it then raises)."""
@@ -423,8 +424,8 @@ class RemotingConnection:
         self._wheel.clear()
         self._ticks.clear()
         for waiter in waiters:
-            trio.lowlevel.reschedule(waiter[0],
-                                     outcome.Error(ConnectionClosedError(self.remote_address, reason)))
+            trio.lowlevel.reschedule(waiter[0], outcome.Error(
+                ConnectionClosedError(self.remote_address, reason, bad_frame=self._bad_frame)))
         self._out.clear()
         self._out_bytes = 0
         self._drained.unpark_all()
@@ -494,6 +495,7 @@ class RemotingConnection:
         except ProtocolError as e:
             reason = f"bad frame: {e}"
             log.warning("closing connection remote=%s reason=%s", self.remote_address, reason)
+            self._bad_frame = self._close_reason is None
             self._mark_closed(reason)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as e:
             self._mark_closed(f"connection broken: {e.__cause__ or e or type(e).__name__}")

@@ -223,9 +223,9 @@ async def ensure_topic(namesrv: str, topic: str, queues: int, timeout_s: float =
                         await admin.cluster_info()
                     except RemotingError as e:
                         last = e
-                        # The transport's "bad frame" close: the peer speaks another protocol (an HTTP metrics
-                        # port, say), and waiting would not change that.
-                        if isinstance(e, ConnectionClosedError) and e.reason.startswith("bad frame"):
+                        # The peer speaks another protocol (an HTTP metrics port, say): waiting would not change
+                        # that.
+                        if isinstance(e, ConnectionClosedError) and e.bad_frame:
                             raise BenchError(f"name server {namesrv} does not speak the raftmq protocol: "
                                              f"{e}") from None
                         if trio.current_time() >= namesrv_deadline:

@@ -424,6 +424,29 @@ async def test_bad_frame_closes_only_that_connection(server, caplog):
                for r in caplog.records)
 
 
+@pytest.mark.parametrize("answer, bad_frame", [
+    (b"HTTP/1.1 400 Bad Request\r\n\r\n", True),  # another protocol on the port: asking again cannot help
+    (b"", False),  # a peer that only closed: a restart, say, after which asking again may well help
+])
+async def test_a_request_failed_by_bytes_that_are_no_frame_says_so(nursery, answer, bad_frame):
+    """The waiting request's ConnectionClosedError tells a peer that speaks another protocol from one that went
+    away (bench produce gives up on the first at once, and waits for the second), by a flag, not the text."""
+    async def answer_and_close(stream: trio.SocketStream) -> None:
+        await stream.receive_some(65536)
+        if answer:
+            await stream.send_all(answer)
+            await trio.sleep(1)  # the client must close on the bytes, not on our close
+        await stream.aclose()
+
+    listeners = await nursery.start(functools.partial(trio.serve_tcp, answer_and_close, 0, host="127.0.0.1"))
+    port = listeners[0].socket.getsockname()[1]
+    async with open_connection(f"127.0.0.1:{port}") as conn:
+        with trio.fail_after(5), pytest.raises(ConnectionClosedError) as caught:
+            await conn.invoke(make_request(RequestCode.ECHO, body=b"hello?"), timeout_s=None)
+    assert caught.value.bad_frame is bad_frame
+    assert caught.value.reason.startswith("bad frame") is bad_frame
+
+
 async def test_server_can_call_the_client(nursery):
     """Both ends are the same connection class: a server may send requests (RocketMQ's check-backs)."""
     answers: list[Frame] = []
