@@ -133,3 +133,17 @@ async def test_a_name_server_that_answers_is_waited_for_until_the_cluster_takes_
                                          "group is registered"):
         await ensure_topic(f"{host}:{port}", "BenchTopic", 8, timeout_s=1.5, namesrv_grace_s=0.3)
     assert trio.current_time() - started >= 1.4
+
+
+async def test_a_name_server_port_that_accepts_and_never_answers_fails_after_the_grace(nursery):
+    # A hung process, or a port that takes connections and waits for its peer to speak first: each request times
+    # out instead of being refused, and the bench must still give up when the grace ends, naming the silence.
+    async def hold(stream: trio.SocketStream) -> None:
+        while await stream.receive_some(65536):
+            pass
+
+    listeners = await nursery.start(functools.partial(trio.serve_tcp, hold, 0, host="127.0.0.1"))
+    port = listeners[0].socket.getsockname()[1]
+    with pytest.raises(BenchError, match=rf"^no name server at 127\.0\.0\.1:{port} answered within 0\.3 s: "
+                                         rf"127\.0\.0\.1:{port} did not answer"):
+        await ensure_topic(f"127.0.0.1:{port}", "BenchTopic", 8, timeout_s=30, namesrv_grace_s=0.3)
