@@ -7,6 +7,13 @@ once (NOTIFY_CONSUMER_IDS_CHANGED, oneway; clients also re-run rebalancing perio
 costs only a delay). A member leaves on UNREGISTER_CLIENT, when its connection closes, or when it has been silent
 for ``channel_expired_timeout_ms``.
 
+What a client sends must not grow the tables past what its connections hold (RocketMQ keys both tables by
+channel): a connection is one member of a group, so a heartbeat naming a new client id over a connection that
+already carries another in that group replaces it, and a group whose last member left is forgotten, with the
+subscriptions of topics no member subscribes to any more. Before, one connection sending heartbeats with a fresh
+id each time added a member per heartbeat, listed to every member and rebalanced over, and every group and topic
+ever named stayed for as long as the process ran.
+
 Members of one group should subscribe alike. Each member pulls the queues it is given with its own expression, so
 in a group whose members differ, a message only another member wants is skipped by the member whose queue holds
 it (RocketMQ behaves the same and asks for one subscription per group). Nothing else would say so: the group's
@@ -22,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from broker.filter import SubscriptionParseError, TagFilter, parse_tag_expression
@@ -156,6 +163,11 @@ def parse_heartbeat(body: Any) -> HeartbeatData:
     return HeartbeatData(client_id, tuple(producer_groups), tuple(parsed_consumers))
 
 
+def _ids_on(channels: Mapping[str, ClientChannel], conn: Any) -> list[str]:
+    """The client ids of ``channels`` whose heartbeats came over ``conn``."""
+    return [client_id for client_id, ch in channels.items() if ch.conn is conn]
+
+
 @dataclasses.dataclass
 class ClientChannel:
     client_id: str
@@ -192,7 +204,11 @@ class ClientManager:
     def heartbeat(self, data: HeartbeatData, conn: Any) -> None:
         now = self._clock()
         for group in data.producer_groups:
-            self.producer_groups.setdefault(group, {})[data.client_id] = ClientChannel(data.client_id, conn, now)
+            channels = self.producer_groups.setdefault(group, {})
+            if data.client_id not in channels:
+                for client_id in _ids_on(channels, conn):
+                    del channels[client_id]
+            channels[data.client_id] = ClientChannel(data.client_id, conn, now)
         for consumer in data.consumers:
             info = self.consumer_groups.get(consumer.consumer_group)
             if info is None:
@@ -206,8 +222,14 @@ class ClientManager:
                     info.subscriptions[sub.topic] = sub
             expressions = {sub.topic: sub.expression for sub in consumer.subscriptions}
             channel = info.channels.get(data.client_id)
+            dropped: set[str] = set(channel.subscriptions) if channel is not None else set()
             if channel is None or channel.conn is not conn:
                 joined = channel is None
+                if joined:
+                    for client_id in _ids_on(info.channels, conn):
+                        dropped.update(info.channels.pop(client_id).subscriptions)
+                        log.info("consumer left consumer_group=%s client_id=%s reason=replaced by client_id %s "
+                                 "on the same connection", consumer.consumer_group, client_id, data.client_id)
                 info.channels[data.client_id] = ClientChannel(data.client_id, conn, now, expressions)
                 if joined:
                     log.info("consumer joined consumer_group=%s client_id=%s members=%d",
@@ -216,6 +238,7 @@ class ClientManager:
             else:
                 channel.last_update_s = now
                 channel.subscriptions = expressions
+            self._forget_unsubscribed(info, dropped - expressions.keys())
             self._check_alike(info, expressions)
 
     def unregister(self, client_id: str, producer_group: str | None, consumer_group: str | None) -> None:
@@ -223,9 +246,13 @@ class ClientManager:
             self.producer_groups.get(producer_group, {}).pop(client_id, None)
         if consumer_group:
             info = self.consumer_groups.get(consumer_group)
-            if info is not None and info.channels.pop(client_id, None) is not None:
+            channel = info.channels.pop(client_id, None) if info is not None else None
+            if info is not None and channel is not None:
                 log.info("consumer left consumer_group=%s client_id=%s reason=unregister", consumer_group,
                          client_id)
+                self._forget_unsubscribed(info, channel.subscriptions.keys())
+                if not info.channels:
+                    del self.consumer_groups[consumer_group]
                 self._changed(info)
 
     def connection_closed(self, conn: Any) -> None:
@@ -236,17 +263,33 @@ class ClientManager:
         self._remove_where(lambda ch: ch.last_update_s < deadline, "expired")
 
     def _remove_where(self, pred: Callable[[ClientChannel], bool], reason: str) -> None:
-        for channels in self.producer_groups.values():
+        # Also forgets groups left empty by an earlier UNREGISTER_CLIENT of a producer, which keeps them until now.
+        for group, channels in list(self.producer_groups.items()):
             for client_id in [cid for cid, ch in channels.items() if pred(ch)]:
                 del channels[client_id]
+            if not channels:
+                del self.producer_groups[group]
         for info in list(self.consumer_groups.values()):
             gone = [cid for cid, ch in info.channels.items() if pred(ch)]
+            dropped: set[str] = set()
             for client_id in gone:
-                del info.channels[client_id]
+                dropped.update(info.channels.pop(client_id).subscriptions)
                 log.info("consumer left consumer_group=%s client_id=%s reason=%s", info.consumer_group,
                          client_id, reason)
+            self._forget_unsubscribed(info, dropped)
+            if not info.channels:
+                del self.consumer_groups[info.consumer_group]
             if gone:
                 self._changed(info)
+
+    @staticmethod
+    def _forget_unsubscribed(info: ConsumerGroupInfo, topics: Iterable[str]) -> None:
+        """Drop the group's subscription of each of ``topics`` that no member subscribes to any more: a pull
+        without an expression then matches all, as one of a group that never subscribed."""
+        for topic in topics:
+            if not any(topic in ch.subscriptions for ch in info.channels.values()):
+                info.subscriptions.pop(topic, None)
+                info.differing.pop(topic, None)
 
     @staticmethod
     def _check_alike(info: ConsumerGroupInfo, expressions: Mapping[str, str]) -> None:

@@ -20,6 +20,13 @@ its response sent, as soon as one of these happens:
 
 Resumes run as tasks in the service's nursery, never inline in ``notify_message_arriving``, because that is called
 from the store's dispatch path which must not block on sockets.
+
+A held pull answers nothing until it resumes, so nothing else limits how many one client keeps here: a pull names
+its connection (``conn``), which holds at most ``max_held_per_connection`` (past that its oldest is answered as at
+its deadline, the answer a consumer pulling each of its queues once never sees), and the pulls of a connection
+that closed are dropped by the periodic check, unanswered (there is no one to answer). Before, one connection
+sending suspended pulls in a loop held them all, some 2 KB each, each for up to ``long_polling_timeout_ms``, and
+re-ran every one of them at its deadline, long after its connection was gone.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import itertools
 import logging
 import math
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import trio
 
@@ -49,6 +57,7 @@ class HeldPull:
     resume: ResumeFn
     matches: MatchFn | None = None  # None: every message matches
     done: bool = False
+    conn: Any = None  # the connection to answer on (None: not tracked per connection)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,11 +67,21 @@ class LongPollingStatistics:
     resumed_by_timeout: int
 
 
+# A push consumer holds one pull per queue it is given on a node; thousands of queues per connection is a lot.
+MAX_HELD_PER_CONNECTION = 4096
+
+
 class PullRequestHoldService:
-    def __init__(self, max_offset: Callable[[str, int], int], *, check_interval_ms: int = 1000) -> None:
+    def __init__(self, max_offset: Callable[[str, int], int], *, check_interval_ms: int = 1000,
+                 max_held_per_connection: int = MAX_HELD_PER_CONNECTION) -> None:
+        if max_held_per_connection < 1:
+            raise ValueError(f"max_held_per_connection must be >= 1, got {max_held_per_connection}")
         self._max_offset = max_offset
         self._check_interval_s = check_interval_ms / 1000
+        self._max_held_per_conn = max_held_per_connection
         self._by_queue: dict[tuple[str, int], list[HeldPull]] = {}
+        # conn -> its held pulls, oldest first (a dict as an ordered set)
+        self._by_conn: dict[Any, dict[HeldPull, None]] = {}
         self._deadlines: list[tuple[float, int, HeldPull]] = []
         self._seq = itertools.count()
         self._held = 0
@@ -75,11 +94,15 @@ class PullRequestHoldService:
     def statistics(self) -> LongPollingStatistics:
         return LongPollingStatistics(self._held, self._by_arrival, self._by_timeout)
 
+    def held_now(self) -> int:
+        """Pulls held at this moment."""
+        return sum(len(waiting) for waiting in self._by_queue.values())
+
     def hold(self, topic: str, queue_id: int, offset: int, timeout_s: float, resume: ResumeFn,
-             matches: MatchFn | None = None) -> None:
+             matches: MatchFn | None = None, *, conn: Any = None) -> None:
         """Hold a pull waiting for messages at ``offset`` or beyond in (topic, queue_id) (that ``matches``, if
-        given)."""
-        req = HeldPull(topic, queue_id, offset, trio.current_time() + timeout_s, resume, matches)
+        given), which came over ``conn`` (anything with a ``closed`` flag; see the module rules)."""
+        req = HeldPull(topic, queue_id, offset, trio.current_time() + timeout_s, resume, matches, conn=conn)
         if not self._running:
             self._finish(req, True)
             return
@@ -87,6 +110,13 @@ class PullRequestHoldService:
             # The message arrived between the pull's read and this hold: resume at once.
             self._finish(req, False)
             return
+        if conn is not None:
+            mine = self._by_conn.get(conn)
+            if mine is not None and len(mine) >= self._max_held_per_conn:
+                oldest = next(iter(mine))
+                self._remove(oldest)
+                self._finish(oldest, True)
+            self._by_conn.setdefault(conn, {})[req] = None
         self._by_queue.setdefault((topic, queue_id), []).append(req)
         heapq.heappush(self._deadlines, (req.deadline, next(self._seq), req))
         self._held += 1
@@ -130,6 +160,7 @@ class PullRequestHoldService:
         if req.done:
             return
         req.done = True
+        self._untrack(req)
         if counted and not timed_out:
             self._by_arrival += 1
         elif counted:
@@ -145,8 +176,34 @@ class PullRequestHoldService:
                 self._finish(req, True)
 
     def _check_moved(self) -> None:
+        self._drop_closed()
         for (topic, queue_id), _ in list(self._by_queue.items()):
             self.notify_message_arriving(topic, queue_id, self._max_offset(topic, queue_id))
+
+    def _drop_closed(self) -> None:
+        """Forget, unanswered, the held pulls of connections that closed."""
+        closed = [conn for conn in self._by_conn if getattr(conn, "closed", False)]
+        if not closed:
+            return
+        dropped = 0
+        for conn in closed:
+            for req in list(self._by_conn.pop(conn)):
+                req.done = True
+                self._remove(req)
+                dropped += 1
+        # Their deadline entries would keep them (and their requests) alive until the deadlines pass.
+        self._deadlines = [entry for entry in self._deadlines if not entry[2].done]
+        heapq.heapify(self._deadlines)
+        log.debug("held pulls of closed connections dropped connections=%d pulls=%d", len(closed), dropped)
+
+    def _untrack(self, req: HeldPull) -> None:
+        if req.conn is None:
+            return
+        mine = self._by_conn.get(req.conn)
+        if mine is not None:
+            mine.pop(req, None)
+            if not mine:
+                del self._by_conn[req.conn]
 
     def _remove(self, req: HeldPull) -> None:
         waiting = self._by_queue.get((req.topic, req.queue_id))
@@ -177,6 +234,7 @@ class PullRequestHoldService:
                 self._running = False
                 # Held pulls die with their connections when the broker stops; the clients re-pull elsewhere.
                 self._by_queue.clear()
+                self._by_conn.clear()
                 self._deadlines.clear()
 
     async def _resumer(self, nursery: trio.Nursery) -> None:

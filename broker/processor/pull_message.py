@@ -97,7 +97,7 @@ class PullMessageProcessor:
         tag_filter: TagFilter = args["tag_filter"]
         matches = None if tag_filter.matches_all else functools.partial(
             self.node.store.has_tags_code_between, args["topic"], args["queue_id"], codes=tag_filter.codes)
-        self.node.hold.hold(args["topic"], args["queue_id"], hold_from, timeout_s, resume, matches)
+        self.node.hold.hold(args["topic"], args["queue_id"], hold_from, timeout_s, resume, matches, conn=conn)
         return None
 
     def _parse(self, request: Frame) -> dict[str, Any]:
