@@ -19,6 +19,10 @@ Rules this module keeps (design §1):
   evicts at once the nodes whose latest registration came over it (and only those: a node that has since
   registered over a new connection stays). A group whose last node leaves disappears, with its queue data; a
   topic with no queue data left disappears.
+* A broker node registers over a connection of its own, so one connection registers at most
+  ``MAX_NODES_PER_CONNECTION`` nodes (a registration of one more is refused): the table is then bounded by the
+  open connections, each of which evicts its nodes when it closes. Before, one connection registering a fresh
+  broker name each time, each with a heartbeat timeout of a day, grew the table for a day.
 
 Nothing here reads a clock or a socket: callers pass ``now_ms`` and an opaque, hashable ``conn_key``.
 """
@@ -39,6 +43,7 @@ __all__ = [
 ]
 
 MASTER_ID = 0
+MAX_NODES_PER_CONNECTION = 64  # a broker process registers one; tests and tools that stand in for a few, more
 Role = Literal["LEADER", "FOLLOWER", "CANDIDATE"]
 ROLES: tuple[str, ...] = ("LEADER", "FOLLOWER", "CANDIDATE")
 
@@ -238,6 +243,12 @@ class RouteInfoManager:
 
     def register_broker(self, reg: Registration, *, now_ms: int, conn_key: Hashable | None = None
                         ) -> RegisterResult:
+        linked = self._by_conn.get(conn_key, ()) if conn_key is not None else ()
+        if len(linked) >= MAX_NODES_PER_CONNECTION and (reg.broker_name, reg.broker_id) not in linked:
+            raise RouteConflictError(
+                "broker_name",
+                f"this connection already registered {len(linked)} broker nodes, the most one may; node "
+                f"{reg.broker_id} of {reg.broker_name!r} must register over a connection of its own")
         group = self._groups.get(reg.broker_name)
         if group is not None and group.cluster_name != reg.cluster_name:
             others = set(group.nodes) - {reg.broker_id}
