@@ -37,6 +37,12 @@ def _body(client_id: str, *queues: int, group: str = "cg", topic: str = "T") -> 
                         "mq_set": [{"topic": topic, "broker_name": "broker-a", "queue_id": q} for q in queues]})
 
 
+async def _create_topic(client, addr: str, topic: str = "T", queues: int = 8) -> None:
+    r = await call(client, addr, RequestCode.UPDATE_AND_CREATE_TOPIC,
+                   {"topic_name": topic, "read_queue_nums": queues, "write_queue_nums": queues, "perm": 6})
+    assert r.code == ResponseCode.SUCCESS, r.remark
+
+
 async def _lock(client, addr: str, client_id: str, *queues: int, **kw) -> list[int]:
     r = await call(client, addr, RequestCode.LOCK_BATCH_MQ, body=_body(client_id, *queues, **kw))
     assert r.code == ResponseCode.SUCCESS, r.remark
@@ -48,6 +54,7 @@ async def test_locks_are_per_group_and_client_and_an_unlock_frees_only_the_calle
     addr = await _start(nursery, config)
     async with open_remoting_client() as client:
         await wait_leader(client, addr)
+        await _create_topic(client, addr)
         r = await call(client, addr, RequestCode.LOCK_BATCH_MQ, body=_body("c1", 0, 1))
         assert r.code == ResponseCode.SUCCESS and r.ext["rebalance_lock_max_live_time_ms"] == 60_000
         assert await _lock(client, addr, "c2", 1, 2) == [2]
@@ -91,6 +98,7 @@ async def test_bad_lock_requests_get_invalid_request_naming_the_field(nursery, t
     ]
     async with open_remoting_client() as client:
         await wait_leader(client, addr)
+        await _create_topic(client, addr)
         for code in (RequestCode.LOCK_BATCH_MQ, RequestCode.UNLOCK_BATCH_MQ):
             for body, field, words in cases:
                 r = await call(client, addr, code, body=body)
@@ -108,6 +116,7 @@ async def test_followers_refuse_locks_and_a_new_leader_keeps_the_holders_of_the_
     addrs = [await _start(nursery, config, scopes) for config in broker_configs(tmp_path, None, n=3)]
     async with open_remoting_client() as client:
         leader = await _leader(client, addrs)
+        await _create_topic(client, leader)
         assert await _lock(client, leader, "c1", 0, 1) == [0, 1]
         for follower in (a for a in addrs if a != leader):
             r = await call(client, follower, RequestCode.LOCK_BATCH_MQ, body=_body("c2", 2))
@@ -126,3 +135,25 @@ async def test_followers_refuse_locks_and_a_new_leader_keeps_the_holders_of_the_
         r = await call(client, new_leader, RequestCode.UNLOCK_BATCH_MQ, body=_body("c1", 0))
         assert r.code == ResponseCode.SUCCESS and r.ext["unlocked"] == 1
         assert await _lock(client, new_leader, "c2", 0, 1) == [0]
+
+
+async def test_only_queues_of_existing_topics_below_their_counts_are_locked(nursery, tmp_path):
+    """Holders are replicated: a lock of any name let one client write made-up queues to the group's log and
+    snapshots by the thousand a request."""
+    (config,) = broker_configs(tmp_path, None)
+    addr = await _start(nursery, config)
+    async with open_remoting_client() as client:
+        await wait_leader(client, addr)
+        await _create_topic(client, addr, "T", 4)
+        assert await _lock(client, addr, "c1", *range(100)) == [0, 1, 2, 3]
+        assert await _lock(client, addr, "c1", 0, 1, topic="NoSuchTopic") == []
+        assert _lock_table(addr) == {f"cg/T/{q}": "c1" for q in range(4)}
+        # Fewer read queues (the ones consumers are given): the others are no longer renewed.
+        await _create_topic(client, addr, "T", 2)
+        assert await _lock(client, addr, "c1", 0, 1, 2, 3) == [0, 1]
+        # Unlocking is not checked: the queues of a topic deleted since can still be given back.
+        r = await call(client, addr, RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": "T"})
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        r = await call(client, addr, RequestCode.UNLOCK_BATCH_MQ, body=_body("c1", 0, 1, 2, 3))
+        assert r.code == ResponseCode.SUCCESS and r.ext["unlocked"] == 4
+        assert _lock_table(addr) == {}
