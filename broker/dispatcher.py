@@ -66,6 +66,7 @@ class BrokerDispatcher:
             RequestCode.LOCK_BATCH_MQ: locks.lock_batch_mq,
             RequestCode.UNLOCK_BATCH_MQ: locks.unlock_batch_mq,
             RequestCode.INVOKE_BROKER_TO_RESET_OFFSET: offsets.reset_offset,
+            RequestCode.DELETE_SUBSCRIPTIONGROUP: offsets.delete_subscription_group,
             RequestCode.UPDATE_AND_CREATE_TOPIC: admin.update_and_create_topic,
             RequestCode.DELETE_TOPIC_IN_BROKER: admin.delete_topic,
             RequestCode.GET_ALL_TOPIC_CONFIG: admin.get_all_topic_config,

@@ -311,6 +311,17 @@ class BrokerNode:
                 if stale:
                     await self._replicate(OFFSET_TABLE, {k: None for k in stale})
 
+    async def delete_group_offsets(self, group: str) -> int:
+        """DELETE_SUBSCRIPTIONGROUP's clean_offset: every offset of ``group`` goes (all its topics, its retry topic's
+        too), replicated before this returns; the number of queues that had one. Under the flusher's lock, as
+        delete_topic: a batch of the group's commits being replicated would otherwise land after the removal."""
+        async with self._offset_lock:
+            dropped = {_offset_key(*key) for key in self.offsets.apply_delete_group(group)}
+            stale = [k for k in self.group.metadata(OFFSET_TABLE) if k.startswith(group + "\x01")]
+            if stale:
+                await self._replicate(OFFSET_TABLE, dict.fromkeys(stale))
+            return len(dropped.union(stale))
+
     def _deletion_record(self, topic: str) -> bytes:
         return encode_batch([MessageInput(topic=TOPIC_DELETE_LOG, queue_id=0, body=topic.encode("ascii"),
                                           properties={"KEYS": topic}, born_timestamp=int(time.time() * 1000),

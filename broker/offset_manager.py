@@ -84,6 +84,18 @@ class ConsumerOffsetTable:
             for key in [k for k in pending if k[1] == topic]:
                 del pending[key]
 
+    def apply_delete_group(self, consumer_group: str) -> set[OffsetKey]:
+        """Forget ``consumer_group``'s offsets here (committed, pending, being flushed); returns the keys that were
+        pending or being flushed (the replicated ones are removed by the caller)."""
+        for key in [k for k in self._committed if k[0] == consumer_group]:
+            del self._committed[key]
+        dropped: set[OffsetKey] = set()
+        for pending in (self._pending, self._flushing):
+            for key in [k for k in pending if k[0] == consumer_group]:
+                del pending[key]
+                dropped.add(key)
+        return dropped
+
     # --- reads ---------------------------------------------------------------------------------------------
     def query(self, consumer_group: str, topic: str, queue_id: int) -> int | None:
         key = (consumer_group, topic, queue_id)

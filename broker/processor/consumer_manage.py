@@ -13,6 +13,11 @@ GET_CONSUME_STATS is RocketMQ's consumer progress (``mqadmin consumerProgress``)
 a group consumes here, the queue's max offset, the group's offset and the lag between them. Any node answers;
 the leader's answer includes commits not yet replicated, a follower's may be one flush interval behind.
 
+DELETE_SUBSCRIPTIONGROUP is RocketMQ's deleteSubGroup with clean_offset: raftmq keeps no subscription-group configs,
+so what deleting a group removes is its offsets, on the leader, replicated before the answer (ext ``removed``, the
+queues that had one); ``clean_offset`` false, which would remove nothing, is refused. A group with members online
+here is refused too: they would commit their offsets again within a second, and the group would seem deleted.
+
 INVOKE_BROKER_TO_RESET_OFFSET is RocketMQ's resetOffsetByTime: on the leader, every read queue of the topic gets
 the offset of its first message stored at or after ``timestamp`` (0: the oldest kept; a future time: the end),
 replicated before the answer; the group's online members are told to drop what they cached and pull from there.
@@ -25,7 +30,8 @@ from typing import TYPE_CHECKING, Any
 import cbor2
 
 from broker.offset_manager import consumer_lag
-from broker.processor.base import I64, get_existing_topic, get_group, get_int, get_topic_queue
+from broker.processor.base import (I64, RequestRejected, get_bool, get_existing_topic, get_group, get_int,
+                                   get_topic_queue, invalid)
 from remoting.codec import Frame, make_response
 from remoting.codes import ResponseCode
 
@@ -117,3 +123,20 @@ class ConsumerManageProcessor:
         body = cbor2.dumps({"offsets": rows, "consumer_ids": node.clients.consumer_ids(group),
                             "consume_tps": round(tps, 1)})
         return make_response(request, ResponseCode.SUCCESS, body=body)
+
+    async def delete_subscription_group(self, request: Frame, conn: Any) -> Frame:
+        node = self.node
+        await node.wait_ready_leader()  # the leader's table alone holds every commit
+        group = get_group(request.ext, "group_name")
+        if not get_bool(request.ext, "clean_offset", default=True):
+            raise invalid("clean_offset", "false would delete nothing: raftmq keeps no subscription-group config, a "
+                                          "group is its offsets")
+        members = node.clients.consumer_ids(group)
+        if members:
+            raise RequestRejected(ResponseCode.NO_PERMISSION,
+                                  f"consumer group {group!r} has {len(members)} member(s) online on broker "
+                                  f"{node.config.broker_name} ({', '.join(sorted(members)[:3])}"
+                                  f"{', ...' if len(members) > 3 else ''}): stop them first, or their next commits "
+                                  f"bring its offsets back", ext={"consumer_group": group})
+        removed = await node.delete_group_offsets(group)
+        return make_response(request, ResponseCode.SUCCESS, ext={"removed": removed})
