@@ -60,6 +60,7 @@ class BrokerDispatcher:
             RequestCode.UNREGISTER_CLIENT: clients.unregister_client,
             RequestCode.GET_CONSUMER_LIST_BY_GROUP: clients.get_consumer_list_by_group,
             RequestCode.GET_CONSUMER_CONNECTION_LIST: clients.get_consumer_connection_list,
+            RequestCode.GET_PRODUCER_CONNECTION_LIST: clients.get_producer_connection_list,
             RequestCode.QUERY_CONSUMER_OFFSET: offsets.query_consumer_offset,
             RequestCode.UPDATE_CONSUMER_OFFSET: offsets.update_consumer_offset,
             RequestCode.GET_CONSUME_STATS: offsets.get_consume_stats,

@@ -1,5 +1,5 @@
-"""HEART_BEAT, UNREGISTER_CLIENT, GET_CONSUMER_LIST_BY_GROUP and GET_CONSUMER_CONNECTION_LIST: who is connected,
-per group.
+"""HEART_BEAT, UNREGISTER_CLIENT, GET_CONSUMER_LIST_BY_GROUP, GET_CONSUMER_CONNECTION_LIST and
+GET_PRODUCER_CONNECTION_LIST: who is connected, per group.
 
 The heartbeat's producer and consumer data may come as a CBOR body (RocketMQ sends HeartbeatData as the body)
 or, for small heartbeats, inline in ``ext``; the schema is the same (docs/protocol.md, "Broker requests").
@@ -74,4 +74,19 @@ class ClientManageProcessor:
                                  "subscriptions": [{"topic": topic, "expression": expression}
                                                    for topic, expression in sorted(ch.subscriptions.items())]}
                                 for _id, ch in sorted(info.channels.items())]}
+        return make_response(request, ResponseCode.SUCCESS, body=cbor2.dumps(body))
+
+    async def get_producer_connection_list(self, request: Frame, conn: Any) -> Frame:
+        """RocketMQ's producerConnection: the producers of a group whose heartbeats reach this node. Transactional
+        producers must be online for the broker's check-backs, which is what this is mostly asked for."""
+        group = get_group(request.ext, "producer_group")
+        channels = self.node.clients.producer_groups.get(group)
+        if not channels:
+            raise RequestRejected(ResponseCode.SYSTEM_ERROR,
+                                  f"producer group {group!r} has no producer online on broker node "
+                                  f"{self.node.broker_addr}")
+        now = self.node.clients.now()
+        body = {"connections": [{"client_id": ch.client_id, "client_addr": getattr(ch.conn, "remote_address", ""),
+                                 "last_heartbeat_age_ms": int(max(0.0, now - ch.last_update_s) * 1000)}
+                                for _id, ch in sorted(channels.items())]}
         return make_response(request, ResponseCode.SUCCESS, body=cbor2.dumps(body))
