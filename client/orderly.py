@@ -20,18 +20,24 @@ Requests to one broker group go one at a time (a renewal computed before an unlo
 the queue back), and each renews only queues still held when it is sent.
 
 Handling, per queue, one message at a time (also in broadcasting mode, which needs no lock: every member consumes
-every queue): a handler that raises suspends the queue for ``suspend_current_queue_time_ms`` and gets the same
-message again, up to ``max_reconsume_times`` retries; then, in clustering mode, the message is sent to its group's
-dead-letter topic (CONSUMER_SEND_MSG_BACK with delay level -1, retried while the queue stays suspended), as
-RocketMQ's orderly service; in broadcasting mode (no broker-side retries, as RocketMQ) it is logged and skipped.
-A queue's offset only passes messages whose handler returned, or that went to the dead letters or were skipped.
+every queue), as RocketMQ's ConsumeMessageOrderlyService: a handler that fails (raises, returns
+``ConsumeStatus.RECONSUME_LATER`` or anything but None and ``SUCCESS``: ``client.push_consumer``) suspends the queue
+for ``suspend_current_queue_time_ms``, or the ``suspend_ms`` of the ``ReconsumeLater`` it raised, and gets the same
+message again with ``reconsume_times`` counted up. Once the message has failed ``max_reconsume_times`` times (-1, the
+default: never, as RocketMQ's Integer.MAX_VALUE), or at once if the handler raised ``ReconsumeLater(delay_level=-1)``,
+in clustering mode it is sent to its group's dead-letter topic (CONSUMER_SEND_MSG_BACK with delay level -1, retried
+while the queue stays suspended); in broadcasting mode (no broker-side retries, as RocketMQ) it is logged and
+skipped. No consume timeout: RocketMQ's consumeTimeout is for concurrent consumption, and the queue's next message
+waits for this one however long it takes. A queue's offset only passes messages whose handler returned, or that
+went to the dead letters or were skipped.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -166,7 +172,6 @@ class OrderlyService:
         self._consumer = consumer
         self._config = config
         self._offsets = offsets
-        self._handler: Callable[[MessageExt], Awaitable[Any]] = consumer._handler  # type: ignore[assignment]
         # Clustering only: a broadcasting member consumes every queue itself.
         self.locks = (QueueLocks(api, client_id, renew_interval_ms=config.rebalance_lock_interval_ms,
                                  on_lost=self._lock_lost)
@@ -265,31 +270,35 @@ class OrderlyService:
                     return
 
     async def _handle(self, pq: ProcessQueue, msg: MessageExt) -> bool:
-        """Handle ``msg`` until its handler returns (RocketMQ's SUSPEND_CURRENT_QUEUE_A_MOMENT between attempts),
-        or, after ``max_reconsume_times`` retries, send it to the dead-letter topic (clustering) or skip it
-        (broadcasting); False if the queue stopped first (``msg`` unconsumed)."""
-        retries = 0
+        """Handle ``msg`` until its handler succeeds (RocketMQ's SUSPEND_CURRENT_QUEUE_A_MOMENT between attempts),
+        or, once it failed ``max_reconsume_times`` times (or asked for the dead letters), send it to the dead-letter
+        topic (clustering) or skip it (broadcasting); False if the queue stopped first (``msg`` unconsumed)."""
+        consumer = self._consumer
+        max_times = consumer.max_reconsume_times
+        attempts = 0
         while True:
-            try:
-                await self._handler(msg)
+            failure = await consumer._call_handler(pq, msg)
+            if failure is None:
                 break
-            except Exception:
-                log.exception("handler failed, queue suspended mq=%s offset=%d attempt=%d", pq.mq, msg.queue_offset,
-                              retries + 1)
-            if retries >= self._config.max_reconsume_times:
-                if self._consumer._retry_topic is None:
+            attempts += 1
+            # RocketMQ's checkReconsumeTimes: the count the message carries, which each failure here adds to.
+            if failure.delay_level == -1 or msg.reconsume_times >= max_times:
+                if consumer._retry_topic is None:
                     # Broadcasting: no broker-side retries (as RocketMQ), so the message is given up here.
-                    log.error("message skipped after %d failed attempts mq=%s offset=%d msg_id=%s", retries + 1,
+                    log.error("message skipped after %d failed attempts mq=%s offset=%d msg_id=%s", attempts,
                               pq.mq, msg.queue_offset, msg.msg_id)
                     break
                 # Clustering: to the group's dead-letter topic (delay level -1), as RocketMQ's orderly service;
                 # should that fail, the queue stays suspended on this message and tries again, never skipping it.
-                if await self._consumer.send_back(pq.mq, msg, delay_level=-1):
+                if await consumer.send_back(pq.mq, msg, delay_level=-1):
                     log.error("message sent to the dead-letter topic after %d failed attempts mq=%s offset=%d "
-                              "msg_id=%s", retries + 1, pq.mq, msg.queue_offset, msg.msg_id)
+                              "msg_id=%s", attempts, pq.mq, msg.queue_offset, msg.msg_id)
                     break
-            retries += 1
-            await trio.sleep(self._config.suspend_current_queue_time_ms / 1000)
+            suspend_ms = failure.suspend_ms if failure.suspend_ms is not None else \
+                self._config.suspend_current_queue_time_ms
+            await trio.sleep(suspend_ms / 1000)
+            # The handler sees how often the message failed, as RocketMQ's orderly service counts it.
+            msg = dataclasses.replace(msg, reconsume_times=msg.reconsume_times + 1)
             if pq.dropped or not self._trusted(pq.mq):
                 return False
         self.delivered += 1

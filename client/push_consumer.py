@@ -14,15 +14,34 @@ How it works (RocketMQ's DefaultMQPushConsumer, as trio tasks):
   a message counts as consumed when the loop asks for the next one, or when the ``async with`` block ends
   normally (after a ``break``); one the block was left by an exception on is delivered again. In handler form
   each queue has its own task calling the handler one message at a time (in order per queue, queues in
-  parallel). A handler that raises, in clustering mode: the message is sent back to its broker
-  (CONSUMER_SEND_MSG_BACK), which stores it delayed in the group's retry topic ``%RETRY%<group>``, or in its
-  dead-letter topic ``%DLQ%<group>`` once it failed ``max_reconsume_times`` times; the queue moves on. Every
-  clustering member subscribes to the retry topic, and a message pulled from it reaches the handler with its
-  first topic restored and ``reconsume_times`` counting its failures. Only if the send-back fails is it retried
-  here after ``reconsume_delay_ms``, holding its queue, up to ``max_reconsume_times`` (then logged and skipped);
-  broadcasting mode always retries here, as RocketMQ does. The iterator form has no failure but leaving the
-  ``async with`` block by an exception, which already means "deliver this message again" (from its queue, to the
-  next member: nothing is sent back); it still consumes the retry topic that handler-form members fill.
+  parallel). The iterator form has no failure but leaving the ``async with`` block by an exception, which already
+  means "deliver this message again" (from its queue, to the next member: nothing is sent back); it still consumes
+  the retry topic that handler-form members fill.
+- **Handler results** (RocketMQ's ConsumeConcurrentlyStatus / ConsumeOrderlyStatus): a handler that returns None
+  or ``ConsumeStatus.SUCCESS`` consumed its message. It failed if it raised, returned
+  ``ConsumeStatus.RECONSUME_LATER``, raised ``ReconsumeLater`` (which also carries the context's settings:
+  ``delay_level``, ``suspend_ms``), or returned anything else. Anything else, because taking an answer the consumer
+  does not know for success is how a ported listener's "RECONSUME_LATER" lost its messages without a word: a
+  failure costs a redelivery, and the first value of each type is logged at ERROR naming it. (None is success,
+  unlike RocketMQ's null, because a Python function that returns nothing returns None.)
+- **Failures, clustering** (concurrent form): the message is sent back to its broker (CONSUMER_SEND_MSG_BACK), which
+  stores it delayed in the group's retry topic ``%RETRY%<group>`` (``ReconsumeLater.delay_level``, RocketMQ's
+  delayLevelWhenNextConsume; 0/None: the broker's backoff, level 3 + reconsume times), or in its dead-letter topic
+  ``%DLQ%<group>`` once it failed ``max_reconsume_times`` times (-1, the default: 16, as RocketMQ) or at once with
+  ``delay_level=-1``; the queue moves on. Every clustering member subscribes to the retry topic, and a message
+  pulled from it reaches the handler with its first topic restored and ``reconsume_times`` counting its failures.
+  Only if the send-back fails is it retried here after ``reconsume_delay_ms``, holding its queue, with
+  ``reconsume_times`` counted up, up to ``max_reconsume_times`` (then logged and skipped).
+- **Failures, broadcasting**: RocketMQ logs a failed broadcast message and drops it (it sends nothing back: a
+  broadcast message is each member's own, and the group's retry topic would hand it to every member). We retry it
+  here instead, as above (``reconsume_delay_ms``, up to ``max_reconsume_times``, then logged and skipped; at
+  once with ``delay_level=-1``), because a drop on the first failure loses the message for this member for good,
+  however passing the trouble was; the price is that its queue waits meanwhile.
+- **Consume timeout** (``consume_timeout_min``, RocketMQ's consumeTimeout, 15 min): a concurrent handler call that
+  runs longer is cancelled and counts as a failure (sent back, the queue moves on), logged at WARNING with topic,
+  queue and offset (RocketMQ's cleanExpireMsg sends such a message back too, but leaves its thread running; a trio
+  task can be stopped). Not for orderly consumption (RocketMQ applies it only to concurrent consumption: an orderly
+  queue's next message must wait for this one anyway), nor for the iterator form (the loop body is the caller's).
 - **One iterating task at a time**: the consumer holds one pending message (the last one returned), so a second
   task's ``__anext__`` would acknowledge the first task's message while it is still being processed. A task
   that calls ``__anext__`` while another waits in it or holds its last message gets ``RuntimeError``; another
@@ -38,10 +57,12 @@ How it works (RocketMQ's DefaultMQPushConsumer, as trio tasks):
   queue is pulled and consumed only while this member holds its lock on the broker (``client/orderly.py``), so no
   two members handle one queue at once, even while they disagree about the allocation. A queue taken away (or
   whose lock was lost, or on close) stops pulling at once, finishes the message in its handler, commits its offset
-  and only then is unlocked; its next holder starts from that offset. A handler that raises suspends its queue for
-  ``suspend_current_queue_time_ms`` and gets the same message again, up to ``max_reconsume_times`` retries; then
-  the message goes to the group's dead-letter topic (send-back with delay level -1; should that fail, the queue
-  stays suspended and tries again), as RocketMQ's orderly service; in broadcasting mode it is logged and skipped.
+  and only then is unlocked; its next holder starts from that offset. A handler that fails suspends its queue for
+  ``suspend_current_queue_time_ms`` (this time's ``ReconsumeLater.suspend_ms``, if given) and gets the same message
+  again with ``reconsume_times`` counted up, without end by default (``max_reconsume_times`` -1: unlimited, as
+  RocketMQ's orderly service); once it has failed ``max_reconsume_times`` times, or at once with
+  ``ReconsumeLater(delay_level=-1)``, the message goes to the group's dead-letter topic (send-back with delay level
+  -1; should that fail, the queue stays suspended and tries again); in broadcasting mode it is logged and skipped.
   Offsets only ever pass messages whose handler returned (or that were sent to the dead letters or skipped so).
   Close waits up to ``client.orderly.CLOSE_WAIT_S`` (3 s) for the messages in handlers, then cancels them (they
   are delivered again to the next holder, never at the same time). A member killed outright keeps its locks until
@@ -57,6 +78,7 @@ import dataclasses
 import inspect
 import logging
 import math
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -77,11 +99,14 @@ from client.pull_consumer import PullAPI
 from client.rebalance import allocate_average, diff_assignment
 from remoting.codes import RequestCode
 from remoting.config import ConfigError, blank_dir_problem, bounded
+from client.listener import (CONCURRENT_MAX_RECONSUME_TIMES, ORDERLY_MAX_RECONSUME_TIMES, ConsumeStatus,
+                             ReconsumeLater)
 from remoting.errors import RaftMQError
 from remoting.message import (PROPERTY_RETRY_TOPIC, RETRY_GROUP_MAX_LENGTH, RETRY_GROUP_TOPIC_PREFIX, group_problem,
                               retry_topic)
 
-__all__ = ["PushConsumerConfig", "PushConsumer", "ProcessQueue", "open_push_consumer", "ConsumerStatistics"]
+__all__ = ["PushConsumerConfig", "PushConsumer", "ProcessQueue", "open_push_consumer", "ConsumerStatistics",
+           "ConsumeStatus", "ReconsumeLater"]
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +116,6 @@ CONSUME_FROM = ("CONSUME_FROM_LAST_OFFSET", "CONSUME_FROM_FIRST_OFFSET", "CONSUM
 
 # A queue another member still holds is asked for again this soon (RocketMQ's rebalanceLater(500)).
 LOCK_RETRY_S = 0.5
-
-
 def _power_of_ten(n: int) -> bool:
     while n % 10 == 0:
         n //= 10
@@ -120,8 +143,14 @@ class PushConsumerConfig(ClientConfig):
     # core (RocketMQ waits 3000 ms; we retry sooner, a leader usually moves within a second).
     pull_time_delay_ms_when_exception: int = bounded(200, min=10, max=HOUR_MS,
                                                      doc="pause after a failed pull, before the next")
-    # A Java int on the wire: the broker refused every send-back of a member asking for more, INVALID_REQUEST.
-    max_reconsume_times: int = bounded(16, min=0, max=I32_MAX)
+    # A Java int on the wire: the broker refused every send-back of a member asking for more, INVALID_REQUEST. -1
+    # is never sent: PushConsumer.max_reconsume_times turns it into the count it means.
+    max_reconsume_times: int = bounded(-1, min=-1, max=I32_MAX,
+                                       doc="failures before the dead letters; -1: 16 (concurrent), unlimited (orderly)")
+    # RocketMQ's consumeTimeout (minutes, 15). A day at most: a handler call longer than that is stuck, not slow.
+    consume_timeout_min: int = bounded(15, min=1, max=1440,
+                                       doc="concurrent handler form: a call running longer is cancelled and its "
+                                           "message counts as failed")
     reconsume_delay_ms: int = bounded(1_000, min=0, max=HOUR_MS)
     # An empty one put the offset files in the current directory (Path("") is ".").
     offset_store_dir: str = bounded(".raftmq-offsets", check=blank_dir_problem,
@@ -219,12 +248,23 @@ class ProcessQueue:
 def local_offset_store(config: PushConsumerConfig) -> LocalFileOffsetStore:
     """A BROADCASTING member's offset file, loaded; ``ConfigError`` naming ``offset_store_dir`` if it cannot be used
     (before, a directory that could not be created failed the first persist and took the consumer down)."""
-    # Stable across restarts of the same member (as RocketMQ's ip@instanceName), so it resumes. Every config,
-    # one built directly too, has had its instance_name checked (client.instance.check_instance_name): it cannot
-    # put the file outside offset_store_dir.
-    name = f"{config.consumer_group}@{config.client_ip}@{config.instance_name}.json"
+    # Stable across restarts of the same member, so it resumes: the group and instance_name, not the address
+    # (RocketMQ's ip@instanceName), which a container may be given afresh at every start, and which says nothing a
+    # file in this host's directory needs. Every config, one built directly too, has had its instance_name checked
+    # (client.instance.check_instance_name): it cannot put the file outside offset_store_dir.
+    directory = Path(config.offset_store_dir)
+    path = directory / f"{config.consumer_group}@{config.instance_name}.json"
+    if not path.exists():
+        # Earlier versions named the file by the address too, which was 127.0.0.1 unless client_ip was set: taken
+        # over once, else an upgraded member would start again from consume_from_where.
+        for ip in dict.fromkeys((config.client_ip, "127.0.0.1")):
+            legacy = directory / f"{config.consumer_group}@{ip}@{config.instance_name}.json"
+            if legacy.exists():
+                with contextlib.suppress(OSError):  # then it starts afresh, as it would have without the file
+                    os.replace(legacy, path)
+                break
     try:
-        return LocalFileOffsetStore(Path(config.offset_store_dir) / name)
+        return LocalFileOffsetStore(path)
     except ValueError as e:
         raise ConfigError(f"offset_store_dir {config.offset_store_dir!r} cannot keep the offsets: {e}") from None
 
@@ -293,6 +333,7 @@ class PushConsumer:
         self._rebalance_now = trio.Event()
         self._lock = trio.Lock()
         self._delivered = 0  # by the iterator and the concurrent handlers; orderly ones count in OrderlyService
+        self._bad_result_types: set[type] = set()  # handler return values of these types were logged at ERROR
         self._rebalances = 0
         self._pulls = 0
         self._pull_errors = 0
@@ -308,6 +349,15 @@ class PushConsumer:
     @property
     def client_id(self) -> str:
         return self._instance.client_id
+
+    @property
+    def max_reconsume_times(self) -> int:
+        """``config.max_reconsume_times`` as it applies, and as the broker is sent it (never -1): -1 is 16 for
+        concurrent consumption and unlimited (``I32_MAX``) for orderly, as RocketMQ."""
+        times = self.config.max_reconsume_times
+        if times >= 0:
+            return times
+        return ORDERLY_MAX_RECONSUME_TIMES if self.config.orderly else CONCURRENT_MAX_RECONSUME_TIMES
 
     def assigned_queues(self) -> list[MessageQueue]:
         return sorted(self._pqs)
@@ -702,28 +752,79 @@ class PushConsumer:
                 await self._handle_one(pq, msg)
 
     async def _handle_one(self, pq: ProcessQueue, msg: MessageExt) -> None:
-        assert self._handler is not None
-        for attempt in range(self.config.max_reconsume_times + 1):
-            try:
-                await self._handler(msg)
+        timeout_s = self.config.consume_timeout_min * 60
+        attempts = self.max_reconsume_times + 1
+        for _ in range(attempts):
+            failure = await self._call_handler(pq, msg, timeout_s=timeout_s)
+            if failure is None:
                 break
-            except Exception:
-                log.exception("handler failed mq=%s offset=%d attempt=%d", pq.mq, msg.queue_offset, attempt + 1)
+            delay_level = failure.delay_level or 0
             # Clustering: handed back to the broker (retry topic, then dead letters) and this queue moves on. Only
             # when that fails is it retried here, holding its queue, as RocketMQ's consumeMessageDirectly fallback.
-            if self._retry_topic is not None and await self.send_back(pq.mq, msg):
+            if self._retry_topic is not None:
+                if await self.send_back(pq.mq, msg, delay_level=delay_level):
+                    break
+            elif delay_level < 0:
+                log.error("message skipped, its handler asked for the dead letters (delay_level -1), which a "
+                          "broadcasting consumer has none of mq=%s offset=%d msg_id=%s", pq.mq, msg.queue_offset,
+                          msg.msg_id)
                 break
             await trio.sleep(self.config.reconsume_delay_ms / 1000)
+            # Counted up for the handler, as RocketMQ's local retry does (setReconsumeTimes before resubmitting).
+            msg = dataclasses.replace(msg, reconsume_times=msg.reconsume_times + 1)
         else:
-            log.error("message skipped after %d failed attempts mq=%s offset=%d msg_id=%s",
-                      self.config.max_reconsume_times + 1, pq.mq, msg.queue_offset, msg.msg_id)
+            log.error("message skipped after %d failed attempts mq=%s offset=%d msg_id=%s", attempts, pq.mq,
+                      msg.queue_offset, msg.msg_id)
         self._delivered += 1
         self._consumed(pq, msg)
+
+    async def _call_handler(self, pq: ProcessQueue, msg: MessageExt, *,
+                            timeout_s: float = math.inf) -> ReconsumeLater | None:
+        """Call the handler on ``msg`` once: None if it consumed it (returned None or ``ConsumeStatus.SUCCESS``),
+        else the failure as a ``ReconsumeLater`` carrying what the handler asked for (a plain one when it raised
+        something else, returned anything else, or ran past ``timeout_s`` and was cancelled)."""
+        assert self._handler is not None
+        with trio.move_on_after(timeout_s) as scope:
+            try:
+                result = await self._handler(msg)
+            except ReconsumeLater as e:
+                # Asked for, so no traceback: RocketMQ counts a RECONSUME_LATER and logs nothing either.
+                log.debug("handler asked to reconsume later mq=%s offset=%d reconsume_times=%d delay_level=%s "
+                          "suspend_ms=%s", pq.mq, msg.queue_offset, msg.reconsume_times, e.delay_level,
+                          e.suspend_ms)
+                return e
+            except Exception:
+                log.exception("handler failed mq=%s offset=%d reconsume_times=%d", pq.mq, msg.queue_offset,
+                              msg.reconsume_times)
+                return ReconsumeLater()
+        if scope.cancelled_caught:
+            log.warning("handler cancelled after consume_timeout_min=%d, the message counts as failed topic=%s "
+                        "broker_name=%s queue_id=%d offset=%d msg_id=%s", self.config.consume_timeout_min,
+                        pq.mq.topic, pq.mq.broker_name, pq.mq.queue_id, msg.queue_offset, msg.msg_id)
+            return ReconsumeLater()
+        if result is None or result is ConsumeStatus.SUCCESS:
+            return None
+        if result is not ConsumeStatus.RECONSUME_LATER:
+            self._unknown_result(result, pq, msg)
+        return ReconsumeLater()
+
+    def _unknown_result(self, result: object, pq: ProcessQueue, msg: MessageExt) -> None:
+        # A failure, so nothing is lost; said at ERROR once per type (every message of a ported listener returns
+        # one), naming the type only: the value may hold the message's content.
+        kind = type(result)
+        if kind in self._bad_result_types:
+            log.debug("handler returned a %s, taken as a failure mq=%s offset=%d", kind.__qualname__, pq.mq,
+                      msg.queue_offset)
+            return
+        self._bad_result_types.add(kind)
+        log.error("handler returned a %s, not None or a ConsumeStatus: taken as a failure, so the message is "
+                  "consumed again (said once per type) group=%s mq=%s offset=%d", kind.__qualname__,
+                  self.config.consumer_group, pq.mq, msg.queue_offset)
 
     async def send_back(self, mq: MessageQueue, msg: MessageExt, *, delay_level: int = 0) -> bool:
         """CONSUMER_SEND_MSG_BACK of a failed message; False (logged) if the broker could not take it."""
         try:
-            await self._api.send_back(mq, msg, self.config.max_reconsume_times, delay_level=delay_level)
+            await self._api.send_back(mq, msg, self.max_reconsume_times, delay_level=delay_level)
         except RaftMQError as e:
             log.warning("send back failed, retrying locally mq=%s offset=%d msg_id=%s error=%s", mq,
                         msg.queue_offset, msg.msg_id, e)

@@ -1,0 +1,54 @@
+"""What a push consumer's handler answers (RocketMQ's listener statuses and context settings), and what
+``max_reconsume_times`` -1 means; the rules are in ``client.push_consumer``'s docstring, "Handler results"."""
+
+from __future__ import annotations
+
+import enum
+
+from client.message import I32_MAX
+
+__all__ = ["ConsumeStatus", "ReconsumeLater", "CONCURRENT_MAX_RECONSUME_TIMES", "ORDERLY_MAX_RECONSUME_TIMES"]
+
+# What max_reconsume_times -1 means, as RocketMQ's getMaxReconsumeTimes: 16 for concurrent consumption (its retries
+# then take the broker's backoff levels 3 to 18, the last), unlimited for orderly (a queue's later messages may need
+# this one handled first).
+CONCURRENT_MAX_RECONSUME_TIMES = 16
+ORDERLY_MAX_RECONSUME_TIMES = I32_MAX
+# RocketMQ's clamp of ConsumeOrderlyContext.suspendCurrentQueueTimeMillis (submitConsumeRequestLater).
+SUSPEND_MS_MIN, SUSPEND_MS_MAX = 10, 30_000
+
+
+class ConsumeStatus(enum.Enum):
+    """What a handler may return (RocketMQ's ConsumeConcurrentlyStatus / ConsumeOrderlyStatus). ``SUCCESS`` (or
+    None): consumed. ``RECONSUME_LATER``: failed, as if it raised (orderly: RocketMQ's
+    SUSPEND_CURRENT_QUEUE_A_MOMENT). Any other return value is a failure too, logged (see ``client.push_consumer``)."""
+
+    SUCCESS = "SUCCESS"
+    RECONSUME_LATER = "RECONSUME_LATER"
+
+
+class ReconsumeLater(Exception):
+    """Raised by a handler: this message failed, consume it again later (``RECONSUME_LATER`` with the settings
+    RocketMQ's listener puts in its context).
+
+    ``delay_level`` (ConsumeConcurrentlyContext.setDelayLevelWhenNextConsume): concurrent consumption, the delay level
+    of the send-back; 0 or None: the broker's backoff (level 3 + reconsume times); -1: straight to the group's
+    dead-letter topic (broadcasting: no more retries, logged and skipped). Orderly consumption ignores a positive
+    level (``suspend_ms`` applies) but takes -1 the same way: the one way to let a queue past a message it can never
+    handle without waiting out ``max_reconsume_times``, unlimited by default.
+
+    ``suspend_ms`` (ConsumeOrderlyContext.setSuspendCurrentQueueTimeMillis): orderly consumption, how long the queue
+    waits before this message is handled again, this time; clamped to 10..30000 ms as RocketMQ; None:
+    ``suspend_current_queue_time_ms``. Concurrent consumption ignores it."""
+
+    def __init__(self, reason: str = "", *, delay_level: int | None = None, suspend_ms: int | None = None) -> None:
+        # Checked here, in the handler that raises it, where a mistake can be read, not in the consumer: the broker
+        # refused a level past a Java int, and a level below -1 meant nothing to it.
+        if delay_level is not None and (type(delay_level) is not int or not -1 <= delay_level <= I32_MAX):
+            raise ValueError(f"ReconsumeLater.delay_level must be None or an int from -1 to {I32_MAX}, got "
+                             f"{delay_level!r}")
+        if suspend_ms is not None and type(suspend_ms) is not int:
+            raise ValueError(f"ReconsumeLater.suspend_ms must be None or an int (ms), got {suspend_ms!r}")
+        super().__init__(reason or "the handler asked to consume the message again later")
+        self.delay_level = delay_level
+        self.suspend_ms = None if suspend_ms is None else min(max(suspend_ms, SUSPEND_MS_MIN), SUSPEND_MS_MAX)
