@@ -5,6 +5,9 @@
 
 Transactional messages: ``open_producer(..., transaction_listener=...)`` and ``send_in_transaction``
 (``client/transaction.py``).
+
+A push consumer's handler says how a message went by returning (None or ``ConsumeStatus``) or raising
+(``ReconsumeLater``, RocketMQ's RECONSUME_LATER with its delay level or suspend time): ``client/push_consumer.py``.
 """
 
 from client.admin import (
@@ -13,8 +16,11 @@ from client.admin import (
     ConsumerConnection,
     ConsumeStats,
     DelayLevelProgress,
+    GroupDeletion,
     OffsetReset,
+    ProducerConnection,
     QueueConsumeStats,
+    TopicPermUpdate,
     TopicQueueStatus,
     open_admin,
 )
@@ -45,16 +51,18 @@ from client.message import (
 )
 from client.producer import Producer, ProducerConfig, open_producer
 from client.pull_consumer import PullConsumer, PullConsumerConfig, open_pull_consumer
+from client.listener import ConsumeStatus, ReconsumeLater
 from client.push_consumer import PushConsumer, PushConsumerConfig, open_push_consumer
 from client.rebalance import allocate_average
 from client.transaction import TransactionListener, TransactionSendResult, TransactionState
 
 __all__ = [
     "open_producer", "Producer", "ProducerConfig",
-    "open_push_consumer", "PushConsumer", "PushConsumerConfig",
+    "open_push_consumer", "PushConsumer", "PushConsumerConfig", "ConsumeStatus", "ReconsumeLater",
     "open_pull_consumer", "PullConsumer", "PullConsumerConfig",
     "open_admin", "AdminClient", "ClusterInfo", "ConsumeStats", "ConsumerConnection", "OffsetReset",
-    "QueueConsumeStats", "TopicQueueStatus", "DelayLevelProgress",
+    "QueueConsumeStats", "TopicQueueStatus", "DelayLevelProgress", "TopicPermUpdate", "ProducerConnection",
+    "GroupDeletion",
     "Message", "MessageExt", "MessageQueue", "SendResult", "SendStatus", "PullResult", "PullStatus",
     "Subscription", "parse_subscription", "tags_code", "allocate_average",
     "TransactionListener", "TransactionSendResult", "TransactionState",

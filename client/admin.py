@@ -26,12 +26,15 @@ from client.pull_consumer import to_message_ext
 from client.route import (PERM_READ, PERM_WRITE, TopicRouteData, decode_route_response, parse_broker_addr_table,
                           parse_route, peer_addr)
 from remoting.codes import RequestCode, ResponseCode
-from remoting.errors import RaftMQError, for_code
-from remoting.message import MessageFormatError, iter_records, parse_msg_id
+from remoting.errors import RaftMQError, TopicNotExistError, for_code
+from remoting.message import RETRY_GROUP_MAX_LENGTH, MessageFormatError, iter_records, parse_msg_id, retry_topic
 
-__all__ = ["AdminClient", "ClusterInfo", "ConsumeStats", "ConsumerConnection", "DelayLevelProgress", "OffsetReset",
-           "QueueConsumeStats", "TopicQueueStatus", "open_admin"]
+__all__ = ["AdminClient", "ClusterInfo", "ConsumeStats", "ConsumerConnection", "DelayLevelProgress", "GroupDeletion",
+           "OffsetReset", "ProducerConnection", "QueueConsumeStats", "TopicPermUpdate", "TopicQueueStatus",
+           "open_admin", "UPDATABLE_PERMS"]
 
+# The permissions update_topic_perm sets, as mqadmin updateTopicPerm takes them: write only, read only, both.
+UPDATABLE_PERMS = (PERM_WRITE, PERM_READ, PERM_READ | PERM_WRITE)
 MAX_QUERY_NUM = 64  # the broker's cap on the messages of one QUERY_MESSAGE (RocketMQ's maxNum bound)
 # VIEW_MESSAGE_BY_ID's answers: QUERY_NOT_FOUND, no such message; SYSTEM_ERROR, how older brokers said so
 # (RocketMQ's answer).
@@ -50,6 +53,24 @@ class ClusterInfo:
 
     def master_addr(self, broker_name: str) -> str | None:
         return self.broker_addrs.get(broker_name, {}).get(0)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TopicPermUpdate:
+    """What ``update_topic_perm`` did to a topic on one broker group: its permission before and after (the same
+    when it was already that: nothing was written) and the rest of its config, kept as it was."""
+
+    broker_name: str
+    previous_perm: int
+    perm: int
+    read_queue_nums: int
+    write_queue_nums: int
+    order: bool
+    topic_sys_flag: int
+
+    @property
+    def changed(self) -> bool:
+        return self.perm != self.previous_perm
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -129,6 +150,26 @@ class ConsumerConnection:
             for topic, expression in subs.items():
                 by_topic.setdefault(topic, {})[client_id] = expression
         return {topic: members for topic, members in sorted(by_topic.items()) if len(set(members.values())) > 1}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ProducerConnection:
+    """RocketMQ's producerConnection: the producers of a group online on any broker group, by client id, with the
+    address each connects from and the broker groups that hear its heartbeats."""
+
+    producer_group: str
+    connections: dict[str, str]  # client id -> its address as a broker sees it
+    broker_names: dict[str, tuple[str, ...]]  # client id -> broker groups it heartbeats to
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GroupDeletion:
+    """What ``delete_group`` removed: per broker group, how many queues' offsets the consumer group had there,
+    and the broker groups its retry topic was deleted from."""
+
+    consumer_group: str
+    removed_offsets: dict[str, int]
+    retry_topic_deleted_from: tuple[str, ...]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -326,6 +367,70 @@ class AdminClient:
                 raise
         return deleted
 
+    async def update_topic_perm(self, topic: str, perm: int, *, cluster: str | None = None,
+                                broker_names: Sequence[str] | None = None) -> list[TopicPermUpdate]:
+        """RocketMQ's updateTopicPerm: set ``topic``'s permission to ``perm`` (2 write, 4 read, 6 both) on every
+        group of ``cluster`` (default: all) or of ``broker_names`` that has it. Each group's own config is read
+        from its leader (GET_ALL_TOPIC_CONFIG) and written back (UPDATE_AND_CREATE_TOPIC: replicated, then
+        re-registered with the name servers) with only ``perm`` changed: its queue counts, order flag, filter
+        type and sys flag stay. ``create_topic`` with a perm sets every field, so the defaults (8 queues) replaced
+        the counts the topic had. Works for the broker's retry and dead-letter topics (``%DLQ%group`` is created
+        write-only; 6 makes its messages readable). A group where the topic already has ``perm`` is left alone.
+        Returns what was done per group, by name; a topic on none of the groups asked is TopicNotExistError.
+
+        The read and the write are two requests: a change made to the topic by someone else between them is
+        overwritten, as with mqadmin."""
+        if isinstance(perm, bool) or perm not in UPDATABLE_PERMS:
+            raise ValueError(f"perm must be 2 (write), 4 (read) or 6 (read and write), as mqadmin updateTopicPerm "
+                             f"takes, got {perm!r}")
+        masters = await self._target_masters(cluster, broker_names)
+        configs = await self._topic_configs(masters, topic)
+        if not configs:
+            raise for_code(ResponseCode.TOPIC_NOT_EXIST, f"topic {topic!r} is on none of broker group(s) "
+                                                         f"{', '.join(sorted(masters))}", topic=topic)
+        updates = {name: TopicPermUpdate(name, c["perm"], perm, c["read_queue_nums"], c["write_queue_nums"],
+                                         c["order"], c["topic_sys_flag"]) for name, c in configs.items()}
+        written: list[str] = []
+
+        async def _one(name: str) -> None:
+            config = configs[name]
+            await self._to_leaders({name: masters[name]}, RequestCode.UPDATE_AND_CREATE_TOPIC, {
+                "topic": topic, "read_queue_nums": config["read_queue_nums"],
+                "write_queue_nums": config["write_queue_nums"], "perm": perm,
+                "topic_filter_type": config["topic_filter_type"], "topic_sys_flag": config["topic_sys_flag"],
+                "order": config["order"]})
+            written.append(name)
+
+        try:
+            await _each_group([(name,) for name, u in sorted(updates.items()) if u.changed], _one)
+        except RaftMQError as e:
+            if written:  # the others are not rolled back: say so, the operator runs it again for the rest
+                e.add_note("changed all the same on broker group(s) " + ", ".join(
+                    f"{name} (perm {updates[name].previous_perm} to {perm})" for name in sorted(written)))
+            raise
+        return [updates[name] for name in sorted(updates)]
+
+    async def _topic_configs(self, masters: Mapping[str, str], topic: str) -> dict[str, dict[str, Any]]:
+        """``topic``'s config on each group of ``masters`` (name -> leader) that has it, from GET_ALL_TOPIC_CONFIG."""
+        frames = await self._to_leaders(masters, RequestCode.GET_ALL_TOPIC_CONFIG, {})
+        found = {}
+        for name, frame in frames.items():
+            with _reading("GET_ALL_TOPIC_CONFIG", f"broker group {name!r}"):
+                config = cbor2.loads(frame.body)["topic_configs"].get(topic)
+                if config is None:
+                    continue
+                order = config.get("order", False)
+                if type(order) is not bool:
+                    raise TypeError(f"order {order!r} is not true or false")
+                found[name] = {"read_queue_nums": _int(config["read_queue_nums"], "read_queue_nums"),
+                               "write_queue_nums": _int(config["write_queue_nums"], "write_queue_nums"),
+                               "perm": _int(config["perm"], "perm"),
+                               "topic_filter_type": _str(config.get("topic_filter_type", "SINGLE_TAG"),
+                                                         "topic_filter_type"),
+                               "topic_sys_flag": _int(config.get("topic_sys_flag", 0), "topic_sys_flag"),
+                               "order": order}
+        return found
+
     async def consume_stats(self, consumer_group: str, *, topic: str | None = None,
                             cluster: str | None = None) -> ConsumeStats:
         """The progress of ``consumer_group``: on every group of ``topic``'s route, or without a topic on every
@@ -435,6 +540,51 @@ class AdminClient:
         members = {cid: dict(sorted(subs.items())) for cid, subs in sorted(member_subscriptions.items())}
         return ConsumerConnection(consumer_group, model, where, dict(sorted(subscriptions.items())),
                                   dict(sorted(connections.items())), members)
+
+    async def producer_connections(self, producer_group: str, *, cluster: str | None = None) -> ProducerConnection:
+        """The group's producers online on the groups of ``cluster`` (default: all), from each group's leader;
+        empty ``connections`` when none is (transactional producers must be, for the brokers' check-backs)."""
+        if not producer_group:
+            raise ValueError("producer_connections needs a producer group")
+        frames = await self._to_leaders(await self._target_masters(cluster, None),
+                                        RequestCode.GET_PRODUCER_CONNECTION_LIST, {"producer_group": producer_group},
+                                        ok=(ResponseCode.SUCCESS, ResponseCode.SYSTEM_ERROR))
+        connections: dict[str, str] = {}
+        heard_by: dict[str, list[str]] = {}
+        for name, frame in sorted(frames.items()):
+            if frame.code != ResponseCode.SUCCESS:  # RocketMQ's answer for a group with no producer online
+                continue
+            with _reading("GET_PRODUCER_CONNECTION_LIST", f"broker group {name!r}"):
+                for c in cbor2.loads(frame.body)["connections"]:
+                    client_id = _str(c["client_id"], "client_id")
+                    connections.setdefault(client_id, _str(c.get("client_addr", ""), "client_addr"))
+                    heard_by.setdefault(client_id, []).append(name)
+        return ProducerConnection(producer_group, dict(sorted(connections.items())),
+                                  {cid: tuple(names) for cid, names in sorted(heard_by.items())})
+
+    async def delete_group(self, consumer_group: str, *, cluster: str | None = None,
+                           broker_names: Sequence[str] | None = None) -> GroupDeletion:
+        """RocketMQ's deleteSubGroup with its offsets (``-r``): remove ``consumer_group``'s offsets from every group
+        of ``cluster`` (default: all) or of ``broker_names`` (DELETE_SUBSCRIPTIONGROUP, replicated), then delete
+        its retry topic ``%RETRY%<group>`` where it is (its messages are redeliveries to this group alone). A
+        group with members online is refused by the brokers (they would commit their offsets again). The
+        dead-letter topic is kept: its messages may still be wanted (``delete_topic`` removes it)."""
+        if not consumer_group:
+            raise ValueError("delete_group needs a consumer group")
+        masters = await self._target_masters(cluster, broker_names)
+        frames = await self._to_leaders(masters, RequestCode.DELETE_SUBSCRIPTIONGROUP,
+                                        {"group_name": consumer_group, "clean_offset": True})
+        removed = {}
+        for name, frame in sorted(frames.items()):
+            with _reading("DELETE_SUBSCRIPTIONGROUP", f"broker group {name!r}"):
+                removed[name] = _int(frame.ext["removed"], "removed")
+        deleted: list[str] = []
+        if len(consumer_group) <= RETRY_GROUP_MAX_LENGTH:  # a longer name makes no legal topic: it has none
+            try:
+                deleted = await self.delete_topic(retry_topic(consumer_group), broker_names=sorted(masters))
+            except TopicNotExistError:  # the group never failed a message: it has no retry topic
+                pass
+        return GroupDeletion(consumer_group, removed, tuple(deleted))
 
     async def reset_offset(self, consumer_group: str, topic: str, timestamp_ms: int) -> OffsetReset:
         """RocketMQ's resetOffsetByTime: on every group of ``topic``, move ``consumer_group`` to the first

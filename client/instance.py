@@ -21,9 +21,13 @@ Long polls (PULL_MESSAGE) are answered late on purpose and do not count.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import ipaddress
 import itertools
 import logging
 import os
+import secrets
+import socket
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -40,7 +44,8 @@ from remoting.errors import ConnectError, ConnectionClosedError, RaftMQError, fo
 from remoting.message import CLIENT_ID_MAX_LENGTH, MessageFormatError, ip_bytes
 
 __all__ = ["ClientConfig", "ClientInstance", "build_config", "raise_for_response", "open_remoting",
-           "open_client_nursery", "ServerRequests", "check_instance_name"]
+           "open_client_nursery", "ServerRequests", "check_instance_name", "detect_client_ip",
+           "namesrv_addrs_from_env", "NAMESRV_ADDR_ENV", "DEFAULT_NAMESRV_ADDR"]
 
 log = logging.getLogger(__name__)
 
@@ -52,12 +57,90 @@ _instance_counter = itertools.count(1)
 _LONG_POLL_CODES = frozenset({RequestCode.PULL_MESSAGE})
 
 
+# Where the client looks for its name servers when none are given: RocketMQ's clients and mqadmin read the same
+# variable (a deployment sets it once for every process), and raftmq dev's name server is the last resort.
+NAMESRV_ADDR_ENV = "NAMESRV_ADDR"
+DEFAULT_NAMESRV_ADDR = "127.0.0.1:9876"
+
+
 def _check_addrs(value: tuple[str, ...]) -> str | None:
     if not value:
         return "must name at least one name server"
     for addr in value:
         parse_host_port(addr, key="namesrv_addrs", dial=True)
     return None
+
+
+def _split_addrs(value: str) -> list[str]:
+    # RocketMQ separates name servers with ';', raftmq's options with ',' too: either here.
+    return [a.strip() for a in value.replace(",", ";").split(";") if a.strip()]
+
+
+def namesrv_addrs_from_env() -> tuple[str, ...] | None:
+    """The name servers ``NAMESRV_ADDR`` names ("HOST:PORT[;HOST:PORT...]"), None when it is not set. Set but
+    empty or malformed is a ``ConfigError`` naming it: taken as unset, the client would quietly dial another
+    cluster (127.0.0.1:9876) than the one the operator meant."""
+    value = os.environ.get(NAMESRV_ADDR_ENV)
+    if value is None:
+        return None
+    addrs = _split_addrs(value)
+    if not addrs:
+        raise ConfigError(f"{NAMESRV_ADDR_ENV} needs HOST:PORT[;HOST:PORT...], got {value!r} (unset it for the "
+                          f"default {DEFAULT_NAMESRV_ADDR})")
+    for addr in addrs:
+        parse_host_port(addr, key=NAMESRV_ADDR_ENV, dial=True)
+    return tuple(addrs)
+
+
+def _default_namesrv_addrs() -> tuple[str, ...]:
+    # Read each time a config is built without name servers, not once at import: a process may set it later.
+    return namesrv_addrs_from_env() or (DEFAULT_NAMESRV_ADDR,)
+
+
+def _usable_ipv4(value: str) -> bool:
+    """An address other hosts could tell this one by: not loopback (127.0.1.1 is Debian's name for the host),
+    not link-local (169.254/16, self-assigned without DHCP), not unspecified or multicast."""
+    try:
+        ip = ipaddress.IPv4Address(value)
+    except ValueError:
+        return False
+    return not (ip.is_loopback or ip.is_link_local or ip.is_unspecified or ip.is_multicast)
+
+
+def detect_client_ip() -> str:
+    """This host's IPv4 address, as RocketMQ's clients find theirs (``NetworkUtil.getLocalAddress``), for a
+    client whose config names none: the first usable address its host name resolves to, else the first of an
+    interface that is up, else 127.0.0.1. Nothing is sent to learn it (no UDP "connect" towards some address,
+    which needs a route and names whatever interface that route takes). The host name comes first: it is what the
+    operator named this host as (a container's own address in its /etc/hosts); interfaces may include bridges that
+    every host has alike (docker0's 172.17.0.1)."""
+    candidates: list[str] = []
+    try:
+        infos = socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET, socket.SOCK_STREAM)
+        candidates += [str(info[4][0]) for info in infos]
+    except (OSError, UnicodeError):  # a host name that does not resolve: the interfaces say it
+        pass
+    try:
+        import psutil  # a dependency already (the servers' metrics); imported here, as only this needs it
+
+        stats = psutil.net_if_stats()
+        for name, addrs in psutil.net_if_addrs().items():
+            if name in stats and stats[name].isup:
+                candidates += [a.address for a in addrs if a.family == socket.AF_INET]
+    except (OSError, RuntimeError):  # psutil cannot list the interfaces here: the host name or loopback
+        pass
+    return next((c for c in candidates if _usable_ipv4(c)), "127.0.0.1")
+
+
+@functools.cache
+def _default_client_ip() -> str:
+    # Once per process: the host's address does not change under a running client as often as configs are built.
+    return detect_client_ip()
+
+
+def _field_from(factory: Callable[[], Any], **meta: Any) -> Any:
+    """A ``bounded`` field whose default ``factory`` computes each time a config is built without it."""
+    return dataclasses.field(default_factory=factory, metadata=bounded(None, **meta).metadata)
 
 
 def _check_ip(value: str) -> str | None:
@@ -69,9 +152,17 @@ def _check_ip(value: str) -> str | None:
     return None
 
 
-# Part of the client id "{client_ip}@{pid}#{instance_name}#{n}" (ClientInstance), which brokers hold to
-# CLIENT_ID_MAX_LENGTH (255): an IPv4 address, a pid, the separators and the instance counter take at most 55.
+# Part of the client id "{client_ip}@{pid}#{start}#{instance_name}#{n}" (ClientInstance), which brokers hold to
+# CLIENT_ID_MAX_LENGTH (255): an IPv4 address (15), a pid (10), the process's start part (about 20), the
+# separators and the instance counter (20) take at most 75.
 INSTANCE_NAME_MAX_LENGTH = 127
+
+# What tells this process's client ids from those of any other process (RocketMQ's "pid#nanoTime" instance name):
+# its start time in milliseconds (hex) and 32 random bits. The address and pid alone did not: in containers every
+# client is pid 1, and two hosts (their names resolving to loopback, or two containers given the same bridge
+# address) both were "127.0.0.1@1#DEFAULT#1"; brokers key a group's members by id, so both took the same queues
+# and the others had no consumer. Taken once, at import: a forked child differs by its pid.
+PROCESS_START_ID = f"{time.time_ns() // 1_000_000:x}-{secrets.token_hex(4)}"
 
 
 def check_instance_name(value: str) -> str | None:
@@ -91,11 +182,14 @@ def check_instance_name(value: str) -> str | None:
 
 @dataclasses.dataclass(frozen=True)
 class ClientConfig:
-    namesrv_addrs: tuple[str, ...] = bounded(("127.0.0.1:9876",), check=_check_addrs,
-                                             doc="name servers, HOST:PORT each")
+    namesrv_addrs: tuple[str, ...] = _field_from(_default_namesrv_addrs, check=_check_addrs,
+                                                 doc="name servers, HOST:PORT each (default: those NAMESRV_ADDR "
+                                                     "names, else 127.0.0.1:9876)")
     instance_name: str = bounded("DEFAULT", check=check_instance_name,
                                  doc="part of the client id and of a BROADCASTING consumer's offset file name")
-    client_ip: str = bounded("127.0.0.1", check=_check_ip, doc="reported in heartbeats and message born hosts")
+    client_ip: str = _field_from(_default_client_ip, check=_check_ip,
+                                 doc="reported in heartbeats (the client id) and message born hosts (default: this "
+                                     "host's address, detect_client_ip)")
     # Every period and timeout at most an hour, as the servers' intervals: a value past any use (2**64 was taken)
     # only switched the thing off by accident.
     poll_name_server_interval_ms: int = bounded(30_000, min=10, max=HOUR_MS, doc="periodic route refresh")
@@ -130,7 +224,7 @@ def build_config(cls: type, options: Mapping[str, Any]) -> Any:
     namesrv = data.pop("namesrv", None)
     if namesrv is not None:
         if isinstance(namesrv, str):
-            namesrv = [a.strip() for a in namesrv.replace(",", ";").split(";") if a.strip()]
+            namesrv = _split_addrs(namesrv)
         elif isinstance(namesrv, (bytes, bytearray)) or not isinstance(namesrv, Iterable):
             raise ConfigError(f'namesrv must be "HOST:PORT[;HOST:PORT...]" or a list of HOST:PORT, got {namesrv!r}')
         data["namesrv_addrs"] = list(namesrv)
@@ -217,7 +311,8 @@ class ClientInstance:
         self.config = config
         self.remoting = remoting
         self.nursery = nursery
-        self.client_id = f"{config.client_ip}@{os.getpid()}#{config.instance_name}#{next(_instance_counter)}"
+        self.client_id = (f"{config.client_ip}@{os.getpid()}#{PROCESS_START_ID}#{config.instance_name}"
+                          f"#{next(_instance_counter)}")
         self.routes = RouteCache(config.namesrv_addrs, self._query_route)
         self.faults = FaultTracker(isolation_ms=config.fault_isolation_ms)
         self.closed = False

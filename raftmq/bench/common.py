@@ -26,13 +26,15 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from client.instance import NAMESRV_ADDR_ENV
 from raftmq.runner import leaf_exceptions, run_interruptible
 from remoting.config import ConfigError, parse_host_port
 
 T = TypeVar("T")
 
 __all__ = [
-    "BenchError", "LatencySummary", "ReadyProcess", "check_namesrv_arg", "check_range", "make_dir", "percentile",
+    "BenchError", "LatencySummary", "ReadyProcess", "check_namesrv_arg", "check_range", "make_dir",
+    "namesrv_from_env", "percentile",
     "print_json", "print_json_error", "print_table", "run_bench", "show_progress", "spawn_ready_process",
     "summarize_latencies",
 ]
@@ -137,6 +139,16 @@ def check_namesrv_arg(value: str, flag: str = "--namesrv") -> None:
         raise ConfigError(f"{flag} needs HOST:PORT, got {value!r}")
     for addr in addrs:
         parse_host_port(addr, key=flag, dial=True)
+
+
+def namesrv_from_env() -> str | None:
+    """What ``NAMESRV_ADDR`` names, for a command's ``--namesrv`` left out (RocketMQ's mqadmin reads it too), or
+    None when it is not set; set but empty or malformed, the ConfigError ``--namesrv`` would get, naming it (the
+    CLI's exit 2): taken as unset, the command would quietly ask another cluster than the one meant."""
+    value = os.environ.get(NAMESRV_ADDR_ENV)
+    if value is not None:
+        check_namesrv_arg(value, NAMESRV_ADDR_ENV)
+    return value
 
 
 def make_dir(path: Path, flag: str) -> None:

@@ -4,8 +4,9 @@
 shared connections; ``--batch N`` makes each send a ``send_batch`` of N messages; ``--concurrency 1`` measures
 the latency of one send at a time; ``--auto-batch`` turns on the producer's auto-batching (single ``send`` calls
 share batch requests, each still acknowledged on its own; the report counts the requests). Without
-``--namesrv`` the bench starts its own cluster (``raftmq dev`` in a temporary directory) and stops it
-afterwards. Every loop is bounded by ``--seconds`` and ``--messages``.
+``--namesrv`` the bench uses the name servers ``NAMESRV_ADDR`` names, and without either it starts its own cluster
+(``raftmq dev`` in a temporary directory) and stops it afterwards. Every loop is bounded by ``--seconds`` and
+``--messages``.
 
 The report ends with the CPU time per message over the measured window: each broker node's process (as it
 reports it in GET_BROKER_RUNTIME_INFO) and this client process (progress bar included), and their total. On a
@@ -28,8 +29,9 @@ from rich.console import Console
 
 from broker.topic_config import TopicConfigError, check_sendable_topic, validate_topic_name
 from client import Message, SendFailedError, open_admin, open_producer
-from raftmq.bench.common import (BenchError, LatencySummary, check_namesrv_arg, check_range, machine_speed, print_json,
-                                 print_table, run_bench, show_progress, spawn_ready_process, summarize_latencies)
+from raftmq.bench.common import (BenchError, LatencySummary, check_namesrv_arg, check_range, machine_speed,
+                                 namesrv_from_env, print_json, print_table, run_bench, show_progress,
+                                 spawn_ready_process, summarize_latencies)
 from remoting.config import ConfigError
 from remoting.errors import ConnectionClosedError, RaftMQError, RemotingError
 
@@ -127,7 +129,8 @@ async def progress(label: str, seconds: float, done: Callable[[], int]) -> None:
 
 def add_cluster_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--namesrv", default=None,
-                        help="name server HOST:PORT; default: start a cluster (raftmq dev) for the run")
+                        help="name server HOST:PORT; default: $NAMESRV_ADDR, else start a cluster (raftmq dev) for "
+                             "the run")
     parser.add_argument("--topic", default="BenchTopic", help="topic (created if missing; default BenchTopic)")
     parser.add_argument("--queues", type=int, default=8, help="queues of the topic when created (default 8)")
     parser.add_argument("--json", action="store_true", help="print the result as one JSON line")
@@ -136,6 +139,10 @@ def add_cluster_args(parser: argparse.ArgumentParser) -> None:
 def check_cluster_args(args: argparse.Namespace) -> None:
     """The options of ``add_cluster_args``, checked before a cluster is started or asked: a topic the brokers
     refuse was retried by ``ensure_topic`` for 30 s and then reported as the cluster's failure."""
+    if args.namesrv is None:
+        args.namesrv = namesrv_from_env()
+        if args.namesrv is not None:  # said, as a bench of a cluster someone else uses is no private measurement
+            log.info("benchmarking the cluster of NAMESRV_ADDR namesrv=%s", args.namesrv)
     if args.namesrv is not None:
         check_namesrv_arg(args.namesrv)
     if args.topic is not None:

@@ -5,15 +5,19 @@
     raftmq admin route TOPIC                                         (topicRoute)
     raftmq admin create-topic TOPIC [--read-queues N] [--write-queues N] [--perm 6] [--order]
                                     [--cluster NAME | --broker NAME ...]   (updateTopic)
+    raftmq admin update-topic-perm TOPIC --perm 2|4|6 [--cluster NAME | --broker NAME ...]   (updateTopicPerm)
     raftmq admin delete-topic TOPIC [--cluster NAME | --broker NAME ...]   (deleteTopic)
     raftmq admin status [--broker NAME | --addr HOST:PORT]           (brokerStatus)
     raftmq admin topic-status TOPIC                                  (topicStatus)
     raftmq admin consumer-connection GROUP [--cluster NAME]          (consumerConnection)
     raftmq admin consumer-progress GROUP [--topic TOPIC] [--cluster NAME]  (consumerProgress)
+    raftmq admin delete-group GROUP [--cluster NAME | --broker NAME ...]   (deleteSubGroup -r)
+    raftmq admin producer-connection GROUP [--cluster NAME]          (producerConnection)
     raftmq admin reset-offset GROUP TOPIC --to earliest|latest|now|MS|ISO-8601   (resetOffsetByTime)
     raftmq admin query-msg-id MSG_ID [--topic TOPIC] [--body-file PATH]   (queryMsgById, queryMsgByUniqueKey)
     raftmq admin query-msg-key TOPIC KEY [--max N] [--begin-ms MS] [--end-ms MS]   (queryMsgByKey)
 
+Without ``--namesrv``, the name servers ``NAMESRV_ADDR`` names (as mqadmin), else 127.0.0.1:9876 (``raftmq dev``'s).
 Every command takes ``--json`` (one JSON line on stdout). Exit status: 0 done, 1 the cluster refused or could not
 be reached (the message says which and why), 2 a bad argument (named).
 """
@@ -40,11 +44,12 @@ from broker.delay_level import format_delay
 from broker.topic_config import (SYSTEM_TOPIC_PREFIX, TopicConfigError, check_sendable_topic, is_system_topic,
                                  validate_group_name, validate_topic_name)
 from client import open_admin
-from client.admin import MAX_QUERY_NUM, AdminClient
+from client.admin import MAX_QUERY_NUM, UPDATABLE_PERMS, AdminClient
+from client.instance import DEFAULT_NAMESRV_ADDR, NAMESRV_ADDR_ENV
 from client.message import MessageExt
 from client.route import PERM_INHERIT, PERM_READ, PERM_WRITE, TopicRouteData
 from remoting.config import ConfigError, name_problem, parse_host_port
-from raftmq.bench.common import check_namesrv_arg, print_json_error
+from raftmq.bench.common import check_namesrv_arg, namesrv_from_env, print_json_error
 from raftmq.runner import leaf_exceptions, run_interruptible
 from remoting.errors import RaftMQError
 from remoting.message import KEY_SEPARATOR, MessageFormatError, parse_msg_id
@@ -58,8 +63,9 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser("admin", help="administer a cluster: groups, topics, routes, broker status",
                                    description="Administer a cluster through its name servers (RocketMQ's "
                                                "mqadmin: clusterList, topicList, topicRoute, updateTopic, "
-                                               "deleteTopic, topicStatus, brokerStatus, "
-                                               "consumerConnection, consumerProgress, resetOffsetByTime, "
+                                               "updateTopicPerm, deleteTopic, topicStatus, brokerStatus, "
+                                               "consumerConnection, consumerProgress, deleteSubGroup, "
+                                               "producerConnection, resetOffsetByTime, "
                                                "queryMsgById, queryMsgByKey).")
     _add_common(parser, defaults=True)
     # The same options after the command too (`raftmq admin topic-status T --json`), where "unrecognized
@@ -81,6 +87,12 @@ def register(subparsers) -> None:
                         help="permission bits: 4 read, 2 write, 1 inherit (default 6)")
     create.add_argument("--order", action="store_true", help="an ordered topic")
     _add_targets(create)
+    perm = add_command("update-topic-perm", help="change only a topic's permission on every group that has it "
+                                                 "(its queues, order and flags stay)")
+    perm.add_argument("topic")
+    perm.add_argument("--perm", type=int, required=True,
+                      help="2 write only, 4 read only, 6 read and write (6 makes a %%DLQ%% topic readable)")
+    _add_targets(perm)
     delete = add_command("delete-topic", help="delete a topic from every group of a cluster")
     delete.add_argument("topic")
     _add_targets(delete)
@@ -102,6 +114,13 @@ def register(subparsers) -> None:
     scope.add_argument("--topic", help="only this topic, on every group that routes it (default: every topic "
                                        "the consumer group has committed offsets for)")
     scope.add_argument("--cluster", help="only the broker groups of this cluster (default: every group)")
+    delete_group = add_command("delete-group", help="remove a consumer group that runs no more: its offsets on every "
+                                                    "group, and its retry topic (its dead letters are kept)")
+    delete_group.add_argument("group", help="the consumer group (no member may be online)")
+    _add_targets(delete_group)
+    producers = add_command("producer-connection", help="a producer group's online producers")
+    producers.add_argument("group", help="the producer group")
+    producers.add_argument("--cluster", help="only the broker groups of this cluster (default: every group)")
     reset = add_command("reset-offset", help="move a consumer group to a point in time on every queue "
                                               "of a topic (online members follow at once)")
     reset.add_argument("group", help="the consumer group")
@@ -127,8 +146,10 @@ def _add_common(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
     def default(value: Any) -> Any:
         return value if defaults else argparse.SUPPRESS
 
-    parser.add_argument("--namesrv", default=default("127.0.0.1:9876"),
-                        help="name servers, HOST:PORT[,HOST:PORT...] (default 127.0.0.1:9876, raftmq dev's)")
+    # None: resolved when the command runs (_check), so a bad NAMESRV_ADDR fails only the commands that use it.
+    parser.add_argument("--namesrv", default=default(None),
+                        help=f"name servers, HOST:PORT[,HOST:PORT...] (default: ${NAMESRV_ADDR_ENV}, else "
+                             f"{DEFAULT_NAMESRV_ADDR}, raftmq dev's)")
     parser.add_argument("--timeout", type=float, default=default(10.0),
                         help="seconds for the whole command (default 10)")
     parser.add_argument("--json", action="store_true", default=default(False),
@@ -148,8 +169,10 @@ def _add_targets(parser: argparse.ArgumentParser) -> None:
 
 
 # The group and topic names a command takes, checked before anything is sent, by how its usage names them.
-_GROUP_ARG = {"consumer-connection": "GROUP", "consumer-progress": "GROUP", "reset-offset": "GROUP"}
-_TOPIC_ARG = {"route": "TOPIC", "create-topic": "TOPIC", "delete-topic": "TOPIC", "topic-status": "TOPIC",
+_GROUP_ARG = {"consumer-connection": "GROUP", "consumer-progress": "GROUP", "reset-offset": "GROUP",
+              "delete-group": "GROUP", "producer-connection": "GROUP"}
+_TOPIC_ARG = {"route": "TOPIC", "create-topic": "TOPIC", "update-topic-perm": "TOPIC", "delete-topic": "TOPIC",
+              "topic-status": "TOPIC",
               "consumer-progress": "--topic", "reset-offset": "TOPIC", "query-msg-id": "--topic",
               "query-msg-key": "TOPIC"}
 
@@ -161,11 +184,13 @@ def _check_names(args: argparse.Namespace) -> None:
             validate_group_name(args.group, group_arg)
         if topic_arg is not None and args.topic is not None:
             validate_topic_name(args.topic)
-            if args.admin_command == "create-topic" and is_system_topic(args.topic):
+            # The brokers create or update no topic producers may not send to (TBW102, rmq_sys_*).
+            changes = args.admin_command in ("create-topic", "update-topic-perm")
+            if changes and is_system_topic(args.topic):
                 raise TopicConfigError(f"topic {args.topic!r} is reserved for the broker (prefix "
                                        f"{SYSTEM_TOPIC_PREFIX!r})", field="topic")
-            if args.admin_command == "create-topic":
-                check_sendable_topic(args.topic)  # the brokers create no topic producers may not send to (TBW102)
+            if changes:
+                check_sendable_topic(args.topic)
     except TopicConfigError as e:
         # The topic check's sentence says "topic ...": name the argument as the usage does.
         raise ConfigError(str(e).replace("topic ", f"{topic_arg} ", 1) if e.field == "topic" else str(e)) from None
@@ -181,6 +206,10 @@ def _check_names(args: argparse.Namespace) -> None:
 
 
 def _check(args: argparse.Namespace) -> None:
+    args.namesrv_from_env = False
+    if args.namesrv is None:
+        env = namesrv_from_env()  # a ConfigError naming NAMESRV_ADDR when it is set but wrong
+        args.namesrv, args.namesrv_from_env = env or DEFAULT_NAMESRV_ADDR, env is not None
     check_namesrv_arg(args.namesrv)
     if not 0 < args.timeout <= 3600:
         raise ConfigError(f"--timeout must be within (0, 3600] seconds, got {args.timeout}")
@@ -194,6 +223,9 @@ def _check(args: argparse.Namespace) -> None:
         if args.perm & ~_ALL_PERMS or not args.perm & (PERM_READ | PERM_WRITE):
             raise ConfigError(f"--perm must combine 4 (read), 2 (write) and 1 (inherit) with read or write set, "
                               f"got {args.perm}")
+    if args.admin_command == "update-topic-perm" and args.perm not in UPDATABLE_PERMS:
+        raise ConfigError(f"--perm must be 2 (write only), 4 (read only) or 6 (read and write), as mqadmin "
+                          f"updateTopicPerm takes, got {args.perm}")
     if args.admin_command in ("status", "delay-offsets") and args.addr is not None:
         # An empty --addr was taken as none given: the group leaders answered instead of the node meant.
         parse_host_port(args.addr, key="--addr", dial=True)
@@ -288,6 +320,19 @@ async def _warn_of_hidden_queues(admin: AdminClient, topic: str, read_queue_nums
               f"until the read queues are raised again", file=sys.stderr, flush=True)
 
 
+async def _update_perm(admin: AdminClient, args: argparse.Namespace) -> dict[str, Any]:
+    updates = await admin.update_topic_perm(args.topic, args.perm, cluster=args.cluster, broker_names=args.broker)
+    try:
+        route: dict[str, Any] | None = _route_data(await admin.get_route(args.topic))
+    except RaftMQError:  # the change is made (each group re-registered before it answered): only not shown
+        route = None
+    return {"topic": args.topic, "perm": args.perm,
+            "groups": [{"broker_name": u.broker_name, "previous_perm": u.previous_perm, "perm": u.perm,
+                        "changed": u.changed, "read_queue_nums": u.read_queue_nums,
+                        "write_queue_nums": u.write_queue_nums, "order": u.order} for u in updates],
+            "route": route}
+
+
 async def _delete(admin: AdminClient, args: argparse.Namespace) -> dict[str, Any]:
     groups = await admin.delete_topic(args.topic, cluster=args.cluster, broker_names=args.broker)
     return {"topic": args.topic, "deleted": True, "broker_names": groups}
@@ -340,6 +385,21 @@ async def _consumer_connection(admin: AdminClient, args: argparse.Namespace) -> 
                              "subscriptions": dict(found.member_subscriptions.get(cid, {}))}
                             for cid, addr in found.connections.items()],
             "differing_subscriptions": found.differing_topics()}
+
+
+async def _delete_group(admin: AdminClient, args: argparse.Namespace) -> dict[str, Any]:
+    done = await admin.delete_group(args.group, cluster=args.cluster, broker_names=args.broker)
+    return {"consumer_group": done.consumer_group, "removed_offsets": done.removed_offsets,
+            "retry_topic_deleted_from": list(done.retry_topic_deleted_from)}
+
+
+async def _producer_connection(admin: AdminClient, args: argparse.Namespace) -> dict[str, Any]:
+    found = await admin.producer_connections(args.group, cluster=args.cluster)
+    if not found.connections:
+        raise _Refused(f"producer group {args.group!r} has no producer online")
+    return {"producer_group": found.producer_group,
+            "connections": [{"client_id": cid, "client_addr": addr, "broker_names": list(found.broker_names[cid])}
+                            for cid, addr in found.connections.items()]}
 
 
 async def _consumer_progress(admin: AdminClient, args: argparse.Namespace) -> dict[str, Any]:
@@ -426,9 +486,11 @@ class _Refused(Exception):
 
 
 _COMMANDS: dict[str, Callable[[AdminClient, argparse.Namespace], Awaitable[dict[str, Any]]]] = {
-    "cluster": _cluster, "topics": _topics, "route": _route, "create-topic": _create, "delete-topic": _delete,
+    "cluster": _cluster, "topics": _topics, "route": _route, "create-topic": _create,
+    "update-topic-perm": _update_perm, "delete-topic": _delete,
     "status": _status, "delay-offsets": _delay_offsets, "topic-status": _topic_status,
-    "consumer-connection": _consumer_connection,
+    "consumer-connection": _consumer_connection, "delete-group": _delete_group,
+    "producer-connection": _producer_connection,
     "consumer-progress": _consumer_progress, "reset-offset": _reset_offset,
     "query-msg-id": _query_msg_id,
     "query-msg-key": _query_msg_key,
@@ -459,6 +521,14 @@ def _print(command: str, data: dict[str, Any]) -> None:
             print(f"topic {data['topic']} created; the name servers do not route it yet (registration pending)")
         else:
             _print_route(console, data["route"])
+    elif command == "update-topic-perm":
+        for g in data["groups"]:
+            kept = (f"read queues {g['read_queue_nums']}, write queues {g['write_queue_nums']}"
+                    + (", order" if g["order"] else "") + " kept")
+            print(f"{g['broker_name']}: perm of {data['topic']} {g['previous_perm']} -> {g['perm']} ({kept})"
+                  if g["changed"] else f"{g['broker_name']}: perm of {data['topic']} already {g['perm']}, unchanged")
+        if data["route"] is not None:
+            _print_route(console, data["route"])
     elif command == "delete-topic":
         print(f"topic {data['topic']} deleted from {', '.join(data['broker_names'])}")
     elif command == "topic-status":
@@ -486,6 +556,19 @@ def _print(command: str, data: dict[str, Any]) -> None:
                   "with its own expression, so messages only another member wants are skipped")
     elif command == "consumer-progress":
         _print_progress(console, data)
+    elif command == "delete-group":
+        removed = ", ".join(f"{name}: {n}" for name, n in data["removed_offsets"].items())
+        print(f"consumer group {data['consumer_group']} deleted; queue offsets removed per group: {removed}")
+        if data["retry_topic_deleted_from"]:
+            print(f"its retry topic deleted from {', '.join(data['retry_topic_deleted_from'])}")
+        print(f"its dead-letter topic, if any, is kept (raftmq admin delete-topic '%DLQ%{data['consumer_group']}')")
+    elif command == "producer-connection":
+        table = Table(title=f"producers of group {data['producer_group']}", header_style="bold")
+        for column in ("client id", "address", "broker groups"):
+            table.add_column(column)
+        for c in data["connections"]:
+            table.add_row(Text(c["client_id"]), c["client_addr"], ", ".join(c["broker_names"]))
+        console.print(table)
     elif command == "reset-offset":
         table = Table(title=f"offsets of consumer group {data['consumer_group']} on {data['topic']} reset",
                       header_style="bold")
@@ -609,7 +692,10 @@ def run(args: argparse.Namespace) -> int:
         messages = []
         for error in errors:
             asked = (f"node {args.addr}" if getattr(args, "addr", None) is not None
-                     else f"name servers {args.namesrv}")  # --addr's node is asked without the name servers
+                     # --addr's node is asked without the name servers; the variable is named, as it may
+                     # have been set long ago in another shell file
+                     else f"name servers {args.namesrv}" + (f" (from {NAMESRV_ADDR_ENV})" if args.namesrv_from_env
+                                                            else ""))
             text = (f"no answer within --timeout {args.timeout:g} s ({asked})"
                     if isinstance(error, trio.TooSlowError) else str(error))
             messages += [text, *getattr(error, "__notes__", ())]

@@ -24,7 +24,7 @@ from tests.procs import raftmq_argv
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
 
 
-def _admin(namesrv: str, *args: str, expect_rc: int = 0, process: bool = False) -> subprocess.CompletedProcess:
+def _admin(namesrv: str, *args: str, expect_rc: int | None = 0, process: bool = False) -> subprocess.CompletedProcess:
     """One ``raftmq admin`` command, in this process (what the entry point runs: argument checks, the command,
     its output and exit status, without a new interpreter's 0.4 s per call) or, with ``process``, as its own."""
     argv = ["--log-level", "WARNING", "admin", "--namesrv", namesrv, *args]
@@ -38,7 +38,8 @@ def _admin(namesrv: str, *args: str, expect_rc: int = 0, process: bool = False) 
             except SystemExit as e:  # argparse's and the CLI's own "error: ..." exits
                 rc = e.code
         done = subprocess.CompletedProcess(argv, rc, out.getvalue(), err.getvalue())
-    assert done.returncode == expect_rc, (args, done.returncode, done.stdout[-2000:], done.stderr[-2000:])
+    assert expect_rc is None or done.returncode == expect_rc, (args, done.returncode, done.stdout[-2000:],
+                                                               done.stderr[-2000:])
     return done
 
 
@@ -214,6 +215,32 @@ def test_admin_resets_a_groups_offsets_and_its_online_members_follow(spawn, tmp_
     missing = _admin(namesrv, "reset-offset", "ResetGroup", "NoSuchTopic", "--to", "now", expect_rc=1)
     assert "NoSuchTopic" in missing.stderr
 
+    # The group runs no more: deleting it removes its offsets (mqadmin deleteSubGroup -r), and a member started
+    # afterwards finds none (consumer-progress has nothing to show).
+    done = _admin_json(namesrv, "delete-group", "ResetGroup")
+    assert done == {"consumer_group": "ResetGroup", "removed_offsets": {"broker-a": 2}, "retry_topic_deleted_from": []}
+    gone = _admin(namesrv, "consumer-progress", "ResetGroup", expect_rc=1)
+    assert "has no progress" in gone.stderr
+    assert _admin_json(namesrv, "delete-group", "ResetGroup")["removed_offsets"] == {"broker-a": 0}
+    assert "'bad group'" in _admin(namesrv, "delete-group", "bad group", expect_rc=2).stderr
+
+    trio.run(_producers_listed, namesrv)
+    assert "has no producer online" in _admin(namesrv, "producer-connection", "AdminPG", expect_rc=1).stderr
+
+
+async def _producers_listed(namesrv: str) -> None:
+    async with open_producer(namesrv, producer_group="AdminPG") as producer:
+        await producer.send(Message("ResetTopic", b"p"))  # its heartbeats reach the group it sends to
+        with trio.fail_after(30):  # liveness: the first heartbeat follows the route
+            while True:
+                done = await trio.to_thread.run_sync(lambda: _admin(namesrv, "--json", "producer-connection",
+                                                                    "AdminPG", expect_rc=None))
+                if done.returncode == 0:
+                    break
+                await trio.sleep(0.2)
+        [row] = json.loads(done.stdout)["connections"]
+        assert row["client_id"] == producer.client_id and row["broker_names"] == ["broker-a"]
+
 
 async def _reset_while_consuming(namesrv: str, brokers: list[str]) -> None:
     async with open_producer(namesrv) as producer:
@@ -240,6 +267,10 @@ async def _reset_while_consuming(namesrv: str, brokers: list[str]) -> None:
             # too).
             assert members["subscriptions"] == {"ResetTopic": "*", "%RETRY%ResetGroup": "*"}
             assert members["message_model"] == "CLUSTERING"
+            # A group still running is not deleted: its members would commit their offsets again at once.
+            refused = await trio.to_thread.run_sync(lambda: _admin(namesrv, "delete-group", "ResetGroup",
+                                                                   expect_rc=1))
+            assert "1 member(s) online" in refused.stderr and consumer.client_id in refused.stderr
             # Back to the start while the member is online: it drops its position and consumes everything again.
             done = json.loads((await trio.to_thread.run_sync(
                 lambda: _admin(namesrv, "--json", "reset-offset", "ResetGroup", "ResetTopic", "--to",

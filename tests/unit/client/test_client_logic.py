@@ -4,6 +4,7 @@ rebalancing, offsets, flow control, tag filtering."""
 from __future__ import annotations
 
 import functools
+import json
 import logging
 
 import cbor2
@@ -327,7 +328,22 @@ async def test_an_instance_name_that_would_put_the_offset_file_elsewhere_is_refu
     assert list(tmp_path.iterdir()) == []
     for ok in ("m1", "host-1.example_2", "x" * 127, "pid 1234"):
         async with open_push_consumer(NAMESRV, instance_name=ok, **opts) as c:
-            assert c._offsets.path == store / f"bc@127.0.0.1@{ok}.json"
+            assert c._offsets.path == store / f"bc@{ok}.json"
+
+
+async def test_a_broadcasting_members_offset_file_outlives_a_new_address_and_an_upgrade(cluster, tmp_path):
+    # Named by group and instance_name: an address a container gets afresh at each start no longer starts the member
+    # over; and the file of an earlier version (named by the address, 127.0.0.1 unless client_ip was set) is taken.
+    opts = dict(topic="T", consumer_group="bc", message_model="BROADCASTING",
+                offset_store_dir=str(tmp_path))
+    mq = {"topic": "T", "broker_name": "broker-a", "queue_id": 0}
+    (tmp_path / "bc@127.0.0.1@m1.json").write_text(json.dumps({"offsets": [{**mq, "offset": 7}]}))
+    (tmp_path / "bc@10.1.2.3@m2.json").write_text(json.dumps({"offsets": [{**mq, "offset": 9}]}))
+    for name, ip, offset in (("m1", "10.9.9.9", 7), ("m2", "10.1.2.3", 9), ("m1", "10.7.7.7", 7)):
+        async with open_push_consumer(NAMESRV, instance_name=name, client_ip=ip, **opts) as c:
+            assert c._offsets.path == tmp_path / f"bc@{name}.json"
+            assert await c._offsets.read_from_store(MessageQueue("T", "broker-a", 0)) == offset
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bc@m1.json", "bc@m2.json"]
 
 async def test_batch_and_pull_consumer_roundtrip(cluster):
     async with open_producer(NAMESRV) as p:

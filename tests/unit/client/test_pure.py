@@ -440,10 +440,11 @@ def test_message_properties_and_validation():
 def test_public_api_is_pinned():
     assert sorted(client.__all__) == sorted([
         "open_producer", "Producer", "ProducerConfig",
-        "open_push_consumer", "PushConsumer", "PushConsumerConfig",
+        "open_push_consumer", "PushConsumer", "PushConsumerConfig", "ConsumeStatus", "ReconsumeLater",
         "open_pull_consumer", "PullConsumer", "PullConsumerConfig",
         "open_admin", "AdminClient", "ClusterInfo", "ConsumeStats", "ConsumerConnection", "OffsetReset",
-        "QueueConsumeStats", "TopicQueueStatus", "DelayLevelProgress",
+        "QueueConsumeStats", "TopicQueueStatus", "DelayLevelProgress", "TopicPermUpdate", "ProducerConnection",
+        "GroupDeletion",
         "Message", "MessageExt", "MessageQueue", "SendResult", "SendStatus", "PullResult", "PullStatus",
         "Subscription", "parse_subscription", "tags_code", "allocate_average",
         "TransactionListener", "TransactionSendResult", "TransactionState",
