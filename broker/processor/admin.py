@@ -1,5 +1,5 @@
-"""Admin requests: topic create/update/delete, topic listing, queue offsets, topic status, broker status, delayed
-messages' progress.
+"""Admin requests: topic create/update/delete, topic listing, queue offsets, topic status, broker status, the node's
+config, delayed messages' progress.
 
 Topic changes are leader-only and replicated through the group's metadata before the answer, then the node
 re-registers with every name server at once, so a route query right after the answer already shows the change.
@@ -8,6 +8,9 @@ Offset reads (min/max, by timestamp, earliest store time) are served by any node
 
 from __future__ import annotations
 
+import dataclasses
+import enum
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import cbor2
@@ -112,6 +115,28 @@ class AdminProcessor:
     async def get_broker_runtime_info(self, request: Frame, conn: Any) -> Frame:
         return make_response(request, ResponseCode.SUCCESS, body=cbor2.dumps(self.node.runtime_info()))
 
+    async def get_broker_config(self, request: Frame, conn: Any) -> Frame:
+        """RocketMQ's getBrokerConfig: this node's effective config, every key of its file and the defaults it left,
+        as a CBOR map (sections ``store`` and ``dledger`` nested); any node answers for itself. The cluster
+        secret is never sent, only whether one is set (RocketMQ's has no such key; ours authenticates every Raft
+        frame, and this request has no authentication of its own)."""
+        config = _plain(self.node.config)
+        config["dledger"]["secret"] = "<set>" if config["dledger"]["secret"] else ""
+        return make_response(request, ResponseCode.SUCCESS, body=cbor2.dumps(config))
+
     async def get_all_delay_offset(self, request: Frame, conn: Any) -> Frame:
         """Delayed messages per level: delivered up to where, stored up to where (``ScheduleMessageService``)."""
         return make_response(request, ResponseCode.SUCCESS, body=cbor2.dumps({"levels": self.node.schedule.progress()}))
+
+
+def _plain(value: Any) -> Any:
+    """A config as CBOR can carry it: dataclasses as maps, tuples as lists, paths and enums as text."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, enum.Enum):
+        return value.value
+    return value

@@ -1,5 +1,6 @@
-"""GET_PRODUCER_CONNECTION_LIST (RocketMQ's producerConnection): the producers of a group whose heartbeats reach a
-node, and a clear refusal for a group with none."""
+"""Admin requests of RocketMQ's mqadmin: GET_PRODUCER_CONNECTION_LIST (producerConnection: the producers of a group
+whose heartbeats reach a node, and a clear refusal for a group with none) and GET_BROKER_CONFIG (getBrokerConfig:
+a node's effective config, the cluster secret left out)."""
 
 from __future__ import annotations
 
@@ -34,3 +35,18 @@ async def test_producers_of_a_group_are_listed_while_connected(nursery, tmp_path
         assert r.code == ResponseCode.SYSTEM_ERROR and "has no producer online" in r.remark
         r = await call(client, addr, RequestCode.GET_PRODUCER_CONNECTION_LIST, {"producer_group": "p g"})
         assert r.code == ResponseCode.INVALID_REQUEST and r.ext["field"] == "producer_group"
+
+
+async def test_a_node_tells_its_effective_config_but_not_the_cluster_secret(nursery, tmp_path):
+    (config,) = broker_configs(tmp_path, None, long_polling_timeout_ms=12_345)
+    addr = await start_broker(nursery, config)
+    async with open_remoting_client() as client:
+        r = await call(client, addr, RequestCode.GET_BROKER_CONFIG)
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        got = cbor2.loads(r.body)
+    assert got["long_polling_timeout_ms"] == 12_345  # set in the file
+    assert got["max_topic_count"] == 50_000  # left to its default
+    assert got["store"]["store_dir"] == str(config.store.store_dir)
+    assert got["dledger"]["self_id"] == config.dledger.self_id
+    assert [m["id"] for m in got["dledger"]["members"]] == [m.id for m in config.dledger.members]
+    assert got["dledger"]["secret"] == "<set>" and config.dledger.secret not in r.body.decode("latin-1")
