@@ -11,22 +11,27 @@ import dataclasses
 import enum
 import functools
 import itertools
+import logging
 import math
 import os
 import struct
 import time
+import zlib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from remoting.message import (BATCH_HEAD, I32, I64, KEY_SEPARATOR, MAX_PROPERTIES_SIZE, PROPERTY_DELAY,
+from remoting.message import (BATCH_HEAD, COMPRESSED_FLAG, COMPRESSION_TYPE_MASK, COMPRESSION_ZLIB_TYPE, I32, I64,
+                              KEY_SEPARATOR, MAX_PROPERTIES_SIZE, PROPERTY_DELAY,
                               PROPERTY_KEYS, PROPERTY_PRODUCER_GROUP, PROPERTY_TAGS, PROPERTY_TRANSACTION_PREPARED,
                               PROPERTY_UNIQ_KEY, MessageFormatError, check_topic, create_msg_id, decode_properties,
                               encode_properties, encode_uniform_batch, split_keys)
 
 __all__ = [
     "Message", "MessageQueue", "MessageExt", "SendStatus", "SendResult", "PullStatus", "PullResult",
-    "PROPERTY_TAGS", "PROPERTY_KEYS", "PROPERTY_UNIQ_KEY", "new_uniq_key",
+    "PROPERTY_TAGS", "PROPERTY_KEYS", "PROPERTY_UNIQ_KEY", "new_uniq_key", "decompressed_body", "MAX_INFLATED_BODY",
 ]
+
+log = logging.getLogger(__name__)
 
 # Unique ids follow RocketMQ's MessageClientIDSetter in spirit: a per-process prefix (random + pid) and a
 # time + counter suffix, hex-encoded, so ids from concurrent producers never collide and sort by time.
@@ -389,6 +394,41 @@ class _PulledMessageExt:
         self.sys_flag = sys_flag
         self.flag = flag
         self.__class__ = MessageExt  # type: ignore[assignment]
+
+
+# The largest body a consumer inflates: the largest a producer may be configured to send (max_message_size_bytes's
+# bound; its limit is on the body before compression). A body that would inflate further was not made by a raftmq
+# producer, and without a bound a few KiB of zeros could take a consumer's memory.
+MAX_INFLATED_BODY = 256 * 1024 * 1024
+
+
+def decompressed_body(body: bytes, sys_flag: int, topic: str, broker_name: str, queue_id: int,
+                      queue_offset: int) -> tuple[bytes, int]:
+    """``(body, sys_flag)`` of a record whose sys_flag has COMPRESSED_FLAG, as its consumer gets them (RocketMQ's
+    MessageDecoder): the body its producer sent, and sys_flag without the compression bits, since they describe
+    the body and it is no longer compressed (RocketMQ's decoder leaves them set). A body that cannot be inflated
+    (damaged, or a codec this client lacks: RocketMQ 5's LZ4 or zstd) is logged as an error naming the message and
+    comes back as stored, its flag kept, so the consumer goes on and the message says what its body holds. (There
+    RocketMQ's decoder gave up on the whole pulled batch, and the consumer skipped it without a word.)"""
+    codec = sys_flag & COMPRESSION_TYPE_MASK
+    if codec and codec != COMPRESSION_ZLIB_TYPE:
+        problem = f"compression type {codec >> 8} is not zlib (3, or 0 as raftmq writes it)"
+    else:
+        inflater = zlib.decompressobj()
+        try:
+            inflated = inflater.decompress(body, MAX_INFLATED_BODY)
+            if inflater.unconsumed_tail:
+                problem = f"it inflates past {MAX_INFLATED_BODY} bytes, the most a producer may send"
+            elif not inflater.eof:
+                problem = "the compressed data is truncated"
+            else:
+                return inflated, sys_flag & ~(COMPRESSED_FLAG | COMPRESSION_TYPE_MASK)
+        except zlib.error as e:
+            problem = str(e)
+    log.error("the compressed body of a message cannot be decompressed; it is delivered as stored, its sys_flag "
+              "bit 0x1 set topic=%s broker_name=%s queue_id=%d queue_offset=%d body_size=%d error=%s", topic,
+              broker_name, queue_id, queue_offset, len(body), problem)
+    return body, sys_flag
 
 
 class PullStatus(enum.Enum):

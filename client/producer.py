@@ -9,6 +9,11 @@ Sending rules (RocketMQ's ``DefaultMQProducerImpl.sendDefaultImpl``, adapted to 
   with a short growing pause, all within the send's deadline; anything else is raised at once.
 - Concurrency is the caller's: start many ``send`` calls at once (from a nursery); they share
   one connection per node, with many requests in flight on it.
+- A single send (``send``, ``send_oneway``, a half message) whose body has at least ``compress_msg_body_over_howmuch``
+  bytes (4 KiB) carries it zlib-compressed (``compress_level`` 5) with sys_flag COMPRESSED_FLAG, if that is smaller
+  (RocketMQ's tryToCompressMessage). The store keeps it so, on every node; consumers inflate it. A batch, and an
+  auto-batched send, is not compressed, as in RocketMQ. max_message_size_bytes limits the body given, before
+  compression, as RocketMQ's client does.
 
 Transactions (RocketMQ's TransactionMQProducer as an option of the one producer, since it only adds a listener to
 a producer's sends): ``open_producer(..., transaction_listener=listener)`` enables ``send_in_transaction``, which
@@ -38,8 +43,8 @@ from client.instance import (
     HOUR_MS, ClientConfig, ClientInstance, ServerRequests, build_config, now_ms, open_client_nursery, open_remoting,
     raise_for_response,
 )
-from client.message import (PROPERTY_UNIQ_KEY, Message, MessageQueue, SendResult, SendStatus, _NewSendResult,
-                            batch_entry_overhead, check_queue, check_seconds, new_uniq_key)
+from client.message import (MAX_INFLATED_BODY, PROPERTY_UNIQ_KEY, Message, MessageQueue, SendResult, SendStatus,
+                            _NewSendResult, batch_entry_overhead, check_queue, check_seconds, new_uniq_key)
 from client.send_ext import SendExt, SendExtEncoder, ext_fields
 from client.transaction import (TransactionListener, TransactionSendResult, TransactionState, end_transaction_ext,
                                 read_check_request)
@@ -47,9 +52,9 @@ from remoting.codec import Frame
 from remoting.codes import RequestCode, ResponseCode
 from remoting.config import ConfigError, bounded
 from remoting.errors import ConnectError, ConnectionClosedError, NotLeaderError, RaftMQError, for_code
-from remoting.message import (BATCH_HEAD, MAX_PROPERTIES_SIZE, PROPERTY_PRODUCER_GROUP, PROPERTY_TRANSACTION_PREPARED,
-                              TRANSACTION_PREPARED_TYPE, MessageFormatError, check_topic, encode_uniform_batch,
-                              group_problem, ip_bytes)
+from remoting.message import (BATCH_HEAD, COMPRESSED_FLAG, I32, MAX_PROPERTIES_SIZE, PROPERTY_PRODUCER_GROUP,
+                              PROPERTY_TRANSACTION_PREPARED, TRANSACTION_PREPARED_TYPE, MessageFormatError,
+                              check_topic, encode_uniform_batch, group_problem, ip_bytes)
 
 __all__ = ["ProducerConfig", "Producer", "open_producer"]
 
@@ -82,7 +87,7 @@ class ProducerConfig(ClientConfig):
     retry_times_when_send_failed: int = bounded(2, min=0, max=100)
     max_redirects: int = bounded(5, min=0, max=100, doc="NOT_LEADER redirects followed per send")
     retry_backoff_ms: int = bounded(50, min=0, max=60_000, doc="pause before the n-th retry: n * retry_backoff_ms")
-    max_message_size_bytes: int = bounded(4 * 1024 * 1024, min=1, max=256 * 1024 * 1024)  # as a store's max
+    max_message_size_bytes: int = bounded(4 * 1024 * 1024, min=1, max=MAX_INFLATED_BODY)  # as a store's max
     send_latency_fault_enable: bool = True
     default_topic_queue_nums: int = bounded(4, min=1, max=1024,
                                             doc="queues per group of a topic created by its first send")
@@ -98,6 +103,12 @@ class ProducerConfig(ClientConfig):
     transaction_check_concurrency: int = bounded(16, min=1, max=1024,
                                                  doc="broker checks of local transactions answered at once "
                                                      "(TransactionListener.check)")
+    # RocketMQ's compressMsgBodyOverHowmuch and compressLevel: a single send's body this long or longer is sent and
+    # stored zlib-compressed (sys_flag COMPRESSED_FLAG) when that makes it smaller. 0 tries every body; the
+    # maximum turns it off. Batches (send_batch, auto_batch) are never compressed, as RocketMQ's.
+    compress_msg_body_over_howmuch: int = bounded(4096, min=0, max=I32[1],
+                                                  doc="bytes from which a single send's body is compressed")
+    compress_level: int = bounded(5, min=0, max=9, doc="zlib level of compressed bodies")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -159,10 +170,13 @@ class Producer:
             result = await self._accumulator.send(message, queue, sharding_key, timeout_s)
             if result is not None:
                 return result
-        ext, uniq = self._ext.single(message, now_ms())
-        return await self._send_with_retries(message.topic, RequestCode.SEND_MESSAGE, ext,
-                                             lambda mq, addr: message.body, (uniq,), queue, sharding_key,
-                                             timeout_s)
+        body, sys_flag = self._single_body(message)
+        if sys_flag:
+            ext, uniq = self._flagged_ext(message, sys_flag)
+        else:
+            ext, uniq = self._ext.single(message, now_ms())
+        return await self._send_with_retries(message.topic, RequestCode.SEND_MESSAGE, ext, lambda mq, addr: body,
+                                             (uniq,), queue, sharding_key, timeout_s)
 
     async def send_batch(self, messages: Sequence[Message], *, queue: MessageQueue | None = None,
                          timeout_s: float | None = None) -> SendResult:
@@ -240,16 +254,16 @@ class Producer:
             raise ValueError(f"send_in_transaction: Message.delay_level is {message.delay_level}; a transactional "
                              f"message may not be delayed (RocketMQ refuses it too)")
         self._check_routing(message.topic, None, None, timeout_s)
+        body, sys_flag = self._single_body(message)
         group = self.config.producer_group
         props = message.wire_properties()
         uniq = props.setdefault(PROPERTY_UNIQ_KEY, new_uniq_key())
         props[PROPERTY_TRANSACTION_PREPARED] = "true"
         props[PROPERTY_PRODUCER_GROUP] = group
         fields = ext_fields(group, message.topic, 0, now_ms(), message.flag, props, False)
-        fields["sys_flag"] = TRANSACTION_PREPARED_TYPE
+        fields["sys_flag"] = TRANSACTION_PREPARED_TYPE | sys_flag
         half = await self._send_with_retries(message.topic, RequestCode.SEND_MESSAGE, SendExt(None, None, fields),
-                                             lambda mq, addr: message.body, (uniq,), None, None, timeout_s,
-                                             half=True)
+                                             lambda mq, addr: body, (uniq,), None, None, timeout_s, half=True)
         state = await self._local_state(self._listener.execute, message, arg)
         ext = end_transaction_ext(group, uniq, half.offset_msg_id, half.queue_offset, state, from_check=False)
         try:
@@ -264,6 +278,7 @@ class Producer:
         """Fire and forget: no acknowledgement, no retry; a lost connection loses the message."""
         self._check(message)
         self._check_routing(message.topic, queue, None, None)
+        body, sys_flag = self._single_body(message)
         props = message.wire_properties()
         props.setdefault(PROPERTY_UNIQ_KEY, new_uniq_key())
         info = await self.routes.publish_info(message.topic)
@@ -274,9 +289,10 @@ class Producer:
                              f"{', '.join(f'{n} on {b}' for b, n in sorted(groups.items())) or 'none'})")
         mq = queue or info.select(self._instance.faults if self.config.send_latency_fault_enable else None)
         ext = ext_fields(self.config.producer_group, message.topic, mq.queue_id, now_ms(), message.flag, props, False)
+        ext["sys_flag"] = sys_flag
         addr = self._instance.master_addr(mq.broker_name)
         try:
-            await self._instance.invoke_oneway(addr, RequestCode.SEND_MESSAGE, ext, message.body)
+            await self._instance.invoke_oneway(addr, RequestCode.SEND_MESSAGE, ext, body)
         except RaftMQError as e:
             self._instance.on_error(e, message.topic, mq.broker_name, addr)
             raise
@@ -286,6 +302,8 @@ class Producer:
 
     # -- internals ------------------------------------------------------------------------------------------------
     def _check(self, message: Message) -> None:
+        """The message's own rules. The body's size is that of the body given, compressed or not, as RocketMQ's
+        Validators.checkMessage: so no consumer ever inflates a body past the limit its producer had."""
         if self._instance.closed:
             raise ClientClosedError("the producer is closed")
         if not isinstance(message, Message):
@@ -298,6 +316,30 @@ class Producer:
                 f"message body of {len(message.body)} bytes exceeds max_message_size_bytes "
                 f"{self.config.max_message_size_bytes}", topic=message.topic,
                 max_size=self.config.max_message_size_bytes)
+
+    def _single_body(self, message: Message) -> tuple[bytes, int]:
+        """``(body, sys_flag bits)`` a single send carries (RocketMQ's tryToCompressMessage): a body of at least
+        ``compress_msg_body_over_howmuch`` bytes zlib-compressed with COMPRESSED_FLAG, if that makes it smaller
+        (RocketMQ keeps whatever zlib returns: an incompressible body would then be stored larger and inflated by
+        every consumer for nothing). Compressed once per send, not per attempt; ``message.body`` is left as it is,
+        so ``execute`` and the caller see what they gave."""
+        body = message.body
+        sys_flag = 0
+        if len(body) >= self.config.compress_msg_body_over_howmuch:
+            packed = zlib.compress(body, self.config.compress_level)
+            if len(packed) < len(body):
+                body, sys_flag = packed, COMPRESSED_FLAG
+        return body, sys_flag
+
+    def _flagged_ext(self, message: Message, sys_flag: int) -> tuple[SendExt, str]:
+        """The ext of a SEND_MESSAGE with ``sys_flag`` bits, and its UNIQ_KEY. SendExtEncoder's pre-encoded bytes
+        carry sys_flag 0, so this one goes as a map (as a half message's), a microsecond of encoding beside the
+        compression that set the bits."""
+        props = message.wire_properties()
+        uniq = props.setdefault(PROPERTY_UNIQ_KEY, new_uniq_key())
+        fields = ext_fields(self.config.producer_group, message.topic, 0, now_ms(), message.flag, props, False)
+        fields["sys_flag"] = sys_flag
+        return SendExt(None, None, fields), uniq
 
     @staticmethod
     def _check_routing(topic: str, queue: Any, sharding_key: Any, timeout_s: Any) -> None:

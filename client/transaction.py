@@ -20,8 +20,8 @@ import enum
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from client.message import Message, MessageExt, SendResult
-from remoting.message import (PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC, TRANSACTION_COMMIT_TYPE,
+from client.message import Message, MessageExt, SendResult, decompressed_body
+from remoting.message import (COMPRESSED_FLAG, PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC, TRANSACTION_COMMIT_TYPE,
                               TRANSACTION_NOT_TYPE, TRANSACTION_ROLLBACK_TYPE, MessageFormatError, decode_record,
                               group_problem, parse_msg_id)
 
@@ -93,9 +93,12 @@ def read_check_request(ext: Mapping[str, Any], body: bytes) -> tuple[str, str, i
     real_topic, real_queue = view.properties.get(PROPERTY_REAL_TOPIC), view.properties.get(PROPERTY_REAL_QUEUE_ID)
     if not real_topic or not (real_queue or "").isdecimal():
         raise ValueError(f"the half message names no real topic and queue ({real_topic!r}, {real_queue!r})")
-    message = MessageExt(real_topic, view.body, int(real_queue), queue_offset, broker_name, view.properties,
+    body, sys_flag = view.body, view.sys_flag
+    if sys_flag & COMPRESSED_FLAG:  # check gets the body execute got, as RocketMQ's decoder inflates it for check
+        body, sys_flag = decompressed_body(body, sys_flag, real_topic, broker_name, int(real_queue), queue_offset)
+    message = MessageExt(real_topic, body, int(real_queue), queue_offset, broker_name, view.properties,
                          view.phy_offset, view.born_timestamp, view.store_timestamp, view.store_host,
-                         view.reconsume_times, view.sys_flag, view.flag)
+                         view.reconsume_times, sys_flag, view.flag)
     try:  # the answer names the half by these: one that cannot be made (a negative offset, a bad port) ended the
         parse_msg_id(message.offset_msg_id)  # producer's task group when the answer was built
     except (MessageFormatError, ValueError) as e:

@@ -59,7 +59,7 @@ __all__ = [
     "PROPERTY_TRANSACTION_PREPARED", "PROPERTY_PRODUCER_GROUP", "PROPERTY_TRANSACTION_CHECK_TIMES",
     "TRANS_HALF_TOPIC", "TRANS_OP_HALF_TOPIC", "TRANS_CHECK_MAX_TIME_TOPIC",
     "TRANSACTION_NOT_TYPE", "TRANSACTION_PREPARED_TYPE", "TRANSACTION_COMMIT_TYPE", "TRANSACTION_ROLLBACK_TYPE",
-    "TRANSACTION_TYPE_MASK",
+    "TRANSACTION_TYPE_MASK", "COMPRESSED_FLAG", "COMPRESSION_TYPE_MASK", "COMPRESSION_ZLIB_TYPE",
 ]
 
 BATCH_MAGIC = 0x524D4231  # "RMB1"
@@ -105,6 +105,13 @@ TRANSACTION_PREPARED_TYPE = 0x4
 TRANSACTION_COMMIT_TYPE = 0x8
 TRANSACTION_ROLLBACK_TYPE = 0xC
 TRANSACTION_TYPE_MASK = 0xC
+# RocketMQ's MessageSysFlag.COMPRESSED_FLAG, bit 0 of sys_flag: the body was compressed by its producer (a single
+# send's body of at least compress_msg_body_over_howmuch bytes, client/producer.py) and is stored and replicated
+# so; body_crc is of those stored bytes. Only consumers inflate it; the broker never looks. Bits 8-10 name the
+# codec in RocketMQ 5 (0, as raftmq and RocketMQ 4 write it, and 0x300 are zlib; 0x100 LZ4, 0x200 zstd).
+COMPRESSED_FLAG = 0x1
+COMPRESSION_TYPE_MASK = 0x700
+COMPRESSION_ZLIB_TYPE = 0x300
 DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
 # The longest consumer group whose retry and dead-letter topic names are both legal: a clustering consumer
 # subscribes to %RETRY%<group>, and the broker creates both topics on its first send-back.
