@@ -16,6 +16,13 @@
     raftmq admin reset-offset GROUP TOPIC --to earliest|latest|now|MS|ISO-8601   (resetOffsetByTime)
     raftmq admin query-msg-id MSG_ID [--topic TOPIC] [--body-file PATH]   (queryMsgById, queryMsgByUniqueKey)
     raftmq admin query-msg-key TOPIC KEY [--max N] [--begin-ms MS] [--end-ms MS]   (queryMsgByKey)
+    raftmq admin send-message TOPIC --body TEXT|--body-file PATH [--keys K1,K2] [--tags TAG]
+                              [--broker NAME --queue N] [--count N] [--delay-level N]   (sendMessage)
+    raftmq admin consume-message TOPIC [--broker NAME [--queue N]] [--offset N | --begin-ms MS] [--end-ms MS]
+                                 [--count N] [--tags EXPR] [--group GROUP] [--body-file-dir DIR]   (consumeMessage)
+    raftmq admin query-msg-offset TOPIC --broker NAME --queue N --offset N [--body-file PATH]   (queryMsgByOffset)
+
+The message commands (the last three, and the message rows and tables) are in ``admin_messages.py``.
 
 Without ``--namesrv``, the name servers ``NAMESRV_ADDR`` names (as mqadmin), else 127.0.0.1:9876 (``raftmq dev``'s).
 Every command takes ``--json`` (one JSON line on stdout). Exit status: 0 done, 1 the cluster refused or could not
@@ -25,14 +32,12 @@ be reached (the message says which and why), 2 a bad argument (named).
 from __future__ import annotations
 
 import argparse
-import base64
 import datetime
 import functools
 import json
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import trio
@@ -46,17 +51,19 @@ from broker.topic_config import (SYSTEM_TOPIC_PREFIX, TopicConfigError, check_se
 from client import open_admin
 from client.admin import MAX_QUERY_NUM, UPDATABLE_PERMS, AdminClient
 from client.instance import DEFAULT_NAMESRV_ADDR, NAMESRV_ADDR_ENV
-from client.message import MessageExt
 from client.route import PERM_INHERIT, PERM_READ, PERM_WRITE, TopicRouteData
 from remoting.config import ConfigError, name_problem, parse_host_port
 from raftmq.bench.common import check_namesrv_arg, namesrv_from_env, print_json_error
+from raftmq.commands import admin_messages
+# Shared with the message commands, under the names this module has always used.
+from raftmq.commands.admin_messages import (check_body_file as _check_body_file, message_data as _message_data,
+                                            print_message as _print_message, utc as _utc)
 from raftmq.runner import leaf_exceptions, run_interruptible
 from remoting.errors import RaftMQError
 from remoting.message import KEY_SEPARATOR, MessageFormatError, parse_msg_id
 
 _ALL_PERMS = PERM_READ | PERM_WRITE | PERM_INHERIT
 LATEST_MS = (1 << 63) - 1  # a time after every message: each queue's end
-BODY_PREVIEW_BYTES = 512  # of a body shown in the table; --body-file and --json carry it whole
 
 
 def register(subparsers) -> None:
@@ -66,7 +73,8 @@ def register(subparsers) -> None:
                                                "updateTopicPerm, deleteTopic, topicStatus, brokerStatus, "
                                                "consumerConnection, consumerProgress, deleteSubGroup, "
                                                "producerConnection, resetOffsetByTime, "
-                                               "queryMsgById, queryMsgByKey).")
+                                               "queryMsgById, queryMsgByKey, queryMsgByOffset, "
+                                               "sendMessage, consumeMessage).")
     _add_common(parser, defaults=True)
     # The same options after the command too (`raftmq admin topic-status T --json`), where "unrecognized
     # arguments: --json" contradicted "every command takes --json"; there they only override when given.
@@ -139,6 +147,7 @@ def register(subparsers) -> None:
     by_key.add_argument("--max", type=int, default=32, help=f"most messages (1..{MAX_QUERY_NUM}, default 32)")
     by_key.add_argument("--begin-ms", type=int, default=0, help="stored at or after (ms since the epoch)")
     by_key.add_argument("--end-ms", type=int, default=None, help="stored at or before (ms since the epoch)")
+    admin_messages.register(add_command)
     parser.set_defaults(func=run)
 
 
@@ -170,11 +179,12 @@ def _add_targets(parser: argparse.ArgumentParser) -> None:
 
 # The group and topic names a command takes, checked before anything is sent, by how its usage names them.
 _GROUP_ARG = {"consumer-connection": "GROUP", "consumer-progress": "GROUP", "reset-offset": "GROUP",
-              "delete-group": "GROUP", "producer-connection": "GROUP"}
+              "delete-group": "GROUP", "producer-connection": "GROUP", "consume-message": "--group"}
 _TOPIC_ARG = {"route": "TOPIC", "create-topic": "TOPIC", "update-topic-perm": "TOPIC", "delete-topic": "TOPIC",
               "topic-status": "TOPIC",
               "consumer-progress": "--topic", "reset-offset": "TOPIC", "query-msg-id": "--topic",
-              "query-msg-key": "TOPIC"}
+              "query-msg-key": "TOPIC", "send-message": "TOPIC", "consume-message": "TOPIC",
+              "query-msg-offset": "TOPIC"}
 
 
 def _check_names(args: argparse.Namespace) -> None:
@@ -189,7 +199,7 @@ def _check_names(args: argparse.Namespace) -> None:
             if changes and is_system_topic(args.topic):
                 raise TopicConfigError(f"topic {args.topic!r} is reserved for the broker (prefix "
                                        f"{SYSTEM_TOPIC_PREFIX!r})", field="topic")
-            if changes:
+            if changes or args.admin_command == "send-message":  # the brokers refuse sends to them
                 check_sendable_topic(args.topic)
     except TopicConfigError as e:
         # The topic check's sentence says "topic ...": name the argument as the usage does.
@@ -230,6 +240,8 @@ def _check(args: argparse.Namespace) -> None:
         # An empty --addr was taken as none given: the group leaders answered instead of the node meant.
         parse_host_port(args.addr, key="--addr", dial=True)
     _check_names(args)
+    if args.admin_command in admin_messages.COMMANDS:
+        admin_messages.check(args)
     if args.admin_command == "reset-offset":
         args.timestamp_ms = parse_when(args.to)
     if args.admin_command == "query-msg-id":
@@ -257,18 +269,6 @@ def _check(args: argparse.Namespace) -> None:
         if not 0 <= args.begin_ms <= end_ms <= LATEST_MS:
             raise ConfigError(f"--begin-ms and --end-ms must satisfy 0 <= begin <= end <= {LATEST_MS}, got "
                               f"{args.begin_ms} and {args.end_ms}")
-
-
-def _check_body_file(value: str) -> None:
-    """``--body-file``: where the body will be written once the message is found; a path it cannot be written
-    to is a bad argument, not something to learn after the query (an empty one was silently ignored)."""
-    path = Path(value)
-    if not value:
-        raise ConfigError("--body-file must name a file, got ''")
-    if path.is_dir():
-        raise ConfigError(f"--body-file {value!r} is a directory, not a file")
-    if not path.parent.is_dir():
-        raise ConfigError(f"--body-file {value!r}: directory {str(path.parent)!r} does not exist")
 
 
 def _route_data(route: TopicRouteData) -> dict[str, Any]:
@@ -452,15 +452,6 @@ async def _reset_offset(admin: AdminClient, args: argparse.Namespace) -> dict[st
             "consumer_ids": {name: list(ids) for name, ids in done.consumer_ids.items()}}
 
 
-def _message_data(m: MessageExt) -> dict[str, Any]:
-    return {"msg_id": m.msg_id, "offset_msg_id": m.offset_msg_id, "topic": m.topic, "broker_name": m.broker_name,
-            "queue_id": m.queue_id, "queue_offset": m.queue_offset, "tags": m.tags, "keys": m.keys,
-            "properties": dict(m.properties), "born_timestamp": m.born_timestamp,
-            "store_timestamp": m.store_timestamp, "store_host": f"{m.store_host[0]}:{m.store_host[1]}",
-            "phy_offset": m.phy_offset, "reconsume_times": m.reconsume_times, "flag": m.flag,
-            "sys_flag": m.sys_flag, "body_size": len(m.body), "body_base64": base64.b64encode(m.body).decode()}
-
-
 async def _query_msg_id(admin: AdminClient, args: argparse.Namespace) -> dict[str, Any]:
     message = await admin.view_message(args.msg_id, topic=args.topic)
     if args.body_file is not None:
@@ -494,6 +485,7 @@ _COMMANDS: dict[str, Callable[[AdminClient, argparse.Namespace], Awaitable[dict[
     "consumer-progress": _consumer_progress, "reset-offset": _reset_offset,
     "query-msg-id": _query_msg_id,
     "query-msg-key": _query_msg_key,
+    **admin_messages.COMMANDS,
 }
 
 
@@ -592,6 +584,8 @@ def _print(command: str, data: dict[str, Any]) -> None:
             console.print(table)
     elif command == "query-msg-id":
         _print_message(console, data["messages"][0])
+    elif command in admin_messages.COMMANDS:
+        admin_messages.print_result(console, command, data)
     elif command == "query-msg-key":
         table = Table(title=f"{len(data['messages'])} message(s), newest first", header_style="bold")
         for column in ("msg id", "offset msg id", "group", "queue", "queue offset", "tags", "keys", "stored (UTC)",
@@ -611,40 +605,6 @@ def _print(command: str, data: dict[str, Any]) -> None:
             for key, value in sorted(status.items()):
                 table.add_row(key, str(value))
             console.print(table)
-
-
-def _utc(ms: int | None) -> str:
-    if ms is None:
-        return "-"
-    try:
-        return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc).strftime(
-            "%Y-%m-%d %H:%M:%S.%f")[:-3]
-    except (ValueError, OverflowError, OSError):
-        # A producer may set any born_timestamp 0..2^63-1 and the broker keeps it: past year 9999 datetime raised
-        # out of the table and the command ended in a traceback.
-        return f"{ms} ms (not a date)"
-
-
-def _print_message(console: Console, m: dict[str, Any]) -> None:
-    table = Table(title=f"message {m['msg_id']}", header_style="bold", show_header=False)
-    table.add_column("field")
-    table.add_column("value")
-    body = base64.b64decode(m["body_base64"])
-    # Text as text, anything else (control characters, bytes that are not UTF-8) escaped, so a binary body
-    # cannot garble the terminal.
-    text = body[:BODY_PREVIEW_BYTES].decode("utf-8", errors="backslashreplace")
-    preview = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-    rows = [("topic", m["topic"]), ("group", m["broker_name"]), ("queue", str(m["queue_id"])),
-            ("queue offset", str(m["queue_offset"])), ("msg id", m["msg_id"]), ("offset msg id", m["offset_msg_id"]),
-            ("tags", m["tags"] or ""), ("keys", " ".join(m["keys"])),
-            ("properties", ", ".join(f"{k}={v}" for k, v in sorted(m["properties"].items()))),
-            ("born (UTC)", _utc(m["born_timestamp"])), ("stored (UTC)", _utc(m["store_timestamp"])),
-            ("store host", m["store_host"]), ("commit-log offset", str(m["phy_offset"])),
-            ("reconsume times", str(m["reconsume_times"])), ("body bytes", str(m["body_size"])),
-            ("body", preview + (" …" if len(body) > BODY_PREVIEW_BYTES else ""))]
-    for key, value in rows:
-        table.add_row(key, Text(value))
-    console.print(table)
 
 
 def _print_progress(console: Console, data: dict[str, Any]) -> None:
