@@ -741,6 +741,16 @@ class AdminClient:
                 raise TypeError(f"the status is a {type(status).__name__}, not a map")
             return dict(status)
 
+    async def broker_config(self, addr: str) -> dict[str, Any]:
+        """GET_BROKER_CONFIG of the node at ``addr`` (any member): its effective config, ``store`` and ``dledger``
+        nested, the cluster secret left out (RocketMQ's getBrokerConfig)."""
+        frame = raise_for_response(await self._instance.invoke(addr, RequestCode.GET_BROKER_CONFIG))
+        with _reading("GET_BROKER_CONFIG", addr):
+            config = answer_data(frame)
+            if not isinstance(config, Mapping):
+                raise TypeError(f"the config is a {type(config).__name__}, not a map")
+            return dict(config)
+
     async def delay_offsets(self, addr: str) -> list[DelayLevelProgress]:
         """The delayed messages of the group of node ``addr``, per level (any node answers from its replica; the
         leader's is the freshest)."""

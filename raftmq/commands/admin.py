@@ -8,6 +8,7 @@
     raftmq admin update-topic-perm TOPIC --perm 2|4|6 [--cluster NAME | --broker NAME ...]   (updateTopicPerm)
     raftmq admin delete-topic TOPIC [--cluster NAME | --broker NAME ...]   (deleteTopic)
     raftmq admin status [--broker NAME | --addr HOST:PORT]           (brokerStatus)
+    raftmq admin broker-config [--broker NAME | --addr HOST:PORT]    (getBrokerConfig)
     raftmq admin topic-status TOPIC                                  (topicStatus)
     raftmq admin consumer-connection GROUP [--cluster NAME]          (consumerConnection)
     raftmq admin consumer-progress GROUP [--topic TOPIC] [--cluster NAME]  (consumerProgress)
@@ -70,7 +71,7 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser("admin", help="administer a cluster: groups, topics, routes, broker status",
                                    description="Administer a cluster through its name servers (RocketMQ's "
                                                "mqadmin: clusterList, topicList, topicRoute, updateTopic, "
-                                               "updateTopicPerm, deleteTopic, topicStatus, brokerStatus, "
+                                               "updateTopicPerm, deleteTopic, topicStatus, brokerStatus, getBrokerConfig, "
                                                "consumerConnection, consumerProgress, deleteSubGroup, "
                                                "producerConnection, resetOffsetByTime, "
                                                "queryMsgById, queryMsgByKey, queryMsgByOffset, "
@@ -106,6 +107,9 @@ def register(subparsers) -> None:
     _add_targets(delete)
     status = add_command("status", help="a broker node's runtime status (GET_BROKER_RUNTIME_INFO)")
     _add_node(status)
+    broker_config = add_command("broker-config", help="a broker node's effective config, defaults included "
+                                                      "(GET_BROKER_CONFIG; the cluster secret is not shown)")
+    _add_node(broker_config)
     delays = add_command("delay-offsets", help="delayed messages per delay level: delivered and stored up to "
                                                "where, how many wait (GET_ALL_DELAY_OFFSET)")
     _add_node(delays)
@@ -236,7 +240,7 @@ def _check(args: argparse.Namespace) -> None:
     if args.admin_command == "update-topic-perm" and args.perm not in UPDATABLE_PERMS:
         raise ConfigError(f"--perm must be 2 (write only), 4 (read only) or 6 (read and write), as mqadmin "
                           f"updateTopicPerm takes, got {args.perm}")
-    if args.admin_command in ("status", "delay-offsets") and args.addr is not None:
+    if args.admin_command in ("status", "delay-offsets", "broker-config") and args.addr is not None:
         # An empty --addr was taken as none given: the group leaders answered instead of the node meant.
         parse_host_port(args.addr, key="--addr", dial=True)
     _check_names(args)
@@ -360,6 +364,24 @@ async def _status(admin: AdminClient, args: argparse.Namespace) -> dict[str, Any
     return {"nodes": {addr: await admin.broker_status(addr) for addr in await _nodes(admin, args)}}
 
 
+async def _broker_config(admin: AdminClient, args: argparse.Namespace) -> dict[str, Any]:
+    return {"nodes": {addr: await admin.broker_config(addr) for addr in await _nodes(admin, args)}}
+
+
+def _flat(config: dict[str, Any], prefix: str = "") -> list[tuple[str, str]]:
+    """``(key, value)`` rows of a config, its sections' keys dotted as in a config file's tables."""
+    rows = []
+    for key, value in sorted(config.items()):
+        if isinstance(value, dict):
+            rows += _flat(value, f"{prefix}{key}.")
+        elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+            rows.append((prefix + key, "; ".join(", ".join(f"{k}={v}" for k, v in item.items()) for item in value)))
+        else:
+            rows.append((prefix + key, json.dumps(value) if isinstance(value, (list, bool)) or value is None
+                         else str(value)))
+    return rows
+
+
 async def _delay_offsets(admin: AdminClient, args: argparse.Namespace) -> dict[str, Any]:
     return {"nodes": {addr: [{"level": p.level, "delay_ms": p.delay_ms, "delivered_offset": p.delivered_offset,
                               "max_offset": p.max_offset, "waiting": p.waiting}
@@ -479,7 +501,7 @@ class _Refused(Exception):
 _COMMANDS: dict[str, Callable[[AdminClient, argparse.Namespace], Awaitable[dict[str, Any]]]] = {
     "cluster": _cluster, "topics": _topics, "route": _route, "create-topic": _create,
     "update-topic-perm": _update_perm, "delete-topic": _delete,
-    "status": _status, "delay-offsets": _delay_offsets, "topic-status": _topic_status,
+    "status": _status, "broker-config": _broker_config, "delay-offsets": _delay_offsets, "topic-status": _topic_status,
     "consumer-connection": _consumer_connection, "delete-group": _delete_group,
     "producer-connection": _producer_connection,
     "consumer-progress": _consumer_progress, "reset-offset": _reset_offset,
@@ -573,6 +595,14 @@ def _print(command: str, data: dict[str, Any]) -> None:
         members = sorted({m for ids in data["consumer_ids"].values() for m in ids})
         print(f"members online told to pull from the new offsets: {len(members)}"
               + (f" ({', '.join(members)})" if members else ""))
+    elif command == "broker-config":
+        for addr, config in data["nodes"].items():
+            table = Table(title=f"config of broker node {addr}", header_style="bold")
+            table.add_column("key")
+            table.add_column("value")
+            for key, value in _flat(config):
+                table.add_row(key, Text(value))
+            console.print(table)
     elif command == "delay-offsets":
         for addr, levels in data["nodes"].items():
             table = Table(title=f"delayed messages on broker node {addr}", header_style="bold")

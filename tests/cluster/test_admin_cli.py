@@ -81,6 +81,14 @@ def test_admin_reports_the_group_creates_routes_and_deletes_a_topic(spawn, tmp_p
     assert list(status) == [group["leader_addr"]] and status[group["leader_addr"]]["role"] == "LEADER"
     follower = next(a for a in brokers if a != group["leader_addr"])
     assert _admin_json(namesrv, "status", "--addr", follower)["nodes"][follower]["role"] == "FOLLOWER"
+    # getBrokerConfig: a follower tells its own effective config, the defaults it was left included, never the
+    # cluster secret (raftmq dev writes one into every node's file).
+    config = _admin_json(namesrv, "broker-config", "--addr", follower)["nodes"][follower]
+    assert config["dledger"]["members"][0]["service_address"] in brokers
+    assert config["dledger"]["secret"] == "<set>" and config["long_polling_timeout_ms"] == 15_000
+    text = _admin(namesrv, "broker-config").stdout
+    assert f"config of broker node {group['leader_addr']}" in text and "store.flush_disk_type" in text
+    assert "<set>" in text
 
     # Consumer progress: 15 messages in each write queue, the group committed 10 of queue 0 and 5 of queue 1.
     sent = trio.run(_produce_and_commit, namesrv, {0: 10, 1: 5})
