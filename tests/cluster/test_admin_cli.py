@@ -44,7 +44,9 @@ def _admin(namesrv: str, *args: str, expect_rc: int | None = 0, process: bool = 
 
 
 def _admin_json(namesrv: str, *args: str) -> dict:
-    return json.loads(_admin(namesrv, "--json", *args).stdout.strip().splitlines()[-1])
+    out = _admin(namesrv, "--json", *args).stdout.strip().splitlines()
+    assert len(out) == 1, out  # --json: one line
+    return json.loads(out[0])
 
 
 def _wait_for_leader(namesrv: str) -> list[dict]:

@@ -5,52 +5,19 @@ by queue and offset, by time and by tag; reading moves no consumer group; refusa
 from __future__ import annotations
 
 import base64
-import contextlib
-import io
 import json
-import subprocess
 import time
 
 import pytest
 import trio
 
 from client import MessageQueue, open_pull_consumer
-from raftmq import cli
+from tests.cluster.test_admin_cli import _admin, _admin_json, _wait_for_leader
 from tests.procs import raftmq_argv
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
 
 TOPIC = "MsgTopic"
-
-
-def _admin(namesrv: str, *args: str, expect_rc: int = 0) -> subprocess.CompletedProcess:
-    """One ``raftmq admin`` command in this process (as tests/cluster/test_admin_cli.py runs them)."""
-    argv = ["--log-level", "WARNING", "admin", "--namesrv", namesrv, *args]
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            rc = cli.main(argv)
-        except SystemExit as e:
-            rc = e.code
-    done = subprocess.CompletedProcess(argv, rc, out.getvalue(), err.getvalue())
-    assert done.returncode == expect_rc, (args, done.returncode, done.stdout[-2000:], done.stderr[-2000:])
-    return done
-
-
-def _admin_json(namesrv: str, *args: str) -> dict:
-    out = _admin(namesrv, "--json", *args).stdout.strip().splitlines()
-    assert len(out) == 1, out  # --json: one line
-    return json.loads(out[0])
-
-
-def _wait_for_leader(namesrv: str) -> None:
-    deadline = time.monotonic() + 30
-    while True:  # the nodes register within a second of their ready lines; the leader may still be elected
-        groups = _admin_json(namesrv, "cluster")["groups"]
-        if groups and groups[0]["leader_addr"] and len(groups[0]["nodes"]) == 3:
-            return
-        assert time.monotonic() < deadline, groups
-        time.sleep(0.3)
 
 
 async def _commit(namesrv: str, group: str, queue_id: int, offset: int) -> None:

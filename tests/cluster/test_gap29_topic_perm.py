@@ -4,8 +4,6 @@ NAMESRV_ADDR, read by ``raftmq admin`` and by clients when no name server is giv
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import subprocess
@@ -16,35 +14,17 @@ import pytest
 import trio
 
 from client import Message, MessageQueue, open_admin, open_producer, open_pull_consumer
-from raftmq import cli
 from remoting.codec import make_request
 from remoting.codes import RequestCode, ResponseCode
 from remoting.errors import RaftMQError
 from remoting.transport import open_remoting_client
+from tests.cluster.test_admin_cli import _admin, _admin_json
 from tests.procs import raftmq_argv
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
 
 GROUP = "PermGroup"
 DLQ = f"%DLQ%{GROUP}"
-
-
-def _admin(namesrv: str, *args: str, expect_rc: int = 0) -> subprocess.CompletedProcess:
-    """One ``raftmq admin`` command in this process (as tests/cluster/test_admin_cli.py runs them)."""
-    argv = ["--log-level", "WARNING", "admin", "--namesrv", namesrv, *args]
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            rc = cli.main(argv)
-        except SystemExit as e:
-            rc = e.code
-    done = subprocess.CompletedProcess(argv, rc, out.getvalue(), err.getvalue())
-    assert done.returncode == expect_rc, (args, done.returncode, done.stdout[-2000:], done.stderr[-2000:])
-    return done
-
-
-def _admin_json(namesrv: str, *args: str) -> dict:
-    return json.loads(_admin(namesrv, "--json", *args).stdout.strip().splitlines()[-1])
 
 
 def _cluster_from_env(namesrv: str) -> dict:

@@ -16,17 +16,8 @@ from client.errors import ClientError
 from client.message import MessageExt, MessageQueue, PullResult, PullStatus, SendResult, SendStatus
 from raftmq.cli import main
 from raftmq.commands import admin_messages
+from tests.unit.test_admin_args import CLOSED, _refused
 
-CLOSED = "127.0.0.1:1"
-
-
-def _refused(capsys, *args: str) -> str:
-    with pytest.raises(SystemExit) as exit_info:
-        main(["admin", "--namesrv", CLOSED, "--timeout", "2", *args])
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err
-    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
-    return err
 
 
 SEND = ["send-message", "T", "--body", "b"]
