@@ -13,10 +13,13 @@ How it works (RocketMQ's DefaultMQPushConsumer, as trio tasks):
 - **Delivery**: in iterator form all queues feed one channel, so messages of one queue come out in queue order;
   a message counts as consumed when the loop asks for the next one, or when the ``async with`` block ends
   normally (after a ``break``); one the block was left by an exception on is delivered again. In handler form
-  each queue has its own task calling the handler one message at a time (in order per queue, queues in
-  parallel). The iterator form has no failure but leaving the ``async with`` block by an exception, which already
-  means "deliver this message again" (from its queue, to the next member: nothing is sent back); it still consumes
-  the retry topic that handler-form members fill.
+  (``client/consume_service.py``, RocketMQ's ConsumeMessageConcurrentlyService) messages of every queue go to one
+  pool of at most ``max_concurrent_handlers`` (20) handler calls at once, RocketMQ's consumeThreadMax: a queue's
+  calls start in offset order but run side by side and finish in any order, so nothing is guaranteed about the
+  order within a queue (``orderly=True`` is for order); freed slots go round the waiting queues in turn, and a
+  queue's offset never passes a message whose call has not finished. The iterator form has no failure but leaving
+  the ``async with`` block by an exception, which already means "deliver this message again" (from its queue, to
+  the next member: nothing is sent back); it still consumes the retry topic that handler-form members fill.
 - **Handler results** (RocketMQ's ConsumeConcurrentlyStatus / ConsumeOrderlyStatus): a handler that returns None
   or ``ConsumeStatus.SUCCESS`` consumed its message. It failed if it raised, returned
   ``ConsumeStatus.RECONSUME_LATER``, raised ``ReconsumeLater`` (which also carries the context's settings:
@@ -30,7 +33,8 @@ How it works (RocketMQ's DefaultMQPushConsumer, as trio tasks):
   ``%DLQ%<group>`` once it failed ``max_reconsume_times`` times (-1, the default: 16, as RocketMQ) or at once with
   ``delay_level=-1``; the queue moves on. Every clustering member subscribes to the retry topic, and a message
   pulled from it reaches the handler with its first topic restored and ``reconsume_times`` counting its failures.
-  Only if the send-back fails is it retried here after ``reconsume_delay_ms``, holding its queue, with
+  Only if the send-back fails is it retried here after ``reconsume_delay_ms``, holding its queue (which starts no
+  further call meanwhile; the calls already running go on, and the waiting message gives its slot back), with
   ``reconsume_times`` counted up, up to ``max_reconsume_times`` (then logged and skipped).
 - **Failures, broadcasting**: RocketMQ logs a failed broadcast message and drops it (it sends nothing back: a
   broadcast message is each member's own, and the group's retry topic would hand it to every member). We retry it
@@ -38,7 +42,7 @@ How it works (RocketMQ's DefaultMQPushConsumer, as trio tasks):
   once with ``delay_level=-1``), because a drop on the first failure loses the message for this member for good,
   however passing the trouble was; the price is that its queue waits meanwhile.
 - **Consume timeout** (``consume_timeout_min``, RocketMQ's consumeTimeout, 15 min): a concurrent handler call that
-  runs longer is cancelled and counts as a failure (sent back, the queue moves on), logged at WARNING with topic,
+  runs longer is cancelled and counts as a failure (sent back, its slot freed), logged at WARNING with topic,
   queue and offset (RocketMQ's cleanExpireMsg sends such a message back too, but leaves its thread running; a trio
   task can be stopped). Not for orderly consumption (RocketMQ applies it only to concurrent consumption: an orderly
   queue's next message must wait for this one anyway), nor for the iterator form (the loop body is the caller's).
@@ -46,11 +50,14 @@ How it works (RocketMQ's DefaultMQPushConsumer, as trio tasks):
   task's ``__anext__`` would acknowledge the first task's message while it is still being processed. A task
   that calls ``__anext__`` while another waits in it or holds its last message gets ``RuntimeError``; another
   task may take over once the first has finished, or has let its message go (``ack_pending()`` after its loop).
-  For parallel consumption use the handler form.
-- **Offsets**: a queue's consume offset is the smallest offset still cached (or one past the last pulled), so
-  it never passes an unprocessed message; dirty offsets are committed every
+  For parallel consumption use the handler form (``max_concurrent_handlers``).
+- **Offsets**: a queue's consume offset is the smallest offset still cached (or one past the last pulled), and a
+  message leaves the cache only once consumed (its handler call finished), so the offset never passes an
+  unprocessed message, however many later ones finished first; dirty offsets are committed every
   ``persist_consumer_offset_interval_ms``, when a queue is taken away, and on close; a start found from
-  ``consume_from_where`` (the group had no offset) at once, before the first pull. Delivery is at least once.
+  ``consume_from_where`` (the group had no offset) at once, before the first pull. A concurrent queue taken away
+  (or reset, or closed) has its handler calls in flight cancelled first; their messages stay unconsumed and are
+  delivered again. Delivery is at least once.
 - **Offset resets** (``raftmq admin reset-offset``): the broker tells every online member; each drops the named
   queues it holds, commits the new offsets at once and pulls from them.
 - **Orderly consumption** (``orderly=True``, handler form; RocketMQ's MessageListenerOrderly): in clustering mode a
@@ -87,6 +94,7 @@ from typing import Any
 import cbor2
 import trio
 
+from client.consume_service import ConcurrentConsumeService
 from client.filter import Subscription, parse_subscription
 from client.instance import (
     HOUR_MS, ClientConfig, ClientInstance, ServerRequests, build_config, open_client_nursery,
@@ -151,6 +159,12 @@ class PushConsumerConfig(ClientConfig):
     consume_timeout_min: int = bounded(15, min=1, max=1440,
                                        doc="concurrent handler form: a call running longer is cancelled and its "
                                            "message counts as failed")
+    # RocketMQ's consumeThreadMin/consumeThreadMax (20/20, each 1..1000): its pool's threads are trio tasks here, and
+    # a task costs nothing idle, so one bound is all there is to set.
+    max_concurrent_handlers: int = bounded(20, min=1, max=1000,
+                                           doc="concurrent handler form: handler calls running at once across all the "
+                                               "consumer's queues; a queue's messages may then be handled side by "
+                                               "side and finish out of order (orderly=True keeps order)")
     reconsume_delay_ms: int = bounded(1_000, min=0, max=HOUR_MS)
     # An empty one put the offset files in the current directory (Path("") is ".").
     offset_store_dir: str = bounded(".raftmq-offsets", check=blank_dir_problem,
@@ -176,6 +190,8 @@ class ConsumerStatistics:
     pull_errors: int
     cached: int
     cached_bytes: int
+    # Concurrent handler form: handler calls running now (at most max_concurrent_handlers); else 0.
+    handling: int = 0
 
 
 class ProcessQueue:
@@ -344,6 +360,8 @@ class PushConsumer:
         self._first_queues: dict[str, frozenset[MessageQueue]] = {}
         self._orderly = (OrderlyService(self, config, self._api, instance.client_id, self._offsets)
                          if config.orderly else None)
+        self._concurrent = (ConcurrentConsumeService(self, config.max_concurrent_handlers)
+                            if handler is not None and not config.orderly else None)
         instance.heartbeat_data = self._heartbeat_data
 
     @property
@@ -366,7 +384,8 @@ class PushConsumer:
         delivered = self._delivered + (self._orderly.delivered if self._orderly is not None else 0)
         return ConsumerStatistics(len(self._pqs), delivered, self._rebalances, self._pulls,
                                   self._pull_errors, sum(pq.count for pq in self._pqs.values()),
-                                  sum(pq.msg_bytes for pq in self._pqs.values()))
+                                  sum(pq.msg_bytes for pq in self._pqs.values()),
+                                  self._concurrent.handling if self._concurrent is not None else 0)
 
     def _heartbeat_data(self) -> dict[str, Any]:
         return {"producers": [], "consumers": [{
@@ -650,15 +669,12 @@ class PushConsumer:
             self._nursery.start_soon(self._run_queue, pq, start_offset)
 
     async def _run_queue(self, pq: ProcessQueue, start_offset: int | None) -> None:
-        # One cancel scope per queue stops its pull (and handler) the moment the queue is taken away.
+        # One cancel scope per queue stops its pull (and its handler calls) the moment the queue is taken away.
         with pq.cancel_scope:
-            if self._handler is None:
+            if self._concurrent is None:
                 await self._pull_loop(pq, self._send, start_offset)
-                return
-            send, recv = trio.open_memory_channel[tuple[ProcessQueue, Sequence[MessageExt]]](math.inf)
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._pull_loop, pq, send, start_offset)
-                nursery.start_soon(self._handle_loop, pq, recv)
+            else:
+                await self._concurrent.run_queue(pq, start_offset)
 
     async def _compute_pull_from(self, mq: MessageQueue) -> int:
         offset = await self._offsets.read_from_store(mq)
@@ -745,38 +761,6 @@ class PushConsumer:
                     and result.next_begin_offset <= offset):
                 await trio.sleep(delay)  # a follower that is behind says "retry": don't spin on it
             offset = max(offset, result.next_begin_offset)
-
-    async def _handle_loop(self, pq: ProcessQueue, recv: trio.MemoryReceiveChannel) -> None:
-        async for _, msgs in recv:
-            for msg in msgs:
-                await self._handle_one(pq, msg)
-
-    async def _handle_one(self, pq: ProcessQueue, msg: MessageExt) -> None:
-        timeout_s = self.config.consume_timeout_min * 60
-        attempts = self.max_reconsume_times + 1
-        for _ in range(attempts):
-            failure = await self._call_handler(pq, msg, timeout_s=timeout_s)
-            if failure is None:
-                break
-            delay_level = failure.delay_level or 0
-            # Clustering: handed back to the broker (retry topic, then dead letters) and this queue moves on. Only
-            # when that fails is it retried here, holding its queue, as RocketMQ's consumeMessageDirectly fallback.
-            if self._retry_topic is not None:
-                if await self.send_back(pq.mq, msg, delay_level=delay_level):
-                    break
-            elif delay_level < 0:
-                log.error("message skipped, its handler asked for the dead letters (delay_level -1), which a "
-                          "broadcasting consumer has none of mq=%s offset=%d msg_id=%s", pq.mq, msg.queue_offset,
-                          msg.msg_id)
-                break
-            await trio.sleep(self.config.reconsume_delay_ms / 1000)
-            # Counted up for the handler, as RocketMQ's local retry does (setReconsumeTimes before resubmitting).
-            msg = dataclasses.replace(msg, reconsume_times=msg.reconsume_times + 1)
-        else:
-            log.error("message skipped after %d failed attempts mq=%s offset=%d msg_id=%s", attempts, pq.mq,
-                      msg.queue_offset, msg.msg_id)
-        self._delivered += 1
-        self._consumed(pq, msg)
 
     async def _call_handler(self, pq: ProcessQueue, msg: MessageExt, *,
                             timeout_s: float = math.inf) -> ReconsumeLater | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 import cbor2
 import trio
@@ -76,9 +77,11 @@ async def test_cached_messages_are_bounded_by_their_size_as_well_as_their_number
     there was); the size bound stops the pulls at 4 MiB (plus one pull), and they go on once consumed."""
     namesrv, _ = await _start(nursery, tmp_path)
     mq = MessageQueue("Large", "broker-a", 0)
+    # Bodies that do not compress: stored compressed, 32 of them fitted one pull's max_transfer_bytes, and "plus one
+    # pull" would be 8 MiB inflated.
     async with open_producer(namesrv) as producer:
         for i in range(60):
-            await producer.send(Message("Large", b"%03d" % i + b"." * (256 << 10)), queue=mq)
+            await producer.send(Message("Large", b"%03d" % i + os.urandom(256 << 10)), queue=mq)
     async with open_push_consumer(namesrv, topic="Large", consumer_group="large", pull_threshold_size_for_queue_mib=4,
                                   consume_from_where="CONSUME_FROM_FIRST_OFFSET") as consumer:
         await trio.sleep(1)

@@ -124,8 +124,10 @@ async def test_a_concurrent_handler_past_consume_timeout_is_cancelled_and_its_me
             done.set()
 
     await _send(b"slow", b"next")
+    # One call at a time: "next" waits for "slow" to time out (test_concurrent_handlers.py has it with more).
     async with open_push_consumer(NAMESRV, topic="T", handler=handler, consumer_group="g", consume_timeout_min=1,
-                                  consume_from_where="CONSUME_FROM_FIRST_OFFSET") as consumer:
+                                  consume_from_where="CONSUME_FROM_FIRST_OFFSET",
+                                  max_concurrent_handlers=1) as consumer:
         started = trio.current_time()
         with trio.fail_after(3600):
             await done.wait()

@@ -1,0 +1,180 @@
+"""Concurrent consumption for the push consumer's handler form (RocketMQ's ConsumeMessageConcurrentlyService), in
+trio tasks. Orderly consumption is ``client/orderly.py``; the iterator form has no service (the loop is the caller's).
+
+The rules:
+
+- **A pool of handler calls shared by the consumer's queues.** Each assigned queue has a pull task (filling its
+  ``ProcessQueue``) and a dispatch task that starts a handler call per message, each in a trio task of its own in
+  the queue's nursery. At most ``max_concurrent_handlers`` calls run at once across all queues (RocketMQ's
+  consumeThreadMin/consumeThreadMax pool, 20 threads): a call takes a slot of one ``trio.Semaphore`` before it starts
+  and gives it back when its message is done. A trio task costs no thread, so there is no minimum to keep.
+- **Fairness.** The queue's dispatcher takes the slot and spawns the call holding it, so each queue waits for one slot
+  at a time, and trio's ``Semaphore`` hands a released slot to its first waiter. So while every slot is taken, every
+  queue with messages waiting gets one of the slots freed, in turn: a queue with a deep backlog gets its share, never
+  all of them. (A free slot is taken without a checkpoint, which jumps no queue: a slot is free only when nobody
+  waits for one.)
+- **Order.** A call takes the first message its queue has waiting when it starts, whatever order trio runs the new
+  tasks in, so a queue's calls start in offset order; but they run side by side and finish in any order, as with
+  RocketMQ's concurrent listener: nothing is guaranteed about the order of delivery within a queue. ``orderly=True``
+  is for order.
+- **Offsets.** A message stays in its ``ProcessQueue`` until its call has finished: succeeded, or failed and been sent
+  back, dead-lettered, or retried here until done or given up. A queue's offset is the least offset still there
+  (RocketMQ's TreeMap first key), so it never passes a message whose call has not finished, however many later ones
+  finished first; and flow control (``pull_threshold_for_queue``, ``..._size_...``) counts the messages in calls.
+- **Local retries** (the send-back failed; broadcasting): the message gives its slot back while it waits
+  ``reconsume_delay_ms`` (RocketMQ's submitConsumeRequestLater holds no thread either), and its queue starts no
+  further call until it is done, as the one-call-per-queue form did ("holding its queue"): a queue that cannot hand
+  its failures to the broker should not race through its backlog failing them all. Calls already running go on.
+- **Taken away, reset, closed.** The queue's cancel scope (``ProcessQueue.cancel_scope``) cancels its pull, its
+  dispatcher and every call in flight, as it did the one call before. A cancelled call's message is not consumed:
+  the queue's offset stays before it and it is delivered again (to the next holder, or after a restart): at least
+  once. A call finishing after its queue was dropped no longer moves the offset (``PushConsumer._consumed``).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import trio
+
+from client.message import MessageExt
+
+if TYPE_CHECKING:
+    from client.push_consumer import ProcessQueue, PushConsumer
+
+__all__ = ["ConcurrentConsumeService"]
+
+log = logging.getLogger(__name__)
+
+
+class _QueueHold:
+    """One queue's messages in local retry: while there is any, the queue starts no further handler call."""
+
+    __slots__ = ("retrying", "_resumed")
+
+    def __init__(self) -> None:
+        self.retrying = 0
+        self._resumed = trio.Event()
+        self._resumed.set()
+
+    def pause(self) -> None:
+        if self.retrying == 0:
+            self._resumed = trio.Event()
+        self.retrying += 1
+
+    def resume(self) -> None:
+        self.retrying -= 1
+        if self.retrying == 0:
+            self._resumed.set()
+
+    async def wait_resumed(self) -> None:
+        await self._resumed.wait()
+
+
+class ConcurrentConsumeService:
+    """The handler calls of one push consumer (handler form, not orderly); the rules are in the module docstring."""
+
+    def __init__(self, consumer: PushConsumer, max_concurrent_handlers: int) -> None:
+        self._consumer = consumer
+        self._max = max_concurrent_handlers
+        self._slots = trio.Semaphore(max_concurrent_handlers)
+
+    @property
+    def handling(self) -> int:
+        """Handler calls holding a slot now: running, or sending their failed message back."""
+        return self._max - self._slots.value
+
+    async def run_queue(self, pq: ProcessQueue, start_offset: int | None) -> None:
+        """Pull ``pq``'s queue and handle its messages until cancelled (the caller runs this in ``pq.cancel_scope``)."""
+        send, recv = trio.open_memory_channel[tuple["ProcessQueue", Sequence[MessageExt]]](math.inf)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._consumer._pull_loop, pq, send, start_offset)
+            nursery.start_soon(self._dispatch, pq, recv, nursery)
+
+    async def _dispatch(self, pq: ProcessQueue, recv: trio.MemoryReceiveChannel, nursery: trio.Nursery) -> None:
+        hold = _QueueHold()
+        # The messages whose call is not started yet, in offset order. Each call takes the first one as it starts,
+        # whatever order trio runs the new tasks in: a queue's calls start in offset order.
+        waiting: collections.deque[MessageExt] = collections.deque()
+        async for _, msgs in recv:
+            waiting.extend(msgs)
+            for _ in msgs:
+                # One slot at a time for this queue: the fairness between queues (see the module docstring).
+                await self._take_slot(hold)
+                nursery.start_soon(self._consume, pq, hold, waiting)
+
+    async def _take_slot(self, hold: _QueueHold) -> None:
+        if not hold.retrying:
+            try:
+                # A slot free means nobody waits for one (trio's Semaphore hands a released slot to its first waiter):
+                # taking it without a checkpoint jumps no queue, and spares a trip through the scheduler per message.
+                self._slots.acquire_nowait()
+                return
+            except trio.WouldBlock:
+                pass
+        while True:
+            await hold.wait_resumed()
+            await self._slots.acquire()
+            if not hold.retrying:
+                return
+            # A message of this queue went into a local retry while we waited: the slot goes to another queue.
+            self._slots.release()
+
+    async def _consume(self, pq: ProcessQueue, hold: _QueueHold, waiting: collections.deque[MessageExt]) -> None:
+        # Spawned holding a slot (the dispatcher took it), which this task gives back when done.
+        held = True  # whether this call holds a slot (not while it waits to start or to retry locally)
+        try:
+            if hold.retrying:
+                # A call started before this one went into a local retry: start no further call until it is done.
+                held = False
+                self._slots.release()
+                await self._take_slot(hold)
+                held = True
+            msg = waiting.popleft()
+            consumer = self._consumer
+            timeout_s = consumer.config.consume_timeout_min * 60
+            attempts = consumer.max_reconsume_times + 1
+            retrying = False
+            try:
+                for _ in range(attempts):
+                    failure = await consumer._call_handler(pq, msg, timeout_s=timeout_s)
+                    if failure is None:
+                        break
+                    delay_level = failure.delay_level or 0
+                    # Clustering: handed back to the broker (retry topic, then dead letters) and done. Only when that
+                    # fails is it retried here, as RocketMQ's consumeMessageDirectly fallback.
+                    if consumer._retry_topic is not None:
+                        if await consumer.send_back(pq.mq, msg, delay_level=delay_level):
+                            break
+                    elif delay_level < 0:
+                        log.error("message skipped, its handler asked for the dead letters (delay_level -1), which a "
+                                  "broadcasting consumer has none of mq=%s offset=%d msg_id=%s", pq.mq,
+                                  msg.queue_offset, msg.msg_id)
+                        break
+                    if not retrying:
+                        retrying = True
+                        hold.pause()
+                    held = False
+                    self._slots.release()
+                    await trio.sleep(consumer.config.reconsume_delay_ms / 1000)
+                    await self._slots.acquire()
+                    held = True
+                    # Counted up for the handler, as RocketMQ's local retry does (setReconsumeTimes before
+                    # resubmitting).
+                    msg = dataclasses.replace(msg, reconsume_times=msg.reconsume_times + 1)
+                else:
+                    log.error("message skipped after %d failed attempts mq=%s offset=%d msg_id=%s", attempts, pq.mq,
+                              msg.queue_offset, msg.msg_id)
+            finally:
+                if retrying:
+                    hold.resume()
+            consumer._delivered += 1
+            consumer._consumed(pq, msg)
+        finally:
+            if held:
+                self._slots.release()
