@@ -3,10 +3,10 @@
 Both are writes (the leader answers; a change of holder is replicated before the answer). The request is RocketMQ's
 LockBatchRequestBody as a CBOR map, in the body or, like a heartbeat, inline in ``ext``::
 
-    {"consumer_group": "cg", "client_id": "10.0.0.5@123#DEFAULT#1",
+    {"consumer_group": "cg", "client_id": "10.0.0.5@123#18f3c2a9b1e-5c0ffee1#DEFAULT#1",
      "mq_set": [{"topic": "T", "broker_name": "broker-a", "queue_id": 0}, ...]}
 
-Only a queue of a topic this group has, below its queue counts, is locked; the others are left out of the answer
+Only a queue of a topic this group has, below its read queue count, is locked; the others are left out of the answer
 as queues another member holds are (a member renewing the queues of a topic deleted a moment ago loses them, as it
 would at its next rebalance). Holders are replicated state: before, any name was locked, and one client asking for
 16,384 made-up queues a request wrote 160,000 entries to the group's log and snapshots in 5 s, each kept for a lock's
