@@ -6,10 +6,17 @@ How it works (RocketMQ's DefaultMQPushConsumer, as trio tasks):
   the queues that went to someone else (committing their offsets first) and start the new ones, each from the
   offset found for it before its first pull (so ``open_push_consumer`` returns with the start positions fixed).
 - **One pull task per assigned queue**, in its own cancel scope: long-polls the group (held on the broker up to
-  ``broker_suspend_max_time_ms``) and puts what it gets into that queue's ``ProcessQueue``. Flow control: a pull
-  waits while the queue already caches ``pull_threshold_for_queue`` messages, or
+  ``broker_suspend_max_time_ms``) and puts what it gets into that queue's ``ProcessQueue``
+  (``client/process_queue.py``), pausing ``pull_interval_ms`` (RocketMQ's pullInterval, 0) after each pull that
+  was answered. Flow control: a pull waits while the queue already caches ``pull_threshold_for_queue`` messages, or
   ``pull_threshold_size_for_queue_mib`` MiB of bodies, not yet consumed (RocketMQ's two bounds: a count alone let
-  a queue of 4 MiB messages cache 4 GiB).
+  a queue of 4 MiB messages cache 4 GiB); in the concurrent handler form also while its offsets, from the least one
+  not yet consumed to the last one pulled, span more than ``consume_concurrently_max_span`` (2000, RocketMQ's
+  consumeConcurrentlyMaxSpan), so a message stuck in its handler holds its queue rather than let the committed
+  offset fall ever further behind what was handled (all of which is handled again after a restart or a rebalance).
+- **Suspend** (``suspend()`` / ``resume()``, RocketMQ's): no queue is pulled in between (pulls in flight are
+  cancelled: they took nothing), but cached messages are still delivered, rebalances, heartbeats and offset commits
+  go on; ``statistics().suspended`` says so.
 - **Delivery**: in iterator form all queues feed one channel, so messages of one queue come out in queue order;
   a message counts as consumed when the loop asks for the next one, or when the ``async with`` block ends
   normally (after a ``break``); one the block was left by an exception on is delivered again. In handler form
@@ -95,14 +102,16 @@ import cbor2
 import trio
 
 from client.consume_service import ConcurrentConsumeService
+from client.errors import ClientClosedError
 from client.filter import Subscription, parse_subscription
 from client.instance import (
     HOUR_MS, ClientConfig, ClientInstance, ServerRequests, build_config, open_client_nursery,
     open_remoting, raise_for_response,
 )
-from client.message import I32_MAX, I64_MAX, MessageExt, MessageQueue, PullStatus
+from client.message import I32_MAX, I64_MAX, MessageExt, MessageQueue, PullResult, PullStatus
 from client.offset_store import LocalFileOffsetStore, RemoteOffsetStore
 from client.orderly import OrderlyService
+from client.process_queue import FLOW_SPAN, ProcessQueue
 from client.pull_consumer import PullAPI
 from client.rebalance import allocate_average, diff_assignment
 from remoting.codes import RequestCode
@@ -142,6 +151,14 @@ class PushConsumerConfig(ClientConfig):
                                             doc="flow control: messages cached per queue")
     pull_threshold_size_for_queue_mib: int = bounded(100, min=1, max=1 << 20,
                                                      doc="flow control: MiB of message bodies cached per queue")
+    # RocketMQ's consumeConcurrentlyMaxSpan and its range. Counted to the last offset pulled, not to the largest one
+    # still cached as RocketMQ does, so that it bounds what a stuck message has handled again (client/process_queue.py).
+    consume_concurrently_max_span: int = bounded(2000, min=1, max=65_535,
+                                                 doc="concurrent handler form, flow control: a queue's pulls wait "
+                                                     "while its offsets from the least one not yet consumed to the "
+                                                     "last one pulled span more than this")
+    # RocketMQ's pullInterval and its range.
+    pull_interval_ms: int = bounded(0, min=0, max=65_535, doc="pause between one pull of a queue and its next")
     # A Java int on the wire: the broker refuses every pull asking for more (and holds at most its own
     # long_polling_timeout_ms anyway).
     broker_suspend_max_time_ms: int = bounded(15_000, min=0, max=I32_MAX, doc="long-polling hold on the broker")
@@ -192,73 +209,8 @@ class ConsumerStatistics:
     cached_bytes: int
     # Concurrent handler form: handler calls running now (at most max_concurrent_handlers); else 0.
     handling: int = 0
-
-
-class ProcessQueue:
-    """Messages of one queue pulled but not yet consumed, in offset order. Pulls wait (``wait_space``) while it
-    holds ``threshold`` messages or ``threshold_bytes`` of bodies; one pull may go past either by its size."""
-
-    def __init__(self, mq: MessageQueue, threshold: int = 1000, threshold_bytes: int = 100 << 20) -> None:
-        self.mq = mq
-        self.threshold = threshold
-        self.threshold_bytes = threshold_bytes
-        self.msgs: dict[int, MessageExt] = {}
-        self.msg_bytes = 0
-        self.dropped = False
-        self.max_offset_seen = -1
-        # The consume offset reached by the last consumed message, not yet handed to the offset store: one
-        # attribute write per message; the consumer flushes it before every persist and when the queue goes.
-        self.unflushed_offset: int | None = None
-        self.cancel_scope = trio.CancelScope()
-        # Orderly form: cancel_scope stops the pull only; the handler finishes its message unless this is cancelled
-        # too (close past its wait, an offset reset). ``reset``: dropped by an offset reset, which keeps the lock.
-        self.handler_scope = trio.CancelScope()
-        self.reset = False
-        self.finished = trio.Event()  # its orderly queue task has ended
-        self._space = trio.Event()
-        self._space.set()
-        self._space_set = True
-
-    @property
-    def count(self) -> int:
-        return len(self.msgs)
-
-    def put(self, msgs: Sequence[MessageExt]) -> None:
-        # Offsets only grow within one ProcessQueue (a reset makes a new one), so none is put twice.
-        for m in msgs:
-            self.msgs[m.queue_offset] = m
-            self.msg_bytes += len(m.body)
-            self.max_offset_seen = max(self.max_offset_seen, m.queue_offset)
-        if self._space_set and (len(self.msgs) >= self.threshold or self.msg_bytes >= self.threshold_bytes):
-            self._space = trio.Event()
-            self._space_set = False
-
-    def remove(self, offset: int) -> int:
-        """Drop a consumed message; returns the queue's new consume offset."""
-        msgs = self.msgs
-        msg = msgs.pop(offset, None)
-        if msg is not None:
-            self.msg_bytes -= len(msg.body)
-        if not self._space_set and len(msgs) < self.threshold and self.msg_bytes < self.threshold_bytes:
-            self._space_set = True
-            self._space.set()
-        # Offsets are inserted in increasing order and dicts keep insertion order: the first is the least.
-        return next(iter(msgs)) if msgs else self.max_offset_seen + 1
-
-    def consume_offset(self) -> int:
-        if self.msgs:
-            # Offsets are inserted in increasing order and dicts keep insertion order: the first is the least.
-            return next(iter(self.msgs))
-        return self.max_offset_seen + 1
-
-    async def wait_space(self) -> None:
-        await self._space.wait()
-
-    def drop(self) -> None:
-        self.dropped = True
-        self.cancel_scope.cancel()
-        self._space_set = True
-        self._space.set()
+    # Between suspend() and resume(): no queue is pulled.
+    suspended: bool = False
 
 
 def local_offset_store(config: PushConsumerConfig) -> LocalFileOffsetStore:
@@ -355,6 +307,13 @@ class PushConsumer:
         self._pull_errors = 0
         self._nursery: trio.Nursery | None = None
         self._closing = False
+        # suspend()/resume(): pull tasks wait on _resumed while suspended; suspend() cancels the pulls in flight (their
+        # scopes), so a long poll held on a broker brings nothing in after it.
+        self._suspended = False
+        self._resumed = trio.Event()
+        self._resumed.set()
+        self._pull_scopes: set[trio.CancelScope] = set()
+        self._span_flow_controls = 0  # times a queue's pull waited for consume_concurrently_max_span
         # The read queues of each subscribed topic in the first route this consumer got (none for a topic no name
         # server knew when it started): a queue beyond them was created later, and holds only messages sent since.
         self._first_queues: dict[str, frozenset[MessageQueue]] = {}
@@ -385,7 +344,35 @@ class PushConsumer:
         return ConsumerStatistics(len(self._pqs), delivered, self._rebalances, self._pulls,
                                   self._pull_errors, sum(pq.count for pq in self._pqs.values()),
                                   sum(pq.msg_bytes for pq in self._pqs.values()),
-                                  self._concurrent.handling if self._concurrent is not None else 0)
+                                  self._concurrent.handling if self._concurrent is not None else 0, self._suspended)
+
+    def suspend(self) -> None:
+        """Stop pulling every queue until ``resume()`` (RocketMQ's DefaultMQPushConsumer.suspend): pulls in flight
+        are cancelled and none is sent meanwhile, but the messages already cached are still delivered (handled),
+        rebalances and heartbeats go on (a queue assigned meanwhile gets its start offset, and waits), and offsets
+        are committed as usual. Suspending a suspended consumer does nothing."""
+        self._check_open("suspend")
+        if self._suspended:
+            return
+        self._suspended = True
+        self._resumed = trio.Event()
+        # A cancelled pull took nothing: its queue's next pull, after resume(), asks for the same offset.
+        for scope in self._pull_scopes:
+            scope.cancel()
+        log.info("push consumer suspended group=%s client=%s", self.config.consumer_group, self.client_id)
+
+    def resume(self) -> None:
+        """Pull again after ``suspend()`` (RocketMQ's DefaultMQPushConsumer.resume); does nothing if not suspended."""
+        self._check_open("resume")
+        if not self._suspended:
+            return
+        self._suspended = False
+        self._resumed.set()
+        log.info("push consumer resumed group=%s client=%s", self.config.consumer_group, self.client_id)
+
+    def _check_open(self, method: str) -> None:
+        if self._closing or self._instance.closed:
+            raise ClientClosedError(f"the push consumer is closed: {method}() cannot be called on it")
 
     def _heartbeat_data(self) -> dict[str, Any]:
         return {"producers": [], "consumers": [{
@@ -661,7 +648,11 @@ class PushConsumer:
 
     def _add_queue(self, mq: MessageQueue, start_offset: int | None = None, after: ProcessQueue | None = None) -> None:
         assert self._nursery is not None
-        pq = ProcessQueue(mq, self.config.pull_threshold_for_queue, self.config.pull_threshold_size_for_queue_mib << 20)
+        cfg = self.config
+        # The span bound is the concurrent handler form's alone: the iterator and orderly consumption take a queue's
+        # messages in order, so their span is held by the count bound already (client/process_queue.py).
+        pq = ProcessQueue(mq, cfg.pull_threshold_for_queue, cfg.pull_threshold_size_for_queue_mib << 20,
+                          cfg.consume_concurrently_max_span if self._concurrent is not None else None)
         self._pqs[mq] = pq
         if self._orderly is not None:
             self._nursery.start_soon(self._orderly.run_queue, pq, start_offset, after)
@@ -717,11 +708,14 @@ class PushConsumer:
         pq.max_offset_seen = offset - 1
         failures = 0  # pulls failed in a row
         while not pq.dropped:
-            await pq.wait_space()
+            if (reason := pq.flow_control()) is not None:
+                if reason == FLOW_SPAN:
+                    self._span_flow_controlled(pq)
+                await pq.wait_space()
             try:
-                self._pulls += 1
-                result = await self._api.pull(pq.mq, offset, cfg.pull_batch_size, subscription=sub,
-                                              suspend_timeout_ms=cfg.broker_suspend_max_time_ms)
+                result = await self._pull_unless_suspended(pq, offset, sub)
+                if result is None:
+                    continue  # suspend() stopped it: wait for resume(), then pull the same offset
             except RaftMQError as e:
                 self._pull_errors += 1
                 failures += 1
@@ -757,10 +751,40 @@ class PushConsumer:
                 if not pq.msgs and result.next_begin_offset > offset:
                     self._flush_offset(pq)
                     self._offsets.update(pq.mq, result.next_begin_offset, increase_only=True)
+            pause_s = cfg.pull_interval_ms / 1000
             if (result.status in (PullStatus.NO_MATCHED_MSG, PullStatus.OFFSET_ILLEGAL)
                     and result.next_begin_offset <= offset):
-                await trio.sleep(delay)  # a follower that is behind says "retry": don't spin on it
+                pause_s = max(pause_s, delay)  # a follower that is behind says "retry": don't spin on it
             offset = max(offset, result.next_begin_offset)
+            if pause_s:
+                await trio.sleep(pause_s)
+
+    async def _pull_unless_suspended(self, pq: ProcessQueue, offset: int, sub: Subscription) -> PullResult | None:
+        """One pull of ``pq``'s queue from ``offset``, sent once the consumer is not suspended; None if ``suspend()``
+        cancelled it on its way (it took nothing: a pull commits no offset, and the broker's late answer is dropped)."""
+        while self._suspended:
+            await self._resumed.wait()
+        # No checkpoint since the test above: a suspend() from now on finds this pull's scope and cancels it.
+        with trio.CancelScope() as scope:
+            self._pull_scopes.add(scope)
+            try:
+                self._pulls += 1
+                return await self._api.pull(pq.mq, offset, self.config.pull_batch_size, subscription=sub,
+                                            suspend_timeout_ms=self.config.broker_suspend_max_time_ms)
+            finally:
+                self._pull_scopes.discard(scope)
+        return None
+
+    def _span_flow_controlled(self, pq: ProcessQueue) -> None:
+        # A queue held by the span bound waits for one slow message, which is worth seeing; but not every time (a
+        # slow handler can hit it all day): the first time and every 1000th, as RocketMQ. The count and size bounds
+        # are routine back-pressure and say nothing.
+        self._span_flow_controls += 1
+        if self._span_flow_controls % 1000 == 1:
+            log.warning("pulls of a queue wait: its offsets from the least one not yet consumed to the last one pulled "
+                        "span more than consume_concurrently_max_span (said the first and every 1000th time) mq=%s "
+                        "least_offset=%d last_pulled=%d span=%d max_span=%s times=%d", pq.mq, pq.consume_offset(),
+                        pq.max_offset_seen, pq.span, pq.max_span, self._span_flow_controls)
 
     async def _call_handler(self, pq: ProcessQueue, msg: MessageExt, *,
                             timeout_s: float = math.inf) -> ReconsumeLater | None:
