@@ -52,6 +52,7 @@ from client.message import (
 from client.producer import Producer, ProducerConfig, open_producer
 from client.pull_consumer import PullConsumer, PullConsumerConfig, open_pull_consumer
 from client.listener import ConsumeStatus, ReconsumeLater
+from client.lite_pull_consumer import LitePullConsumer, LitePullConsumerConfig, open_lite_pull_consumer
 from client.push_consumer import PushConsumer, PushConsumerConfig, open_push_consumer
 from client.rebalance import allocate_average
 from client.transaction import TransactionListener, TransactionSendResult, TransactionState
@@ -60,6 +61,7 @@ __all__ = [
     "open_producer", "Producer", "ProducerConfig",
     "open_push_consumer", "PushConsumer", "PushConsumerConfig", "ConsumeStatus", "ReconsumeLater",
     "open_pull_consumer", "PullConsumer", "PullConsumerConfig",
+    "open_lite_pull_consumer", "LitePullConsumer", "LitePullConsumerConfig",
     "open_admin", "AdminClient", "ClusterInfo", "ConsumeStats", "ConsumerConnection", "OffsetReset",
     "QueueConsumeStats", "TopicQueueStatus", "DelayLevelProgress", "TopicPermUpdate", "ProducerConnection",
     "GroupDeletion",

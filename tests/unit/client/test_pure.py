@@ -442,6 +442,7 @@ def test_public_api_is_pinned():
         "open_producer", "Producer", "ProducerConfig",
         "open_push_consumer", "PushConsumer", "PushConsumerConfig", "ConsumeStatus", "ReconsumeLater",
         "open_pull_consumer", "PullConsumer", "PullConsumerConfig",
+        "open_lite_pull_consumer", "LitePullConsumer", "LitePullConsumerConfig",
         "open_admin", "AdminClient", "ClusterInfo", "ConsumeStats", "ConsumerConnection", "OffsetReset",
         "QueueConsumeStats", "TopicQueueStatus", "DelayLevelProgress", "TopicPermUpdate", "ProducerConnection",
         "GroupDeletion",
