@@ -4,27 +4,34 @@ trio tasks. Orderly consumption is ``client/orderly.py``; the iterator form has 
 The rules:
 
 - **A pool of handler calls shared by the consumer's queues.** Each assigned queue has a pull task (filling its
-  ``ProcessQueue``) and a dispatch task that starts a handler call per message, each in a trio task of its own in
-  the queue's nursery. At most ``max_concurrent_handlers`` calls run at once across all queues (RocketMQ's
+  ``ProcessQueue``), a dispatch task, and worker tasks in the queue's nursery that make the handler calls, one at a
+  time each. At most ``max_concurrent_handlers`` calls run at once across all queues (RocketMQ's
   consumeThreadMin/consumeThreadMax pool, 20 threads): a call takes a slot of one ``trio.Semaphore`` before it starts
   and gives it back when its message is done. A trio task costs no thread, so there is no minimum to keep.
-- **Fairness.** The queue's dispatcher takes the slot and spawns the call holding it, so each queue waits for one slot
-  at a time, and trio's ``Semaphore`` hands a released slot to its first waiter. So while every slot is taken, every
-  queue with messages waiting gets one of the slots freed, in turn: a queue with a deep backlog gets its share, never
-  all of them. (A free slot is taken without a checkpoint, which jumps no queue: a slot is free only when nobody
-  waits for one.)
-- **Order.** A call takes the first message its queue has waiting when it starts, whatever order trio runs the new
-  tasks in, so a queue's calls start in offset order; but they run side by side and finish in any order, as with
-  RocketMQ's concurrent listener: nothing is guaranteed about the order of delivery within a queue. ``orderly=True``
-  is for order.
+- **Fairness.** The queue's dispatcher takes a slot, then spawns a worker holding it; workers never wait for one
+  (but to resume a local retry, below). So each queue waits for one slot at a time, and trio's ``Semaphore`` hands
+  a released slot to its first waiter. So while every slot is taken, every queue with messages waiting gets one of
+  the slots freed, in turn: a queue with a deep backlog gets its share, never all of them. (A free slot is taken
+  without a checkpoint, which jumps no queue: a slot is free only when nobody waits for one.)
+- **Workers go on while nobody waits.** A worker that has finished a call gives its slot back, then takes its queue's
+  next waiting message if it can take a free slot at once (so, as above, ahead of no queue); else it ends, and the
+  message is the dispatcher's. The dispatcher spawns a further worker only once the one it spawned last has run, for
+  messages still waiting then. So a quick handler's backlog takes a task per batch pulled, not one per message (a
+  task per message cost a handler that does nothing most of its throughput), while calls that wait get a worker
+  each, up to the slots their queue gets.
+- **Order.** A call takes the first message its queue has waiting when it starts, whichever worker makes it and
+  whatever order trio runs them in, so a queue's calls start in offset order; but they run side by side and finish
+  in any order, as with RocketMQ's concurrent listener: nothing is guaranteed about the order of delivery within a
+  queue. ``orderly=True`` is for order.
 - **Offsets.** A message stays in its ``ProcessQueue`` until its call has finished: succeeded, or failed and been sent
   back, dead-lettered, or retried here until done or given up. A queue's offset is the least offset still there
   (RocketMQ's TreeMap first key), so it never passes a message whose call has not finished, however many later ones
   finished first; and flow control (``pull_threshold_for_queue``, ``..._size_...``) counts the messages in calls.
 - **Local retries** (the send-back failed; broadcasting): the message gives its slot back while it waits
   ``reconsume_delay_ms`` (RocketMQ's submitConsumeRequestLater holds no thread either), and its queue starts no
-  further call until it is done, as the one-call-per-queue form did ("holding its queue"): a queue that cannot hand
-  its failures to the broker should not race through its backlog failing them all. Calls already running go on.
+  further call until it is done (neither its dispatcher nor a worker finishing meanwhile), as the one-call-per-queue
+  form did ("holding its queue"): a queue that cannot hand its failures to the broker should not race through its
+  backlog failing them all. Calls already running go on.
 - **Taken away, reset, closed.** The queue's cancel scope (``ProcessQueue.cancel_scope``) cancels its pull, its
   dispatcher and every call in flight, as it did the one call before. A cancelled call's message is not consumed:
   the queue's offset stays before it and it is delivered again (to the next holder, or after a restart): at least
@@ -35,6 +42,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import logging
 import math
 from collections.abc import Sequence
@@ -50,6 +58,10 @@ if TYPE_CHECKING:
 __all__ = ["ConcurrentConsumeService"]
 
 log = logging.getLogger(__name__)
+
+# A worker lets other tasks run at least every so many calls (as many as a pull brings by default, which the
+# one-call-per-queue loop made between two reads of its channel).
+_CALLS_PER_CHECKPOINT = 32
 
 
 class _QueueHold:
@@ -76,6 +88,25 @@ class _QueueHold:
         await self._resumed.wait()
 
 
+class _QueueCalls:
+    """One queue's side of the pool: its messages waiting for a call, its local-retry hold, its worker on its way."""
+
+    __slots__ = ("pq", "hold", "waiting", "spawned")
+
+    def __init__(self, pq: ProcessQueue) -> None:
+        self.pq = pq
+        self.hold = _QueueHold()
+        # The messages whose call is not started yet, in offset order. Each call takes the first one as it starts,
+        # whichever worker makes it and whatever order trio runs them in: a queue's calls start in offset order.
+        self.waiting: collections.deque[MessageExt] = collections.deque()
+        # Set by the worker spawned last when it has run (taken its first message, or found it may not); None after.
+        self.spawned: trio.Event | None = None
+
+    def unclaimed(self) -> int:
+        """Waiting messages no worker is bound to take: all but the one the worker on its way will."""
+        return len(self.waiting) - (self.spawned is not None)
+
+
 class ConcurrentConsumeService:
     """The handler calls of one push consumer (handler form, not orderly); the rules are in the module docstring."""
 
@@ -86,7 +117,7 @@ class ConcurrentConsumeService:
 
     @property
     def handling(self) -> int:
-        """Handler calls holding a slot now: running, or sending their failed message back."""
+        """Handler calls holding a slot now: running, sending their failed message back, or about to start."""
         return self._max - self._slots.value
 
     async def run_queue(self, pq: ProcessQueue, start_offset: int | None) -> None:
@@ -94,19 +125,37 @@ class ConcurrentConsumeService:
         send, recv = trio.open_memory_channel[tuple["ProcessQueue", Sequence[MessageExt]]](math.inf)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._consumer._pull_loop, pq, send, start_offset)
-            nursery.start_soon(self._dispatch, pq, recv, nursery)
+            nursery.start_soon(self._dispatch, _QueueCalls(pq), recv, nursery)
 
-    async def _dispatch(self, pq: ProcessQueue, recv: trio.MemoryReceiveChannel, nursery: trio.Nursery) -> None:
-        hold = _QueueHold()
-        # The messages whose call is not started yet, in offset order. Each call takes the first one as it starts,
-        # whatever order trio runs the new tasks in: a queue's calls start in offset order.
-        waiting: collections.deque[MessageExt] = collections.deque()
+    async def _dispatch(self, q: _QueueCalls, recv: trio.MemoryReceiveChannel, nursery: trio.Nursery) -> None:
         async for _, msgs in recv:
-            waiting.extend(msgs)
-            for _ in msgs:
+            q.waiting.extend(msgs)
+            # Not back to the channel while a message waits: the worker spawned last may leave its message (a local
+            # retry began before it ran), and workers that finish take a further one only when a slot is free.
+            while q.waiting:
+                if q.unclaimed() <= 0:
+                    # Only the message the worker spawned last is bound to take: see that it does.
+                    assert q.spawned is not None
+                    await q.spawned.wait()
+                    continue
                 # One slot at a time for this queue: the fairness between queues (see the module docstring).
-                await self._take_slot(hold)
-                nursery.start_soon(self._consume, pq, hold, waiting)
+                await self._take_slot(q.hold)
+                if q.spawned is not None:
+                    # The worker spawned last has not run yet, and it may take every message waiting (as may the
+                    # workers running, as they finish): a worker per message was a task per message however quick
+                    # the handler. It runs in the next pass of trio's scheduler, as it never waits before its first
+                    # message; this queue keeps the slot it had its turn for meanwhile.
+                    try:
+                        await q.spawned.wait()
+                    except BaseException:
+                        self._slots.release()  # cancelled with the queue: the slot is every queue's
+                        raise
+                if q.waiting and not q.hold.retrying:
+                    q.spawned = trio.Event()
+                    nursery.start_soon(self._work, q)
+                else:
+                    # Taken by workers that finished meanwhile, or a local retry began: to whoever waits for one.
+                    self._slots.release()
 
     async def _take_slot(self, hold: _QueueHold) -> None:
         if not hold.retrying:
@@ -125,16 +174,37 @@ class ConcurrentConsumeService:
             # A message of this queue went into a local retry while we waited: the slot goes to another queue.
             self._slots.release()
 
+    async def _work(self, q: _QueueCalls) -> None:
+        """Spawned holding a slot (the dispatcher's): the calls of ``q``'s first waiting message, then of the next and
+        so on as long as a slot is free at once (see the module docstring)."""
+        spawned, q.spawned = q.spawned, None
+        assert spawned is not None
+        spawned.set()
+        if not q.waiting or q.hold.retrying:
+            # Taken by workers that finished, or a local retry began, since the dispatcher took the slot: the queue's
+            # messages wait for the dispatcher, which starts the next call once the retry is done.
+            self._slots.release()
+            return
+        for calls in itertools.count(1):
+            await self._consume(q.pq, q.hold, q.waiting)  # gives its slot back
+            if calls % _CALLS_PER_CHECKPOINT == 0:
+                # Handlers that never wait would otherwise hold trio's loop through all their queue has waiting, up
+                # to its whole cache, while pulls, heartbeats and the other queues wait for their turn.
+                await trio.lowlevel.checkpoint()
+            if not q.waiting or q.hold.retrying:
+                return
+            try:
+                # Free means nobody waits for a slot (trio's Semaphore hands a released one to its first waiter):
+                # taking it jumps no queue. When one waits, the slot just given back went to it, and this queue's
+                # next message is left to its dispatcher, which waits for its turn.
+                self._slots.acquire_nowait()
+            except trio.WouldBlock:
+                return
+
     async def _consume(self, pq: ProcessQueue, hold: _QueueHold, waiting: collections.deque[MessageExt]) -> None:
-        # Spawned holding a slot (the dispatcher took it), which this task gives back when done.
-        held = True  # whether this call holds a slot (not while it waits to start or to retry locally)
+        # Called holding a slot, which it gives back when its message is done, or when it is cancelled.
+        held = True  # whether this call holds a slot (not while it waits to retry locally)
         try:
-            if hold.retrying:
-                # A call started before this one went into a local retry: start no further call until it is done.
-                held = False
-                self._slots.release()
-                await self._take_slot(hold)
-                held = True
             msg = waiting.popleft()
             consumer = self._consumer
             timeout_s = consumer.config.consume_timeout_min * 60

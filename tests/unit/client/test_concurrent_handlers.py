@@ -1,8 +1,9 @@
 """The concurrent handler form's pool of handler calls (``max_concurrent_handlers``, RocketMQ's consumeThreadMax),
 against the in-memory fake cluster on trio's MockClock: calls of one queue overlap up to the bound and never beyond
-it, queues share the bound fairly, and a queue's committed offset never passes a message whose call has not
-finished, whether later ones finish first, the queue is taken away or the consumer closes with calls in flight (their
-messages are delivered again: at least once). Nothing here measures wall-clock time: handlers wait on events, and
+it, queues share the bound fairly (also when a task that finished a call goes on with its queue's next message), a
+local retry holds its queue, and a queue's committed offset never passes a message whose call has not finished,
+whether later ones finish first, the queue is taken away or the consumer closes with calls in flight (their messages
+are delivered again: at least once). Nothing here measures wall-clock time: handlers wait on events, and
 tests wait for counts. The same with real processes: tests/cluster/test_concurrent_handlers_e2e.py."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import trio
 
 import client.producer
 import client.push_consumer
-from client import Message, MessageQueue, open_producer, open_push_consumer
+from client import ConsumeStatus, Message, MessageQueue, open_producer, open_push_consumer
 from client.errors import ConfigError
 from client.push_consumer import PushConsumerConfig
 from remoting.codec import make_response
@@ -156,6 +157,63 @@ async def test_the_bound_is_shared_by_all_queues_and_freed_slots_go_round_them(t
     assert most == 4
     last_b = max(i for i, body in enumerate(order) if body.startswith(b"b"))
     assert last_b < 20, order  # all of queue 1 done while most of queue 0's backlog still waited
+
+
+async def test_a_call_that_finishes_goes_on_with_its_queue_only_when_no_other_queue_waits_for_a_slot(
+        two_queues, autojump_clock):
+    """One slot, both queues with a backlog of quick messages, both waiting while the first call (a0 or b0, whichever
+    queue came first) holds the slot: from then on the queues take turns, call by call. A task that has finished a
+    call takes its queue's next message only with a slot nobody waits for; taking it while the other queue waited
+    made one queue's backlog run through first."""
+    calls = Calls(gated={b"a0", b"b0"})
+    await _send(10, queue_id=0, prefix=b"a")
+    await _send(10, queue_id=1, prefix=b"b")
+    async with open_push_consumer(NAMESRV, topic="T", handler=calls, max_concurrent_handlers=1, **FIRST) as consumer:
+        await _wait_until(lambda: calls.running == 1)
+        await trio.sleep(5)  # both queues pulled: their dispatchers wait for the slot
+        assert len(calls.started) == 1 and consumer.statistics().cached == 20
+        calls.open_all()
+        await _wait_until(lambda: len(calls.finished) == 20)
+    after = calls.started[1:]
+    for i in range(1, 19):
+        # At most one call ahead, whichever queue got the slot the first call gave back (their order in the FIFO).
+        assert abs(sum(b.startswith(b"a") for b in after[:i]) - sum(b.startswith(b"b") for b in after[:i])) <= 1, after
+    assert [b for b in calls.started if b.startswith(b"a")] == [b"a%d" % i for i in range(10)]
+    assert [b for b in calls.started if b.startswith(b"b")] == [b"b%d" % i for i in range(10)]
+
+
+async def test_a_local_retry_holds_its_queue_from_calls_that_finish_meanwhile_too(one_queue, autojump_clock,
+                                                                                  tmp_path):
+    """Broadcasting (no broker to hand a failure to): message 1 fails and waits reconsume_delay_ms to be retried here,
+    holding its queue. Message 0's call, running meanwhile, goes on and finishes, and its task starts nothing more:
+    2 starts only after 1 has been retried."""
+    started: list[tuple[bytes, int]] = []
+    finished: list[bytes] = []
+    gate = trio.Event()
+
+    async def handler(msg):
+        started.append((msg.body, msg.reconsume_times))
+        if msg.body == b"1" and msg.reconsume_times == 0:
+            return ConsumeStatus.RECONSUME_LATER  # at once: the local retry begins before another call can start
+        if msg.body == b"0":
+            await gate.wait()
+        else:
+            await trio.sleep(0)
+        finished.append(msg.body)
+
+    await _send(10)
+    async with open_push_consumer(NAMESRV, topic="T", handler=handler, consumer_group=GROUP,
+                                  consume_from_where="CONSUME_FROM_FIRST_OFFSET", message_model="BROADCASTING",
+                                  offset_store_dir=str(tmp_path), reconsume_delay_ms=10_000) as consumer:
+        await _wait_until(lambda: len(started) == 2)
+        retry_began = trio.current_time()
+        gate.set()
+        await _wait_until(lambda: finished == [b"0"])
+        await trio.sleep(5)
+        assert trio.current_time() - retry_began < 10  # still in the retry's delay
+        assert started == [(b"0", 0), (b"1", 0)] and consumer.statistics().handling == 0
+        await _wait_until(lambda: len(finished) == 10)
+    assert started == [(b"0", 0), (b"1", 0), (b"1", 1)] + [(b"%d" % i, 0) for i in range(2, 10)]
 
 
 async def test_the_committed_offset_never_passes_a_message_whose_call_has_not_finished(one_queue, autojump_clock):
