@@ -213,6 +213,23 @@ class ConsumerStatistics:
     suspended: bool = False
 
 
+def _asked_reconsume_later(group: BaseExceptionGroup) -> ReconsumeLater | None:
+    """The ``ReconsumeLater`` a group of them asks for (the dead letters, -1, if any does), None if the group holds
+    anything else too (then it is a failure like any other)."""
+    asked, other = group.split(ReconsumeLater)
+    if asked is None or other is not None:
+        return None
+    leaves: list[ReconsumeLater] = []
+    pending: list[BaseException] = [asked]
+    while pending:
+        e = pending.pop()
+        if isinstance(e, BaseExceptionGroup):
+            pending.extend(e.exceptions)
+        else:
+            leaves.append(e)  # type: ignore[arg-type]
+    return next((e for e in leaves if e.delay_level == -1), leaves[0])
+
+
 def local_offset_store(config: PushConsumerConfig) -> LocalFileOffsetStore:
     """A BROADCASTING member's offset file, loaded; ``ConfigError`` naming ``offset_store_dir`` if it cannot be used
     (before, a directory that could not be created failed the first persist and took the consumer down)."""
@@ -801,6 +818,20 @@ class PushConsumer:
                           "suspend_ms=%s", pq.mq, msg.queue_offset, msg.reconsume_times, e.delay_level,
                           e.suspend_ms)
                 return e
+            except BaseExceptionGroup as group:
+                # A handler with a nursery of its own raises grouped. A Cancelled in the group (this call's timeout,
+                # or its queue going away) must go on up as one, which the cancelling scope takes: raised as the
+                # group, the other errors in it ended the whole consumer. A ReconsumeLater keeps its settings.
+                cancelled, rest = group.split(trio.Cancelled)
+                if rest is not None:
+                    asked = _asked_reconsume_later(rest)
+                    if asked is not None and cancelled is None:
+                        return asked
+                    log.error("handler failed mq=%s offset=%d reconsume_times=%d", pq.mq, msg.queue_offset,
+                              msg.reconsume_times, exc_info=rest)
+                if cancelled is not None:
+                    raise cancelled from None
+                return ReconsumeLater()
             except Exception:
                 log.exception("handler failed mq=%s offset=%d reconsume_times=%d", pq.mq, msg.queue_offset,
                               msg.reconsume_times)

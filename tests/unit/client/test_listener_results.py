@@ -189,3 +189,51 @@ async def test_orderly_retries_without_end_by_default_counting_reconsume_times_a
     assert gaps[:3] == pytest.approx([20.0, 0.01, 1.0])
     assert gaps[3:20] == pytest.approx([1.0] * 17) and gaps[20] == pytest.approx(0, abs=0.001)
     assert cluster.send_backs == []
+
+
+async def test_a_reconsume_later_raised_in_the_handlers_own_nursery_keeps_its_settings(cluster, autojump_clock):
+    # trio groups what a nursery's children raise: caught as any failure, delay_level -1 became 0 (16 retries).
+    done = trio.Event()
+
+    async def child() -> None:
+        raise ReconsumeLater(delay_level=-1)
+
+    async def handler(msg) -> None:
+        if msg.body == b"bad":
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(child)
+        done.set()
+
+    await _send(b"bad", b"ok")
+    async with open_push_consumer(NAMESRV, topic="T", handler=handler, consumer_group="g",
+                                  consume_from_where="CONSUME_FROM_FIRST_OFFSET", max_concurrent_handlers=1):
+        with trio.fail_after(60):
+            await done.wait()
+    assert [back["delay_level"] for back in cluster.send_backs] == [-1]
+
+
+async def test_an_error_in_a_handlers_nursery_while_it_is_timed_out_fails_the_message_not_the_consumer(
+        cluster, autojump_clock):
+    # The handler's nursery raised [Cancelled, RuntimeError]: no Exception, so it went past the handler's except,
+    # the timeout's scope took the Cancelled and the RuntimeError ended the whole consumer.
+    done = trio.Event()
+
+    async def child() -> None:
+        try:
+            await trio.sleep_forever()
+        finally:
+            raise RuntimeError("cleanup failed")
+
+    async def handler(msg) -> None:
+        if msg.body == b"slow":
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(child)
+                await trio.sleep_forever()
+        done.set()
+
+    await _send(b"slow", b"next")
+    with trio.fail_after(3600):
+        async with open_push_consumer(NAMESRV, topic="T", handler=handler, consumer_group="g", consume_timeout_min=1,
+                                      consume_from_where="CONSUME_FROM_FIRST_OFFSET", max_concurrent_handlers=1):
+            await done.wait()
+    assert len(cluster.send_backs) == 1 and cluster.send_backs[0]["delay_level"] == 0
