@@ -567,11 +567,27 @@ class AdminClient:
         """RocketMQ's deleteSubGroup with its offsets (``-r``): remove ``consumer_group``'s offsets from every group
         of ``cluster`` (default: all) or of ``broker_names`` (DELETE_SUBSCRIPTIONGROUP, replicated), then delete
         its retry topic ``%RETRY%<group>`` where it is (its messages are redeliveries to this group alone). A
-        group with members online is refused by the brokers (they would commit their offsets again). The
-        dead-letter topic is kept: its messages may still be wanted (``delete_topic`` removes it)."""
+        group with members online is refused (they would commit their offsets again): first here, asking every
+        group, so that a member online on one group leaves the offsets on all of them (each broker, which refuses
+        too, would have removed them where no member was); then by each broker, for a member that joined in between.
+        The dead-letter topic is kept: its messages may still be wanted (``delete_topic`` removes it). An
+        assign-mode lite pull consumer joins no group: it is not seen, and its next commits bring offsets back."""
         if not consumer_group:
             raise ValueError("delete_group needs a consumer group")
         masters = await self._target_masters(cluster, broker_names)
+        lists = await self._to_leaders(masters, RequestCode.GET_CONSUMER_LIST_BY_GROUP,
+                                       {"consumer_group": consumer_group})
+        online: dict[str, list[str]] = {}
+        for name, frame in sorted(lists.items()):
+            with _reading("GET_CONSUMER_LIST_BY_GROUP", f"broker group {name!r}"):
+                ids = _names(cbor2.loads(frame.body)["consumer_id_list"], "consumer_id_list")
+            if ids:
+                online[name] = list(ids)
+        if online:
+            raise for_code(ResponseCode.NO_PERMISSION, f"consumer group {consumer_group!r} has members online ("
+                           + "; ".join(f"{name}: {', '.join(ids[:3])}{', ...' if len(ids) > 3 else ''}"
+                                       for name, ids in online.items())
+                           + "): stop them first; no offset was removed")
         frames = await self._to_leaders(masters, RequestCode.DELETE_SUBSCRIPTIONGROUP,
                                         {"group_name": consumer_group, "clean_offset": True})
         removed = {}
