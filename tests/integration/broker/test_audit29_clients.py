@@ -7,7 +7,7 @@ import trio
 
 from remoting.codec import make_request
 from remoting.codes import RequestCode, ResponseCode
-from broker.long_polling import MAX_HELD_PER_CONNECTION
+from broker import long_polling
 from remoting.transport import open_connection, open_remoting_client
 from tests.integration.broker.helpers import broker_configs, call, start_broker, wait_leader
 from tests.integration.broker.test_broker_node import _send
@@ -40,8 +40,11 @@ async def test_fresh_client_ids_over_one_connection_make_one_member_and_leave_no
         assert r.code == ResponseCode.CONSUMER_NOT_ONLINE
 
 
-async def test_one_connection_holds_a_bounded_number_of_pulls_and_its_held_pulls_go_with_it(nursery, tmp_path):
-    # A hold far longer than the test: only the per-connection bound can answer the oldest pull.
+async def test_one_connection_holds_a_bounded_number_of_pulls_and_its_held_pulls_go_with_it(nursery, tmp_path,
+                                                                                          monkeypatch):
+    # A hold far longer than the test: only the per-connection bound can answer the oldest pull. The bound lowered
+    # (16,384 pulls cost seconds here), as the node reads it when it starts.
+    monkeypatch.setattr(long_polling, "MAX_HELD_PER_CONNECTION", 256)
     (config,) = broker_configs(tmp_path, None, long_polling_timeout_ms=60_000, long_polling_check_interval_ms=100)
     addr = await start_broker(nursery, config)
     async with open_remoting_client() as client:
@@ -58,7 +61,7 @@ async def test_one_connection_holds_a_bounded_number_of_pulls_and_its_held_pulls
                 assert response.code == ResponseCode.PULL_NOT_FOUND
 
             async with trio.open_nursery() as pulls:
-                for i in range(MAX_HELD_PER_CONNECTION + 1):
+                for i in range(long_polling.MAX_HELD_PER_CONNECTION + 1):
                     pulls.start_soon(held, i)
                     await trio.sleep(0)  # the pulls leave in this order
                 with trio.fail_after(20):  # liveness: the last one sent pushes the first one out
