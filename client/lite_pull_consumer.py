@@ -334,10 +334,13 @@ class LitePullConsumer:
             if self.config.auto_commit:
                 # Asking for more means done with what the last poll returned: it counts as consumed now.
                 self._store(self._positions())
+            # _ready may hold only queues sought, paused or unassigned since they came in (_take skips them): wait on
+            # until one gives something, or the time is up (found by review: such an entry returned [] at once).
             with trio.move_on_after(timeout_s):
-                while not self._ready:
+                while not (taken := self._take(max_messages)):
                     await self._arrived.wait()
                     self._check_open("poll")
+                return taken
             self._check_open("poll")
             return self._take(max_messages)
         finally:
@@ -479,6 +482,10 @@ class LitePullConsumer:
                 if (result.status in (PullStatus.NO_MATCHED_MSG, PullStatus.OFFSET_ILLEGAL)
                         and result.next_begin_offset <= offset):
                     await trio.sleep(delay)  # a follower that is behind says "retry": don't spin on it
+                elif result.status is PullStatus.NO_NEW_MSG and not self.config.broker_suspend_max_time_ms:
+                    # Not held on the broker (no long polling asked for): asked again at once, an idle queue was
+                    # pulled tens of thousands of times a second (found by review).
+                    await trio.sleep(delay)
                 aq.pull_offset = max(offset, result.next_begin_offset)
 
     # -- background commits and close -----------------------------------------------------------------------------

@@ -23,7 +23,7 @@ Handling, per queue, one message at a time (also in broadcasting mode, which nee
 every queue), as RocketMQ's ConsumeMessageOrderlyService: a handler that fails (raises, returns
 ``ConsumeStatus.RECONSUME_LATER`` or anything but None and ``SUCCESS``: ``client.push_consumer``) suspends the queue
 for ``suspend_current_queue_time_ms``, or the ``suspend_ms`` of the ``ReconsumeLater`` it raised, and gets the same
-message again with ``reconsume_times`` counted up. Once the message has failed ``max_reconsume_times`` times (-1, the
+message again with ``reconsume_times`` counted up. Once the message fails after ``max_reconsume_times`` retries (-1, the
 default: never, as RocketMQ's Integer.MAX_VALUE), or at once if the handler raised ``ReconsumeLater(delay_level=-1)``,
 in clustering mode it is sent to its group's dead-letter topic (CONSUMER_SEND_MSG_BACK with delay level -1, retried
 while the queue stays suspended); in broadcasting mode (no broker-side retries, as RocketMQ) it is logged and
@@ -271,7 +271,7 @@ class OrderlyService:
 
     async def _handle(self, pq: ProcessQueue, msg: MessageExt) -> bool:
         """Handle ``msg`` until its handler succeeds (RocketMQ's SUSPEND_CURRENT_QUEUE_A_MOMENT between attempts),
-        or, once it failed ``max_reconsume_times`` times (or asked for the dead letters), send it to the dead-letter
+        or, once it fails after ``max_reconsume_times`` retries (or asked for the dead letters), send it to the dead-letter
         topic (clustering) or skip it (broadcasting); False if the queue stopped first (``msg`` unconsumed)."""
         consumer = self._consumer
         max_times = consumer.max_reconsume_times

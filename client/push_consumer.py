@@ -37,7 +37,7 @@ How it works (RocketMQ's DefaultMQPushConsumer, as trio tasks):
 - **Failures, clustering** (concurrent form): the message is sent back to its broker (CONSUMER_SEND_MSG_BACK), which
   stores it delayed in the group's retry topic ``%RETRY%<group>`` (``ReconsumeLater.delay_level``, RocketMQ's
   delayLevelWhenNextConsume; 0/None: the broker's backoff, level 3 + reconsume times), or in its dead-letter topic
-  ``%DLQ%<group>`` once it failed ``max_reconsume_times`` times (-1, the default: 16, as RocketMQ) or at once with
+  ``%DLQ%<group>`` once it fails after ``max_reconsume_times`` retries (-1, the default: 16, as RocketMQ) or at once with
   ``delay_level=-1``; the queue moves on. Every clustering member subscribes to the retry topic, and a message
   pulled from it reaches the handler with its first topic restored and ``reconsume_times`` counting its failures.
   Only if the send-back fails is it retried here after ``reconsume_delay_ms``, holding its queue (which starts no
@@ -74,7 +74,7 @@ How it works (RocketMQ's DefaultMQPushConsumer, as trio tasks):
   and only then is unlocked; its next holder starts from that offset. A handler that fails suspends its queue for
   ``suspend_current_queue_time_ms`` (this time's ``ReconsumeLater.suspend_ms``, if given) and gets the same message
   again with ``reconsume_times`` counted up, without end by default (``max_reconsume_times`` -1: unlimited, as
-  RocketMQ's orderly service); once it has failed ``max_reconsume_times`` times, or at once with
+  RocketMQ's orderly service); once it fails after ``max_reconsume_times`` retries, or at once with
   ``ReconsumeLater(delay_level=-1)``, the message goes to the group's dead-letter topic (send-back with delay level
   -1; should that fail, the queue stays suspended and tries again); in broadcasting mode it is logged and skipped.
   Offsets only ever pass messages whose handler returned (or that were sent to the dead letters or skipped so).
@@ -772,6 +772,10 @@ class PushConsumer:
             if (result.status in (PullStatus.NO_MATCHED_MSG, PullStatus.OFFSET_ILLEGAL)
                     and result.next_begin_offset <= offset):
                 pause_s = max(pause_s, delay)  # a follower that is behind says "retry": don't spin on it
+            elif result.status is PullStatus.NO_NEW_MSG and not cfg.broker_suspend_max_time_ms:
+                # Nothing held it on the broker (no long polling asked for): asked again at once, an idle queue was
+                # pulled tens of thousands of times a second (RocketMQ's brokers hold such a pull a second).
+                pause_s = max(pause_s, delay)
             offset = max(offset, result.next_begin_offset)
             if pause_s:
                 await trio.sleep(pause_s)

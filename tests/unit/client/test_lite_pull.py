@@ -469,3 +469,34 @@ async def test_an_offset_beyond_the_queue_end_follows_the_brokers_correction(clu
         consumer.assign([A0])
         assert offsets(await poll_n(consumer, 10), A0) == list(range(10))
         assert await consumer.position(A0) == 10
+
+
+async def test_a_poll_after_a_seek_or_a_pause_waits_for_messages_instead_of_returning_none(cluster, autojump_clock):
+    # Found by review: the sought (or paused) queue's stale turn in the ready round ended the wait at once, with [].
+    put(cluster, A0, 40)
+    async with open_lite_pull_consumer(NAMESRV, **OPEN, auto_commit=False) as consumer, trio.open_nursery() as n:
+        consumer.assign([A0, B0])
+        await wait_for(lambda: consumer.statistics().cached == 40)
+        await consumer.seek(A0, 30)
+        assert offsets(await consumer.poll(timeout_s=30), A0) == list(range(30, 40))
+        await wait_for(lambda: consumer.statistics().cached == 0)
+        put(cluster, A0, 5)
+        await wait_for(lambda: consumer.statistics().cached == 5)
+        consumer.pause([A0])
+
+        async def later() -> None:
+            await trio.sleep(1)
+            put(cluster, B0, 3)
+
+        n.start_soon(later)
+        assert offsets(await consumer.poll(timeout_s=30), B0) == [0, 1, 2]
+
+
+async def test_an_idle_queue_without_long_polling_is_not_pulled_in_a_spin(cluster):
+    # broker_suspend_max_time_ms=0 (allowed): each NO_NEW_MSG was followed by the next pull at once (7,440 pulls in
+    # 0.2 s of one idle queue); now pull_time_delay_ms_when_exception (200 ms) apart. A count, not a speed.
+    async with open_lite_pull_consumer(NAMESRV, **OPEN, broker_suspend_max_time_ms=0) as consumer:
+        consumer.assign([A0])
+        await consumer.position(A0)
+        await trio.sleep(0.5)
+        assert consumer.statistics().pulls < 50

@@ -292,3 +292,11 @@ async def test_a_suspended_consumer_closes_and_then_suspend_and_resume_say_it_is
     for method in ("suspend", "resume"):
         with pytest.raises(ClientClosedError, match=rf"^the push consumer is closed: {method}\(\) cannot be called"):
             getattr(consumer, method)()
+
+
+async def test_an_idle_queue_without_long_polling_is_not_pulled_in_a_spin(held_pulls):
+    # broker_suspend_max_time_ms=0 (allowed): each NO_NEW_MSG answered at once was followed by the next pull at once;
+    # now pull_time_delay_ms_when_exception (200 ms) apart. Real time, a count, not a speed.
+    async with open_push_consumer(NAMESRV, topic="T", consumer_group=GROUP, broker_suspend_max_time_ms=0):
+        await trio.sleep(0.5)
+    assert 1 <= len(held_pulls.pulls) < 50
