@@ -271,8 +271,9 @@ class OrderlyService:
 
     async def _handle(self, pq: ProcessQueue, msg: MessageExt) -> bool:
         """Handle ``msg`` until its handler succeeds (RocketMQ's SUSPEND_CURRENT_QUEUE_A_MOMENT between attempts),
-        or, once it fails after ``max_reconsume_times`` retries (or asked for the dead letters), send it to the dead-letter
-        topic (clustering) or skip it (broadcasting); False if the queue stopped first (``msg`` unconsumed)."""
+        or, once it fails after ``max_reconsume_times`` retries (or asked for the dead letters), send it to the
+        dead-letter topic (clustering) or skip it (broadcasting); False if the queue stopped first (``msg``
+        unconsumed)."""
         consumer = self._consumer
         max_times = consumer.max_reconsume_times
         attempts = 0

@@ -37,8 +37,8 @@ How it works (RocketMQ's DefaultMQPushConsumer, as trio tasks):
 - **Failures, clustering** (concurrent form): the message is sent back to its broker (CONSUMER_SEND_MSG_BACK), which
   stores it delayed in the group's retry topic ``%RETRY%<group>`` (``ReconsumeLater.delay_level``, RocketMQ's
   delayLevelWhenNextConsume; 0/None: the broker's backoff, level 3 + reconsume times), or in its dead-letter topic
-  ``%DLQ%<group>`` once it fails after ``max_reconsume_times`` retries (-1, the default: 16, as RocketMQ) or at once with
-  ``delay_level=-1``; the queue moves on. Every clustering member subscribes to the retry topic, and a message
+  ``%DLQ%<group>`` once it fails after ``max_reconsume_times`` retries (-1, the default: 16, as RocketMQ) or at
+  once with ``delay_level=-1``; the queue moves on. Every clustering member subscribes to the retry topic, and a message
   pulled from it reaches the handler with its first topic restored and ``reconsume_times`` counting its failures.
   Only if the send-back fails is it retried here after ``reconsume_delay_ms``, holding its queue (which starts no
   further call meanwhile; the calls already running go on, and the waiting message gives its slot back), with
