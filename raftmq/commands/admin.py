@@ -71,8 +71,8 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser("admin", help="administer a cluster: groups, topics, routes, broker status",
                                    description="Administer a cluster through its name servers (RocketMQ's "
                                                "mqadmin: clusterList, topicList, topicRoute, updateTopic, "
-                                               "updateTopicPerm, deleteTopic, topicStatus, brokerStatus, getBrokerConfig, "
-                                               "consumerConnection, consumerProgress, deleteSubGroup, "
+                                               "updateTopicPerm, deleteTopic, topicStatus, brokerStatus, "
+                                               "getBrokerConfig, consumerConnection, consumerProgress, deleteSubGroup, "
                                                "producerConnection, resetOffsetByTime, "
                                                "queryMsgById, queryMsgByKey, queryMsgByOffset, "
                                                "sendMessage, consumeMessage).")
