@@ -450,6 +450,8 @@ class LitePullConsumer:
                     result = await self._api.pull(mq, offset, cfg.pull_batch_size,
                                                   suspend_timeout_ms=cfg.broker_suspend_max_time_ms)
                 except RaftMQError as e:
+                    if self._closed or aq.dropped:
+                        return  # closed under it (a close right after a seek): nothing to report
                     self._pull_errors += 1
                     failures += 1
                     # A few in a row are a leader moving; a refusal, or a streak, is worth seeing (as the push
