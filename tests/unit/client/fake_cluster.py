@@ -208,3 +208,40 @@ class FakeRemoting:
 @contextlib.asynccontextmanager
 async def fake_remoting_ctx(remoting: FakeRemoting):
     yield remoting
+
+
+def recording_fake(monkeypatch, queues: int, *, hold_pulls: bool = False) -> FakeRemoting:
+    """The push consumer's fake cluster (``client.producer`` and ``client.push_consumer`` patched to it): one group of
+    ``queues`` queues. Recorded: every pull of topic T as (queue_id, mock time), every commit of T's
+    offsets as (queue_id, offset), and the other requests' codes. ``hold_pulls``: a pull at the end of its queue is
+    held as a broker holds it (up to the pull's suspend time, until a message arrives), not the fake's 50 ms."""
+    fake = FakeRemoting([FakeGroup("broker-a", ["a:1", "a:2", "a:3"], queues=queues)])
+    fake.pulls, fake.commits, fake.codes = [], [], []
+    fake.holding = 0  # pulls held now
+    answer = fake.invoke
+
+    async def invoke(addr, request, timeout_s=3.0):
+        ext = request.ext
+        fake.codes.append(request.code)
+        if request.code == RequestCode.UPDATE_CONSUMER_OFFSET and ext["topic"] == "T":
+            fake.commits.append((ext["queue_id"], ext["commit_offset"]))
+        if request.code == RequestCode.PULL_MESSAGE and ext["topic"] == "T":
+            fake.pulls.append((ext["queue_id"], trio.current_time()))
+            log = fake.by_addr[addr].logs[("T", ext["queue_id"])]
+            if hold_pulls and ext["queue_offset"] >= len(log):
+                fake.holding += 1
+                try:
+                    with trio.move_on_after(ext["suspend_timeout_millis"] / 1000):
+                        while ext["queue_offset"] >= len(log):
+                            await fake.wake.wait()
+                finally:
+                    fake.holding -= 1
+        return await answer(addr, request, timeout_s)
+
+    fake.invoke = invoke
+    import client.producer
+    import client.push_consumer
+
+    for mod in (client.producer, client.push_consumer):
+        monkeypatch.setattr(mod, "open_remoting", lambda config, handler=None: fake_remoting_ctx(fake))
+    return fake

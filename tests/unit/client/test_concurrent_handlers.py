@@ -11,14 +11,12 @@ from __future__ import annotations
 import pytest
 import trio
 
-import client.producer
-import client.push_consumer
 from client import ConsumeStatus, Message, MessageQueue, open_producer, open_push_consumer
 from client.errors import ConfigError
 from client.push_consumer import PushConsumerConfig
 from remoting.codec import make_response
 from remoting.codes import RequestCode, ResponseCode
-from tests.unit.client.fake_cluster import NAMESRV, FakeGroup, FakeRemoting, fake_remoting_ctx
+from tests.unit.client.fake_cluster import NAMESRV, recording_fake
 
 GROUP = "g"
 FIRST = dict(consumer_group=GROUP, consume_from_where="CONSUME_FROM_FIRST_OFFSET",
@@ -27,31 +25,14 @@ FIRST = dict(consumer_group=GROUP, consume_from_where="CONSUME_FROM_FIRST_OFFSET
 INTRUDER = "0.0.0.0@intruder"
 
 
-def _fake(monkeypatch, queues: int) -> FakeRemoting:
-    """One group of ``queues`` queues; every offset commit that reaches it is recorded as (queue_id, offset)."""
-    fake = FakeRemoting([FakeGroup("broker-a", ["a:1", "a:2", "a:3"], queues=queues)])
-    fake.commits = []
-    answer = fake.invoke
-
-    async def invoke(addr, request, timeout_s=3.0):
-        if request.code == RequestCode.UPDATE_CONSUMER_OFFSET and request.ext["topic"] == "T":
-            fake.commits.append((request.ext["queue_id"], request.ext["commit_offset"]))
-        return await answer(addr, request, timeout_s)
-
-    fake.invoke = invoke
-    for mod in (client.producer, client.push_consumer):
-        monkeypatch.setattr(mod, "open_remoting", lambda config, handler=None: fake_remoting_ctx(fake))
-    return fake
-
-
 @pytest.fixture
 def one_queue(monkeypatch):
-    return _fake(monkeypatch, 1)
+    return recording_fake(monkeypatch, 1)
 
 
 @pytest.fixture
 def two_queues(monkeypatch):
-    return _fake(monkeypatch, 2)
+    return recording_fake(monkeypatch, 2)
 
 
 async def _send(n: int, queue_id: int = 0, prefix: bytes = b"") -> None:

@@ -11,64 +11,20 @@ import logging
 import pytest
 import trio
 
-import client.producer
-import client.push_consumer
-from client import Message, MessageQueue, open_producer, open_push_consumer
+from client import MessageQueue, open_push_consumer
 from client.errors import ClientClosedError, ConfigError
 from client.push_consumer import PushConsumerConfig
 from remoting.codes import RequestCode
-from tests.unit.client.fake_cluster import NAMESRV, FakeGroup, FakeRemoting, fake_remoting_ctx
-from tests.unit.client.test_concurrent_handlers import FIRST, GROUP, INTRUDER, Calls, _send, _wait_until
+from tests.unit.client.fake_cluster import NAMESRV, FakeRemoting, recording_fake
+from tests.unit.client.test_concurrent_handlers import (  # noqa: F401 (one_queue, two_queues: fixtures)
+    FIRST, GROUP, INTRUDER, Calls, _send, _wait_until, one_queue, two_queues)
 
 T0 = MessageQueue("T", "broker-a", 0)
 
 
-def _fake(monkeypatch, queues: int, *, hold_pulls: bool = False) -> FakeRemoting:
-    """One group of ``queues`` queues. Recorded: every pull of topic T as (queue_id, mock time), every commit of T's
-    offsets as (queue_id, offset), and the other requests' codes. ``hold_pulls``: a pull at the end of its queue is
-    held as a broker holds it (up to the pull's suspend time, until a message arrives), not the fake's 50 ms."""
-    fake = FakeRemoting([FakeGroup("broker-a", ["a:1", "a:2", "a:3"], queues=queues)])
-    fake.pulls, fake.commits, fake.codes = [], [], []
-    fake.holding = 0  # pulls held now
-    answer = fake.invoke
-
-    async def invoke(addr, request, timeout_s=3.0):
-        ext = request.ext
-        fake.codes.append(request.code)
-        if request.code == RequestCode.UPDATE_CONSUMER_OFFSET and ext["topic"] == "T":
-            fake.commits.append((ext["queue_id"], ext["commit_offset"]))
-        if request.code == RequestCode.PULL_MESSAGE and ext["topic"] == "T":
-            fake.pulls.append((ext["queue_id"], trio.current_time()))
-            log = fake.by_addr[addr].logs[("T", ext["queue_id"])]
-            if hold_pulls and ext["queue_offset"] >= len(log):
-                fake.holding += 1
-                try:
-                    with trio.move_on_after(ext["suspend_timeout_millis"] / 1000):
-                        while ext["queue_offset"] >= len(log):
-                            await fake.wake.wait()
-                finally:
-                    fake.holding -= 1
-        return await answer(addr, request, timeout_s)
-
-    fake.invoke = invoke
-    for mod in (client.producer, client.push_consumer):
-        monkeypatch.setattr(mod, "open_remoting", lambda config, handler=None: fake_remoting_ctx(fake))
-    return fake
-
-
-@pytest.fixture
-def one_queue(monkeypatch):
-    return _fake(monkeypatch, 1)
-
-
-@pytest.fixture
-def two_queues(monkeypatch):
-    return _fake(monkeypatch, 2)
-
-
 @pytest.fixture
 def held_pulls(monkeypatch):
-    return _fake(monkeypatch, 1, hold_pulls=True)
+    return recording_fake(monkeypatch, 1, hold_pulls=True)
 
 
 def _committed(fake: FakeRemoting, queue_id: int = 0) -> int | None:
