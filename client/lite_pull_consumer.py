@@ -67,7 +67,7 @@ from client.instance import HOUR_MS, ClientConfig, ClientInstance, build_config,
 from client.message import (I32_MAX, I64_MAX, MessageExt, MessageQueue, PullStatus, check_int_arg, check_queue,
                             check_seconds)
 from client.offset_store import RemoteOffsetStore
-from client.pull_consumer import PullAPI
+from client.pull_consumer import PullAPI, log_failed_pull, pull_should_wait
 from client.push_consumer import CONSUME_FROM
 from remoting.config import bounded
 from remoting.errors import RaftMQError
@@ -142,12 +142,6 @@ class _AssignedQueue:
         """The offset of the next message poll hands out of this queue (only once ``started``)."""
         assert self.pull_offset is not None
         return self.msgs[0].queue_offset if self.msgs else self.pull_offset
-
-
-def _power_of_ten(n: int) -> bool:
-    while n % 10 == 0:
-        n //= 10
-    return n == 1
 
 
 class LitePullConsumer:
@@ -454,13 +448,7 @@ class LitePullConsumer:
                         return  # closed under it (a close right after a seek): nothing to report
                     self._pull_errors += 1
                     failures += 1
-                    # A few in a row are a leader moving; a refusal, or a streak, is worth seeing (as the push
-                    # consumer): the first refusal, then the 10th, 100th, ... failure in a row.
-                    if (failures == 1 and not e.retriable) or (failures >= 10 and _power_of_ten(failures)):
-                        log.warning("pull failed %d time(s) in a row mq=%s offset=%d error=%s", failures, mq, offset,
-                                    e)
-                    else:
-                        log.debug("pull failed mq=%s offset=%d error=%s", mq, offset, e)
+                    log_failed_pull(log, failures, mq, offset, e)
                     await trio.sleep(delay)
                     continue
                 failures = 0
@@ -481,12 +469,7 @@ class LitePullConsumer:
                         # it: start afresh from there, as a seek does.
                         self._seek(mq, result.next_begin_offset)
                         return
-                if (result.status in (PullStatus.NO_MATCHED_MSG, PullStatus.OFFSET_ILLEGAL)
-                        and result.next_begin_offset <= offset):
-                    await trio.sleep(delay)  # a follower that is behind says "retry": don't spin on it
-                elif result.status is PullStatus.NO_NEW_MSG and not self.config.broker_suspend_max_time_ms:
-                    # Not held on the broker (no long polling asked for): asked again at once, an idle queue was
-                    # pulled tens of thousands of times a second (found by review).
+                if pull_should_wait(result, offset, cfg.broker_suspend_max_time_ms):
                     await trio.sleep(delay)
                 aq.pull_offset = max(offset, result.next_begin_offset)
 

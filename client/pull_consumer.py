@@ -30,7 +30,8 @@ from remoting.config import bounded
 from remoting.errors import RaftMQError, for_code
 from remoting.message import COMPRESSED_FLAG, MessageFormatError, decode_records, group_problem
 
-__all__ = ["PullAPI", "PullConsumerConfig", "PullConsumer", "open_pull_consumer", "to_message_ext"]
+__all__ = ["PullAPI", "PullConsumerConfig", "PullConsumer", "open_pull_consumer", "to_message_ext", "log_failed_pull",
+           "pull_should_wait"]
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,32 @@ _PULL_STATUS = {
     ResponseCode.PULL_RETRY_IMMEDIATELY: PullStatus.NO_MATCHED_MSG,
     ResponseCode.PULL_OFFSET_MOVED: PullStatus.OFFSET_ILLEGAL,
 }
+
+
+def _power_of_ten(n: int) -> bool:
+    while n % 10 == 0:
+        n //= 10
+    return n == 1
+
+
+def log_failed_pull(logger: logging.Logger, failures: int, mq: MessageQueue, offset: int, error: RaftMQError) -> None:
+    """How a queue's pull task (push and lite pull consumers) reports its ``failures``-th failed pull in a row: a
+    few in a row are a leader moving (DEBUG); a refusal, or a streak, is worth seeing: the first refusal, then the
+    10th, 100th, ... failure in a row, each with its error."""
+    if (failures == 1 and not error.retriable) or (failures >= 10 and _power_of_ten(failures)):
+        logger.warning("pull failed %d time(s) in a row mq=%s offset=%d error=%s", failures, mq, offset, error)
+    else:
+        logger.debug("pull failed mq=%s offset=%d error=%s", mq, offset, error)
+
+
+def pull_should_wait(result: PullResult, offset: int, suspend_timeout_ms: int) -> bool:
+    """Whether a queue's next pull, after ``result`` of the pull from ``offset``, should wait a moment rather than go
+    at once: a follower that is behind says "retry" without moving on (no spinning on it), and an empty answer to a
+    pull nothing held (``suspend_timeout_ms`` 0, no long polling asked for) asked again at once pulled an idle queue
+    tens of thousands of times a second (RocketMQ's brokers hold such a pull a second)."""
+    if result.status in (PullStatus.NO_MATCHED_MSG, PullStatus.OFFSET_ILLEGAL):
+        return result.next_begin_offset <= offset
+    return result.status is PullStatus.NO_NEW_MSG and not suspend_timeout_ms
 
 
 def to_message_ext(view: Any, broker_name: str) -> MessageExt:

@@ -108,16 +108,16 @@ from client.instance import (
     HOUR_MS, ClientConfig, ClientInstance, ServerRequests, build_config, open_client_nursery,
     open_remoting, raise_for_response,
 )
+from client.listener import (CONCURRENT_MAX_RECONSUME_TIMES, ORDERLY_MAX_RECONSUME_TIMES, ConsumeStatus,
+                             ReconsumeLater)
 from client.message import I32_MAX, I64_MAX, MessageExt, MessageQueue, PullResult, PullStatus
 from client.offset_store import LocalFileOffsetStore, RemoteOffsetStore
 from client.orderly import OrderlyService
 from client.process_queue import FLOW_SPAN, ProcessQueue
-from client.pull_consumer import PullAPI
+from client.pull_consumer import PullAPI, log_failed_pull, pull_should_wait
 from client.rebalance import allocate_average, diff_assignment
 from remoting.codes import RequestCode
 from remoting.config import ConfigError, blank_dir_problem, bounded
-from client.listener import (CONCURRENT_MAX_RECONSUME_TIMES, ORDERLY_MAX_RECONSUME_TIMES, ConsumeStatus,
-                             ReconsumeLater)
 from remoting.errors import RaftMQError
 from remoting.message import (PROPERTY_RETRY_TOPIC, RETRY_GROUP_MAX_LENGTH, RETRY_GROUP_TOPIC_PREFIX, group_problem,
                               retry_topic)
@@ -133,12 +133,6 @@ CONSUME_FROM = ("CONSUME_FROM_LAST_OFFSET", "CONSUME_FROM_FIRST_OFFSET", "CONSUM
 
 # A queue another member still holds is asked for again this soon (RocketMQ's rebalanceLater(500)).
 LOCK_RETRY_S = 0.5
-def _power_of_ten(n: int) -> bool:
-    while n % 10 == 0:
-        n //= 10
-    return n == 1
-
-
 @dataclasses.dataclass(frozen=True)
 class PushConsumerConfig(ClientConfig):
     consumer_group: str = bounded("DEFAULT_CONSUMER", check=group_problem)
@@ -736,13 +730,7 @@ class PushConsumer:
             except RaftMQError as e:
                 self._pull_errors += 1
                 failures += 1
-                # A few in a row are a leader moving; a refusal, or a streak, is something to see: the first
-                # refusal, then the 10th, 100th, ... failure in a row, each with its error.
-                if (failures == 1 and not e.retriable) or (failures >= 10 and _power_of_ten(failures)):
-                    log.warning("pull failed %d time(s) in a row mq=%s offset=%d error=%s", failures, pq.mq,
-                                offset, e)
-                else:
-                    log.debug("pull failed mq=%s offset=%d error=%s", pq.mq, offset, e)
+                log_failed_pull(log, failures, pq.mq, offset, e)
                 await trio.sleep(delay)
                 continue
             failures = 0
@@ -769,12 +757,7 @@ class PushConsumer:
                     self._flush_offset(pq)
                     self._offsets.update(pq.mq, result.next_begin_offset, increase_only=True)
             pause_s = cfg.pull_interval_ms / 1000
-            if (result.status in (PullStatus.NO_MATCHED_MSG, PullStatus.OFFSET_ILLEGAL)
-                    and result.next_begin_offset <= offset):
-                pause_s = max(pause_s, delay)  # a follower that is behind says "retry": don't spin on it
-            elif result.status is PullStatus.NO_NEW_MSG and not cfg.broker_suspend_max_time_ms:
-                # Nothing held it on the broker (no long polling asked for): asked again at once, an idle queue was
-                # pulled tens of thousands of times a second (RocketMQ's brokers hold such a pull a second).
+            if pull_should_wait(result, offset, cfg.broker_suspend_max_time_ms):
                 pause_s = max(pause_s, delay)
             offset = max(offset, result.next_begin_offset)
             if pause_s:
