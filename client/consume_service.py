@@ -209,22 +209,29 @@ class ConcurrentConsumeService:
             consumer = self._consumer
             timeout_s = consumer.config.consume_timeout_min * 60
             attempts = consumer.max_reconsume_times + 1
+            clustering = consumer._retry_topic is not None
             retrying = False
             try:
-                for _ in range(attempts):
+                for attempt in itertools.count(1):
                     failure = await consumer._call_handler(pq, msg, timeout_s=timeout_s)
                     if failure is None:
                         break
                     delay_level = failure.delay_level or 0
                     # Clustering: handed back to the broker (retry topic, then dead letters) and done. Only when that
-                    # fails is it retried here, as RocketMQ's consumeMessageDirectly fallback.
-                    if consumer._retry_topic is not None:
+                    # fails is it retried here, as RocketMQ's consumeMessageDirectly fallback, and without end as
+                    # there: skipping it would lose a message the broker still holds for the group, while the next
+                    # send-back that gets through (past max_reconsume_times: to the dead letters) keeps it.
+                    if clustering:
                         if await consumer.send_back(pq.mq, msg, delay_level=delay_level):
                             break
                     elif delay_level < 0:
                         log.error("message skipped, its handler asked for the dead letters (delay_level -1), which a "
                                   "broadcasting consumer has none of mq=%s offset=%d msg_id=%s", pq.mq,
                                   msg.queue_offset, msg.msg_id)
+                        break
+                    elif attempt >= attempts:
+                        log.error("message skipped after %d failed attempts mq=%s offset=%d msg_id=%s", attempts,
+                                  pq.mq, msg.queue_offset, msg.msg_id)
                         break
                     if not retrying:
                         retrying = True
@@ -237,9 +244,6 @@ class ConcurrentConsumeService:
                     # Counted up for the handler, as RocketMQ's local retry does (setReconsumeTimes before
                     # resubmitting).
                     msg = dataclasses.replace(msg, reconsume_times=msg.reconsume_times + 1)
-                else:
-                    log.error("message skipped after %d failed attempts mq=%s offset=%d msg_id=%s", attempts, pq.mq,
-                              msg.queue_offset, msg.msg_id)
             finally:
                 if retrying:
                     hold.resume()

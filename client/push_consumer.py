@@ -8,7 +8,7 @@ How it works (RocketMQ's DefaultMQPushConsumer, as trio tasks):
 - **One pull task per assigned queue**, in its own cancel scope: long-polls the group (held on the broker up to
   ``broker_suspend_max_time_ms``) and puts what it gets into that queue's ``ProcessQueue``
   (``client/process_queue.py``), pausing ``pull_interval_ms`` (RocketMQ's pullInterval, 0) after each pull that
-  was answered. Flow control: a pull waits while the queue already caches ``pull_threshold_for_queue`` messages, or
+  found messages. Flow control: a pull waits while the queue already caches ``pull_threshold_for_queue`` messages, or
   ``pull_threshold_size_for_queue_mib`` MiB of bodies, not yet consumed (RocketMQ's two bounds: a count alone let
   a queue of 4 MiB messages cache 4 GiB); in the concurrent handler form also while its offsets, from the least one
   not yet consumed to the last one pulled, span more than ``consume_concurrently_max_span`` (2000, RocketMQ's
@@ -42,7 +42,9 @@ How it works (RocketMQ's DefaultMQPushConsumer, as trio tasks):
   pulled from it reaches the handler with its first topic restored and ``reconsume_times`` counting its failures.
   Only if the send-back fails is it retried here after ``reconsume_delay_ms``, holding its queue (which starts no
   further call meanwhile; the calls already running go on, and the waiting message gives its slot back), with
-  ``reconsume_times`` counted up, up to ``max_reconsume_times`` (then logged and skipped).
+  ``reconsume_times`` counted up and a send-back after each failure, never skipped (as RocketMQ's clustering
+  consumer: the group's message would be lost); past ``max_reconsume_times`` the send-back that gets through puts it
+  in the dead letters.
 - **Failures, broadcasting**: RocketMQ logs a failed broadcast message and drops it (it sends nothing back: a
   broadcast message is each member's own, and the group's retry topic would hand it to every member). We retry it
   here instead, as above (``reconsume_delay_ms``, up to ``max_reconsume_times``, then logged and skipped; at
@@ -152,7 +154,7 @@ class PushConsumerConfig(ClientConfig):
                                                      "while its offsets from the least one not yet consumed to the "
                                                      "last one pulled span more than this")
     # RocketMQ's pullInterval and its range.
-    pull_interval_ms: int = bounded(0, min=0, max=65_535, doc="pause between one pull of a queue and its next")
+    pull_interval_ms: int = bounded(0, min=0, max=65_535, doc="pause after a pull of a queue that found messages")
     # A Java int on the wire: the broker refuses every pull asking for more (and holds at most its own
     # long_polling_timeout_ms anyway).
     broker_suspend_max_time_ms: int = bounded(15_000, min=0, max=I32_MAX, doc="long-polling hold on the broker")
@@ -756,7 +758,9 @@ class PushConsumer:
                 if not pq.msgs and result.next_begin_offset > offset:
                     self._flush_offset(pq)
                     self._offsets.update(pq.mq, result.next_begin_offset, increase_only=True)
-            pause_s = cfg.pull_interval_ms / 1000
+            # RocketMQ's pullInterval paces a queue that delivers; an empty answer is asked again at once, as there
+            # (pull_should_wait below keeps an unheld empty pull from spinning).
+            pause_s = cfg.pull_interval_ms / 1000 if result.status is PullStatus.FOUND else 0.0
             if pull_should_wait(result, offset, cfg.broker_suspend_max_time_ms):
                 pause_s = max(pause_s, delay)
             offset = max(offset, result.next_begin_offset)

@@ -25,11 +25,15 @@ def cluster(monkeypatch):
     """One group of one queue, so messages reach the handler in the order sent; send-backs are recorded and taken."""
     fake = FakeRemoting([FakeGroup("broker-a", ["a:1", "a:2", "a:3"], queues=1)])
     fake.send_backs = []
+    fake.refuse_send_backs = 0  # how many send-backs to come are refused (recorded all the same)
     answer = fake.invoke
 
     async def invoke(addr, request, timeout_s=3.0):
         if request.code == RequestCode.CONSUMER_SEND_MSG_BACK:
             fake.send_backs.append(dict(request.ext))
+            if fake.refuse_send_backs:
+                fake.refuse_send_backs -= 1
+                return make_response(request, ResponseCode.SYSTEM_ERROR, "store unavailable")
             return make_response(request, ResponseCode.SUCCESS)
         return await answer(addr, request, timeout_s)
 
@@ -150,6 +154,34 @@ async def test_a_concurrent_handler_past_consume_timeout_is_cancelled_and_its_me
         assert consumer.max_reconsume_times == 2 ** 31 - 1
     assert handled == [(b"slow", 3 * 60), (b"next", 0)] and cancelled == [b"slow"]
     assert len(cluster.send_backs) == 1
+
+
+async def test_a_clustering_message_whose_send_backs_fail_is_retried_here_past_max_reconsume_times_never_skipped(
+        cluster, autojump_clock):
+    """RocketMQ's clustering consumer consumes a message again locally while its send-back fails, without end: ours
+    skipped it after max_reconsume_times + 1 calls, and the group lost a message its broker still held for it. Here
+    the broker refuses five send-backs (max_reconsume_times 2): the handler gets it six times, reconsume_times
+    counted up, until the sixth send-back gets through (the broker counts the stored message's reconsume times, as
+    RocketMQ's: the retry topic, or the dead letters past the maximum); only then does the queue move on."""
+    cluster.refuse_send_backs = 5
+    calls: list[tuple[bytes, int]] = []
+    done = trio.Event()
+
+    async def handler(msg):
+        calls.append((msg.body, msg.reconsume_times))
+        if msg.body == b"next":
+            done.set()
+            return None
+        return ConsumeStatus.RECONSUME_LATER
+
+    await _send(b"failing", b"next")
+    async with open_push_consumer(NAMESRV, topic="T", handler=handler, consumer_group="g", max_reconsume_times=2,
+                                  consume_from_where="CONSUME_FROM_FIRST_OFFSET", max_concurrent_handlers=1):
+        with trio.fail_after(3600):
+            await done.wait()
+    assert calls == [(b"failing", n) for n in range(6)] + [(b"next", 0)]
+    assert [(back["offset"], back["max_reconsume_times"]) for back in cluster.send_backs] == [
+        (cluster.send_backs[0]["offset"], 2)] * 6
 
 
 async def test_orderly_retries_without_end_by_default_counting_reconsume_times_and_suspending_as_asked(
