@@ -28,8 +28,15 @@ Rules this module keeps:
   ``TRANS_CHECK_MAX_TIME_TOPIC`` instead (with op ``discard``), where an operator finds it. Checks count whether
   or not a producer of the group is connected, as RocketMQ's. The progress is replicated after the batch: a leader
   killed in between makes its successor rescan halves that the op records already show settled.
-* **A late END for a re-stored half** (the producer answered after the broker re-stored it for a check) is applied
-  to the live copy, found by its transaction id.
+* **A late END for a re-stored half** (the producer answered after the broker re-stored it for a check) goes to
+  the newest copy, found by its transaction id once the half queue holds every copy re-stored so far: an unsettled
+  copy is ended, a settled one answers the outcome decided (the answer to the check may have come first).
+* **When a committed transaction is checked anyway.** A round checks only halves with no op record that no append
+  is ending: an END that reached the leader before the round started, applied or still replicating, is never
+  checked back. One that comes after its half is older than ``transaction_timeout_ms`` may find a round re-stored
+  it first (a slow ``execute``, a stall): then, as in RocketMQ, the listener's ``check`` runs for a transaction its
+  ``execute`` committed. Harmless: whichever END comes first decides, the other changes nothing, the message is
+  stored once (``tests/unit/broker/test_transaction_check_race.py``).
 """
 
 from __future__ import annotations
@@ -139,6 +146,7 @@ class TransactionalMessageService:
         self._done: dict[int, tuple[int, str]] = {}  # half queue offset -> (op queue offset, outcome)
         self._busy: set[int] = set()  # halves an append is ending (or re-storing) right now
         self._uncertain: set[int] = set()  # halves whose ending append may or may not have committed
+        self._restored_end = 0  # commit log offset past the last copy a check round re-stored
         self._next_producer = 0
         self.committed = 0
         self.rolled_back = 0
@@ -262,8 +270,8 @@ class TransactionalMessageService:
         self._refuse_if_in_flight(half_offset)
         decided = self._done.get(half_offset)
         if decided is not None and decided[1] == RECHECK or decided is None and half_offset < self._half_progress:
-            # Re-stored for a check after this half was sent (or settled long ago): the live copy, if any.
-            found = self._live_copy(uniq)
+            # Re-stored for a check after this half was sent (or settled long ago): its newest copy says.
+            found = await self._newest_copy(uniq)
             if found is None:
                 return EndOutcome(ResponseCode.TRANSACTION_STATE_UNKNOW, "settled",
                                   f"the half message at tran_state_table_offset {half_offset} was settled before "
@@ -285,15 +293,28 @@ class TransactionalMessageService:
                                                       f"tran_state_table_offset {half_offset} was already {done}; "
                                                       f"this {asked} changed nothing")
 
-    def _live_copy(self, transaction_id: str | None) -> tuple[int, MessageView] | None:
-        """The unsettled half of ``transaction_id`` at or past the progress (the copy a check re-stored)."""
+    async def _newest_copy(self, transaction_id: str | None) -> tuple[int, MessageView] | None:
+        """The newest half of ``transaction_id`` at or past the progress, settled or not: the copy a check re-stored
+        last, which holds the transaction's outcome once either END (the producer's own, or its answer to the
+        check) came.
+
+        A copy is appended in the batch whose op record settles its predecessor, but reaches the half queue only
+        once dispatched: an END right after that batch found no copy, answered that nothing was done, and the
+        producer's decision was dropped (the commit then rested on the answer to the check). So the half queue is
+        caught up with the last re-store first, and what this leader knows is read again after that wait."""
         if not transaction_id:
             return None
+        store = self.node.store
+        with trio.move_on_after(_CATCH_UP_TIMEOUT_S):
+            # Again after each wait: a round may have re-stored more meanwhile.
+            while store.dispatched_phy_offset < self._restored_end:
+                await store.wait_dispatched(self._restored_end)
+                await self._ready()
+        if store.dispatched_phy_offset < self._restored_end:
+            raise RequestRejected(ResponseCode.SYSTEM_BUSY, f"broker {self.node.config.broker_name} is still "
+                                                            f"dispatching the halves it re-stored; retry")
         found = None
-        for raw, offset in _read_queue(self.node.store, TRANS_HALF_TOPIC, self._half_progress,
-                                       self.node.max_message_size):
-            if offset in self._done:
-                continue
+        for raw, offset in _read_queue(store, TRANS_HALF_TOPIC, self._half_progress, self.node.max_message_size):
             view = decode_record(raw, check_crc=False)
             if view.properties.get(PROPERTY_UNIQ_KEY) == transaction_id:
                 found = (offset, view)
@@ -451,6 +472,9 @@ class TransactionalMessageService:
             stored = await self._append_settling([half for half, _ in halves], messages)
             for (half, outcome), op in zip(halves, stored[1::2]):
                 self._settled(half, op.queue_offset, outcome)
+            if checked:
+                last = stored[checked[-1][0]]
+                self._restored_end = max(self._restored_end, last.phy_offset + last.size)
             for index, group, transaction_id in checked:
                 self._send_check(stored[index], group, transaction_id)
             self.checks += len(checked)

@@ -52,7 +52,8 @@ class TransactionListener(Protocol):
     async def check(self, msg: MessageExt) -> TransactionState:
         """Tell the broker how the local transaction of ``msg`` ended (``msg.msg_id`` is its transaction id); asked
         when no decision reached the broker within its ``transaction_timeout_ms``, possibly of another producer
-        process of the same group than the one that sent it."""
+        process of the same group than the one that sent it. So also of one ``execute`` decided if its END came
+        late: whichever of the two answers reaches the broker first decides, the other changes nothing."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -9,7 +9,8 @@ SUCCESS (ext ``outcome``: ``committed`` with the message's ``msg_id``, ``queue_i
 back``; ``unknown``), TRANSACTION_SHOULD_COMMIT / TRANSACTION_SHOULD_ROLLBACK when it was ended before (nothing
 changes), TRANSACTION_STATE_UNKNOW when it was settled so long ago that the outcome is no longer held, NO_MESSAGE
 when no half message is at those offsets, TRANSACTION_STATE_GROUP_WRONG for another group's half, SYSTEM_BUSY
-while the same half is being ended, INVALID_REQUEST naming a missing or malformed field.
+while the same half is being ended (or the copy a check re-stored is not in the half queue yet), INVALID_REQUEST
+naming a missing or malformed field.
 """
 
 from __future__ import annotations
