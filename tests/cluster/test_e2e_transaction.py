@@ -134,7 +134,9 @@ async def test_commit_rollback_and_every_check_outcome(spawn, tmp_path, figure):
     assert [m.keys for m in discarded] == [["forever-0"]], discarded
     assert discarded[0].properties["TRANSACTION_CHECK_TIMES"] == "3"
     assert listener.checked["forever-0"] == 3
-    assert {k for k in listener.checked} == {"pending-0", "pending-1", "forever-0", "raise-0"}
+    # Those execute decided are checked too if their END came after the timeout (a stall under load): harmless (the
+    # check answers the same; whichever END comes first decides, tests/unit/broker/test_transaction_check_race.py).
+    assert set(listener.checked) - {"commit-0", "rollback-0"} == {"pending-0", "pending-1", "forever-0", "raise-0"}
     figure(f"transactions: commits, rollbacks and check-backs settled {settled_s:.1f}s after the first send "
            f"(timeout 1 s, check interval 0.3 s); checks {dict(listener.checked)}")
 
