@@ -27,7 +27,8 @@ picks the queues, the consumer prefetches them in the background, and the applic
   ``pull_threshold_size_for_queue_mib`` MiB of bodies not yet polled, or while the whole consumer caches
   ``pull_threshold_for_all`` messages or ``pull_threshold_size_for_all_mib`` MiB (the application picks the queues,
   and a thousand of them under the per-queue bounds alone could cache 100 GiB); one pull may go past a bound by
-  its size. A paused queue is not pulled either.
+  its size. A paused queue is not pulled either. A body stored compressed is inflated up to
+  ``max_inflated_body_size_bytes`` (4 MiB): one that would inflate further is logged and handed out as stored.
 - **poll** hands out at most ``max_messages`` (``poll_max_messages``, 32) messages of the assigned queues that are
   not paused, each queue's in offset order, taking the queues that have messages in turn (a queue that still has
   some after a poll goes to the back). It waits up to ``timeout_s`` for the first; after that, an empty list.
@@ -64,8 +65,8 @@ import trio
 
 from client.errors import ClientClosedError
 from client.instance import HOUR_MS, ClientConfig, ClientInstance, build_config, open_client_nursery, open_remoting
-from client.message import (I32_MAX, I64_MAX, MessageExt, MessageQueue, PullStatus, check_int_arg, check_queue,
-                            check_seconds)
+from client.message import (DEFAULT_MAX_INFLATED_BODY, I32_MAX, I64_MAX, MAX_INFLATED_BODY, MessageExt, MessageQueue,
+                            PullStatus, check_int_arg, check_queue, check_seconds)
 from client.offset_store import RemoteOffsetStore
 from client.pull_consumer import PullAPI, log_failed_pull, pull_should_wait
 from client.push_consumer import CONSUME_FROM
@@ -107,6 +108,10 @@ class LitePullConsumerConfig(ClientConfig):
     pull_time_delay_ms_when_exception: int = bounded(200, min=10, max=HOUR_MS,
                                                      doc="pause after a failed pull, before the next")
     check_crc: bool = bounded(False, doc="recompute each pulled body's crc32c")
+    # The pull thresholds count bodies once inflated, after the fact: this bounds what one pulled body may cost.
+    max_inflated_body_size_bytes: int = bounded(DEFAULT_MAX_INFLATED_BODY, min=1, max=MAX_INFLATED_BODY,
+                                                doc="most a compressed body is inflated to; a larger one is "
+                                                    "delivered as stored, compressed, and logged")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -149,7 +154,8 @@ class LitePullConsumer:
         self.config = config
         self._instance = instance
         self._nursery = nursery
-        self._api = PullAPI(instance, config.consumer_group, check_crc=config.check_crc)
+        self._api = PullAPI(instance, config.consumer_group, check_crc=config.check_crc,
+                            max_inflated_body_size_bytes=config.max_inflated_body_size_bytes)
         self._offsets = RemoteOffsetStore(self._api.fetch_consume_offset, self._api.commit_consume_offset)
         self._queues: dict[MessageQueue, _AssignedQueue] = {}
         self._paused: set[MessageQueue] = set()

@@ -29,6 +29,7 @@ from remoting.message import (BATCH_HEAD, COMPRESSED_FLAG, COMPRESSION_TYPE_MASK
 __all__ = [
     "Message", "MessageQueue", "MessageExt", "SendStatus", "SendResult", "PullStatus", "PullResult",
     "PROPERTY_TAGS", "PROPERTY_KEYS", "PROPERTY_UNIQ_KEY", "new_uniq_key", "decompressed_body", "MAX_INFLATED_BODY",
+    "DEFAULT_MAX_INFLATED_BODY",
 ]
 
 log = logging.getLogger(__name__)
@@ -396,33 +397,62 @@ class _PulledMessageExt:
         self.__class__ = MessageExt  # type: ignore[assignment]
 
 
-# The largest body a consumer inflates: the largest a producer may be configured to send (max_message_size_bytes's
+# The largest body any reader inflates: the largest a producer may be configured to send (max_message_size_bytes's
 # bound; its limit is on the body before compression). A body that would inflate further was not made by a raftmq
-# producer, and without a bound a few KiB of zeros could take a consumer's memory.
+# producer, and without a bound a few KiB of zeros could take a reader's memory.
 MAX_INFLATED_BODY = 256 * 1024 * 1024
+# A consumer's own bound (its max_inflated_body_size_bytes, up to MAX_INFLATED_BODY): the producer's default
+# max_message_size_bytes. At 256 MiB a producer's few-KiB bombs cost every consumer 256 MiB a message, and a pull
+# brings 32 of them before any flow control counts their bodies; a group that sends more raises it.
+DEFAULT_MAX_INFLATED_BODY = 4 * 1024 * 1024
+# What one zlib call inflates at most, and so about what inflating holds past max_size (a call's output twice).
+_INFLATE_STEP = 1024 * 1024
 
 
-def decompressed_body(body: bytes, sys_flag: int, topic: str, broker_name: str, queue_id: int,
-                      queue_offset: int) -> tuple[bytes, int]:
+def decompressed_body(body: bytes, sys_flag: int, topic: str, broker_name: str, queue_id: int, queue_offset: int,
+                      max_size: int = MAX_INFLATED_BODY, max_size_key: str | None = None) -> tuple[bytes, int]:
     """``(body, sys_flag)`` of a record whose sys_flag has COMPRESSED_FLAG, as its consumer gets them (RocketMQ's
     MessageDecoder): the body its producer sent, and sys_flag without the compression bits, since they describe
     the body and it is no longer compressed (RocketMQ's decoder leaves them set). A body that cannot be inflated
-    (damaged, or a codec this client lacks: RocketMQ 5's LZ4 or zstd) is logged as an error naming the message and
+    (damaged, a codec this client lacks: RocketMQ 5's LZ4 or zstd, or more than ``max_size`` bytes inflated, the
+    reader's bound, named ``max_size_key`` in its config if it has one) is logged as an error naming the message and
     comes back as stored, its flag kept, so the consumer goes on and the message says what its body holds. (There
-    RocketMQ's decoder gave up on the whole pulled batch, and the consumer skipped it without a word.)"""
+    RocketMQ's decoder gave up on the whole pulled batch, and the consumer skipped it without a word.) Inflating
+    stops past ``max_size`` bytes: a bomb costs that much memory, a MiB more and a copy of the stored body."""
+    # Checked here, not per message on the hot path (only compressed bodies come here): max_length 0 means no bound.
+    if type(max_size) is not int or not 1 <= max_size <= MAX_INFLATED_BODY:
+        raise ValueError(f"max_size must be an integer within 1..{MAX_INFLATED_BODY}, got {max_size!r}")
     codec = sys_flag & COMPRESSION_TYPE_MASK
     if codec and codec != COMPRESSION_ZLIB_TYPE:
         problem = f"compression type {codec >> 8} is not zlib (3, or 0 as raftmq writes it)"
     else:
         inflater = zlib.decompressobj()
         try:
-            inflated = inflater.decompress(body, MAX_INFLATED_BODY)
-            if inflater.unconsumed_tail:
-                problem = f"it inflates past {MAX_INFLATED_BODY} bytes, the most a producer may send"
+            # Up to one byte more than the bound, which tells a body of exactly max_size bytes from a larger one (a
+            # full output buffer alone does not: zlib may have taken all the input and still hold output). In steps:
+            # a call's output buffer briefly holds what it returns twice (its blocks, then the bytes they are joined
+            # into), so one call bounded by max_size took twice the bound for a bomb. A body of a step or less (most
+            # compressed ones) is still one call; a tail is only left when a step's output is full.
+            limit = max_size + 1
+            want = min(limit, _INFLATE_STEP)
+            part = inflater.decompress(body, want)
+            parts = [part]
+            size = len(part)
+            while not inflater.eof and size < limit and (inflater.unconsumed_tail or len(part) == want):
+                want = min(limit - size, _INFLATE_STEP)
+                part = inflater.decompress(inflater.unconsumed_tail, want)
+                parts.append(part)
+                size += len(part)
+            if size > max_size:
+                if max_size_key is not None and max_size < MAX_INFLATED_BODY:
+                    problem = (f"it inflates past {max_size} bytes, this client's {max_size_key} (raise it, up to "
+                               f"{MAX_INFLATED_BODY}, to take such bodies)")
+                else:
+                    problem = f"it inflates past {max_size} bytes, the most a producer may send"
             elif not inflater.eof:
                 problem = "the compressed data is truncated"
             else:
-                return inflated, sys_flag & ~(COMPRESSED_FLAG | COMPRESSION_TYPE_MASK)
+                return b"".join(parts), sys_flag & ~(COMPRESSED_FLAG | COMPRESSION_TYPE_MASK)  # one part: itself
         except zlib.error as e:
             problem = str(e)
     log.error("the compressed body of a message cannot be decompressed; it is delivered as stored, its sys_flag "

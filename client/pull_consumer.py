@@ -7,6 +7,10 @@ because they are replicated through it.
 
 The pull consumer (``open_pull_consumer``) leaves every decision to the caller: which queue, which offset,
 when to commit (RocketMQ's ``DefaultLitePullConsumer`` in manual-assign mode).
+
+A pulled body stored compressed is inflated up to the consumer's ``max_inflated_body_size_bytes`` (4 MiB, every
+consumer's key; at most 256 MiB): one that would inflate further is logged at ERROR and delivered as stored, its
+compression flag kept, so a producer's zlib bomb costs a consumer no more than that bound a message.
 """
 
 from __future__ import annotations
@@ -23,8 +27,9 @@ from client.filter import Subscription, parse_subscription
 from client.instance import (
     ClientConfig, ClientInstance, build_config, open_client_nursery, open_remoting, raise_for_response,
 )
-from client.message import (I32_MAX, I64_MAX, MessageExt, MessageQueue, PullResult, PullStatus, RecordProperties,
-                            _PulledMessageExt, check_int_arg, check_queue, decompressed_body)
+from client.message import (DEFAULT_MAX_INFLATED_BODY, I32_MAX, I64_MAX, MAX_INFLATED_BODY, MessageExt, MessageQueue,
+                            PullResult, PullStatus, RecordProperties, _PulledMessageExt, check_int_arg, check_queue,
+                            decompressed_body)
 from remoting.codes import RequestCode, ResponseCode
 from remoting.config import bounded
 from remoting.errors import RaftMQError, for_code
@@ -34,6 +39,10 @@ __all__ = ["PullAPI", "PullConsumerConfig", "PullConsumer", "open_pull_consumer"
            "pull_should_wait"]
 
 log = logging.getLogger(__name__)
+
+# The config key of every consumer (push, lite pull, pull) that bounds what a pulled body inflates to; named in the
+# error logged for a body that would inflate further.
+MAX_INFLATED_BODY_KEY = "max_inflated_body_size_bytes"
 
 # RocketMQ's PullSysFlag bits.
 FLAG_COMMIT_OFFSET = 0x1
@@ -74,11 +83,13 @@ def pull_should_wait(result: PullResult, offset: int, suspend_timeout_ms: int) -
     return result.status is PullStatus.NO_NEW_MSG and not suspend_timeout_ms
 
 
-def to_message_ext(view: Any, broker_name: str) -> MessageExt:
-    """The ``MessageExt`` of a decoded record (a ``MessageView``), its body decompressed if it was stored so."""
+def to_message_ext(view: Any, broker_name: str, *, max_size: int = MAX_INFLATED_BODY) -> MessageExt:
+    """The ``MessageExt`` of a decoded record (a ``MessageView``), its body decompressed if it was stored so and
+    inflates to at most ``max_size`` bytes (``decompressed_body``)."""
     body, sys_flag = view.body, view.sys_flag
     if sys_flag & COMPRESSED_FLAG:
-        body, sys_flag = decompressed_body(body, sys_flag, view.topic, broker_name, view.queue_id, view.queue_offset)
+        body, sys_flag = decompressed_body(body, sys_flag, view.topic, broker_name, view.queue_id, view.queue_offset,
+                                           max_size)
     return MessageExt(view.topic, body, view.queue_id, view.queue_offset, broker_name, view.properties,
                       view.phy_offset, view.born_timestamp, view.store_timestamp, view.store_host,
                       view.reconsume_times, sys_flag, view.flag)
@@ -86,34 +97,40 @@ def to_message_ext(view: Any, broker_name: str) -> MessageExt:
 
 def _decompressed_message(topic: str, body: bytes, queue_id: int, queue_offset: int, broker_name: str,
                           properties: RecordProperties, phy: int, born_ts: int, store_ts: int, host: tuple[str, int],
-                          reconsume: int, sys_flag: int, flag: int) -> MessageExt:
-    body, sys_flag = decompressed_body(body, sys_flag, topic, broker_name, queue_id, queue_offset)
+                          reconsume: int, sys_flag: int, flag: int, max_size: int) -> MessageExt:
+    body, sys_flag = decompressed_body(body, sys_flag, topic, broker_name, queue_id, queue_offset, max_size,
+                                       MAX_INFLATED_BODY_KEY)
     return _PulledMessageExt(topic, body, queue_id, queue_offset, broker_name, properties, phy,  # type: ignore
                              born_ts, store_ts, host, reconsume, sys_flag, flag)
 
 
-def _to_messages(records: list[tuple], broker_name: str) -> tuple[MessageExt, ...]:
+def _to_messages(records: list[tuple], broker_name: str,
+                 max_inflated: int = MAX_INFLATED_BODY) -> tuple[MessageExt, ...]:
     """``MessageExt``s of ``decode_records`` tuples, properties decoded only when read. A message whose body is
-    stored compressed (sys_flag bit 0x1, ``COMPRESSED_FLAG``) is built by ``_decompressed_message``; any other
-    costs one int test more than before: this runs for every consumed message (the consume bench, ~140k/s)."""
+    stored compressed (sys_flag bit 0x1, ``COMPRESSED_FLAG``) is built by ``_decompressed_message``, its body
+    inflated to at most ``max_inflated`` bytes; any other costs one int test more than before: this runs for every
+    consumed message (the consume bench, ~140k/s)."""
     new = _PulledMessageExt
     inflated = _decompressed_message
     return tuple([new(topic, body, queue_id, queue_offset, broker_name, RecordProperties(props), phy, born_ts,
                       store_ts, host, reconsume, sys_flag, flag)  # type: ignore[misc]
                   if not sys_flag & 1 else  # COMPRESSED_FLAG; a constant, not a name looked up per message
                   inflated(topic, body, queue_id, queue_offset, broker_name, RecordProperties(props), phy, born_ts,
-                           store_ts, host, reconsume, sys_flag, flag)
+                           store_ts, host, reconsume, sys_flag, flag, max_inflated)
                   for (topic, body, queue_id, queue_offset, props, phy, born_ts, store_ts, host, reconsume,
                        sys_flag, flag) in records])
 
 
 class PullAPI:
-    def __init__(self, instance: ClientInstance, consumer_group: str, *, check_crc: bool = False) -> None:
+    def __init__(self, instance: ClientInstance, consumer_group: str, *, check_crc: bool = False,
+                 max_inflated_body_size_bytes: int = DEFAULT_MAX_INFLATED_BODY) -> None:
+        check_int_arg(MAX_INFLATED_BODY_KEY, max_inflated_body_size_bytes, 1, MAX_INFLATED_BODY)
         self.instance = instance
         self.consumer_group = consumer_group
         # TCP already guards the bytes in transit and the store checks CRCs on recovery and replication, so
         # like RocketMQ's client we do not recompute each body's CRC unless asked.
         self.check_crc = check_crc
+        self.max_inflated_body_size_bytes = max_inflated_body_size_bytes
 
     async def _read_invoke(self, mq: MessageQueue, code: int, ext: dict[str, Any], *, timeout_s: float | None = None,
                            ok=(ResponseCode.SUCCESS,)):
@@ -164,7 +181,7 @@ class PullAPI:
             except (MessageFormatError, ValueError) as e:
                 raise _malformed(mq, "PULL_MESSAGE", f"its records cannot be read: {e}") from None
             # Tags codes can collide, so the broker's filter is a superset: check the tag strings here.
-            messages = _to_messages(records, mq.broker_name)
+            messages = _to_messages(records, mq.broker_name, self.max_inflated_body_size_bytes)
             if not sub.matches_all:
                 messages = tuple(m for m in messages if sub.matches(m.tags))
             if not messages:
@@ -278,6 +295,9 @@ def _answered_offset(mq: MessageQueue, request: str, ext: Any, key: str, default
 class PullConsumerConfig(ClientConfig):
     consumer_group: str = bounded("DEFAULT_CONSUMER", check=group_problem)
     check_crc: bool = bounded(False, doc="recompute each pulled body's crc32c")
+    max_inflated_body_size_bytes: int = bounded(DEFAULT_MAX_INFLATED_BODY, min=1, max=MAX_INFLATED_BODY,
+                                                doc="most a compressed body is inflated to; a larger one is "
+                                                    "delivered as stored, compressed, and logged")
 
 
 class PullConsumer:
@@ -286,7 +306,8 @@ class PullConsumer:
     def __init__(self, config: PullConsumerConfig, instance: ClientInstance) -> None:
         self.config = config
         self._instance = instance
-        self._api = PullAPI(instance, config.consumer_group, check_crc=config.check_crc)
+        self._api = PullAPI(instance, config.consumer_group, check_crc=config.check_crc,
+                            max_inflated_body_size_bytes=config.max_inflated_body_size_bytes)
 
     @property
     def client_id(self) -> str:

@@ -112,7 +112,8 @@ from client.instance import (
 )
 from client.listener import (CONCURRENT_MAX_RECONSUME_TIMES, ORDERLY_MAX_RECONSUME_TIMES, ConsumeStatus,
                              ReconsumeLater)
-from client.message import I32_MAX, I64_MAX, MessageExt, MessageQueue, PullResult, PullStatus
+from client.message import (DEFAULT_MAX_INFLATED_BODY, I32_MAX, I64_MAX, MAX_INFLATED_BODY, MessageExt, MessageQueue,
+                            PullResult, PullStatus)
 from client.offset_store import LocalFileOffsetStore, RemoteOffsetStore
 from client.orderly import OrderlyService
 from client.process_queue import FLOW_SPAN, ProcessQueue
@@ -183,6 +184,10 @@ class PushConsumerConfig(ClientConfig):
     offset_store_dir: str = bounded(".raftmq-offsets", check=blank_dir_problem,
                                     doc="where BROADCASTING consumers keep offsets")
     check_crc: bool = bounded(False, doc="recompute each pulled body's crc32c")
+    # A producer's few-KiB zlib bomb inflated to 256 MiB in every member, 32 a pull, before flow control saw a body.
+    max_inflated_body_size_bytes: int = bounded(DEFAULT_MAX_INFLATED_BODY, min=1, max=MAX_INFLATED_BODY,
+                                                doc="most a compressed body is inflated to; a larger one is "
+                                                    "delivered as stored, compressed, and logged")
     orderly: bool = bounded(False, doc="handler form only: hold each queue's lock on the broker while consuming it, "
                                        "one message at a time, retrying a failed one before its successors")
     rebalance_lock_interval_ms: int = bounded(20_000, min=10, max=3_600_000,
@@ -280,7 +285,8 @@ class PushConsumer:
         _check_orderly(config, handler)
         self.config = config
         self._instance = instance
-        self._api = PullAPI(instance, config.consumer_group, check_crc=config.check_crc)
+        self._api = PullAPI(instance, config.consumer_group, check_crc=config.check_crc,
+                            max_inflated_body_size_bytes=config.max_inflated_body_size_bytes)
         self._subs: dict[str, Subscription] = {s.topic: s for s in subscriptions}
         # Clustering members all consume the group's retry topic, where failed messages come back (RocketMQ's
         # copySubscription); broadcasting ones retry locally, as RocketMQ's, which sends nothing back for them.

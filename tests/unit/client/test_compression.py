@@ -16,7 +16,6 @@ import pytest
 import trio
 
 import client.admin
-import client.message
 import client.producer
 import client.pull_consumer
 import client.push_consumer
@@ -197,14 +196,13 @@ async def test_a_body_that_cannot_be_decompressed_is_delivered_as_stored_and_log
     assert "queue_offset=2" in errors[1] and "compression type 1 is not zlib" in errors[1]
 
 
-async def test_a_body_that_would_inflate_past_what_a_producer_may_send_is_delivered_as_stored(cluster, caplog,
-                                                                                               monkeypatch):
-    # A few KiB of zeros can inflate to gigabytes: a consumer stops at the largest body a producer may send.
-    monkeypatch.setattr(client.message, "MAX_INFLATED_BODY", 1024)
+async def test_a_body_that_would_inflate_past_the_consumers_bound_is_delivered_as_stored(cluster, caplog):
+    # A few KiB of zeros can inflate to gigabytes: a consumer stops at its max_inflated_body_size_bytes
+    # (tests/unit/client/test_inflate_cap.py has the rest).
     bomb = zlib.compress(bytes(4096))
     cluster.groups[0].logs[("T", 0)].append(_record(bomb, COMPRESSED_FLAG, 0))
     with caplog.at_level(logging.ERROR, logger="client.message"):
-        async with open_pull_consumer(NAMESRV, consumer_group="g") as c:
+        async with open_pull_consumer(NAMESRV, consumer_group="g", max_inflated_body_size_bytes=1024) as c:
             [m] = (await c.pull(MQ, 0, 32)).messages
     assert (m.body, m.sys_flag) == (bomb, COMPRESSED_FLAG)
     assert any("inflates past 1024 bytes" in r.getMessage() for r in caplog.records)
