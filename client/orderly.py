@@ -318,7 +318,7 @@ class OrderlyService:
             await trio.sleep(self._config.suspend_current_queue_time_ms / 1000)
             committed = await self._offsets.persist(mq)
         if mq not in self._pqs:
-            self._offsets.remove(mq)
+            self._consumer.forget_offset(mq)
         if self.locks is None:
             return
         if committed:

@@ -2,9 +2,22 @@
 
 How it works (RocketMQ's DefaultMQPushConsumer, as trio tasks):
 - **Rebalance** every ``rebalance_interval_ms`` (and once at start, after a first heartbeat so this member is
-  counted): ask a broker of each subscribed topic for the group's members, allocate the queues averagely, stop
-  the queues that went to someone else (committing their offsets first) and start the new ones, each from the
-  offset found for it before its first pull (so ``open_push_consumer`` returns with the start positions fixed).
+  counted): ask a broker of each subscribed topic for the group's members, allocate the queues by
+  ``allocate_strategy`` (RocketMQ's strategies by name, AllocateMessageQueueAveragely by default, or a function:
+  ``client/rebalance.py``; every member of a group must use the same one, which nothing checks, in RocketMQ
+  either), stop the queues that went to someone else (committing their offsets first) and start the new ones, each
+  from the offset found for it before its first pull (so ``open_push_consumer`` returns with the start positions
+  fixed). A strategy that raises, or returns anything but queues, is logged and leaves the topic's queues as
+  they are.
+- **Subscriptions while open** (``subscribe(topic, expression)``, ``unsubscribe(topic)``, RocketMQ's, which it also
+  allows after start): the subscription table changes and a heartbeat tells every broker node before the call
+  returns. A new topic is rebalanced at once (its start offsets fixed before ``subscribe`` returns); a new
+  expression for a subscribed topic applies from the next pulls (long polls in flight are cancelled and sent again;
+  what was pulled before is still delivered). ``unsubscribe`` takes the topic's queues away as a rebalance does
+  (offsets committed first; an orderly queue finishes its handler's message, commits and unlocks in the background;
+  a broadcasting member's offset file keeps them). The group's retry topic stays subscribed, as RocketMQ's does, and
+  cannot be subscribed or unsubscribed by hand. A topic's queues are split among all of the group's members, so every
+  member should make the same calls.
 - **One pull task per assigned queue**, in its own cancel scope: long-polls the group (held on the broker up to
   ``broker_suspend_max_time_ms``) and puts what it gets into that queue's ``ProcessQueue``
   (``client/process_queue.py``), pausing ``pull_interval_ms`` (RocketMQ's pullInterval, 0) after each pull that
@@ -107,7 +120,7 @@ from client.consume_service import ConcurrentConsumeService
 from client.errors import ClientClosedError
 from client.filter import Subscription, parse_subscription
 from client.instance import (
-    HOUR_MS, ClientConfig, ClientInstance, ServerRequests, build_config, open_client_nursery,
+    HOUR_MS, ClientConfig, ClientInstance, ServerRequests, build_config, now_ms, open_client_nursery,
     open_remoting, raise_for_response,
 )
 from client.listener import (CONCURRENT_MAX_RECONSUME_TIMES, ORDERLY_MAX_RECONSUME_TIMES, ConsumeStatus,
@@ -118,7 +131,8 @@ from client.offset_store import LocalFileOffsetStore, RemoteOffsetStore
 from client.orderly import OrderlyService
 from client.process_queue import FLOW_SPAN, ProcessQueue
 from client.pull_consumer import PullAPI, log_failed_pull, pull_should_wait
-from client.rebalance import allocate_average, diff_assignment
+from client.rebalance import (DEFAULT_ALLOCATE_STRATEGY, AllocateStrategy, allocate_strategy_problem, diff_assignment,
+                              resolve_allocate_strategy)
 from remoting.codes import RequestCode
 from remoting.config import ConfigError, blank_dir_problem, bounded
 from remoting.errors import RaftMQError
@@ -197,6 +211,23 @@ class PushConsumerConfig(ClientConfig):
     suspend_current_queue_time_ms: int = bounded(1_000, min=10, max=30_000,
                                                  doc="orderly: pause of a queue whose handler raised, before the same "
                                                      "message is handled again")
+    # RocketMQ's allocateMessageQueueStrategy (client/rebalance.py). A function is taken as it is: a TOML file can
+    # only name one. Checked in __post_init__ (the loader builds through it too, so the sentence is the same).
+    allocate_strategy: str | AllocateStrategy = bounded(
+        DEFAULT_ALLOCATE_STRATEGY,
+        doc="clustering: how the group's members split each topic's queues, by a RocketMQ strategy's name "
+            "(client.rebalance.ALLOCATE_STRATEGIES) or a function like client.rebalance.allocate_average; every member "
+            "of a group must use the same")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        problem = allocate_strategy_problem(self.allocate_strategy)
+        if problem is not None:
+            raise ConfigError(f"allocate_strategy {problem}, got {self.allocate_strategy!r}")
+        if self.message_model == "BROADCASTING" and self.allocate_strategy != DEFAULT_ALLOCATE_STRATEGY:
+            # RocketMQ ignores it there; set, it was meant to do something, and it would not.
+            raise ConfigError(f"allocate_strategy is for CLUSTERING consumers (a BROADCASTING member consumes every "
+                              f"queue), got {self.allocate_strategy!r} with message_model 'BROADCASTING'")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -331,11 +362,15 @@ class PushConsumer:
         self._suspended = False
         self._resumed = trio.Event()
         self._resumed.set()
-        self._pull_scopes: set[trio.CancelScope] = set()
+        # Each pull in flight's scope and its queue's topic (a new expression for the topic cancels its pulls).
+        self._pull_scopes: dict[trio.CancelScope, str] = {}
         self._span_flow_controls = 0  # times a queue's pull waited for consume_concurrently_max_span
         # The read queues of each subscribed topic in the first route this consumer got (none for a topic no name
         # server knew when it started): a queue beyond them was created later, and holds only messages sent since.
         self._first_queues: dict[str, frozenset[MessageQueue]] = {}
+        self._allocate = resolve_allocate_strategy(config.allocate_strategy)
+        # Queues an allocate strategy named that the topic's route does not have (warned about once each).
+        self._stray_queues: set[MessageQueue] = set()
         self._orderly = (OrderlyService(self, config, self._api, instance.client_id, self._offsets)
                          if config.orderly else None)
         self._concurrent = (ConcurrentConsumeService(self, config.max_concurrent_handlers)
@@ -392,6 +427,76 @@ class PushConsumer:
     def _check_open(self, method: str) -> None:
         if self._closing or self._instance.closed:
             raise ClientClosedError(f"the push consumer is closed: {method}() cannot be called on it")
+
+    def subscriptions(self) -> dict[str, str]:
+        """The topics subscribed now and their tag expressions (not the group's retry topic, which a clustering
+        consumer subscribes to by itself)."""
+        return {t: s.expression for t, s in sorted(self._subs.items()) if t != self._retry_topic}
+
+    async def subscribe(self, topic: str, expression: str = "*") -> None:
+        """Subscribe to ``topic`` (RocketMQ's DefaultMQPushConsumer.subscribe, here on an open consumer too): a
+        heartbeat tells the brokers at once, and for a new topic a rebalance allocates its queues and fixes their
+        start offsets before this returns (so from ``CONSUME_FROM_LAST_OFFSET`` every message sent afterwards is
+        consumed). A topic already subscribed takes ``expression`` from its next pulls (those in flight are
+        cancelled and sent again); messages pulled before are still delivered. Every member of the group should
+        make the same call: a topic's queues are split among all of them. ``ValueError`` for an illegal topic or
+        expression or the group's retry topic; ``ClientClosedError`` on a closed consumer."""
+        self._check_open("subscribe")
+        self._check_not_retry_topic(topic, "subscribe")
+        # RocketMQ's subVersion, the time: the brokers keep the group's newest subscription of each topic.
+        sub = parse_subscription(topic, expression, sub_version=now_ms())
+        async with self._lock:
+            self._check_open("subscribe")
+            old = self._subs.get(topic)
+            self._subs[topic] = sub
+            if old is None:
+                await self._note_first_queues(topic)
+        if old is not None:
+            if old.expression != sub.expression:
+                # Long polls held on the broker with the old expression would bring in what it selects.
+                for scope, scope_topic in list(self._pull_scopes.items()):
+                    if scope_topic == topic:
+                        scope.cancel()
+            log.info("subscription changed group=%s topic=%s expression=%s was=%s", self.config.consumer_group,
+                     topic, sub.expression, old.expression)
+        else:
+            log.info("subscribed group=%s topic=%s expression=%s", self.config.consumer_group, topic, sub.expression)
+        await self._instance.send_heartbeat_to_all()
+        if old is None:
+            await self._rebalance_now_or_later()
+
+    async def unsubscribe(self, topic: str) -> None:
+        """Stop consuming ``topic`` (RocketMQ's DefaultMQPushConsumer.unsubscribe, which leaves it to the next
+        rebalance; here at once): its queues are taken away as a rebalance takes one, their offsets committed
+        first, and a heartbeat tells the brokers. An orderly queue finishes the message in its handler, commits and
+        unlocks in the background. The group's retry topic stays subscribed (as RocketMQ's), so a message of
+        ``topic`` that failed before may still come back from it. Every member of the group should make the same
+        call: the others keep leaving this member's share of the topic's queues to it. ``ValueError`` for a topic
+        not subscribed or the retry topic; ``ClientClosedError`` on a closed consumer."""
+        self._check_open("unsubscribe")
+        self._check_not_retry_topic(topic, "unsubscribe")
+        async with self._lock:
+            self._check_open("unsubscribe")
+            if topic not in self._subs:
+                subscribed = ", ".join(map(repr, self.subscriptions())) or "none"
+                raise ValueError(f"topic {topic!r} is not subscribed (subscribed: {subscribed})")
+            del self._subs[topic]
+            self._first_queues.pop(topic, None)
+            await self._drop_unsubscribed()
+        log.info("unsubscribed group=%s topic=%s", self.config.consumer_group, topic)
+        await self._instance.send_heartbeat_to_all()
+
+    def _check_not_retry_topic(self, topic: object, method: str) -> None:
+        if self._retry_topic is not None and topic == self._retry_topic:
+            raise ValueError(f"{method}() of {topic!r}: a CLUSTERING consumer subscribes to its group's retry topic by "
+                             f"itself, for as long as it is open")
+
+    async def _rebalance_now_or_later(self) -> None:
+        try:
+            await self.rebalance()
+        except RaftMQError as e:
+            # As the periodic one: the next (rebalance_interval_ms) tries again.
+            log.info("rebalance failed group=%s error=%s", self.config.consumer_group, e)
 
     def _heartbeat_data(self) -> dict[str, Any]:
         return {"producers": [], "consumers": [{
@@ -478,23 +583,27 @@ class PushConsumer:
     async def start(self, nursery: trio.Nursery) -> None:
         self._nursery = nursery
         for topic in self._subs:
-            try:
-                route = await self._instance.routes.get(topic)
-            except RaftMQError as e:
-                # Subscribing before the topic exists is allowed: the periodic rebalance picks it up. The retry
-                # topic exists only once a member sent a message back.
-                log.log(logging.INFO if topic == self._retry_topic else logging.WARNING,
-                        "no route for subscribed topic yet topic=%s error=%s", topic, e)
-                if getattr(e, "topic_unknown", False):
-                    self._first_queues[topic] = frozenset()
-            else:
-                self._first_queues[topic] = frozenset(route.read_queues())
+            await self._note_first_queues(topic)
         await self._instance.send_heartbeat_to_all()
         await self.rebalance()
         nursery.start_soon(self._serve_rebalance)
         nursery.start_soon(self._serve_persist)
         if self._orderly is not None and self._orderly.locks is not None:
             nursery.start_soon(self._orderly.locks.serve_renewal)
+
+    async def _note_first_queues(self, topic: str) -> None:
+        """Remember the read queues ``topic``'s route has as it is subscribed (``_compute_pull_from``)."""
+        try:
+            route = await self._instance.routes.get(topic)
+        except RaftMQError as e:
+            # Subscribing before the topic exists is allowed: the periodic rebalance picks it up. The retry
+            # topic exists only once a member sent a message back.
+            log.log(logging.INFO if topic == self._retry_topic else logging.WARNING,
+                    "no route for subscribed topic yet topic=%s error=%s", topic, e)
+            if getattr(e, "topic_unknown", False):
+                self._first_queues[topic] = frozenset()
+        else:
+            self._first_queues[topic] = frozenset(route.read_queues())
 
     async def close(self) -> None:
         """Stop pulling, commit offsets, leave the group (so the others rebalance at once). Orderly: first let each
@@ -523,10 +632,7 @@ class PushConsumer:
             with trio.move_on_after(min(interval_s, LOCK_RETRY_S) if soon else interval_s):
                 await self._rebalance_now.wait()
             self._rebalance_now = trio.Event()
-            try:
-                await self.rebalance()
-            except RaftMQError as e:
-                log.info("rebalance failed group=%s error=%s", self.config.consumer_group, e)
+            await self._rebalance_now_or_later()
 
     async def _serve_persist(self) -> None:
         while True:
@@ -592,7 +698,8 @@ class PushConsumer:
         async with self._lock:
             if self._orderly is not None:
                 self._orderly.lock_retry = False
-            for topic in self._subs:
+            await self._drop_unsubscribed()
+            for topic in list(self._subs):
                 if self._closing:
                     return
                 try:
@@ -613,7 +720,10 @@ class PushConsumer:
                     if not cids:
                         log.info("no group members known yet group=%s topic=%s", self.config.consumer_group, topic)
                         continue
-                    wanted = allocate_average(self.config.consumer_group, self.client_id, mqs, cids)
+                    allocated = self._allocate_queues(topic, mqs, cids)
+                    if allocated is None:
+                        continue
+                    wanted = allocated
                 current = [mq for mq in self._pqs if mq.topic == topic]
                 diff = diff_assignment(current, wanted)
                 if not diff.changed:
@@ -634,6 +744,43 @@ class PushConsumer:
                     if not self._closing:
                         self._add_queue(mq, starts.get(mq))
 
+    def _allocate_queues(self, topic: str, mqs: Sequence[MessageQueue],
+                         cids: Sequence[str]) -> list[MessageQueue] | None:
+        """This member's share of ``topic``'s queues ``mqs`` by the allocate strategy, or None (logged) if the
+        strategy failed: the topic's queues then stay as they are, as RocketMQ's rebalanceByTopic leaves them."""
+        group = self.config.consumer_group
+        try:
+            result = list(self._allocate(group, self.client_id, sorted(mqs), sorted(cids)))
+        except Exception:
+            # A function of the user's: whatever it raises must not end the rebalance task, and the consumer with it.
+            log.exception("allocate strategy failed, the queues stay as they are group=%s topic=%s strategy=%r",
+                          group, topic, self.config.allocate_strategy)
+            return None
+        bad = next((q for q in result if not isinstance(q, MessageQueue)), None)
+        if bad is not None:
+            log.error("allocate strategy returned %r, not a MessageQueue; the queues stay as they are group=%s "
+                      "topic=%s strategy=%r", bad, group, topic, self.config.allocate_strategy)
+            return None
+        known = set(mqs)
+        # Queues of other topics are expected (allocate_by_config may name several topics' queues): taken by theirs.
+        strays = sorted(q for q in set(result) - known if q.topic == topic and q not in self._stray_queues)
+        if strays:
+            self._stray_queues.update(strays)
+            log.warning("allocate strategy named queues the topic's route does not have, not pulled (said once each) "
+                        "group=%s queues=%s", group, ", ".join(map(str, strays)))
+        return [q for q in result if q in known]
+
+    async def _drop_unsubscribed(self) -> None:
+        """Take away the queues of topics no longer subscribed (``unsubscribe``), as a rebalance takes a queue away
+        (RocketMQ's truncateMessageQueueNotMyTopic)."""
+        gone = sorted(mq for mq in self._pqs if mq.topic not in self._subs)
+        for mq in gone:
+            if mq in self._pqs:
+                await self._remove_queue(mq)
+        if gone:
+            log.info("unsubscribed topics' queues dropped group=%s client=%s queues=%s", self.config.consumer_group,
+                     self.client_id, ", ".join(map(str, gone)))
+
     async def _remove_queue(self, mq: MessageQueue) -> None:
         if self._orderly is not None:
             self._orderly.take_away(mq)
@@ -641,9 +788,15 @@ class PushConsumer:
         pq = self._pqs.pop(mq)
         pq.drop()
         self._flush_offset(pq)
+        await self._offsets.persist(mq)
+        self.forget_offset(mq)
+
+    def forget_offset(self, mq: MessageQueue) -> None:
+        """Stop tracking the offset of ``mq``, a queue no longer consumed here, once it was committed. A
+        broadcasting member's offset file keeps it (as RocketMQ's LocalFileOffsetStore.removeOffset, which does
+        nothing): the queue is nobody else's, and a topic subscribed again resumes there."""
         if isinstance(self._offsets, RemoteOffsetStore):
-            await self._offsets.persist(mq)
-        self._offsets.remove(mq)
+            self._offsets.remove(mq)
 
     async def _start_offsets(self, queues: Sequence[MessageQueue]) -> dict[MessageQueue, int]:
         """Where each newly assigned queue starts, found before its pull task runs (as RocketMQ's rebalance
@@ -717,7 +870,9 @@ class PushConsumer:
     async def _pull_loop(self, pq: ProcessQueue, send: trio.MemorySendChannel, offset: int | None) -> None:
         cfg = self.config
         delay = cfg.pull_time_delay_ms_when_exception / 1000
-        sub = self._subs[pq.mq.topic]
+        sub = self._subs.get(pq.mq.topic)
+        if sub is None:
+            return  # unsubscribed before this task first ran: its queue is dropped already
         while offset is None:
             try:
                 offset = await self._compute_pull_from(pq.mq)
@@ -775,18 +930,23 @@ class PushConsumer:
 
     async def _pull_unless_suspended(self, pq: ProcessQueue, offset: int, sub: Subscription) -> PullResult | None:
         """One pull of ``pq``'s queue from ``offset``, sent once the consumer is not suspended; None if ``suspend()``
-        cancelled it on its way (it took nothing: a pull commits no offset, and the broker's late answer is dropped)."""
+        or a new expression for its topic cancelled it on its way (it took nothing: a pull commits no offset, and the
+        broker's late answer is dropped)."""
         while self._suspended:
             await self._resumed.wait()
-        # No checkpoint since the test above: a suspend() from now on finds this pull's scope and cancels it.
+        # The topic's expression as it is now (subscribe() may have changed it since the queue started); the one the
+        # queue started with if the topic was unsubscribed meanwhile (its queue is being dropped).
+        sub = self._subs.get(pq.mq.topic, sub)
+        # No checkpoint since the test above: a suspend() or a new expression from now on finds this pull's scope
+        # and cancels it.
         with trio.CancelScope() as scope:
-            self._pull_scopes.add(scope)
+            self._pull_scopes[scope] = pq.mq.topic
             try:
                 self._pulls += 1
                 return await self._api.pull(pq.mq, offset, self.config.pull_batch_size, subscription=sub,
                                             suspend_timeout_ms=self.config.broker_suspend_max_time_ms)
             finally:
-                self._pull_scopes.discard(scope)
+                self._pull_scopes.pop(scope, None)
         return None
 
     def _span_flow_controlled(self, pq: ProcessQueue) -> None:
@@ -930,7 +1090,8 @@ async def open_push_consumer(namesrv: str | Sequence[str] | None = None, *, topi
     if handler is not None:
         _check_handler(handler)
     _check_orderly(config, handler)
-    parsed = [parse_subscription(t, e) for t, e in subs.items()]
+    version = now_ms()  # RocketMQ's subVersion
+    parsed = [parse_subscription(t, e, sub_version=version) for t, e in subs.items()]
     local_offsets = local_offset_store(config) if config.message_model == "BROADCASTING" else None
     server_requests = ServerRequests()
     with _claim_offset_file(local_offsets, config):
