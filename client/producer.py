@@ -400,7 +400,9 @@ class Producer:
     def _on_check(self, request: Frame) -> None:
         """CHECK_TRANSACTION_STATE from a broker: answered from a task, so the connection reads on meanwhile."""
         try:
-            group, broker_name, half_offset, message = read_check_request(request.ext, request.body)
+            # A check runs transaction_check_concurrency at a time: a zlib bomb's 256 MiB each would add up.
+            group, broker_name, half_offset, message = read_check_request(
+                request.ext, request.body, self.config.max_message_size_bytes, "max_message_size_bytes")
         except ValueError as e:
             log.warning("malformed transaction check ignored error=%s", e)
             return

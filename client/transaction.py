@@ -20,7 +20,7 @@ import enum
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from client.message import Message, MessageExt, SendResult, decompressed_body
+from client.message import MAX_INFLATED_BODY, Message, MessageExt, SendResult, decompressed_body
 from remoting.message import (COMPRESSED_FLAG, PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC, TRANSACTION_COMMIT_TYPE,
                               TRANSACTION_NOT_TYPE, TRANSACTION_ROLLBACK_TYPE, MessageFormatError, decode_record,
                               group_problem, parse_msg_id)
@@ -75,10 +75,13 @@ def end_transaction_ext(producer_group: str, transaction_id: str, offset_msg_id:
             "from_transaction_check": from_check, "msg_id": offset_msg_id, "transaction_id": transaction_id}
 
 
-def read_check_request(ext: Mapping[str, Any], body: bytes) -> tuple[str, str, int, MessageExt]:
+def read_check_request(ext: Mapping[str, Any], body: bytes, max_inflated: int = MAX_INFLATED_BODY,
+                       max_inflated_key: str | None = None) -> tuple[str, str, int, MessageExt]:
     """``(producer_group, broker_name, half queue offset, message)`` of a CHECK_TRANSACTION_STATE: the message as
-    its consumers would get it (its real topic and queue), its ``offset_msg_id`` the half's. Raises ValueError
-    saying what is malformed."""
+    its consumers would get it (its real topic and queue), its ``offset_msg_id`` the half's, a compressed body
+    inflated up to ``max_inflated`` bytes (``decompressed_body``; the producer's own ``max_message_size_bytes``,
+    named ``max_inflated_key``: no half of its group's producers is larger, unless they allow more). Raises
+    ValueError saying what is malformed."""
     group, broker_name, queue_offset = ext.get("producer_group"), ext.get("broker_name"), \
         ext.get("tran_state_table_offset")
     if type(group) is not str or group_problem(group):
@@ -96,7 +99,8 @@ def read_check_request(ext: Mapping[str, Any], body: bytes) -> tuple[str, str, i
         raise ValueError(f"the half message names no real topic and queue ({real_topic!r}, {real_queue!r})")
     body, sys_flag = view.body, view.sys_flag
     if sys_flag & COMPRESSED_FLAG:  # check gets the body execute got, as RocketMQ's decoder inflates it for check
-        body, sys_flag = decompressed_body(body, sys_flag, real_topic, broker_name, int(real_queue), queue_offset)
+        body, sys_flag = decompressed_body(body, sys_flag, real_topic, broker_name, int(real_queue), queue_offset,
+                                           max_inflated, max_inflated_key)
     message = MessageExt(real_topic, body, int(real_queue), queue_offset, broker_name, view.properties,
                          view.phy_offset, view.born_timestamp, view.store_timestamp, view.store_host,
                          view.reconsume_times, sys_flag, view.flag)

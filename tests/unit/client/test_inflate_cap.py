@@ -240,3 +240,48 @@ async def test_the_lite_pull_consumer_honours_its_config(cluster, caplog):
         got = await _lite_poll(3, **{KEY: 16 * MiB})
     assert got == [(0, NORMAL_BODY, 0), (1, BOMB_BODY, 0), (2, b"after", 0)]
     assert not _cap_errors(caplog)
+
+
+async def test_a_transaction_check_inflates_up_to_the_producers_max_message_size(monkeypatch, caplog):
+    """A broker's CHECK_TRANSACTION_STATE carries the half message: its body went to the listener's ``check``
+    inflated up to 256 MiB, ``transaction_check_concurrency`` (16) at a time. Now up to the producer's own
+    ``max_message_size_bytes`` (no half of its group is larger unless they allow more): a bomb past it reaches
+    ``check`` as stored, logged naming that key; a body within it inflated as before."""
+    import client.producer
+    from client import TransactionState, open_producer
+    from remoting.codec import make_request
+    from remoting.codes import RequestCode
+
+    fake = FakeRemoting([FakeGroup("broker-a", ["a:1", "a:2", "a:3"])])
+    monkeypatch.setattr(client.producer, "open_remoting", lambda config, handler=None: fake_remoting_ctx(fake))
+    caplog.set_level(logging.ERROR, logger="client.message")
+    checked = []
+
+    class Listener:
+        async def execute(self, msg, arg):
+            return TransactionState.COMMIT
+
+        async def check(self, msg):
+            checked.append((msg.queue_offset, msg.body, msg.sys_flag))
+            return TransactionState.COMMIT
+
+    def check_request(body: bytes, offset: int):
+        props = {"TRAN_MSG": "true", "PGROUP": "g", "UNIQ_KEY": f"U-{offset}", "REAL_TOPIC": "T", "REAL_QID": "0"}
+        half = MessageInput("RMQ_SYS_TRANS_HALF_TOPIC", 0, body, props, sys_flag=0x4 | COMPRESSED_FLAG)
+        buf = bytearray(record_size(len(body), len(half.topic), 200))
+        size = encode_record(buf, 0, half, queue_offset=offset, phy_offset=4096 * (offset + 1), store_timestamp=1,
+                             store_host=("127.0.0.1", 10911))
+        return make_request(RequestCode.CHECK_TRANSACTION_STATE, {
+            "producer_group": "g", "broker_name": "broker-a", "tran_state_table_offset": offset}, bytes(buf[:size]))
+
+    async with open_producer(NAMESRV, producer_group="g", transaction_listener=Listener(),
+                             max_message_size_bytes=2 * MiB) as producer:
+        producer._on_check(check_request(BOMB, 0))
+        producer._on_check(check_request(NORMAL, 1))
+        with trio.fail_after(10):
+            while len(checked) < 2:
+                await trio.sleep(0.01)
+    # Answered side by side, in any order.
+    assert sorted(checked) == [(0, BOMB, 0x4 | COMPRESSED_FLAG), (1, NORMAL_BODY, 0x4)]
+    (error,) = [r.getMessage() for r in caplog.records]
+    assert "inflates past 2097152 bytes, this client's max_message_size_bytes" in error
