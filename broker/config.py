@@ -22,18 +22,27 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import socket
+import tomllib
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from broker.delay_level import DEFAULT_MESSAGE_DELAY_LEVEL, delay_levels_problem, parse_delay_levels
 from broker.store.config import StoreConfig
+from broker.topic_config import PERM_READ, PERM_READ_WRITE, PERM_WRITE
 from dledger.config import DLedgerConfig
 from dledger.service import MAX_FETCH_BYTES
 from remoting.config import (ConfigError, bounded, check_fields, config_from_mapping, metrics_listen_problem,
                              name_problem, parse_host_port, read_config_data)
 from remoting.message import BATCH_HEAD, MAX_PROPERTIES_SIZE, MAX_TOPIC_LENGTH, record_size
 
-__all__ = ["BrokerConfig", "load_broker_config"]
+__all__ = ["BrokerConfig", "load_broker_config", "RUNTIME_KEYS", "RUNTIME_OVERRIDES_FILE", "RuntimeConfigError",
+           "check_runtime_key",
+           "parse_runtime_value", "with_runtime_values", "runtime_overrides", "read_runtime_overrides",
+           "write_runtime_overrides"]
 
 # What one message's dledger record holds besides its body: batch head, record header, topic, properties.
 _RECORD_OVERHEAD_BYTES = BATCH_HEAD.size + record_size(0, MAX_TOPIC_LENGTH, MAX_PROPERTIES_SIZE)
@@ -59,6 +68,12 @@ class BrokerConfig:
                                   doc="HOST:PORT to serve Prometheus metrics on (GET /metrics); empty: none")
     store: StoreConfig = dataclasses.field(default_factory=StoreConfig)
     dledger: DLedgerConfig | None = None
+    # RocketMQ's brokerPermission: what this node allows, over every topic's own perm. 4 (read only) takes the group
+    # out of write traffic before maintenance: its topics register not writable and sends are refused; 6 puts it
+    # back. 2 (write only) is accepted, as RocketMQ accepts it, and refuses pulls alike.
+    broker_permission: int = bounded(PERM_READ_WRITE, min=PERM_WRITE, max=PERM_READ_WRITE,
+                                     choices=(PERM_WRITE, PERM_READ, PERM_READ_WRITE),
+                                     doc="2 write only, 4 read only, 6 read and write")
     auto_create_topic_enable: bool = bounded(True, doc="create unknown topics on first send (RocketMQ default)")
     default_topic_queue_nums: int = bounded(4, min=1, max=1024, doc="queues of an auto-created topic")
     # Every registration carries the whole topic table. Unbounded, a client sending to ever new names (auto-create
@@ -189,6 +204,19 @@ class BrokerConfig:
             return "store.max_message_size"
         return "one dledger record: dledger.append_entries_batch_size_bytes"
 
+    @property
+    def writable(self) -> bool:
+        return bool(self.broker_permission & PERM_WRITE)
+
+    @property
+    def readable(self) -> bool:
+        return bool(self.broker_permission & PERM_READ)
+
+    @property
+    def runtime_overrides_path(self) -> Path:
+        """Where this node keeps what UPDATE_BROKER_CONFIG changed (in its store directory, which only it uses)."""
+        return self.store.store_dir / RUNTIME_OVERRIDES_FILE
+
     def member_service_address(self, member_id: str) -> str | None:
         assert self.dledger is not None
         for m in self.dledger.members:
@@ -206,3 +234,131 @@ def load_broker_config(path: str | Path | None, overrides: dict | None = None) -
         # group takes the members' journals synced too (docs/operations.md). Set apart only when asked.
         ledger["flush_disk_type"] = store["flush_disk_type"]
     return config_from_mapping(BrokerConfig, data)
+
+
+# --- runtime updates (UPDATE_BROKER_CONFIG) ---------------------------------------------------------------------
+
+# The keys UPDATE_BROKER_CONFIG may change on a running node, each with when the new value takes effect. Every one
+# is read from ``BrokerNode.config`` where it is used, at each use, and sizes nothing made at start (a file, a
+# buffer, a service's period): so the next request obeys it. Any other key needs its config file edited and the
+# node restarted.
+RUNTIME_KEYS: Mapping[str, str] = {
+    "broker_permission": "at once: re-registered with every name server before the answer; the next send (or pull)",
+    "auto_create_topic_enable": "the next send to an unknown topic",
+    "default_topic_queue_nums": "the next auto-created topic",
+    "max_topic_count": "the next topic created or auto-created",
+    "long_polling_timeout_ms": "pulls held from then on (a pull held already keeps its deadline)",
+    "max_transfer_count": "the next pull answer",
+    "max_transfer_bytes": "the next pull answer",
+    "max_batch_messages": "the next SEND_BATCH_MESSAGE",
+}
+
+# In the store directory: a JSON object of runtime key -> value, each differing from the config file's
+# (docs/operations.md, "Changing a node's config at runtime").
+RUNTIME_OVERRIDES_FILE = "runtime_config.json"
+
+
+class RuntimeConfigError(ConfigError):
+    """A runtime update refused; ``key`` is the key at fault (None: only the keys together are)."""
+
+    def __init__(self, message: str, key: str | None) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+def check_runtime_key(key: Any) -> str:
+    """``key`` if UPDATE_BROKER_CONFIG may change it; else the ConfigError that names it and says why not."""
+    if key in RUNTIME_KEYS:
+        return key
+    known = ", ".join(RUNTIME_KEYS)
+    top = key.split(".", 1)[0] if isinstance(key, str) else None
+    if top in {f.name for f in dataclasses.fields(BrokerConfig)}:
+        raise RuntimeConfigError(f"config key {key!r} cannot be changed at runtime: edit the node's config file and "
+                                 f"restart the node (keys that can: {known})", str(key))
+    raise RuntimeConfigError(f"unknown config key {key!r} (keys that can change at runtime: {known})", str(key))
+
+
+def parse_runtime_value(key: str, text: Any) -> Any:
+    """A value of UPDATE_BROKER_CONFIG, sent as text, read as a value of the TOML config file is (``raftmq broker
+    --set``'s rule): "4" an integer, "true" a boolean. Text TOML cannot read stays text, which the type check then
+    refuses naming the key ("must be an integer, got 'x'"). One line only: a newline would let a second key in."""
+    if not isinstance(text, str):
+        raise RuntimeConfigError(f"{key} must be sent as text, got {text!r}", key)
+    if "\n" in text or "\r" in text:
+        raise RuntimeConfigError(f"{key} must be one value on one line, got {text!r}", key)
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def with_runtime_values(config: BrokerConfig, values: Mapping[str, Any]) -> BrokerConfig:
+    """``config`` with ``values`` (runtime key -> typed value), judged by the rules the config file is: each key's
+    type, bounds and choices, then the checks across keys (``max_transfer_bytes`` against ``max_frame_size``).
+    Raises RuntimeConfigError naming the key and the value; ``config`` itself never changes (it is frozen)."""
+    for key in values:
+        check_runtime_key(key)
+    for key, value in values.items():
+        try:
+            dataclasses.replace(config, **{key: value})
+        except (ConfigError, TypeError, ValueError) as e:
+            # A check of the key itself names it and the value already; one across keys names the other key.
+            text = str(e)
+            raise RuntimeConfigError(text if text.startswith(f"{key} ") else f"{key} = {value!r} refused: {text}",
+                                     key) from None
+    try:
+        return dataclasses.replace(config, **values)
+    except (ConfigError, TypeError, ValueError) as e:
+        given = ", ".join(f"{k} = {v!r}" for k, v in values.items())
+        raise RuntimeConfigError(f"{given} refused together: {e}", None) from None
+
+
+def runtime_overrides(file_config: BrokerConfig, config: BrokerConfig) -> dict[str, Any]:
+    """The runtime keys whose value in ``config`` differs from the config file's: what the overrides file holds.
+    A key set back to the file's value is no override any more, so a later edit of the file is not masked."""
+    return {key: getattr(config, key) for key in RUNTIME_KEYS if getattr(config, key) != getattr(file_config, key)}
+
+
+def read_runtime_overrides(config: BrokerConfig) -> tuple[BrokerConfig, dict[str, Any]]:
+    """``config`` (the config file with ``--set``) with this node's persisted runtime overrides applied over it,
+    and those overrides; no file, ``config`` as it is. A file that cannot be read or holds what the config would
+    refuse is a ConfigError naming it: the node does not start on a config other than the one it was told."""
+    path = config.runtime_overrides_path
+    where = f"runtime config overrides {str(path)!r}"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return config, {}
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{where} cannot be read: {e}") from None
+    try:
+        values = json.loads(text)
+    except ValueError as e:
+        raise ConfigError(f"{where} are not valid JSON: {e}") from None
+    if not isinstance(values, dict):
+        raise ConfigError(f"{where} must be a JSON object of config key -> value, got {type(values).__name__}")
+    try:
+        return with_runtime_values(config, values), values
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e} (fix or remove that key, or remove the file to drop every override)") \
+            from None
+
+
+def write_runtime_overrides(path: Path, values: Mapping[str, Any]) -> None:
+    """Replace the overrides file whole: written beside it, fsynced, renamed over it, then its directory fsynced,
+    so a crash at any point leaves the old file or the new one, never a part of one."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(json.dumps(dict(sorted(values.items())), indent=2) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -78,6 +78,7 @@ class BrokerDispatcher:
             RequestCode.GET_EARLIEST_MSG_STORETIME: admin.get_earliest_msg_store_time,
             RequestCode.GET_BROKER_RUNTIME_INFO: admin.get_broker_runtime_info,
             RequestCode.GET_BROKER_CONFIG: admin.get_broker_config,
+            RequestCode.UPDATE_BROKER_CONFIG: admin.update_broker_config,
             RequestCode.GET_ALL_DELAY_OFFSET: admin.get_all_delay_offset,
             RequestCode.VIEW_MESSAGE_BY_ID: query.view_message_by_id,
             RequestCode.QUERY_MESSAGE: query.query_message,

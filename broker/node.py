@@ -29,14 +29,15 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import cbor2
 import trio
 
 from broker.commit_log_machine import CommitLogMachine
-from broker.config import BrokerConfig
+from broker.config import (BrokerConfig, read_runtime_overrides, runtime_overrides, with_runtime_values,
+                           write_runtime_overrides)
 from broker.consumer_manager import ClientManager
 from broker.dispatcher import BrokerDispatcher
 from broker.long_polling import PullRequestHoldService
@@ -80,8 +81,16 @@ def _offset_key(group: str, topic: str, queue_id: int) -> str:
 class BrokerNode:
     """The state the processors share. Built by ``serve_broker``; tests may build one around their own parts."""
 
-    def __init__(self, config: BrokerConfig, store: MessageStore, group: DLedgerGroup, client: Any) -> None:
+    def __init__(self, config: BrokerConfig, store: MessageStore, group: DLedgerGroup, client: Any, *,
+                 file_config: BrokerConfig | None = None) -> None:
+        # ``config`` is replaced whole by UPDATE_BROKER_CONFIG (``update_config``): whatever reads a runtime key
+        # reads it from here at each use. ``file_config`` is the config file's (with ``--set``), without the
+        # node's runtime overrides: an override is kept only where the two differ.
         self.config = config
+        self.file_config = file_config if file_config is not None else config
+        self._config_lock = trio.Lock()
+        # config.writable, kept with config: read by every send, where a property call is a cost of its own.
+        self.writable = config.writable
         self.store = store
         self.group = group
         self.client = client
@@ -174,6 +183,50 @@ class BrokerNode:
 
     def role_name(self) -> str:
         return self.group.role.value
+
+    # --- broker permission and runtime config -----------------------------------------------------------------
+    def write_forbidden(self, topic: str | None = None) -> RequestRejected:
+        """The refusal of a write made on a client's behalf (a send, a consumer's send-back) while the node's
+        ``broker_permission`` lacks write (``writable``): NO_PERMISSION, which producers retry on another
+        group after refreshing their route."""
+        return RequestRejected(ResponseCode.NO_PERMISSION,
+                              f"broker {self.config.broker_name} (node {self.broker_addr}) is not writable "
+                              f"(broker_permission {self.config.broker_permission}): sending messages to it is "
+                              f"forbidden", ext={"broker_name": self.config.broker_name, "topic": topic})
+
+    async def update_config(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """UPDATE_BROKER_CONFIG on this node: ``values`` (runtime keys, typed) are judged as the config file is (a
+        ConfigError naming the key and the value, and nothing changed), persisted in the node's overrides file
+        (fsynced; SYSTEM_ERROR and nothing changed if that fails), and only then in effect. A change of
+        ``broker_permission`` registers with every name server before this returns, so a route asked for after
+        the answer shows it. Returns each key given with its value before."""
+        async with self._config_lock:
+            old = self.config
+            new = with_runtime_values(old, values)
+            previous = {key: getattr(old, key) for key in values}
+            overrides = runtime_overrides(self.file_config, new)
+            # Written, then applied, with no checkpoint between: a client gone meanwhile must not leave the
+            # file saying one thing and the node doing another until its next restart.
+            with trio.CancelScope(shield=True):
+                if overrides != runtime_overrides(self.file_config, old):
+                    path = new.runtime_overrides_path
+                    try:
+                        await trio.to_thread.run_sync(write_runtime_overrides, path, overrides)
+                    except OSError as e:
+                        raise RequestRejected(ResponseCode.SYSTEM_ERROR,
+                                              f"the config change could not be persisted in {path} "
+                                              f"({e.strerror or e}); nothing was changed") from None
+                self.config = new
+                self.writable = new.writable
+            for key, before in previous.items():
+                if getattr(new, key) != before:
+                    log.info("config changed at runtime key=%s value=%r previous=%r", key, getattr(new, key), before)
+        if new.broker_permission != old.broker_permission:
+            if not new.readable:
+                # Held pulls are answered now with the refusal a fresh pull gets, not at their deadline.
+                self.hold.release(self._pull_refused)
+            await self.registration.register_all()
+        return previous
 
     # --- metadata mirrors ----------------------------------------------------------------------------------
     def refresh_metadata(self) -> None:
@@ -526,7 +579,8 @@ class BrokerNode:
             cluster_name=self.config.cluster_name, broker_name=self.config.broker_name, broker_id=self.broker_id,
             broker_addr=self.broker_addr, role=role.value, term=self.group.term,
             data_version=self.topics.data_version, topic_configs=topics,
-            heartbeat_timeout_ms=self.config.broker_not_active_timeout_ms)
+            heartbeat_timeout_ms=self.config.broker_not_active_timeout_ms,
+            broker_permission=self.config.broker_permission)
 
     def runtime_info(self) -> dict[str, Any]:
         ledger = self.group.statistics()
@@ -700,6 +754,15 @@ async def serve_broker(config: BrokerConfig, *, on_serving: Callable[[BrokerNode
     store = MessageStore.open(config.store)
     machine = CommitLogMachine(store)
     try:
+        # Read once the store's directory lock is held: no other process writes the file meanwhile.
+        file_config = config
+        config, overrides = read_runtime_overrides(file_config)
+        if overrides:
+            log.info("runtime config overrides applied over the config file path=%s %s", config.runtime_overrides_path,
+                     " ".join(f"{key}={value!r}" for key, value in sorted(overrides.items())))
+        if not config.writable:
+            log.warning("broker_permission=%d: this node refuses sends until it is set to 6 "
+                        "(raftmq admin update-broker-config)", config.broker_permission)
         async with trio.open_nursery() as outer:
             await outer.start(store.serve)
             async with open_remoting_client(max_frame_size=config.max_frame_size) as client:
@@ -707,7 +770,7 @@ async def serve_broker(config: BrokerConfig, *, on_serving: Callable[[BrokerNode
                 async with open_dledger_group(dledger_config, machine,
                                               fetch_range=remote_fetch_range(client, config.broker_name),
                                               completion_context=corked) as group:
-                    node = BrokerNode(config, store, group, client)
+                    node = BrokerNode(config, store, group, client, file_config=file_config)
                     dispatcher = BrokerDispatcher(node)
                     store.add_dispatch_listener(node.hold.notify_message_arriving)
                     host, port = parse_host_port(config.listen_address, key="listen")

@@ -1,10 +1,12 @@
 """Registration with the name servers: every node, every name server, periodically and at once on a change.
 
 Each node sends REGISTER_BROKER (schema in docs/protocol.md, "Name server requests") with its Raft role and
-term and the group's topic configs, every ``register_interval_ms`` and immediately when ``trigger()`` is called:
-on a role change (so routes name the new leader as master within one round trip, not a period) and once the
-node's replicated topic table has moved past the one it last registered (on a follower too: while its group has
-no master, a name server routes the group's topics from the followers' registrations). Name servers never talk
+term and the group's topic configs (each perm limited by the node's ``broker_permission``), every
+``register_interval_ms`` and immediately when ``trigger()`` is called: on a role change (so routes name the new
+leader as master within one round trip, not a period) and once the node's replicated topic table has moved past
+the one it last registered (on a follower too: while its group has no master, a name server routes the group's
+topics from the followers' registrations); a change of ``broker_permission`` (UPDATE_BROKER_CONFIG) registers
+with every name server before it is answered. Name servers never talk
 to each other, so a failure to reach one does not delay the others: each round registers with all of them
 concurrently, each under its own timeout. A clean shutdown unregisters.
 
@@ -26,6 +28,7 @@ from typing import Any
 import cbor2
 import trio
 
+from broker.topic_config import PERM_READ_WRITE
 from remoting.codec import make_request
 from remoting.codes import RequestCode, ResponseCode
 from remoting.errors import RaftMQError
@@ -49,6 +52,7 @@ class RegistrationSnapshot:
     data_version: int
     topic_configs: dict[str, dict[str, Any]]
     heartbeat_timeout_ms: int
+    broker_permission: int = PERM_READ_WRITE
 
     def ext(self) -> dict[str, Any]:
         return {"cluster_name": self.cluster_name, "broker_name": self.broker_name, "broker_id": self.broker_id,
@@ -56,8 +60,13 @@ class RegistrationSnapshot:
                 "data_version": self.data_version, "heartbeat_timeout_ms": self.heartbeat_timeout_ms}
 
     def body(self) -> bytes:
+        # A node that is not read|write registers every topic with its perm ANDed with the node's (RocketMQ's
+        # registerBrokerAll): routes then say what the node allows, so producers leave a read-only group's queues
+        # and consumers a write-only one's. Read|write leaves each perm as it is, its inherit bit too.
+        mask = None if self.broker_permission == PERM_READ_WRITE else self.broker_permission
         return cbor2.dumps({topic: {"read_queue_nums": c["read_queue_nums"],
-                                    "write_queue_nums": c["write_queue_nums"], "perm": c["perm"],
+                                    "write_queue_nums": c["write_queue_nums"],
+                                    "perm": c["perm"] if mask is None else c["perm"] & mask,
                                     "topic_sys_flag": c.get("topic_sys_flag", 0), "order": c.get("order", False)}
                             for topic, c in self.topic_configs.items()})
 

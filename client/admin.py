@@ -29,9 +29,9 @@ from remoting.codes import RequestCode, ResponseCode
 from remoting.errors import RaftMQError, TopicNotExistError, for_code
 from remoting.message import RETRY_GROUP_MAX_LENGTH, MessageFormatError, iter_records, parse_msg_id, retry_topic
 
-__all__ = ["AdminClient", "ClusterInfo", "ConsumeStats", "ConsumerConnection", "DelayLevelProgress", "GroupDeletion",
-           "OffsetReset", "ProducerConnection", "QueueConsumeStats", "TopicPermUpdate", "TopicQueueStatus",
-           "open_admin", "UPDATABLE_PERMS"]
+__all__ = ["AdminClient", "BrokerConfigUpdate", "ClusterInfo", "ConsumeStats", "ConsumerConnection",
+           "DelayLevelProgress", "GroupDeletion", "OffsetReset", "ProducerConnection", "QueueConsumeStats",
+           "TopicPermUpdate", "TopicQueueStatus", "open_admin", "UPDATABLE_PERMS"]
 
 # The permissions update_topic_perm sets, as mqadmin updateTopicPerm takes them: write only, read only, both.
 UPDATABLE_PERMS = (PERM_WRITE, PERM_READ, PERM_READ | PERM_WRITE)
@@ -71,6 +71,21 @@ class TopicPermUpdate:
     @property
     def changed(self) -> bool:
         return self.perm != self.previous_perm
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BrokerConfigUpdate:
+    """What ``update_broker_config`` did on one node: each key's value after (``values``) and before
+    (``previous``), as the node holds them (an integer, a boolean...)."""
+
+    addr: str
+    values: Mapping[str, Any]
+    previous: Mapping[str, Any]
+
+    @property
+    def changed(self) -> dict[str, Any]:
+        """The keys whose value changed, with their new value."""
+        return {k: v for k, v in self.values.items() if self.previous.get(k) != v}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -767,6 +782,53 @@ class AdminClient:
                 raise TypeError(f"the config is a {type(config).__name__}, not a map")
             return dict(config)
 
+    async def update_broker_config(self, addr: str, values: Mapping[str, Any]) -> BrokerConfigUpdate:
+        """UPDATE_BROKER_CONFIG of the node at ``addr`` only (RocketMQ's updateBrokerConfig): ``values`` maps config
+        keys the brokers change at runtime (``broker.config.RUNTIME_KEYS``: ``broker_permission``,
+        ``auto_create_topic_enable``, ``long_polling_timeout_ms``...) to values, sent as text (a boolean as
+        ``true``/``false``). The node judges them as its config file would and applies all or none; it keeps them
+        across restarts. A group's every member registers and may lead: change each
+        (``broker_member_addrs``). Raises the node's refusal (``InvalidRequestError`` naming the key)."""
+        if not isinstance(values, Mapping) or not values:
+            raise TypeError(f"values must be a non-empty map of config key -> value, got {values!r}")
+        body = {}
+        for key, value in values.items():
+            if not isinstance(key, str) or not key:
+                raise TypeError(f"config keys must be non-empty texts, got {key!r}")
+            body[key] = _config_text(key, value)
+        # 10 s: a change of broker_permission is answered once the node has registered it with every name server
+        # (each under the node's register_timeout_ms, 3 s by default).
+        frame = raise_for_response(await self._instance.invoke(addr, RequestCode.UPDATE_BROKER_CONFIG,
+                                                               body=cbor2.dumps(body), timeout_s=10.0))
+        with _reading("UPDATE_BROKER_CONFIG", addr):
+            answer = cbor2.loads(frame.body)
+            now, before = answer["values"], answer["previous"]
+            if not isinstance(now, Mapping) or not isinstance(before, Mapping):
+                raise TypeError("values and previous must be maps")
+            return BrokerConfigUpdate(addr, dict(now), dict(before))
+
+    async def broker_member_addrs(self, broker_name: str) -> list[str]:
+        """The service address of every member of group ``broker_name``, as its nodes' config lists them
+        (GET_BROKER_CONFIG's ``dledger.members``, asked of the leader first, else of another node the name servers
+        know): a member that is down is listed too, where the name servers list only those registered."""
+        info = await self.cluster_info()
+        registered = info.broker_addrs.get(broker_name)
+        if not registered:
+            raise ClientError(f"broker group {broker_name!r} has no node registered with the name servers (known "
+                              f"groups: {', '.join(sorted(info.broker_addrs)) or 'none'})", broker_name=broker_name)
+        leader = registered.get(0)
+        last_error: RaftMQError | None = None
+        for addr in sorted(set(registered.values()), key=lambda a: (a != leader, a)):
+            try:
+                config = await self.broker_config(addr)
+            except RaftMQError as e:
+                last_error = e
+                continue
+            with _reading("GET_BROKER_CONFIG", addr):
+                return [peer_addr(_str(m["service_address"], "service_address")) for m in config["dledger"]["members"]]
+        assert last_error is not None
+        raise last_error
+
     async def delay_offsets(self, addr: str) -> list[DelayLevelProgress]:
         """The delayed messages of the group of node ``addr``, per level (any node answers from its replica; the
         leader's is the freshest)."""
@@ -775,6 +837,16 @@ class AdminClient:
             return [DelayLevelProgress(*(_int(row[k], k) for k in ("level", "delay_ms", "delivered_offset",
                                                                      "max_offset")))
                     for row in cbor2.loads(frame.body)["levels"]]
+
+
+def _config_text(key: str, value: Any) -> str:
+    """A value of UPDATE_BROKER_CONFIG as text, as the broker reads it (a TOML value): RocketMQ's properties are
+    text too."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, str)):
+        return str(value)
+    raise TypeError(f"the value of config key {key!r} must be text, an integer or a boolean, got {value!r}")
 
 
 def _check_targets(cluster: Any, broker_names: Any) -> None:

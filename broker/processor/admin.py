@@ -1,5 +1,5 @@
 """Admin requests: topic create/update/delete, topic listing, queue offsets, topic status, broker status, the node's
-config, delayed messages' progress.
+config and its runtime update, delayed messages' progress.
 
 Topic changes are leader-only and replicated through the group's metadata before the answer, then the node
 re-registers with every name server at once, so a route query right after the answer already shows the change.
@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 import cbor2
 
+from broker.config import RuntimeConfigError, check_runtime_key, parse_runtime_value
 from broker.processor.base import (I64, RequestRejected, existing_topic_config, get_existing_topic, get_int, get_str,
-                                   get_topic_queue)
+                                   get_topic_queue, invalid, request_data)
 from broker.topic_config import (SYSTEM_TOPIC_PREFIX, TopicConfig, TopicConfigError, check_sendable_topic,
                                  is_system_topic)
 from remoting.codec import Frame, make_response
@@ -123,6 +124,25 @@ class AdminProcessor:
         config = _plain(self.node.config)
         config["dledger"]["secret"] = "<set>" if config["dledger"]["secret"] else ""
         return make_response(request, ResponseCode.SUCCESS, body=cbor2.dumps(config))
+
+    async def update_broker_config(self, request: Frame, conn: Any) -> Frame:
+        """RocketMQ's updateBrokerConfig, on this node only (every node registers and may lead, so an admin updates
+        each): a CBOR map of config key -> value as text. Only ``broker.config.RUNTIME_KEYS``; each value is read
+        and judged as the config file's would be. Every key is checked before any is applied: one refused, none
+        is (INVALID_REQUEST naming it, ext ``field``). Answer: body ``{"values": {key: value now}, "previous":
+        {key: value before}}``. No authentication, as every other admin request on this port (topic changes
+        included): the remoting port is for trusted clients only (docs/operations.md)."""
+        data = request_data(request)
+        if not isinstance(data, dict) or not data:
+            raise invalid("body", f"must be a non-empty map of config key -> value (text), got {data!r}")
+        try:
+            values = {check_runtime_key(key): parse_runtime_value(key, text) for key, text in data.items()}
+            previous = await self.node.update_config(values)
+        except RuntimeConfigError as e:
+            raise RequestRejected(ResponseCode.INVALID_REQUEST, str(e), ext={"field": e.key or "body"}) from None
+        now = self.node.config
+        return make_response(request, ResponseCode.SUCCESS, body=cbor2.dumps(
+            {"values": {key: getattr(now, key) for key in values}, "previous": previous}))
 
     async def get_all_delay_offset(self, request: Frame, conn: Any) -> Frame:
         """Delayed messages per level: delivered up to where, stored up to where (``ScheduleMessageService``)."""

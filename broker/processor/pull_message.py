@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from broker.filter import SubscriptionParseError, TagFilter, parse_tag_expression
 from broker.processor.base import (I32, RequestRejected, error_response, existing_topic_config, get_group, get_int,
                                    get_str, invalid)
+from broker.topic_config import PERM_READ
 from remoting.codec import Frame, make_response
 from remoting.codes import ResponseCode
 from remoting.errors import RaftMQError
@@ -44,9 +45,15 @@ MASTER_ID = 0
 
 
 def check_pullable(node: BrokerNode, topic: str, queue_id: int) -> None:
-    """Raise the refusal a pull of (topic, queue_id) gets: a topic that does not exist or is not readable, or a
-    queue_id at or beyond its read_queue_nums. Checked again when a held pull resumes, and by the node after a
-    topic change to release the held pulls it now refuses."""
+    """Raise the refusal a pull of (topic, queue_id) gets: a node whose ``broker_permission`` lacks read (2, write
+    only; RocketMQ's "pulling message is forbidden"), a topic that does not exist or is not readable, or a queue_id
+    at or beyond its read_queue_nums. Checked again when a held pull resumes, and by the node after a topic or
+    permission change to release the held pulls it now refuses."""
+    if not node.config.broker_permission & PERM_READ:
+        raise RequestRejected(ResponseCode.NO_PERMISSION,
+                              f"broker {node.config.broker_name} (node {node.broker_addr}) is not readable "
+                              f"(broker_permission {node.config.broker_permission}): pulling messages from it is "
+                              f"forbidden", ext={"broker_name": node.config.broker_name, "topic": topic})
     try:
         config = existing_topic_config(node, topic)
     except RequestRejected:

@@ -14,6 +14,8 @@ consumed from, kept from the first failure on) and ORIGIN_MESSAGE_ID:
 Both topics are created on first use with one queue, as RocketMQ's subscription-group defaults: the retry topic
 read|write (every member of the group subscribes to it), the DLQ write-only, so no consumer reads it by accident;
 lookups by key or id (``raftmq admin``) do not need read permission.
+
+A node whose ``broker_permission`` lacks write refuses it with NO_PERMISSION, as RocketMQ does: it is a write.
 """
 
 from __future__ import annotations
@@ -46,6 +48,10 @@ class SendBackProcessor:
         node = self.node
         if not node.is_leader():
             raise node.not_leader()
+        if not node.writable:
+            # As RocketMQ's consumerSendMsgBack: it stores a message, which a group out of write traffic must not.
+            # The consumer keeps the message and consumes it again later (client.push_consumer.send_back).
+            raise node.write_forbidden(request.ext.get("origin_topic") or None)
         ext = request.ext
         group = get_group(ext, "group")
         if len(group) > RETRY_GROUP_MAX_LENGTH:

@@ -1,8 +1,9 @@
 """SEND_MESSAGE / SEND_MESSAGE_V2 / SEND_BATCH_MESSAGE: validate, then append through the group commit.
 
 Order of checks (each with its own response code, so a client knows whether to retry, refresh its route or give
-up): leadership (NOT_LEADER + ``leader_addr``), topic name (INVALID_REQUEST naming ``topic``), reserved topic
-(NO_PERMISSION), topic existence or auto-creation (TOPIC_NOT_EXIST), write permission (NO_PERMISSION), queue id
+up): leadership (NOT_LEADER + ``leader_addr``), the node's ``broker_permission`` (NO_PERMISSION: the group was taken
+out of write traffic, ``raftmq admin update-broker-config``), topic name (INVALID_REQUEST naming ``topic``), reserved
+topic (NO_PERMISSION), topic existence or auto-creation (TOPIC_NOT_EXIST), write permission (NO_PERMISSION), queue id
 (INVALID_REQUEST naming ``queue_id``), message size and properties (MESSAGE_ILLEGAL), batch structure
 (INVALID_REQUEST naming ``body``). Only then is the message encoded (single send) or taken as is (a batch body
 already is the batch layout of ``remoting/message.py``; the broker rewrites only the 8-byte store host) and
@@ -56,6 +57,8 @@ class SendMessageProcessor:
         if not node.is_leader():
             raise node.not_leader()
         ext = request.ext
+        if not node.writable:
+            raise node.write_forbidden(ext.get("topic"))
         topic = get_str(ext, "topic")
         get_group(ext, "producer_group", default="DEFAULT_PRODUCER")
         # Hot path: the table judged each stored name as it came in (reserved or illegal ones are not sendable),

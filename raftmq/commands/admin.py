@@ -9,6 +9,7 @@
     raftmq admin delete-topic TOPIC [--cluster NAME | --broker NAME ...]   (deleteTopic)
     raftmq admin status [--broker NAME | --addr HOST:PORT]           (brokerStatus)
     raftmq admin broker-config [--broker NAME | --addr HOST:PORT]    (getBrokerConfig)
+    raftmq admin update-broker-config (--broker NAME | --addr HOST:PORT) -k KEY -v VALUE   (updateBrokerConfig)
     raftmq admin topic-status TOPIC                                  (topicStatus)
     raftmq admin consumer-connection GROUP [--cluster NAME]          (consumerConnection)
     raftmq admin consumer-progress GROUP [--topic TOPIC] [--cluster NAME]  (consumerProgress)
@@ -72,7 +73,8 @@ def register(subparsers) -> None:
                                    description="Administer a cluster through its name servers (RocketMQ's "
                                                "mqadmin: clusterList, topicList, topicRoute, updateTopic, "
                                                "updateTopicPerm, deleteTopic, topicStatus, brokerStatus, "
-                                               "getBrokerConfig, consumerConnection, consumerProgress, deleteSubGroup, "
+                                               "getBrokerConfig, updateBrokerConfig, consumerConnection, "
+                                               "consumerProgress, deleteSubGroup, "
                                                "producerConnection, resetOffsetByTime, "
                                                "queryMsgById, queryMsgByKey, queryMsgByOffset, "
                                                "sendMessage, consumeMessage).")
@@ -110,6 +112,19 @@ def register(subparsers) -> None:
     broker_config = add_command("broker-config", help="a broker node's effective config, defaults included "
                                                       "(GET_BROKER_CONFIG; the cluster secret is not shown)")
     _add_node(broker_config)
+    update_config = add_command("update-broker-config",
+                                help="change a config key at runtime on every member of a group, or on one node "
+                                     "(UPDATE_BROKER_CONFIG; kept across restarts), e.g. -k broker_permission -v 4 "
+                                     "to stop a group taking writes, -v 6 to give them back")
+    which = update_config.add_mutually_exclusive_group(required=True)
+    which.add_argument("--broker", help="every member of this group (each registers and may lead)")
+    which.add_argument("--addr", help="this node only, HOST:PORT")
+    update_config.add_argument("-k", "--key", required=True,
+                               help="the config key: broker_permission, auto_create_topic_enable, "
+                                    "default_topic_queue_nums, max_topic_count, long_polling_timeout_ms, "
+                                    "max_transfer_count, max_transfer_bytes or max_batch_messages")
+    update_config.add_argument("-v", "--value", required=True,
+                               help="its value, as in the config file (4, 15000, true)")
     delays = add_command("delay-offsets", help="delayed messages per delay level: delivered and stored up to "
                                                "where, how many wait (GET_ALL_DELAY_OFFSET)")
     _add_node(delays)
@@ -240,7 +255,13 @@ def _check(args: argparse.Namespace) -> None:
     if args.admin_command == "update-topic-perm" and args.perm not in UPDATABLE_PERMS:
         raise ConfigError(f"--perm must be 2 (write only), 4 (read only) or 6 (read and write), as mqadmin "
                           f"updateTopicPerm takes, got {args.perm}")
-    if args.admin_command in ("status", "delay-offsets", "broker-config") and args.addr is not None:
+    if args.admin_command == "update-broker-config":
+        # Here, not at the top: broker.config brings in the Raft stack, which every other command does without.
+        from broker.config import check_runtime_key
+
+        check_runtime_key(args.key)  # a ConfigError naming it and the keys that can change: exit 2, nothing sent
+    if args.admin_command in ("status", "delay-offsets", "broker-config", "update-broker-config") \
+            and args.addr is not None:
         # An empty --addr was taken as none given: the group leaders answered instead of the node meant.
         parse_host_port(args.addr, key="--addr", dial=True)
     _check_names(args)
@@ -366,6 +387,42 @@ async def _status(admin: AdminClient, args: argparse.Namespace) -> dict[str, Any
 
 async def _broker_config(admin: AdminClient, args: argparse.Namespace) -> dict[str, Any]:
     return {"nodes": {addr: await admin.broker_config(addr) for addr in await _nodes(admin, args)}}
+
+
+async def _update_broker_config(admin: AdminClient, args: argparse.Namespace) -> dict[str, Any]:
+    """Every member of ``--broker`` (as its nodes' config lists them, a member that is down too), or ``--addr``,
+    all at once. Each node applies the change or refuses it on its own: one failing fails the command (exit 1),
+    after the others were changed, with every node's outcome in the message."""
+    addrs = [args.addr] if args.addr is not None else await admin.broker_member_addrs(args.broker)
+    done: dict[str, Any] = {}
+    failed: dict[str, RaftMQError] = {}
+
+    async def one(addr: str) -> None:
+        try:
+            done[addr] = await admin.update_broker_config(addr, {args.key: args.value})
+        except RaftMQError as e:
+            failed[addr] = e
+
+    async with trio.open_nursery() as nursery:
+        for addr in addrs:
+            nursery.start_soon(one, addr)
+    if failed:
+        lines = [f"node {addr}: {_change(args.key, done[addr].previous[args.key], done[addr].values[args.key])}"
+                 if addr in done
+                 else f"node {addr}: failed: {failed[addr]}" for addr in addrs]
+        error = _Refused(f"{args.key} was not changed on {len(failed)} of {len(addrs)} node(s)"
+                         + (f" of {args.broker}" if args.broker else "") + "; a node that refused it or could not "
+                         "be reached keeps its value (run the command again once it is back)")
+        for line in lines:
+            error.add_note(line)
+        raise error
+    return {"key": args.key, "nodes": [{"addr": addr, "previous": done[addr].previous[args.key],
+                                        "value": done[addr].values[args.key]} for addr in addrs]}
+
+
+def _change(key: str, before: Any, after: Any) -> str:
+    return (f"{key} {json.dumps(before)} -> {json.dumps(after)}" if before != after
+            else f"{key} already {json.dumps(after)}, unchanged")
 
 
 def _flat(config: dict[str, Any], prefix: str = "") -> list[tuple[str, str]]:
@@ -501,7 +558,8 @@ class _Refused(Exception):
 _COMMANDS: dict[str, Callable[[AdminClient, argparse.Namespace], Awaitable[dict[str, Any]]]] = {
     "cluster": _cluster, "topics": _topics, "route": _route, "create-topic": _create,
     "update-topic-perm": _update_perm, "delete-topic": _delete,
-    "status": _status, "broker-config": _broker_config, "delay-offsets": _delay_offsets, "topic-status": _topic_status,
+    "status": _status, "broker-config": _broker_config, "update-broker-config": _update_broker_config,
+    "delay-offsets": _delay_offsets, "topic-status": _topic_status,
     "consumer-connection": _consumer_connection, "delete-group": _delete_group,
     "producer-connection": _producer_connection,
     "consumer-progress": _consumer_progress, "reset-offset": _reset_offset,
@@ -603,6 +661,9 @@ def _print(command: str, data: dict[str, Any]) -> None:
             for key, value in _flat(config):
                 table.add_row(key, Text(value))
             console.print(table)
+    elif command == "update-broker-config":
+        for node in data["nodes"]:
+            print(f"{node['addr']}: {_change(data['key'], node['previous'], node['value'])}")
     elif command == "delay-offsets":
         for addr, levels in data["nodes"].items():
             table = Table(title=f"delayed messages on broker node {addr}", header_style="bold")
