@@ -86,6 +86,9 @@ class BrokerConfig:
     max_transfer_count: int = bounded(1024, min=1, max=65_536, doc="messages per pull response, at most")
     max_transfer_bytes: int = bounded(1 << 20, min=1024, max=64 << 20, doc="bytes per pull response, at most")
     max_batch_messages: int = bounded(1024, min=1, max=65_536, doc="messages per SEND_BATCH_MESSAGE")
+    # RocketMQ's enablePropertyFilter, off by default as there: a SQL92 pull reads every candidate message's
+    # properties from the commit log (tags codes cannot help), which costs what a tag pull does not.
+    enable_property_filter: bool = bounded(False, doc="serve SQL92 subscriptions (MessageSelector.by_sql)")
     # A name server evicted a node not heard from for its broker_expired_ms (120 s by default): registering every
     # 120 s or more (up to 600 s was taken) left the group out of every route for most of each interval. 60 s is
     # RocketMQ's cap on registerNameServerPeriod (the node now sends its timeout, held to twice the interval).

@@ -33,8 +33,10 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from broker.filter import SubscriptionParseError, TagFilter, parse_tag_expression
+from broker.property_filter import parse_sql_expression
 from broker.topic_config import TopicConfigError, validate_group_name, validate_topic_name
 from remoting.message import CLIENT_ID_MAX_LENGTH
+from remoting.sql_filter import SQL92, TAG, SqlFilter
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +59,9 @@ class SubscriptionData:
     topic: str
     expression: str
     sub_version: int
-    filter: TagFilter
+    filter: TagFilter  # matches all for SQL92
+    expression_type: str = TAG
+    sql_filter: SqlFilter | None = None  # SQL92's compiled expression
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,15 +154,27 @@ def parse_heartbeat(body: Any) -> HeartbeatData:
             except TopicConfigError as e:
                 raise HeartbeatError(f"{swhere}{e}", field="topic") from None
             expression = s.get("expression", "*")
+            # Absent or empty is TAG, as RocketMQ's ExpressionType.isTagType. A SQL92 subscription is taken (and
+            # parsed) whatever enable_property_filter says: it is the group's pulls a broker without it refuses.
+            expression_type = s.get("expression_type") or TAG
+            if expression_type not in (TAG, SQL92):
+                raise HeartbeatError(f"{swhere}expression_type must be {TAG} or {SQL92}, got "
+                                     f"{str(expression_type)[:40]!r}", field="expression_type")
+            sql_filter = None
             try:
-                tag_filter = parse_tag_expression(expression)
+                if expression_type == SQL92:
+                    sql_filter = parse_sql_expression(expression)
+                    tag_filter = parse_tag_expression(None)
+                else:
+                    tag_filter = parse_tag_expression(expression)
             except SubscriptionParseError as e:
                 raise HeartbeatError(f"{swhere}expression: {e}", field="expression") from None
             version = s.get("sub_version", 0)
             if isinstance(version, bool) or not isinstance(version, int):
                 raise HeartbeatError(f"{swhere}sub_version must be an integer, got {version!r}",
                                      field="sub_version")
-            subs.append(SubscriptionData(topic, tag_filter.expression, version, tag_filter))
+            subs.append(SubscriptionData(topic, sql_filter.expression if sql_filter else tag_filter.expression,
+                                         version, tag_filter, expression_type, sql_filter))
         parsed_consumers.append(ConsumerData(group, consume_type, model, where_from, tuple(subs)))
     return HeartbeatData(client_id, tuple(producer_groups), tuple(parsed_consumers))
 

@@ -8,8 +8,9 @@ its response sent, as soon as one of these happens:
 * the dispatch path reports a queue's new max offset beyond the held offset (``notify_message_arriving``), and,
   for a pull with a tag filter, a new unit carries a tags code the filter wants (RocketMQ's
   ``isMatchedByConsumeQueue``): units it does not want move the held offset past them instead, and the resumed
-  pull starts there. Before, every arrival woke every held pull of the queue: a consumer of a rare tag on a busy
-  queue made a round trip per arrival to be told "nothing for you";
+  pull starts there (a SQL92 pull's ``matches`` reads the new messages' properties instead:
+  ``broker/property_filter.py``). Before, every arrival woke every held pull of the queue: a consumer of a rare tag
+  on a busy queue made a round trip per arrival to be told "nothing for you";
 * the deadline passes (the re-executed pull then answers PULL_NOT_FOUND, so the client simply pulls again);
 * a periodic check (``check_interval_ms``) sees the queue's max offset moved, in case a notification was missed
   (dispatch on a follower can race a hold that was registered a moment later);

@@ -32,6 +32,14 @@ The rules:
   further call until it is done (neither its dispatcher nor a worker finishing meanwhile), as the one-call-per-queue
   form did ("holding its queue"): a queue that cannot hand its failures to the broker should not race through its
   backlog failing them all. Calls already running go on.
+- **Batches** (``batch_handler``, ``consume_message_batch_max_size``, RocketMQ's consumeMessageBatchMaxSize): a call
+  takes up to that many of its queue's first waiting messages (never another queue's, never waiting for more) and
+  one slot, and everything above holds with "batch" for "message": the consume timeout bounds the call, and failed
+  messages are sent back each on its own, those the broker refused retried here together (broadcasting: all of
+  them, up to ``max_reconsume_times``) while the queue is held. The answer is the batch's, but for
+  ``ReconsumeLater.ack_index`` (RocketMQ's ackIndex: the messages up to it consumed, the rest failed). A message
+  leaves its ``ProcessQueue`` when it is done, so the offset passes the consumed head of a batch whose tail is
+  retried, and no further. The one-message path (``_consume``) is chosen per worker and left as it was.
 - **Taken away, reset, closed.** The queue's cancel scope (``ProcessQueue.cancel_scope``) cancels its pull, its
   dispatcher and every call in flight, as it did the one call before. A cancelled call's message is not consumed:
   the queue's offset stays before it and it is delivered again (to the next holder, or after a restart): at least
@@ -45,17 +53,22 @@ import dataclasses
 import itertools
 import logging
 import math
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import trio
 
+from client.listener import ConsumeStatus, ReconsumeLater, asked_reconsume_later
 from client.message import MessageExt
 
 if TYPE_CHECKING:
     from client.push_consumer import ProcessQueue, PushConsumer
 
-__all__ = ["ConcurrentConsumeService"]
+__all__ = ["ConcurrentConsumeService", "BatchHandler"]
+
+# open_push_consumer(batch_handler=...): called with a tuple of up to consume_message_batch_max_size messages of one
+# queue, in offset order (a tuple, as RocketMQ hands an unmodifiable list: ReconsumeLater.ack_index indexes it).
+BatchHandler = Callable[[Sequence[MessageExt]], Awaitable[Any]]
 
 log = logging.getLogger(__name__)
 
@@ -91,10 +104,11 @@ class _QueueHold:
 class _QueueCalls:
     """One queue's side of the pool: its messages waiting for a call, its local-retry hold, its worker on its way."""
 
-    __slots__ = ("pq", "hold", "waiting", "spawned")
+    __slots__ = ("pq", "hold", "waiting", "spawned", "take")
 
-    def __init__(self, pq: ProcessQueue) -> None:
+    def __init__(self, pq: ProcessQueue, take: int = 1) -> None:
         self.pq = pq
+        self.take = take  # messages a call takes at most: 1, or a batch handler's consume_message_batch_max_size
         self.hold = _QueueHold()
         # The messages whose call is not started yet, in offset order. Each call takes the first one as it starts,
         # whichever worker makes it and whatever order trio runs them in: a queue's calls start in offset order.
@@ -103,17 +117,21 @@ class _QueueCalls:
         self.spawned: trio.Event | None = None
 
     def unclaimed(self) -> int:
-        """Waiting messages no worker is bound to take: all but the one the worker on its way will."""
-        return len(self.waiting) - (self.spawned is not None)
+        """Waiting messages no worker is bound to take: all but those the worker on its way will (one call's)."""
+        return len(self.waiting) - (self.take if self.spawned is not None else 0)
 
 
 class ConcurrentConsumeService:
     """The handler calls of one push consumer (handler form, not orderly); the rules are in the module docstring."""
 
-    def __init__(self, consumer: PushConsumer, max_concurrent_handlers: int) -> None:
+    def __init__(self, consumer: PushConsumer, max_concurrent_handlers: int, batch_handler: BatchHandler | None = None,
+                 batch_max_size: int = 1) -> None:
         self._consumer = consumer
         self._max = max_concurrent_handlers
         self._slots = trio.Semaphore(max_concurrent_handlers)
+        # None: the consumer's handler, one message a call (PushConsumer._call_handler).
+        self._batch_handler = batch_handler
+        self._take = batch_max_size if batch_handler is not None else 1
 
     @property
     def handling(self) -> int:
@@ -125,7 +143,7 @@ class ConcurrentConsumeService:
         send, recv = trio.open_memory_channel[tuple["ProcessQueue", Sequence[MessageExt]]](math.inf)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._consumer._pull_loop, pq, send, start_offset)
-            nursery.start_soon(self._dispatch, _QueueCalls(pq), recv, nursery)
+            nursery.start_soon(self._dispatch, _QueueCalls(pq, self._take), recv, nursery)
 
     async def _dispatch(self, q: _QueueCalls, recv: trio.MemoryReceiveChannel, nursery: trio.Nursery) -> None:
         async for _, msgs in recv:
@@ -134,7 +152,7 @@ class ConcurrentConsumeService:
             # retry began before it ran), and workers that finish take a further one only when a slot is free.
             while q.waiting:
                 if q.unclaimed() <= 0:
-                    # Only the message the worker spawned last is bound to take: see that it does.
+                    # Only the messages the worker spawned last is bound to take (one call's): see that it does.
                     assert q.spawned is not None
                     await q.spawned.wait()
                     continue
@@ -185,8 +203,10 @@ class ConcurrentConsumeService:
             # messages wait for the dispatcher, which starts the next call once the retry is done.
             self._slots.release()
             return
+        # Chosen once a worker, not per call: the one-message path stays as it was.
+        consume = self._consume if self._batch_handler is None else self._consume_batch
         for calls in itertools.count(1):
-            await self._consume(q.pq, q.hold, q.waiting)  # gives its slot back
+            await consume(q.pq, q.hold, q.waiting)  # gives its slot back
             if calls % _CALLS_PER_CHECKPOINT == 0:
                 # Handlers that never wait would otherwise hold trio's loop through all their queue has waiting, up
                 # to its whole cache, while pulls, heartbeats and the other queues wait for their turn.
@@ -252,3 +272,117 @@ class ConcurrentConsumeService:
         finally:
             if held:
                 self._slots.release()
+
+    async def _consume_batch(self, pq: ProcessQueue, hold: _QueueHold,
+                             waiting: collections.deque[MessageExt]) -> None:
+        """``_consume`` for a batch handler: one call takes up to a batch of the queue's first waiting messages. The
+        failed ones (all of the batch, or those after ``ReconsumeLater.ack_index``) go as one failed message does;
+        those retried here are called again together, as RocketMQ resubmits a batch's failed send-backs. A message
+        leaves the queue as soon as it is done, so the offset may pass the head of a batch whose tail is retried."""
+        held = True  # whether this call holds a slot (not while it waits to retry locally)
+        try:
+            batch = tuple(waiting.popleft() for _ in range(min(self._take, len(waiting))))
+            consumer = self._consumer
+            timeout_s = consumer.config.consume_timeout_min * 60
+            attempts = consumer.max_reconsume_times + 1
+            clustering = consumer._retry_topic is not None
+            retrying = False
+            try:
+                for attempt in itertools.count(1):
+                    failure = await self._call_batch(pq, batch, timeout_s)
+                    if failure is None:
+                        self._done(pq, batch)
+                        break
+                    # Up to ack_index consumed (RocketMQ's ackIndex; None: nothing), the rest failed.
+                    acked = 0 if failure.ack_index is None else failure.ack_index + 1
+                    self._done(pq, batch[:acked])
+                    failed = batch[acked:]
+                    if not failed:
+                        break
+                    delay_level = failure.delay_level or 0
+                    if clustering:
+                        # Each failed message sent back on its own, as RocketMQ; only those the broker did not take
+                        # are retried here (without end: see _consume).
+                        kept = []
+                        for msg in failed:
+                            if await consumer.send_back(pq.mq, msg, delay_level=delay_level):
+                                self._done(pq, (msg,))
+                            else:
+                                kept.append(msg)
+                        if not kept:
+                            break
+                        failed = tuple(kept)
+                    elif delay_level < 0 or attempt >= attempts:
+                        for msg in failed:
+                            if delay_level < 0:
+                                log.error("message skipped, its batch handler asked for the dead letters (delay_level "
+                                          "-1), which a broadcasting consumer has none of mq=%s offset=%d msg_id=%s",
+                                          pq.mq, msg.queue_offset, msg.msg_id)
+                            else:
+                                log.error("message skipped after %d failed attempts mq=%s offset=%d msg_id=%s",
+                                          attempts, pq.mq, msg.queue_offset, msg.msg_id)
+                        self._done(pq, failed)
+                        break
+                    if not retrying:
+                        retrying = True
+                        hold.pause()
+                    held = False
+                    self._slots.release()
+                    await trio.sleep(consumer.config.reconsume_delay_ms / 1000)
+                    await self._slots.acquire()
+                    held = True
+                    batch = tuple(dataclasses.replace(m, reconsume_times=m.reconsume_times + 1) for m in failed)
+            finally:
+                if retrying:
+                    hold.resume()
+        finally:
+            if held:
+                self._slots.release()
+
+    def _done(self, pq: ProcessQueue, msgs: Sequence[MessageExt]) -> None:
+        consumer = self._consumer
+        consumer._delivered += len(msgs)
+        for msg in msgs:
+            consumer._consumed(pq, msg)
+
+    async def _call_batch(self, pq: ProcessQueue, batch: tuple[MessageExt, ...],
+                          timeout_s: float) -> ReconsumeLater | None:
+        """``PushConsumer._call_handler`` for a batch: None if the batch handler consumed it all (returned None or
+        ``ConsumeStatus.SUCCESS``), else the failure as a ``ReconsumeLater`` (the handler's own, which may carry
+        ``ack_index``; a plain one, all failed, when it raised anything else, returned anything else, or ran past
+        ``timeout_s`` and was cancelled)."""
+        assert self._batch_handler is not None
+        first, last = batch[0].queue_offset, batch[-1].queue_offset
+        with trio.move_on_after(timeout_s) as scope:
+            try:
+                result = await self._batch_handler(batch)
+            except ReconsumeLater as e:
+                log.debug("batch handler asked to reconsume later mq=%s offsets=%d..%d messages=%d ack_index=%s "
+                          "delay_level=%s", pq.mq, first, last, len(batch), e.ack_index, e.delay_level)
+                return e
+            except BaseExceptionGroup as group:
+                # As in _call_handler: a Cancelled in the group goes on up as one, for the scope that cancelled.
+                cancelled, rest = group.split(trio.Cancelled)
+                if rest is not None:
+                    asked = asked_reconsume_later(rest)
+                    if asked is not None and cancelled is None:
+                        return asked
+                    log.error("batch handler failed mq=%s offsets=%d..%d messages=%d", pq.mq, first, last,
+                              len(batch), exc_info=rest)
+                if cancelled is not None:
+                    raise cancelled from None
+                return ReconsumeLater()
+            except Exception:
+                log.exception("batch handler failed mq=%s offsets=%d..%d messages=%d", pq.mq, first, last, len(batch))
+                return ReconsumeLater()
+        if scope.cancelled_caught:
+            log.warning("batch handler cancelled after consume_timeout_min=%d, its messages count as failed topic=%s "
+                        "broker_name=%s queue_id=%d offsets=%d..%d messages=%d",
+                        self._consumer.config.consume_timeout_min, pq.mq.topic, pq.mq.broker_name, pq.mq.queue_id,
+                        first, last, len(batch))
+            return ReconsumeLater()
+        if result is None or result is ConsumeStatus.SUCCESS:
+            return None
+        if result is not ConsumeStatus.RECONSUME_LATER:
+            self._consumer._unknown_result(result, pq, batch[0])
+        return ReconsumeLater()

@@ -7,7 +7,8 @@ import enum
 
 from client.message import I32_MAX
 
-__all__ = ["ConsumeStatus", "ReconsumeLater", "CONCURRENT_MAX_RECONSUME_TIMES", "ORDERLY_MAX_RECONSUME_TIMES"]
+__all__ = ["ConsumeStatus", "ReconsumeLater", "CONCURRENT_MAX_RECONSUME_TIMES", "ORDERLY_MAX_RECONSUME_TIMES",
+           "asked_reconsume_later"]
 
 # What max_reconsume_times -1 means, as RocketMQ's getMaxReconsumeTimes: 16 for concurrent consumption (its retries
 # then take the broker's backoff levels 3 to 18, the last), unlimited for orderly (a queue's later messages may need
@@ -21,7 +22,8 @@ SUSPEND_MS_MIN, SUSPEND_MS_MAX = 10, 30_000
 class ConsumeStatus(enum.Enum):
     """What a handler may return (RocketMQ's ConsumeConcurrentlyStatus / ConsumeOrderlyStatus). ``SUCCESS`` (or
     None): consumed. ``RECONSUME_LATER``: failed, as if it raised (orderly: RocketMQ's
-    SUSPEND_CURRENT_QUEUE_A_MOMENT). Any other return value is a failure too, logged (see ``client.push_consumer``)."""
+    SUSPEND_CURRENT_QUEUE_A_MOMENT). Any other return value is a failure too, logged (see ``client.push_consumer``).
+    A ``batch_handler``'s answer is about its whole batch (to fail only its tail: ``ReconsumeLater.ack_index``)."""
 
     SUCCESS = "SUCCESS"
     RECONSUME_LATER = "RECONSUME_LATER"
@@ -39,9 +41,16 @@ class ReconsumeLater(Exception):
 
     ``suspend_ms`` (ConsumeOrderlyContext.setSuspendCurrentQueueTimeMillis): orderly consumption, how long the queue
     waits before this message is handled again, this time; clamped to 10..30000 ms as RocketMQ; None:
-    ``suspend_current_queue_time_ms``. Concurrent consumption ignores it."""
+    ``suspend_current_queue_time_ms``. Concurrent consumption ignores it.
 
-    def __init__(self, reason: str = "", *, delay_level: int | None = None, suspend_ms: int | None = None) -> None:
+    ``ack_index`` (ConsumeConcurrentlyContext.setAckIndex): a ``batch_handler``'s call, the index of the last message
+    of its batch that was consumed: messages ``0..ack_index`` count as consumed, the ones after it failed (sent back,
+    or retried here, as any failure). None or -1: the whole batch failed; an index at or past the batch's last
+    message: none failed (RocketMQ clamps it so). A handler of one message at a time ignores it (what it raises is
+    about its one message), as orderly consumption does."""
+
+    def __init__(self, reason: str = "", *, delay_level: int | None = None, suspend_ms: int | None = None,
+                 ack_index: int | None = None) -> None:
         # Checked here, in the handler that raises it, where a mistake can be read, not in the consumer: the broker
         # refused a level past a Java int, and a level below -1 meant nothing to it.
         if delay_level is not None and (type(delay_level) is not int or not -1 <= delay_level <= I32_MAX):
@@ -49,6 +58,28 @@ class ReconsumeLater(Exception):
                              f"{delay_level!r}")
         if suspend_ms is not None and type(suspend_ms) is not int:
             raise ValueError(f"ReconsumeLater.suspend_ms must be None or an int (ms), got {suspend_ms!r}")
+        # Below -1 a slice from ack_index + 1 would count from the batch's end, and mark its head consumed.
+        if ack_index is not None and (type(ack_index) is not int or ack_index < -1):
+            raise ValueError(f"ReconsumeLater.ack_index must be None or an int >= -1 (the index of the batch's last "
+                             f"consumed message), got {ack_index!r}")
         super().__init__(reason or "the handler asked to consume the message again later")
         self.delay_level = delay_level
         self.suspend_ms = None if suspend_ms is None else min(max(suspend_ms, SUSPEND_MS_MIN), SUSPEND_MS_MAX)
+        self.ack_index = ack_index
+
+
+def asked_reconsume_later(group: BaseExceptionGroup) -> ReconsumeLater | None:
+    """The ``ReconsumeLater`` a group of them asks for (the dead letters, -1, if any does), None if the group holds
+    anything else too (then it is a failure like any other)."""
+    asked, other = group.split(ReconsumeLater)
+    if asked is None or other is not None:
+        return None
+    leaves: list[ReconsumeLater] = []
+    pending: list[BaseException] = [asked]
+    while pending:
+        e = pending.pop()
+        if isinstance(e, BaseExceptionGroup):
+            pending.extend(e.exceptions)
+        else:
+            leaves.append(e)  # type: ignore[arg-type]
+    return next((e for e in leaves if e.delay_level == -1), leaves[0])

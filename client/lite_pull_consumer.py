@@ -21,7 +21,9 @@ picks the queues, the consumer prefetches them in the background, and the applic
   pausing ``pull_time_delay_ms_when_exception`` after a failed pull. A queue's first pull starts at the group's
   committed offset, or where ``consume_from_where`` says if the group has none (as RocketMQ's
   computePullFromWhere; ``await position(mq)`` waits until that start is found). With auto-commit, a start found so
-  is committed at once. Every message is pulled (``*``: RocketMQ 4's assign mode has no tag expression either). An
+  is committed at once. Every message is pulled (``*``), unless ``set_sub_expression_for_assign`` gives a topic a
+  tag expression or a ``MessageSelector.by_sql`` (RocketMQ 5's setSubExpressionForAssign), from each of its queues'
+  next pull on. An
   offset beyond the queue's end (committed past it, a wiped store) follows the leader's correction as a seek.
 - **Bounds.** A queue's next pull waits while it caches ``pull_threshold_for_queue`` messages or
   ``pull_threshold_size_for_queue_mib`` MiB of bodies not yet polled, or while the whole consumer caches
@@ -64,6 +66,7 @@ from typing import Any
 import trio
 
 from client.errors import ClientClosedError
+from client.filter import MessageSelector, Subscription, parse_subscription
 from client.instance import HOUR_MS, ClientConfig, ClientInstance, build_config, open_client_nursery, open_remoting
 from client.message import (DEFAULT_MAX_INFLATED_BODY, I32_MAX, I64_MAX, MAX_INFLATED_BODY, MessageExt, MessageQueue,
                             PullStatus, check_int_arg, check_queue, check_seconds)
@@ -159,6 +162,7 @@ class LitePullConsumer:
         self._offsets = RemoteOffsetStore(self._api.fetch_consume_offset, self._api.commit_consume_offset)
         self._queues: dict[MessageQueue, _AssignedQueue] = {}
         self._paused: set[MessageQueue] = set()
+        self._subs: dict[str, Subscription] = {}  # topic -> its expression (set_sub_expression_for_assign)
         self._ready: collections.deque[_AssignedQueue] = collections.deque()
         self._cached = 0
         self._cached_bytes = 0
@@ -213,6 +217,16 @@ class LitePullConsumer:
     def assignment(self) -> frozenset[MessageQueue]:
         self._check_open("assignment")
         return frozenset(self._queues)
+
+    def set_sub_expression_for_assign(self, topic: str, expression: str | MessageSelector) -> None:
+        """Pull the queues of ``topic`` with ``expression``, a tag expression or ``MessageSelector.by_sql(...)``
+        (``*``: every message), from each queue's next pull on; what is cached already stays. ``ValueError`` names
+        a bad topic or expression now, not in every pull."""
+        self._check_open("set_sub_expression_for_assign")
+        sub = parse_subscription(topic, expression)
+        self._subs[topic] = sub
+        log.info("expression set group=%s topic=%s type=%s expression=%s", self.config.consumer_group, topic,
+                 sub.expression_type, sub.expression)
 
     def pause(self, queues: Iterable[MessageQueue]) -> None:
         """Stop handing out and prefetching ``queues`` (assigned ones); what they cache stays for ``resume``."""
@@ -448,6 +462,7 @@ class LitePullConsumer:
                 try:
                     self._pulls += 1
                     result = await self._api.pull(mq, offset, cfg.pull_batch_size,
+                                                  subscription=self._subs.get(mq.topic),
                                                   suspend_timeout_ms=cfg.broker_suspend_max_time_ms)
                 except RaftMQError as e:
                     if self._closed or aq.dropped:

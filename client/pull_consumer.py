@@ -23,7 +23,7 @@ from typing import Any
 
 import cbor2
 
-from client.filter import Subscription, parse_subscription
+from client.filter import TAG, MessageSelector, Subscription, parse_subscription
 from client.instance import (
     ClientConfig, ClientInstance, build_config, open_client_nursery, open_remoting, raise_for_response,
 )
@@ -169,6 +169,8 @@ class PullAPI:
                "commit_offset": commit_offset if commit_offset is not None else -1,
                "suspend_timeout_millis": suspend_timeout_ms, "subscription": sub.expression,
                "sub_version": sub.sub_version}
+        if sub.expression_type != TAG:
+            ext["expression_type"] = sub.expression_type  # absent means TAG: a tag pull's request is unchanged
         if timeout_s is None:
             timeout_s = self.instance.timeout_s + suspend_timeout_ms / 1000
         frame = await self._read_invoke(mq, RequestCode.PULL_MESSAGE, ext, timeout_s=timeout_s, ok=_PULL_STATUS)
@@ -316,9 +318,10 @@ class PullConsumer:
     async def fetch_queues(self, topic: str) -> list[MessageQueue]:
         return await self._api.fetch_subscribe_queues(topic)
 
-    async def pull(self, mq: MessageQueue, offset: int, max_nums: int = 32, *, expression: str = "*",
-                   block_ms: int = 0) -> PullResult:
-        """Messages of ``mq`` from ``offset``; ``block_ms`` > 0 waits (long polling) for new ones."""
+    async def pull(self, mq: MessageQueue, offset: int, max_nums: int = 32, *,
+                   expression: str | MessageSelector = "*", block_ms: int = 0) -> PullResult:
+        """Messages of ``mq`` from ``offset`` matching ``expression`` (tags, or ``MessageSelector.by_sql``);
+        ``block_ms`` > 0 waits (long polling) for new ones."""
         check_queue("mq", mq)
         check_int_arg("block_ms", block_ms, 0, I32_MAX)  # a Java int on the wire; offset and max_nums: PullAPI.pull
         sub = parse_subscription(mq.topic, expression)

@@ -68,6 +68,14 @@ How it works (RocketMQ's DefaultMQPushConsumer, as trio tasks):
   queue and offset (RocketMQ's cleanExpireMsg sends such a message back too, but leaves its thread running; a trio
   task can be stopped). Not for orderly consumption (RocketMQ applies it only to concurrent consumption: an orderly
   queue's next message must wait for this one anyway), nor for the iterator form (the loop body is the caller's).
+- **Batches** (``batch_handler=`` instead of ``handler=``; ``consume_message_batch_max_size``, RocketMQ's
+  consumeMessageBatchMaxSize, 1 by default, 1..1024): each call gets a tuple of up to that many messages of one
+  queue, in offset order, and takes one of the ``max_concurrent_handlers`` slots; the consume timeout bounds the
+  call. What it returns or raises is about the whole batch, except ``ReconsumeLater(ack_index=k)`` (RocketMQ's
+  ackIndex): messages 0..k consumed, the rest failed. Failed messages go as above, each sent back on its own, those
+  retried here called again together (``client/consume_service.py``). A size above 1 without ``batch_handler`` is
+  refused, so a handler written for one message never gets a sequence; so is ``orderly=True`` with either
+  (``consume_message_batch_max_size`` > 1 or ``batch_handler``): orderly consumption takes one message at a time.
 - **One iterating task at a time**: the consumer holds one pending message (the last one returned), so a second
   task's ``__anext__`` would acknowledge the first task's message while it is still being processed. A task
   that calls ``__anext__`` while another waits in it or holds its last message gets ``RuntimeError``; another
@@ -116,15 +124,15 @@ from typing import Any
 import cbor2
 import trio
 
-from client.consume_service import ConcurrentConsumeService
+from client.consume_service import BatchHandler, ConcurrentConsumeService
 from client.errors import ClientClosedError
-from client.filter import Subscription, parse_subscription
+from client.filter import SQL92, MessageSelector, Subscription, parse_subscription
 from client.instance import (
     HOUR_MS, ClientConfig, ClientInstance, ServerRequests, build_config, now_ms, open_client_nursery,
     open_remoting, raise_for_response,
 )
 from client.listener import (CONCURRENT_MAX_RECONSUME_TIMES, ORDERLY_MAX_RECONSUME_TIMES, ConsumeStatus,
-                             ReconsumeLater)
+                             ReconsumeLater, asked_reconsume_later)
 from client.message import (DEFAULT_MAX_INFLATED_BODY, I32_MAX, I64_MAX, MAX_INFLATED_BODY, MessageExt, MessageQueue,
                             PullResult, PullStatus)
 from client.offset_store import LocalFileOffsetStore, RemoteOffsetStore
@@ -193,6 +201,11 @@ class PushConsumerConfig(ClientConfig):
                                            doc="concurrent handler form: handler calls running at once across all the "
                                                "consumer's queues; a queue's messages may then be handled side by "
                                                "side and finish out of order (orderly=True keeps order)")
+    # RocketMQ's consumeMessageBatchMaxSize and its range. Only with batch_handler (open_push_consumer checks): a
+    # handler written for one message must never be handed a list because a config file says so.
+    consume_message_batch_max_size: int = bounded(1, min=1, max=1024,
+                                                  doc="concurrent batch_handler form: most messages of one queue a "
+                                                      "call gets; more than 1 needs batch_handler")
     reconsume_delay_ms: int = bounded(1_000, min=0, max=HOUR_MS)
     # An empty one put the offset files in the current directory (Path("") is ".").
     offset_store_dir: str = bounded(".raftmq-offsets", check=blank_dir_problem,
@@ -228,6 +241,12 @@ class PushConsumerConfig(ClientConfig):
             # RocketMQ ignores it there; set, it was meant to do something, and it would not.
             raise ConfigError(f"allocate_strategy is for CLUSTERING consumers (a BROADCASTING member consumes every "
                               f"queue), got {self.allocate_strategy!r} with message_model 'BROADCASTING'")
+        if self.orderly and self.consume_message_batch_max_size > 1:
+            # RocketMQ takes orderly batches, but fails them whole: a batch whose retries ran out for some of its
+            # messages puts those in the dead letters and still hands them over again with the rest. One message
+            # at a time keeps "this message failed" meaning one message.
+            raise ConfigError(f"consume_message_batch_max_size is for the concurrent handler form (batch_handler); "
+                              f"orderly=True handles one message at a time, got {self.consume_message_batch_max_size}")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -243,23 +262,6 @@ class ConsumerStatistics:
     handling: int = 0
     # Between suspend() and resume(): no queue is pulled.
     suspended: bool = False
-
-
-def _asked_reconsume_later(group: BaseExceptionGroup) -> ReconsumeLater | None:
-    """The ``ReconsumeLater`` a group of them asks for (the dead letters, -1, if any does), None if the group holds
-    anything else too (then it is a failure like any other)."""
-    asked, other = group.split(ReconsumeLater)
-    if asked is None or other is not None:
-        return None
-    leaves: list[ReconsumeLater] = []
-    pending: list[BaseException] = [asked]
-    while pending:
-        e = pending.pop()
-        if isinstance(e, BaseExceptionGroup):
-            pending.extend(e.exceptions)
-        else:
-            leaves.append(e)  # type: ignore[arg-type]
-    return next((e for e in leaves if e.delay_level == -1), leaves[0])
 
 
 def local_offset_store(config: PushConsumerConfig) -> LocalFileOffsetStore:
@@ -310,9 +312,11 @@ def _claim_offset_file(store: LocalFileOffsetStore | None, config: PushConsumerC
 
 class PushConsumer:
     def __init__(self, config: PushConsumerConfig, instance: ClientInstance, subscriptions: Sequence[Subscription],
-                 handler: Handler | None, local_offsets: LocalFileOffsetStore | None = None) -> None:
+                 handler: Handler | None, local_offsets: LocalFileOffsetStore | None = None, *,
+                 batch_handler: BatchHandler | None = None) -> None:
         if not subscriptions:
             raise ValueError("a push consumer needs at least one subscription (topic)")
+        _check_batch(config, handler, batch_handler)
         _check_orderly(config, handler)
         self.config = config
         self._instance = instance
@@ -333,6 +337,7 @@ class PushConsumer:
             self._retry_topic = retry_topic(config.consumer_group)
             self._subs.setdefault(self._retry_topic, parse_subscription(self._retry_topic, "*"))
         self._handler = handler
+        self._batch_handler = batch_handler  # takes a sequence of messages (client/consume_service.py)
         if config.message_model == "BROADCASTING":
             self._offsets: Any = local_offsets if local_offsets is not None else local_offset_store(config)
         else:
@@ -373,8 +378,9 @@ class PushConsumer:
         self._stray_queues: set[MessageQueue] = set()
         self._orderly = (OrderlyService(self, config, self._api, instance.client_id, self._offsets)
                          if config.orderly else None)
-        self._concurrent = (ConcurrentConsumeService(self, config.max_concurrent_handlers)
-                            if handler is not None and not config.orderly else None)
+        self._concurrent = (ConcurrentConsumeService(self, config.max_concurrent_handlers, batch_handler,
+                                                     config.consume_message_batch_max_size)
+                            if (handler is not None or batch_handler is not None) and not config.orderly else None)
         instance.heartbeat_data = self._heartbeat_data
 
     @property
@@ -428,18 +434,20 @@ class PushConsumer:
         if self._closing or self._instance.closed:
             raise ClientClosedError(f"the push consumer is closed: {method}() cannot be called on it")
 
-    def subscriptions(self) -> dict[str, str]:
-        """The topics subscribed now and their tag expressions (not the group's retry topic, which a clustering
-        consumer subscribes to by itself)."""
-        return {t: s.expression for t, s in sorted(self._subs.items()) if t != self._retry_topic}
+    def subscriptions(self) -> dict[str, str | MessageSelector]:
+        """The topics subscribed now and their tag expressions, or their ``MessageSelector.by_sql`` (not the
+        group's retry topic, which a clustering consumer subscribes to by itself)."""
+        return {t: MessageSelector.by_sql(s.expression) if s.expression_type == SQL92 else s.expression
+                for t, s in sorted(self._subs.items()) if t != self._retry_topic}
 
-    async def subscribe(self, topic: str, expression: str = "*") -> None:
+    async def subscribe(self, topic: str, expression: str | MessageSelector = "*") -> None:
         """Subscribe to ``topic`` (RocketMQ's DefaultMQPushConsumer.subscribe, here on an open consumer too): a
         heartbeat tells the brokers at once, and for a new topic a rebalance allocates its queues and fixes their
         start offsets before this returns (so from ``CONSUME_FROM_LAST_OFFSET`` every message sent afterwards is
         consumed). A topic already subscribed takes ``expression`` from its next pulls (those in flight are
         cancelled and sent again); messages pulled before are still delivered. Every member of the group should
-        make the same call: a topic's queues are split among all of them. ``ValueError`` for an illegal topic or
+        make the same call: a topic's queues are split among all of them. ``expression`` is a tag expression or a
+        ``MessageSelector`` (``MessageSelector.by_sql("a > 5")``). ``ValueError`` for an illegal topic or
         expression or the group's retry topic; ``ClientClosedError`` on a closed consumer."""
         self._check_open("subscribe")
         self._check_not_retry_topic(topic, "subscribe")
@@ -452,7 +460,7 @@ class PushConsumer:
             if old is None:
                 await self._note_first_queues(topic)
         if old is not None:
-            if old.expression != sub.expression:
+            if (old.expression_type, old.expression) != (sub.expression_type, sub.expression):
                 # Long polls held on the broker with the old expression would bring in what it selects.
                 for scope, scope_topic in list(self._pull_scopes.items()):
                     if scope_topic == topic:
@@ -502,12 +510,12 @@ class PushConsumer:
         return {"producers": [], "consumers": [{
             "consumer_group": self.config.consumer_group, "consume_type": "CONSUME_PASSIVELY",
             "message_model": self.config.message_model, "consume_from_where": self.config.consume_from_where,
-            "subscriptions": [{"topic": s.topic, "expression": s.expression, "sub_version": s.sub_version}
-                              for s in self._subs.values()]}]}
+            "subscriptions": [{"topic": s.topic, "expression": s.expression, "expression_type": s.expression_type,
+                               "sub_version": s.sub_version} for s in self._subs.values()]}]}
 
     # -- iterator form --------------------------------------------------------------------------------------------
     def __aiter__(self) -> PushConsumer:
-        if self._handler is not None:
+        if self._handler is not None or self._batch_handler is not None:
             raise TypeError("this consumer was opened with a handler; it cannot also be iterated")
         return self
 
@@ -981,7 +989,7 @@ class PushConsumer:
                 # group, the other errors in it ended the whole consumer. A ReconsumeLater keeps its settings.
                 cancelled, rest = group.split(trio.Cancelled)
                 if rest is not None:
-                    asked = _asked_reconsume_later(rest)
+                    asked = asked_reconsume_later(rest)
                     if asked is not None and cancelled is None:
                         return asked
                     log.error("handler failed mq=%s offset=%d reconsume_times=%d", pq.mq, msg.queue_offset,
@@ -1044,12 +1052,28 @@ def _check_orderly(config: PushConsumerConfig, handler: Handler | None) -> None:
                          "the iterator form cannot consume in order around a rebalance")
 
 
-def _check_handler(handler: Any) -> None:
+def _check_batch(config: PushConsumerConfig, handler: Handler | None, batch_handler: BatchHandler | None) -> None:
+    """``batch_handler`` (a sequence of messages a call) instead of ``handler``, never both; only it takes more than
+    one message a call, so a handler written for one message is never handed a sequence."""
+    if batch_handler is None:
+        if config.consume_message_batch_max_size > 1:
+            raise ConfigError(f"consume_message_batch_max_size {config.consume_message_batch_max_size} needs "
+                              f"batch_handler= (an async function taking a sequence of messages): handler= and the "
+                              f"iterator take one message at a time")
+        return
+    if handler is not None:
+        raise ValueError("give handler= (one message a call) or batch_handler= (a sequence of messages), not both")
+    if config.orderly:
+        raise ValueError("orderly=True handles one message at a time: it takes handler=, not batch_handler=")
+
+
+def _check_handler(handler: Any, name: str = "handler", takes: str = "message") -> None:
     """A handler is an ``async def`` function or method, a ``functools.partial`` of one, or an object whose
-    ``__call__`` is one, taking the message as its one argument. Anything else failed each call, inside the
-    consumer: every message was retried ``max_reconsume_times`` times, logged and skipped."""
+    ``__call__`` is one, taking the message (a batch handler: the sequence of messages) as its one argument.
+    Anything else failed each call, inside the consumer: every message was retried ``max_reconsume_times`` times,
+    logged and skipped."""
     if not (inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(getattr(handler, "__call__", None))):
-        raise TypeError(f"handler must be an async function taking a message, got {handler!r}")
+        raise TypeError(f"{name} must be an async function taking a {takes}, got {handler!r}")
     try:
         signature = inspect.signature(handler)
     except (TypeError, ValueError):
@@ -1057,17 +1081,21 @@ def _check_handler(handler: Any) -> None:
     try:
         signature.bind(None)
     except TypeError:
-        raise TypeError(f"handler must take the message as its one argument, got {handler!r} with signature "
+        raise TypeError(f"{name} must take the {takes} as its one argument, got {handler!r} with signature "
                         f"{signature}") from None
 
 
 @contextlib.asynccontextmanager
 async def open_push_consumer(namesrv: str | Sequence[str] | None = None, *, topic: str | None = None,
-                             expression: str = "*", subscriptions: Mapping[str, str] | None = None,
-                             handler: Handler | None = None, **options: Any) -> AsyncIterator[PushConsumer]:
-    """Open a push consumer subscribed to ``topic`` (with tag ``expression``) or to every ``{topic: expression}``
-    of ``subscriptions``. With ``handler`` it consumes in the background until the block exits; without, iterate
-    it: ``async for msg in consumer``. Other options are ``PushConsumerConfig`` fields."""
+                             expression: str | MessageSelector = "*",
+                             subscriptions: Mapping[str, str | MessageSelector] | None = None,
+                             handler: Handler | None = None, batch_handler: BatchHandler | None = None,
+                             **options: Any) -> AsyncIterator[PushConsumer]:
+    """Open a push consumer subscribed to ``topic`` (with tag ``expression``, or a ``MessageSelector``) or to every
+    ``{topic: expression}`` of ``subscriptions``. With ``handler`` it consumes in the background until the block
+    exits; without, iterate it: ``async for msg in consumer``. ``batch_handler`` instead of ``handler`` takes a
+    sequence of up to ``consume_message_batch_max_size`` messages of one queue a call. Other options are
+    ``PushConsumerConfig`` fields."""
     if namesrv is not None:
         options["namesrv"] = namesrv
     config: PushConsumerConfig = build_config(PushConsumerConfig, options)
@@ -1089,6 +1117,9 @@ async def open_push_consumer(namesrv: str | Sequence[str] | None = None, *, topi
         raise ValueError("open_push_consumer needs a topic or subscriptions")
     if handler is not None:
         _check_handler(handler)
+    if batch_handler is not None:
+        _check_handler(batch_handler, "batch_handler", "sequence of messages")
+    _check_batch(config, handler, batch_handler)
     _check_orderly(config, handler)
     version = now_ms()  # RocketMQ's subVersion
     parsed = [parse_subscription(t, e, sub_version=version) for t, e in subs.items()]
@@ -1098,7 +1129,7 @@ async def open_push_consumer(namesrv: str | Sequence[str] | None = None, *, topi
         async with open_remoting(config, server_requests) as remoting:
             async with open_client_nursery() as nursery:
                 instance = ClientInstance(config, remoting, nursery)
-                consumer = PushConsumer(config, instance, parsed, handler, local_offsets)
+                consumer = PushConsumer(config, instance, parsed, handler, local_offsets, batch_handler=batch_handler)
                 server_requests.on_consumer_ids_changed = (
                     lambda group: consumer.trigger_rebalance() if group in (None, config.consumer_group) else None)
                 server_requests.on_reset_offset = consumer.offsets_reset

@@ -2,9 +2,14 @@
 
 The pull path is RocketMQ's ``PullMessageProcessor``: validate, optionally commit the consumer's offset (sys_flag
 bit 0x1, leader only), read up to ``max_msg_nums`` messages matching the tag filter, and answer with the raw
-commit-log records as the body. When nothing is there yet and the client allows suspension (sys_flag bit 0x2),
-the request is held by ``PullRequestHoldService`` for ``min(suspend_timeout_millis, long_polling_timeout_ms)``
-and executed again when a message for that queue is dispatched or the time is up.
+commit-log records as the body. A pull whose ``expression_type`` is SQL92 (or, without a subscription of its own,
+whose group's is) reads its messages through ``broker/property_filter.py`` instead, with the same limits and
+answers, and only on a node with ``enable_property_filter``; elsewhere it is refused as RocketMQ refuses it,
+SYSTEM_ERROR "The broker does not support consumer to filter message by SQL92".
+
+When nothing is there yet and the client allows suspension (sys_flag bit 0x2), the request is held by
+``PullRequestHoldService`` for ``min(suspend_timeout_millis, long_polling_timeout_ms)`` and executed again when a
+message for that queue is dispatched or the time is up.
 
 Status mapping (store → response), as RocketMQ:
 FOUND → SUCCESS; NO_MESSAGE_IN_QUEUE / OFFSET_OVERFLOW_ONE → PULL_NOT_FOUND (or held); NO_MATCHED_MESSAGE →
@@ -25,6 +30,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from broker.filter import SubscriptionParseError, TagFilter, parse_tag_expression
+from broker.property_filter import get_messages_by_sql, has_sql_match_between, parse_sql_expression
 from broker.processor.base import (I32, RequestRejected, error_response, existing_topic_config, get_group, get_int,
                                    get_str, invalid)
 from broker.topic_config import PERM_READ
@@ -32,6 +38,7 @@ from remoting.codec import Frame, make_response
 from remoting.codes import ResponseCode
 from remoting.errors import RaftMQError
 from remoting.message import TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
+from remoting.sql_filter import SQL92, TAG, SqlFilter
 
 if TYPE_CHECKING:
     from broker.node import BrokerNode
@@ -102,8 +109,13 @@ class PullMessageProcessor:
                 log.debug("held pull answer not delivered topic=%s error=%s", args["topic"], e)
 
         tag_filter: TagFilter = args["tag_filter"]
-        matches = None if tag_filter.matches_all else functools.partial(
-            self.node.store.has_tags_code_between, args["topic"], args["queue_id"], codes=tag_filter.codes)
+        sql_filter: SqlFilter | None = args.get("sql_filter")
+        if sql_filter is not None:
+            matches = functools.partial(has_sql_match_between, self.node.store, args["topic"], args["queue_id"],
+                                        sql=sql_filter)
+        else:
+            matches = None if tag_filter.matches_all else functools.partial(
+                self.node.store.has_tags_code_between, args["topic"], args["queue_id"], codes=tag_filter.codes)
         self.node.hold.hold(args["topic"], args["queue_id"], hold_from, timeout_s, resume, matches, conn=conn)
         return None
 
@@ -124,18 +136,40 @@ class PullMessageProcessor:
         check_pullable(node, topic, args["queue_id"])
         expression = ext.get("subscription")
         tag_filter: TagFilter
+        sql_filter: SqlFilter | None = None
         if expression is None and not args["sys_flag"] & FLAG_SUBSCRIPTION:
             sub = node.clients.find_subscription(args["consumer_group"], topic)
             tag_filter = sub.filter if sub is not None else parse_tag_expression(None)
-        else:
+            if sub is not None and sub.sql_filter is not None:
+                sql_filter = self._sql_filter(sub.expression)
+        elif ext.get("expression_type") in (None, "", TAG):
             try:
                 tag_filter = parse_tag_expression(expression)
             except SubscriptionParseError as e:
                 raise RequestRejected(ResponseCode.SUBSCRIPTION_PARSE_FAILED, str(e)) from None
+        else:
+            tag_filter = parse_tag_expression(None)
+            sql_filter = self._sql_filter(expression, ext.get("expression_type"))
         args["tag_filter"] = tag_filter
+        args["sql_filter"] = sql_filter
         if args["sys_flag"] & FLAG_COMMIT_OFFSET and args["commit_offset"] >= 0 and node.is_leader():
             node.offsets.commit(args["consumer_group"], topic, args["queue_id"], args["commit_offset"])
         return args
+
+    def _sql_filter(self, expression: Any, expression_type: Any = SQL92) -> SqlFilter:
+        """A SQL92 pull's compiled expression, or its refusal: by a node without ``enable_property_filter`` (as
+        RocketMQ's, SYSTEM_ERROR), of an unknown expression type, or of an expression that does not parse."""
+        if expression_type != SQL92:
+            raise invalid("expression_type", f"must be {TAG} or {SQL92}, got {str(expression_type)[:40]!r}")
+        if not self.node.config.enable_property_filter:
+            raise RequestRejected(ResponseCode.SYSTEM_ERROR,
+                                  f"The broker does not support consumer to filter message by {SQL92}: broker "
+                                  f"{self.node.config.broker_name} (node {self.node.broker_addr}) has "
+                                  f"enable_property_filter = false", ext={"field": "expression_type"})
+        try:
+            return parse_sql_expression(expression)
+        except SubscriptionParseError as e:
+            raise RequestRejected(ResponseCode.SUBSCRIPTION_PARSE_FAILED, str(e)) from None
 
     def _pull(self, request: Frame, args: dict[str, Any], *, allow_suspend: bool) -> tuple[Frame | None, int]:
         """The response, or (None, the offset to hold the pull from) when it is to wait for messages."""
@@ -143,9 +177,14 @@ class PullMessageProcessor:
         config = node.config
         max_nums = min(args["max_msg_nums"], config.max_transfer_count)
         tag_filter: TagFilter = args["tag_filter"]
-        result = node.store.get_messages(args["topic"], args["queue_id"], args["queue_offset"], max_nums,
-                                         config.max_transfer_bytes,
-                                         tag_filter=None if tag_filter.matches_all else tag_filter.codes)
+        sql_filter: SqlFilter | None = args.get("sql_filter")
+        if sql_filter is None:
+            result = node.store.get_messages(args["topic"], args["queue_id"], args["queue_offset"], max_nums,
+                                             config.max_transfer_bytes,
+                                             tag_filter=None if tag_filter.matches_all else tag_filter.codes)
+        else:
+            result = get_messages_by_sql(node.store, args["topic"], args["queue_id"], args["queue_offset"],
+                                         max_nums, config.max_transfer_bytes, sql_filter)
         status = result.status.name if hasattr(result.status, "name") else str(result.status)
         leader = node.is_leader()
         ext = {"next_begin_offset": result.next_begin_offset, "min_offset": result.min_offset,
@@ -173,7 +212,8 @@ class PullMessageProcessor:
                 return None, result.next_begin_offset
             # Messages were scanned but none matched the tags: move on at once from next_begin_offset.
             return make_response(request, ResponseCode.PULL_RETRY_IMMEDIATELY,
-                                 remark=f"no message matching {tag_filter.expression!r} in the scanned range",
+                                 remark=f"no message matching {(sql_filter or tag_filter).expression!r} in the "
+                                        f"scanned range",
                                  ext=ext), 0
         if status in ("NO_MESSAGE_IN_QUEUE", "NO_MATCHED_LOGIC_QUEUE", "OFFSET_OVERFLOW_ONE"):
             if may_wait:
