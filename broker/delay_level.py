@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 
 __all__ = ["DEFAULT_MESSAGE_DELAY_LEVEL", "MAX_DELAY_LEVELS", "parse_delay_levels", "delay_levels_problem",
-           "format_delay"]
+           "format_delay", "timer_level"]
 
 DEFAULT_MESSAGE_DELAY_LEVEL = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
 MAX_DELAY_LEVELS = 64
@@ -52,3 +52,20 @@ def delay_levels_problem(text: str) -> str | None:
     except ValueError as e:
         return str(e)
     return None
+
+
+def timer_level(levels_ms: tuple[int, ...] | list[int], remaining_ms: int) -> int:
+    """The level (1-based) a timer message that is due in ``remaining_ms`` (> 0) waits in next: the one with the
+    longest delay not past that time, so it never arrives early and the next hop is shorter; or, when every level
+    is longer (less than the shortest level is left), the shortest, the least it can arrive late. Ties go to the
+    first such level; the levels need not be sorted."""
+    best = 0
+    shortest = 0
+    for i, delay_ms in enumerate(levels_ms):
+        if delay_ms <= remaining_ms and (not best or delay_ms > levels_ms[best - 1]):
+            best = i + 1
+        if not shortest or delay_ms < levels_ms[shortest - 1]:
+            shortest = i + 1
+    if not shortest:
+        raise ValueError("timer_level needs at least one delay level")
+    return best or shortest

@@ -16,8 +16,21 @@ Rules this module keeps:
 * **What is delivered.** The message as it was sent: body, flag, sys flag, born time and host, reconsume times
   and every property (keys, tags, UNIQ_KEY: the same message id) but DELAY; REAL_TOPIC and REAL_QID stay, as
   RocketMQ leaves them. It gets a queue offset in its real topic and is indexed there like any message.
+* **Timer messages hop through the levels.** A message with TIMER_DELIVER_MS (ms since the epoch), TIMER_DELAY_MS or
+  TIMER_DELAY_SEC (from the broker's receipt; RocketMQ 5's names, the first present of SEC, MS, DELIVER wins, as
+  there) is kept with its absolute time in TIMER_DELIVER_MS and parked in the level with the longest delay not past
+  the time left (the shortest level when every level is longer). When found due there it is delivered only if its
+  time has come, otherwise parked again for the time left: appended to its next level in the same batch as the
+  deliveries, before the progress moves past it, so a leader killed between the two parks it twice (a duplicate,
+  never a loss). So it arrives no earlier than its time and at most about the shortest level (1 s by default) plus a
+  round late, and every queue stays in due order (a hop is a new record). A 3-day wait is ~36 hops of 2 h, then a
+  few shorter ones. A time already past is stored at once in its topic as a normal message; one more than
+  ``TIMER_MAX_DELAY_MS`` ahead (RocketMQ's ``timerMaxDelaySec``, 3 days) is MESSAGE_ILLEGAL; DELAY above 0 wins
+  over a timer property, which is dropped (RocketMQ's ``checkIfTimerMessage``), so a send-back never re-times.
 * **Nothing on the send path for other messages.** The send processor looks DELAY up only in a message that has
-  properties (one dict lookup); a batch may not carry DELAY (as RocketMQ's MessageBatch).
+  properties (one dict lookup, three more for the timer properties); a batch may not carry DELAY (as RocketMQ's
+  MessageBatch). A batch entry's timer properties are not looked at: it is stored at once, as RocketMQ's broker
+  does (its timer hook reads only the batch's own properties); raftmq's producer refuses them in a batch.
 """
 
 from __future__ import annotations
@@ -29,11 +42,13 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from broker.processor.base import RequestRejected
+from broker.delay_level import timer_level
+from broker.processor.base import RequestRejected, invalid
 from broker.store.results import GetMessageStatus
 from remoting.codes import ResponseCode
 from remoting.errors import RaftMQError
-from remoting.message import (PROPERTY_DELAY, PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC, SCHEDULE_TOPIC,
+from remoting.message import (PROPERTY_DELAY, PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC, PROPERTY_TIMER_DELAY_MS,
+                              PROPERTY_TIMER_DELAY_SEC, PROPERTY_TIMER_DELIVER_MS, SCHEDULE_TOPIC, TIMER_PROPERTIES,
                               MessageFormatError, MessageInput, MessageView, decode_record, encode_batch)
 
 if TYPE_CHECKING:
@@ -42,11 +57,15 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 __all__ = ["SCHEDULE_TABLE", "schedule_properties", "with_real_destination", "restored_message", "stored_again",
-           "delay_level_of", "ScheduleMessageService"]
+           "delay_level_of", "timer_property", "timer_deliver_ms", "TIMER_MAX_DELAY_MS", "ScheduleMessageService"]
 
 SCHEDULE_TABLE = "broker.schedule_offset"
 ROUND_INTERVAL_S = 0.1
 DELIVER_MAX_MESSAGES = 64
+# RocketMQ's timerMaxDelaySec (259200 s): a timer message due further ahead is refused at send. A module constant
+# until the broker config has a key for it.
+TIMER_MAX_DELAY_MS = 3 * 86_400_000
+_MAX_TIMER_DIGITS = 18  # a Java long's decimal digits, less one: int() of it is never past I64
 
 
 def with_real_destination(properties: Mapping[str, Any], topic: str, queue_id: int) -> dict[str, Any]:
@@ -59,8 +78,41 @@ def with_real_destination(properties: Mapping[str, Any], topic: str, queue_id: i
 
 
 def schedule_properties(topic: str, queue_id: int, properties: Mapping[str, str], level: int) -> dict[str, str]:
-    """The properties of a message of ``topic``:``queue_id`` stored to wait ``level`` in the schedule topic."""
-    return with_real_destination({**properties, PROPERTY_DELAY: str(level)}, topic, queue_id)
+    """The properties of a message of ``topic``:``queue_id`` stored to wait ``level`` in the schedule topic, without
+    timer properties: a message delayed by level (DELAY, a send-back of a delivered timer message) does not wait
+    for a delivery time as well, as RocketMQ's checkIfTimerMessage clears them when DELAY is set."""
+    props = with_real_destination({**properties, PROPERTY_DELAY: str(level)}, topic, queue_id)
+    for name in TIMER_PROPERTIES:
+        props.pop(name, None)
+    return props
+
+
+def timer_property(properties: Mapping[str, Any]) -> str | None:
+    """The first timer property ``properties`` carry, in RocketMQ's order of precedence; None if none."""
+    for name in TIMER_PROPERTIES:
+        if name in properties:
+            return name
+    return None
+
+
+def timer_deliver_ms(properties: Mapping[str, Any], now_ms: int) -> int | None:
+    """The delivery time (ms since the epoch) a timer message asks for: TIMER_DELAY_SEC or TIMER_DELAY_MS after
+    ``now_ms``, else TIMER_DELIVER_MS (the first present, as RocketMQ's transformTimerMessage reads them); None
+    without any. Raises ValueError naming the property whose value is not a non-negative decimal integer."""
+    name = timer_property(properties)
+    if name is None:
+        return None
+    value = properties[name]
+    if type(value) is not str or not value.isascii() or not value.isdecimal() or len(value) > _MAX_TIMER_DIGITS:
+        what = {PROPERTY_TIMER_DELAY_SEC: "a delay in seconds", PROPERTY_TIMER_DELAY_MS: "a delay in ms",
+                PROPERTY_TIMER_DELIVER_MS: "a delivery time in ms since the epoch"}[name]
+        raise ValueError(f"property {name!r} must be {what}, a decimal integer of at most {_MAX_TIMER_DIGITS} "
+                         f"digits, got {value!r}")
+    if name == PROPERTY_TIMER_DELAY_SEC:
+        return now_ms + int(value) * 1000
+    if name == PROPERTY_TIMER_DELAY_MS:
+        return now_ms + int(value)
+    return int(value)
 
 
 def restored_message(view: MessageView, drop: Sequence[str], *, sys_flag: int | None = None,
@@ -109,18 +161,54 @@ class ScheduleMessageService:
         self.levels_ms = tuple(levels_ms)
         self.delivered = 0
         self.dropped = 0
+        self.timer_hops = 0  # timer messages parked again, not yet due after a level's delay
 
     def redirect(self, topic: str, queue_id: int, properties: Mapping[str, Any]) -> tuple[str, int, Mapping[str, Any]]:
         """Where a sent message with a DELAY property is stored: the schedule queue of its level (level 0: where it
-        was sent). Bad levels are INVALID_REQUEST naming ``properties``."""
+        was sent, or where its timer properties send it). Bad levels are INVALID_REQUEST naming ``properties``."""
         try:
             level = delay_level_of(properties[PROPERTY_DELAY], len(self.levels_ms))
         except ValueError as e:
             raise RequestRejected(ResponseCode.INVALID_REQUEST, f"request field 'properties': {e}",
                                   ext={"field": "properties"}) from None
         if level == 0:
+            if timer_property(properties) is not None:
+                return self.redirect_timer(topic, queue_id, properties)
             return topic, queue_id, properties
         return SCHEDULE_TOPIC, level - 1, schedule_properties(topic, queue_id, properties, level)
+
+    def redirect_timer(self, topic: str, queue_id: int, properties: Mapping[str, Any],
+                       now_ms: int | None = None) -> tuple[str, int, Mapping[str, Any]]:
+        """Where a sent timer message is stored, its time kept absolute in TIMER_DELIVER_MS: the schedule queue of
+        the level it waits in first (``timer_level``), or where it was sent when its time has come. A malformed
+        timer property is INVALID_REQUEST naming ``properties``; a time past ``TIMER_MAX_DELAY_MS`` ahead is
+        MESSAGE_ILLEGAL (RocketMQ's WHEEL_TIMER_MSG_ILLEGAL)."""
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        try:
+            deliver_ms = timer_deliver_ms(properties, now)
+        except ValueError as e:
+            raise invalid("properties", str(e)) from None
+        name = timer_property(properties)
+        assert deliver_ms is not None and name is not None  # only called for a message with a timer property
+        remaining = deliver_ms - now
+        if name == PROPERTY_TIMER_DELIVER_MS:
+            if remaining <= 0:
+                return topic, queue_id, properties  # due already: a normal message, stored as sent
+            props = properties
+        else:
+            # The relative properties become the time they stand for, so a hop (or a later look) reads one clock.
+            props = {k: v for k, v in properties.items() if k not in TIMER_PROPERTIES}
+            props[PROPERTY_TIMER_DELIVER_MS] = str(deliver_ms)
+            if remaining <= 0:
+                return topic, queue_id, props
+        if remaining > TIMER_MAX_DELAY_MS:
+            raise RequestRejected(ResponseCode.MESSAGE_ILLEGAL,
+                                  f"timer message too far ahead: property {name!r} asks for delivery in {remaining} "
+                                  f"ms, more than the most this broker waits, {TIMER_MAX_DELAY_MS} ms "
+                                  f"({TIMER_MAX_DELAY_MS // 1000} s, RocketMQ's timerMaxDelaySec)")
+        level = timer_level(self.levels_ms, remaining)
+        return SCHEDULE_TOPIC, level - 1, with_real_destination({**props, PROPERTY_DELAY: str(level)}, topic,
+                                                                 queue_id)
 
     def offsets(self) -> dict[int, int]:
         """Replicated progress: level → next schedule queue offset to deliver."""
@@ -169,8 +257,9 @@ class ScheduleMessageService:
                 log.info("scheduled delivery round failed error=%s", getattr(e, "remark", e))
 
     async def deliver_due(self, now_ms: int | None = None) -> int:
-        """One round: append what is due (at most one batch), then replicate the progress; returns how many
-        messages were delivered (the caller goes on at once while rounds are full)."""
+        """One round: append what is due (at most one batch: deliveries, and timer messages parked again for the
+        time they still have to wait), then replicate the progress; returns how many messages were appended (the
+        caller goes on at once while rounds are full)."""
         node = self.node
         store = node.store
         now = int(time.time() * 1000) if now_ms is None else now_ms
@@ -178,6 +267,7 @@ class ScheduleMessageService:
         max_bytes = node.max_message_size
         batch: list[MessageInput] = []
         size = 0
+        hops = 0
         progress: dict[str, int] = {}
         full = False
         for level, delay_ms in self.levels():
@@ -199,7 +289,13 @@ class ScheduleMessageService:
                 if batch and (size + len(raw) > max_bytes or len(batch) >= DELIVER_MAX_MESSAGES):
                     full = True
                     break
-                message = self._delivered(view)
+                message = None
+                remaining = self._timer_remaining_ms(view, now)
+                if remaining > 0:
+                    message = self._parked_again(view, remaining)
+                    hops += message is not None
+                if message is None:
+                    message = self._delivered(view)
                 if message is not None:
                     batch.append(message)
                     size += len(raw)
@@ -211,8 +307,35 @@ class ScheduleMessageService:
         if not node.is_leader():
             raise node.not_leader()
         await node.group.put_metadata(SCHEDULE_TABLE, progress, timeout_s=node.config.send_timeout_ms / 1000)
-        self.delivered += len(batch)
+        self.delivered += len(batch) - hops
+        self.timer_hops += hops
         return len(batch) or 1
+
+    def _timer_remaining_ms(self, view: MessageView, now_ms: int) -> int:
+        """How long a parked timer message still waits (0 or less: due; 0 too for a message delayed by level)."""
+        value = view.properties.get(PROPERTY_TIMER_DELIVER_MS)
+        if value is None:
+            return 0
+        if not value.isascii() or not value.isdecimal() or len(value) > _MAX_TIMER_DIGITS:
+            # The send path stores only times it parsed: delivered now rather than block its level or be lost.
+            log.warning("parked timer message with a malformed %s delivered now phy_offset=%d value=%r",
+                        PROPERTY_TIMER_DELIVER_MS, view.phy_offset, value)
+            return 0
+        return int(value) - now_ms
+
+    def _parked_again(self, view: MessageView, remaining_ms: int) -> MessageInput | None:
+        """A timer message found due in its level before its time, as appended to its next level: the very
+        record, DELAY changed (its time, destination and UNIQ_KEY kept). None if it cannot be written so."""
+        level = timer_level(self.levels_ms, remaining_ms)
+        try:
+            message = stored_again(view, SCHEDULE_TOPIC, level - 1, {**view.properties, PROPERTY_DELAY: str(level)})
+            encode_batch([message], self.node.store_host, max_message_size=self.node.max_message_size)
+        except MessageFormatError as e:
+            # A longer DELAY value past the properties' limit: early beats lost, and it would block its level.
+            log.error("timer message cannot be parked again, delivered %d ms early phy_offset=%d error=%s",
+                      remaining_ms, view.phy_offset, e)
+            return None
+        return message
 
     def _delivered(self, view: MessageView) -> MessageInput | None:
         try:

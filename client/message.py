@@ -22,7 +22,8 @@ from typing import Any
 
 from remoting.message import (BATCH_HEAD, COMPRESSED_FLAG, COMPRESSION_TYPE_MASK, COMPRESSION_ZLIB_TYPE, I32, I64,
                               KEY_SEPARATOR, MAX_PROPERTIES_SIZE, PROPERTY_DELAY,
-                              PROPERTY_KEYS, PROPERTY_PRODUCER_GROUP, PROPERTY_TAGS, PROPERTY_TRANSACTION_PREPARED,
+                              PROPERTY_KEYS, PROPERTY_PRODUCER_GROUP, PROPERTY_TAGS, PROPERTY_TIMER_DELAY_MS,
+                              PROPERTY_TIMER_DELIVER_MS, PROPERTY_TRANSACTION_PREPARED, TIMER_PROPERTIES,
                               PROPERTY_UNIQ_KEY, MessageFormatError, check_topic, create_msg_id, decode_properties,
                               encode_properties, encode_uniform_batch, split_keys)
 
@@ -146,7 +147,11 @@ def _check_str(name: str, value: Any) -> None:
 class Message:
     """A message to send. ``body`` is bytes; ``properties`` are user string properties. ``delay_level`` (1-based
     into the broker's ``message_delay_level``, "1s 5s 10s 30s 1m ..." by default; 0: none) delivers the message
-    to its topic that long after the broker stored it (RocketMQ's setDelayTimeLevel); not in ``send_batch``."""
+    to its topic that long after the broker stored it (RocketMQ's setDelayTimeLevel); not in ``send_batch``.
+    ``deliver_time_ms`` (ms since the epoch) or ``delay_ms`` (from the broker's receipt) deliver it at that time
+    instead, no earlier, at most about the shortest level late, up to the broker's limit of 3 days ahead (RocketMQ
+    5's setDeliverTimeMs / setDelayTimeMs, properties TIMER_DELIVER_MS / TIMER_DELAY_MS); one of the three at
+    most; a time already past is no delay; not in ``send_batch`` nor ``send_in_transaction``."""
 
     topic: str
     body: bytes
@@ -155,8 +160,17 @@ class Message:
     properties: dict[str, str] = dataclasses.field(default_factory=dict)
     flag: int = 0
     delay_level: int = 0
+    # Keywords here, attributes too (the properties defined after the class): kept where RocketMQ keeps them, in
+    # the properties, so that every send path (single, oneway, auto-batch, send-back) carries them as it carries
+    # any property, and one truth can never disagree with another.
+    deliver_time_ms: dataclasses.InitVar[int | None] = None
+    delay_ms: dataclasses.InitVar[int | None] = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, deliver_time_ms: int | None, delay_ms: int | None) -> None:
+        if deliver_time_ms is not None:
+            self.deliver_time_ms = deliver_time_ms
+        if delay_ms is not None:
+            self.delay_ms = delay_ms
         self.validate()
 
     def validate(self) -> None:
@@ -208,6 +222,8 @@ class Message:
             # a property skipped the attribute's checks (TRAN_MSG by hand made a half message nothing would end).
             if name in self.properties:
                 raise ValueError(f"Message.properties must not set {name!r}: {how} instead")
+        if self.properties:
+            _check_timer(self)
         _check_wire_properties(self)
 
     def wire_properties(self) -> dict[str, str]:
@@ -231,8 +247,66 @@ class Message:
             uniq = new_uniq_key()
             return (self.body, _UNIQ_PROPERTY_HEAD + uniq.encode("ascii") + b"\x02", flag), uniq
         props = self.wire_properties()
+        for name in TIMER_PROPERTIES:
+            # It waits in the schedule topic, not in the batch's queue; and the broker only times single sends.
+            if name in props:
+                raise MessageFormatError("delay", f"a message with a delivery time ({name}) is sent alone, not "
+                                                  f"in a batch")
         uniq = props.setdefault(PROPERTY_UNIQ_KEY, new_uniq_key())
         return (self.body, encode_properties(props), flag), uniq
+
+
+_MAX_TIMER_MS = 10 ** 18 - 1  # the broker reads up to 18 digits (a Java long's, less one)
+
+
+def _timer_ms(message: Message, name: str) -> int | None:
+    value = message.properties.get(name)
+    return int(value) if value is not None and value.isascii() and value.isdecimal() else None
+
+
+def _set_timer_ms(message: Message, name: str, field: str, value: int | None) -> None:
+    if value is not None and (type(value) is not int or not 0 <= value <= _MAX_TIMER_MS):
+        raise ValueError(f"Message.{field} must be None or an integer within 0..{_MAX_TIMER_MS}, got {value!r}")
+    if not isinstance(message.properties, Mapping):
+        raise TypeError(f"Message.properties must map str to str, got {message.properties!r}")
+    # A new dict: the one given may be shared with other messages, which must not get this time.
+    props = {k: v for k, v in message.properties.items() if k != name}
+    if value is not None:
+        props[name] = str(value)
+    message.properties = props
+
+
+# RocketMQ 5's getDeliverTimeMs / setDeliverTimeMs and getDelayTimeMs / setDelayTimeMs (None: not set).
+Message.deliver_time_ms = property(  # type: ignore[assignment]
+    lambda self: _timer_ms(self, PROPERTY_TIMER_DELIVER_MS),
+    lambda self, value: _set_timer_ms(self, PROPERTY_TIMER_DELIVER_MS, "deliver_time_ms", value),
+    doc="When the broker delivers the message, in ms since the epoch (property TIMER_DELIVER_MS); None: not set.")
+Message.delay_ms = property(  # type: ignore[assignment]
+    lambda self: _timer_ms(self, PROPERTY_TIMER_DELAY_MS),
+    lambda self, value: _set_timer_ms(self, PROPERTY_TIMER_DELAY_MS, "delay_ms", value),
+    doc="How long after its receipt the broker delivers the message, in ms (property TIMER_DELAY_MS); None: not set.")
+
+
+_TIMER_SEC, _TIMER_MS, _TIMER_AT = TIMER_PROPERTIES
+
+
+def _check_timer(message: Message) -> None:
+    """A delivery time as the broker reads it (broker/schedule.py): one timer property at most, a decimal integer,
+    and not with a delay level, which the broker would prefer, dropping the time (RocketMQ's checkIfTimerMessage)."""
+    props = message.properties
+    if _TIMER_AT not in props and _TIMER_MS not in props and _TIMER_SEC not in props:
+        return  # most messages with properties: ~50 ns
+    names = [name for name in TIMER_PROPERTIES if name in props]
+    if len(names) > 1:
+        raise ValueError(f"Message.properties set {' and '.join(names)}: a message has one delivery time "
+                         f"(Message.deliver_time_ms or Message.delay_ms)")
+    if message.delay_level:
+        raise ValueError(f"Message.delay_level {message.delay_level} and a delivery time ({names[0]}) exclude each "
+                         f"other: give one")
+    value = props[names[0]]
+    if not value.isascii() or not value.isdecimal() or len(value) > 18:
+        raise ValueError(f"Message.properties[{names[0]!r}] must be a decimal integer of at most 18 digits (ms, or "
+                         f"s for TIMER_DELAY_SEC), got {value!r}")
 
 
 @dataclasses.dataclass(frozen=True, slots=True, order=True)

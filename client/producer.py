@@ -53,7 +53,8 @@ from remoting.codes import RequestCode, ResponseCode
 from remoting.config import ConfigError, bounded
 from remoting.errors import ConnectError, ConnectionClosedError, NotLeaderError, RaftMQError, for_code
 from remoting.message import (BATCH_HEAD, COMPRESSED_FLAG, I32, MAX_PROPERTIES_SIZE, PROPERTY_PRODUCER_GROUP,
-                              PROPERTY_TRANSACTION_PREPARED, TRANSACTION_PREPARED_TYPE, MessageFormatError,
+                              PROPERTY_TRANSACTION_PREPARED, TIMER_PROPERTIES, TRANSACTION_PREPARED_TYPE,
+                              MessageFormatError,
                               check_topic, encode_uniform_batch, group_problem, ip_bytes)
 
 __all__ = ["ProducerConfig", "Producer", "open_producer"]
@@ -253,6 +254,10 @@ class Producer:
         if message.delay_level:
             raise ValueError(f"send_in_transaction: Message.delay_level is {message.delay_level}; a transactional "
                              f"message may not be delayed (RocketMQ refuses it too)")
+        if timer := [name for name in TIMER_PROPERTIES if name in message.properties]:
+            raise ValueError(f"send_in_transaction: the message has a delivery time ({timer[0]}: Message."
+                             f"deliver_time_ms or delay_ms); a transactional message may not be delayed (RocketMQ 5 "
+                             f"refuses it too)")
         self._check_routing(message.topic, None, None, timeout_s)
         body, sys_flag = self._single_body(message)
         group = self.config.producer_group

@@ -54,6 +54,7 @@ __all__ = [
     "PROPERTY_TAGS", "PROPERTY_KEYS", "PROPERTY_UNIQ_KEY", "KEY_SEPARATOR", "split_keys",
     "PROPERTY_DELAY", "PROPERTY_REAL_TOPIC", "PROPERTY_REAL_QUEUE_ID", "PROPERTY_RETRY_TOPIC",
     "PROPERTY_ORIGIN_MESSAGE_ID", "SCHEDULE_TOPIC", "RETRY_GROUP_TOPIC_PREFIX", "DLQ_GROUP_TOPIC_PREFIX",
+    "PROPERTY_TIMER_DELIVER_MS", "PROPERTY_TIMER_DELAY_MS", "PROPERTY_TIMER_DELAY_SEC", "TIMER_PROPERTIES",
     "retry_topic", "dlq_topic",
     "RETRY_GROUP_MAX_LENGTH",
     "PROPERTY_TRANSACTION_PREPARED", "PROPERTY_PRODUCER_GROUP", "PROPERTY_TRANSACTION_CHECK_TIMES",
@@ -90,6 +91,12 @@ PROPERTY_REAL_QUEUE_ID = "REAL_QID"
 PROPERTY_RETRY_TOPIC = "RETRY_TOPIC"  # the topic a sent-back message was first consumed from
 PROPERTY_ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"  # queue (level - 1) holds the messages of one delay level
+# Timer messages (RocketMQ 5's Message.setDeliverTimeMs / setDelayTimeMs / setDelayTimeSec): delivered at a time of
+# the producer's choosing rather than after a level's delay; they hop through the delay levels (broker/schedule.py).
+PROPERTY_TIMER_DELIVER_MS = "TIMER_DELIVER_MS"  # absolute: ms since the epoch
+PROPERTY_TIMER_DELAY_MS = "TIMER_DELAY_MS"  # relative to the broker's receipt, in ms
+PROPERTY_TIMER_DELAY_SEC = "TIMER_DELAY_SEC"  # ... in seconds
+TIMER_PROPERTIES = (PROPERTY_TIMER_DELAY_SEC, PROPERTY_TIMER_DELAY_MS, PROPERTY_TIMER_DELIVER_MS)  # RocketMQ's order
 RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
 # Transactional messages (RocketMQ's names): a half message carries TRAN_MSG=true and its producer group, waits in
 # the half topic, and is ended by an op record in the op topic; one checked too often goes to the check-max topic.

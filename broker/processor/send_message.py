@@ -30,8 +30,10 @@ from broker.topic_config import TopicConfigError, check_sendable_topic, validate
 from dledger import DLedgerError, NotLeaderError
 from remoting.codec import EncodedExt, Frame, make_response
 from remoting.codes import RequestCode, ResponseCode
+from broker.schedule import timer_property
 from broker.transaction import prepared_sys_flag
-from remoting.message import (BATCH_HEAD, BATCH_MAGIC, ENTRY_HEAD, PROPERTY_DELAY, PROPERTY_TRANSACTION_PREPARED,
+from remoting.message import (BATCH_HEAD, BATCH_MAGIC, ENTRY_HEAD, PROPERTY_DELAY, PROPERTY_TIMER_DELAY_MS,
+                              PROPERTY_TIMER_DELAY_SEC, PROPERTY_TIMER_DELIVER_MS, PROPERTY_TRANSACTION_PREPARED,
                               CheckedBatch, MessageFormatError, MessageInput, check_topic, encode_batch,
                               encode_properties, encode_single_batch, scan_batch)
 
@@ -163,13 +165,20 @@ class SendMessageProcessor:
             raise invalid("properties", f"must be a map of strings, got {type(properties).__name__}")
         half = False
         if properties:
-            # The two lookups a message with properties pays: a half message waits in the transaction half queue
-            # for its END_TRANSACTION, a delayed one in its level's schedule queue.
+            # The lookups a message with properties pays: a half message waits in the transaction half queue for
+            # its END_TRANSACTION, a delayed one in its level's schedule queue, a timer one in the level it hops
+            # through first (broker/schedule.py).
             if PROPERTY_TRANSACTION_PREPARED in properties:
+                if (timer := timer_property(properties)) is not None:
+                    raise invalid("properties", f"a transactional message ({PROPERTY_TRANSACTION_PREPARED}) may not "
+                                                f"be delayed ({timer})")
                 topic, queue_id, properties = self.node.transactions.half_destination(topic, queue_id, properties)
                 half = True
             elif PROPERTY_DELAY in properties:
                 topic, queue_id, properties = self.node.schedule.redirect(topic, queue_id, properties)
+            elif (PROPERTY_TIMER_DELIVER_MS in properties or PROPERTY_TIMER_DELAY_MS in properties
+                  or PROPERTY_TIMER_DELAY_SEC in properties):
+                topic, queue_id, properties = self.node.schedule.redirect_timer(topic, queue_id, properties)
         flag = get_int(ext, "flag", default=0, lo=I32[0], hi=I32[1])
         sys_flag = get_int(ext, "sys_flag", default=0, lo=I32[0], hi=I32[1])
         if half:
