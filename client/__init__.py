@@ -12,6 +12,7 @@ A push consumer's handler says how a message went by returning (None or ``Consum
 
 from client.admin import (
     AdminClient,
+    BrokerConfigUpdate,
     ClusterInfo,
     ConsumerConnection,
     ConsumeStats,
@@ -39,7 +40,7 @@ from client.errors import (
     RequestTimeoutError,
     SendFailedError,
 )
-from client.filter import Subscription, parse_subscription, tags_code
+from client.filter import MessageSelector, Subscription, parse_subscription, tags_code
 from client.message import (
     Message,
     MessageExt,
@@ -54,7 +55,8 @@ from client.pull_consumer import PullConsumer, PullConsumerConfig, open_pull_con
 from client.listener import ConsumeStatus, ReconsumeLater
 from client.lite_pull_consumer import LitePullConsumer, LitePullConsumerConfig, open_lite_pull_consumer
 from client.push_consumer import PushConsumer, PushConsumerConfig, open_push_consumer
-from client.rebalance import allocate_average
+from client.rebalance import (allocate_average, allocate_average_by_circle, allocate_by_config,
+                              allocate_consistent_hash)
 from client.transaction import TransactionListener, TransactionSendResult, TransactionState
 
 __all__ = [
@@ -64,9 +66,10 @@ __all__ = [
     "open_lite_pull_consumer", "LitePullConsumer", "LitePullConsumerConfig",
     "open_admin", "AdminClient", "ClusterInfo", "ConsumeStats", "ConsumerConnection", "OffsetReset",
     "QueueConsumeStats", "TopicQueueStatus", "DelayLevelProgress", "TopicPermUpdate", "ProducerConnection",
-    "GroupDeletion",
+    "GroupDeletion", "BrokerConfigUpdate",
     "Message", "MessageExt", "MessageQueue", "SendResult", "SendStatus", "PullResult", "PullStatus",
-    "Subscription", "parse_subscription", "tags_code", "allocate_average",
+    "Subscription", "MessageSelector", "parse_subscription", "tags_code",
+    "allocate_average", "allocate_average_by_circle", "allocate_consistent_hash", "allocate_by_config",
     "TransactionListener", "TransactionSendResult", "TransactionState",
     "RaftMQError", "RemotingError", "ConnectError", "ConnectionClosedError", "RequestTimeoutError", "BrokerError",
     "NotLeaderError", "ClientError", "NoRouteError", "ClientClosedError", "MessageTooLargeError",
