@@ -121,6 +121,10 @@ class BrokerConfig:
     message_delay_level: str = bounded(DEFAULT_MESSAGE_DELAY_LEVEL, check=delay_levels_problem,
                                        doc="delay of each level of delayed messages and consumer retries, "
                                            "RocketMQ's format (units ms, s, m, h, d)")
+    # RocketMQ 5's timerMaxDelaySec. A timer message hops through the delay levels (broker/schedule.py), one
+    # re-append a longest level: 3 days are 36 hops of 2 h, and the bound keeps a message's hops to hundreds.
+    timer_max_delay_sec: int = bounded(3 * 86_400, min=1, max=30 * 86_400,
+                                       doc="how far ahead a timer message's delivery time may be")
     # Transactional messages (broker/transaction.py), RocketMQ's transactionTimeOut, transactionCheckMax and
     # transactionCheckInterval.
     transaction_timeout_ms: int = bounded(6_000, min=1, max=86_400_000,
@@ -254,6 +258,8 @@ RUNTIME_KEYS: Mapping[str, str] = {
     "max_transfer_count": "the next pull answer",
     "max_transfer_bytes": "the next pull answer",
     "max_batch_messages": "the next SEND_BATCH_MESSAGE",
+    "enable_property_filter": "the next SQL92 pull (a pull held already is judged again when it resumes)",
+    "timer_max_delay_sec": "the next timer message sent",
 }
 
 # In the store directory: a JSON object of runtime key -> value, each differing from the config file's

@@ -25,7 +25,7 @@ Rules this module keeps:
   never a loss). So it arrives no earlier than its time and at most about the shortest level (1 s by default) plus a
   round late, and every queue stays in due order (a hop is a new record). A 3-day wait is ~36 hops of 2 h, then a
   few shorter ones. A time already past is stored at once in its topic as a normal message; one more than
-  ``TIMER_MAX_DELAY_MS`` ahead (RocketMQ's ``timerMaxDelaySec``, 3 days) is MESSAGE_ILLEGAL; DELAY above 0 wins
+  ``timer_max_delay_sec`` ahead (RocketMQ's ``timerMaxDelaySec``, 3 days) is MESSAGE_ILLEGAL; DELAY above 0 wins
   over a timer property, which is dropped (RocketMQ's ``checkIfTimerMessage``), so a send-back never re-times.
 * **Nothing on the send path for other messages.** The send processor looks DELAY up only in a message that has
   properties (one dict lookup, three more for the timer properties); a batch may not carry DELAY (as RocketMQ's
@@ -57,14 +57,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 __all__ = ["SCHEDULE_TABLE", "schedule_properties", "with_real_destination", "restored_message", "stored_again",
-           "delay_level_of", "timer_property", "timer_deliver_ms", "TIMER_MAX_DELAY_MS", "ScheduleMessageService"]
+           "delay_level_of", "timer_property", "timer_deliver_ms", "ScheduleMessageService"]
 
 SCHEDULE_TABLE = "broker.schedule_offset"
 ROUND_INTERVAL_S = 0.1
 DELIVER_MAX_MESSAGES = 64
-# RocketMQ's timerMaxDelaySec (259200 s): a timer message due further ahead is refused at send. A module constant
-# until the broker config has a key for it.
-TIMER_MAX_DELAY_MS = 3 * 86_400_000
 _MAX_TIMER_DIGITS = 18  # a Java long's decimal digits, less one: int() of it is never past I64
 
 
@@ -181,7 +178,7 @@ class ScheduleMessageService:
                        now_ms: int | None = None) -> tuple[str, int, Mapping[str, Any]]:
         """Where a sent timer message is stored, its time kept absolute in TIMER_DELIVER_MS: the schedule queue of
         the level it waits in first (``timer_level``), or where it was sent when its time has come. A malformed
-        timer property is INVALID_REQUEST naming ``properties``; a time past ``TIMER_MAX_DELAY_MS`` ahead is
+        timer property is INVALID_REQUEST naming ``properties``; a time past ``timer_max_delay_sec`` ahead is
         MESSAGE_ILLEGAL (RocketMQ's WHEEL_TIMER_MSG_ILLEGAL)."""
         now = int(time.time() * 1000) if now_ms is None else now_ms
         try:
@@ -201,11 +198,12 @@ class ScheduleMessageService:
             props[PROPERTY_TIMER_DELIVER_MS] = str(deliver_ms)
             if remaining <= 0:
                 return topic, queue_id, props
-        if remaining > TIMER_MAX_DELAY_MS:
+        max_delay_s = self.node.config.timer_max_delay_sec  # at each send: UPDATE_BROKER_CONFIG may change it
+        if remaining > max_delay_s * 1000:
             raise RequestRejected(ResponseCode.MESSAGE_ILLEGAL,
                                   f"timer message too far ahead: property {name!r} asks for delivery in {remaining} "
-                                  f"ms, more than the most this broker waits, {TIMER_MAX_DELAY_MS} ms "
-                                  f"({TIMER_MAX_DELAY_MS // 1000} s, RocketMQ's timerMaxDelaySec)")
+                                  f"ms, more than the most this broker waits, {max_delay_s * 1000} ms "
+                                  f"(timer_max_delay_sec {max_delay_s}, RocketMQ's timerMaxDelaySec)")
         level = timer_level(self.levels_ms, remaining)
         return SCHEDULE_TOPIC, level - 1, with_real_destination({**props, PROPERTY_DELAY: str(level)}, topic,
                                                                  queue_id)

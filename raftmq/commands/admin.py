@@ -122,7 +122,8 @@ def register(subparsers) -> None:
     update_config.add_argument("-k", "--key", required=True,
                                help="the config key: broker_permission, auto_create_topic_enable, "
                                     "default_topic_queue_nums, max_topic_count, long_polling_timeout_ms, "
-                                    "max_transfer_count, max_transfer_bytes or max_batch_messages")
+                                    "max_transfer_count, max_transfer_bytes, max_batch_messages, "
+                                    "enable_property_filter or timer_max_delay_sec")
     update_config.add_argument("-v", "--value", required=True,
                                help="its value, as in the config file (4, 15000, true)")
     delays = add_command("delay-offsets", help="delayed messages per delay level: delivered and stored up to "

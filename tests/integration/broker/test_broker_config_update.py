@@ -167,6 +167,19 @@ async def test_each_runtime_key_holds_from_the_next_request(nursery, tmp_path):
                            {"consumer_group": "cg", "topic": "Unknown", "queue_id": 1, "queue_offset": 0,
                             "sys_flag": 0x2, "suspend_timeout_millis": 3_600_000}, timeout_s=60)
         assert r.code == ResponseCode.PULL_NOT_FOUND
+        # enable_property_filter: a SQL92 pull refused, then served
+        sql = {"subscription": "a > 1", "expression_type": "SQL92"}
+        r, _ = await _pull(client, addr, "Pulled", **sql)
+        assert r.code == ResponseCode.SYSTEM_ERROR and "filter message by SQL92" in r.remark
+        await update("enable_property_filter", "true")
+        r, records = await _pull(client, addr, "Pulled", **sql)
+        assert r.code == ResponseCode.PULL_RETRY_IMMEDIATELY and records == [], r.remark  # none has "a": passed over
+        # timer_max_delay_sec: a delay within the default 3 days, then past a minute
+        timer = {"topic": "Pulled", "queue_id": 0, "properties": {"TIMER_DELAY_SEC": "120"}}
+        assert (await call(client, addr, RequestCode.SEND_MESSAGE, timer, b"t")).code == ResponseCode.SUCCESS
+        await update("timer_max_delay_sec", "60")
+        r = await call(client, addr, RequestCode.SEND_MESSAGE, timer, b"t")
+        assert r.code == ResponseCode.MESSAGE_ILLEGAL and "timer_max_delay_sec 60" in r.remark
         await update("broker_permission", "6")
         assert tested == set(RUNTIME_KEYS)
 

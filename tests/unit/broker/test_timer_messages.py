@@ -3,19 +3,23 @@ and refusals of the timer properties, and the client's ``Message`` fields."""
 
 from __future__ import annotations
 
+import types
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from broker.config import BrokerConfig
 from broker.delay_level import DEFAULT_MESSAGE_DELAY_LEVEL, parse_delay_levels, timer_level
 from broker.processor.base import RequestRejected
-from broker.schedule import (TIMER_MAX_DELAY_MS, ScheduleMessageService, schedule_properties, timer_deliver_ms,
-                             timer_property)
+from broker.schedule import ScheduleMessageService, schedule_properties, timer_deliver_ms, timer_property
 from client.message import Message
 from remoting.codes import ResponseCode
 from remoting.message import MessageFormatError
 
 DEFAULT_LEVELS = parse_delay_levels(DEFAULT_MESSAGE_DELAY_LEVEL)
+# timer_max_delay_sec's default, RocketMQ's timerMaxDelaySec: 3 days.
+TIMER_MAX_DELAY_MS = BrokerConfig.__dataclass_fields__["timer_max_delay_sec"].default * 1000
 NOW = 1_700_000_000_000
 
 
@@ -84,8 +88,11 @@ def test_the_timer_properties_are_read_as_rocketmq_reads_them_and_bad_values_are
                 timer_deliver_ms({name: bad}, NOW)
 
 
-def _service(levels: str = DEFAULT_MESSAGE_DELAY_LEVEL) -> ScheduleMessageService:
-    return ScheduleMessageService(None, parse_delay_levels(levels))  # type: ignore[arg-type]  # send side only
+def _service(levels: str = DEFAULT_MESSAGE_DELAY_LEVEL,
+             max_delay_s: int = TIMER_MAX_DELAY_MS // 1000) -> ScheduleMessageService:
+    # The send side only reads the node's config.
+    node = types.SimpleNamespace(config=types.SimpleNamespace(timer_max_delay_sec=max_delay_s))
+    return ScheduleMessageService(node, parse_delay_levels(levels))  # type: ignore[arg-type]
 
 
 def test_a_timer_message_is_parked_in_its_first_level_with_its_time_absolute_and_its_destination():
@@ -127,6 +134,12 @@ def test_timer_messages_too_far_ahead_or_malformed_are_refused_with_the_limit_or
         service.redirect_timer("T", 0, {"TIMER_DELAY_MS": "soon"}, NOW)
     assert e.value.code == ResponseCode.INVALID_REQUEST and e.value.ext == {"field": "properties"}
     assert "'TIMER_DELAY_MS'" in e.value.remark and "'soon'" in e.value.remark
+    # The node's timer_max_delay_sec, read at each send (UPDATE_BROKER_CONFIG may change it).
+    service = _service(max_delay_s=60)
+    assert service.redirect_timer("T", 0, {"TIMER_DELAY_SEC": "60"}, NOW)[0] == "SCHEDULE_TOPIC_XXXX"
+    with pytest.raises(RequestRejected) as e:
+        service.redirect_timer("T", 0, {"TIMER_DELAY_SEC": "61"}, NOW)
+    assert e.value.code == ResponseCode.MESSAGE_ILLEGAL and "60000 ms (timer_max_delay_sec 60" in e.value.remark
 
 
 def test_a_delay_level_wins_over_a_timer_and_drops_it_and_level_0_leaves_the_timer():
