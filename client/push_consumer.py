@@ -27,6 +27,8 @@ How it works (RocketMQ's DefaultMQPushConsumer, as trio tasks):
   not yet consumed to the last one pulled, span more than ``consume_concurrently_max_span`` (2000, RocketMQ's
   consumeConcurrentlyMaxSpan), so a message stuck in its handler holds its queue rather than let the committed
   offset fall ever further behind what was handled (all of which is handled again after a restart or a rebalance).
+  A body stored compressed is inflated up to ``max_inflated_body_size_bytes`` (4 MiB; client/pull_consumer.py): one
+  that would inflate further is logged at ERROR and delivered as stored, so a zlib bomb costs no more than that.
 - **Suspend** (``suspend()`` / ``resume()``, RocketMQ's): no queue is pulled in between (pulls in flight are
   cancelled: they took nothing), but cached messages are still delivered, rebalances, heartbeats and offset commits
   go on; ``statistics().suspended`` says so.
