@@ -253,13 +253,8 @@ class ConcurrentConsumeService:
                         log.error("message skipped after %d failed attempts mq=%s offset=%d msg_id=%s", attempts,
                                   pq.mq, msg.queue_offset, msg.msg_id)
                         break
-                    if not retrying:
-                        retrying = True
-                        hold.pause()
-                    held = False
-                    self._slots.release()
-                    await trio.sleep(consumer.config.reconsume_delay_ms / 1000)
-                    await self._slots.acquire()
+                    held, first, retrying = False, not retrying, True  # resumed in the finally, even if cancelled
+                    await self._wait_to_retry(hold, first=first)
                     held = True
                     # Counted up for the handler, as RocketMQ's local retry does (setReconsumeTimes before
                     # resubmitting).
@@ -323,13 +318,8 @@ class ConcurrentConsumeService:
                                           attempts, pq.mq, msg.queue_offset, msg.msg_id)
                         self._done(pq, failed)
                         break
-                    if not retrying:
-                        retrying = True
-                        hold.pause()
-                    held = False
-                    self._slots.release()
-                    await trio.sleep(consumer.config.reconsume_delay_ms / 1000)
-                    await self._slots.acquire()
+                    held, first, retrying = False, not retrying, True  # resumed in the finally, even if cancelled
+                    await self._wait_to_retry(hold, first=first)
                     held = True
                     batch = tuple(dataclasses.replace(m, reconsume_times=m.reconsume_times + 1) for m in failed)
             finally:
@@ -338,6 +328,16 @@ class ConcurrentConsumeService:
         finally:
             if held:
                 self._slots.release()
+
+    async def _wait_to_retry(self, hold: _QueueHold, *, first: bool) -> None:
+        """Called holding a slot, before a local retry: gives the slot back for ``reconsume_delay_ms`` (the queue
+        held from the first retry on: it starts no further call) and returns holding one again; cancelled while
+        waiting, it holds none."""
+        if first:
+            hold.pause()
+        self._slots.release()
+        await trio.sleep(self._consumer.config.reconsume_delay_ms / 1000)
+        await self._slots.acquire()
 
     def _done(self, pq: ProcessQueue, msgs: Sequence[MessageExt]) -> None:
         consumer = self._consumer
