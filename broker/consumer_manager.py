@@ -54,6 +54,14 @@ class HeartbeatError(ValueError):
         self.field = field
 
 
+class ExpressionParseError(HeartbeatError):
+    """A subscription expression that does not parse as its ``expression_type`` says."""
+
+    def __init__(self, message: str, *, expression_type: str) -> None:
+        super().__init__(message, field="expression")
+        self.expression_type = expression_type
+
+
 @dataclasses.dataclass(frozen=True)
 class SubscriptionData:
     topic: str
@@ -104,6 +112,42 @@ def _group(data: Mapping[str, Any], key: str, where: str) -> str:
         raise HeartbeatError(str(e), field=key) from None
 
 
+def parse_subscription_data(data: Any, where: str, *, field: str) -> SubscriptionData:
+    """One subscription map (a HEART_BEAT consumer's, CHECK_CLIENT_CONFIG's), its expression parsed by its type.
+    ``where`` prefixes the messages (``consumers[0].subscriptions[1].``); ``field`` names the map itself when it is
+    no map. An expression that does not parse is ``ExpressionParseError``, so CHECK_CLIENT_CONFIG can answer it
+    as RocketMQ does (SUBSCRIPTION_PARSE_FAILED) where the heartbeat calls it malformed."""
+    if not isinstance(data, Mapping):
+        raise HeartbeatError(f"{where[:-1]} must be a map, got {data!r}", field=field)
+    topic = _str(data, "topic", where)
+    try:
+        validate_topic_name(topic)
+    except TopicConfigError as e:
+        raise HeartbeatError(f"{where}{e}", field="topic") from None
+    expression = data.get("expression", "*")
+    # Absent or empty is TAG, as RocketMQ's ExpressionType.isTagType. A SQL92 subscription is taken (and
+    # parsed) whatever enable_property_filter says: it is the group's pulls (and CHECK_CLIENT_CONFIG, which the
+    # consumer sends first) a broker without it refuses.
+    expression_type = data.get("expression_type") or TAG
+    if expression_type not in (TAG, SQL92):
+        raise HeartbeatError(f"{where}expression_type must be {TAG} or {SQL92}, got "
+                             f"{str(expression_type)[:40]!r}", field="expression_type")
+    sql_filter = None
+    try:
+        if expression_type == SQL92:
+            sql_filter = parse_sql_expression(expression)
+            tag_filter = parse_tag_expression(None)
+        else:
+            tag_filter = parse_tag_expression(expression)
+    except SubscriptionParseError as e:
+        raise ExpressionParseError(f"{where}expression: {e}", expression_type=expression_type) from None
+    version = data.get("sub_version", 0)
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise HeartbeatError(f"{where}sub_version must be an integer, got {version!r}", field="sub_version")
+    return SubscriptionData(topic, sql_filter.expression if sql_filter else tag_filter.expression, version,
+                            tag_filter, expression_type, sql_filter)
+
+
 def parse_heartbeat(body: Any) -> HeartbeatData:
     """Validate a decoded HEART_BEAT body (schema in docs/protocol.md)."""
     if not isinstance(body, Mapping):
@@ -143,38 +187,8 @@ def parse_heartbeat(body: Any) -> HeartbeatData:
         subs_raw = c.get("subscriptions", [])
         if not isinstance(subs_raw, list):
             raise HeartbeatError(f"{where}subscriptions must be a list, got {subs_raw!r}", field="subscriptions")
-        subs = []
-        for j, s in enumerate(subs_raw):
-            swhere = f"{where}subscriptions[{j}]."
-            if not isinstance(s, Mapping):
-                raise HeartbeatError(f"{swhere[:-1]} must be a map, got {s!r}", field="subscriptions")
-            topic = _str(s, "topic", swhere)
-            try:
-                validate_topic_name(topic)
-            except TopicConfigError as e:
-                raise HeartbeatError(f"{swhere}{e}", field="topic") from None
-            expression = s.get("expression", "*")
-            # Absent or empty is TAG, as RocketMQ's ExpressionType.isTagType. A SQL92 subscription is taken (and
-            # parsed) whatever enable_property_filter says: it is the group's pulls a broker without it refuses.
-            expression_type = s.get("expression_type") or TAG
-            if expression_type not in (TAG, SQL92):
-                raise HeartbeatError(f"{swhere}expression_type must be {TAG} or {SQL92}, got "
-                                     f"{str(expression_type)[:40]!r}", field="expression_type")
-            sql_filter = None
-            try:
-                if expression_type == SQL92:
-                    sql_filter = parse_sql_expression(expression)
-                    tag_filter = parse_tag_expression(None)
-                else:
-                    tag_filter = parse_tag_expression(expression)
-            except SubscriptionParseError as e:
-                raise HeartbeatError(f"{swhere}expression: {e}", field="expression") from None
-            version = s.get("sub_version", 0)
-            if isinstance(version, bool) or not isinstance(version, int):
-                raise HeartbeatError(f"{swhere}sub_version must be an integer, got {version!r}",
-                                     field="sub_version")
-            subs.append(SubscriptionData(topic, sql_filter.expression if sql_filter else tag_filter.expression,
-                                         version, tag_filter, expression_type, sql_filter))
+        subs = [parse_subscription_data(s, f"{where}subscriptions[{j}].", field="subscriptions")
+                for j, s in enumerate(subs_raw)]
         parsed_consumers.append(ConsumerData(group, consume_type, model, where_from, tuple(subs)))
     return HeartbeatData(client_id, tuple(producer_groups), tuple(parsed_consumers))
 

@@ -58,6 +58,7 @@ class BrokerDispatcher:
             RequestCode.END_TRANSACTION: end_transaction.end_transaction,
             RequestCode.HEART_BEAT: clients.heartbeat,
             RequestCode.UNREGISTER_CLIENT: clients.unregister_client,
+            RequestCode.CHECK_CLIENT_CONFIG: clients.check_client_config,
             RequestCode.GET_CONSUMER_LIST_BY_GROUP: clients.get_consumer_list_by_group,
             RequestCode.GET_CONSUMER_CONNECTION_LIST: clients.get_consumer_connection_list,
             RequestCode.GET_PRODUCER_CONNECTION_LIST: clients.get_producer_connection_list,

@@ -31,7 +31,7 @@ __all__ = [
     "FrameTooLargeError", "ConnectError", "BrokerError", "NotLeaderError", "SystemBusyError", "TopicNotExistError",
     "MessageIllegalError", "ServiceNotAvailableError", "for_code", "ConfigError",
     "ClientError", "NoRouteError", "ClientClosedError", "MessageTooLargeError", "SendFailedError",
-    "UnknownBrokerError",
+    "UnknownBrokerError", "SubscriptionRefusedError",
 ]
 
 
@@ -81,3 +81,11 @@ class SendFailedError(ClientError):
         super().__init__(message, attempts=attempts, last_error=last_error, topic=topic)
         self.retriable = getattr(last_error, "retriable", False)
         self.refresh_route = getattr(last_error, "refresh_route", False)
+
+
+class SubscriptionRefusedError(ClientError):
+    """A broker group serving the topic refused the subscription when asked (CHECK_CLIENT_CONFIG, RocketMQ's
+    checkClientInBroker, whose MQClientException this is): it would refuse the pulls too. ``topic``,
+    ``broker_name``, ``addr`` (the node that answered), ``code`` (its response code) and ``remark`` (its reason,
+    e.g. a node without ``enable_property_filter`` for a SQL92 expression). Not retriable: the broker's config
+    or the expression must change."""

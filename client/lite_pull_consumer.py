@@ -23,7 +23,11 @@ picks the queues, the consumer prefetches them in the background, and the applic
   computePullFromWhere; ``await position(mq)`` waits until that start is found). With auto-commit, a start found so
   is committed at once. Every message is pulled (``*``), unless ``set_sub_expression_for_assign`` gives a topic a
   tag expression or a ``MessageSelector.by_sql`` (RocketMQ 5's setSubExpressionForAssign), from each of its queues'
-  next pull on. An
+  next pull on. A SQL92 expression is checked by the next ``poll``, before it hands anything out: CHECK_CLIENT_CONFIG
+  to a node of each broker group serving the topic, and ``SubscriptionRefusedError`` naming the group and the
+  reason if one refuses it (a node without ``enable_property_filter``), again at each poll until the expression
+  is replaced or accepted (its pulls are refused meanwhile). A topic with no route yet, or a group none of whose
+  nodes answered, is not checked (as RocketMQ's). An
   offset beyond the queue's end (committed past it, a wiped store) follows the leader's correction as a seek.
 - **Bounds.** A queue's next pull waits while it caches ``pull_threshold_for_queue`` messages or
   ``pull_threshold_size_for_queue_mib`` MiB of bodies not yet polled, or while the whole consumer caches
@@ -66,7 +70,7 @@ from typing import Any
 import trio
 
 from client.errors import ClientClosedError
-from client.filter import MessageSelector, Subscription, parse_subscription
+from client.filter import TAG, MessageSelector, Subscription, parse_subscription
 from client.instance import HOUR_MS, ClientConfig, ClientInstance, build_config, open_client_nursery, open_remoting
 from client.message import (DEFAULT_MAX_INFLATED_BODY, I32_MAX, I64_MAX, MAX_INFLATED_BODY, MessageExt, MessageQueue,
                             PullStatus, check_int_arg, check_queue, check_seconds)
@@ -163,6 +167,8 @@ class LitePullConsumer:
         self._queues: dict[MessageQueue, _AssignedQueue] = {}
         self._paused: set[MessageQueue] = set()
         self._subs: dict[str, Subscription] = {}  # topic -> its expression (set_sub_expression_for_assign)
+        # SQL92 expressions the next poll asks the brokers about (set_sub_expression_for_assign is not async).
+        self._unchecked: dict[str, Subscription] = {}
         self._ready: collections.deque[_AssignedQueue] = collections.deque()
         self._cached = 0
         self._cached_bytes = 0
@@ -221,10 +227,15 @@ class LitePullConsumer:
     def set_sub_expression_for_assign(self, topic: str, expression: str | MessageSelector) -> None:
         """Pull the queues of ``topic`` with ``expression``, a tag expression or ``MessageSelector.by_sql(...)``
         (``*``: every message), from each queue's next pull on; what is cached already stays. ``ValueError`` names
-        a bad topic or expression now, not in every pull."""
+        a bad topic or expression now, not in every pull. A SQL92 expression is checked with the brokers by the next
+        ``poll``, which raises ``SubscriptionRefusedError`` if a broker group refuses it."""
         self._check_open("set_sub_expression_for_assign")
         sub = parse_subscription(topic, expression)
         self._subs[topic] = sub
+        if sub.expression_type == TAG:
+            self._unchecked.pop(topic, None)  # every broker serves it: nothing to ask
+        else:
+            self._unchecked[topic] = sub
         log.info("expression set group=%s topic=%s type=%s expression=%s", self.config.consumer_group, topic,
                  sub.expression_type, sub.expression)
 
@@ -345,6 +356,12 @@ class LitePullConsumer:
             raise trio.BusyResourceError("another task is already polling this lite pull consumer")
         self._polling = True
         try:
+            # First: a poll that raises here hands out nothing and, with auto-commit, does not take the last
+            # poll's messages for consumed.
+            for topic, sub in list(self._unchecked.items()):
+                await self._api.check_subscription(sub)  # refused: raises, and the next poll asks again
+                if self._unchecked.get(topic) is sub:
+                    del self._unchecked[topic]
             if self.config.auto_commit:
                 # Asking for more means done with what the last poll returned: it counts as consumed now.
                 self._store(self._positions())

@@ -23,6 +23,7 @@ from typing import Any
 
 import cbor2
 
+from client.errors import SubscriptionRefusedError
 from client.filter import TAG, MessageSelector, Subscription, parse_subscription
 from client.instance import (
     ClientConfig, ClientInstance, build_config, open_client_nursery, open_remoting, raise_for_response,
@@ -272,6 +273,53 @@ class PullAPI:
         ext = {"offset": msg.phy_offset, "group": self.consumer_group, "delay_level": delay_level,
                "origin_msg_id": msg.msg_id, "origin_topic": msg.topic, "max_reconsume_times": max_reconsume_times}
         await self._leader_invoke(mq, RequestCode.CONSUMER_SEND_MSG_BACK, ext)
+
+    async def check_subscription(self, sub: Subscription) -> bool:
+        """RocketMQ's checkClientInBroker for one subscription, before it is consumed: CHECK_CLIENT_CONFIG to a node
+        of each broker group serving ``sub.topic`` (a group's nodes in turn, leader first, until one answers; each
+        judges by its own config, which a group's nodes should share). A TAG subscription sends nothing: every
+        broker serves it. ``SubscriptionRefusedError`` for the first refusal; else True once every group accepted,
+        False if the check could not be made everywhere: the topic has no route yet (RocketMQ skips it too), or no
+        node of a group answered."""
+        if sub.expression_type == TAG:
+            return True
+        inst = self.instance
+        try:
+            route = await inst.routes.get(sub.topic)
+        except RaftMQError as e:
+            log.info("subscription not checked yet, its topic has no route group=%s topic=%s error=%s",
+                     self.consumer_group, sub.topic, e)
+            return False
+        body = cbor2.dumps({"client_id": inst.client_id, "consumer_group": self.consumer_group,
+                            "subscription": {"topic": sub.topic, "expression": sub.expression,
+                                             "expression_type": sub.expression_type,
+                                             "sub_version": sub.sub_version}})
+        checked = True
+        for broker_name in sorted({mq.broker_name for mq in route.read_queues()}):
+            for addr in inst.routes.replica_addrs(broker_name):
+                try:
+                    frame = await inst.invoke(addr, RequestCode.CHECK_CLIENT_CONFIG, None, body)
+                except RaftMQError as e:
+                    if not e.retriable:
+                        raise  # the client closed under it, a protocol error: not about this node
+                    inst.on_error(e, sub.topic, broker_name, addr)
+                    log.debug("subscription check failed addr=%s error=%s", addr, e)
+                    continue
+                if frame.code != ResponseCode.SUCCESS:
+                    # Any answer but SUCCESS, as RocketMQ's: REQUEST_CODE_NOT_SUPPORTED too, from a node older than
+                    # the request, which cannot say whether it would serve the subscription.
+                    refusal = for_code(frame.code, frame.remark)
+                    raise SubscriptionRefusedError(
+                        f"broker group {broker_name!r} refuses consumer group {self.consumer_group!r}'s "
+                        f"{sub.expression_type} subscription of topic {sub.topic!r} (asked node {addr}): {refusal}",
+                        topic=sub.topic, broker_name=broker_name, addr=addr, code=frame.code,
+                        remark=frame.remark) from refusal
+                break
+            else:
+                checked = False
+                log.warning("subscription not checked, no node of the broker group answered group=%s topic=%s "
+                            "broker_name=%s", self.consumer_group, sub.topic, broker_name)
+        return checked
 
     async def fetch_subscribe_queues(self, topic: str) -> list[MessageQueue]:
         route = await self.instance.routes.refresh(topic)

@@ -18,6 +18,13 @@ How it works (RocketMQ's DefaultMQPushConsumer, as trio tasks):
   a broadcasting member's offset file keeps them). The group's retry topic stays subscribed, as RocketMQ's does, and
   cannot be subscribed or unsubscribed by hand. A topic's queues are split among all of the group's members, so every
   member should make the same calls.
+- **SQL92 subscriptions are checked before they are consumed** (RocketMQ's checkClientInBroker): at open, before
+  the first heartbeat, and in ``subscribe``, CHECK_CLIENT_CONFIG asks a node of each broker group serving the topic
+  whether it would serve the expression, and a refusal (a node without ``enable_property_filter``) raises
+  ``SubscriptionRefusedError`` naming the group and the reason: ``open_push_consumer`` fails and nothing is left
+  running; ``subscribe`` changes nothing. A topic with no route yet (or a group none of whose nodes answered) is
+  not checked then, as RocketMQ's; each rebalance asks again before it allocates the topic's queues, and leaves the
+  topic out, logged at ERROR, while refused. Tag subscriptions send nothing.
 - **One pull task per assigned queue**, in its own cancel scope: long-polls the group (held on the broker up to
   ``broker_suspend_max_time_ms``) and puts what it gets into that queue's ``ProcessQueue``
   (``client/process_queue.py``), pausing ``pull_interval_ms`` (RocketMQ's pullInterval, 0) after each pull that
@@ -127,7 +134,7 @@ import cbor2
 import trio
 
 from client.consume_service import BatchHandler, ConcurrentConsumeService
-from client.errors import ClientClosedError
+from client.errors import ClientClosedError, SubscriptionRefusedError
 from client.filter import SQL92, MessageSelector, Subscription, parse_subscription
 from client.instance import (
     HOUR_MS, ClientConfig, ClientInstance, ServerRequests, build_config, now_ms, open_client_nursery,
@@ -378,6 +385,9 @@ class PushConsumer:
         self._allocate = resolve_allocate_strategy(config.allocate_strategy)
         # Queues an allocate strategy named that the topic's route does not have (warned about once each).
         self._stray_queues: set[MessageQueue] = set()
+        # SQL92 subscriptions not every broker group of their topic could be asked about yet (no route, no node
+        # answered): each rebalance asks again, before it allocates the topic's queues.
+        self._unchecked: dict[str, Subscription] = {}
         self._orderly = (OrderlyService(self, config, self._api, instance.client_id, self._offsets)
                          if config.orderly else None)
         self._concurrent = (ConcurrentConsumeService(self, config.max_concurrent_handlers, batch_handler,
@@ -449,16 +459,21 @@ class PushConsumer:
         consumed). A topic already subscribed takes ``expression`` from its next pulls (those in flight are
         cancelled and sent again); messages pulled before are still delivered. Every member of the group should
         make the same call: a topic's queues are split among all of them. ``expression`` is a tag expression or a
-        ``MessageSelector`` (``MessageSelector.by_sql("a > 5")``). ``ValueError`` for an illegal topic or
-        expression or the group's retry topic; ``ClientClosedError`` on a closed consumer."""
+        ``MessageSelector`` (``MessageSelector.by_sql("a > 5")``): a SQL92 one is first checked with a node of
+        each broker group serving the topic, and ``SubscriptionRefusedError`` (nothing changed) if one refuses it.
+        ``ValueError`` for an illegal topic or expression or the group's retry topic; ``ClientClosedError`` on a
+        closed consumer."""
         self._check_open("subscribe")
         self._check_not_retry_topic(topic, "subscribe")
         # RocketMQ's subVersion, the time: the brokers keep the group's newest subscription of each topic.
         sub = parse_subscription(topic, expression, sub_version=now_ms())
+        # Before anything changes: a refused subscription leaves the consumer as it was.
+        checked = await self._api.check_subscription(sub)
         async with self._lock:
             self._check_open("subscribe")
             old = self._subs.get(topic)
             self._subs[topic] = sub
+            self._note_checked(sub, checked)
             if old is None:
                 await self._note_first_queues(topic)
         if old is not None:
@@ -492,9 +507,24 @@ class PushConsumer:
                 raise ValueError(f"topic {topic!r} is not subscribed (subscribed: {subscribed})")
             del self._subs[topic]
             self._first_queues.pop(topic, None)
+            self._unchecked.pop(topic, None)
             await self._drop_unsubscribed()
         log.info("unsubscribed group=%s topic=%s", self.config.consumer_group, topic)
         await self._instance.send_heartbeat_to_all()
+
+    async def check_subscriptions(self) -> None:
+        """Ask the broker groups of each subscribed topic whether they serve its subscription (only SQL92 ones
+        are asked: ``PullAPI.check_subscription``); ``SubscriptionRefusedError`` for a refusal. Called once by
+        ``open_push_consumer`` before the consumer's first heartbeat, as RocketMQ's start() calls
+        checkClientInBroker."""
+        for sub in list(self._subs.values()):
+            self._note_checked(sub, await self._api.check_subscription(sub))
+
+    def _note_checked(self, sub: Subscription, checked: bool) -> None:
+        if checked:
+            self._unchecked.pop(sub.topic, None)
+        else:
+            self._unchecked[sub.topic] = sub
 
     def _check_not_retry_topic(self, topic: object, method: str) -> None:
         if self._retry_topic is not None and topic == self._retry_topic:
@@ -717,6 +747,15 @@ class PushConsumer:
                 except RaftMQError as e:
                     log.info("rebalance skipped topic=%s error=%s", topic, e)
                     continue
+                unchecked = self._unchecked.get(topic)
+                if unchecked is not None:
+                    try:
+                        self._note_checked(unchecked, await self._api.check_subscription(unchecked))
+                    except SubscriptionRefusedError as e:
+                        # Too late to fail the start: said loudly each round instead of pulling to be refused.
+                        log.error("subscription refused, topic not rebalanced group=%s topic=%s error=%s",
+                                  self.config.consumer_group, topic, e)
+                        continue
                 mqs = route.read_queues()
                 self._first_queues.setdefault(topic, frozenset(mqs))
                 if self.config.message_model == "BROADCASTING":
@@ -1097,7 +1136,7 @@ async def open_push_consumer(namesrv: str | Sequence[str] | None = None, *, topi
     ``{topic: expression}`` of ``subscriptions``. With ``handler`` it consumes in the background until the block
     exits; without, iterate it: ``async for msg in consumer``. ``batch_handler`` instead of ``handler`` takes a
     sequence of up to ``consume_message_batch_max_size`` messages of one queue a call. Other options are
-    ``PushConsumerConfig`` fields."""
+    ``PushConsumerConfig`` fields. ``SubscriptionRefusedError`` if a broker group refuses a SQL92 subscription."""
     if namesrv is not None:
         options["namesrv"] = namesrv
     config: PushConsumerConfig = build_config(PushConsumerConfig, options)
@@ -1132,6 +1171,8 @@ async def open_push_consumer(namesrv: str | Sequence[str] | None = None, *, topi
             async with open_client_nursery() as nursery:
                 instance = ClientInstance(config, remoting, nursery)
                 consumer = PushConsumer(config, instance, parsed, handler, local_offsets, batch_handler=batch_handler)
+                # Before the first heartbeat: a consumer whose subscription a broker refuses never joins its group.
+                await consumer.check_subscriptions()
                 server_requests.on_consumer_ids_changed = (
                     lambda group: consumer.trigger_rebalance() if group in (None, config.consumer_group) else None)
                 server_requests.on_reset_offset = consumer.offsets_reset

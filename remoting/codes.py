@@ -40,6 +40,7 @@ class RequestCode(IntEnum):
     UNLOCK_BATCH_MQ = 42
     GET_ALL_CONSUMER_OFFSET = 43
     GET_ALL_DELAY_OFFSET = 45
+    CHECK_CLIENT_CONFIG = 46
     # Name server
     PUT_KV_CONFIG = 100
     GET_KV_CONFIG = 101

@@ -79,6 +79,15 @@ def check_pullable(node: BrokerNode, topic: str, queue_id: int) -> None:
                                   f"got {queue_id}")
 
 
+def sql92_not_supported(node: BrokerNode) -> RequestRejected:
+    """RocketMQ's answer (code and remark) to a SQL92 pull, or CHECK_CLIENT_CONFIG of a SQL92 subscription, on a
+    node without ``enable_property_filter``; the remark names the broker, the node and the key to set."""
+    return RequestRejected(ResponseCode.SYSTEM_ERROR,
+                           f"The broker does not support consumer to filter message by {SQL92}: broker "
+                           f"{node.config.broker_name} (node {node.broker_addr}) has enable_property_filter = false",
+                           ext={"field": "expression_type"})
+
+
 class PullMessageProcessor:
     def __init__(self, node: BrokerNode) -> None:
         self.node = node
@@ -162,10 +171,7 @@ class PullMessageProcessor:
         if expression_type != SQL92:
             raise invalid("expression_type", f"must be {TAG} or {SQL92}, got {str(expression_type)[:40]!r}")
         if not self.node.config.enable_property_filter:
-            raise RequestRejected(ResponseCode.SYSTEM_ERROR,
-                                  f"The broker does not support consumer to filter message by {SQL92}: broker "
-                                  f"{self.node.config.broker_name} (node {self.node.broker_addr}) has "
-                                  f"enable_property_filter = false", ext={"field": "expression_type"})
+            raise sql92_not_supported(self.node)
         try:
             return parse_sql_expression(expression)
         except SubscriptionParseError as e:
