@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from client.listener import ConsumeStatus, ReconsumeLater, asked_reconsume_later
+from client.listener import ConsumeStatus, ReconsumeLater, grouped_failure
 from client.message import MessageExt
 
 if TYPE_CHECKING:
@@ -361,17 +361,9 @@ class ConcurrentConsumeService:
                           "delay_level=%s", pq.mq, first, last, len(batch), e.ack_index, e.delay_level)
                 return e
             except BaseExceptionGroup as group:
-                # As in _call_handler: a Cancelled in the group goes on up as one, for the scope that cancelled.
-                cancelled, rest = group.split(trio.Cancelled)
-                if rest is not None:
-                    asked = asked_reconsume_later(rest)
-                    if asked is not None and cancelled is None:
-                        return asked
-                    log.error("batch handler failed mq=%s offsets=%d..%d messages=%d", pq.mq, first, last,
-                              len(batch), exc_info=rest)
-                if cancelled is not None:
-                    raise cancelled from None
-                return ReconsumeLater()
+                return grouped_failure(group, lambda rest: log.error(
+                    "batch handler failed mq=%s offsets=%d..%d messages=%d", pq.mq, first, last, len(batch),
+                    exc_info=rest))
             except Exception:
                 log.exception("batch handler failed mq=%s offsets=%d..%d messages=%d", pq.mq, first, last, len(batch))
                 return ReconsumeLater()

@@ -4,11 +4,14 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
+
+import trio
 
 from client.message import I32_MAX
 
 __all__ = ["ConsumeStatus", "ReconsumeLater", "CONCURRENT_MAX_RECONSUME_TIMES", "ORDERLY_MAX_RECONSUME_TIMES",
-           "asked_reconsume_later"]
+           "asked_reconsume_later", "grouped_failure"]
 
 # What max_reconsume_times -1 means, as RocketMQ's getMaxReconsumeTimes: 16 for concurrent consumption (its retries
 # then take the broker's backoff levels 3 to 18, the last), unlimited for orderly (a queue's later messages may need
@@ -83,3 +86,19 @@ def asked_reconsume_later(group: BaseExceptionGroup) -> ReconsumeLater | None:
         else:
             leaves.append(e)  # type: ignore[arg-type]
     return next((e for e in leaves if e.delay_level == -1), leaves[0])
+
+
+def grouped_failure(group: BaseExceptionGroup, log_failure: Callable[[BaseExceptionGroup], None]) -> ReconsumeLater:
+    """The failure a handler's grouped exceptions stand for (a handler with a nursery of its own raises grouped):
+    the ``ReconsumeLater`` they ask for if that is all they hold (its settings kept), else a plain one, the rest
+    given to ``log_failure``. A Cancelled in the group (the call's timeout, or its queue going away) is raised as
+    one, which the cancelling scope takes: raised as the group, the other errors in it ended the whole consumer."""
+    cancelled, rest = group.split(trio.Cancelled)
+    if rest is not None:
+        asked = asked_reconsume_later(rest)
+        if asked is not None and cancelled is None:
+            return asked
+        log_failure(rest)
+    if cancelled is not None:
+        raise cancelled from None
+    return ReconsumeLater()

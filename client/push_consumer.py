@@ -141,7 +141,7 @@ from client.instance import (
     open_remoting, raise_for_response,
 )
 from client.listener import (CONCURRENT_MAX_RECONSUME_TIMES, ORDERLY_MAX_RECONSUME_TIMES, ConsumeStatus,
-                             ReconsumeLater, asked_reconsume_later)
+                             ReconsumeLater, grouped_failure)
 from client.message import (DEFAULT_MAX_INFLATED_BODY, I32_MAX, I64_MAX, MAX_INFLATED_BODY, MessageExt, MessageQueue,
                             PullResult, PullStatus)
 from client.offset_store import LocalFileOffsetStore, RemoteOffsetStore
@@ -1025,19 +1025,9 @@ class PushConsumer:
                           e.suspend_ms)
                 return e
             except BaseExceptionGroup as group:
-                # A handler with a nursery of its own raises grouped. A Cancelled in the group (this call's timeout,
-                # or its queue going away) must go on up as one, which the cancelling scope takes: raised as the
-                # group, the other errors in it ended the whole consumer. A ReconsumeLater keeps its settings.
-                cancelled, rest = group.split(trio.Cancelled)
-                if rest is not None:
-                    asked = asked_reconsume_later(rest)
-                    if asked is not None and cancelled is None:
-                        return asked
-                    log.error("handler failed mq=%s offset=%d reconsume_times=%d", pq.mq, msg.queue_offset,
-                              msg.reconsume_times, exc_info=rest)
-                if cancelled is not None:
-                    raise cancelled from None
-                return ReconsumeLater()
+                return grouped_failure(group, lambda rest: log.error(
+                    "handler failed mq=%s offset=%d reconsume_times=%d", pq.mq, msg.queue_offset,
+                    msg.reconsume_times, exc_info=rest))
             except Exception:
                 log.exception("handler failed mq=%s offset=%d reconsume_times=%d", pq.mq, msg.queue_offset,
                               msg.reconsume_times)
