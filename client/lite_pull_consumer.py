@@ -1,21 +1,35 @@
-"""The lite pull consumer in assign mode (RocketMQ's ``DefaultLitePullConsumer`` after ``assign``): the application
-picks the queues, the consumer prefetches them in the background, and the application polls, seeks and commits.
+"""The lite pull consumer (RocketMQ's ``DefaultLitePullConsumer``): the queues are picked by the application
+(assign mode) or shared out among the group's members (subscribe mode), the consumer prefetches them in the
+background, and the application polls, seeks and commits.
 
     async with open_lite_pull_consumer(namesrv, consumer_group="G") as consumer:
-        consumer.assign(await consumer.fetch_queues("TopicTest"))
+        consumer.assign(await consumer.fetch_queues("TopicTest"))   # or: await consumer.subscribe("TopicTest", "*")
         while True:
             for msg in await consumer.poll():
                 ...
 
-(Subscribe mode, with the group sharing the queues among its members, is the push consumer's iterator form,
-``async for msg in consumer``.) The rules:
+The rules:
 
-- **No group membership.** The consumer sends no heartbeat, registers no subscription and takes part in no
-  rebalance: the group's name only keys its offsets on the brokers. RocketMQ's client does register an
+- **One mode.** The first ``assign`` (or ``set_sub_expression_for_assign``) or ``subscribe`` fixes the mode; a call
+  of the other raises ``RuntimeError`` (RocketMQ throws too: the two are mutually exclusive).
+- **Assign mode: no group membership.** The consumer sends no heartbeat, registers no subscription and takes part
+  in no rebalance: the group's name only keys its offsets on the brokers. RocketMQ's client does register an
   assign-mode consumer (its heartbeat lists the group with an empty subscription set), so its brokers count it as a
   member, and subscribe-mode members of the same group allocate queues to it that nobody then consumes. Here an
   assign-mode consumer is invisible to them; do not mix the two modes in one group all the same, or both consume
   (and commit) the same queues.
+- **Subscribe mode: a member of the group**, as a push consumer is (``client/rebalance.py`` holds what they share).
+  ``await subscribe(topic, expression)`` (a tag expression or ``MessageSelector.by_sql``; a SQL92 one is first
+  checked with CHECK_CLIENT_CONFIG, and a refusal raises ``SubscriptionRefusedError`` with nothing changed) sends a
+  heartbeat (consume type ``CONSUME_ACTIVELY``, RocketMQ's "PULL"; no retry topic, since a lite pull consumer sends
+  nothing back, as RocketMQ's) and rebalances before it returns, the new queues' starts found. A rebalance every
+  ``rebalance_interval_ms``, and at once on NOTIFY_CONSUMER_IDS_CHANGED, shares each topic's readable queues out by
+  ``allocate_strategy``: a queue taken away stops prefetching, drops its cache and has its *stored* offset (what
+  auto-commit or ``commit`` took) committed before the rebalance goes on, so the next member starts there (what
+  poll handed out since comes again: at least once); members that briefly disagree both pull a queue for a moment.
+  ``await unsubscribe(topic)`` takes the topic's queues away the same way; the consumer stays a member. Closing
+  commits, then unregisters, so the others take its queues at once. ``assignment()``, ``pause``, ``seek``,
+  ``commit`` and the rest work on the queues this member holds now.
 - **One prefetch task per assigned queue**, long polling the broker group (``broker_suspend_max_time_ms``), following
   leader changes through ``PullAPI`` (a pull falls back to the followers while the leader cannot be reached), and
   pausing ``pull_time_delay_ms_when_exception`` after a failed pull. A queue's first pull starts at the group's
@@ -70,14 +84,17 @@ from typing import Any
 import trio
 
 from client.errors import ClientClosedError
-from client.filter import TAG, MessageSelector, Subscription, parse_subscription
-from client.instance import HOUR_MS, ClientConfig, ClientInstance, build_config, open_client_nursery, open_remoting
+from client.filter import SQL92, TAG, MessageSelector, Subscription, parse_subscription
+from client.instance import (HOUR_MS, ClientConfig, ClientInstance, ServerRequests, build_config, now_ms,
+                             open_client_nursery, open_remoting)
 from client.message import (DEFAULT_MAX_INFLATED_BODY, I32_MAX, I64_MAX, MAX_INFLATED_BODY, MessageExt, MessageQueue,
                             PullStatus, check_int_arg, check_queue, check_seconds)
 from client.offset_store import RemoteOffsetStore
 from client.pull_consumer import PullAPI, log_failed_pull, pull_should_wait
 from client.push_consumer import CONSUME_FROM
-from remoting.config import bounded
+from client.rebalance import (DEFAULT_ALLOCATE_STRATEGY, AllocateStrategy, allocate_share, allocate_strategy_problem,
+                              consumer_heartbeat_data, diff_assignment, find_consumer_ids, resolve_allocate_strategy)
+from remoting.config import ConfigError, bounded
 from remoting.errors import RaftMQError
 from remoting.message import group_problem
 
@@ -85,8 +102,11 @@ __all__ = ["LitePullConsumerConfig", "LitePullConsumer", "LitePullStatistics", "
 
 log = logging.getLogger(__name__)
 
-# How long closing may take to send the last offsets (as the push consumer's close).
+# How long closing may take to send the last offsets and leave the group (as the push consumer's close).
 CLOSE_COMMIT_S = 3.0
+
+# RocketMQ's SubscriptionType: fixed by the first assign()/set_sub_expression_for_assign() or subscribe().
+ASSIGN, SUBSCRIBE = "assign", "subscribe"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,6 +139,20 @@ class LitePullConsumerConfig(ClientConfig):
     max_inflated_body_size_bytes: int = bounded(DEFAULT_MAX_INFLATED_BODY, min=1, max=MAX_INFLATED_BODY,
                                                 doc="most a compressed body is inflated to; a larger one is "
                                                     "delivered as stored, compressed, and logged")
+    # Subscribe mode only, as the push consumer's (RocketMQ's LitePull rebalances every 20 s by its client instance).
+    rebalance_interval_ms: int = bounded(5_000, min=10, max=HOUR_MS,
+                                         doc="subscribe mode: how often the group's queues are shared out again")
+    allocate_strategy: str | AllocateStrategy = bounded(
+        DEFAULT_ALLOCATE_STRATEGY,
+        doc="subscribe mode: how the group's members split each topic's queues, by a RocketMQ strategy's name "
+            "(client.rebalance.ALLOCATE_STRATEGIES) or a function like client.rebalance.allocate_average; every member "
+            "of a group must use the same")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        problem = allocate_strategy_problem(self.allocate_strategy)
+        if problem is not None:
+            raise ConfigError(f"allocate_strategy {problem}, got {self.allocate_strategy!r}")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -130,6 +164,7 @@ class LitePullStatistics:
     polled: int  # messages handed out by poll
     pulls: int
     pull_errors: int
+    rebalances: int = 0  # subscribe mode: rebalances that changed this member's queues
 
 
 class _AssignedQueue:
@@ -182,14 +217,28 @@ class LitePullConsumer:
         self._polled = 0
         self._pulls = 0
         self._pull_errors = 0
+        # Subscribe mode: _subs holds the subscriptions, and a rebalance (under _lock) decides the queues.
+        self._mode: str | None = None  # ASSIGN or SUBSCRIBE once chosen
+        self._lock = trio.Lock()
+        self._rebalance_now = trio.Event()
+        self._allocate = resolve_allocate_strategy(config.allocate_strategy)
+        self._stray_queues: set[MessageQueue] = set()  # named by the strategy, not in the route (warned once each)
+        self._rebalances = 0
+        # Nothing is sent until subscribe(): an assign-mode consumer is no member of its group.
+        instance.heartbeat_data = self._heartbeat_data
 
     @property
     def client_id(self) -> str:
         return self._instance.client_id
 
+    @property
+    def mode(self) -> str | None:
+        """``"assign"`` or ``"subscribe"`` once the first call chose it, else None."""
+        return self._mode
+
     def statistics(self) -> LitePullStatistics:
         return LitePullStatistics(len(self._queues), len(self._paused), self._cached, self._cached_bytes,
-                                  self._polled, self._pulls, self._pull_errors)
+                                  self._polled, self._pulls, self._pull_errors, self._rebalances)
 
     # -- assignment -----------------------------------------------------------------------------------------------
     async def fetch_queues(self, topic: str) -> list[MessageQueue]:
@@ -205,6 +254,7 @@ class LitePullConsumer:
         ``consume_from_where``."""
         self._check_open("assign")
         wanted = set(_checked_queues("queues", queues))
+        self._claim_mode(ASSIGN, "assign()")
         removed = [mq for mq in self._queues if mq not in wanted]
         for mq in removed:
             self._drop(self._queues.pop(mq))
@@ -231,6 +281,7 @@ class LitePullConsumer:
         ``poll``, which raises ``SubscriptionRefusedError`` if a broker group refuses it."""
         self._check_open("set_sub_expression_for_assign")
         sub = parse_subscription(topic, expression)
+        self._claim_mode(ASSIGN, f"set_sub_expression_for_assign({topic!r})")
         self._subs[topic] = sub
         if sub.expression_type == TAG:
             self._unchecked.pop(topic, None)  # every broker serves it: nothing to ask
@@ -238,6 +289,173 @@ class LitePullConsumer:
             self._unchecked[topic] = sub
         log.info("expression set group=%s topic=%s type=%s expression=%s", self.config.consumer_group, topic,
                  sub.expression_type, sub.expression)
+
+    # -- subscribe mode -------------------------------------------------------------------------------------------
+    async def subscribe(self, topic: str, expression: str | MessageSelector = "*") -> None:
+        """Join the group as a member consuming ``topic`` with ``expression`` (a tag expression or
+        ``MessageSelector.by_sql(...)``; RocketMQ's DefaultLitePullConsumer.subscribe): a heartbeat tells the
+        brokers, and a rebalance takes this member's share of the topic's queues, their starts found, before this
+        returns. A topic already subscribed takes ``expression`` from each queue's next pull on. A SQL92 expression
+        is first checked with a node of each broker group serving the topic: ``SubscriptionRefusedError`` (nothing
+        changed) if one refuses it. ``RuntimeError`` in assign mode; ``ValueError`` for a bad topic or expression."""
+        self._check_open("subscribe")
+        self._check_mode(SUBSCRIBE, f"subscribe({topic!r})")
+        # RocketMQ's subVersion, the time: the brokers keep the group's newest subscription of each topic.
+        sub = parse_subscription(topic, expression, sub_version=now_ms())
+        checked = await self._api.check_subscription(sub)  # refused: raises, before anything changes
+        async with self._lock:
+            self._check_open("subscribe")
+            self._claim_mode(SUBSCRIBE, f"subscribe({topic!r})")
+            old = self._subs.get(topic)
+            self._subs[topic] = sub
+            if checked:
+                self._unchecked.pop(topic, None)
+            else:
+                self._unchecked[topic] = sub  # no route yet: the next poll asks
+            try:
+                # Its route names the broker nodes the heartbeat must reach.
+                await self._instance.routes.get(topic)
+            except RaftMQError as e:
+                log.warning("no route for subscribed topic yet topic=%s error=%s", topic, e)
+        log.info("subscribed group=%s topic=%s type=%s expression=%s was=%s", self.config.consumer_group, topic,
+                 sub.expression_type, sub.expression, old.expression if old is not None else None)
+        await self._instance.send_heartbeat_to_all()
+        if old is None:
+            await self._rebalance_now_or_later()
+
+    async def unsubscribe(self, topic: str) -> None:
+        """Stop consuming ``topic``: its queues stop prefetching, drop their cache and have their stored offsets
+        committed (what ``commit`` or auto-commit took; messages polled since come again to whoever takes the
+        queue), and a heartbeat tells the brokers. The consumer stays a member of its group. ``ValueError`` for a
+        topic not subscribed; ``RuntimeError`` in assign mode."""
+        self._check_open("unsubscribe")
+        self._check_mode(SUBSCRIBE, f"unsubscribe({topic!r})")
+        async with self._lock:
+            self._check_open("unsubscribe")
+            if self._mode != SUBSCRIBE or topic not in self._subs:
+                subscribed = ", ".join(map(repr, sorted(self._subs))) or "none"
+                raise ValueError(f"topic {topic!r} is not subscribed (subscribed: {subscribed})")
+            del self._subs[topic]
+            self._unchecked.pop(topic, None)
+            await self._take_away(sorted(mq for mq in self._queues if mq.topic == topic))
+        log.info("unsubscribed group=%s topic=%s", self.config.consumer_group, topic)
+        await self._instance.send_heartbeat_to_all()
+
+    def subscriptions(self) -> dict[str, str | MessageSelector]:
+        """Subscribe mode: each subscribed topic's tag expression or ``MessageSelector.by_sql``; else empty."""
+        if self._mode != SUBSCRIBE:
+            return {}
+        return {t: MessageSelector.by_sql(s.expression) if s.expression_type == SQL92 else s.expression
+                for t, s in sorted(self._subs.items())}
+
+    def trigger_rebalance(self) -> None:
+        """Rebalance at once rather than at the next ``rebalance_interval_ms`` (NOTIFY_CONSUMER_IDS_CHANGED)."""
+        self._rebalance_now.set()
+
+    async def serve_rebalance(self) -> None:
+        """Subscribe mode: rebalance every ``rebalance_interval_ms`` and when asked (``trigger_rebalance``)."""
+        while True:
+            with trio.move_on_after(self.config.rebalance_interval_ms / 1000):
+                await self._rebalance_now.wait()
+            self._rebalance_now = trio.Event()
+            await self._rebalance_now_or_later()
+
+    async def _rebalance_now_or_later(self) -> None:
+        try:
+            await self.rebalance()
+        except RaftMQError as e:
+            log.info("rebalance failed group=%s error=%s", self.config.consumer_group, e)  # the next one tries again
+
+    async def rebalance(self) -> None:
+        """Subscribe mode: share each subscribed topic's readable queues out among the group's members by
+        ``allocate_strategy``, drop the queues gone to others (their stored offsets committed first) and start the
+        new ones (each from the group's committed offset, else ``consume_from_where``). Assign mode: nothing."""
+        async with self._lock:
+            if self._mode != SUBSCRIBE:
+                return
+            group = self.config.consumer_group
+            for topic in list(self._subs):
+                if self._closed:
+                    return
+                try:
+                    route = await self._instance.routes.get(topic)
+                except RaftMQError as e:
+                    log.info("rebalance skipped topic=%s error=%s", topic, e)
+                    continue
+                mqs = route.read_queues()
+                cids = await find_consumer_ids(self._instance, group, topic)
+                if self.client_id not in cids:
+                    # A node we had not met yet (a new topic's group, a restarted node): introduce ourselves.
+                    await self._instance.send_heartbeat_to_all()
+                    cids = await find_consumer_ids(self._instance, group, topic)
+                if not cids:
+                    log.info("no group members known yet group=%s topic=%s", group, topic)
+                    continue
+                wanted = allocate_share(self._allocate, group, self.client_id, topic, mqs, cids,
+                                        warned=self._stray_queues, log=log, strategy_name=self.config.allocate_strategy)
+                if wanted is None or self._closed:
+                    continue
+                current = [mq for mq in self._queues if mq.topic == topic]
+                diff = diff_assignment(current, wanted)
+                if not diff.changed:
+                    continue
+                self._rebalances += 1
+                log.info("rebalance group=%s topic=%s client=%s added=%d removed=%d now=%d", group, topic,
+                         self.client_id, len(diff.added), len(diff.removed),
+                         len(current) - len(diff.removed) + len(diff.added))
+                await self._take_away(diff.removed)
+                starts = await self._start_offsets(diff.added)
+                for mq in diff.added:
+                    if not self._closed and mq not in self._queues:
+                        self._start(mq, starts.get(mq))
+                self._space_freed()
+
+    async def _take_away(self, queues: Sequence[MessageQueue]) -> None:
+        """Stop consuming ``queues`` and commit their stored offsets, so whoever takes them next starts there (as
+        RocketMQ's removeUnnecessaryMessageQueue); one not taken stays to be sent by ``serve_commits``."""
+        for mq in queues:
+            aq = self._queues.pop(mq, None)
+            if aq is not None:
+                self._drop(aq)
+            self._paused.discard(mq)
+        if queues:
+            await self._offsets.persist_all(queues)
+            self._forget_unassigned()
+
+    async def _start_offsets(self, queues: Sequence[MessageQueue]) -> dict[MessageQueue, int]:
+        """Where each new queue starts, found before the rebalance returns (so ``subscribe`` from the last offset
+        misses nothing sent after it returned); one not found now is left to its prefetch task, which retries."""
+        starts: dict[MessageQueue, int] = {}
+
+        async def one(mq: MessageQueue) -> None:
+            try:
+                starts[mq] = await self._start_offset(mq)
+            except RaftMQError as e:
+                log.info("cannot find start offset mq=%s error=%s", mq, e)
+
+        if queues and not self._closed:
+            async with trio.open_nursery() as nursery:
+                for mq in queues:
+                    nursery.start_soon(one, mq)
+        return starts
+
+    def _heartbeat_data(self) -> dict[str, Any]:
+        if self._mode != SUBSCRIBE:
+            return {}  # send_heartbeat sends nothing
+        # CONSUME_ACTIVELY (RocketMQ's "PULL"): the application pulls; CLUSTERING, the only model offered here. No
+        # retry topic: a lite pull consumer sends nothing back (as RocketMQ's, which does not subscribe to it).
+        return consumer_heartbeat_data(self.config.consumer_group, "CONSUME_ACTIVELY", "CLUSTERING",
+                                       self.config.consume_from_where, self._subs.values())
+
+    def _check_mode(self, mode: str, what: str) -> None:
+        if self._mode is not None and self._mode != mode:
+            raise RuntimeError(f"{what}: this lite pull consumer of group {self.config.consumer_group!r} is in "
+                               f"{self._mode} mode, and assign and subscribe are mutually exclusive (as RocketMQ's); "
+                               f"open another consumer for {mode} mode")
+
+    def _claim_mode(self, mode: str, what: str) -> None:
+        self._check_mode(mode, what)
+        self._mode = mode
 
     def pause(self, queues: Iterable[MessageQueue]) -> None:
         """Stop handing out and prefetching ``queues`` (assigned ones); what they cache stays for ``resume``."""
@@ -525,7 +743,11 @@ class LitePullConsumer:
 
     async def _persist(self) -> None:
         await self._offsets.persist_all()
-        # Forget queues no longer assigned once their offsets are on the broker: a later assignment asks it.
+        self._forget_unassigned()
+
+    def _forget_unassigned(self) -> None:
+        # Forget queues no longer assigned once their offsets are on the broker: a later assignment asks it (in
+        # subscribe mode another member may have moved it on meanwhile).
         for mq in list(self._offsets.snapshot()):
             if mq not in self._queues and mq not in self._offsets.dirty():
                 self._offsets.remove(mq)
@@ -545,6 +767,9 @@ class LitePullConsumer:
         with trio.move_on_after(CLOSE_COMMIT_S) as scope:
             scope.shield = True
             failed = await self._offsets.persist_all()
+            if self._mode == SUBSCRIBE:
+                # After the commits: the others, told at once, start the queues at the offsets just sent.
+                await self._instance.unregister(None, self.config.consumer_group)
         if failed or scope.cancelled_caught:
             log.warning("offsets not committed on close group=%s queues=%d", self.config.consumer_group,
                         len(self._offsets.dirty()))
@@ -558,8 +783,10 @@ class LitePullConsumer:
     def _check_assigned(self, what: str, *queues: MessageQueue) -> None:
         missing = sorted({mq for mq in queues if mq not in self._queues})
         if missing:
+            hint = ("subscribe mode: a rebalance may have moved it to another member" if self._mode == SUBSCRIBE
+                    else "assign() it first")
             raise ValueError(f"{what}: {', '.join(map(str, missing))} {'is' if len(missing) == 1 else 'are'} not "
-                             f"assigned to this consumer (assign() it first)")
+                             f"assigned to this consumer ({hint})")
 
     def _assigned_among(self, what: str, queues: Iterable[MessageQueue]) -> list[MessageQueue]:
         mqs = _checked_queues("queues", queues)
@@ -577,19 +804,25 @@ def _checked_queues(name: str, queues: Any) -> list[MessageQueue]:
 @contextlib.asynccontextmanager
 async def open_lite_pull_consumer(namesrv: str | Sequence[str] | None = None,
                                   **options: Any) -> AsyncIterator[LitePullConsumer]:
-    """Open a lite pull consumer (assign mode); options are ``LitePullConsumerConfig`` fields. It consumes nothing
-    until ``assign``."""
+    """Open a lite pull consumer; options are ``LitePullConsumerConfig`` fields. It consumes nothing until ``assign``
+    or ``await subscribe``."""
     if namesrv is not None:
         options["namesrv"] = namesrv
     config: LitePullConsumerConfig = build_config(LitePullConsumerConfig, options)
-    async with open_remoting(config) as remoting:
+    server_requests = ServerRequests()
+    async with open_remoting(config, server_requests) as remoting:
         async with open_client_nursery() as nursery:
-            # The instance refreshes routes and watches leaders; with no heartbeat data it sends no heartbeat.
+            # The instance refreshes routes and watches leaders; it heartbeats only once subscribe() made the
+            # consumer a member of its group (assign mode: no heartbeat data, none sent).
             instance = ClientInstance(config, remoting, nursery)
-            instance.start_background()
             consumer = LitePullConsumer(config, instance, nursery)
-            commits = trio.CancelScope()  # stopped before close() sends the last offsets itself
+            server_requests.on_consumer_ids_changed = (
+                lambda group: consumer.trigger_rebalance() if group in (None, config.consumer_group) else None)
+            instance.start_background()
+            # Both stopped before close() sends the last offsets itself (and leaves the group).
+            commits, rebalances = trio.CancelScope(), trio.CancelScope()
             nursery.start_soon(_run_in, commits, consumer.serve_commits)
+            nursery.start_soon(_run_in, rebalances, consumer.serve_rebalance)
             consumed_all = True
             try:
                 yield consumer
@@ -599,6 +832,7 @@ async def open_lite_pull_consumer(namesrv: str | Sequence[str] | None = None,
             finally:
                 instance.stop_background()
                 commits.cancel()
+                rebalances.cancel()
                 await consumer.close(consumed_all=consumed_all)
                 instance.closed = True
                 nursery.cancel_scope.cancel()

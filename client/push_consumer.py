@@ -130,7 +130,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mappin
 from pathlib import Path
 from typing import Any
 
-import cbor2
 import trio
 
 from client.consume_service import BatchHandler, ConcurrentConsumeService
@@ -138,7 +137,7 @@ from client.errors import ClientClosedError, SubscriptionRefusedError
 from client.filter import SQL92, MessageSelector, Subscription, parse_subscription
 from client.instance import (
     HOUR_MS, ClientConfig, ClientInstance, ServerRequests, build_config, now_ms, open_client_nursery,
-    open_remoting, raise_for_response,
+    open_remoting,
 )
 from client.listener import (CONCURRENT_MAX_RECONSUME_TIMES, ORDERLY_MAX_RECONSUME_TIMES, ConsumeStatus,
                              ReconsumeLater, grouped_failure)
@@ -148,9 +147,8 @@ from client.offset_store import LocalFileOffsetStore, RemoteOffsetStore
 from client.orderly import OrderlyService
 from client.process_queue import FLOW_SPAN, ProcessQueue
 from client.pull_consumer import PullAPI, log_failed_pull, pull_should_wait
-from client.rebalance import (DEFAULT_ALLOCATE_STRATEGY, AllocateStrategy, allocate_strategy_problem, diff_assignment,
-                              resolve_allocate_strategy)
-from remoting.codes import RequestCode
+from client.rebalance import (DEFAULT_ALLOCATE_STRATEGY, AllocateStrategy, allocate_share, allocate_strategy_problem,
+                              consumer_heartbeat_data, diff_assignment, find_consumer_ids, resolve_allocate_strategy)
 from remoting.config import ConfigError, blank_dir_problem, bounded
 from remoting.errors import RaftMQError
 from remoting.message import (PROPERTY_RETRY_TOPIC, RETRY_GROUP_MAX_LENGTH, RETRY_GROUP_TOPIC_PREFIX, group_problem,
@@ -539,11 +537,8 @@ class PushConsumer:
             log.info("rebalance failed group=%s error=%s", self.config.consumer_group, e)
 
     def _heartbeat_data(self) -> dict[str, Any]:
-        return {"producers": [], "consumers": [{
-            "consumer_group": self.config.consumer_group, "consume_type": "CONSUME_PASSIVELY",
-            "message_model": self.config.message_model, "consume_from_where": self.config.consume_from_where,
-            "subscriptions": [{"topic": s.topic, "expression": s.expression, "expression_type": s.expression_type,
-                               "sub_version": s.sub_version} for s in self._subs.values()]}]}
+        return consumer_heartbeat_data(self.config.consumer_group, "CONSUME_PASSIVELY", self.config.message_model,
+                                       self.config.consume_from_where, self._subs.values())
 
     # -- iterator form --------------------------------------------------------------------------------------------
     def __aiter__(self) -> PushConsumer:
@@ -708,31 +703,7 @@ class PushConsumer:
 
     # -- rebalance ------------------------------------------------------------------------------------------------
     async def find_consumer_ids(self, topic: str) -> list[str]:
-        inst = self._instance
-        route = await inst.routes.get(topic)
-        for b in route.broker_datas:
-            for addr in inst.routes.replica_addrs(b.broker_name):
-                try:
-                    frame = await inst.invoke(addr, RequestCode.GET_CONSUMER_LIST_BY_GROUP,
-                                              {"consumer_group": self.config.consumer_group})
-                    raise_for_response(frame, topic=topic, broker_name=b.broker_name)
-                except RaftMQError as e:
-                    inst.on_error(e, topic, b.broker_name, addr)
-                    continue
-                ids = frame.ext.get("consumer_id_list")
-                if ids is None and frame.body:
-                    try:
-                        decoded = cbor2.loads(frame.body)
-                    except Exception:  # noqa: BLE001 - cbor2 reports bad input as several exception types
-                        decoded = frame.body  # not a list: refused below
-                    ids = decoded.get("consumer_id_list") if isinstance(decoded, Mapping) else decoded
-                if ids is not None and not (type(ids) is list and all(type(i) is str for i in ids)):
-                    # A ValueError or TypeError from it ended the rebalance task, and the consumer with it: the
-                    # next node is asked instead.
-                    log.warning("malformed GET_CONSUMER_LIST_BY_GROUP answer addr=%s ids=%r", addr, ids)
-                    continue
-                return list(ids or ())
-        return []
+        return await find_consumer_ids(self._instance, self.config.consumer_group, topic)
 
     async def rebalance(self) -> None:
         async with self._lock:
@@ -797,27 +768,8 @@ class PushConsumer:
                          cids: Sequence[str]) -> list[MessageQueue] | None:
         """This member's share of ``topic``'s queues ``mqs`` by the allocate strategy, or None (logged) if the
         strategy failed: the topic's queues then stay as they are, as RocketMQ's rebalanceByTopic leaves them."""
-        group = self.config.consumer_group
-        try:
-            result = list(self._allocate(group, self.client_id, sorted(mqs), sorted(cids)))
-        except Exception:
-            # A function of the user's: whatever it raises must not end the rebalance task, and the consumer with it.
-            log.exception("allocate strategy failed, the queues stay as they are group=%s topic=%s strategy=%r",
-                          group, topic, self.config.allocate_strategy)
-            return None
-        bad = next((q for q in result if not isinstance(q, MessageQueue)), None)
-        if bad is not None:
-            log.error("allocate strategy returned %r, not a MessageQueue; the queues stay as they are group=%s "
-                      "topic=%s strategy=%r", bad, group, topic, self.config.allocate_strategy)
-            return None
-        known = set(mqs)
-        # Queues of other topics are expected (allocate_by_config may name several topics' queues): taken by theirs.
-        strays = sorted(q for q in set(result) - known if q.topic == topic and q not in self._stray_queues)
-        if strays:
-            self._stray_queues.update(strays)
-            log.warning("allocate strategy named queues the topic's route does not have, not pulled (said once each) "
-                        "group=%s queues=%s", group, ", ".join(map(str, strays)))
-        return [q for q in result if q in known]
+        return allocate_share(self._allocate, self.config.consumer_group, self.client_id, topic, mqs, cids,
+                              warned=self._stray_queues, log=log, strategy_name=self.config.allocate_strategy)
 
     async def _drop_unsubscribed(self) -> None:
         """Take away the queues of topics no longer subscribed (``unsubscribe``), as a rebalance takes a queue away

@@ -4,8 +4,8 @@ Every member computes the same answer on its own from the same two sorted lists 
 client ids of the group), so no coordinator is needed; members that briefly disagree (one has seen a join, the
 other not yet) may both pull a queue for a moment, which at-least-once delivery tolerates.
 
-Strategies (RocketMQ's AllocateMessageQueueStrategy), chosen with the push consumer's ``allocate_strategy``, by
-name or as a function of the signature of ``allocate_average``:
+Strategies (RocketMQ's AllocateMessageQueueStrategy), chosen with the push consumer's or the subscribe-mode lite
+pull consumer's ``allocate_strategy``, by name or as a function of the signature of ``allocate_average``:
 
 - ``AllocateMessageQueueAveragely`` (the default, ``allocate_average``): contiguous blocks, the first
   ``len(queues) % len(members)`` members take one extra queue.
@@ -38,13 +38,25 @@ import bisect
 import dataclasses
 import hashlib
 import inspect
-from collections.abc import Callable, Iterable, Sequence
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
+import cbor2
+
+from client.instance import raise_for_response
 from client.message import MessageQueue
+from remoting.codes import RequestCode
+from remoting.errors import RaftMQError
+
+if TYPE_CHECKING:
+    from client.filter import Subscription
+    from client.instance import ClientInstance
 
 __all__ = ["AllocateStrategy", "ALLOCATE_STRATEGIES", "DEFAULT_ALLOCATE_STRATEGY", "allocate_average",
            "allocate_average_by_circle", "allocate_consistent_hash", "allocate_by_config", "resolve_allocate_strategy",
-           "allocate_strategy_problem", "RebalanceDiff", "diff_assignment"]
+           "allocate_strategy_problem", "RebalanceDiff", "diff_assignment", "find_consumer_ids",
+           "allocate_share", "consumer_heartbeat_data"]
 
 # (consumer_group, current_client_id, queues, client_ids) -> the queues current_client_id consumes.
 AllocateStrategy = Callable[[str, str, Sequence[MessageQueue], Sequence[str]], list[MessageQueue]]
@@ -231,3 +243,74 @@ class RebalanceDiff:
 def diff_assignment(current: Iterable[MessageQueue], wanted: Sequence[MessageQueue]) -> RebalanceDiff:
     cur, want = set(current), set(wanted)
     return RebalanceDiff(tuple(sorted(want - cur)), tuple(sorted(cur - want)))
+
+
+# -- what the push consumer and the lite pull consumer's subscribe mode share --------------------------------------
+async def find_consumer_ids(instance: ClientInstance, consumer_group: str, topic: str) -> list[str]:
+    """The client ids of ``consumer_group``'s members as a node of a broker group serving ``topic`` knows them
+    (GET_CONSUMER_LIST_BY_GROUP): the first node that answers well; [] if none does."""
+    route = await instance.routes.get(topic)
+    log = logging.getLogger(__name__)
+    for b in route.broker_datas:
+        for addr in instance.routes.replica_addrs(b.broker_name):
+            try:
+                frame = await instance.invoke(addr, RequestCode.GET_CONSUMER_LIST_BY_GROUP,
+                                              {"consumer_group": consumer_group})
+                raise_for_response(frame, topic=topic, broker_name=b.broker_name)
+            except RaftMQError as e:
+                instance.on_error(e, topic, b.broker_name, addr)
+                continue
+            ids = frame.ext.get("consumer_id_list")
+            if ids is None and frame.body:
+                try:
+                    decoded = cbor2.loads(frame.body)
+                except Exception:  # noqa: BLE001 - cbor2 reports bad input as several exception types
+                    decoded = frame.body  # not a list: refused below
+                ids = decoded.get("consumer_id_list") if isinstance(decoded, Mapping) else decoded
+            if ids is not None and not (type(ids) is list and all(type(i) is str for i in ids)):
+                # A ValueError or TypeError from it ended the rebalance task, and the consumer with it: the
+                # next node is asked instead.
+                log.warning("malformed GET_CONSUMER_LIST_BY_GROUP answer addr=%s ids=%r", addr, ids)
+                continue
+            return list(ids or ())
+    return []
+
+
+def allocate_share(strategy: AllocateStrategy, consumer_group: str, client_id: str, topic: str,
+                   mqs: Sequence[MessageQueue], cids: Sequence[str], *, warned: set[MessageQueue],
+                   log: logging.Logger, strategy_name: object = None) -> list[MessageQueue] | None:
+    """``client_id``'s share of ``topic``'s queues ``mqs`` by ``strategy``, or None (logged on ``log``) if the
+    strategy failed: the topic's queues then stay as they are, as RocketMQ's rebalanceByTopic leaves them. Queues
+    the strategy names that the route does not have are left out, warned about once each (``warned`` remembers)."""
+    shown = strategy if strategy_name is None else strategy_name
+    try:
+        result = list(strategy(consumer_group, client_id, sorted(mqs), sorted(cids)))
+    except Exception:
+        # A function of the user's: whatever it raises must not end the rebalance task, and the consumer with it.
+        log.exception("allocate strategy failed, the queues stay as they are group=%s topic=%s strategy=%r",
+                      consumer_group, topic, shown)
+        return None
+    bad = next((q for q in result if not isinstance(q, MessageQueue)), None)
+    if bad is not None:
+        log.error("allocate strategy returned %r, not a MessageQueue; the queues stay as they are group=%s "
+                  "topic=%s strategy=%r", bad, consumer_group, topic, shown)
+        return None
+    known = set(mqs)
+    # Queues of other topics are expected (allocate_by_config may name several topics' queues): taken by theirs.
+    strays = sorted(q for q in set(result) - known if q.topic == topic and q not in warned)
+    if strays:
+        warned.update(strays)
+        log.warning("allocate strategy named queues the topic's route does not have, not pulled (said once each) "
+                    "group=%s queues=%s", consumer_group, ", ".join(map(str, strays)))
+    return [q for q in result if q in known]
+
+
+def consumer_heartbeat_data(consumer_group: str, consume_type: str, message_model: str, consume_from_where: str,
+                            subscriptions: Iterable[Subscription]) -> dict[str, object]:
+    """A consumer's HEART_BEAT data (``ClientInstance.heartbeat_data``): membership of ``consumer_group`` with
+    ``consume_type`` ``CONSUME_PASSIVELY`` (push) or ``CONSUME_ACTIVELY`` (lite pull, subscribe mode)."""
+    return {"producers": [], "consumers": [{
+        "consumer_group": consumer_group, "consume_type": consume_type, "message_model": message_model,
+        "consume_from_where": consume_from_where,
+        "subscriptions": [{"topic": s.topic, "expression": s.expression, "expression_type": s.expression_type,
+                           "sub_version": s.sub_version} for s in subscriptions]}]}
