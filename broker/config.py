@@ -81,6 +81,14 @@ class BrokerConfig:
     # after which every registration of the group was refused and it fell out of every route.
     max_topic_count: int = bounded(50_000, min=1, max=200_000,
                                    doc="topics this group holds; creating (or auto-creating) one more is refused")
+    # RocketMQ's autoCreateSubscriptionGroup (broker/subscription_group.py): off, a consumer group's pulls are
+    # refused (SUBSCRIPTION_GROUP_NOT_EXIST) until `raftmq admin update-sub-group` creates it. The count bounds the
+    # replicated table, which every Raft snapshot carries, against clients pulling under ever new group names.
+    auto_create_subscription_group: bool = bounded(True, doc="create a consumer group's config on its first pull "
+                                                             "or send-back (RocketMQ default)")
+    max_subscription_group_count: int = bounded(50_000, min=1, max=200_000,
+                                                doc="consumer groups this group holds a config for; creating (or "
+                                                    "auto-creating) one more is refused")
     long_polling_timeout_ms: int = bounded(15_000, min=1, max=3_600_000, doc="longest hold of a pull")
     long_polling_check_interval_ms: int = bounded(1000, min=10, max=60_000)
     max_transfer_count: int = bounded(1024, min=1, max=65_536, doc="messages per pull response, at most")

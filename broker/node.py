@@ -15,7 +15,8 @@ Rules this module keeps:
 * **Replicated metadata.** Topic configs and consumer offsets are DLedger metadata tables
   (``broker.topic_config``: topic → config, plus key ``""`` holding the data version; ``broker.consumer_offset``:
   ``group\\x01topic\\x01queue_id`` → offset). Every node mirrors them locally; a new leader therefore knows every
-  topic and every offset flushed before it was elected.
+  topic and every offset flushed before it was elected. So are consumer groups' configs
+  (``broker.subscription_group``, mirrored by ``broker/subscription_group.py``).
 * **Queue locks for orderly consumers** (``broker/rebalance_lock.py``): served by the leader, held in its memory,
   with every change of holder replicated (``broker.rebalance_lock``: ``group\\x01topic\\x01queue_id`` → client
   id) so that a new leader knows who holds what; it restores them when its term starts.
@@ -52,6 +53,7 @@ from broker.schedule import ScheduleMessageService
 from broker.transaction import TransactionalMessageService
 from broker.store import MessageInput, MessageStore, encode_batch
 from broker.store.dispatch import TOPIC_DELETE_LOG
+from broker.subscription_group import SubscriptionGroupManager
 from broker.topic_config import TopicConfig, TopicConfigTable, auto_create_config, registration_problem
 from dledger import DLedgerConfig, DLedgerError, DLedgerGroup, NotLeaderError, Role, open_dledger_group
 from dledger.service import peer_with_history, remote_fetch_range
@@ -137,6 +139,7 @@ class BrokerNode:
         # (a follower refused pulls of queues a topic had just gained; a new leader, after the entries of the
         # earlier term, refused sends to them, INVALID_REQUEST, which producers do not retry).
         self._topic_generation = group.metadata_generation(TOPIC_TABLE)
+        self.subscription_groups = SubscriptionGroupManager(self)
         group.on_metadata_applied(self._metadata_applied)
         self.refresh_metadata()
 
@@ -250,6 +253,7 @@ class BrokerNode:
         self.pull_stats.forget_topics(lambda topic: topic not in topics)
 
     def _metadata_applied(self) -> None:
+        self.subscription_groups.metadata_applied()
         generation = self.group.metadata_generation(TOPIC_TABLE)
         if generation != self._topic_generation:
             self._topic_generation = generation
@@ -541,8 +545,9 @@ class BrokerNode:
 
     # --- clients -------------------------------------------------------------------------------------------
     def _consumer_ids_changed(self, group: str, conns: list[Any]) -> None:
-        if self._nursery is None:
-            return
+        config = self.subscription_groups.get(group)
+        if self._nursery is None or (config is not None and not config.notify_consumer_ids_changed_enable):
+            return  # RocketMQ's notifyConsumerIdsChangedEnable false: members rebalance on their own timer
         frame = make_request(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, ext={"consumer_group": group}, oneway=True)
         for conn in conns:
             self._nursery.start_soon(self._notify_one, conn, frame)

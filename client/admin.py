@@ -1,5 +1,5 @@
 """The admin client: topics and their status, routes, cluster info, consumer groups (progress, members, offset
-resets), message lookups (the everyday part of RocketMQ's mqadmin).
+resets, subscription group configs), message lookups (the everyday part of RocketMQ's mqadmin).
 
 Topic changes go to the *leader* of each broker group (replicated there through Raft, then re-registered with
 the name servers by the broker itself), so ``create_topic`` returns once every group has committed it. Which
@@ -27,11 +27,13 @@ from client.route import (PERM_READ, PERM_WRITE, TopicRouteData, decode_route_re
                           parse_route, peer_addr)
 from remoting.codes import RequestCode, ResponseCode
 from remoting.errors import RaftMQError, TopicNotExistError, for_code
-from remoting.message import RETRY_GROUP_MAX_LENGTH, MessageFormatError, iter_records, parse_msg_id, retry_topic
+from remoting.message import (I32, I64, RETRY_GROUP_MAX_LENGTH, MessageFormatError, group_problem, iter_records,
+                              parse_msg_id, retry_topic)
 
 __all__ = ["AdminClient", "BrokerConfigUpdate", "ClusterInfo", "ConsumeStats", "ConsumerConnection",
            "DelayLevelProgress", "GroupDeletion", "OffsetReset", "ProducerConnection", "QueueConsumeStats",
-           "TopicPermUpdate", "TopicQueueStatus", "open_admin", "UPDATABLE_PERMS"]
+           "SubscriptionGroup", "SubscriptionGroupUpdate", "SUBSCRIPTION_GROUP_FIELDS", "TopicPermUpdate",
+           "TopicQueueStatus", "open_admin", "UPDATABLE_PERMS"]
 
 # The permissions update_topic_perm sets, as mqadmin updateTopicPerm takes them: write only, read only, both.
 UPDATABLE_PERMS = (PERM_WRITE, PERM_READ, PERM_READ | PERM_WRITE)
@@ -39,6 +41,13 @@ MAX_QUERY_NUM = 64  # the broker's cap on the messages of one QUERY_MESSAGE (Roc
 # VIEW_MESSAGE_BY_ID's answers: QUERY_NOT_FOUND, no such message; SYSTEM_ERROR, how older brokers said so
 # (RocketMQ's answer).
 _VIEW_ANSWERS = (ResponseCode.SUCCESS, ResponseCode.QUERY_NOT_FOUND, ResponseCode.SYSTEM_ERROR)
+# The fields update_subscription_group sets: bool, or the (lo, hi) of an integer, as the brokers hold them
+# (broker/subscription_group.py; retry_queue_nums 0, RocketMQ's "drop what is sent back", is refused there).
+SUBSCRIPTION_GROUP_FIELDS: Mapping[str, Any] = {
+    "consume_enable": bool, "consume_from_min_enable": bool, "consume_broadcast_enable": bool,
+    "retry_queue_nums": (1, 1024), "retry_max_times": (0, I32[1]), "broker_id": (0, I64[1]),
+    "which_broker_when_consume_slowly": (0, I64[1]), "notify_consumer_ids_changed_enable": bool,
+}
 
 log = logging.getLogger(__name__)
 
@@ -180,11 +189,12 @@ class ProducerConnection:
 @dataclasses.dataclass(frozen=True, slots=True)
 class GroupDeletion:
     """What ``delete_group`` removed: per broker group, how many queues' offsets the consumer group had there,
-    and the broker groups its retry topic was deleted from."""
+    the broker groups its retry topic was deleted from, and those its subscription group config was."""
 
     consumer_group: str
     removed_offsets: dict[str, int]
     retry_topic_deleted_from: tuple[str, ...]
+    config_removed_from: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -196,6 +206,58 @@ class OffsetReset:
     offsets: Mapping[MessageQueue, int]
     previous: Mapping[MessageQueue, int | None]
     consumer_ids: Mapping[str, tuple[str, ...]]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SubscriptionGroup:
+    """A consumer group's config on one broker group (RocketMQ's SubscriptionGroupConfig). The brokers act on
+    ``consume_enable`` (false: its pulls are refused), ``consume_broadcast_enable``, ``retry_max_times`` (when a
+    send-back names no limit), ``retry_queue_nums`` (of its retry topic, when first created) and
+    ``notify_consumer_ids_changed_enable``; the other fields are stored and shown only."""
+
+    broker_name: str
+    group_name: str
+    consume_enable: bool
+    consume_from_min_enable: bool
+    consume_broadcast_enable: bool
+    retry_queue_nums: int
+    retry_max_times: int
+    broker_id: int
+    which_broker_when_consume_slowly: int
+    notify_consumer_ids_changed_enable: bool
+
+    def fields(self) -> dict[str, Any]:
+        """The config's fields by name (``SUBSCRIPTION_GROUP_FIELDS``' order)."""
+        return {name: getattr(self, name) for name in SUBSCRIPTION_GROUP_FIELDS}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SubscriptionGroupUpdate:
+    """What ``update_subscription_group`` did on one broker group: the config now and before (None: created)."""
+
+    broker_name: str
+    config: SubscriptionGroup
+    previous: SubscriptionGroup | None
+
+    @property
+    def changed(self) -> dict[str, tuple[Any, Any]]:
+        """field -> (before, after) of the fields that changed (none for a group created)."""
+        if self.previous is None:
+            return {}
+        before, after = self.previous.fields(), self.config.fields()
+        return {k: (before[k], v) for k, v in after.items() if before[k] != v}
+
+
+def _subscription_group(broker_name: str, data: Any) -> SubscriptionGroup:
+    if not isinstance(data, Mapping):
+        raise TypeError(f"subscription group {data!r} is not a map")
+    values: dict[str, Any] = {}
+    for name, kind in SUBSCRIPTION_GROUP_FIELDS.items():
+        value = data[name]
+        if kind is bool and type(value) is not bool:
+            raise TypeError(f"{name} {value!r} is not true or false")
+        values[name] = value if kind is bool else _int(value, name)
+    return SubscriptionGroup(broker_name, _str(data["group_name"], "group_name"), **values)
 
 
 def _parse_cluster_info(data: Mapping[str, Any]) -> ClusterInfo:
@@ -579,9 +641,10 @@ class AdminClient:
 
     async def delete_group(self, consumer_group: str, *, cluster: str | None = None,
                            broker_names: Sequence[str] | None = None) -> GroupDeletion:
-        """RocketMQ's deleteSubGroup with its offsets (``-r``): remove ``consumer_group``'s offsets from every group
-        of ``cluster`` (default: all) or of ``broker_names`` (DELETE_SUBSCRIPTIONGROUP, replicated), then delete
-        its retry topic ``%RETRY%<group>`` where it is (its messages are redeliveries to this group alone). A
+        """RocketMQ's deleteSubGroup with its offsets (``-r``): remove ``consumer_group``'s offsets and subscription
+        group config from every group of ``cluster`` (default: all) or of ``broker_names`` (DELETE_SUBSCRIPTIONGROUP,
+        replicated), then delete its retry topic ``%RETRY%<group>`` where it is (its messages are redeliveries to
+        this group alone). A
         group with members online is refused (they would commit their offsets again): first here, asking every
         group, so that a member online on one group leaves the offsets on all of them (each broker, which refuses
         too, would have removed them where no member was); then by each broker, for a member that joined in between.
@@ -606,16 +669,79 @@ class AdminClient:
         frames = await self._to_leaders(masters, RequestCode.DELETE_SUBSCRIPTIONGROUP,
                                         {"group_name": consumer_group, "clean_offset": True})
         removed = {}
+        configs = []
         for name, frame in sorted(frames.items()):
             with _reading("DELETE_SUBSCRIPTIONGROUP", f"broker group {name!r}"):
                 removed[name] = _int(frame.ext["removed"], "removed")
+                if frame.ext.get("config_removed") is True:
+                    configs.append(name)
         deleted: list[str] = []
         if len(consumer_group) <= RETRY_GROUP_MAX_LENGTH:  # a longer name makes no legal topic: it has none
             try:
                 deleted = await self.delete_topic(retry_topic(consumer_group), broker_names=sorted(masters))
             except TopicNotExistError:  # the group never failed a message: it has no retry topic
                 pass
-        return GroupDeletion(consumer_group, removed, tuple(deleted))
+        return GroupDeletion(consumer_group, removed, tuple(deleted), tuple(configs))
+
+    async def update_subscription_group(self, consumer_group: str, *, cluster: str | None = None,
+                                        broker_names: Sequence[str] | None = None,
+                                        **fields: Any) -> list[SubscriptionGroupUpdate]:
+        """RocketMQ's updateSubGroup: create ``consumer_group``'s subscription group, or set the ``fields`` given
+        (``SUBSCRIPTION_GROUP_FIELDS``, e.g. ``consume_enable=False`` to stop its consumers), on every group of
+        ``cluster`` (default: all) or of ``broker_names``. The fields not given keep their value (RocketMQ's
+        default for a new group), so one change leaves the others alone; each leader replicates it before it
+        answers, and its followers refuse a stopped group's pulls too. Returns what was done per group, by name.
+        A group that fails (the first by name raised, the others' in its notes) leaves the others changed."""
+        problem = group_problem(consumer_group) if isinstance(consumer_group, str) else "must be a string"
+        if problem:
+            raise ValueError(f"consumer_group {consumer_group!r} {problem}")
+        for name, value in fields.items():
+            kind = SUBSCRIPTION_GROUP_FIELDS.get(name)
+            if kind is None:
+                raise TypeError(f"{name!r} is not a subscription group field (fields: "
+                                f"{', '.join(SUBSCRIPTION_GROUP_FIELDS)})")
+            if kind is bool and not isinstance(value, bool):
+                raise ValueError(f"{name} must be True or False, got {value!r}")
+            if kind is not bool:
+                check_int_arg(name, value, *kind)
+        masters = await self._target_masters(cluster, broker_names)
+        updates: dict[str, SubscriptionGroupUpdate] = {}
+
+        async def _one(name: str) -> None:
+            answers = await self._to_leaders({name: masters[name]}, RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
+                                             {"group_name": consumer_group, **fields})
+            with _reading("UPDATE_AND_CREATE_SUBSCRIPTIONGROUP", f"broker group {name!r}"):
+                data = cbor2.loads(answers[name].body)
+                previous = data["previous"]
+                updates[name] = SubscriptionGroupUpdate(
+                    name, _subscription_group(name, data["config"]),
+                    None if previous is None else _subscription_group(name, previous))
+
+        try:
+            await _each_group([(name,) for name in sorted(masters)], _one)
+        except RaftMQError as e:
+            if updates:  # not rolled back: the operator runs it again for the rest
+                e.add_note("changed all the same on broker group(s) " + ", ".join(sorted(updates)))
+            raise
+        return [updates[name] for name in sorted(updates)]
+
+    async def subscription_groups(self, consumer_group: str | None = None, *, cluster: str | None = None,
+                                  broker_names: Sequence[str] | None = None) -> list[SubscriptionGroup]:
+        """The subscription groups of every group of ``cluster`` (default: all) or of ``broker_names``, from each
+        leader (GET_ALL_SUBSCRIPTIONGROUP_CONFIG), sorted by consumer group then broker group; only
+        ``consumer_group``'s if given. A consumer group gets one on its first pull of a group
+        (``auto_create_subscription_group``) or from ``update_subscription_group``."""
+        masters = await self._target_masters(cluster, broker_names)
+        frames = await self._to_leaders(masters, RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG, {})
+        found = []
+        for name, frame in frames.items():
+            with _reading("GET_ALL_SUBSCRIPTIONGROUP_CONFIG", f"broker group {name!r}"):
+                table = cbor2.loads(frame.body)["subscription_groups"]
+                if not isinstance(table, Mapping):
+                    raise TypeError(f"subscription_groups {table!r} is not a map")
+                found += [_subscription_group(name, data) for group, data in table.items()
+                          if consumer_group is None or group == consumer_group]
+        return sorted(found, key=lambda g: (g.group_name, g.broker_name))
 
     async def reset_offset(self, consumer_group: str, topic: str, timestamp_ms: int) -> OffsetReset:
         """RocketMQ's resetOffsetByTime: on every group of ``topic``, move ``consumer_group`` to the first

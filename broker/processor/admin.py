@@ -1,8 +1,10 @@
-"""Admin requests: topic create/update/delete, topic listing, queue offsets, topic status, broker status, the node's
-config and its runtime update, delayed messages' progress.
+"""Admin requests: topic create/update/delete, topic listing, subscription group create/update and listing, queue
+offsets, topic status, broker status, the node's config and its runtime update, delayed messages' progress.
 
 Topic changes are leader-only and replicated through the group's metadata before the answer, then the node
 re-registers with every name server at once, so a route query right after the answer already shows the change.
+Subscription group changes are leader-only and replicated before the answer too (``broker/subscription_group.py``);
+any node lists its own copy.
 Offset reads (min/max, by timestamp, earliest store time) are served by any node from its own store.
 """
 
@@ -18,6 +20,7 @@ import cbor2
 from broker.config import RuntimeConfigError, check_runtime_key, parse_runtime_value
 from broker.processor.base import (I64, RequestRejected, existing_topic_config, get_existing_topic, get_int, get_str,
                                    get_topic_queue, invalid, request_data)
+from broker.subscription_group import SubscriptionGroupConfig, SubscriptionGroupError
 from broker.topic_config import (SYSTEM_TOPIC_PREFIX, TopicConfig, TopicConfigError, check_sendable_topic,
                                  is_system_topic)
 from remoting.codec import Frame, make_response
@@ -65,6 +68,28 @@ class AdminProcessor:
     async def get_all_topic_config(self, request: Frame, conn: Any) -> Frame:
         body = cbor2.dumps({"data_version": self.node.topics.data_version, "topic_configs": self.node.topics.to_wire()})
         return make_response(request, ResponseCode.SUCCESS, body=body)
+
+    # --- subscription groups -------------------------------------------------------------------------------
+    async def update_and_create_subscription_group(self, request: Frame, conn: Any) -> Frame:
+        """RocketMQ's updateAndCreateSubscriptionGroup, on the leader: a CBOR map (body, or ext) with ``group_name``
+        and the fields to set; the fields left out (or null) keep their value, RocketMQ's default for a new group.
+        Answer body: ``{"config": the group's config now, "previous": before, null if it was created}``."""
+        data = request_data(request)
+        try:
+            wanted = SubscriptionGroupConfig.from_wire(data)  # every field judged before the leader is asked
+            config, previous = await self.node.subscription_groups.update(wanted.group_name, data)
+        except SubscriptionGroupError as e:
+            raise RequestRejected(ResponseCode.INVALID_REQUEST, f"request field {e.field!r}: {e}",
+                                  ext={"field": e.field}) from None
+        return make_response(request, ResponseCode.SUCCESS, body=cbor2.dumps(
+            {"config": config.to_wire(), "previous": previous.to_wire() if previous is not None else None}))
+
+    async def get_all_subscription_group_config(self, request: Frame, conn: Any) -> Frame:
+        """This node's copy of the group's subscription groups: ``{"data_version", "subscription_groups": {name:
+        config}}``. A follower's may be a replication behind its leader's."""
+        table = self.node.subscription_groups.table
+        return make_response(request, ResponseCode.SUCCESS, body=cbor2.dumps(
+            {"data_version": table.data_version, "subscription_groups": table.to_wire()}))
 
     # --- queue offsets -------------------------------------------------------------------------------------
     def _queue(self, request: Frame) -> tuple[str, int]:

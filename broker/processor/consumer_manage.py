@@ -13,10 +13,12 @@ GET_CONSUME_STATS is RocketMQ's consumer progress (``mqadmin consumerProgress``)
 a group consumes here, the queue's max offset, the group's offset and the lag between them. Any node answers;
 the leader's answer includes commits not yet replicated, a follower's may be one flush interval behind.
 
-DELETE_SUBSCRIPTIONGROUP is RocketMQ's deleteSubGroup with clean_offset: raftmq keeps no subscription-group configs,
-so what deleting a group removes is its offsets, on the leader, replicated before the answer (ext ``removed``, the
-queues that had one); ``clean_offset`` false, which would remove nothing, is refused. A group with members online
-here is refused too: they would commit their offsets again within a second, and the group would seem deleted.
+DELETE_SUBSCRIPTIONGROUP is RocketMQ's deleteSubGroup: on the leader, the group's subscription-group config goes
+(``broker/subscription_group.py``; its next pull auto-creates it again with the defaults, or is refused with
+``auto_create_subscription_group`` false) and, with ``clean_offset`` (default true), its offsets, replicated before
+the answer (ext ``removed``, the queues that had one; ``config_removed``, whether it had a config). ``clean_offset``
+false for a group without a config, which would remove nothing, is refused. A group with members online here is
+refused too: they would commit their offsets again within a second, and the group would seem deleted.
 
 INVOKE_BROKER_TO_RESET_OFFSET is RocketMQ's resetOffsetByTime: on the leader, every read queue of the topic gets
 the offset of its first message stored at or after ``timestamp`` (0: the oldest kept; a future time: the end),
@@ -128,9 +130,10 @@ class ConsumerManageProcessor:
         node = self.node
         await node.wait_ready_leader()  # the leader's table alone holds every commit
         group = get_group(request.ext, "group_name")
-        if not get_bool(request.ext, "clean_offset", default=True):
-            raise invalid("clean_offset", "false would delete nothing: raftmq keeps no subscription-group config, a "
-                                          "group is its offsets")
+        clean_offset = get_bool(request.ext, "clean_offset", default=True)
+        if not clean_offset and node.subscription_groups.get(group) is None:
+            raise invalid("clean_offset", f"false would delete nothing: consumer group {group!r} has no subscription "
+                                          f"group config on broker {node.config.broker_name}, and its offsets are kept")
         members = node.clients.consumer_ids(group)
         if members:
             raise RequestRejected(ResponseCode.NO_PERMISSION,
@@ -138,5 +141,6 @@ class ConsumerManageProcessor:
                                   f"{node.config.broker_name} ({', '.join(sorted(members)[:3])}"
                                   f"{', ...' if len(members) > 3 else ''}): stop them first, or their next commits "
                                   f"bring its offsets back", ext={"consumer_group": group})
-        removed = await node.delete_group_offsets(group)
-        return make_response(request, ResponseCode.SUCCESS, ext={"removed": removed})
+        removed = await node.delete_group_offsets(group) if clean_offset else 0
+        config_removed = await node.subscription_groups.delete(group)
+        return make_response(request, ResponseCode.SUCCESS, ext={"removed": removed, "config_removed": config_removed})

@@ -7,6 +7,11 @@ whose group's is) reads its messages through ``broker/property_filter.py`` inste
 answers, and only on a node with ``enable_property_filter``; elsewhere it is refused as RocketMQ refuses it,
 SYSTEM_ERROR "The broker does not support consumer to filter message by SQL92".
 
+The pull's consumer group must be allowed to consume by its subscription group (``broker/subscription_group.py``):
+a stopped one (``consume_enable`` false) is refused NO_PERMISSION "subscription group no permission, G", an unknown
+one with ``auto_create_subscription_group`` false SUBSCRIPTION_GROUP_NOT_EXIST; a held pull is judged again when it
+resumes, and a group's stop wakes the held pulls at once.
+
 When nothing is there yet and the client allows suspension (sys_flag bit 0x2), the request is held by
 ``PullRequestHoldService`` for ``min(suspend_timeout_millis, long_polling_timeout_ms)`` and executed again when a
 message for that queue is dispatched or the time is up.
@@ -28,6 +33,8 @@ from __future__ import annotations
 import functools
 import logging
 from typing import TYPE_CHECKING, Any
+
+import trio
 
 from broker.filter import SubscriptionParseError, TagFilter, parse_tag_expression
 from broker.property_filter import get_messages_by_sql, has_sql_match_between, parse_sql_expression
@@ -99,17 +106,27 @@ class PullMessageProcessor:
             return response
         # Nothing yet: hold the request; the hold service re-runs the pull and sends the response itself.
         timeout_s = min(args["suspend_timeout_millis"], self.node.config.long_polling_timeout_ms) / 1000
+        deadline = trio.current_time() + timeout_s
 
         async def resume(timed_out: bool, offset: int) -> None:
             try:
-                # The topic may have been deleted or its read queues lowered while the pull was held: the
-                # answer is then the one a fresh pull gets, not "no new message".
+                # The topic may have been deleted or its read queues lowered, or the group stopped, while the pull
+                # was held: the answer is then the one a fresh pull gets, not "no new message".
                 check_pullable(self.node, args["topic"], args["queue_id"])
+                self.node.subscription_groups.check_pull(args["consumer_group"])
             except RequestRejected as e:
                 again = error_response(self.node, request, e)
             else:
+                # Woken before its time with nothing past its offset: a release for another group's refusal
+                # (broker/subscription_group.py wakes every held pull). Held again for the time it has left.
+                left = deadline - trio.current_time()
+                rehold = (not timed_out and left > 0
+                          and self.node.store.get_max_offset_in_queue(args["topic"], args["queue_id"]) <= offset)
                 # From where the hold got to: the units it passed carry no tags code the filter wants.
-                again, _ = self._pull(request, {**args, "queue_offset": offset}, allow_suspend=False)
+                again, hold_from = self._pull(request, {**args, "queue_offset": offset}, allow_suspend=rehold)
+                if again is None:
+                    self.node.hold.hold(args["topic"], args["queue_id"], hold_from, left, resume, matches, conn=conn)
+                    return
             if again is None:
                 return
             try:
@@ -143,6 +160,7 @@ class PullMessageProcessor:
         }
         node = self.node
         check_pullable(node, topic, args["queue_id"])
+        node.subscription_groups.check_pull(args["consumer_group"])  # stopped, unknown, or no broadcasting
         expression = ext.get("subscription")
         tag_filter: TagFilter
         sql_filter: SqlFilter | None = None

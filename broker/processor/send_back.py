@@ -11,15 +11,21 @@ consumed from, kept from the first failure on) and ORIGIN_MESSAGE_ID:
   (RocketMQ's backoff: 10 s, 30 s, 1 m, ... with the default levels), capped at the last level;
 * else (or with ``delay_level`` -1) at once to the group's dead-letter topic ``%DLQ%<group>``.
 
-Both topics are created on first use with one queue, as RocketMQ's subscription-group defaults: the retry topic
-read|write (every member of the group subscribes to it), the DLQ write-only, so no consumer reads it by accident;
-lookups by key or id (``raftmq admin``) do not need read permission.
+The group's subscription group (``broker/subscription_group.py``, auto-created here as by a pull) gives the limit
+when the request carries no ``max_reconsume_times`` (its ``retry_max_times``, 16 by default; raftmq's consumers
+always send theirs, RocketMQ's clients before 3.4.9 did not) and the retry topic's queue count (``retry_queue_nums``,
+1 by default) when a send-back first creates it; a retried message goes to one of its queues at random (the
+writable ones it has, should it have been created with fewer). An unknown group with
+``auto_create_subscription_group`` false is refused SUBSCRIPTION_GROUP_NOT_EXIST. The retry topic is read|write
+(every member of the group subscribes to it); the DLQ has one queue, write-only, so no consumer reads it by
+accident; lookups by key or id (``raftmq admin``) do not need read permission.
 
 A node whose ``broker_permission`` lacks write refuses it with NO_PERMISSION, as RocketMQ does: it is a write.
 """
 
 from __future__ import annotations
 
+import random
 from typing import TYPE_CHECKING, Any
 
 from broker.processor.base import I32, RequestRejected, get_group, get_int, get_str, invalid, legal_topic
@@ -35,8 +41,7 @@ from remoting.message import (PROPERTY_DELAY, PROPERTY_ORIGIN_MESSAGE_ID,
 if TYPE_CHECKING:
     from broker.node import BrokerNode
 
-DEFAULT_MAX_RECONSUME_TIMES = 16  # RocketMQ's subscription-group retryMaxTimes
-RETRY_QUEUE_NUMS = 1  # RocketMQ's subscription-group retryQueueNums
+DLQ_QUEUE_NUMS = 1  # RocketMQ's DLQ_NUMS_PER_GROUP
 _FIRST_RETRY_LEVEL = 3  # RocketMQ: delay level 3 + reconsume_times when the consumer names none
 
 
@@ -59,8 +64,9 @@ class SendBackProcessor:
                                    f"{RETRY_GROUP_MAX_LENGTH} characters)")
         offset = get_int(ext, "offset", lo=0)
         delay_level = get_int(ext, "delay_level", default=0, lo=-1, hi=I32[1])
-        max_reconsume_times = get_int(ext, "max_reconsume_times", default=DEFAULT_MAX_RECONSUME_TIMES, lo=0,
-                                      hi=I32[1])
+        max_reconsume_times = ext.get("max_reconsume_times")
+        if max_reconsume_times is not None:  # checked before the group is looked up (and maybe created)
+            max_reconsume_times = get_int(ext, "max_reconsume_times", lo=0, hi=I32[1])
         origin_msg_id = get_str(ext, "origin_msg_id", default="", allow_empty=True)
         origin_topic = get_str(ext, "origin_topic", default="", allow_empty=True)
         if origin_topic:
@@ -79,6 +85,9 @@ class SendBackProcessor:
             # A stale or wrong offset would otherwise retry (or bury in the DLQ) some other topic's message.
             raise invalid("offset", f"{offset} holds a message of topic {view.topic!r}, not of origin_topic "
                                     f"{origin_topic!r}")
+        sub_group = await node.subscription_groups.ensure(group)
+        if max_reconsume_times is None:
+            max_reconsume_times = sub_group.retry_max_times
         reconsume_times = view.reconsume_times
         levels = len(node.config.delay_levels_ms)
         dead = reconsume_times >= max_reconsume_times or delay_level < 0
@@ -88,12 +97,13 @@ class SendBackProcessor:
                                              or create_msg_id(view.store_host, view.phy_offset))
         for name in (PROPERTY_DELAY, PROPERTY_REAL_TOPIC, PROPERTY_REAL_QUEUE_ID):
             props.pop(name, None)
-        await node.ensure_topic(TopicConfig(target, RETRY_QUEUE_NUMS, RETRY_QUEUE_NUMS,
-                                            PERM_WRITE if dead else PERM_READ_WRITE))
-        topic, queue_id = target, 0
+        queue_nums = DLQ_QUEUE_NUMS if dead else sub_group.retry_queue_nums
+        created = await node.ensure_topic(TopicConfig(target, queue_nums, queue_nums,
+                                                      PERM_WRITE if dead else PERM_READ_WRITE))
+        topic, queue_id = target, 0 if dead else random.randrange(min(queue_nums, created.write_queue_nums))
         if not dead:
             level = min(delay_level or _FIRST_RETRY_LEVEL + reconsume_times, levels)
-            topic, queue_id, props = SCHEDULE_TOPIC, level - 1, schedule_properties(target, 0, props, level)
+            topic, queue_id, props = SCHEDULE_TOPIC, level - 1, schedule_properties(target, queue_id, props, level)
         message = stored_again(view, topic, queue_id, props, reconsume_times=reconsume_times + 1,
                                prepared_transaction_offset=0)
         try:

@@ -14,6 +14,9 @@
     raftmq admin consumer-connection GROUP [--cluster NAME]          (consumerConnection)
     raftmq admin consumer-progress GROUP [--topic TOPIC] [--cluster NAME]  (consumerProgress)
     raftmq admin delete-group GROUP [--cluster NAME | --broker NAME ...]   (deleteSubGroup -r)
+    raftmq admin update-sub-group -g GROUP [-s true|false] [-r N] [...] [--cluster NAME | --broker NAME ...]
+                                                                     (updateSubGroup)
+    raftmq admin sub-group-list [-g GROUP] [--cluster NAME | --broker NAME ...]   (getConsumerConfig)
     raftmq admin producer-connection GROUP [--cluster NAME]          (producerConnection)
     raftmq admin reset-offset GROUP TOPIC --to earliest|latest|now|MS|ISO-8601   (resetOffsetByTime)
     raftmq admin query-msg-id MSG_ID [--topic TOPIC] [--body-file PATH]   (queryMsgById, queryMsgByUniqueKey)
@@ -51,7 +54,7 @@ from broker.delay_level import format_delay
 from broker.topic_config import (SYSTEM_TOPIC_PREFIX, TopicConfigError, check_sendable_topic, is_system_topic,
                                  validate_group_name, validate_topic_name)
 from client import open_admin
-from client.admin import MAX_QUERY_NUM, UPDATABLE_PERMS, AdminClient
+from client.admin import MAX_QUERY_NUM, SUBSCRIPTION_GROUP_FIELDS, UPDATABLE_PERMS, AdminClient
 from client.instance import DEFAULT_NAMESRV_ADDR, NAMESRV_ADDR_ENV
 from client.route import PERM_INHERIT, PERM_READ, PERM_WRITE, TopicRouteData
 from remoting.config import ConfigError, name_problem, parse_host_port
@@ -74,7 +77,8 @@ def register(subparsers) -> None:
                                                "mqadmin: clusterList, topicList, topicRoute, updateTopic, "
                                                "updateTopicPerm, deleteTopic, topicStatus, brokerStatus, "
                                                "getBrokerConfig, updateBrokerConfig, consumerConnection, "
-                                               "consumerProgress, deleteSubGroup, "
+                                               "consumerProgress, deleteSubGroup, updateSubGroup, "
+                                               "getConsumerConfig, "
                                                "producerConnection, resetOffsetByTime, "
                                                "queryMsgById, queryMsgByKey, queryMsgByOffset, "
                                                "sendMessage, consumeMessage).")
@@ -146,6 +150,19 @@ def register(subparsers) -> None:
                                                     "group, and its retry topic (its dead letters are kept)")
     delete_group.add_argument("group", help="the consumer group (no member may be online)")
     _add_targets(delete_group)
+    sub_group = add_command("update-sub-group",
+                            help="create a consumer group's subscription group config, or change the fields given, "
+                                 "on every group (e.g. -s false stops its consumers, -s true lets them go on); the "
+                                 "fields not given keep their value")
+    sub_group.add_argument("-g", "--group", required=True, help="the consumer group")
+    for flag, short, field, text in _SUB_GROUP_OPTIONS:
+        boolean = SUBSCRIPTION_GROUP_FIELDS[field] is bool
+        sub_group.add_argument(flag, short, dest=field, default=None, metavar="true|false" if boolean else "N",
+                               type=_true_false if boolean else int, help=text)
+    _add_targets(sub_group)
+    sub_groups = add_command("sub-group-list", help="consumer groups' subscription group configs on every group")
+    sub_groups.add_argument("-g", "--group", help="only this consumer group")
+    _add_targets(sub_groups)
     producers = add_command("producer-connection", help="a producer group's online producers")
     producers.add_argument("group", help="the producer group")
     producers.add_argument("--cluster", help="only the broker groups of this cluster (default: every group)")
@@ -169,6 +186,31 @@ def register(subparsers) -> None:
     by_key.add_argument("--end-ms", type=int, default=None, help="stored at or before (ms since the epoch)")
     admin_messages.register(add_command)
     parser.set_defaults(func=run)
+
+
+# update-sub-group's options, with mqadmin updateSubGroup's letters: flag, short flag, field, help. Whether a field
+# is a boolean, and an integer's bounds: client.admin.SUBSCRIPTION_GROUP_FIELDS.
+_SUB_GROUP_OPTIONS = (
+    ("--consume-enable", "-s", "consume_enable", "false: the group's pulls are refused (NO_PERMISSION), held ones at "
+                                                 "once; true: served again"),
+    ("--consume-from-min-enable", "-m", "consume_from_min_enable", "stored and shown only"),
+    ("--consume-broadcast-enable", "-d", "consume_broadcast_enable", "false: pulls of members that consume as "
+                                                                     "BROADCASTING are refused"),
+    ("--retry-queue-nums", "-q", "retry_queue_nums", "queues of its retry topic when a send-back creates it "
+                                                     "(1..1024, default 1)"),
+    ("--retry-max-times", "-r", "retry_max_times", "retries before the dead-letter topic, for a send-back that "
+                                                   "names no limit (default 16)"),
+    ("--broker-id", "-i", "broker_id", "stored and shown only"),
+    ("--which-broker-when-consume-slowly", "-w", "which_broker_when_consume_slowly", "stored and shown only"),
+    ("--notify-consumer-ids-changed-enable", "-a", "notify_consumer_ids_changed_enable",
+     "false: members are not told when the group's members change (they rebalance on their own timer)"),
+)
+
+
+def _true_false(text: str) -> bool:
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    raise argparse.ArgumentTypeError(f"must be true or false, got {text!r}")
 
 
 def _add_common(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
@@ -199,7 +241,8 @@ def _add_targets(parser: argparse.ArgumentParser) -> None:
 
 # The group and topic names a command takes, checked before anything is sent, by how its usage names them.
 _GROUP_ARG = {"consumer-connection": "GROUP", "consumer-progress": "GROUP", "reset-offset": "GROUP",
-              "delete-group": "GROUP", "producer-connection": "GROUP", "consume-message": "--group"}
+              "delete-group": "GROUP", "producer-connection": "GROUP", "consume-message": "--group",
+              "update-sub-group": "--group", "sub-group-list": "--group"}
 _TOPIC_ARG = {"route": "TOPIC", "create-topic": "TOPIC", "update-topic-perm": "TOPIC", "delete-topic": "TOPIC",
               "topic-status": "TOPIC",
               "consumer-progress": "--topic", "reset-offset": "TOPIC", "query-msg-id": "--topic",
@@ -210,7 +253,7 @@ _TOPIC_ARG = {"route": "TOPIC", "create-topic": "TOPIC", "update-topic-perm": "T
 def _check_names(args: argparse.Namespace) -> None:
     group_arg, topic_arg = _GROUP_ARG.get(args.admin_command), _TOPIC_ARG.get(args.admin_command)
     try:
-        if group_arg is not None:
+        if group_arg is not None and args.group is not None:  # sub-group-list's is optional
             validate_group_name(args.group, group_arg)
         if topic_arg is not None and args.topic is not None:
             validate_topic_name(args.topic)
@@ -256,6 +299,11 @@ def _check(args: argparse.Namespace) -> None:
     if args.admin_command == "update-topic-perm" and args.perm not in UPDATABLE_PERMS:
         raise ConfigError(f"--perm must be 2 (write only), 4 (read only) or 6 (read and write), as mqadmin "
                           f"updateTopicPerm takes, got {args.perm}")
+    if args.admin_command == "update-sub-group":
+        for flag, _short, field, _help in _SUB_GROUP_OPTIONS:
+            bounds, value = SUBSCRIPTION_GROUP_FIELDS[field], getattr(args, field)
+            if bounds is not bool and value is not None and not bounds[0] <= value <= bounds[1]:
+                raise ConfigError(f"{flag} must be within {bounds[0]}..{bounds[1]}, got {value}")
     if args.admin_command == "update-broker-config":
         # Here, not at the top: broker.config brings in the Raft stack, which every other command does without.
         from broker.config import check_runtime_key
@@ -473,6 +521,26 @@ async def _delete_group(admin: AdminClient, args: argparse.Namespace) -> dict[st
             "retry_topic_deleted_from": list(done.retry_topic_deleted_from)}
 
 
+async def _update_sub_group(admin: AdminClient, args: argparse.Namespace) -> dict[str, Any]:
+    fields = {field: getattr(args, field) for _flag, _short, field, _help in _SUB_GROUP_OPTIONS
+              if getattr(args, field) is not None}
+    updates = await admin.update_subscription_group(args.group, cluster=args.cluster, broker_names=args.broker,
+                                                    **fields)
+    return {"consumer_group": args.group,
+            "groups": [{"broker_name": u.broker_name, "created": u.previous is None,
+                        "changed": {k: list(v) for k, v in u.changed.items()}, "config": u.config.fields()}
+                       for u in updates]}
+
+
+async def _sub_group_list(admin: AdminClient, args: argparse.Namespace) -> dict[str, Any]:
+    groups = await admin.subscription_groups(args.group, cluster=args.cluster, broker_names=args.broker)
+    if args.group is not None and not groups:
+        raise _Refused(f"consumer group {args.group!r} has no subscription group config on any group asked (its "
+                       f"first pull of a group creates one, as does raftmq admin update-sub-group)")
+    return {"subscription_groups": [{"group_name": g.group_name, "broker_name": g.broker_name, **g.fields()}
+                                    for g in groups]}
+
+
 async def _producer_connection(admin: AdminClient, args: argparse.Namespace) -> dict[str, Any]:
     found = await admin.producer_connections(args.group, cluster=args.cluster)
     if not found.connections:
@@ -562,6 +630,7 @@ _COMMANDS: dict[str, Callable[[AdminClient, argparse.Namespace], Awaitable[dict[
     "status": _status, "broker-config": _broker_config, "update-broker-config": _update_broker_config,
     "delay-offsets": _delay_offsets, "topic-status": _topic_status,
     "consumer-connection": _consumer_connection, "delete-group": _delete_group,
+    "update-sub-group": _update_sub_group, "sub-group-list": _sub_group_list,
     "producer-connection": _producer_connection,
     "consumer-progress": _consumer_progress, "reset-offset": _reset_offset,
     "query-msg-id": _query_msg_id,
@@ -635,6 +704,23 @@ def _print(command: str, data: dict[str, Any]) -> None:
         if data["retry_topic_deleted_from"]:
             print(f"its retry topic deleted from {', '.join(data['retry_topic_deleted_from'])}")
         print(f"its dead-letter topic, if any, is kept (raftmq admin delete-topic '%DLQ%{data['consumer_group']}')")
+    elif command == "update-sub-group":
+        for g in data["groups"]:
+            what = ("created: " + ", ".join(f"{k} {json.dumps(v)}" for k, v in g["config"].items()) if g["created"]
+                    else "; ".join(_change(k, before, after) for k, (before, after) in g["changed"].items())
+                    or "unchanged")
+            print(f"{g['broker_name']}: subscription group {data['consumer_group']} {what}")
+    elif command == "sub-group-list":
+        table = Table(title="subscription groups", header_style="bold")
+        columns = ("consume_enable", "consume_broadcast_enable", "retry_max_times", "retry_queue_nums",
+                   "consume_from_min_enable", "notify_consumer_ids_changed_enable", "broker_id",
+                   "which_broker_when_consume_slowly")
+        for column in ("consumer group", "group", "consume", "broadcast", "retry max", "retry queues", "from min",
+                       "notify ids", "broker id", "when slow"):
+            table.add_column(column)
+        for g in data["subscription_groups"]:
+            table.add_row(Text(g["group_name"]), g["broker_name"], *(json.dumps(g[c]) for c in columns))
+        console.print(table)
     elif command == "producer-connection":
         table = Table(title=f"producers of group {data['producer_group']}", header_style="bold")
         for column in ("client id", "address", "broker groups"):
