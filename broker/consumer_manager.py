@@ -351,6 +351,17 @@ class ClientManager:
         info = self.consumer_groups.get(consumer_group)
         return info.subscriptions.get(topic) if info else None
 
+    def find_producer_connection(self, client_id: str) -> Any | None:
+        """The open connection of the producer ``client_id`` (RocketMQ's ProducerManager.findChannel), whichever
+        of its groups it heartbeated; the latest heartbeat's if it named several over different connections."""
+        found: ClientChannel | None = None
+        for channels in self.producer_groups.values():
+            channel = channels.get(client_id)
+            if channel is not None and not channel.conn.closed and (
+                    found is None or channel.last_update_s > found.last_update_s):
+                found = channel
+        return found.conn if found is not None else None
+
     def connection_count(self) -> int:
         conns = {id(ch.conn) for info in self.consumer_groups.values() for ch in info.channels.values()}
         conns |= {id(ch.conn) for chans in self.producer_groups.values() for ch in chans.values()}

@@ -21,6 +21,7 @@ from broker.processor.end_transaction import EndTransactionProcessor
 from broker.processor.pull_message import PullMessageProcessor
 from broker.processor.query_message import QueryMessageProcessor
 from broker.processor.queue_lock import QueueLockProcessor
+from broker.processor.reply import ReplyMessageProcessor
 from broker.processor.send_back import SendBackProcessor
 from broker.processor.send_message import SendMessageProcessor
 from dledger import DLedgerError
@@ -49,10 +50,13 @@ class BrokerDispatcher:
         locks = QueueLockProcessor(node)
         send_back = SendBackProcessor(node)
         end_transaction = EndTransactionProcessor(node)
+        self.replies = ReplyMessageProcessor(node, send)  # its serve() creates the reply topic (node.py)
         self.handlers: dict[int, Handler] = {
             RequestCode.SEND_MESSAGE: send.process,
             RequestCode.SEND_MESSAGE_V2: send.process,
             RequestCode.SEND_BATCH_MESSAGE: send.process,
+            RequestCode.SEND_REPLY_MESSAGE: self.replies.process,
+            RequestCode.SEND_REPLY_MESSAGE_V2: self.replies.process,
             RequestCode.PULL_MESSAGE: pull.process,
             RequestCode.CONSUMER_SEND_MSG_BACK: send_back.consumer_send_msg_back,
             RequestCode.END_TRANSACTION: end_transaction.end_transaction,

@@ -796,6 +796,7 @@ async def serve_broker(config: BrokerConfig, *, on_serving: Callable[[BrokerNode
                             nursery.start_soon(node.scan_clients)
                             nursery.start_soon(node.schedule.serve)
                             nursery.start_soon(node.transactions.serve)
+                            nursery.start_soon(dispatcher.replies.serve)
                             await nursery.start(node.registration.serve)
                             log.info("broker node serving broker_name=%s broker_id=%d listen=%s:%d metrics=%s",
                                      config.broker_name, node.broker_id, bound[0], bound[1],

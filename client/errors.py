@@ -31,7 +31,7 @@ __all__ = [
     "FrameTooLargeError", "ConnectError", "BrokerError", "NotLeaderError", "SystemBusyError", "TopicNotExistError",
     "MessageIllegalError", "ServiceNotAvailableError", "for_code", "ConfigError",
     "ClientError", "NoRouteError", "ClientClosedError", "MessageTooLargeError", "SendFailedError",
-    "UnknownBrokerError", "SubscriptionRefusedError",
+    "UnknownBrokerError", "SubscriptionRefusedError", "ReplyTimeoutError", "TooManyRequestsError",
 ]
 
 
@@ -89,3 +89,17 @@ class SubscriptionRefusedError(ClientError):
     ``broker_name``, ``addr`` (the node that answered), ``code`` (its response code) and ``remark`` (its reason,
     e.g. a node without ``enable_property_filter`` for a SQL92 expression). Not retriable: the broker's config
     or the expression must change."""
+
+
+class ReplyTimeoutError(ClientError):
+    """``Producer.request`` sent its request, but no reply came within its timeout (RocketMQ's
+    RequestTimeoutException): nothing answered, the answer is still on its way, or the broker could not push it.
+    ``topic``, ``correlation_id``, ``timeout_s``. Not retriable: the request was delivered, and sending it again may
+    have it handled twice; a reply that comes later is dropped."""
+
+
+class TooManyRequestsError(ClientError):
+    """``Producer.request`` refused at once: ``max_pending`` requests of this producer already wait for replies
+    (its ``max_pending_requests``). Retriable, once some have been answered or timed out."""
+
+    retriable = True

@@ -234,9 +234,10 @@ def build_config(cls: type, options: Mapping[str, Any]) -> Any:
 class ServerRequests:
     """Answers what brokers send *to* the client: NOTIFY_CONSUMER_IDS_CHANGED (a member joined or left: the
     consumer rebalances at once instead of at its next period), RESET_CONSUMER_CLIENT_OFFSET (an operator
-    reset the group's offsets: the consumer drops what it cached of those queues and pulls from the new offsets)
-    and CHECK_TRANSACTION_STATE (a transaction left unknown: the producer asks its listener, then answers with an
-    END_TRANSACTION of its own; oneway, as RocketMQ's).
+    reset the group's offsets: the consumer drops what it cached of those queues and pulls from the new offsets),
+    CHECK_TRANSACTION_STATE (a transaction left unknown: the producer asks its listener, then answers with an
+    END_TRANSACTION of its own; oneway, as RocketMQ's) and PUSH_REPLY_MESSAGE_TO_CLIENT (the reply to a
+    ``Producer.request``: it completes the request waiting for it).
     """
 
     def __init__(self) -> None:
@@ -245,8 +246,19 @@ class ServerRequests:
         self.on_reset_offset: Callable[[str, str, str, dict[int, int]], None] | None = None
         # Must not wait: it runs in the connection's reader (the producer starts a task).
         self.on_check_transaction: Callable[[Frame], None] | None = None
+        # Must not wait either; returns what is malformed in the push (answered INVALID_REQUEST), else None.
+        self.on_reply_message: Callable[[Frame], str | None] | None = None
 
     async def handle(self, request: Frame, conn: Any) -> Frame | None:
+        if request.code == RequestCode.PUSH_REPLY_MESSAGE_TO_CLIENT:
+            if self.on_reply_message is None:
+                # Only a producer sends requests: the broker logs this answer as a failed push.
+                return make_response(request, ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
+                                     remark="this client is no producer: it sent no request to reply to")
+            problem = self.on_reply_message(request)
+            if problem is not None:
+                return make_response(request, ResponseCode.INVALID_REQUEST, remark=problem)
+            return make_response(request, ResponseCode.SUCCESS)
         if request.code == RequestCode.CHECK_TRANSACTION_STATE:
             if self.on_check_transaction is None:
                 log.warning("transaction check ignored: this client is no producer remote=%s",
@@ -321,6 +333,9 @@ class ClientInstance:
         self._background: list[trio.CancelScope] = []
         self._refreshing: set[str] = set()
         self._probe = 0
+        # addr -> the connection the last heartbeat there was answered on: a broker knows a client by the
+        # connection its heartbeat came on, so a new connection (a restarted node) needs one again.
+        self._heartbeat_conns: dict[str, Any] = {}
 
     @property
     def timeout_s(self) -> float:
@@ -542,6 +557,10 @@ class ClientInstance:
                 await trio.sleep(self.config.heartbeat_broker_interval_ms / 1000)
 
     async def send_heartbeat_to_all(self) -> None:
+        await self.send_heartbeat({addr for addrs in self.routes.all_broker_addrs().values() for addr in addrs})
+
+    async def send_heartbeat(self, addrs: Iterable[str]) -> None:
+        """HEART_BEAT to each of ``addrs`` at once; a failure is only logged (the next round tries again)."""
         data = self.heartbeat_data()
         if not data:
             return
@@ -553,11 +572,21 @@ class ClientInstance:
                 raise_for_response(frame)
             except RaftMQError as e:
                 log.debug("heartbeat failed addr=%s error=%s", addr, e)
+                return
+            conn = self.remoting.connections().get(addr)
+            if conn is not None:
+                self._heartbeat_conns[addr] = conn
 
         async with trio.open_nursery() as nursery:
-            for addrs in self.routes.all_broker_addrs().values():
-                for addr in addrs:
-                    nursery.start_soon(_one, addr)
+            for addr in addrs:
+                nursery.start_soon(_one, addr)
+
+    def heartbeat_needed(self, addrs: Iterable[str]) -> list[str]:
+        """Those of ``addrs`` whose open connection has carried no answered heartbeat (none open yet, or opened
+        again since): a broker does not know this client there, so it cannot push anything to it."""
+        conns = self.remoting.connections()
+        return [addr for addr in addrs
+                if (conn := conns.get(addr)) is None or self._heartbeat_conns.get(addr) is not conn]
 
     async def unregister(self, producer_group: str | None, consumer_group: str | None) -> None:
         ext = {"client_id": self.client_id, "producer_group": producer_group, "consumer_group": consumer_group}

@@ -26,11 +26,15 @@ from remoting.message import (BATCH_HEAD, COMPRESSED_FLAG, COMPRESSION_TYPE_MASK
                               PROPERTY_TIMER_DELIVER_MS, PROPERTY_TRANSACTION_PREPARED, TIMER_PROPERTIES,
                               PROPERTY_UNIQ_KEY, MessageFormatError, check_topic, create_msg_id, decode_properties,
                               encode_properties, encode_uniform_batch, split_keys)
+from remoting.message import (PROPERTY_CLUSTER, PROPERTY_CORRELATION_ID, PROPERTY_MESSAGE_REPLY_TO_CLIENT,
+                              PROPERTY_MESSAGE_TTL, PROPERTY_MESSAGE_TYPE, REPLY_MESSAGE_FLAG, reply_topic)
 
 __all__ = [
     "Message", "MessageQueue", "MessageExt", "SendStatus", "SendResult", "PullStatus", "PullResult",
     "PROPERTY_TAGS", "PROPERTY_KEYS", "PROPERTY_UNIQ_KEY", "new_uniq_key", "decompressed_body", "MAX_INFLATED_BODY",
-    "DEFAULT_MAX_INFLATED_BODY",
+    "DEFAULT_MAX_INFLATED_BODY", "create_reply_message", "is_reply_message", "PROPERTY_CORRELATION_ID",
+    "PROPERTY_MESSAGE_REPLY_TO_CLIENT", "PROPERTY_MESSAGE_TTL", "PROPERTY_MESSAGE_TYPE", "PROPERTY_CLUSTER",
+    "REPLY_MESSAGE_FLAG",
 ]
 
 log = logging.getLogger(__name__)
@@ -307,6 +311,42 @@ def _check_timer(message: Message) -> None:
     if not value.isascii() or not value.isdecimal() or len(value) > 18:
         raise ValueError(f"Message.properties[{names[0]!r}] must be a decimal integer of at most 18 digits (ms, or "
                          f"s for TIMER_DELAY_SEC), got {value!r}")
+
+
+def create_reply_message(request: Message | MessageExt, body: bytes) -> Message:
+    """The reply to ``request`` (a message a consumer got from ``Producer.request``), carrying ``body``; send it
+    with any producer's ``send`` (RocketMQ's MessageUtil.createReplyMessage). Its topic is the reply topic of the
+    cluster that stored the request (property CLUSTER), and it carries the request's CORRELATION_ID,
+    REPLY_TO_CLIENT and TTL, with MSG_TYPE=reply: the broker that takes it pushes it to the requester, which
+    matches it to its request by the correlation id. A message that is no request (CLUSTER, REPLY_TO_CLIENT or
+    CORRELATION_ID missing) raises ValueError naming the property."""
+    if not isinstance(request, (Message, MessageExt)):
+        raise TypeError(f"create_reply_message needs the request message (Message or MessageExt), got {request!r}")
+    props = request.properties
+    copied = {}
+    for name in (PROPERTY_CLUSTER, PROPERTY_MESSAGE_REPLY_TO_CLIENT, PROPERTY_CORRELATION_ID):
+        value = props.get(name)
+        if not isinstance(value, str) or not value:
+            raise ValueError(f"create_reply_message: the request message has no {name} property, so it was not sent "
+                             f"by Producer.request and nothing waits for a reply (topic {request.topic!r})")
+        copied[name] = value
+    topic = reply_topic(copied.pop(PROPERTY_CLUSTER))
+    try:
+        check_topic(topic)
+    except MessageFormatError as e:
+        raise ValueError(f"create_reply_message: the request's cluster has no usable reply topic: {e}") from None
+    ttl = props.get(PROPERTY_MESSAGE_TTL)
+    if isinstance(ttl, str) and ttl:
+        copied[PROPERTY_MESSAGE_TTL] = ttl
+    copied[PROPERTY_MESSAGE_TYPE] = REPLY_MESSAGE_FLAG
+    return Message(topic, body, properties=copied)
+
+
+def is_reply_message(message: Message) -> bool:
+    """Whether ``message`` is a reply (MSG_TYPE=reply, as ``create_reply_message`` makes it): a producer sends it
+    with SEND_REPLY_MESSAGE, so that the broker pushes it to its requester."""
+    props = message.properties  # every send asks: most messages have no properties at all
+    return bool(props) and props.get(PROPERTY_MESSAGE_TYPE) == REPLY_MESSAGE_FLAG
 
 
 @dataclasses.dataclass(frozen=True, slots=True, order=True)

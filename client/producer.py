@@ -23,6 +23,21 @@ stored the half (followed by broker name, NOT_LEADER hints included). The same p
 CHECK_TRANSACTION_STATE with ``listener.check`` in a task of its own (a connection's reader must not wait for it),
 at most ``transaction_check_concurrency`` at a time. An END that fails is logged, not raised: the broker checks
 back (``broker/transaction.py``).
+
+Request-reply (RocketMQ 4.6's DefaultMQProducer.request): ``await producer.request(msg, timeout_s=...)`` sends
+``msg`` as a single send stamped with CORRELATION_ID (fresh), REPLY_TO_CLIENT (this client's id), TTL (the timeout
+in ms) and CLUSTER (its broker group's cluster, from the route: RocketMQ's broker stamps it on every message, which
+would cost raftmq's send path a property rewrite), and returns the reply as a ``MessageExt``. The consumer that
+gets the request answers with ``send(create_reply_message(msg, body))``: a producer sends a reply as
+SEND_REPLY_MESSAGE to a group of the cluster's reply topic (picked as any send's queue, as RocketMQ does); that
+group's leader stores it and pushes it to this client over the connection this producer's heartbeats came on
+(PUSH_REPLY_MESSAGE_TO_CLIENT, ``broker/processor/reply.py``). So before a request goes out, every leader of the
+reply topic's route (and of the request's) has had a heartbeat over the connection now open to it
+(``ClientInstance.heartbeat_needed``), as RocketMQ's prepareSendRequest heartbeats before a first request. The
+waiting requests are ``PendingRequests``, by correlation id: an entry lives as long as its ``request`` call, so a
+timeout or a cancellation leaves nothing behind, and a reply nothing waits for is dropped (logged at INFO).
+There is no callback form (RocketMQ's request(msg, RequestCallback, timeout)): a caller that wants to go on while a
+reply comes starts the ``request`` in a task of its own nursery, which also bounds how long it may run.
 """
 
 from __future__ import annotations
@@ -31,20 +46,23 @@ import contextlib
 import dataclasses
 import logging
 import time
+import uuid
 import zlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 
 import trio
 
 from client.accumulator import ProduceAccumulator
-from client.errors import ClientClosedError, MessageTooLargeError, NoRouteError, SendFailedError
+from client.errors import (ClientClosedError, MessageTooLargeError, NoRouteError, ReplyTimeoutError, SendFailedError,
+                           TooManyRequestsError)
 from client.instance import (
-    HOUR_MS, ClientConfig, ClientInstance, ServerRequests, build_config, now_ms, open_client_nursery, open_remoting,
-    raise_for_response,
+    HOUR_MS, ClientConfig, ClientInstance, ServerRequests, answer_data, build_config, now_ms, open_client_nursery,
+    open_remoting, raise_for_response,
 )
-from client.message import (MAX_INFLATED_BODY, PROPERTY_UNIQ_KEY, Message, MessageQueue, SendResult, SendStatus,
-                            _NewSendResult, batch_entry_overhead, check_queue, check_seconds, new_uniq_key)
+from client.message import (MAX_INFLATED_BODY, PROPERTY_UNIQ_KEY, Message, MessageExt, MessageQueue, SendResult,
+                            SendStatus, _NewSendResult, batch_entry_overhead, check_queue, check_seconds,
+                            decompressed_body, is_reply_message, new_uniq_key)
 from client.send_ext import SendExt, SendExtEncoder, ext_fields
 from client.transaction import (TransactionListener, TransactionSendResult, TransactionState, end_transaction_ext,
                                 read_check_request)
@@ -56,8 +74,11 @@ from remoting.message import (BATCH_HEAD, COMPRESSED_FLAG, I32, MAX_PROPERTIES_S
                               PROPERTY_TRANSACTION_PREPARED, TIMER_PROPERTIES, TRANSACTION_PREPARED_TYPE,
                               MessageFormatError,
                               check_topic, encode_uniform_batch, group_problem, ip_bytes)
+from remoting.message import (PROPERTY_CLUSTER, PROPERTY_CORRELATION_ID, PROPERTY_MESSAGE_REPLY_TO_CLIENT,
+                              PROPERTY_MESSAGE_TTL, PROPERTY_REPLY_MESSAGE_ARRIVE_TIME, decode_record,
+                              reply_topic)
 
-__all__ = ["ProducerConfig", "Producer", "open_producer"]
+__all__ = ["ProducerConfig", "Producer", "open_producer", "PendingRequests", "read_reply"]
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +131,9 @@ class ProducerConfig(ClientConfig):
     compress_msg_body_over_howmuch: int = bounded(4096, min=0, max=I32[1],
                                                   doc="bytes from which a single send's body is compressed")
     compress_level: int = bounded(5, min=0, max=9, doc="zlib level of compressed bodies")
+    max_pending_requests: int = bounded(10_000, min=1, max=1_000_000,
+                                        doc="requests (Producer.request) waiting for their replies at once; one more "
+                                            "raises TooManyRequestsError")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -120,6 +144,90 @@ class ProducerConfig(ClientConfig):
             raise ConfigError(f"max_frame_size_bytes must be >= {need} (a message of max_message_size_bytes "
                               f"{self.max_message_size_bytes} with its properties and header), got "
                               f"{self.max_frame_size_bytes}")
+
+
+class _PendingReply:
+    __slots__ = ("_event", "reply")
+
+    def __init__(self) -> None:
+        self._event = trio.Event()
+        self.reply: MessageExt | None = None
+
+    def set(self, reply: MessageExt) -> None:
+        self.reply = reply
+        self._event.set()
+
+    async def wait(self) -> MessageExt:
+        await self._event.wait()
+        assert self.reply is not None
+        return self.reply
+
+
+class PendingRequests:
+    """The requests of one producer waiting for their replies, by correlation id (RocketMQ's RequestFutureHolder).
+    An entry lives exactly as long as its ``expect`` block: a reply, a timeout, a failed send and a cancellation
+    all leave through it, so nothing stays behind (RocketMQ scans its table for expired futures every second
+    instead). At most ``max_pending`` at once; ``complete`` is synchronous, for the connection's reader."""
+
+    def __init__(self, max_pending: int) -> None:
+        self.max_pending = max_pending
+        self._waiting: dict[str, _PendingReply] = {}
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+    def __contains__(self, correlation_id: object) -> bool:
+        return correlation_id in self._waiting
+
+    @contextlib.contextmanager
+    def expect(self, correlation_id: str) -> Iterator[_PendingReply]:
+        """Wait for the reply of ``correlation_id`` within the block (``await pending.wait()``)."""
+        if len(self._waiting) >= self.max_pending:
+            raise TooManyRequestsError(f"{len(self._waiting)} requests of this producer already wait for their "
+                                       f"replies (max_pending_requests {self.max_pending}); wait for some to be "
+                                       f"answered or to time out", max_pending=self.max_pending)
+        if correlation_id in self._waiting:
+            raise ValueError(f"a request with correlation id {correlation_id!r} is already waiting for its reply")
+        pending = self._waiting[correlation_id] = _PendingReply()
+        try:
+            yield pending
+        finally:
+            if self._waiting.get(correlation_id) is pending:
+                del self._waiting[correlation_id]
+
+    def complete(self, correlation_id: str, reply: MessageExt) -> bool:
+        """Hand ``reply`` to the request waiting for it; False if none waits (timed out, or answered already)."""
+        pending = self._waiting.pop(correlation_id, None)
+        if pending is None:
+            return False
+        pending.set(reply)
+        return True
+
+
+def read_reply(ext: Mapping[str, Any], body: bytes, max_inflated: int = MAX_INFLATED_BODY,
+               max_inflated_key: str | None = None) -> MessageExt:
+    """The reply a PUSH_REPLY_MESSAGE_TO_CLIENT carries (its body the stored record, ext ``broker_name`` the group
+    that stored it), a compressed body inflated up to ``max_inflated`` bytes, with ARRIVE_TIME (ms) added as
+    RocketMQ's client adds it. Raises ValueError saying what is malformed."""
+    broker_name = ext.get("broker_name")
+    if type(broker_name) is not str or not broker_name:
+        raise ValueError(f"broker_name {broker_name!r} names no broker group")
+    try:
+        view = decode_record(body)
+    except (MessageFormatError, ValueError) as e:
+        raise ValueError(f"the body is not a reply record: {e}") from None
+    correlation_id = view.properties.get(PROPERTY_CORRELATION_ID)
+    if not correlation_id:
+        raise ValueError(f"the reply record (topic {view.topic!r}) has no {PROPERTY_CORRELATION_ID} property")
+    body, sys_flag = view.body, view.sys_flag
+    if sys_flag & COMPRESSED_FLAG:
+        body, sys_flag = decompressed_body(body, sys_flag, view.topic, broker_name, view.queue_id, view.queue_offset,
+                                           max_inflated, max_inflated_key)
+    properties = view.properties
+    properties[PROPERTY_REPLY_MESSAGE_ARRIVE_TIME] = str(now_ms())
+    return MessageExt(view.topic, body, view.queue_id, view.queue_offset, broker_name, properties, view.phy_offset,
+                      view.born_timestamp, view.store_timestamp, view.store_host, view.reconsume_times, sys_flag,
+                      view.flag)
 
 
 @dataclasses.dataclass(slots=True)
@@ -141,6 +249,7 @@ class Producer:
         self._stats = ProducerStatistics()
         self._ext = SendExtEncoder(config.producer_group)
         self._accumulator = ProduceAccumulator(self, instance.nursery) if config.auto_batch else None
+        self._pending = PendingRequests(config.max_pending_requests)
         instance.heartbeat_data = lambda: {"producers": [{"producer_group": config.producer_group}],
                                            "consumers": []}
 
@@ -167,7 +276,8 @@ class Producer:
         the same)."""
         self._check(message)
         self._check_routing(message.topic, queue, sharding_key, timeout_s)
-        if self._accumulator is not None and self._accumulator.takes(message):
+        reply = is_reply_message(message)  # create_reply_message's: the broker pushes it to its requester
+        if self._accumulator is not None and not reply and self._accumulator.takes(message):
             result = await self._accumulator.send(message, queue, sharding_key, timeout_s)
             if result is not None:
                 return result
@@ -176,8 +286,9 @@ class Producer:
             ext, uniq = self._flagged_ext(message, sys_flag)
         else:
             ext, uniq = self._ext.single(message, now_ms())
-        return await self._send_with_retries(message.topic, RequestCode.SEND_MESSAGE, ext, lambda mq, addr: body,
-                                             (uniq,), queue, sharding_key, timeout_s)
+        return await self._send_with_retries(message.topic,
+                                             RequestCode.SEND_REPLY_MESSAGE if reply else RequestCode.SEND_MESSAGE,
+                                             ext, lambda mq, addr: body, (uniq,), queue, sharding_key, timeout_s)
 
     async def send_batch(self, messages: Sequence[Message], *, queue: MessageQueue | None = None,
                          timeout_s: float | None = None) -> SendResult:
@@ -192,6 +303,9 @@ class Producer:
         # One pass: each message checked, then encoded; the routing arguments once messages[0]'s topic is known.
         for i, m in enumerate(messages):
             self._check(m)
+            if is_reply_message(m):
+                raise ValueError(f"send_batch: messages[{i}] is a reply (create_reply_message); a reply goes alone "
+                                 f"(send), so that the broker pushes it to its requester")
             if m.delay_level:
                 raise ValueError(f"send_batch: messages[{i}].delay_level is {m.delay_level}; delayed messages go "
                                  f"one by one (send), as RocketMQ's batches")
@@ -251,6 +365,8 @@ class Producer:
             raise ValueError("send_in_transaction needs a producer opened with transaction_listener=... (its check "
                              "answers the broker about transactions left unknown)")
         self._check(message)
+        if is_reply_message(message):
+            raise ValueError("send_in_transaction: the message is a reply (create_reply_message); send it with send")
         if message.delay_level:
             raise ValueError(f"send_in_transaction: Message.delay_level is {message.delay_level}; a transactional "
                              f"message may not be delayed (RocketMQ refuses it too)")
@@ -296,11 +412,124 @@ class Producer:
         ext = ext_fields(self.config.producer_group, message.topic, mq.queue_id, now_ms(), message.flag, props, False)
         ext["sys_flag"] = sys_flag
         addr = self._instance.master_addr(mq.broker_name)
+        code = RequestCode.SEND_REPLY_MESSAGE if is_reply_message(message) else RequestCode.SEND_MESSAGE
         try:
-            await self._instance.invoke_oneway(addr, RequestCode.SEND_MESSAGE, ext, body)
+            await self._instance.invoke_oneway(addr, code, ext, body)
         except RaftMQError as e:
             self._instance.on_error(e, message.topic, mq.broker_name, addr)
             raise
+
+    async def request(self, message: Message, *, timeout_s: float | None = None) -> MessageExt:
+        """Send ``message`` as a request and return its reply (RocketMQ's DefaultMQProducer.request): the consumer
+        that gets it answers with ``create_reply_message(msg, body)`` and a producer's ``send``. ``timeout_s``
+        (default ``send_msg_timeout_ms``) bounds the whole, the send included; no reply within it raises
+        ``ReplyTimeoutError`` (a reply that comes later is dropped), a send that fails raises as ``send`` does, and
+        ``max_pending_requests`` requests already waiting raise ``TooManyRequestsError``. Concurrent requests (from
+        a nursery) each get their own reply."""
+        self._check(message)
+        self._check_routing(message.topic, None, None, timeout_s)
+        if is_reply_message(message):
+            raise ValueError("request: the message is a reply (create_reply_message); send it with send")
+        timeout = timeout_s if timeout_s is not None else self.config.send_msg_timeout_ms / 1000
+        deadline = trio.current_time() + timeout
+        topic = message.topic
+        cluster, queue = await self._prepare_request(topic)
+        body, sys_flag = self._single_body(message)
+        props = message.wire_properties()
+        uniq = props.setdefault(PROPERTY_UNIQ_KEY, new_uniq_key())
+        correlation_id = str(uuid.uuid4())  # RocketMQ's CorrelationIdUtil: a random UUID
+        props[PROPERTY_CORRELATION_ID] = correlation_id
+        props[PROPERTY_MESSAGE_REPLY_TO_CLIENT] = self.client_id
+        props[PROPERTY_MESSAGE_TTL] = str(int(timeout * 1000))
+        props[PROPERTY_CLUSTER] = cluster
+        fields = ext_fields(self.config.producer_group, topic, 0, now_ms(), message.flag, props, False)
+        fields["sys_flag"] = sys_flag
+        # Waiting before the send: the reply may come back before the send's own answer does.
+        with self._pending.expect(correlation_id) as pending:
+            remaining = deadline - trio.current_time()
+            if remaining <= 0:
+                raise ReplyTimeoutError(f"request to topic {topic!r} not sent: its {timeout:g} s went by while the "
+                                        f"routes were fetched", topic=topic, correlation_id=correlation_id,
+                                        timeout_s=timeout)
+            await self._send_with_retries(topic, RequestCode.SEND_MESSAGE, SendExt(None, None, fields),
+                                          lambda mq, addr: body, (uniq,), queue, None, remaining)
+            with trio.move_on_at(deadline):
+                return await pending.wait()
+        raise ReplyTimeoutError(f"request to topic {topic!r} was sent, but no reply came within {timeout:g} s "
+                                f"(correlation id {correlation_id})", topic=topic, correlation_id=correlation_id,
+                                timeout_s=timeout)
+
+    async def _prepare_request(self, topic: str) -> tuple[str, MessageQueue | None]:
+        """``(cluster, queue)`` of a request to ``topic``: the cluster its group is in (property CLUSTER, which
+        names the reply topic), and the queue to pin it to when the topic's groups are in several clusters (else
+        None: any group, with retries, as a send). Then, like RocketMQ's prepareSendRequest, a heartbeat to every
+        leader of the request's and the reply topic's routes whose connection has carried none yet: the leader a
+        reply reaches must know this client's connection to push it here."""
+        inst = self._instance
+        routes = inst.routes
+        try:
+            info = routes.cached_publish_info(topic) or await routes.publish_info(topic)
+        except NoRouteError:
+            if routes.cached(topic) is not None:
+                raise
+            # As a send: a topic no name server knows yet goes to every group, which auto-create it.
+            await inst.install_default_route(topic, self.config.default_topic_queue_nums)
+            info = await routes.publish_info(topic)
+        names = {mq.broker_name for mq in info.queues}
+        clusters = {name: b.cluster for name in names if (b := info.route.broker(name)) is not None and b.cluster}
+        if len(clusters) < len(names):
+            # A stand-in route (install_default_route) names no clusters: the name servers' cluster table does.
+            frame = await inst.invoke_namesrv(RequestCode.GET_BROKER_CLUSTER_INFO)
+            try:
+                table = answer_data(frame).get("cluster_addr_table", {})
+                for cluster, brokers in table.items():
+                    for name in brokers:
+                        if name in names and name not in clusters and isinstance(cluster, str) and cluster:
+                            clusters[name] = cluster
+            except (AttributeError, TypeError, ValueError) as e:
+                raise NoRouteError(f"the name server's cluster info, to learn the cluster of topic {topic!r}'s "
+                                   f"groups, is malformed: {type(e).__name__}: {e}", topic=topic) from None
+        if not clusters:
+            raise NoRouteError(f"no broker group of topic {topic!r} names its cluster: a request needs it for the "
+                               f"reply topic", topic=topic)
+        queue: MessageQueue | None = None
+        if len(set(clusters.values())) == 1 and len(clusters) == len(names):
+            cluster = next(iter(clusters.values()))
+        else:
+            candidates = [mq for mq in info.queues if mq.broker_name in clusters]
+            queue = info.select(inst.faults if self.config.send_latency_fault_enable else None)
+            if queue.broker_name not in clusters:
+                queue = candidates[0]
+            cluster = clusters[queue.broker_name]
+        reply_route = routes.cached(reply_topic(cluster))
+        if reply_route is None:
+            try:
+                reply_route = await routes.get(reply_topic(cluster))
+            except RaftMQError as e:  # not registered yet: the replier's send then auto-routes it to every group
+                log.debug("reply topic not routed yet topic=%s error=%s", reply_topic(cluster), e)
+        groups = set(names) | ({b.broker_name for b in reply_route.broker_datas} if reply_route is not None else set())
+        leaders = [addr for name in sorted(groups) if (addr := routes.master_addr(name))]
+        need = inst.heartbeat_needed(leaders)
+        if need:
+            await inst.send_heartbeat(need)
+        return cluster, queue
+
+    def _on_reply(self, request: Frame) -> str | None:
+        """PUSH_REPLY_MESSAGE_TO_CLIENT: the reply completes the request waiting for it. Runs in the connection's
+        reader, so it only hands the reply over. Returns what is malformed (answered INVALID_REQUEST), else None
+        (SUCCESS, also for a reply nothing waits for, as RocketMQ answers)."""
+        try:
+            # Bounded by this producer's own max_message_size_bytes: a reply comes from a producer of its kind.
+            reply = read_reply(request.ext, request.body, self.config.max_message_size_bytes,
+                               "max_message_size_bytes")
+        except ValueError as e:
+            log.warning("malformed reply push ignored error=%s", e)
+            return f"malformed reply: {e}"
+        correlation_id = reply.properties[PROPERTY_CORRELATION_ID]
+        if not self._pending.complete(correlation_id, reply):
+            log.info("reply dropped: no request waits for it (timed out, or answered already) correlation_id=%s "
+                     "broker_name=%s", correlation_id, reply.broker_name)
+        return None
 
     async def fetch_publish_queues(self, topic: str) -> list[MessageQueue]:
         return list((await self.routes.publish_info(topic)).queues)
@@ -564,6 +793,7 @@ async def open_producer(namesrv: str | Sequence[str] | None = None, *,
             instance.start_background()
             producer = Producer(config, instance, transaction_listener)
             server_requests.on_check_transaction = producer._on_check
+            server_requests.on_reply_message = producer._on_reply
             try:
                 yield producer
             finally:

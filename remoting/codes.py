@@ -70,6 +70,11 @@ class RequestCode(IntEnum):
     SEND_MESSAGE_V2 = 310
     SEND_BATCH_MESSAGE = 320
     QUERY_DATA_VERSION = 322
+    SEND_REPLY_MESSAGE = 324
+    """A reply to a request message (RocketMQ 4.6's request-reply): stored, then pushed to the requester."""
+    SEND_REPLY_MESSAGE_V2 = 325
+    PUSH_REPLY_MESSAGE_TO_CLIENT = 326
+    """Broker → requesting producer: the stored reply record, matched to its request by CORRELATION_ID."""
     # raftmq's own
     ECHO = 1000
     """Answered with SUCCESS and the request's body and ext by ``raftmq bench rpc``'s echo server (only there)."""

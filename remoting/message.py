@@ -119,6 +119,17 @@ TRANSACTION_TYPE_MASK = 0xC
 COMPRESSED_FLAG = 0x1
 COMPRESSION_TYPE_MASK = 0x700
 COMPRESSION_ZLIB_TYPE = 0x300
+# Request-reply (RocketMQ 4.6's DefaultMQProducer.request; MessageConst's names): the requester stamps a request
+# with its client id, a correlation id, its timeout and its broker group's cluster; the replier's message
+# (MSG_TYPE=reply) goes to that cluster's reply topic, and the broker pushes it to the requester's connection.
+PROPERTY_CORRELATION_ID = "CORRELATION_ID"
+PROPERTY_MESSAGE_REPLY_TO_CLIENT = "REPLY_TO_CLIENT"
+PROPERTY_MESSAGE_TTL = "TTL"  # the requester's timeout, ms
+PROPERTY_MESSAGE_TYPE = "MSG_TYPE"
+PROPERTY_CLUSTER = "CLUSTER"
+PROPERTY_REPLY_MESSAGE_ARRIVE_TIME = "ARRIVE_TIME"  # set by the requester on a reply it received, ms
+REPLY_MESSAGE_FLAG = "reply"  # MSG_TYPE of a reply (RocketMQ's MixAll.REPLY_MESSAGE_FLAG)
+REPLY_TOPIC_SUFFIX = "_REPLY_TOPIC"
 DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
 # The longest consumer group whose retry and dead-letter topic names are both legal: a clustering consumer
 # subscribes to %RETRY%<group>, and the broker creates both topics on its first send-back.
@@ -133,6 +144,11 @@ def retry_topic(group: str) -> str:
 def dlq_topic(group: str) -> str:
     """A consumer group's dead-letter topic."""
     return DLQ_GROUP_TOPIC_PREFIX + group
+
+
+def reply_topic(cluster: str) -> str:
+    """A cluster's reply topic (RocketMQ's MixAll.getReplyTopic): every group leader of the cluster creates it."""
+    return cluster + REPLY_TOPIC_SUFFIX
 
 
 def split_keys(raw: str | None) -> list[str]:
