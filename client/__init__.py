@@ -21,6 +21,8 @@ from client.admin import (
     OffsetReset,
     ProducerConnection,
     QueueConsumeStats,
+    SubscriptionGroup,
+    SubscriptionGroupUpdate,
     TopicPermUpdate,
     TopicQueueStatus,
     open_admin,
@@ -37,8 +39,11 @@ from client.errors import (
     NotLeaderError,
     RaftMQError,
     RemotingError,
+    ReplyTimeoutError,
     RequestTimeoutError,
     SendFailedError,
+    SubscriptionRefusedError,
+    TooManyRequestsError,
 )
 from client.filter import MessageSelector, Subscription, parse_subscription, tags_code
 from client.message import (
@@ -49,6 +54,7 @@ from client.message import (
     PullStatus,
     SendResult,
     SendStatus,
+    create_reply_message,
 )
 from client.producer import Producer, ProducerConfig, open_producer
 from client.pull_consumer import PullConsumer, PullConsumerConfig, open_pull_consumer
@@ -66,12 +72,13 @@ __all__ = [
     "open_lite_pull_consumer", "LitePullConsumer", "LitePullConsumerConfig",
     "open_admin", "AdminClient", "ClusterInfo", "ConsumeStats", "ConsumerConnection", "OffsetReset",
     "QueueConsumeStats", "TopicQueueStatus", "DelayLevelProgress", "TopicPermUpdate", "ProducerConnection",
-    "GroupDeletion", "BrokerConfigUpdate",
+    "GroupDeletion", "BrokerConfigUpdate", "SubscriptionGroup", "SubscriptionGroupUpdate",
     "Message", "MessageExt", "MessageQueue", "SendResult", "SendStatus", "PullResult", "PullStatus",
+    "create_reply_message",
     "Subscription", "MessageSelector", "parse_subscription", "tags_code",
     "allocate_average", "allocate_average_by_circle", "allocate_consistent_hash", "allocate_by_config",
     "TransactionListener", "TransactionSendResult", "TransactionState",
     "RaftMQError", "RemotingError", "ConnectError", "ConnectionClosedError", "RequestTimeoutError", "BrokerError",
     "NotLeaderError", "ClientError", "NoRouteError", "ClientClosedError", "MessageTooLargeError",
-    "SendFailedError", "ConfigError",
+    "SendFailedError", "ConfigError", "SubscriptionRefusedError", "ReplyTimeoutError", "TooManyRequestsError",
 ]

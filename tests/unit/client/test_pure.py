@@ -445,14 +445,16 @@ def test_public_api_is_pinned():
         "open_lite_pull_consumer", "LitePullConsumer", "LitePullConsumerConfig",
         "open_admin", "AdminClient", "ClusterInfo", "ConsumeStats", "ConsumerConnection", "OffsetReset",
         "QueueConsumeStats", "TopicQueueStatus", "DelayLevelProgress", "TopicPermUpdate", "ProducerConnection",
-        "GroupDeletion", "BrokerConfigUpdate",
+        "GroupDeletion", "BrokerConfigUpdate", "SubscriptionGroup", "SubscriptionGroupUpdate",
         "Message", "MessageExt", "MessageQueue", "SendResult", "SendStatus", "PullResult", "PullStatus",
+        "create_reply_message",
         "Subscription", "MessageSelector", "parse_subscription", "tags_code",
         "allocate_average", "allocate_average_by_circle", "allocate_consistent_hash", "allocate_by_config",
         "TransactionListener", "TransactionSendResult", "TransactionState",
         "RaftMQError", "RemotingError", "ConnectError", "ConnectionClosedError", "RequestTimeoutError",
         "BrokerError", "NotLeaderError", "ClientError", "NoRouteError", "ClientClosedError",
-        "MessageTooLargeError", "SendFailedError", "ConfigError"])
+        "MessageTooLargeError", "SendFailedError", "ConfigError", "SubscriptionRefusedError", "ReplyTimeoutError",
+        "TooManyRequestsError"])
     for name in client.__all__:
         assert hasattr(client, name), name
 
