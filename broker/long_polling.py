@@ -156,7 +156,16 @@ class PullRequestHoldService:
     def _arrived(req: HeldPull, max_offset: int) -> bool:
         if max_offset <= req.offset:
             return False
-        if req.matches is None or req.matches(req.offset, max_offset):
+        if req.matches is None:
+            return True
+        try:
+            if req.matches(req.offset, max_offset):
+                return True
+        except Exception:
+            # A filter that fails must not end the hold service (and the node with it): the pull is woken and its
+            # own read of the store answers it, or says what is wrong.
+            log.exception("held pull's filter failed; the pull is woken topic=%s queue_id=%d offset=%d", req.topic,
+                          req.queue_id, req.offset)
             return True
         req.offset = max_offset  # nothing there for this pull: it waits past those units
         return False

@@ -108,9 +108,13 @@ _JAVA_TRIM = "".join(chr(c) for c in range(0x21))
 
 def _read_int(text: str, java_type: str, bounds: tuple[int, int]) -> int:
     if _JAVA_INTEGER.fullmatch(text):
-        value = int(text)
-        if bounds[0] <= value <= bounds[1]:
-            return value
+        # No long has more than 19 digits past its leading zeros, and int() of a text of thousands of digits raises
+        # ValueError (CPython's conversion limit): a property of 5,000 nines made every pull of its queue fail.
+        digits = text.lstrip("+-").lstrip("0") or "0"
+        if len(digits) <= 19:
+            value = -int(digits) if text[0] == "-" else int(digits)
+            if bounds[0] <= value <= bounds[1]:
+                return value
     raise SqlEvaluationError(f"{text[:40]!r} is not a Java {java_type}")
 
 
@@ -649,7 +653,9 @@ class SqlFilter:
     def matches(self, properties: Props) -> bool:
         try:
             return self._fn(properties) is True
-        except SqlEvaluationError:
+        except (SqlEvaluationError, ArithmeticError, ValueError):
+            # A value that cannot be read fails the message (RocketMQ's evaluation exception); any other error of the
+            # kind a property's value could cause must too, rather than fail the pull (or the broker's hold service).
             return False
 
 

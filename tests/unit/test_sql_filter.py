@@ -257,3 +257,19 @@ def test_evaluation_reads_properties_of_any_mapping():
     assert sql.matches({"a": "2"})
     assert not sql.matches({"a": "2", "b": ""})
     assert sql.expression == "a > 1 AND b IS NULL"
+
+
+def test_a_property_of_thousands_of_digits_fails_its_message_not_the_evaluation():
+    """int() of a text of more than 4,300 digits raises ValueError (CPython's conversion limit): a property of
+    5,000 nines raised out of ``matches``, failing every pull of its queue and the broker's hold service. Now it is
+    no Java int or long (as in RocketMQ: more than 19 digits is a NumberFormatException), so the message does not
+    match; leading zeros are ignored, as Java's parser does."""
+    assert compile_sql("a > 5").matches({"a": "9" * 5000}) is False
+    assert compile_sql("a > 5").matches({"a": "-" + "9" * 5000}) is False
+    assert compile_sql("a = 7").matches({"a": "0" * 5000 + "7"}) is True
+    assert compile_sql("a > 5").matches({"a": "+" + "0" * 30 + "6"}) is True
+    assert compile_sql("a > 5.0").matches({"a": "9" * 5000}) is True  # a double: infinity, as Java's
+    assert compile_sql("a = 9223372036854775807").matches({"a": "9223372036854775807"}) is True
+    assert compile_sql("a < 0").matches({"a": "-2147483648"}) is True  # an int literal reads a Java int
+    assert compile_sql("a < 0").matches({"a": "-2147483649"}) is False
+    assert compile_sql("a = 9223372036854775807").matches({"a": "92233720368547758070"}) is False  # past a long

@@ -110,3 +110,36 @@ async def test_release_resumes_at_once_only_the_pulls_it_picks_and_counts_them_a
         stats = service.statistics()
         assert (stats.held, stats.resumed_by_arrival, stats.resumed_by_timeout) == (3, 0, 1)
         nursery.cancel_scope.cancel()
+
+
+async def test_a_held_pulls_filter_that_raises_wakes_the_pull_and_the_service_goes_on(autojump_clock, caplog):
+    """A SQL92 filter raised on a property value (int() of 5,000 digits: ValueError) out of the periodic check, with
+    nothing to catch it: the hold service ended, and the broker node with it. Now the pull is woken (its own read
+    answers it) and logged, and other pulls are held and woken as before."""
+    max_offsets = {("T", 0): 0, ("T", 1): 0}
+
+    def failing(begin, end):
+        raise ValueError("Exceeds the limit (4300 digits) for integer string conversion")
+
+    service = PullRequestHoldService(lambda t, q: max_offsets[(t, q)], check_interval_ms=1000)
+    resumed = []
+
+    def resume_as(name):
+        async def resume(timed_out, offset):
+            resumed.append((name, timed_out, offset))
+        return resume
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(service.serve)
+        service.hold("T", 0, 0, 15.0, resume_as("failing"), failing)
+        service.hold("T", 1, 0, 15.0, resume_as("plain"))
+        max_offsets[("T", 0)] = 1  # missed by notification: found by the periodic check
+        await trio.sleep(1.5)
+        assert resumed == [("failing", False, 0)]
+        service.notify_message_arriving("T", 0, 2)  # nothing held there now
+        max_offsets[("T", 1)] = 1
+        service.notify_message_arriving("T", 1, 1)
+        await trio.sleep(0.01)
+        assert resumed[-1] == ("plain", False, 0)
+        nursery.cancel_scope.cancel()
+    assert any("held pull's filter failed" in r.getMessage() for r in caplog.records)
