@@ -114,6 +114,8 @@ class PullMessageProcessor:
                 # was held: the answer is then the one a fresh pull gets, not "no new message".
                 check_pullable(self.node, args["topic"], args["queue_id"])
                 self.node.subscription_groups.check_pull(args["consumer_group"])
+                if args.get("sql_filter") is not None and not self.node.config.enable_property_filter:
+                    raise sql92_not_supported(self.node)  # turned off meanwhile (UPDATE_BROKER_CONFIG)
             except RequestRejected as e:
                 again = error_response(self.node, request, e)
             else:

@@ -242,3 +242,27 @@ async def test_an_update_outlives_a_restart_of_the_node_and_a_bad_overrides_file
     async with trio.open_nursery() as third:
         with pytest.raises(ConfigError, match=r"runtime_config\.json.*broker_permission must be one of 2, 4, 6, got 5"):
             await third.start(functools.partial(serve_broker, config))
+
+
+async def test_a_held_sql92_pull_is_refused_once_enable_property_filter_is_turned_off(nursery, tmp_path):
+    """Found by review: a held SQL92 pull kept its compiled filter and was answered by it (and read the commit log on
+    every arrival) after enable_property_filter was turned off; "judged again when it resumes", as RUNTIME_KEYS says,
+    it now gets the refusal a fresh pull gets."""
+    config, addr = await _node(nursery, tmp_path, enable_property_filter=True, long_polling_timeout_ms=2_000)
+    async with open_remoting_client() as client:
+        await wait_leader(client, addr)
+        assert (await _send(client, addr, "Sql")).code == ResponseCode.SUCCESS  # creates the topic, no "a"
+        answers = []
+
+        async def held_pull() -> None:
+            answers.append((await _pull(client, addr, "Sql", subscription="a > 1", expression_type="SQL92",
+                                        queue_offset=1, sys_flag=0x2, suspend_timeout_millis=2_000))[0])
+
+        async with trio.open_nursery() as inner:
+            inner.start_soon(held_pull)
+            await trio.sleep(0.3)  # held: nothing past offset 1
+            assert not answers
+            r = await _update(client, addr, {"enable_property_filter": "false"})
+            assert r.code == ResponseCode.SUCCESS, r.remark
+        (r,) = answers
+        assert r.code == ResponseCode.SYSTEM_ERROR and "filter message by SQL92" in r.remark, (r.code, r.remark)
