@@ -93,7 +93,8 @@ class SubscriptionRefusedError(ClientError):
 
 class ReplyTimeoutError(ClientError):
     """``Producer.request`` sent its request, but no reply came within its timeout (RocketMQ's
-    RequestTimeoutException): nothing answered, the answer is still on its way, or the broker could not push it.
+    RequestTimeoutException): nothing answered, the answer is still on its way, or the broker could not push it; or
+    the timeout went by before it was sent (fetching routes; ``correlation_id`` None then).
     ``topic``, ``correlation_id``, ``timeout_s``. Not retriable: the request was delivered, and sending it again may
     have it handled twice; a reply that comes later is dropped."""
 

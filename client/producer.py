@@ -433,7 +433,11 @@ class Producer:
         timeout = timeout_s if timeout_s is not None else self.config.send_msg_timeout_ms / 1000
         deadline = trio.current_time() + timeout
         topic = message.topic
-        cluster, queue = await self._prepare_request(topic)
+        with trio.move_on_at(deadline):  # its route fetches and heartbeats count against the timeout too
+            cluster, queue = await self._prepare_request(topic)
+        if trio.current_time() >= deadline:
+            raise ReplyTimeoutError(f"request to topic {topic!r} not sent: its {timeout:g} s went by while the "
+                                    f"routes were fetched", topic=topic, correlation_id=None, timeout_s=timeout)
         body, sys_flag = self._single_body(message)
         props = message.wire_properties()
         uniq = props.setdefault(PROPERTY_UNIQ_KEY, new_uniq_key())
@@ -451,8 +455,14 @@ class Producer:
                 raise ReplyTimeoutError(f"request to topic {topic!r} not sent: its {timeout:g} s went by while the "
                                         f"routes were fetched", topic=topic, correlation_id=correlation_id,
                                         timeout_s=timeout)
-            await self._send_with_retries(topic, RequestCode.SEND_MESSAGE, SendExt(None, None, fields),
-                                          lambda mq, addr: body, (uniq,), queue, None, remaining)
+            try:
+                await self._send_with_retries(topic, RequestCode.SEND_MESSAGE, SendExt(None, None, fields),
+                                              lambda mq, addr: body, (uniq,), queue, None, remaining)
+            except RaftMQError:
+                # An attempt whose answer was lost may have stored the request, and its reply come meanwhile.
+                if pending.reply is None:
+                    raise
+                return pending.reply
             with trio.move_on_at(deadline):
                 return await pending.wait()
         raise ReplyTimeoutError(f"request to topic {topic!r} was sent, but no reply came within {timeout:g} s "

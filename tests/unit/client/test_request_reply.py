@@ -173,3 +173,50 @@ def test_the_broker_finds_a_requesters_connection_by_its_client_id():
     # A consumer's heartbeat alone does not make a requester (only producers send requests).
     clients.heartbeat(parse_heartbeat({"client_id": "cons", "consumers": [{"consumer_group": "cg"}]}), _Conn())
     assert clients.find_producer_connection("cons") is None
+
+
+@pytest.fixture
+def fake_producer_cluster(monkeypatch):
+    import client.producer
+    from tests.unit.client.fake_cluster import FakeGroup, FakeRemoting, fake_remoting_ctx
+
+    fake = FakeRemoting([FakeGroup("broker-a", ["a:1", "a:2", "a:3"])])
+    monkeypatch.setattr(client.producer, "open_remoting", lambda config, handler=None: fake_remoting_ctx(fake))
+    return fake
+
+
+async def test_a_requests_timeout_bounds_its_route_fetches_and_a_reply_outlives_a_failed_send(
+        fake_producer_cluster, autojump_clock):
+    """Found by review: the route fetches and heartbeats before the send ran without bound, so a request given 1 s
+    took as long as a slow leader made them; and a send that failed after an attempt stored the request (its answer
+    lost) raised although the reply had come. Now the first raises ReplyTimeoutError at the deadline, the second
+    returns the reply."""
+    from client import open_producer
+    from client.errors import ReplyTimeoutError, SendFailedError
+    from tests.unit.client.fake_cluster import NAMESRV
+
+    async with open_producer(NAMESRV) as producer:
+        async def slow_prepare(topic):
+            await trio.sleep(3600)
+
+        producer._prepare_request = slow_prepare
+        started = trio.current_time()
+        with pytest.raises(ReplyTimeoutError, match="not sent: its 1 s went by"):
+            await producer.request(Message("Rpc", b"q"), timeout_s=1)
+        assert trio.current_time() - started == pytest.approx(1)
+        assert not producer._pending._waiting
+
+        async def prepared(topic):
+            return "DefaultCluster", None
+
+        reply = _request()
+
+        async def stored_then_failed(topic, code, ext, body_for, uniqs, queue, key, timeout):
+            (correlation_id,) = producer._pending._waiting  # the one request waiting
+            producer._pending.complete(correlation_id, reply)
+            raise SendFailedError("the answer of the attempt that stored it was lost", topic=topic, attempts=3,
+                                  last_error=TimeoutError())
+
+        producer._prepare_request = prepared
+        producer._send_with_retries = stored_then_failed
+        assert await producer.request(Message("Rpc", b"q"), timeout_s=1) is reply
