@@ -17,7 +17,11 @@ its response sent, as soon as one of these happens:
 * the broker releases it (``release``): its topic was deleted, or its queue is no longer readable (read_queue_nums
   lowered below its queue_id, perm). The re-executed pull then gives the answer a fresh pull gets
   (TOPIC_NOT_EXIST, INVALID_REQUEST naming ``queue_id``) at once, not PULL_NOT_FOUND at the deadline, which told
-  the consumer to keep pulling a queue that is gone. Counted neither as an arrival nor as a timeout.
+  the consumer to keep pulling a queue that is gone. Counted neither as an arrival nor as a timeout. A node whose
+  ``broker_permission`` lost read releases every held pull, and so does a consumer group's subscription group
+  narrowing (stopped, broadcasting refused, removed; ``broker/subscription_group.py``): the resume refuses that
+  group's pulls and holds the others again for the time they have left (each such re-hold is counted in
+  ``statistics().held`` again).
 
 Resumes run as tasks in the service's nursery, never inline in ``notify_message_arriving``, because that is called
 from the store's dispatch path which must not block on sockets.

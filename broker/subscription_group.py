@@ -153,6 +153,11 @@ class SubscriptionGroupTable:
     def __len__(self) -> int:
         return len(self._configs)
 
+    @property
+    def unreadable(self) -> set[str]:
+        """Groups the replicated table holds that this version cannot read (skipped, logged)."""
+        return self._read_from.keys() - self._configs.keys()
+
     def all(self) -> list[SubscriptionGroupConfig]:
         return list(self._configs.values())
 
@@ -255,6 +260,10 @@ class SubscriptionGroupManager:
         leader; or the refusal."""
         self._check_may_create(group, "auto-created")
         node = self.node
+        if group in self.table.unreadable:
+            # Replicated by a later version with what this one cannot read: served with the defaults here, never
+            # overwritten with them.
+            return SubscriptionGroupConfig(group)
         # At most a few at a time, each one Raft write: pulls under ever-new group names (a name with a pid in it)
         # queued a task and a write each. One not started now is started by the group's next pull.
         if (group not in self._creating and len(self._creating) < MAX_AUTO_CREATIONS_AT_ONCE and node.is_leader()
@@ -305,6 +314,8 @@ class SubscriptionGroupManager:
                 return config
             self._check_may_create(group, "auto-created")
             config = SubscriptionGroupConfig(group)
+            if group in self.table.unreadable:
+                return config  # as _unknown_pulled: a later version's entry is not overwritten with the defaults
             await self._put({group: config.to_wire()})
             log.info("subscription group auto-created consumer_group=%s", group)
         return config

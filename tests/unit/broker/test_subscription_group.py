@@ -145,3 +145,37 @@ async def test_at_most_a_few_auto_creations_run_at_once_and_the_rest_start_on_a_
         manager.check_pull("g99")
         await trio.testing.wait_all_tasks_blocked()
         assert "g99" in metadata and len(writes) == MAX_AUTO_CREATIONS_AT_ONCE + 1
+
+
+async def test_a_group_a_later_version_replicated_is_served_with_the_defaults_but_never_overwritten():
+    """Found by review: an entry this version cannot read looked unknown, and a pull's auto-creation replaced the
+    newer version's config with the defaults (a rolling upgrade's edge)."""
+    import types
+
+    import trio
+    import trio.testing
+
+    from broker.subscription_group import SubscriptionGroupManager
+
+    writes = []
+
+    async def replicate(table, items):
+        writes.append(items)
+
+    async def wait_ready_leader():
+        pass
+
+    later = {"": 3, "g": {"group_name": "g", "retry_queue_nums": 5000}}  # past this version's bound
+    async with trio.open_nursery() as nursery:
+        node = types.SimpleNamespace(
+            config=types.SimpleNamespace(auto_create_subscription_group=True, max_subscription_group_count=50_000,
+                                         broker_name="broker-a"),
+            group=types.SimpleNamespace(metadata_generation=lambda table: 1, metadata=lambda table: dict(later)),
+            hold=types.SimpleNamespace(release=lambda pick: None), clients=types.SimpleNamespace(consumer_groups={}),
+            is_leader=lambda: True, _nursery=nursery, wait_ready_leader=wait_ready_leader, _replicate=replicate)
+        manager = SubscriptionGroupManager(node)
+        assert manager.table.unreadable == {"g"}
+        manager.check_pull("g")  # served with the defaults
+        assert (await manager.ensure("g")).consume_enable
+        await trio.testing.wait_all_tasks_blocked()
+        assert writes == []
