@@ -22,13 +22,16 @@ Rules this module keeps:
   id) so that a new leader knows who holds what; it restores them when its term starts.
 * **Registration follows the role.** A role change triggers an immediate registration with every name server,
   so the route names the new leader as master within a round trip.
+
+What the node reports about itself (the registration snapshot, the runtime info) is built in ``broker/status.py``;
+the runtime config, read over the config file at start and changed by UPDATE_BROKER_CONFIG, in
+``broker/runtime_config.py``. ``BrokerNode`` keeps the methods that call them.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -37,8 +40,7 @@ import cbor2
 import trio
 
 from broker.commit_log_machine import CommitLogMachine
-from broker.config import (BrokerConfig, read_runtime_overrides, runtime_overrides, with_runtime_values,
-                           write_runtime_overrides)
+from broker.config import BrokerConfig
 from broker.consumer_manager import ClientManager
 from broker.dispatcher import BrokerDispatcher
 from broker.long_polling import PullRequestHoldService
@@ -49,12 +51,14 @@ from broker.processor.pull_message import check_pullable
 from broker.pull_stats import PullStats
 from broker.rebalance_lock import QueueKey, RebalanceLockManager
 from broker.registration import RegistrationService, RegistrationSnapshot
+from broker.runtime_config import apply_config_update, load_runtime_config
 from broker.schedule import ScheduleMessageService
+from broker.status import registration_snapshot, runtime_info
 from broker.transaction import TransactionalMessageService
 from broker.store import MessageInput, MessageStore, encode_batch
 from broker.store.dispatch import TOPIC_DELETE_LOG
 from broker.subscription_group import SubscriptionGroupManager
-from broker.topic_config import TopicConfig, TopicConfigTable, auto_create_config, registration_problem
+from broker.topic_config import TopicConfig, TopicConfigTable, auto_create_config
 from dledger import DLedgerConfig, DLedgerError, DLedgerGroup, NotLeaderError, Role, open_dledger_group
 from dledger.service import peer_with_history, remote_fetch_range
 from remoting.codec import make_request
@@ -73,7 +77,6 @@ TOPIC_TABLE = "broker.topic_config"
 OFFSET_TABLE = "broker.consumer_offset"
 LOCK_TABLE = "broker.rebalance_lock"
 _VERSION_KEY = ""
-VERSION = "raftmq-0.1.0"
 
 
 def _offset_key(group: str, topic: str, queue_id: int) -> str:
@@ -202,34 +205,8 @@ class BrokerNode:
         ConfigError naming the key and the value, and nothing changed), persisted in the node's overrides file
         (fsynced; SYSTEM_ERROR and nothing changed if that fails), and only then in effect. A change of
         ``broker_permission`` registers with every name server before this returns, so a route asked for after
-        the answer shows it. Returns each key given with its value before."""
-        async with self._config_lock:
-            old = self.config
-            new = with_runtime_values(old, values)
-            previous = {key: getattr(old, key) for key in values}
-            overrides = runtime_overrides(self.file_config, new)
-            # Written, then applied, with no checkpoint between: a client gone meanwhile must not leave the
-            # file saying one thing and the node doing another until its next restart.
-            with trio.CancelScope(shield=True):
-                if overrides != runtime_overrides(self.file_config, old):
-                    path = new.runtime_overrides_path
-                    try:
-                        await trio.to_thread.run_sync(write_runtime_overrides, path, overrides)
-                    except OSError as e:
-                        raise RequestRejected(ResponseCode.SYSTEM_ERROR,
-                                              f"the config change could not be persisted in {path} "
-                                              f"({e.strerror or e}); nothing was changed") from None
-                self.config = new
-                self.writable = new.writable
-            for key, before in previous.items():
-                if getattr(new, key) != before:
-                    log.info("config changed at runtime key=%s value=%r previous=%r", key, getattr(new, key), before)
-        if new.broker_permission != old.broker_permission:
-            if not new.readable:
-                # Held pulls are answered now with the refusal a fresh pull gets, not at their deadline.
-                self.hold.release(self._pull_refused)
-            await self.registration.register_all()
-        return previous
+        the answer shows it. Returns each key given with its value before. (``broker/runtime_config.py``.)"""
+        return await apply_config_update(self, values)
 
     # --- metadata mirrors ----------------------------------------------------------------------------------
     def refresh_metadata(self) -> None:
@@ -564,59 +541,12 @@ class BrokerNode:
         except RaftMQError as e:
             log.debug("consumer notification not delivered code=%d error=%s", frame.code, e)
 
-    # --- status --------------------------------------------------------------------------------------------
+    # --- status (broker/status.py) -------------------------------------------------------------------------
     def registration_snapshot(self) -> RegistrationSnapshot:
-        self.refresh_metadata()
-        role = self.group.role
-        topics = self.topics.to_wire()
-        for config in self.topics.all():
-            problem = registration_problem(config)
-            if problem is None:
-                continue
-            del topics[config.topic_name]
-            if (config.topic_name, problem) not in self._unregistrable_topics:
-                self._unregistrable_topics.add((config.topic_name, problem))
-                fix = ("delete it (`raftmq admin delete-topic`)" if problem == "an illegal name" else
-                       "update it (`raftmq admin create-topic` sets topic_sys_flag 0) or delete it")
-                log.warning("topic %r has %s (stored by an older version) and is not registered; %s",
-                            config.topic_name, problem, fix)
-        return RegistrationSnapshot(
-            cluster_name=self.config.cluster_name, broker_name=self.config.broker_name, broker_id=self.broker_id,
-            broker_addr=self.broker_addr, role=role.value, term=self.group.term,
-            data_version=self.topics.data_version, topic_configs=topics,
-            heartbeat_timeout_ms=self.config.broker_not_active_timeout_ms,
-            broker_permission=self.config.broker_permission)
+        return registration_snapshot(self)
 
     def runtime_info(self) -> dict[str, Any]:
-        ledger = self.group.statistics()
-        store = self.store.statistics()
-        hold = self.hold.statistics()
-        reg = self.registration.statistics()
-        return {
-            "version": VERSION, "pid": os.getpid(), "process_cpu_s": time.process_time(),
-            "cluster_name": self.config.cluster_name,
-            "broker_name": self.config.broker_name, "broker_id": self.broker_id, "broker_addr": self.broker_addr,
-            "role": ledger.role.value, "term": ledger.term, "leader_id": ledger.leader_id,
-            "leader_addr": self.leader_addr(), "committed_index": ledger.committed_index,
-            "last_applied_index": ledger.last_applied_index, "serving_reads": ledger.serving_reads,
-            "commit_log_min_offset": self.store.min_phy_offset, "commit_log_max_offset": self.store.max_phy_offset,
-            "commit_log_flushed_offset": store.flushed_phy_offset, "dispatched_offset": store.dispatched_phy_offset,
-            "consume_queues": store.consume_queues, "disk_usage_ratio": round(store.disk_usage_ratio, 4),
-            "disk_full": store.disk_full,
-            "topics": len(self.topics), "topic_data_version": self.topics.data_version,
-            "consumer_groups": len(self.clients.consumer_groups), "client_connections":
-                self.clients.connection_count(),
-            "put_requests": self.put_requests, "put_messages": self.put_messages,
-            "pulled_messages": self.pulled_messages,
-            "scheduled_delivered": self.schedule.delivered, "scheduled_dropped": self.schedule.dropped,
-            **self.transactions.statistics(),
-            "appended_batches": ledger.appended_batches, "failed_batches": ledger.failed_batches,
-            "busy_records": ledger.busy_records, "pre_votes": ledger.pre_votes,
-            "long_polling_held": hold.held, "long_polling_resumed_by_arrival": hold.resumed_by_arrival,
-            "long_polling_resumed_by_timeout": hold.resumed_by_timeout,
-            "registrations_ok": reg.successes, "registrations_failed": reg.failures,
-            "start_time_ms": self._started_ms, "uptime_ms": int(time.time() * 1000) - self._started_ms,
-        }
+        return runtime_info(self)
 
     # --- background tasks ----------------------------------------------------------------------------------
     async def watch_role(self) -> None:
@@ -761,13 +691,7 @@ async def serve_broker(config: BrokerConfig, *, on_serving: Callable[[BrokerNode
     try:
         # Read once the store's directory lock is held: no other process writes the file meanwhile.
         file_config = config
-        config, overrides = read_runtime_overrides(file_config)
-        if overrides:
-            log.info("runtime config overrides applied over the config file path=%s %s", config.runtime_overrides_path,
-                     " ".join(f"{key}={value!r}" for key, value in sorted(overrides.items())))
-        if not config.writable:
-            log.warning("broker_permission=%d: this node refuses sends until it is set to 6 "
-                        "(raftmq admin update-broker-config)", config.broker_permission)
+        config = load_runtime_config(file_config)
         async with trio.open_nursery() as outer:
             await outer.start(store.serve)
             async with open_remoting_client(max_frame_size=config.max_frame_size) as client:
