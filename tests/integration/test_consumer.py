@@ -9,6 +9,7 @@ import cbor2
 import trio
 
 import raftmq.commands.admin
+import raftmq.commands.admin_groups
 from client import Message, MessageQueue, open_admin, open_producer, open_push_consumer
 from remoting.codes import RequestCode
 from remoting.transport import open_remoting_client
@@ -144,7 +145,7 @@ async def test_members_of_a_group_subscribing_differently_are_shown_and_logged(n
                                                   b.client_id: {"Mixed": "TagB", **retry}}
             assert found.differing_topics() == {"Mixed": {a.client_id: "TagA", b.client_id: "TagB"}}
             assert (await admin.consumer_connections("alike")).differing_topics() == {}
-            data = await raftmq.commands.admin._consumer_connection(
+            data = await raftmq.commands.admin_groups._consumer_connection(
                 admin, argparse.Namespace(group="mixed", cluster=None))
             raftmq.commands.admin._print("consumer-connection", data)
     shown = capsys.readouterr().out
