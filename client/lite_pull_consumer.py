@@ -18,7 +18,8 @@ The rules:
   member, and subscribe-mode members of the same group allocate queues to it that nobody then consumes. Here an
   assign-mode consumer is invisible to them; do not mix the two modes in one group all the same, or both consume
   (and commit) the same queues.
-- **Subscribe mode: a member of the group**, as a push consumer is (``client/rebalance.py`` holds what they share).
+- **Subscribe mode: a member of the group**, as a push consumer is (``client/rebalance.py`` holds what they share;
+  the code is in ``client/lite_pull_subscribe.py``).
   ``await subscribe(topic, expression)`` (a tag expression or ``MessageSelector.by_sql``; a SQL92 one is first
   checked with CHECK_CLIENT_CONFIG, and a refusal raises ``SubscriptionRefusedError`` with nothing changed) sends a
   heartbeat (consume type ``CONSUME_ACTIVELY``, RocketMQ's "PULL"; no retry topic, since a lite pull consumer sends
@@ -68,6 +69,10 @@ The rules:
   like any other (by the next auto-commit or ``commit``). ``assign`` replaces the assignment: queues no longer
   assigned stop prefetching and drop their cache (their positions, already stored by auto-commit or ``commit``,
   are sent at once); queues kept keep their cache, position and pause.
+
+Layout: subscribe mode (``subscribe``, ``unsubscribe``, the rebalance, the heartbeat) and the assign/subscribe mode
+choice are ``LitePullSubscribe``, the base class of ``LitePullConsumer``, in ``client/lite_pull_subscribe.py``; what
+stays here is what both modes share: assignment, positions, poll, the prefetch tasks and commits.
 """
 
 from __future__ import annotations
@@ -84,16 +89,17 @@ from typing import Any
 import trio
 
 from client.errors import ClientClosedError
-from client.filter import SQL92, TAG, MessageSelector, Subscription, parse_subscription
-from client.instance import (HOUR_MS, ClientConfig, ClientInstance, ServerRequests, build_config, now_ms,
-                             open_client_nursery, open_remoting)
+from client.filter import TAG, MessageSelector, Subscription, parse_subscription
+from client.instance import (HOUR_MS, ClientConfig, ClientInstance, ServerRequests, build_config, open_client_nursery,
+                             open_remoting)
 from client.message import (DEFAULT_MAX_INFLATED_BODY, I32_MAX, I64_MAX, MAX_INFLATED_BODY, MessageExt, MessageQueue,
                             PullStatus, check_int_arg, check_queue, check_seconds)
+from client.lite_pull_subscribe import ASSIGN, SUBSCRIBE, LitePullSubscribe
 from client.offset_store import RemoteOffsetStore
 from client.pull_consumer import PullAPI, log_failed_pull, pull_should_wait
-from client.push_consumer import CONSUME_FROM
-from client.rebalance import (DEFAULT_ALLOCATE_STRATEGY, AllocateStrategy, allocate_share, allocate_strategy_problem,
-                              consumer_heartbeat_data, diff_assignment, find_consumer_ids, resolve_allocate_strategy)
+from client.push_consumer_config import CONSUME_FROM
+from client.rebalance import (DEFAULT_ALLOCATE_STRATEGY, AllocateStrategy, allocate_strategy_problem,
+                              resolve_allocate_strategy)
 from remoting.config import ConfigError, bounded
 from remoting.errors import RaftMQError
 from remoting.message import group_problem
@@ -104,9 +110,6 @@ log = logging.getLogger(__name__)
 
 # How long closing may take to send the last offsets and leave the group (as the push consumer's close).
 CLOSE_COMMIT_S = 3.0
-
-# RocketMQ's SubscriptionType: fixed by the first assign()/set_sub_expression_for_assign() or subscribe().
-ASSIGN, SUBSCRIBE = "assign", "subscribe"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,7 +194,7 @@ class _AssignedQueue:
         return self.msgs[0].queue_offset if self.msgs else self.pull_offset
 
 
-class LitePullConsumer:
+class LitePullConsumer(LitePullSubscribe):
     def __init__(self, config: LitePullConsumerConfig, instance: ClientInstance, nursery: trio.Nursery) -> None:
         self.config = config
         self._instance = instance
@@ -289,173 +292,6 @@ class LitePullConsumer:
             self._unchecked[topic] = sub
         log.info("expression set group=%s topic=%s type=%s expression=%s", self.config.consumer_group, topic,
                  sub.expression_type, sub.expression)
-
-    # -- subscribe mode -------------------------------------------------------------------------------------------
-    async def subscribe(self, topic: str, expression: str | MessageSelector = "*") -> None:
-        """Join the group as a member consuming ``topic`` with ``expression`` (a tag expression or
-        ``MessageSelector.by_sql(...)``; RocketMQ's DefaultLitePullConsumer.subscribe): a heartbeat tells the
-        brokers, and a rebalance takes this member's share of the topic's queues, their starts found, before this
-        returns. A topic already subscribed takes ``expression`` from each queue's next pull on. A SQL92 expression
-        is first checked with a node of each broker group serving the topic: ``SubscriptionRefusedError`` (nothing
-        changed) if one refuses it. ``RuntimeError`` in assign mode; ``ValueError`` for a bad topic or expression."""
-        self._check_open("subscribe")
-        self._check_mode(SUBSCRIBE, f"subscribe({topic!r})")
-        # RocketMQ's subVersion, the time: the brokers keep the group's newest subscription of each topic.
-        sub = parse_subscription(topic, expression, sub_version=now_ms())
-        checked = await self._api.check_subscription(sub)  # refused: raises, before anything changes
-        async with self._lock:
-            self._check_open("subscribe")
-            self._claim_mode(SUBSCRIBE, f"subscribe({topic!r})")
-            old = self._subs.get(topic)
-            self._subs[topic] = sub
-            if checked:
-                self._unchecked.pop(topic, None)
-            else:
-                self._unchecked[topic] = sub  # no route yet: the next poll asks
-            try:
-                # Its route names the broker nodes the heartbeat must reach.
-                await self._instance.routes.get(topic)
-            except RaftMQError as e:
-                log.warning("no route for subscribed topic yet topic=%s error=%s", topic, e)
-        log.info("subscribed group=%s topic=%s type=%s expression=%s was=%s", self.config.consumer_group, topic,
-                 sub.expression_type, sub.expression, old.expression if old is not None else None)
-        await self._instance.send_heartbeat_to_all()
-        if old is None:
-            await self._rebalance_now_or_later()
-
-    async def unsubscribe(self, topic: str) -> None:
-        """Stop consuming ``topic``: its queues stop prefetching, drop their cache and have their stored offsets
-        committed (what ``commit`` or auto-commit took; messages polled since come again to whoever takes the
-        queue), and a heartbeat tells the brokers. The consumer stays a member of its group. ``ValueError`` for a
-        topic not subscribed; ``RuntimeError`` in assign mode."""
-        self._check_open("unsubscribe")
-        self._check_mode(SUBSCRIBE, f"unsubscribe({topic!r})")
-        async with self._lock:
-            self._check_open("unsubscribe")
-            if self._mode != SUBSCRIBE or topic not in self._subs:
-                subscribed = ", ".join(map(repr, sorted(self._subs))) or "none"
-                raise ValueError(f"topic {topic!r} is not subscribed (subscribed: {subscribed})")
-            del self._subs[topic]
-            self._unchecked.pop(topic, None)
-            await self._take_away(sorted(mq for mq in self._queues if mq.topic == topic))
-        log.info("unsubscribed group=%s topic=%s", self.config.consumer_group, topic)
-        await self._instance.send_heartbeat_to_all()
-
-    def subscriptions(self) -> dict[str, str | MessageSelector]:
-        """Subscribe mode: each subscribed topic's tag expression or ``MessageSelector.by_sql``; else empty."""
-        if self._mode != SUBSCRIBE:
-            return {}
-        return {t: MessageSelector.by_sql(s.expression) if s.expression_type == SQL92 else s.expression
-                for t, s in sorted(self._subs.items())}
-
-    def trigger_rebalance(self) -> None:
-        """Rebalance at once rather than at the next ``rebalance_interval_ms`` (NOTIFY_CONSUMER_IDS_CHANGED)."""
-        self._rebalance_now.set()
-
-    async def serve_rebalance(self) -> None:
-        """Subscribe mode: rebalance every ``rebalance_interval_ms`` and when asked (``trigger_rebalance``)."""
-        while True:
-            with trio.move_on_after(self.config.rebalance_interval_ms / 1000):
-                await self._rebalance_now.wait()
-            self._rebalance_now = trio.Event()
-            await self._rebalance_now_or_later()
-
-    async def _rebalance_now_or_later(self) -> None:
-        try:
-            await self.rebalance()
-        except RaftMQError as e:
-            log.info("rebalance failed group=%s error=%s", self.config.consumer_group, e)  # the next one tries again
-
-    async def rebalance(self) -> None:
-        """Subscribe mode: share each subscribed topic's readable queues out among the group's members by
-        ``allocate_strategy``, drop the queues gone to others (their stored offsets committed first) and start the
-        new ones (each from the group's committed offset, else ``consume_from_where``). Assign mode: nothing."""
-        async with self._lock:
-            if self._mode != SUBSCRIBE:
-                return
-            group = self.config.consumer_group
-            for topic in list(self._subs):
-                if self._closed:
-                    return
-                try:
-                    route = await self._instance.routes.get(topic)
-                except RaftMQError as e:
-                    log.info("rebalance skipped topic=%s error=%s", topic, e)
-                    continue
-                mqs = route.read_queues()
-                cids = await find_consumer_ids(self._instance, group, topic)
-                if self.client_id not in cids:
-                    # A node we had not met yet (a new topic's group, a restarted node): introduce ourselves.
-                    await self._instance.send_heartbeat_to_all()
-                    cids = await find_consumer_ids(self._instance, group, topic)
-                if not cids:
-                    log.info("no group members known yet group=%s topic=%s", group, topic)
-                    continue
-                wanted = allocate_share(self._allocate, group, self.client_id, topic, mqs, cids,
-                                        warned=self._stray_queues, log=log, strategy_name=self.config.allocate_strategy)
-                if wanted is None or self._closed:
-                    continue
-                current = [mq for mq in self._queues if mq.topic == topic]
-                diff = diff_assignment(current, wanted)
-                if not diff.changed:
-                    continue
-                self._rebalances += 1
-                log.info("rebalance group=%s topic=%s client=%s added=%d removed=%d now=%d", group, topic,
-                         self.client_id, len(diff.added), len(diff.removed),
-                         len(current) - len(diff.removed) + len(diff.added))
-                await self._take_away(diff.removed)
-                starts = await self._start_offsets(diff.added)
-                for mq in diff.added:
-                    if not self._closed and mq not in self._queues:
-                        self._start(mq, starts.get(mq))
-                self._space_freed()
-
-    async def _take_away(self, queues: Sequence[MessageQueue]) -> None:
-        """Stop consuming ``queues`` and commit their stored offsets, so whoever takes them next starts there (as
-        RocketMQ's removeUnnecessaryMessageQueue); one not taken stays to be sent by ``serve_commits``."""
-        for mq in queues:
-            aq = self._queues.pop(mq, None)
-            if aq is not None:
-                self._drop(aq)
-            self._paused.discard(mq)
-        if queues:
-            await self._offsets.persist_all(queues)
-            self._forget_unassigned()
-
-    async def _start_offsets(self, queues: Sequence[MessageQueue]) -> dict[MessageQueue, int]:
-        """Where each new queue starts, found before the rebalance returns (so ``subscribe`` from the last offset
-        misses nothing sent after it returned); one not found now is left to its prefetch task, which retries."""
-        starts: dict[MessageQueue, int] = {}
-
-        async def one(mq: MessageQueue) -> None:
-            try:
-                starts[mq] = await self._start_offset(mq)
-            except RaftMQError as e:
-                log.info("cannot find start offset mq=%s error=%s", mq, e)
-
-        if queues and not self._closed:
-            async with trio.open_nursery() as nursery:
-                for mq in queues:
-                    nursery.start_soon(one, mq)
-        return starts
-
-    def _heartbeat_data(self) -> dict[str, Any]:
-        if self._mode != SUBSCRIBE:
-            return {}  # send_heartbeat sends nothing
-        # CONSUME_ACTIVELY (RocketMQ's "PULL"): the application pulls; CLUSTERING, the only model offered here. No
-        # retry topic: a lite pull consumer sends nothing back (as RocketMQ's, which does not subscribe to it).
-        return consumer_heartbeat_data(self.config.consumer_group, "CONSUME_ACTIVELY", "CLUSTERING",
-                                       self.config.consume_from_where, self._subs.values())
-
-    def _check_mode(self, mode: str, what: str) -> None:
-        if self._mode is not None and self._mode != mode:
-            raise RuntimeError(f"{what}: this lite pull consumer of group {self.config.consumer_group!r} is in "
-                               f"{self._mode} mode, and assign and subscribe are mutually exclusive (as RocketMQ's); "
-                               f"open another consumer for {mode} mode")
-
-    def _claim_mode(self, mode: str, what: str) -> None:
-        self._check_mode(mode, what)
-        self._mode = mode
 
     def pause(self, queues: Iterable[MessageQueue]) -> None:
         """Stop handing out and prefetching ``queues`` (assigned ones); what they cache stays for ``resume``."""

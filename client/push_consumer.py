@@ -1,30 +1,11 @@
 """The push consumer: ``async for msg in consumer`` or a handler, with the group's queues shared among members.
 
 How it works (RocketMQ's DefaultMQPushConsumer, as trio tasks):
-- **Rebalance** every ``rebalance_interval_ms`` (and once at start, after a first heartbeat so this member is
-  counted): ask a broker of each subscribed topic for the group's members, allocate the queues by
-  ``allocate_strategy`` (RocketMQ's strategies by name, AllocateMessageQueueAveragely by default, or a function:
-  ``client/rebalance.py``; every member of a group must use the same one, which nothing checks, in RocketMQ
-  either), stop the queues that went to someone else (committing their offsets first) and start the new ones, each
-  from the offset found for it before its first pull (so ``open_push_consumer`` returns with the start positions
-  fixed). A strategy that raises, or returns anything but queues, is logged and leaves the topic's queues as
-  they are.
-- **Subscriptions while open** (``subscribe(topic, expression)``, ``unsubscribe(topic)``, RocketMQ's, which it also
-  allows after start): the subscription table changes and a heartbeat tells every broker node before the call
-  returns. A new topic is rebalanced at once (its start offsets fixed before ``subscribe`` returns); a new
-  expression for a subscribed topic applies from the next pulls (long polls in flight are cancelled and sent again;
-  what was pulled before is still delivered). ``unsubscribe`` takes the topic's queues away as a rebalance does
-  (offsets committed first; an orderly queue finishes its handler's message, commits and unlocks in the background;
-  a broadcasting member's offset file keeps them). The group's retry topic stays subscribed, as RocketMQ's does, and
-  cannot be subscribed or unsubscribed by hand. A topic's queues are split among all of the group's members, so every
-  member should make the same calls.
-- **SQL92 subscriptions are checked before they are consumed** (RocketMQ's checkClientInBroker): at open, before
-  the first heartbeat, and in ``subscribe``, CHECK_CLIENT_CONFIG asks a node of each broker group serving the topic
-  whether it would serve the expression, and a refusal (a node without ``enable_property_filter``) raises
-  ``SubscriptionRefusedError`` naming the group and the reason: ``open_push_consumer`` fails and nothing is left
-  running; ``subscribe`` changes nothing. A topic with no route yet (or a group none of whose nodes answered) is
-  not checked then, as RocketMQ's; each rebalance asks again before it allocates the topic's queues, and leaves the
-  topic out, logged at ERROR, while refused. Tag subscriptions send nothing.
+- **Membership** (``client/push_rebalance.py``, which states its rules): a rebalance every
+  ``rebalance_interval_ms`` shares each subscribed topic's queues out among the group's members by
+  ``allocate_strategy``, each new queue's start offset found before its first pull; ``subscribe`` and
+  ``unsubscribe`` work on an open consumer; a SQL92 subscription is checked with the brokers before it is consumed
+  (``SubscriptionRefusedError``); an offset reset (``raftmq admin reset-offset``) restarts the named queues there.
 - **One pull task per assigned queue**, in its own cancel scope: long-polls the group (held on the broker up to
   ``broker_suspend_max_time_ms``) and puts what it gets into that queue's ``ProcessQueue``
   (``client/process_queue.py``), pausing ``pull_interval_ms`` (RocketMQ's pullInterval, 0) after each pull that
@@ -97,8 +78,6 @@ How it works (RocketMQ's DefaultMQPushConsumer, as trio tasks):
   ``consume_from_where`` (the group had no offset) at once, before the first pull. A concurrent queue taken away
   (or reset, or closed) has its handler calls in flight cancelled first; their messages stay unconsumed and are
   delivered again. Delivery is at least once.
-- **Offset resets** (``raftmq admin reset-offset``): the broker tells every online member; each drops the named
-  queues it holds, commits the new offsets at once and pulls from them.
 - **Orderly consumption** (``orderly=True``, handler form; RocketMQ's MessageListenerOrderly): in clustering mode a
   queue is pulled and consumed only while this member holds its lock on the broker (``client/orderly.py``), so no
   two members handle one queue at once, even while they disagree about the allocation. A queue taken away (or
@@ -114,6 +93,12 @@ How it works (RocketMQ's DefaultMQPushConsumer, as trio tasks):
   are delivered again to the next holder, never at the same time). A member killed outright keeps its locks until
   they lapse on the broker (``rebalance_lock_max_live_time_ms``, 60 s): its queues wait that long, and its
   successor handles again what it had handled after its last commit (at least once).
+
+Layout: ``PushConsumerConfig``, ``ConsumerStatistics``, ``CONSUME_FROM``, the checks of the handlers
+``open_push_consumer`` is given and the BROADCASTING offset file are in ``client/push_consumer_config.py``, and
+re-exported here; the membership half of ``PushConsumer`` (subscriptions, rebalance, start offsets, offset resets)
+is its base class ``PushRebalance`` in ``client/push_rebalance.py``. What stays here is what runs per pull and per
+message: the pull loop, the iterator, the handler calls, suspend/resume and close.
 """
 
 from __future__ import annotations
@@ -124,207 +109,45 @@ import dataclasses
 import inspect
 import logging
 import math
-import os
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
-from pathlib import Path
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import trio
 
 from client.consume_service import BatchHandler, ConcurrentConsumeService
-from client.errors import ClientClosedError, SubscriptionRefusedError
-from client.filter import SQL92, MessageSelector, Subscription, parse_subscription
-from client.instance import (
-    HOUR_MS, ClientConfig, ClientInstance, ServerRequests, build_config, now_ms, open_client_nursery,
-    open_remoting,
-)
+from client.errors import ClientClosedError
+from client.filter import MessageSelector, Subscription, parse_subscription
+from client.instance import ClientInstance, ServerRequests, build_config, now_ms, open_client_nursery, open_remoting
 from client.listener import (CONCURRENT_MAX_RECONSUME_TIMES, ORDERLY_MAX_RECONSUME_TIMES, ConsumeStatus,
                              ReconsumeLater, grouped_failure)
-from client.message import (DEFAULT_MAX_INFLATED_BODY, I32_MAX, I64_MAX, MAX_INFLATED_BODY, MessageExt, MessageQueue,
-                            PullResult, PullStatus)
+from client.message import MessageExt, MessageQueue, PullResult, PullStatus
 from client.offset_store import LocalFileOffsetStore, RemoteOffsetStore
 from client.orderly import OrderlyService
 from client.process_queue import FLOW_SPAN, ProcessQueue
 from client.pull_consumer import PullAPI, log_failed_pull, pull_should_wait
-from client.rebalance import (DEFAULT_ALLOCATE_STRATEGY, AllocateStrategy, allocate_share, allocate_strategy_problem,
-                              consumer_heartbeat_data, diff_assignment, find_consumer_ids, resolve_allocate_strategy)
-from remoting.config import ConfigError, blank_dir_problem, bounded
+# CONSUME_FROM and LOCK_RETRY_S only re-exported: they were defined here before the config and the membership moved.
+from client.push_consumer_config import (CONSUME_FROM, ConsumerStatistics, Handler, PushConsumerConfig, check_batch,
+                                         check_handler, check_orderly, claim_offset_file, local_offset_store)
+from client.push_rebalance import LOCK_RETRY_S, PushRebalance
+from client.rebalance import resolve_allocate_strategy
+from remoting.config import ConfigError
 from remoting.errors import RaftMQError
-from remoting.message import (PROPERTY_RETRY_TOPIC, RETRY_GROUP_MAX_LENGTH, RETRY_GROUP_TOPIC_PREFIX, group_problem,
-                              retry_topic)
+from remoting.message import PROPERTY_RETRY_TOPIC, RETRY_GROUP_MAX_LENGTH, RETRY_GROUP_TOPIC_PREFIX, retry_topic
 
 __all__ = ["PushConsumerConfig", "PushConsumer", "ProcessQueue", "open_push_consumer", "ConsumerStatistics",
            "ConsumeStatus", "ReconsumeLater"]
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[[MessageExt], Awaitable[Any]]
 
-CONSUME_FROM = ("CONSUME_FROM_LAST_OFFSET", "CONSUME_FROM_FIRST_OFFSET", "CONSUME_FROM_TIMESTAMP")
-
-# A queue another member still holds is asked for again this soon (RocketMQ's rebalanceLater(500)).
-LOCK_RETRY_S = 0.5
-@dataclasses.dataclass(frozen=True)
-class PushConsumerConfig(ClientConfig):
-    consumer_group: str = bounded("DEFAULT_CONSUMER", check=group_problem)
-    message_model: str = bounded("CLUSTERING", choices=("CLUSTERING", "BROADCASTING"))
-    consume_from_where: str = bounded("CONSUME_FROM_LAST_OFFSET", choices=CONSUME_FROM)
-    consume_timestamp_ms: int = bounded(0, min=0, max=I64_MAX,
-                                        doc="start time for CONSUME_FROM_TIMESTAMP; 0: 30 min ago")
-    pull_batch_size: int = bounded(32, min=1, max=1024)
-    pull_threshold_for_queue: int = bounded(1000, min=1, max=65_535,  # RocketMQ's range
-                                            doc="flow control: messages cached per queue")
-    pull_threshold_size_for_queue_mib: int = bounded(100, min=1, max=1 << 20,
-                                                     doc="flow control: MiB of message bodies cached per queue")
-    # RocketMQ's consumeConcurrentlyMaxSpan and its range. Counted to the last offset pulled, not to the largest one
-    # still cached as RocketMQ does, so that it bounds what a stuck message has handled again (client/process_queue.py).
-    consume_concurrently_max_span: int = bounded(2000, min=1, max=65_535,
-                                                 doc="concurrent handler form, flow control: a queue's pulls wait "
-                                                     "while its offsets from the least one not yet consumed to the "
-                                                     "last one pulled span more than this")
-    # RocketMQ's pullInterval and its range.
-    pull_interval_ms: int = bounded(0, min=0, max=65_535, doc="pause after a pull of a queue that found messages")
-    # A Java int on the wire: the broker refuses every pull asking for more (and holds at most its own
-    # long_polling_timeout_ms anyway).
-    broker_suspend_max_time_ms: int = bounded(15_000, min=0, max=I32_MAX, doc="long-polling hold on the broker")
-    rebalance_interval_ms: int = bounded(5_000, min=10, max=HOUR_MS)
-    persist_consumer_offset_interval_ms: int = bounded(1_000, min=10, max=HOUR_MS)
-    # 0 made every failing pull loop retry at once: one queue whose broker refused or could not be reached took a
-    # core (RocketMQ waits 3000 ms; we retry sooner, a leader usually moves within a second).
-    pull_time_delay_ms_when_exception: int = bounded(200, min=10, max=HOUR_MS,
-                                                     doc="pause after a failed pull, before the next")
-    # A Java int on the wire: the broker refused every send-back of a member asking for more, INVALID_REQUEST. -1
-    # is never sent: PushConsumer.max_reconsume_times turns it into the count it means.
-    max_reconsume_times: int = bounded(-1, min=-1, max=I32_MAX,
-                                       doc="failures before the dead letters; -1: 16 (concurrent), unlimited (orderly)")
-    # RocketMQ's consumeTimeout (minutes, 15). A day at most: a handler call longer than that is stuck, not slow.
-    consume_timeout_min: int = bounded(15, min=1, max=1440,
-                                       doc="concurrent handler form: a call running longer is cancelled and its "
-                                           "message counts as failed")
-    # RocketMQ's consumeThreadMin/consumeThreadMax (20/20, each 1..1000): its pool's threads are trio tasks here, and
-    # a task costs nothing idle, so one bound is all there is to set.
-    max_concurrent_handlers: int = bounded(20, min=1, max=1000,
-                                           doc="concurrent handler form: handler calls running at once across all the "
-                                               "consumer's queues; a queue's messages may then be handled side by "
-                                               "side and finish out of order (orderly=True keeps order)")
-    # RocketMQ's consumeMessageBatchMaxSize and its range. Only with batch_handler (open_push_consumer checks): a
-    # handler written for one message must never be handed a list because a config file says so.
-    consume_message_batch_max_size: int = bounded(1, min=1, max=1024,
-                                                  doc="concurrent batch_handler form: most messages of one queue a "
-                                                      "call gets; more than 1 needs batch_handler")
-    reconsume_delay_ms: int = bounded(1_000, min=0, max=HOUR_MS)
-    # An empty one put the offset files in the current directory (Path("") is ".").
-    offset_store_dir: str = bounded(".raftmq-offsets", check=blank_dir_problem,
-                                    doc="where BROADCASTING consumers keep offsets")
-    check_crc: bool = bounded(False, doc="recompute each pulled body's crc32c")
-    # A producer's few-KiB zlib bomb inflated to 256 MiB in every member, 32 a pull, before flow control saw a body.
-    max_inflated_body_size_bytes: int = bounded(DEFAULT_MAX_INFLATED_BODY, min=1, max=MAX_INFLATED_BODY,
-                                                doc="most a compressed body is inflated to; a larger one is "
-                                                    "delivered as stored, compressed, and logged")
-    orderly: bool = bounded(False, doc="handler form only: hold each queue's lock on the broker while consuming it, "
-                                       "one message at a time, retrying a failed one before its successors")
-    rebalance_lock_interval_ms: int = bounded(20_000, min=10, max=3_600_000,
-                                              doc="orderly: how often held queue locks are renewed (sooner if the "
-                                                  "broker's lock life is under three times this)")
-    # RocketMQ clamps its suspendCurrentQueueTimeMillis to 10..30000 ms.
-    suspend_current_queue_time_ms: int = bounded(1_000, min=10, max=30_000,
-                                                 doc="orderly: pause of a queue whose handler raised, before the same "
-                                                     "message is handled again")
-    # RocketMQ's allocateMessageQueueStrategy (client/rebalance.py). A function is taken as it is: a TOML file can
-    # only name one. Checked in __post_init__ (the loader builds through it too, so the sentence is the same).
-    allocate_strategy: str | AllocateStrategy = bounded(
-        DEFAULT_ALLOCATE_STRATEGY,
-        doc="clustering: how the group's members split each topic's queues, by a RocketMQ strategy's name "
-            "(client.rebalance.ALLOCATE_STRATEGIES) or a function like client.rebalance.allocate_average; every member "
-            "of a group must use the same")
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        problem = allocate_strategy_problem(self.allocate_strategy)
-        if problem is not None:
-            raise ConfigError(f"allocate_strategy {problem}, got {self.allocate_strategy!r}")
-        if self.message_model == "BROADCASTING" and self.allocate_strategy != DEFAULT_ALLOCATE_STRATEGY:
-            # RocketMQ ignores it there; set, it was meant to do something, and it would not.
-            raise ConfigError(f"allocate_strategy is for CLUSTERING consumers (a BROADCASTING member consumes every "
-                              f"queue), got {self.allocate_strategy!r} with message_model 'BROADCASTING'")
-        if self.orderly and self.consume_message_batch_max_size > 1:
-            # RocketMQ takes orderly batches, but fails them whole: a batch whose retries ran out for some of its
-            # messages puts those in the dead letters and still hands them over again with the rest. One message
-            # at a time keeps "this message failed" meaning one message.
-            raise ConfigError(f"consume_message_batch_max_size is for the concurrent handler form (batch_handler); "
-                              f"orderly=True handles one message at a time, got {self.consume_message_batch_max_size}")
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class ConsumerStatistics:
-    assigned_queues: int
-    delivered: int
-    rebalances: int
-    pulls: int
-    pull_errors: int
-    cached: int
-    cached_bytes: int
-    # Concurrent handler form: handler calls running now (at most max_concurrent_handlers); else 0.
-    handling: int = 0
-    # Between suspend() and resume(): no queue is pulled.
-    suspended: bool = False
-
-
-def local_offset_store(config: PushConsumerConfig) -> LocalFileOffsetStore:
-    """A BROADCASTING member's offset file, loaded; ``ConfigError`` naming ``offset_store_dir`` if it cannot be used
-    (before, a directory that could not be created failed the first persist and took the consumer down)."""
-    # Stable across restarts of the same member, so it resumes: the group and instance_name, not the address
-    # (RocketMQ's ip@instanceName), which a container may be given afresh at every start, and which says nothing a
-    # file in this host's directory needs. Every config, one built directly too, has had its instance_name checked
-    # (client.instance.check_instance_name): it cannot put the file outside offset_store_dir.
-    directory = Path(config.offset_store_dir)
-    path = directory / f"{config.consumer_group}@{config.instance_name}.json"
-    if not path.exists():
-        # Earlier versions named the file by the address too, which was 127.0.0.1 unless client_ip was set: taken
-        # over once, else an upgraded member would start again from consume_from_where.
-        for ip in dict.fromkeys((config.client_ip, "127.0.0.1")):
-            legacy = directory / f"{config.consumer_group}@{ip}@{config.instance_name}.json"
-            if legacy.exists():
-                with contextlib.suppress(OSError):  # then it starts afresh, as it would have without the file
-                    os.replace(legacy, path)
-                break
-    try:
-        return LocalFileOffsetStore(path)
-    except ValueError as e:
-        raise ConfigError(f"offset_store_dir {config.offset_store_dir!r} cannot keep the offsets: {e}") from None
-
-
-# The offset files of this process's open BROADCASTING consumers: two members of a group with one instance_name
-# (the default "DEFAULT" for both) wrote one file, each overwriting the other's offsets.
-_claimed_offset_files: set[Path] = set()
-
-
-@contextlib.contextmanager
-def _claim_offset_file(store: LocalFileOffsetStore | None, config: PushConsumerConfig) -> Iterator[None]:
-    if store is None:
-        yield
-        return
-    path = store.path.resolve()
-    if path in _claimed_offset_files:
-        raise ConfigError(f"another BROADCASTING consumer of group {config.consumer_group!r} in this process keeps its "
-                          f"offsets in {str(path)!r}: give each member its own instance_name (now "
-                          f"{config.instance_name!r})")
-    _claimed_offset_files.add(path)
-    try:
-        yield
-    finally:
-        _claimed_offset_files.discard(path)
-
-
-class PushConsumer:
+class PushConsumer(PushRebalance):
     def __init__(self, config: PushConsumerConfig, instance: ClientInstance, subscriptions: Sequence[Subscription],
                  handler: Handler | None, local_offsets: LocalFileOffsetStore | None = None, *,
                  batch_handler: BatchHandler | None = None) -> None:
         if not subscriptions:
             raise ValueError("a push consumer needs at least one subscription (topic)")
-        _check_batch(config, handler, batch_handler)
-        _check_orderly(config, handler)
+        check_batch(config, handler, batch_handler)
+        check_orderly(config, handler)
         self.config = config
         self._instance = instance
         self._api = PullAPI(instance, config.consumer_group, check_crc=config.check_crc,
@@ -444,102 +267,6 @@ class PushConsumer:
         if self._closing or self._instance.closed:
             raise ClientClosedError(f"the push consumer is closed: {method}() cannot be called on it")
 
-    def subscriptions(self) -> dict[str, str | MessageSelector]:
-        """The topics subscribed now and their tag expressions, or their ``MessageSelector.by_sql`` (not the
-        group's retry topic, which a clustering consumer subscribes to by itself)."""
-        return {t: MessageSelector.by_sql(s.expression) if s.expression_type == SQL92 else s.expression
-                for t, s in sorted(self._subs.items()) if t != self._retry_topic}
-
-    async def subscribe(self, topic: str, expression: str | MessageSelector = "*") -> None:
-        """Subscribe to ``topic`` (RocketMQ's DefaultMQPushConsumer.subscribe, here on an open consumer too): a
-        heartbeat tells the brokers at once, and for a new topic a rebalance allocates its queues and fixes their
-        start offsets before this returns (so from ``CONSUME_FROM_LAST_OFFSET`` every message sent afterwards is
-        consumed). A topic already subscribed takes ``expression`` from its next pulls (those in flight are
-        cancelled and sent again); messages pulled before are still delivered. Every member of the group should
-        make the same call: a topic's queues are split among all of them. ``expression`` is a tag expression or a
-        ``MessageSelector`` (``MessageSelector.by_sql("a > 5")``): a SQL92 one is first checked with a node of
-        each broker group serving the topic, and ``SubscriptionRefusedError`` (nothing changed) if one refuses it.
-        ``ValueError`` for an illegal topic or expression or the group's retry topic; ``ClientClosedError`` on a
-        closed consumer."""
-        self._check_open("subscribe")
-        self._check_not_retry_topic(topic, "subscribe")
-        # RocketMQ's subVersion, the time: the brokers keep the group's newest subscription of each topic.
-        sub = parse_subscription(topic, expression, sub_version=now_ms())
-        # Before anything changes: a refused subscription leaves the consumer as it was.
-        checked = await self._api.check_subscription(sub)
-        async with self._lock:
-            self._check_open("subscribe")
-            old = self._subs.get(topic)
-            self._subs[topic] = sub
-            self._note_checked(sub, checked)
-            if old is None:
-                await self._note_first_queues(topic)
-        if old is not None:
-            if (old.expression_type, old.expression) != (sub.expression_type, sub.expression):
-                # Long polls held on the broker with the old expression would bring in what it selects.
-                for scope, scope_topic in list(self._pull_scopes.items()):
-                    if scope_topic == topic:
-                        scope.cancel()
-            log.info("subscription changed group=%s topic=%s expression=%s was=%s", self.config.consumer_group,
-                     topic, sub.expression, old.expression)
-        else:
-            log.info("subscribed group=%s topic=%s expression=%s", self.config.consumer_group, topic, sub.expression)
-        await self._instance.send_heartbeat_to_all()
-        if old is None:
-            await self._rebalance_now_or_later()
-
-    async def unsubscribe(self, topic: str) -> None:
-        """Stop consuming ``topic`` (RocketMQ's DefaultMQPushConsumer.unsubscribe, which leaves it to the next
-        rebalance; here at once): its queues are taken away as a rebalance takes one, their offsets committed
-        first, and a heartbeat tells the brokers. An orderly queue finishes the message in its handler, commits and
-        unlocks in the background. The group's retry topic stays subscribed (as RocketMQ's), so a message of
-        ``topic`` that failed before may still come back from it. Every member of the group should make the same
-        call: the others keep leaving this member's share of the topic's queues to it. ``ValueError`` for a topic
-        not subscribed or the retry topic; ``ClientClosedError`` on a closed consumer."""
-        self._check_open("unsubscribe")
-        self._check_not_retry_topic(topic, "unsubscribe")
-        async with self._lock:
-            self._check_open("unsubscribe")
-            if topic not in self._subs:
-                subscribed = ", ".join(map(repr, self.subscriptions())) or "none"
-                raise ValueError(f"topic {topic!r} is not subscribed (subscribed: {subscribed})")
-            del self._subs[topic]
-            self._first_queues.pop(topic, None)
-            self._unchecked.pop(topic, None)
-            await self._drop_unsubscribed()
-        log.info("unsubscribed group=%s topic=%s", self.config.consumer_group, topic)
-        await self._instance.send_heartbeat_to_all()
-
-    async def check_subscriptions(self) -> None:
-        """Ask the broker groups of each subscribed topic whether they serve its subscription (only SQL92 ones
-        are asked: ``PullAPI.check_subscription``); ``SubscriptionRefusedError`` for a refusal. Called once by
-        ``open_push_consumer`` before the consumer's first heartbeat, as RocketMQ's start() calls
-        checkClientInBroker."""
-        for sub in list(self._subs.values()):
-            self._note_checked(sub, await self._api.check_subscription(sub))
-
-    def _note_checked(self, sub: Subscription, checked: bool) -> None:
-        if checked:
-            self._unchecked.pop(sub.topic, None)
-        else:
-            self._unchecked[sub.topic] = sub
-
-    def _check_not_retry_topic(self, topic: object, method: str) -> None:
-        if self._retry_topic is not None and topic == self._retry_topic:
-            raise ValueError(f"{method}() of {topic!r}: a CLUSTERING consumer subscribes to its group's retry topic by "
-                             f"itself, for as long as it is open")
-
-    async def _rebalance_now_or_later(self) -> None:
-        try:
-            await self.rebalance()
-        except RaftMQError as e:
-            # As the periodic one: the next (rebalance_interval_ms) tries again.
-            log.info("rebalance failed group=%s error=%s", self.config.consumer_group, e)
-
-    def _heartbeat_data(self) -> dict[str, Any]:
-        return consumer_heartbeat_data(self.config.consumer_group, "CONSUME_PASSIVELY", self.config.message_model,
-                                       self.config.consume_from_where, self._subs.values())
-
     # -- iterator form --------------------------------------------------------------------------------------------
     def __aiter__(self) -> PushConsumer:
         if self._handler is not None or self._batch_handler is not None:
@@ -626,20 +353,6 @@ class PushConsumer:
         if self._orderly is not None and self._orderly.locks is not None:
             nursery.start_soon(self._orderly.locks.serve_renewal)
 
-    async def _note_first_queues(self, topic: str) -> None:
-        """Remember the read queues ``topic``'s route has as it is subscribed (``_compute_pull_from``)."""
-        try:
-            route = await self._instance.routes.get(topic)
-        except RaftMQError as e:
-            # Subscribing before the topic exists is allowed: the periodic rebalance picks it up. The retry
-            # topic exists only once a member sent a message back.
-            log.log(logging.INFO if topic == self._retry_topic else logging.WARNING,
-                    "no route for subscribed topic yet topic=%s error=%s", topic, e)
-            if getattr(e, "topic_unknown", False):
-                self._first_queues[topic] = frozenset()
-        else:
-            self._first_queues[topic] = frozenset(route.read_queues())
-
     async def close(self) -> None:
         """Stop pulling, commit offsets, leave the group (so the others rebalance at once). Orderly: first let each
         handler finish its message (``client.orderly.CLOSE_WAIT_S`` at most), then commit and unlock each queue."""
@@ -657,167 +370,11 @@ class PushConsumer:
         self._pqs.clear()
         self._send.close()
 
-    def trigger_rebalance(self) -> None:
-        self._rebalance_now.set()
-
-    async def _serve_rebalance(self) -> None:
-        while True:
-            interval_s = self.config.rebalance_interval_ms / 1000
-            soon = self._orderly is not None and self._orderly.lock_retry
-            with trio.move_on_after(min(interval_s, LOCK_RETRY_S) if soon else interval_s):
-                await self._rebalance_now.wait()
-            self._rebalance_now = trio.Event()
-            await self._rebalance_now_or_later()
-
     async def _serve_persist(self) -> None:
         while True:
             await trio.sleep(self.config.persist_consumer_offset_interval_ms / 1000)
             self._flush_offsets()
             await self._offsets.persist_all()
-
-    def offsets_reset(self, consumer_group: str, topic: str, broker_name: str, offsets: dict[int, int]) -> None:
-        """The broker reset the group's offsets of ``topic`` on ``broker_name`` (``raftmq admin reset-offset``)."""
-        if consumer_group != self.config.consumer_group or topic not in self._subs or self._nursery is None:
-            return
-        self._nursery.start_soon(self._reset_queues, {MessageQueue(topic, broker_name, q): o
-                                                      for q, o in offsets.items()})
-
-    async def _reset_queues(self, offsets: dict[MessageQueue, int]) -> None:
-        # RocketMQ's resetOffset: drop the queue (its pull, its cached messages, its handler), store the new offset
-        # and pull again from it. The new offset is committed at once, so a commit of the old position that was
-        # already on its way to the broker cannot stay the last word.
-        async with self._lock:
-            for mq, offset in sorted(offsets.items()):
-                pq = self._pqs.pop(mq, None)
-                if pq is None or self._closing:
-                    continue  # another member's queue (it resets its own), or we are leaving
-                # Orderly: the handler stops too, and the queue keeps its lock for the new start (no commit of the
-                # old position, no unlock).
-                pq.reset = True
-                pq.handler_scope.cancel()
-                pq.drop()
-                self._offsets.update(mq, offset)
-                log.info("offset reset group=%s mq=%s offset=%d", self.config.consumer_group, mq, offset)
-                await self._offsets.persist(mq)
-                self._add_queue(mq, after=pq)
-
-    # -- rebalance ------------------------------------------------------------------------------------------------
-    async def find_consumer_ids(self, topic: str) -> list[str]:
-        return await find_consumer_ids(self._instance, self.config.consumer_group, topic)
-
-    async def rebalance(self) -> None:
-        async with self._lock:
-            if self._orderly is not None:
-                self._orderly.lock_retry = False
-            await self._drop_unsubscribed()
-            for topic in list(self._subs):
-                if self._closing:
-                    return
-                try:
-                    route = await self._instance.routes.get(topic)
-                except RaftMQError as e:
-                    log.info("rebalance skipped topic=%s error=%s", topic, e)
-                    continue
-                unchecked = self._unchecked.get(topic)
-                if unchecked is not None:
-                    try:
-                        self._note_checked(unchecked, await self._api.check_subscription(unchecked))
-                    except SubscriptionRefusedError as e:
-                        # Too late to fail the start: said loudly each round instead of pulling to be refused.
-                        log.error("subscription refused, topic not rebalanced group=%s topic=%s error=%s",
-                                  self.config.consumer_group, topic, e)
-                        continue
-                mqs = route.read_queues()
-                self._first_queues.setdefault(topic, frozenset(mqs))
-                if self.config.message_model == "BROADCASTING":
-                    wanted = mqs
-                else:
-                    cids = await self.find_consumer_ids(topic)
-                    if self.client_id not in cids:
-                        # A node we had not met yet (a new topic's group, a restarted node): introduce ourselves.
-                        await self._instance.send_heartbeat_to_all()
-                        cids = await self.find_consumer_ids(topic)
-                    if not cids:
-                        log.info("no group members known yet group=%s topic=%s", self.config.consumer_group, topic)
-                        continue
-                    allocated = self._allocate_queues(topic, mqs, cids)
-                    if allocated is None:
-                        continue
-                    wanted = allocated
-                current = [mq for mq in self._pqs if mq.topic == topic]
-                diff = diff_assignment(current, wanted)
-                if not diff.changed:
-                    continue
-                added = diff.added
-                if self._orderly is not None and added:
-                    added = await self._orderly.lock_new_queues(added)
-                    if not added and not diff.removed:
-                        continue  # nothing changes until the holders give their queues back
-                self._rebalances += 1
-                log.info("rebalance group=%s topic=%s client=%s added=%d removed=%d now=%d",
-                         self.config.consumer_group, topic, self.client_id, len(added), len(diff.removed),
-                         len(current) - len(diff.removed) + len(added))
-                for mq in diff.removed:
-                    await self._remove_queue(mq)
-                starts = await self._start_offsets(added)
-                for mq in added:
-                    if not self._closing:
-                        self._add_queue(mq, starts.get(mq))
-
-    def _allocate_queues(self, topic: str, mqs: Sequence[MessageQueue],
-                         cids: Sequence[str]) -> list[MessageQueue] | None:
-        """This member's share of ``topic``'s queues ``mqs`` by the allocate strategy, or None (logged) if the
-        strategy failed: the topic's queues then stay as they are, as RocketMQ's rebalanceByTopic leaves them."""
-        return allocate_share(self._allocate, self.config.consumer_group, self.client_id, topic, mqs, cids,
-                              warned=self._stray_queues, log=log, strategy_name=self.config.allocate_strategy)
-
-    async def _drop_unsubscribed(self) -> None:
-        """Take away the queues of topics no longer subscribed (``unsubscribe``), as a rebalance takes a queue away
-        (RocketMQ's truncateMessageQueueNotMyTopic)."""
-        gone = sorted(mq for mq in self._pqs if mq.topic not in self._subs)
-        for mq in gone:
-            if mq in self._pqs:
-                await self._remove_queue(mq)
-        if gone:
-            log.info("unsubscribed topics' queues dropped group=%s client=%s queues=%s", self.config.consumer_group,
-                     self.client_id, ", ".join(map(str, gone)))
-
-    async def _remove_queue(self, mq: MessageQueue) -> None:
-        if self._orderly is not None:
-            self._orderly.take_away(mq)
-            return
-        pq = self._pqs.pop(mq)
-        pq.drop()
-        self._flush_offset(pq)
-        await self._offsets.persist(mq)
-        self.forget_offset(mq)
-
-    def forget_offset(self, mq: MessageQueue) -> None:
-        """Stop tracking the offset of ``mq``, a queue no longer consumed here, once it was committed. A
-        broadcasting member's offset file keeps it (as RocketMQ's LocalFileOffsetStore.removeOffset, which does
-        nothing): the queue is nobody else's, and a topic subscribed again resumes there."""
-        if isinstance(self._offsets, RemoteOffsetStore):
-            self._offsets.remove(mq)
-
-    async def _start_offsets(self, queues: Sequence[MessageQueue]) -> dict[MessageQueue, int]:
-        """Where each newly assigned queue starts, found before its pull task runs (as RocketMQ's rebalance
-        computes pull-from-where before it dispatches the first pull): found later, in the pull task, a
-        CONSUME_FROM_LAST_OFFSET start was the queue's end *then*, after messages sent once the consumer had
-        opened, which nobody consumed. A queue whose offset cannot be found now is left to its pull task, which
-        retries; the others are not held up by it."""
-        starts: dict[MessageQueue, int] = {}
-
-        async def one(mq: MessageQueue) -> None:
-            try:
-                starts[mq] = await self._compute_pull_from(mq)
-            except RaftMQError as e:
-                log.info("cannot find start offset mq=%s error=%s", mq, e)
-
-        if queues and not self._closing:
-            async with trio.open_nursery() as nursery:
-                for mq in queues:
-                    nursery.start_soon(one, mq)
-        return starts
 
     def _add_queue(self, mq: MessageQueue, start_offset: int | None = None, after: ProcessQueue | None = None) -> None:
         assert self._nursery is not None
@@ -839,34 +396,6 @@ class PushConsumer:
                 await self._pull_loop(pq, self._send, start_offset)
             else:
                 await self._concurrent.run_queue(pq, start_offset)
-
-    async def _compute_pull_from(self, mq: MessageQueue) -> int:
-        offset = await self._offsets.read_from_store(mq)
-        if offset is not None:
-            return offset
-        where = self.config.consume_from_where
-        # The retry topic from its start whatever consume_from_where says, as RocketMQ: it holds only this group's
-        # failed messages, and from its end a member started after a send-back would skip them.
-        if where == "CONSUME_FROM_FIRST_OFFSET" or mq.topic == self._retry_topic or (
-                where == "CONSUME_FROM_LAST_OFFSET" and mq not in self._first_queues.get(mq.topic, (mq,))):
-            # A queue created after we subscribed (a new topic, or more queues for ours) holds only messages sent
-            # since: from its last offset, the ones sent before a rebalance found it were never consumed (RocketMQ's
-            # broker answers offset 0 for a group's first query of a queue still starting at 0; ours answers
-            # "none").
-            offset = await self._api.min_offset(mq)
-        elif where == "CONSUME_FROM_TIMESTAMP":
-            ts = self.config.consume_timestamp_ms or int(time.time() * 1000) - 30 * 60 * 1000
-            offset = await self._api.search_offset(mq, ts)
-        else:
-            offset = await self._api.max_offset(mq)
-        self._offsets.update(mq, offset)
-        # Written down before the first pull: until the group has an offset for the queue, each start is from
-        # consume_from_where again, and from the last offset that is the queue's end at that moment. A member
-        # killed before its first periodic commit (or a queue moved to another member before it) skipped every
-        # message stored in between. RocketMQ's broker hides this for queues still starting at 0 by answering a
-        # group's first query with 0; ours answers QUERY_NOT_FOUND, so the start itself is committed.
-        await self._offsets.persist(mq)
-        return offset
 
     async def _pull_loop(self, pq: ProcessQueue, send: trio.MemorySendChannel, offset: int | None) -> None:
         cfg = self.config
@@ -1026,47 +555,6 @@ def _restore_retry_topic(msgs: Sequence[MessageExt]) -> tuple[MessageExt, ...]:
                  for m in msgs)
 
 
-def _check_orderly(config: PushConsumerConfig, handler: Handler | None) -> None:
-    if config.orderly and handler is None:
-        # The iterator hands out messages of every queue through one channel and counts one as consumed only when
-        # the next is asked for: it cannot hold a queue until its message is handled, nor retry it before the
-        # next one, so it could not keep the promise.
-        raise ValueError("orderly=True needs a handler (open_push_consumer(..., handler=async_fn, orderly=True)): "
-                         "the iterator form cannot consume in order around a rebalance")
-
-
-def _check_batch(config: PushConsumerConfig, handler: Handler | None, batch_handler: BatchHandler | None) -> None:
-    """``batch_handler`` (a sequence of messages a call) instead of ``handler``, never both; only it takes more than
-    one message a call, so a handler written for one message is never handed a sequence."""
-    if batch_handler is None:
-        if config.consume_message_batch_max_size > 1:
-            raise ConfigError(f"consume_message_batch_max_size {config.consume_message_batch_max_size} needs "
-                              f"batch_handler= (an async function taking a sequence of messages): handler= and the "
-                              f"iterator take one message at a time")
-        return
-    if handler is not None:
-        raise ValueError("give handler= (one message a call) or batch_handler= (a sequence of messages), not both")
-    if config.orderly:
-        raise ValueError("orderly=True handles one message at a time: it takes handler=, not batch_handler=")
-
-
-def _check_handler(handler: Any, name: str = "handler", takes: str = "message") -> None:
-    """A handler is an ``async def`` function or method, a ``functools.partial`` of one, or an object whose
-    ``__call__`` is one, taking the message (a batch handler: the sequence of messages) as its one argument.
-    Anything else failed each call, inside the consumer: every message was retried ``max_reconsume_times`` times,
-    logged and skipped."""
-    if not (inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(getattr(handler, "__call__", None))):
-        raise TypeError(f"{name} must be an async function taking a {takes}, got {handler!r}")
-    try:
-        signature = inspect.signature(handler)
-    except (TypeError, ValueError):
-        return  # no signature to check (some builtins and extension types)
-    try:
-        signature.bind(None)
-    except TypeError:
-        raise TypeError(f"{name} must take the {takes} as its one argument, got {handler!r} with signature "
-                        f"{signature}") from None
-
 
 @contextlib.asynccontextmanager
 async def open_push_consumer(namesrv: str | Sequence[str] | None = None, *, topic: str | None = None,
@@ -1099,16 +587,16 @@ async def open_push_consumer(namesrv: str | Sequence[str] | None = None, *, topi
     if not subs:
         raise ValueError("open_push_consumer needs a topic or subscriptions")
     if handler is not None:
-        _check_handler(handler)
+        check_handler(handler)
     if batch_handler is not None:
-        _check_handler(batch_handler, "batch_handler", "sequence of messages")
-    _check_batch(config, handler, batch_handler)
-    _check_orderly(config, handler)
+        check_handler(batch_handler, "batch_handler", "sequence of messages")
+    check_batch(config, handler, batch_handler)
+    check_orderly(config, handler)
     version = now_ms()  # RocketMQ's subVersion
     parsed = [parse_subscription(t, e, sub_version=version) for t, e in subs.items()]
     local_offsets = local_offset_store(config) if config.message_model == "BROADCASTING" else None
     server_requests = ServerRequests()
-    with _claim_offset_file(local_offsets, config):
+    with claim_offset_file(local_offsets, config):
         async with open_remoting(config, server_requests) as remoting:
             async with open_client_nursery() as nursery:
                 instance = ClientInstance(config, remoting, nursery)

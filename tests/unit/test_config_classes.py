@@ -68,7 +68,7 @@ def _refused_value(field: dataclasses.Field) -> Any:
 
 def test_the_config_classes_are_found():
     assert set(_config_classes()) >= {"broker.config.BrokerConfig", "broker.store.config.StoreConfig",
-                                      "client.push_consumer.PushConsumerConfig", "namesrv.config.NamesrvConfig"}
+                                      "client.push_consumer_config.PushConsumerConfig", "namesrv.config.NamesrvConfig"}
 
 
 
