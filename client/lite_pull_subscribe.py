@@ -24,7 +24,7 @@ from client.message import MessageQueue
 from client.offset_store import RemoteOffsetStore
 from client.pull_consumer import PullAPI
 from client.rebalance import (AllocateStrategy, allocate_share, consumer_heartbeat_data, diff_assignment,
-                              find_consumer_ids)
+                              find_consumer_ids, find_start_offsets)
 from remoting.errors import RaftMQError
 
 if TYPE_CHECKING:
@@ -197,19 +197,9 @@ class LitePullSubscribe:
     async def _start_offsets(self, queues: Sequence[MessageQueue]) -> dict[MessageQueue, int]:
         """Where each new queue starts, found before the rebalance returns (so ``subscribe`` from the last offset
         misses nothing sent after it returned); one not found now is left to its prefetch task, which retries."""
-        starts: dict[MessageQueue, int] = {}
-
-        async def one(mq: MessageQueue) -> None:
-            try:
-                starts[mq] = await self._start_offset(mq)
-            except RaftMQError as e:
-                log.info("cannot find start offset mq=%s error=%s", mq, e)
-
-        if queues and not self._closed:
-            async with trio.open_nursery() as nursery:
-                for mq in queues:
-                    nursery.start_soon(one, mq)
-        return starts
+        if not queues or self._closed:
+            return {}
+        return await find_start_offsets(queues, self._start_offset, log)
 
     def _heartbeat_data(self) -> dict[str, Any]:
         if self._mode != SUBSCRIBE:

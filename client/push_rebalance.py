@@ -53,7 +53,7 @@ from client.offset_store import RemoteOffsetStore
 from client.process_queue import ProcessQueue
 from client.pull_consumer import PullAPI
 from client.rebalance import (AllocateStrategy, allocate_share, consumer_heartbeat_data, diff_assignment,
-                              find_consumer_ids)
+                              find_consumer_ids, find_start_offsets)
 from remoting.errors import RaftMQError
 
 if TYPE_CHECKING:
@@ -321,19 +321,9 @@ class PushRebalance:
         CONSUME_FROM_LAST_OFFSET start was the queue's end *then*, after messages sent once the consumer had
         opened, which nobody consumed. A queue whose offset cannot be found now is left to its pull task, which
         retries; the others are not held up by it."""
-        starts: dict[MessageQueue, int] = {}
-
-        async def one(mq: MessageQueue) -> None:
-            try:
-                starts[mq] = await self._compute_pull_from(mq)
-            except RaftMQError as e:
-                log.info("cannot find start offset mq=%s error=%s", mq, e)
-
-        if queues and not self._closing:
-            async with trio.open_nursery() as nursery:
-                for mq in queues:
-                    nursery.start_soon(one, mq)
-        return starts
+        if not queues or self._closing:
+            return {}
+        return await find_start_offsets(queues, self._compute_pull_from, log)
 
     async def _compute_pull_from(self, mq: MessageQueue) -> int:
         offset = await self._offsets.read_from_store(mq)

@@ -40,9 +40,10 @@ import hashlib
 import inspect
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import cbor2
+import trio
 
 from client.instance import raise_for_response
 from client.message import MessageQueue
@@ -56,7 +57,7 @@ if TYPE_CHECKING:
 __all__ = ["AllocateStrategy", "ALLOCATE_STRATEGIES", "DEFAULT_ALLOCATE_STRATEGY", "allocate_average",
            "allocate_average_by_circle", "allocate_consistent_hash", "allocate_by_config", "resolve_allocate_strategy",
            "allocate_strategy_problem", "RebalanceDiff", "diff_assignment", "find_consumer_ids",
-           "allocate_share", "consumer_heartbeat_data"]
+           "allocate_share", "consumer_heartbeat_data", "find_start_offsets"]
 
 # (consumer_group, current_client_id, queues, client_ids) -> the queues current_client_id consumes.
 AllocateStrategy = Callable[[str, str, Sequence[MessageQueue], Sequence[str]], list[MessageQueue]]
@@ -314,3 +315,23 @@ def consumer_heartbeat_data(consumer_group: str, consume_type: str, message_mode
         "consume_from_where": consume_from_where,
         "subscriptions": [{"topic": s.topic, "expression": s.expression, "expression_type": s.expression_type,
                            "sub_version": s.sub_version} for s in subscriptions]}]}
+
+
+async def find_start_offsets(queues: Sequence[MessageQueue], start_offset: Callable[[MessageQueue], Any],
+                             logger: logging.Logger) -> dict[MessageQueue, int]:
+    """Where each of ``queues`` (newly allocated) starts, asked all at once with ``start_offset(mq)`` before the
+    rebalance returns (RocketMQ's computePullFromWhere before the first pull); a queue whose offset cannot be found
+    now is logged and left out (its pull task retries), holding up none of the others. The push and the lite pull
+    consumer's subscribe mode share it."""
+    starts: dict[MessageQueue, int] = {}
+
+    async def one(mq: MessageQueue) -> None:
+        try:
+            starts[mq] = await start_offset(mq)
+        except RaftMQError as e:
+            logger.info("cannot find start offset mq=%s error=%s", mq, e)
+
+    async with trio.open_nursery() as nursery:
+        for mq in queues:
+            nursery.start_soon(one, mq)
+    return starts
