@@ -100,7 +100,7 @@ from client.pull_consumer import PullAPI, log_failed_pull, pull_should_wait
 from client.push_consumer_config import CONSUME_FROM
 from client.rebalance import (DEFAULT_ALLOCATE_STRATEGY, AllocateStrategy, allocate_strategy_problem,
                               resolve_allocate_strategy)
-from remoting.config import ConfigError, bounded
+from remoting.config import bounded
 from remoting.errors import RaftMQError
 from remoting.message import group_problem
 
@@ -146,16 +146,10 @@ class LitePullConsumerConfig(ClientConfig):
     rebalance_interval_ms: int = bounded(5_000, min=10, max=HOUR_MS,
                                          doc="subscribe mode: how often the group's queues are shared out again")
     allocate_strategy: str | AllocateStrategy = bounded(
-        DEFAULT_ALLOCATE_STRATEGY,
+        DEFAULT_ALLOCATE_STRATEGY, check=allocate_strategy_problem,
         doc="subscribe mode: how the group's members split each topic's queues, by a RocketMQ strategy's name "
             "(client.rebalance.ALLOCATE_STRATEGIES) or a function like client.rebalance.allocate_average; every member "
             "of a group must use the same")
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        problem = allocate_strategy_problem(self.allocate_strategy)
-        if problem is not None:
-            raise ConfigError(f"allocate_strategy {problem}, got {self.allocate_strategy!r}")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -101,18 +101,15 @@ class PushConsumerConfig(ClientConfig):
                                                  doc="orderly: pause of a queue whose handler raised, before the same "
                                                      "message is handled again")
     # RocketMQ's allocateMessageQueueStrategy (client/rebalance.py). A function is taken as it is: a TOML file can
-    # only name one. Checked in __post_init__ (the loader builds through it too, so the sentence is the same).
+    # only name one.
     allocate_strategy: str | AllocateStrategy = bounded(
-        DEFAULT_ALLOCATE_STRATEGY,
+        DEFAULT_ALLOCATE_STRATEGY, check=allocate_strategy_problem,
         doc="clustering: how the group's members split each topic's queues, by a RocketMQ strategy's name "
             "(client.rebalance.ALLOCATE_STRATEGIES) or a function like client.rebalance.allocate_average; every member "
             "of a group must use the same")
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        problem = allocate_strategy_problem(self.allocate_strategy)
-        if problem is not None:
-            raise ConfigError(f"allocate_strategy {problem}, got {self.allocate_strategy!r}")
         if self.message_model == "BROADCASTING" and self.allocate_strategy != DEFAULT_ALLOCATE_STRATEGY:
             # RocketMQ ignores it there; set, it was meant to do something, and it would not.
             raise ConfigError(f"allocate_strategy is for CLUSTERING consumers (a BROADCASTING member consumes every "
