@@ -24,7 +24,7 @@ from client.message import MessageQueue
 from client.offset_store import RemoteOffsetStore
 from client.pull_consumer import PullAPI
 from client.rebalance import (AllocateStrategy, allocate_share, consumer_heartbeat_data, diff_assignment,
-                              find_consumer_ids, find_start_offsets)
+                              find_start_offsets, member_ids)
 from remoting.errors import RaftMQError
 
 if TYPE_CHECKING:
@@ -155,11 +155,7 @@ class LitePullSubscribe:
                     log.info("rebalance skipped topic=%s error=%s", topic, e)
                     continue
                 mqs = route.read_queues()
-                cids = await find_consumer_ids(self._instance, group, topic)
-                if self.client_id not in cids:
-                    # A node we had not met yet (a new topic's group, a restarted node): introduce ourselves.
-                    await self._instance.send_heartbeat_to_all()
-                    cids = await find_consumer_ids(self._instance, group, topic)
+                cids = await member_ids(self._instance, group, topic, self.client_id)
                 if not cids:
                     log.info("no group members known yet group=%s topic=%s", group, topic)
                     continue

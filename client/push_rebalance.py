@@ -53,7 +53,7 @@ from client.offset_store import RemoteOffsetStore
 from client.process_queue import ProcessQueue
 from client.pull_consumer import PullAPI
 from client.rebalance import (AllocateStrategy, allocate_share, consumer_heartbeat_data, diff_assignment,
-                              find_consumer_ids, find_start_offsets)
+                              find_consumer_ids, find_start_offsets, member_ids)
 from remoting.errors import RaftMQError
 
 if TYPE_CHECKING:
@@ -248,11 +248,7 @@ class PushRebalance:
                 if self.config.message_model == "BROADCASTING":
                     wanted = mqs
                 else:
-                    cids = await self.find_consumer_ids(topic)
-                    if self.client_id not in cids:
-                        # A node we had not met yet (a new topic's group, a restarted node): introduce ourselves.
-                        await self._instance.send_heartbeat_to_all()
-                        cids = await self.find_consumer_ids(topic)
+                    cids = await member_ids(self._instance, self.config.consumer_group, topic, self.client_id)
                     if not cids:
                         log.info("no group members known yet group=%s topic=%s", self.config.consumer_group, topic)
                         continue

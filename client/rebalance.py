@@ -57,7 +57,7 @@ if TYPE_CHECKING:
 __all__ = ["AllocateStrategy", "ALLOCATE_STRATEGIES", "DEFAULT_ALLOCATE_STRATEGY", "allocate_average",
            "allocate_average_by_circle", "allocate_consistent_hash", "allocate_by_config", "resolve_allocate_strategy",
            "allocate_strategy_problem", "RebalanceDiff", "diff_assignment", "find_consumer_ids",
-           "allocate_share", "consumer_heartbeat_data", "find_start_offsets"]
+           "allocate_share", "consumer_heartbeat_data", "find_start_offsets", "member_ids"]
 
 # (consumer_group, current_client_id, queues, client_ids) -> the queues current_client_id consumes.
 AllocateStrategy = Callable[[str, str, Sequence[MessageQueue], Sequence[str]], list[MessageQueue]]
@@ -247,6 +247,16 @@ def diff_assignment(current: Iterable[MessageQueue], wanted: Sequence[MessageQue
 
 
 # -- what the push consumer and the lite pull consumer's subscribe mode share --------------------------------------
+async def member_ids(instance: ClientInstance, consumer_group: str, topic: str, client_id: str) -> list[str]:
+    """``find_consumer_ids``, asked again after a heartbeat to every node when ``client_id`` is not among them: a
+    node that had not met this member yet (a new topic's group, a restarted node) learns of it first."""
+    cids = await find_consumer_ids(instance, consumer_group, topic)
+    if client_id not in cids:
+        await instance.send_heartbeat_to_all()
+        cids = await find_consumer_ids(instance, consumer_group, topic)
+    return cids
+
+
 async def find_consumer_ids(instance: ClientInstance, consumer_group: str, topic: str) -> list[str]:
     """The client ids of ``consumer_group``'s members as a node of a broker group serving ``topic`` knows them
     (GET_CONSUMER_LIST_BY_GROUP): the first node that answers well; [] if none does."""
