@@ -20,30 +20,50 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process Ctrl-C stop
 # What a shell reports for a process that SIGPIPE killed; Python ignores SIGPIPE and gets BrokenPipeError instead.
 EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
 
-COMMAND_MODULES = (
-    "raftmq.commands.namesrv",
-    "raftmq.commands.bench",
-    "raftmq.commands.broker",
-    "raftmq.commands.dev",
-    "raftmq.commands.dledger_node",
-    "raftmq.commands.verify",
-    "raftmq.commands.admin",
-    "raftmq.commands.chaos",
-)
+# Each command's module, by the command it registers. Only the module of the command asked for is imported: a
+# server started by `raftmq broker` would otherwise import every other command's dependencies too (the bench, the
+# admin tables, rich, psutil), ~0.3 s of CPU at every start of every process, CLI calls included. The full list is
+# imported only where it is needed: `raftmq --help`, or a command this table does not know (argparse's error
+# names the valid ones).
+COMMAND_MODULES = {
+    "namesrv": "raftmq.commands.namesrv",
+    "bench": "raftmq.commands.bench",
+    "broker": "raftmq.commands.broker",
+    "dev": "raftmq.commands.dev",
+    "dledger-node": "raftmq.commands.dledger_node",
+    "verify": "raftmq.commands.verify",
+    "admin": "raftmq.commands.admin",
+    "chaos": "raftmq.commands.chaos",
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def command_in(argv: list[str]) -> str | None:
+    """The command ``argv`` asks for, if it is one of ``COMMAND_MODULES``, found as argparse would: the first
+    argument that is neither an option nor the value of ``--log-level``."""
+    args = iter(argv)
+    for arg in args:
+        if arg == "--log-level":
+            next(args, None)
+        elif not arg.startswith("-"):
+            return arg if arg in COMMAND_MODULES else None
+    return None
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command, or of ``command`` only."""
     parser = argparse.ArgumentParser(prog="raftmq", description="RocketMQ's architecture on Raft groups, in Python.")
     parser.add_argument("--log-level", default="INFO", type=str.upper,
                         choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="logging level (default INFO)")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(subparsers)
+    for name, module in COMMAND_MODULES.items():
+        if command is None or name == command:
+            importlib.import_module(module).register(subparsers)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(command_in(argv))
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
