@@ -32,7 +32,7 @@ from typing import Any
 
 from broker.delay_level import DEFAULT_MESSAGE_DELAY_LEVEL, delay_levels_problem, parse_delay_levels
 from broker.store.config import StoreConfig
-from broker.topic_config import PERM_READ, PERM_READ_WRITE, PERM_WRITE
+from broker.topic_config import PERM_READ, PERM_READ_WRITE, PERM_WRITE, TopicConfigError, validate_topic_name
 from dledger.config import DLedgerConfig
 from dledger.service import MAX_FETCH_BYTES
 from remoting.config import (ConfigError, bounded, check_fields, config_from_mapping, metrics_listen_problem,
@@ -57,6 +57,14 @@ def _addrs_ok(value: tuple[str, ...]) -> str | None:
     return None
 
 
+def _trace_topic_problem(value: str) -> str | None:
+    try:
+        validate_topic_name(value)
+    except TopicConfigError as e:
+        return f"must be a topic name ({e})"
+    return None
+
+
 @dataclasses.dataclass(frozen=True)
 class BrokerConfig:
     cluster_name: str = bounded("DefaultCluster", check=name_problem, doc="cluster the group registers under")
@@ -76,6 +84,11 @@ class BrokerConfig:
                                      doc="2 write only, 4 read only, 6 read and write")
     auto_create_topic_enable: bool = bounded(True, doc="create unknown topics on first send (RocketMQ default)")
     default_topic_queue_nums: int = bounded(4, min=1, max=1024, doc="queues of an auto-created topic")
+    # RocketMQ's traceTopicEnable / msgTraceTopicName: the group's leader creates the trace topic at start, so the
+    # clients' traces (client/trace.py) are stored without auto_create_topic_enable.
+    trace_topic_enable: bool = bounded(False, doc="create msg_trace_topic_name at start if missing")
+    msg_trace_topic_name: str = bounded("RMQ_SYS_TRACE_TOPIC", check=_trace_topic_problem,
+                                        doc="the topic trace_topic_enable creates")
     # Every registration carries the whole topic table. Unbounded, a client sending to ever new names (auto-create
     # is on by default) grew it past a name server's frame limit (16 MiB: ~80k topics with 127-character names),
     # after which every registration of the group was refused and it fell out of every route.

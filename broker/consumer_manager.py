@@ -351,6 +351,15 @@ class ClientManager:
         info = self.consumer_groups.get(consumer_group)
         return info.subscriptions.get(topic) if info else None
 
+    def find_consumer_connection(self, consumer_group: str, client_id: str) -> Any | None:
+        """The open connection the member ``client_id`` of ``consumer_group`` heartbeats on (RocketMQ's
+        ConsumerGroupInfo.findChannel), None when it is no member here or its connection has closed."""
+        info = self.consumer_groups.get(consumer_group)
+        channel = info.channels.get(client_id) if info is not None else None
+        if channel is None or getattr(channel.conn, "closed", False):
+            return None
+        return channel.conn
+
     def find_producer_connection(self, client_id: str) -> Any | None:
         """The open connection of the producer ``client_id`` (RocketMQ's ProducerManager.findChannel), whichever
         of its groups it heartbeated; the latest heartbeat's if it named several over different connections."""

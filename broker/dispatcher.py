@@ -73,6 +73,8 @@ class BrokerDispatcher:
             RequestCode.UNLOCK_BATCH_MQ: locks.unlock_batch_mq,
             RequestCode.INVOKE_BROKER_TO_RESET_OFFSET: offsets.reset_offset,
             RequestCode.DELETE_SUBSCRIPTIONGROUP: offsets.delete_subscription_group,
+            RequestCode.CLONE_GROUP_OFFSET: offsets.clone_group_offset,
+            RequestCode.GET_CONSUMER_RUNNING_INFO: clients.get_consumer_running_info,
             RequestCode.UPDATE_AND_CREATE_TOPIC: admin.update_and_create_topic,
             RequestCode.DELETE_TOPIC_IN_BROKER: admin.delete_topic,
             RequestCode.GET_ALL_TOPIC_CONFIG: admin.get_all_topic_config,

@@ -655,6 +655,20 @@ class BrokerNode:
             if self.topics.data_version != self.registration.registered_data_version:
                 self.registration.trigger()
 
+    async def create_trace_topic(self) -> None:
+        """``trace_topic_enable`` (RocketMQ's traceTopicEnable): ``msg_trace_topic_name`` created with one queue, as
+        RocketMQ's, if the group has no such topic. Only a ready leader may (replicated as any create), so every
+        node waits until the topic exists or it leads; a restart finds it there and does nothing."""
+        config = TopicConfig(topic_name=self.config.msg_trace_topic_name, read_queue_nums=1, write_queue_nums=1)
+        while self.topic(config.topic_name) is None:
+            if self.group.is_ready_leader:
+                try:
+                    await self.ensure_topic(config, "created for message traces (trace_topic_enable)")
+                    continue
+                except (RequestRejected, RaftMQError, DLedgerError) as e:
+                    log.warning("trace topic not created yet, retried topic=%s error=%s", config.topic_name, e)
+            await trio.sleep(0.5)
+
     async def scan_clients(self) -> None:
         while True:
             await trio.sleep(10)
@@ -718,6 +732,8 @@ async def serve_broker(config: BrokerConfig, *, on_serving: Callable[[BrokerNode
                             nursery.start_soon(node.flush_offsets)
                             nursery.start_soon(node.register_topic_changes)
                             nursery.start_soon(node.scan_clients)
+                            if config.trace_topic_enable:
+                                nursery.start_soon(node.create_trace_topic)
                             nursery.start_soon(node.schedule.serve)
                             nursery.start_soon(node.transactions.serve)
                             nursery.start_soon(dispatcher.replies.serve)

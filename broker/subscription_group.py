@@ -14,14 +14,20 @@ was stopped. The rules this module keeps:
   members from being told of each other's arrivals and departures (they rebalance on their own timer instead).
   ``consume_from_min_enable``, ``broker_id`` and ``which_broker_when_consume_slowly`` are stored and shown only:
   RocketMQ's broker does not act on the first either, and raftmq picks the node a pull goes to by Raft role.
-* **Created on first use, cheaply.** With ``auto_create_subscription_group`` (default true, as RocketMQ) a pull
-  of an unknown group is served with the defaults at once while the leader replicates the group in a task of its
-  own; a known group costs a dict lookup. RocketMQ also creates it on a heartbeat; here the first pull (or
-  send-back) does, so a group that never consumes here holds no config. Off, an unknown group's pulls are
-  refused SUBSCRIPTION_GROUP_NOT_EXIST until an admin creates it; RocketMQ's own groups (``TOOLS_CONSUMER``,
-  the ``CID_RMQ_SYS_`` prefix) are created all the same, as there.
+* **Created on first use, cheaply.** With ``auto_create_subscription_group`` (default true, as RocketMQ) a
+  member's heartbeat to the leader, or a pull or send-back of an unknown group, starts the group's creation with the
+  defaults in a task of the leader's own (a pull is served with the defaults at once meanwhile); a known group costs
+  a dict lookup. The heartbeat is RocketMQ's moment: a group whose members are online shows in
+  ``raftmq admin sub-group-list`` before its first pull (a member still looking for its start offsets, one whose
+  queues are all another member's). A heartbeat is never refused for it: with auto-create off, or no room left, it
+  only creates nothing, and the group's pulls say why. Off, an unknown group's pulls are refused
+  SUBSCRIPTION_GROUP_NOT_EXIST until an admin creates it; RocketMQ's own groups (``TOOLS_CONSUMER``, the
+  ``CID_RMQ_SYS_`` prefix) are created all the same, as there.
 * **Bounded.** At most ``max_subscription_group_count`` groups (the table rides in every Raft snapshot): one more
-  is refused, SUBSCRIPTION_GROUP_NOT_EXIST when auto-created, INVALID_REQUEST when an admin creates it.
+  is refused, SUBSCRIPTION_GROUP_NOT_EXIST when auto-created, INVALID_REQUEST when an admin creates it. At most
+  ``MAX_AUTO_CREATIONS_AT_ONCE`` auto-creations run at once, whatever starts them (heartbeats of many new groups
+  at once, pulls under ever-new group names): one not started now is started by the group's next heartbeat or
+  pull.
 """
 
 from __future__ import annotations
@@ -259,18 +265,33 @@ class SubscriptionGroupManager:
         """The config a pull of a group not in the table is served with (the defaults), its creation started on the
         leader; or the refusal."""
         self._check_may_create(group, "auto-created")
+        self._start_auto_create(group)
+        return SubscriptionGroupConfig(group)
+
+    def heartbeat_seen(self, group: str) -> None:
+        """A member of ``group`` heartbeated: start creating its config if it has none (RocketMQ's heartbeat does),
+        as a pull would. Never raises: with auto-create off or no room left the heartbeat is served all the same,
+        and only the group's pulls are refused, saying why."""
+        if group in self.table or group in self._creating:  # every heartbeat of a known group: two lookups
+            return
+        try:
+            self._check_may_create(group, "auto-created")
+        except RequestRejected:
+            return
+        self._start_auto_create(group)
+
+    def _start_auto_create(self, group: str) -> None:
         node = self.node
         if group in self.table.unreadable:
             # Replicated by a later version with what this one cannot read: served with the defaults here, never
             # overwritten with them.
-            return SubscriptionGroupConfig(group)
+            return
         # At most a few at a time, each one Raft write: pulls under ever-new group names (a name with a pid in it)
-        # queued a task and a write each. One not started now is started by the group's next pull.
+        # queued a task and a write each. One not started now is started by the group's next heartbeat or pull.
         if (group not in self._creating and len(self._creating) < MAX_AUTO_CREATIONS_AT_ONCE and node.is_leader()
                 and node._nursery is not None):
             self._creating.add(group)
             node._nursery.start_soon(self._auto_create, group)
-        return SubscriptionGroupConfig(group)
 
     async def _auto_create(self, group: str) -> None:
         try:

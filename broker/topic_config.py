@@ -33,12 +33,17 @@ SYS_FLAG_MAX = 2 ** 31 - 1  # RocketMQ's topicSysFlag is a Java int; the name se
 DEFAULT_TOPIC_QUEUE_NUMS = 4
 # The template topic clients send to when they want a topic auto-created (RocketMQ's AUTO_CREATE_TOPIC_KEY).
 AUTO_CREATE_TOPIC_KEY = "TBW102"
-# Topics a producer may not send to directly (they exist for the broker's own use).
-NOT_ALLOWED_SEND_TOPICS = frozenset({
-    AUTO_CREATE_TOPIC_KEY, "SCHEDULE_TOPIC_XXXX", "BenchmarkTest", "RMQ_SYS_TRANS_HALF_TOPIC",
-    "RMQ_SYS_TRACE_TOPIC", "RMQ_SYS_TRANS_OP_HALF_TOPIC", "TRANS_CHECK_MAX_TIME_TOPIC", "SELF_TEST_TOPIC",
-    "OFFSET_MOVED_EVENT",
+# The default trace topic (RocketMQ's RMQ_SYS_TRACE_TOPIC): the system's, created by the brokers
+# (trace_topic_enable) or on a traced producer's first send, never through the admin API.
+TRACE_TOPIC = "RMQ_SYS_TRACE_TOPIC"
+# The names kept for the system (RocketMQ's TopicValidator.SYSTEM_TOPIC_SET): nobody creates or updates them.
+SYSTEM_TOPICS = frozenset({
+    AUTO_CREATE_TOPIC_KEY, "SCHEDULE_TOPIC_XXXX", "BenchmarkTest", "RMQ_SYS_TRANS_HALF_TOPIC", TRACE_TOPIC,
+    "RMQ_SYS_TRANS_OP_HALF_TOPIC", "TRANS_CHECK_MAX_TIME_TOPIC", "SELF_TEST_TOPIC", "OFFSET_MOVED_EVENT",
 })
+# Topics a producer may not send to directly (they exist for the broker's own use): every system name but the
+# trace topic, which traced clients send their traces to (RocketMQ's NOT_ALLOWED_SEND_TOPIC_SET leaves it out too).
+NOT_ALLOWED_SEND_TOPICS = SYSTEM_TOPICS - {TRACE_TOPIC}
 SYSTEM_TOPIC_PREFIX = "rmq_sys_"
 _FILTER_TYPES = ("SINGLE_TAG", "MULTI_TAG")
 
@@ -84,6 +89,12 @@ def check_sendable_topic(topic: str) -> None:
     if topic in NOT_ALLOWED_SEND_TOPICS or is_system_topic(topic):
         raise TopicConfigError(f"topic {topic!r} is reserved for the broker; producers may not send to it",
                                field="topic")
+
+
+def is_reserved_topic(topic: str) -> bool:
+    """Whether ``topic`` is a system name nobody creates or updates through the admin API (RocketMQ's
+    ``isSystemTopic``): the sendable trace topic included."""
+    return topic in SYSTEM_TOPICS or is_system_topic(topic)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,6 +6,9 @@
 Transactional messages: ``open_producer(..., transaction_listener=...)`` and ``send_in_transaction``
 (``client/transaction.py``).
 
+Message trace: ``enable_msg_trace=True`` on a producer or push consumer, ``AdminClient.query_msg_trace``
+(``client/trace.py``).
+
 A push consumer's handler says how a message went by returning (None or ``ConsumeStatus``) or raising
 (``ReconsumeLater``, RocketMQ's RECONSUME_LATER with its delay level or suspend time): ``client/push_consumer.py``.
 """
@@ -63,6 +66,7 @@ from client.lite_pull_consumer import LitePullConsumer, LitePullConsumerConfig, 
 from client.push_consumer import PushConsumer, PushConsumerConfig, open_push_consumer
 from client.rebalance import (allocate_average, allocate_average_by_circle, allocate_by_config,
                               allocate_consistent_hash)
+from client.trace import TraceContext, TraceType
 from client.transaction import TransactionListener, TransactionSendResult, TransactionState
 
 __all__ = [
@@ -78,6 +82,7 @@ __all__ = [
     "Subscription", "MessageSelector", "parse_subscription", "tags_code",
     "allocate_average", "allocate_average_by_circle", "allocate_consistent_hash", "allocate_by_config",
     "TransactionListener", "TransactionSendResult", "TransactionState",
+    "TraceContext", "TraceType",
     "RaftMQError", "RemotingError", "ConnectError", "ConnectionClosedError", "RequestTimeoutError", "BrokerError",
     "NotLeaderError", "ClientError", "NoRouteError", "ClientClosedError", "MessageTooLargeError",
     "SendFailedError", "ConfigError", "SubscriptionRefusedError", "ReplyTimeoutError", "TooManyRequestsError",

@@ -20,9 +20,10 @@ import cbor2
 import trio
 
 from client.admin_types import (SUBSCRIPTION_GROUP_FIELDS, BrokerConfigUpdate, ClusterInfo, ConsumerConnection,
-                                ConsumeStats, DelayLevelProgress, GroupDeletion, OffsetReset, ProducerConnection,
-                                QueueConsumeStats, SubscriptionGroup, SubscriptionGroupUpdate, TopicPermUpdate,
-                                TopicQueueStatus)
+                                ConsumerRunningInfo, ConsumeStats, DelayLevelProgress, GroupDeletion, GroupOffsetClone,
+                                OffsetReset, ProcessQueueInfo, ProducerConnection, QueueConsumeStats, SubscriptionGroup,
+                                SubscriptionGroupUpdate, TopicConsumeStatus, TopicPermUpdate, TopicQueueStatus,
+                                parse_consumer_running_info)
 # The answer readers, under the names this module has always used.
 from client.admin_types import (int_field as _int, names_field as _names, opt_int_field as _opt_int,
                                 parse_cluster_info as _parse_cluster_info,
@@ -35,15 +36,17 @@ from client.instance import (
 from client.message import I64_MAX, MessageExt, MessageQueue, check_int_arg, check_seconds
 from client.pull_consumer import to_message_ext
 from client.route import PERM_READ, PERM_WRITE, TopicRouteData, decode_route_response, parse_route, peer_addr
+from client.trace import TRACE_TOPIC, TraceContext, TraceType, decode_trace_data, trace_topic_problem
 from remoting.codes import RequestCode, ResponseCode
 from remoting.errors import RaftMQError, TopicNotExistError, for_code
-from remoting.message import (RETRY_GROUP_MAX_LENGTH, MessageFormatError, group_problem, iter_records, parse_msg_id,
-                              retry_topic)
+from remoting.message import (KEY_SEPARATOR, RETRY_GROUP_MAX_LENGTH, MessageFormatError, group_problem, iter_records,
+                              parse_msg_id, retry_topic)
 
 __all__ = ["AdminClient", "BrokerConfigUpdate", "ClusterInfo", "ConsumeStats", "ConsumerConnection",
-           "DelayLevelProgress", "GroupDeletion", "OffsetReset", "ProducerConnection", "QueueConsumeStats",
+           "ConsumerRunningInfo", "DelayLevelProgress", "GroupDeletion", "GroupOffsetClone", "OffsetReset",
+           "ProcessQueueInfo", "ProducerConnection", "QueueConsumeStats", "TopicConsumeStatus",
            "SubscriptionGroup", "SubscriptionGroupUpdate", "SUBSCRIPTION_GROUP_FIELDS", "TopicPermUpdate",
-           "TopicQueueStatus", "open_admin", "UPDATABLE_PERMS"]
+           "TopicQueueStatus", "TraceContext", "open_admin", "UPDATABLE_PERMS"]
 
 # The permissions update_topic_perm sets, as mqadmin updateTopicPerm takes them: write only, read only, both.
 UPDATABLE_PERMS = (PERM_WRITE, PERM_READ, PERM_READ | PERM_WRITE)
@@ -342,7 +345,7 @@ class AdminClient:
         connections: dict[str, str] = {}
         subscriptions: dict[str, str] = {}
         member_subscriptions: dict[str, dict[str, str]] = {}
-        model = where = ""
+        model = where = consume_type = ""
         for name, frame in sorted(frames.items()):
             if frame.code != ResponseCode.SUCCESS:
                 continue
@@ -350,6 +353,7 @@ class AdminClient:
                 data = cbor2.loads(frame.body)
                 model = _str(data.get("message_model", model), "message_model")
                 where = _str(data.get("consume_from_where", where), "consume_from_where")
+                consume_type = _str(data.get("consume_type", consume_type), "consume_type")
                 for sub in data.get("subscriptions", []):
                     subscriptions.setdefault(_str(sub["topic"], "topic"), _str(sub["expression"], "expression"))
                 for c in data.get("connections", []):
@@ -360,7 +364,81 @@ class AdminClient:
                         member.setdefault(_str(sub["topic"], "topic"), _str(sub["expression"], "expression"))
         members = {cid: dict(sorted(subs.items())) for cid, subs in sorted(member_subscriptions.items())}
         return ConsumerConnection(consumer_group, model, where, dict(sorted(subscriptions.items())),
-                                  dict(sorted(connections.items())), members)
+                                  dict(sorted(connections.items())), members, consume_type)
+
+    async def consumer_running_info(self, consumer_group: str, client_id: str | None = None, *,
+                                    jstack: bool = False) -> ConsumerRunningInfo:
+        """RocketMQ's getConsumerRunningInfo (``mqadmin consumerStatus``): what the online member ``client_id`` of
+        ``consumer_group`` (default: the first online, by id) says it is doing, asked through the leader of a broker
+        group it heartbeats to (GET_CONSUMER_RUNNING_INFO), each group's leader in turn until one knows it; with
+        ``jstack``, its task dump too. ``ConsumerNotOnlineError`` when no group knows it online (or no member is);
+        ``BrokerSystemError`` when it did not answer in time or failed to."""
+        problem = group_problem(consumer_group) if isinstance(consumer_group, str) else "must be a string"
+        if problem:
+            raise ValueError(f"consumer_group {consumer_group!r} {problem}")
+        if client_id is not None and (not isinstance(client_id, str) or not client_id):
+            raise ValueError(f"client_id must be a non-empty string or None, got {client_id!r}")
+        masters = await self._target_masters(None, None)
+        if client_id is None:
+            lists = await self._to_leaders(masters, RequestCode.GET_CONSUMER_LIST_BY_GROUP,
+                                           {"consumer_group": consumer_group})
+            online: set[str] = set()
+            for name, frame in lists.items():
+                with _reading("GET_CONSUMER_LIST_BY_GROUP", f"broker group {name!r}"):
+                    online.update(_names(cbor2.loads(frame.body)["consumer_id_list"], "consumer_id_list"))
+            if not online:
+                raise for_code(ResponseCode.CONSUMER_NOT_ONLINE,
+                               f"consumer group {consumer_group!r} has no member online on broker group(s) "
+                               f"{', '.join(sorted(masters))}")
+            client_id = min(online)
+        ext = {"consumer_group": consumer_group, "client_id": client_id, "jstack": jstack}
+        misses = []
+        for name in sorted(masters):
+            frames = await self._to_leaders({name: masters[name]}, RequestCode.GET_CONSUMER_RUNNING_INFO, ext,
+                                            ok=(ResponseCode.SUCCESS, ResponseCode.CONSUMER_NOT_ONLINE))
+            frame = frames[name]
+            if frame.code == ResponseCode.CONSUMER_NOT_ONLINE:
+                misses.append(f"{name}: {frame.remark}")
+                continue
+            with _reading("GET_CONSUMER_RUNNING_INFO", f"consumer {client_id!r} through broker group {name!r}"):
+                return parse_consumer_running_info(name, cbor2.loads(frame.body))
+        raise for_code(ResponseCode.CONSUMER_NOT_ONLINE, f"the consumer {client_id!r} of group {consumer_group!r} is "
+                                                         f"not online on any broker group ({'; '.join(misses)})")
+
+    async def clone_group_offset(self, src_group: str, dest_group: str, topic: str) -> GroupOffsetClone:
+        """RocketMQ's cloneGroupOffset: give ``dest_group`` the offsets ``src_group`` committed on every queue of
+        ``topic``, on every broker group that routes it (CLONE_GROUP_OFFSET to each leader, replicated there before
+        it answers, as any offset commit); ``dest_group``'s online members are told to pull from there, as by
+        ``reset_offset``. A broker group where ``src_group`` has none of the topic is left as it is; refused
+        (``QueryNotFoundError``) when it has none anywhere: then nothing was changed."""
+        for name, group in (("src_group", src_group), ("dest_group", dest_group)):
+            problem = group_problem(group) if isinstance(group, str) else "must be a string"
+            if problem:
+                raise ValueError(f"{name} {group!r} {problem}")
+        if src_group == dest_group:
+            raise ValueError(f"src_group and dest_group are both {src_group!r}: nothing to clone")
+        masters = await self._route_masters(topic)
+        answers = await self._to_leaders(masters, RequestCode.CLONE_GROUP_OFFSET,
+                                         {"src_group": src_group, "dest_group": dest_group, "topic": topic},
+                                         ok=(ResponseCode.SUCCESS, ResponseCode.QUERY_NOT_FOUND))
+        offsets: dict[MessageQueue, int] = {}
+        previous: dict[MessageQueue, int | None] = {}
+        told: dict[str, tuple[str, ...]] = {}
+        for name, frame in sorted(answers.items()):
+            if frame.code != ResponseCode.SUCCESS:
+                continue
+            with _reading("CLONE_GROUP_OFFSET", f"broker group {name!r}"):
+                data = cbor2.loads(frame.body)
+                for row in data["offsets"]:
+                    mq = MessageQueue(topic, name, _int(row["queue_id"], "queue_id"))
+                    offsets[mq] = _int(row["offset"], "offset")
+                    previous[mq] = _opt_int(row.get("previous"), "previous")
+                told[name] = _names(data.get("consumer_ids", []), "consumer_ids")
+        if not offsets:
+            raise for_code(ResponseCode.QUERY_NOT_FOUND,
+                           f"consumer group {src_group!r} has no committed offset of topic {topic!r} on any broker "
+                           f"group that routes it ({', '.join(sorted(answers))}): nothing to clone, nothing changed")
+        return GroupOffsetClone(src_group, dest_group, topic, offsets, previous, told)
 
     async def producer_connections(self, producer_group: str, *, cluster: str | None = None) -> ProducerConnection:
         """The group's producers online on the groups of ``cluster`` (default: all), from each group's leader;
@@ -473,8 +551,8 @@ class AdminClient:
                                   broker_names: Sequence[str] | None = None) -> list[SubscriptionGroup]:
         """The subscription groups of every group of ``cluster`` (default: all) or of ``broker_names``, from each
         leader (GET_ALL_SUBSCRIPTIONGROUP_CONFIG), sorted by consumer group then broker group; only
-        ``consumer_group``'s if given. A consumer group gets one on its first pull of a group
-        (``auto_create_subscription_group``) or from ``update_subscription_group``."""
+        ``consumer_group``'s if given. A consumer group gets one when a member's heartbeat reaches a group's leader,
+        or on its first pull there (``auto_create_subscription_group``), or from ``update_subscription_group``."""
         masters = await self._target_masters(cluster, broker_names)
         frames = await self._to_leaders(masters, RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG, {})
         found = []
@@ -577,6 +655,29 @@ class AdminClient:
                     found += [to_message_ext(view, name) for view in iter_records(frame.body)]
         found.sort(key=lambda m: (-m.store_timestamp, m.broker_name, m.phy_offset))
         return found[:max_num]
+
+    async def query_msg_trace(self, msg_id: str, *, trace_topic: str = TRACE_TOPIC) -> list[TraceContext]:
+        """RocketMQ's queryMsgTraceById: the trace contexts of message ``msg_id`` (the producer's unique id,
+        ``SendResult.msg_id``) that traced clients sent to ``trace_topic`` (``client/trace.py``), oldest first:
+        its Pub, then each handler call's SubBefore and SubAfter. Found by key, at most ``MAX_QUERY_NUM`` trace
+        messages; a trace message that cannot be decoded is logged and skipped. Empty if none holds one."""
+        if not isinstance(msg_id, str) or not msg_id or KEY_SEPARATOR in msg_id:
+            raise ValueError(f"query_msg_trace needs a msg id (a key: no spaces), got {msg_id!r}")
+        problem = trace_topic_problem(trace_topic)
+        if problem:
+            raise ValueError(f"trace_topic {trace_topic!r} {problem}")
+        found = await self.query_message(trace_topic, msg_id, max_num=MAX_QUERY_NUM)
+        contexts: dict[TraceContext, None] = {}  # a trace message sent twice (a retried send) counts once
+        for message in found:
+            try:
+                decoded = decode_trace_data(message.body.decode("utf-8"))
+            except (UnicodeDecodeError, ValueError) as e:
+                log.warning("trace message skipped, it cannot be decoded trace_topic=%s msg_id=%s error=%s",
+                            trace_topic, message.msg_id, e)
+                continue
+            contexts.update(dict.fromkeys(ctx for ctx in decoded if ctx.msg_id == msg_id))
+        order = {TraceType.PUB: 0, TraceType.END_TRANSACTION: 1, TraceType.SUB_BEFORE: 2, TraceType.SUB_AFTER: 3}
+        return sorted(contexts, key=lambda c: (c.timestamp_ms, order[c.trace_type]))
 
     async def view_message(self, msg_id: str, *, topic: str | None = None) -> MessageExt:
         """RocketMQ's viewMessage / queryMsgById. ``msg_id`` is the broker's offset message id (32 hex digits:

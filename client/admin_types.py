@@ -23,11 +23,12 @@ from remoting.codes import ResponseCode
 from remoting.errors import for_code
 from remoting.message import I32, I64
 
-__all__ = ["BrokerConfigUpdate", "ClusterInfo", "ConsumeStats", "ConsumerConnection", "DelayLevelProgress",
-           "GroupDeletion", "OffsetReset", "ProducerConnection", "QueueConsumeStats", "SubscriptionGroup",
-           "SubscriptionGroupUpdate", "SUBSCRIPTION_GROUP_FIELDS", "TopicPermUpdate", "TopicQueueStatus",
+__all__ = ["BrokerConfigUpdate", "ClusterInfo", "ConsumeStats", "ConsumerConnection", "ConsumerRunningInfo",
+           "DelayLevelProgress", "GroupDeletion", "GroupOffsetClone", "OffsetReset", "ProcessQueueInfo",
+           "ProducerConnection", "QueueConsumeStats", "SubscriptionGroup", "SubscriptionGroupUpdate",
+           "SUBSCRIPTION_GROUP_FIELDS", "TopicConsumeStatus", "TopicPermUpdate", "TopicQueueStatus",
            "reading", "int_field", "opt_int_field", "str_field", "rate_field", "names_field",
-           "parse_cluster_info", "parse_subscription_group"]
+           "parse_cluster_info", "parse_consumer_running_info", "parse_subscription_group"]
 
 # The fields update_subscription_group sets: bool, or the (lo, hi) of an integer, as the brokers hold them
 # (broker/subscription_group.py; retry_queue_nums 0, RocketMQ's "drop what is sent back", is refused there).
@@ -142,7 +143,9 @@ class DelayLevelProgress:
 class ConsumerConnection:
     """A consumer group's online members (RocketMQ's consumerConnection): ``connections`` maps each member's
     client id to its address as its group leader sees it; ``subscriptions`` maps topic to tag expression, and
-    ``member_subscriptions`` does so for each member (client id) on its own."""
+    ``member_subscriptions`` does so for each member (client id) on its own. ``consume_type`` is how the members
+    consume, as their heartbeats say: ``CONSUME_PASSIVELY`` (push consumers), ``CONSUME_ACTIVELY`` (lite pull
+    consumers in subscribe mode); "" when no member is online."""
 
     consumer_group: str
     message_model: str
@@ -150,6 +153,7 @@ class ConsumerConnection:
     subscriptions: Mapping[str, str]
     connections: Mapping[str, str]
     member_subscriptions: Mapping[str, Mapping[str, str]] = dataclasses.field(default_factory=dict)
+    consume_type: str = ""
 
     def differing_topics(self) -> dict[str, dict[str, str]]:
         """Topics the members subscribe to with different expressions, each with ``{client id: expression}``.
@@ -160,6 +164,69 @@ class ConsumerConnection:
             for topic, expression in subs.items():
                 by_topic.setdefault(topic, {})[client_id] = expression
         return {topic: members for topic, members in sorted(by_topic.items()) if len(set(members.values())) > 1}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ProcessQueueInfo:
+    """One queue a consumer holds, in its running info (RocketMQ's ProcessQueueInfo): the messages it caches (pulled,
+    not yet consumed: their count, body bytes, least and greatest offsets, None when none), the offset its offset
+    store holds to commit (None: none yet), whether it holds the queue's broker-side lock (orderly) or pauses it,
+    and when (ms) it last pulled and consumed from it (None: not since it was opened)."""
+
+    queue: MessageQueue
+    committed_offset: int | None
+    cached_msg_count: int
+    cached_msg_bytes: int
+    cached_msg_min_offset: int | None
+    cached_msg_max_offset: int | None
+    locked: bool
+    paused: bool
+    last_pull_timestamp: int | None
+    last_consume_timestamp: int | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TopicConsumeStatus:
+    """A consumer's rates on one topic over the last minute (RocketMQ's ConsumeStatus): messages pulled a second and
+    a pull's mean time (long polls included), messages its handler calls consumed and failed a second and a call's
+    mean time, and the messages that failed over the last hour."""
+
+    pull_tps: float
+    pull_rt_ms: float
+    consume_ok_tps: float
+    consume_failed_tps: float
+    consume_rt_ms: float
+    consume_failed_msgs: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ConsumerRunningInfo:
+    """What one online consumer says it is doing (RocketMQ's ConsumerRunningInfo, ``mqadmin consumerStatus``):
+    ``properties`` (its config and statistics; ``consume_type``, ``message_model``, ``consume_orderly``,
+    ``consumer_start_timestamp``...), ``subscriptions`` (topic -> expression), every queue it holds, per topic its
+    rates, and its task dump when asked for (``jstack``). ``broker_name``: the broker group that relayed it."""
+
+    consumer_group: str
+    client_id: str
+    broker_name: str
+    properties: Mapping[str, Any]
+    subscriptions: Mapping[str, str]
+    queues: tuple[ProcessQueueInfo, ...]
+    status: Mapping[str, TopicConsumeStatus]
+    jstack: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GroupOffsetClone:
+    """What ``clone_group_offset`` did (mqadmin cloneGroupOffset): each queue's offset ``dest_group`` now has and had
+    (``previous``, None: none), and per broker group the online members of ``dest_group`` told to pull from there."""
+
+    src_group: str
+    dest_group: str
+    topic: str
+    offsets: Mapping[MessageQueue, int]
+    previous: Mapping[MessageQueue, int | None]
+    consumer_ids: Mapping[str, tuple[str, ...]]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -244,6 +311,55 @@ def parse_subscription_group(broker_name: str, data: Any) -> SubscriptionGroup:
             raise TypeError(f"{name} {value!r} is not true or false")
         values[name] = value if kind is bool else int_field(value, name)
     return SubscriptionGroup(broker_name, str_field(data["group_name"], "group_name"), **values)
+
+
+_PROPERTY_TYPES = (str, int, float, bool, type(None))
+
+
+def parse_consumer_running_info(broker_name: str, data: Any) -> ConsumerRunningInfo:
+    """A GET_CONSUMER_RUNNING_INFO answer (client/running_info.py draws it) relayed by ``broker_name``."""
+    if not isinstance(data, Mapping):
+        raise TypeError(f"running info {type(data).__name__} is not a map")
+    properties = data["properties"]
+    if not isinstance(properties, Mapping) or not all(isinstance(k, str) and isinstance(v, _PROPERTY_TYPES)
+                                                      for k, v in properties.items()):
+        raise TypeError("properties is not a map of names to scalars")
+    subscriptions = {str_field(s["topic"], "topic"): str_field(s["expression"], "expression")
+                     for s in data["subscriptions"]}
+    queues = []
+    for row in data["queues"]:
+        flags = [row[k] for k in ("locked", "paused")]
+        if not all(type(f) is bool for f in flags):
+            raise TypeError(f"locked/paused {flags!r} are not true or false")
+        queues.append(ProcessQueueInfo(
+            MessageQueue(str_field(row["topic"], "topic"), str_field(row["broker_name"], "broker_name"),
+                         int_field(row["queue_id"], "queue_id")),
+            opt_int_field(row["committed_offset"], "committed_offset"),
+            int_field(row["cached_msg_count"], "cached_msg_count"),
+            int_field(row["cached_msg_bytes"], "cached_msg_bytes"),
+            opt_int_field(row["cached_msg_min_offset"], "cached_msg_min_offset"),
+            opt_int_field(row["cached_msg_max_offset"], "cached_msg_max_offset"), *flags,
+            opt_int_field(row["last_pull_timestamp"], "last_pull_timestamp"),
+            opt_int_field(row["last_consume_timestamp"], "last_consume_timestamp")))
+    status = {}
+    for topic, rates in data["status"].items():
+        status[str_field(topic, "topic")] = TopicConsumeStatus(
+            *(_rate_value(rates[k], k) for k in ("pull_tps", "pull_rt_ms", "consume_ok_tps", "consume_failed_tps",
+                                                 "consume_rt_ms")),
+            int_field(rates["consume_failed_msgs"], "consume_failed_msgs"))
+    jstack = data.get("jstack")
+    if jstack is not None:
+        str_field(jstack, "jstack")
+    return ConsumerRunningInfo(str_field(data["consumer_group"], "consumer_group"),
+                               str_field(data["client_id"], "client_id"), broker_name, dict(properties),
+                               dict(sorted(subscriptions.items())), tuple(sorted(queues, key=lambda q: q.queue)),
+                               dict(sorted(status.items())), jstack)
+
+
+def _rate_value(value: Any, key: str) -> float:
+    if type(value) not in (int, float) or not 0 <= value < float("inf"):
+        raise TypeError(f"{key} {value!r} is not a rate")
+    return float(value)
 
 
 def parse_cluster_info(data: Mapping[str, Any]) -> ClusterInfo:

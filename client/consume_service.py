@@ -231,9 +231,10 @@ class ConcurrentConsumeService:
             attempts = consumer.max_reconsume_times + 1
             clustering = consumer._retry_topic is not None
             retrying = False
+            call = consumer._call_handler if consumer._trace is None else consumer._traced_call_handler
             try:
                 for attempt in itertools.count(1):
-                    failure = await consumer._call_handler(pq, msg, timeout_s=timeout_s)
+                    failure = await call(pq, msg, timeout_s=timeout_s)
                     if failure is None:
                         break
                     delay_level = failure.delay_level or 0
@@ -282,9 +283,10 @@ class ConcurrentConsumeService:
             attempts = consumer.max_reconsume_times + 1
             clustering = consumer._retry_topic is not None
             retrying = False
+            call = self._call_batch if consumer._trace is None else self._traced_call_batch
             try:
                 for attempt in itertools.count(1):
-                    failure = await self._call_batch(pq, batch, timeout_s)
+                    failure = await call(pq, batch, timeout_s)
                     if failure is None:
                         self._done(pq, batch)
                         break
@@ -344,6 +346,16 @@ class ConcurrentConsumeService:
         consumer._delivered += len(msgs)
         for msg in msgs:
             consumer._consumed(pq, msg)
+
+    async def _traced_call_batch(self, pq: ProcessQueue, batch: tuple[MessageExt, ...],
+                                 timeout_s: float) -> ReconsumeLater | None:
+        """``_call_batch`` with its trace contexts (``enable_msg_trace``, client/trace.py)."""
+        trace = self._consumer._trace
+        assert trace is not None
+        call = trace.before(batch)
+        failure = await self._call_batch(pq, batch, timeout_s)
+        trace.after(call, failure, timeout_s)
+        return failure
 
     async def _call_batch(self, pq: ProcessQueue, batch: tuple[MessageExt, ...],
                           timeout_s: float) -> ReconsumeLater | None:

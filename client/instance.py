@@ -236,8 +236,9 @@ class ServerRequests:
     consumer rebalances at once instead of at its next period), RESET_CONSUMER_CLIENT_OFFSET (an operator
     reset the group's offsets: the consumer drops what it cached of those queues and pulls from the new offsets),
     CHECK_TRANSACTION_STATE (a transaction left unknown: the producer asks its listener, then answers with an
-    END_TRANSACTION of its own; oneway, as RocketMQ's) and PUSH_REPLY_MESSAGE_TO_CLIENT (the reply to a
-    ``Producer.request``: it completes the request waiting for it).
+    END_TRANSACTION of its own; oneway, as RocketMQ's), PUSH_REPLY_MESSAGE_TO_CLIENT (the reply to a
+    ``Producer.request``: it completes the request waiting for it) and GET_CONSUMER_RUNNING_INFO (an admin asks,
+    through a broker, what a consumer is doing: ``client/running_info.py`` draws the answer).
     """
 
     def __init__(self) -> None:
@@ -248,6 +249,8 @@ class ServerRequests:
         self.on_check_transaction: Callable[[Frame], None] | None = None
         # Must not wait either; returns what is malformed in the push (answered INVALID_REQUEST), else None.
         self.on_reply_message: Callable[[Frame], str | None] | None = None
+        # A consumer's running info (jstack: its task dump too), a CBOR-able map; must not wait either.
+        self.on_consumer_running_info: Callable[[bool], Mapping[str, Any]] | None = None
 
     async def handle(self, request: Frame, conn: Any) -> Frame | None:
         if request.code == RequestCode.PUSH_REPLY_MESSAGE_TO_CLIENT:
@@ -266,6 +269,8 @@ class ServerRequests:
             else:
                 self.on_check_transaction(request)
             return None if request.is_oneway else make_response(request, ResponseCode.SUCCESS)
+        if request.code == RequestCode.GET_CONSUMER_RUNNING_INFO:
+            return self._running_info(request)
         if request.code == RequestCode.NOTIFY_CONSUMER_IDS_CHANGED:
             if self.on_consumer_ids_changed is not None:
                 self.on_consumer_ids_changed(request.ext.get("consumer_group"))
@@ -288,6 +293,22 @@ class ServerRequests:
             return None if request.is_oneway else make_response(request, ResponseCode.SUCCESS)
         return make_response(request, ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
                              remark=f"the client does not serve request code {request.code}")
+
+    def _running_info(self, request: Frame) -> Frame:
+        if self.on_consumer_running_info is None:
+            # A producer or an admin client whose id a broker was asked about: no consumer to describe.
+            return make_response(request, ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
+                                 remark="this client runs no consumer: it has no running info")
+        jstack = request.ext.get("jstack") is True
+        try:
+            info = self.on_consumer_running_info(jstack)
+            body = cbor2.dumps(info)
+        except Exception:
+            # A bug in drawing the answer must not take the connection's reader down with it.
+            log.exception("running info not drawn")
+            return make_response(request, ResponseCode.SYSTEM_ERROR,
+                                 remark="the consumer failed to draw its running info; see its log")
+        return make_response(request, ResponseCode.SUCCESS, body=body)
 
 
 def open_remoting(config: ClientConfig, handler: ServerRequests | None = None) -> Any:

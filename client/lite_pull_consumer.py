@@ -100,6 +100,7 @@ from client.pull_consumer import PullAPI, log_failed_pull, pull_should_wait
 from client.push_consumer_config import CONSUME_FROM
 from client.rebalance import (DEFAULT_ALLOCATE_STRATEGY, AllocateStrategy, allocate_strategy_problem,
                               resolve_allocate_strategy)
+from client.running_info import attach_lite_pull_consumer
 from remoting.config import bounded
 from remoting.errors import RaftMQError
 from remoting.message import group_problem
@@ -648,6 +649,7 @@ async def open_lite_pull_consumer(namesrv: str | Sequence[str] | None = None,
             consumer = LitePullConsumer(config, instance, nursery)
             server_requests.on_consumer_ids_changed = (
                 lambda group: consumer.trigger_rebalance() if group in (None, config.consumer_group) else None)
+            server_requests.on_consumer_running_info = attach_lite_pull_consumer(consumer)  # consumer-status
             instance.start_background()
             # Both stopped before close() sends the last offsets itself (and leaves the group).
             commits, rebalances = trio.CancelScope(), trio.CancelScope()

@@ -277,8 +277,9 @@ class OrderlyService:
         consumer = self._consumer
         max_times = consumer.max_reconsume_times
         attempts = 0
+        call = consumer._call_handler if consumer._trace is None else consumer._traced_call_handler
         while True:
-            failure = await consumer._call_handler(pq, msg)
+            failure = await call(pq, msg)
             if failure is None:
                 break
             attempts += 1

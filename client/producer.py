@@ -68,6 +68,7 @@ from client.message import (MAX_INFLATED_BODY, PROPERTY_UNIQ_KEY, Message, Messa
 # Request-reply's parts that need no producer; PendingRequests and read_reply re-exported, as they were defined here.
 from client.request_reply import PendingRequests, prepare_request, read_reply
 from client.send_ext import SendExt, SendExtEncoder, ext_fields
+from client.trace import TRACE_TOPIC, open_trace_dispatcher, trace_topic_problem
 from client.transaction import (TransactionListener, TransactionSendResult, TransactionState, end_transaction_ext,
                                 read_check_request)
 from remoting.codec import Frame
@@ -81,7 +82,8 @@ from remoting.message import (BATCH_HEAD, COMPRESSED_FLAG, I32, MAX_PROPERTIES_S
 from remoting.message import (PROPERTY_CLUSTER, PROPERTY_CORRELATION_ID, PROPERTY_MESSAGE_REPLY_TO_CLIENT,
                               PROPERTY_MESSAGE_TTL)
 
-__all__ = ["ProducerConfig", "Producer", "open_producer", "PendingRequests", "read_reply"]
+__all__ = ["ProducerConfig", "Producer", "open_producer", "open_producer_from_config", "PendingRequests",
+           "read_reply"]
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +139,9 @@ class ProducerConfig(ClientConfig):
     max_pending_requests: int = bounded(10_000, min=1, max=1_000_000,
                                         doc="requests (Producer.request) waiting for their replies at once; one more "
                                             "raises TooManyRequestsError")
+    # RocketMQ's enableMsgTrace / customizedTraceTopic (client/trace.py): each send's trace goes to trace_topic.
+    enable_msg_trace: bool = bounded(False, doc="record each send's trace and send it to trace_topic")
+    trace_topic: str = bounded(TRACE_TOPIC, check=trace_topic_problem, doc="the topic traces go to")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -661,17 +666,43 @@ async def open_producer(namesrv: str | Sequence[str] | None = None, *,
     if namesrv is not None:
         options["namesrv"] = namesrv
     config: ProducerConfig = build_config(ProducerConfig, options)
+    async with open_producer_from_config(config, transaction_listener=transaction_listener) as producer:
+        yield producer
+
+
+@contextlib.asynccontextmanager
+async def open_producer_from_config(config: ProducerConfig, *,
+                                    transaction_listener: TransactionListener | None = None) -> AsyncIterator[Producer]:
+    """``open_producer`` with a built ``ProducerConfig``. With ``enable_msg_trace`` the producer is a
+    ``TracedProducer`` (``client/trace_producer.py``), its traces sent by an inner producer of their own, which is
+    flushed and closed after it."""
     if transaction_listener is not None:
         for name in ("execute", "check"):
             if not callable(getattr(transaction_listener, name, None)):
                 raise TypeError(f"transaction_listener must have async methods execute(msg, arg) and check(msg); "
                                 f"{transaction_listener!r} has no {name}")
+    async with contextlib.AsyncExitStack() as stack:
+        dispatcher = (await stack.enter_async_context(open_trace_dispatcher(config, config.trace_topic))
+                      if config.enable_msg_trace else None)
+        producer = await stack.enter_async_context(_open(config, transaction_listener, dispatcher))
+        yield producer
+
+
+@contextlib.asynccontextmanager
+async def _open(config: ProducerConfig, transaction_listener: TransactionListener | None,
+                dispatcher: Any) -> AsyncIterator[Producer]:
     server_requests = ServerRequests()
     async with open_remoting(config, server_requests) as remoting:
         async with open_client_nursery() as nursery:
             instance = ClientInstance(config, remoting, nursery)
             instance.start_background()
-            producer = Producer(config, instance, transaction_listener)
+            if dispatcher is None:
+                producer = Producer(config, instance, transaction_listener)
+            else:
+                # Here, not at the top: that module's class is a Producer.
+                from client.trace_producer import TracedProducer
+
+                producer = TracedProducer(config, instance, transaction_listener, dispatcher)
             server_requests.on_check_transaction = producer._on_check
             server_requests.on_reply_message = producer._on_reply
             try:

@@ -130,6 +130,8 @@ from client.push_consumer_config import (CONSUME_FROM, ConsumerStatistics, Handl
                                          check_handler, check_orderly, claim_offset_file, local_offset_store)
 from client.push_rebalance import LOCK_RETRY_S, PushRebalance
 from client.rebalance import resolve_allocate_strategy
+from client.running_info import attach_push_consumer
+from client.trace import ConsumeTracer, open_trace_dispatcher
 from remoting.config import ConfigError
 from remoting.errors import RaftMQError
 from remoting.message import PROPERTY_RETRY_TOPIC, RETRY_GROUP_MAX_LENGTH, RETRY_GROUP_TOPIC_PREFIX, retry_topic
@@ -143,7 +145,7 @@ log = logging.getLogger(__name__)
 class PushConsumer(PushRebalance):
     def __init__(self, config: PushConsumerConfig, instance: ClientInstance, subscriptions: Sequence[Subscription],
                  handler: Handler | None, local_offsets: LocalFileOffsetStore | None = None, *,
-                 batch_handler: BatchHandler | None = None) -> None:
+                 batch_handler: BatchHandler | None = None, tracer: ConsumeTracer | None = None) -> None:
         if not subscriptions:
             raise ValueError("a push consumer needs at least one subscription (topic)")
         check_batch(config, handler, batch_handler)
@@ -168,6 +170,8 @@ class PushConsumer(PushRebalance):
             self._subs.setdefault(self._retry_topic, parse_subscription(self._retry_topic, "*"))
         self._handler = handler
         self._batch_handler = batch_handler  # takes a sequence of messages (client/consume_service.py)
+        # enable_msg_trace (client/trace.py): the handler calls record their SubBefore/SubAfter contexts here.
+        self._trace = tracer
         if config.message_model == "BROADCASTING":
             self._offsets: Any = local_offsets if local_offsets is not None else local_offset_store(config)
         else:
@@ -524,6 +528,17 @@ class PushConsumer(PushRebalance):
             self._unknown_result(result, pq, msg)
         return ReconsumeLater()
 
+    async def _traced_call_handler(self, pq: ProcessQueue, msg: MessageExt, *,
+                                   timeout_s: float = math.inf) -> ReconsumeLater | None:
+        """``_call_handler`` with its trace contexts (``enable_msg_trace``): the call sites pick this one when the
+        consumer has a tracer, so a consumer without one pays an attribute test a call."""
+        trace = self._trace
+        assert trace is not None
+        call = trace.before((msg,))
+        failure = await self._call_handler(pq, msg, timeout_s=timeout_s)
+        trace.after(call, failure, timeout_s)
+        return failure
+
     def _unknown_result(self, result: object, pq: ProcessQueue, msg: MessageExt) -> None:
         # A failure, so nothing is lost; said at ERROR once per type (every message of a ported listener returns
         # one), naming the type only: the value may hold the message's content.
@@ -597,26 +612,44 @@ async def open_push_consumer(namesrv: str | Sequence[str] | None = None, *, topi
     local_offsets = local_offset_store(config) if config.message_model == "BROADCASTING" else None
     server_requests = ServerRequests()
     with claim_offset_file(local_offsets, config):
-        async with open_remoting(config, server_requests) as remoting:
-            async with open_client_nursery() as nursery:
-                instance = ClientInstance(config, remoting, nursery)
-                consumer = PushConsumer(config, instance, parsed, handler, local_offsets, batch_handler=batch_handler)
-                # Before the first heartbeat: a consumer whose subscription a broker refuses never joins its group.
-                await consumer.check_subscriptions()
-                server_requests.on_consumer_ids_changed = (
-                    lambda group: consumer.trigger_rebalance() if group in (None, config.consumer_group) else None)
-                server_requests.on_reset_offset = consumer.offsets_reset
-                instance.start_background()
-                await consumer.start(nursery)
-                try:
-                    yield consumer
-                except BaseException:
-                    # The block left by an exception, maybe while handling the message the iterator returned last:
-                    # not consumed, so delivered again (at least once). Leaving by `break` consumes it (close).
-                    consumer.forget_pending()
-                    raise
-                finally:
-                    instance.stop_background()
-                    await consumer.close()
-                    instance.closed = True
-                    nursery.cancel_scope.cancel()
+        async with contextlib.AsyncExitStack() as stack:
+            # Outside the consumer: closed after it, so the traces of its last handler calls are sent too.
+            tracer = None
+            if config.enable_msg_trace and (handler is not None or batch_handler is not None):
+                dispatcher = await stack.enter_async_context(open_trace_dispatcher(config, config.trace_topic))
+                tracer = ConsumeTracer(dispatcher, config.consumer_group, config.client_ip)
+            async with _open_consumer(config, server_requests, parsed, handler, batch_handler, local_offsets,
+                                      tracer) as consumer:
+                yield consumer
+
+
+@contextlib.asynccontextmanager
+async def _open_consumer(config: PushConsumerConfig, server_requests: ServerRequests, parsed: list[Subscription],
+                         handler: Handler | None, batch_handler: BatchHandler | None,
+                         local_offsets: LocalFileOffsetStore | None,
+                         tracer: ConsumeTracer | None) -> AsyncIterator[PushConsumer]:
+    async with open_remoting(config, server_requests) as remoting:
+        async with open_client_nursery() as nursery:
+            instance = ClientInstance(config, remoting, nursery)
+            consumer = PushConsumer(config, instance, parsed, handler, local_offsets, batch_handler=batch_handler,
+                                    tracer=tracer)
+            # Before the first heartbeat: a consumer whose subscription a broker refuses never joins its group.
+            await consumer.check_subscriptions()
+            server_requests.on_consumer_ids_changed = (
+                lambda group: consumer.trigger_rebalance() if group in (None, config.consumer_group) else None)
+            server_requests.on_reset_offset = consumer.offsets_reset
+            server_requests.on_consumer_running_info = attach_push_consumer(consumer)  # consumer-status
+            instance.start_background()
+            await consumer.start(nursery)
+            try:
+                yield consumer
+            except BaseException:
+                # The block left by an exception, maybe while handling the message the iterator returned last:
+                # not consumed, so delivered again (at least once). Leaving by `break` consumes it (close).
+                consumer.forget_pending()
+                raise
+            finally:
+                instance.stop_background()
+                await consumer.close()
+                instance.closed = True
+                nursery.cancel_scope.cancel()

@@ -23,6 +23,7 @@ from client.instance import HOUR_MS, ClientConfig
 from client.message import DEFAULT_MAX_INFLATED_BODY, I32_MAX, I64_MAX, MAX_INFLATED_BODY, MessageExt
 from client.offset_store import LocalFileOffsetStore
 from client.rebalance import DEFAULT_ALLOCATE_STRATEGY, AllocateStrategy, allocate_strategy_problem
+from client.trace import TRACE_TOPIC, trace_topic_problem
 from remoting.config import ConfigError, blank_dir_problem, bounded
 from remoting.message import group_problem
 
@@ -107,6 +108,11 @@ class PushConsumerConfig(ClientConfig):
         doc="clustering: how the group's members split each topic's queues, by a RocketMQ strategy's name "
             "(client.rebalance.ALLOCATE_STRATEGIES) or a function like client.rebalance.allocate_average; every member "
             "of a group must use the same")
+    # RocketMQ's enableMsgTrace / customizedTraceTopic (client/trace.py): each handler call's trace goes to
+    # trace_topic. The iterator form has no handler call to trace.
+    enable_msg_trace: bool = bounded(False, doc="handler form: record each handler call's trace and send it to "
+                                                "trace_topic")
+    trace_topic: str = bounded(TRACE_TOPIC, check=trace_topic_problem, doc="the topic traces go to")
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -66,8 +66,11 @@ class RequestCode(IntEnum):
     GET_TOPICS_BY_CLUSTER = 224
     QUERY_TOPIC_CONSUME_BY_WHO = 300
     GET_CONSUMER_RUNNING_INFO = 307
+    """Admin → broker → one online consumer (over the connection it heartbeats on): its running info."""
     CONSUME_MESSAGE_DIRECTLY = 309
     SEND_MESSAGE_V2 = 310
+    CLONE_GROUP_OFFSET = 314
+    """Copy one consumer group's committed offsets of a topic to another group (mqadmin cloneGroupOffset)."""
     SEND_BATCH_MESSAGE = 320
     QUERY_DATA_VERSION = 322
     SEND_REPLY_MESSAGE = 324

@@ -21,8 +21,7 @@ from broker.config import RuntimeConfigError, check_runtime_key, parse_runtime_v
 from broker.processor.base import (I64, RequestRejected, existing_topic_config, get_existing_topic, get_int, get_str,
                                    get_topic_queue, invalid, request_data)
 from broker.subscription_group import SubscriptionGroupConfig, SubscriptionGroupError
-from broker.topic_config import (SYSTEM_TOPIC_PREFIX, TopicConfig, TopicConfigError, check_sendable_topic,
-                                 is_system_topic)
+from broker.topic_config import SYSTEM_TOPIC_PREFIX, TopicConfig, TopicConfigError, is_reserved_topic, is_system_topic
 from remoting.codec import Frame, make_response
 from remoting.codes import ResponseCode
 
@@ -42,16 +41,14 @@ class AdminProcessor:
         except TopicConfigError as e:
             raise RequestRejected(ResponseCode.INVALID_REQUEST, f"request field {e.field!r}: {e}",
                                   ext={"field": e.field}) from None
-        # Every name a producer may not send to (RocketMQ's isSystemTopic) is the broker's own: creating one would
-        # only put a topic in the routes that every send refuses.
-        try:
-            check_sendable_topic(config.topic_name)
-        except TopicConfigError:
+        # Every system name (RocketMQ's isSystemTopic) is the broker's own: creating one would only put a topic in
+        # the routes that every send refuses, or (the trace topic) one the brokers create themselves.
+        if is_reserved_topic(config.topic_name):
             why = (f"prefix {SYSTEM_TOPIC_PREFIX!r} is reserved for the broker" if is_system_topic(config.topic_name)
                    else "the name is reserved for the broker")
             raise RequestRejected(ResponseCode.INVALID_REQUEST,
                                   f"request field 'topic_name': topic {config.topic_name!r} conflicts with the "
-                                  f"system topics ({why})", ext={"field": "topic_name"}) from None
+                                  f"system topics ({why})", ext={"field": "topic_name"})
         await self.node.update_topic(config)
         return make_response(request, ResponseCode.SUCCESS)
 

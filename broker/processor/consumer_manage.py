@@ -1,4 +1,5 @@
-"""QUERY_CONSUMER_OFFSET, UPDATE_CONSUMER_OFFSET, GET_CONSUME_STATS and INVOKE_BROKER_TO_RESET_OFFSET.
+"""QUERY_CONSUMER_OFFSET, UPDATE_CONSUMER_OFFSET, GET_CONSUME_STATS, INVOKE_BROKER_TO_RESET_OFFSET,
+DELETE_SUBSCRIPTIONGROUP and CLONE_GROUP_OFFSET.
 
 Updates are accepted by the leader only (NOT_LEADER elsewhere, with ``leader_addr``) and replicated in batches
 (``broker/offset_manager.py``); a group's first offset of a queue before the answer (``BrokerNode.commit_offset``).
@@ -23,6 +24,13 @@ refused too: they would commit their offsets again within a second, and the grou
 INVOKE_BROKER_TO_RESET_OFFSET is RocketMQ's resetOffsetByTime: on the leader, every read queue of the topic gets
 the offset of its first message stored at or after ``timestamp`` (0: the oldest kept; a future time: the end),
 replicated before the answer; the group's online members are told to drop what they cached and pull from there.
+
+CLONE_GROUP_OFFSET is RocketMQ's cloneGroupOffset: on the leader, ``dest_group`` gets ``src_group``'s committed
+offset of every queue of ``topic`` (those ``src_group`` committed; the others are left as they are), replicated as
+an offset reset is, and ``dest_group``'s online members are told to pull from there, as by a reset (RocketMQ tells
+them nothing, and their next commits put their old offsets back). A ``src_group`` with no committed offset of the
+topic here is QUERY_NOT_FOUND: nothing is changed, and the admin client, which asks every group of the topic,
+refuses only when no group had any.
 """
 
 from __future__ import annotations
@@ -144,3 +152,24 @@ class ConsumerManageProcessor:
         removed = await node.delete_group_offsets(group) if clean_offset else 0
         config_removed = await node.subscription_groups.delete(group)
         return make_response(request, ResponseCode.SUCCESS, ext={"removed": removed, "config_removed": config_removed})
+
+    async def clone_group_offset(self, request: Frame, conn: Any) -> Frame:
+        """Ext ``src_group``, ``dest_group``, ``topic``. Body: ``{"offsets": [{queue_id, offset, previous}],
+        "consumer_ids": [dest_group's members told]}``, ``previous`` being ``dest_group``'s offset before (None:
+        none)."""
+        node = self.node
+        await node.wait_ready_leader()  # the source's offsets from a complete table
+        src = get_group(request.ext, "src_group")
+        dest = get_group(request.ext, "dest_group")
+        if src == dest:
+            raise invalid("dest_group", f"is the source group {src!r} itself: nothing to clone")
+        topic = get_existing_topic(node, request.ext)
+        offsets = {q: o for (t, q), o in node.offsets.offsets_of_group(src).items() if t == topic}
+        if not offsets:
+            raise RequestRejected(ResponseCode.QUERY_NOT_FOUND,
+                                  f"consumer group {src!r} has no committed offset of topic {topic!r} on broker "
+                                  f"{node.config.broker_name}: nothing to clone", ext={"consumer_group": src})
+        previous = node.offsets.offsets_of_group(dest)
+        told = await node.reset_offsets(dest, topic, offsets)
+        rows = [{"queue_id": q, "offset": o, "previous": previous.get((topic, q))} for q, o in sorted(offsets.items())]
+        return make_response(request, ResponseCode.SUCCESS, body=cbor2.dumps({"offsets": rows, "consumer_ids": told}))

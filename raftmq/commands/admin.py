@@ -50,8 +50,8 @@ from rich.table import Table
 from rich.text import Text
 
 from broker.delay_level import format_delay
-from broker.topic_config import (SYSTEM_TOPIC_PREFIX, TopicConfigError, check_sendable_topic, is_system_topic,
-                                 validate_group_name, validate_topic_name)
+from broker.topic_config import (SYSTEM_TOPIC_PREFIX, TopicConfigError, check_sendable_topic, is_reserved_topic,
+                                 is_system_topic, validate_group_name, validate_topic_name)
 from client import open_admin
 from client.admin import MAX_QUERY_NUM, UPDATABLE_PERMS, AdminClient
 from client.instance import DEFAULT_NAMESRV_ADDR, NAMESRV_ADDR_ENV
@@ -195,7 +195,9 @@ def _check_names(args: argparse.Namespace) -> None:
             if changes and is_system_topic(args.topic):
                 raise TopicConfigError(f"topic {args.topic!r} is reserved for the broker (prefix "
                                        f"{SYSTEM_TOPIC_PREFIX!r})", field="topic")
-            if changes or args.admin_command == "send-message":  # the brokers refuse sends to them
+            if changes and is_reserved_topic(args.topic):  # the trace topic too: the brokers create it
+                raise TopicConfigError(f"topic {args.topic!r} is reserved for the broker", field="topic")
+            if args.admin_command == "send-message":  # the brokers refuse sends to them
                 check_sendable_topic(args.topic)
     except TopicConfigError as e:
         # The topic check's sentence says "topic ...": name the argument as the usage does.

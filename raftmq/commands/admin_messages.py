@@ -1,12 +1,14 @@
-"""``raftmq admin``'s message commands: send test messages, read a topic's messages, show one by queue and offset
-(RocketMQ's mqadmin sendMessage, consumeMessage / printMsgByQueue, queryMsgByOffset), and the message rows and
-tables every message command prints (query-msg-id and query-msg-key too).
+"""``raftmq admin``'s message commands: send test messages, read a topic's messages, show one by queue and offset,
+show one's trace (RocketMQ's mqadmin sendMessage, consumeMessage / printMsgByQueue, queryMsgByOffset,
+queryMsgTraceById), and the message rows and tables every message command prints (query-msg-id and query-msg-key
+too).
 
     raftmq admin send-message TOPIC --body TEXT|--body-file PATH [--keys K1,K2] [--tags TAG]
                               [--broker NAME --queue N] [--count N] [--delay-level N]        (sendMessage)
     raftmq admin consume-message TOPIC [--broker NAME [--queue N]] [--offset N | --begin-ms MS] [--end-ms MS]
                                  [--count N] [--tags EXPR] [--group GROUP] [--body-file-dir DIR]   (consumeMessage)
     raftmq admin query-msg-offset TOPIC --broker NAME --queue N --offset N [--body-file PATH]  (queryMsgByOffset)
+    raftmq admin query-msg-trace --msg-id ID [--trace-topic T]                       (queryMsgTraceById)
 
 Their rules, which ``admin.py`` (registration, the checks every command shares, ``run``) does not know:
 - They go through the ordinary clients: ``open_producer`` sends (routing, retries, NOT_LEADER redirects as any
@@ -45,6 +47,7 @@ from client.filter import parse_subscription
 from client.message import I32_MAX, I64_MAX, Message, MessageExt, MessageQueue, PullStatus, SendResult
 from client.producer import ProducerConfig
 from client.pull_consumer import PullConsumer
+from client.trace import TRACE_TOPIC, TraceContext, trace_topic_problem
 from remoting.config import ConfigError
 from remoting.errors import RaftMQError
 from remoting.message import KEY_SEPARATOR
@@ -123,6 +126,17 @@ def register(add_command: Callable[..., argparse.ArgumentParser]) -> None:
     by_offset.add_argument("--offset", type=int, required=True, metavar="N", help="the queue offset")
     by_offset.add_argument("--body-file", metavar="PATH", help="also write the message body to this file")
 
+    trace = add_command("query-msg-trace", help="a message's trace: who sent it, where it was stored, who consumed "
+                                                "it and how (mqadmin queryMsgTraceById)",
+                        description="Find the trace contexts traced producers and push consumers (enable_msg_trace) "
+                                    "sent to the trace topic for the message whose unique id (SendResult.msg_id) is "
+                                    "--msg-id, by key, and print them oldest first: its Pub (producer group, client "
+                                    "and store host, cost, status), then each handler call's SubBefore and SubAfter "
+                                    "(consumer group, client host, reconsume times, cost, status).")
+    trace.add_argument("--msg-id", required=True, metavar="ID", help="the traced message's unique id (msg id)")
+    trace.add_argument("--trace-topic", default=TRACE_TOPIC, metavar="T",
+                       help=f"the topic the traces went to (the clients' trace_topic; default {TRACE_TOPIC})")
+
 
 def _add_queue(parser: argparse.ArgumentParser, text: str) -> None:
     parser.add_argument("--broker", metavar="NAME", help=text)
@@ -135,6 +149,9 @@ def _add_queue(parser: argparse.ArgumentParser, text: str) -> None:
 def check(args: argparse.Namespace) -> None:
     """The checks of the message commands; admin's ``_check`` has done the shared ones (names, --timeout)."""
     command = args.admin_command
+    if command == "query-msg-trace":
+        _check_trace(args)
+        return
     if args.queue is not None:
         if args.broker is None:
             raise ConfigError(f"--queue {args.queue} needs --broker: queue ids are per broker group")
@@ -149,6 +166,16 @@ def check(args: argparse.Namespace) -> None:
             raise ConfigError(f"--offset must be within 0..{I64_MAX}, got {args.offset}")
         if args.body_file is not None:
             check_body_file(args.body_file)
+
+
+def _check_trace(args: argparse.Namespace) -> None:
+    if not args.msg_id:
+        raise ConfigError("--msg-id must not be empty")
+    if KEY_SEPARATOR in args.msg_id:  # found by key: no key holds one
+        raise ConfigError(f"--msg-id {args.msg_id[:80]!r} holds a space; a msg id has none")
+    problem = trace_topic_problem(args.trace_topic)
+    if problem:
+        raise ConfigError(f"--trace-topic {args.trace_topic[:80]!r} {problem}")
 
 
 def _check_send(args: argparse.Namespace) -> None:
@@ -416,8 +443,23 @@ def _write_body(path: str, body: bytes, flag: str) -> str:
     return path
 
 
+async def _query_msg_trace(admin: AdminClient, args: argparse.Namespace) -> dict[str, Any]:
+    contexts = await admin.query_msg_trace(args.msg_id, trace_topic=args.trace_topic)
+    if not contexts:
+        raise ClientError(f"no trace of message {args.msg_id!r} in trace topic {args.trace_topic!r} (was it sent or "
+                          f"consumed with enable_msg_trace, and with this trace_topic?)", topic=args.trace_topic)
+    return {"msg_id": args.msg_id, "trace_topic": args.trace_topic, "traces": [_trace_data(c) for c in contexts]}
+
+
+def _trace_data(ctx: TraceContext) -> dict[str, Any]:
+    data = dataclasses.asdict(ctx)
+    data["trace_type"] = ctx.trace_type.value
+    data["msg_type"] = ctx.msg_type.name
+    return data
+
+
 COMMANDS = {"send-message": _send_message, "consume-message": _consume_message,
-            "query-msg-offset": _query_msg_offset}
+            "query-msg-offset": _query_msg_offset, "query-msg-trace": _query_msg_trace}
 
 
 # -- output ------------------------------------------------------------------------------------------------------
@@ -511,3 +553,30 @@ def print_result(console: Console, command: str, data: dict[str, Any]) -> None:
                   f"{os.path.dirname(data['messages'][0]['body_file'])}, each named by its offset msg id")
     elif command == "query-msg-offset":
         print_message(console, data["messages"][0])
+    elif command == "query-msg-trace":
+        _print_trace(console, data)
+
+
+def _print_trace(console: Console, data: dict[str, Any]) -> None:
+    # mqadmin queryMsgTraceById's columns, the sends and the consumption in one table, oldest first.
+    table = Table(title=f"trace of message {data['msg_id']} ({data['trace_topic']})", header_style="bold")
+    for column in ("type", "group", "client host", "time (UTC)", "cost (ms)", "status", "reconsume times",
+                   "details"):
+        table.add_column(column, justify="right" if column in ("cost (ms)", "reconsume times") else "left")
+    for t in data["traces"]:
+        status = "-" if t["success"] is None else ("success" if t["success"] else "failed")
+        kind = t["trace_type"]
+        if kind == "Pub":
+            details = (f"topic {t['topic']}, store host {t['store_host'] or '-'}, offset msg id "
+                       f"{t['offset_msg_id'] or '-'}, {t['msg_type']}, {t['body_length']} bytes")
+        elif kind == "EndTransaction":
+            status = t["transaction_state"]
+            details = f"transaction id {t['transaction_id']}" + (", from a check" if t["from_transaction_check"]
+                                                                  else "")
+        else:
+            details = f"request {t['request_id']}"
+        retry = str(t["retry_times"]) if kind == "SubBefore" else ""
+        cost = "" if kind in ("SubBefore", "EndTransaction") else str(t["cost_ms"])
+        table.add_row(kind, Text(t["group"]), t["client_host"] or "-", utc(t["timestamp_ms"]), cost, status, retry,
+                      Text(details))
+    console.print(table)

@@ -228,7 +228,8 @@ def test_admin_resets_a_groups_offsets_and_its_online_members_follow(spawn, tmp_
     # The group runs no more: deleting it removes its offsets (mqadmin deleteSubGroup -r), and a member started
     # afterwards finds none (consumer-progress has nothing to show).
     done = _admin_json(namesrv, "delete-group", "ResetGroup")
-    assert done == {"consumer_group": "ResetGroup", "removed_offsets": {"broker-a": 2}, "retry_topic_deleted_from": []}
+    assert done == {"consumer_group": "ResetGroup", "removed_offsets": {"broker-a": 2}, "retry_topic_deleted_from": [],
+                    "config_removed_from": ["broker-a"]}
     gone = _admin(namesrv, "consumer-progress", "ResetGroup", expect_rc=1)
     assert "has no progress" in gone.stderr
     assert _admin_json(namesrv, "delete-group", "ResetGroup")["removed_offsets"] == {"broker-a": 0}

@@ -34,7 +34,7 @@ _REFUSED_BY_CHECK = {
     "cluster_name": "", "group": "", "id": "", "consumer_group": "", "producer_group": "", "instance_name": "a/b",
     "client_ip": "not an ip", "namesrv_addrs": ("127.0.0.1:0",), "listen": "", "delete_when_hours": (24,),
     "message_delay_level": "1s 5x", "metrics_listen": "127.0.0.1:99999", "offset_store_dir": "",
-    "allocate_strategy": "AllocateMessageQueueNowhere",
+    "allocate_strategy": "AllocateMessageQueueNowhere", "trace_topic": "", "msg_trace_topic_name": "bad topic",
 }
 
 

@@ -626,7 +626,7 @@ async def test_a_reserved_topic_stored_by_an_older_version_cannot_be_sent_to(nur
     reserved = ("TBW102", "SCHEDULE_TOPIC_XXXX", "rmq_sys_old")
     async with open_remoting_client() as client:
         await wait_leader(client, addr)
-        monkeypatch.setattr(admin, "check_sendable_topic", lambda topic: None)  # as the older version was
+        monkeypatch.setattr(admin, "is_reserved_topic", lambda topic: False)  # as the older version was
         for topic in reserved:
             r = await call(client, addr, RequestCode.UPDATE_AND_CREATE_TOPIC, {"topic_name": topic})
             assert r.code == ResponseCode.SUCCESS, r.remark

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from broker.topic_config import (PERM_READ_WRITE, TopicConfig, TopicConfigError, TopicConfigTable,
-                                 auto_create_config, check_sendable_topic, validate_topic_name)
+                                 auto_create_config, check_sendable_topic, is_reserved_topic, validate_topic_name)
 
 
 @pytest.mark.parametrize("name", ["a", "TopicTest", "%RETRY%group-1", "a|b_c-d", "x" * 127])
@@ -28,6 +28,14 @@ def test_reserved_topics_cannot_be_sent_to():
         check_sendable_topic("rmq_sys_TOPIC_DELETE_LOG")
     check_sendable_topic("TopicTest")
     check_sendable_topic("RMQ_SYS_lookalike")  # RocketMQ's prefix is case-sensitive
+
+
+def test_the_trace_topic_takes_traces_but_is_the_systems():
+    # Traced clients send to RMQ_SYS_TRACE_TOPIC (RocketMQ's NOT_ALLOWED_SEND_TOPIC_SET leaves it out); the admin
+    # API creates none of the system's names (RocketMQ's isSystemTopic).
+    check_sendable_topic("RMQ_SYS_TRACE_TOPIC")
+    assert is_reserved_topic("RMQ_SYS_TRACE_TOPIC") and is_reserved_topic("TBW102")
+    assert is_reserved_topic("rmq_sys_TOPIC_DELETE_LOG") and not is_reserved_topic("TopicTest")
 
 
 def test_auto_create_uses_rocketmq_defaults():

@@ -451,6 +451,7 @@ def test_public_api_is_pinned():
         "Subscription", "MessageSelector", "parse_subscription", "tags_code",
         "allocate_average", "allocate_average_by_circle", "allocate_consistent_hash", "allocate_by_config",
         "TransactionListener", "TransactionSendResult", "TransactionState",
+        "TraceContext", "TraceType",
         "RaftMQError", "RemotingError", "ConnectError", "ConnectionClosedError", "RequestTimeoutError",
         "BrokerError", "NotLeaderError", "ClientError", "NoRouteError", "ClientClosedError",
         "MessageTooLargeError", "SendFailedError", "ConfigError", "SubscriptionRefusedError", "ReplyTimeoutError",
