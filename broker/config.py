@@ -156,6 +156,10 @@ class BrokerConfig:
                                              "TRANS_CHECK_MAX_TIME_TOPIC")
     transaction_check_interval_ms: int = bounded(60_000, min=10, max=86_400_000,
                                                  doc="how often the leader scans the half messages for checks")
+    # RocketMQ's aclEnable, off by default as there (broker/acl.py; docs/operations.md, "Access control (ACL)").
+    acl_enable: bool = bounded(False, doc="judge every client request by the ACL file's accounts and permissions")
+    acl_file: str = bounded("", doc="the ACL file (TOML, re-read when it changes); empty: plain_acl.toml in "
+                                    "store.store_dir")
 
     def __post_init__(self) -> None:
         check_fields(self)

@@ -5,6 +5,9 @@ mapped here (NotLeader/LeaderChanged/BatchRejected → NOT_LEADER with the leade
 route and retries, GroupBusy → SYSTEM_BUSY, AppendTimeout → FLUSH_SLAVE_TIMEOUT: the outcome is unknown, as
 RocketMQ's replica timeout, RecordTooLarge → MESSAGE_ILLEGAL). Anything else is logged with its traceback and
 answered SYSTEM_ERROR; the connection and the node live on.
+
+With ``acl_enable`` every request but DLedger's is judged by the ACL (``broker/acl.py``) before its processor runs,
+here and nowhere else; a refusal is NO_PERMISSION. Off, the only cost is one test of ``self.acl``.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from broker.acl import AclChecker, acl_file_path
 from broker.processor.admin import AdminProcessor
 from broker.processor.base import RequestRejected, error_response, reply
 from broker.processor.client_manage import ClientManageProcessor
@@ -28,6 +32,7 @@ from dledger import DLedgerError
 from dledger.service import DLedgerService
 from remoting.codec import Frame
 from remoting.codes import RequestCode, ResponseCode
+from remoting.message import PROPERTY_REAL_TOPIC, TRANS_HALF_TOPIC
 
 if TYPE_CHECKING:
     from broker.node import BrokerNode
@@ -95,17 +100,35 @@ class BrokerDispatcher:
         # DLedger's own requests (catch-up copies, Raft status for `raftmq verify`, leadership transfer before a
         # node is restarted) share the broker's port.
         self.handlers.update(dict.fromkeys(DLedgerService.CODES, self.dledger.handle))
+        # Read at start: a bad file stops the node with the ConfigError naming the entry at fault.
+        self.acl = AclChecker(acl_file_path(node.config), broker_name=node.config.broker_name,
+                              half_topic=self._half_topic) if node.config.acl_enable else None
+
+    def _half_topic(self, commit_log_offset: int) -> str | None:
+        """The topic of the half message stored at ``commit_log_offset``, for the ACL of END_TRANSACTION."""
+        try:
+            view = self.node.store.look_message_by_offset(commit_log_offset)
+        except ValueError:  # MessageFormatError: no record starts there
+            return None
+        if view is None or view.topic != TRANS_HALF_TOPIC:
+            return None
+        return view.properties.get(PROPERTY_REAL_TOPIC) or None
 
     async def handle(self, request: Frame, conn: Any) -> Frame | None:
         handler = self.handlers.get(request.code)
         if handler is None:
             return reply(request, ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
                          f"request code {request.code} is not supported by broker node {self.node.broker_addr}")
+        if self.acl is not None and request.code not in DLedgerService.CODES:
+            refusal = self.acl.check(request, getattr(conn, "remote_address", ""))
+            if refusal is not None:
+                log.debug("request refused by ACL code=%d remote=%s", request.code,
+                          getattr(conn, "remote_address", "?"))
+                return reply(request, ResponseCode.NO_PERMISSION, refusal)
         try:
             return await handler(request, conn)
         except (RequestRejected, DLedgerError) as e:
             return error_response(self.node, request, e)
-
 
     def connection_closed(self, conn: Any) -> None:
         self.node.clients.connection_closed(conn)

@@ -37,6 +37,7 @@ import trio
 
 from client.errors import ClientClosedError, NoRouteError, UnknownBrokerError
 from client.route import FaultTracker, RouteCache, decode_route_response, parse_broker_addr_table
+from remoting.acl import RequestSigner
 from remoting.codec import EncodedExt, Frame, make_request, make_response
 from remoting.codes import RequestCode, ResponseCode
 from remoting.config import ConfigError, bounded, check_fields, config_from_mapping, parse_host_port
@@ -45,7 +46,8 @@ from remoting.message import CLIENT_ID_MAX_LENGTH, MessageFormatError, ip_bytes
 
 __all__ = ["ClientConfig", "ClientInstance", "build_config", "raise_for_response", "open_remoting",
            "open_client_nursery", "ServerRequests", "check_instance_name", "detect_client_ip",
-           "namesrv_addrs_from_env", "NAMESRV_ADDR_ENV", "DEFAULT_NAMESRV_ADDR"]
+           "namesrv_addrs_from_env", "NAMESRV_ADDR_ENV", "DEFAULT_NAMESRV_ADDR", "ACCESS_KEY_ENV",
+           "SECRET_KEY_ENV"]
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +167,20 @@ INSTANCE_NAME_MAX_LENGTH = 127
 PROCESS_START_ID = f"{time.time_ns() // 1_000_000:x}-{secrets.token_hex(4)}"
 
 
+# Where a client looks for its ACL credentials when its config names none (``raftmq admin`` and ``raftmq bench``
+# take --access-key/--secret-key too).
+ACCESS_KEY_ENV = "RAFTMQ_ACCESS_KEY"
+SECRET_KEY_ENV = "RAFTMQ_SECRET_KEY"
+
+
+def _credential_problem(value: str) -> str | None:
+    # Whitespace or control characters around a key are a paste gone wrong: refused here, rather than as a
+    # signature mismatch on the broker. The value is not repeated (it may be the secret).
+    if value != value.strip() or any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+        return "must not contain control characters or begin or end with whitespace"
+    return None
+
+
 def check_instance_name(value: str) -> str | None:
     """What is wrong with an ``instance_name``, None if nothing."""
     # Also part of a BROADCASTING consumer's offset file name under offset_store_dir: '/', '\\' or '..' put that
@@ -207,9 +223,26 @@ class ClientConfig:
         doc="a leader connection with requests waiting that received nothing this long makes the client ask the name "
             "servers whether the group has another leader (0: never)")
     max_frame_size_bytes: int = bounded(16 * 1024 * 1024, min=1024, max=256 * 1024 * 1024)  # as the servers' max
+    # ACL (RocketMQ's SessionCredentials): every request is signed with them (remoting/acl.py). Read from the
+    # environment when not given, as the name servers are: a deployment sets them once for its tools.
+    access_key: str = _field_from(functools.partial(os.environ.get, ACCESS_KEY_ENV, ""),
+                                  doc=f"ACL account to sign requests as (default: ${ACCESS_KEY_ENV}; empty: none)")
+    # Out of repr and of every error message: configs get logged.
+    secret_key: str = dataclasses.field(
+        default_factory=functools.partial(os.environ.get, SECRET_KEY_ENV, ""), repr=False,
+        metadata=bounded(None, doc=f"the account's secret key (default: ${SECRET_KEY_ENV})").metadata)
 
     def __post_init__(self) -> None:
         check_fields(self)
+        for name in ("access_key", "secret_key"):
+            problem = _credential_problem(getattr(self, name))
+            if problem:
+                raise ConfigError(f"{name} {problem}")
+        if bool(self.access_key) != bool(self.secret_key):
+            # One without the other signs nothing: every request of an ACL cluster would be refused, far from here.
+            given, missing = ("access_key", "secret_key") if self.access_key else ("secret_key", "access_key")
+            raise ConfigError(f"{given} is set but {missing} is not: ACL credentials need both (or neither; "
+                              f"see ${ACCESS_KEY_ENV} and ${SECRET_KEY_ENV})")
 
 
 def answer_data(frame: Frame) -> Any:
@@ -315,8 +348,9 @@ def open_remoting(config: ClientConfig, handler: ServerRequests | None = None) -
     """The connection pool for one client, sized by ``config``."""
     from remoting.transport import open_remoting_client  # the trio shell; imported where sockets are needed
 
+    signer = RequestSigner(config.access_key, config.secret_key).sign if config.access_key else None
     return open_remoting_client(handler=handler, max_frame_size=config.max_frame_size_bytes,
-                                connect_timeout_s=config.connect_timeout_ms / 1000)
+                                connect_timeout_s=config.connect_timeout_ms / 1000, signer=signer)
 
 
 def open_client_nursery() -> Any:

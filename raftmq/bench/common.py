@@ -7,6 +7,8 @@ than by rich's own refresh thread, which would take the GIL from the measured lo
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import json
 import math
 import os
@@ -16,7 +18,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -26,15 +28,15 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from client.instance import NAMESRV_ADDR_ENV
+from client.instance import ACCESS_KEY_ENV, NAMESRV_ADDR_ENV, SECRET_KEY_ENV
 from raftmq.runner import leaf_exceptions, run_interruptible
 from remoting.config import ConfigError, parse_host_port
 
 T = TypeVar("T")
 
 __all__ = [
-    "BenchError", "LatencySummary", "ReadyProcess", "check_namesrv_arg", "check_range", "make_dir",
-    "namesrv_from_env", "percentile",
+    "BenchError", "LatencySummary", "ReadyProcess", "add_credential_args", "check_credentials", "check_namesrv_arg",
+    "check_range", "exported_credentials", "make_dir", "namesrv_from_env", "percentile",
     "print_json", "print_json_error", "print_table", "run_bench", "show_progress", "spawn_ready_process",
     "summarize_latencies",
 ]
@@ -139,6 +141,56 @@ def check_namesrv_arg(value: str, flag: str = "--namesrv") -> None:
         raise ConfigError(f"{flag} needs HOST:PORT, got {value!r}")
     for addr in addrs:
         parse_host_port(addr, key=flag, dial=True)
+
+
+def add_credential_args(parser: Any, *, defaults: bool = True) -> None:
+    """``--access-key`` / ``--secret-key`` of a command that talks to brokers with ACL on (docs/operations.md,
+    "Access control (ACL)"). Left out, the client reads $RAFTMQ_ACCESS_KEY / $RAFTMQ_SECRET_KEY. ``defaults`` False
+    adds them without defaults (argparse.SUPPRESS), for options repeated after a subcommand."""
+    default = None if defaults else argparse.SUPPRESS
+    parser.add_argument("--access-key", default=default, metavar="KEY",
+                        help=f"ACL account to sign requests as (default: ${ACCESS_KEY_ENV})")
+    parser.add_argument("--secret-key", default=default, metavar="SECRET",
+                        help=f"the account's secret key (default: ${SECRET_KEY_ENV}; the variable keeps it out of "
+                             f"the process list)")
+
+
+def check_credentials(args: Any) -> None:
+    """Resolve ``args.access_key`` / ``args.secret_key`` (each flag, else its variable, else "") and refuse one
+    without the other, naming where each came from: the brokers would refuse every request, far from here."""
+    sources = {}
+    for name, env in (("access_key", ACCESS_KEY_ENV), ("secret_key", SECRET_KEY_ENV)):
+        value = getattr(args, name, None)
+        flag = "--" + name.replace("_", "-")
+        if value is None:
+            value, sources[name] = os.environ.get(env, ""), f"${env}"
+        else:
+            sources[name] = flag
+            if not value.strip():
+                raise ConfigError(f"{flag} must not be empty (leave it out for no ACL credentials)")
+        setattr(args, name, value)
+    if bool(args.access_key) != bool(args.secret_key):
+        given, missing = ("access_key", "secret_key") if args.access_key else ("secret_key", "access_key")
+        raise ConfigError(f"an ACL access key needs its secret key and the other way round: {sources[given]} is "
+                          f"set but {sources[missing]} is not")
+
+
+@contextlib.contextmanager
+def exported_credentials(args: Any) -> Iterator[None]:
+    """Within the block, the credentials ``check_credentials`` resolved are the process's $RAFTMQ_ACCESS_KEY and
+    $RAFTMQ_SECRET_KEY, which every client config built meanwhile reads (``client.instance.ClientConfig``): so the
+    clients a command opens deep down (admin's message commands, a bench's producers) sign with them, none of them
+    passed the flags by hand. Restored on exit."""
+    saved = {env: os.environ.get(env) for env in (ACCESS_KEY_ENV, SECRET_KEY_ENV)}
+    os.environ[ACCESS_KEY_ENV], os.environ[SECRET_KEY_ENV] = args.access_key, args.secret_key
+    try:
+        yield
+    finally:
+        for env, value in saved.items():
+            if value is None:
+                os.environ.pop(env, None)
+            else:
+                os.environ[env] = value
 
 
 def namesrv_from_env() -> str | None:

@@ -18,7 +18,8 @@ import uuid
 import trio
 
 from client import Message, open_producer, open_push_consumer
-from raftmq.bench.common import BenchError, check_range, machine_speed, run_bench, summarize_latencies
+from raftmq.bench.common import (BenchError, check_range, exported_credentials, machine_speed, run_bench,
+                                 summarize_latencies)
 from raftmq.bench.produce import (BenchReport, add_cluster_args, bench_cluster, check_cluster_args, cpu_per_message,
                                   cpu_sample, ensure_topic, progress, report)
 
@@ -118,5 +119,7 @@ def run(args: argparse.Namespace) -> int:
         async with bench_cluster(args) as namesrv:
             return await consume(namesrv, args)
 
-    report(run_bench("consume", main, as_json=args.json), as_json=args.json)
+    with exported_credentials(args):
+        result = run_bench("consume", main, as_json=args.json)
+    report(result, as_json=args.json)
     return 0

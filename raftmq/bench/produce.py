@@ -29,7 +29,8 @@ from rich.console import Console
 
 from broker.topic_config import TopicConfigError, check_sendable_topic, validate_topic_name
 from client import Message, SendFailedError, open_admin, open_producer
-from raftmq.bench.common import (BenchError, LatencySummary, check_namesrv_arg, check_range, machine_speed,
+from raftmq.bench.common import (BenchError, LatencySummary, add_credential_args, check_credentials,
+                                 check_namesrv_arg, check_range, exported_credentials, machine_speed,
                                  namesrv_from_env, print_json, print_table, run_bench, show_progress,
                                  spawn_ready_process, summarize_latencies)
 from remoting.config import ConfigError
@@ -134,6 +135,7 @@ def add_cluster_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--topic", default="BenchTopic", help="topic (created if missing; default BenchTopic)")
     parser.add_argument("--queues", type=int, default=8, help="queues of the topic when created (default 8)")
     parser.add_argument("--json", action="store_true", help="print the result as one JSON line")
+    add_credential_args(parser)
 
 
 def check_cluster_args(args: argparse.Namespace) -> None:
@@ -152,6 +154,7 @@ def check_cluster_args(args: argparse.Namespace) -> None:
         except TopicConfigError as e:
             raise ConfigError(str(e).replace("topic ", "--topic ", 1)) from None
     check_range("--queues", args.queues, 1, 1024)
+    check_credentials(args)
 
 
 @contextlib.asynccontextmanager
@@ -312,5 +315,7 @@ def run(args: argparse.Namespace) -> int:
         async with bench_cluster(args) as namesrv:
             return await produce(namesrv, args)
 
-    report(run_bench("produce", main, as_json=args.json), as_json=args.json)
+    with exported_credentials(args):
+        result = run_bench("produce", main, as_json=args.json)
+    report(result, as_json=args.json)
     return 0

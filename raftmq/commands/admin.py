@@ -31,6 +31,7 @@ The message commands (the last three, and the message rows and tables) are in ``
 and producer-group commands (consumer-connection to reset-offset) in ``admin_groups.py``.
 
 Without ``--namesrv``, the name servers ``NAMESRV_ADDR`` names (as mqadmin), else 127.0.0.1:9876 (``raftmq dev``'s).
+A cluster with ACL on takes ``--access-key`` / ``--secret-key`` (or $RAFTMQ_ACCESS_KEY / $RAFTMQ_SECRET_KEY).
 Every command takes ``--json`` (one JSON line on stdout). Exit status: 0 done, 1 the cluster refused or could not
 be reached (the message says which and why), 2 a bad argument (named).
 """
@@ -57,7 +58,8 @@ from client.admin import MAX_QUERY_NUM, UPDATABLE_PERMS, AdminClient
 from client.instance import DEFAULT_NAMESRV_ADDR, NAMESRV_ADDR_ENV
 from client.route import PERM_INHERIT, PERM_READ, PERM_WRITE, TopicRouteData
 from remoting.config import ConfigError, name_problem, parse_host_port
-from raftmq.bench.common import check_namesrv_arg, namesrv_from_env, print_json_error
+from raftmq.bench.common import (add_credential_args, check_credentials, check_namesrv_arg, exported_credentials,
+                                 namesrv_from_env, print_json_error)
 from raftmq.commands import admin_groups, admin_messages
 # Shared with the group commands, under the names this module has always used.
 from raftmq.commands.admin_groups import (LATEST_MS, Refused as _Refused, add_targets as _add_targets,
@@ -164,6 +166,7 @@ def _add_common(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
                         help="seconds for the whole command (default 10)")
     parser.add_argument("--json", action="store_true", default=default(False),
                         help="print the result as one JSON line")
+    add_credential_args(parser, defaults=defaults)
 
 
 def _add_node(parser: argparse.ArgumentParser) -> None:
@@ -219,6 +222,7 @@ def _check(args: argparse.Namespace) -> None:
         env = namesrv_from_env()  # a ConfigError naming NAMESRV_ADDR when it is set but wrong
         args.namesrv, args.namesrv_from_env = env or DEFAULT_NAMESRV_ADDR, env is not None
     check_namesrv_arg(args.namesrv)
+    check_credentials(args)
     if not 0 < args.timeout <= 3600:
         raise ConfigError(f"--timeout must be within (0, 3600] seconds, got {args.timeout}")
     if args.admin_command == "create-topic":
@@ -572,7 +576,9 @@ def run(args: argparse.Namespace) -> int:
                 return await _COMMANDS[args.admin_command](admin, args)
 
     try:
-        data = run_interruptible(main)
+        # Exported, so that the producer and consumer of the message commands sign with them too.
+        with exported_credentials(args):
+            data = run_interruptible(main)
     except (RaftMQError, _Refused, OSError, trio.TooSlowError, BaseExceptionGroup) as e:
         # create/delete ask every group's leader at once: the first group's refusal, the others' in its notes.
         errors = leaf_exceptions(e)

@@ -55,6 +55,11 @@ def run(args: argparse.Namespace) -> int:
     if args.rejoin:
         overrides["dledger.rejoin"] = True
     config = load_broker_config(args.config, overrides)
+    if config.acl_enable:
+        from broker.acl import acl_file_path, load_acl_file
+
+        # Before anything is opened: a missing or bad ACL file is the one-line ConfigError naming the entry.
+        load_acl_file(acl_file_path(config))
 
     async def main(nursery: trio.Nursery) -> Drain:
         nodes = []

@@ -64,7 +64,24 @@ def register(subparsers) -> None:
                         help="broker config override passed to every node, e.g. --set store.flush_disk_type="
                              '\'"SYNC_FLUSH"\' (not the keys dev sets per node: '
                              + ", ".join(PER_NODE_KEYS) + ")")
+    parser.add_argument("--acl-file", metavar="PATH", default=None,
+                        help="turn ACL on in every node with this ACL file (TOML, re-read when it changes; "
+                             "docs/operations.md, 'Access control (ACL)')")
     parser.set_defaults(func=run)
+
+
+def acl_overrides(acl_file: str | None) -> list[str]:
+    """The ``--set`` pairs of ``--acl-file PATH`` (none without it), once the file is found to load: a bad one is
+    the ConfigError naming its entry now, not three brokers refusing to start."""
+    if acl_file is None:
+        return []
+    from broker.acl import load_acl_file  # the broker stack only when asked
+
+    if not acl_file.strip():
+        raise ConfigError(f"--acl-file must name a file, got {acl_file!r}")
+    path = Path(acl_file).resolve()  # absolute: each node is given it as it is
+    load_acl_file(path)
+    return ["acl_enable=true", f"acl_file={json.dumps(str(path))}"]
 
 
 def check_base_port(base_port: int | None) -> None:
@@ -356,6 +373,7 @@ class LocalCluster:
 def run(args: argparse.Namespace) -> int:
     check_range("--stop-timeout", args.stop_timeout, 0.1, 3600)
     check_base_port(args.base_port)
+    args.set = [*args.set, *acl_overrides(args.acl_file)]
     check_overrides(args.set)
     data_dir = check_data_dir(args.data_dir)
     make_dir(data_dir, "--data-dir")

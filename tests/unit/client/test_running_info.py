@@ -65,10 +65,13 @@ def test_rates_count_the_last_minute_per_topic_and_failures_the_last_hour():
     assert "T" not in recorder._topics  # nothing left to tell: forgotten
 
 
-def test_config_properties_are_scalars():
-    config = PushConsumerConfig(namesrv_addrs=("127.0.0.1:1", "127.0.0.1:2"), consumer_group="G")
+def test_config_properties_are_scalars_and_leave_the_secret_key_out():
+    config = PushConsumerConfig(namesrv_addrs=("127.0.0.1:1", "127.0.0.1:2"), consumer_group="G",
+                                access_key="admin-ak", secret_key="s3cr3t-value")
     properties = config_properties(config)
     assert properties["namesrv_addrs"] == "127.0.0.1:1;127.0.0.1:2" and properties["consumer_group"] == "G"
+    assert properties["secret_key"] == "<set>" and properties["access_key"] == "admin-ak"
+    assert "s3cr3t-value" not in json.dumps(properties)
     assert properties["allocate_strategy"] == "AllocateMessageQueueAveragely"
     assert config_properties(PushConsumerConfig(allocate_strategy=_allocate))["allocate_strategy"] == "_allocate"
     assert {type(v) for v in properties.values()} <= {str, int, float, bool, type(None)}

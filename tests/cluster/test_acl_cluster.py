@@ -1,0 +1,204 @@
+"""ACL with real processes: a name server and the 3-node group broker-a with ``acl_enable`` on, started once for the
+module and sharing one ACL file; clients in this process, ``raftmq admin`` as the operator runs it.
+
+An admin account creates the topic (a non-admin one cannot); a producer with PUB sends, one without credentials,
+with a wrong secret or with DENY on the topic is refused NO_PERMISSION naming the topic, and the group keeps
+serving; a consumer with SUB consumes (heartbeats, rebalance, pulls and offset commits all pass the ACL); a
+transaction is settled by its producer's END_TRANSACTION and by a check-back; an account added to the file on disk
+works without a restart; a broker whose ACL file is bad does not start."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+import trio
+
+from client import Message, SendFailedError, TransactionState, open_producer, open_push_consumer
+from remoting.codes import ResponseCode
+from tests.cluster.test_admin_cli import _admin
+from tests.cluster.test_e2e_produce_consume import Cluster
+from tests.procs import ServerProcess, raftmq_argv
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(180)]
+
+TOPIC = "AclTopic"
+ACL = """\
+[[accounts]]
+access_key = "rocketmq2"
+secret_key = "admin-secret"
+admin = true
+
+[[accounts]]
+access_key = "producer1"
+secret_key = "producer-secret"
+default_topic_perm = "DENY"
+default_group_perm = "DENY"
+topic_perms = ["AclTopic=PUB"]
+
+[[accounts]]
+access_key = "consumer1"
+secret_key = "consumer-secret"
+topic_perms = ["AclTopic=SUB"]
+group_perms = ["acl_readers=SUB"]
+
+[[accounts]]
+access_key = "denied-user"
+secret_key = "denied-secret"
+default_topic_perm = "PUB"
+topic_perms = ["AclTopic=DENY"]
+"""
+ADMIN = {"access_key": "rocketmq2", "secret_key": "admin-secret"}
+PRODUCER = {"access_key": "producer1", "secret_key": "producer-secret"}
+CONSUMER = {"access_key": "consumer1", "secret_key": "consumer-secret"}
+ONE_TRY = {"retry_times_when_send_failed": 0, "send_msg_timeout_ms": 3000}
+
+
+@pytest.fixture(scope="module")
+def acl_cluster(tmp_path_factory):
+    """(cluster, acl file): every process stopped at the end, pass or fail. Transaction checks come fast, so that
+    a check-back is seen within the test."""
+    tmp = tmp_path_factory.mktemp("acl")
+    acl_path = tmp / "plain_acl.toml"
+    acl_path.write_text(ACL)
+    started: list[ServerProcess] = []
+
+    def spawn(argv, **kw) -> ServerProcess:
+        kw.setdefault("log_path", tmp / f"proc-{len(started)}.log")
+        proc = ServerProcess(argv, **kw)
+        started.append(proc)
+        return proc
+
+    try:
+        cluster = Cluster(spawn, tmp / "cluster", {"acl_enable": "true", "acl_file": json.dumps(str(acl_path)),
+                                                   "transaction_timeout_ms": "500",
+                                                   "transaction_check_interval_ms": "300"})
+        trio.run(cluster.leader_addr)
+        yield cluster, acl_path
+    finally:
+        for proc in reversed(started):
+            proc.stop(timeout_s=5)
+
+
+async def _admin_cli(namesrv: str, *args: str, expect_rc: int | None):
+    return await trio.to_thread.run_sync(lambda: _admin(namesrv, *args, expect_rc=expect_rc))
+
+
+async def _create_topic(namesrv: str) -> None:
+    """As the operator, through the CLI's flags; retried while the group's leader gets ready."""
+    with trio.fail_after(30):
+        while (await _admin_cli(namesrv, "create-topic", TOPIC, "--read-queues", "2", "--write-queues", "2",
+                                "--access-key", ADMIN["access_key"], "--secret-key", ADMIN["secret_key"],
+                                expect_rc=None)).returncode:
+            await trio.sleep(0.3)
+
+
+async def _refused(namesrv: str, **credentials) -> BaseException:
+    async with open_producer(namesrv, **ONE_TRY, **credentials) as producer:
+        with pytest.raises(SendFailedError) as refused:
+            await producer.send(Message(TOPIC, b"refused"))
+    error = refused.value.last_error
+    assert error.code == ResponseCode.NO_PERMISSION, error
+    assert f"refused SEND_MESSAGE (code 10) on topic '{TOPIC}'" in str(error)
+    return error
+
+
+async def test_admin_topics_sends_by_permission_and_the_group_keeps_serving(acl_cluster):
+    cluster, _ = acl_cluster
+    namesrv = cluster.namesrv
+    non_admin = await _admin_cli(namesrv, "create-topic", "NotMine", "--access-key", PRODUCER["access_key"],
+                                 "--secret-key", PRODUCER["secret_key"], expect_rc=1)
+    assert "account 'producer1' is not an admin account" in non_admin.stderr, non_admin.stderr
+    assert "UPDATE_AND_CREATE_TOPIC (code 17) on topic 'NotMine'" in non_admin.stderr
+    await _create_topic(namesrv)
+
+    async with open_producer(namesrv, **PRODUCER) as producer:
+        first = await producer.send(Message(TOPIC, b"allowed-1"))
+        assert "carries no AccessKey" in str(await _refused(namesrv))
+        wrong = await _refused(namesrv, access_key="producer1", secret_key="not-the-secret")
+        assert "its Signature does not match account 'producer1'" in str(wrong)
+        assert "not-the-secret" not in str(wrong) and "producer-secret" not in str(wrong)
+        denied = await _refused(namesrv, access_key="denied-user", secret_key="denied-secret")
+        assert "account 'denied-user' has no PUB permission on topic 'AclTopic' (topic_perms entry " \
+               "AclTopic=DENY)" in str(denied)
+        # The refusals cost nobody else anything.
+        second = await producer.send(Message(TOPIC, b"allowed-2"))
+        assert second.msg_id != first.msg_id
+
+
+async def test_a_consumer_with_sub_consumes_and_transactions_settle(acl_cluster):
+    cluster, _ = acl_cluster
+    namesrv = cluster.namesrv
+    await _create_topic(namesrv)
+
+    class Listener:
+        def __init__(self) -> None:
+            self.checked: list[str] = []
+
+        async def execute(self, msg, arg) -> TransactionState:
+            return TransactionState.COMMIT if msg.keys == "tx-commit" else TransactionState.UNKNOWN
+
+        async def check(self, msg) -> TransactionState:
+            self.checked.append(msg.keys[0])
+            return TransactionState.COMMIT
+
+    listener = Listener()
+    got: set[bytes] = set()
+    everything = trio.Event()
+    wanted = {b"plain", b"tx-commit", b"tx-checked"}
+
+    async def on_message(msg) -> None:
+        got.add(msg.body)
+        if wanted <= got:
+            everything.set()
+
+    # Frequent heartbeats: a broker checks a transaction back with a producer of its group that sent one.
+    async with open_producer(namesrv, producer_group="acl_tx_producers", transaction_listener=listener,
+                             heartbeat_broker_interval_ms=300, **PRODUCER) as producer, \
+            open_push_consumer(namesrv, topic=TOPIC, handler=on_message, consumer_group="acl_readers",
+                               consume_from_where="CONSUME_FROM_FIRST_OFFSET", rebalance_interval_ms=500,
+                               **CONSUMER):
+        await producer.send(Message(TOPIC, b"plain"))
+        await producer.send_in_transaction(Message(TOPIC, b"tx-commit", keys="tx-commit"))
+        # UNKNOWN at first: the broker's check-back (CHECK_TRANSACTION_STATE, broker to client) asks the listener,
+        # whose answer goes back as a signed END_TRANSACTION.
+        await producer.send_in_transaction(Message(TOPIC, b"tx-checked", keys="tx-checked"))
+        with trio.fail_after(60):
+            await everything.wait()
+    assert "tx-checked" in listener.checked
+
+
+async def test_an_account_added_to_the_file_works_without_a_restart(acl_cluster):
+    cluster, acl_path = acl_cluster
+    namesrv = cluster.namesrv
+    await _create_topic(namesrv)
+    late = {"access_key": "late-user", "secret_key": "late-secret"}
+    assert "no account has AccessKey 'late-user'" in str(await _refused(namesrv, **late))
+    try:
+        acl_path.write_text(ACL + '\n[[accounts]]\naccess_key = "late-user"\nsecret_key = "late-secret"\n'
+                                  'topic_perms = ["AclTopic=PUB"]\n')
+        async with open_producer(namesrv, **ONE_TRY, **late) as producer:
+            with trio.fail_after(20):
+                while True:
+                    try:
+                        await producer.send(Message(TOPIC, b"late"))
+                        break
+                    except SendFailedError as e:
+                        assert "no account has AccessKey 'late-user'" in str(e.last_error)
+                        await trio.sleep(0.2)
+    finally:
+        acl_path.write_text(ACL)
+
+
+def test_a_bad_acl_file_stops_a_broker_before_it_starts(acl_cluster, tmp_path):
+    cluster, _ = acl_cluster
+    bad = tmp_path / "bad_acl.toml"
+    bad.write_text('[[accounts]]\naccess_key = "producer1"\nsecret_key = "producer-secret"\n'
+                   'topic_perms = ["AclTopic=WRITE"]\n')
+    done = subprocess.run(raftmq_argv("broker", "--config", str(cluster.paths["n1"]), "--set", "acl_enable=true",
+                                      "--set", f"acl_file={json.dumps(str(bad))}"),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, (done.returncode, done.stderr[-2000:])
+    assert f"ACL file {str(bad)!r}: accounts[0] (access_key 'producer1'): topic_perms[0] 'AclTopic=WRITE': its " \
+           f"permission must be one of DENY, PUB, SUB, PUB|SUB, got 'WRITE'" in done.stderr, done.stderr
