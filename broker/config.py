@@ -156,6 +156,14 @@ class BrokerConfig:
                                              "TRANS_CHECK_MAX_TIME_TOPIC")
     transaction_check_interval_ms: int = bounded(60_000, min=10, max=86_400_000,
                                                  doc="how often the leader scans the half messages for checks")
+    # POP consumption (broker/pop.py): how soon a popped message whose invisible time passed is visible again, and
+    # the invisible times a POP or a change may ask for.
+    pop_revive_interval_ms: int = bounded(1_000, min=10, max=60_000,
+                                          doc="how often the leader revives popped messages not acked in time")
+    pop_invisible_time_min_ms: int = bounded(1_000, min=1, max=86_400_000,
+                                             doc="shortest invisible time a POP or change may ask for")
+    pop_invisible_time_max_ms: int = bounded(43_200_000, min=1, max=86_400_000,
+                                             doc="longest invisible time a POP or change may ask for (12 h)")
     # RocketMQ's aclEnable, off by default as there (broker/acl.py; docs/operations.md, "Access control (ACL)").
     acl_enable: bool = bounded(False, doc="judge every client request by the ACL file's accounts and permissions")
     acl_file: str = bounded("", doc="the ACL file (TOML, re-read when it changes); empty: plain_acl.toml in "
@@ -165,6 +173,9 @@ class BrokerConfig:
         check_fields(self)
         if self.dledger is None:
             raise ConfigError("broker config needs a [dledger] table: group, self_id, secret and members")
+        if self.pop_invisible_time_min_ms > self.pop_invisible_time_max_ms:
+            raise ConfigError(f"pop_invisible_time_min_ms must be <= pop_invisible_time_max_ms "
+                              f"({self.pop_invisible_time_max_ms}), got {self.pop_invisible_time_min_ms}")
         if self.broker_not_active_timeout_ms < 2 * self.register_interval_ms:
             # One registration lost or late must not take the node out of every route.
             raise ConfigError(f"broker_not_active_timeout_ms must be >= 2 x register_interval_ms "

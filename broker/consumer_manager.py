@@ -40,7 +40,8 @@ from remoting.sql_filter import SQL92, TAG, SqlFilter
 
 log = logging.getLogger(__name__)
 
-CONSUME_TYPES = ("CONSUME_PASSIVELY", "CONSUME_ACTIVELY")
+# RocketMQ 5's ConsumeType: push, pull (lite pull), and POP (the simple consumer).
+CONSUME_TYPES = ("CONSUME_PASSIVELY", "CONSUME_ACTIVELY", "CONSUME_POP")
 MESSAGE_MODELS = ("CLUSTERING", "BROADCASTING")
 # RocketMQ's ConsumeFromWhere, its deprecated values included (older clients still send them).
 CONSUME_FROM_WHERE = ("CONSUME_FROM_LAST_OFFSET", "CONSUME_FROM_FIRST_OFFSET", "CONSUME_FROM_TIMESTAMP",

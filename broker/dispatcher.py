@@ -22,6 +22,7 @@ from broker.processor.base import RequestRejected, error_response, reply
 from broker.processor.client_manage import ClientManageProcessor
 from broker.processor.consumer_manage import ConsumerManageProcessor
 from broker.processor.end_transaction import EndTransactionProcessor
+from broker.processor.pop_message import PopMessageProcessor
 from broker.processor.pull_message import PullMessageProcessor
 from broker.processor.query_message import QueryMessageProcessor
 from broker.processor.queue_lock import QueueLockProcessor
@@ -55,6 +56,7 @@ class BrokerDispatcher:
         locks = QueueLockProcessor(node)
         send_back = SendBackProcessor(node)
         end_transaction = EndTransactionProcessor(node)
+        pop = PopMessageProcessor(node)
         self.replies = ReplyMessageProcessor(node, send)  # its serve() creates the reply topic (node.py)
         self.handlers: dict[int, Handler] = {
             RequestCode.SEND_MESSAGE: send.process,
@@ -65,6 +67,9 @@ class BrokerDispatcher:
             RequestCode.PULL_MESSAGE: pull.process,
             RequestCode.CONSUMER_SEND_MSG_BACK: send_back.consumer_send_msg_back,
             RequestCode.END_TRANSACTION: end_transaction.end_transaction,
+            RequestCode.POP_MESSAGE: pop.pop_message,
+            RequestCode.ACK_MESSAGE: pop.ack_message,
+            RequestCode.CHANGE_MESSAGE_INVISIBLETIME: pop.change_invisible_time,
             RequestCode.HEART_BEAT: clients.heartbeat,
             RequestCode.UNREGISTER_CLIENT: clients.unregister_client,
             RequestCode.CHECK_CLIENT_CONFIG: clients.check_client_config,

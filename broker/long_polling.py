@@ -108,17 +108,18 @@ class PullRequestHoldService:
         return sum(len(waiting) for waiting in self._by_queue.values())
 
     def hold(self, topic: str, queue_id: int, offset: int, timeout_s: float, resume: ResumeFn,
-             matches: MatchFn | None = None, *, conn: Any = None) -> None:
+             matches: MatchFn | None = None, *, conn: Any = None) -> HeldPull:
         """Hold a pull waiting for messages at ``offset`` or beyond in (topic, queue_id) (that ``matches``, if
-        given), which came over ``conn`` (anything with a ``closed`` flag; see the module rules)."""
+        given), which came over ``conn`` (anything with a ``closed`` flag; see the module rules). Returns the
+        held pull, for ``withdraw``."""
         req = HeldPull(topic, queue_id, offset, trio.current_time() + timeout_s, resume, matches, conn=conn)
         if not self._running:
             self._finish(req, True)
-            return
+            return req
         if self._arrived(req, self._max_offset(topic, queue_id)):
             # The message arrived between the pull's read and this hold: resume at once.
             self._finish(req, False)
-            return
+            return req
         if conn is not None:
             mine = self._by_conn.get(conn)
             if mine is not None and len(mine) >= self._max_held_per_conn:
@@ -131,6 +132,17 @@ class PullRequestHoldService:
         self._held += 1
         if self._deadlines[0][2] is req:
             self._deadline_changed.set()
+        return req
+
+    def withdraw(self, req: HeldPull) -> None:
+        """Forget ``req`` unanswered, never to be resumed: a POP waits on several queues at once
+        (``broker/processor/pop_message.py``), and once one of them woke it the others are withdrawn. Its deadline
+        entry stays in the heap until it is due, as a finished pull's does."""
+        if req.done:
+            return
+        req.done = True
+        self._remove(req)
+        self._untrack(req)
 
     def notify_message_arriving(self, topic: str, queue_id: int, max_offset: int) -> None:
         """Called on the trio thread by the dispatch path with the queue's new max offset (exclusive end)."""

@@ -46,6 +46,7 @@ from broker.dispatcher import BrokerDispatcher
 from broker.long_polling import PullRequestHoldService
 from broker.metrics import broker_metrics_registry
 from broker.offset_manager import ConsumerOffsetTable
+from broker.pop import PopService
 from broker.processor.base import RequestRejected
 from broker.processor.pull_message import check_pullable
 from broker.pull_stats import PullStats
@@ -120,6 +121,7 @@ class BrokerNode:
         self.queue_locks = RebalanceLockManager(config.rebalance_lock_max_live_time_ms)
         self.schedule = ScheduleMessageService(self, config.delay_levels_ms)
         self.transactions = TransactionalMessageService(self)
+        self.pop = PopService(self)  # POP checkpoints and their revive (broker/pop.py)
         # The leader term whose holders queue_locks holds (restored from LOCK_TABLE when a term starts); lock
         # requests, with the replication of what they change, go one at a time.
         self._queue_locks_term: int | None = None
@@ -736,6 +738,7 @@ async def serve_broker(config: BrokerConfig, *, on_serving: Callable[[BrokerNode
                                 nursery.start_soon(node.create_trace_topic)
                             nursery.start_soon(node.schedule.serve)
                             nursery.start_soon(node.transactions.serve)
+                            nursery.start_soon(node.pop.serve)
                             nursery.start_soon(dispatcher.replies.serve)
                             await nursery.start(node.registration.serve)
                             log.info("broker node serving broker_name=%s broker_id=%d listen=%s:%d metrics=%s",

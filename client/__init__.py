@@ -6,6 +6,9 @@
 Transactional messages: ``open_producer(..., transaction_listener=...)`` and ``send_in_transaction``
 (``client/transaction.py``).
 
+RocketMQ 5's simple consumer (receive, then ack or change each message's invisible time, on the brokers' POP):
+``open_simple_consumer`` (``client/simple_consumer.py``).
+
 Message trace: ``enable_msg_trace=True`` on a producer or push consumer, ``AdminClient.query_msg_trace``
 (``client/trace.py``).
 
@@ -63,6 +66,7 @@ from client.producer import Producer, ProducerConfig, open_producer
 from client.pull_consumer import PullConsumer, PullConsumerConfig, open_pull_consumer
 from client.listener import ConsumeStatus, ReconsumeLater
 from client.lite_pull_consumer import LitePullConsumer, LitePullConsumerConfig, open_lite_pull_consumer
+from client.simple_consumer import ReceivedMessage, SimpleConsumer, SimpleConsumerConfig, open_simple_consumer
 from client.push_consumer import PushConsumer, PushConsumerConfig, open_push_consumer
 from client.rebalance import (allocate_average, allocate_average_by_circle, allocate_by_config,
                               allocate_consistent_hash)
@@ -74,6 +78,7 @@ __all__ = [
     "open_push_consumer", "PushConsumer", "PushConsumerConfig", "ConsumeStatus", "ReconsumeLater",
     "open_pull_consumer", "PullConsumer", "PullConsumerConfig",
     "open_lite_pull_consumer", "LitePullConsumer", "LitePullConsumerConfig",
+    "open_simple_consumer", "SimpleConsumer", "SimpleConsumerConfig", "ReceivedMessage",
     "open_admin", "AdminClient", "ClusterInfo", "ConsumeStats", "ConsumerConnection", "OffsetReset",
     "QueueConsumeStats", "TopicQueueStatus", "DelayLevelProgress", "TopicPermUpdate", "ProducerConnection",
     "GroupDeletion", "BrokerConfigUpdate", "SubscriptionGroup", "SubscriptionGroupUpdate",

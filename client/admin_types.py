@@ -145,7 +145,7 @@ class ConsumerConnection:
     client id to its address as its group leader sees it; ``subscriptions`` maps topic to tag expression, and
     ``member_subscriptions`` does so for each member (client id) on its own. ``consume_type`` is how the members
     consume, as their heartbeats say: ``CONSUME_PASSIVELY`` (push consumers), ``CONSUME_ACTIVELY`` (lite pull
-    consumers in subscribe mode); "" when no member is online."""
+    consumers in subscribe mode), ``CONSUME_POP`` (simple consumers); "" when no member is online."""
 
     consumer_group: str
     message_model: str

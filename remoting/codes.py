@@ -78,6 +78,13 @@ class RequestCode(IntEnum):
     SEND_REPLY_MESSAGE_V2 = 325
     PUSH_REPLY_MESSAGE_TO_CLIENT = 326
     """Broker → requesting producer: the stored reply record, matched to its request by CORRELATION_ID."""
+    # RocketMQ 5's POP consumption (broker/processor/pop_message.py)
+    POP_MESSAGE = 200050
+    """Take up to max_msg_nums visible messages of a topic for a consumer group, invisible for invisible_time_ms."""
+    ACK_MESSAGE = 200051
+    """Acknowledge one popped message by its receipt handle: it is never delivered again."""
+    CHANGE_MESSAGE_INVISIBLETIME = 200053
+    """Make one popped message invisible for another invisible_time_ms from now; answers its new receipt handle."""
     # raftmq's own
     ECHO = 1000
     """Answered with SUCCESS and the request's body and ext by ``raftmq bench rpc``'s echo server (only there)."""

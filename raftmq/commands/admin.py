@@ -19,6 +19,8 @@
     raftmq admin sub-group-list [-g GROUP] [--cluster NAME | --broker NAME ...]   (getConsumerConfig)
     raftmq admin producer-connection GROUP [--cluster NAME]          (producerConnection)
     raftmq admin reset-offset GROUP TOPIC --to earliest|latest|now|MS|ISO-8601   (resetOffsetByTime)
+    raftmq admin consumer-status -g GROUP [-i CLIENT_ID] [-s]       (consumerStatus)
+    raftmq admin clone-group-offset -s SRC_GROUP -d DEST_GROUP -t TOPIC   (cloneGroupOffset)
     raftmq admin query-msg-id MSG_ID [--topic TOPIC] [--body-file PATH]   (queryMsgById, queryMsgByUniqueKey)
     raftmq admin query-msg-key TOPIC KEY [--max N] [--begin-ms MS] [--end-ms MS]   (queryMsgByKey)
     raftmq admin send-message TOPIC --body TEXT|--body-file PATH [--keys K1,K2] [--tags TAG]
@@ -26,9 +28,10 @@
     raftmq admin consume-message TOPIC [--broker NAME [--queue N]] [--offset N | --begin-ms MS] [--end-ms MS]
                                  [--count N] [--tags EXPR] [--group GROUP] [--body-file-dir DIR]   (consumeMessage)
     raftmq admin query-msg-offset TOPIC --broker NAME --queue N --offset N [--body-file PATH]   (queryMsgByOffset)
+    raftmq admin query-msg-trace --msg-id MSG_ID [--trace-topic TOPIC]   (queryMsgTraceById)
 
-The message commands (the last three, and the message rows and tables) are in ``admin_messages.py``; the consumer-
-and producer-group commands (consumer-connection to reset-offset) in ``admin_groups.py``.
+The message commands (the last four, and the message rows and tables) are in ``admin_messages.py``; the consumer-
+and producer-group commands (consumer-connection to clone-group-offset) in ``admin_groups.py``.
 
 Without ``--namesrv``, the name servers ``NAMESRV_ADDR`` names (as mqadmin), else 127.0.0.1:9876 (``raftmq dev``'s).
 A cluster with ACL on takes ``--access-key`` / ``--secret-key`` (or $RAFTMQ_ACCESS_KEY / $RAFTMQ_SECRET_KEY).
@@ -81,9 +84,9 @@ def register(subparsers) -> None:
                                                "updateTopicPerm, deleteTopic, topicStatus, brokerStatus, "
                                                "getBrokerConfig, updateBrokerConfig, consumerConnection, "
                                                "consumerProgress, deleteSubGroup, updateSubGroup, "
-                                               "getConsumerConfig, "
+                                               "getConsumerConfig, consumerStatus, cloneGroupOffset, "
                                                "producerConnection, resetOffsetByTime, "
-                                               "queryMsgById, queryMsgByKey, queryMsgByOffset, "
+                                               "queryMsgById, queryMsgByKey, queryMsgByOffset, queryMsgTraceById, "
                                                "sendMessage, consumeMessage).")
     _add_common(parser, defaults=True)
     # The same options after the command too (`raftmq admin topic-status T --json`), where "unrecognized

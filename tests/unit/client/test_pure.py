@@ -443,6 +443,7 @@ def test_public_api_is_pinned():
         "open_push_consumer", "PushConsumer", "PushConsumerConfig", "ConsumeStatus", "ReconsumeLater",
         "open_pull_consumer", "PullConsumer", "PullConsumerConfig",
         "open_lite_pull_consumer", "LitePullConsumer", "LitePullConsumerConfig",
+        "open_simple_consumer", "SimpleConsumer", "SimpleConsumerConfig", "ReceivedMessage",
         "open_admin", "AdminClient", "ClusterInfo", "ConsumeStats", "ConsumerConnection", "OffsetReset",
         "QueueConsumeStats", "TopicQueueStatus", "DelayLevelProgress", "TopicPermUpdate", "ProducerConnection",
         "GroupDeletion", "BrokerConfigUpdate", "SubscriptionGroup", "SubscriptionGroupUpdate",

@@ -1,0 +1,283 @@
+"""The simple consumer (RocketMQ 5's ``SimpleConsumer``): receive, then ack or change each message's invisible time.
+
+    async with open_simple_consumer("127.0.0.1:9876", consumer_group="G", subscriptions={"T": "*"},
+                                    await_duration_ms=2_000) as consumer:
+        for msg in await consumer.receive(16, invisible_duration_ms=30_000):
+            handle(msg)
+            await consumer.ack(msg)
+
+Built on the brokers' POP requests (``broker/processor/pop_message.py``). A received message is invisible to the
+group for ``invisible_duration_ms``; one not acked by then is delivered again (to any member) with
+``reconsume_times`` + 1, and after the subscription group's ``retry_max_times`` deliveries more it goes to the
+group's dead-letter topic instead. The rules this module keeps:
+
+* **Leaders only, round robin.** Each ``receive`` goes to the leader of one (topic, broker group) pair at a time, in
+  turn: first a quick pass asking each pair without waiting, then, when none had anything, a long poll of up to
+  ``await_duration_ms`` at the pair whose turn it is (RocketMQ's SimpleConsumer long-polls one queue too; a message
+  arriving meanwhile at another group is found by the next ``receive``). NOT_LEADER is followed to the leader it
+  names, a lost connection to the next node, as the other consumers do.
+* **Handles are per delivery.** ``ack`` and ``change_invisible_duration`` take the message ``receive`` returned;
+  ``change_invisible_duration`` returns the message with its new receipt handle, and only that one acks it from
+  then on (the old handle is refused, ``NoMessageError``, as one whose invisible time is over is).
+* **Membership.** The consumer heartbeats its group and subscriptions to every node routing its topics (consume
+  type ``CONSUME_POP``, RocketMQ 5's), so the group is known and shown by ``raftmq admin``.
+* Tags codes can collide: a message the broker's tag filter let through but whose tag the subscription does not
+  want is acked here and not returned, as a pull consumer drops it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import logging
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
+
+import trio
+
+from client.filter import TAG, MessageSelector, Subscription, parse_subscription
+from client.instance import (ClientConfig, ClientInstance, build_config, open_client_nursery, open_remoting,
+                             raise_for_response)
+from client.message import (DEFAULT_MAX_INFLATED_BODY, I32_MAX, MAX_INFLATED_BODY, MessageExt, check_int_arg)
+from client.pull_consumer import _to_messages
+from client.rebalance import consumer_heartbeat_data
+from remoting.codec import Frame
+from remoting.codes import RequestCode, ResponseCode
+from remoting.config import bounded
+from remoting.errors import RaftMQError, for_code
+from remoting.message import (PROPERTY_RETRY_TOPIC, RETRY_GROUP_TOPIC_PREFIX, MessageFormatError, decode_records,
+                              group_problem)
+
+__all__ = ["SimpleConsumer", "SimpleConsumerConfig", "ReceivedMessage", "open_simple_consumer"]
+
+log = logging.getLogger(__name__)
+
+MAX_RECEIVE = 32  # the brokers' most messages of one POP
+_FROM_WHERE = {"CONSUME_FROM_LAST_OFFSET": 1, "CONSUME_FROM_FIRST_OFFSET": 0}  # -> the POP's init_mode
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReceivedMessage(MessageExt):
+    """A received message: a ``MessageExt`` (its topic the subscribed one, also when it comes back from the group's
+    retry topic) with the receipt handle that acks it."""
+
+    receipt_handle: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class SimpleConsumerConfig(ClientConfig):
+    consumer_group: str = bounded("DEFAULT_CONSUMER", check=group_problem)
+    await_duration_ms: int = bounded(5_000, min=0, max=I32_MAX,
+                                     doc="how long a receive waits for a message when none is visible (0: not)")
+    consume_from_where: str = bounded("CONSUME_FROM_LAST_OFFSET", choices=tuple(_FROM_WHERE),
+                                      doc="where the group starts in a queue it never consumed: its last or first "
+                                          "offset")
+    check_crc: bool = bounded(False, doc="recompute each received body's crc32c")
+    max_inflated_body_size_bytes: int = bounded(DEFAULT_MAX_INFLATED_BODY, min=1, max=MAX_INFLATED_BODY,
+                                                doc="most a compressed body is inflated to; a larger one is "
+                                                    "delivered as stored, compressed, and logged")
+
+
+class SimpleConsumer:
+    def __init__(self, config: SimpleConsumerConfig, instance: ClientInstance,
+                 subscriptions: Mapping[str, Subscription]) -> None:
+        self.config = config
+        self._instance = instance
+        self._subs = dict(subscriptions)
+        self._turn = itertools.count()
+
+    @property
+    def client_id(self) -> str:
+        return self._instance.client_id
+
+    @property
+    def subscriptions(self) -> dict[str, Subscription]:
+        return dict(self._subs)
+
+    def heartbeat_data(self) -> dict[str, Any]:
+        return consumer_heartbeat_data(self.config.consumer_group, "CONSUME_POP", "CLUSTERING",
+                                       self.config.consume_from_where, self._subs.values())
+
+    # --- receive -----------------------------------------------------------------------------------------------
+    async def receive(self, max_messages: int = 16, invisible_duration_ms: int = 30_000) -> list[ReceivedMessage]:
+        """Up to ``max_messages`` (1..32) messages of the subscribed topics, each invisible to the group for
+        ``invisible_duration_ms``; an empty list when none came within ``await_duration_ms``."""
+        check_int_arg("max_messages", max_messages, 1, MAX_RECEIVE)
+        check_int_arg("invisible_duration_ms", invisible_duration_ms, 1, I32_MAX)
+        targets = await self._targets()
+        if not targets:
+            return []
+        first = next(self._turn)
+        failed: RaftMQError | None = None
+        failures = 0
+        for i in range(len(targets)):
+            topic, broker_name = targets[(first + i) % len(targets)]
+            try:
+                got = await self._pop(topic, broker_name, max_messages, invisible_duration_ms, 0)
+            except RaftMQError as e:
+                if not e.retriable:
+                    raise
+                log.debug("receive failed topic=%s broker_name=%s error=%s", topic, broker_name, e)
+                failed, failures = e, failures + 1
+                continue
+            if got:
+                return got
+        if failed is not None and failures == len(targets):
+            raise failed  # no group answered: waiting at one would only fail again
+        if not self.config.await_duration_ms:
+            return []
+        topic, broker_name = targets[first % len(targets)]
+        return await self._pop(topic, broker_name, max_messages, invisible_duration_ms,
+                               self.config.await_duration_ms)
+
+    async def _targets(self) -> list[tuple[str, str]]:
+        """The (topic, broker group) pairs holding readable queues of the subscribed topics, in a stable order."""
+        routes = self._instance.routes
+        out = []
+        for topic in sorted(self._subs):
+            route = routes.cached(topic) or await routes.get(topic)
+            out.extend((topic, name) for name in sorted({mq.broker_name for mq in route.read_queues()}))
+        return out
+
+    async def _pop(self, topic: str, broker_name: str, max_messages: int, invisible_duration_ms: int,
+                   poll_time_ms: int) -> list[ReceivedMessage]:
+        sub = self._subs[topic]
+        ext: dict[str, Any] = {"consumer_group": self.config.consumer_group, "topic": topic, "queue_id": -1,
+                               "max_msg_nums": max_messages, "invisible_time_ms": invisible_duration_ms,
+                               "poll_time_ms": poll_time_ms, "init_mode": _FROM_WHERE[self.config.consume_from_where],
+                               "subscription": sub.expression}
+        if sub.expression_type != TAG:
+            ext["expression_type"] = sub.expression_type
+        frame = await self._leader_invoke(broker_name, topic, RequestCode.POP_MESSAGE, ext,
+                                          timeout_s=self._instance.timeout_s + poll_time_ms / 1000,
+                                          ok=(ResponseCode.SUCCESS, ResponseCode.PULL_NOT_FOUND))
+        if frame.code != ResponseCode.SUCCESS or not frame.body:
+            return []
+        handles = frame.ext.get("receipt_handles")
+        try:
+            records = decode_records(frame.body, check_crc=self.config.check_crc)
+        except (MessageFormatError, ValueError) as e:
+            raise _malformed(broker_name, topic, f"its records cannot be read: {e}") from None
+        if (not isinstance(handles, list) or len(handles) != len(records)
+                or not all(isinstance(h, str) and h for h in handles)):
+            raise _malformed(broker_name, topic, f"{len(records)} records came with receipt handles {handles!r:.200}")
+        out: list[ReceivedMessage] = []
+        for msg, handle in zip(_to_messages(records, broker_name, self.config.max_inflated_body_size_bytes), handles):
+            received = _received(msg, handle)
+            if not sub.matches_all and not sub.matches(received.tags):
+                await self._ack_unwanted(received)
+                continue
+            out.append(received)
+        return out
+
+    async def _ack_unwanted(self, msg: ReceivedMessage) -> None:
+        try:
+            await self.ack(msg)
+        except RaftMQError as e:
+            # Not acked, it comes back after its invisible time and is dropped again (or ends in the DLQ).
+            log.info("unwanted message (tag %r) not acked topic=%s error=%s", msg.tags, msg.topic, e)
+
+    # --- ack and change ----------------------------------------------------------------------------------------
+    async def ack(self, msg: ReceivedMessage) -> None:
+        """Acknowledge ``msg``: it is not delivered again. ``NoMessageError`` once its invisible time is over (it is
+        delivered again) or its handle was superseded by ``change_invisible_duration``."""
+        _check_received(msg)
+        ext = {"consumer_group": self.config.consumer_group, "topic": msg.topic, "receipt_handle": msg.receipt_handle}
+        await self._leader_invoke(msg.broker_name, msg.topic, RequestCode.ACK_MESSAGE, ext)
+
+    async def change_invisible_duration(self, msg: ReceivedMessage, invisible_duration_ms: int) -> ReceivedMessage:
+        """Make ``msg`` invisible for ``invisible_duration_ms`` from now; returns it with its new receipt handle,
+        the one to ack it with from now on."""
+        _check_received(msg)
+        check_int_arg("invisible_duration_ms", invisible_duration_ms, 1, I32_MAX)
+        ext = {"consumer_group": self.config.consumer_group, "topic": msg.topic, "receipt_handle": msg.receipt_handle,
+               "invisible_time_ms": invisible_duration_ms}
+        frame = await self._leader_invoke(msg.broker_name, msg.topic, RequestCode.CHANGE_MESSAGE_INVISIBLETIME, ext)
+        handle = frame.ext.get("receipt_handle")
+        if not isinstance(handle, str) or not handle:
+            raise _malformed(msg.broker_name, msg.topic, f"receipt_handle {handle!r:.100} is not a handle")
+        return dataclasses.replace(msg, receipt_handle=handle)
+
+    # --- requests ----------------------------------------------------------------------------------------------
+    async def _leader_invoke(self, broker_name: str, topic: str, code: int, ext: dict[str, Any], *,
+                             timeout_s: float | None = None, ok: Sequence[int] = (ResponseCode.SUCCESS,)) -> Frame:
+        """Invoke on the group's leader, following NOT_LEADER's hint, or the next node after a lost connection,
+        a few times before giving up with the last error."""
+        inst = self._instance
+        if inst.routes.master_addr(broker_name) is None:
+            await inst.routes.get(topic)
+        tries = len(inst.routes.replica_addrs(broker_name)) + 2
+        while True:
+            addr = inst.master_addr(broker_name)
+            try:
+                frame = await inst.invoke(addr, code, ext, timeout_s=timeout_s)
+                return raise_for_response(frame, ok=ok, topic=topic, broker_name=broker_name)
+            except RaftMQError as e:
+                inst.on_error(e, topic, broker_name, addr)
+                tries -= 1
+                if not e.retriable or tries <= 0:
+                    raise
+                if not getattr(e, "leader_addr", None):
+                    await trio.sleep(0.1)  # an election in progress: no node names a leader yet
+
+
+def _received(msg: MessageExt, handle: str) -> ReceivedMessage:
+    values = {f.name: getattr(msg, f.name) for f in dataclasses.fields(MessageExt)}
+    if msg.topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
+        values["topic"] = msg.properties.get(PROPERTY_RETRY_TOPIC) or msg.topic
+    return ReceivedMessage(**values, receipt_handle=handle)
+
+
+def _check_received(msg: Any) -> None:
+    if not isinstance(msg, ReceivedMessage) or not msg.receipt_handle:
+        raise TypeError(f"msg must be a message receive() returned (a ReceivedMessage), got {type(msg).__name__}")
+
+
+def _malformed(broker_name: str, topic: str, problem: str) -> RaftMQError:
+    return for_code(ResponseCode.SYSTEM_ERROR, f"malformed POP answer from broker group {broker_name!r} for topic "
+                                               f"{topic!r}: {problem}")
+
+
+def _parse_subscriptions(subscriptions: Any) -> dict[str, Subscription]:
+    if not isinstance(subscriptions, Mapping) or not subscriptions:
+        raise ValueError(f"subscriptions must be a non-empty mapping of topic -> tag expression or MessageSelector, "
+                         f"got {subscriptions!r:.100}")
+    out = {}
+    for topic, expression in subscriptions.items():
+        if not isinstance(topic, str) or topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
+            raise ValueError(f"subscriptions: {topic!r:.100} is not a topic to subscribe to (retry topics are read "
+                             f"with their topic)")
+        if expression is not None and not isinstance(expression, (str, MessageSelector)):
+            raise ValueError(f"subscriptions[{topic!r}] must be a tag expression or a MessageSelector, got "
+                             f"{expression!r:.100}")
+        out[topic] = parse_subscription(topic, expression)
+    return out
+
+
+@contextlib.asynccontextmanager
+async def open_simple_consumer(namesrv: str | Sequence[str] | None = None, *, subscriptions: Mapping[str, Any],
+                               **options: Any) -> AsyncIterator[SimpleConsumer]:
+    """A ``SimpleConsumer`` of ``options['consumer_group']`` for ``subscriptions`` (topic -> tag expression or
+    ``MessageSelector``); other options are ``SimpleConsumerConfig``'s."""
+    subs = _parse_subscriptions(subscriptions)
+    if namesrv is not None:
+        options["namesrv"] = namesrv
+    config: SimpleConsumerConfig = build_config(SimpleConsumerConfig, options)
+    async with open_remoting(config) as remoting:
+        async with open_client_nursery() as nursery:
+            instance = ClientInstance(config, remoting, nursery)
+            consumer = SimpleConsumer(config, instance, subs)
+            instance.heartbeat_data = consumer.heartbeat_data
+            for topic in subs:
+                try:
+                    await instance.routes.get(topic)  # so the first heartbeat reaches the topics' nodes
+                except RaftMQError as e:
+                    log.info("subscribed topic has no route yet topic=%s error=%s", topic, e)
+            instance.start_background()
+            try:
+                yield consumer
+            finally:
+                instance.stop_background()
+                instance.closed = True
+                nursery.cancel_scope.cancel()
