@@ -84,6 +84,7 @@ _NULL = "null"  # how Java's StringBuilder writes an absent tag or key
 
 # A trace message's KEYS (the msg ids and keys it traces): well within a record's 32767 bytes of properties.
 MAX_KEYS_BYTES = 16 * 1024
+MAX_KEY_BYTES = 1024  # one key of a trace message at most (a traced id or key past it is not indexed)
 # Closing a traced client sends what is still queued, for at most this long.
 CLOSE_FLUSH_S = 3.0
 
@@ -271,13 +272,17 @@ def decode_trace_data(data: str) -> list[TraceContext]:
 
 def trace_keys(contexts: Iterable[TraceContext]) -> list[str]:
     """The KEYS of a trace message of ``contexts``: each msg id, then its message's keys, once each in order (the
-    brokers index every key: the trace is found by the msg id, or by a key of the traced message)."""
+    brokers index every key: the trace is found by the msg id, or by a key of the traced message).
+
+    A msg id is the message's UNIQ_KEY property, which any producer may set to anything: one holding the key
+    separator, or longer than ``MAX_KEY_BYTES``, is left out (the trace is still sent, found by the message's other
+    keys), since it would make the trace message itself unsendable."""
     keys: dict[str, None] = {}
     for ctx in contexts:
-        if ctx.msg_id:
+        if ctx.msg_id and KEY_SEPARATOR not in ctx.msg_id and len(ctx.msg_id.encode()) <= MAX_KEY_BYTES:
             keys[ctx.msg_id] = None
         for key in ctx.keys.split(KEY_SEPARATOR) if ctx.keys else ():
-            if key:
+            if key and len(key.encode()) <= MAX_KEY_BYTES:
                 keys[key] = None
     return list(keys)
 
@@ -416,10 +421,12 @@ class TraceDispatcher:
         queue = self._queue
         while queue:
             contexts, body = self._next_message()
-            message = Message(self.trace_topic, body.encode(), keys=trace_keys(contexts) or None)
             try:
+                # Built here, not before the try: contexts come from messages anyone may have sent, and what no
+                # check above foresaw must cost their traces, never the producer or consumer this task serves.
+                message = Message(self.trace_topic, body.encode(), keys=trace_keys(contexts) or None)
                 await self._send(message)
-            except RaftMQError as e:
+            except (RaftMQError, ValueError) as e:  # ValueError: MessageFormatError, a Message refused
                 self._failed_contexts += len(contexts)
                 log.warning("trace message not sent, its contexts are lost trace_topic=%s contexts=%d error=%s",
                             self.trace_topic, len(contexts), e)
@@ -448,7 +455,7 @@ class TraceDispatcher:
                 # Its message's keys alone are too many for one trace message: found by its msg id only.
                 ctx = dataclasses.replace(ctx, keys="")
                 line = encode_trace_context(ctx)
-                ctx_keys = len(ctx.msg_id) + 1
+                ctx_keys = sum(len(k.encode()) + 1 for k in trace_keys((ctx,)))
             contexts.append(ctx)
             lines.append(line)
             size += len(line)

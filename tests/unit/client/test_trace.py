@@ -10,6 +10,7 @@ import pytest
 import trio
 import trio.testing
 
+import client.trace as trace_module
 from client import Message, Producer, ReconsumeLater, open_producer, open_push_consumer
 from client.errors import ConfigError
 from client.listener import ReconsumeLater as _ReconsumeLater
@@ -182,6 +183,25 @@ async def test_messages_are_bounded_by_bytes_and_keys_and_failures_are_counted()
     await dispatcher.flush()
     stats = dispatcher.statistics()
     assert (stats.sent_messages, stats.sent_contexts, stats.failed_contexts, stats.queued) == (1, 2, 1, 0)
+
+
+async def test_a_msg_id_no_trace_message_can_carry_is_left_out_of_its_keys_and_nothing_stops_the_dispatcher(
+        monkeypatch):
+    # A msg id is a UNIQ_KEY any producer may set: one holding the key separator made the trace message itself a
+    # ValueError raised in serve(), which ended the traced producer or consumer.
+    sink = _Sink()
+    dispatcher = TraceDispatcher("TR", sink)
+    dispatcher.append(TraceContext(TraceType.PUB, 1, "PG", "a b", topic="T", keys="k1", success=True))
+    dispatcher.append(TraceContext(TraceType.PUB, 2, "PG", "x" * 40_000, topic="T", success=True))
+    dispatcher.append(_pub(3, keys="k3 " + "y" * 5_000))
+    await dispatcher.flush()
+    assert [m.keys for m in sink.sent] == [["k1", "ID3", "k3"]]
+    assert [c.msg_id for c in decode_trace_data(sink.sent[0].body.decode())] == ["a b", "x" * 40_000, "ID3"]
+    # Whatever else makes a trace message unbuildable costs its contexts only, counted.
+    monkeypatch.setattr(trace_module, "trace_keys", lambda contexts: ["bad key"])
+    dispatcher.append(_pub(4))
+    await dispatcher.flush()
+    assert dispatcher.statistics().failed_contexts == 1 and dispatcher.statistics().queued == 0
 
 
 async def test_a_flush_cancelled_mid_send_keeps_its_contexts_for_the_close():
