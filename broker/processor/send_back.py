@@ -35,14 +35,16 @@ from remoting.codec import Frame, make_response
 from remoting.codes import ResponseCode
 from remoting.message import (PROPERTY_DELAY, PROPERTY_ORIGIN_MESSAGE_ID,
                               PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC, PROPERTY_RETRY_TOPIC, PROPERTY_UNIQ_KEY,
-                              RETRY_GROUP_MAX_LENGTH, SCHEDULE_TOPIC, MessageFormatError, create_msg_id, dlq_topic,
-                              encode_batch, retry_topic)
+                              RETRY_GROUP_MAX_LENGTH, SCHEDULE_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC,
+                              MessageFormatError, create_msg_id, dlq_topic, encode_batch, retry_topic)
 
 if TYPE_CHECKING:
     from broker.node import BrokerNode
 
 DLQ_QUEUE_NUMS = 1  # RocketMQ's DLQ_NUMS_PER_GROUP
 _FIRST_RETRY_LEVEL = 3  # RocketMQ: delay level 3 + reconsume_times when the consumer names none
+# Where the broker keeps records no consumer is handed (transactions, delayed messages not due yet).
+_BROKER_RECORD_TOPICS = frozenset({TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC, SCHEDULE_TOPIC})
 
 
 class SendBackProcessor:
@@ -79,6 +81,11 @@ class SendBackProcessor:
                                   f"{node.config.broker_name} (its commit log holds offsets "
                                   f"{store.min_phy_offset}..{store.max_phy_offset}); nothing was sent back",
                                   ext={"field": "offset"})
+        if view.topic in _BROKER_RECORD_TOPICS:
+            # No consumer was handed this record: a half message waiting for its END_TRANSACTION, a transaction's
+            # outcome, a delayed message not due yet. Sent back, its copy would be consumed early or unsettled.
+            raise invalid("offset", f"{offset} holds a record of the broker's own topic {view.topic!r}, not a "
+                                    f"consumed message; nothing was sent back")
         props = dict(view.properties)
         first_topic = props.get(PROPERTY_RETRY_TOPIC, view.topic)
         if origin_topic and origin_topic not in (view.topic, first_topic):

@@ -55,6 +55,11 @@ async def test_a_message_sent_back_is_retried_with_backoff_then_buried_in_the_de
         waiting = decode_record((await call(client, addr, RequestCode.VIEW_MESSAGE_BY_ID,
                                             {"msg_id": r.ext["msg_id"]})).body)
         assert waiting.topic == "SCHEDULE_TOPIC_XXXX" and waiting.queue_id == 2
+        # The delayed copy itself is the broker's record, not a consumed message: sent back, it would go out early.
+        refused = await call(client, addr, RequestCode.CONSUMER_SEND_MSG_BACK, {**back, "offset": waiting.phy_offset,
+                                                                               "origin_topic": ""})
+        assert refused.code == ResponseCode.INVALID_REQUEST and refused.ext["field"] == "offset", refused.remark
+        assert "SCHEDULE_TOPIC_XXXX" in refused.remark
         retry_config = (await _topics(client, addr))["%RETRY%billing"]
         assert (retry_config["read_queue_nums"], retry_config["write_queue_nums"], retry_config["perm"]) == (1, 1, 6)
 

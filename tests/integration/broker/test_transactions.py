@@ -71,6 +71,10 @@ async def test_a_half_waits_unseen_then_commit_delivers_it_once_and_rollback_nev
         assert viewed.properties["REAL_TOPIC"] == "TxT" and viewed.properties["REAL_QID"] == "1"
         assert viewed.sys_flag & 0xC == TRANSACTION_PREPARED_TYPE
         assert (await pull(client, addr, "TxT", 1))[0] == []
+        # Nor can a consumer have it copied to its retry topic, to be consumed before (or without) its commit.
+        back = await call(client, addr, RequestCode.CONSUMER_SEND_MSG_BACK,
+                          {"offset": viewed.phy_offset, "group": "curious", "delay_level": 0})
+        assert back.code == ResponseCode.INVALID_REQUEST and "RMQ_SYS_TRANS_HALF_TOPIC" in back.remark, back.remark
 
         r = await call(client, addr, RequestCode.END_TRANSACTION, end_ext(half, TRANSACTION_COMMIT_TYPE))
         assert r.code == ResponseCode.SUCCESS and r.ext["outcome"] == "committed", r.remark
