@@ -76,6 +76,7 @@ class LongPollingStatistics:
 # at once and the client pulls it again at once, so a legit consumer over it spins: 16 topics of 1024 queues on one
 # node fit (4,096 did not: 5 such topics spun), at some 2.4 KB a held pull, ~40 MB a connection at most.
 MAX_HELD_PER_CONNECTION = 16_384
+_COMPACT_MIN = 64  # finished entries the deadline heap may keep before a compaction is considered
 
 
 class PullRequestHoldService:
@@ -92,6 +93,9 @@ class PullRequestHoldService:
         # conn -> its held pulls, oldest first (a dict as an ordered set)
         self._by_conn: dict[Any, dict[HeldPull, None]] = {}
         self._deadlines: list[tuple[float, int, HeldPull]] = []
+        # Entries of _deadlines finished before their deadline (an upper bound: those reaching the top are popped
+        # without being counted off), for _compact_deadlines.
+        self._finished_early = 0
         self._seq = itertools.count()
         self._held = 0
         self._by_arrival = 0
@@ -137,12 +141,16 @@ class PullRequestHoldService:
     def withdraw(self, req: HeldPull) -> None:
         """Forget ``req`` unanswered, never to be resumed: a POP waits on several queues at once
         (``broker/processor/pop_message.py``), and once one of them woke it the others are withdrawn. Its deadline
-        entry stays in the heap until it is due, as a finished pull's does."""
+        entry stays in the heap until it is due, as a finished pull's does, unless finished entries come to dominate
+        the heap: a POP waiting on 8 queues withdraws 7 holds each time, each alive (with its request) until its
+        deadline, up to ``long_polling_timeout_ms`` away."""
         if req.done:
             return
         req.done = True
         self._remove(req)
         self._untrack(req)
+        self._finished_early += 1
+        self._compact_deadlines()
 
     def notify_message_arriving(self, topic: str, queue_id: int, max_offset: int) -> None:
         """Called on the trio thread by the dispatch path with the queue's new max offset (exclusive end)."""
@@ -153,12 +161,14 @@ class PullRequestHoldService:
         for req in waiting:
             if self._arrived(req, max_offset):
                 self._finish(req, False)
+                self._finished_early += 1
             else:
                 keep.append(req)
         if keep:
             self._by_queue[(topic, queue_id)] = keep
         else:
             del self._by_queue[(topic, queue_id)]
+        self._compact_deadlines()
 
     def release(self, refused: Callable[[str, int], bool]) -> None:
         """Resume at once every held pull whose (topic, queue_id) ``refused`` picks."""
@@ -222,9 +232,17 @@ class PullRequestHoldService:
                 self._remove(req)
                 dropped += 1
         # Their deadline entries would keep them (and their requests) alive until the deadlines pass.
-        self._deadlines = [entry for entry in self._deadlines if not entry[2].done]
-        heapq.heapify(self._deadlines)
+        self._compact_deadlines(force=True)
         log.debug("held pulls of closed connections dropped connections=%d pulls=%d", len(closed), dropped)
+
+    def _compact_deadlines(self, *, force: bool = False) -> None:
+        """Drop finished entries from the deadline heap once they may be more than half of it (and more than 64):
+        linear, but only after as many finishes as half the heap, so constant per finish."""
+        stale = self._finished_early
+        if force or (stale > _COMPACT_MIN and 2 * stale > len(self._deadlines)):
+            self._deadlines = [entry for entry in self._deadlines if not entry[2].done]
+            heapq.heapify(self._deadlines)
+            self._finished_early = 0
 
     def _untrack(self, req: HeldPull) -> None:
         if req.conn is None:
@@ -266,6 +284,7 @@ class PullRequestHoldService:
                 self._by_queue.clear()
                 self._by_conn.clear()
                 self._deadlines.clear()
+                self._finished_early = 0
 
     async def _resumer(self, nursery: trio.Nursery) -> None:
         async for req, timed_out in self._receive:

@@ -46,7 +46,7 @@ from broker.dispatcher import BrokerDispatcher
 from broker.long_polling import PullRequestHoldService
 from broker.metrics import broker_metrics_registry
 from broker.offset_manager import ConsumerOffsetTable
-from broker.pop import PopService
+from broker.pop import PopService, plan_reset
 from broker.processor.base import RequestRejected
 from broker.processor.pull_message import check_pullable
 from broker.pull_stats import PullStats
@@ -59,14 +59,14 @@ from broker.transaction import TransactionalMessageService
 from broker.store import MessageInput, MessageStore, encode_batch
 from broker.store.dispatch import TOPIC_DELETE_LOG
 from broker.subscription_group import SubscriptionGroupManager
-from broker.topic_config import TopicConfig, TopicConfigTable, auto_create_config
+from broker.topic_config import PERM_READ, TopicConfig, TopicConfigTable, auto_create_config
 from dledger import DLedgerConfig, DLedgerError, DLedgerGroup, NotLeaderError, Role, open_dledger_group
 from dledger.service import peer_with_history, remote_fetch_range
 from remoting.codec import make_request
 from remoting.codes import RequestCode, ResponseCode
 from remoting.config import parse_host_port
 from remoting.errors import RaftMQError
-from remoting.message import decode_record
+from remoting.message import decode_record, split_pop_retry_topic
 from remoting.metrics_http import serve_metrics
 from remoting.transport import corked, open_remoting_client, serve_remoting
 
@@ -239,6 +239,11 @@ class BrokerNode:
             self.refresh_metadata()
 
     def _pull_refused(self, topic: str, queue_id: int) -> bool:
+        if split_pop_retry_topic(topic) is not None:
+            # Held by a POP (a pull of it is refused before it is held): released only once its queue is gone.
+            config = self.topic(topic)
+            return (not self.config.broker_permission & PERM_READ or config is None or not config.readable
+                    or queue_id >= config.read_queue_nums)
         try:
             check_pullable(self, topic, queue_id)
         except RequestRejected:
@@ -324,9 +329,11 @@ class BrokerNode:
                                   ext={"topic": topic})
 
     async def delete_topic(self, topic: str) -> None:
-        """RocketMQ's deleteTopic: the config, the consumer offsets and the messages go. The messages go by a
-        deletion record in the commit log (``broker.store.dispatch``), appended first: should the config
-        removal then fail, the topic still exists and the admin's retry completes the delete. Then a second one:
+        """RocketMQ's deleteTopic: the config, the consumer offsets, the POP state (pop offsets and checkpoints) and
+        the messages go, and so do the topic's POP retry topics (``%RETRY%<group>+<topic>``, as with RocketMQ 5's
+        clearRetryTopicWhenDeleteTopic), which a topic created again under the name would read as its own. The
+        messages go by a deletion record in the commit log (``broker.store.dispatch``), appended first: should the
+        config removal then fail, the topic still exists and the admin's retry completes the delete. Then a second one:
         a send admitted by the config before its removal was applied here can be queued behind the first record,
         and would sit past the cut, unreachable until the name is created again, then served as the new topic's
         (64 acknowledged sends of each round in a probe). Once the config is gone no send is admitted, and the
@@ -346,16 +353,24 @@ class BrokerNode:
                 stale = [k for k in self.group.metadata(OFFSET_TABLE) if k.split("\x01")[1:2] == [topic]]
                 if stale:
                     await self._replicate(OFFSET_TABLE, {k: None for k in stale})
+            # A pop offset wins over the committed one: kept, it would skip the new topic's first messages.
+            await self.pop.forget(topic=topic)
+        for config in self.topics.all():
+            pop_retry = split_pop_retry_topic(config.topic_name)
+            if pop_retry is not None and pop_retry[1] == topic:
+                await self.delete_topic(config.topic_name)
 
     async def delete_group_offsets(self, group: str) -> int:
         """DELETE_SUBSCRIPTIONGROUP's clean_offset: every offset of ``group`` goes (all its topics, its retry topic's
-        too), replicated before this returns; the number of queues that had one. Under the flusher's lock, as
-        delete_topic: a batch of the group's commits being replicated would otherwise land after the removal."""
+        too) and its POP state (pop offsets, checkpoints: nothing of it is revived), replicated before this returns;
+        the number of queues that had an offset. Under the flusher's lock, as delete_topic: a batch of the group's
+        commits being replicated would otherwise land after the removal."""
         async with self._offset_lock:
             dropped = {_offset_key(*key) for key in self.offsets.apply_delete_group(group)}
             stale = [k for k in self.group.metadata(OFFSET_TABLE) if k.startswith(group + "\x01")]
             if stale:
                 await self._replicate(OFFSET_TABLE, dict.fromkeys(stale))
+            await self.pop.forget(group=group)
             return len(dropped.union(stale))
 
     def _deletion_record(self, topic: str) -> bytes:
@@ -444,11 +459,15 @@ class BrokerNode:
     async def reset_offsets(self, group: str, topic: str, offsets: dict[int, int]) -> list[str]:
         """Set ``group``'s offsets of ``topic`` (queue_id -> offset), replicated before returning, and tell the
         group's online members to drop what they cached of those queues and pull from there; returns their ids.
-        A commit a member sends after that carries the new offsets (it re-commits them on the notification)."""
-        async with self._offset_lock:
-            for queue_id, offset in offsets.items():
-                self.offsets.commit(group, topic, queue_id, offset)  # also overrides an older pending commit
-            await self._replicate(OFFSET_TABLE, {_offset_key(group, topic, q): o for q, o in offsets.items()})
+        A commit a member sends after that carries the new offsets (it re-commits them on the notification). A POP
+        group reads its pop offsets first: those of the queues move too (``broker.pop.plan_reset``), under the queues'
+        POP locks, so a POP running meanwhile neither reads the old one nor writes its successor back."""
+        async with self.pop.queue_locks(group, topic, offsets):
+            async with self._offset_lock:
+                for queue_id, offset in offsets.items():
+                    self.offsets.commit(group, topic, queue_id, offset)  # also overrides an older pending commit
+                await self._replicate(OFFSET_TABLE, {_offset_key(group, topic, q): o for q, o in offsets.items()})
+            await self.pop.write(plan_reset(self.pop.table(), group, topic, offsets))
         info = self.clients.consumer_groups.get(group)
         channels = list(info.channels.values()) if info is not None else []
         if channels and self._nursery is not None:

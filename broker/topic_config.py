@@ -6,8 +6,9 @@ topic. This module is the pure part: the dataclass, the name rules, the table wi
 apply functions; ``broker/node.py`` wires it to replication and re-registers with the name servers after a change.
 
 Name rules are RocketMQ's (``TopicValidator``): ``[%|a-zA-Z0-9_-]``, at most 127 characters, and a few reserved
-system names that a producer may not send to. Auto-created topics get RocketMQ's defaults: 4 read and 4 write
-queues, permission read|write (6).
+system names that a producer may not send to; besides, RocketMQ 5's POP retry topics ``%RETRY%<group>+<topic>``
+(``remoting.message.split_pop_retry_topic``), which the broker alone writes. Auto-created topics get RocketMQ's
+defaults: 4 read and 4 write queues, permission read|write (6).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from remoting.message import MAX_TOPIC_LENGTH, TOPIC_RE, group_problem
+from remoting.message import MAX_TOPIC_LENGTH, TOPIC_RE, group_problem, split_pop_retry_topic
 
 log = logging.getLogger(__name__)
 
@@ -64,10 +65,10 @@ def validate_topic_name(topic: Any) -> str:
         raise TopicConfigError(
             f"topic {topic[:40]!r}... is {len(topic)} characters long; at most {TOPIC_MAX_LENGTH} are allowed",
             field="topic")
-    if not TOPIC_RE.fullmatch(topic):
+    if not TOPIC_RE.fullmatch(topic) and split_pop_retry_topic(topic) is None:
         raise TopicConfigError(
-            f"topic {topic!r} contains illegal characters; allowed are letters, digits, '%', '|', '_' and '-'",
-            field="topic")
+            f"topic {topic!r} contains illegal characters; allowed are letters, digits, '%', '|', '_' and '-' "
+            f"(and one '+' in a POP retry topic's name, %RETRY%<group>+<topic>)", field="topic")
     return topic
 
 
@@ -88,6 +89,12 @@ def is_system_topic(topic: str) -> bool:
 def check_sendable_topic(topic: str) -> None:
     if topic in NOT_ALLOWED_SEND_TOPICS or is_system_topic(topic):
         raise TopicConfigError(f"topic {topic!r} is reserved for the broker; producers may not send to it",
+                               field="topic")
+    pop_retry = split_pop_retry_topic(topic)
+    if pop_retry is not None:
+        # Only the broker's revive writes it: a message sent there would reach the group's POPs as a redelivery.
+        raise TopicConfigError(f"topic {topic!r} is reserved for the broker (the POP retry topic of consumer group "
+                               f"{pop_retry[0]!r} for topic {pop_retry[1]!r}); producers may not send to it",
                                field="topic")
 
 

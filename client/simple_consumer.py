@@ -46,8 +46,8 @@ from remoting.codec import Frame
 from remoting.codes import RequestCode, ResponseCode
 from remoting.config import bounded
 from remoting.errors import RaftMQError, for_code
-from remoting.message import (PROPERTY_RETRY_TOPIC, RETRY_GROUP_TOPIC_PREFIX, MessageFormatError, decode_records,
-                              group_problem)
+from remoting.message import (RETRY_GROUP_TOPIC_PREFIX, MessageFormatError, decode_records, group_problem,
+                              split_pop_retry_topic)
 
 __all__ = ["SimpleConsumer", "SimpleConsumerConfig", "ReceivedMessage", "open_simple_consumer"]
 
@@ -224,8 +224,9 @@ class SimpleConsumer:
 
 def _received(msg: MessageExt, handle: str) -> ReceivedMessage:
     values = {f.name: getattr(msg, f.name) for f in dataclasses.fields(MessageExt)}
-    if msg.topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
-        values["topic"] = msg.properties.get(PROPERTY_RETRY_TOPIC) or msg.topic
+    pop_retry = split_pop_retry_topic(msg.topic)
+    if pop_retry is not None:
+        values["topic"] = pop_retry[1]  # %RETRY%<group>+<topic>: the name says which topic it came back to
     return ReceivedMessage(**values, receipt_handle=handle)
 
 

@@ -55,7 +55,7 @@ __all__ = [
     "PROPERTY_DELAY", "PROPERTY_REAL_TOPIC", "PROPERTY_REAL_QUEUE_ID", "PROPERTY_RETRY_TOPIC",
     "PROPERTY_ORIGIN_MESSAGE_ID", "SCHEDULE_TOPIC", "RETRY_GROUP_TOPIC_PREFIX", "DLQ_GROUP_TOPIC_PREFIX",
     "PROPERTY_TIMER_DELIVER_MS", "PROPERTY_TIMER_DELAY_MS", "PROPERTY_TIMER_DELAY_SEC", "TIMER_PROPERTIES",
-    "retry_topic", "dlq_topic",
+    "retry_topic", "dlq_topic", "pop_retry_topic", "split_pop_retry_topic", "POP_RETRY_SEPARATOR",
     "RETRY_GROUP_MAX_LENGTH",
     "PROPERTY_TRANSACTION_PREPARED", "PROPERTY_PRODUCER_GROUP", "PROPERTY_TRANSACTION_CHECK_TIMES",
     "TRANS_HALF_TOPIC", "TRANS_OP_HALF_TOPIC", "TRANS_CHECK_MAX_TIME_TOPIC",
@@ -139,6 +139,30 @@ RETRY_GROUP_MAX_LENGTH = MAX_TOPIC_LENGTH - max(len(RETRY_GROUP_TOPIC_PREFIX), l
 def retry_topic(group: str) -> str:
     """A consumer group's retry topic: its members subscribe to it, the broker fills it with sent-back messages."""
     return RETRY_GROUP_TOPIC_PREFIX + group
+
+
+# RocketMQ 5's KeyBuilder.POP_RETRY_SEPARATOR_V2. Outside the topic and group charset, so a POP retry topic name
+# can be neither a user's topic nor a push consumers' ``%RETRY%<group>``, and splits back into one (group, topic)
+# only: v1's ``%RETRY%<group>_<topic>`` was all three (``%RETRY%a_b`` is group a's POP retry of topic b and group
+# a_b's push retry topic; ``a_b_c`` is (a, b_c) or (a_b, c)).
+POP_RETRY_SEPARATOR = "+"
+
+
+def pop_retry_topic(group: str, topic: str) -> str:
+    """RocketMQ 5's POP retry topic (v2) of ``group`` consuming ``topic``: ``%RETRY%<group>+<topic>``, written only by
+    the broker's revive and read only by the group's POPs of ``topic`` (``broker/pop.py``)."""
+    return f"{RETRY_GROUP_TOPIC_PREFIX}{group}{POP_RETRY_SEPARATOR}{topic}"
+
+
+def split_pop_retry_topic(name: str) -> tuple[str, str] | None:
+    """(group, topic) of a POP retry topic name, None for any other name: the prefix, a legal group, '+', a legal
+    topic, at most MAX_TOPIC_LENGTH characters in all."""
+    if not name.startswith(RETRY_GROUP_TOPIC_PREFIX) or len(name) > MAX_TOPIC_LENGTH:
+        return None
+    group, sep, topic = name[len(RETRY_GROUP_TOPIC_PREFIX):].partition(POP_RETRY_SEPARATOR)
+    if not sep or not group or not topic or not TOPIC_RE.fullmatch(group) or not TOPIC_RE.fullmatch(topic):
+        return None
+    return group, topic
 
 
 def dlq_topic(group: str) -> str:
@@ -247,13 +271,15 @@ def _host_bytes(host: tuple[str, int], field: str) -> tuple[bytes, int]:
 
 @lru_cache(maxsize=4096)
 def check_topic(topic: str) -> bytes:
-    """The UTF-8 topic if it is legal (RocketMQ's charset ``%|a-zA-Z0-9_-``, 1..127 chars), else raise."""
+    """The UTF-8 topic if it is legal (RocketMQ's charset ``%|a-zA-Z0-9_-``, 1..127 chars, or a POP retry topic's
+    name: ``split_pop_retry_topic``), else raise."""
     if not isinstance(topic, str) or not topic:
         raise MessageFormatError("topic", f"topic must be a non-empty string, got {topic!r}")
     if len(topic) > MAX_TOPIC_LENGTH:
         raise MessageFormatError("topic", f"topic is {len(topic)} chars long, more than {MAX_TOPIC_LENGTH}")
-    if not TOPIC_RE.fullmatch(topic):
-        raise MessageFormatError("topic", f"topic {topic!r} contains characters outside %|a-zA-Z0-9_-")
+    if not TOPIC_RE.fullmatch(topic) and split_pop_retry_topic(topic) is None:
+        raise MessageFormatError("topic", f"topic {topic!r} contains characters outside %|a-zA-Z0-9_- (a '+' only in "
+                                          f"a POP retry topic, %RETRY%<group>+<topic>)")
     return topic.encode("ascii")
 
 

@@ -26,11 +26,11 @@ the offset of its first message stored at or after ``timestamp`` (0: the oldest 
 replicated before the answer; the group's online members are told to drop what they cached and pull from there.
 
 CLONE_GROUP_OFFSET is RocketMQ's cloneGroupOffset: on the leader, ``dest_group`` gets ``src_group``'s committed
-offset of every queue of ``topic`` (those ``src_group`` committed; the others are left as they are), replicated as
-an offset reset is, and ``dest_group``'s online members are told to pull from there, as by a reset (RocketMQ tells
-them nothing, and their next commits put their old offsets back). A ``src_group`` with no committed offset of the
-topic here is QUERY_NOT_FOUND: nothing is changed, and the admin client, which asks every group of the topic,
-refuses only when no group had any.
+offset of every queue of ``topic`` (those ``src_group`` committed, or a POP group's pop offsets; the others are left
+as they are), replicated as an offset reset is (a POP ``dest_group``'s pop offsets move too), and ``dest_group``'s
+online members are told to pull from there, as by a reset (RocketMQ tells them nothing, and their next commits put
+their old offsets back). A ``src_group`` with no committed offset of the topic here is QUERY_NOT_FOUND: nothing is
+changed, and the admin client, which asks every group of the topic, refuses only when no group had any.
 """
 
 from __future__ import annotations
@@ -165,6 +165,7 @@ class ConsumerManageProcessor:
             raise invalid("dest_group", f"is the source group {src!r} itself: nothing to clone")
         topic = get_existing_topic(node, request.ext)
         offsets = {q: o for (t, q), o in node.offsets.offsets_of_group(src).items() if t == topic}
+        offsets.update(node.pop.pop_offsets(src, topic))  # a POP group's own offsets: where its next POP reads
         if not offsets:
             raise RequestRejected(ResponseCode.QUERY_NOT_FOUND,
                                   f"consumer group {src!r} has no committed offset of topic {topic!r} on broker "

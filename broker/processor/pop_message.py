@@ -9,7 +9,7 @@ POP table (``broker/pop.py``, which holds the rules of checkpoints, handles and 
   ``long_polling_timeout_ms``, for a message), ``init_mode`` (where a group with no offset for a queue starts:
   0 its min offset, 1 its max offset, the default, as RocketMQ's ConsumeInitMode), ``expression_type`` (TAG or
   SQL92) and ``subscription`` (the expression; default ``*``). Each POP also reads the group's POP retry topic
-  ``%RETRY%<group>_<topic>``, first one time in five (RocketMQ's popFromRetryProbability), else after the topic's
+  ``%RETRY%<group>+<topic>``, first one time in five (RocketMQ's popFromRetryProbability), else after the topic's
   queues. Answer SUCCESS with the raw records as the body (as a pull's) and ext ``receipt_handles`` (one per
   record, in order), ``pop_time_ms`` and ``invisible_time_ms``; or PULL_NOT_FOUND when nothing was visible (after
   ``poll_time_ms``).
@@ -19,10 +19,11 @@ POP table (``broker/pop.py``, which holds the rules of checkpoints, handles and 
   superseded), ``pop_time_ms``, ``invisible_time_ms``.
 
 Refusals: unknown group (auto-create off) SUBSCRIPTION_GROUP_NOT_EXIST, stopped group NO_PERMISSION, unknown topic
-TOPIC_NOT_EXIST, a field out of range or a malformed receipt handle, or one issued by another broker group or for
-another topic or group, INVALID_REQUEST naming the field; a handle whose invisible time is over (its message is
-being made visible again), or superseded by a CHANGE, or (CHANGE) whose message was acked, NO_MESSAGE with ext
-``field`` ``receipt_handle``.
+TOPIC_NOT_EXIST, a POP retry topic popped as a topic NO_PERMISSION (as a pull of it), a field out of range or a
+malformed receipt handle, or one issued by another broker group or for another topic or group, or naming a queue
+the topic does not have, INVALID_REQUEST naming the field; a handle whose invisible time is over (its message is
+being made visible again; also when its revive took it while the request waited), or superseded by a CHANGE, or
+(CHANGE) whose message was acked, NO_MESSAGE with ext ``field`` ``receipt_handle``.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import trio
 
 from broker.filter import SubscriptionParseError, TagFilter, parse_tag_expression
 from broker.pop import (CheckPoint, ReceiptHandle, ReceiptHandleError, now_ms, plan_ack, plan_change,
-                        pop_offset_key, pop_retry_topic, pop_retry_topic_problem, superseded_by)
+                        pop_offset_key, pop_retry_topic_problem, superseded_by)
 from broker.processor.base import (I32, RequestRejected, error_response, existing_topic_config, get_group, get_int,
                                    get_str, invalid, unexpected_response)
 from broker.processor.pull_message import check_pullable, sql92_not_supported
@@ -46,7 +47,7 @@ from dledger import DLedgerError
 from remoting.codec import Frame, make_response
 from remoting.codes import ResponseCode
 from remoting.errors import RaftMQError
-from remoting.message import PROPERTY_RETRY_TOPIC, decode_record
+from remoting.message import pop_retry_topic
 from remoting.sql_filter import SQL92, TAG, SqlFilter
 
 if TYPE_CHECKING:
@@ -209,11 +210,8 @@ class PopMessageProcessor:
             next_offset = result.next_begin_offset if status in _MOVED else start
             picked: list[tuple[bytes, int]] = []
             if status == "FOUND":
-                for raw, offset in zip(result.messages, result.queue_offsets):
-                    if queue.retry and decode_record(raw, check_crc=False).properties.get(
-                            PROPERTY_RETRY_TOPIC) != args.topic:
-                        continue  # another (group, topic)'s whose retry topic has the same name: see broker/pop.py
-                    picked.append((bytes(raw), offset))
+                # Everything in a POP retry topic is this (group, topic)'s: its name is nobody else's (broker/pop.py).
+                picked = [(bytes(raw), offset) for raw, offset in zip(result.messages, result.queue_offsets)]
             items: dict[str, Any] = {}
             if next_offset != stored:
                 items[pop_offset_key(group, queue.topic, queue.queue_id)] = next_offset
@@ -303,9 +301,18 @@ class PopMessageProcessor:
         if handle.broker_name != mine:
             raise invalid("receipt_handle", f"was issued by broker group {handle.broker_name!r}, not by {mine!r}: "
                                             f"ack it (or change it) there")
+        if handle.consumer_group != group:
+            raise invalid("receipt_handle", f"was issued to consumer group {handle.consumer_group!r}, not to "
+                                            f"{group!r}: only the group a message was popped for acks it")
         if handle.topic not in (topic, pop_retry_topic(group, topic)):
             raise invalid("receipt_handle", f"is for a message of topic {handle.topic!r}, not of topic {topic!r} as "
                                             f"consumed by consumer group {group!r}")
+        # Checked before its lock is taken: the lock table is keyed by what a client's handle names.
+        config = node.topic(handle.topic)
+        queues = config.read_queue_nums if config is not None else 0
+        if handle.queue_id >= queues:
+            raise invalid("receipt_handle", f"names queue {handle.queue_id} of topic {handle.topic!r}, which has "
+                                            f"{queues} read queues on broker {mine!r}")
         return group, topic, handle
 
     def _expired(self, handle: ReceiptHandle, now: int) -> RequestRejected:
@@ -314,6 +321,19 @@ class PopMessageProcessor:
                                f"{handle.pop_time_ms}, invisible for {handle.invisible_time_ms} ms): its message "
                                f"{handle.topic}:{handle.queue_id}:{handle.queue_offset} is visible again and will be "
                                f"delivered again", ext={"field": "receipt_handle"})
+
+    def _gone(self, handle: ReceiptHandle) -> RequestRejected | None:
+        """Why ``handle`` (not current: its checkpoint no longer holds its message) cannot be acked or changed, or
+        None when its message was acked. Judged under the queue's lock: a revive that took the checkpoint while the
+        request waited for the lock reads as the expiry it was."""
+        table = self.node.pop.table()
+        newer = superseded_by(table, handle)
+        if newer is not None:
+            return self._superseded(handle, newer)
+        now = now_ms()
+        if handle.deadline_ms <= now:
+            return self._expired(handle, now)
+        return None
 
     def _superseded(self, handle: ReceiptHandle, newer: CheckPoint) -> RequestRejected:
         return RequestRejected(ResponseCode.NO_MESSAGE,
@@ -331,12 +351,11 @@ class PopMessageProcessor:
             raise self._expired(handle, now)
         pop = node.pop
         async with pop.queue_lock(group, handle.topic, handle.queue_id):
-            table = pop.table()
-            items, current = plan_ack(table, group, handle)
+            items, current = plan_ack(pop.table(), handle)
             if not current:
-                newer = superseded_by(table, group, handle)
-                if newer is not None:
-                    raise self._superseded(handle, newer)
+                gone = self._gone(handle)
+                if gone is not None:
+                    raise gone
                 return make_response(request, ResponseCode.SUCCESS, ext={"acked": False})
             await pop.write(items)
         return make_response(request, ResponseCode.SUCCESS, ext={"acked": True})
@@ -352,12 +371,11 @@ class PopMessageProcessor:
             raise self._expired(handle, now)
         pop = node.pop
         async with pop.queue_lock(group, handle.topic, handle.queue_id):
-            table = pop.table()
-            planned = plan_change(table, group, handle, invisible_time_ms, now)
+            planned = plan_change(pop.table(), handle, invisible_time_ms, now)
             if planned is None:
-                newer = superseded_by(table, group, handle)
-                if newer is not None:
-                    raise self._superseded(handle, newer)
+                gone = self._gone(handle)
+                if gone is not None:
+                    raise gone
                 raise RequestRejected(ResponseCode.NO_MESSAGE,
                                       f"request field 'receipt_handle' names message {handle.topic}:{handle.queue_id}:"
                                       f"{handle.queue_offset}, acked already: its invisible time cannot change",

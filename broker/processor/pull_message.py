@@ -44,7 +44,7 @@ from broker.topic_config import PERM_READ
 from remoting.codec import Frame, make_response
 from remoting.codes import ResponseCode
 from remoting.errors import RaftMQError
-from remoting.message import TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
+from remoting.message import TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC, split_pop_retry_topic
 from remoting.sql_filter import SQL92, TAG, SqlFilter
 
 if TYPE_CHECKING:
@@ -60,14 +60,22 @@ MASTER_ID = 0
 
 def check_pullable(node: BrokerNode, topic: str, queue_id: int) -> None:
     """Raise the refusal a pull of (topic, queue_id) gets: a node whose ``broker_permission`` lacks read (2, write
-    only; RocketMQ's "pulling message is forbidden"), a topic that does not exist or is not readable, or a queue_id
-    at or beyond its read_queue_nums. Checked again when a held pull resumes, and by the node after a topic or
-    permission change to release the held pulls it now refuses."""
+    only; RocketMQ's "pulling message is forbidden"), a POP retry topic (also as a POP's topic), a topic that does
+    not exist or is not readable, or a queue_id at or beyond its read_queue_nums. Checked again when a held pull
+    resumes, and by the node after a topic or permission change to release the held pulls it now refuses."""
     if not node.config.broker_permission & PERM_READ:
         raise RequestRejected(ResponseCode.NO_PERMISSION,
                               f"broker {node.config.broker_name} (node {node.broker_addr}) is not readable "
                               f"(broker_permission {node.config.broker_permission}): pulling messages from it is "
                               f"forbidden", ext={"broker_name": node.config.broker_name, "topic": topic})
+    pop_retry = split_pop_retry_topic(topic)
+    if pop_retry is not None:
+        # Only that group's POPs of that topic read it (they are not checked here): pulled, or popped as a topic, it
+        # would hand that group's redeliveries to whoever asks.
+        raise RequestRejected(ResponseCode.NO_PERMISSION,
+                              f"topic {topic!r} is the POP retry topic of consumer group {pop_retry[0]!r} for topic "
+                              f"{pop_retry[1]!r}: only that group's POPs of {pop_retry[1]!r} read it; no consumer "
+                              f"may pull, pop or subscribe to it", ext={"topic": topic})
     try:
         config = existing_topic_config(node, topic)
     except RequestRejected:

@@ -137,7 +137,7 @@ async def test_unacked_comes_back_a_change_defers_it_and_max_attempts_end_in_the
         # Not acked: visible again after its invisible time, from the group's POP retry topic, as its own topic.
         (again,) = await _receive_all(consumer, 1, invisible_ms=1_000)
         assert again.body == b"retry-me" and again.reconsume_times == 1 and again.topic == topic
-        assert ReceiptHandle.decode(again.receipt_handle).topic == f"%RETRY%{group}_{topic}"
+        assert ReceiptHandle.decode(again.receipt_handle).topic == f"%RETRY%{group}+{topic}"
         # Its first handle is over: refused, saying so.
         with pytest.raises(RaftMQError) as expired:
             await consumer.ack(first)
@@ -162,6 +162,30 @@ async def test_unacked_comes_back_a_change_defers_it_and_max_attempts_end_in_the
                     break
                 await trio.sleep(0.2)
     assert found[0].body == b"retry-me" and found[0].reconsume_times == 2
+
+
+async def test_a_reset_offset_moves_a_pop_group_and_another_groups_ack_is_refused(pop_cluster):
+    topic, group = "PopReset", "pop_reset"
+    await _prepare(pop_cluster, topic, group, queues=1)
+    bodies = [f"reset-{i}" for i in range(4)]
+    await _send(pop_cluster, topic, bodies)
+    async with _consumer(pop_cluster, group, topic) as consumer:
+        got = await _receive_all(consumer, len(bodies), invisible_ms=30_000)
+        leader = await pop_cluster.leader_addr()
+        # Another group's name with this group's handle: refused, the message stays invisible to this group.
+        answer = await _raw(leader, RequestCode.ACK_MESSAGE, {"consumer_group": "pop_reset_other", "topic": topic,
+                                                              "receipt_handle": got[0].receipt_handle})
+        assert answer.code == ResponseCode.INVALID_REQUEST and answer.ext.get("field") == "receipt_handle"
+        for msg in got:
+            await consumer.ack(msg)
+        async with open_admin(pop_cluster.namesrv) as admin:
+            await admin.reset_offset(group, topic, 0)
+        # The POP group starts over at the first message: its pop offsets moved with the committed ones.
+        again = await _receive_all(consumer, len(bodies), invisible_ms=30_000)
+        assert sorted(m.body.decode() for m in again) == sorted(bodies)
+        assert all(m.reconsume_times == 0 for m in again)
+        for msg in again:
+            await consumer.ack(msg)
 
 
 async def _raw(addr: str, code: int, ext: dict):
@@ -197,14 +221,14 @@ async def test_bad_input_gets_its_code_and_a_remark_naming_the_field(pop_cluster
     ack = {"consumer_group": group, "topic": topic}
     await refused(RequestCode.ACK_MESSAGE, {**ack, "receipt_handle": "garbage"}, ResponseCode.INVALID_REQUEST,
                   "receipt_handle")
-    foreign = ReceiptHandle("broker-z", topic, 0, 0, 0, 4_000_000_000_000, 1_000).encode()
+    foreign = ReceiptHandle("broker-z", group, topic, 0, 0, 0, 4_000_000_000_000, 1_000).encode()
     remark = await refused(RequestCode.ACK_MESSAGE, {**ack, "receipt_handle": foreign}, ResponseCode.INVALID_REQUEST,
                            "receipt_handle")
     assert "broker-z" in remark
-    other_topic = ReceiptHandle("broker-a", "OtherTopic", 0, 0, 0, 4_000_000_000_000, 1_000).encode()
+    other_topic = ReceiptHandle("broker-a", group, "OtherTopic", 0, 0, 0, 4_000_000_000_000, 1_000).encode()
     await refused(RequestCode.ACK_MESSAGE, {**ack, "receipt_handle": other_topic}, ResponseCode.INVALID_REQUEST,
                   "receipt_handle")
-    expired = ReceiptHandle("broker-a", topic, 0, 0, 0, 1_000, 1_000).encode()
+    expired = ReceiptHandle("broker-a", group, topic, 0, 0, 0, 1_000, 1_000).encode()
     await refused(RequestCode.ACK_MESSAGE, {**ack, "receipt_handle": expired}, ResponseCode.NO_MESSAGE,
                   "receipt_handle")
     await refused(RequestCode.CHANGE_MESSAGE_INVISIBLETIME, {**ack, "receipt_handle": expired, "invisible_time_ms": 0},

@@ -3,15 +3,20 @@ Pure: the replicated table is a plain dict here, changed as DLedger applies a me
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 from broker.long_polling import PullRequestHoldService
-from broker.pop import (CheckPoint, ReceiptHandle, ReceiptHandleError, checkpoints_of_queue, expired_checkpoints,
-                        plan_ack, plan_change, pop_offset_key, pop_retry_topic, pop_retry_topic_problem,
-                        superseded_by)
+from broker.pop import (CheckPoint, PopService, ReceiptHandle, ReceiptHandleError, checkpoints_of_queue,
+                        expired_checkpoints, plan_ack, plan_change, plan_forget, plan_reset, pop_offset_key,
+                        pop_retry_topic_problem, superseded_by)
+from broker.topic_config import TopicConfigError, check_sendable_topic, validate_topic_name
+from namesrv.requests import _legal_topic
+from remoting.message import MessageFormatError, check_topic, pop_retry_topic, split_pop_retry_topic
 
 G, T = "g1", "TopicA"
 
@@ -33,33 +38,36 @@ def popped(table: dict[str, Any], offsets: tuple[int, ...], pop_time: int = 10_0
 
 # --- receipt handles ---------------------------------------------------------------------------------------------
 def test_handle_round_trips_and_has_a_fixed_text_form():
-    handle = ReceiptHandle("broker-a", "%RETRY%g1_TopicA", 3, 17, 15, 1_700_000_000_123, 30_000)
+    handle = ReceiptHandle("broker-a", "g1", "%RETRY%g1+TopicA", 3, 17, 15, 1_700_000_000_123, 30_000)
     text = handle.encode()
-    assert text == "1 broker-a %RETRY%g1_TopicA 3 17 15 1700000000123 30000"
+    assert text == "2 broker-a g1 %RETRY%g1+TopicA 3 17 15 1700000000123 30000"
     assert ReceiptHandle.decode(text) == handle
     assert handle.deadline_ms == 1_700_000_030_123
 
 
-def test_handle_names_its_checkpoint():
+def test_handle_names_its_group_and_checkpoint():
     table: dict[str, Any] = {}
     ck = popped(table, (4, 5, 6))
-    assert ck.handle("broker-a", 5).checkpoint_key(G) == ck.key
-    assert ck.handle("broker-a", 5).checkpoint_key("other") != ck.key
+    handle = ck.handle("broker-a", 5)
+    assert handle.consumer_group == G and handle.checkpoint_key == ck.key
+    assert dataclasses.replace(handle, consumer_group="other").checkpoint_key != ck.key
 
 
 @pytest.mark.parametrize("text, problem", [
     (None, "non-empty string"),
     ("", "non-empty string"),
     (42, "non-empty string"),
-    ("garbage", "8 space-separated fields, got 1"),
-    ("2 broker-a T 0 1 1 5 5", "version '2'"),
-    ("1  T 0 1 1 5 5", "names no broker"),
-    ("1 broker-a T x 1 1 5 5", "queue_id must be a non-negative integer"),
-    ("1 broker-a T 0 -1 0 5 5", "queue_offset must be a non-negative integer"),
-    ("1 broker-a T 0 +1 0 5 5", "queue_offset must be a non-negative integer"),
-    ("1 broker-a T 0 1 0 5 ５", "invisible_time_ms must be a non-negative integer"),
-    ("1 broker-a T 0 1 0 5 99999999999999999999", "invisible_time_ms must be a non-negative integer"),
-    ("1 broker-a T 0 1 2 5 5", "below its checkpoint's start offset 2"),
+    ("garbage", "version 'garbage'"),
+    ("2 garbage", "9 space-separated fields, got 2"),
+    ("1 broker-a T 0 1 1 5 5", "version '1'"),  # version 1 named no group: an ack could not be checked against it
+    ("2  g T 0 1 1 5 5", "names no broker"),
+    ("2 broker-a  T 0 1 1 5 5", "no consumer group"),
+    ("2 broker-a g T x 1 1 5 5", "queue_id must be a non-negative integer"),
+    ("2 broker-a g T 0 -1 0 5 5", "queue_offset must be a non-negative integer"),
+    ("2 broker-a g T 0 +1 0 5 5", "queue_offset must be a non-negative integer"),
+    ("2 broker-a g T 0 1 0 5 ５", "invisible_time_ms must be a non-negative integer"),
+    ("2 broker-a g T 0 1 0 5 99999999999999999999", "invisible_time_ms must be a non-negative integer"),
+    ("2 broker-a g T 0 1 2 5 5", "below its checkpoint's start offset 2"),
 ])
 def test_malformed_handles_are_refused_saying_why(text, problem):
     with pytest.raises(ReceiptHandleError, match=problem.replace("(", r"\(").replace("+", r"\+")):
@@ -67,7 +75,7 @@ def test_malformed_handles_are_refused_saying_why(text, problem):
 
 
 def test_retry_topic_name_and_its_length_limit():
-    assert pop_retry_topic("g", "T") == "%RETRY%g_T"
+    assert pop_retry_topic("g", "T") == "%RETRY%g+T"
     assert pop_retry_topic_problem("g", "T") is None
     assert "at most 127" in pop_retry_topic_problem("g" * 60, "t" * 60)
 
@@ -82,12 +90,12 @@ def test_checkpoint_round_trips_through_its_table_form():
 def test_acks_empty_a_checkpoint_and_then_remove_it():
     table: dict[str, Any] = {}
     ck = popped(table, (4, 5))
-    items, current = plan_ack(table, G, ck.handle("b", 4))
+    items, current = plan_ack(table, ck.handle("b", 4))
     assert current and CheckPoint.from_wire(items[ck.key]).offsets == (5,)
     apply(table, items)
     # Acked again (a retried ack): nothing to change, and not an error.
-    assert plan_ack(table, G, ck.handle("b", 4)) == ({}, False)
-    items, current = plan_ack(table, G, ck.handle("b", 5))
+    assert plan_ack(table, ck.handle("b", 4)) == ({}, False)
+    items, current = plan_ack(table, ck.handle("b", 5))
     assert current and items == {ck.key: None}
     apply(table, items)
     assert checkpoints_of_queue(table, G, T, 1) == []
@@ -98,27 +106,27 @@ def test_change_moves_one_message_to_a_checkpoint_of_its_own_and_supersedes_the_
     table: dict[str, Any] = {}
     ck = popped(table, (4, 5, 6), pop_time=10_000, invisible=5_000)
     old = ck.handle("b", 5)
-    items, new = plan_change(table, G, old, 60_000, now=12_000)
+    items, new = plan_change(table, old, 60_000, now=12_000)
     apply(table, items)
-    assert new.offsets == (5,) and new.deadline_ms == 72_000
+    assert new.offsets == (5,) and new.deadline_ms == 72_000 and new.consumer_group == G
     assert CheckPoint.from_wire(table[ck.key]).offsets == (4, 6)
     # The old handle: no longer current, and the checkpoint that now holds its message says why.
-    assert plan_ack(table, G, old) == ({}, False)
-    assert superseded_by(table, G, old) == new
-    assert plan_change(table, G, old, 1_000, now=13_000) is None
+    assert plan_ack(table, old) == ({}, False)
+    assert superseded_by(table, old) == new
+    assert plan_change(table, old, 1_000, now=13_000) is None
     # The new handle acks it; then nothing supersedes the old one any more (it reads as acked).
-    items, current = plan_ack(table, G, new.handle("b", 5))
+    items, current = plan_ack(table, new.handle("b", 5))
     assert current
     apply(table, items)
-    assert superseded_by(table, G, old) is None
+    assert superseded_by(table, old) is None
 
 
 def test_two_changes_of_one_message_in_the_same_millisecond_get_distinct_checkpoints():
     table: dict[str, Any] = {}
     ck = popped(table, (4,), pop_time=10_000)
-    items, first = plan_change(table, G, ck.handle("b", 4), 5_000, now=11_000)
+    items, first = plan_change(table, ck.handle("b", 4), 5_000, now=11_000)
     apply(table, items)
-    items, second = plan_change(table, G, first.handle("b", 4), 5_000, now=11_000)
+    items, second = plan_change(table, first.handle("b", 4), 5_000, now=11_000)
     apply(table, items)
     assert second.key != first.key and second.pop_time_ms == 11_001
     assert [c.offsets for c in checkpoints_of_queue(table, G, T, 1)] == [(4,)]
@@ -164,3 +172,107 @@ async def test_a_withdrawn_hold_is_never_resumed():
         await trio.sleep(0.1)  # past a's deadline too
         nursery.cancel_scope.cancel()
     assert resumed == ["b"]
+
+
+async def test_withdrawn_holds_do_not_pile_up_in_the_deadline_heap():
+    """A POP waiting on many queues withdraws all but one each time: their deadline entries used to stay until their
+    deadline (up to long_polling_timeout_ms), with their requests."""
+    service = PullRequestHoldService(lambda topic, queue_id: 0, check_interval_ms=60_000)
+
+    async def resume(timed_out: bool, offset: int) -> None:
+        pass
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(service.serve)
+        kept = [service.hold("T", 0, 0, 600, resume) for _ in range(10)]
+        for round_ in range(50):
+            for req in [service.hold("T", q, 0, 600, resume) for q in range(1, 9)]:
+                service.withdraw(req)
+        live = sum(not entry[2].done for entry in service._deadlines)
+        assert live == len(kept) == service.held_now()
+        assert len(service._deadlines) <= 2 * 64 + len(kept)  # not the 400 withdrawn
+        nursery.cancel_scope.cancel()
+
+
+# --- admin moves of POP state ----------------------------------------------------------------------------------------
+def test_a_reset_moves_the_pop_offsets_the_group_has_and_keeps_its_checkpoints():
+    table: dict[str, Any] = {}
+    ck = popped(table, (4, 5), queue_id=1)
+    apply(table, {pop_offset_key(G, T, 2): 9, pop_offset_key("other", T, 1): 7})
+    items = plan_reset(table, G, T, {0: 0, 1: 2, 2: 3})
+    # Queue 0 never popped: the committed offset the reset sets is read there; other groups are left alone.
+    assert items == {pop_offset_key(G, T, 1): 2, pop_offset_key(G, T, 2): 3}
+    apply(table, items)
+    assert checkpoints_of_queue(table, G, T, 1) == [ck]
+
+
+def test_forgetting_a_topic_or_a_group_takes_exactly_its_keys():
+    table: dict[str, Any] = {}
+    popped(table, (4,), queue_id=1)
+    other_topic = CheckPoint(G, "TopicAB", 1, 1, 10_000, 5_000, (1,))
+    other_group = CheckPoint("g11", T, 1, 1, 10_000, 5_000, (1,))
+    retry = CheckPoint(G, pop_retry_topic(G, T), 0, 3, 10_000, 5_000, (3,))
+    for ck in (other_topic, other_group, retry):
+        apply(table, {ck.key: ck.to_wire(), pop_offset_key(ck.consumer_group, ck.topic, ck.queue_id): 9})
+    by_topic = plan_forget(table, topic=T)
+    assert sorted(by_topic) == sorted(k for k in table if f"\x01{T}\x01" in k and k.split("\x01")[2] == T)
+    assert len(by_topic) == 4  # G's and g11's offset and checkpoint; not TopicAB's nor the retry topic's
+    by_group = plan_forget(table, group=G)
+    assert len(by_group) == 6 and all(k.split("\x01")[1] == G for k in by_group)
+    with pytest.raises(ValueError):
+        plan_forget(table)
+
+
+# --- the per-queue locks ---------------------------------------------------------------------------------------------
+async def test_a_queue_lock_is_forgotten_once_nobody_holds_or_waits_for_it():
+    service = PopService(node=None)  # type: ignore[arg-type]  # the locks need no node
+    order: list[str] = []
+
+    async def take(name: str, queue_id: int) -> None:
+        async with service.queue_lock(G, T, queue_id):
+            order.append(name)
+            await trio.sleep(0.01)
+
+    async with trio.open_nursery() as nursery:
+        for i in range(3):
+            nursery.start_soon(take, f"t{i}", 0)
+        nursery.start_soon(take, "other", 1)
+        await trio.testing.wait_all_tasks_blocked()
+        assert service._locks[(G, T, 0)].users == 3
+    assert sorted(order) == ["other", "t0", "t1", "t2"]
+    assert service._locks == {}
+    async with service.queue_locks(G, T, [3, 1, 3]):
+        assert sorted(service._locks) == [(G, T, 1), (G, T, 3)]
+    assert service._locks == {}
+
+
+# --- POP retry topic names -----------------------------------------------------------------------------------------
+def test_split_pop_retry_topic_takes_exactly_the_v2_shape():
+    assert split_pop_retry_topic("%RETRY%g1+TopicA") == ("g1", "TopicA")
+    assert split_pop_retry_topic("%RETRY%g|1-x+%RETRY%push") == ("g|1-x", "%RETRY%push")
+    assert split_pop_retry_topic(pop_retry_topic("g" * 59, "t" * 60)) == ("g" * 59, "t" * 60)  # 127 characters
+    for name in ("%RETRY%g_TopicA", "%RETRY%g", "%RETRY%+T", "%RETRY%g+", "%RETRY%g+a+b", "%RETRY%g h+T",
+                 "%DLQ%g+T", "g+T", "%retry%g+T", pop_retry_topic("g" * 60, "t" * 60)):
+        assert split_pop_retry_topic(name) is None, name
+
+
+@pytest.mark.parametrize("name, legal", [
+    ("%RETRY%g+TopicA", True), ("TopicA", True), ("%RETRY%g_TopicA", True),
+    ("a+b", False), ("%RETRY%+TopicA", False), ("%RETRY%g+", False), ("%RETRY%g+a+b", False), ("+", False),
+    ("%DLQ%g+TopicA", False), ("%RETRY%g+Topic A", False), (pop_retry_topic("g" * 60, "t" * 60), False),
+])
+def test_every_topic_name_check_takes_a_plus_only_in_a_pop_retry_topic(name, legal):
+    """Client and wire (check_topic), broker (validate_topic_name) and name server (its registrations' check)."""
+    for check in (check_topic, validate_topic_name):
+        if legal:
+            check(name)
+        else:
+            with pytest.raises((MessageFormatError, TopicConfigError), match="'\\+'|characters|long"):
+                check(name)
+    assert _legal_topic(name) is legal
+
+
+def test_producers_may_not_send_to_a_pop_retry_topic():
+    with pytest.raises(TopicConfigError, match="reserved for the broker .*POP retry topic of consumer group 'g'"):
+        check_sendable_topic("%RETRY%g+TopicA")
+    check_sendable_topic("%RETRY%g_TopicA")  # a push group's retry topic: sent to by send-backs, not refused here

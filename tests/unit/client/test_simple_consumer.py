@@ -15,11 +15,15 @@ def _message(topic: str, properties: dict[str, str] | None = None) -> MessageExt
 
 
 def test_a_message_back_from_the_pop_retry_topic_shows_its_own_topic():
-    msg = _received(_message("%RETRY%g_TopicA", {"RETRY_TOPIC": "TopicA", "TAGS": "t"}), "handle")
+    msg = _received(_message("%RETRY%g+TopicA", {"RETRY_TOPIC": "TopicA", "TAGS": "t"}), "handle")
     assert isinstance(msg, ReceivedMessage) and isinstance(msg, MessageExt)
     assert msg.topic == "TopicA" and msg.receipt_handle == "handle" and msg.reconsume_times == 1
     assert msg.queue_offset == 7 and msg.tags == "t"
     assert _received(_message("TopicA"), "h").topic == "TopicA"
+    # The retry topic's name says the topic, not a property a producer could have set; and a push group's retry
+    # topic (v1's ambiguous name) is no POP retry topic.
+    assert _received(_message("%RETRY%g+TopicA", {"RETRY_TOPIC": "Other"}), "h").topic == "TopicA"
+    assert _received(_message("%RETRY%g_TopicA", {"RETRY_TOPIC": "TopicA"}), "h").topic == "%RETRY%g_TopicA"
 
 
 def test_subscriptions_are_parsed_and_bad_ones_refused():

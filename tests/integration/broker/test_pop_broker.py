@@ -1,0 +1,254 @@
+"""POP on an in-process single-node broker (broker/pop.py, broker/processor/pop_message.py): the POP retry topic's
+name and who may use it, admin moves (reset, clone, delete) of POP state, receipt handles of another group or queue,
+an ack or change losing the race to revive, and revive going on past a checkpoint it cannot revive.
+
+The revive task's own interval is long here: each test calls ``PopService.revive_expired`` with a clock far ahead,
+or revives one checkpoint itself, so nothing depends on timing but the one race test's wait for a deadline.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import cbor2
+import trio
+
+from broker.node import BrokerNode, serve_broker
+from broker.pop import CheckPoint, ReceiptHandle, now_ms
+from broker.topic_config import PERM_READ_WRITE, TopicConfig
+from remoting.codes import RequestCode, ResponseCode
+from remoting.message import MAX_PROPERTIES_SIZE, encode_properties, iter_records, pop_retry_topic
+from remoting.transport import open_remoting_client
+from tests.integration.broker.helpers import broker_configs, call, wait_leader
+
+FAR = 10 ** 9  # ms: a clock this far ahead finds every checkpoint expired
+
+
+async def _broker(nursery, tmp_path, **overrides) -> tuple[BrokerNode, str]:
+    (config,) = broker_configs(tmp_path, None, pop_revive_interval_ms=60_000, **overrides)
+    nodes: list[BrokerNode] = []
+    host, port = await nursery.start(lambda task_status: serve_broker(config, on_serving=nodes.append,
+                                                                      task_status=task_status))
+    return nodes[0], f"{host}:{port}"
+
+
+async def _send(client, addr: str, topic: str, body: bytes, **properties: str) -> None:
+    r = await call(client, addr, RequestCode.SEND_MESSAGE,
+                   {"producer_group": "pg", "topic": topic, "queue_id": 0, "born_timestamp": 1,
+                    "properties": {"TAGS": "TagA", **properties}}, body)
+    assert r.code == ResponseCode.SUCCESS, r.remark
+
+
+async def _pop(client, addr: str, group: str, topic: str, *, invisible_ms: int = 60_000, n: int = 32) -> list:
+    """(message, receipt handle) pairs of one POP of queue 0 (and the group's retry topic), from the first offset."""
+    r = await call(client, addr, RequestCode.POP_MESSAGE,
+                   {"consumer_group": group, "topic": topic, "queue_id": 0, "max_msg_nums": n,
+                    "invisible_time_ms": invisible_ms, "init_mode": 0})
+    if r.code == ResponseCode.PULL_NOT_FOUND:
+        return []
+    assert r.code == ResponseCode.SUCCESS, r.remark
+    return list(zip(iter_records(r.body), r.ext["receipt_handles"]))
+
+
+async def _ack(client, addr: str, group: str, topic: str, handle: str):
+    return await call(client, addr, RequestCode.ACK_MESSAGE,
+                      {"consumer_group": group, "topic": topic, "receipt_handle": handle})
+
+
+def _pop_keys(node: BrokerNode) -> list[str]:
+    return sorted(node.pop.table())
+
+
+async def test_the_pop_retry_topic_is_v2_and_nobody_sends_to_pulls_or_pops_it(nursery, tmp_path):
+    node, addr = await _broker(nursery, tmp_path)
+    async with open_remoting_client() as client:
+        await wait_leader(client, addr)
+        await _send(client, addr, "PopT", b"m0")
+        (first,) = await _pop(client, addr, "g", "PopT")
+        assert await node.pop.revive_expired(now=now_ms() + FAR) == 1
+        retry = "%RETRY%g+PopT"
+        assert node.topic(retry) is not None and node.topic("%RETRY%g_PopT") is None  # not group g_PopT's
+        (again,) = await _pop(client, addr, "g", "PopT")
+        assert again[0].topic == retry and again[0].reconsume_times == 1 and again[0].body == b"m0"
+
+        # Only revive writes it, only the group's POPs of PopT read it.
+        r = await call(client, addr, RequestCode.SEND_MESSAGE,
+                       {"producer_group": "pg", "topic": retry, "queue_id": 0}, b"forged")
+        assert r.code == ResponseCode.NO_PERMISSION and "reserved" in r.remark and retry in r.remark
+        r = await call(client, addr, RequestCode.PULL_MESSAGE,
+                       {"consumer_group": "g", "topic": retry, "queue_id": 0, "queue_offset": 0, "max_msg_nums": 8})
+        assert r.code == ResponseCode.NO_PERMISSION and retry in r.remark and "POP retry topic" in r.remark
+        r = await call(client, addr, RequestCode.POP_MESSAGE,
+                       {"consumer_group": "thief", "topic": retry, "invisible_time_ms": 60_000, "init_mode": 0})
+        assert r.code == ResponseCode.NO_PERMISSION and retry in r.remark
+        # A '+' anywhere else is no legal name.
+        for name in ("a+b", "%RETRY%+PopT", "%RETRY%g+", "%RETRY%g+a+b", "%DLQ%g+PopT"):
+            r = await call(client, addr, RequestCode.SEND_MESSAGE,
+                           {"producer_group": "pg", "topic": name, "queue_id": 0}, b"x")
+            assert r.code == ResponseCode.INVALID_REQUEST and r.ext.get("field") == "topic", (name, r.remark)
+
+
+async def test_reset_and_clone_move_a_pop_groups_offsets(nursery, tmp_path):
+    node, addr = await _broker(nursery, tmp_path)
+    async with open_remoting_client() as client:
+        await wait_leader(client, addr)
+        for i in range(3):
+            await _send(client, addr, "PopReset", f"m{i}".encode())
+        for group in ("g", "g2"):
+            got = await _pop(client, addr, group, "PopReset")
+            assert len(got) == 3
+            for _msg, handle in got:
+                assert (await _ack(client, addr, group, "PopReset", handle)).code == ResponseCode.SUCCESS
+        assert await _pop(client, addr, "g", "PopReset") == []
+
+        # Back to the first message (timestamp 0): the POP group reads it all again, as a pull group would.
+        r = await call(client, addr, RequestCode.INVOKE_BROKER_TO_RESET_OFFSET,
+                       {"consumer_group": "g", "topic": "PopReset", "timestamp": 0})
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        assert node.pop.pop_offset("g", "PopReset", 0) == 0
+        assert sorted(m.body for m, _h in await _pop(client, addr, "g", "PopReset")) == [b"m0", b"m1", b"m2"]
+
+        r = await call(client, addr, RequestCode.INVOKE_BROKER_TO_RESET_OFFSET,
+                       {"consumer_group": "g", "topic": "PopReset", "timestamp": 0})
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        r = await call(client, addr, RequestCode.CLONE_GROUP_OFFSET,
+                       {"src_group": "g", "dest_group": "g2", "topic": "PopReset"})
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        assert len(await _pop(client, addr, "g2", "PopReset")) == 3
+
+
+async def test_delete_topic_and_delete_group_take_their_pop_state(nursery, tmp_path):
+    node, addr = await _broker(nursery, tmp_path)
+    async with open_remoting_client() as client:
+        await wait_leader(client, addr)
+        for i in range(3):
+            await _send(client, addr, "PopGone", f"old{i}".encode())
+        assert len(await _pop(client, addr, "g", "PopGone", n=2)) == 2
+        assert await node.pop.revive_expired(now=now_ms() + FAR) == 2  # its POP retry topic is created
+        assert len(await _pop(client, addr, "g", "PopGone")) == 3  # one left of the topic, two revived
+        assert any("PopGone" in key for key in _pop_keys(node))
+
+        r = await call(client, addr, RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": "PopGone"})
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        assert [key for key in _pop_keys(node) if "PopGone" in key] == []
+        assert node.topic(pop_retry_topic("g", "PopGone")) is None  # gone with its topic, as RocketMQ 5's
+        # Created again: a POP from the first offset reads the new messages, all of them (a stale pop offset of 3
+        # would skip the first three), and nothing revived of the old topic.
+        for i in range(5):
+            await _send(client, addr, "PopGone", f"new{i}".encode())
+        got = await _pop(client, addr, "g", "PopGone")
+        assert sorted(m.body for m, _h in got) == [f"new{i}".encode() for i in range(5)]
+        assert await node.pop.revive_expired(now=now_ms() + FAR) == 5
+
+        # Deleting the group (clean_offset) takes its pop offsets and checkpoints: nothing of it is revived.
+        assert any(key.split("\x01")[1] == "g" for key in _pop_keys(node))
+        r = await call(client, addr, RequestCode.DELETE_SUBSCRIPTIONGROUP, {"group_name": "g"})
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        assert [key for key in _pop_keys(node) if key.split("\x01")[1] == "g"] == []
+        assert await node.pop.revive_expired(now=now_ms() + FAR) == 0
+
+
+async def test_handles_of_another_group_or_queue_are_refused_and_locks_are_freed(nursery, tmp_path):
+    node, addr = await _broker(nursery, tmp_path)
+    async with open_remoting_client() as client:
+        await wait_leader(client, addr)
+        await _send(client, addr, "PopAck", b"m0")
+        ((_msg, handle),) = await _pop(client, addr, "g", "PopAck")
+        r = await _ack(client, addr, "other", "PopAck", handle)
+        assert r.code == ResponseCode.INVALID_REQUEST and r.ext["field"] == "receipt_handle", r.remark
+        assert "'g'" in r.remark and "'other'" in r.remark
+        parsed = ReceiptHandle.decode(handle)
+        for queue_id in (4, 2 ** 31 - 1):  # the topic has 4 queues
+            forged = ReceiptHandle(parsed.broker_name, "g", "PopAck", queue_id, 0, 0, parsed.pop_time_ms,
+                                   parsed.invisible_time_ms).encode()
+            r = await _ack(client, addr, "g", "PopAck", forged)
+            assert r.code == ResponseCode.INVALID_REQUEST and r.ext["field"] == "receipt_handle", r.remark
+            assert f"queue {queue_id}" in r.remark
+        r = await _ack(client, addr, "g", "PopAck", handle)
+        assert r.code == ResponseCode.SUCCESS and r.ext["acked"] is True
+        assert node.pop._locks == {}  # nobody holds or waits for one: none is kept
+
+
+async def test_an_ack_or_change_that_waited_for_revive_is_told_its_message_comes_back(nursery, tmp_path):
+    node, addr = await _broker(nursery, tmp_path)
+    async with open_remoting_client() as client:
+        await wait_leader(client, addr)
+        await _send(client, addr, "PopRace", b"m0")
+        await _send(client, addr, "PopRace", b"m1")
+        got = await _pop(client, addr, "g", "PopRace", invisible_ms=1_500)
+        (h0, h1) = (handle for _m, handle in got)
+        deadline = ReceiptHandle.decode(h0).deadline_ms
+        answers: dict[str, object] = {}
+
+        async def request(name: str, code: int, ext: dict) -> None:
+            async with open_remoting_client() as own:  # a connection each: one may serve its requests in order
+                answers[name] = await call(own, addr, code, ext)
+
+        async with trio.open_nursery() as inner:
+            async with node.pop.queue_lock("g", "PopRace", 0):
+                # Both are in before the deadline and wait for the queue's lock, which the revive takes first.
+                inner.start_soon(request, "ack", RequestCode.ACK_MESSAGE,
+                                 {"consumer_group": "g", "topic": "PopRace", "receipt_handle": h0})
+                inner.start_soon(request, "change", RequestCode.CHANGE_MESSAGE_INVISIBLETIME,
+                                 {"consumer_group": "g", "topic": "PopRace", "receipt_handle": h1,
+                                  "invisible_time_ms": 60_000})
+                with trio.fail_after(10):  # liveness
+                    while node.pop._locks[("g", "PopRace", 0)].users < 3:
+                        await trio.sleep(0.01)
+                    while now_ms() <= deadline:
+                        await trio.sleep(0.05)
+                ck = CheckPoint.from_wire(node.pop.table()[ReceiptHandle.decode(h0).checkpoint_key])
+                assert await node.pop._revive(ck) == 2
+        for name in ("ack", "change"):
+            r = answers[name]
+            assert r.code == ResponseCode.NO_MESSAGE and r.ext["field"] == "receipt_handle", (name, r.remark)
+            assert "delivered again" in r.remark and "acked already" not in r.remark, r.remark
+
+
+async def test_revive_goes_on_past_a_checkpoint_it_cannot_revive(nursery, tmp_path, caplog):
+    node, addr = await _broker(nursery, tmp_path)
+    async with open_remoting_client() as client:
+        await wait_leader(client, addr)
+        await _send(client, addr, "PopStuck", b"m0")
+        # g1's checkpoint is older, so first in each round; its retry topic cannot be created (max_topic_count),
+        # g2's exists already.
+        assert len(await _pop(client, addr, "g1", "PopStuck")) == 1
+        await trio.sleep(0.01)
+        assert len(await _pop(client, addr, "g2", "PopStuck")) == 1
+        await node.ensure_topic(TopicConfig(pop_retry_topic("g2", "PopStuck"), 1, 1, PERM_READ_WRITE))
+        r = await call(client, addr, RequestCode.UPDATE_BROKER_CONFIG,
+                       body=cbor2.dumps({"max_topic_count": str(len(node.topics))}))
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        with caplog.at_level(logging.WARNING, logger="broker.pop"):
+            assert await node.pop.revive_expired(now=now_ms() + FAR) == 1
+            keys = [key for key in _pop_keys(node) if key.startswith("c\x01")]
+            assert len(keys) == 1 and keys[0].split("\x01")[1] == "g1"  # g2's went; g1's waits
+            assert await node.pop.revive_expired(now=now_ms() + FAR) == 0  # backing off: not tried again at once
+        warnings = [rec for rec in caplog.records if rec.name == "broker.pop" and rec.levelno == logging.WARNING]
+        assert len(warnings) == 1 and "g1" in warnings[0].getMessage() and "max_topic_count" in warnings[0].getMessage()
+        (again,) = await _pop(client, addr, "g2", "PopStuck")
+        assert again[0].reconsume_times == 1
+
+
+async def test_a_message_that_cannot_carry_the_retry_properties_goes_to_the_dlq_as_stored(nursery, tmp_path):
+    node, addr = await _broker(nursery, tmp_path)
+    async with open_remoting_client() as client:
+        await wait_leader(client, addr)
+        await _send(client, addr, "PopBig", b"fits")
+        # Properties a few bytes below the limit: stored, but not with RETRY_TOPIC and ORIGIN_MESSAGE_ID added.
+        await _send(client, addr, "PopBig", b"big", BIG="x")
+        stored = node.message_at("PopBig", 0, 1).properties
+        room = MAX_PROPERTIES_SIZE - len(encode_properties(stored)) - 10
+        await _send(client, addr, "PopBig", b"big", BIG="x" * (room + 1))
+        await _send(client, addr, "PopBig", b"last")
+        big = node.message_at("PopBig", 0, 2)
+        assert MAX_PROPERTIES_SIZE - 20 < len(encode_properties(big.properties)) <= MAX_PROPERTIES_SIZE
+        got = await _pop(client, addr, "g", "PopBig")
+        assert [m.queue_offset for m, _h in got] == [0, 1, 2, 3]  # one checkpoint, the big one in the middle
+        assert await node.pop.revive_expired(now=now_ms() + FAR) == 4
+        assert [key for key in _pop_keys(node) if key.startswith("c\x01")] == []
+        dlq = node.store.get_messages("%DLQ%g", 0, 0, 8, 1 << 30)
+        (dead,) = iter_records(b"".join(bytes(m) for m in dlq.messages))
+        assert dead.body == b"big" and dead.properties == big.properties and dead.reconsume_times == 1
+        again = await _pop(client, addr, "g", "PopBig")
+        assert sorted(m.body for m, _h in again) == [b"big", b"fits", b"last"]
