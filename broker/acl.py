@@ -8,21 +8,38 @@ With ``acl_enable``, every request a client sends is judged here before any proc
    request (``remoting/acl.py`` says what is signed).
 3. An account with a ``white_remote_address`` is usable from matching addresses only. (RocketMQ lets a request from
    there through without the checks below, the global list's job; raftmq makes the account's address a restriction.)
-4. The admin requests (topic create/update/delete, UPDATE_BROKER_CONFIG, subscription group create/update/delete,
-   offset resets) need ``admin = true``.
+4. The admin requests (``ADMIN_CODES``: topic create/update/delete, broker config read and change, subscription
+   group create/update/delete, offset resets and clones, and the looks into other clients: a consumer's running
+   info, a producer group's connections) need ``admin = true``.
 5. Each resource the request names needs its permission: sends PUB on the topic; pulls, offset and consumer-list
    requests, heartbeats, queue locks and POP SUB on the consumer group (and on the topic, where they name one). A retry
-   topic (``%RETRY%group``) is the group's resource, as in RocketMQ. A resource listed in the account's
-   ``topic_perms`` / ``group_perms`` has that permission, any other ``default_topic_perm`` / ``default_group_perm``;
-   DENY refuses whatever else the entry says. An admin account with neither list may use every topic and group.
+   topic (``%RETRY%group``) is the group's resource, as in RocketMQ; a POP retry topic (RocketMQ 5's
+   ``%RETRY%group+topic``) is both the group's and the topic's. A request that reads a stored message by its
+   commit-log offset is judged by what is stored there, never by what it says: END_TRANSACTION needs PUB on the topic
+   its half message is bound for, CONSUMER_SEND_MSG_BACK (which copies the message into the sender's retry topic,
+   where the sender pulls it) and VIEW_MESSAGE_BY_ID SUB on the topic the record is stored in and on the one it
+   came from (a retry copy's first topic, a delayed or half message's real topic); with no record there, nothing
+   can be judged and the request is refused. A resource listed in the account's ``topic_perms`` / ``group_perms``
+   has that permission, any other ``default_topic_perm`` / ``default_group_perm``; DENY refuses whatever else the
+   entry says. An admin account with neither list may use every topic and group.
 
-A refusal is NO_PERMISSION whose remark names the request, its resources and the account (never a secret). What is
-not a client's request is not judged: DLedger's requests between members (FETCH_COMMIT_LOG, GET_RAFT_STATUS,
-TRANSFER_LEADERSHIP; the Raft port has its own authentication), and the name servers, which hold no ACL.
+Everything else a broker serves (route and status lookups, GET_MAX_OFFSET and its kin, the topic and subscription
+group tables) needs a valid signature only: it tells offsets, counts and names, never a message or a client's
+insides, and clients ask some of it for every account.
+
+A refusal is NO_PERMISSION whose remark names the request, its resources and the account (never a secret); it is
+logged at INFO (WARNING for a oneway request, whose sender learns nothing), at most once per ``REFUSAL_LOG_INTERVAL_S``
+for an (account, request code), saying how many were not logged meanwhile. What is not a client's request is not
+judged: DLedger's requests between members (FETCH_COMMIT_LOG, GET_RAFT_STATUS, TRANSFER_LEADERSHIP; the Raft port has
+its own authentication), and the name servers, which hold no ACL.
 
 The file (TOML, RocketMQ's ``plain_acl.yml`` in snake_case) is checked whole when loaded, every error naming the
 entry at fault. It is read again when it changes on disk, looked at no more than every ``WATCH_INTERVAL_S`` by the
-requests themselves (no task, no thread); a changed file that does not load is logged and the last good rules stay.
+requests themselves (no task, no thread); a changed content is applied only once a later look, at least
+``SETTLE_S`` after, reads it unchanged (bytes and mtime), so an editor caught between truncating the file and
+writing its last line (a still-valid file without an account's trailing restriction) is not applied unless it
+stalls there that long; editing by writing a new file and renaming it over the old one leaves no such moment. A
+settled file that does not load is logged and the last good rules stay.
 """
 
 from __future__ import annotations
@@ -45,16 +62,22 @@ from remoting.acl import ACCESS_KEY, SIGNATURE, request_signature
 from remoting.codec import Frame
 from remoting.codes import RequestCode
 from remoting.config import ConfigError
-from remoting.message import RETRY_GROUP_TOPIC_PREFIX
+from remoting.message import (PROPERTY_REAL_TOPIC, PROPERTY_RETRY_TOPIC, RETRY_GROUP_TOPIC_PREFIX, TRANS_HALF_TOPIC,
+                              MessageFormatError, parse_msg_id, split_pop_retry_topic)
 
 __all__ = ["ACL_FILE_NAME", "AclChecker", "AclRules", "Account", "AddressPattern", "ADMIN_CODES", "DENY", "PUB",
-           "SUB", "WATCH_INTERVAL_S", "acl_file_path", "load_acl_file", "parse_acl_rules", "parse_perm",
-           "permits", "request_resources"]
+           "REFUSAL_LOG_INTERVAL_S", "SETTLE_S", "SUB", "StoredMessage", "WATCH_INTERVAL_S", "acl_file_path",
+           "load_acl_file", "parse_acl_rules", "parse_perm", "permits", "request_resources"]
 
 log = logging.getLogger(__name__)
 
 ACL_FILE_NAME: Final = "plain_acl.toml"
 WATCH_INTERVAL_S: Final = 0.5  # RocketMQ's FileWatchService looks every 500 ms too
+# A changed file is applied once two looks this far apart read the same bytes: an editor that truncates and rewrites
+# in place leaves a valid prefix for a moment, and a prefix can be an account without its white_remote_address.
+SETTLE_S: Final = 0.2
+# A client retrying a refused request (or a flood of them) costs one log line per (account, code) this often.
+REFUSAL_LOG_INTERVAL_S: Final = 10.0
 
 # Permission bits of a resource entry.
 DENY: Final = 1
@@ -63,11 +86,14 @@ SUB: Final = 4
 _PERMS: Final = {"DENY": DENY, "PUB": PUB, "SUB": SUB, "PUB|SUB": PUB | SUB, "SUB|PUB": PUB | SUB}
 _PERM_NAMES: Final = {DENY: "DENY", PUB: "PUB", SUB: "SUB", PUB | SUB: "PUB|SUB"}
 
-# RocketMQ's ADMIN_CODE, and the offset reset (raftmq's admin tool resets through the broker).
+# RocketMQ's ADMIN_CODE; the offset reset and clone (raftmq's admin tool changes any group's offsets through the
+# broker); and the operator's looks that no application needs: a consumer's running info (its whole config, stats
+# and task dump), a producer group's client connections, the broker's config (store paths, peers, the ACL file).
 ADMIN_CODES: Final = frozenset({
     RequestCode.UPDATE_AND_CREATE_TOPIC, RequestCode.DELETE_TOPIC_IN_BROKER, RequestCode.UPDATE_BROKER_CONFIG,
     RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, RequestCode.DELETE_SUBSCRIPTIONGROUP,
-    RequestCode.INVOKE_BROKER_TO_RESET_OFFSET,
+    RequestCode.INVOKE_BROKER_TO_RESET_OFFSET, RequestCode.CLONE_GROUP_OFFSET, RequestCode.GET_CONSUMER_RUNNING_INFO,
+    RequestCode.GET_PRODUCER_CONNECTION_LIST, RequestCode.GET_BROKER_CONFIG,
 })
 
 # RocketMQ's rule for both keys (AclConstants.ACCESS_KEY_MIN_LENGTH): longer than 6 characters.
@@ -248,6 +274,10 @@ def _resource_perms(value: Any, kind: str, where: str) -> dict[str, int]:
             raise ConfigError(f"{at} must be \"NAME=PERM\" (e.g. \"{kind}A=PUB|SUB\"), got {entry!r}")
         name, _, perm = (s.strip() for s in entry.partition("="))
         if kind == "topic":
+            pop = split_pop_retry_topic(name)
+            if pop is not None:
+                raise ConfigError(f"{at} {entry!r}: a POP retry topic is its group's and its topic's resource; list "
+                                  f"{pop[0]!r} in group_perms and {pop[1]!r} in topic_perms instead")
             if name.startswith(RETRY_GROUP_TOPIC_PREFIX):
                 raise ConfigError(f"{at} {entry!r}: a retry topic is its group's resource; list "
                                   f"{name[len(RETRY_GROUP_TOPIC_PREFIX):]!r} in group_perms instead")
@@ -363,13 +393,19 @@ _SENDS = frozenset({RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, Reque
                     RequestCode.SEND_REPLY_MESSAGE, RequestCode.SEND_REPLY_MESSAGE_V2})
 _GROUP_IN_EXT = frozenset({RequestCode.GET_CONSUMER_LIST_BY_GROUP, RequestCode.GET_CONSUMER_CONNECTION_LIST,
                            RequestCode.GET_CONSUME_STATS})
-# POP consumption (RocketMQ 5's POP_MESSAGE, ACK_MESSAGE, CHANGE_MESSAGE_INVISIBLETIME) reads as a pull does; by
-# name, as the codes are new: judged as pulls as soon as they exist.
-_POPS = frozenset(c for c in RequestCode if c.name in ("POP_MESSAGE", "ACK_MESSAGE", "CHANGE_MESSAGE_INVISIBLETIME"))
-_GROUP_AND_TOPIC_IN_EXT = frozenset({RequestCode.QUERY_CONSUMER_OFFSET, RequestCode.UPDATE_CONSUMER_OFFSET}) | _POPS
+# POP consumption (RocketMQ 5) reads as a pull does.
+_GROUP_AND_TOPIC_IN_EXT = frozenset({RequestCode.QUERY_CONSUMER_OFFSET, RequestCode.UPDATE_CONSUMER_OFFSET,
+                                     RequestCode.POP_MESSAGE, RequestCode.ACK_MESSAGE,
+                                     RequestCode.CHANGE_MESSAGE_INVISIBLETIME})
 _GROUP_IN_DATA = frozenset({RequestCode.CHECK_CLIENT_CONFIG, RequestCode.LOCK_BATCH_MQ, RequestCode.UNLOCK_BATCH_MQ})
 
 Resource = tuple[str, str, int]  # ("topic" or "group", name, PUB or SUB)
+# The topic and properties of the record stored at a commit-log offset (None when no record starts there).
+StoredMessage = tuple[str, Mapping[str, str]]
+
+
+def _no_message(_offset: int) -> StoredMessage | None:
+    return None
 
 
 def _topic(name: Any, perm: int) -> list[Resource]:
@@ -377,9 +413,31 @@ def _topic(name: Any, perm: int) -> list[Resource]:
     if not isinstance(name, str) or not name:
         return []
     if name.startswith(RETRY_GROUP_TOPIC_PREFIX):
-        # A group's retry topic is the group's: its consumers pull it and send back to it.
+        # A group's retry topic is the group's: its consumers pull it and send back to it. A POP retry topic holds
+        # one topic's messages for one group: whoever reaches it must be able to read both.
+        pop = split_pop_retry_topic(name)
+        if pop is not None:
+            return [("group", pop[0], SUB), ("topic", pop[1], SUB)]
         return [("group", name[len(RETRY_GROUP_TOPIC_PREFIX):], SUB)]
     return [("topic", name, perm)]
+
+
+def _offset(value: Any) -> int | None:
+    return value if type(value) is int and value >= 0 else None
+
+
+def _stored_topics(stored_message: Callable[[int], StoredMessage | None], offset: int | None) -> list[Resource]:
+    """SUB on what the record at ``offset`` holds: the topic it is stored in and the one it came from, RETRY_TOPIC
+    (a sent-back copy's first topic, which send-back itself keeps) or REAL_TOPIC (a delayed or half message's
+    destination). A reader of a retry copy of topic T in its own group's retry topic holds both already. No record
+    there: the ("topic", "", SUB) marker, which no account is granted."""
+    found = stored_message(offset) if offset is not None else None
+    if found is None:
+        return [("topic", "", SUB)]
+    topic, properties = found
+    needs = _topic(topic, SUB)
+    origin = properties.get(PROPERTY_RETRY_TOPIC) or properties.get(PROPERTY_REAL_TOPIC)
+    return list(dict.fromkeys(needs + _topic(origin, SUB)))
 
 
 def _group(name: Any) -> list[Resource]:
@@ -396,9 +454,10 @@ def _data(request: Frame) -> Any:
         return None
 
 
-def request_resources(request: Frame, half_topic: Callable[[int], str | None] = lambda _: None) -> list[Resource]:
-    """What ``request`` needs, as (kind, name, permission) triples. ``half_topic(commit_log_offset)`` is the topic of
-    the half message an END_TRANSACTION settles (None if there is none)."""
+def request_resources(request: Frame,
+                      stored_message: Callable[[int], StoredMessage | None] = _no_message) -> list[Resource]:
+    """What ``request`` needs, as (kind, name, permission) triples. ``stored_message(phy_offset)`` is the topic and
+    properties of the record at a commit-log offset, for the requests that name a stored message by it."""
     code, ext = request.code, request.ext
     if code in _SENDS:
         return _topic(ext.get("topic"), PUB)
@@ -424,12 +483,24 @@ def request_resources(request: Frame, half_topic: Callable[[int], str | None] = 
         data = _data(request)
         return _group(data.get("consumer_group")) if isinstance(data, Mapping) else []
     if code == RequestCode.CONSUMER_SEND_MSG_BACK:
-        return _group(ext.get("group")) + _topic(ext.get("origin_topic"), SUB)
+        # Not origin_topic, which is optional and the sender's word: the processor copies whatever is at offset.
+        needs = _group(ext.get("group")) + _stored_topics(stored_message, _offset(ext.get("offset")))
+        return list(dict.fromkeys(needs))
+    if code == RequestCode.VIEW_MESSAGE_BY_ID:
+        msg_id = ext.get("msg_id")
+        if msg_id is None:
+            return _stored_topics(stored_message, _offset(ext.get("offset")))
+        try:
+            offset = parse_msg_id(msg_id)[1]
+        except MessageFormatError:
+            offset = None
+        return _stored_topics(stored_message, offset)
     if code == RequestCode.QUERY_MESSAGE:
         return _topic(ext.get("topic"), SUB)
     if code == RequestCode.END_TRANSACTION:
-        offset = ext.get("commit_log_offset")
-        topic = half_topic(offset) if type(offset) is int and offset >= 0 else None
+        offset = _offset(ext.get("commit_log_offset"))
+        found = stored_message(offset) if offset is not None else None
+        topic = found[1].get(PROPERTY_REAL_TOPIC) if found is not None and found[0] == TRANS_HALF_TOPIC else None
         # No half there: nothing to settle, but also no topic to judge; "" stands for it and is never permitted.
         return [("topic", topic or "", PUB)]
     return []
@@ -441,8 +512,10 @@ def _describe(request: Frame, resources: Iterable[Resource]) -> str:
         name = f"{RequestCode(code).name} (code {code})"
     except ValueError:
         name = f"request code {code}"
-    parts = [(f"topic {res!r}" if kind == "topic" else f"consumer group {res!r}") if res
-             else "the topic of an unknown half message" for kind, res, _perm in resources]
+    unknown = "the topic of an unknown half message" if code == RequestCode.END_TRANSACTION else \
+        "the topic of an unknown message"
+    parts = [(f"topic {res!r}" if kind == "topic" else f"consumer group {res!r}") if res else unknown
+             for kind, res, _perm in resources]
     if not parts:
         # An admin request's resource needs no permission of its own, but the refusal still says what it was about.
         topic, group = ext.get("topic"), ext.get("consumer_group") or ext.get("group_name")
@@ -457,20 +530,29 @@ class AclChecker:
     """The rules of one node, from its ACL file, kept current (see the module rules)."""
 
     def __init__(self, path: str | Path, *, broker_name: str, clock: Callable[[], float] = time.monotonic,
-                 half_topic: Callable[[int], str | None] = lambda _: None) -> None:
+                 stored_message: Callable[[int], StoredMessage | None] = _no_message) -> None:
         self.path = Path(path)
         self.broker_name = broker_name
         self._clock = clock
-        self._half_topic = half_topic
+        self._stored_message = stored_message
         raw = _read(self.path)
         self.rules = _parse_bytes(self.path, raw)  # a bad file at start stops the node: ConfigError
         self._digest = hashlib.sha256(raw).digest()
+        # A changed content, as (its digest, the file's mtime_ns), and when a look first read it so.
+        self._pending: tuple[tuple[bytes, int], float] | None = None
         self._next_look = clock() + WATCH_INTERVAL_S
         self._missing_logged = False
+        # (account, code) -> (when its refusals may be logged again, how many were not logged since the last line);
+        # the account is None for every AccessKey the file does not know, so a flood of made-up keys is one entry.
+        self._refusals_logged: dict[tuple[str | None, int], tuple[float, int]] = {}
 
     def reload_if_changed(self) -> None:
-        """Read the file again if its content changed; keep the last good rules if it does not load."""
+        """Apply the file's content if it changed and a look at least ``SETTLE_S`` earlier read the same bytes with
+        the same mtime; keep the last good rules if it does not load."""
         try:
+            # The mtime too: a half-written file read, completed, then half-written again by the next edit would
+            # read alike twice by its bytes alone.
+            mtime_ns = self.path.stat().st_mtime_ns
             raw = self.path.read_bytes()
         except (OSError, ValueError) as e:
             if not self._missing_logged:
@@ -480,7 +562,15 @@ class AclChecker:
         self._missing_logged = False
         digest = hashlib.sha256(raw).digest()
         if digest == self._digest:
+            self._pending = None  # changed and changed back before it settled
             return
+        now = self._clock()
+        if self._pending is None or self._pending[0] != (digest, mtime_ns):
+            self._pending = ((digest, mtime_ns), now)
+            return
+        if now - self._pending[1] < SETTLE_S:
+            return
+        self._pending = None
         self._digest = digest  # a bad version is reported once, not at every look
         try:
             self.rules = _parse_bytes(self.path, raw)
@@ -491,7 +581,14 @@ class AclChecker:
                  len(self.rules.global_white))
 
     def check(self, request: Frame, remote_address: str) -> str | None:
-        """None if ``request`` from ``remote_address`` may go on; else the NO_PERMISSION remark saying why."""
+        """None if ``request`` from ``remote_address`` may go on; else the NO_PERMISSION remark saying why, which is
+        also logged (rate-limited, see the module rules)."""
+        refusal = self._judge(request, remote_address)
+        if refusal is not None:
+            self._log_refusal(request, remote_address, refusal)
+        return refusal
+
+    def _judge(self, request: Frame, remote_address: str) -> str | None:
         now = self._clock()
         if now >= self._next_look:
             self._next_look = now + WATCH_INTERVAL_S
@@ -501,7 +598,7 @@ class AclChecker:
         for pattern in rules.global_white:
             if pattern.matches(ip):
                 return None
-        resources = request_resources(request, self._half_topic)
+        resources = request_resources(request, self._stored_message)
         ext = request.ext
         access_key = ext.get(ACCESS_KEY)
         if not access_key:
@@ -526,8 +623,9 @@ class AclChecker:
             return None
         for kind, name, needed in resources:
             if not name:
-                return self._refusal(request, resources, "no half message is stored at its commit_log_offset here, "
-                                                         "so no topic permission can be checked")
+                what = "half message is stored at its commit_log_offset" \
+                    if request.code == RequestCode.END_TRANSACTION else "message is stored at the offset it names"
+                return self._refusal(request, resources, f"no {what} here, so no topic permission can be checked")
             owned, source = account.perm(kind, name)
             if not permits(owned, needed):
                 what = "topic" if kind == "topic" else "consumer group"
@@ -538,3 +636,19 @@ class AclChecker:
 
     def _refusal(self, request: Frame, resources: list[Resource], why: str) -> str:
         return f"ACL of broker {self.broker_name} refused {_describe(request, resources)}: {why}"
+
+    def _log_refusal(self, request: Frame, remote_address: str, refusal: str) -> None:
+        access_key = request.ext.get(ACCESS_KEY)
+        account = access_key if isinstance(access_key, str) and access_key in self.rules.accounts else None
+        key = (account, request.code)
+        now = self._clock()
+        quiet_until, unlogged = self._refusals_logged.get(key, (now, 0))
+        if now < quiet_until:
+            self._refusals_logged[key] = (quiet_until, unlogged + 1)
+            return
+        self._refusals_logged[key] = (now + REFUSAL_LOG_INTERVAL_S, 0)
+        # A oneway request's sender is told nothing (a producer's END_TRANSACTION commit, lost): only the log shows it.
+        oneway = request.is_oneway
+        log.log(logging.WARNING if oneway else logging.INFO,
+                "request refused by ACL code=%d oneway=%s remote=%s not_logged_since_last=%d: %s", request.code,
+                oneway, remote_address or "?", unlogged, refusal)

@@ -7,16 +7,18 @@ RocketMQ's replica timeout, RecordTooLarge → MESSAGE_ILLEGAL). Anything else i
 answered SYSTEM_ERROR; the connection and the node live on.
 
 With ``acl_enable`` every request but DLedger's is judged by the ACL (``broker/acl.py``) before its processor runs,
-here and nowhere else; a refusal is NO_PERMISSION. Off, the only cost is one test of ``self.acl``.
+here and nowhere else; a refusal is NO_PERMISSION (and logged by the checker). The checker reads the store through
+``_stored_message`` for the requests that name a message by its commit-log offset: a record never changes once
+written (offsets only grow) and an offset with none is refused, so what the processor reads later is what was
+judged. Off, the only cost is one test of ``self.acl``.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from broker.acl import AclChecker, acl_file_path
+from broker.acl import AclChecker, StoredMessage, acl_file_path
 from broker.processor.admin import AdminProcessor
 from broker.processor.base import RequestRejected, error_response, reply
 from broker.processor.client_manage import ClientManageProcessor
@@ -33,12 +35,9 @@ from dledger import DLedgerError
 from dledger.service import DLedgerService
 from remoting.codec import Frame
 from remoting.codes import RequestCode, ResponseCode
-from remoting.message import PROPERTY_REAL_TOPIC, TRANS_HALF_TOPIC
 
 if TYPE_CHECKING:
     from broker.node import BrokerNode
-
-log = logging.getLogger(__name__)
 
 Handler = Callable[[Frame, Any], Awaitable[Frame | None]]
 
@@ -107,17 +106,20 @@ class BrokerDispatcher:
         self.handlers.update(dict.fromkeys(DLedgerService.CODES, self.dledger.handle))
         # Read at start: a bad file stops the node with the ConfigError naming the entry at fault.
         self.acl = AclChecker(acl_file_path(node.config), broker_name=node.config.broker_name,
-                              half_topic=self._half_topic) if node.config.acl_enable else None
+                              stored_message=self._stored_message) if node.config.acl_enable else None
 
-    def _half_topic(self, commit_log_offset: int) -> str | None:
-        """The topic of the half message stored at ``commit_log_offset``, for the ACL of END_TRANSACTION."""
+    def _stored_message(self, phy_offset: int) -> StoredMessage | None:
+        """The topic and properties of the record at ``phy_offset`` (None if none starts there), for the ACL of the
+        requests that name a stored message (END_TRANSACTION, CONSUMER_SEND_MSG_BACK, VIEW_MESSAGE_BY_ID). The bounds
+        are the processors' (send-back's, node.read_record's): a record is judged where they would find one."""
+        store = self.node.store
+        if not store.min_phy_offset <= phy_offset < store.max_phy_offset:
+            return None
         try:
-            view = self.node.store.look_message_by_offset(commit_log_offset)
-        except ValueError:  # MessageFormatError: no record starts there
+            view = store.look_message_by_offset(phy_offset)
+        except ValueError:  # MessageFormatError: the bytes there do not decode
             return None
-        if view is None or view.topic != TRANS_HALF_TOPIC:
-            return None
-        return view.properties.get(PROPERTY_REAL_TOPIC) or None
+        return (view.topic, view.properties) if view is not None else None
 
     async def handle(self, request: Frame, conn: Any) -> Frame | None:
         handler = self.handlers.get(request.code)
@@ -127,9 +129,8 @@ class BrokerDispatcher:
         if self.acl is not None and request.code not in DLedgerService.CODES:
             refusal = self.acl.check(request, getattr(conn, "remote_address", ""))
             if refusal is not None:
-                log.debug("request refused by ACL code=%d remote=%s", request.code,
-                          getattr(conn, "remote_address", "?"))
-                return reply(request, ResponseCode.NO_PERMISSION, refusal)
+                # The checker logged it, rate-limited; reply() would log a oneway refusal again, at every one.
+                return None if request.is_oneway else reply(request, ResponseCode.NO_PERMISSION, refusal)
         try:
             return await handler(request, conn)
         except (RequestRejected, DLedgerError) as e:

@@ -4,8 +4,9 @@ module and sharing one ACL file; clients in this process, ``raftmq admin`` as th
 An admin account creates the topic (a non-admin one cannot); a producer with PUB sends, one without credentials,
 with a wrong secret or with DENY on the topic is refused NO_PERMISSION naming the topic, and the group keeps
 serving; a consumer with SUB consumes (heartbeats, rebalance, pulls and offset commits all pass the ACL); a
-transaction is settled by its producer's END_TRANSACTION and by a check-back; an account added to the file on disk
-works without a restart; a broker whose ACL file is bad does not start."""
+transaction is settled by its producer's END_TRANSACTION and by a check-back; a send-back is judged by the message
+stored at its offset and an offset clone needs an admin; an account added to the file on disk works without a
+restart; a broker whose ACL file is bad does not start."""
 
 from __future__ import annotations
 
@@ -16,7 +17,11 @@ import pytest
 import trio
 
 from client import Message, SendFailedError, TransactionState, open_producer, open_push_consumer
-from remoting.codes import ResponseCode
+from remoting.acl import RequestSigner
+from remoting.codec import make_request
+from remoting.codes import RequestCode, ResponseCode
+from remoting.message import parse_msg_id
+from remoting.transport import open_remoting_client
 from tests.cluster.test_admin_cli import _admin
 from tests.cluster.test_e2e_produce_consume import Cluster
 from tests.procs import ServerProcess, raftmq_argv
@@ -167,6 +172,33 @@ async def test_a_consumer_with_sub_consumes_and_transactions_settle(acl_cluster)
         with trio.fail_after(60):
             await everything.wait()
     assert "tx-checked" in listener.checked
+
+
+async def test_a_send_back_is_judged_by_its_stored_message_and_an_offset_clone_needs_an_admin(acl_cluster):
+    """CONSUMER_SEND_MSG_BACK copies the message stored at its offset into the sender's group: consumer1 (SUB on
+    AclTopic and its group only) may not have one of another topic copied, with or without origin_topic."""
+    cluster, _ = acl_cluster
+    namesrv = cluster.namesrv
+    await _create_topic(namesrv)
+    async with open_producer(namesrv, **ADMIN) as admin_producer, open_producer(namesrv, **PRODUCER) as producer:
+        secret = await admin_producer.send(Message("AclSecret", b"not for consumer1"))
+        readable = await producer.send(Message(TOPIC, b"for consumer1"))
+    leader = await cluster.leader_addr()
+    async with open_remoting_client(signer=RequestSigner(CONSUMER["access_key"], CONSUMER["secret_key"]).sign) as rpc:
+        async def send_back(result, **ext):
+            # delay_level -1: straight to the group's dead letters, so nothing is redelivered to the other tests.
+            return await rpc.invoke(leader, make_request(RequestCode.CONSUMER_SEND_MSG_BACK, {
+                "group": "acl_readers", "offset": parse_msg_id(result.offset_msg_id)[1], "delay_level": -1, **ext}))
+
+        for refused in (await send_back(secret), await send_back(secret, origin_topic=TOPIC)):
+            assert refused.code == ResponseCode.NO_PERMISSION, refused
+            assert "account 'consumer1' has no SUB permission on topic 'AclSecret'" in refused.remark
+        allowed = await send_back(readable)
+        assert (allowed.code, allowed.ext.get("topic")) == (ResponseCode.SUCCESS, "%DLQ%acl_readers"), allowed
+        clone = await rpc.invoke(leader, make_request(RequestCode.CLONE_GROUP_OFFSET, {
+            "src_group": "acl_readers", "dest_group": "acl_others", "topic": TOPIC}))
+        assert clone.code == ResponseCode.NO_PERMISSION, clone
+        assert "CLONE_GROUP_OFFSET (code 314) on topic 'AclTopic': account 'consumer1' is not an admin" in clone.remark
 
 
 async def test_an_account_added_to_the_file_works_without_a_restart(acl_cluster):

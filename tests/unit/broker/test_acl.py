@@ -1,22 +1,27 @@
 """The broker's ACL (broker/acl.py): the file's validation, address patterns, the permission matrix, the
-checker's order of judgement and its reload of a changed file. Requests are signed as a client signs them
-(remoting/acl.py); nothing is served."""
+checker's order of judgement, the requests judged by the message stored at an offset, the logging of refusals and
+the reload of a changed file. Requests are signed as a client signs them (remoting/acl.py); nothing is served."""
 
 from __future__ import annotations
 
 import ipaddress
 import logging
+import os
 import textwrap
+import tomllib
 
 import cbor2
 import pytest
 
-from broker.acl import (DENY, PUB, SUB, AclChecker, AddressPattern, acl_file_path, load_acl_file, parse_acl_rules,
-                        parse_perm, permits, request_resources)
+from broker.acl import (ADMIN_CODES, DENY, PUB, REFUSAL_LOG_INTERVAL_S, SUB, AclChecker, AddressPattern,
+                        acl_file_path, load_acl_file, parse_acl_rules, parse_perm, permits, request_resources)
+from dledger.service import DLedgerService
 from remoting.acl import RequestSigner
 from remoting.codec import make_request
 from remoting.codes import RequestCode
 from remoting.config import ConfigError
+from remoting.message import (PROPERTY_REAL_TOPIC, PROPERTY_RETRY_TOPIC, SCHEDULE_TOPIC, TRANS_HALF_TOPIC,
+                              create_msg_id)
 
 ACL = textwrap.dedent("""\
     global_white_remote_addresses = ["10.10.103.*"]
@@ -105,6 +110,8 @@ def test_the_file_loads_with_its_defaults(acl_file):
      "topic_perms[1] 'A=SUB': topic 'A' is listed twice"),
     ('accounts = [{access_key = "producer1", secret_key = "long-enough", topic_perms = ["%RETRY%g=SUB"]}]',
      "list 'g' in group_perms instead"),
+    ('accounts = [{access_key = "producer1", secret_key = "long-enough", topic_perms = ["%RETRY%g+T=SUB"]}]',
+     "a POP retry topic is its group's and its topic's resource; list 'g' in group_perms and 'T' in topic_perms"),
     ('accounts = [{access_key = "producer1", secret_key = "long-enough", group_perms = ["bad group=SUB"]}]',
      "group_perms[0] 'bad group=SUB': group 'bad group'"),
     ('accounts = [{access_key = "producer1", secret_key = "long-enough", default_group_perm = "READ"}]',
@@ -194,16 +201,131 @@ def test_what_each_request_needs():
     assert request_resources(heartbeat) == [("group", "g1", SUB), ("topic", "Orders", SUB), ("group", "g1", SUB)]
     offset = make_request(RequestCode.UPDATE_CONSUMER_OFFSET, {"consumer_group": "g1", "topic": "Orders"})
     assert request_resources(offset) == [("group", "g1", SUB), ("topic", "Orders", SUB)]
-    if hasattr(RequestCode, "POP_MESSAGE"):
-        pop = make_request(RequestCode.POP_MESSAGE, {"consumer_group": "g1", "topic": "Orders"})
+    for code in (RequestCode.POP_MESSAGE, RequestCode.ACK_MESSAGE, RequestCode.CHANGE_MESSAGE_INVISIBLETIME):
+        pop = make_request(code, {"consumer_group": "g1", "topic": "Orders"})
         assert request_resources(pop) == [("group", "g1", SUB), ("topic", "Orders", SUB)]
     lock = make_request(RequestCode.LOCK_BATCH_MQ, body=cbor2.dumps({"consumer_group": "g1"}))
     assert request_resources(lock) == [("group", "g1", SUB)]
     end = make_request(RequestCode.END_TRANSACTION, {"producer_group": "pg", "commit_log_offset": 42})
-    assert request_resources(end, {42: "Orders"}.get) == [("topic", "Orders", PUB)]
+    stored = {42: (TRANS_HALF_TOPIC, {PROPERTY_REAL_TOPIC: "Orders"}), 43: ("Orders", {})}
+    assert request_resources(end, stored.get) == [("topic", "Orders", PUB)]
     assert request_resources(end) == [("topic", "", PUB)]  # no half there: judged as no topic at all
+    not_half = make_request(RequestCode.END_TRANSACTION, {"producer_group": "pg", "commit_log_offset": 43})
+    assert request_resources(not_half, stored.get) == [("topic", "", PUB)]
     # A field of the wrong type names nothing: the processor refuses the request for it.
     assert request_resources(send(7)) == []  # type: ignore[arg-type]
+
+
+def test_a_pop_retry_topic_is_both_its_groups_and_its_topics():
+    # RocketMQ 5's %RETRY%<group>+<topic>: '+' is in no group or topic name, so it splits there.
+    both = [("group", "g1", SUB), ("topic", "Orders", SUB)]
+    assert request_resources(send("%RETRY%g1+Orders")) == both
+    assert request_resources(pull("%RETRY%g1+Orders", "g1")) == both + [("group", "g1", SUB)]
+    assert request_resources(send("%RETRY%g1_Orders")) == [("group", "g1_Orders", SUB)]  # a push group's retry topic
+
+
+# The records a fake store holds, by commit-log offset: (topic, properties).
+STORED = {
+    100: ("Audit", {}),
+    200: ("%RETRY%g1", {PROPERTY_RETRY_TOPIC: "Orders2"}),  # a sent-back copy, delivered to the retry topic
+    300: (TRANS_HALF_TOPIC, {PROPERTY_REAL_TOPIC: "Orders2"}),  # a transaction's half message, never committed
+    400: (SCHEDULE_TOPIC, {PROPERTY_REAL_TOPIC: "%RETRY%g1", PROPERTY_RETRY_TOPIC: "Audit"}),  # a retry, waiting
+    500: ("Orders2", {}),
+}
+
+
+def send_back(offset, group: str = "g1", **ext):
+    return make_request(RequestCode.CONSUMER_SEND_MSG_BACK, {"group": group, "offset": offset, "delay_level": 0,
+                                                             "max_reconsume_times": 16, **ext})
+
+
+def test_send_back_and_view_by_id_are_judged_by_the_stored_message():
+    def needs(request):
+        return request_resources(request, STORED.get)
+
+    g1 = ("group", "g1", SUB)
+    # Without origin_topic, and with one that is not what is stored: the stored topic decides.
+    assert needs(send_back(100)) == [g1, ("topic", "Audit", SUB)]
+    assert needs(send_back(100, origin_topic="Orders2")) == [g1, ("topic", "Audit", SUB)]
+    # A retry copy: its group's retry topic and the topic it was first consumed from.
+    assert needs(send_back(200)) == [g1, ("topic", "Orders2", SUB)]
+    assert needs(send_back(200, group="g2")) == [("group", "g2", SUB), g1, ("topic", "Orders2", SUB)]
+    assert needs(send_back(300)) == [g1, ("topic", TRANS_HALF_TOPIC, SUB), ("topic", "Orders2", SUB)]
+    assert needs(send_back(400)) == [g1, ("topic", SCHEDULE_TOPIC, SUB), ("topic", "Audit", SUB)]
+    # Nothing stored there (or no usable offset): the marker no account is granted.
+    for offset in (999, -1, "100", None):
+        assert needs(send_back(offset)) == [g1, ("topic", "", SUB)]
+    view = make_request(RequestCode.VIEW_MESSAGE_BY_ID, {"offset": 100})
+    assert needs(view) == [("topic", "Audit", SUB)]
+    by_id = make_request(RequestCode.VIEW_MESSAGE_BY_ID, {"msg_id": create_msg_id(("127.0.0.1", 10911), 200)})
+    assert needs(by_id) == [g1, ("topic", "Orders2", SUB)]
+    bad_id = make_request(RequestCode.VIEW_MESSAGE_BY_ID, {"msg_id": "not-an-id"})
+    assert needs(bad_id) == [("topic", "", SUB)]
+
+
+def test_a_send_back_reads_only_what_its_account_may_read(acl_file):
+    checker = AclChecker(acl_file, broker_name="broker-a", clock=Clock(), stored_message=STORED.get)
+    # producer1: SUB on every group and topic but Audit (DENY), Orders (PUB only) and the group blocked.
+    assert checker.check(PRODUCER.sign(send_back(500)), FROM) is None
+    assert checker.check(PRODUCER.sign(send_back(200)), FROM) is None
+    refused = checker.check(PRODUCER.sign(send_back(100)), FROM)
+    assert refused == ("ACL of broker broker-a refused CONSUMER_SEND_MSG_BACK (code 36) on consumer group 'g1', "
+                       "topic 'Audit': account 'producer1' has no SUB permission on topic 'Audit' (topic_perms "
+                       "entry Audit=DENY)")
+    assert "no SUB permission on topic 'Audit'" in checker.check(PRODUCER.sign(send_back(400)), FROM)
+    assert "no SUB permission on topic 'Audit'" in checker.check(PRODUCER.sign(
+        make_request(RequestCode.VIEW_MESSAGE_BY_ID, {"offset": 100})), FROM)
+    nothing = checker.check(PRODUCER.sign(send_back(999)), FROM)
+    assert nothing.endswith("on consumer group 'g1', the topic of an unknown message: no message is stored at the "
+                            "offset it names here, so no topic permission can be checked")
+    # An admin without lists may read anything, and is let through to the processor's own answer.
+    assert checker.check(ADMIN.sign(send_back(999)), "192.168.1.7:5000") is None
+
+
+@pytest.mark.parametrize("code", [RequestCode.CLONE_GROUP_OFFSET, RequestCode.GET_CONSUMER_RUNNING_INFO,
+                                  RequestCode.GET_PRODUCER_CONNECTION_LIST, RequestCode.GET_BROKER_CONFIG])
+def test_operator_requests_need_an_admin(checker, code):
+    request = make_request(code, {"src_group": "g1", "dest_group": "g2", "topic": "Orders2", "consumer_group": "g1",
+                                  "client_id": "c1", "producer_group": "pg"})
+    assert checker.check(PRODUCER.sign(request), FROM).endswith(
+        "account 'producer1' is not an admin account (admin = true is needed)")
+    assert checker.check(ADMIN.sign(request), "192.168.1.7:5000") is None
+
+
+# What a broker serves that needs a valid signature only (reviewed: offsets, counts, names and tables, never a
+# message's body or another client's insides; clients ask some of them for every account).
+SIGNATURE_ONLY = {
+    RequestCode.GET_ALL_TOPIC_CONFIG, RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG, RequestCode.GET_TOPIC_STATS_INFO,
+    RequestCode.GET_MAX_OFFSET, RequestCode.GET_MIN_OFFSET, RequestCode.SEARCH_OFFSET_BY_TIMESTAMP,
+    RequestCode.GET_EARLIEST_MSG_STORETIME, RequestCode.GET_BROKER_RUNTIME_INFO, RequestCode.GET_ALL_DELAY_OFFSET,
+}
+# Codes a broker node does not serve (a name server's, or a broker's requests to clients): answered
+# REQUEST_CODE_NOT_SUPPORTED before the ACL is asked.
+NOT_SERVED_BY_BROKERS = {
+    RequestCode.QUERY_BROKER_OFFSET, RequestCode.CHECK_TRANSACTION_STATE, RequestCode.NOTIFY_CONSUMER_IDS_CHANGED,
+    RequestCode.GET_ALL_CONSUMER_OFFSET, RequestCode.PUT_KV_CONFIG, RequestCode.GET_KV_CONFIG,
+    RequestCode.DELETE_KV_CONFIG, RequestCode.REGISTER_BROKER, RequestCode.UNREGISTER_BROKER,
+    RequestCode.GET_ROUTEINFO_BY_TOPIC, RequestCode.GET_BROKER_CLUSTER_INFO, RequestCode.WIPE_WRITE_PERM_OF_BROKER,
+    RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER, RequestCode.DELETE_TOPIC_IN_NAMESRV,
+    RequestCode.RESET_CONSUMER_CLIENT_OFFSET, RequestCode.GET_TOPICS_BY_CLUSTER, RequestCode.QUERY_TOPIC_CONSUME_BY_WHO,
+    RequestCode.CONSUME_MESSAGE_DIRECTLY, RequestCode.QUERY_DATA_VERSION, RequestCode.PUSH_REPLY_MESSAGE_TO_CLIENT,
+    RequestCode.ECHO,
+}
+
+
+def test_every_request_code_is_judged_or_reviewed():
+    """A new code must be decided: admin, a resource it names, or reviewed as needing a signature only."""
+    everything = {"topic": "Orders2", "consumer_group": "g1", "group": "g1", "offset": 500, "commit_log_offset": 300,
+                  "msg_id": create_msg_id(("127.0.0.1", 10911), 500)}
+    undecided = []
+    for code in RequestCode:
+        if code in ADMIN_CODES or code in SIGNATURE_ONLY or code in NOT_SERVED_BY_BROKERS \
+                or code in DLedgerService.CODES:
+            continue
+        request = make_request(code, everything, cbor2.dumps({**everything, "consumers": [everything]}))
+        if not request_resources(request, STORED.get):
+            undecided.append(code.name)
+    assert undecided == []
 
 
 # --- the checker --------------------------------------------------------------------------------------------------
@@ -276,15 +398,18 @@ def test_an_edited_file_is_read_again_and_a_bad_one_keeps_the_last_good(checker,
     clock = checker._clock
     assert checker.check(PRODUCER.sign(send("Audit")), FROM) is not None
     acl_file.write_text(ACL.replace('"Audit=DENY"', '"Audit=PUB"'))
-    # Looked at no more than twice a second: not yet.
+    # Looked at no more than twice a second: not yet; then read once, and applied when the next look reads the same.
+    assert checker.check(PRODUCER.sign(send("Audit")), FROM) is not None
+    clock.now += 0.5
     assert checker.check(PRODUCER.sign(send("Audit")), FROM) is not None
     clock.now += 0.5
     assert checker.check(PRODUCER.sign(send("Audit")), FROM) is None
 
     caplog.set_level(logging.WARNING, logger="broker.acl")
     acl_file.write_text(ACL.replace('"Audit=DENY"', '"Audit=EVERYTHING"'))
-    clock.now += 0.5
-    assert checker.check(PRODUCER.sign(send("Audit")), FROM) is None  # the last good rules
+    for _ in range(2):
+        clock.now += 0.5
+        assert checker.check(PRODUCER.sign(send("Audit")), FROM) is None  # the last good rules
     [warning] = [r for r in caplog.records if "does not load" in r.getMessage()]
     assert "Audit=EVERYTHING" in warning.getMessage()
     clock.now += 0.5
@@ -295,8 +420,77 @@ def test_an_edited_file_is_read_again_and_a_bad_one_keeps_the_last_good(checker,
     clock.now += 0.5
     assert checker.check(PRODUCER.sign(send("Audit")), FROM) is None
     acl_file.write_text(ACL)
-    clock.now += 0.5
+    for _ in range(2):
+        clock.now += 0.5
+        checker.check(PRODUCER.sign(send("Audit")), FROM)
     assert checker.check(PRODUCER.sign(send("Audit")), FROM) is not None
+
+
+def test_a_file_caught_half_written_is_never_applied(tmp_path):
+    """An editor truncates the file and writes it anew: a look in between may read a valid prefix, here an admin
+    account without its white_remote_address. Only what two looks apart read alike (bytes and mtime) is applied."""
+    whole = ACL + '\n[[accounts]]\naccess_key = "late-admin"\nsecret_key = "late-secret"\nadmin = true\n' \
+                  'white_remote_address = "192.168.1.*"\n'
+    half = whole[:whole.rindex("white_remote_address")]
+    assert "late-admin" in parse_acl_rules(tomllib.loads(half)).accounts  # a valid file on its own
+    path = tmp_path / "plain_acl.toml"
+    path.write_text(whole)
+    clock = Clock()
+    checker = AclChecker(path, broker_name="broker-a", clock=clock)
+    create = make_request(RequestCode.UPDATE_AND_CREATE_TOPIC, {"topic": "NewTopic"})
+
+    def from_here(secret: str) -> str | None:
+        clock.now += 0.5
+        return checker.check(RequestSigner("late-admin", secret).sign(create), FROM)
+
+    def write(text: str, mtime_s: int) -> None:
+        path.write_text(text)
+        os.utime(path, (mtime_s, mtime_s))  # the file system's clock may not tick between two quick writes
+
+    assert "may not be used from 127.0.0.1" in from_here("late-secret")
+    write(half, 1000)
+    assert "may not be used from 127.0.0.1" in from_here("late-secret")  # read once: not applied
+    write(whole.replace("late-secret", "late-secret2"), 1001)  # the editor is done
+    assert "may not be used from 127.0.0.1" in from_here("late-secret")
+    assert "may not be used from 127.0.0.1" in from_here("late-secret2")  # read alike twice: applied
+    # The next edit caught half-written at two looks, but rewritten in between: its mtime tells.
+    write(half, 1002)
+    from_here("late-secret2")
+    write(whole, 1003)
+    write(half, 1004)
+    assert "may not be used from 127.0.0.1" in from_here("late-secret2")
+    # Changed and changed back before it settled: nothing to apply.
+    write(whole.replace("late-secret", "late-secret2"), 1001)
+    assert "may not be used from 127.0.0.1" in from_here("late-secret2")
+    assert "may not be used from 127.0.0.1" in from_here("late-secret2")
+
+
+def test_refusals_are_logged_rate_limited_and_oneway_ones_as_warnings(checker, caplog):
+    caplog.set_level(logging.INFO, logger="broker.acl")
+    clock = checker._clock
+
+    def lines():
+        return [r for r in caplog.records if "refused by ACL" in r.getMessage()]
+
+    for _ in range(5):
+        checker.check(PRODUCER.sign(send("Audit")), FROM)
+    [first] = lines()
+    assert first.levelno == logging.INFO
+    assert "code=310 oneway=False remote=127.0.0.1:40000 not_logged_since_last=0: ACL of broker broker-a refused " \
+           "SEND_MESSAGE_V2" in first.getMessage()
+    assert "producer-secret" not in first.getMessage()
+    # Another code of the same account, and another account, have their own allowance.
+    end = make_request(RequestCode.END_TRANSACTION, {"producer_group": "pg", "commit_log_offset": 7}, oneway=True)
+    checker.check(PRODUCER.sign(end), FROM)
+    checker.check(PRODUCER.sign(end), FROM)
+    checker.check(RequestSigner("nobody-here", "whatever1").sign(send("Audit")), FROM)
+    checker.check(RequestSigner("nobody-else", "whatever2").sign(send("Audit")), FROM)  # unknown keys: one bucket
+    assert [(r.levelname, "oneway=True" in r.getMessage()) for r in lines()] == [
+        ("INFO", False), ("WARNING", True), ("INFO", False)]
+    assert "no half message is stored at its commit_log_offset" in lines()[1].getMessage()
+    clock.now += REFUSAL_LOG_INTERVAL_S
+    checker.check(PRODUCER.sign(send("Audit")), FROM)
+    assert "not_logged_since_last=4:" in lines()[-1].getMessage()
 
 
 def test_a_bad_file_at_start_is_refused(tmp_path):
