@@ -6,6 +6,10 @@ has them all or ``--seconds`` pass. The
 throughput is messages consumed per second. Latency is "consumed − born" per message, which for a backlog
 mostly measures its age: use ``--live`` to produce and consume at the same time and read it as end-to-end
 latency.
+
+``--simple N`` consumes with N concurrent ``receive`` loops of one simple consumer (RocketMQ 5's POP: each message
+received is then acked, one ACK_MESSAGE each, as an application does) instead of the push consumer: every POP and
+every ACK is a replicated write of the group's POP table, so this measures POP's own cost.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import uuid
 
 import trio
 
-from client import Message, open_producer, open_push_consumer
+from client import Message, open_producer, open_push_consumer, open_simple_consumer
 from raftmq.bench.common import (BenchError, check_range, exported_credentials, machine_speed, run_bench,
                                  summarize_latencies)
 from raftmq.bench.produce import (BenchReport, add_cluster_args, bench_cluster, check_cluster_args, cpu_per_message,
@@ -34,6 +38,9 @@ def register(subparsers) -> None:
     parser.add_argument("--seconds", type=float, default=60.0, help="longest consume phase (default 60)")
     parser.add_argument("--pull-batch", type=int, default=64, help="messages per pull (default 64)")
     parser.add_argument("--live", action="store_true", help="produce while consuming (latency = end to end)")
+    parser.add_argument("--simple", type=int, default=0, metavar="N",
+                        help="consume with a simple consumer (POP) and N concurrent receive-and-ack loops instead "
+                             "of a push consumer (messages per receive: --pull-batch, at most 32)")
     # A fresh topic per run unless one is named: the consumer starts at the first offset, and on a cluster that
     # served earlier benches a shared topic would hand it their (older, colder) messages, not its backlog.
     parser.set_defaults(func=run, topic=None)
@@ -81,6 +88,8 @@ async def consume(namesrv: str, args: argparse.Namespace) -> BenchReport:
     latencies: list[int] = []
     got = {"n": 0}
     group = f"bench_consume_{uuid.uuid4().hex[:8]}"
+    if args.simple:
+        return await _consume_simple(namesrv, args, group, machine, sent, got, latencies)
     async with open_push_consumer(namesrv, topic=args.topic, consumer_group=group,
                                   consume_from_where="CONSUME_FROM_FIRST_OFFSET" if not args.live
                                   else "CONSUME_FROM_LAST_OFFSET",
@@ -108,11 +117,53 @@ async def consume(namesrv: str, args: argparse.Namespace) -> BenchReport:
                        machine=machine)
 
 
+async def _consume_simple(namesrv: str, args: argparse.Namespace, group: str, machine: dict, sent: dict, got: dict,
+                          latencies: list[int]) -> BenchReport:
+    target = args.messages
+    async with open_simple_consumer(namesrv, consumer_group=group, subscriptions={args.topic: "*"},
+                                    await_duration_ms=1000,
+                                    consume_from_where="CONSUME_FROM_FIRST_OFFSET" if not args.live
+                                    else "CONSUME_FROM_LAST_OFFSET") as consumer:
+        cpu_before = await cpu_sample(namesrv)
+        started = time.monotonic()
+        done = trio.Event()
+
+        async def receiver() -> None:
+            while not done.is_set():
+                for msg in await consumer.receive(args.pull_batch, invisible_duration_ms=60_000):
+                    await consumer.ack(msg)
+                    got["n"] += 1
+                    if got["n"] % 16 == 0:
+                        latencies.append(max(0, time.time_ns() - msg.born_timestamp * 1_000_000))
+                    if got["n"] >= target:
+                        done.set()
+
+        async with trio.open_nursery() as nursery:
+            if args.live:
+                nursery.start_soon(_produce, namesrv, args, sent)
+            nursery.start_soon(progress, "receiving and acking", args.seconds, lambda: got["n"])
+            with trio.move_on_after(args.seconds):
+                async with trio.open_nursery() as receivers:
+                    for _ in range(args.simple):
+                        receivers.start_soon(receiver)
+                    await done.wait()
+                    receivers.cancel_scope.cancel()
+            elapsed = time.monotonic() - started
+            nursery.cancel_scope.cancel()
+        cpu = cpu_per_message(cpu_before, await cpu_sample(namesrv), got["n"])
+    return BenchReport("consume", got["n"], got["n"] * args.size, elapsed, summarize_latencies(latencies),
+                       target - got["n"], {"size": args.size, "pull_batch": args.pull_batch, "live": args.live,
+                                           "simple": args.simple}, cpu_us_per_msg=cpu, machine=machine)
+
+
 def run(args: argparse.Namespace) -> int:
     check_range("--size", args.size, 1, 4 * 1024 * 1024)
     check_range("--messages", args.messages, 1, 10**9)
     check_range("--pull-batch", args.pull_batch, 1, 1024)
     check_range("--seconds", args.seconds, 0.1, 3600)
+    check_range("--simple", args.simple, 0, 256)
+    if args.simple:
+        check_range("--pull-batch", args.pull_batch, 1, 32)  # a POP takes at most 32
     check_cluster_args(args)
 
     async def main() -> BenchReport:

@@ -68,6 +68,11 @@ def test_bench_produce_and_consume_report_rates_latencies_and_cpu(spawn, tmp_pat
     assert consumed["messages"] == 3000 and consumed["errors"] == 0 and consumed["msgs_per_s"] > 0
     _check_cpu(consumed["cpu_us_per_msg"])
     assert set(consumed["machine"]) == {"copy_480k_us", "python_loop_us"}
+    # The same through a simple consumer (POP): each message received, then acked, by 4 concurrent loops.
+    popped = _bench("consume", "--namesrv", namesrv, "--messages", "300", "--size", "128", "--seconds", "60",
+                    "--simple", "4", "--pull-batch", "16")
+    assert popped["messages"] == 300 and popped["errors"] == 0 and popped["params"]["simple"] == 4
+    _check_cpu(popped["cpu_us_per_msg"])
 
     bad = subprocess.run(raftmq_argv("bench", "produce", "--namesrv", namesrv, "--batch", "0"), capture_output=True,
                          text=True, timeout=60)
