@@ -365,29 +365,11 @@ def print_result(console: Console, command: str, data: dict[str, Any]) -> None:
             table.add_row(Text(c["client_id"]), c["client_addr"], ", ".join(c["broker_names"]))
         console.print(table)
     elif command == "reset-offset":
-        table = Table(title=f"offsets of consumer group {data['consumer_group']} on {data['topic']} reset",
-                      header_style="bold")
-        for column in ("group", "queue", "previous offset", "new offset"):
-            table.add_column(column, justify="left" if column == "group" else "right")
-        for q in data["queues"]:
-            table.add_row(q["broker_name"], str(q["queue_id"]), "-" if q["previous"] is None else str(q["previous"]),
-                          str(q["offset"]))
-        console.print(table)
-        members = sorted({m for ids in data["consumer_ids"].values() for m in ids})
-        print(f"members online told to pull from the new offsets: {len(members)}"
-              + (f" ({', '.join(members)})" if members else ""))
+        _print_moved_offsets(console, data, f"offsets of consumer group {data['consumer_group']} on {data['topic']} "
+                                          f"reset", "members online")
     elif command == "clone-group-offset":
-        table = Table(title=f"offsets of {data['src_group']} on {data['topic']} cloned to {data['dest_group']}",
-                      header_style="bold")
-        for column in ("group", "queue", "previous offset", "new offset"):
-            table.add_column(column, justify="left" if column == "group" else "right")
-        for q in data["queues"]:
-            table.add_row(q["broker_name"], str(q["queue_id"]), "-" if q["previous"] is None else str(q["previous"]),
-                          str(q["offset"]))
-        console.print(table)
-        members = sorted({m for ids in data["consumer_ids"].values() for m in ids})
-        print(f"members of {data['dest_group']} online told to pull from the new offsets: {len(members)}"
-              + (f" ({', '.join(members)})" if members else ""))
+        _print_moved_offsets(console, data, f"offsets of {data['src_group']} on {data['topic']} cloned to "
+                                          f"{data['dest_group']}", f"members of {data['dest_group']} online")
     elif command == "consumer-status":
         for member in data["members"]:
             _print_running_info(console, data["consumer_group"], member)
@@ -395,6 +377,20 @@ def print_result(console: Console, command: str, data: dict[str, Any]) -> None:
 
 # consume_type as RocketMQ's mqadmin spells it out.
 _CONSUME_TYPES = {"CONSUME_PASSIVELY": "push", "CONSUME_ACTIVELY": "pull"}
+
+
+def _print_moved_offsets(console: Console, data: dict[str, Any], title: str, who: str) -> None:
+    """reset-offset's and clone-group-offset's answer: each queue's offset before and after, and the members
+    told at once."""
+    table = Table(title=title, header_style="bold")
+    for column in ("group", "queue", "previous offset", "new offset"):
+        table.add_column(column, justify="left" if column == "group" else "right")
+    for q in data["queues"]:
+        table.add_row(q["broker_name"], str(q["queue_id"]), "-" if q["previous"] is None else str(q["previous"]),
+                      str(q["offset"]))
+    console.print(table)
+    members = sorted({m for ids in data["consumer_ids"].values() for m in ids})
+    print(f"{who} told to pull from the new offsets: {len(members)}" + (f" ({', '.join(members)})" if members else ""))
 
 
 def _print_running_info(console: Console, group: str, m: dict[str, Any]) -> None:
