@@ -33,8 +33,9 @@ The rules:
   ``commit`` and the rest work on the queues this member holds now.
 - **One prefetch task per assigned queue**, long polling the broker group (``broker_suspend_max_time_ms``), following
   leader changes through ``PullAPI`` (a pull falls back to the followers while the leader cannot be reached), and
-  pausing ``pull_time_delay_ms_when_exception`` after a failed pull. A queue's first pull starts at the group's
-  committed offset, or where ``consume_from_where`` says if the group has none (as RocketMQ's
+  pausing ``pull_time_delay_ms_when_exception`` after a failed pull (refusals in a row: doubling, up to 3 s). A
+  queue's first pull starts at the group's committed offset, or where ``consume_from_where`` says if the group has
+  none (as RocketMQ's
   computePullFromWhere; ``await position(mq)`` waits until that start is found). With auto-commit, a start found so
   is committed at once. Every message is pulled (``*``), unless ``set_sub_expression_for_assign`` gives a topic a
   tag expression or a ``MessageSelector.by_sql`` (RocketMQ 5's setSubExpressionForAssign), from each of its queues'
@@ -96,7 +97,7 @@ from client.message import (DEFAULT_MAX_INFLATED_BODY, I32_MAX, I64_MAX, MAX_INF
                             PullStatus, check_int_arg, check_queue, check_seconds)
 from client.lite_pull_subscribe import ASSIGN, SUBSCRIBE, LitePullSubscribe
 from client.offset_store import RemoteOffsetStore
-from client.pull_consumer import PullAPI, log_failed_pull, pull_should_wait
+from client.pull_consumer import PullAPI, failed_pull_delay, log_failed_pull, pull_should_wait
 from client.push_consumer_config import CONSUME_FROM
 from client.rebalance import (DEFAULT_ALLOCATE_STRATEGY, AllocateStrategy, allocate_strategy_problem,
                               resolve_allocate_strategy)
@@ -536,7 +537,7 @@ class LitePullConsumer(LitePullSubscribe):
                     self._pull_errors += 1
                     failures += 1
                     log_failed_pull(log, failures, mq, offset, e)
-                    await trio.sleep(delay)
+                    await trio.sleep(failed_pull_delay(delay, failures, e))
                     continue
                 failures = 0
                 if aq.dropped:

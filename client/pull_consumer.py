@@ -33,7 +33,7 @@ from client.message import (DEFAULT_MAX_INFLATED_BODY, I32_MAX, I64_MAX, MAX_INF
                             decompressed_body)
 from remoting.codes import RequestCode, ResponseCode
 from remoting.config import bounded
-from remoting.errors import RaftMQError, for_code
+from remoting.errors import NoPermissionError, RaftMQError, for_code
 from remoting.message import COMPRESSED_FLAG, MessageFormatError, decode_records, group_problem
 
 __all__ = ["PullAPI", "PullConsumerConfig", "PullConsumer", "open_pull_consumer", "to_message_ext", "log_failed_pull",
@@ -64,14 +64,37 @@ def _power_of_ten(n: int) -> bool:
     return n == 1
 
 
+def pull_refused(error: RaftMQError) -> bool:
+    """Whether a failed pull was refused, for as long as an operator leaves it so, rather than failed by something
+    soon over (a leader moving, a connection lost). NO_PERMISSION is retriable for a send (another broker group may
+    take it, as RocketMQ's producer retries it) but, for a pull, the node says the group, the topic or the node may
+    not be read now: a stopped consumer group, a topic or node without read permission, an ACL."""
+    return not error.retriable or isinstance(error, NoPermissionError)
+
+
 def log_failed_pull(logger: logging.Logger, failures: int, mq: MessageQueue, offset: int, error: RaftMQError) -> None:
     """How a queue's pull task (push and lite pull consumers) reports its ``failures``-th failed pull in a row: a
     few in a row are a leader moving (DEBUG); a refusal, or a streak, is worth seeing: the first refusal, then the
     10th, 100th, ... failure in a row, each with its error."""
-    if (failures == 1 and not error.retriable) or (failures >= 10 and _power_of_ten(failures)):
+    if (failures == 1 and pull_refused(error)) or (failures >= 10 and _power_of_ten(failures)):
         logger.warning("pull failed %d time(s) in a row mq=%s offset=%d error=%s", failures, mq, offset, error)
     else:
         logger.debug("pull failed mq=%s offset=%d error=%s", mq, offset, error)
+
+
+# RocketMQ's PULL_TIME_DELAY_MILLS_WHEN_EXCEPTION: the longest pause of a queue whose pulls are refused.
+REFUSED_PULL_MAX_DELAY_S = 3.0
+
+
+def failed_pull_delay(base_s: float, failures: int, error: RaftMQError) -> float:
+    """How long a queue's pull task (push and lite pull consumers) pauses after its ``failures``-th failed pull in a
+    row: ``base_s`` (``pull_time_delay_ms_when_exception``) while the failure is soon over (a leader moving, a
+    connection lost), doubling with each refusal (``pull_refused``) in a row up to RocketMQ's 3 s. A refusal lasts until an
+    operator acts (a stopped consumer group, a topic no longer readable): at 200 ms each member pulled each of its
+    queues five times a second for nothing."""
+    if not pull_refused(error):
+        return base_s
+    return min(base_s * 2 ** min(failures - 1, 16), max(base_s, REFUSED_PULL_MAX_DELAY_S))
 
 
 def pull_should_wait(result: PullResult, offset: int, suspend_timeout_ms: int) -> bool:

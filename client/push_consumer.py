@@ -124,7 +124,7 @@ from client.message import MessageExt, MessageQueue, PullResult, PullStatus
 from client.offset_store import LocalFileOffsetStore, RemoteOffsetStore
 from client.orderly import OrderlyService
 from client.process_queue import FLOW_SPAN, ProcessQueue
-from client.pull_consumer import PullAPI, log_failed_pull, pull_should_wait
+from client.pull_consumer import PullAPI, failed_pull_delay, log_failed_pull, pull_should_wait
 # CONSUME_FROM and LOCK_RETRY_S only re-exported: they were defined here before the config and the membership moved.
 from client.push_consumer_config import (CONSUME_FROM, ConsumerStatistics, Handler, PushConsumerConfig, check_batch,
                                          check_handler, check_orderly, claim_offset_file, local_offset_store)
@@ -428,7 +428,7 @@ class PushConsumer(PushRebalance):
                 self._pull_errors += 1
                 failures += 1
                 log_failed_pull(log, failures, pq.mq, offset, e)
-                await trio.sleep(delay)
+                await trio.sleep(failed_pull_delay(delay, failures, e))
                 continue
             failures = 0
             if result.status is PullStatus.FOUND:

@@ -61,7 +61,8 @@ class PushConsumerConfig(ClientConfig):
     rebalance_interval_ms: int = bounded(5_000, min=10, max=HOUR_MS)
     persist_consumer_offset_interval_ms: int = bounded(1_000, min=10, max=HOUR_MS)
     # 0 made every failing pull loop retry at once: one queue whose broker refused or could not be reached took a
-    # core (RocketMQ waits 3000 ms; we retry sooner, a leader usually moves within a second).
+    # core (RocketMQ waits 3000 ms; we retry sooner, a leader usually moves within a second; refusals in a row
+    # double it up to 3000 ms: client.pull_consumer.failed_pull_delay).
     pull_time_delay_ms_when_exception: int = bounded(200, min=10, max=HOUR_MS,
                                                      doc="pause after a failed pull, before the next")
     # A Java int on the wire: the broker refused every send-back of a member asking for more, INVALID_REQUEST. -1

@@ -25,7 +25,7 @@ from client.errors import ConfigError, MessageIllegalError
 from tests.unit.client.fake_cluster import NAMESRV, FakeGroup, FakeRemoting, fake_remoting_ctx
 from remoting.codec import make_response
 from remoting.codes import RequestCode, ResponseCode
-from remoting.errors import ConnectError
+from remoting.errors import ConnectError, for_code
 
 
 @pytest.fixture
@@ -361,9 +361,10 @@ async def test_batch_and_pull_consumer_roundtrip(cluster):
 
 
 @pytest.mark.parametrize("refusal", [True, False])
-async def test_failing_pulls_are_logged_at_warning_without_flooding_the_log(cluster, caplog, refusal):
+async def test_failing_pulls_are_logged_at_warning_without_flooding_the_log(cluster, caplog, refusal, autojump_clock):
     """A push consumer whose pulls all failed logged each at DEBUG: it ran on, consuming nothing, silently. Now
-    a refusal is a WARNING at once, and any failure streak at its 10th, 100th, ... pull."""
+    a refusal is a WARNING at once, and any failure streak at its 10th, 100th, ... pull. (On the virtual clock:
+    refused pulls back off to 3 s apart, 100 of them take minutes.)"""
     answer = cluster.invoke
 
     async def invoke(addr, request, timeout_s=3.0):
@@ -380,7 +381,7 @@ async def test_failing_pulls_are_logged_at_warning_without_flooding_the_log(clus
         pass
 
     async with open_push_consumer(NAMESRV, topic="T", handler=handler, pull_time_delay_ms_when_exception=10):
-        with trio.fail_after(20):
+        with trio.fail_after(600):
             while sum("pull failed 100 time(s)" in r.getMessage() for r in caplog.records) < 4:
                 await trio.sleep(0.01)
     failed = [r for r in caplog.records if "pull failed" in r.getMessage()]
@@ -390,6 +391,50 @@ async def test_failing_pulls_are_logged_at_warning_without_flooding_the_log(clus
     assert streaks == sorted(per_queue * 4), streaks  # broker-a's 4 queues
     assert all("broker-a" in m for m in warned)
     assert ("bad subscription" if refusal else "connection refused") in warned[0]
+
+
+@pytest.mark.parametrize("refusal", [True, False])
+async def test_refused_pulls_back_off_to_rocketmqs_3_s_and_failed_ones_retry_soon(cluster, autojump_clock, refusal):
+    """A stopped consumer group's members pulled each queue every 200 ms for as long as it stayed stopped. A
+    refusal now doubles the pause, up to RocketMQ's 3 s; an error that is soon over (a leader moving, a connection
+    lost) is retried after pull_time_delay_ms_when_exception as before."""
+    answer = cluster.invoke
+    pulls: list[float] = []
+
+    async def invoke(addr, request, timeout_s=3.0):
+        if request.code == RequestCode.PULL_MESSAGE and request.ext["queue_id"] == 0 \
+                and cluster.by_addr[addr].name == "broker-a":
+            pulls.append(trio.current_time())
+            if refusal:
+                return make_response(request, ResponseCode.NO_PERMISSION, remark="consume_enable is false")
+            raise ConnectError(addr, "connection refused")
+        return await answer(addr, request, timeout_s)
+
+    cluster.invoke = invoke
+
+    async def handler(msg) -> None:
+        pass
+
+    async with open_push_consumer(NAMESRV, topic="T", handler=handler):
+        await trio.sleep(30)
+    pulls = sorted(set(pulls))  # one pull asks the group's other nodes at once when its leader fails it
+    gaps = [round(b - a, 1) for a, b in zip(pulls, pulls[1:])]
+    if refusal:
+        assert gaps[:4] == [0.2, 0.4, 0.8, 1.6] and set(gaps[4:]) == {3.0}, gaps
+    else:
+        assert set(gaps) == {0.2} and len(pulls) > 100, gaps
+
+
+def test_a_pull_refused_by_permission_backs_off_and_one_that_failed_does_not():
+    delay = client.pull_consumer.failed_pull_delay
+    refused = [for_code(ResponseCode.NO_PERMISSION, "consume_enable is false"),
+               for_code(ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST, "no group")]
+    for error in refused:
+        assert [delay(0.2, n, error) for n in (1, 2, 5, 6, 60)] == [0.2, 0.4, 3.0, 3.0, 3.0]
+        assert delay(5.0, 3, error) == 5.0  # a configured pause past 3 s stays as configured
+    for error in (for_code(ResponseCode.NOT_LEADER, "moved"), ConnectError("a:1", "refused"),
+                  for_code(ResponseCode.SYSTEM_BUSY, "busy")):
+        assert delay(0.2, 60, error) == 0.2
 
 
 async def test_failing_pulls_pause_at_least_10_ms_between_attempts(cluster, autojump_clock):
