@@ -12,7 +12,8 @@ With ``acl_enable``, every request a client sends is judged here before any proc
    group create/update/delete, offset resets and clones, and the looks into other clients: a consumer's running
    info, a producer group's connections) need ``admin = true``.
 5. Each resource the request names needs its permission: sends PUB on the topic; pulls, offset and consumer-list
-   requests, heartbeats, queue locks and POP SUB on the consumer group (and on the topic, where they name one). A retry
+   requests, heartbeats, queue locks and POP SUB on the consumer group (and on the topic, where they name one; a
+   BATCH_ACK_MESSAGE on the topic each of its receipt handles names, as its processor reads them). A retry
    topic (``%RETRY%group``) is the group's resource, as in RocketMQ; a POP retry topic (RocketMQ 5's
    ``%RETRY%group+topic``) is both the group's and the topic's. A request that reads a stored message by its
    commit-log offset is judged by what is stored there, never by what it says: END_TRANSACTION needs PUB on the topic
@@ -57,6 +58,7 @@ from typing import Any, Final
 
 import cbor2
 
+from broker.pop import ReceiptHandle, ReceiptHandleError
 from broker.topic_config import TopicConfigError, group_problem, validate_topic_name
 from remoting.acl import ACCESS_KEY, SIGNATURE, request_signature
 from remoting.codec import Frame
@@ -477,6 +479,15 @@ def request_resources(request: Frame,
         return needs
     if code in _GROUP_AND_TOPIC_IN_EXT:
         return _group(ext.get("consumer_group")) + _topic(ext.get("topic"), SUB)
+    if code == RequestCode.BATCH_ACK_MESSAGE:
+        needs = _group(ext.get("consumer_group"))
+        data = _data(request)
+        for text in data if isinstance(data, list) else ():
+            try:
+                needs += _topic(ReceiptHandle.decode(text).topic, SUB)
+            except ReceiptHandleError:
+                pass  # names nothing: the processor refuses this handle
+        return list(dict.fromkeys(needs))
     if code in _GROUP_IN_EXT or code == RequestCode.UNREGISTER_CLIENT:
         return _group(ext.get("consumer_group"))
     if code in _GROUP_IN_DATA:

@@ -69,6 +69,7 @@ class BrokerDispatcher:
             RequestCode.POP_MESSAGE: pop.pop_message,
             RequestCode.ACK_MESSAGE: pop.ack_message,
             RequestCode.CHANGE_MESSAGE_INVISIBLETIME: pop.change_invisible_time,
+            RequestCode.BATCH_ACK_MESSAGE: pop.batch_ack_message,
             RequestCode.HEART_BEAT: clients.heartbeat,
             RequestCode.UNREGISTER_CLIENT: clients.unregister_client,
             RequestCode.CHECK_CLIENT_CONFIG: clients.check_client_config,

@@ -15,8 +15,10 @@ A POP hands a consumer up to ``max_msg_nums`` messages of a queue and makes them
   new leader therefore never hands out again what was popped (no pop offset behind a checkpoint), and knows every
   message still invisible (no pop offset ahead of a missing checkpoint, which would lose them). An ACK removes its
   offset from the checkpoint (the checkpoint goes with its last offset); a CHANGE moves one offset into a new
-  checkpoint with the new deadline; each is one write. RocketMQ writes checkpoints and acks to a revive topic and
-  pairs them up again in its revive service; raftmq's Raft-replicated table says the same in fewer moving parts.
+  checkpoint with the new deadline; each is one write. A BATCH_ACK acks up to 1,024 messages, of any queues of the
+  group, in one write too (``plan_acks``): a Raft round per request, not per message, is what bounds a consumer's
+  rate. RocketMQ writes checkpoints and acks to a revive topic and pairs them up again in its revive service;
+  raftmq's Raft-replicated table says the same in fewer moving parts.
 * **Deadlines are wall-clock.** ``pop_time_ms + invisible_time_ms``, taken by the leader that popped; a new leader
   judges them by its own clock (RocketMQ's rule too: brokers are assumed NTP-synced).
 * **Revive on the ready leader.** Every ``pop_revive_interval_ms`` the leader takes each checkpoint whose deadline
@@ -41,7 +43,9 @@ A POP hands a consumer up to ``max_msg_nums`` messages of a queue and makes them
 * **One change at a time per queue.** Pops, acks, changes, revives and resets of one (group, topic, queue) are
   serialised by a lock of the leader (``PopService.queue_lock``): each reads the table, decides and writes, and a
   concurrent one must see its write. A lock lives while someone holds or waits for it: the keys come from clients'
-  receipt handles, and a table of every key ever named would only grow.
+  receipt handles, and a table of every key ever named would only grow. Whoever needs several (a batch ack, an
+  offset reset) takes them in (topic, queue_id) order (``PopService.locks_of``); everyone else holds one at a time,
+  so no two ever wait for each other.
 """
 
 from __future__ import annotations
@@ -73,7 +77,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 __all__ = ["POP_TABLE", "CheckPoint", "ReceiptHandle", "ReceiptHandleError", "PopService", "pop_offset_key",
-           "expired_checkpoints", "checkpoints_of_queue", "plan_reset", "plan_forget"]
+           "expired_checkpoints", "checkpoints_of_queue", "plan_ack", "plan_acks", "plan_reset", "plan_forget"]
 
 POP_TABLE = "broker.pop"
 DLQ_QUEUE_NUMS = 1  # RocketMQ's DLQ_NUMS_PER_GROUP, as a send-back's
@@ -234,12 +238,29 @@ def plan_ack(table: Mapping[str, Any], handle: ReceiptHandle) -> tuple[dict[str,
     """The table change that acks ``handle``'s message, and whether the handle was current. Not current: its
     message was acked already (nothing to change), moved to a newer checkpoint by a CHANGE (``superseded_by`` then
     finds that checkpoint), or revived."""
-    raw = table.get(handle.checkpoint_key)
-    ck = CheckPoint.from_wire(raw) if raw is not None else None
-    if ck is None or handle.queue_offset not in ck.offsets:
-        return {}, False
-    rest = ck.without(handle.queue_offset)
-    return {ck.key: rest.to_wire() if rest is not None else None}, True
+    items, (current,) = plan_acks(table, [handle])
+    return items, current
+
+
+def plan_acks(table: Mapping[str, Any], handles: Iterable[ReceiptHandle]) -> tuple[dict[str, Any], list[bool]]:
+    """The one table change that acks every handle's message (a batch ack), and per handle, in order, whether it
+    was current when its turn came (see ``plan_ack``). Handles of one checkpoint add up to one change of it (its
+    key removed once its last offset is acked); a handle named twice is current the first time only."""
+    changed: dict[str, CheckPoint | None] = {}
+    current: list[bool] = []
+    for handle in handles:
+        key = handle.checkpoint_key
+        if key in changed:
+            ck = changed[key]
+        else:
+            raw = table.get(key)
+            ck = CheckPoint.from_wire(raw) if raw is not None else None
+        if ck is None or handle.queue_offset not in ck.offsets:
+            current.append(False)
+            continue
+        changed[key] = ck.without(handle.queue_offset)
+        current.append(True)
+    return {key: ck.to_wire() if ck is not None else None for key, ck in changed.items()}, current
 
 
 def superseded_by(table: Mapping[str, Any], handle: ReceiptHandle) -> CheckPoint | None:
@@ -325,9 +346,17 @@ class PopService:
 
     @contextlib.asynccontextmanager
     async def queue_locks(self, group: str, topic: str, queue_ids: Iterable[int]) -> AsyncIterator[None]:
-        """Hold the locks of several queues, taken in queue order (no one else holds more than one)."""
+        """Hold the locks of several queues of one topic (see ``locks_of``)."""
+        async with self.locks_of(group, ((topic, queue_id) for queue_id in queue_ids)):
+            yield
+
+    @contextlib.asynccontextmanager
+    async def locks_of(self, group: str, queues: Iterable[tuple[str, int]]) -> AsyncIterator[None]:
+        """Hold the locks of several (topic, queue_id) of ``group``, taken in (topic, queue_id) order. Every holder
+        of more than one takes them in that order, and the others hold one at a time (POP, ACK, CHANGE, revive): a
+        holder only ever waits for a lock after all those it holds, so no wait goes round in a circle."""
         async with contextlib.AsyncExitStack() as stack:
-            for queue_id in sorted(set(queue_ids)):
+            for topic, queue_id in sorted(set(queues)):
                 await stack.enter_async_context(self.queue_lock(group, topic, queue_id))
             yield
 

@@ -16,6 +16,11 @@ group's dead-letter topic instead. The rules this module keeps:
   ``await_duration_ms`` at the pair whose turn it is (RocketMQ's SimpleConsumer long-polls one queue too; a message
   arriving meanwhile at another group is found by the next ``receive``). NOT_LEADER is followed to the leader it
   names, a lost connection to the next node, as the other consumers do.
+* **One ack or many.** ``ack(msg)`` acks one message and raises what went wrong; ``ack_batch(msgs)`` acks many with
+  one BATCH_ACK_MESSAGE per broker group (one replicated write there, where each ``ack`` is one) and returns, per
+  message, None or the error ``ack`` would have raised for it: one refused or expired handle must not hide whether
+  the others were acked (RocketMQ 5's gRPC AckMessage answers per entry too). It raises only when a whole request
+  fails; acking again is safe then, a message acked already answers None.
 * **Handles are per delivery.** ``ack`` and ``change_invisible_duration`` take the message ``receive`` returned;
   ``change_invisible_duration`` returns the message with its new receipt handle, and only that one acks it from
   then on (the old handle is refused, ``NoMessageError``, as one whose invisible time is over is).
@@ -31,9 +36,10 @@ import contextlib
 import dataclasses
 import itertools
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any
 
+import cbor2
 import trio
 
 from client.filter import TAG, MessageSelector, Subscription, parse_subscription
@@ -54,6 +60,7 @@ __all__ = ["SimpleConsumer", "SimpleConsumerConfig", "ReceivedMessage", "open_si
 log = logging.getLogger(__name__)
 
 MAX_RECEIVE = 32  # the brokers' most messages of one POP
+MAX_BATCH_ACK = 1024  # the brokers' most receipt handles of one BATCH_ACK_MESSAGE
 _FROM_WHERE = {"CONSUME_FROM_LAST_OFFSET": 1, "CONSUME_FROM_FIRST_OFFSET": 0}  # -> the POP's init_mode
 
 
@@ -186,6 +193,26 @@ class SimpleConsumer:
         ext = {"consumer_group": self.config.consumer_group, "topic": msg.topic, "receipt_handle": msg.receipt_handle}
         await self._leader_invoke(msg.broker_name, msg.topic, RequestCode.ACK_MESSAGE, ext)
 
+    async def ack_batch(self, msgs: Iterable[ReceivedMessage]) -> list[RaftMQError | None]:
+        """Acknowledge ``msgs`` with one request per broker group (per 1,024 messages); per message, in order, None
+        when it is acked (or was already), else the error ``ack`` would have raised for it: ``NoMessageError`` once
+        its invisible time is over or its handle was superseded, ``InvalidRequestError`` for a handle the broker
+        refuses. Raises only when a whole request fails (the broker group's leader cannot be reached, the request is
+        refused): the acks of the requests answered before stand, and acking them all again is safe."""
+        msgs = list(msgs)
+        for msg in msgs:
+            _check_received(msg)
+        results: list[RaftMQError | None] = [None] * len(msgs)
+        group = self.config.consumer_group
+        for broker_name, indexes in _ack_batches(msgs):
+            topic = msgs[indexes[0]].topic  # any of them: it finds the broker group's route
+            body = cbor2.dumps([msgs[i].receipt_handle for i in indexes])
+            frame = await self._leader_invoke(broker_name, topic, RequestCode.BATCH_ACK_MESSAGE,
+                                              {"consumer_group": group}, body=body)
+            for i, result in zip(indexes, _batch_ack_results(frame, broker_name, [msgs[i].topic for i in indexes])):
+                results[i] = result
+        return results
+
     async def change_invisible_duration(self, msg: ReceivedMessage, invisible_duration_ms: int) -> ReceivedMessage:
         """Make ``msg`` invisible for ``invisible_duration_ms`` from now; returns it with its new receipt handle,
         the one to ack it with from now on."""
@@ -200,7 +227,7 @@ class SimpleConsumer:
         return dataclasses.replace(msg, receipt_handle=handle)
 
     # --- requests ----------------------------------------------------------------------------------------------
-    async def _leader_invoke(self, broker_name: str, topic: str, code: int, ext: dict[str, Any], *,
+    async def _leader_invoke(self, broker_name: str, topic: str, code: int, ext: dict[str, Any], *, body: bytes = b"",
                              timeout_s: float | None = None, ok: Sequence[int] = (ResponseCode.SUCCESS,)) -> Frame:
         """Invoke on the group's leader, following NOT_LEADER's hint, or the next node after a lost connection,
         a few times before giving up with the last error."""
@@ -211,7 +238,7 @@ class SimpleConsumer:
         while True:
             addr = inst.master_addr(broker_name)
             try:
-                frame = await inst.invoke(addr, code, ext, timeout_s=timeout_s)
+                frame = await inst.invoke(addr, code, ext, body, timeout_s=timeout_s)
                 return raise_for_response(frame, ok=ok, topic=topic, broker_name=broker_name)
             except RaftMQError as e:
                 inst.on_error(e, topic, broker_name, addr)
@@ -233,6 +260,38 @@ def _received(msg: MessageExt, handle: str) -> ReceivedMessage:
 def _check_received(msg: Any) -> None:
     if not isinstance(msg, ReceivedMessage) or not msg.receipt_handle:
         raise TypeError(f"msg must be a message receive() returned (a ReceivedMessage), got {type(msg).__name__}")
+
+
+def _ack_batches(msgs: Sequence[ReceivedMessage]) -> list[tuple[str, list[int]]]:
+    """The requests ``ack_batch`` sends: (broker group, indexes into ``msgs``), a broker group's messages in their
+    order, at most ``MAX_BATCH_ACK`` a request; broker groups in the order their first message comes."""
+    by_broker: dict[str, list[int]] = {}
+    for i, msg in enumerate(msgs):
+        by_broker.setdefault(msg.broker_name, []).append(i)
+    return [(broker_name, indexes[start:start + MAX_BATCH_ACK]) for broker_name, indexes in by_broker.items()
+            for start in range(0, len(indexes), MAX_BATCH_ACK)]
+
+
+def _batch_ack_results(frame: Frame, broker_name: str, topics: Sequence[str]) -> list[RaftMQError | None]:
+    """Per handle of a BATCH_ACK_MESSAGE answer (``topics``: its messages' topics, in order): None when acked, else
+    the error its code names."""
+    topic, count = topics[0], len(topics)
+    try:
+        entries = cbor2.loads(frame.body)
+    except Exception as e:  # cbor2 raises several unrelated types on garbage
+        raise _malformed(broker_name, topic, f"its batch ack answer is not CBOR: {e}") from None
+    if not isinstance(entries, list) or len(entries) != count:
+        raise _malformed(broker_name, topic, f"{count} receipt handles were answered with {entries!r:.200}")
+    out: list[RaftMQError | None] = []
+    for entry, entry_topic in zip(entries, topics):
+        code = entry.get("code") if isinstance(entry, dict) else None
+        if type(code) is not int:
+            raise _malformed(broker_name, topic, f"a batch ack entry has no response code: {entry!r:.200}")
+        remark = entry.get("remark")
+        out.append(None if code == ResponseCode.SUCCESS else
+                   for_code(code, remark if isinstance(remark, str) else None, topic=entry_topic,
+                            broker_name=broker_name))
+    return out
 
 
 def _malformed(broker_name: str, topic: str, problem: str) -> RaftMQError:

@@ -85,6 +85,9 @@ class RequestCode(IntEnum):
     """Acknowledge one popped message by its receipt handle: it is never delivered again."""
     CHANGE_MESSAGE_INVISIBLETIME = 200053
     """Make one popped message invisible for another invisible_time_ms from now; answers its new receipt handle."""
+    BATCH_ACK_MESSAGE = 200151
+    """Acknowledge many popped messages of one consumer group by their receipt handles, in one replicated write;
+    answers each handle's outcome."""
     # raftmq's own
     ECHO = 1000
     """Answered with SUCCESS and the request's body and ext by ``raftmq bench rpc``'s echo server (only there)."""

@@ -1,4 +1,5 @@
-"""POP_MESSAGE (200050), ACK_MESSAGE (200051), CHANGE_MESSAGE_INVISIBLETIME (200053): RocketMQ 5's POP consumption.
+"""POP_MESSAGE (200050), ACK_MESSAGE (200051), CHANGE_MESSAGE_INVISIBLETIME (200053), BATCH_ACK_MESSAGE (200151):
+RocketMQ 5's POP consumption.
 
 Served by the ready leader only (followers answer NOT_LEADER): every one of them reads and changes the replicated
 POP table (``broker/pop.py``, which holds the rules of checkpoints, handles and revive). Fields (ext):
@@ -17,6 +18,13 @@ POP table (``broker/pop.py``, which holds the rules of checkpoints, handles and 
   ``receipt_handle``. SUCCESS, with ext ``acked`` false when the message was acked already (an ack retried).
 * CHANGE: the same plus ``invisible_time_ms``; SUCCESS with ext ``receipt_handle`` (the new one: the old one is
   superseded), ``pop_time_ms``, ``invisible_time_ms``.
+* BATCH_ACK: ext ``consumer_group``, body a CBOR list of 1..``MAX_BATCH_ACK`` receipt handles (strings), of any
+  topics and queues of the group (a handle names its topic; RocketMQ 5's gRPC AckMessage carries many entries too).
+  The queues' locks are taken in one order (``PopService.locks_of``) and every ack goes in one replicated write
+  before the answer: SUCCESS, the body a CBOR list with one map per handle, in order, saying what ACK_MESSAGE would
+  have answered for it alone: ``{"code": 0, "acked": bool}``, or ``{"code": <response code>, "remark": str}`` for a
+  handle refused (INVALID_REQUEST, TOPIC_NOT_EXIST) or whose message comes back (NO_MESSAGE). A body that is no such
+  list is INVALID_REQUEST naming ``body``, and nothing is acked.
 
 Refusals: unknown group (auto-create off) SUBSCRIPTION_GROUP_NOT_EXIST, stopped group NO_PERMISSION, unknown topic
 TOPIC_NOT_EXIST, a POP retry topic popped as a topic NO_PERMISSION (as a pull of it), a field out of range or a
@@ -34,20 +42,21 @@ import logging
 import random
 from typing import TYPE_CHECKING, Any
 
+import cbor2
 import trio
 
 from broker.filter import SubscriptionParseError, TagFilter, parse_tag_expression
-from broker.pop import (CheckPoint, ReceiptHandle, ReceiptHandleError, now_ms, plan_ack, plan_change,
+from broker.pop import (CheckPoint, ReceiptHandle, ReceiptHandleError, now_ms, plan_ack, plan_acks, plan_change,
                         pop_offset_key, pop_retry_topic_problem, superseded_by)
 from broker.processor.base import (I32, RequestRejected, error_response, existing_topic_config, get_group, get_int,
-                                   get_str, invalid, unexpected_response)
+                                   get_str, invalid, request_data, unexpected_response)
 from broker.processor.pull_message import check_pullable, sql92_not_supported
 from broker.property_filter import get_messages_by_sql, has_sql_match_between, parse_sql_expression
 from dledger import DLedgerError
 from remoting.codec import Frame, make_response
 from remoting.codes import ResponseCode
 from remoting.errors import RaftMQError
-from remoting.message import pop_retry_topic
+from remoting.message import pop_retry_topic, split_pop_retry_topic
 from remoting.sql_filter import SQL92, TAG, SqlFilter
 
 if TYPE_CHECKING:
@@ -56,6 +65,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_POP_NUMS = 32  # RocketMQ's limit of one POP
+# Most receipt handles of one BATCH_ACK_MESSAGE: 32 full POPs, and the one write stays far below a Raft entry's limit
+# (~300 KB when each handle is a checkpoint of 32 of its own).
+MAX_BATCH_ACK = 1024
 INIT_MODE_MIN, INIT_MODE_MAX = 0, 1  # RocketMQ's ConsumeInitMode
 RETRY_FIRST_PERCENT = 20  # RocketMQ's popFromRetryProbability
 # The store statuses after which the pop offset moves to next_begin_offset: units were read (matched or not), or
@@ -289,12 +301,17 @@ class PopMessageProcessor:
     # --- ACK_MESSAGE and CHANGE_MESSAGE_INVISIBLETIME ----------------------------------------------------------
     def _handle(self, ext: Any) -> tuple[str, str, ReceiptHandle]:
         """(consumer_group, topic, receipt handle) of an ACK or CHANGE, the handle judged against both."""
-        node = self.node
         group = get_group(ext)
         topic = get_str(ext, "topic")
-        existing_topic_config(node, topic)
+        existing_topic_config(self.node, topic)
+        return group, topic, self._receipt_handle(group, topic, ext.get("receipt_handle"))
+
+    def _receipt_handle(self, group: str, topic: str | None, text: Any) -> ReceiptHandle:
+        """``text`` read as a receipt handle ``group`` may use for ``topic`` (the consumer's; None: the one the handle
+        names, read directly or through its POP retry topic, which must exist)."""
+        node = self.node
         try:
-            handle = ReceiptHandle.decode(ext.get("receipt_handle"))
+            handle = ReceiptHandle.decode(text)
         except ReceiptHandleError as e:
             raise invalid("receipt_handle", str(e)) from None
         mine = node.config.broker_name
@@ -304,6 +321,13 @@ class PopMessageProcessor:
         if handle.consumer_group != group:
             raise invalid("receipt_handle", f"was issued to consumer group {handle.consumer_group!r}, not to "
                                             f"{group!r}: only the group a message was popped for acks it")
+        if topic is None:
+            pop_retry = split_pop_retry_topic(handle.topic)
+            if pop_retry is not None and pop_retry[0] != group:
+                raise invalid("receipt_handle", f"is for a message of topic {handle.topic!r}, the POP retry topic of "
+                                                f"consumer group {pop_retry[0]!r}, not of {group!r}")
+            topic = pop_retry[1] if pop_retry is not None else handle.topic
+            existing_topic_config(node, topic)
         if handle.topic not in (topic, pop_retry_topic(group, topic)):
             raise invalid("receipt_handle", f"is for a message of topic {handle.topic!r}, not of topic {topic!r} as "
                                             f"consumed by consumer group {group!r}")
@@ -313,7 +337,7 @@ class PopMessageProcessor:
         if handle.queue_id >= queues:
             raise invalid("receipt_handle", f"names queue {handle.queue_id} of topic {handle.topic!r}, which has "
                                             f"{queues} read queues on broker {mine!r}")
-        return group, topic, handle
+        return handle
 
     def _expired(self, handle: ReceiptHandle, now: int) -> RequestRejected:
         return RequestRejected(ResponseCode.NO_MESSAGE,
@@ -385,3 +409,44 @@ class PopMessageProcessor:
         new = ck.handle(node.config.broker_name, handle.queue_offset)
         return make_response(request, ResponseCode.SUCCESS, ext={
             "receipt_handle": new.encode(), "pop_time_ms": ck.pop_time_ms, "invisible_time_ms": ck.invisible_time_ms})
+
+    async def batch_ack_message(self, request: Frame, conn: Any) -> Frame:
+        node = self.node
+        await node.wait_ready_leader()
+        group = get_group(request.ext)
+        texts = self._batch_handles(request)
+        entries: list[dict[str, Any] | None] = [None] * len(texts)
+        waiting: list[tuple[int, ReceiptHandle]] = []  # (index, handle) of those judged under their queues' locks
+        now = now_ms()
+        for i, text in enumerate(texts):
+            try:
+                handle = self._receipt_handle(group, None, text)
+                if handle.deadline_ms <= now:
+                    raise self._expired(handle, now)
+            except RequestRejected as e:
+                entries[i] = {"code": int(e.code), "remark": e.remark}
+                continue
+            waiting.append((i, handle))
+        pop = node.pop
+        if waiting:
+            async with pop.locks_of(group, {(handle.topic, handle.queue_id) for _i, handle in waiting}):
+                items, current = plan_acks(pop.table(), [handle for _i, handle in waiting])
+                for (i, handle), acked in zip(waiting, current):
+                    gone = None if acked else self._gone(handle)
+                    entries[i] = ({"code": int(ResponseCode.SUCCESS), "acked": acked} if gone is None
+                                  else {"code": int(gone.code), "remark": gone.remark})
+                await pop.write(items)
+        return make_response(request, ResponseCode.SUCCESS, body=cbor2.dumps(entries))
+
+    @staticmethod
+    def _batch_handles(request: Frame) -> list[str]:
+        if not request.body:
+            raise invalid("body", f"is required: a CBOR list of 1..{MAX_BATCH_ACK} receipt handles")
+        texts = request_data(request)
+        if not isinstance(texts, list) or not 1 <= len(texts) <= MAX_BATCH_ACK:
+            got = f"a list of {len(texts)}" if isinstance(texts, list) else type(texts).__name__
+            raise invalid("body", f"must be a CBOR list of 1..{MAX_BATCH_ACK} receipt handles, got {got}")
+        for i, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise invalid("body", f"must hold receipt handles (strings); entry {i} is {text!r:.60}")
+        return texts

@@ -9,7 +9,9 @@ latency.
 
 ``--simple N`` consumes with N concurrent ``receive`` loops of one simple consumer (RocketMQ 5's POP: each message
 received is then acked, one ACK_MESSAGE each, as an application does) instead of the push consumer: every POP and
-every ACK is a replicated write of the group's POP table, so this measures POP's own cost.
+every ACK is a replicated write of the group's POP table, so this measures POP's own cost. With ``--ack-batch`` each
+loop acks what one receive returned with one ``ack_batch`` (BATCH_ACK_MESSAGE: one replicated write for all of
+them) instead: the two measure what batching acks saves.
 """
 
 from __future__ import annotations
@@ -21,11 +23,12 @@ import uuid
 
 import trio
 
-from client import Message, open_producer, open_push_consumer, open_simple_consumer
+from client import Message, ReceivedMessage, open_producer, open_push_consumer, open_simple_consumer
 from raftmq.bench.common import (BenchError, check_range, exported_credentials, machine_speed, run_bench,
                                  summarize_latencies)
 from raftmq.bench.produce import (BenchReport, add_cluster_args, bench_cluster, check_cluster_args, cpu_per_message,
                                   cpu_sample, ensure_topic, progress, report)
+from remoting.config import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +44,8 @@ def register(subparsers) -> None:
     parser.add_argument("--simple", type=int, default=0, metavar="N",
                         help="consume with a simple consumer (POP) and N concurrent receive-and-ack loops instead "
                              "of a push consumer (messages per receive: --pull-batch, at most 32)")
+    parser.add_argument("--ack-batch", action="store_true",
+                        help="with --simple: ack what each receive returned with one batch ack, not one ack each")
     # A fresh topic per run unless one is named: the consumer starts at the first offset, and on a cluster that
     # served earlier benches a shared topic would hand it their (older, colder) messages, not its backlog.
     parser.set_defaults(func=run, topic=None)
@@ -128,15 +133,28 @@ async def _consume_simple(namesrv: str, args: argparse.Namespace, group: str, ma
         started = time.monotonic()
         done = trio.Event()
 
+        def acked(msg: ReceivedMessage) -> None:
+            got["n"] += 1
+            if got["n"] % 16 == 0:
+                latencies.append(max(0, time.time_ns() - msg.born_timestamp * 1_000_000))
+            if got["n"] >= target:
+                done.set()
+
         async def receiver() -> None:
             while not done.is_set():
-                for msg in await consumer.receive(args.pull_batch, invisible_duration_ms=60_000):
+                received = await consumer.receive(args.pull_batch, invisible_duration_ms=60_000)
+                if args.ack_batch:
+                    errors = await consumer.ack_batch(received) if received else []
+                    for msg, error in zip(received, errors):
+                        if error is not None:
+                            raise error  # as a failed ack() stops the run: not counted as consumed
+                        if done.is_set():
+                            break  # the backlog is rounded up to whole send batches: count no more than asked
+                        acked(msg)
+                    continue
+                for msg in received:
                     await consumer.ack(msg)
-                    got["n"] += 1
-                    if got["n"] % 16 == 0:
-                        latencies.append(max(0, time.time_ns() - msg.born_timestamp * 1_000_000))
-                    if got["n"] >= target:
-                        done.set()
+                    acked(msg)
 
         async with trio.open_nursery() as nursery:
             if args.live:
@@ -153,7 +171,8 @@ async def _consume_simple(namesrv: str, args: argparse.Namespace, group: str, ma
         cpu = cpu_per_message(cpu_before, await cpu_sample(namesrv), got["n"])
     return BenchReport("consume", got["n"], got["n"] * args.size, elapsed, summarize_latencies(latencies),
                        target - got["n"], {"size": args.size, "pull_batch": args.pull_batch, "live": args.live,
-                                           "simple": args.simple}, cpu_us_per_msg=cpu, machine=machine)
+                                           "simple": args.simple, "ack_batch": args.ack_batch},
+                       cpu_us_per_msg=cpu, machine=machine)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -164,6 +183,8 @@ def run(args: argparse.Namespace) -> int:
     check_range("--simple", args.simple, 0, 256)
     if args.simple:
         check_range("--pull-batch", args.pull_batch, 1, 32)  # a POP takes at most 32
+    elif args.ack_batch:
+        raise ConfigError("--ack-batch acks what a simple consumer receives: it needs --simple N")
     check_cluster_args(args)
 
     async def main() -> BenchReport:

@@ -73,6 +73,11 @@ def test_bench_produce_and_consume_report_rates_latencies_and_cpu(spawn, tmp_pat
                     "--simple", "4", "--pull-batch", "16")
     assert popped["messages"] == 300 and popped["errors"] == 0 and popped["params"]["simple"] == 4
     _check_cpu(popped["cpu_us_per_msg"])
+    # Acked with one batch ack per receive (BATCH_ACK_MESSAGE: one replicated write for each).
+    batched = _bench("consume", "--namesrv", namesrv, "--messages", "300", "--size", "128", "--seconds", "60",
+                     "--simple", "4", "--pull-batch", "16", "--ack-batch")
+    assert batched["messages"] == 300 and batched["errors"] == 0 and batched["params"]["ack_batch"] is True
+    _check_cpu(batched["cpu_us_per_msg"])
 
     bad = subprocess.run(raftmq_argv("bench", "produce", "--namesrv", namesrv, "--batch", "0"), capture_output=True,
                          text=True, timeout=60)

@@ -7,6 +7,7 @@ Short invisible times (1-3 s) and a revive every 200 ms keep each test a few sec
 
 from __future__ import annotations
 
+import cbor2
 import pytest
 import trio
 
@@ -105,6 +106,26 @@ async def test_receive_and_ack_consume_each_message_once(pop_cluster):
         assert await _nothing_for(consumer, 2.5) == []
         async with open_admin(pop_cluster.namesrv) as admin:  # a member of its group, as RocketMQ 5 shows it
             assert (await admin.consumer_connections(group)).consume_type == "CONSUME_POP"
+
+
+async def test_ack_batch_acks_many_in_one_request_and_says_which_it_could_not(pop_cluster):
+    topic, group = "PopBatchAck", "pop_batch_ack"
+    await _prepare(pop_cluster, topic, group)
+    bodies = [f"batch-{i}" for i in range(10)]
+    await _send(pop_cluster, topic, bodies)
+    async with _consumer(pop_cluster, group, topic) as consumer:
+        got = await _receive_all(consumer, len(bodies), invisible_ms=2_000)
+        deferred = await consumer.change_invisible_duration(got[0], 30_000)
+        results = await consumer.ack_batch(got)
+        # got[0]'s handle was superseded by the change: only that one is not acked.
+        assert results[0] is not None and results[0].code == ResponseCode.NO_MESSAGE
+        assert "superseded" in str(results[0])
+        assert results[1:] == [None] * (len(got) - 1)
+        assert await consumer.ack_batch([deferred]) == [None]
+        assert await consumer.ack_batch([]) == []
+        assert sorted(m.body.decode() for m in got) == sorted(bodies)
+        # Their invisible time (2 s) passes: all acked, none comes back.
+        assert await _nothing_for(consumer, 2.5) == []
 
 
 async def test_a_receive_waits_for_a_message_its_filter_wants(pop_cluster):
@@ -235,6 +256,13 @@ async def test_bad_input_gets_its_code_and_a_remark_naming_the_field(pop_cluster
                   ResponseCode.INVALID_REQUEST, "invisible_time_ms")
     follower = next(a for a in pop_cluster.addr_of.values() if a != leader)
     await refused(RequestCode.POP_MESSAGE, pop, ResponseCode.NOT_LEADER, addr=follower)
+    batch = make_request(RequestCode.BATCH_ACK_MESSAGE, ext={"consumer_group": group}, body=cbor2.dumps([expired]))
+    async with open_remoting_client() as client:
+        answer = await client.invoke(follower, batch, timeout_s=5)
+        assert answer.code == ResponseCode.NOT_LEADER, answer.remark
+        answer = await client.invoke(leader, make_request(RequestCode.BATCH_ACK_MESSAGE, ext={"consumer_group": group},
+                                                          body=cbor2.dumps("not a list")), timeout_s=5)
+        assert answer.code == ResponseCode.INVALID_REQUEST and answer.ext.get("field") == "body", answer.remark
     # Nothing to pop, and no waiting asked for: PULL_NOT_FOUND at once, not an error.
     assert (await _raw(leader, RequestCode.POP_MESSAGE, pop)).code == ResponseCode.PULL_NOT_FOUND
 

@@ -46,6 +46,7 @@ def test_a_bench_error_inside_a_nursery_is_found_and_anything_else_is_raised():
     (["consume", "--namesrv", "nowhere"], "--namesrv must look like HOST:PORT, got 'nowhere'"),
     (["consume", "--simple", "-1"], "--simple must be within 0..256, got -1"),
     (["consume", "--simple", "4", "--pull-batch", "64"], "--pull-batch must be within 1..32, got 64"),  # POP's limit
+    (["consume", "--ack-batch"], "--ack-batch acks what a simple consumer receives: it needs --simple N"),
     (["produce", "--namesrv", "127.0.0.1:0"], "--namesrv needs a fixed port (it is dialed"),
     (["produce", "--warmup-seconds", "-1"], "--warmup-seconds must be within 0..600, got -1.0"),
     # Ran explicit batches with auto_batch on and nothing for it to do, and reported it as on.

@@ -1,6 +1,7 @@
 """POP on an in-process single-node broker (broker/pop.py, broker/processor/pop_message.py): the POP retry topic's
 name and who may use it, admin moves (reset, clone, delete) of POP state, receipt handles of another group or queue,
-an ack or change losing the race to revive, and revive going on past a checkpoint it cannot revive.
+an ack or change losing the race to revive, revive going on past a checkpoint it cannot revive, and batch acks (one
+write, an outcome per handle).
 
 The revive task's own interval is long here: each test calls ``PopService.revive_expired`` with a clock far ahead,
 or revives one checkpoint itself, so nothing depends on timing but the one race test's wait for a deadline.
@@ -14,7 +15,8 @@ import cbor2
 import trio
 
 from broker.node import BrokerNode, serve_broker
-from broker.pop import CheckPoint, ReceiptHandle, now_ms
+from broker.pop import POP_TABLE, CheckPoint, ReceiptHandle, now_ms
+from broker.processor.pop_message import MAX_BATCH_ACK
 from broker.topic_config import PERM_READ_WRITE, TopicConfig
 from remoting.codes import RequestCode, ResponseCode
 from remoting.message import MAX_PROPERTIES_SIZE, encode_properties, iter_records, pop_retry_topic
@@ -32,17 +34,18 @@ async def _broker(nursery, tmp_path, **overrides) -> tuple[BrokerNode, str]:
     return nodes[0], f"{host}:{port}"
 
 
-async def _send(client, addr: str, topic: str, body: bytes, **properties: str) -> None:
+async def _send(client, addr: str, topic: str, body: bytes, queue_id: int = 0, **properties: str) -> None:
     r = await call(client, addr, RequestCode.SEND_MESSAGE,
-                   {"producer_group": "pg", "topic": topic, "queue_id": 0, "born_timestamp": 1,
+                   {"producer_group": "pg", "topic": topic, "queue_id": queue_id, "born_timestamp": 1,
                     "properties": {"TAGS": "TagA", **properties}}, body)
     assert r.code == ResponseCode.SUCCESS, r.remark
 
 
-async def _pop(client, addr: str, group: str, topic: str, *, invisible_ms: int = 60_000, n: int = 32) -> list:
-    """(message, receipt handle) pairs of one POP of queue 0 (and the group's retry topic), from the first offset."""
+async def _pop(client, addr: str, group: str, topic: str, *, invisible_ms: int = 60_000, n: int = 32,
+               queue_id: int = 0) -> list:
+    """(message, receipt handle) pairs of one POP of a queue (and the group's retry topic), from the first offset."""
     r = await call(client, addr, RequestCode.POP_MESSAGE,
-                   {"consumer_group": group, "topic": topic, "queue_id": 0, "max_msg_nums": n,
+                   {"consumer_group": group, "topic": topic, "queue_id": queue_id, "max_msg_nums": n,
                     "invisible_time_ms": invisible_ms, "init_mode": 0})
     if r.code == ResponseCode.PULL_NOT_FOUND:
         return []
@@ -252,3 +255,114 @@ async def test_a_message_that_cannot_carry_the_retry_properties_goes_to_the_dlq_
         assert dead.body == b"big" and dead.properties == big.properties and dead.reconsume_times == 1
         again = await _pop(client, addr, "g", "PopBig")
         assert sorted(m.body for m, _h in again) == [b"big", b"fits", b"last"]
+
+
+async def _batch_ack(client, addr: str, group: str, handles) -> tuple[object, list[dict]]:
+    r = await call(client, addr, RequestCode.BATCH_ACK_MESSAGE, {"consumer_group": group}, cbor2.dumps(handles))
+    assert r.code == ResponseCode.SUCCESS, r.remark
+    entries = cbor2.loads(r.body)
+    assert len(entries) == len(handles)
+    return r, entries
+
+
+def _count_pop_writes(node: BrokerNode) -> list[dict]:
+    """Every replicated write of the POP table from now on, as a list of their items."""
+    writes: list[dict] = []
+    put_metadata = node.group.put_metadata
+
+    async def counting(table, items, **kw):
+        if table == POP_TABLE:
+            writes.append(dict(items))
+        return await put_metadata(table, items, **kw)
+
+    node.group.put_metadata = counting  # type: ignore[method-assign]
+    return writes
+
+
+async def test_a_batch_ack_of_several_queues_and_the_retry_topic_is_one_write(nursery, tmp_path):
+    node, addr = await _broker(nursery, tmp_path)
+    async with open_remoting_client() as client:
+        await wait_leader(client, addr)
+        for queue_id, body in ((0, b"a0"), (0, b"a1"), (1, b"b0"), (2, b"r0")):
+            await _send(client, addr, "PopBatch", body, queue_id=queue_id)
+        assert len(await _pop(client, addr, "g", "PopBatch", queue_id=2)) == 1
+        assert await node.pop.revive_expired(now=now_ms() + FAR) == 1
+        got = await _pop(client, addr, "g", "PopBatch", queue_id=0)  # queue 0's two and the retry topic's one
+        got += await _pop(client, addr, "g", "PopBatch", queue_id=1)
+        handles = {m.body: h for m, h in got}
+        assert sorted(handles) == [b"a0", b"a1", b"b0", b"r0"]
+        assert ReceiptHandle.decode(handles[b"r0"]).topic == pop_retry_topic("g", "PopBatch")
+        assert len([k for k in _pop_keys(node) if k.startswith("c\x01")]) == 3
+
+        writes = _count_pop_writes(node)
+        batch = [handles[b"a0"], handles[b"b0"], handles[b"r0"], handles[b"a1"]]
+        _r, entries = await _batch_ack(client, addr, "g", batch)
+        assert entries == [{"code": 0, "acked": True}] * 4
+        assert len(writes) == 1 and len(writes[0]) == 3  # the three checkpoints, each removed once
+        assert [k for k in _pop_keys(node) if k.startswith("c\x01")] == []
+        assert node.pop._locks == {}
+        # Acked again (a retried batch): acked false each, and nothing to write.
+        _r, entries = await _batch_ack(client, addr, "g", batch)
+        assert entries == [{"code": 0, "acked": False}] * 4 and len(writes) == 1
+        # Nothing comes back: the revive finds no checkpoint.
+        assert await node.pop.revive_expired(now=now_ms() + FAR) == 0
+
+
+async def test_a_batch_ack_says_per_handle_what_became_of_it(nursery, tmp_path):
+    node, addr = await _broker(nursery, tmp_path)
+    async with open_remoting_client() as client:
+        await wait_leader(client, addr)
+        for i in range(3):
+            await _send(client, addr, "PopMixed", f"m{i}".encode())
+        (h0, h1, h2) = (h for _m, h in await _pop(client, addr, "g", "PopMixed"))
+        r = await call(client, addr, RequestCode.CHANGE_MESSAGE_INVISIBLETIME,
+                       {"consumer_group": "g", "topic": "PopMixed", "receipt_handle": h2, "invisible_time_ms": 60_000})
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        h2_new = r.ext["receipt_handle"]
+        ((_m, other_group),) = await _pop(client, addr, "other", "PopMixed", n=1)
+        parsed = ReceiptHandle.decode(h0)
+        expired = ReceiptHandle(parsed.broker_name, "g", "PopMixed", 0, 0, 0, 1_000, 1_000).encode()
+        unknown = ReceiptHandle(parsed.broker_name, "g", "NoSuchTopic", 0, 0, 0, parsed.pop_time_ms,
+                                parsed.invisible_time_ms).encode()
+        thief = ReceiptHandle(parsed.broker_name, "g", pop_retry_topic("other", "PopMixed"), 0, 0, 0,
+                              parsed.pop_time_ms, parsed.invisible_time_ms).encode()
+        writes = _count_pop_writes(node)
+        _r, entries = await _batch_ack(client, addr, "g",
+                                       [h0, expired, other_group, "garbage", h2, unknown, thief, h1, h2_new])
+        assert len(writes) == 1  # h0, h1 and h2_new: still one write
+        ok, late, foreign, malformed, superseded, no_topic, retry_of_other, ok1, ok2 = entries
+        assert ok == ok1 == ok2 == {"code": 0, "acked": True}
+        assert late["code"] == ResponseCode.NO_MESSAGE and "expired" in late["remark"]
+        assert "delivered again" in late["remark"]
+        assert foreign["code"] == ResponseCode.INVALID_REQUEST and "'other'" in foreign["remark"]
+        assert malformed["code"] == ResponseCode.INVALID_REQUEST and "'garbage'" in malformed["remark"]
+        assert superseded["code"] == ResponseCode.NO_MESSAGE and "superseded" in superseded["remark"]
+        assert no_topic["code"] == ResponseCode.TOPIC_NOT_EXIST and "NoSuchTopic" in no_topic["remark"]
+        assert retry_of_other["code"] == ResponseCode.INVALID_REQUEST and "'other'" in retry_of_other["remark"]
+        # Only the group "other" still has a message invisible: what g popped is acked.
+        assert [k.split("\x01")[1] for k in _pop_keys(node) if k.startswith("c\x01")] == ["other"]
+        assert node.pop._locks == {}
+
+
+async def test_a_malformed_batch_ack_is_refused_whole_naming_the_field(nursery, tmp_path):
+    node, addr = await _broker(nursery, tmp_path)
+    async with open_remoting_client() as client:
+        await wait_leader(client, addr)
+        await _send(client, addr, "PopBadBatch", b"m0")
+        ((_m, handle),) = await _pop(client, addr, "g", "PopBadBatch")
+        for body, problem in [
+            (b"", "is required"),
+            (b"\xff\x00", "not valid CBOR"),
+            (cbor2.dumps({"receipt_handles": [handle]}), "got dict"),
+            (cbor2.dumps([]), "got a list of 0"),
+            (cbor2.dumps([handle] * (MAX_BATCH_ACK + 1)), f"got a list of {MAX_BATCH_ACK + 1}"),
+            (cbor2.dumps([handle, 7]), "entry 1 is 7"),
+        ]:
+            r = await call(client, addr, RequestCode.BATCH_ACK_MESSAGE, {"consumer_group": "g"}, body)
+            assert r.code == ResponseCode.INVALID_REQUEST and r.ext.get("field") == "body", (problem, r.remark)
+            assert problem in r.remark, r.remark
+        r = await call(client, addr, RequestCode.BATCH_ACK_MESSAGE, {}, cbor2.dumps([handle]))
+        assert r.code == ResponseCode.INVALID_REQUEST and r.ext.get("field") == "consumer_group", r.remark
+        # Nothing was acked by a refused request: the handle still acks its message.
+        _r, entries = await _batch_ack(client, addr, "g", [handle])
+        assert entries == [{"code": 0, "acked": True}]

@@ -204,6 +204,15 @@ def test_what_each_request_needs():
     for code in (RequestCode.POP_MESSAGE, RequestCode.ACK_MESSAGE, RequestCode.CHANGE_MESSAGE_INVISIBLETIME):
         pop = make_request(code, {"consumer_group": "g1", "topic": "Orders"})
         assert request_resources(pop) == [("group", "g1", SUB), ("topic", "Orders", SUB)]
+    # A batch ack: SUB on the group and on the topic each receipt handle names (a POP retry topic's group and topic);
+    # a handle that cannot be read names nothing (the processor refuses it), nor does a body that is no list.
+    handles = ["2 broker-a g1 Orders 0 5 5 1700000000000 30000", "2 broker-a g1 %RETRY%g1+Audit 1 7 7 1 30000",
+               "2 broker-a g1 Orders 1 9 9 1700000000000 30000", "garbage", 7]
+    batch = make_request(RequestCode.BATCH_ACK_MESSAGE, {"consumer_group": "g1"}, cbor2.dumps(handles))
+    assert request_resources(batch) == [("group", "g1", SUB), ("topic", "Orders", SUB), ("topic", "Audit", SUB)]
+    for body in (b"", cbor2.dumps({"consumer_group": "g2"}), b"\xff"):
+        bad = make_request(RequestCode.BATCH_ACK_MESSAGE, {"consumer_group": "g1"}, body)
+        assert request_resources(bad) == [("group", "g1", SUB)]
     lock = make_request(RequestCode.LOCK_BATCH_MQ, body=cbor2.dumps({"consumer_group": "g1"}))
     assert request_resources(lock) == [("group", "g1", SUB)]
     end = make_request(RequestCode.END_TRANSACTION, {"producer_group": "pg", "commit_log_offset": 42})
@@ -280,6 +289,16 @@ def test_a_send_back_reads_only_what_its_account_may_read(acl_file):
                             "offset it names here, so no topic permission can be checked")
     # An admin without lists may read anything, and is let through to the processor's own answer.
     assert checker.check(ADMIN.sign(send_back(999)), "192.168.1.7:5000") is None
+
+
+def test_a_batch_ack_needs_sub_on_every_topic_its_handles_name(checker):
+    def batch(*topics: str):
+        handles = [f"2 broker-a g1 {topic} 0 5 5 1700000000000 30000" for topic in topics]
+        return make_request(RequestCode.BATCH_ACK_MESSAGE, {"consumer_group": "g1"}, cbor2.dumps(handles))
+
+    assert checker.check(PRODUCER.sign(batch("Orders2", "%RETRY%g1+Orders2")), FROM) is None
+    refused = checker.check(PRODUCER.sign(batch("Orders2", "%RETRY%g1+Audit")), FROM)
+    assert "BATCH_ACK_MESSAGE (code 200151)" in refused and "no SUB permission on topic 'Audit'" in refused
 
 
 @pytest.mark.parametrize("code", [RequestCode.CLONE_GROUP_OFFSET, RequestCode.GET_CONSUMER_RUNNING_INFO,

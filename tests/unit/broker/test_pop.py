@@ -12,8 +12,8 @@ import trio.testing
 
 from broker.long_polling import PullRequestHoldService
 from broker.pop import (CheckPoint, PopService, ReceiptHandle, ReceiptHandleError, checkpoints_of_queue,
-                        expired_checkpoints, plan_ack, plan_change, plan_forget, plan_reset, pop_offset_key,
-                        pop_retry_topic_problem, superseded_by)
+                        expired_checkpoints, plan_ack, plan_acks, plan_change, plan_forget, plan_reset,
+                        pop_offset_key, pop_retry_topic_problem, superseded_by)
 from broker.topic_config import TopicConfigError, check_sendable_topic, validate_topic_name
 from namesrv.requests import _legal_topic
 from remoting.message import MessageFormatError, check_topic, pop_retry_topic, split_pop_retry_topic
@@ -119,6 +119,41 @@ def test_change_moves_one_message_to_a_checkpoint_of_its_own_and_supersedes_the_
     assert current
     apply(table, items)
     assert superseded_by(table, old) is None
+
+
+def test_a_batch_ack_is_one_change_of_every_checkpoint_it_touches():
+    table: dict[str, Any] = {}
+    a = popped(table, (4, 5, 6), queue_id=1)
+    b = popped(table, (0, 1), queue_id=2)
+    retry = CheckPoint(G, pop_retry_topic(G, T), 0, 3, 10_000, 5_000, (3,))
+    apply(table, {retry.key: retry.to_wire()})
+    handles = [a.handle("b", 4), b.handle("b", 1), retry.handle("b", 3), a.handle("b", 6), b.handle("b", 0)]
+    items, current = plan_acks(table, handles)
+    assert current == [True] * 5
+    # a keeps only 5; b and retry are gone: one entry per checkpoint, however many of its handles came.
+    assert items == {a.key: dataclasses.replace(a, offsets=(5,)).to_wire(), b.key: None, retry.key: None}
+    # The same, handle by handle, ends where the batch does.
+    one_by_one = dict(table)
+    for handle in handles:
+        apply(one_by_one, plan_ack(one_by_one, handle)[0])
+    apply(table, items)
+    assert table == one_by_one
+
+
+def test_a_batch_ack_reports_each_handle_that_is_not_current():
+    table: dict[str, Any] = {}
+    ck = popped(table, (4, 5, 6))
+    changed_items, changed = plan_change(table, ck.handle("b", 6), 60_000, now=12_000)
+    apply(table, changed_items)
+    apply(table, plan_ack(table, ck.handle("b", 4))[0])  # acked before
+    gone = CheckPoint(G, T, 1, 9, 10_000, 5_000, (9,))  # revived (or never there)
+    handles = [ck.handle("b", 4), ck.handle("b", 5), ck.handle("b", 5), ck.handle("b", 6), gone.handle("b", 9),
+               changed.handle("b", 6)]
+    items, current = plan_acks(table, handles)
+    # Acked before; acked here, the first time only; superseded by the change; revived; the change's own handle.
+    assert current == [False, True, False, False, False, True]
+    assert items == {ck.key: None, changed.key: None}
+    assert plan_acks(table, []) == ({}, [])
 
 
 def test_two_changes_of_one_message_in_the_same_millisecond_get_distinct_checkpoints():
@@ -243,6 +278,33 @@ async def test_a_queue_lock_is_forgotten_once_nobody_holds_or_waits_for_it():
     assert service._locks == {}
     async with service.queue_locks(G, T, [3, 1, 3]):
         assert sorted(service._locks) == [(G, T, 1), (G, T, 3)]
+    assert service._locks == {}
+
+
+async def test_several_queue_locks_are_taken_in_topic_and_queue_order():
+    """A batch ack's queues are locked in one order, so two batches naming the same queues in opposite orders (or a
+    batch and a reset) never wait for each other in a circle."""
+    service = PopService(node=None)  # type: ignore[arg-type]  # the locks need no node
+    retry = pop_retry_topic(G, T)  # '%' sorts before letters: its queues come first
+    held: list[str] = []
+
+    async def batch(name: str, queues: list[tuple[str, int]]) -> None:
+        async with service.locks_of(G, queues):
+            held.append(name)
+            await trio.sleep(0)
+
+    async with trio.open_nursery() as nursery:
+        async with service.queue_lock(G, T, 1):
+            nursery.start_soon(batch, "forward", [(retry, 0), (T, 1), (T, 2), (T, 0)])
+            nursery.start_soon(batch, "backward", [(T, 2), (T, 1), (T, 0), (retry, 0)])
+            await trio.testing.wait_all_tasks_blocked()
+            # "forward" holds the retry queue and queue 0 and waits for queue 1; "backward" waits for the retry
+            # queue: neither took queue 2 out of order (taken first, it would be waiting on a lock held by the other).
+            assert (G, T, 2) not in service._locks
+            assert service._locks[(G, retry, 0)].users == 2 and service._locks[(G, T, 0)].users == 1
+            assert service._locks[(G, T, 1)].users == 2
+            assert held == []
+    assert sorted(held) == ["backward", "forward"]
     assert service._locks == {}
 
 

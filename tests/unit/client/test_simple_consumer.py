@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+import cbor2
 import pytest
 
 from client import MessageSelector, ReceivedMessage, SimpleConsumerConfig
 from client.message import MessageExt
-from client.simple_consumer import _check_received, _parse_subscriptions, _received
+from client.simple_consumer import (MAX_BATCH_ACK, _ack_batches, _batch_ack_results, _check_received,
+                                    _parse_subscriptions, _received)
+from remoting.codec import make_request, make_response
+from remoting.codes import RequestCode, ResponseCode
 from remoting.config import ConfigError
+from remoting.errors import InvalidRequestError, NoMessageError, RaftMQError
 
 
 def _message(topic: str, properties: dict[str, str] | None = None) -> MessageExt:
@@ -48,3 +55,46 @@ def test_config_bounds():
         SimpleConsumerConfig(namesrv_addrs=("127.0.0.1:9876",), consume_from_where="CONSUME_FROM_TIMESTAMP")
     with pytest.raises(ConfigError, match="await_duration_ms"):
         SimpleConsumerConfig(namesrv_addrs=("127.0.0.1:9876",), await_duration_ms=-1)
+
+
+def test_a_batch_ack_is_one_request_per_broker_group_and_per_1024_messages():
+    def at(broker_name: str, topic: str = "A") -> ReceivedMessage:
+        return dataclasses.replace(_received(_message(topic), "h"), broker_name=broker_name)
+
+    msgs = [at("broker-b"), at("broker-a", "B"), at("broker-b", "B"), at("broker-a")]
+    assert _ack_batches(msgs) == [("broker-b", [0, 2]), ("broker-a", [1, 3])]
+    many = [at("broker-a")] * (MAX_BATCH_ACK + 1) + [at("broker-b")]
+    assert [(name, len(indexes)) for name, indexes in _ack_batches(many)] == [
+        ("broker-a", MAX_BATCH_ACK), ("broker-a", 1), ("broker-b", 1)]
+    assert _ack_batches(many)[1][1] == [MAX_BATCH_ACK]
+    assert _ack_batches([]) == []
+
+
+def _answer(entries) -> object:
+    request = make_request(RequestCode.BATCH_ACK_MESSAGE, {"consumer_group": "g"}, b"")
+    return make_response(request, ResponseCode.SUCCESS,
+                         body=entries if isinstance(entries, bytes) else cbor2.dumps(entries))
+
+
+def test_a_batch_ack_answer_is_none_or_the_error_ack_would_raise_per_message():
+    results = _batch_ack_results(_answer([
+        {"code": 0, "acked": True}, {"code": 0, "acked": False},
+        {"code": int(ResponseCode.NO_MESSAGE), "remark": "request field 'receipt_handle' expired 5 ms ago"},
+        {"code": int(ResponseCode.INVALID_REQUEST), "remark": "request field 'receipt_handle' was issued to ..."},
+    ]), "broker-a", ["A", "A", "B", "A"])
+    assert results[:2] == [None, None]
+    assert isinstance(results[2], NoMessageError) and "expired" in str(results[2])
+    assert results[2].fields["topic"] == "B" and results[2].fields["broker_name"] == "broker-a"
+    assert isinstance(results[3], InvalidRequestError)
+
+
+@pytest.mark.parametrize("body, problem", [
+    (b"\xff", "not CBOR"),
+    ({"code": 0}, "1 receipt handles were answered"),
+    ([], "1 receipt handles were answered"),
+    ([{"acked": True}], "no response code"),
+    (["ok"], "no response code"),
+])
+def test_a_malformed_batch_ack_answer_is_an_error_of_the_whole_request(body, problem):
+    with pytest.raises(RaftMQError, match=problem):
+        _batch_ack_results(_answer(body), "broker-a", ["A"])
