@@ -5,7 +5,7 @@ import os
 import pytest
 
 from raftmq import ports
-from tests.procs import ServerProcess
+from tests.procs import spawner
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -45,17 +45,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 def spawn(tmp_path):
     """``spawn(argv, **kw)`` starts a ``ServerProcess``; every process it started is stopped at teardown,
     pass or fail."""
-    started: list[ServerProcess] = []
-
-    def _spawn(argv, **kw) -> ServerProcess:
-        kw.setdefault("log_path", tmp_path / f"proc-{len(started)}.log")
-        proc = ServerProcess(argv, **kw)
-        started.append(proc)
-        return proc
-
-    yield _spawn
-    for proc in reversed(started):
-        proc.stop(timeout_s=5)
+    with spawner(tmp_path) as spawn_one:
+        yield spawn_one
 
 
 @pytest.fixture

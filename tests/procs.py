@@ -7,12 +7,14 @@ Use it through the ``spawn`` fixture in ``tests/conftest.py`` so it is cleaned u
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from raftmq import ports
@@ -108,6 +110,26 @@ class ServerProcess:
                     return line
             time.sleep(0.02)
         raise AssertionError(f"{needle!r} not seen in output of {self.argv}:\n" + "".join(self.output[-50:]))
+
+
+@contextlib.contextmanager
+def spawner(log_dir: Path) -> Iterator[Callable[..., ServerProcess]]:
+    """``spawn(argv, **kw)`` starts a ``ServerProcess`` (its log in ``log_dir`` unless ``log_path`` is given); every
+    process it started is stopped on leaving the block, pass or fail. The ``spawn`` fixture is one per test; a
+    module's shared cluster uses one in its module-scoped fixture."""
+    started: list[ServerProcess] = []
+
+    def spawn(argv: list[str], **kw) -> ServerProcess:
+        kw.setdefault("log_path", log_dir / f"proc-{len(started)}.log")
+        proc = ServerProcess(argv, **kw)
+        started.append(proc)
+        return proc
+
+    try:
+        yield spawn
+    finally:
+        for proc in reversed(started):
+            proc.stop(timeout_s=5)
 
 
 def raftmq_argv(*args: str) -> list[str]:

@@ -24,7 +24,7 @@ from remoting.message import parse_msg_id
 from remoting.transport import open_remoting_client
 from tests.cluster.test_admin_cli import _admin
 from tests.cluster.test_e2e_produce_consume import Cluster
-from tests.procs import ServerProcess, raftmq_argv
+from tests.procs import raftmq_argv, spawner
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -67,23 +67,12 @@ def acl_cluster(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("acl")
     acl_path = tmp / "plain_acl.toml"
     acl_path.write_text(ACL)
-    started: list[ServerProcess] = []
-
-    def spawn(argv, **kw) -> ServerProcess:
-        kw.setdefault("log_path", tmp / f"proc-{len(started)}.log")
-        proc = ServerProcess(argv, **kw)
-        started.append(proc)
-        return proc
-
-    try:
+    with spawner(tmp) as spawn:
         cluster = Cluster(spawn, tmp / "cluster", {"acl_enable": "true", "acl_file": json.dumps(str(acl_path)),
                                                    "transaction_timeout_ms": "500",
                                                    "transaction_check_interval_ms": "300"})
         trio.run(cluster.leader_addr)
         yield cluster, acl_path
-    finally:
-        for proc in reversed(started):
-            proc.stop(timeout_s=5)
 
 
 async def _admin_cli(namesrv: str, *args: str, expect_rc: int | None):

@@ -18,7 +18,7 @@ from remoting.codes import RequestCode, ResponseCode
 from remoting.errors import RaftMQError
 from remoting.transport import open_remoting_client
 from tests.cluster.test_e2e_produce_consume import Cluster
-from tests.procs import ServerProcess
+from tests.procs import spawner
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -30,21 +30,10 @@ OVERRIDES = {"pop_revive_interval_ms": "200", "pop_invisible_time_min_ms": "500"
 def pop_cluster(tmp_path_factory):
     """Every process stopped at the end, pass or fail."""
     tmp = tmp_path_factory.mktemp("pop")
-    started: list[ServerProcess] = []
-
-    def spawn(argv, **kw) -> ServerProcess:
-        kw.setdefault("log_path", tmp / f"proc-{len(started)}.log")
-        proc = ServerProcess(argv, **kw)
-        started.append(proc)
-        return proc
-
-    try:
+    with spawner(tmp) as spawn:
         cluster = Cluster(spawn, tmp / "cluster", OVERRIDES)
         trio.run(cluster.leader_addr)
         yield cluster
-    finally:
-        for proc in reversed(started):
-            proc.stop(timeout_s=5)
 
 
 async def _prepare(cluster: Cluster, topic: str, group: str, *, queues: int = 2, retry_max_times: int = 16) -> None:
