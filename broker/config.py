@@ -25,6 +25,7 @@ import dataclasses
 import json
 import os
 import socket
+import ssl
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -38,6 +39,7 @@ from dledger.service import MAX_FETCH_BYTES
 from remoting.config import (ConfigError, bounded, check_fields, config_from_mapping, metrics_listen_problem,
                              name_problem, parse_host_port, read_config_data)
 from remoting.message import BATCH_HEAD, MAX_PROPERTIES_SIZE, MAX_TOPIC_LENGTH, record_size
+from remoting.tls import TLS_MODES, client_context, server_context_for_mode
 
 __all__ = ["BrokerConfig", "load_broker_config", "RUNTIME_KEYS", "RUNTIME_OVERRIDES_FILE", "RuntimeConfigError",
            "check_runtime_key",
@@ -168,9 +170,25 @@ class BrokerConfig:
     acl_enable: bool = bounded(False, doc="judge every client request by the ACL file's accounts and permissions")
     acl_file: str = bounded("", doc="the ACL file (TOML, re-read when it changes); empty: plain_acl.toml in "
                                     "store.store_dir")
+    # RocketMQ's tls.server.mode and its files (remoting/tls.py; docs/operations.md, "TLS"). The Raft port is not
+    # concerned: pysyncobj's traffic is authenticated by dledger.secret.
+    tls_mode: str = bounded("disabled", choices=TLS_MODES,
+                            doc="disabled: plain TCP; enforcing: TLS only; permissive: both on one port")
+    tls_cert_file: str = bounded("", doc="PEM certificate chain this node presents, as a server and (with "
+                                         "tls_client_enable) as a client")
+    tls_key_file: str = bounded("", doc="PEM private key of tls_cert_file")
+    tls_ca_file: str = bounded("", doc="PEM CA certificates that client certificates (tls_need_client_auth) and, "
+                                       "with tls_client_enable, the servers this node dials are checked against")
+    tls_need_client_auth: bool = bounded(False, doc="clients must present a certificate signed by tls_ca_file")
+    # RocketMQ's tls.enable for the broker's own client: registrations with the name servers and requests to its
+    # peers' service ports (catch-up fetches). Peers of an enforcing group need it.
+    tls_client_enable: bool = bounded(False, doc="dial name servers and peers over TLS")
 
     def __post_init__(self) -> None:
         check_fields(self)
+        # The files read and checked at start: a ConfigError naming the key at fault, not a failed handshake later.
+        self.tls_server_context()
+        self.tls_client_context()
         if self.dledger is None:
             raise ConfigError("broker config needs a [dledger] table: group, self_id, secret and members")
         if self.pop_invisible_time_min_ms > self.pop_invisible_time_max_ms:
@@ -204,6 +222,19 @@ class BrokerConfig:
             raise ConfigError(f"max_frame_size must be >= {largest} (one message of max_message_size "
                               f"{self.max_message_size} with its headers, a pull of max_transfer_bytes, a catch-up "
                               f"chunk), got {self.max_frame_size}")
+
+    def tls_server_context(self) -> ssl.SSLContext | None:
+        """What ``serve_remoting`` takes as ``tls_context``: None with tls_mode "disabled"."""
+        return server_context_for_mode(self.tls_mode, self.tls_cert_file, self.tls_key_file, self.tls_ca_file,
+                                       self.tls_need_client_auth)
+
+    def tls_client_context(self) -> ssl.SSLContext | None:
+        """The context of this node's own client (``tls_client_enable``), None without: servers verified against
+        ``tls_ca_file`` (the system's CAs if empty), ``tls_cert_file`` presented to those that ask for one."""
+        if not self.tls_client_enable:
+            return None
+        return client_context(ca_file=self.tls_ca_file or None, cert_file=self.tls_cert_file or None,
+                              key_file=self.tls_key_file or None)
 
     @property
     def broker_name(self) -> str:

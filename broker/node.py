@@ -112,7 +112,8 @@ class BrokerNode:
                                            check_interval_ms=config.long_polling_check_interval_ms)
         self.registration = RegistrationService(client, config.namesrv_addrs, self.registration_snapshot,
                                                 interval_ms=config.register_interval_ms,
-                                                timeout_ms=config.register_timeout_ms)
+                                                timeout_ms=config.register_timeout_ms,
+                                                tls_context=config.tls_client_context())
         self._topic_lock = trio.Lock()
         self._unregistrable_topics: set[tuple[str, str]] = set()  # (topic, problem) warned about once each
         # Held by the offset flusher around take-and-replicate and by a reset around its own replication, so a
@@ -729,7 +730,8 @@ async def serve_broker(config: BrokerConfig, *, on_serving: Callable[[BrokerNode
         config = load_runtime_config(file_config)
         async with trio.open_nursery() as outer:
             await outer.start(store.serve)
-            async with open_remoting_client(max_frame_size=config.max_frame_size) as client:
+            async with open_remoting_client(max_frame_size=config.max_frame_size,
+                                            tls_context=config.tls_client_context()) as client:
                 dledger_config = await _rejoin_if_rebuilt(config.dledger, store, client)
                 async with open_dledger_group(dledger_config, machine,
                                               fetch_range=remote_fetch_range(client, config.broker_name),
@@ -748,7 +750,8 @@ async def serve_broker(config: BrokerConfig, *, on_serving: Callable[[BrokerNode
                                     serve_metrics, broker_metrics_registry(node), config.metrics_listen)
                             await nursery.start(node.hold.serve)
                             bound = await nursery.start(functools.partial(
-                                serve_remoting, dispatcher, host, port, max_frame_size=config.max_frame_size))
+                                serve_remoting, dispatcher, host, port, max_frame_size=config.max_frame_size,
+                                tls_mode=config.tls_mode, tls_context=config.tls_server_context()))
                             nursery.start_soon(node.watch_role)
                             nursery.start_soon(node.flush_offsets)
                             nursery.start_soon(node.register_topic_changes)

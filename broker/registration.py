@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import ssl
 from collections.abc import Callable
 from typing import Any
 
@@ -81,8 +82,10 @@ class RegistrationStatistics:
 
 class RegistrationService:
     def __init__(self, client: Any, namesrv_addrs: tuple[str, ...], snapshot: Callable[[], RegistrationSnapshot],
-                 *, interval_ms: int, timeout_ms: int) -> None:
+                 *, interval_ms: int, timeout_ms: int, tls_context: ssl.SSLContext | None = None) -> None:
         self._client = client
+        # The pooled client's TLS (the node's tls_client_enable), for unregister_all's connections of their own.
+        self._tls_context = tls_context
         self._addrs = namesrv_addrs
         self._snapshot = snapshot
         self._interval_s = interval_ms / 1000
@@ -194,7 +197,8 @@ class RegistrationService:
         async def _one(addr: str) -> None:
             # A connection of its own: on shutdown the pooled ones are being torn down with their nursery.
             try:
-                async with open_connection(addr, connect_timeout_s=min(self._timeout_s, 1.0)) as conn:
+                async with open_connection(addr, connect_timeout_s=min(self._timeout_s, 1.0),
+                                           tls_context=self._tls_context) as conn:
                     await conn.invoke(make_request(RequestCode.UNREGISTER_BROKER, ext=ext),
                                       timeout_s=min(self._timeout_s, 1.0))
                 log.info("unregistered namesrv=%s", addr)

@@ -28,6 +28,7 @@ import logging
 import os
 import secrets
 import socket
+import ssl
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -43,11 +44,12 @@ from remoting.codes import RequestCode, ResponseCode
 from remoting.config import ConfigError, bounded, check_fields, config_from_mapping, parse_host_port
 from remoting.errors import ConnectError, ConnectionClosedError, RaftMQError, for_code
 from remoting.message import CLIENT_ID_MAX_LENGTH, MessageFormatError, ip_bytes
+from remoting.tls import client_context
 
 __all__ = ["ClientConfig", "ClientInstance", "build_config", "raise_for_response", "open_remoting",
            "open_client_nursery", "ServerRequests", "check_instance_name", "detect_client_ip",
            "namesrv_addrs_from_env", "NAMESRV_ADDR_ENV", "DEFAULT_NAMESRV_ADDR", "ACCESS_KEY_ENV",
-           "SECRET_KEY_ENV"]
+           "SECRET_KEY_ENV", "TLS_ENABLE_ENV", "TLS_CA_FILE_ENV", "client_tls_context"]
 
 log = logging.getLogger(__name__)
 
@@ -171,6 +173,19 @@ PROCESS_START_ID = f"{time.time_ns() // 1_000_000:x}-{secrets.token_hex(4)}"
 # take --access-key/--secret-key too).
 ACCESS_KEY_ENV = "RAFTMQ_ACCESS_KEY"
 SECRET_KEY_ENV = "RAFTMQ_SECRET_KEY"
+# Likewise for TLS (``raftmq admin`` and ``raftmq bench`` take --tls/--tls-ca-file and export them so).
+TLS_ENABLE_ENV = "RAFTMQ_TLS_ENABLE"
+TLS_CA_FILE_ENV = "RAFTMQ_TLS_CA_FILE"
+
+
+def _tls_enable_from_env() -> bool:
+    value = os.environ.get(TLS_ENABLE_ENV, "").strip().lower()
+    if value in ("", "0", "false", "no"):
+        return False
+    if value in ("1", "true", "yes"):
+        return True
+    # Read as off, a typo would have the client talk plain TCP to a cluster its operator meant to reach over TLS.
+    raise ConfigError(f"${TLS_ENABLE_ENV} must be true or false (or 1 or 0), got {os.environ[TLS_ENABLE_ENV]!r}")
 
 
 def _credential_problem(value: str) -> str | None:
@@ -231,9 +246,29 @@ class ClientConfig:
     secret_key: str = dataclasses.field(
         default_factory=functools.partial(os.environ.get, SECRET_KEY_ENV, ""), repr=False,
         metadata=bounded(None, doc=f"the account's secret key (default: ${SECRET_KEY_ENV})").metadata)
+    # RocketMQ's tls.enable and its client files (remoting/tls.py; docs/operations.md, "TLS").
+    tls_enable: bool = _field_from(_tls_enable_from_env,
+                                   doc=f"connect to name servers and brokers over TLS (default: ${TLS_ENABLE_ENV})")
+    tls_ca_file: str = _field_from(functools.partial(os.environ.get, TLS_CA_FILE_ENV, ""),
+                                   doc=f"PEM CA certificates servers are verified against (default: "
+                                       f"${TLS_CA_FILE_ENV}, else the system's)")
+    tls_verify: bool = bounded(True, doc="verify the servers' certificates and names; false: encrypted but not "
+                                         "authenticated (logged as a WARNING)")
+    tls_cert_file: str = bounded("", doc="PEM client certificate, for servers with tls_need_client_auth")
+    tls_key_file: str = bounded("", doc="PEM private key of tls_cert_file")
 
     def __post_init__(self) -> None:
         check_fields(self)
+        if self.tls_enable:
+            # The files read and checked now (the warning of tls_verify = false waits for open_remoting).
+            client_context(ca_file=self.tls_ca_file or None, cert_file=self.tls_cert_file or None,
+                           key_file=self.tls_key_file or None)
+        else:
+            given = [k for k in ("tls_ca_file", "tls_cert_file", "tls_key_file") if getattr(self, k)]
+            if given or not self.tls_verify:
+                # Without tls_enable they would be ignored, and the client would talk plain TCP unawares.
+                raise ConfigError(f"{(given or ['tls_verify'])[0]} is set but tls_enable is not: set tls_enable "
+                                  f"= true (or ${TLS_ENABLE_ENV}) to connect over TLS")
         for name in ("access_key", "secret_key"):
             problem = _credential_problem(getattr(self, name))
             if problem:
@@ -350,7 +385,16 @@ def open_remoting(config: ClientConfig, handler: ServerRequests | None = None) -
 
     signer = RequestSigner(config.access_key, config.secret_key).sign if config.access_key else None
     return open_remoting_client(handler=handler, max_frame_size=config.max_frame_size_bytes,
-                                connect_timeout_s=config.connect_timeout_ms / 1000, signer=signer)
+                                connect_timeout_s=config.connect_timeout_ms / 1000, signer=signer,
+                                tls_context=client_tls_context(config))
+
+
+def client_tls_context(config: ClientConfig) -> ssl.SSLContext | None:
+    """The TLS context of a client with ``tls_enable``; None without."""
+    if not config.tls_enable:
+        return None
+    return client_context(ca_file=config.tls_ca_file or None, verify=config.tls_verify,
+                          cert_file=config.tls_cert_file or None, key_file=config.tls_key_file or None)
 
 
 def open_client_nursery() -> Any:

@@ -6,10 +6,12 @@ Defaults are RocketMQ's: a node silent for two minutes is evicted, and the table
 from __future__ import annotations
 
 import dataclasses
+import ssl
 from pathlib import Path
 from typing import Any
 
 from remoting.config import ConfigError, bounded, check_fields, load_config, metrics_listen_problem, parse_host_port
+from remoting.tls import TLS_MODES, server_context_for_mode
 
 __all__ = ["NamesrvConfig", "load_namesrv_config"]
 
@@ -34,9 +36,22 @@ class NamesrvConfig:
     scan_interval_ms: int = bounded(5_000, min=1, max=3_600_000, doc="how often silent nodes are looked for")
     max_frame_size_bytes: int = bounded(16 * 1024 * 1024, min=1024, max=1 << 30,
                                         doc="a bigger frame closes its connection")
+    # RocketMQ's tls.server.mode and its files (remoting/tls.py; docs/operations.md, "TLS").
+    tls_mode: str = bounded("disabled", choices=TLS_MODES,
+                            doc="disabled: plain TCP; enforcing: TLS only; permissive: both on one port")
+    tls_cert_file: str = bounded("", doc="PEM certificate chain this server presents (tls_mode not disabled)")
+    tls_key_file: str = bounded("", doc="PEM private key of tls_cert_file")
+    tls_ca_file: str = bounded("", doc="PEM CA certificates client certificates are checked against")
+    tls_need_client_auth: bool = bounded(False, doc="clients must present a certificate signed by tls_ca_file")
 
     def __post_init__(self) -> None:
         check_fields(self)
+        self.tls_server_context()  # the files read and checked at start: a ConfigError naming the key at fault
+
+    def tls_server_context(self) -> ssl.SSLContext | None:
+        """What ``serve_remoting`` takes as ``tls_context``: None with tls_mode "disabled"."""
+        return server_context_for_mode(self.tls_mode, self.tls_cert_file, self.tls_key_file, self.tls_ca_file,
+                                       self.tls_need_client_auth)
 
     @property
     def listen_address(self) -> tuple[str, int]:

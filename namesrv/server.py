@@ -34,7 +34,8 @@ async def serve_namesrv(config: NamesrvConfig, *, route_info: RouteInfoManager |
     host, port = config.listen_address
     async with trio.open_nursery() as nursery:
         bound = await nursery.start(functools.partial(
-            serve_remoting, processor, host, port, max_frame_size=config.max_frame_size_bytes))
+            serve_remoting, processor, host, port, max_frame_size=config.max_frame_size_bytes,
+            tls_mode=config.tls_mode, tls_context=config.tls_server_context()))
         nursery.start_soon(_scan_not_active, route_info, config.scan_interval_ms)
         metrics = "off"
         if config.metrics_listen:
@@ -43,8 +44,8 @@ async def serve_namesrv(config: NamesrvConfig, *, route_info: RouteInfoManager |
             metrics = "%s:%d" % metrics_bound
             if on_metrics_serving is not None:
                 on_metrics_serving(metrics_bound)
-        log.info("name server serving listen=%s:%d broker_expired_ms=%d scan_interval_ms=%d metrics=%s",
-                 bound[0], bound[1], config.broker_expired_ms, config.scan_interval_ms, metrics)
+        log.info("name server serving listen=%s:%d broker_expired_ms=%d scan_interval_ms=%d metrics=%s tls_mode=%s",
+                 bound[0], bound[1], config.broker_expired_ms, config.scan_interval_ms, metrics, config.tls_mode)
         task_status.started(bound)
 
 

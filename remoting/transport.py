@@ -43,6 +43,7 @@ import logging
 import math
 import os
 import socket
+import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -74,6 +75,7 @@ from remoting.errors import (
     ProtocolError,
     RequestTimeoutError,
 )
+from remoting.tls import HANDSHAKE_TIMEOUT_S, TLS_MODES, is_tls_start
 
 __all__ = [
     "ClientConnection", "ConnectionStatistics", "RemotingClient", "RemotingConnection", "RequestHandler",
@@ -140,8 +142,8 @@ class ConnectionStatistics:
 class RemotingConnection:
     """One TCP connection, either end. Built by ``serve_remoting`` or a client, never directly."""
 
-    def __init__(self, stream: trio.SocketStream, remote_address: str, handler: RequestHandler | None, *,
-                 max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
+    def __init__(self, stream: trio.SocketStream | trio.SSLStream, remote_address: str,
+                 handler: RequestHandler | None, *, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
         self.remote_address = remote_address
         self.max_frame_size = max_frame_size
         self.nursery: trio.Nursery | None = None
@@ -174,12 +176,14 @@ class RemotingConnection:
         self._send_calls = 0
         self._corked = False
         # The descriptor for writes that bypass the writer task (``corked``; trio keeps it non-blocking); None for
-        # a stream that is not a plain socket (a test's in-memory stream), whose frames always use the writer.
+        # a stream that is not a plain socket (TLS, a test's in-memory stream), whose frames always use the writer.
         self._fd: int | None = stream.socket.fileno() if isinstance(stream, trio.SocketStream) else None
         try:
-            stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        except OSError:
-            pass  # not TCP (a test's in-memory or UNIX stream): nothing to tune
+            stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # type: ignore[union-attr]
+        except (OSError, AttributeError):
+            # Not TCP (a test's in-memory or UNIX stream): nothing to tune. TLS (no setsockopt): the socket below
+            # it is trio's SocketStream, which set TCP_NODELAY itself.
+            pass
 
     def __repr__(self) -> str:
         state = "open" if self._close_reason is None else f"closed ({self._close_reason})"
@@ -455,7 +459,7 @@ class RemotingConnection:
                                  f"({decoder.buffered_bytes} bytes of it received)"
                         log.warning("closing connection remote=%s reason=%s", self.remote_address, reason)
                     else:
-                        reason = "closed by peer"
+                        reason = "closed by peer" + self._refused_hint()
                         log.debug("connection closed by peer remote=%s", self.remote_address)
                     self._mark_closed(reason)
                     return
@@ -498,7 +502,20 @@ class RemotingConnection:
             self._bad_frame = self._close_reason is None
             self._mark_closed(reason)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as e:
-            self._mark_closed(f"connection broken: {e.__cause__ or e or type(e).__name__}")
+            self._mark_closed(f"connection broken: {e.__cause__ or e or type(e).__name__}{self._refused_hint()}")
+
+    def _refused_hint(self) -> str:
+        # A client's connection closed (or reset) before any answer is what a server refusing it looks like: one
+        # enforcing TLS refuses a plain client, one requiring client certificates a TLS client without one (TLS 1.3
+        # ends the client's handshake before the server judged its certificate). Said in the reason the waiting
+        # requests fail with, as nothing else would tell them why.
+        if self._bytes_received or not isinstance(self, ClientConnection):
+            return ""
+        if isinstance(self._stream, trio.SSLStream):
+            return (" before any answer (a server with tls_need_client_auth closes TLS connections without a client "
+                    "certificate it trusts: are tls_cert_file and tls_key_file set?)")
+        return (" before any answer (a server with tls_mode = \"enforcing\" closes plain connections: does this "
+                "client need TLS enabled?)")
 
     async def _handle_request(self, request: Frame) -> None:
         handler = self._handler
@@ -643,21 +660,44 @@ async def open_listeners(host: str, port: int) -> tuple[list[trio.SocketListener
     return listeners, listeners[0].socket.getsockname()[1]
 
 
+@dataclass(frozen=True, slots=True)
+class _ServerTLS:
+    mode: str  # "permissive" or "enforcing" (remoting/tls.py)
+    context: ssl.SSLContext
+    handshake_timeout_s: float
+
+
 async def serve_remoting(handler: RequestHandler, host: str, port: int, *,
-                         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+                         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, tls_mode: str = "disabled",
+                         tls_context: ssl.SSLContext | None = None,
+                         tls_handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
                          task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED) -> None:
     """Listen on ``host:port`` (0: any free port), report ``(host, bound_port)`` through ``task_status`` and
-    serve every connection with ``handler`` until cancelled."""
+    serve every connection with ``handler`` until cancelled. ``tls_mode`` (remoting/tls.py): "disabled" (plain
+    only), "enforcing" (TLS only) or "permissive" (both on this port), with ``tls_context``
+    (``remoting.tls.server_context``) for the last two; a handshake not done within ``tls_handshake_timeout_s``
+    closes its connection."""
     FrameDecoder(max_frame_size)  # validates the size now rather than on the first connection
+    if tls_mode not in TLS_MODES:
+        raise ValueError(f"tls_mode must be one of {', '.join(map(repr, TLS_MODES))}, got {tls_mode!r}")
+    tls: _ServerTLS | None = None
+    if tls_mode != "disabled":
+        if not isinstance(tls_context, ssl.SSLContext):
+            raise ValueError(f"tls_mode {tls_mode!r} needs a server tls_context (remoting.tls.server_context)")
+        if not tls_handshake_timeout_s > 0:
+            raise ValueError(f"tls_handshake_timeout_s must be > 0, got {tls_handshake_timeout_s!r}")
+        tls = _ServerTLS(tls_mode, tls_context, tls_handshake_timeout_s)
     listeners, bound_port = await open_listeners(host, port)
-    log.info("remoting server listening host=%s port=%d max_frame_size=%d", host, bound_port, max_frame_size)
+    log.info("remoting server listening host=%s port=%d max_frame_size=%d tls_mode=%s", host, bound_port,
+             max_frame_size, tls_mode)
     async with trio.open_nursery() as nursery:
         task_status.started((host, bound_port))
-        await trio.serve_listeners(partial(_serve_stream, handler, max_frame_size), listeners,
+        await trio.serve_listeners(partial(_serve_stream, handler, max_frame_size, tls), listeners,
                                    handler_nursery=nursery)
 
 
-async def _serve_stream(handler: RequestHandler, max_frame_size: int, stream: trio.SocketStream) -> None:
+async def _serve_stream(handler: RequestHandler, max_frame_size: int, tls: _ServerTLS | None,
+                        stream: trio.SocketStream) -> None:
     try:
         peer = stream.socket.getpeername()
         remote = f"{peer[0]}:{peer[1]}"
@@ -665,7 +705,45 @@ async def _serve_stream(handler: RequestHandler, max_frame_size: int, stream: tr
         await trio.aclose_forcefully(stream)
         return  # reset before we looked at it
     log.debug("connection accepted remote=%s", remote)
-    await ServerConnection(stream, remote, handler, max_frame_size=max_frame_size)._run()
+    if tls is None:
+        await ServerConnection(stream, remote, handler, max_frame_size=max_frame_size)._run()
+        return
+    served = await _accept_tls(stream, remote, tls)
+    if served is None:
+        await trio.aclose_forcefully(stream)
+        return
+    await ServerConnection(served, remote, handler, max_frame_size=max_frame_size)._run()
+
+
+async def _accept_tls(stream: trio.SocketStream, remote: str,
+                      tls: _ServerTLS) -> trio.SocketStream | trio.SSLStream | None:
+    """The stream to serve ``remote`` on: TLS once its handshake is done, or the plain stream itself when the mode
+    is permissive and the peer does not start with a handshake; None when it must be closed (logged why)."""
+    what = "waiting for its first byte"
+    with trio.move_on_after(tls.handshake_timeout_s):
+        try:
+            # Peeked, not read: a plain connection's first frame stays in the socket for the connection to read.
+            first = await stream.socket.recv(1, socket.MSG_PEEK)
+            if not first:
+                log.debug("connection closed by peer before sending anything remote=%s", remote)
+                return None
+            if not is_tls_start(first):
+                if tls.mode == "permissive":
+                    return stream
+                log.warning("plain connection refused remote=%s reason=tls_mode is enforcing: every connection "
+                            "must start with a TLS handshake", remote)
+                return None
+            what = "TLS handshake"
+            secure = trio.SSLStream(stream, tls.context, server_side=True, https_compatible=True)
+            await secure.do_handshake()
+            return secure
+        except (OSError, trio.BrokenResourceError) as e:
+            reason = e.__cause__ or e
+            log.warning("TLS handshake failed, connection closed remote=%s reason=%s", remote, reason)
+            return None
+    log.warning("TLS handshake timed out, connection closed remote=%s reason=nothing completed within %g s (%s)",
+                remote, tls.handshake_timeout_s, what)
+    return None
 
 
 # ---------------------------------------------------------------------------------------------- client
@@ -691,14 +769,17 @@ async def background_nursery() -> AsyncIterator[trio.Nursery]:
             del error, context
 
 
-async def _open_stream(addr: str, connect_timeout_s: float) -> trio.SocketStream:
+async def _open_stream(addr: str, connect_timeout_s: float,
+                       tls_context: ssl.SSLContext | None = None) -> trio.SocketStream | trio.SSLStream:
+    """A connected stream to ``addr``; with ``tls_context``, TLS with its handshake done. The connect timeout
+    covers both."""
     try:
         host, port = parse_host_port(addr, key="remote address")
     except ConfigError as e:
         raise ValueError(str(e)) from None
     with trio.move_on_after(connect_timeout_s):
         try:
-            return await trio.open_tcp_stream(host, port)
+            stream = await trio.open_tcp_stream(host, port)
         except OSError as e:
             # trio wraps the per-address errors in a group: the first one says what happened.
             cause = e.__cause__
@@ -706,10 +787,25 @@ async def _open_stream(addr: str, connect_timeout_s: float) -> trio.SocketStream
                 e = cause.exceptions[0]
             reason = getattr(e, "strerror", None) or str(e) or type(e).__name__
             raise ConnectError(addr, reason) from e
+        if tls_context is None:
+            return stream
+        secure = trio.SSLStream(stream, tls_context, server_hostname=host, https_compatible=True)
+        done = False
+        try:
+            await secure.do_handshake()
+            done = True
+            return secure
+        except trio.BrokenResourceError as e:
+            # The SSL error says what failed: "certificate verify failed: ...", "wrong version number" (the
+            # server speaks plain TCP), an alert from the server.
+            raise ConnectError(addr, f"TLS handshake failed: {e.__cause__ or e}") from e
+        finally:
+            if not done:  # failed, or cancelled by the timeout: do not leave the socket open
+                await trio.aclose_forcefully(stream)
     raise ConnectError(addr, f"no answer within {connect_timeout_s:g} s")
 
 
-async def _start_connection(stream: trio.SocketStream, addr: str, handler: RequestHandler | None,
+async def _start_connection(stream: trio.SocketStream | trio.SSLStream, addr: str, handler: RequestHandler | None,
                             max_frame_size: int, nursery: trio.Nursery) -> ClientConnection:
     conn = ClientConnection(stream, addr, handler, max_frame_size=max_frame_size)
     await nursery.start(conn._run)
@@ -719,11 +815,13 @@ async def _start_connection(stream: trio.SocketStream, addr: str, handler: Reque
 @asynccontextmanager
 async def open_connection(addr: str, *, handler: RequestHandler | None = None,
                           max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
-                          connect_timeout_s: float = 3.0) -> AsyncIterator[ClientConnection]:
+                          connect_timeout_s: float = 3.0,
+                          tls_context: ssl.SSLContext | None = None) -> AsyncIterator[ClientConnection]:
     """One connection to ``addr`` ("host:port"), closed on exit. It does not reconnect: use
-    ``open_remoting_client`` for that. Raises ``ConnectError`` when it cannot connect."""
+    ``open_remoting_client`` for that. Raises ``ConnectError`` when it cannot connect (or its TLS handshake, with
+    ``tls_context`` from ``remoting.tls.client_context``, fails)."""
     FrameDecoder(max_frame_size)
-    stream = await _open_stream(addr, connect_timeout_s)
+    stream = await _open_stream(addr, connect_timeout_s, tls_context)
     async with background_nursery() as nursery:
         conn = await _start_connection(stream, addr, handler, max_frame_size, nursery)
         try:
@@ -761,8 +859,10 @@ class RemotingClient:
     """A pool with one connection per address; a closed connection is replaced on the next request."""
 
     def __init__(self, nursery: trio.Nursery, *, handler: RequestHandler | None, max_frame_size: int,
-                 connect_timeout_s: float, signer: Callable[[Frame], Frame] | None = None) -> None:
+                 connect_timeout_s: float, signer: Callable[[Frame], Frame] | None = None,
+                 tls_context: ssl.SSLContext | None = None) -> None:
         self._nursery = nursery
+        self._tls_context = tls_context
         self._handler = handler
         self._max_frame_size = max_frame_size
         self._connect_timeout_s = connect_timeout_s
@@ -794,8 +894,10 @@ class RemotingClient:
                 deadline = trio.current_time() + timeout_s
                 with trio.move_on_after(timeout_s):
                     conn = await self.get_connection(addr)
-                if conn is None or conn.closed:
+                if conn is None:
                     raise ConnectError(addr, f"no answer within the request's {timeout_s:g} s")
+                if conn.closed:  # e.g. a TLS server's alert read right after the handshake: say what it said
+                    raise ConnectError(addr, f"the connection closed as soon as it opened: {conn.close_reason}")
                 timeout_s = max(deadline - trio.current_time(), 0.001)
         return await conn.invoke(request, timeout_s)
 
@@ -826,7 +928,10 @@ class RemotingClient:
 
     async def _connect(self, addr: str, attempt: _Connecting) -> None:
         try:
-            stream = await _open_stream(addr, self._connect_timeout_s)
+            if self._tls_context is None:
+                stream = await _open_stream(addr, self._connect_timeout_s)
+            else:
+                stream = await _open_stream(addr, self._connect_timeout_s, self._tls_context)
             conn = await _start_connection(stream, addr, self._handler, self._max_frame_size, self._nursery)
             conn._on_close = self._forget
             self._connections[addr] = conn
@@ -865,16 +970,18 @@ class RemotingClient:
 async def open_remoting_client(*, handler: RequestHandler | None = None,
                                max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
                                connect_timeout_s: float = 3.0,
-                               signer: Callable[[Frame], Frame] | None = None) -> AsyncIterator[RemotingClient]:
+                               signer: Callable[[Frame], Frame] | None = None,
+                               tls_context: ssl.SSLContext | None = None) -> AsyncIterator[RemotingClient]:
     """A ``RemotingClient``; every connection it opened is closed on exit. ``handler`` answers requests
     that servers send to this client (without one they get REQUEST_CODE_NOT_SUPPORTED). ``signer`` (ACL:
-    ``remoting.acl.RequestSigner.sign``) turns each request into the one sent; responses are not signed."""
+    ``remoting.acl.RequestSigner.sign``) turns each request into the one sent; responses are not signed.
+    ``tls_context`` (``remoting.tls.client_context``): every connection is TLS, its handshake part of connecting."""
     FrameDecoder(max_frame_size)
     if not connect_timeout_s > 0:
         raise ValueError(f"connect_timeout_s must be > 0, got {connect_timeout_s!r}")
     async with background_nursery() as nursery:
         client = RemotingClient(nursery, handler=handler, max_frame_size=max_frame_size,
-                                connect_timeout_s=connect_timeout_s, signer=signer)
+                                connect_timeout_s=connect_timeout_s, signer=signer, tls_context=tls_context)
         try:
             yield client
         finally:

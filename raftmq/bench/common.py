@@ -28,9 +28,10 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from client.instance import ACCESS_KEY_ENV, NAMESRV_ADDR_ENV, SECRET_KEY_ENV
+from client.instance import ACCESS_KEY_ENV, NAMESRV_ADDR_ENV, SECRET_KEY_ENV, TLS_CA_FILE_ENV, TLS_ENABLE_ENV
 from raftmq.runner import leaf_exceptions, run_interruptible
 from remoting.config import ConfigError, parse_host_port
+from remoting.tls import client_context
 
 T = TypeVar("T")
 
@@ -153,6 +154,13 @@ def add_credential_args(parser: Any, *, defaults: bool = True) -> None:
     parser.add_argument("--secret-key", default=default, metavar="SECRET",
                         help=f"the account's secret key (default: ${SECRET_KEY_ENV}; the variable keeps it out of "
                              f"the process list)")
+    # TLS rides along: every command that takes credentials dials name servers and brokers (docs/operations.md,
+    # "TLS"), and exported_credentials hands both to the clients it opens.
+    parser.add_argument("--tls", action="store_true", default=False if defaults else argparse.SUPPRESS,
+                        help=f"connect over TLS (default: ${TLS_ENABLE_ENV})")
+    parser.add_argument("--tls-ca-file", default=default, metavar="PEM",
+                        help=f"CA certificates the servers are verified against; implies --tls (default: "
+                             f"${TLS_CA_FILE_ENV}, else the system's)")
 
 
 def check_credentials(args: Any) -> None:
@@ -173,6 +181,16 @@ def check_credentials(args: Any) -> None:
         given, missing = ("access_key", "secret_key") if args.access_key else ("secret_key", "access_key")
         raise ConfigError(f"an ACL access key needs its secret key and the other way round: {sources[given]} is "
                           f"set but {sources[missing]} is not")
+    ca_file = getattr(args, "tls_ca_file", None)
+    if ca_file is not None:
+        if not ca_file.strip():
+            raise ConfigError("--tls-ca-file must name a file (leave it out for the system's CAs)")
+        args.tls = True
+        try:
+            client_context(ca_file=ca_file)  # read and checked now: a bad file is the one-line error naming it
+        except ConfigError as e:
+            raise ConfigError(str(e).replace("tls_ca_file", "--tls-ca-file", 1)) from None
+    args.tls = bool(getattr(args, "tls", False))
 
 
 @contextlib.contextmanager
@@ -181,8 +199,12 @@ def exported_credentials(args: Any) -> Iterator[None]:
     $RAFTMQ_SECRET_KEY, which every client config built meanwhile reads (``client.instance.ClientConfig``): so the
     clients a command opens deep down (admin's message commands, a bench's producers) sign with them, none of them
     passed the flags by hand. Restored on exit."""
-    saved = {env: os.environ.get(env) for env in (ACCESS_KEY_ENV, SECRET_KEY_ENV)}
+    saved = {env: os.environ.get(env) for env in (ACCESS_KEY_ENV, SECRET_KEY_ENV, TLS_ENABLE_ENV, TLS_CA_FILE_ENV)}
     os.environ[ACCESS_KEY_ENV], os.environ[SECRET_KEY_ENV] = args.access_key, args.secret_key
+    if getattr(args, "tls", False):  # without --tls the variables (if set) decide, as for a client of one's own
+        os.environ[TLS_ENABLE_ENV] = "true"
+        if getattr(args, "tls_ca_file", None):
+            os.environ[TLS_CA_FILE_ENV] = args.tls_ca_file
     try:
         yield
     finally:

@@ -155,6 +155,9 @@ def check_cluster_args(args: argparse.Namespace) -> None:
             raise ConfigError(str(e).replace("topic ", "--topic ", 1)) from None
     check_range("--queues", args.queues, 1, 1024)
     check_credentials(args)
+    if args.tls and args.namesrv is None:
+        raise ConfigError("--tls needs --namesrv (or $NAMESRV_ADDR): the cluster a bench starts for itself serves "
+                          "plain TCP")
 
 
 @contextlib.asynccontextmanager

@@ -34,7 +34,8 @@ The message commands (the last four, and the message rows and tables) are in ``a
 and producer-group commands (consumer-connection to clone-group-offset) in ``admin_groups.py``.
 
 Without ``--namesrv``, the name servers ``NAMESRV_ADDR`` names (as mqadmin), else 127.0.0.1:9876 (``raftmq dev``'s).
-A cluster with ACL on takes ``--access-key`` / ``--secret-key`` (or $RAFTMQ_ACCESS_KEY / $RAFTMQ_SECRET_KEY).
+A cluster with ACL on takes ``--access-key`` / ``--secret-key`` (or $RAFTMQ_ACCESS_KEY / $RAFTMQ_SECRET_KEY); one
+serving TLS takes ``--tls`` and ``--tls-ca-file PEM`` (or $RAFTMQ_TLS_ENABLE / $RAFTMQ_TLS_CA_FILE).
 Every command takes ``--json`` (one JSON line on stdout). Exit status: 0 done, 1 the cluster refused or could not
 be reached (the message says which and why), 2 a bad argument (named).
 """

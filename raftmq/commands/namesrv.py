@@ -20,7 +20,8 @@ def register(subparsers) -> None:
                                                "for topic routes. Prints one ready line once listening.")
     parser.add_argument("--config", type=str, metavar="FILE",
                         help="TOML file (keys: listen, metrics_listen, broker_expired_ms, scan_interval_ms, "
-                             "max_frame_size_bytes)")
+                             "max_frame_size_bytes, tls_mode, tls_cert_file, tls_key_file, tls_ca_file, "
+                             "tls_need_client_auth)")
     parser.add_argument("--listen", metavar="HOST:PORT",
                         help="address to listen on, wins over the file (default 127.0.0.1:9876; port 0 = any)")
     parser.add_argument("--metrics-listen", metavar="HOST:PORT",

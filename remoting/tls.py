@@ -1,0 +1,133 @@
+"""TLS below the frame codec: the ``ssl.SSLContext``s servers and clients are configured with, and how a server in
+``permissive`` mode tells a TLS connection from a plain one.
+
+Rules (RocketMQ's ``tls.server.mode`` and ``tls.enable``, docs/operations.md "TLS"):
+
+* A server runs in one of three modes. ``disabled``: plain TCP, as before TLS existed, at the same cost.
+  ``enforcing``: every connection must complete a TLS handshake; a plain one is closed. ``permissive``: both on
+  one port, told apart by the connection's first byte: 0x16 is the record type of a TLS handshake (the
+  ClientHello), and a plain connection's first byte is the top byte of its first frame's length, 0x16 only for a
+  frame of 352 MiB or more. A plain peer that sends a frame that large is taken for TLS and fails its handshake.
+* Files are read and checked when the context is built, at start, so a missing file, a key that does not match its
+  certificate or an unknown mode is a ``ConfigError`` naming the key and the file rather than a failed handshake
+  on the first connection.
+* A client verifies the server's certificate and name unless told not to (``verify=False``), which logs a WARNING
+  each time a context is built: it gives encryption without authentication.
+* A handshake is bounded (``HANDSHAKE_TIMEOUT_S``): a peer that connects and sends nothing must not hold a server
+  task forever. Failures and timeouts close that connection with a WARNING; the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+from pathlib import Path
+
+from remoting.config import ConfigError
+
+__all__ = ["HANDSHAKE_TIMEOUT_S", "TLS_HANDSHAKE_RECORD", "TLS_MODES", "client_context", "is_tls_start",
+           "server_context", "server_context_for_mode"]
+
+log = logging.getLogger(__name__)
+
+TLS_MODES = ("disabled", "permissive", "enforcing")
+# The TLS record content type "handshake": the first byte of every ClientHello.
+TLS_HANDSHAKE_RECORD = 0x16
+HANDSHAKE_TIMEOUT_S = 10.0
+
+
+def is_tls_start(first: bytes) -> bool:
+    """Whether a connection whose first bytes are ``first`` (at least one) opens with a TLS handshake."""
+    if not first:
+        raise ValueError("is_tls_start needs at least the connection's first byte")
+    return first[0] == TLS_HANDSHAKE_RECORD
+
+
+def _read_pem(key: str, path: str | Path, marker: str, what: str) -> None:
+    """Refuse a file that is missing, unreadable or holds no PEM block of ``marker`` with a sentence naming it:
+    OpenSSL's own error for all of these is "[SSL] PEM lib", which names neither the key nor the file."""
+    name = str(path)
+    if not name.strip():
+        raise ConfigError(f"{key} must name a file, got {name!r}")
+    try:
+        text = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"{key} {name!r} does not exist") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{key} {name!r} is a directory, not a file") from None
+    except OSError as e:
+        raise ConfigError(f"{key} {name!r} cannot be read: {e.strerror or e}") from None
+    if marker.encode() not in text:
+        raise ConfigError(f"{key} {name!r} holds no PEM {what} (no '{marker}' line)")
+
+
+def _load_chain(context: ssl.SSLContext, cert_file: str | Path, key_file: str | Path) -> None:
+    _read_pem("tls_cert_file", cert_file, "-----BEGIN CERTIFICATE-----", "certificate")
+    _read_pem("tls_key_file", key_file, "PRIVATE KEY-----", "private key")
+    try:
+        context.load_cert_chain(str(cert_file), str(key_file))
+    except ssl.SSLError as e:
+        if "KEY_VALUES_MISMATCH" in str(e):
+            raise ConfigError(f"tls_key_file {str(key_file)!r} is not the key of the certificate in tls_cert_file "
+                              f"{str(cert_file)!r}") from None
+        raise ConfigError(f"tls_cert_file {str(cert_file)!r} and tls_key_file {str(key_file)!r} cannot be loaded: "
+                          f"{e}") from None
+
+
+def _load_ca(context: ssl.SSLContext, ca_file: str | Path) -> None:
+    _read_pem("tls_ca_file", ca_file, "-----BEGIN CERTIFICATE-----", "certificate")
+    try:
+        context.load_verify_locations(cafile=str(ca_file))
+    except ssl.SSLError as e:
+        raise ConfigError(f"tls_ca_file {str(ca_file)!r} cannot be loaded: {e}") from None
+
+
+def server_context(cert_file: str | Path, key_file: str | Path, *, ca_file: str | Path | None = None,
+                   need_client_auth: bool = False) -> ssl.SSLContext:
+    """A server's context: its certificate chain and key; with ``need_client_auth``, clients must present a
+    certificate signed by a CA in ``ca_file``. Raises ConfigError naming the key and file at fault."""
+    if need_client_auth and not ca_file:
+        raise ConfigError("tls_need_client_auth needs tls_ca_file: the CA that client certificates are checked "
+                          "against")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    _load_chain(context, cert_file, key_file)
+    if ca_file:
+        _load_ca(context, ca_file)
+    context.verify_mode = ssl.CERT_REQUIRED if need_client_auth else ssl.CERT_NONE
+    return context
+
+
+def client_context(*, ca_file: str | Path | None = None, verify: bool = True, cert_file: str | Path | None = None,
+                   key_file: str | Path | None = None) -> ssl.SSLContext:
+    """A client's context: servers verified against ``ca_file`` (the system's CAs without one) and by name, unless
+    ``verify`` is False; ``cert_file``/``key_file`` are presented to servers that require client certificates."""
+    if bool(cert_file) != bool(key_file):
+        given, missing = ("tls_cert_file", "tls_key_file") if cert_file else ("tls_key_file", "tls_cert_file")
+        raise ConfigError(f"{given} is set but {missing} is not: a client certificate needs both")
+    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    if ca_file:
+        _load_ca(context, ca_file)
+    if not verify:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        log.warning("TLS server certificates are NOT verified (tls_verify = false): the connection is encrypted but "
+                    "anyone on the path can pose as the server")
+    if cert_file and key_file:
+        _load_chain(context, cert_file, key_file)
+    return context
+
+
+def server_context_for_mode(mode: str, cert_file: str | Path, key_file: str | Path, ca_file: str | Path = "",
+                            need_client_auth: bool = False) -> ssl.SSLContext | None:
+    """A server config's ``tls_*`` keys as ``serve_remoting`` takes them: None for mode "disabled", else the
+    context, its files read and checked now. Raises ConfigError naming the key at fault."""
+    if mode not in TLS_MODES:
+        raise ConfigError(f"tls_mode must be one of {', '.join(map(repr, TLS_MODES))}, got {mode!r}")
+    if mode == "disabled":
+        return None
+    if not cert_file or not key_file:
+        missing = " and ".join(k for k, v in (("tls_cert_file", cert_file), ("tls_key_file", key_file)) if not v)
+        raise ConfigError(f"tls_mode {mode!r} needs {missing}: the server's certificate chain and private key")
+    return server_context(cert_file, key_file, ca_file=ca_file or None, need_client_auth=need_client_auth)

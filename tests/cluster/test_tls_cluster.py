@@ -1,0 +1,70 @@
+"""TLS with real processes: a name server and the 3-node group broker-a, all with tls_mode = "enforcing" and the
+brokers dialing the name server and each other over TLS; a producer and a push consumer with tls_enable and the
+CA send and consume, and ``raftmq admin --tls`` works where a plain one is refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import trio
+
+from client import Message, open_producer, open_push_consumer
+from raftmq.commands.dev import NODE_IDS, plan_ports, write_broker_configs
+from tests.cluster.test_admin_cli import _admin
+from tests.procs import raftmq_argv
+from tests.tls_certs import make_tls_files
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(180)]
+
+TOPIC = "TlsTopic"
+
+
+async def test_an_enforcing_cluster_serves_tls_clients_and_admin(spawn, tmp_path):
+    files = make_tls_files(tmp_path / "tls")
+    (tmp_path / "cluster").mkdir()
+    state = plan_ports(tmp_path / "cluster", 0)
+    namesrv = f"127.0.0.1:{state['ports']['namesrv']}"
+    tls_keys = {"tls_mode": "enforcing", "tls_cert_file": str(files.cert_file), "tls_key_file": str(files.key_file),
+                "tls_ca_file": str(files.ca_file)}
+    namesrv_toml = tmp_path / "namesrv.toml"
+    namesrv_toml.write_text("".join(f"{key} = {json.dumps(value)}\n" for key, value in tls_keys.items()))
+    spawn(raftmq_argv("namesrv", "--config", str(namesrv_toml), "--listen", namesrv))
+    overrides = [arg for key, value in {**tls_keys, "tls_client_enable": True}.items()
+                 for arg in ("--set", f"{key}={json.dumps(value)}")]
+    for path in write_broker_configs(tmp_path / "cluster", state):
+        spawn(raftmq_argv("broker", "--config", str(path), *overrides), ready_timeout_s=60)
+    tls_args = ("--tls-ca-file", str(files.ca_file))
+
+    async def admin(*args, expect_rc):  # in this process, as the CLI runs it; a thread of its own runs its trio
+        return await trio.to_thread.run_sync(lambda: _admin(namesrv, *args, expect_rc=expect_rc))
+
+    with trio.fail_after(60):  # the brokers register over TLS once a leader is elected
+        while True:
+            created = await admin("create-topic", TOPIC, "--read-queues", "2", "--write-queues", "2", *tls_args,
+                                  expect_rc=None)
+            if created.returncode == 0:
+                break
+            await trio.sleep(0.3)
+    cluster = json.loads((await admin("--json", "cluster", "--tls", *tls_args, expect_rc=0)).stdout)
+    assert len(cluster["groups"][0]["nodes"]) == len(NODE_IDS)
+    plain = await admin("cluster", "--timeout", "3", expect_rc=1)
+    assert 'a server with tls_mode = "enforcing" closes plain connections' in plain.stderr, plain.stderr
+
+    options = {"tls_enable": True, "tls_ca_file": str(files.ca_file)}
+    bodies = {b"tls-%d" % i for i in range(20)}
+    received: set[bytes] = set()
+    done = trio.Event()
+
+    async def handler(msg):
+        received.add(msg.body)
+        if received >= bodies:
+            done.set()
+
+    async with open_producer(namesrv, **options) as producer, \
+            open_push_consumer(namesrv, topic=TOPIC, handler=handler, consumer_group="tls_readers", **options):
+        for body in sorted(bodies):
+            await producer.send(Message(TOPIC, body))
+        with trio.fail_after(60):
+            await done.wait()
+    assert received == bodies
