@@ -97,7 +97,7 @@ from client.message import (DEFAULT_MAX_INFLATED_BODY, I32_MAX, I64_MAX, MAX_INF
                             PullStatus, check_int_arg, check_queue, check_seconds)
 from client.lite_pull_subscribe import ASSIGN, SUBSCRIBE, LitePullSubscribe
 from client.offset_store import RemoteOffsetStore
-from client.pull_consumer import PullAPI, failed_pull_delay, log_failed_pull, pull_should_wait
+from client.pull_consumer import FailedPulls, PullAPI, pull_should_wait
 from client.push_consumer_config import CONSUME_FROM
 from client.rebalance import (DEFAULT_ALLOCATE_STRATEGY, AllocateStrategy, allocate_strategy_problem,
                               resolve_allocate_strategy)
@@ -521,7 +521,7 @@ class LitePullConsumer(LitePullSubscribe):
                 self._offsets.update(mq, aq.pull_offset)
                 self._commit_now.set()
             aq.started.set()
-            failures = 0  # pulls failed in a row
+            failed = FailedPulls(delay)
             while True:
                 while not self._may_pull(aq):
                     await self._space.wait()
@@ -535,11 +535,9 @@ class LitePullConsumer(LitePullSubscribe):
                     if self._closed or aq.dropped:
                         return  # closed under it (a close right after a seek): nothing to report
                     self._pull_errors += 1
-                    failures += 1
-                    log_failed_pull(log, failures, mq, offset, e)
-                    await trio.sleep(failed_pull_delay(delay, failures, e))
+                    await trio.sleep(failed.record(log, mq, offset, e))
                     continue
-                failures = 0
+                failed.clear()
                 if aq.dropped:
                     return  # unassigned or sought while the answer was on its way: it is for a position gone
                 if result.status is PullStatus.FOUND and result.messages:

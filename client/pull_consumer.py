@@ -86,15 +86,38 @@ def log_failed_pull(logger: logging.Logger, failures: int, mq: MessageQueue, off
 REFUSED_PULL_MAX_DELAY_S = 3.0
 
 
-def failed_pull_delay(base_s: float, failures: int, error: RaftMQError) -> float:
-    """How long a queue's pull task (push and lite pull consumers) pauses after its ``failures``-th failed pull in a
-    row: ``base_s`` (``pull_time_delay_ms_when_exception``) while the failure is soon over (a leader moving, a
-    connection lost), doubling with each refusal (``pull_refused``) in a row up to RocketMQ's 3 s. A refusal lasts until an
+def failed_pull_delay(base_s: float, refusals: int, error: RaftMQError) -> float:
+    """How long a queue's pull task (push and lite pull consumers) pauses after a failed pull, the ``refusals``-th
+    refusal (``pull_refused``) in a row: ``base_s`` (``pull_time_delay_ms_when_exception``) when the failure is soon
+    over (a leader moving, a connection lost), doubling with each refusal in a row up to RocketMQ's 3 s. A refusal lasts until an
     operator acts (a stopped consumer group, a topic no longer readable): at 200 ms each member pulled each of its
     queues five times a second for nothing."""
     if not pull_refused(error):
         return base_s
-    return min(base_s * 2 ** min(failures - 1, 16), max(base_s, REFUSED_PULL_MAX_DELAY_S))
+    return min(base_s * 2 ** min(refusals - 1, 16), max(base_s, REFUSED_PULL_MAX_DELAY_S))
+
+
+class FailedPulls:
+    """A queue's pull task's failed pulls in a row: each logged (``log_failed_pull``, by failures in a row) and
+    paused after (``failed_pull_delay``, by refusals in a row: failures of a failover before a refusal do not
+    lengthen its pause)."""
+
+    __slots__ = ("base_s", "failures", "refusals")
+
+    def __init__(self, base_s: float) -> None:
+        self.base_s = base_s
+        self.failures = self.refusals = 0
+
+    def record(self, logger: logging.Logger, mq: MessageQueue, offset: int, error: RaftMQError) -> float:
+        """Count and log one failed pull; returns the pause before the next."""
+        self.failures += 1
+        self.refusals = self.refusals + 1 if pull_refused(error) else 0
+        log_failed_pull(logger, self.failures, mq, offset, error)
+        return failed_pull_delay(self.base_s, self.refusals, error)
+
+    def clear(self) -> None:
+        """A pull went through: the streak is over."""
+        self.failures = self.refusals = 0
 
 
 def pull_should_wait(result: PullResult, offset: int, suspend_timeout_ms: int) -> bool:

@@ -124,7 +124,7 @@ from client.message import MessageExt, MessageQueue, PullResult, PullStatus
 from client.offset_store import LocalFileOffsetStore, RemoteOffsetStore
 from client.orderly import OrderlyService
 from client.process_queue import FLOW_SPAN, ProcessQueue
-from client.pull_consumer import PullAPI, failed_pull_delay, log_failed_pull, pull_should_wait
+from client.pull_consumer import FailedPulls, PullAPI, pull_should_wait
 # CONSUME_FROM and LOCK_RETRY_S only re-exported: they were defined here before the config and the membership moved.
 from client.push_consumer_config import (CONSUME_FROM, ConsumerStatistics, Handler, PushConsumerConfig, check_batch,
                                          check_handler, check_orderly, claim_offset_file, local_offset_store)
@@ -414,7 +414,7 @@ class PushConsumer(PushRebalance):
                 log.info("cannot find start offset mq=%s error=%s", pq.mq, e)
                 await trio.sleep(delay)
         pq.max_offset_seen = offset - 1
-        failures = 0  # pulls failed in a row
+        failed = FailedPulls(delay)
         while not pq.dropped:
             if (reason := pq.flow_control()) is not None:
                 if reason == FLOW_SPAN:
@@ -426,11 +426,9 @@ class PushConsumer(PushRebalance):
                     continue  # suspend() stopped it: wait for resume(), then pull the same offset
             except RaftMQError as e:
                 self._pull_errors += 1
-                failures += 1
-                log_failed_pull(log, failures, pq.mq, offset, e)
-                await trio.sleep(failed_pull_delay(delay, failures, e))
+                await trio.sleep(failed.record(log, pq.mq, offset, e))
                 continue
-            failures = 0
+            failed.clear()
             if result.status is PullStatus.FOUND:
                 msgs = result.messages
                 if pq.mq.topic == self._retry_topic:

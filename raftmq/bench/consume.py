@@ -39,7 +39,8 @@ def register(subparsers) -> None:
     parser.add_argument("--size", type=int, default=1024, help="message body bytes (default 1024)")
     parser.add_argument("--messages", type=int, default=500_000, help="messages to produce and consume")
     parser.add_argument("--seconds", type=float, default=60.0, help="longest consume phase (default 60)")
-    parser.add_argument("--pull-batch", type=int, default=64, help="messages per pull (default 64)")
+    parser.add_argument("--pull-batch", type=int, default=None,
+                        help="messages per pull (default 64), or per receive with --simple (default and at most 32)")
     parser.add_argument("--live", action="store_true", help="produce while consuming (latency = end to end)")
     parser.add_argument("--simple", type=int, default=0, metavar="N",
                         help="consume with a simple consumer (POP) and N concurrent receive-and-ack loops instead "
@@ -134,6 +135,8 @@ async def _consume_simple(namesrv: str, args: argparse.Namespace, group: str, ma
         done = trio.Event()
 
         def acked(msg: ReceivedMessage) -> None:
+            if done.is_set():
+                return  # another loop reached the target (the backlog is rounded up to whole send batches)
             got["n"] += 1
             if got["n"] % 16 == 0:
                 latencies.append(max(0, time.time_ns() - msg.born_timestamp * 1_000_000))
@@ -148,8 +151,6 @@ async def _consume_simple(namesrv: str, args: argparse.Namespace, group: str, ma
                     for msg, error in zip(received, errors):
                         if error is not None:
                             raise error  # as a failed ack() stops the run: not counted as consumed
-                        if done.is_set():
-                            break  # the backlog is rounded up to whole send batches: count no more than asked
                         acked(msg)
                     continue
                 for msg in received:
@@ -178,9 +179,11 @@ async def _consume_simple(namesrv: str, args: argparse.Namespace, group: str, ma
 def run(args: argparse.Namespace) -> int:
     check_range("--size", args.size, 1, 4 * 1024 * 1024)
     check_range("--messages", args.messages, 1, 10**9)
-    check_range("--pull-batch", args.pull_batch, 1, 1024)
     check_range("--seconds", args.seconds, 0.1, 3600)
     check_range("--simple", args.simple, 0, 256)
+    if args.pull_batch is None:
+        args.pull_batch = 32 if args.simple else 64
+    check_range("--pull-batch", args.pull_batch, 1, 1024)
     if args.simple:
         check_range("--pull-batch", args.pull_batch, 1, 32)  # a POP takes at most 32
     elif args.ack_batch:

@@ -435,6 +435,14 @@ def test_a_pull_refused_by_permission_backs_off_and_one_that_failed_does_not():
     for error in (for_code(ResponseCode.NOT_LEADER, "moved"), ConnectError("a:1", "refused"),
                   for_code(ResponseCode.SYSTEM_BUSY, "busy")):
         assert delay(0.2, 60, error) == 0.2
+    # A failover's failures before a refusal do not lengthen the refusal's pause; a pull that went through ends both.
+    failed = client.pull_consumer.FailedPulls(0.2)
+    mq = MessageQueue("T", "broker-a", 0)
+    lost = ConnectError("a:1", "refused")
+    pauses = [failed.record(logging.getLogger("test"), mq, 0, e) for e in [lost] * 5 + refused[:1] * 3 + [lost]]
+    assert pauses == [0.2] * 5 + [0.2, 0.4, 0.8] + [0.2] and failed.failures == 9
+    failed.clear()
+    assert failed.record(logging.getLogger("test"), mq, 0, refused[0]) == 0.2 and failed.failures == 1
 
 
 async def test_failing_pulls_pause_at_least_10_ms_between_attempts(cluster, autojump_clock):
