@@ -181,7 +181,7 @@ class BrokerConfig:
                                        "with tls_client_enable, the servers this node dials are checked against")
     tls_need_client_auth: bool = bounded(False, doc="clients must present a certificate signed by tls_ca_file")
     # RocketMQ's tls.enable for the broker's own client: registrations with the name servers and requests to its
-    # peers' service ports (catch-up fetches). Peers of an enforcing group need it.
+    # peers' service ports (catch-up fetches). Peers of an enforcing group need it (checked in __post_init__).
     tls_client_enable: bool = bounded(False, doc="dial name servers and peers over TLS")
 
     def __post_init__(self) -> None:
@@ -189,6 +189,12 @@ class BrokerConfig:
         # The files read and checked at start: a ConfigError naming the key at fault, not a failed handshake later.
         self.tls_server_context()
         self.tls_client_context()
+        if self.tls_mode == "enforcing" and not self.tls_client_enable:
+            # Its peers enforce too: a plain catch-up fetch to them is closed, which shows only when a member lags
+            # (recovery), long after start.
+            raise ConfigError('tls_mode = "enforcing" needs tls_client_enable = true: the members of a group fetch '
+                              'from each other\'s service ports to catch up, and an enforcing peer closes plain '
+                              'connections (tls_mode = "permissive" serves both)')
         if self.dledger is None:
             raise ConfigError("broker config needs a [dledger] table: group, self_id, secret and members")
         if self.pop_invisible_time_min_ms > self.pop_invisible_time_max_ms:

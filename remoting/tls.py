@@ -12,7 +12,9 @@ Rules (RocketMQ's ``tls.server.mode`` and ``tls.enable``, docs/operations.md "TL
   certificate or an unknown mode is a ``ConfigError`` naming the key and the file rather than a failed handshake
   on the first connection.
 * A client verifies the server's certificate and name unless told not to (``verify=False``), which logs a WARNING
-  each time a context is built: it gives encryption without authentication.
+  each time a context is built: it gives encryption without authentication. Given a CA file, it trusts only that
+  file's CAs, not the system's too.
+* Keys are unencrypted: an encrypted one is a ``ConfigError`` at load, never a passphrase prompt on the terminal.
 * A handshake is bounded (``HANDSHAKE_TIMEOUT_S``): a peer that connects and sends nothing must not hold a server
   task forever. Failures and timeouts close that connection with a WARNING; the server keeps serving.
 """
@@ -64,8 +66,17 @@ def _read_pem(key: str, path: str | Path, marker: str, what: str) -> None:
 def _load_chain(context: ssl.SSLContext, cert_file: str | Path, key_file: str | Path) -> None:
     _read_pem("tls_cert_file", cert_file, "-----BEGIN CERTIFICATE-----", "certificate")
     _read_pem("tls_key_file", key_file, "PRIVATE KEY-----", "private key")
+
+    def refuse_encrypted() -> bytes:
+        # Called by OpenSSL only for an encrypted key. Without a callback it asks for the passphrase on the
+        # terminal (a broker started by hand, or a client's trio loop in ClientConfig(), blocks at load), or
+        # fails with an opaque "PEM lib" when there is none. No key takes a passphrase: say so, and what to do.
+        raise ConfigError(f"tls_key_file {str(key_file)!r} is encrypted (it asks for a passphrase): give an "
+                          f"unencrypted key, readable only by the user the process runs as (openssl pkey -in "
+                          f"ENCRYPTED.key -out PLAIN.key)")
+
     try:
-        context.load_cert_chain(str(cert_file), str(key_file))
+        context.load_cert_chain(str(cert_file), str(key_file), password=refuse_encrypted)
     except ssl.SSLError as e:
         if "KEY_VALUES_MISMATCH" in str(e):
             raise ConfigError(f"tls_key_file {str(key_file)!r} is not the key of the certificate in tls_cert_file "
@@ -100,15 +111,19 @@ def server_context(cert_file: str | Path, key_file: str | Path, *, ca_file: str 
 
 def client_context(*, ca_file: str | Path | None = None, verify: bool = True, cert_file: str | Path | None = None,
                    key_file: str | Path | None = None) -> ssl.SSLContext:
-    """A client's context: servers verified against ``ca_file`` (the system's CAs without one) and by name, unless
+    """A client's context: servers verified against ``ca_file`` only (the system's CAs without one) and by name, unless
     ``verify`` is False; ``cert_file``/``key_file`` are presented to servers that require client certificates."""
     if bool(cert_file) != bool(key_file):
         given, missing = ("tls_cert_file", "tls_key_file") if cert_file else ("tls_key_file", "tls_cert_file")
         raise ConfigError(f"{given} is set but {missing} is not: a client certificate needs both")
-    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
     if ca_file:
+        # Only the CA file: create_default_context loads the system's CAs as well, and a server certified by any
+        # of them would pass. PROTOCOL_TLS_CLIENT checks the name and requires a certificate, as that one does.
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
         _load_ca(context, ca_file)
+    else:
+        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
     if not verify:
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE

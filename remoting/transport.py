@@ -96,6 +96,9 @@ TIMEOUT_RESOLUTION_S = 0.01
 # long, closes the connection (``_close_silent``). Below it, silence says more about a short timeout than
 # about the peer: a 1 ms timeout runs out on any healthy connection.
 SILENT_CLOSE_MIN_S = 1.0
+# A client connection closed before any answer within this long of connecting may have been refused (TLS, in
+# ``_refused_hint``); later, it more likely lost its server.
+REFUSED_WITHIN_S = 1.0
 
 
 # Connections that queued frames inside the current ``corked()`` block (None: not corked). The trio thread is
@@ -505,17 +508,22 @@ class RemotingConnection:
             self._mark_closed(f"connection broken: {e.__cause__ or e or type(e).__name__}{self._refused_hint()}")
 
     def _refused_hint(self) -> str:
-        # A client's connection closed (or reset) before any answer is what a server refusing it looks like: one
-        # enforcing TLS refuses a plain client, one requiring client certificates a TLS client without one (TLS 1.3
-        # ends the client's handshake before the server judged its certificate). Said in the reason the waiting
-        # requests fail with, as nothing else would tell them why.
+        # A client's connection closed (or reset) at once, before any answer, is what a server refusing it looks
+        # like: one enforcing TLS refuses a plain client, one requiring client certificates a TLS client without one
+        # (TLS 1.3 ends the client's handshake before the server judged its certificate). Said in the reason the
+        # waiting requests fail with, as nothing else would tell them why. Only a guess: a server that crashed or
+        # was killed looks the same, hence "if", and only within REFUSED_WITHIN_S of connecting, as a refusal
+        # comes on the first bytes. Nothing received yet, _last_received_at is still when the connection began.
         if self._bytes_received or not isinstance(self, ClientConnection):
             return ""
+        if self._clock.current_time() - self._last_received_at > REFUSED_WITHIN_S:
+            return ""
         if isinstance(self._stream, trio.SSLStream):
-            return (" before any answer (a server with tls_need_client_auth closes TLS connections without a client "
-                    "certificate it trusts: are tls_cert_file and tls_key_file set?)")
-        return (" before any answer (a server with tls_mode = \"enforcing\" closes plain connections: does this "
-                "client need TLS enabled?)")
+            return (" before any answer (if the server requires client certificates: a server with "
+                    "tls_need_client_auth closes TLS connections without a client certificate it trusts; are "
+                    "tls_cert_file and tls_key_file set?)")
+        return (" before any answer (if the server enforces TLS: a server with tls_mode = \"enforcing\" closes plain "
+                "connections; does this client need TLS enabled?)")
 
     async def _handle_request(self, request: Frame) -> None:
         handler = self._handler

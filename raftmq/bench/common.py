@@ -14,6 +14,7 @@ import math
 import os
 import selectors
 import signal
+import ssl
 import statistics
 import subprocess
 import sys
@@ -28,7 +29,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from client.instance import ACCESS_KEY_ENV, NAMESRV_ADDR_ENV, SECRET_KEY_ENV, TLS_CA_FILE_ENV, TLS_ENABLE_ENV
+from client.instance import (ACCESS_KEY_ENV, DEFAULT_NAMESRV_ADDR, NAMESRV_ADDR_ENV, SECRET_KEY_ENV, TLS_CA_FILE_ENV,
+                             TLS_ENABLE_ENV, ClientConfig, client_tls_context)
 from raftmq.runner import leaf_exceptions, run_interruptible
 from remoting.config import ConfigError, parse_host_port
 from remoting.tls import client_context
@@ -36,10 +38,10 @@ from remoting.tls import client_context
 T = TypeVar("T")
 
 __all__ = [
-    "BenchError", "LatencySummary", "ReadyProcess", "add_credential_args", "check_credentials", "check_namesrv_arg",
-    "check_range", "exported_credentials", "make_dir", "namesrv_from_env", "percentile",
-    "print_json", "print_json_error", "print_table", "run_bench", "show_progress", "spawn_ready_process",
-    "summarize_latencies",
+    "BenchError", "LatencySummary", "ReadyProcess", "add_credential_args", "add_tls_args", "check_credentials",
+    "check_namesrv_arg", "check_range", "check_tls_args", "exported_credentials", "make_dir", "namesrv_from_env",
+    "percentile", "print_json", "print_json_error", "print_table", "run_bench", "show_progress", "spawn_ready_process",
+    "summarize_latencies", "tls_context_from_args",
 ]
 
 
@@ -156,9 +158,16 @@ def add_credential_args(parser: Any, *, defaults: bool = True) -> None:
                              f"the process list)")
     # TLS rides along: every command that takes credentials dials name servers and brokers (docs/operations.md,
     # "TLS"), and exported_credentials hands both to the clients it opens.
+    add_tls_args(parser, defaults=defaults)
+
+
+def add_tls_args(parser: Any, *, defaults: bool = True) -> None:
+    """``--tls`` / ``--tls-ca-file`` (docs/operations.md, "TLS"), checked by ``check_tls_args``; ``defaults`` as
+    for ``add_credential_args``. A command that opens its own remoting client (``raftmq verify``) builds its
+    context with ``tls_context_from_args``."""
     parser.add_argument("--tls", action="store_true", default=False if defaults else argparse.SUPPRESS,
                         help=f"connect over TLS (default: ${TLS_ENABLE_ENV})")
-    parser.add_argument("--tls-ca-file", default=default, metavar="PEM",
+    parser.add_argument("--tls-ca-file", default=None if defaults else argparse.SUPPRESS, metavar="PEM",
                         help=f"CA certificates the servers are verified against; implies --tls (default: "
                              f"${TLS_CA_FILE_ENV}, else the system's)")
 
@@ -181,6 +190,12 @@ def check_credentials(args: Any) -> None:
         given, missing = ("access_key", "secret_key") if args.access_key else ("secret_key", "access_key")
         raise ConfigError(f"an ACL access key needs its secret key and the other way round: {sources[given]} is "
                           f"set but {sources[missing]} is not")
+    check_tls_args(args)
+
+
+def check_tls_args(args: Any) -> None:
+    """Resolve ``args.tls`` (``--tls-ca-file`` implies it) and read the CA file now, refusing a bad one by its
+    flag."""
     ca_file = getattr(args, "tls_ca_file", None)
     if ca_file is not None:
         if not ca_file.strip():
@@ -191,6 +206,20 @@ def check_credentials(args: Any) -> None:
         except ConfigError as e:
             raise ConfigError(str(e).replace("tls_ca_file", "--tls-ca-file", 1)) from None
     args.tls = bool(getattr(args, "tls", False))
+
+
+def tls_context_from_args(args: Any) -> ssl.SSLContext | None:
+    """The client TLS context of ``args`` (after ``check_tls_args``) for a command that opens a remoting client of
+    its own rather than a ClientConfig's: ``--tls`` / ``--tls-ca-file``, else $RAFTMQ_TLS_ENABLE /
+    $RAFTMQ_TLS_CA_FILE read as every client reads them; None for plain TCP."""
+    tls: dict[str, Any] = {"tls_enable": True} if args.tls else {}
+    if args.tls_ca_file:  # else $RAFTMQ_TLS_CA_FILE, as exported_credentials leaves it for admin's clients
+        tls["tls_ca_file"] = args.tls_ca_file
+    # Only the TLS fields come from the environment: the others are given, so a name server or credential
+    # variable this command does not use cannot fail it.
+    config = ClientConfig(namesrv_addrs=(DEFAULT_NAMESRV_ADDR,), client_ip="127.0.0.1", access_key="",
+                          secret_key="", **tls)
+    return client_tls_context(config)
 
 
 @contextlib.contextmanager

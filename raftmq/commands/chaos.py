@@ -22,6 +22,9 @@ stop, and within ``--drain-seconds`` every acknowledged message must be consumed
 be identical (crc32c per segment, as ``raftmq verify``). Delivery is at least once, as in RocketMQ, so
 duplicates are counted, not failed.
 
+Its name server and clients are plain: ``--set`` may make the brokers serve TLS with ``tls_mode = "permissive"``,
+not ``"enforcing"`` or ``tls_client_enable`` (refused as a bad option).
+
 Exit status 0 when nothing acknowledged was lost, the logs are identical, acknowledgements resumed after
 every fault and every node stopped with SIGTERM exited 0; 1 otherwise (the data directory is then kept for its
 logs); 2 for a bad option.
@@ -121,6 +124,14 @@ def check_args(args: argparse.Namespace) -> None:
     check_range("--drain-seconds", args.drain_seconds, 1, 3600)
     check_base_port(0)  # a malformed RAFTMQ_PORT_RANGE, named before a data directory is made
     check_overrides(args.set)
+    from raftmq.commands.broker import parse_overrides
+    tls = parse_overrides(args.set)
+    if tls.get("tls_mode") == "enforcing" or tls.get("tls_client_enable") is True:
+        # Its name server and its own clients (senders, consumer, status requests) speak plain TCP: the brokers
+        # could neither register nor be reached, and the run would fail as a cluster that never got ready.
+        raise ConfigError('--set tls_mode = "enforcing" or tls_client_enable = true: chaos\'s name server and '
+                          'clients speak plain TCP; serve TLS with tls_mode = "permissive" (and its cert and key), '
+                          'which serves both')
     if args.data_dir is not None and args.data_dir.exists():
         if not args.data_dir.is_dir():
             raise ConfigError(f"--data-dir {str(args.data_dir)!r} is not a directory")

@@ -3,18 +3,20 @@
 Asks every member (its remoting address) for its Raft status, takes the smallest applied end offset among
 them as the common prefix, then asks each for crc32c checksums per segment up to that offset and compares
 them segment by segment. Prints one line per member and one per diverging segment; exit status 0 when
-identical, 1 on divergence, 2 when a member cannot be asked.
+identical, 1 on divergence, 2 when a member cannot be asked. Members serving TLS (``tls_mode = "enforcing"``)
+take ``--tls`` / ``--tls-ca-file PEM`` (or $RAFTMQ_TLS_ENABLE / $RAFTMQ_TLS_CA_FILE), as ``raftmq admin``.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import ssl
 import sys
 from typing import Any
 
 from dledger.service import get_raft_status
-from raftmq.bench.common import check_range
+from raftmq.bench.common import add_tls_args, check_range, check_tls_args, tls_context_from_args
 from raftmq.runner import run_interruptible
 from remoting.config import ConfigError, parse_host_port
 from remoting.errors import RaftMQError
@@ -31,13 +33,15 @@ def register(subparsers) -> None:
     parser.add_argument("--members", required=True, metavar="HOST:PORT,...",
                         help="remoting addresses of the members, comma-separated")
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds per request (default 10)")
+    add_tls_args(parser)
     parser.set_defaults(func=run)
 
 
-async def verify_group(group: str, addresses: list[str], *, timeout_s: float = 10.0) -> dict[str, Any]:
+async def verify_group(group: str, addresses: list[str], *, timeout_s: float = 10.0,
+                       tls_context: ssl.SSLContext | None = None) -> dict[str, Any]:
     """The comparison as data: ``{"up_to", "members": {addr: status}, "divergent": [(start, {addr: crc})],
-    "identical": bool}``."""
-    async with open_remoting_client() as client:
+    "identical": bool}``; ``tls_context`` (``remoting.tls.client_context``) for members that serve TLS."""
+    async with open_remoting_client(tls_context=tls_context) as client:
         statuses = {}
         for addr in addresses:
             statuses[addr], _ = await get_raft_status(client, addr, group, timeout_s=timeout_s)
@@ -84,8 +88,11 @@ def run(args: argparse.Namespace) -> int:
     if repeated:
         raise ConfigError(f"--members names {', '.join(repeated)} more than once; name each member once")
     check_range("--timeout", args.timeout, 0.1, 3600)
+    check_tls_args(args)
+    tls_context = tls_context_from_args(args)
     try:
-        report = run_interruptible(lambda: verify_group(args.group, addresses, timeout_s=args.timeout))
+        report = run_interruptible(lambda: verify_group(args.group, addresses, timeout_s=args.timeout,
+                                                        tls_context=tls_context))
     except (RaftMQError, OSError) as e:
         print(f"verify: could not ask every member of group {args.group}: {e}", file=sys.stderr)
         return 2

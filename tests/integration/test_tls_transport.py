@@ -7,14 +7,16 @@ import functools
 import logging
 import ssl
 
+import cbor2
 import pytest
 import trio
+import trio.testing
 
 from remoting.codec import make_request, make_response
 from remoting.codes import RequestCode, ResponseCode
 from remoting.errors import ConnectError, ConnectionClosedError
 from remoting.tls import client_context, server_context
-from remoting.transport import open_remoting_client, serve_remoting
+from remoting.transport import REFUSED_WITHIN_S, ClientConnection, open_remoting_client, serve_remoting
 from tests.tls_certs import make_tls_files
 
 
@@ -139,3 +141,69 @@ async def test_serve_remoting_refuses_a_bad_mode_or_a_missing_context(nursery):
     with pytest.raises(ValueError, match="needs a server tls_context"):
         await nursery.start(functools.partial(serve_remoting, Echo(), "127.0.0.1", 0, tls_mode="enforcing"))
     assert isinstance(client_context(), ssl.SSLContext)
+
+
+async def test_a_ca_file_is_trusted_alone_not_beside_the_system_store(nursery, tls_files, tmp_path, monkeypatch):
+    # The default ("system") store is the server's own CA here: a client given another CA file must still refuse
+    # the server, as the file is all it trusts.
+    (tmp_path / "empty").mkdir()
+    monkeypatch.setenv("SSL_CERT_FILE", str(tls_files.ca_file))
+    monkeypatch.setenv("SSL_CERT_DIR", str(tmp_path / "empty"))
+    _, addr = await _serve(nursery, tls_files, "enforcing")
+    assert await _echo(addr, tls_context=client_context()) == b"ping"  # the store does trust it
+    with pytest.raises(ConnectError, match="certificate verify failed"):
+        await _echo(addr, tls_context=client_context(ca_file=tls_files.other_ca_file))
+
+
+async def _close_reason_after(delay_s):
+    """The reason a client connection's request fails with when the server closes it ``delay_s`` after the
+    connection opened, having answered nothing."""
+    client_end, server_end = trio.testing.memory_stream_pair()
+    conn = ClientConnection(client_end, "127.0.0.1:1", None)
+
+    async def server():
+        await server_end.receive_some()
+        await trio.sleep(delay_s)
+        await server_end.aclose()
+
+    async with trio.open_nursery() as inner:
+        await inner.start(conn._run)
+        inner.start_soon(server)
+        with pytest.raises(ConnectionClosedError) as closed:
+            await conn.invoke(make_request(RequestCode.ECHO, body=b"x"), timeout_s=60)
+    return str(closed.value)
+
+
+async def test_the_refusal_hint_is_a_guess_and_only_for_a_close_at_once(autojump_clock):
+    # A refusal comes on the first bytes; a server lost later (killed, in a plain cluster) is no TLS matter.
+    quick = await _close_reason_after(0)
+    assert "before any answer (if the server enforces TLS: " in quick, quick
+    late = await _close_reason_after(2 * REFUSED_WITHIN_S)
+    assert "closed by peer" in late and "TLS" not in late, late
+
+
+class RaftStatus:
+    """GET_RAFT_STATUS as a member answers it, for ``raftmq verify``."""
+
+    def __init__(self, self_id):
+        self.self_id = self_id
+
+    async def handle(self, request, conn):
+        body = cbor2.dumps([[0, 100, 0xAB]]) if "checksum_up_to" in request.ext else b""
+        return make_response(request, ResponseCode.SUCCESS, body=body, ext={
+            "role": "leader", "term": 1, "committed_index": 3, "end_offset": 100, "self_id": self.self_id})
+
+
+async def test_verify_reaches_enforcing_members_over_tls(nursery, tls_files):
+    from raftmq.commands.verify import verify_group
+    context = server_context(tls_files.cert_file, tls_files.key_file)
+    addrs = []
+    for self_id in ("n1", "n2"):
+        host, port = await nursery.start(functools.partial(serve_remoting, RaftStatus(self_id), "127.0.0.1", 0,
+                                                           tls_mode="enforcing", tls_context=context))
+        addrs.append(f"{host}:{port}")
+    report = await verify_group("broker-a", addrs, timeout_s=10,
+                                tls_context=client_context(ca_file=tls_files.ca_file))
+    assert report["identical"] and report["up_to"] == 100
+    with pytest.raises(ConnectionClosedError, match="if the server enforces TLS"):
+        await verify_group("broker-a", addrs, timeout_s=10)

@@ -84,3 +84,93 @@ def test_client_config_tls_fields(files, monkeypatch):
     monkeypatch.setenv(TLS_ENABLE_ENV, "ture")
     with pytest.raises(ConfigError, match=r"\$RAFTMQ_TLS_ENABLE must be true or false"):
         ClientConfig()
+
+
+def _encrypted_key(files, path):
+    from cryptography.hazmat.primitives import serialization
+    key = serialization.load_pem_private_key(files.key_file.read_bytes(), password=None)
+    path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                       serialization.BestAvailableEncryption(b"secret")))
+    return path
+
+
+def test_an_encrypted_key_is_refused_by_name_not_prompted_for(files, tmp_path):
+    # Without a password callback OpenSSL asks on the terminal (blocking a broker's start) or, with none, fails
+    # with "PEM lib".
+    key = _encrypted_key(files, tmp_path / "encrypted.key")
+    with pytest.raises(ConfigError, match=f"tls_key_file '{key}' is encrypted .*give an unencrypted key"):
+        server_context_for_mode("enforcing", files.cert_file, key)
+    with pytest.raises(ConfigError, match=f"tls_key_file '{key}' is encrypted"):
+        client_context(ca_file=files.ca_file, cert_file=files.cert_file, key_file=key)
+
+
+def test_a_client_with_a_ca_file_trusts_that_file_only(files, tmp_path, monkeypatch):
+    # The "system" store is the other CA here: with a CA file given, it must not be trusted as well.
+    (tmp_path / "empty").mkdir()
+    monkeypatch.setenv("SSL_CERT_FILE", str(files.other_ca_file))
+    monkeypatch.setenv("SSL_CERT_DIR", str(tmp_path / "empty"))
+    system = client_context().get_ca_certs()
+    assert len(system) == 1  # the test controls the default store
+    only_ca = client_context(ca_file=files.ca_file)
+    assert [c["subject"] for c in only_ca.get_ca_certs()] != [c["subject"] for c in system]
+    assert len(only_ca.get_ca_certs()) == 1
+    assert only_ca.check_hostname and only_ca.verify_mode == ssl.CERT_REQUIRED
+
+
+def _broker_config(**tls):
+    from broker.config import BrokerConfig
+    from remoting.config import config_from_mapping
+    members = [{"id": f"n{i}", "raft_address": f"127.0.0.1:{20000 + i}", "service_address": f"127.0.0.1:{10000 + i}"}
+               for i in (1, 2, 3)]
+    return config_from_mapping(BrokerConfig, {
+        "namesrv_addrs": ["127.0.0.1:9876"], "store": {"store_dir": "/tmp/x/store"},
+        "dledger": {"group": "broker-a", "self_id": "n1", "secret": "0123456789abcdef-secret",
+                    "data_dir": "/tmp/x/dledger", "members": members}, **tls})
+
+
+def test_an_enforcing_broker_must_dial_its_peers_over_tls(files):
+    keys = {"tls_cert_file": str(files.cert_file), "tls_key_file": str(files.key_file),
+            "tls_ca_file": str(files.ca_file)}
+    # Its catch-up fetches go to its peers' enforcing ports: plain, they failed only once a member lagged.
+    with pytest.raises(ConfigError, match='tls_mode = "enforcing" needs tls_client_enable = true: the members of a '
+                                          'group fetch from each other'):
+        _broker_config(tls_mode="enforcing", **keys)
+    assert _broker_config(tls_mode="enforcing", tls_client_enable=True, **keys).tls_client_context() is not None
+    assert _broker_config(tls_mode="permissive", **keys).tls_client_context() is None
+
+
+def test_chaos_refuses_tls_its_plain_name_server_and_clients_cannot_reach():
+    import argparse
+
+    from raftmq.commands import chaos
+    parser = argparse.ArgumentParser()
+    chaos.register(parser.add_subparsers())
+    args = parser.parse_args(["chaos", "--set", "tls_client_enable=true"])
+    with pytest.raises(ConfigError, match='chaos\'s name server and clients speak plain TCP; serve TLS with '
+                                          'tls_mode = "permissive"'):
+        chaos.check_args(args)
+
+
+def test_verify_takes_the_tls_flags(files, tmp_path, monkeypatch, capsys):
+    from raftmq.cli import main
+    from raftmq.commands import verify
+    monkeypatch.delenv(TLS_ENABLE_ENV, raising=False)
+    monkeypatch.delenv(TLS_CA_FILE_ENV, raising=False)
+    argv = ["verify", "--group", "broker-a", "--members", "127.0.0.1:1,127.0.0.1:2"]
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, "--tls-ca-file", str(tmp_path / "missing.pem")])
+    assert exit_info.value.code == 2
+    assert f"--tls-ca-file '{tmp_path / 'missing.pem'}' does not exist" in capsys.readouterr().err
+    contexts = []
+
+    async def fake_verify(group, addresses, *, timeout_s, tls_context):
+        contexts.append(tls_context)
+        return {"up_to": 0, "members": {}, "segments": 0, "divergent": [], "identical": True}
+
+    monkeypatch.setattr(verify, "verify_group", fake_verify)
+    assert main([*argv, "--tls-ca-file", str(files.ca_file)]) == 0
+    assert main(argv) == 0
+    monkeypatch.setenv(TLS_ENABLE_ENV, "true")  # as every client: the variable when the flag is left out
+    assert main(argv) == 0
+    assert [isinstance(c, ssl.SSLContext) for c in contexts] == [True, False, True]
+    assert len(contexts[0].get_ca_certs()) == 1
