@@ -28,7 +28,14 @@ Everything else a broker serves (route and status lookups, GET_MAX_OFFSET and it
 group tables) needs a valid signature only: it tells offsets, counts and names, never a message or a client's
 insides, and clients ask some of it for every account.
 
-A refusal is NO_PERMISSION whose remark names the request, its resources and the account (never a secret); it is
+The resources are worked out only once the signature holds (steps 3 to 5): nothing of a request nobody vouches for
+is read beyond its ext, neither its body (a 16 MiB batch ack of made-up receipt handles) nor the record stored at an
+offset it names (whose topic its refusal would tell). A batch ack's body is read only when it is a list of at most
+``MAX_BATCH_ACK`` strings (``broker.pop.batch_ack_texts``); any other is judged on its group alone, and its
+processor refuses it whole.
+
+A refusal is NO_PERMISSION whose remark names the request, its resources (the first ``DESCRIBED_RESOURCES``, and how
+many more; before the signature holds, the topic and group its ext names) and the account (never a secret); it is
 logged at INFO (WARNING for a oneway request, whose sender learns nothing), at most once per ``REFUSAL_LOG_INTERVAL_S``
 for an (account, request code), saying how many were not logged meanwhile. What is not a client's request is not
 judged: DLedger's requests between members (FETCH_COMMIT_LOG, GET_RAFT_STATUS, TRANSFER_LEADERSHIP; the Raft port has
@@ -51,14 +58,14 @@ import ipaddress
 import logging
 import time
 import tomllib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
 import cbor2
 
-from broker.pop import ReceiptHandle, ReceiptHandleError
+from broker.pop import BatchAckBodyError, ReceiptHandle, ReceiptHandleError, batch_ack_texts
 from broker.topic_config import TopicConfigError, group_problem, validate_topic_name
 from remoting.acl import ACCESS_KEY, SIGNATURE, request_signature
 from remoting.codec import Frame
@@ -67,9 +74,10 @@ from remoting.config import ConfigError
 from remoting.message import (PROPERTY_REAL_TOPIC, PROPERTY_RETRY_TOPIC, RETRY_GROUP_TOPIC_PREFIX, TRANS_HALF_TOPIC,
                               MessageFormatError, parse_msg_id, split_pop_retry_topic)
 
-__all__ = ["ACL_FILE_NAME", "AclChecker", "AclRules", "Account", "AddressPattern", "ADMIN_CODES", "DENY", "PUB",
-           "REFUSAL_LOG_INTERVAL_S", "SETTLE_S", "SUB", "StoredMessage", "WATCH_INTERVAL_S", "acl_file_path",
-           "load_acl_file", "parse_acl_rules", "parse_perm", "permits", "request_resources"]
+__all__ = ["ACL_FILE_NAME", "AclChecker", "AclRules", "Account", "AddressPattern", "ADMIN_CODES", "DENY",
+           "DESCRIBED_RESOURCES", "PUB", "REFUSAL_LOG_INTERVAL_S", "SETTLE_S", "SUB", "StoredMessage",
+           "WATCH_INTERVAL_S", "acl_file_path", "load_acl_file", "parse_acl_rules", "parse_perm", "permits",
+           "request_resources"]
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +88,10 @@ WATCH_INTERVAL_S: Final = 0.5  # RocketMQ's FileWatchService looks every 500 ms 
 SETTLE_S: Final = 0.2
 # A client retrying a refused request (or a flood of them) costs one log line per (account, code) this often.
 REFUSAL_LOG_INTERVAL_S: Final = 10.0
+# A refusal's remark (also logged) names this many of the request's resources, and how many more: a batch ack's
+# handles can name a thousand topics.
+DESCRIBED_RESOURCES: Final = 5
+_NAME_CHARS = 255  # of a name quoted in a remark; a receipt handle's topic is whatever its sender wrote
 
 # Permission bits of a resource entry.
 DENY: Final = 1
@@ -481,8 +493,11 @@ def request_resources(request: Frame,
         return _group(ext.get("consumer_group")) + _topic(ext.get("topic"), SUB)
     if code == RequestCode.BATCH_ACK_MESSAGE:
         needs = _group(ext.get("consumer_group"))
-        data = _data(request)
-        for text in data if isinstance(data, list) else ():
+        try:
+            texts = batch_ack_texts(request.body)
+        except BatchAckBodyError:
+            return needs  # not read further: its processor refuses such a body whole
+        for text in texts:
             try:
                 needs += _topic(ReceiptHandle.decode(text).topic, SUB)
             except ReceiptHandleError:
@@ -517,7 +532,7 @@ def request_resources(request: Frame,
     return []
 
 
-def _describe(request: Frame, resources: Iterable[Resource]) -> str:
+def _describe(request: Frame, resources: list[Resource]) -> str:
     code, ext = request.code, request.ext
     try:
         name = f"{RequestCode(code).name} (code {code})"
@@ -525,14 +540,17 @@ def _describe(request: Frame, resources: Iterable[Resource]) -> str:
         name = f"request code {code}"
     unknown = "the topic of an unknown half message" if code == RequestCode.END_TRANSACTION else \
         "the topic of an unknown message"
-    parts = [(f"topic {res!r}" if kind == "topic" else f"consumer group {res!r}") if res else unknown
-             for kind, res, _perm in resources]
+    parts = [(f"topic {res[:_NAME_CHARS]!r}" if kind == "topic" else f"consumer group {res[:_NAME_CHARS]!r}")
+             if res else unknown for kind, res, _perm in resources[:DESCRIBED_RESOURCES]]
     if not parts:
-        # An admin request's resource needs no permission of its own, but the refusal still says what it was about.
-        topic, group = ext.get("topic"), ext.get("consumer_group") or ext.get("group_name")
-        parts = ([f"topic {topic[:255]!r}"] if isinstance(topic, str) and topic else []) + \
-            ([f"consumer group {group[:255]!r}"] if isinstance(group, str) and group else [])
-    return name + (" on " + ", ".join(parts) if parts else "")
+        # An admin request's resource needs no permission of its own, and a request whose signature does not hold
+        # is not looked into; the refusal still says what its ext says it is about.
+        topic = ext.get("topic")
+        group = ext.get("consumer_group") or ext.get("group_name") or ext.get("group")
+        parts = ([f"topic {topic[:_NAME_CHARS]!r}"] if isinstance(topic, str) and topic else []) + \
+            ([f"consumer group {group[:_NAME_CHARS]!r}"] if isinstance(group, str) and group else [])
+    more = f" and {len(resources) - DESCRIBED_RESOURCES} more" if len(resources) > DESCRIBED_RESOURCES else ""
+    return name + (" on " + ", ".join(parts) + more if parts else "")
 
 
 # --- the checker ------------------------------------------------------------------------------------------------
@@ -609,20 +627,20 @@ class AclChecker:
         for pattern in rules.global_white:
             if pattern.matches(ip):
                 return None
-        resources = request_resources(request, self._stored_message)
         ext = request.ext
         access_key = ext.get(ACCESS_KEY)
         if not access_key:
-            return self._refusal(request, resources, "it carries no AccessKey (this broker has acl_enable on: give "
-                                                     "the client access_key and secret_key)")
+            return self._refusal(request, [], "it carries no AccessKey (this broker has acl_enable on: give the "
+                                              "client access_key and secret_key)")
         account = rules.accounts.get(access_key) if isinstance(access_key, str) else None
         if account is None:
-            return self._refusal(request, resources, f"no account has AccessKey {str(access_key)[:64]!r}")
+            return self._refusal(request, [], f"no account has AccessKey {str(access_key)[:64]!r}")
         sent = ext.get(SIGNATURE)
         if not isinstance(sent, str) or not hmac.compare_digest(
                 sent.encode("ascii", "replace"), request_signature(account.secret_key, request).encode("ascii")):
-            return self._refusal(request, resources, f"its Signature does not match account {account.access_key!r} "
-                                                     f"(a wrong secret_key, or the request was changed on the way)")
+            return self._refusal(request, [], f"its Signature does not match account {account.access_key!r} "
+                                              f"(a wrong secret_key, or the request was changed on the way)")
+        resources = request_resources(request, self._stored_message)
         white = account.white_remote_address
         if white is not None and not white.matches(ip):
             return self._refusal(request, resources, f"account {account.access_key!r} may not be used from "
@@ -641,7 +659,8 @@ class AclChecker:
             if not permits(owned, needed):
                 what = "topic" if kind == "topic" else "consumer group"
                 return self._refusal(request, resources, f"account {account.access_key!r} has no "
-                                                         f"{_PERM_NAMES[needed]} permission on {what} {name!r} "
+                                                         f"{_PERM_NAMES[needed]} permission on {what} "
+                                                         f"{name[:_NAME_CHARS]!r} "
                                                          f"({source})")
         return None
 

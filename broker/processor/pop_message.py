@@ -18,8 +18,9 @@ POP table (``broker/pop.py``, which holds the rules of checkpoints, handles and 
   ``receipt_handle``. SUCCESS, with ext ``acked`` false when the message was acked already (an ack retried).
 * CHANGE: the same plus ``invisible_time_ms``; SUCCESS with ext ``receipt_handle`` (the new one: the old one is
   superseded), ``pop_time_ms``, ``invisible_time_ms``.
-* BATCH_ACK: ext ``consumer_group``, body a CBOR list of 1..``MAX_BATCH_ACK`` receipt handles (strings), of any
-  topics and queues of the group (a handle names its topic; RocketMQ 5's gRPC AckMessage carries many entries too).
+* BATCH_ACK: ext ``consumer_group``, body a CBOR list of 1..``MAX_BATCH_ACK`` receipt handles (strings; the list
+  and each string of definite length, nothing after the list: ``broker.pop.batch_ack_texts``), of any topics and
+  queues of the group (a handle names its topic; RocketMQ 5's gRPC AckMessage carries many entries too).
   The queues' locks are taken in one order (``PopService.locks_of``) and every ack goes in one replicated write
   before the answer: SUCCESS, the body a CBOR list with one map per handle, in order, saying what ACK_MESSAGE would
   have answered for it alone: ``{"code": 0, "acked": bool}``, or ``{"code": <response code>, "remark": str}`` for a
@@ -46,10 +47,11 @@ import cbor2
 import trio
 
 from broker.filter import SubscriptionParseError, TagFilter, parse_tag_expression
-from broker.pop import (CheckPoint, ReceiptHandle, ReceiptHandleError, now_ms, plan_ack, plan_acks, plan_change,
-                        pop_offset_key, pop_retry_topic_problem, superseded_by)
+from broker.pop import (BatchAckBodyError, CheckPoint, CheckpointIndex, ReceiptHandle, ReceiptHandleError,
+                        batch_ack_texts, now_ms, plan_ack, plan_acks, plan_change, pop_offset_key,
+                        pop_retry_topic_problem, superseded_by)
 from broker.processor.base import (I32, RequestRejected, error_response, existing_topic_config, get_group, get_int,
-                                   get_str, invalid, request_data, unexpected_response)
+                                   get_str, invalid, unexpected_response)
 from broker.processor.pull_message import check_pullable, sql92_not_supported
 from broker.property_filter import get_messages_by_sql, has_sql_match_between, parse_sql_expression
 from dledger import DLedgerError
@@ -65,9 +67,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_POP_NUMS = 32  # RocketMQ's limit of one POP
-# Most receipt handles of one BATCH_ACK_MESSAGE: 32 full POPs, and the one write stays far below a Raft entry's limit
-# (~300 KB when each handle is a checkpoint of 32 of its own).
-MAX_BATCH_ACK = 1024
 INIT_MODE_MIN, INIT_MODE_MAX = 0, 1  # RocketMQ's ConsumeInitMode
 RETRY_FIRST_PERCENT = 20  # RocketMQ's popFromRetryProbability
 # The store statuses after which the pop offset moves to next_begin_offset: units were read (matched or not), or
@@ -346,12 +345,11 @@ class PopMessageProcessor:
                                f"{handle.topic}:{handle.queue_id}:{handle.queue_offset} is visible again and will be "
                                f"delivered again", ext={"field": "receipt_handle"})
 
-    def _gone(self, handle: ReceiptHandle) -> RequestRejected | None:
+    def _gone(self, handle: ReceiptHandle, newer: CheckPoint | None) -> RequestRejected | None:
         """Why ``handle`` (not current: its checkpoint no longer holds its message) cannot be acked or changed, or
-        None when its message was acked. Judged under the queue's lock: a revive that took the checkpoint while the
-        request waited for the lock reads as the expiry it was."""
-        table = self.node.pop.table()
-        newer = superseded_by(table, handle)
+        None when its message was acked; ``newer`` is the checkpoint that supersedes it, if any (``superseded_by``).
+        Judged under the queue's lock: a revive that took the checkpoint while the request waited for the lock reads
+        as the expiry it was."""
         if newer is not None:
             return self._superseded(handle, newer)
         now = now_ms()
@@ -377,7 +375,7 @@ class PopMessageProcessor:
         async with pop.queue_lock(group, handle.topic, handle.queue_id):
             items, current = plan_ack(pop.table(), handle)
             if not current:
-                gone = self._gone(handle)
+                gone = self._gone(handle, superseded_by(pop.table(), handle))
                 if gone is not None:
                     raise gone
                 return make_response(request, ResponseCode.SUCCESS, ext={"acked": False})
@@ -397,7 +395,7 @@ class PopMessageProcessor:
         async with pop.queue_lock(group, handle.topic, handle.queue_id):
             planned = plan_change(pop.table(), handle, invisible_time_ms, now)
             if planned is None:
-                gone = self._gone(handle)
+                gone = self._gone(handle, superseded_by(pop.table(), handle))
                 if gone is not None:
                     raise gone
                 raise RequestRejected(ResponseCode.NO_MESSAGE,
@@ -430,9 +428,14 @@ class PopMessageProcessor:
         pop = node.pop
         if waiting:
             async with pop.locks_of(group, {(handle.topic, handle.queue_id) for _i, handle in waiting}):
-                items, current = plan_acks(pop.table(), [handle for _i, handle in waiting])
+                table = pop.table()
+                items, current = plan_acks(table, [handle for _i, handle in waiting])
+                # The handles not current (all of a retried batch) are judged in one pass over the table, not a
+                # scan each.
+                stale = [handle for (_i, handle), acked in zip(waiting, current) if not acked]
+                index = CheckpointIndex(table, group, stale) if stale else None
                 for (i, handle), acked in zip(waiting, current):
-                    gone = None if acked else self._gone(handle)
+                    gone = None if acked or index is None else self._gone(handle, index.superseded_by(handle))
                     entries[i] = ({"code": int(ResponseCode.SUCCESS), "acked": acked} if gone is None
                                   else {"code": int(gone.code), "remark": gone.remark})
                 await pop.write(items)
@@ -440,13 +443,7 @@ class PopMessageProcessor:
 
     @staticmethod
     def _batch_handles(request: Frame) -> list[str]:
-        if not request.body:
-            raise invalid("body", f"is required: a CBOR list of 1..{MAX_BATCH_ACK} receipt handles")
-        texts = request_data(request)
-        if not isinstance(texts, list) or not 1 <= len(texts) <= MAX_BATCH_ACK:
-            got = f"a list of {len(texts)}" if isinstance(texts, list) else type(texts).__name__
-            raise invalid("body", f"must be a CBOR list of 1..{MAX_BATCH_ACK} receipt handles, got {got}")
-        for i, text in enumerate(texts):
-            if not isinstance(text, str):
-                raise invalid("body", f"must hold receipt handles (strings); entry {i} is {text!r:.60}")
-        return texts
+        try:
+            return batch_ack_texts(request.body)
+        except BatchAckBodyError as e:
+            raise invalid("body", str(e)) from None

@@ -15,6 +15,7 @@ import pytest
 
 from broker.acl import (ADMIN_CODES, DENY, PUB, REFUSAL_LOG_INTERVAL_S, SUB, AclChecker, AddressPattern,
                         acl_file_path, load_acl_file, parse_acl_rules, parse_perm, permits, request_resources)
+from broker.pop import MAX_BATCH_ACK, ReceiptHandle
 from dledger.service import DLedgerService
 from remoting.acl import RequestSigner
 from remoting.codec import make_request
@@ -205,12 +206,13 @@ def test_what_each_request_needs():
         pop = make_request(code, {"consumer_group": "g1", "topic": "Orders"})
         assert request_resources(pop) == [("group", "g1", SUB), ("topic", "Orders", SUB)]
     # A batch ack: SUB on the group and on the topic each receipt handle names (a POP retry topic's group and topic);
-    # a handle that cannot be read names nothing (the processor refuses it), nor does a body that is no list.
+    # a handle that cannot be read names nothing (the processor refuses it), nor does a body that is no list of
+    # strings (the processor refuses it whole).
     handles = ["2 broker-a g1 Orders 0 5 5 1700000000000 30000", "2 broker-a g1 %RETRY%g1+Audit 1 7 7 1 30000",
-               "2 broker-a g1 Orders 1 9 9 1700000000000 30000", "garbage", 7]
+               "2 broker-a g1 Orders 1 9 9 1700000000000 30000", "garbage"]
     batch = make_request(RequestCode.BATCH_ACK_MESSAGE, {"consumer_group": "g1"}, cbor2.dumps(handles))
     assert request_resources(batch) == [("group", "g1", SUB), ("topic", "Orders", SUB), ("topic", "Audit", SUB)]
-    for body in (b"", cbor2.dumps({"consumer_group": "g2"}), b"\xff"):
+    for body in (b"", cbor2.dumps({"consumer_group": "g2"}), b"\xff", cbor2.dumps(handles + [7])):
         bad = make_request(RequestCode.BATCH_ACK_MESSAGE, {"consumer_group": "g1"}, body)
         assert request_resources(bad) == [("group", "g1", SUB)]
     lock = make_request(RequestCode.LOCK_BATCH_MQ, body=cbor2.dumps({"consumer_group": "g1"}))
@@ -299,6 +301,59 @@ def test_a_batch_ack_needs_sub_on_every_topic_its_handles_name(checker):
     assert checker.check(PRODUCER.sign(batch("Orders2", "%RETRY%g1+Orders2")), FROM) is None
     refused = checker.check(PRODUCER.sign(batch("Orders2", "%RETRY%g1+Audit")), FROM)
     assert "BATCH_ACK_MESSAGE (code 200151)" in refused and "no SUB permission on topic 'Audit'" in refused
+
+
+def test_an_oversized_batch_ack_is_judged_without_reading_its_handles(checker, monkeypatch):
+    decoded = []
+    real_decode = ReceiptHandle.decode
+    monkeypatch.setattr("broker.acl.ReceiptHandle.decode", lambda text: decoded.append(text) or real_decode(text))
+
+    def batch(handles, *, signer=PRODUCER):
+        request = make_request(RequestCode.BATCH_ACK_MESSAGE, {"consumer_group": "blocked"}, cbor2.dumps(handles))
+        return signer.sign(request) if signer else request
+
+    many = [f"2 broker-a g1 T{i} 0 5 5 1700000000000 30000" for i in range(5_000)]
+    # Past MAX_BATCH_ACK (the processor refuses it whole): only the group is judged, no handle is read.
+    assert request_resources(batch(many, signer=None)) == [("group", "blocked", SUB)]
+    refused = checker.check(batch(many), FROM)
+    assert refused == ("ACL of broker broker-a refused BATCH_ACK_MESSAGE (code 200151) on consumer group 'blocked': "
+                       "account 'producer1' has no SUB permission on consumer group 'blocked' (group_perms entry "
+                       "blocked=DENY)")
+    # Unsigned, or signed with a wrong secret: refused before anything but the ext is looked at.
+    assert checker.check(batch(many[:MAX_BATCH_ACK], signer=None), FROM).endswith("it carries no AccessKey (this "
+                                                                                "broker has acl_enable on: give the "
+                                                                                "client access_key and secret_key)")
+    wrong = checker.check(batch(many[:MAX_BATCH_ACK], signer=RequestSigner("producer1", "not-the-secret")), FROM)
+    assert "on consumer group 'blocked': its Signature does not match" in wrong
+    # A body with one entry nesting a million items is not decoded either (it is no list of strings).
+    nested = make_request(RequestCode.BATCH_ACK_MESSAGE, {"consumer_group": "g1"}, cbor2.dumps([[0] * 1_000_000]))
+    assert request_resources(nested) == [("group", "g1", SUB)]
+    assert decoded == []
+
+    # A full batch is read, and its refusal names its first resources and how many more.
+    fine = [f"2 broker-a g1 T{i} 0 5 5 1700000000000 30000" for i in range(MAX_BATCH_ACK - 1)]
+    full = make_request(RequestCode.BATCH_ACK_MESSAGE, {"consumer_group": "g1"},
+                        cbor2.dumps(fine + ["2 broker-a g1 Audit 0 5 5 1700000000000 30000"]))
+    refused = checker.check(PRODUCER.sign(full), FROM)
+    assert len(decoded) == MAX_BATCH_ACK
+    assert refused == ("ACL of broker broker-a refused BATCH_ACK_MESSAGE (code 200151) on consumer group 'g1', topic "
+                       "'T0', topic 'T1', topic 'T2', topic 'T3' and 1020 more: account 'producer1' has no SUB "
+                       "permission on topic 'Audit' (topic_perms entry Audit=DENY)")
+
+
+def test_a_refusal_before_the_signature_holds_reads_no_stored_message(acl_file):
+    looked = []
+    checker = AclChecker(acl_file, broker_name="broker-a", clock=Clock(),
+                         stored_message=lambda offset: looked.append(offset) or STORED.get(offset))
+    view = make_request(RequestCode.VIEW_MESSAGE_BY_ID, {"offset": 100})
+    assert checker.check(view, FROM) == ("ACL of broker broker-a refused VIEW_MESSAGE_BY_ID (code 33): it carries no "
+                                         "AccessKey (this broker has acl_enable on: give the client access_key and "
+                                         "secret_key)")
+    assert "on consumer group 'g1': no account has AccessKey" in checker.check(
+        RequestSigner("nobody-here", "whatever1").sign(send_back(100)), FROM)
+    assert looked == []  # the topic stored at offset 100 (Audit) was neither read nor told
+    assert "no SUB permission on topic 'Audit'" in checker.check(PRODUCER.sign(view), FROM)
+    assert looked == [100]
 
 
 @pytest.mark.parametrize("code", [RequestCode.CLONE_GROUP_OFFSET, RequestCode.GET_CONSUMER_RUNNING_INFO,

@@ -6,14 +6,16 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import cbor2
 import pytest
 import trio
 import trio.testing
 
 from broker.long_polling import PullRequestHoldService
-from broker.pop import (CheckPoint, PopService, ReceiptHandle, ReceiptHandleError, checkpoints_of_queue,
-                        expired_checkpoints, plan_ack, plan_acks, plan_change, plan_forget, plan_reset,
-                        pop_offset_key, pop_retry_topic_problem, superseded_by)
+from broker.pop import (MAX_BATCH_ACK, BatchAckBodyError, CheckPoint, CheckpointIndex, PopService, ReceiptHandle,
+                        ReceiptHandleError, batch_ack_texts, checkpoints_of_queue, expired_checkpoints, plan_ack,
+                        plan_acks, plan_change, plan_forget, plan_reset, pop_offset_key, pop_retry_topic_problem,
+                        superseded_by)
 from broker.topic_config import TopicConfigError, check_sendable_topic, validate_topic_name
 from namesrv.requests import _legal_topic
 from remoting.message import MessageFormatError, check_topic, pop_retry_topic, split_pop_retry_topic
@@ -72,6 +74,44 @@ def test_handle_names_its_group_and_checkpoint():
 def test_malformed_handles_are_refused_saying_why(text, problem):
     with pytest.raises(ReceiptHandleError, match=problem.replace("(", r"\(").replace("+", r"\+")):
         ReceiptHandle.decode(text)
+
+
+def test_a_batch_ack_body_is_a_definite_list_of_strings_read_head_by_head():
+    handles = [f"2 broker-a g1 T {i} 5 5 1700000000000 30000" for i in range(MAX_BATCH_ACK)]
+    assert batch_ack_texts(cbor2.dumps(handles)) == handles
+    assert batch_ack_texts(memoryview(cbor2.dumps(["é", ""]))) == ["é", ""]
+    # Refused from the list's head alone, whatever follows it: a frame-sized body of made-up handles costs nothing.
+    too_many = cbor2.dumps(handles * 5)
+    with pytest.raises(BatchAckBodyError, match=f"got a list of {5 * MAX_BATCH_ACK}$"):
+        batch_ack_texts(too_many)
+    with pytest.raises(BatchAckBodyError, match="got a list of 5120$"):
+        batch_ack_texts(too_many[:3])  # only the head is there, and it is all that was read
+
+
+@pytest.mark.parametrize("body, problem", [
+    (b"", "is required: a CBOR list of 1..1024 receipt handles"),
+    (b"\xff\x00", "is not valid CBOR: it starts with a break code"),
+    (b"\x9c", "is not valid CBOR: byte 0 has the reserved additional information 28"),
+    (b"\x99\x01", "is not valid CBOR: it ends at byte 2, within an item's head"),
+    (cbor2.dumps({"receipt_handles": ["h"]}), "must be a CBOR list of 1..1024 receipt handles, got dict"),
+    (cbor2.dumps("h"), "got str"),
+    (cbor2.dumps(None), "got None"),
+    (cbor2.dumps([]), "got a list of 0"),
+    (b"\x9f\x61h\xff", "got a list of indefinite length"),
+    (cbor2.dumps(["h", 7]), "entry 1 is 7"),
+    (cbor2.dumps(["h", -8]), "entry 1 is -8"),
+    (cbor2.dumps([[0] * 1_000_000]), "entry 0 is list"),  # never decoded
+    (cbor2.dumps([b"h"]), "entry 0 is bytes"),
+    (b"\x81\x7f\x61h\xff", "entry 0 is in chunks"),
+    (b"\x82\x61h", "it ends at byte 3, within its list"),
+    (b"\x81\x65h", "it ends at byte 3, within entry 0"),
+    (b"\x81\x62\xff\xfe", "entry 0 is not valid UTF-8"),
+    (cbor2.dumps(["h"]) + b"\x00\x00", "holds 2 bytes after its list of 1 receipt handles"),
+])
+def test_a_bad_batch_ack_body_is_refused_saying_what_it_is(body, problem):
+    with pytest.raises(BatchAckBodyError) as refused:
+        batch_ack_texts(body)
+    assert problem in str(refused.value)
 
 
 def test_retry_topic_name_and_its_length_limit():
@@ -154,6 +194,57 @@ def test_a_batch_ack_reports_each_handle_that_is_not_current():
     assert current == [False, True, False, False, False, True]
     assert items == {ck.key: None, changed.key: None}
     assert plan_acks(table, []) == ({}, [])
+
+
+class CountingTable(dict):
+    """A table that counts the passes over it."""
+
+    passes = 0
+
+    def items(self):  # type: ignore[override]
+        self.passes += 1
+        return super().items()
+
+    def __iter__(self):
+        self.passes += 1
+        return super().__iter__()
+
+
+def test_a_checkpoint_index_answers_as_the_scan_in_one_pass():
+    table: dict[str, Any] = {}
+    ck = popped(table, (4, 5, 6, 7))
+    items, moved = plan_change(table, ck.handle("b", 5), 60_000, now=12_000)
+    apply(table, items)
+    apply(table, plan_change(table, ck.handle("b", 6), 60_000, now=12_000)[0])
+    items, twice = plan_change(table, superseded_by(table, ck.handle("b", 6)).handle("b", 6), 60_000, now=13_000)
+    apply(table, items)  # offset 6 changed twice: its first change's handle is superseded too
+    apply(table, plan_ack(table, ck.handle("b", 7))[0])  # acked
+    elsewhere = popped(table, (5, 8), queue_id=11)  # a queue id sharing a prefix, holding offset 5 too
+    retry = CheckPoint(G, pop_retry_topic(G, T), 1, 5, 10_000, 5_000, (5,))
+    other_group = CheckPoint("g11", T, 1, 4, 10_000, 5_000, (4, 5, 6))
+    apply(table, {retry.key: retry.to_wire(), other_group.key: other_group.to_wire()})
+    for offset in range(100, 300):  # other queues' checkpoints: no handle's business
+        popped(table, (offset,), queue_id=2)
+    # A second checkpoint besides the handle's holding offset 5 (raftmq makes none such): the first in table order
+    # answers, as the scan's.
+    dup = CheckPoint(G, T, 1, 3, 9_000, 5_000, (3, 5))
+    apply(table, {dup.key: dup.to_wire()})
+    stale_of_11 = CheckPoint(G, T, 11, 8, 1, 1, (8,)).handle("b", 8)  # revived; elsewhere holds its offset now
+    handles = [ck.handle("b", o) for o in (4, 5, 6, 7, 9)] + [
+        elsewhere.handle("b", 8), elsewhere.handle("b", 5), retry.handle("b", 5), twice.handle("b", 6), stale_of_11]
+    counted = CountingTable(table)
+    index = CheckpointIndex(counted, G, handles)
+    assert counted.passes == 1
+    answers = [index.superseded_by(h) for h in handles]
+    assert counted.passes == 1  # the look-ups read the index only
+    assert answers == [superseded_by(table, h) for h in handles]
+    assert answers[1] == moved and answers[2] == twice and answers[9] == elsewhere
+    assert [a is not None for a in answers] == [False, True, True, False, False, False, False, False, False, True]
+    for outside in (other_group.handle("b", 5), ck.handle("b", 8), CheckPoint(G, T, 2, 1, 1, 1, (1,)).handle("b", 1)):
+        with pytest.raises(ValueError, match="is not of this index"):
+            index.superseded_by(outside)
+    with pytest.raises(ValueError, match="in an index of group 'g1'"):
+        CheckpointIndex(table, G, [other_group.handle("b", 5)])
 
 
 def test_two_changes_of_one_message_in_the_same_millisecond_get_distinct_checkpoints():
