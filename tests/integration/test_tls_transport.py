@@ -71,7 +71,7 @@ async def test_round_trip_over_tls_carries_small_and_large_frames(nursery, tls_f
 
 async def test_enforcing_closes_a_plain_client_with_a_clear_error(nursery, tls_files, caplog):
     _, addr = await _serve(nursery, tls_files, "enforcing")
-    with caplog.at_level(logging.WARNING, logger="remoting.transport"):
+    with caplog.at_level(logging.WARNING, logger="remoting"):
         with pytest.raises(ConnectionClosedError) as closed:
             await _echo(addr)
     assert 'a server with tls_mode = "enforcing" closes plain connections' in str(closed.value)
@@ -107,7 +107,7 @@ async def test_a_tls_client_at_a_plain_server_fails_its_handshake(nursery, tls_f
 
 async def test_client_auth_refuses_a_client_without_a_certificate(nursery, tls_files, caplog):
     _, addr = await _serve(nursery, tls_files, "enforcing", need_client_auth=True)
-    with caplog.at_level(logging.WARNING, logger="remoting.transport"):
+    with caplog.at_level(logging.WARNING, logger="remoting"):
         # TLS 1.3 completes the client's side of the handshake before the server has judged its certificate:
         # the refusal arrives as an alert on the first read, and fails the request.
         with pytest.raises((ConnectError, ConnectionClosedError)) as refused:
@@ -124,7 +124,7 @@ async def test_client_auth_refuses_a_client_without_a_certificate(nursery, tls_f
 async def test_a_client_that_never_handshakes_is_dropped_after_the_bound(nursery, tls_files, caplog, mode):
     _, addr = await _serve(nursery, tls_files, mode, tls_handshake_timeout_s=0.2)
     host, _, port = addr.rpartition(":")
-    with caplog.at_level(logging.WARNING, logger="remoting.transport"):
+    with caplog.at_level(logging.WARNING, logger="remoting"):
         silent = await trio.open_tcp_stream(host, int(port))
         try:
             with trio.fail_after(30):  # a safety net only: the server closes it after 0.2 s

@@ -406,7 +406,7 @@ async def test_oversize_response_becomes_system_error(server):
 async def test_bad_frame_closes_only_that_connection(server, caplog):
     handler, addr = server
     host, port = addr.rsplit(":", 1)
-    caplog.set_level(logging.WARNING, logger="remoting.transport")
+    caplog.set_level(logging.WARNING, logger="remoting")
     async with open_connection(addr) as good:
         bad = await trio.open_tcp_stream(host, int(port))
         # A valid request first, then an oversize length prefix: the request is answered, then the server
