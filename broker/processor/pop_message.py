@@ -364,13 +364,18 @@ class PopMessageProcessor:
                                f"{newer.pop_time_ms}; use the receipt handle that change returned",
                                ext={"field": "receipt_handle"})
 
-    async def ack_message(self, request: Frame, conn: Any) -> Frame:
-        node = self.node
-        await node.wait_ready_leader()
-        group, _topic, handle = self._handle(request.ext)
+    def _live_handle(self, ext: Any) -> tuple[str, ReceiptHandle, int]:
+        """(group, handle, now) of an ACK's or a CHANGE's receipt handle, refused if its invisible time is over."""
+        group, _topic, handle = self._handle(ext)
         now = now_ms()
         if handle.deadline_ms <= now:
             raise self._expired(handle, now)
+        return group, handle, now
+
+    async def ack_message(self, request: Frame, conn: Any) -> Frame:
+        node = self.node
+        await node.wait_ready_leader()
+        group, handle, _now = self._live_handle(request.ext)
         pop = node.pop
         async with pop.queue_lock(group, handle.topic, handle.queue_id):
             items, current = plan_ack(pop.table(), handle)
@@ -387,10 +392,7 @@ class PopMessageProcessor:
         await node.wait_ready_leader()
         invisible_time_ms = get_int(request.ext, "invisible_time_ms", lo=node.config.pop_invisible_time_min_ms,
                                     hi=node.config.pop_invisible_time_max_ms)
-        group, _topic, handle = self._handle(request.ext)
-        now = now_ms()
-        if handle.deadline_ms <= now:
-            raise self._expired(handle, now)
+        group, handle, now = self._live_handle(request.ext)
         pop = node.pop
         async with pop.queue_lock(group, handle.topic, handle.queue_id):
             planned = plan_change(pop.table(), handle, invisible_time_ms, now)

@@ -22,6 +22,7 @@ from remoting.codes import RequestCode, ResponseCode
 from remoting.message import MAX_PROPERTIES_SIZE, encode_properties, iter_records, pop_retry_topic
 from remoting.transport import open_remoting_client
 from tests.integration.broker.helpers import broker_configs, call, wait_leader
+from tests.unit.broker.test_pop import CountingTable
 
 FAR = 10 ** 9  # ms: a clock this far ahead finds every checkpoint expired
 
@@ -281,18 +282,7 @@ def _count_pop_writes(node: BrokerNode) -> list[dict]:
 
 def _count_pop_table_passes(node: BrokerNode):
     """From now on, count the passes over the POP table (its iterations) until the returned function is called."""
-    class Counting(dict):
-        passes = 0
-
-        def items(self):  # type: ignore[override]
-            self.passes += 1
-            return super().items()
-
-        def __iter__(self):
-            self.passes += 1
-            return super().__iter__()
-
-    table = Counting(node.pop.table())
+    table = CountingTable(node.pop.table())
     node.pop.table = lambda: table  # type: ignore[method-assign]
 
     def stop() -> int:
