@@ -33,12 +33,12 @@ from typing import Any
 
 from broker.delay_level import DEFAULT_MESSAGE_DELAY_LEVEL, delay_levels_problem, parse_delay_levels
 from broker.store.config import StoreConfig
-from broker.topic_config import PERM_READ, PERM_READ_WRITE, PERM_WRITE, TopicConfigError, validate_topic_name
+from broker.topic_config import PERM_READ, PERM_READ_WRITE, PERM_WRITE
 from dledger.config import DLedgerConfig
 from dledger.service import MAX_FETCH_BYTES
 from remoting.config import (ConfigError, bounded, check_fields, config_from_mapping, metrics_listen_problem,
                              name_problem, parse_host_port, read_config_data)
-from remoting.message import BATCH_HEAD, MAX_PROPERTIES_SIZE, MAX_TOPIC_LENGTH, record_size
+from remoting.message import BATCH_HEAD, MAX_PROPERTIES_SIZE, MAX_TOPIC_LENGTH, record_size, topic_problem
 from remoting.tls import TLS_MODES, client_context, server_context_for_mode
 
 __all__ = ["BrokerConfig", "load_broker_config", "RUNTIME_KEYS", "RUNTIME_OVERRIDES_FILE", "RuntimeConfigError",
@@ -56,14 +56,6 @@ def _addrs_ok(value: tuple[str, ...]) -> str | None:
     for addr in value:
         # Dialed by every registration: port 0 was taken and every one failed (the group never in any route).
         parse_host_port(addr, key="namesrv_addrs", dial=True)
-    return None
-
-
-def _trace_topic_problem(value: str) -> str | None:
-    try:
-        validate_topic_name(value)
-    except TopicConfigError as e:
-        return f"must be a topic name ({e})"
     return None
 
 
@@ -89,7 +81,7 @@ class BrokerConfig:
     # RocketMQ's traceTopicEnable / msgTraceTopicName: the group's leader creates the trace topic at start, so the
     # clients' traces (client/trace.py) are stored without auto_create_topic_enable.
     trace_topic_enable: bool = bounded(False, doc="create msg_trace_topic_name at start if missing")
-    msg_trace_topic_name: str = bounded("RMQ_SYS_TRACE_TOPIC", check=_trace_topic_problem,
+    msg_trace_topic_name: str = bounded("RMQ_SYS_TRACE_TOPIC", check=topic_problem,
                                         doc="the topic trace_topic_enable creates")
     # Every registration carries the whole topic table. Unbounded, a client sending to ever new names (auto-create
     # is on by default) grew it past a name server's frame limit (16 MiB: ~80k topics with 127-character names),

@@ -36,11 +36,11 @@ from client.instance import (
 from client.message import I64_MAX, MessageExt, MessageQueue, check_int_arg, check_seconds
 from client.pull_consumer import to_message_ext
 from client.route import PERM_READ, PERM_WRITE, TopicRouteData, decode_route_response, parse_route, peer_addr
-from client.trace import TRACE_TOPIC, TraceContext, TraceType, decode_trace_data, trace_topic_problem
+from client.trace import TRACE_TOPIC, TraceContext, TraceType, decode_trace_data
 from remoting.codes import RequestCode, ResponseCode
 from remoting.errors import RaftMQError, TopicNotExistError, for_code
 from remoting.message import (KEY_SEPARATOR, RETRY_GROUP_MAX_LENGTH, MessageFormatError, group_problem, iter_records,
-                              parse_msg_id, retry_topic)
+                              parse_msg_id, retry_topic, topic_problem)
 
 __all__ = ["AdminClient", "BrokerConfigUpdate", "ClusterInfo", "ConsumeStats", "ConsumerConnection",
            "ConsumerRunningInfo", "DelayLevelProgress", "GroupDeletion", "GroupOffsetClone", "OffsetReset",
@@ -663,7 +663,7 @@ class AdminClient:
         messages; a trace message that cannot be decoded is logged and skipped. Empty if none holds one."""
         if not isinstance(msg_id, str) or not msg_id or KEY_SEPARATOR in msg_id:
             raise ValueError(f"query_msg_trace needs a msg id (a key: no spaces), got {msg_id!r}")
-        problem = trace_topic_problem(trace_topic)
+        problem = topic_problem(trace_topic)
         if problem:
             raise ValueError(f"trace_topic {trace_topic!r} {problem}")
         found = await self.query_message(trace_topic, msg_id, max_num=MAX_QUERY_NUM)

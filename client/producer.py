@@ -68,7 +68,7 @@ from client.message import (MAX_INFLATED_BODY, PROPERTY_UNIQ_KEY, Message, Messa
 # Request-reply's parts that need no producer; PendingRequests and read_reply re-exported, as they were defined here.
 from client.request_reply import PendingRequests, prepare_request, read_reply
 from client.send_ext import SendExt, SendExtEncoder, ext_fields
-from client.trace import TRACE_TOPIC, open_trace_dispatcher, trace_topic_problem
+from client.trace import TRACE_TOPIC, open_trace_dispatcher
 from client.transaction import (TransactionListener, TransactionSendResult, TransactionState, end_transaction_ext,
                                 read_check_request)
 from remoting.codec import Frame
@@ -78,7 +78,7 @@ from remoting.errors import ConnectError, ConnectionClosedError, NotLeaderError,
 from remoting.message import (BATCH_HEAD, COMPRESSED_FLAG, I32, MAX_PROPERTIES_SIZE, PROPERTY_PRODUCER_GROUP,
                               PROPERTY_TRANSACTION_PREPARED, TIMER_PROPERTIES, TRANSACTION_PREPARED_TYPE,
                               MessageFormatError,
-                              check_topic, encode_uniform_batch, group_problem, ip_bytes)
+                              check_topic, encode_uniform_batch, group_problem, ip_bytes, topic_problem)
 from remoting.message import (PROPERTY_CLUSTER, PROPERTY_CORRELATION_ID, PROPERTY_MESSAGE_REPLY_TO_CLIENT,
                               PROPERTY_MESSAGE_TTL)
 
@@ -141,7 +141,7 @@ class ProducerConfig(ClientConfig):
                                             "raises TooManyRequestsError")
     # RocketMQ's enableMsgTrace / customizedTraceTopic (client/trace.py): each send's trace goes to trace_topic.
     enable_msg_trace: bool = bounded(False, doc="record each send's trace and send it to trace_topic")
-    trace_topic: str = bounded(TRACE_TOPIC, check=trace_topic_problem, doc="the topic traces go to")
+    trace_topic: str = bounded(TRACE_TOPIC, check=topic_problem, doc="the topic traces go to")
 
     def __post_init__(self) -> None:
         super().__post_init__()

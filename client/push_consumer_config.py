@@ -23,9 +23,9 @@ from client.instance import HOUR_MS, ClientConfig
 from client.message import DEFAULT_MAX_INFLATED_BODY, I32_MAX, I64_MAX, MAX_INFLATED_BODY, MessageExt
 from client.offset_store import LocalFileOffsetStore
 from client.rebalance import DEFAULT_ALLOCATE_STRATEGY, AllocateStrategy, allocate_strategy_problem
-from client.trace import TRACE_TOPIC, trace_topic_problem
+from client.trace import TRACE_TOPIC
 from remoting.config import ConfigError, blank_dir_problem, bounded
-from remoting.message import group_problem
+from remoting.message import group_problem, topic_problem
 
 __all__ = ["PushConsumerConfig", "ConsumerStatistics", "CONSUME_FROM", "Handler", "local_offset_store",
            "claim_offset_file", "check_handler", "check_batch", "check_orderly"]
@@ -113,7 +113,7 @@ class PushConsumerConfig(ClientConfig):
     # trace_topic. The iterator form has no handler call to trace.
     enable_msg_trace: bool = bounded(False, doc="handler form: record each handler call's trace and send it to "
                                                 "trace_topic")
-    trace_topic: str = bounded(TRACE_TOPIC, check=trace_topic_problem, doc="the topic traces go to")
+    trace_topic: str = bounded(TRACE_TOPIC, check=topic_problem, doc="the topic traces go to")
 
     def __post_init__(self) -> None:
         super().__post_init__()

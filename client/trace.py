@@ -61,7 +61,7 @@ import trio
 
 from client.message import Message, MessageExt, SendResult, new_uniq_key
 from remoting.errors import RaftMQError
-from remoting.message import KEY_SEPARATOR, TIMER_PROPERTIES, MessageFormatError, check_topic, parse_msg_id
+from remoting.message import KEY_SEPARATOR, TIMER_PROPERTIES, MessageFormatError, parse_msg_id, topic_problem
 
 if TYPE_CHECKING:
     from client.instance import ClientConfig
@@ -69,7 +69,7 @@ if TYPE_CHECKING:
 
 __all__ = ["TRACE_TOPIC", "TRACE_PRODUCER_GROUP_PREFIX", "CONTENT_SEPARATOR", "FIELD_SEPARATOR", "DEFAULT_REGION_ID",
            "TraceType", "TraceMessageType", "ConsumeReturnType", "TraceContext", "TraceStatistics", "TraceDispatcher",
-           "ConsumeTracer", "encode_trace_context", "decode_trace_data", "trace_keys", "trace_topic_problem",
+           "ConsumeTracer", "encode_trace_context", "decode_trace_data", "trace_keys",
            "trace_producer_group", "open_trace_dispatcher", "pub_context", "end_transaction_context",
            "store_host_of"]
 
@@ -287,15 +287,6 @@ def trace_keys(contexts: Iterable[TraceContext]) -> list[str]:
     return list(keys)
 
 
-def trace_topic_problem(value: str) -> str | None:
-    """What is wrong with a ``trace_topic`` (a topic name: RocketMQ's charset, at most 127 characters)."""
-    try:
-        check_topic(value)
-    except MessageFormatError as e:
-        return f"must be a topic name ({e})"
-    return None
-
-
 def trace_producer_group(trace_topic: str) -> str:
     """The inner trace producer's group (RocketMQ's ``_INNER_TRACE_PRODUCER-<topic>``)."""
     return f"{TRACE_PRODUCER_GROUP_PREFIX}-{trace_topic}"
@@ -362,7 +353,7 @@ class TraceDispatcher:
 
     def __init__(self, trace_topic: str, send: Callable[[Message], Awaitable[Any]], *, max_queued: int = 2048,
                  batch_size: int = 100, max_message_bytes: int = 128 * 1024, flush_interval_ms: int = 500) -> None:
-        problem = trace_topic_problem(trace_topic)
+        problem = topic_problem(trace_topic)
         if problem:
             raise ValueError(f"trace_topic {trace_topic!r} {problem}")
         for name, value, low in (("max_queued", max_queued, 1), ("batch_size", batch_size, 1),

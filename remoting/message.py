@@ -47,7 +47,7 @@ __all__ = [
     "encode_record", "decode_record", "iter_records", "decode_records", "record_size",
     "encode_properties", "decode_properties", "encode_uniform_batch", "create_msg_id", "parse_msg_id", "tags_code",
     "create_msg_ids", "ip_bytes", "MAX_TAG_EXPRESSION_LENGTH", "I32", "I64",
-    "check_topic", "TOPIC_CHARS", "TOPIC_RE", "group_problem", "GROUP_MAX_LENGTH",
+    "check_topic", "TOPIC_CHARS", "TOPIC_RE", "group_problem", "topic_problem", "GROUP_MAX_LENGTH",
     "CLIENT_ID_MAX_LENGTH",
     "BATCH_HEAD", "ENTRY_HEAD", "RECORD_HEAD", "BATCH_MAGIC", "MESSAGE_MAGIC", "BLANK_MAGIC",
     "MAX_TOPIC_LENGTH", "MAX_PROPERTIES_SIZE", "DEFAULT_MAX_MESSAGE_SIZE",
@@ -290,6 +290,16 @@ CLIENT_ID_MAX_LENGTH = 255
 
 
 @lru_cache(maxsize=4096)
+def topic_problem(value: object) -> str | None:
+    """What is wrong with a topic a config names (``check_topic``'s rule), None when it is legal: the clients' and
+    the brokers' checks of their trace topics."""
+    try:
+        check_topic(value)
+    except MessageFormatError as e:
+        return f"must be a topic name ({e})"
+    return None
+
+
 def group_problem(group: str) -> str | None:
     """What is wrong with a producer or consumer group name (RocketMQ's ``Validators.checkGroup``: the topic
     charset, at most 255 characters), None when it is legal: the broker's check of every request naming a group,

@@ -47,10 +47,10 @@ from client.filter import parse_subscription
 from client.message import I32_MAX, I64_MAX, Message, MessageExt, MessageQueue, PullStatus, SendResult
 from client.producer import ProducerConfig
 from client.pull_consumer import PullConsumer
-from client.trace import TRACE_TOPIC, TraceContext, trace_topic_problem
+from client.trace import TRACE_TOPIC, TraceContext
 from remoting.config import ConfigError
 from remoting.errors import RaftMQError
-from remoting.message import KEY_SEPARATOR
+from remoting.message import KEY_SEPARATOR, topic_problem
 
 __all__ = ["COMMANDS", "MAX_MESSAGES", "register", "check", "print_result", "message_data", "print_message",
            "check_body_file", "utc"]
@@ -173,7 +173,7 @@ def _check_trace(args: argparse.Namespace) -> None:
         raise ConfigError("--msg-id must not be empty")
     if KEY_SEPARATOR in args.msg_id:  # found by key: no key holds one
         raise ConfigError(f"--msg-id {args.msg_id[:80]!r} holds a space; a msg id has none")
-    problem = trace_topic_problem(args.trace_topic)
+    problem = topic_problem(args.trace_topic)
     if problem:
         raise ConfigError(f"--trace-topic {args.trace_topic[:80]!r} {problem}")
 
