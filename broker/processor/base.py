@@ -54,6 +54,12 @@ def topic_not_exist(node: Any, topic: str) -> RequestRejected:
                            f"topic {topic!r} does not exist on broker {node.config.broker_name}", ext={"topic": topic})
 
 
+def topic_not_writable(node: Any, topic: str, config: Any) -> RequestRejected:
+    """NO_PERMISSION for a send (or a reply) to ``topic``, whose ``config`` does not take writes on this node."""
+    return RequestRejected(ResponseCode.NO_PERMISSION, f"topic {topic!r} is not writable on broker "
+                                                       f"{node.config.broker_name} (perm={config.perm})")
+
+
 def legal_topic(field: str, topic: str) -> str:
     """``topic`` if it is a legal topic name (whether or not the node has such a topic); else INVALID_REQUEST
     naming ``field``."""

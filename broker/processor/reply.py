@@ -43,7 +43,7 @@ import trio
 
 from broker.consumer_manager import client_id_problem
 from broker.processor.base import (I32, RequestRejected, answer_from_task, get_group, get_int, get_topic_name,
-                                   invalid)
+                                   invalid, topic_not_writable)
 from broker.topic_config import PERM_READ_WRITE, TopicConfig, TopicConfigError, validate_topic_name
 from dledger import DLedgerError
 from remoting.codec import Frame, make_request, make_response
@@ -124,9 +124,7 @@ class ReplyMessageProcessor:
                                             f"at once, never delayed nor part of a transaction")
         config = await node.ensure_topic(self.reply_topic_config(), "created (reply topic)")
         if not config.writable:
-            raise RequestRejected(ResponseCode.NO_PERMISSION,
-                                  f"topic {topic!r} is not writable on broker {node.config.broker_name} "
-                                  f"(perm={config.perm})")
+            raise topic_not_writable(node, topic, config)
         queue_id = get_int(ext, "queue_id", default=-1, lo=-1, hi=I32[1])
         if queue_id < 0:
             queue_id = self._round_robin

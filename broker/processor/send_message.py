@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import cbor2
 
 from broker.processor.base import (I32, I64, RequestRejected, answer_from_task, error_response, get_bool, get_group,
-                                   get_int, get_str, invalid, unexpected_response)
+                                   get_int, get_str, invalid, topic_not_writable, unexpected_response)
 from broker.topic_config import TopicConfigError, check_sendable_topic, validate_topic_name
 from dledger import DLedgerError, NotLeaderError
 from remoting.codec import EncodedExt, Frame, make_response
@@ -76,9 +76,7 @@ class SendMessageProcessor:
                 raise RequestRejected(ResponseCode.INVALID_REQUEST, str(e), ext={"field": "topic"}) from None
             config = await node.topic_for_send(topic)
         if not config.writable:
-            raise RequestRejected(ResponseCode.NO_PERMISSION,
-                                  f"topic {topic!r} is not writable on broker {node.config.broker_name} "
-                                  f"(perm={config.perm})")
+            raise topic_not_writable(node, topic, config)
         queue_id = get_int(ext, "queue_id", default=-1, lo=-1, hi=I32[1])
         if queue_id < 0:
             queue_id = self._round_robin % config.write_queue_nums
