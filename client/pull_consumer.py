@@ -89,9 +89,9 @@ REFUSED_PULL_MAX_DELAY_S = 3.0
 def failed_pull_delay(base_s: float, refusals: int, error: RaftMQError) -> float:
     """How long a queue's pull task (push and lite pull consumers) pauses after a failed pull, the ``refusals``-th
     refusal (``pull_refused``) in a row: ``base_s`` (``pull_time_delay_ms_when_exception``) when the failure is soon
-    over (a leader moving, a connection lost), doubling with each refusal in a row up to RocketMQ's 3 s. A refusal lasts until an
-    operator acts (a stopped consumer group, a topic no longer readable): at 200 ms each member pulled each of its
-    queues five times a second for nothing."""
+    over (a leader moving, a connection lost), doubling with each refusal in a row up to RocketMQ's 3 s. A refusal
+    lasts until an operator acts (a stopped consumer group, a topic no longer readable): at 200 ms each member pulled
+    each of its queues five times a second for nothing."""
     if not pull_refused(error):
         return base_s
     return min(base_s * 2 ** min(refusals - 1, 16), max(base_s, REFUSED_PULL_MAX_DELAY_S))
