@@ -13,17 +13,7 @@ import raftmq.commands.admin_groups
 from client import Message, MessageQueue, open_admin, open_producer, open_push_consumer
 from remoting.codes import RequestCode
 from remoting.transport import open_remoting_client
-from tests.integration.broker.helpers import broker_configs, call, start_broker, start_namesrv, wait_leader
-
-
-async def _start(nursery, tmp_path, **overrides) -> tuple[str, str]:
-    """A name server and a broker node that leads; (name server address, broker address)."""
-    namesrv = await start_namesrv(nursery)
-    (config,) = broker_configs(tmp_path, namesrv, **overrides)
-    addr = await start_broker(nursery, config)
-    async with open_remoting_client() as client:
-        await wait_leader(client, addr)
-    return namesrv, addr
+from tests.integration.broker.helpers import call, start_leading_node
 
 
 async def _receive(consumer, body: bytes, timeout_s: float = 3.0) -> list[bytes]:
@@ -40,7 +30,7 @@ async def _receive(consumer, body: bytes, timeout_s: float = 3.0) -> list[bytes]
 async def test_a_new_group_from_the_last_offset_consumes_what_is_sent_once_it_has_opened(nursery, tmp_path):
     """CONSUME_FROM_LAST_OFFSET skips the backlog, not messages sent after open_push_consumer returned (was:
     each queue's start was looked up by its pull task, after such a send, so the message was skipped)."""
-    namesrv, _ = await _start(nursery, tmp_path)
+    namesrv, _ = await start_leading_node(nursery, tmp_path)
     async with open_producer(namesrv) as producer:
         for i in range(8):
             await producer.send(Message("Backlog", b"old%d" % i))
@@ -55,7 +45,7 @@ async def test_messages_a_held_pull_does_not_want_do_not_wake_it(nursery, tmp_pa
     """A consumer of TagZ on a queue that gets 300 TagA messages, one at a time: its held pulls stay held (was: each
     arrival woke them, the answer was "nothing matched", and the consumer pulled again: ~150 pulls), and a TagZ
     message still reaches it at once."""
-    namesrv, addr = await _start(nursery, tmp_path)
+    namesrv, addr = await start_leading_node(nursery, tmp_path)
     mq = MessageQueue("Busy", "broker-a", 0)
     async with open_producer(namesrv) as producer, open_remoting_client() as client:
         await producer.send(Message("Busy", b"before", tags="TagA"), queue=mq)
@@ -76,7 +66,7 @@ async def test_messages_a_held_pull_does_not_want_do_not_wake_it(nursery, tmp_pa
 async def test_cached_messages_are_bounded_by_their_size_as_well_as_their_number(nursery, tmp_path):
     """With 256 KiB messages the 1000-message bound alone let a queue cache 250 MiB (150 MiB seen in a probe, all
     there was); the size bound stops the pulls at 4 MiB (plus one pull), and they go on once consumed."""
-    namesrv, _ = await _start(nursery, tmp_path)
+    namesrv, _ = await start_leading_node(nursery, tmp_path)
     mq = MessageQueue("Large", "broker-a", 0)
     # Bodies that do not compress: stored compressed, 32 of them fitted one pull's max_transfer_bytes, and "plus one
     # pull" would be 8 MiB inflated.
@@ -103,7 +93,7 @@ async def test_queues_added_to_a_topic_are_consumed_from_their_first_message(nur
     the new queues before a rebalance finds them is consumed (was: they started at their max offset then, and
     the 40 of 80 messages sent there were never consumed; RocketMQ's broker answers a group's first query of a
     queue still starting at 0 with 0)."""
-    namesrv, _ = await _start(nursery, tmp_path)
+    namesrv, _ = await start_leading_node(nursery, tmp_path)
     async with open_admin(namesrv) as admin:
         await admin.create_topic("Growing", read_queue_nums=4, write_queue_nums=4)
     consumed: set[bytes] = set()
@@ -132,7 +122,7 @@ async def test_members_of_a_group_subscribing_differently_are_shown_and_logged(n
     so half of the messages are skipped by the group (as in RocketMQ). consumer-connection used to show one
     subscription, the last heartbeat's, and nothing said so; now each member's is listed, the difference is
     flagged, and the broker logs it once."""
-    namesrv, _ = await _start(nursery, tmp_path)
+    namesrv, _ = await start_leading_node(nursery, tmp_path)
     async with open_admin(namesrv) as admin:
         await admin.create_topic("Mixed", read_queue_nums=4, write_queue_nums=4)
         async with open_push_consumer(namesrv, topic="Mixed", expression="TagA", consumer_group="mixed") as a, \

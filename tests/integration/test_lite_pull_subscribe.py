@@ -13,16 +13,7 @@ from client.errors import SubscriptionRefusedError
 from client.filter import MessageSelector
 from remoting.codes import RequestCode
 from remoting.transport import open_remoting_client
-from tests.integration.broker.helpers import broker_configs, call, start_broker, start_namesrv, wait_leader
-
-
-async def _start(nursery, tmp_path, **overrides) -> tuple[str, str]:
-    namesrv = await start_namesrv(nursery)
-    (config,) = broker_configs(tmp_path, namesrv, **overrides)
-    addr = await start_broker(nursery, config)
-    async with open_remoting_client() as client:
-        await wait_leader(client, addr)
-    return namesrv, addr
+from tests.integration.broker.helpers import call, start_leading_node
 
 
 async def _connections(addr: str, group: str) -> tuple[list[str], dict]:
@@ -33,7 +24,7 @@ async def _connections(addr: str, group: str) -> tuple[list[str], dict]:
 
 
 async def test_a_subscribed_lite_pull_consumer_is_a_member_of_its_group_on_the_broker(nursery, tmp_path):
-    namesrv, addr = await _start(nursery, tmp_path)
+    namesrv, addr = await start_leading_node(nursery, tmp_path)
     async with open_producer(namesrv) as producer:
         await producer.send(Message("LiteSub", b"first"), queue=MessageQueue("LiteSub", "broker-a", 0))
         async with open_lite_pull_consumer(namesrv, consumer_group="lite_sub",
@@ -59,7 +50,7 @@ async def test_a_subscribed_lite_pull_consumer_is_a_member_of_its_group_on_the_b
 
 async def test_subscribe_with_a_sql92_expression_the_broker_cannot_serve_is_refused_and_changes_nothing(
         nursery, tmp_path):
-    namesrv, addr = await _start(nursery, tmp_path)
+    namesrv, addr = await start_leading_node(nursery, tmp_path)
     async with open_producer(namesrv) as producer:
         await producer.send(Message("LiteSql", b"first"), queue=MessageQueue("LiteSql", "broker-a", 0))
     async with open_lite_pull_consumer(namesrv, consumer_group="lite_sql") as consumer:

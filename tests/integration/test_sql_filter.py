@@ -15,19 +15,10 @@ from remoting.codes import RequestCode, ResponseCode
 from remoting.errors import BrokerError
 from remoting.message import decode_properties, decode_records
 from remoting.transport import open_remoting_client
-from tests.integration.broker.helpers import broker_configs, call, start_broker, start_namesrv, wait_leader
+from tests.integration.broker.helpers import call, start_leading_node
 
 SELECTOR = "a BETWEEN 3 AND 5 AND color IN ('red','blue')"
 REFUSAL = "The broker does not support consumer to filter message by SQL92"
-
-
-async def _start(nursery, tmp_path, **overrides) -> tuple[str, str]:
-    namesrv = await start_namesrv(nursery)
-    (config,) = broker_configs(tmp_path, namesrv, **overrides)
-    addr = await start_broker(nursery, config)
-    async with open_remoting_client() as client:
-        await wait_leader(client, addr)
-    return namesrv, addr
 
 
 def _mixed_stream() -> tuple[list[Message], set[bytes]]:
@@ -48,7 +39,7 @@ def _mixed_stream() -> tuple[list[Message], set[bytes]]:
 
 
 async def test_a_sql92_push_consumer_gets_exactly_the_matching_messages(nursery, tmp_path):
-    namesrv, addr = await _start(nursery, tmp_path, enable_property_filter=True)
+    namesrv, addr = await start_leading_node(nursery, tmp_path, enable_property_filter=True)
     mq = MessageQueue("SqlTopic", "broker-a", 0)
     messages, wanted = _mixed_stream()
     assert 5 < len(wanted) < 30
@@ -81,7 +72,7 @@ async def test_a_sql92_push_consumer_gets_exactly_the_matching_messages(nursery,
 
 
 async def test_a_broker_without_enable_property_filter_refuses_sql92_pulls(nursery, tmp_path):
-    namesrv, addr = await _start(nursery, tmp_path)
+    namesrv, addr = await start_leading_node(nursery, tmp_path)
     mq = MessageQueue("SqlTopic", "broker-a", 0)
     async with open_producer(namesrv) as producer:
         await producer.send(Message("SqlTopic", b"x", properties={"a": "4"}), queue=mq)
@@ -106,7 +97,7 @@ async def test_a_broker_without_enable_property_filter_refuses_sql92_pulls(nurse
 
 
 async def test_a_held_sql92_pull_wakes_for_a_new_match_only(nursery, tmp_path):
-    namesrv, addr = await _start(nursery, tmp_path, enable_property_filter=True)
+    namesrv, addr = await start_leading_node(nursery, tmp_path, enable_property_filter=True)
     mq = MessageQueue("SqlHeld", "broker-a", 0)
     async with open_producer(namesrv) as producer, open_pull_consumer(namesrv, consumer_group="held") as consumer, \
             open_remoting_client() as client:
@@ -136,7 +127,7 @@ async def test_a_held_sql92_pull_wakes_for_a_new_match_only(nursery, tmp_path):
 
 
 async def test_a_lite_pull_consumer_pulls_its_assigned_queues_with_a_sql92_expression(nursery, tmp_path):
-    namesrv, _ = await _start(nursery, tmp_path, enable_property_filter=True)
+    namesrv, _ = await start_leading_node(nursery, tmp_path, enable_property_filter=True)
     mq = MessageQueue("SqlTopic", "broker-a", 0)
     messages, wanted = _mixed_stream()
     async with open_producer(namesrv) as producer:

@@ -16,19 +16,10 @@ from client.filter import MessageSelector
 from client.instance import ClientInstance
 from remoting.codes import RequestCode, ResponseCode
 from remoting.transport import open_remoting_client
-from tests.integration.broker.helpers import broker_configs, call, start_broker, start_namesrv, wait_leader
+from tests.integration.broker.helpers import call, start_leading_node
 
 SQL = MessageSelector.by_sql("a > 3")
 REFUSAL = "The broker does not support consumer to filter message by SQL92"
-
-
-async def _start(nursery, tmp_path, **overrides) -> tuple[str, str]:
-    namesrv = await start_namesrv(nursery)
-    (config,) = broker_configs(tmp_path, namesrv, **overrides)
-    addr = await start_broker(nursery, config)
-    async with open_remoting_client() as client:
-        await wait_leader(client, addr)
-    return namesrv, addr
 
 
 async def _create(namesrv: str, *topics: str) -> None:
@@ -61,7 +52,7 @@ def sent_codes(monkeypatch) -> list[int]:
 
 async def test_a_push_consumer_with_a_sql92_subscription_does_not_open_on_a_broker_that_cannot_filter_by_it(
         nursery, tmp_path, sent_codes):
-    namesrv, addr = await _start(nursery, tmp_path)
+    namesrv, addr = await start_leading_node(nursery, tmp_path)
     await _create(namesrv, "SqlTopic")
     with pytest.raises(SubscriptionRefusedError) as info:
         async with open_push_consumer(namesrv, topic="SqlTopic", expression=SQL, consumer_group="refused"):
@@ -79,7 +70,7 @@ async def test_a_push_consumer_with_a_sql92_subscription_does_not_open_on_a_brok
 
 async def test_a_push_consumer_with_a_sql92_subscription_opens_on_a_broker_that_filters_and_tags_ask_nothing(
         nursery, tmp_path, sent_codes):
-    namesrv, addr = await _start(nursery, tmp_path, enable_property_filter=True)
+    namesrv, addr = await start_leading_node(nursery, tmp_path, enable_property_filter=True)
     await _create(namesrv, "SqlTopic", "TagTopic")
     async with open_push_consumer(namesrv, topic="TagTopic", expression="TagA || TagB",
                                   consumer_group="tags") as consumer:
@@ -95,7 +86,7 @@ async def test_a_push_consumer_with_a_sql92_subscription_opens_on_a_broker_that_
 
 async def test_subscribe_on_an_open_push_consumer_checks_a_sql92_expression_and_changes_nothing_if_refused(
         nursery, tmp_path):
-    namesrv, addr = await _start(nursery, tmp_path)
+    namesrv, addr = await start_leading_node(nursery, tmp_path)
     await _create(namesrv, "TagTopic", "SqlTopic")
     async with open_push_consumer(namesrv, topic="TagTopic", consumer_group="runtime") as consumer:
         with pytest.raises(SubscriptionRefusedError, match=REFUSAL) as info:
@@ -112,7 +103,7 @@ async def test_subscribe_on_an_open_push_consumer_checks_a_sql92_expression_and_
 
 
 async def test_subscribe_with_a_sql92_expression_on_a_broker_that_filters_takes_it(nursery, tmp_path):
-    namesrv, addr = await _start(nursery, tmp_path, enable_property_filter=True)
+    namesrv, addr = await start_leading_node(nursery, tmp_path, enable_property_filter=True)
     await _create(namesrv, "TagTopic", "SqlTopic")
     async with open_push_consumer(namesrv, topic="TagTopic", consumer_group="runtime") as consumer:
         await consumer.subscribe("SqlTopic", SQL)
@@ -122,7 +113,7 @@ async def test_subscribe_with_a_sql92_expression_on_a_broker_that_filters_takes_
 
 async def test_a_sql92_topic_without_a_route_at_open_is_checked_by_the_rebalance_that_finds_it(
         nursery, tmp_path, caplog):
-    namesrv, addr = await _start(nursery, tmp_path)
+    namesrv, addr = await start_leading_node(nursery, tmp_path)
     await _create(namesrv, "TagTopic")
     async with open_push_consumer(namesrv, subscriptions={"LateSql": SQL, "TagTopic": "*"},
                                   consumer_group="late") as consumer:
@@ -141,7 +132,7 @@ async def test_a_sql92_topic_without_a_route_at_open_is_checked_by_the_rebalance
 
 
 async def test_a_lite_pull_consumers_sql92_expression_is_checked_by_the_next_poll(nursery, tmp_path):
-    namesrv, addr = await _start(nursery, tmp_path)
+    namesrv, addr = await start_leading_node(nursery, tmp_path)
     await _create(namesrv, "SqlTopic")
     mq = MessageQueue("SqlTopic", "broker-a", 0)
     async with open_lite_pull_consumer(namesrv, consumer_group="lite", auto_commit=False,

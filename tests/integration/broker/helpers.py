@@ -15,6 +15,7 @@ from namesrv import NamesrvConfig, serve_namesrv
 from remoting.codec import make_request
 from remoting.codes import RequestCode, ResponseCode
 from remoting.config import config_from_mapping
+from remoting.transport import open_remoting_client
 from tests.procs import free_port
 
 SECRET = "broker-integration-secret-0123456789"
@@ -67,3 +68,14 @@ async def wait_leader(client: Any, addr: str) -> None:
             if r.code == ResponseCode.SUCCESS and cbor2.loads(r.body)["role"] == "LEADER":
                 return
             await trio.sleep(0.05)
+
+
+async def start_leading_node(nursery: trio.Nursery, tmp_path: Path, **overrides: Any) -> tuple[str, str]:
+    """A name server and a one-member broker group (config ``overrides``) whose node leads; (name server address,
+    broker address)."""
+    namesrv = await start_namesrv(nursery)
+    (config,) = broker_configs(tmp_path, namesrv, **overrides)
+    addr = await start_broker(nursery, config)
+    async with open_remoting_client() as client:
+        await wait_leader(client, addr)
+    return namesrv, addr
