@@ -11,6 +11,7 @@ from collections import defaultdict
 import cbor2
 import trio
 
+from client import Message, MessageQueue, open_producer
 from remoting.codec import make_response
 from remoting.codes import RequestCode, ResponseCode
 from remoting.errors import ConnectError, ConnectionClosedError, RequestTimeoutError
@@ -245,3 +246,17 @@ def recording_fake(monkeypatch, queues: int, *, hold_pulls: bool = False) -> Fak
     for mod in (client.producer, client.push_consumer):
         monkeypatch.setattr(mod, "open_remoting", lambda config, handler=None: fake_remoting_ctx(fake))
     return fake
+
+
+async def wait_until(condition, timeout_s: float = 60) -> None:
+    """Until ``condition()`` holds, looked at every 10 ms."""
+    with trio.fail_after(timeout_s):  # virtual seconds (MockClock): a condition never met fails, it does not hang
+        while not condition():
+            await trio.sleep(0.01)
+
+
+async def send_numbered(n: int, queue_id: int = 0, prefix: bytes = b"") -> None:
+    """Messages ``prefix`` + 0 .. n-1 of topic T to queue ``queue_id`` of broker-a, one at a time."""
+    async with open_producer(NAMESRV) as producer:
+        for i in range(n):
+            await producer.send(Message("T", prefix + b"%d" % i), queue=MessageQueue("T", "broker-a", queue_id))

@@ -23,7 +23,7 @@ from client.errors import ConfigError
 from client.push_consumer import PushConsumerConfig
 from client.rebalance import (ALLOCATE_STRATEGIES, allocate_average, allocate_average_by_circle, allocate_by_config,
                               allocate_consistent_hash, resolve_allocate_strategy)
-from tests.unit.client.fake_cluster import NAMESRV, recording_fake
+from tests.unit.client.fake_cluster import NAMESRV, recording_fake, wait_until
 
 CIRCLE = "AllocateMessageQueueAveragelyByCircle"
 HASH = "AllocateMessageQueueConsistentHash"
@@ -250,12 +250,6 @@ def test_a_strategy_is_for_clustering_consumers():
 OPTS = dict(consumer_group="g", consume_from_where="CONSUME_FROM_FIRST_OFFSET", rebalance_interval_ms=500)
 
 
-async def _wait_until(condition, timeout_s: float = 60) -> None:
-    with trio.fail_after(timeout_s):  # virtual seconds (MockClock)
-        while not condition():
-            await trio.sleep(0.01)
-
-
 @pytest.mark.parametrize("strategy", [CIRCLE, HASH, allocate_average_by_circle])
 async def test_two_members_split_the_queues_by_their_strategy(monkeypatch, autojump_clock, strategy):
     """Circle: the member whose client id sorts first takes queues 0 and 2, the other 1 and 3 (averagely gives 0 1
@@ -265,7 +259,7 @@ async def test_two_members_split_the_queues_by_their_strategy(monkeypatch, autoj
             open_push_consumer(NAMESRV, topic="T", allocate_strategy=strategy, **OPTS) as two:
         first, second = sorted((one, two), key=lambda c: c.client_id)
         cids = [first.client_id, second.client_id]
-        await _wait_until(lambda: len(one.assigned_queues()) + len(two.assigned_queues()) == 8
+        await wait_until(lambda: len(one.assigned_queues()) + len(two.assigned_queues()) == 8
                           and not set(one.assigned_queues()) & set(two.assigned_queues()))
         await trio.sleep(2)  # a few more rebalances change nothing
         mqs = _queues({"broker-a": 8})
@@ -302,7 +296,7 @@ async def test_a_strategy_that_fails_leaves_the_queues_as_they_are(monkeypatch, 
         assert any(r.levelno == logging.ERROR and "returned 'T@broker-a:3', not a MessageQueue" in r.getMessage()
                    for r in caplog.records)
         mode["now"] = "first three"  # the rebalance task lived on
-        await _wait_until(lambda: _ids(consumer.assigned_queues()) == ["a0", "a1", "a2"])
+        await wait_until(lambda: _ids(consumer.assigned_queues()) == ["a0", "a1", "a2"])
 
 
 async def test_by_config_members_take_their_own_lists(monkeypatch, autojump_clock, caplog):

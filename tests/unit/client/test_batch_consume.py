@@ -13,12 +13,12 @@ import logging
 import pytest
 import trio
 
-from client import ConsumeStatus, Message, MessageExt, MessageQueue, ReconsumeLater, open_producer, open_push_consumer
+from client import ConsumeStatus, MessageExt, ReconsumeLater, open_push_consumer
 from client.errors import ConfigError
 from client.push_consumer import PushConsumerConfig
 from remoting.codec import make_response
 from remoting.codes import RequestCode, ResponseCode
-from tests.unit.client.fake_cluster import NAMESRV, recording_fake
+from tests.unit.client.fake_cluster import NAMESRV, recording_fake, send_numbered, wait_until
 
 GROUP = "g"
 FIRST = dict(consumer_group=GROUP, consume_from_where="CONSUME_FROM_FIRST_OFFSET",
@@ -52,18 +52,6 @@ def one_queue(monkeypatch):
 @pytest.fixture
 def two_queues(monkeypatch):
     return _with_send_backs(recording_fake(monkeypatch, 2))
-
-
-async def _send(n: int, queue_id: int = 0, prefix: bytes = b"") -> None:
-    async with open_producer(NAMESRV) as producer:
-        for i in range(n):
-            await producer.send(Message("T", prefix + b"%d" % i), queue=MessageQueue("T", "broker-a", queue_id))
-
-
-async def _wait_until(condition, timeout_s: float = 60) -> None:
-    with trio.fail_after(timeout_s):  # virtual seconds (MockClock): a condition never met fails, it does not hang
-        while not condition():
-            await trio.sleep(0.01)
 
 
 def _bodies(batch) -> list[bytes]:
@@ -173,13 +161,13 @@ async def test_a_plain_handler_still_gets_one_message_and_a_batch_handler_of_siz
         singles.append(msg)
 
     batches = Batches()
-    await _send(5)
+    await send_numbered(5)
     async with open_push_consumer(NAMESRV, topic="T", handler=handler, **FIRST) as consumer:
-        await _wait_until(lambda: len(singles) == 5)
+        await wait_until(lambda: len(singles) == 5)
         assert consumer.config.consume_message_batch_max_size == 1
     assert all(type(m) is MessageExt for m in singles)
     async with open_push_consumer(NAMESRV, topic="T", batch_handler=batches, **(FIRST | {"consumer_group": "g1"})):
-        await _wait_until(lambda: len(batches.finished) == 5)
+        await wait_until(lambda: len(batches.finished) == 5)
     assert batches.calls == [[(b"%d" % i, 0)] for i in range(5)]
 
 
@@ -188,12 +176,12 @@ async def test_batches_never_exceed_the_size_never_mix_queues_and_come_in_offset
     in offset order (RocketMQ's consumeMessageBatchMaxSize pages of a pull), every message once; the statistics
     count messages, not calls."""
     batches = Batches()
-    await _send(25, queue_id=0, prefix=b"a")
-    await _send(25, queue_id=1, prefix=b"b")
+    await send_numbered(25, queue_id=0, prefix=b"a")
+    await send_numbered(25, queue_id=1, prefix=b"b")
     async with open_push_consumer(NAMESRV, topic="T", batch_handler=batches, consume_message_batch_max_size=4,
                                   **FIRST) as consumer:
-        await _wait_until(lambda: len(batches.finished) == 50)
-        await _wait_until(lambda: consumer.statistics().cached == 0)
+        await wait_until(lambda: len(batches.finished) == 50)
+        await wait_until(lambda: consumer.statistics().cached == 0)
         stats = consumer.statistics()
         assert (stats.delivered, stats.handling) == (50, 0)
     assert all(len(offsets) <= 4 for offsets in batches.offsets)
@@ -208,16 +196,16 @@ async def test_batches_never_exceed_the_size_never_mix_queues_and_come_in_offset
 
 async def test_a_batch_takes_one_slot_and_the_calls_in_flight_count_as_handling(one_queue, autojump_clock):
     batches = Batches(gated={b"%d" % i for i in range(12)})
-    await _send(12)
+    await send_numbered(12)
     async with open_push_consumer(NAMESRV, topic="T", batch_handler=batches, consume_message_batch_max_size=3,
                                   max_concurrent_handlers=2, **FIRST) as consumer:
-        await _wait_until(lambda: batches.running == 2)
+        await wait_until(lambda: batches.running == 2)
         await trio.sleep(5)
         assert batches.running == 2 and consumer.statistics().handling == 2
         assert batches.offsets == [[0, 1, 2], [3, 4, 5]]
         assert consumer.statistics().cached == 12
         batches.open_all()
-        await _wait_until(lambda: len(batches.finished) == 12)
+        await wait_until(lambda: len(batches.finished) == 12)
         assert consumer.statistics().delivered == 12
     assert batches.offsets == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 10, 11]]
 
@@ -230,8 +218,8 @@ async def test_a_failed_batch_sends_back_each_message_or_those_after_ack_index(o
     batches = Batches(answers={b"0": ConsumeStatus.RECONSUME_LATER, b"3": "RECONSUME_LATER",
                                b"6": RuntimeError("boom"), b"9": ReconsumeLater(ack_index=1, delay_level=5),
                                b"c": ReconsumeLater(ack_index=7)})
-    await _send(12)
-    await _send(3, prefix=b"c")  # "c0".."c2": an ack_index past the batch's end marks it all consumed
+    await send_numbered(12)
+    await send_numbered(3, prefix=b"c")  # "c0".."c2": an ack_index past the batch's end marks it all consumed
     phy: dict[bytes, int] = {}
 
     async def handler(batch):
@@ -242,7 +230,7 @@ async def test_a_failed_batch_sends_back_each_message_or_those_after_ack_index(o
 
     async with open_push_consumer(NAMESRV, topic="T", batch_handler=handler, consume_message_batch_max_size=3,
                                   max_concurrent_handlers=1, **FIRST) as consumer:
-        await _wait_until(lambda: one_queue.groups[0].offsets.get((GROUP, "T", 0)) == 15)
+        await wait_until(lambda: one_queue.groups[0].offsets.get((GROUP, "T", 0)) == 15)
         assert consumer.statistics().delivered == 15
     assert batches.offsets == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 10, 11]]
     by_phy = {offset: body for body, offset in phy.items()}
@@ -268,14 +256,14 @@ async def test_failed_messages_whose_send_back_fails_are_retried_here_together(o
         return await answer(addr, request, timeout_s)
 
     one_queue.invoke = invoke
-    await _send(5)
+    await send_numbered(5)
     async with open_push_consumer(NAMESRV, topic="T", batch_handler=batches, consume_message_batch_max_size=3,
                                   reconsume_delay_ms=10_000, **FIRST):
-        await _wait_until(lambda: len(batches.calls) == 1)
+        await wait_until(lambda: len(batches.calls) == 1)
         await trio.sleep(5)
         assert batches.calls == [[(b"0", 0), (b"1", 0), (b"2", 0)]]  # the retry holds the queue
-        await _wait_until(lambda: len(batches.finished) == 4)
-        await _wait_until(lambda: one_queue.groups[0].offsets.get((GROUP, "T", 0)) == 5)
+        await wait_until(lambda: len(batches.finished) == 4)
+        await wait_until(lambda: one_queue.groups[0].offsets.get((GROUP, "T", 0)) == 5)
     assert batches.calls == [[(b"0", 0), (b"1", 0), (b"2", 0)], [(b"0", 1), (b"2", 1)], [(b"3", 0), (b"4", 0)]]
     assert len(one_queue.send_backs) == 3
 
@@ -295,13 +283,13 @@ async def test_broadcasting_retries_a_failed_batchs_tail_here_up_to_max_reconsum
             return ConsumeStatus.RECONSUME_LATER
         return None
 
-    await _send(5)
+    await send_numbered(5)
     async with open_push_consumer(NAMESRV, topic="T", batch_handler=handler, consume_message_batch_max_size=3,
                                   consumer_group=GROUP, consume_from_where="CONSUME_FROM_FIRST_OFFSET",
                                   message_model="BROADCASTING", offset_store_dir=str(tmp_path), max_reconsume_times=2,
                                   reconsume_delay_ms=100) as consumer:
-        await _wait_until(lambda: [(b"3", 0), (b"4", 0)] in calls)
-        await _wait_until(lambda: consumer.statistics().cached == 0)
+        await wait_until(lambda: [(b"3", 0), (b"4", 0)] in calls)
+        await wait_until(lambda: consumer.statistics().cached == 0)
         assert consumer.statistics().delivered == 5
     assert calls == [[(b"0", 0), (b"1", 0), (b"2", 0)], [(b"1", 1), (b"2", 1)], [(b"1", 2), (b"2", 2)],
                      [(b"3", 0), (b"4", 0)]]
@@ -313,10 +301,10 @@ async def test_the_committed_offset_never_passes_a_batch_whose_call_has_not_fini
     """The batch (3, 4, 5) is held while the batches before and after it finish: every commit stops at 3, however
     often offsets are persisted; once it finishes, the offset moves to the end."""
     batches = Batches(gated={b"4"})
-    await _send(10)
+    await send_numbered(10)
     async with open_push_consumer(NAMESRV, topic="T", batch_handler=batches, consume_message_batch_max_size=3,
                                   **FIRST) as consumer:
-        await _wait_until(lambda: len(batches.finished) == 7)
+        await wait_until(lambda: len(batches.finished) == 7)
         assert batches.running == 1 and consumer.statistics().handling == 1
         await trio.sleep(5)  # fifty persist intervals
         assert one_queue.commits and max(offset for _, offset in one_queue.commits) == 3
@@ -324,7 +312,7 @@ async def test_the_committed_offset_never_passes_a_batch_whose_call_has_not_fini
         assert consumer.statistics().cached == 3
         held = len(one_queue.commits)
         batches.open_all()
-        await _wait_until(lambda: one_queue.groups[0].offsets[(GROUP, "T", 0)] == 10)
+        await wait_until(lambda: one_queue.groups[0].offsets[(GROUP, "T", 0)] == 10)
     assert all(offset <= 3 for _, offset in one_queue.commits[:held])
 
 
@@ -334,13 +322,13 @@ async def test_a_batch_call_past_consume_timeout_is_cancelled_and_each_message_s
     sent back), the batches after it went on meanwhile, and the offset waited for it."""
     caplog.set_level(logging.WARNING, logger="client.consume_service")
     batches = Batches(gated={b"1"})
-    await _send(6)
+    await send_numbered(6)
     async with open_push_consumer(NAMESRV, topic="T", batch_handler=batches, consume_message_batch_max_size=2,
                                   consume_timeout_min=1, **FIRST):
-        await _wait_until(lambda: len(batches.finished) == 4)
+        await wait_until(lambda: len(batches.finished) == 4)
         started = trio.current_time()
         assert one_queue.groups[0].offsets.get((GROUP, "T", 0), 0) == 0
-        await _wait_until(lambda: one_queue.groups[0].offsets[(GROUP, "T", 0)] == 6, timeout_s=120)
+        await wait_until(lambda: one_queue.groups[0].offsets[(GROUP, "T", 0)] == 6, timeout_s=120)
         assert trio.current_time() - started >= 55
     assert batches.cancelled == [b"0", b"1"] and len(one_queue.send_backs) == 2
     (warning,) = [r.getMessage() for r in caplog.records if "consume_timeout_min" in r.getMessage()]

@@ -11,12 +11,12 @@ from __future__ import annotations
 import pytest
 import trio
 
-from client import ConsumeStatus, Message, MessageQueue, open_producer, open_push_consumer
+from client import ConsumeStatus, Message, open_push_consumer
 from client.errors import ConfigError
 from client.push_consumer import PushConsumerConfig
 from remoting.codec import make_response
 from remoting.codes import RequestCode, ResponseCode
-from tests.unit.client.fake_cluster import NAMESRV, recording_fake
+from tests.unit.client.fake_cluster import NAMESRV, recording_fake, send_numbered, wait_until
 
 GROUP = "g"
 FIRST = dict(consumer_group=GROUP, consume_from_where="CONSUME_FROM_FIRST_OFFSET",
@@ -33,18 +33,6 @@ def one_queue(monkeypatch):
 @pytest.fixture
 def two_queues(monkeypatch):
     return recording_fake(monkeypatch, 2)
-
-
-async def _send(n: int, queue_id: int = 0, prefix: bytes = b"") -> None:
-    async with open_producer(NAMESRV) as producer:
-        for i in range(n):
-            await producer.send(Message("T", prefix + b"%d" % i), queue=MessageQueue("T", "broker-a", queue_id))
-
-
-async def _wait_until(condition, timeout_s: float = 60) -> None:
-    with trio.fail_after(timeout_s):  # virtual seconds (MockClock): a condition never met fails, it does not hang
-        while not condition():
-            await trio.sleep(0.01)
 
 
 class Calls:
@@ -96,19 +84,19 @@ async def test_calls_of_one_queue_overlap_up_to_the_bound_and_never_beyond(one_q
     """One queue of 30 messages, every call held open: exactly max_concurrent_handlers run at once, however long
     they are held (before: one at a time per queue), started in offset order; the rest start as calls finish."""
     calls = Calls()
-    await _send(30)
+    await send_numbered(30)
     async with open_push_consumer(NAMESRV, topic="T", handler=calls, max_concurrent_handlers=7, **FIRST) as consumer:
-        await _wait_until(lambda: calls.running == 7)
+        await wait_until(lambda: calls.running == 7)
         await trio.sleep(30)  # pulls and rebalances go on meanwhile; no eighth call starts
         assert (calls.running, calls.most_running, consumer.statistics().handling) == (7, 7, 7)
         assert calls.started == [b"%d" % i for i in range(7)]
         assert consumer.statistics().cached == 30  # flow control counts the messages in calls
         calls.gate(b"4").set()
-        await _wait_until(lambda: len(calls.started) == 8)
+        await wait_until(lambda: len(calls.started) == 8)
         await trio.sleep(5)
         assert calls.running == 7 and calls.started[-1] == b"7"
         calls.open_all()
-        await _wait_until(lambda: len(calls.finished) == 30)
+        await wait_until(lambda: len(calls.finished) == 30)
         assert calls.most_running == 7 and consumer.statistics().handling == 0
     assert sorted(calls.finished) == sorted(b"%d" % i for i in range(30))
     assert calls.started == [b"%d" % i for i in range(30)]
@@ -131,10 +119,10 @@ async def test_the_bound_is_shared_by_all_queues_and_freed_slots_go_round_them(t
             running -= 1
         order.append(msg.body)
 
-    await _send(40, queue_id=0, prefix=b"a")
-    await _send(5, queue_id=1, prefix=b"b")
+    await send_numbered(40, queue_id=0, prefix=b"a")
+    await send_numbered(5, queue_id=1, prefix=b"b")
     async with open_push_consumer(NAMESRV, topic="T", handler=handler, max_concurrent_handlers=4, **FIRST):
-        await _wait_until(lambda: len(order) == 45, timeout_s=600)
+        await wait_until(lambda: len(order) == 45, timeout_s=600)
     assert most == 4
     last_b = max(i for i, body in enumerate(order) if body.startswith(b"b"))
     assert last_b < 20, order  # all of queue 1 done while most of queue 0's backlog still waited
@@ -147,14 +135,14 @@ async def test_a_call_that_finishes_goes_on_with_its_queue_only_when_no_other_qu
     call takes its queue's next message only with a slot nobody waits for; taking it while the other queue waited
     made one queue's backlog run through first."""
     calls = Calls(gated={b"a0", b"b0"})
-    await _send(10, queue_id=0, prefix=b"a")
-    await _send(10, queue_id=1, prefix=b"b")
+    await send_numbered(10, queue_id=0, prefix=b"a")
+    await send_numbered(10, queue_id=1, prefix=b"b")
     async with open_push_consumer(NAMESRV, topic="T", handler=calls, max_concurrent_handlers=1, **FIRST) as consumer:
-        await _wait_until(lambda: calls.running == 1)
+        await wait_until(lambda: calls.running == 1)
         await trio.sleep(5)  # both queues pulled: their dispatchers wait for the slot
         assert len(calls.started) == 1 and consumer.statistics().cached == 20
         calls.open_all()
-        await _wait_until(lambda: len(calls.finished) == 20)
+        await wait_until(lambda: len(calls.finished) == 20)
     after = calls.started[1:]
     for i in range(1, 19):
         # At most one call ahead, whichever queue got the slot the first call gave back (their order in the FIFO).
@@ -182,18 +170,18 @@ async def test_a_local_retry_holds_its_queue_from_calls_that_finish_meanwhile_to
             await trio.sleep(0)
         finished.append(msg.body)
 
-    await _send(10)
+    await send_numbered(10)
     async with open_push_consumer(NAMESRV, topic="T", handler=handler, consumer_group=GROUP,
                                   consume_from_where="CONSUME_FROM_FIRST_OFFSET", message_model="BROADCASTING",
                                   offset_store_dir=str(tmp_path), reconsume_delay_ms=10_000) as consumer:
-        await _wait_until(lambda: len(started) == 2)
+        await wait_until(lambda: len(started) == 2)
         retry_began = trio.current_time()
         gate.set()
-        await _wait_until(lambda: finished == [b"0"])
+        await wait_until(lambda: finished == [b"0"])
         await trio.sleep(5)
         assert trio.current_time() - retry_began < 10  # still in the retry's delay
         assert started == [(b"0", 0), (b"1", 0)] and consumer.statistics().handling == 0
-        await _wait_until(lambda: len(finished) == 10)
+        await wait_until(lambda: len(finished) == 10)
     assert started == [(b"0", 0), (b"1", 0), (b"1", 1)] + [(b"%d" % i, 0) for i in range(2, 10)]
 
 
@@ -202,9 +190,9 @@ async def test_the_committed_offset_never_passes_a_message_whose_call_has_not_fi
     key), however many later ones finished and however often offsets are persisted; once 2 finishes, the offset
     moves to the end at once."""
     calls = Calls(gated={b"2"})
-    await _send(10)
+    await send_numbered(10)
     async with open_push_consumer(NAMESRV, topic="T", handler=calls, **FIRST) as consumer:
-        await _wait_until(lambda: len(calls.finished) == 9)
+        await wait_until(lambda: len(calls.finished) == 9)
         assert calls.running == 1 and b"2" not in calls.finished
         await trio.sleep(5)  # fifty persist intervals
         assert one_queue.commits and max(offset for _, offset in one_queue.commits) == 2
@@ -212,7 +200,7 @@ async def test_the_committed_offset_never_passes_a_message_whose_call_has_not_fi
         assert consumer.statistics().cached == 1
         held = len(one_queue.commits)
         calls.open_all()
-        await _wait_until(lambda: one_queue.groups[0].offsets[(GROUP, "T", 0)] == 10)
+        await wait_until(lambda: one_queue.groups[0].offsets[(GROUP, "T", 0)] == 10)
     assert all(offset <= 2 for _, offset in one_queue.commits[:held])
 
 
@@ -223,13 +211,13 @@ async def test_a_queue_taken_away_with_calls_in_flight_commits_nothing_past_them
     3 and 6 included."""
     calls = Calls(gated={b"3", b"6"})
     group = one_queue.groups[0]
-    await _send(10)
+    await send_numbered(10)
     async with open_push_consumer(NAMESRV, topic="T", handler=calls, **FIRST) as consumer:
-        await _wait_until(lambda: len(calls.finished) == 8)
+        await wait_until(lambda: len(calls.finished) == 8)
         assert calls.running == 2
         group.members[GROUP].add(INTRUDER)  # sorts first: the only queue is the intruder's now
         consumer.trigger_rebalance()
-        await _wait_until(lambda: not consumer.assigned_queues())
+        await wait_until(lambda: not consumer.assigned_queues())
         await trio.sleep(1)
         assert sorted(calls.cancelled) == [b"3", b"6"] and calls.running == 0
         assert group.offsets[(GROUP, "T", 0)] == 3
@@ -238,7 +226,7 @@ async def test_a_queue_taken_away_with_calls_in_flight_commits_nothing_past_them
         group.members[GROUP].discard(INTRUDER)
         calls.open_all()
         consumer.trigger_rebalance()
-        await _wait_until(lambda: group.offsets[(GROUP, "T", 0)] == 10)
+        await wait_until(lambda: group.offsets[(GROUP, "T", 0)] == 10)
     assert set(calls.finished) == {b"%d" % i for i in range(10)}
     assert sorted(calls.finished[8:]) == sorted(b"%d" % i for i in range(3, 10))  # redelivered from 3
 
@@ -249,9 +237,9 @@ async def test_close_with_calls_in_flight_commits_nothing_past_them_and_the_next
     unfinished message; a member opened afterwards starts there and gets every message from it again."""
     calls = Calls(gated={b"3", b"6"})
     group = one_queue.groups[0]
-    await _send(10)
+    await send_numbered(10)
     async with open_push_consumer(NAMESRV, topic="T", handler=calls, **FIRST):
-        await _wait_until(lambda: len(calls.finished) == 8)
+        await wait_until(lambda: len(calls.finished) == 8)
         assert calls.running == 2
     assert sorted(calls.cancelled) == [b"3", b"6"] and calls.running == 0
     assert group.offsets[(GROUP, "T", 0)] == 3
@@ -259,7 +247,7 @@ async def test_close_with_calls_in_flight_commits_nothing_past_them_and_the_next
 
     again = Calls(gated=set())
     async with open_push_consumer(NAMESRV, topic="T", handler=again, **FIRST):
-        await _wait_until(lambda: group.offsets[(GROUP, "T", 0)] == 10)
+        await wait_until(lambda: group.offsets[(GROUP, "T", 0)] == 10)
     assert sorted(again.finished) == sorted(b"%d" % i for i in range(3, 10))
 
 
@@ -278,11 +266,11 @@ async def test_a_call_past_consume_timeout_is_cancelled_while_the_queues_later_m
 
     one_queue.invoke = invoke
     calls = Calls(gated={b"0"})
-    await _send(5)
+    await send_numbered(5)
     async with open_push_consumer(NAMESRV, topic="T", handler=calls, consume_timeout_min=1, **FIRST):
-        await _wait_until(lambda: len(calls.finished) == 4)
+        await wait_until(lambda: len(calls.finished) == 4)
         started = trio.current_time()
         assert one_queue.groups[0].offsets.get((GROUP, "T", 0), 0) == 0
-        await _wait_until(lambda: one_queue.groups[0].offsets[(GROUP, "T", 0)] == 5, timeout_s=120)
+        await wait_until(lambda: one_queue.groups[0].offsets[(GROUP, "T", 0)] == 5, timeout_s=120)
         assert 55 <= trio.current_time() - started <= 61
     assert calls.cancelled == [b"0"] and len(sent_back) == 1

@@ -15,9 +15,9 @@ from client import MessageQueue, open_push_consumer
 from client.errors import ClientClosedError, ConfigError
 from client.push_consumer import PushConsumerConfig
 from remoting.codes import RequestCode
-from tests.unit.client.fake_cluster import NAMESRV, FakeRemoting, recording_fake
+from tests.unit.client.fake_cluster import NAMESRV, FakeRemoting, recording_fake, send_numbered, wait_until
 from tests.unit.client.test_concurrent_handlers import (  # noqa: F401 (one_queue, two_queues: fixtures)
-    FIRST, GROUP, INTRUDER, Calls, _send, _wait_until, one_queue, two_queues)
+    FIRST, GROUP, INTRUDER, Calls, one_queue, two_queues)
 
 T0 = MessageQueue("T", "broker-a", 0)
 
@@ -53,10 +53,10 @@ async def test_a_stuck_message_holds_its_queue_at_the_span_and_bounds_what_a_res
     all 299 again; now the next member handles again only what the span let through."""
     caplog.set_level(logging.WARNING, logger="client.push_consumer")
     calls = Calls(gated={b"0"})
-    await _send(300)
+    await send_numbered(300)
     async with open_push_consumer(NAMESRV, topic="T", handler=calls, consume_concurrently_max_span=50,
                                   pull_batch_size=10, **FIRST) as consumer:
-        await _wait_until(lambda: len(calls.finished) == 59)
+        await wait_until(lambda: len(calls.finished) == 59)
         await trio.sleep(60)  # rebalances, commits and (were it not stopped) pulls meanwhile
         assert sorted(calls.started) == sorted(b"%d" % i for i in range(60))
         assert calls.running == 1 and consumer.statistics().cached == 1
@@ -67,7 +67,7 @@ async def test_a_stuck_message_holds_its_queue_at_the_span_and_bounds_what_a_res
 
     again = Calls(gated=set())
     async with open_push_consumer(NAMESRV, topic="T", handler=again, **FIRST):
-        await _wait_until(lambda: _committed(one_queue) == 300)
+        await wait_until(lambda: _committed(one_queue) == 300)
     assert len(again.finished) == 300
     assert len(set(again.finished) & set(calls.finished)) == 59  # handled twice: 1..59, not 1..299
 
@@ -76,36 +76,36 @@ async def test_the_queue_pulls_on_once_the_stuck_message_is_done(one_queue, auto
     """The span bound waits for the message, not for a timer: once 0's call finishes, the queue's pulls go on at
     once and the committed offset follows to the end."""
     calls = Calls(gated={b"0"})
-    await _send(200)
+    await send_numbered(200)
     async with open_push_consumer(NAMESRV, topic="T", handler=calls, consume_concurrently_max_span=50,
                                   pull_batch_size=10, **FIRST):
-        await _wait_until(lambda: len(calls.finished) == 59)
+        await wait_until(lambda: len(calls.finished) == 59)
         await trio.sleep(10)
         assert len(calls.started) == 60
         calls.open_all()
-        await _wait_until(lambda: _committed(one_queue) == 200)
+        await wait_until(lambda: _committed(one_queue) == 200)
     assert sorted(calls.finished) == sorted(b"%d" % i for i in range(200))
 
 
 async def test_the_span_bound_holds_only_the_queue_whose_message_is_stuck(two_queues, autojump_clock):
     """Queue 0's message 0 is stuck; queue 1 shares no flow control with it and is consumed to its end."""
     calls = Calls(gated={b"a0"})
-    await _send(100, queue_id=0, prefix=b"a")
-    await _send(100, queue_id=1, prefix=b"b")
+    await send_numbered(100, queue_id=0, prefix=b"a")
+    await send_numbered(100, queue_id=1, prefix=b"b")
     async with open_push_consumer(NAMESRV, topic="T", handler=calls, consume_concurrently_max_span=20,
                                   pull_batch_size=10, **FIRST):
-        await _wait_until(lambda: _committed(two_queues, 1) == 100)
+        await wait_until(lambda: _committed(two_queues, 1) == 100)
         await trio.sleep(10)
         assert sum(body.startswith(b"a") for body in calls.started) == 30  # pulls of 10 until 29 - 0 > 20
         calls.open_all()
-        await _wait_until(lambda: _committed(two_queues, 0) == 100)
+        await wait_until(lambda: _committed(two_queues, 0) == 100)
 
 
 async def test_the_iterator_form_is_not_span_bound_it_consumes_in_order(one_queue, autojump_clock):
     """The iterator takes a queue's messages in order, so what it caches is the next ones in line: the count bound
     holds the span already, and a span bound would only stop pulls a loop is about to need. With a span of 1 and
     the loop held at its first message, the queue still caches up to pull_threshold_for_queue."""
-    await _send(200)
+    await send_numbered(200)
     async with open_push_consumer(NAMESRV, topic="T", consume_concurrently_max_span=1, pull_batch_size=10,
                                   pull_threshold_for_queue=100, **FIRST) as consumer:
         assert (await consumer.__anext__()).body == b"0"
@@ -121,7 +121,7 @@ async def test_orderly_consumption_is_not_span_bound(one_queue, autojump_clock, 
     async def handler(msg) -> None:
         await gate.wait()
 
-    await _send(200)
+    await send_numbered(200)
     async with open_push_consumer(NAMESRV, topic="T", handler=handler, orderly=True, message_model="BROADCASTING",
                                   offset_store_dir=str(tmp_path), consume_concurrently_max_span=1, pull_batch_size=10,
                                   pull_threshold_for_queue=100, **FIRST) as consumer:
@@ -142,11 +142,11 @@ async def test_pull_interval_spaces_each_queues_pulls_that_found_messages_only(t
     async def handler(msg) -> None:
         seen.append(msg.body)
 
-    await _send(20, queue_id=0, prefix=b"a")
-    await _send(20, queue_id=1, prefix=b"b")
+    await send_numbered(20, queue_id=0, prefix=b"a")
+    await send_numbered(20, queue_id=1, prefix=b"b")
     async with open_push_consumer(NAMESRV, topic="T", handler=handler, pull_interval_ms=1_000, pull_batch_size=5,
                                   **FIRST):
-        await _wait_until(lambda: len(seen) == 40)
+        await wait_until(lambda: len(seen) == 40)
         await trio.sleep(10)  # empty pulls
     for queue_id in (0, 1):
         times = [t for q, t in two_queues.pulls if q == queue_id]
@@ -164,18 +164,18 @@ async def test_suspend_stops_every_pull_while_cached_messages_are_handled_and_co
     """Suspended: no pull is sent, whatever is sent to the queue, while message 3 (pulled before) is still handled
     and its offset committed; rebalances and heartbeats go on. Resumed: the new messages come."""
     calls = Calls(gated={b"3"})
-    await _send(5)
+    await send_numbered(5)
     async with open_push_consumer(NAMESRV, topic="T", handler=calls, **FIRST) as consumer:
-        await _wait_until(lambda: len(calls.finished) == 4)
+        await wait_until(lambda: len(calls.finished) == 4)
         assert not consumer.statistics().suspended
         consumer.suspend()
         consumer.suspend()  # a second time does nothing
         assert consumer.statistics().suspended
         pulls, calls_made = len(one_queue.pulls), len(one_queue.codes)
-        await _send(5, prefix=b"new")
+        await send_numbered(5, prefix=b"new")
         await trio.sleep(30)
         calls.gate(b"3").set()
-        await _wait_until(lambda: _committed(one_queue) == 5)  # committed while suspended
+        await wait_until(lambda: _committed(one_queue) == 5)  # committed while suspended
         await trio.sleep(30)
         assert len(one_queue.pulls) == pulls and len(calls.started) == 5
         later = one_queue.codes[calls_made:]
@@ -183,7 +183,7 @@ async def test_suspend_stops_every_pull_while_cached_messages_are_handled_and_co
         consumer.resume()
         consumer.resume()
         assert not consumer.statistics().suspended
-        await _wait_until(lambda: _committed(one_queue) == 10)
+        await wait_until(lambda: _committed(one_queue) == 10)
     assert sorted(calls.finished[5:]) == sorted(b"new%d" % i for i in range(5))
 
 
@@ -196,21 +196,21 @@ async def test_suspend_cancels_a_pull_held_on_the_broker(held_pulls, autojump_cl
         seen.append(msg.body)
 
     async with open_push_consumer(NAMESRV, topic="T", handler=handler, **FIRST) as consumer:
-        await _wait_until(lambda: held_pulls.holding == 1)
+        await wait_until(lambda: held_pulls.holding == 1)
         consumer.suspend()
-        await _send(1)
+        await send_numbered(1)
         await trio.sleep(60)
         assert seen == [] and held_pulls.holding == 0
         consumer.resume()
-        await _wait_until(lambda: seen == [b"0"])
+        await wait_until(lambda: seen == [b"0"])
 
 
 async def test_the_iterator_delivers_what_it_cached_while_suspended(one_queue, autojump_clock):
-    await _send(10)
+    await send_numbered(10)
     async with open_push_consumer(NAMESRV, topic="T", **FIRST) as consumer:
         assert (await consumer.__anext__()).body == b"0"  # the one pull brought all ten
         consumer.suspend()
-        await _send(3, prefix=b"new")
+        await send_numbered(3, prefix=b"new")
         assert [(await consumer.__anext__()).body for _ in range(9)] == [b"%d" % i for i in range(1, 10)]
         with trio.move_on_after(60):
             await consumer.__anext__()
@@ -229,22 +229,22 @@ async def test_a_queue_assigned_while_suspended_gets_its_start_but_no_pull(one_q
 
     group = one_queue.groups[0]
     group.members[GROUP].add(INTRUDER)  # sorts first: the only queue is the intruder's
-    await _send(3)
+    await send_numbered(3)
     async with open_push_consumer(NAMESRV, topic="T", handler=handler, **FIRST) as consumer:
         assert consumer.assigned_queues() == []
         consumer.suspend()
         group.members[GROUP].discard(INTRUDER)
         consumer.trigger_rebalance()
-        await _wait_until(lambda: consumer.assigned_queues() == [T0])
+        await wait_until(lambda: consumer.assigned_queues() == [T0])
         await trio.sleep(30)
         assert _committed(one_queue) == 0 and one_queue.pulls == [] and seen == []
         consumer.resume()
-        await _wait_until(lambda: _committed(one_queue) == 3)
+        await wait_until(lambda: _committed(one_queue) == 3)
     assert seen == [b"0", b"1", b"2"]
 
 
 async def test_a_suspended_consumer_closes_and_then_suspend_and_resume_say_it_is_closed(one_queue, autojump_clock):
-    await _send(3)
+    await send_numbered(3)
     async with open_push_consumer(NAMESRV, topic="T", **FIRST) as consumer:
         assert (await consumer.__anext__()).body == b"0"
         consumer.suspend()

@@ -26,8 +26,8 @@ from raftmq.commands import admin_groups
 from remoting.codec import make_request
 from remoting.codes import RequestCode, ResponseCode
 from remoting.config import ConfigError
-from tests.unit.client.fake_cluster import NAMESRV, fake_remoting_ctx, recording_fake
-from tests.unit.client.test_concurrent_handlers import FIRST, GROUP, Calls, _send, _wait_until
+from tests.unit.client.fake_cluster import NAMESRV, fake_remoting_ctx, recording_fake, send_numbered, wait_until
+from tests.unit.client.test_concurrent_handlers import FIRST, GROUP, Calls
 
 T0, T1 = MessageQueue("T", "broker-a", 0), MessageQueue("T", "broker-a", 1)
 
@@ -135,11 +135,11 @@ async def test_a_push_consumer_tells_its_queues_caches_offsets_and_handler_count
             return ConsumeStatus.RECONSUME_LATER
         await calls(msg)
 
-    await _send(10)
+    await send_numbered(10)
     async with open_push_consumer(NAMESRV, topic="T", handler=handler, message_model="BROADCASTING",
                                   offset_store_dir=str(tmp_path), reconsume_delay_ms=10, max_concurrent_handlers=5,
                                   **FIRST) as consumer:
-        await _wait_until(lambda: len(calls.finished) == 9 and calls.running == 1)
+        await wait_until(lambda: len(calls.finished) == 9 and calls.running == 1)
         await trio.sleep(1)  # the offsets handed to the store (persist_consumer_offset_interval_ms)
         [requests] = push_cluster.server_requests
         info = await _ask(requests, consumer.client_id, jstack=True)
@@ -164,7 +164,7 @@ async def test_a_push_consumer_tells_its_queues_caches_offsets_and_handler_count
 
 
 async def test_an_iterating_push_consumer_counts_what_the_loop_took(push_cluster, autojump_clock):
-    await _send(6)
+    await send_numbered(6)
     async with open_push_consumer(NAMESRV, topic="T", **FIRST) as consumer:
         seen = 0
         async for _msg in consumer:
@@ -189,7 +189,7 @@ async def test_a_lite_pull_consumer_tells_its_assigned_queues_and_what_poll_hand
         return fake_remoting_ctx(push_cluster)
 
     monkeypatch.setattr(client.lite_pull_consumer, "open_remoting", remoting)
-    await _send(5)
+    await send_numbered(5)
     async with open_lite_pull_consumer(NAMESRV, consumer_group=GROUP,
                                        consume_from_where="CONSUME_FROM_FIRST_OFFSET") as consumer:
         consumer.assign([T0, T1])

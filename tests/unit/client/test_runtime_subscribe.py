@@ -17,7 +17,7 @@ from client import Message, MessageQueue, open_producer, open_push_consumer
 from client.errors import ClientClosedError
 from remoting.codec import make_response
 from remoting.codes import RequestCode, ResponseCode
-from tests.unit.client.fake_cluster import NAMESRV, FakeRemoting, recording_fake
+from tests.unit.client.fake_cluster import NAMESRV, FakeRemoting, recording_fake, wait_until
 
 GROUP = "g"
 RETRY = "%RETRY%g"
@@ -77,12 +77,6 @@ async def _send(topic: str, bodies: list[str], tags: str | None = None) -> None:
                                 queue=MessageQueue(topic, "broker-a", i % 2))
 
 
-async def _wait_until(condition, timeout_s: float = 60) -> None:
-    with trio.fail_after(timeout_s):  # virtual seconds (MockClock): a condition never met fails, it does not hang
-        while not condition():
-            await trio.sleep(0.01)
-
-
 class Got:
     """A handler recording (topic, body) of each message, holding those in ``gated`` until their gate opens."""
 
@@ -126,7 +120,7 @@ async def test_a_new_topic_is_allocated_and_pulled_before_subscribe_returns(fake
         assert set(_queues("U")) <= set(consumer.assigned_queues())
         await _send("U", ["u1", "u2", "u3"])
         await _send("T", ["t1"])
-        await _wait_until(lambda: len(got.messages) == 4)
+        await wait_until(lambda: len(got.messages) == 4)
         await trio.sleep(5)
     assert got.bodies("U") == ["u1", "u2", "u3"] and got.bodies("T") == ["t1"]
     assert _committed(fake, "U") == 5  # its starts (2 skipped) and what was consumed
@@ -138,7 +132,7 @@ async def test_unsubscribe_drops_the_topic_commits_its_offsets_and_keeps_the_ret
                                   consume_from_where="CONSUME_FROM_FIRST_OFFSET",
                                   **{**OPTS, "persist_consumer_offset_interval_ms": 600_000}) as consumer:
         await _send("U", ["u1", "u2", "u3"])
-        await _wait_until(lambda: len(got.messages) == 3)
+        await wait_until(lambda: len(got.messages) == 3)
         assert _committed(fake, "U") == 0  # the periodic commit is ten minutes away
         beats = len(fake.heartbeats)
         await consumer.unsubscribe("U")
@@ -150,7 +144,7 @@ async def test_unsubscribe_drops_the_topic_commits_its_offsets_and_keeps_the_ret
         pulls = len(fake.all_pulls)
         await _send("U", ["u4", "u5"])
         await _send("T", ["t1", "t2"])
-        await _wait_until(lambda: got.bodies("T") == ["t1", "t2"])
+        await wait_until(lambda: got.bodies("T") == ["t1", "t2"])
         await trio.sleep(10)  # ten rebalances
         assert not any(topic == "U" for topic, _, _ in fake.all_pulls[pulls:])
         assert consumer.assigned_queues() == _queues("T")
@@ -162,13 +156,13 @@ async def test_a_topic_unsubscribed_and_subscribed_again_resumes_from_its_commit
     got = Got()
     async with open_push_consumer(NAMESRV, subscriptions={"T": "*", "U": "*"}, handler=got, **OPTS) as consumer:
         await _send("U", ["u1", "u2"])
-        await _wait_until(lambda: len(got.messages) == 2)
+        await wait_until(lambda: len(got.messages) == 2)
         await consumer.unsubscribe("U")
         await _send("U", ["u3", "u4"])
         await trio.sleep(3)
         assert got.bodies("U") == ["u1", "u2"]
         await consumer.subscribe("U")
-        await _wait_until(lambda: len(got.messages) == 4)
+        await wait_until(lambda: len(got.messages) == 4)
     assert got.bodies("U") == ["u1", "u2", "u3", "u4"]
 
 
@@ -177,7 +171,7 @@ async def test_a_new_expression_takes_effect_for_the_next_pulls(held, autojump_c
     TagB message sent after subscribe() returned is not delivered (held, the old poll would have brought it in)."""
     got = Got()
     async with open_push_consumer(NAMESRV, topic="T", handler=got, **OPTS) as consumer:
-        await _wait_until(lambda: held.holding == 2)
+        await wait_until(lambda: held.holding == 2)
         beats = len(held.heartbeats)
         await consumer.subscribe("T", "TagA")
         assert consumer.subscriptions() == {"T": "TagA"}
@@ -185,7 +179,7 @@ async def test_a_new_expression_takes_effect_for_the_next_pulls(held, autojump_c
         # At once: an old poll (held up to broker_suspend_max_time_ms, 15 s) would be woken by these.
         await _send("T", ["b1", "b2"], tags="TagB")
         await _send("T", ["a1", "a2"], tags="TagA")
-        await _wait_until(lambda: len(got.messages) == 2)
+        await wait_until(lambda: len(got.messages) == 2)
         await trio.sleep(5)
         assert [e for t, _, e in held.all_pulls if t == "T"][-2:] == ["TagA", "TagA"]
     assert got.bodies("T") == ["a1", "a2"]
@@ -236,7 +230,7 @@ async def test_orderly_unsubscribe_finishes_the_message_in_hand_then_commits_and
     async with open_push_consumer(NAMESRV, subscriptions={"T": "*", "U": "*"}, handler=got, orderly=True,
                                   consume_from_where="CONSUME_FROM_FIRST_OFFSET", **OPTS) as consumer:
         await _send("U", ["u1", "u2", "u3"])  # u1 and u3 on queue 0, u2 on queue 1
-        await _wait_until(lambda: "u2" in got.waiting and len(got.messages) == 2)
+        await wait_until(lambda: "u2" in got.waiting and len(got.messages) == 2)
         await consumer.unsubscribe("U")
         assert consumer.assigned_queues() == _queues("T")
         await trio.sleep(5)
@@ -244,7 +238,7 @@ async def test_orderly_unsubscribe_finishes_the_message_in_hand_then_commits_and
         assert unlocked == [[("U", 0)]]  # queue 1 waits for its message
         assert ("U", 1) in fake.holders
         got.gates["u2"].set()
-        await _wait_until(lambda: ("U", 1) not in fake.holders)
+        await wait_until(lambda: ("U", 1) not in fake.holders)
         assert got.bodies("U") == ["u1", "u2", "u3"]
         assert fake.groups[0].offsets[(GROUP, "U", 1)] == 1  # past u2, committed before the unlock
         assert sorted(q for q in fake.holders) == [("T", 0), ("T", 1)]
@@ -264,7 +258,7 @@ async def test_broadcasting_keeps_an_unsubscribed_topics_offsets_in_its_file(fak
         assert consumer.assigned_queues() == _queues("T") + _queues("U")
         assert fake.heartbeats[-1] == {"T": "*", "U": "*"}  # no retry topic in broadcasting
         await _send("U", ["u1", "u2"])
-        await _wait_until(lambda: len(got.messages) == 2)
+        await wait_until(lambda: len(got.messages) == 2)
         await consumer.unsubscribe("U")
         [path] = tmp_path.iterdir()
         offsets = {(e["topic"], e["queue_id"]): e["offset"] for e in json.loads(path.read_text())["offsets"]}
@@ -272,5 +266,5 @@ async def test_broadcasting_keeps_an_unsubscribed_topics_offsets_in_its_file(fak
         await _send("U", ["u3", "u4"])
         await trio.sleep(5)  # commits of T's queues rewrite the file meanwhile
         await consumer.subscribe("U")
-        await _wait_until(lambda: len(got.messages) == 4)
+        await wait_until(lambda: len(got.messages) == 4)
     assert got.bodies("U") == ["u1", "u2", "u3", "u4"]
