@@ -7,7 +7,7 @@ import pytest
 import trio
 
 from client import Message, open_admin, open_producer, open_push_consumer
-from tests.integration.test_consumer import _start
+from tests.integration.broker.helpers import start_leading_node
 
 
 class Ledger:
@@ -51,7 +51,7 @@ async def test_members_joining_and_leaving_never_handle_a_key_out_of_order_or_at
     each key's exactly once and in send order, and no two handlings of a key overlap (the plain handler form
     breaks both here: a member starts a queue from the last commit while the one it comes from still handles
     what it cached). The member leaving lets its handlers finish the messages they hold: none is cut off."""
-    namesrv, _ = await _start(nursery, tmp_path)
+    namesrv, _ = await start_leading_node(nursery, tmp_path)
     async with open_admin(namesrv) as admin:
         await admin.create_topic("Ordered", read_queue_nums=8, write_queue_nums=8)
     ledger = Ledger()
@@ -87,7 +87,7 @@ async def test_a_failing_handler_suspends_its_queue_and_gets_the_same_message_un
     again (its successors wait), and after max_reconsume_times retries the message is sent to the group's
     dead-letter topic, as RocketMQ's orderly service (it was logged and skipped: lost); the offset passes it then,
     and only then."""
-    namesrv, _ = await _start(nursery, tmp_path)
+    namesrv, _ = await start_leading_node(nursery, tmp_path)
     async with open_admin(namesrv) as admin:
         await admin.create_topic("Suspended", read_queue_nums=1, write_queue_nums=1)
     attempts: list[tuple[str, float]] = []
@@ -120,7 +120,7 @@ async def test_a_failing_handler_suspends_its_queue_and_gets_the_same_message_un
 
 
 async def test_the_iterator_form_refuses_orderly(nursery, tmp_path):
-    namesrv, _ = await _start(nursery, tmp_path)
+    namesrv, _ = await start_leading_node(nursery, tmp_path)
     with pytest.raises(ValueError, match=r"orderly=True needs a handler .*the iterator form cannot consume in order"):
         async with open_push_consumer(namesrv, topic="T", consumer_group="it", orderly=True):
             pass

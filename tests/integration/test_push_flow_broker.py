@@ -8,11 +8,11 @@ from __future__ import annotations
 import trio
 
 from client import Message, MessageQueue, open_producer, open_push_consumer
-from tests.integration.test_consumer import _start
+from tests.integration.broker.helpers import start_leading_node
 
 
 async def test_suspend_cancels_a_pull_held_on_a_real_broker_and_resume_pulls_again(nursery, tmp_path):
-    namesrv, _ = await _start(nursery, tmp_path)
+    namesrv, _ = await start_leading_node(nursery, tmp_path)
     mq = MessageQueue("Paused", "broker-a", 0)
     async with open_producer(namesrv) as producer:
         await producer.send(Message("Paused", b"before"), queue=mq)

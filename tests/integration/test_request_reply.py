@@ -15,8 +15,7 @@ from client.errors import ReplyTimeoutError
 from client.message import create_reply_message
 from remoting.codes import RequestCode, ResponseCode
 from remoting.transport import open_remoting_client
-from tests.integration.broker.helpers import call
-from tests.integration.test_consumer import _start
+from tests.integration.broker.helpers import call, start_leading_node
 
 REPLY_TOPIC = "DefaultCluster_REPLY_TOPIC"
 
@@ -28,7 +27,7 @@ async def _create(namesrv: str, *topics: str) -> None:
 
 
 async def test_concurrent_requests_each_get_their_own_reply(nursery, tmp_path):
-    namesrv, addr = await _start(nursery, tmp_path)
+    namesrv, addr = await start_leading_node(nursery, tmp_path)
     await _create(namesrv, "Rpc")
     served: list[MessageExt] = []
     async with open_producer(namesrv, producer_group="rpc_replier") as replier:
@@ -69,7 +68,7 @@ async def test_concurrent_requests_each_get_their_own_reply(nursery, tmp_path):
 async def test_a_request_to_a_topic_not_created_yet_learns_its_cluster_and_is_answered(nursery, tmp_path):
     """A topic no name server knows is routed to every group by a stand-in route that names no cluster (as a send
     auto-creates it): the cluster comes from the name servers' cluster table."""
-    namesrv, _ = await _start(nursery, tmp_path)
+    namesrv, _ = await start_leading_node(nursery, tmp_path)
     async with open_producer(namesrv, producer_group="fresh_replier") as replier:
 
         async def on_request(msg: MessageExt) -> None:
@@ -85,7 +84,7 @@ async def test_a_request_to_a_topic_not_created_yet_learns_its_cluster_and_is_an
 
 
 async def test_a_request_nobody_answers_times_out_and_leaves_nothing_waiting(nursery, tmp_path):
-    namesrv, _ = await _start(nursery, tmp_path)
+    namesrv, _ = await start_leading_node(nursery, tmp_path)
     await _create(namesrv, "Unanswered")
     async with open_producer(namesrv, producer_group="lonely_requester") as requester:
         with pytest.raises(ReplyTimeoutError) as caught:
@@ -102,7 +101,7 @@ async def test_a_request_nobody_answers_times_out_and_leaves_nothing_waiting(nur
 
 async def test_a_reply_after_the_timeout_is_dropped_without_error(nursery, tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="client.producer")
-    namesrv, _ = await _start(nursery, tmp_path)
+    namesrv, _ = await start_leading_node(nursery, tmp_path)
     await _create(namesrv, "Slow")
     sent_late: list[object] = []
     async with open_producer(namesrv, producer_group="slow_replier") as replier:
@@ -130,7 +129,7 @@ async def test_a_reply_after_the_timeout_is_dropped_without_error(nursery, tmp_p
 
 
 async def test_the_broker_refuses_what_is_no_reply_and_reports_a_requester_it_cannot_reach(nursery, tmp_path):
-    namesrv, addr = await _start(nursery, tmp_path)
+    namesrv, addr = await start_leading_node(nursery, tmp_path)
 
     def reply_ext(topic: str = REPLY_TOPIC, **properties: str) -> dict:
         props = {"REPLY_TO_CLIENT": "10.0.0.9@1#gone#DEFAULT#1", "CORRELATION_ID": "c-1", "MSG_TYPE": "reply"}

@@ -15,8 +15,7 @@ from remoting.codes import RequestCode
 from remoting.errors import RaftMQError
 from remoting.message import decode_record
 from remoting.transport import open_remoting_client
-from tests.integration.broker.helpers import call
-from tests.integration.test_consumer import _start
+from tests.integration.broker.helpers import call, start_leading_node
 from tests.integration.test_transaction_producer import Listener
 
 TOPIC = "TimerOrders"
@@ -30,7 +29,7 @@ async def _stored(addr: str, offset_msg_id: str):
 
 async def test_timer_messages_are_sent_as_the_property_alone_and_refused_in_batches_and_transactions(nursery,
                                                                                                    tmp_path):
-    namesrv, addr = await _start(nursery, tmp_path, message_delay_level="300ms 600ms 1s")
+    namesrv, addr = await start_leading_node(nursery, tmp_path, message_delay_level="300ms 600ms 1s")
     async with open_producer(namesrv, auto_batch=True) as producer:
         deliver_ms = int(time.time() * 1000) + 60_000
         results = {}

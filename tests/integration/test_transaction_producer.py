@@ -8,7 +8,7 @@ import pytest
 import trio
 
 from client import Message, MessageExt, TransactionSendResult, TransactionState, open_producer, open_push_consumer
-from tests.integration.test_consumer import _start
+from tests.integration.broker.helpers import start_leading_node
 
 TOPIC = "TxOrders"
 
@@ -36,7 +36,7 @@ class Listener:
 
 
 async def test_execute_decides_and_the_check_settles_what_it_left_open(nursery, tmp_path):
-    namesrv, _ = await _start(nursery, tmp_path, transaction_timeout_ms=300, transaction_check_interval_ms=100)
+    namesrv, _ = await start_leading_node(nursery, tmp_path, transaction_timeout_ms=300, transaction_check_interval_ms=100)
     listener = Listener()
     # commit-1 and rollback-1 are checked too if their END came after the 300 ms timeout (a stall under load): the
     # check answers as execute did, and whichever END comes first decides (test_transaction_check_race.py).
@@ -77,7 +77,7 @@ async def test_execute_decides_and_the_check_settles_what_it_left_open(nursery, 
 
 
 async def test_send_in_transaction_refuses_what_cannot_be_a_transaction(nursery, tmp_path):
-    namesrv, _ = await _start(nursery, tmp_path)
+    namesrv, _ = await start_leading_node(nursery, tmp_path)
     async with open_producer(namesrv) as plain:
         with pytest.raises(ValueError, match="transaction_listener"):
             await plain.send_in_transaction(Message(TOPIC, b"x"))
