@@ -58,7 +58,8 @@ from broker.delay_level import format_delay
 from broker.topic_config import (SYSTEM_TOPIC_PREFIX, TopicConfigError, check_sendable_topic, is_reserved_topic,
                                  is_system_topic, validate_group_name, validate_topic_name)
 from client import open_admin
-from client.admin import MAX_QUERY_NUM, UPDATABLE_PERMS, AdminClient
+from client.admin import UPDATABLE_PERMS, AdminClient
+from client.admin_messages import MAX_QUERY_NUM
 from client.instance import DEFAULT_NAMESRV_ADDR, NAMESRV_ADDR_ENV
 from client.route import PERM_INHERIT, PERM_READ, PERM_WRITE, TopicRouteData
 from remoting.config import ConfigError, name_problem, parse_host_port
