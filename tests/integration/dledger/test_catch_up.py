@@ -32,8 +32,14 @@ async def test_lagging_member_catches_up_from_snapshot_and_byte_copy(tmp_path):
             while logs[lagging].end_offset != leader.statistics().end_offset:
                 await trio.sleep(0.02)
         await runners[lagging].stop()
-        for i in range(150):  # one record per entry: several compactions of 20 entries
-            await leader.append(b"while-down-%04d" % i)
+        # One record per entry, until several compactions of 20 entries are in place. Counted, not assumed from the
+        # number of appends: a snapshot is written and synced off the tick, and under load 150 appends could end
+        # before the first one was in place (snapshots_written read 0 in a full suite run).
+        with trio.fail_after(60):
+            for i in range(2000):
+                await leader.append(b"while-down-%04d" % i)
+                if i >= 150 and leader.statistics().snapshots_written >= 3:
+                    break
         assert leader.statistics().snapshots_written >= 3
         g3 = await runners[lagging].start()
         target_end = leader.statistics().end_offset
