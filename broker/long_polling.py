@@ -18,10 +18,18 @@ its response sent, as soon as one of these happens:
   lowered below its queue_id, perm). The re-executed pull then gives the answer a fresh pull gets
   (TOPIC_NOT_EXIST, INVALID_REQUEST naming ``queue_id``) at once, not PULL_NOT_FOUND at the deadline, which told
   the consumer to keep pulling a queue that is gone. Counted neither as an arrival nor as a timeout. A node whose
-  ``broker_permission`` lost read releases every held pull, and so does a consumer group's subscription group
-  narrowing (stopped, broadcasting refused, removed; ``broker/subscription_group.py``): the resume refuses that
-  group's pulls and holds the others again for the time they have left (each such re-hold is counted in
-  ``statistics().held`` again).
+  ``broker_permission`` lost read releases every held pull. A consumer group's subscription group narrowing
+  (stopped, broadcasting refused, removed; ``broker/subscription_group.py``) releases that group's pulls only
+  (``release_groups``; a pull names its ``consumer_group`` when held, and a hold that names none, a POP's, is
+  released by every narrowing): the resume refuses them, or holds them again for the time they have left when the
+  narrowing does not concern them (broadcasting refused, a clustering group). Before, every narrowing woke every
+  held pull of the node, and each pull of every other group was re-run and held again.
+
+``statistics().held`` counts pull requests held, each once: a pull its resume holds again (``rehold``) is not
+counted again, as RocketMQ's PullRequestHoldService suspends a pull once (one it looks at and finds nothing for
+stays in its table; the re-executed pull is never suspended again). A held pull is counted once more when it is
+answered, by arrival or timeout, and not when released. Before, each re-hold counted as a new hold, and a
+narrowing of one group added every pull held on the node to the count.
 
 Resumes run as tasks in the service's nursery, never inline in ``notify_message_arriving``, because that is called
 from the store's dispatch path which must not block on sockets.
@@ -41,7 +49,7 @@ import heapq
 import itertools
 import logging
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
 import trio
@@ -63,6 +71,7 @@ class HeldPull:
     matches: MatchFn | None = None  # None: every message matches
     done: bool = False
     conn: Any = None  # the connection to answer on (None: not tracked per connection)
+    consumer_group: str | None = None  # whose pull (None: not named, released by every group's narrowing)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,11 +121,14 @@ class PullRequestHoldService:
         return sum(len(waiting) for waiting in self._by_queue.values())
 
     def hold(self, topic: str, queue_id: int, offset: int, timeout_s: float, resume: ResumeFn,
-             matches: MatchFn | None = None, *, conn: Any = None) -> HeldPull:
-        """Hold a pull waiting for messages at ``offset`` or beyond in (topic, queue_id) (that ``matches``, if
-        given), which came over ``conn`` (anything with a ``closed`` flag; see the module rules). Returns the
+             matches: MatchFn | None = None, *, conn: Any = None, consumer_group: str | None = None,
+             rehold: bool = False) -> HeldPull:
+        """Hold a pull of ``consumer_group`` waiting for messages at ``offset`` or beyond in (topic, queue_id) (that
+        ``matches``, if given), which came over ``conn`` (anything with a ``closed`` flag; see the module rules).
+        ``rehold``: the pull was held before and its resume holds it again, so it is not counted again. Returns the
         held pull, for ``withdraw``."""
-        req = HeldPull(topic, queue_id, offset, trio.current_time() + timeout_s, resume, matches, conn=conn)
+        req = HeldPull(topic, queue_id, offset, trio.current_time() + timeout_s, resume, matches, conn=conn,
+                       consumer_group=consumer_group)
         if not self._running:
             self._finish(req, True)
             return req
@@ -133,7 +145,8 @@ class PullRequestHoldService:
             self._by_conn.setdefault(conn, {})[req] = None
         self._by_queue.setdefault((topic, queue_id), []).append(req)
         heapq.heappush(self._deadlines, (req.deadline, next(self._seq), req))
-        self._held += 1
+        if not rehold:
+            self._held += 1
         if self._deadlines[0][2] is req:
             self._deadline_changed.set()
         return req
@@ -177,6 +190,30 @@ class PullRequestHoldService:
                 del self._by_queue[(topic, queue_id)]
                 for req in waiting:
                     self._finish(req, False, counted=False)
+
+    def release_groups(self, consumer_groups: Collection[str]) -> None:
+        """Resume at once the held pulls of ``consumer_groups``, and those held without naming a group: they may
+        be of one of them. The others stay held, untouched."""
+        if not consumer_groups:
+            return
+        released = 0
+        for key, waiting in list(self._by_queue.items()):
+            keep = []
+            for req in waiting:
+                if req.consumer_group is None or req.consumer_group in consumer_groups:
+                    self._finish(req, False, counted=False)
+                    released += 1
+                else:
+                    keep.append(req)
+            if len(keep) == len(waiting):
+                continue
+            if keep:
+                self._by_queue[key] = keep
+            else:
+                del self._by_queue[key]
+        # Their deadline entries go with the next compaction: the ones held again have new entries.
+        self._finished_early += released
+        self._compact_deadlines()
 
     @staticmethod
     def _arrived(req: HeldPull, max_offset: int) -> bool:

@@ -170,14 +170,14 @@ class SubscriptionGroupTable:
     def to_wire(self) -> dict[str, dict[str, Any]]:
         return {name: c.to_wire() for name, c in sorted(self._configs.items())}
 
-    def restore(self, table: Mapping[str, Any]) -> bool:
+    def restore(self, table: Mapping[str, Any]) -> set[str]:
         """Replace the contents with a replicated table (``""`` -> data version, name -> config map); returns
-        whether a group can consume less than before (stopped, refused broadcasting, or removed), which is when
-        pulls held for it must be answered again. An entry that does not read as a config is skipped, logged: one
-        bad entry must not keep a node from serving every other group."""
+        the groups that can consume less than before (stopped, refused broadcasting, or removed), whose held pulls
+        must be answered again. An entry that does not read as a config is skipped, logged: one bad entry must not
+        keep a node from serving every other group."""
         configs = {}
         read_from = {}
-        narrowed = False
+        narrowed: set[str] = set()
         for name, data in table.items():
             if name == _VERSION_KEY:
                 continue
@@ -193,8 +193,9 @@ class SubscriptionGroupTable:
                 continue
             configs[name] = config
             old = self._configs.get(name)
-            narrowed = narrowed or (old is not None and _narrowed(old, config))
-        narrowed = narrowed or any(name not in configs for name in self._configs)
+            if old is not None and _narrowed(old, config):
+                narrowed.add(name)
+        narrowed.update(name for name in self._configs if name not in configs)
         self._configs = configs
         self._read_from = read_from
         self.data_version = int(table.get(_VERSION_KEY, 0))
@@ -226,14 +227,16 @@ class SubscriptionGroupManager:
 
     # --- mirror --------------------------------------------------------------------------------------------
     def metadata_applied(self) -> None:
-        """Refresh the mirror if the replicated table changed; pulls held for a group that may consume less now are
-        answered again (the resume check refuses that group's; the others are held again for their time left)."""
+        """Refresh the mirror if the replicated table changed; the pulls held for a group that may consume less now
+        are answered again (the resume refuses them, or holds them again for their time left), and only those:
+        waking every held pull of the node re-ran each pull of every other group, to hold it again."""
         generation = self.node.group.metadata_generation(SUBSCRIPTION_GROUP_TABLE)
         if generation == self._generation:
             return
         self._generation = generation
-        if self.table.restore(self.node.group.metadata(SUBSCRIPTION_GROUP_TABLE)):
-            self.node.hold.release(lambda topic, queue_id: True)
+        narrowed = self.table.restore(self.node.group.metadata(SUBSCRIPTION_GROUP_TABLE))
+        if narrowed:
+            self.node.hold.release_groups(narrowed)
 
     def get(self, group: str) -> SubscriptionGroupConfig | None:
         return self.table.get(group)

@@ -10,7 +10,7 @@ SYSTEM_ERROR "The broker does not support consumer to filter message by SQL92".
 The pull's consumer group must be allowed to consume by its subscription group (``broker/subscription_group.py``):
 a stopped one (``consume_enable`` false) is refused NO_PERMISSION "subscription group no permission, G", an unknown
 one with ``auto_create_subscription_group`` false SUBSCRIPTION_GROUP_NOT_EXIST; a held pull is judged again when it
-resumes, and a group's stop wakes the held pulls at once.
+resumes, and a group's stop wakes that group's held pulls at once (a pull is held naming its group).
 
 When nothing is there yet and the client allows suspension (sys_flag bit 0x2), the request is held by
 ``PullRequestHoldService`` for ``min(suspend_timeout_millis, long_polling_timeout_ms)`` and executed again when a
@@ -127,15 +127,16 @@ class PullMessageProcessor:
             except RequestRejected as e:
                 again = error_response(self.node, request, e)
             else:
-                # Woken before its time with nothing past its offset: a release for another group's refusal
-                # (broker/subscription_group.py wakes every held pull). Held again for the time it has left.
+                # Woken before its time with nothing past its offset: released by its group's narrowing that does
+                # not refuse it (broker/subscription_group.py). Held again for the time it has left.
                 left = deadline - trio.current_time()
                 rehold = (not timed_out and left > 0
                           and self.node.store.get_max_offset_in_queue(args["topic"], args["queue_id"]) <= offset)
                 # From where the hold got to: the units it passed carry no tags code the filter wants.
                 again, hold_from = self._pull(request, {**args, "queue_offset": offset}, allow_suspend=rehold)
                 if again is None:
-                    self.node.hold.hold(args["topic"], args["queue_id"], hold_from, left, resume, matches, conn=conn)
+                    self.node.hold.hold(args["topic"], args["queue_id"], hold_from, left, resume, matches, conn=conn,
+                                        consumer_group=args["consumer_group"], rehold=True)
                     return
             if again is None:
                 return
@@ -152,7 +153,8 @@ class PullMessageProcessor:
         else:
             matches = None if tag_filter.matches_all else functools.partial(
                 self.node.store.has_tags_code_between, args["topic"], args["queue_id"], codes=tag_filter.codes)
-        self.node.hold.hold(args["topic"], args["queue_id"], hold_from, timeout_s, resume, matches, conn=conn)
+        self.node.hold.hold(args["topic"], args["queue_id"], hold_from, timeout_s, resume, matches, conn=conn,
+                            consumer_group=args["consumer_group"])
         return None
 
     def _parse(self, request: Frame) -> dict[str, Any]:

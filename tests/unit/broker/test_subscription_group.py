@@ -56,14 +56,14 @@ def _wire(group: str, **fields) -> dict:
 
 def test_restore_says_when_a_group_may_consume_less():
     table = SubscriptionGroupTable()
-    assert table.restore({"": 1, "a": _wire("a"), "b": _wire("b")}) is False
+    assert table.restore({"": 1, "a": _wire("a"), "b": _wire("b")}) == set()
     assert len(table) == 2 and table.data_version == 1 and "a" in table
     # Enabling, or changing what the broker does not refuse by, narrows nothing.
-    assert table.restore({"": 2, "a": _wire("a", retry_max_times=1), "b": _wire("b")}) is False
-    assert table.restore({"": 3, "a": _wire("a", consume_enable=False), "b": _wire("b")}) is True
-    assert table.restore({"": 4, "a": _wire("a"), "b": _wire("b")}) is False
-    assert table.restore({"": 5, "a": _wire("a"), "b": _wire("b", consume_broadcast_enable=False)}) is True
-    assert table.restore({"": 6, "a": _wire("a")}) is True  # b removed
+    assert table.restore({"": 2, "a": _wire("a", retry_max_times=1), "b": _wire("b")}) == set()
+    assert table.restore({"": 3, "a": _wire("a", consume_enable=False), "b": _wire("b")}) == {"a"}
+    assert table.restore({"": 4, "a": _wire("a"), "b": _wire("b")}) == set()
+    assert table.restore({"": 5, "a": _wire("a"), "b": _wire("b", consume_broadcast_enable=False)}) == {"b"}
+    assert table.restore({"": 6, "a": _wire("a")}) == {"b"}  # removed
     assert [c.group_name for c in table.all()] == ["a"] and table.get("b") is None
     assert table.to_wire() == {"a": _wire("a")}
 
@@ -94,13 +94,13 @@ def test_restore_reads_only_the_entries_a_change_replaced(monkeypatch, caplog):
     monkeypatch.setattr(SubscriptionGroupConfig, "from_wire",
                         staticmethod(lambda data, **kw: reads.append(data["group_name"]) or from_wire(data, **kw)))
     replicated.update({"": 2, "new": _wire("new"), "g5": _wire("g5", consume_enable=False)})
-    assert table.restore(dict(replicated)) is True  # g5 stopped
+    assert table.restore(dict(replicated)) == {"g5"}  # stopped
     assert sorted(reads) == ["g5", "new"] and len(table) == 1001 and not table.get("g5").consume_enable
     assert caplog.text.count("skipped group='bad'") == 1  # not logged again at each change
     reads.clear()
     del replicated["g7"]
     replicated[""] = 3
-    assert table.restore(dict(replicated)) is True and reads == [] and table.get("g7") is None  # removed
+    assert table.restore(dict(replicated)) == {"g7"} and reads == [] and table.get("g7") is None  # removed
 
 
 async def test_at_most_a_few_auto_creations_run_at_once_and_the_rest_start_on_a_later_pull():
