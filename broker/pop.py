@@ -39,7 +39,17 @@ A POP hands a consumer up to ``max_msg_nums`` messages of a queue and makes them
 * **Admin moves follow.** A POP reads its pop offset before the group's committed offset, so an offset reset (or a
   clone) sets the pop offsets of the queues it moves (RocketMQ 5's resetPopOffset; the checkpoints stay: what was
   handed out is acked or revived as before), a deleted topic takes the pop offsets and checkpoints of its queues
-  and its POP retry topics with it, and a deleted group (clean_offset) its own.
+  and its POP retry topics with it, and a deleted group (clean_offset) its own and its POP retry topics: a retry
+  topic outliving the pop offsets that say how far it was read would be read again from its first message by the
+  next POP of the group's name.
+* **Nothing comes back after a delete.** A delete runs inside ``PopService.forgetting``: from its start, every write
+  of a key of the group (or of the topic and its POP retry topics) is left out (``write`` says so: a POP then hands
+  nothing out, as nothing records it) and revive skips its checkpoints; then it waits for the POPs, acks, changes
+  and revives already holding or waiting for one of their queue locks, each in turn, holding none itself (the delete
+  takes the node's topic and offset locks after, and revive may take the topic lock under its queue lock). Only then
+  does the delete remove the keys, from a table no write is still heading for: a POP or ack that read the table
+  before the delete can no longer write a key back after it. A POP that waited out the delete reads the group
+  afresh, or finds its topic gone (checked under the queue lock) and reads nothing.
 * **One change at a time per queue.** Pops, acks, changes, revives and resets of one (group, topic, queue) are
   serialised by a lock of the leader (``PopService.queue_lock``): each reads the table, decides and writes, and a
   concurrent one must see its write. A lock lives while someone holds or waits for it: the keys come from clients'
@@ -432,6 +442,28 @@ def plan_forget(table: Mapping[str, Any], *, group: str | None = None, topic: st
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class _Forgetting:
+    """What a delete running now removes: every key of ``group``, or of ``topic`` and its POP retry topics."""
+
+    group: str | None
+    topic: str | None
+
+    def covers(self, group: str, topic: str) -> bool:
+        if self.group is not None:
+            return group == self.group
+        if topic == self.topic:
+            return True
+        pop_retry = split_pop_retry_topic(topic)
+        return pop_retry is not None and pop_retry[1] == self.topic
+
+
+def _key_scope(key: str) -> tuple[str, str]:
+    """(group, topic) of a ``POP_TABLE`` key."""
+    parts = key.split("\x01", 3)
+    return parts[1], parts[2]
+
+
 @dataclasses.dataclass
 class _QueueLock:
     lock: trio.Lock = dataclasses.field(default_factory=trio.Lock)
@@ -444,6 +476,7 @@ class PopService:
     def __init__(self, node: BrokerNode) -> None:
         self.node = node
         self._locks: dict[tuple[str, str, int], _QueueLock] = {}
+        self._forgetting: list[_Forgetting] = []  # the deletes running now (usually none: one test on the hot path)
         self._table: dict[str, Any] = {}
         self._generation = -1
         # checkpoint key -> (earliest next try, ms; failures) of checkpoints whose revive failed
@@ -498,15 +531,56 @@ class PopService:
     def pop_offsets(self, group: str, topic: str) -> dict[int, int]:
         return pop_offsets(self.table(), group, topic)
 
-    async def write(self, items: dict[str, Any]) -> None:
+    async def write(self, items: dict[str, Any]) -> bool:
+        """Replicate ``items``, less the keys of a group or topic being deleted (``forgetting``); False when any was
+        left out. A writer that must not act on a change nobody recorded (a POP handing messages out) reads it."""
+        if self._forgetting:
+            kept = {key: value for key, value in items.items() if not self.being_forgotten(*_key_scope(key))}
+            if len(kept) != len(items):
+                log.debug("pop write of a group or topic being deleted left out keys=%d", len(items) - len(kept))
+                if kept:
+                    await self.node._replicate(POP_TABLE, kept)
+                return False
         if items:
             await self.node._replicate(POP_TABLE, items)
+        return True
+
+    def being_forgotten(self, group: str, topic: str) -> bool:
+        """Whether a delete running now removes the state of (group, topic)."""
+        return any(scope.covers(group, topic) for scope in self._forgetting)
+
+    @contextlib.asynccontextmanager
+    async def forgetting(self, *, group: str | None = None, topic: str | None = None) -> AsyncIterator[None]:
+        """Run a delete of ``group`` (any topic) or of ``topic`` (any group, its POP retry topics too) inside this:
+        writes of their keys are left out from now on (see ``write``), and once the POPs, acks, changes and revives
+        already at one of their queues' locks are done, the body runs (it ends with ``forget``). Enter it holding
+        no lock: the queue locks are waited for one at a time, and a revive holding one may want the topic lock."""
+        if (group is None) == (topic is None):
+            raise ValueError("forgetting takes one of group and topic")
+        scope = _Forgetting(group, topic)
+        self._forgetting.append(scope)
+        try:
+            for key in [key for key in self._locks if scope.covers(key[0], key[1])]:
+                async with self.queue_lock(*key):
+                    pass  # its holder, and whoever waited before this, are done; the next ones find scope set
+            yield
+        finally:
+            self._forgetting.remove(scope)
 
     async def forget(self, *, group: str | None = None, topic: str | None = None) -> int:
         """Remove every pop offset and checkpoint of ``group`` or of ``topic`` (a deleted group or topic), replicated
-        before this returns; the number of keys removed."""
-        items = plan_forget(self.table(), group=group, topic=topic)
-        await self.write(items)
+        before this returns; the number of keys removed. Called inside ``forgetting``, no write can bring one back;
+        its own mark alone keeps out only the writes planned after it."""
+        if (group is None) == (topic is None):
+            raise ValueError("forget takes one of group and topic")
+        scope = _Forgetting(group, topic)
+        self._forgetting.append(scope)
+        try:
+            items = plan_forget(self.table(), group=group, topic=topic)
+            if items:
+                await self.node._replicate(POP_TABLE, items)
+        finally:
+            self._forgetting.remove(scope)
         return len(items)
 
     # --- revive ------------------------------------------------------------------------------------------------
@@ -543,6 +617,8 @@ class PopService:
                     raw = self.table().get(ck.key)
                     if raw is None:
                         continue  # acked meanwhile
+                    if self._forgetting and self.being_forgotten(ck.consumer_group, ck.topic):
+                        continue  # its group or topic is being deleted: no retry topic is created for it
                     current = CheckPoint.from_wire(raw)
                     if current.deadline_ms > clock():
                         continue

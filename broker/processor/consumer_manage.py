@@ -16,8 +16,9 @@ the leader's answer includes commits not yet replicated, a follower's may be one
 
 DELETE_SUBSCRIPTIONGROUP is RocketMQ's deleteSubGroup: on the leader, the group's subscription-group config goes
 (``broker/subscription_group.py``; its next pull auto-creates it again with the defaults, or is refused with
-``auto_create_subscription_group`` false) and, with ``clean_offset`` (default true), its offsets, replicated before
-the answer (ext ``removed``, the queues that had one; ``config_removed``, whether it had a config). ``clean_offset``
+``auto_create_subscription_group`` false) and, with ``clean_offset`` (default true), its offsets, its POP state and
+its POP retry topics ``%RETRY%<group>+<topic>``, replicated before the answer (ext ``removed``, the queues that had
+an offset; ``config_removed``, whether it had a config). ``clean_offset``
 false for a group without a config, which would remove nothing, is refused. A group with members online here is
 refused too: they would commit their offsets again within a second, and the group would seem deleted.
 
@@ -44,6 +45,7 @@ from broker.processor.base import (I64, RequestRejected, get_bool, get_existing_
                                    get_topic_queue, invalid)
 from remoting.codec import Frame, make_response
 from remoting.codes import ResponseCode
+from remoting.message import split_pop_retry_topic
 
 if TYPE_CHECKING:
     from broker.node import BrokerNode
@@ -149,9 +151,23 @@ class ConsumerManageProcessor:
                                   f"{node.config.broker_name} ({', '.join(sorted(members)[:3])}"
                                   f"{', ...' if len(members) > 3 else ''}): stop them first, or their next commits "
                                   f"bring its offsets back", ext={"consumer_group": group})
-        removed = await node.delete_group_offsets(group) if clean_offset else 0
+        removed = await self._clean_group(group) if clean_offset else 0
         config_removed = await node.subscription_groups.delete(group)
         return make_response(request, ResponseCode.SUCCESS, ext={"removed": removed, "config_removed": config_removed})
+
+    async def _clean_group(self, group: str) -> int:
+        """``clean_offset``: the group's offsets and POP state, and its POP retry topics with them (a retry topic
+        without the pop offsets saying how far it was read is read again from its start by the group's next POP);
+        its push retry topic ``%RETRY%<group>`` is deleted by the admin tool, as RocketMQ's mqadmin deleteSubGroup
+        does. The number of queues that had an offset."""
+        node = self.node
+        async with node.pop.forgetting(group=group):  # nothing of it written back after (broker/pop.py)
+            removed = await node.delete_group_offsets(group)
+            retry_topics = [config.topic_name for config in node.topics.all()
+                            if (split_pop_retry_topic(config.topic_name) or ("",))[0] == group]
+            for topic in retry_topics:
+                await node.delete_topic(topic)
+        return removed
 
     async def clone_group_offset(self, request: Frame, conn: Any) -> Frame:
         """Ext ``src_group``, ``dest_group``, ``topic``. Body: ``{"offsets": [{queue_id, offset, previous}],

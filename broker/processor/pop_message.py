@@ -196,6 +196,10 @@ class PopMessageProcessor:
         store = node.store
         group = args.consumer_group
         async with pop.queue_lock(group, queue.topic, queue.queue_id):
+            if node.topic(queue.topic) is None:
+                # Deleted since this POP was judged (it waited for the lock, or read other queues first): a pop
+                # offset written now would outlive the delete, and skip messages of a topic created again.
+                return [], 0
             stored = pop.pop_offset(group, queue.topic, queue.queue_id)
             start = stored
             if start is None:
@@ -231,7 +235,10 @@ class PopMessageProcessor:
                 ck = CheckPoint(group, queue.topic, queue.queue_id, picked[0][1], pop_time, args.invisible_time_ms,
                                 tuple(offset for _raw, offset in picked))
                 items[ck.key] = ck.to_wire()
-            await pop.write(items)
+            if not await pop.write(items):
+                # Its group or topic is being deleted (PopService.forgetting): no checkpoint holds these messages,
+                # so none is handed out, and no consumer offset is committed for the delete to miss.
+                return [], start
             if next_offset != stored:
                 # The consumer offset follows, as RocketMQ's POP commits it: consume stats show the group's lag.
                 node.offsets.commit(group, queue.topic, queue.queue_id, next_offset)

@@ -1,7 +1,7 @@
 """POP on an in-process single-node broker (broker/pop.py, broker/processor/pop_message.py): the POP retry topic's
-name and who may use it, admin moves (reset, clone, delete) of POP state, receipt handles of another group or queue,
-an ack or change losing the race to revive, revive going on past a checkpoint it cannot revive, and batch acks (one
-write, an outcome per handle).
+name and who may use it, admin moves (reset, clone, delete) of POP state and POP retry topics, receipt handles of
+another group or queue, an ack or change losing the race to revive, revive going on past a checkpoint it cannot
+revive, and batch acks (one write, an outcome per handle). Deletes racing POP writes: test_pop_delete_race.py.
 
 The revive task's own interval is long here: each test calls ``PopService.revive_expired`` with a clock far ahead,
 or revives one checkpoint itself, so nothing depends on timing but the one race test's wait for a deadline.
@@ -150,6 +150,8 @@ async def test_delete_topic_and_delete_group_take_their_pop_state(nursery, tmp_p
         assert r.code == ResponseCode.SUCCESS, r.remark
         assert [key for key in _pop_keys(node) if key.split("\x01")[1] == "g"] == []
         assert await node.pop.revive_expired(now=now_ms() + FAR) == 0
+        # Its POP retry topic too: kept, a group of the name would read it again from its first message.
+        assert node.topic(pop_retry_topic("g", "PopGone")) is None and node.topic("PopGone") is not None
 
 
 async def test_handles_of_another_group_or_queue_are_refused_and_locks_are_freed(nursery, tmp_path):

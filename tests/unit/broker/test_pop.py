@@ -399,6 +399,48 @@ async def test_several_queue_locks_are_taken_in_topic_and_queue_order():
     assert service._locks == {}
 
 
+class _WritingNode:
+    """What PopService.write needs of a node: ``_replicate``, recording each write."""
+
+    def __init__(self) -> None:
+        self.writes: list[dict[str, Any]] = []
+
+    async def _replicate(self, table: str, items: dict[str, Any]) -> None:
+        self.writes.append(dict(items))
+
+
+async def test_a_delete_waits_for_the_queues_in_flight_and_leaves_out_the_writes_of_its_keys():
+    node = _WritingNode()
+    service = PopService(node=node)  # type: ignore[arg-type]
+    retry = pop_retry_topic(G, T)
+    events: list[str] = []
+
+    async def pop_in_flight() -> None:
+        async with service.queue_lock(G, T, 0):
+            await trio.sleep(0.01)  # its write on its way
+            events.append("pop done")
+
+    async def delete() -> None:
+        async with service.forgetting(topic=T):
+            events.append("delete")
+            assert service.being_forgotten(G, retry) and not service.being_forgotten(G, "TopicAB")
+            assert not await service.write({pop_offset_key(G, T, 1): 3, pop_offset_key(G, retry, 0): 1,
+                                            pop_offset_key(G, "TopicAB", 0): 2})
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(pop_in_flight)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(delete)
+    assert events == ["pop done", "delete"]
+    assert node.writes == [{pop_offset_key(G, "TopicAB", 0): 2}]  # only the key of another topic
+    assert service._forgetting == [] and service._locks == {}
+    assert await service.write({pop_offset_key(G, T, 1): 3})  # once the delete is over, written as ever
+    for bad in ({}, {"group": G, "topic": T}):
+        with pytest.raises(ValueError, match="one of group and topic"):
+            async with service.forgetting(**bad):
+                pass
+
+
 # --- POP retry topic names -----------------------------------------------------------------------------------------
 def test_split_pop_retry_topic_takes_exactly_the_v2_shape():
     assert split_pop_retry_topic("%RETRY%g1+TopicA") == ("g1", "TopicA")
