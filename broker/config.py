@@ -179,6 +179,7 @@ class BrokerConfig:
     def __post_init__(self) -> None:
         check_fields(self)
         # The files read and checked at start: a ConfigError naming the key at fault, not a failed handshake later.
+        # Built once: the node's start and a runtime update's checks get these same contexts back.
         self.tls_server_context()
         self.tls_client_context()
         if self.tls_mode == "enforcing" and not self.tls_client_enable:
@@ -222,7 +223,8 @@ class BrokerConfig:
                               f"chunk), got {self.max_frame_size}")
 
     def tls_server_context(self) -> ssl.SSLContext | None:
-        """What ``serve_remoting`` takes as ``tls_context``: None with tls_mode "disabled"."""
+        """What ``serve_remoting`` takes as ``tls_context``: None with tls_mode "disabled". The one built when the
+        config was checked, until a file it reads changes (remoting/tls.py)."""
         return server_context_for_mode(self.tls_mode, self.tls_cert_file, self.tls_key_file, self.tls_ca_file,
                                        self.tls_need_client_auth)
 

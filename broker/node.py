@@ -68,6 +68,7 @@ from remoting.config import parse_host_port
 from remoting.errors import RaftMQError
 from remoting.message import decode_record, split_pop_retry_topic
 from remoting.metrics_http import serve_metrics
+from remoting.tls import ServerContextReloader
 from remoting.transport import corked, open_remoting_client, serve_remoting
 
 log = logging.getLogger(__name__)
@@ -718,6 +719,14 @@ async def _rejoin_if_rebuilt(config: DLedgerConfig, store: MessageStore, client:
     return config.replace(rejoin=True)
 
 
+def _server_tls(node: BrokerNode) -> ServerContextReloader | None:
+    """The TLS context source of the node's remoting server: its config's files as they are at each connection
+    accepted (remoting/tls.py), from ``node.config`` as it is then. None with tls_mode "disabled"."""
+    if node.config.tls_mode == "disabled":
+        return None
+    return ServerContextReloader(lambda: node.config.tls_server_context())
+
+
 async def serve_broker(config: BrokerConfig, *, on_serving: Callable[[BrokerNode], None] | None = None,
                        task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED) -> None:
     """Run one broker node until cancelled; ``task_status.started((host, port))`` once it listens, after
@@ -751,7 +760,7 @@ async def serve_broker(config: BrokerConfig, *, on_serving: Callable[[BrokerNode
                             await nursery.start(node.hold.serve)
                             bound = await nursery.start(functools.partial(
                                 serve_remoting, dispatcher, host, port, max_frame_size=config.max_frame_size,
-                                tls_mode=config.tls_mode, tls_context=config.tls_server_context()))
+                                tls_mode=config.tls_mode, tls_context=_server_tls(node)))
                             nursery.start_soon(node.watch_role)
                             nursery.start_soon(node.flush_offsets)
                             nursery.start_soon(node.register_topic_changes)

@@ -49,7 +49,8 @@ from remoting.tls import client_context
 __all__ = ["ClientConfig", "ClientInstance", "build_config", "raise_for_response", "open_remoting",
            "open_client_nursery", "ServerRequests", "check_instance_name", "detect_client_ip",
            "namesrv_addrs_from_env", "NAMESRV_ADDR_ENV", "DEFAULT_NAMESRV_ADDR", "ACCESS_KEY_ENV",
-           "SECRET_KEY_ENV", "TLS_ENABLE_ENV", "TLS_CA_FILE_ENV", "client_tls_context"]
+           "SECRET_KEY_ENV", "TLS_ENABLE_ENV", "TLS_CA_FILE_ENV", "client_tls_context",
+           "tls_settings"]
 
 log = logging.getLogger(__name__)
 
@@ -188,6 +189,18 @@ def _tls_enable_from_env() -> bool:
     raise ConfigError(f"${TLS_ENABLE_ENV} must be true or false (or 1 or 0), got {os.environ[TLS_ENABLE_ENV]!r}")
 
 
+def _tls_ca_file_from_env() -> str:
+    return os.environ.get(TLS_CA_FILE_ENV, "")
+
+
+def tls_settings(*, enable: bool | None = None, ca_file: str | None = None) -> tuple[bool, str]:
+    """``(tls_enable, tls_ca_file)`` as a client resolves them: each one given, else its variable
+    ($RAFTMQ_TLS_ENABLE, read strictly; $RAFTMQ_TLS_CA_FILE), as ``ClientConfig``'s defaults read them. For a
+    command that opens a remoting client of its own (``raftmq.bench.common.tls_context_from_args``)."""
+    return (_tls_enable_from_env() if enable is None else enable,
+            _tls_ca_file_from_env() if ca_file is None else ca_file)
+
+
 def _credential_problem(value: str) -> str | None:
     # Whitespace or control characters around a key are a paste gone wrong: refused here, rather than as a
     # signature mismatch on the broker. The value is not repeated (it may be the secret).
@@ -249,7 +262,7 @@ class ClientConfig:
     # RocketMQ's tls.enable and its client files (remoting/tls.py; docs/operations.md, "TLS").
     tls_enable: bool = _field_from(_tls_enable_from_env,
                                    doc=f"connect to name servers and brokers over TLS (default: ${TLS_ENABLE_ENV})")
-    tls_ca_file: str = _field_from(functools.partial(os.environ.get, TLS_CA_FILE_ENV, ""),
+    tls_ca_file: str = _field_from(_tls_ca_file_from_env,
                                    doc=f"PEM CA certificates servers are verified against (default: "
                                        f"${TLS_CA_FILE_ENV}, else the system's)")
     tls_verify: bool = bounded(True, doc="verify the servers' certificates and names; false: encrypted but not "

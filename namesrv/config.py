@@ -49,7 +49,8 @@ class NamesrvConfig:
         self.tls_server_context()  # the files read and checked at start: a ConfigError naming the key at fault
 
     def tls_server_context(self) -> ssl.SSLContext | None:
-        """What ``serve_remoting`` takes as ``tls_context``: None with tls_mode "disabled"."""
+        """What ``serve_remoting`` takes as ``tls_context``: None with tls_mode "disabled". The one built when the
+        config was checked, until a file it reads changes (remoting/tls.py)."""
         return server_context_for_mode(self.tls_mode, self.tls_cert_file, self.tls_key_file, self.tls_ca_file,
                                        self.tls_need_client_auth)
 

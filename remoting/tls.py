@@ -11,6 +11,14 @@ Rules (RocketMQ's ``tls.server.mode`` and ``tls.enable``, docs/operations.md "TL
 * Files are read and checked when the context is built, at start, so a missing file, a key that does not match its
   certificate or an unknown mode is a ``ConfigError`` naming the key and the file rather than a failed handshake
   on the first connection.
+* A context is built once per settings and file versions (device, inode, size, modification time of each file it
+  reads; the system's CA paths for a client without a CA file) and shared: a config checked at load and served at
+  start reads its files once, and one that fails is refused again without reading them until a file changes.
+  Shared contexts are never changed after they are built.
+* A server's files are looked at again for each TLS connection it accepts (``ServerContextReloader``, a few
+  ``stat`` calls): a certificate replaced on disk, as RocketMQ's FileWatchService notices, serves every connection
+  accepted after it, and the connections open keep theirs. Replacements that do not load (a key written before its
+  certificate) keep the last good context, with a WARNING once per change, until the files agree.
 * A client verifies the server's certificate and name unless told not to (``verify=False``), which logs a WARNING
   each time a context is built: it gives encryption without authentication. Given a CA file, it trusts only that
   file's CAs, not the system's too.
@@ -22,13 +30,17 @@ Rules (RocketMQ's ``tls.server.mode`` and ``tls.enable``, docs/operations.md "TL
 from __future__ import annotations
 
 import logging
+import os
 import ssl
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
 from pathlib import Path
 
 from remoting.config import ConfigError
 
-__all__ = ["HANDSHAKE_TIMEOUT_S", "TLS_HANDSHAKE_RECORD", "TLS_MODES", "client_context", "is_tls_start",
-           "server_context", "server_context_for_mode"]
+__all__ = ["HANDSHAKE_TIMEOUT_S", "TLS_HANDSHAKE_RECORD", "TLS_MODES", "ServerContextReloader", "client_context",
+           "is_tls_start", "server_context", "server_context_for_mode"]
 
 log = logging.getLogger(__name__)
 
@@ -96,42 +108,62 @@ def _load_ca(context: ssl.SSLContext, ca_file: str | Path) -> None:
 def server_context(cert_file: str | Path, key_file: str | Path, *, ca_file: str | Path | None = None,
                    need_client_auth: bool = False) -> ssl.SSLContext:
     """A server's context: its certificate chain and key; with ``need_client_auth``, clients must present a
-    certificate signed by a CA in ``ca_file``. Raises ConfigError naming the key and file at fault."""
+    certificate signed by a CA in ``ca_file``. Raises ConfigError naming the key and file at fault. Built once per
+    settings and file versions: do not change what it returns."""
     if need_client_auth and not ca_file:
         raise ConfigError("tls_need_client_auth needs tls_ca_file: the CA that client certificates are checked "
                           "against")
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    _load_chain(context, cert_file, key_file)
-    if ca_file:
-        _load_ca(context, ca_file)
-    context.verify_mode = ssl.CERT_REQUIRED if need_client_auth else ssl.CERT_NONE
-    return context
+    settings = ("server", str(cert_file), str(key_file), str(ca_file or ""), need_client_auth)
+
+    def build() -> ssl.SSLContext:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        _load_chain(context, cert_file, key_file)
+        if ca_file:
+            _load_ca(context, ca_file)
+        context.verify_mode = ssl.CERT_REQUIRED if need_client_auth else ssl.CERT_NONE
+        return context
+
+    return _built_once(settings, (cert_file, key_file, ca_file), build)
 
 
 def client_context(*, ca_file: str | Path | None = None, verify: bool = True, cert_file: str | Path | None = None,
                    key_file: str | Path | None = None) -> ssl.SSLContext:
     """A client's context: servers verified against ``ca_file`` only (the system's CAs without one) and by name, unless
-    ``verify`` is False; ``cert_file``/``key_file`` are presented to servers that require client certificates."""
+    ``verify`` is False; ``cert_file``/``key_file`` are presented to servers that require client certificates. Built
+    once per settings and file versions: do not change what it returns."""
     if bool(cert_file) != bool(key_file):
         given, missing = ("tls_cert_file", "tls_key_file") if cert_file else ("tls_key_file", "tls_cert_file")
         raise ConfigError(f"{given} is set but {missing} is not: a client certificate needs both")
-    if ca_file:
-        # Only the CA file: create_default_context loads the system's CAs as well, and a server certified by any
-        # of them would pass. PROTOCOL_TLS_CLIENT checks the name and requires a certificate, as that one does.
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-        _load_ca(context, ca_file)
-    else:
-        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
     if not verify:
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
+        # At every call, built or found: each client so configured is told, not only the first.
         log.warning("TLS server certificates are NOT verified (tls_verify = false): the connection is encrypted but "
                     "anyone on the path can pose as the server")
-    if cert_file and key_file:
-        _load_chain(context, cert_file, key_file)
-    return context
+    files: tuple[str | Path | None, ...] = (ca_file, cert_file, key_file)
+    settings: tuple[Hashable, ...] = ("client", str(ca_file or ""), verify, str(cert_file or ""), str(key_file or ""))
+    if not ca_file:
+        # The system's store is wherever $SSL_CERT_FILE / $SSL_CERT_DIR point now, else OpenSSL's default paths.
+        system = ssl.get_default_verify_paths()
+        settings += (system.cafile, system.capath)
+        files += (system.cafile, system.capath)
+
+    def build() -> ssl.SSLContext:
+        if ca_file:
+            # Only the CA file: create_default_context loads the system's CAs as well, and a server certified by any
+            # of them would pass. PROTOCOL_TLS_CLIENT checks the name and requires a certificate, as that one does.
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+            _load_ca(context, ca_file)
+        else:
+            context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        if not verify:
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        if cert_file and key_file:
+            _load_chain(context, cert_file, key_file)
+        return context
+
+    return _built_once(settings, files, build)
 
 
 def server_context_for_mode(mode: str, cert_file: str | Path, key_file: str | Path, ca_file: str | Path = "",
@@ -146,3 +178,82 @@ def server_context_for_mode(mode: str, cert_file: str | Path, key_file: str | Pa
         missing = " and ".join(k for k, v in (("tls_cert_file", cert_file), ("tls_key_file", key_file)) if not v)
         raise ConfigError(f"tls_mode {mode!r} needs {missing}: the server's certificate chain and private key")
     return server_context(cert_file, key_file, ca_file=ca_file or None, need_client_auth=need_client_auth)
+
+
+# ------------------------------------------------------------------------- contexts built once per file versions
+
+# Room for every distinct context a process asks for (a server's, its own client's; a test run's dozens) without
+# holding on to those of files long replaced.
+_CACHE_SIZE = 64
+# Settings and file versions -> the context, or the ConfigError its build raised (refused again without a read).
+_cache: OrderedDict[Hashable, ssl.SSLContext | ConfigError] = OrderedDict()
+# Asked for from trio's thread, and from worker threads (a CLI command's trio.to_thread).
+_cache_lock = threading.Lock()
+
+
+def _file_version(path: str | Path | None) -> Hashable:
+    """What tells that a file changed without reading it: one renamed over it (certbot, cert-manager, a Kubernetes
+    secret's symlink swap) has another inode; one rewritten in place another size or change time (ctime also moves
+    on chmod, so a file made readable is tried again). None: no file, or none to look at (the build says why)."""
+    if not path:
+        return None
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def _built_once(settings: Hashable, files: tuple[str | Path | None, ...],
+                build: Callable[[], ssl.SSLContext]) -> ssl.SSLContext:
+    """The context ``build`` makes for ``settings`` and the present versions of ``files``: built on the first ask,
+    found on the next ones until a file changes. Two threads asking at once may both build; either result is right."""
+    key = (settings, tuple(_file_version(f) for f in files))
+    with _cache_lock:
+        found = _cache.get(key)
+        if found is not None:
+            _cache.move_to_end(key)
+    if found is None:
+        try:
+            found = build()
+        except ConfigError as e:
+            found = e
+        with _cache_lock:
+            _cache[key] = found
+            while len(_cache) > _CACHE_SIZE:
+                _cache.popitem(last=False)
+    if isinstance(found, ConfigError):
+        raise ConfigError(str(found))  # a new one: raising the stored one would grow its traceback each time
+    return found
+
+
+class ServerContextReloader:
+    """What ``serve_remoting`` calls for the context of each TLS connection it accepts: ``build()`` (a config's
+    ``tls_server_context``, asked again each time) returns the context of the files as they are now, built only
+    when one changed. A build that fails keeps the last good context and logs a WARNING once per failure; at
+    construction it raises, so a server never starts on files that do not load."""
+
+    def __init__(self, build: Callable[[], ssl.SSLContext | None]) -> None:
+        context = build()
+        if context is None:
+            raise ValueError("ServerContextReloader needs a server TLS context: tls_mode is \"disabled\"")
+        self._build = build
+        self._current = context
+        self._problem: str | None = None
+
+    def __call__(self) -> ssl.SSLContext:
+        try:
+            context = self._build()
+        except ConfigError as e:
+            if str(e) != self._problem:
+                self._problem = str(e)
+                log.warning("TLS files changed but do not load; new connections keep the previous certificate "
+                            "reason=%s", e)
+            return self._current
+        if context is None:  # tls_mode is fixed at start: a server cannot stop serving TLS under its clients
+            return self._current
+        if context is not self._current:
+            log.info("TLS files changed: connections accepted from now on get the reloaded certificate")
+            self._current = context
+        self._problem = None
+        return context

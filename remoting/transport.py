@@ -63,30 +63,32 @@ async def open_listeners(host: str, port: int) -> tuple[list[trio.SocketListener
 @dataclass(frozen=True, slots=True)
 class _ServerTLS:
     mode: str  # "permissive" or "enforcing" (remoting/tls.py)
-    context: ssl.SSLContext
+    # Asked for each TLS connection: a ServerContextReloader hands out the certificate as it is on disk now.
+    context: Callable[[], ssl.SSLContext]
     handshake_timeout_s: float
 
 
 async def serve_remoting(handler: RequestHandler, host: str, port: int, *,
                          max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, tls_mode: str = "disabled",
-                         tls_context: ssl.SSLContext | None = None,
+                         tls_context: ssl.SSLContext | Callable[[], ssl.SSLContext] | None = None,
                          tls_handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
                          task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED) -> None:
     """Listen on ``host:port`` (0: any free port), report ``(host, bound_port)`` through ``task_status`` and
     serve every connection with ``handler`` until cancelled. ``tls_mode`` (remoting/tls.py): "disabled" (plain
     only), "enforcing" (TLS only) or "permissive" (both on this port), with ``tls_context``
-    (``remoting.tls.server_context``) for the last two; a handshake not done within ``tls_handshake_timeout_s``
-    closes its connection."""
+    (``remoting.tls.server_context``, or a callable such as ``remoting.tls.ServerContextReloader`` asked for each TLS
+    connection) for the last two; a handshake not done within ``tls_handshake_timeout_s`` closes its connection."""
     FrameDecoder(max_frame_size)  # validates the size now rather than on the first connection
     if tls_mode not in TLS_MODES:
         raise ValueError(f"tls_mode must be one of {', '.join(map(repr, TLS_MODES))}, got {tls_mode!r}")
     tls: _ServerTLS | None = None
     if tls_mode != "disabled":
-        if not isinstance(tls_context, ssl.SSLContext):
+        if not isinstance(tls_context, ssl.SSLContext) and not callable(tls_context):
             raise ValueError(f"tls_mode {tls_mode!r} needs a server tls_context (remoting.tls.server_context)")
         if not tls_handshake_timeout_s > 0:
             raise ValueError(f"tls_handshake_timeout_s must be > 0, got {tls_handshake_timeout_s!r}")
-        tls = _ServerTLS(tls_mode, tls_context, tls_handshake_timeout_s)
+        get_context = tls_context if callable(tls_context) else partial(_same, tls_context)
+        tls = _ServerTLS(tls_mode, get_context, tls_handshake_timeout_s)
     listeners, bound_port = await open_listeners(host, port)
     log.info("remoting server listening host=%s port=%d max_frame_size=%d tls_mode=%s", host, bound_port,
              max_frame_size, tls_mode)
@@ -94,6 +96,10 @@ async def serve_remoting(handler: RequestHandler, host: str, port: int, *,
         task_status.started((host, bound_port))
         await trio.serve_listeners(partial(_serve_stream, handler, max_frame_size, tls), listeners,
                                    handler_nursery=nursery)
+
+
+def _same(context: ssl.SSLContext) -> ssl.SSLContext:
+    return context
 
 
 async def _serve_stream(handler: RequestHandler, max_frame_size: int, tls: _ServerTLS | None,
@@ -134,7 +140,7 @@ async def _accept_tls(stream: trio.SocketStream, remote: str,
                             "must start with a TLS handshake", remote)
                 return None
             what = "TLS handshake"
-            secure = trio.SSLStream(stream, tls.context, server_side=True, https_compatible=True)
+            secure = trio.SSLStream(stream, tls.context(), server_side=True, https_compatible=True)
             await secure.do_handshake()
             return secure
         except (OSError, trio.BrokenResourceError) as e:

@@ -29,8 +29,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from client.instance import (ACCESS_KEY_ENV, DEFAULT_NAMESRV_ADDR, NAMESRV_ADDR_ENV, SECRET_KEY_ENV, TLS_CA_FILE_ENV,
-                             TLS_ENABLE_ENV, ClientConfig, client_tls_context)
+from client.instance import (ACCESS_KEY_ENV, NAMESRV_ADDR_ENV, SECRET_KEY_ENV, TLS_CA_FILE_ENV, TLS_ENABLE_ENV,
+                             tls_settings)
 from raftmq.runner import leaf_exceptions, run_interruptible
 from remoting.config import ConfigError, parse_host_port
 from remoting.tls import client_context
@@ -211,15 +211,15 @@ def check_tls_args(args: Any) -> None:
 def tls_context_from_args(args: Any) -> ssl.SSLContext | None:
     """The client TLS context of ``args`` (after ``check_tls_args``) for a command that opens a remoting client of
     its own rather than a ClientConfig's: ``--tls`` / ``--tls-ca-file``, else $RAFTMQ_TLS_ENABLE /
-    $RAFTMQ_TLS_CA_FILE read as every client reads them; None for plain TCP."""
-    tls: dict[str, Any] = {"tls_enable": True} if args.tls else {}
-    if args.tls_ca_file:  # else $RAFTMQ_TLS_CA_FILE, as exported_credentials leaves it for admin's clients
-        tls["tls_ca_file"] = args.tls_ca_file
-    # Only the TLS fields come from the environment: the others are given, so a name server or credential
-    # variable this command does not use cannot fail it.
-    config = ClientConfig(namesrv_addrs=(DEFAULT_NAMESRV_ADDR,), client_ip="127.0.0.1", access_key="",
-                          secret_key="", **tls)
-    return client_tls_context(config)
+    $RAFTMQ_TLS_CA_FILE read as every client reads them (``client.instance.tls_settings``); None for plain TCP."""
+    enable, ca_file = tls_settings(enable=True if args.tls else None, ca_file=args.tls_ca_file or None)
+    if not enable:
+        if ca_file:
+            # Ignored, the command would talk plain TCP to a cluster its operator meant to reach over TLS.
+            raise ConfigError(f"${TLS_CA_FILE_ENV} is set but TLS is not on: pass --tls (or set ${TLS_ENABLE_ENV}"
+                              f"=true) to connect over TLS")
+        return None
+    return client_context(ca_file=ca_file or None)
 
 
 @contextlib.contextmanager

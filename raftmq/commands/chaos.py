@@ -22,8 +22,11 @@ stop, and within ``--drain-seconds`` every acknowledged message must be consumed
 be identical (crc32c per segment, as ``raftmq verify``). Delivery is at least once, as in RocketMQ, so
 duplicates are counted, not failed.
 
-Its name server and clients are plain: ``--set`` may make the brokers serve TLS with ``tls_mode = "permissive"``,
-not ``"enforcing"`` or ``tls_client_enable`` (refused as a bad option).
+With ``--tls`` the whole cluster serves TLS only, as ``raftmq dev --tls-dir`` (``raftmq/commands/dev_tls.py``):
+certificates made under the data directory, or those of ``--tls-dir DIR``; its clients (senders, consumer, status
+and verify requests) then connect over TLS, verifying against the directory's ``ca.pem`` or ``--tls-ca-file``.
+Without it everything is plain, and ``--set`` may make the brokers serve TLS with ``tls_mode = "permissive"`` only
+(``"enforcing"`` or ``tls_client_enable`` would cut them off from the plain name server: refused as a bad option).
 
 Exit status 0 when nothing acknowledged was lost, the logs are identical, acknowledgements resumed after
 every fault and every node stopped with SIGTERM exited 0; 1 otherwise (the data directory is then kept for its
@@ -53,14 +56,16 @@ from rich.table import Table
 
 from client import Message, SendFailedError, open_admin, open_producer, open_push_consumer
 from dledger.service import get_raft_status
-from raftmq.bench.common import check_range, print_json
+from raftmq.bench.common import add_tls_args, check_range, check_tls_args, print_json
 from raftmq.commands.dev import (GROUP, NODE_IDS, DevClusterError, LocalCluster, check_base_port, check_overrides,
                                  plan_ports)
+from raftmq.commands.dev_tls import DevTLS, open_tls_dir, refuse_tls_overrides
 from raftmq.commands.verify import verify_group
 from raftmq.runner import leaf_exceptions, run_interruptible
 from remoting.config import ConfigError
 from remoting.errors import RaftMQError
 from remoting.message import parse_msg_id
+from remoting.tls import client_context
 from remoting.transport import open_remoting_client
 
 log = logging.getLogger(__name__)
@@ -107,6 +112,11 @@ def register(subparsers) -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="broker config override passed to every node, as raftmq dev's --set")
     parser.add_argument("--json", action="store_true", help="print the report as one JSON line")
+    add_tls_args(parser)  # as bench's: here the cluster serves TLS too, with certificates made for it
+    parser.add_argument("--tls-dir", metavar="DIR", default=None,
+                        help="serve TLS with DIR's ca.pem, server.pem and server.key (made there when DIR is empty), "
+                             "as raftmq dev --tls-dir; implies --tls (default with --tls: made under the data "
+                             "directory)")
     parser.set_defaults(func=run)
 
 
@@ -123,15 +133,26 @@ def check_args(args: argparse.Namespace) -> None:
     check_range("--size", args.size, 1, 4 * 1024 * 1024)
     check_range("--drain-seconds", args.drain_seconds, 1, 3600)
     check_base_port(0)  # a malformed RAFTMQ_PORT_RANGE, named before a data directory is made
+    check_tls_args(args)
+    if args.tls_dir is not None:
+        args.tls = True
+    elif args.tls_ca_file is not None:
+        # The certificates chaos makes for itself are signed by a CA it makes too: no other file can vouch for them.
+        raise ConfigError("--tls-ca-file needs --tls-dir: without it chaos serves certificates it makes itself, signed "
+                          "by a CA of its own")
+    if args.tls:
+        refuse_tls_overrides(args.set, "--tls")
+        if args.tls_dir is not None:
+            args.tls_dir = open_tls_dir(args.tls_dir)  # checked (made when empty) before the data directory
     check_overrides(args.set)
     from raftmq.commands.broker import parse_overrides
     tls = parse_overrides(args.set)
     if tls.get("tls_mode") == "enforcing" or tls.get("tls_client_enable") is True:
-        # Its name server and its own clients (senders, consumer, status requests) speak plain TCP: the brokers
-        # could neither register nor be reached, and the run would fail as a cluster that never got ready.
+        # Its name server and its own clients (senders, consumer, status requests) speak plain TCP without --tls:
+        # the brokers could neither register nor be reached, and the run would fail as a cluster never ready.
         raise ConfigError('--set tls_mode = "enforcing" or tls_client_enable = true: chaos\'s name server and '
-                          'clients speak plain TCP; serve TLS with tls_mode = "permissive" (and its cert and key), '
-                          'which serves both')
+                          'clients speak plain TCP; serve TLS everywhere with --tls (or --tls-dir), or with '
+                          'tls_mode = "permissive" (and its cert and key), which serves both')
     if args.data_dir is not None and args.data_dir.exists():
         if not args.data_dir.is_dir():
             raise ConfigError(f"--data-dir {str(args.data_dir)!r} is not a directory")
@@ -235,6 +256,11 @@ class Chaos:
         self.ledger = Ledger()
         self.stopped: set[int] = set()  # PIDs we SIGSTOPped and have not continued yet
         self.addr_of: dict[str, str] = {}
+        # Given to every client, TLS or not: a $RAFTMQ_TLS_ENABLE left in the environment must not decide how to
+        # talk to a cluster whose every setting chaos chose.
+        ca_file = args.tls_ca_file or (str(cluster.tls.ca_file) if cluster.tls is not None else "")
+        self.client_tls: dict[str, Any] = {"tls_enable": cluster.tls is not None, "tls_ca_file": ca_file}
+        self.tls_context = client_context(ca_file=ca_file) if cluster.tls is not None else None
 
     def _say(self, text: str) -> None:
         if not self.args.json:
@@ -249,7 +275,7 @@ class Chaos:
         self._say(f"cluster: name server {namesrv}; {GROUP} nodes "
                   + ", ".join(f"{nid}={addr}" for nid, addr in self.addr_of.items())
                   + f"; logs in {cluster.logs}")
-        await _create_topic(namesrv)
+        await _create_topic(namesrv, self.client_tls)
         rounds: list[dict[str, Any]] = []
         stop = trio.Event()
         body = b"c" * args.size
@@ -257,12 +283,13 @@ class Chaos:
         async def on_message(msg: Any) -> None:
             ledger.consumed[msg.msg_id] += 1
 
-        async with open_remoting_client() as rpc, \
+        async with open_remoting_client(tls_context=self.tls_context) as rpc, \
                 open_producer(namesrv, producer_group="chaos_producer", send_msg_timeout_ms=3000,
-                              retry_backoff_ms=20) as producer, \
+                              retry_backoff_ms=20, **self.client_tls) as producer, \
                 open_push_consumer(namesrv, topic=TOPIC, handler=on_message, consumer_group=CONSUMER_GROUP,
                                    consume_from_where="CONSUME_FROM_FIRST_OFFSET", rebalance_interval_ms=500,
-                                   persist_consumer_offset_interval_ms=200, broker_suspend_max_time_ms=1000):
+                                   persist_consumer_offset_interval_ms=200, broker_suspend_max_time_ms=1000,
+                                   **self.client_tls):
             async with trio.open_nursery() as nursery:
                 for k in range(args.senders):
                     nursery.start_soon(_send_until, producer, ledger, stop, k, body, args.pause_ms / 1000)
@@ -367,7 +394,7 @@ class Chaos:
         report: dict[str, Any] = {"identical": False, "error": "not compared"}
         while True:
             try:
-                report = await verify_group(GROUP, addresses, timeout_s=5.0)
+                report = await verify_group(GROUP, addresses, timeout_s=5.0, tls_context=self.tls_context)
             except (RaftMQError, OSError) as e:
                 report = {"identical": False, "error": str(e)}
             if report["identical"] or trio.current_time() >= deadline:
@@ -389,7 +416,7 @@ class Chaos:
         resumed = all(r["acks_resumed"] for r in rounds)
         clean_exits = all(r.get("exit_status", 0) == 0 for r in rounds)
         return {
-            "fault": self.args.fault, "target": self.args.target, "rounds": rounds,
+            "fault": self.args.fault, "target": self.args.target, "tls": self.cluster.tls is not None, "rounds": rounds,
             "acked": len(ledger.acked), "failed_sends": sum(ledger.failed.values()),
             "failed_kinds": dict(ledger.failed), "consumed": len(ledger.consumed),
             "duplicates": ledger.duplicates(), "missing": len(missing), "missing_sample": sorted(missing)[:5],
@@ -403,8 +430,8 @@ class Chaos:
         }
 
 
-async def _create_topic(namesrv: str, timeout_s: float = 30.0) -> None:
-    async with open_admin(namesrv) as admin:
+async def _create_topic(namesrv: str, client_tls: dict[str, Any], timeout_s: float = 30.0) -> None:
+    async with open_admin(namesrv, **client_tls) as admin:
         with trio.move_on_after(timeout_s):
             while True:
                 try:
@@ -477,7 +504,10 @@ def run(args: argparse.Namespace) -> int:
         # it better. --log-level DEBUG brings them back.
         for name in ("client", "raftmq.commands.dev"):
             logging.getLogger(name).setLevel(logging.WARNING)
-    cluster = LocalCluster(data_dir, plan_ports(data_dir, 0), overrides=args.set)
+    tls: DevTLS | None = None
+    if args.tls:
+        tls = args.tls_dir if args.tls_dir is not None else open_tls_dir(data_dir / "tls", "--tls")
+    cluster = LocalCluster(data_dir, plan_ports(data_dir, 0), overrides=args.set, tls=tls)
     chaos = Chaos(args, cluster, console)
     report: dict[str, Any] | None = None
     try:

@@ -9,6 +9,10 @@ another runs on the same ``--data-dir`` is refused before it writes anything (``
 serves Prometheus metrics (``GET /metrics``) on a free port of its host, printed at start (``metrics_listen``
 port 0: a scrape config follows the printed addresses, or sets its own in a deployment's config).
 
+With ``--tls-dir DIR`` every process serves TLS only (``tls_mode = "enforcing"``) with the certificates of DIR,
+made there when it is empty (``raftmq/commands/dev_tls.py`` names the files), and the brokers dial the name server
+and each other over TLS; the client settings to use are printed at start.
+
 Shutdown on Ctrl-C / SIGTERM: every child gets SIGTERM by PID (brokers unregister and flush), then SIGKILL after
 ``--stop-timeout`` seconds if it lingers. A child that dies on its own is reported and left dead (the others keep
 serving: that is a failover, and a good way to watch one).
@@ -33,6 +37,7 @@ from typing import Any
 import trio
 
 from raftmq.bench.common import check_range, make_dir
+from raftmq.commands.dev_tls import DevTLS, open_tls_dir, refuse_tls_overrides
 from raftmq.ports import free_port, port_range
 from raftmq.runner import PARENT_PID_ENV, announce_ready, run_until_signalled
 from remoting.config import ConfigError, apply_overrides, blank_dir_problem, config_from_mapping
@@ -67,6 +72,9 @@ def register(subparsers) -> None:
     parser.add_argument("--acl-file", metavar="PATH", default=None,
                         help="turn ACL on in every node with this ACL file (TOML, re-read when it changes; "
                              "docs/operations.md, 'Access control (ACL)')")
+    parser.add_argument("--tls-dir", metavar="DIR", default=None,
+                        help="serve TLS only, name server and brokers, with DIR's ca.pem, server.pem and server.key; "
+                             "an empty DIR gets a new CA and server certificate (docs/operations.md, 'TLS')")
     parser.set_defaults(func=run)
 
 
@@ -326,11 +334,19 @@ class LocalCluster:
     and stopped by PID. ``raftmq chaos`` kills and restarts single nodes of one."""
 
     def __init__(self, data_dir: Path, state: dict[str, Any], *, overrides: Sequence[str] = (),
-                 stop_timeout_s: float = 10.0) -> None:
+                 stop_timeout_s: float = 10.0, tls: DevTLS | None = None) -> None:
         self.logs = data_dir / "logs"
         self.logs.mkdir(exist_ok=True)
         self.ports = state["ports"]
         self.paths = dict(zip(NODE_IDS, write_broker_configs(data_dir, state)))
+        # With TLS the name server reads its tls_* keys from a file (it takes no --set), the brokers from --set.
+        self.tls = tls
+        self._namesrv_args: list[str] = []
+        if tls is not None:
+            namesrv_toml = data_dir / "namesrv.toml"
+            namesrv_toml.write_text(tls.namesrv_toml())
+            self._namesrv_args = ["--config", str(namesrv_toml)]
+            overrides = [*overrides, *tls.broker_overrides()]
         self._overrides = [a for s in overrides for a in ("--set", s)]
         self.stop_timeout_s = stop_timeout_s
         self.namesrv: Child | None = None
@@ -353,7 +369,8 @@ class LocalCluster:
         return child
 
     def start_all(self) -> None:
-        self.namesrv = Child("namesrv", _raftmq("namesrv", "--listen", f"127.0.0.1:{self.ports['namesrv']}",
+        self.namesrv = Child("namesrv", _raftmq("namesrv", *self._namesrv_args,
+                                                "--listen", f"127.0.0.1:{self.ports['namesrv']}",
                                                 "--metrics-listen", "127.0.0.1:0"), self.logs / "namesrv.log")
         self.namesrv.wait_ready(30)
         for nid in NODE_IDS:
@@ -374,20 +391,24 @@ def run(args: argparse.Namespace) -> int:
     check_range("--stop-timeout", args.stop_timeout, 0.1, 3600)
     check_base_port(args.base_port)
     args.set = [*args.set, *acl_overrides(args.acl_file)]
-    check_overrides(args.set)
+    tls = None
+    if args.tls_dir is not None:
+        refuse_tls_overrides(args.set, "--tls-dir")
+        tls = open_tls_dir(args.tls_dir)  # checked (or made) before anything else is written
+    check_overrides([*args.set, *(tls.broker_overrides() if tls else [])])
     data_dir = check_data_dir(args.data_dir)
     make_dir(data_dir, "--data-dir")
     lock = lock_data_dir(data_dir)
     try:
-        return _run_locked(args, data_dir)
+        return _run_locked(args, data_dir, tls)
     finally:
         # Held until every child has stopped: a second run must not rewrite the files of nodes still flushing.
         lock.release()
 
 
-def _run_locked(args: argparse.Namespace, data_dir: Path) -> int:
+def _run_locked(args: argparse.Namespace, data_dir: Path, tls: DevTLS | None) -> int:
     cluster = LocalCluster(data_dir, plan_ports(data_dir, args.base_port), overrides=args.set,
-                           stop_timeout_s=args.stop_timeout)
+                           stop_timeout_s=args.stop_timeout, tls=tls)
     logs = cluster.logs
     start_all, stop_all = cluster.start_all, cluster.stop_all
 
@@ -418,13 +439,20 @@ def _run_locked(args: argparse.Namespace, data_dir: Path) -> int:
         # Each child's /metrics address, in the order of brokers= (keys of their own: parsers of the other keys
         # are untouched).
         metrics = [c.fields.get("metrics", "") for c in children]
+        # With TLS, the CA file clients need (a key of its own: parsers of the other keys are untouched).
         announce_ready("dev", listen=namesrv_addr, namesrv=namesrv_addr, brokers=",".join(brokers),
                        pids=",".join(str(c.pid) for c in children), namesrv_metrics=metrics[0],
-                       broker_metrics=",".join(metrics[1:]))
+                       broker_metrics=",".join(metrics[1:]), **({"tls_ca_file": str(tls.ca_file)} if tls else {}))
         print("  metrics: " + ", ".join(f"{c.name} http://{m}/metrics" for c, m in zip(children, metrics) if m),
               flush=True)
+        flags = f" {tls.client_flags()}" if tls else ""
+        if tls is not None:
+            made = "made now" if tls.generated else "found"
+            print(f"  TLS only (certificates {made} in {tls.cert_file.parent}): clients take {tls.client_flags()}, "
+                  f"or $RAFTMQ_TLS_ENABLE=true and $RAFTMQ_TLS_CA_FILE={tls.ca_file}, or in code "
+                  f"tls_enable=True, tls_ca_file={str(tls.ca_file)!r}", flush=True)
         print(f"  use it: point a client at namesrv {namesrv_addr}, e.g. "
-              f"raftmq bench produce --namesrv {namesrv_addr} --seconds 10\n"
+              f"raftmq bench produce --namesrv {namesrv_addr}{flags} --seconds 10\n"
               f"  stop it: Ctrl-C (stops every process); logs in {logs.resolve()}", flush=True)
 
         async def keep() -> None:

@@ -68,3 +68,35 @@ async def test_an_enforcing_cluster_serves_tls_clients_and_admin(spawn, tmp_path
         with trio.fail_after(60):
             await done.wait()
     assert received == bodies
+
+
+async def test_dev_with_an_empty_tls_dir_serves_tls_with_certificates_it_made(spawn, tmp_path):
+    # The brokers register with the name server and fetch from each other over TLS; clients take the CA printed.
+    tls_dir = tmp_path / "tls"
+    dev = spawn(raftmq_argv("--log-level", "WARNING", "dev", "--data-dir", str(tmp_path / "dev"), "--base-port", "0",
+                            "--tls-dir", str(tls_dir)), ready_timeout_s=120)
+    namesrv, ca_file = dev.fields["namesrv"], dev.fields["tls_ca_file"]
+    assert ca_file == str(tls_dir.resolve() / "ca.pem")
+    assert f"clients take --tls --tls-ca-file {ca_file}" in dev.wait_output("TLS only (certificates made now")
+
+    async def admin(*args, expect_rc):
+        return await trio.to_thread.run_sync(lambda: _admin(namesrv, *args, expect_rc=expect_rc))
+
+    with trio.fail_after(60):  # a route needs a registration, over TLS, of an elected leader
+        while (await admin("create-topic", TOPIC, "--tls-ca-file", ca_file, expect_rc=None)).returncode != 0:
+            await trio.sleep(0.3)
+    plain = await admin("cluster", "--timeout", "3", expect_rc=1)
+    assert 'a server with tls_mode = "enforcing" closes plain connections' in plain.stderr, plain.stderr
+    async with open_producer(namesrv, tls_enable=True, tls_ca_file=ca_file) as producer:
+        await producer.send(Message(TOPIC, b"over tls"))
+
+
+@pytest.mark.load
+def test_chaos_with_tls_runs_its_cluster_and_clients_over_tls(tmp_path, figure):
+    from tests.cluster.test_chaos_cli import _chaos
+    data_dir = tmp_path / "chaos"
+    report = _chaos(figure, data_dir, "--tls", "--rounds", "1", "--fault", "stop", "--target", "follower",
+                    "--down-seconds", "1", "--settle-seconds", "1", "--senders", "2")
+    assert report["tls"] and report["missing"] == 0 and report["logs_identical"] and report["acked"] > 0
+    namesrv_toml = (data_dir / "namesrv.toml").read_text()
+    assert 'tls_mode = "enforcing"' in namesrv_toml and str(data_dir / "tls" / "server.pem") in namesrv_toml

@@ -139,16 +139,29 @@ def test_an_enforcing_broker_must_dial_its_peers_over_tls(files):
     assert _broker_config(tls_mode="permissive", **keys).tls_client_context() is None
 
 
-def test_chaos_refuses_tls_its_plain_name_server_and_clients_cannot_reach():
+def _chaos_args(*argv):
     import argparse
 
     from raftmq.commands import chaos
     parser = argparse.ArgumentParser()
     chaos.register(parser.add_subparsers())
-    args = parser.parse_args(["chaos", "--set", "tls_client_enable=true"])
-    with pytest.raises(ConfigError, match='chaos\'s name server and clients speak plain TCP; serve TLS with '
-                                          'tls_mode = "permissive"'):
+    return chaos, parser.parse_args(["chaos", *argv])
+
+
+def test_chaos_serves_tls_with_tls_and_refuses_enforcing_brokers_without(files, tmp_path):
+    chaos, args = _chaos_args("--set", "tls_client_enable=true")
+    with pytest.raises(ConfigError, match='chaos\'s name server and clients speak plain TCP; serve TLS everywhere '
+                                          'with --tls'):
         chaos.check_args(args)
+    # --tls: the whole cluster and its clients (it refused before); the tls_* keys are its to set.
+    chaos.check_args(_chaos_args("--tls")[1])
+    with pytest.raises(ConfigError, match="--set tls_mode and --tls: --tls sets the tls_\\* keys of every node"):
+        chaos.check_args(_chaos_args("--tls", "--set", 'tls_mode="permissive"')[1])
+    with pytest.raises(ConfigError, match="--tls-ca-file needs --tls-dir"):
+        chaos.check_args(_chaos_args("--tls-ca-file", str(files.ca_file))[1])
+    chaos, args = _chaos_args("--tls-dir", str(tmp_path / "made"))
+    chaos.check_args(args)
+    assert args.tls and args.tls_dir.generated and args.tls_dir.ca_file == tmp_path / "made" / "ca.pem"
 
 
 def test_verify_takes_the_tls_flags(files, tmp_path, monkeypatch, capsys):
