@@ -20,7 +20,7 @@ its response sent, as soon as one of these happens:
   the consumer to keep pulling a queue that is gone. Counted neither as an arrival nor as a timeout. A node whose
   ``broker_permission`` lost read releases every held pull. A consumer group's subscription group narrowing
   (stopped, broadcasting refused, removed; ``broker/subscription_group.py``) releases that group's pulls only
-  (``release_groups``; a pull names its ``consumer_group`` when held, and a hold that names none, a POP's, is
+  (``release_groups``; a pull or a POP names its ``consumer_group`` when held, and a hold that names none is
   released by every narrowing): the resume refuses them, or holds them again for the time they have left when the
   narrowing does not concern them (broadcasting refused, a clustering group). Before, every narrowing woke every
   held pull of the node, and each pull of every other group was re-run and held again.

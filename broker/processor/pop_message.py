@@ -252,9 +252,10 @@ class PopMessageProcessor:
                                     f"{args.consumer_group!r}")
 
     def _hold(self, request: Frame, args: PopArgs, conn: Any, waits: list[tuple[_Queue, int]],
-              deadline: float) -> None:
+              deadline: float, *, rehold: bool = False) -> None:
         """Wait on every queue the POP read (RocketMQ's long polling of a POP): the first arrival, or the deadline,
-        runs the POP again; the other waits are withdrawn."""
+        runs the POP again; the other waits are withdrawn. The holds name the POP's group (only its narrowing wakes
+        them) and count as one held request (``rehold``: none, the POP was counted when first held)."""
         node = self.node
         held: list[Any] = []
         answered = False
@@ -277,7 +278,7 @@ class PopMessageProcessor:
                     response, waits_now = await self._pop(request, args_now)
                     left = deadline - trio.current_time()
                     if response is None and left > 0 and waits_now:
-                        self._hold(request, args_now, conn, waits_now, deadline)  # another POP took them
+                        self._hold(request, args_now, conn, waits_now, deadline, rehold=True)  # another POP took them
                         return
                     if response is None:
                         response = self._not_found(request, args)
@@ -294,7 +295,7 @@ class PopMessageProcessor:
 
         timeout_s = max(0.0, deadline - trio.current_time())
         store = node.store
-        for queue, offset in waits:
+        for i, (queue, offset) in enumerate(waits):
             matches = None
             if not queue.retry and args.sql_filter is not None:
                 matches = functools.partial(has_sql_match_between, store, queue.topic, queue.queue_id,
@@ -302,7 +303,8 @@ class PopMessageProcessor:
             elif not queue.retry and not args.tag_filter.matches_all:
                 matches = functools.partial(store.has_tags_code_between, queue.topic, queue.queue_id,
                                             codes=args.tag_filter.codes)
-            held.append(node.hold.hold(queue.topic, queue.queue_id, offset, timeout_s, resume, matches, conn=conn))
+            held.append(node.hold.hold(queue.topic, queue.queue_id, offset, timeout_s, resume, matches, conn=conn,
+                                       consumer_group=args.consumer_group, rehold=rehold or i > 0))
 
     # --- ACK_MESSAGE and CHANGE_MESSAGE_INVISIBLETIME ----------------------------------------------------------
     def _handle(self, ext: Any) -> tuple[str, str, ReceiptHandle]:

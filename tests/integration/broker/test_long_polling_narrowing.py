@@ -72,3 +72,46 @@ async def test_a_narrowing_wakes_only_its_groups_pulls_and_a_pull_held_again_cou
         assert answers["other"].code == ResponseCode.SUCCESS
         assert [m.body for m in iter_records(answers["other"].body)] == [b"m1"]
         assert await held_since() == (2, 1, 0)
+
+
+async def test_a_held_pop_names_its_group_and_counts_once_whatever_queues_it_waits_on(nursery, tmp_path):
+    (config,) = broker_configs(tmp_path, None, long_polling_timeout_ms=3_600_000,
+                               long_polling_check_interval_ms=60_000)
+    addr = await start_broker(nursery, config)
+    async with open_remoting_client() as client:
+        await wait_leader(client, addr)
+        r = await call(client, addr, RequestCode.SEND_MESSAGE, {"topic": "T", "queue_id": 0}, b"m0")
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        for group in ("popper", "other"):
+            await _update(client, addr, group_name=group)
+        before = await _held(client, addr)
+        answers: list = []
+
+        async def pop() -> None:
+            # Every queue of T (no queue_id), from the max offsets (init_mode 1): nothing to hand out, so it waits on
+            # each of them.
+            answers.append(await call(client, addr, RequestCode.POP_MESSAGE,
+                                      {"consumer_group": "popper", "topic": "T", "max_msg_nums": 32,
+                                       "invisible_time_ms": 60_000, "init_mode": 1, "poll_time_ms": 3_600_000},
+                                      timeout_s=60))
+
+        async def held_since() -> tuple[int, ...]:
+            return tuple(now - then for now, then in zip(await _held(client, addr), before))
+
+        async with trio.open_nursery() as waiting:
+            waiting.start_soon(pop)
+            with trio.fail_after(10):  # liveness
+                while (await held_since())[0] < 1:
+                    await trio.sleep(0.02)
+            await trio.sleep(0.3)
+            assert await held_since() == (1, 0, 0)  # one POP request, however many queues it waits on
+            # Another group's narrowing leaves it held, not re-run.
+            await _update(client, addr, group_name="other", consume_enable=False)
+            await trio.sleep(0.3)
+            assert not answers and await held_since() == (1, 0, 0)
+            r = await call(client, addr, RequestCode.SEND_MESSAGE, {"topic": "T", "queue_id": 0}, b"m1")
+            assert r.code == ResponseCode.SUCCESS, r.remark
+        (answer,) = answers
+        assert answer.code == ResponseCode.SUCCESS, answer.remark
+        assert [m.body for m in iter_records(answer.body)] == [b"m1"]
+        assert await held_since() == (1, 1, 0)
