@@ -143,8 +143,8 @@ class BrokerCollector:
         yield f.counter("raftmq_broker_put_messages_total", "messages those requests stored", node.put_messages)
         yield f.counter("raftmq_broker_pulled_messages_total", "messages this member returned to pulls",
                         node.pulled_messages)
-        yield f.counter("raftmq_broker_long_polling_held_total", "pulls held until a message arrives or they time "
-                                                                 "out", hold.held)
+        yield f.counter("raftmq_broker_long_polling_held_total", "pull and POP requests held until a message arrives "
+                                                                 "or they time out, each once", hold.held)
         resumed = f.counter("raftmq_broker_long_polling_resumed_total", "held pulls answered, by what woke them",
                             labels=["reason"])
         f.add(resumed, hold.resumed_by_arrival, "arrival")
