@@ -1,8 +1,8 @@
 """What every part of the admin client stands on: the name servers' answers (cluster info, topic list, routes) and the
-two ways a request reaches the broker groups: to each group's leader at once, following NOT_LEADER
-(``_to_leaders``, for changes: replicated there through Raft), or to any node of a group, the leader first (``_read_from_group``,
-for reads: every node's commit log is byte-identical). ``client/admin.py`` assembles ``AdminClient`` from this base and the
-group and message parts (``client/admin_groups.py``, ``client/admin_messages.py``)."""
+two ways a request reaches the broker groups: to each group's leader at once, following NOT_LEADER (``_to_leaders``,
+for changes: replicated there through Raft), or to any node of a group, the leader first (``_read_from_group``, for
+reads: every node's commit log is byte-identical). ``client/admin.py`` assembles ``AdminClient`` from this base and
+the group and message parts (``client/admin_groups.py``, ``client/admin_messages.py``)."""
 
 from __future__ import annotations
 

@@ -77,6 +77,14 @@ log = logging.getLogger(__name__)
 _CALLS_PER_CHECKPOINT = 32
 
 
+def _acked(failure: ReconsumeLater | None, size: int) -> int:
+    """How many of a batch of ``size``, its head, a call consumed: all, or up to the ``ack_index`` of its failure
+    (RocketMQ's ackIndex; None or -1: none; past the batch's end: all, as RocketMQ clamps it)."""
+    if failure is None:
+        return size
+    return 0 if failure.ack_index is None else min(failure.ack_index + 1, size)
+
+
 class _QueueHold:
     """One queue's messages in local retry: while there is any, the queue starts no further handler call."""
 
@@ -231,10 +239,15 @@ class ConcurrentConsumeService:
             attempts = consumer.max_reconsume_times + 1
             clustering = consumer._retry_topic is not None
             retrying = False
-            call = consumer._call_handler if consumer._trace is None else consumer._traced_call_handler
             try:
                 for attempt in itertools.count(1):
-                    failure = await call(pq, msg, timeout_s=timeout_s)
+                    hook = consumer._hook  # client/consume_hook.py
+                    if hook is None:
+                        failure = await consumer._call_handler(pq, msg, timeout_s=timeout_s)
+                    else:
+                        call = hook.call_started(pq.mq, (msg,), timeout_s)
+                        failure = await consumer._call_handler(pq, msg, timeout_s=timeout_s)
+                        hook.call_ended(call, failure, 1 if failure is None else 0)
                     if failure is None:
                         break
                     delay_level = failure.delay_level or 0
@@ -283,15 +296,19 @@ class ConcurrentConsumeService:
             attempts = consumer.max_reconsume_times + 1
             clustering = consumer._retry_topic is not None
             retrying = False
-            call = self._call_batch if consumer._trace is None else self._traced_call_batch
             try:
                 for attempt in itertools.count(1):
-                    failure = await call(pq, batch, timeout_s)
+                    hook = consumer._hook  # client/consume_hook.py
+                    if hook is None:
+                        failure = await self._call_batch(pq, batch, timeout_s)
+                    else:
+                        call = hook.call_started(pq.mq, batch, timeout_s)
+                        failure = await self._call_batch(pq, batch, timeout_s)
+                        hook.call_ended(call, failure, _acked(failure, len(batch)))
                     if failure is None:
                         self._done(pq, batch)
                         break
-                    # Up to ack_index consumed (RocketMQ's ackIndex; None: nothing), the rest failed.
-                    acked = 0 if failure.ack_index is None else failure.ack_index + 1
+                    acked = _acked(failure, len(batch))
                     self._done(pq, batch[:acked])
                     failed = batch[acked:]
                     if not failed:
@@ -346,16 +363,6 @@ class ConcurrentConsumeService:
         consumer._delivered += len(msgs)
         for msg in msgs:
             consumer._consumed(pq, msg)
-
-    async def _traced_call_batch(self, pq: ProcessQueue, batch: tuple[MessageExt, ...],
-                                 timeout_s: float) -> ReconsumeLater | None:
-        """``_call_batch`` with its trace contexts (``enable_msg_trace``, client/trace.py)."""
-        trace = self._consumer._trace
-        assert trace is not None
-        call = trace.before(batch)
-        failure = await self._call_batch(pq, batch, timeout_s)
-        trace.after(call, failure, timeout_s)
-        return failure
 
     async def _call_batch(self, pq: ProcessQueue, batch: tuple[MessageExt, ...],
                           timeout_s: float) -> ReconsumeLater | None:

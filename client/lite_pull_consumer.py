@@ -38,13 +38,16 @@ The rules:
   none (as RocketMQ's
   computePullFromWhere; ``await position(mq)`` waits until that start is found). With auto-commit, a start found so
   is committed at once. Every message is pulled (``*``), unless ``set_sub_expression_for_assign`` gives a topic a
-  tag expression or a ``MessageSelector.by_sql`` (RocketMQ 5's setSubExpressionForAssign), from each of its queues'
-  next pull on. A SQL92 expression is checked by the next ``poll``, before it hands anything out: CHECK_CLIENT_CONFIG
-  to a node of each broker group serving the topic, and ``SubscriptionRefusedError`` naming the group and the
-  reason if one refuses it (a node without ``enable_property_filter``), again at each poll until the expression
-  is replaced or accepted (its pulls are refused meanwhile). A topic with no route yet, or a group none of whose
-  nodes answered, is not checked (as RocketMQ's). An
-  offset beyond the queue's end (committed past it, a wiped store) follows the leader's correction as a seek.
+  tag expression or a ``MessageSelector.by_sql`` (RocketMQ 5's setSubExpressionForAssign). A new expression for a
+  topic (``set_sub_expression_for_assign`` or ``subscribe`` again) applies at once: the pulls of its queues in
+  flight are cancelled and sent again with it, as the push consumer's (held on the broker with the old expression,
+  they brought in what it selects and nothing the new one does for up to ``broker_suspend_max_time_ms``); what is
+  cached already stays. A SQL92 expression is checked by the next ``poll``, before it hands anything out:
+  CHECK_CLIENT_CONFIG to a node of each broker group serving the topic, and ``SubscriptionRefusedError`` naming the
+  group and the reason if one refuses it (a node without ``enable_property_filter``), again at each poll until the
+  expression is replaced or accepted (its pulls are refused meanwhile). A topic with no route yet, or a group none of
+  whose nodes answered, is not checked (as RocketMQ's). An offset beyond the queue's end (committed past it, a wiped
+  store) follows the leader's correction as a seek.
 - **Bounds.** A queue's next pull waits while it caches ``pull_threshold_for_queue`` messages or
   ``pull_threshold_size_for_queue_mib`` MiB of bodies not yet polled, or while the whole consumer caches
   ``pull_threshold_for_all`` messages or ``pull_threshold_size_for_all_mib`` MiB (the application picks the queues,
@@ -90,17 +93,18 @@ from typing import Any
 import trio
 
 from client.errors import ClientClosedError
-from client.filter import TAG, MessageSelector, Subscription, parse_subscription
+from client.filter import SUB_ALL, TAG, MessageSelector, Subscription, parse_subscription
 from client.instance import (HOUR_MS, ClientConfig, ClientInstance, ServerRequests, build_config, open_client_nursery,
                              open_remoting)
 from client.message import (DEFAULT_MAX_INFLATED_BODY, I32_MAX, I64_MAX, MAX_INFLATED_BODY, MessageExt, MessageQueue,
-                            PullStatus, check_int_arg, check_queue, check_seconds)
+                            PullResult, PullStatus, check_int_arg, check_queue, check_seconds)
 from client.lite_pull_subscribe import ASSIGN, SUBSCRIBE, LitePullSubscribe
 from client.offset_store import RemoteOffsetStore
 from client.pull_consumer import FailedPulls, PullAPI, pull_should_wait
 from client.push_consumer_config import CONSUME_FROM
 from client.rebalance import (DEFAULT_ALLOCATE_STRATEGY, AllocateStrategy, allocate_strategy_problem,
                               resolve_allocate_strategy)
+from client.consume_hook import ConsumeHook
 from client.running_info import attach_lite_pull_consumer
 from remoting.config import bounded
 from remoting.errors import RaftMQError
@@ -170,7 +174,8 @@ class _AssignedQueue:
     """One assigned queue's prefetch state. A seek (or the broker's correction of an offset beyond the queue's end)
     replaces it with a new one, so a pull still in flight for the old position can only fill a dropped object."""
 
-    __slots__ = ("mq", "msgs", "msg_bytes", "pull_offset", "started", "cancel_scope", "dropped", "in_ready")
+    __slots__ = ("mq", "msgs", "msg_bytes", "pull_offset", "started", "cancel_scope", "pull_scope", "dropped",
+                 "in_ready")
 
     def __init__(self, mq: MessageQueue, start: int | None) -> None:
         self.mq = mq
@@ -181,6 +186,7 @@ class _AssignedQueue:
         if start is not None:
             self.started.set()
         self.cancel_scope = trio.CancelScope()
+        self.pull_scope: trio.CancelScope | None = None  # the pull in flight's, while there is one
         self.dropped = False
         self.in_ready = False  # in the consumer's round of queues with messages to poll
 
@@ -223,12 +229,22 @@ class LitePullConsumer(LitePullSubscribe):
         self._allocate = resolve_allocate_strategy(config.allocate_strategy)
         self._stray_queues: set[MessageQueue] = set()  # named by the strategy, not in the route (warned once each)
         self._rebalances = 0
+        # Told of every pull and of what poll hands out (client/consume_hook.py); None until something
+        # subscribes (consume_hook()).
+        self._hook: ConsumeHook | None = None
         # Nothing is sent until subscribe(): an assign-mode consumer is no member of its group.
         instance.heartbeat_data = self._heartbeat_data
 
     @property
     def client_id(self) -> str:
         return self._instance.client_id
+
+    def consume_hook(self) -> ConsumeHook:
+        """The hook this consumer's pulls and what ``poll`` hands out are told to (running info subscribes to it).
+        Made on first asking."""
+        if self._hook is None:
+            self._hook = ConsumeHook()
+        return self._hook
 
     @property
     def mode(self) -> str | None:
@@ -275,13 +291,16 @@ class LitePullConsumer(LitePullSubscribe):
 
     def set_sub_expression_for_assign(self, topic: str, expression: str | MessageSelector) -> None:
         """Pull the queues of ``topic`` with ``expression``, a tag expression or ``MessageSelector.by_sql(...)``
-        (``*``: every message), from each queue's next pull on; what is cached already stays. ``ValueError`` names
-        a bad topic or expression now, not in every pull. A SQL92 expression is checked with the brokers by the next
-        ``poll``, which raises ``SubscriptionRefusedError`` if a broker group refuses it."""
+        (``*``: every message), at once: pulls in flight with another expression are cancelled and sent again with
+        this one; what is cached already stays. ``ValueError`` names a bad topic or expression now, not in every
+        pull. A SQL92 expression is checked with the brokers by the next ``poll``, which raises
+        ``SubscriptionRefusedError`` if a broker group refuses it."""
         self._check_open("set_sub_expression_for_assign")
         sub = parse_subscription(topic, expression)
         self._claim_mode(ASSIGN, f"set_sub_expression_for_assign({topic!r})")
+        old = self._subs.get(topic)
         self._subs[topic] = sub
+        self._restart_pulls(topic, old, sub)
         if sub.expression_type == TAG:
             self._unchecked.pop(topic, None)  # every broker serves it: nothing to ask
         else:
@@ -445,6 +464,8 @@ class LitePullConsumer(LitePullSubscribe):
             aq.msg_bytes -= size
             self._cached -= n
             self._cached_bytes -= size
+            if n and self._hook is not None:
+                self._hook.handed_out(aq.mq, n)
             if msgs:  # its turn again after the others'
                 aq.in_ready = True
                 ready.append(aq)
@@ -467,6 +488,19 @@ class LitePullConsumer(LitePullSubscribe):
         self._cached_bytes -= aq.msg_bytes
         aq.msgs.clear()
         aq.msg_bytes = 0
+
+    def _restart_pulls(self, topic: str, old: Subscription | None, new: Subscription) -> None:
+        """``topic``'s expression went from ``old`` (None: none set, its pulls take ``*``) to ``new`` (``_subs``
+        holds it already): cancel its queues' pulls in flight, which their prefetch tasks send again at once with
+        ``new``. Held on the broker with ``old`` (up to ``broker_suspend_max_time_ms``, 15 s), they would bring in
+        what it selects and nothing ``new`` does until they returned. A cancelled pull took nothing: it asks for
+        the same offset again."""
+        was = (old.expression_type, old.expression) if old is not None else (TAG, SUB_ALL)
+        if was == (new.expression_type, new.expression):
+            return
+        for aq in self._queues.values():
+            if aq.mq.topic == topic and aq.pull_scope is not None:
+                aq.pull_scope.cancel()
 
     def _make_ready(self, aq: _AssignedQueue) -> None:
         if aq.msgs and not aq.in_ready and not aq.dropped and aq.mq not in self._paused:
@@ -527,16 +561,15 @@ class LitePullConsumer(LitePullSubscribe):
                     await self._space.wait()
                 offset = aq.pull_offset
                 try:
-                    self._pulls += 1
-                    result = await self._api.pull(mq, offset, cfg.pull_batch_size,
-                                                  subscription=self._subs.get(mq.topic),
-                                                  suspend_timeout_ms=cfg.broker_suspend_max_time_ms)
+                    result = await self._pull_once(aq, offset)
                 except RaftMQError as e:
                     if self._closed or aq.dropped:
                         return  # closed under it (a close right after a seek): nothing to report
                     self._pull_errors += 1
                     await trio.sleep(failed.record(log, mq, offset, e))
                     continue
+                if result is None:
+                    continue  # cancelled by a new expression for the topic: sent again with it
                 failed.clear()
                 if aq.dropped:
                     return  # unassigned or sought while the answer was on its way: it is for a position gone
@@ -558,6 +591,27 @@ class LitePullConsumer(LitePullSubscribe):
                 if pull_should_wait(result, offset, cfg.broker_suspend_max_time_ms):
                     await trio.sleep(delay)
                 aq.pull_offset = max(offset, result.next_begin_offset)
+
+    async def _pull_once(self, aq: _AssignedQueue, offset: int) -> PullResult | None:
+        """One pull of ``aq``'s queue from ``offset`` with its topic's expression as it is now; None if a new
+        expression cancelled it on its way (``_restart_pulls``: the broker's late answer is dropped)."""
+        # No checkpoint between reading the expression and registering the scope: a change from then on finds the
+        # scope and cancels this pull.
+        sub = self._subs.get(aq.mq.topic)
+        with trio.CancelScope() as scope:
+            aq.pull_scope = scope
+            try:
+                self._pulls += 1
+                hook = self._hook
+                started = hook.clock() if hook is not None else 0.0
+                result = await self._api.pull(aq.mq, offset, self.config.pull_batch_size, subscription=sub,
+                                              suspend_timeout_ms=self.config.broker_suspend_max_time_ms)
+                if hook is not None:
+                    hook.pulled(aq.mq, started, len(result.messages))
+                return result
+            finally:
+                aq.pull_scope = None
+        return None
 
     # -- background commits and close -----------------------------------------------------------------------------
     async def serve_commits(self) -> None:

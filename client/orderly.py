@@ -277,9 +277,14 @@ class OrderlyService:
         consumer = self._consumer
         max_times = consumer.max_reconsume_times
         attempts = 0
-        call = consumer._call_handler if consumer._trace is None else consumer._traced_call_handler
         while True:
-            failure = await call(pq, msg)
+            hook = consumer._hook  # client/consume_hook.py
+            if hook is None:
+                failure = await consumer._call_handler(pq, msg)
+            else:
+                call = hook.call_started(pq.mq, (msg,))
+                failure = await consumer._call_handler(pq, msg)
+                hook.call_ended(call, failure, 1 if failure is None else 0)
             if failure is None:
                 break
             attempts += 1

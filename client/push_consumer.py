@@ -130,6 +130,7 @@ from client.push_consumer_config import (CONSUME_FROM, ConsumerStatistics, Handl
                                          check_handler, check_orderly, claim_offset_file, local_offset_store)
 from client.push_rebalance import LOCK_RETRY_S, PushRebalance
 from client.rebalance import resolve_allocate_strategy
+from client.consume_hook import ConsumeHook
 from client.running_info import attach_push_consumer
 from client.trace import ConsumeTracer, open_trace_dispatcher
 from remoting.config import ConfigError
@@ -170,8 +171,11 @@ class PushConsumer(PushRebalance):
             self._subs.setdefault(self._retry_topic, parse_subscription(self._retry_topic, "*"))
         self._handler = handler
         self._batch_handler = batch_handler  # takes a sequence of messages (client/consume_service.py)
-        # enable_msg_trace (client/trace.py): the handler calls record their SubBefore/SubAfter contexts here.
-        self._trace = tracer
+        # Told of every pull and handler call by their call sites (client/consume_hook.py); None until
+        # something subscribes (consume_hook()), so until then a call pays one attribute test.
+        self._hook: ConsumeHook | None = None
+        if tracer is not None:  # enable_msg_trace (client/trace.py): SubBefore/SubAfter contexts per handler call
+            self.consume_hook().subscribe(call_started=tracer.call_started, call_ended=tracer.call_ended)
         if config.message_model == "BROADCASTING":
             self._offsets: Any = local_offsets if local_offsets is not None else local_offset_store(config)
         else:
@@ -223,6 +227,13 @@ class PushConsumer(PushRebalance):
     @property
     def client_id(self) -> str:
         return self._instance.client_id
+
+    def consume_hook(self) -> ConsumeHook:
+        """The hook this consumer's pulls and handler calls (and, in iterator form, the messages the loop took) are
+        told to: running info and message trace subscribe to it. Made on first asking."""
+        if self._hook is None:
+            self._hook = ConsumeHook()
+        return self._hook
 
     @property
     def max_reconsume_times(self) -> int:
@@ -285,6 +296,8 @@ class PushConsumer(PushRebalance):
         if pq is not None:  # ack_pending, inlined: this runs once per message
             self._pending_pq = None
             self._consumed(pq, self._pending_msg)  # type: ignore[arg-type]
+            if self._hook is not None:
+                self._hook.handed_out(pq.mq, 1)
         batch = self._batch
         while True:
             while not batch:
@@ -323,6 +336,8 @@ class PushConsumer(PushRebalance):
         if pq is not None:
             self._pending_pq = None
             self._consumed(pq, self._pending_msg)  # type: ignore[arg-type]
+            if self._hook is not None:
+                self._hook.handed_out(pq.mq, 1)
 
     def forget_pending(self) -> None:
         """Leave the last message the iterator returned unconsumed: its queue's offset stays before it."""
@@ -475,8 +490,13 @@ class PushConsumer(PushRebalance):
             self._pull_scopes[scope] = pq.mq.topic
             try:
                 self._pulls += 1
-                return await self._api.pull(pq.mq, offset, self.config.pull_batch_size, subscription=sub,
-                                            suspend_timeout_ms=self.config.broker_suspend_max_time_ms)
+                hook = self._hook
+                started = hook.clock() if hook is not None else 0.0
+                result = await self._api.pull(pq.mq, offset, self.config.pull_batch_size, subscription=sub,
+                                              suspend_timeout_ms=self.config.broker_suspend_max_time_ms)
+                if hook is not None:
+                    hook.pulled(pq.mq, started, len(result.messages))
+                return result
             finally:
                 self._pull_scopes.pop(scope, None)
         return None
@@ -525,17 +545,6 @@ class PushConsumer(PushRebalance):
         if result is not ConsumeStatus.RECONSUME_LATER:
             self._unknown_result(result, pq, msg)
         return ReconsumeLater()
-
-    async def _traced_call_handler(self, pq: ProcessQueue, msg: MessageExt, *,
-                                   timeout_s: float = math.inf) -> ReconsumeLater | None:
-        """``_call_handler`` with its trace contexts (``enable_msg_trace``): the call sites pick this one when the
-        consumer has a tracer, so a consumer without one pays an attribute test a call."""
-        trace = self._trace
-        assert trace is not None
-        call = trace.before((msg,))
-        failure = await self._call_handler(pq, msg, timeout_s=timeout_s)
-        trace.after(call, failure, timeout_s)
-        return failure
 
     def _unknown_result(self, result: object, pq: ProcessQueue, msg: MessageExt) -> None:
         # A failure, so nothing is lost; said at ERROR once per type (every message of a ported listener returns

@@ -16,12 +16,10 @@ The rules:
 - **Rates over the last minute** (RocketMQ's ConsumerStatsManager): pull TPS (messages pulled a second) and RT (a
   long poll's included, as RocketMQ's), consume OK and failed TPS (handler calls' messages) and RT (a call's), and
   the messages that failed over the last hour. ``ConsumeStatsRecorder`` counts them per topic in one-second buckets,
-  bounded by the window. ``attach_push_consumer`` and ``attach_lite_pull_consumer`` put it, when the consumer is
-  opened, around the calls every pull and every handler call pass through: ``PullAPI.pull``, the push consumer's
-  ``_call_handler`` (concurrent and orderly), its batch service's ``_call_batch``, or, in the iterator form, the
-  consumer's ``_consumed`` (no RT: the loop body is the caller's); the lite pull consumer's ``_take`` (what poll
-  hands out counts as consumed, no RT either). Wrapped on the instance, not in those modules, so that each consumer
-  counts only what it does; a missing attribute fails the open, not the counting.
+  bounded by the window.
+- **Counted through the consumer's hook** (``client/consume_hook.py``): ``attach_push_consumer`` /
+  ``attach_lite_pull_consumer`` subscribe the recorder to it when the consumer is opened; message trace subscribes
+  its tracer to the same hook.
 - **Bounded.** The task dump is cut at ``JSTACK_MAX_CHARS``; the rest is one row per queue held and one per topic.
 """
 
@@ -37,14 +35,16 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from client.message import MessageExt, MessageQueue
+from client.consume_hook import ConsumeCall, ConsumeHook
+from client.message import MessageQueue
 
 if TYPE_CHECKING:
+    from client.listener import ReconsumeLater
     from client.lite_pull_consumer import LitePullConsumer
     from client.push_consumer import PushConsumer
 
-__all__ = ["ConsumeStatsRecorder", "attach_push_consumer", "attach_lite_pull_consumer", "push_running_info",
-           "lite_pull_running_info", "task_dump", "config_properties", "JSTACK_MAX_CHARS"]
+__all__ = ["ConsumeStatsRecorder", "attach_push_consumer", "attach_lite_pull_consumer",
+           "push_running_info", "lite_pull_running_info", "task_dump", "config_properties", "JSTACK_MAX_CHARS"]
 
 WINDOW_S = 60  # the rates' window, as RocketMQ's per-minute statistics
 FAILED_WINDOW_MIN = 60  # consume_failed_msgs: the last hour's, as RocketMQ's
@@ -52,6 +52,7 @@ JSTACK_MAX_CHARS = 256 * 1024  # a frame stays far under the 16 MiB maximum with
 _FRAMES_PER_TASK = 12  # a task's innermost frames shown (where it waits); outer ones are its callers
 
 RunningInfo = Callable[[bool], dict[str, Any]]
+
 
 
 def _client_version() -> str:
@@ -138,6 +139,14 @@ class ConsumeStatsRecorder:
             stats.failed(now, failed)
         self.last_consume[mq] = now
 
+    def call_ended(self, call: ConsumeCall, failure: ReconsumeLater | None, ok: int) -> None:
+        """``ConsumeHook.call_ended``'s subscriber: a timed handler call, ``ok`` of its messages consumed."""
+        self.consumed(call.mq, call.started, ok, len(call.msgs) - ok)
+
+    def handed_out(self, mq: MessageQueue, messages: int) -> None:
+        """``ConsumeHook.handed_out``'s subscriber: consumed, not timed."""
+        self.consumed(mq, None, messages, 0)
+
     def status(self, topic: str) -> dict[str, float | int]:
         """``topic``'s rates over the last minute (over the time since the start, in the first minute)."""
         now = self.clock()
@@ -168,78 +177,23 @@ class ConsumeStatsRecorder:
         return int((self._wall() - (self.clock() - at)) * 1000)
 
 
-def _count_pulls(api: Any, recorder: ConsumeStatsRecorder) -> None:
-    inner = api.pull
-
-    async def pull(mq: MessageQueue, *args: Any, **kwargs: Any) -> Any:
-        started = recorder.clock()
-        result = await inner(mq, *args, **kwargs)
-        recorder.pulled(mq, started, len(result.messages))
-        return result
-
-    api.pull = pull
-
-
 def attach_push_consumer(consumer: PushConsumer) -> RunningInfo:
-    """Count ``consumer``'s pulls and handler calls from now on; returns what answers GET_CONSUMER_RUNNING_INFO for
-    it (``ServerRequests.on_consumer_running_info``)."""
-    recorder = ConsumeStatsRecorder()
-    _count_pulls(consumer._api, recorder)
-    if consumer._handler is not None:  # one message a call: concurrent and orderly consumption
-        inner_call = consumer._call_handler
-
-        async def call_handler(pq: Any, msg: MessageExt, **kwargs: Any) -> Any:
-            started = recorder.clock()
-            failure = await inner_call(pq, msg, **kwargs)
-            recorder.consumed(pq.mq, started, int(failure is None), int(failure is not None))
-            return failure
-
-        consumer._call_handler = call_handler  # type: ignore[method-assign]
-    elif consumer._batch_handler is not None:
-        service = consumer._concurrent
-        assert service is not None
-        inner_batch = service._call_batch
-
-        async def call_batch(pq: Any, batch: tuple[MessageExt, ...], timeout_s: float) -> Any:
-            started = recorder.clock()
-            failure = await inner_batch(pq, batch, timeout_s)
-            ok = len(batch) if failure is None else _acked(failure.ack_index, len(batch))
-            recorder.consumed(pq.mq, started, ok, len(batch) - ok)
-            return failure
-
-        service._call_batch = call_batch  # type: ignore[method-assign]
-    else:  # the iterator: a message is consumed when the loop asks for the next one, after a body that is the caller's
-        inner_consumed = consumer._consumed
-
-        def consumed(pq: Any, msg: MessageExt) -> None:
-            inner_consumed(pq, msg)
-            recorder.consumed(pq.mq, None, 1, 0)
-
-        consumer._consumed = consumed  # type: ignore[method-assign]
+    """Count ``consumer``'s pulls and handler calls from now on (subscribed to its ``consume_hook()``); returns what
+    answers GET_CONSUMER_RUNNING_INFO for it (``ServerRequests.on_consumer_running_info``)."""
+    recorder = _subscribed_recorder(consumer.consume_hook())
     return lambda jstack: push_running_info(consumer, recorder, jstack=jstack)
-
-
-def _acked(ack_index: int | None, size: int) -> int:
-    # ReconsumeLater.ack_index: messages 0..ack_index consumed, as the batch service counts them (None, -1: none).
-    return 0 if ack_index is None else max(0, min(size, ack_index + 1))
 
 
 def attach_lite_pull_consumer(consumer: LitePullConsumer) -> RunningInfo:
     """``attach_push_consumer`` for a lite pull consumer: what ``poll`` hands out counts as consumed."""
-    recorder = ConsumeStatsRecorder()
-    _count_pulls(consumer._api, recorder)
-    inner_take = consumer._take
-
-    def take(max_messages: int) -> list[MessageExt]:
-        taken = inner_take(max_messages)
-        if taken:
-            for (topic, broker_name, queue_id), n in collections.Counter(
-                    (m.topic, m.broker_name, m.queue_id) for m in taken).items():
-                recorder.consumed(MessageQueue(topic, broker_name, queue_id), None, n, 0)
-        return taken
-
-    consumer._take = take  # type: ignore[method-assign]
+    recorder = _subscribed_recorder(consumer.consume_hook())
     return lambda jstack: lite_pull_running_info(consumer, recorder, jstack=jstack)
+
+
+def _subscribed_recorder(hook: ConsumeHook) -> ConsumeStatsRecorder:
+    recorder = ConsumeStatsRecorder(clock=hook.clock)  # the calls' and pulls' ``started`` are read from it
+    hook.subscribe(pulled=recorder.pulled, call_ended=recorder.call_ended, handed_out=recorder.handed_out)
+    return recorder
 
 
 def config_properties(config: Any) -> dict[str, Any]:

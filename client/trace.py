@@ -14,11 +14,15 @@ sends or hands to its handler, and sends them, batched, to the trace topic (``tr
   the message before it goes. A handler call of a push consumer (concurrent, batch or orderly) records a
   ``SubBefore`` context per message as it starts (consumer group, request id, msg id, reconsume times, keys,
   client host) and a ``SubAfter`` one as it ends (cost, success, ``ConsumeReturnType`` code); a call cancelled
-  (its queue taken away) leaves its SubBefore alone, as the message is delivered again. Messages of the trace
-  topic itself are never traced, nor is anything the inner producer sends.
+  (its queue taken away) leaves its SubBefore alone, as the message is delivered again. The consumer's tracer is a
+  subscriber of its ``ConsumeHook`` (``client/consume_hook.py``), as the running info's statistics are: both are
+  told of the same calls, with the same count of messages consumed (a batch's head, up to ``ack_index``; a handler
+  of one message fails its message whatever ``ack_index`` it raised). Messages of the trace topic itself are never
+  traced, nor is anything the inner producer sends.
 - **The path stays fast.** Recording is ``TraceDispatcher.append``: no wait, no I/O. Its queue is bounded
   (``max_queued``): when full, the context is dropped and counted (``statistics().dropped``), never waited for.
-  Off (the default), a producer is the plain ``Producer`` and a consumer's handler call pays one attribute test.
+  Off (the default), a producer is the plain ``Producer``, and a consumer's hook has no trace subscriber: its
+  handler calls pay an empty loop for it.
 - **Batching.** A background task sends what is queued once ``batch_size`` contexts wait or the oldest has waited
   ``flush_interval_ms``, as trace messages of at most ``max_message_bytes`` of text and ``MAX_KEYS_BYTES`` of keys;
   closing the client flushes the rest (shielded, at most ``CLOSE_FLUSH_S``). A trace message that cannot be sent
@@ -66,6 +70,7 @@ from remoting.message import KEY_SEPARATOR, TIMER_PROPERTIES, MessageFormatError
 if TYPE_CHECKING:
     from client.instance import ClientConfig
     from client.listener import ReconsumeLater
+    from client.consume_hook import ConsumeCall
 
 __all__ = ["TRACE_TOPIC", "TRACE_PRODUCER_GROUP_PREFIX", "CONTENT_SEPARATOR", "FIELD_SEPARATOR", "DEFAULT_REGION_ID",
            "TraceType", "TraceMessageType", "ConsumeReturnType", "TraceContext", "TraceStatistics", "TraceDispatcher",
@@ -489,29 +494,44 @@ async def open_trace_dispatcher(config: ClientConfig, trace_topic: str) -> Async
 
 
 class _Call:
-    __slots__ = ("request_id", "started", "msgs")
+    __slots__ = ("request_id", "started", "msgs", "positions")
 
-    def __init__(self, request_id: str, started: float, msgs: tuple[MessageExt, ...]) -> None:
+    def __init__(self, request_id: str, started: float, msgs: tuple[MessageExt, ...],
+                 positions: tuple[int, ...] | None) -> None:
         self.request_id = request_id
         self.started = started
-        self.msgs = msgs
+        self.msgs = msgs  # those traced
+        self.positions = positions  # their indexes in the call's messages; None: all were traced, in order
 
 
 class ConsumeTracer:
     """A push consumer's SubBefore and SubAfter contexts (RocketMQ's ConsumeMessageTraceHookImpl): ``before`` as a
-    handler call starts, ``after`` with how it ended."""
+    handler call starts, ``after`` with how it ended. A consumer's ``ConsumeHook`` (client/consume_hook.py) tells it
+    through ``call_started`` and ``call_ended``."""
 
     def __init__(self, dispatcher: TraceDispatcher, consumer_group: str, client_host: str) -> None:
         self.dispatcher = dispatcher
         self._group = consumer_group
         self._client_host = client_host
 
+    def call_started(self, call: ConsumeCall) -> None:
+        """``ConsumeHook.call_started``'s subscriber."""
+        call.trace = self.before(call.msgs)
+
+    def call_ended(self, call: ConsumeCall, failure: ReconsumeLater | None, ok: int) -> None:
+        """``ConsumeHook.call_ended``'s subscriber: ``ok`` (the hook's count) says which messages succeeded."""
+        self.after(call.trace, failure, call.timeout_s, acked=ok)
+
     def before(self, msgs: Sequence[MessageExt]) -> _Call | None:
         """Record a SubBefore per message (those of the trace topic excepted); None if none was."""
-        traced = tuple(m for m in msgs if m.topic != self.dispatcher.trace_topic)
+        trace_topic = self.dispatcher.trace_topic
+        traced = tuple(m for m in msgs if m.topic != trace_topic)
         if not traced:
             return None
-        call = _Call(new_uniq_key(), time.monotonic(), traced)
+        # Where the traced ones were: a batch's ack_index counts the call's messages, the trace topic's too.
+        positions = None if len(traced) == len(msgs) else tuple(
+            i for i, m in enumerate(msgs) if m.topic != trace_topic)
+        call = _Call(new_uniq_key(), time.monotonic(), traced, positions)
         now = int(time.time() * 1000)
         for m in traced:
             self.dispatcher.append(TraceContext(TraceType.SUB_BEFORE, now, self._group, m.msg_id,
@@ -519,22 +539,26 @@ class ConsumeTracer:
                                                 keys=KEY_SEPARATOR.join(m.keys), client_host=self._client_host))
         return call
 
-    def after(self, call: _Call | None, failure: ReconsumeLater | None, timeout_s: float = math.inf) -> None:
-        """Record a SubAfter per message of ``call``: success unless ``failure`` (up to its ``ack_index``, the
-        batch's head succeeded); the call's cost shared among its messages, as RocketMQ's."""
+    def after(self, call: _Call | None, failure: ReconsumeLater | None, timeout_s: float = math.inf, *,
+              acked: int | None = None) -> None:
+        """Record a SubAfter per message of ``call``: the first ``acked`` of the call's messages succeeded, the
+        rest failed (``acked`` None: all unless ``failure``, else those up to its ``ack_index``, a batch handler's
+        answer); the call's cost shared among its messages, as RocketMQ's."""
         if call is None:
             return
         elapsed = time.monotonic() - call.started
         cost_ms = int(elapsed * 1000 / len(call.msgs))
+        head: float  # the call's messages before this index succeeded
         if failure is None:
-            code, acked = ConsumeReturnType.SUCCESS, len(call.msgs)
+            code, head = ConsumeReturnType.SUCCESS, math.inf
         else:
             # A call past its consume timeout was cancelled, and returned a plain failure.
             code = ConsumeReturnType.TIME_OUT if elapsed >= timeout_s else ConsumeReturnType.FAILED
-            acked = 0 if failure.ack_index is None else failure.ack_index + 1
+            head = acked if acked is not None else (0 if failure.ack_index is None else failure.ack_index + 1)
         now = int(time.time() * 1000)
+        positions = call.positions
         for i, m in enumerate(call.msgs):
-            ok = i < acked
+            ok = (i if positions is None else positions[i]) < head
             self.dispatcher.append(TraceContext(
                 TraceType.SUB_AFTER, now, self._group, m.msg_id, request_id=call.request_id, cost_ms=cost_ms,
                 success=ok, keys=KEY_SEPARATOR.join(m.keys),
