@@ -59,7 +59,8 @@ class LitePullSubscribe:
     _allocate: AllocateStrategy
     _stray_queues: set[MessageQueue]
     _rebalances: int
-    # and LitePullConsumer's _check_open, _start, _drop, _space_freed, _start_offset and _forget_unassigned are called
+    # and LitePullConsumer's _check_open, _start, _drop, _space_freed, _start_offset, _forget_unassigned and
+    # _restart_pulls are called
     client_id: str
 
     # -- subscribe mode -------------------------------------------------------------------------------------------
@@ -67,9 +68,11 @@ class LitePullSubscribe:
         """Join the group as a member consuming ``topic`` with ``expression`` (a tag expression or
         ``MessageSelector.by_sql(...)``; RocketMQ's DefaultLitePullConsumer.subscribe): a heartbeat tells the
         brokers, and a rebalance takes this member's share of the topic's queues, their starts found, before this
-        returns. A topic already subscribed takes ``expression`` from each queue's next pull on. A SQL92 expression
-        is first checked with a node of each broker group serving the topic: ``SubscriptionRefusedError`` (nothing
-        changed) if one refuses it. ``RuntimeError`` in assign mode; ``ValueError`` for a bad topic or expression."""
+        returns. A topic already subscribed takes ``expression`` at once: its pulls in flight (long polls held on the
+        broker with the old one) are cancelled and sent again with it; what is cached already stays. A SQL92
+        expression is first checked with a node of each broker group serving the topic: ``SubscriptionRefusedError``
+        (nothing changed) if one refuses it. ``RuntimeError`` in assign mode; ``ValueError`` for a bad topic or
+        expression."""
         self._check_open("subscribe")
         self._check_mode(SUBSCRIBE, f"subscribe({topic!r})")
         # RocketMQ's subVersion, the time: the brokers keep the group's newest subscription of each topic.
@@ -80,6 +83,7 @@ class LitePullSubscribe:
             self._claim_mode(SUBSCRIBE, f"subscribe({topic!r})")
             old = self._subs.get(topic)
             self._subs[topic] = sub
+            self._restart_pulls(topic, old, sub)
             if checked:
                 self._unchecked.pop(topic, None)
             else:
