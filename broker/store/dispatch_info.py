@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 from crc32c import crc32c
 
-from remoting.message import tags_code
+from remoting.message import CACHED_TAG_MAX_LENGTH, tags_code
 
 __all__ = ["DispatchHint", "scan_properties", "tags_code_of", "index_hashes"]
 
@@ -45,7 +45,7 @@ def tags_code_of(tags: bytes) -> int:
     code = _TAGS_CODES.get(tags)
     if code is None:
         code = tags_code(tags.decode("utf-8", "replace"))
-        if len(_TAGS_CODES) < 100_000:
+        if len(_TAGS_CODES) < 100_000 and len(tags) <= CACHED_TAG_MAX_LENGTH:
             _TAGS_CODES[tags] = code
     return code
 

@@ -38,6 +38,9 @@ __all__ = ["IndexFile", "IndexService", "INDEX_HEADER", "INDEX_ENTRY", "key_hash
 INDEX_HEADER = struct.Struct(">qqqqii")
 INDEX_SLOT = struct.Struct(">i")
 INDEX_ENTRY = struct.Struct(">iqii")
+# How far back in time an older index entry may lie from a newer one (a store clock set back, a new leader whose
+# clock is behind the last one's) and a lookup still walk past it (IndexFile.lookup).
+CLOCK_BACK_SLACK_MS = 60_000
 
 
 _pack_entry = INDEX_ENTRY.pack_into
@@ -114,7 +117,13 @@ class IndexFile:
         (highest offset) first. An entry knows its time only to the second: ``time_diff_s`` is rounded down, so the
         record was stored within the 999 ms after the entry's time (before the file's begin at ``time_diff_s`` 0,
         which also holds a clock that went back; at the cap, any time later). The caller reads the record and
-        checks its exact time."""
+        checks its exact time.
+
+        The walk stops at the first entry older than ``begin_ts`` by more than ``CLOCK_BACK_SLACK_MS``: entries go
+        newest to oldest, and their times go back only where a store clock did (a new leader's behind the last
+        one's), by less than that between NTP-synced brokers. RocketMQ's stops at the first entry before the window;
+        without a stop, a key many records carry (an order id) walked its whole chain, on the event loop, for an
+        old window (400,000 entries: 0.13 s)."""
         mm = self.file.mm
         pos = INDEX_SLOT.unpack_from(mm, INDEX_HEADER.size + (h % self.slots) * 4)[0]
         seen = 0
@@ -123,6 +132,8 @@ class IndexFile:
             ts = self.begin_timestamp + diff * 1000
             if eh == h and (diff == 0 or ts <= end_ts) and (diff == 0x7FFFFFFF or ts + 999 >= begin_ts):
                 yield phy
+            elif diff != 0x7FFFFFFF and ts + 999 + CLOCK_BACK_SLACK_MS < begin_ts:
+                break
             if prev >= pos:
                 break
             pos = prev

@@ -79,6 +79,27 @@ def test_tags_code_is_java_string_hash_code():
     assert tags_code("Hello World") == -862545276  # overflows like a Java int
 
 
+def test_long_tags_are_hashed_but_not_remembered():
+    """Both tags-code caches were bounded by count alone: distinct 30 KB tags (a tag may be 32 KB) grew a broker by
+    twice the tag bytes a producer sent (4,000 such messages: +244 MiB). Long tags are hashed each time instead."""
+    from broker.store import dispatch_info
+    from remoting import message
+
+    long_tag = "L" * (message.CACHED_TAG_MAX_LENGTH + 1) + "unremembered"
+    cached_before = message._cached_tags_code.cache_info().currsize
+    expected = 0
+    for ch in long_tag:
+        expected = (31 * expected + ord(ch)) & 0xFFFFFFFF
+    expected = expected - (1 << 32) if expected >= 1 << 31 else expected
+    assert tags_code(long_tag) == expected
+    assert dispatch_info.tags_code_of(long_tag.encode()) == expected
+    assert long_tag.encode() not in dispatch_info._TAGS_CODES
+    assert message._cached_tags_code.cache_info().currsize == cached_before
+    short = "S" * message.CACHED_TAG_MAX_LENGTH
+    assert dispatch_info.tags_code_of(short.encode()) == tags_code(short)
+    assert short.encode() in dispatch_info._TAGS_CODES
+
+
 def test_msg_id_round_trip():
     msg_id = create_msg_id(("192.168.0.9", 10911), 123456789)
     assert parse_msg_id(msg_id) == (("192.168.0.9", 10911), 123456789)
@@ -244,3 +265,21 @@ def test_arbitrary_bytes_never_escape_as_anything_but_message_format_error(data,
                 check(candidate)
             except MessageFormatError:
                 pass
+
+
+def test_scan_batch_from_a_producer_refuses_properties_not_ending_with_the_pair_separator():
+    """Every pair ends with \\x02 (encode_properties), and the commit log's recovery reads a last record whose last
+    byte is 0 as a torn tail. A producer's batch stored its properties as sent: one ending with \\x00, fsynced and
+    acknowledged, was cut by the next recovery when it was the log's last record (found by review, reproduced at
+    the store). Refused from a producer; the store's own checks of written batches still take it."""
+    for last in (0x00, ord("y")):
+        batch = bytearray(encode_batch([MESSAGE, MESSAGE], ("10.0.0.1", 6)))
+        assert batch[-1] == 0x02
+        batch[-1] = last
+        with pytest.raises(MessageFormatError, match=rf"^message 1 properties end with byte {last:#04x}, not "
+                                                     r"\\x02") as info:
+            scan_batch(bytes(batch), from_producer=True)
+        assert info.value.field == "properties"
+        assert scan_batch(bytes(batch)) == (2, False)
+    no_properties = dataclasses.replace(MESSAGE, properties={})
+    assert scan_batch(encode_batch([no_properties], ("10.0.0.1", 6)), from_producer=True) == (1, False)
