@@ -4,6 +4,8 @@ held again, the other group's pull stays held, untouched, and each pull counts o
 
 from __future__ import annotations
 
+import contextlib
+
 import cbor2
 import trio
 
@@ -24,8 +26,11 @@ async def _update(client, addr: str, **fields) -> None:
     assert r.code == ResponseCode.SUCCESS, r.remark
 
 
-async def test_a_narrowing_wakes_only_its_groups_pulls_and_a_pull_held_again_counts_once(nursery, tmp_path):
-    # Holds far longer than the test and no periodic check: only the narrowing or a message answers a pull.
+@contextlib.asynccontextmanager
+async def _holding_node(nursery, tmp_path, groups):
+    """``(client, addr, held_since)`` of a node whose holds outlast the test, with no periodic check (only a
+    narrowing or a message answers a held request), one message in queue 0 of T and a subscription group config
+    for each of ``groups``; ``held_since()`` is ``_held``'s counts since then."""
     (config,) = broker_configs(tmp_path, None, long_polling_timeout_ms=3_600_000,
                                long_polling_check_interval_ms=60_000)
     addr = await start_broker(nursery, config)
@@ -33,9 +38,18 @@ async def test_a_narrowing_wakes_only_its_groups_pulls_and_a_pull_held_again_cou
         await wait_leader(client, addr)
         r = await call(client, addr, RequestCode.SEND_MESSAGE, {"topic": "T", "queue_id": 0}, b"m0")
         assert r.code == ResponseCode.SUCCESS, r.remark
-        for group in ("narrowed", "other"):
+        for group in groups:
             await _update(client, addr, group_name=group)
         before = await _held(client, addr)
+
+        async def held_since() -> tuple[int, ...]:
+            return tuple(now - then for now, then in zip(await _held(client, addr), before))
+
+        yield client, addr, held_since
+
+
+async def test_a_narrowing_wakes_only_its_groups_pulls_and_a_pull_held_again_counts_once(nursery, tmp_path):
+    async with _holding_node(nursery, tmp_path, ("narrowed", "other")) as (client, addr, held_since):
         answers: dict[str, object] = {}
 
         async def hold(group: str) -> None:
@@ -43,9 +57,6 @@ async def test_a_narrowing_wakes_only_its_groups_pulls_and_a_pull_held_again_cou
                                         {"consumer_group": group, "topic": "T", "queue_id": 0, "queue_offset": 1,
                                          "max_msg_nums": 32, "sys_flag": 0x2, "suspend_timeout_millis": 3_600_000},
                                         timeout_s=60)
-
-        async def held_since() -> tuple[int, ...]:
-            return tuple(now - then for now, then in zip(await _held(client, addr), before))
 
         async with trio.open_nursery() as waiting:
             waiting.start_soon(hold, "narrowed")
@@ -75,16 +86,7 @@ async def test_a_narrowing_wakes_only_its_groups_pulls_and_a_pull_held_again_cou
 
 
 async def test_a_held_pop_names_its_group_and_counts_once_whatever_queues_it_waits_on(nursery, tmp_path):
-    (config,) = broker_configs(tmp_path, None, long_polling_timeout_ms=3_600_000,
-                               long_polling_check_interval_ms=60_000)
-    addr = await start_broker(nursery, config)
-    async with open_remoting_client() as client:
-        await wait_leader(client, addr)
-        r = await call(client, addr, RequestCode.SEND_MESSAGE, {"topic": "T", "queue_id": 0}, b"m0")
-        assert r.code == ResponseCode.SUCCESS, r.remark
-        for group in ("popper", "other"):
-            await _update(client, addr, group_name=group)
-        before = await _held(client, addr)
+    async with _holding_node(nursery, tmp_path, ("popper", "other")) as (client, addr, held_since):
         answers: list = []
 
         async def pop() -> None:
@@ -94,9 +96,6 @@ async def test_a_held_pop_names_its_group_and_counts_once_whatever_queues_it_wai
                                       {"consumer_group": "popper", "topic": "T", "max_msg_nums": 32,
                                        "invisible_time_ms": 60_000, "init_mode": 1, "poll_time_ms": 3_600_000},
                                       timeout_s=60))
-
-        async def held_since() -> tuple[int, ...]:
-            return tuple(now - then for now, then in zip(await _held(client, addr), before))
 
         async with trio.open_nursery() as waiting:
             waiting.start_soon(pop)
