@@ -15,7 +15,7 @@ the name servers may be cut off too, and a node's own word on the leader is Raft
 another master (the nodes: the leader named at the highest term they report), the silent connection is closed:
 its requests fail with a retriable ``ConnectionClosedError``, and the producer resends them to the new leader
 (a leader hint until the route names it) within their deadline.
-Long polls (PULL_MESSAGE) are answered late on purpose and do not count.
+Long polls (PULL_MESSAGE, POP_MESSAGE) are answered late on purpose and do not count.
 """
 
 from __future__ import annotations
@@ -58,8 +58,12 @@ HOUR_MS = 3_600_000  # the longest period or timeout a client config takes
 
 _instance_counter = itertools.count(1)
 
-# Requests a broker holds on purpose (long polling): their wait says nothing about the broker's health.
-_LONG_POLL_CODES = frozenset({RequestCode.PULL_MESSAGE})
+# Requests a broker holds on purpose (long polling): their wait says nothing about the broker's health. POP_MESSAGE
+# is held for its poll_time_ms (a simple consumer's await_duration_ms) as a pull for its suspend time: counted, every
+# idle receive had the watch ask the name servers and the group's nodes four times a second from its first second
+# on. Each is bounded by its own timeout instead (the request timeout plus the time it asked to be held); a leader
+# that hangs is still found by the other requests on its connection (heartbeats, acks, sends).
+_LONG_POLL_CODES = frozenset({RequestCode.PULL_MESSAGE, RequestCode.POP_MESSAGE})
 
 
 # Where the client looks for its name servers when none are given: RocketMQ's clients and mqadmin read the same

@@ -27,7 +27,9 @@ The rules:
   ``rebalance_interval_ms``, and at once on NOTIFY_CONSUMER_IDS_CHANGED, shares each topic's readable queues out by
   ``allocate_strategy``: a queue taken away stops prefetching, drops its cache and has its *stored* offset (what
   auto-commit or ``commit`` took) committed before the rebalance goes on, so the next member starts there (what
-  poll handed out since comes again: at least once); members that briefly disagree both pull a queue for a moment.
+  poll handed out since comes again: at least once); then its offset is forgotten, taken or not (as RocketMQ's): a
+  commit resent later would set back the progress of the member that has the queue now, and a queue given back
+  starts at the group's offset. Members that briefly disagree both pull a queue for a moment.
   ``await unsubscribe(topic)`` takes the topic's queues away the same way; the consumer stays a member. Closing
   commits, then unregisters, so the others take its queues at once. ``assignment()``, ``pause``, ``seek``,
   ``commit`` and the rest work on the queues this member holds now.
@@ -522,8 +524,9 @@ class LitePullConsumer(LitePullSubscribe):
                 and self._cached_bytes < cfg.pull_threshold_size_for_all_mib << 20)
 
     async def _start_offset(self, mq: MessageQueue) -> int:
-        # Ours first: an offset this consumer stored and may not have sent yet (the queue was unassigned and assigned
-        # again) is newer than the broker's.
+        # Ours first: an offset this consumer stored and may not have sent yet (assign mode: the queue was unassigned
+        # and assigned again) is newer than the broker's. Subscribe mode keeps none of a queue taken away: another
+        # member may have moved it on meanwhile.
         offset = self._offsets.read_cached(mq)
         if offset is None:
             offset = await self._offsets.read_from_store(mq)

@@ -183,15 +183,25 @@ class LitePullSubscribe:
                 self._space_freed()
 
     async def _take_away(self, queues: Sequence[MessageQueue]) -> None:
-        """Stop consuming ``queues`` and commit their stored offsets, so whoever takes them next starts there (as
-        RocketMQ's removeUnnecessaryMessageQueue); one not taken stays to be sent by ``serve_commits``."""
+        """Stop consuming ``queues``, commit their stored offsets, so whoever takes them next starts there, and
+        forget them whether or not the commit was taken (as RocketMQ's removeUnnecessaryMessageQueue: persist, then
+        removeOffset; and as the push consumer's ``_remove_queue``)."""
         for mq in queues:
             aq = self._queues.pop(mq, None)
             if aq is not None:
                 self._drop(aq)
             self._paused.discard(mq)
-        if queues:
+        if not queues:
+            return
+        try:
             await self._offsets.persist_all(queues)
+        finally:
+            # Kept to be sent again, a commit the leader did not take (it was moving) went out later from
+            # serve_commits for a queue another member consumes now, and set that member's progress back; and were
+            # the queue given back, it restarted from the stale value rather than the group's offset.
+            for mq in queues:
+                if mq not in self._queues:
+                    self._offsets.remove(mq)
             self._forget_unassigned()
 
     async def _start_offsets(self, queues: Sequence[MessageQueue]) -> dict[MessageQueue, int]:

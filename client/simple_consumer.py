@@ -16,6 +16,10 @@ group's dead-letter topic instead. The rules this module keeps:
   ``await_duration_ms`` at the pair whose turn it is (RocketMQ's SimpleConsumer long-polls one queue too; a message
   arriving meanwhile at another group is found by the next ``receive``). NOT_LEADER is followed to the leader it
   names, a lost connection to the next node, as the other consumers do.
+* **No readable queue is a wait, not an answer.** When no subscribed topic has a readable queue in the cached routes
+  (made write-only, routed with no queues), ``receive`` asks the name servers for the routes again (at most once a
+  second, however many receives ask) until one has, for up to ``await_duration_ms``, before it returns []: a loop
+  of receives must yield to the heartbeats and route refreshes, and see read permission come back.
 * **One ack or many.** ``ack(msg)`` acks one message and raises what went wrong; ``ack_batch(msgs)`` acks many with
   one BATCH_ACK_MESSAGE per broker group (one replicated write there, where each ``ack`` is one) and returns, per
   message, None or the error ``ack`` would have raised for it: one refused or expired handle must not hide whether
@@ -36,6 +40,7 @@ import contextlib
 import dataclasses
 import itertools
 import logging
+import math
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -62,6 +67,10 @@ log = logging.getLogger(__name__)
 MAX_RECEIVE = 32  # the brokers' most messages of one POP
 MAX_BATCH_ACK = 1024  # the brokers' most receipt handles of one BATCH_ACK_MESSAGE
 _FROM_WHERE = {"CONSUME_FROM_LAST_OFFSET": 1, "CONSUME_FROM_FIRST_OFFSET": 0}  # -> the POP's init_mode
+# How often receives finding no readable queue (a write-only topic) ask the name servers for the routes again, at
+# most (``poll_name_server_interval_ms`` if shorter): read permission coming back is seen within a second, and a
+# loop of receives costs the name servers a query a second, not one per receive.
+_NO_QUEUE_REFRESH_S = 1.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -93,6 +102,7 @@ class SimpleConsumer:
         self._instance = instance
         self._subs = dict(subscriptions)
         self._turn = itertools.count()
+        self._next_refresh_at = -math.inf  # when _wait_for_targets may ask the name servers again
 
     @property
     def client_id(self) -> str:
@@ -112,9 +122,16 @@ class SimpleConsumer:
         ``invisible_duration_ms``; an empty list when none came within ``await_duration_ms``."""
         check_int_arg("max_messages", max_messages, 1, MAX_RECEIVE)
         check_int_arg("invisible_duration_ms", invisible_duration_ms, 1, I32_MAX)
+        poll_time_ms = self.config.await_duration_ms
         targets = await self._targets()
         if not targets:
-            return []
+            # Not [] at once: a ``while True: receive()`` loop would never yield to trio (no heartbeat, no route
+            # refresh: the member drops out of its group and never sees read permission come back).
+            deadline = trio.current_time() + poll_time_ms / 1000
+            targets = await self._wait_for_targets(deadline)
+            poll_time_ms = int((deadline - trio.current_time()) * 1000)  # what is left of this receive's wait
+            if not targets:
+                return []
         first = next(self._turn)
         failed: RaftMQError | None = None
         failures = 0
@@ -132,11 +149,10 @@ class SimpleConsumer:
                 return got
         if failed is not None and failures == len(targets):
             raise failed  # no group answered: waiting at one would only fail again
-        if not self.config.await_duration_ms:
+        if poll_time_ms <= 0:
             return []
         topic, broker_name = targets[first % len(targets)]
-        return await self._pop(topic, broker_name, max_messages, invisible_duration_ms,
-                               self.config.await_duration_ms)
+        return await self._pop(topic, broker_name, max_messages, invisible_duration_ms, poll_time_ms)
 
     async def _targets(self) -> list[tuple[str, str]]:
         """The (topic, broker group) pairs holding readable queues of the subscribed topics, in a stable order."""
@@ -146,6 +162,30 @@ class SimpleConsumer:
             route = routes.cached(topic) or await routes.get(topic)
             out.extend((topic, name) for name in sorted({mq.broker_name for mq in route.read_queues()}))
         return out
+
+    async def _wait_for_targets(self, deadline: float) -> list[tuple[str, str]]:
+        """No subscribed topic has a readable queue in the cached routes (made write-only, or routed with no
+        queues): ask the name servers again, at most every ``_NO_QUEUE_REFRESH_S`` across receives, until one has,
+        or until ``deadline``. Always yields to trio at least once."""
+        routes = self._instance.routes
+        while True:
+            now = trio.current_time()
+            if now >= self._next_refresh_at:
+                self._next_refresh_at = now + min(_NO_QUEUE_REFRESH_S,
+                                                  self.config.poll_name_server_interval_ms / 1000)
+                for topic in sorted(self._subs):
+                    try:
+                        await routes.refresh(topic)
+                    except RaftMQError as e:  # the cached route stands; the next refresh asks again
+                        log.info("route refresh for a topic with no readable queue failed topic=%s error=%s",
+                                 topic, e)
+                targets = await self._targets()
+                if targets:
+                    return targets
+            if trio.current_time() >= deadline:
+                await trio.lowlevel.checkpoint()  # await_duration_ms=0, refresh not due: still yield
+                return []
+            await trio.sleep_until(min(deadline, self._next_refresh_at))
 
     async def _pop(self, topic: str, broker_name: str, max_messages: int, invisible_duration_ms: int,
                    poll_time_ms: int) -> list[ReceivedMessage]:

@@ -14,6 +14,7 @@ from client.errors import ConfigError
 from client.rebalance import allocate_average_by_circle
 from remoting.codec import make_request
 from remoting.codes import RequestCode
+from remoting.errors import ConnectError
 from tests.unit.client.fake_cluster import NAMESRV, FakeGroup, FakeRemoting, fake_remoting_ctx
 from tests.unit.client.test_lite_pull import GROUP, HOUR, Recorder, broker_offset, put, wait_for
 
@@ -236,3 +237,47 @@ async def test_subscribe_from_the_last_offset_skips_the_backlog_only(cluster, au
         put(cluster, ALL_T[0], 1)  # sent once subscribe returned: the start was fixed before, so it is consumed
         got = await poll_until(c, 1)
         assert keys(got) == [(ALL_T[0], 3)]
+
+
+@pytest.mark.parametrize("then", ["the old member commits", "the queues come back"])
+async def test_a_queue_taken_away_whose_commit_failed_is_forgotten_not_committed_later(cluster, autojump_clock, then):
+    """The commit of a queue taken away fails (its group's leader moving): RocketMQ's member, as the push consumer,
+    forgets the queue's offset all the same. Kept to be sent again, it was committed by the old member's next
+    commit over the progress of the member that has the queue now, and it was where the queue started again if it
+    came back to the old member."""
+    for mq in ALL_T:
+        put(cluster, mq, 5)
+    refusing = False
+    invoke = cluster.invoke
+
+    async def commits_refused(addr, request, timeout_s=3.0):
+        if refusing and request.code == RequestCode.UPDATE_CONSUMER_OFFSET:
+            await trio.lowlevel.checkpoint()
+            raise ConnectError(addr, "connection refused")
+        return await invoke(addr, request, timeout_s)
+
+    cluster.invoke = commits_refused
+    async with open_lite_pull_consumer(NAMESRV, **OPEN) as one:
+        await one.subscribe(T)
+        await trio.sleep(1)  # the starts found (0) are committed
+        assert len(await poll_until(one, 40)) == 40
+        assert await one.poll(timeout_s=0.5) == []  # auto-commit: positions 5 stored, not sent
+        refusing = True
+        async with open_lite_pull_consumer(NAMESRV, **OPEN) as two:
+            await two.subscribe(T)
+            await wait_for(lambda: len(one.assignment()) == len(two.assignment()) == 4)
+            moved = two.assignment()
+            assert all(broker_offset(cluster, mq) == 0 for mq in moved)  # one's commit of 5 was refused
+            refusing = False
+            for mq in moved:
+                put(cluster, mq, 2)
+            assert len(await poll_until(two, 4 * 7)) == 4 * 7  # from the group's offset, 0: at least once
+            await two.commit_sync()
+            assert all(broker_offset(cluster, mq) == 7 for mq in moved)
+            if then == "the old member commits":
+                one.commit()
+                await trio.sleep(1)
+                assert all(broker_offset(cluster, mq) == 7 for mq in moved)  # not set back to 5
+        if then == "the queues come back":  # two left, having committed 7
+            await wait_for(lambda: one.assignment() == set(ALL_T))
+            assert {mq: await one.position(mq) for mq in moved} == {mq: 7 for mq in moved}
