@@ -18,15 +18,15 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from client.message import MessageExt, MessageQueue
+from client.message import MessageExt, MessageQueue, PullResult
 
 if TYPE_CHECKING:
     from client.listener import ReconsumeLater
 
-__all__ = ["ConsumeCall", "ConsumeHook"]
+__all__ = ["ConsumeCall", "ConsumeHook", "told_pull"]
 
 # A ConsumeHook's subscribers, one plain callback per event (the hook's methods of the same names say when).
 PulledListener = Callable[[MessageQueue, float, int], None]
@@ -109,3 +109,13 @@ class ConsumeHook:
         loop body, what a lite pull consumer's poll returned)."""
         for listener in self._handed_out:
             listener(mq, messages)
+
+
+async def told_pull(hook: ConsumeHook | None, mq: MessageQueue, pull: Awaitable[PullResult]) -> PullResult:
+    """Await ``pull``, a pull of ``mq`` not yet started, and tell ``hook`` (None: nobody listens) of its answer."""
+    if hook is None:
+        return await pull
+    started = hook.clock()
+    result = await pull
+    hook.pulled(mq, started, len(result.messages))
+    return result

@@ -106,7 +106,7 @@ from client.pull_consumer import FailedPulls, PullAPI, pull_should_wait
 from client.push_consumer_config import CONSUME_FROM
 from client.rebalance import (DEFAULT_ALLOCATE_STRATEGY, AllocateStrategy, allocate_strategy_problem,
                               resolve_allocate_strategy)
-from client.consume_hook import ConsumeHook
+from client.consume_hook import ConsumeHook, told_pull
 from client.running_info import attach_lite_pull_consumer
 from remoting.config import bounded
 from remoting.errors import RaftMQError
@@ -605,13 +605,9 @@ class LitePullConsumer(LitePullSubscribe):
             aq.pull_scope = scope
             try:
                 self._pulls += 1
-                hook = self._hook
-                started = hook.clock() if hook is not None else 0.0
-                result = await self._api.pull(aq.mq, offset, self.config.pull_batch_size, subscription=sub,
-                                              suspend_timeout_ms=self.config.broker_suspend_max_time_ms)
-                if hook is not None:
-                    hook.pulled(aq.mq, started, len(result.messages))
-                return result
+                return await told_pull(self._hook, aq.mq, self._api.pull(
+                    aq.mq, offset, self.config.pull_batch_size, subscription=sub,
+                    suspend_timeout_ms=self.config.broker_suspend_max_time_ms))
             finally:
                 aq.pull_scope = None
         return None

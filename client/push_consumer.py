@@ -130,7 +130,7 @@ from client.push_consumer_config import (CONSUME_FROM, ConsumerStatistics, Handl
                                          check_handler, check_orderly, claim_offset_file, local_offset_store)
 from client.push_rebalance import LOCK_RETRY_S, PushRebalance
 from client.rebalance import resolve_allocate_strategy
-from client.consume_hook import ConsumeHook
+from client.consume_hook import ConsumeHook, told_pull
 from client.running_info import attach_push_consumer
 from client.trace import ConsumeTracer, open_trace_dispatcher
 from remoting.config import ConfigError
@@ -490,13 +490,9 @@ class PushConsumer(PushRebalance):
             self._pull_scopes[scope] = pq.mq.topic
             try:
                 self._pulls += 1
-                hook = self._hook
-                started = hook.clock() if hook is not None else 0.0
-                result = await self._api.pull(pq.mq, offset, self.config.pull_batch_size, subscription=sub,
-                                              suspend_timeout_ms=self.config.broker_suspend_max_time_ms)
-                if hook is not None:
-                    hook.pulled(pq.mq, started, len(result.messages))
-                return result
+                return await told_pull(self._hook, pq.mq, self._api.pull(
+                    pq.mq, offset, self.config.pull_batch_size, subscription=sub,
+                    suspend_timeout_ms=self.config.broker_suspend_max_time_ms))
             finally:
                 self._pull_scopes.pop(scope, None)
         return None
