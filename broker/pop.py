@@ -71,7 +71,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from broker.processor.base import RequestRejected
-from broker.schedule import stored_again
+from broker.schedule import alone_entry_bytes, entry_room, stored_again
 from broker.subscription_group import DEFAULT_RETRY_MAX_TIMES, DEFAULT_RETRY_QUEUE_NUMS
 from broker.topic_config import PERM_READ_WRITE, PERM_WRITE, TopicConfig
 from dledger import DLedgerError
@@ -590,15 +590,25 @@ class PopService:
     # --- revive ------------------------------------------------------------------------------------------------
     async def serve(self) -> None:
         """Revive expired checkpoints every ``pop_revive_interval_ms`` while this node is the ready leader."""
+        failures = 0  # rounds in a row that failed outside one checkpoint's revive
         while True:
-            await trio.sleep(self.node.config.pop_revive_interval_ms / 1000)
+            interval_ms = self.node.config.pop_revive_interval_ms
+            await trio.sleep(min(interval_ms << min(failures, 16), max(interval_ms, REVIVE_BACKOFF_MAX_MS)) / 1000)
             if not self.node.group.is_ready_leader:
                 self._backoff.clear()
+                failures = 0
                 continue
             try:
                 await self.revive_expired()
+                failures = 0
             except (RequestRejected, DLedgerError, RaftMQError) as e:
                 log.info("pop revive round stopped, retried next round error=%s", e)
+            except Exception:
+                # A defect outside one checkpoint's revive (or met as the leadership went) must not stop the broker:
+                # this task runs in the node's nursery. Backed off as a checkpoint is; its traceback once.
+                failures += 1
+                log.log(logging.ERROR if failures == 1 else logging.WARNING, "pop revive round failed unexpectedly "
+                        "failures=%d", failures, exc_info=failures == 1)
 
     async def revive_expired(self, now: int | None = None) -> int:
         """Revive every checkpoint expired at ``now`` (ms; default the clock), each on its own: one that fails waits
@@ -657,8 +667,10 @@ class PopService:
         pop_retry = split_pop_retry_topic(ck.topic)
         if pop_retry is not None and pop_retry[0] == ck.consumer_group:
             first_topic = pop_retry[1]
-        messages: list[MessageInput] = []
-        dead = 0
+        room = entry_room(node)
+        appends: list[list[MessageInput]] = [[]]
+        entry = 0
+        count = dead = 0
         for offset in ck.offsets:
             view = self._message(ck.topic, ck.queue_id, offset)
             if view is None:
@@ -667,23 +679,35 @@ class PopService:
                 continue
             again = await self._stored_again(ck, view, first_topic, max_times, retry_queue_nums)
             if again is not None:
-                messages.append(again[0])
-                dead += again[1]
-        if messages:
-            # Each message was encoded alone by _stored_again: the batch cannot fail on one of them.
-            await node.append_messages(encode_batch(messages, node.store_host, max_message_size=node.max_message_size))
+                message, to_dlq, cost = again
+                # A checkpoint's messages (up to 32 of max_message_size, their keys 12 bytes each besides) need
+                # not fit one entry: appended in as many as they need, the checkpoint removed after the last. A
+                # leader lost in between revives them all again: duplicates, never a loss.
+                if appends[-1] and entry + cost > room:
+                    appends.append([])
+                    entry = 0
+                appends[-1].append(message)
+                entry += cost
+                count += 1
+                dead += to_dlq
+        for messages in appends:
+            if messages:
+                # Each message was measured alone by _stored_again: the batch cannot fail on one of them.
+                await node.append_messages(encode_batch(messages, node.store_host,
+                                                        max_message_size=node.max_message_size))
         await self.write({ck.key: None})
-        self.revived += len(messages) - dead
+        self.revived += count - dead
         self.dead += dead
-        log.debug("pop checkpoint revived group=%s topic=%s queue_id=%d retried=%d dead=%d", ck.consumer_group,
-                  ck.topic, ck.queue_id, len(messages) - dead, dead)
-        return len(messages)
+        log.debug("pop checkpoint revived group=%s topic=%s queue_id=%d retried=%d dead=%d appends=%d",
+                  ck.consumer_group, ck.topic, ck.queue_id, count - dead, dead, sum(1 for m in appends if m))
+        return count
 
     async def _stored_again(self, ck: CheckPoint, view: MessageView, first_topic: str, max_times: int,
-                            retry_queue_nums: int) -> tuple[MessageInput, bool] | None:
-        """The copy of ``view`` revive stores, and whether it goes to the dead-letter topic; None for a message that
-        cannot be stored again at all (logged)."""
+                            retry_queue_nums: int) -> tuple[MessageInput, bool, int] | None:
+        """The copy of ``view`` revive stores, whether it goes to the dead-letter topic, and the entry bytes it takes
+        appended alone; None for a message that cannot be stored again at all (logged)."""
         node = self.node
+        room = entry_room(node)
         stored_props = dict(view.properties)
         for name in (PROPERTY_DELAY, PROPERTY_REAL_TOPIC, PROPERTY_REAL_QUEUE_ID):
             stored_props.pop(name, None)
@@ -697,9 +721,9 @@ class PopService:
                                                          retry_queue_nums, retry_queue_nums, PERM_READ_WRITE))
             again = stored_again(view, target.topic_name, random.randrange(max(1, target.write_queue_nums)), props,
                                  reconsume_times=reconsume_times, prepared_transaction_offset=0)
-            problem = self._unstorable(again)
+            cost, problem = self._entry_bytes(again, room)
             if problem is None:
-                return again, False
+                return again, False, cost
             # Its properties were near the limit and the ones revive adds tipped them over: to the dead-letter topic
             # as it was stored, rather than kept invisible (and its checkpoint's other messages with it) for ever.
             log.warning("popped message cannot be stored again with the retry properties; to the dead-letter topic "
@@ -710,26 +734,31 @@ class PopService:
                                                   PERM_WRITE))
         again = stored_again(view, dlq.topic_name, 0, props, reconsume_times=reconsume_times,
                              prepared_transaction_offset=0)
-        problem = self._unstorable(again)
+        cost, problem = self._entry_bytes(again, room)
         if problem is not None and props is not stored_props:
             props = stored_props
             again = stored_again(view, dlq.topic_name, 0, props, reconsume_times=reconsume_times,
                                  prepared_transaction_offset=0)
-            problem = self._unstorable(again)
+            cost, problem = self._entry_bytes(again, room)
         if problem is not None:
             # Stored once, so short of a limit lowered since: it stays readable where it was, not redelivered.
             log.error("popped message cannot be stored again, not even in the dead-letter topic; dropped from its "
                       "checkpoint group=%s topic=%s queue_id=%d offset=%d error=%s", ck.consumer_group, ck.topic,
                       ck.queue_id, view.queue_offset, problem)
             return None
-        return again, True
+        return again, True, cost
 
-    def _unstorable(self, message: MessageInput) -> str | None:
+    def _entry_bytes(self, message: MessageInput, room: int) -> tuple[int, str | None]:
+        """The entry bytes ``message`` takes appended alone, and why it cannot be stored (None if it can): a
+        message past the format's limits, or one past what one entry holds (possible only after the group's
+        limit was lowered: it was stored once)."""
         try:
-            encode_batch([message], self.node.store_host, max_message_size=self.node.max_message_size)
+            cost = alone_entry_bytes(self.node, message)
         except MessageFormatError as e:
-            return str(e)
-        return None
+            return 0, str(e)
+        if cost > room:
+            return cost, f"it makes a DLedger entry of {cost} bytes alone, more than {room}"
+        return cost, None
 
     def _message(self, topic: str, queue_id: int, offset: int) -> MessageView | None:
         result = self.node.store.get_messages(topic, queue_id, offset, 1, 1 << 30)

@@ -38,31 +38,73 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import trio
 
+from broker.commit_log_machine import encode_payload
 from broker.delay_level import timer_level
 from broker.processor.base import RequestRejected, invalid
 from broker.store.results import GetMessageStatus
+from dledger.entry import ENTRY_HEADER
 from remoting.codes import ResponseCode
 from remoting.errors import RaftMQError
 from remoting.message import (PROPERTY_DELAY, PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC, PROPERTY_TIMER_DELAY_MS,
                               PROPERTY_TIMER_DELAY_SEC, PROPERTY_TIMER_DELIVER_MS, SCHEDULE_TOPIC, TIMER_PROPERTIES,
-                              MessageFormatError, MessageInput, MessageView, decode_record, encode_batch)
+                              MessageFormatError, MessageInput, MessageView, batch_count, decode_record, encode_batch)
 
 if TYPE_CHECKING:
     from broker.node import BrokerNode
+    from broker.store import MessageStore
 
 log = logging.getLogger(__name__)
 
 __all__ = ["SCHEDULE_TABLE", "schedule_properties", "with_real_destination", "restored_message", "stored_again",
-           "delay_level_of", "timer_property", "timer_deliver_ms", "ScheduleMessageService"]
+           "delay_level_of", "timer_property", "timer_deliver_ms", "EntrySize", "entry_size", "entry_room",
+           "alone_entry_bytes", "ScheduleMessageService"]
 
 SCHEDULE_TABLE = "broker.schedule_offset"
 ROUND_INTERVAL_S = 0.1
+# A round that failed is tried again after ROUND_INTERVAL_S * 2^failures, at most this long: a failure that comes
+# back every round (a defect) must not log, and retry, ten times a second.
+ROUND_BACKOFF_MAX_S = 10.0
 DELIVER_MAX_MESSAGES = 64
 _MAX_TIMER_DIGITS = 18  # a Java long's decimal digits, less one: int() of it is never past I64
+# Kept below max_entry_bytes by rounds sized with ``alone_entry_bytes``: their entry may cross a segment end where
+# the lone builds did not, 24 bytes a crossing (a blank's header, one more piece). The lone builds each count an
+# entry header, a payload head, a queue and a piece, which covers that from two messages on; this is for one.
+ENTRY_SLACK_BYTES = 64
+
+
+class EntrySize(NamedTuple):
+    """What one encoded batch makes of a DLedger entry, prepared alone by the broker's state machine."""
+
+    entry_bytes: int  # as ``encode_entry`` holds it to ``max_entry_bytes``
+    index_entries: int  # IndexFile entries: one per UNIQ_KEY and per key of KEYS, 12 bytes each in the entry
+
+
+def entry_size(store: MessageStore, batch: bytes) -> EntrySize:
+    """``batch`` (encoded and valid) measured by the state machine's own build, not estimated: what
+    ``CommitLogMachine.prepare_batch`` makes of it at the commit log's end (records, ConsumeQueue units, index
+    entries), plus the entry header. A message's record is what the send limit bounds, but its keys cost 12
+    bytes each on top (up to 6 times what they take in KEYS), so only this tells whether an append fits one entry.
+    It builds the batch once more: for broker services and refusals, not for every send."""
+    built = store.prepare_append([(batch, batch_count(batch))], store.max_phy_offset, 0, {})
+    return EntrySize(ENTRY_HEADER.size + len(encode_payload(built)), len(built.hint.index))
+
+
+def entry_room(node: BrokerNode) -> int:
+    """The entry bytes one append of a broker service may fill: a sum of ``alone_entry_bytes`` up to this fits."""
+    assert node.config.dledger is not None
+    return node.config.dledger.max_entry_bytes - ENTRY_SLACK_BYTES
+
+
+def alone_entry_bytes(node: BrokerNode, message: MessageInput) -> int:
+    """The entry bytes ``message`` takes appended alone (``entry_size``); raises ``MessageFormatError`` as
+    ``encode_batch`` does for a message that cannot be stored at all. A broker service that stores messages again
+    (delivery, transaction checks, POP revive) sizes each append by the sum of these, never by record bytes."""
+    batch = encode_batch([message], node.store_host, max_message_size=node.max_message_size)
+    return entry_size(node.store, batch).entry_bytes
 
 
 def with_real_destination(properties: Mapping[str, Any], topic: str, queue_id: int) -> dict[str, Any]:
@@ -242,29 +284,44 @@ class ScheduleMessageService:
             log.warning("schedule queues of delay levels %s are past message_delay_level's %d levels: their "
                         "messages are delivered after the last level's delay, %d ms", past, len(self.levels_ms),
                         self.levels_ms[-1])
+        failures = 0
         while True:
-            await trio.sleep(ROUND_INTERVAL_S)
+            await trio.sleep(min(ROUND_INTERVAL_S * 2 ** min(failures, 16), ROUND_BACKOFF_MAX_S))
             if not group.is_ready_leader:
+                failures = 0
                 continue
+            # A failed round delivered nothing, or delivered without its progress replicated: the next round (here
+            # or on the next leader) starts again from the replicated progress.
             try:
                 while await self.deliver_due() and group.is_ready_leader:
                     await trio.sleep(0)
+                failures = 0
             except (RequestRejected, RaftMQError) as e:
-                # Not delivered, or delivered without its progress replicated: the next round (here or on the next
-                # leader) starts again from the replicated progress.
-                log.info("scheduled delivery round failed error=%s", getattr(e, "remark", e))
+                failures += 1
+                log.info("scheduled delivery round failed failures=%d error=%s", failures, getattr(e, "remark", e))
+            except Exception:
+                # A round's defect must not stop the broker: this task runs in the node's nursery, the progress did
+                # not move, and every next leader would meet the same messages and stop too (as an entry past
+                # max_entry_bytes once did). Its traceback once, then a line each time.
+                failures += 1
+                log.log(logging.ERROR if failures == 1 else logging.WARNING, "scheduled delivery round failed "
+                        "unexpectedly failures=%d", failures, exc_info=failures == 1)
 
     async def deliver_due(self, now_ms: int | None = None) -> int:
         """One round: append what is due (at most one batch: deliveries, and timer messages parked again for the
         time they still have to wait), then replicate the progress; returns how many messages were appended (the
-        caller goes on at once while rounds are full)."""
+        caller goes on at once while rounds are full). A round holds at most ``DELIVER_MAX_MESSAGES``, records of
+        ``max_message_size`` bytes, and what fits one DLedger entry (``entry_room``): records are not all an entry
+        carries, keys cost 12 bytes each, and a round past the entry limit would fail every time."""
         node = self.node
         store = node.store
         now = int(time.time() * 1000) if now_ms is None else now_ms
         done = self.offsets()
         max_bytes = node.max_message_size
+        room = entry_room(node)
         batch: list[MessageInput] = []
         size = 0
+        entry = 0
         hops = 0
         progress: dict[str, int] = {}
         full = False
@@ -287,16 +344,23 @@ class ScheduleMessageService:
                 if batch and (size + len(raw) > max_bytes or len(batch) >= DELIVER_MAX_MESSAGES):
                     full = True
                     break
-                message = None
+                measured = None
+                hop = False
                 remaining = self._timer_remaining_ms(view, now)
                 if remaining > 0:
-                    message = self._parked_again(view, remaining)
-                    hops += message is not None
-                if message is None:
-                    message = self._delivered(view)
-                if message is not None:
+                    measured = self._parked_again(view, remaining, room)
+                    hop = measured is not None
+                if measured is None:
+                    measured = self._delivered(view, room)
+                if measured is not None:
+                    message, cost = measured
+                    if batch and entry + cost > room:
+                        full = True
+                        break
                     batch.append(message)
                     size += len(raw)
+                    entry += cost
+                    hops += hop
                 progress[str(level)] = queue_offset + 1
         if not progress:
             return 0
@@ -321,28 +385,42 @@ class ScheduleMessageService:
             return 0
         return int(value) - now_ms
 
-    def _parked_again(self, view: MessageView, remaining_ms: int) -> MessageInput | None:
+    def _parked_again(self, view: MessageView, remaining_ms: int, room: int) -> tuple[MessageInput, int] | None:
         """A timer message found due in its level before its time, as appended to its next level: the very
-        record, DELAY changed (its time, destination and UNIQ_KEY kept). None if it cannot be written so."""
+        record, DELAY changed (its time, destination and UNIQ_KEY kept), and the entry bytes it takes alone. None
+        if it cannot be written so."""
         level = timer_level(self.levels_ms, remaining_ms)
         try:
             message = stored_again(view, SCHEDULE_TOPIC, level - 1, {**view.properties, PROPERTY_DELAY: str(level)})
-            encode_batch([message], self.node.store_host, max_message_size=self.node.max_message_size)
+            cost = alone_entry_bytes(self.node, message)
         except MessageFormatError as e:
             # A longer DELAY value past the properties' limit: early beats lost, and it would block its level.
             log.error("timer message cannot be parked again, delivered %d ms early phy_offset=%d error=%s",
                       remaining_ms, view.phy_offset, e)
             return None
-        return message
+        if cost > room:
+            log.error("timer message cannot be parked again, delivered %d ms early phy_offset=%d error=it makes a "
+                      "DLedger entry of %d bytes, more than %d", remaining_ms, view.phy_offset, cost, room)
+            return None
+        return message, cost
 
-    def _delivered(self, view: MessageView) -> MessageInput | None:
+    def _delivered(self, view: MessageView, room: int) -> tuple[MessageInput, int] | None:
+        """The message a due record stands for in its real topic, and the entry bytes it takes alone; None (and
+        counted in ``dropped``) for one that can never be stored."""
         try:
             message = restored_message(view, (PROPERTY_DELAY,))
-            encode_batch([message], self.node.store_host, max_message_size=self.node.max_message_size)
+            cost = alone_entry_bytes(self.node, message)
         except MessageFormatError as e:
             # Only the send path stores here, and it checked all of this: a message that still fails would block
             # its level for ever, so it is skipped, loudly.
             self.dropped += 1
             log.error("scheduled message not deliverable, skipped phy_offset=%d error=%s", view.phy_offset, e)
             return None
-        return message
+        if cost > room:
+            # Stored once, so only after the group's entry limit was lowered: it would fail every round.
+            self.dropped += 1
+            log.error("scheduled message not deliverable, skipped phy_offset=%d error=it makes a DLedger entry of "
+                      "%d bytes alone, more than %d (dledger.append_entries_batch_size_bytes)", view.phy_offset,
+                      cost, room)
+            return None
+        return message, cost

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from broker.processor.base import RequestRejected, invalid
-from broker.schedule import restored_message, stored_again, with_real_destination
+from broker.schedule import alone_entry_bytes, entry_room, restored_message, stored_again, with_real_destination
 from broker.store.results import GetMessageStatus
 from broker.topic_config import PERM_READ, TopicConfig
 from dledger import BatchRejectedError, GroupBusyError, LeaderChangedError, RecordTooLargeError
@@ -83,6 +83,7 @@ READ_MAX_MESSAGES = 64
 # Properties a committed message does not keep (RocketMQ's endMessageTransaction clears the destination).
 _NOT_DELIVERED = (PROPERTY_REAL_TOPIC, PROPERTY_REAL_QUEUE_ID, PROPERTY_PRODUCER_GROUP)
 _CATCH_UP_TIMEOUT_S = 1.0
+_BACKOFF_MAX_S = 60.0
 
 
 def prepared_sys_flag(sys_flag: int) -> int:
@@ -398,31 +399,47 @@ class TransactionalMessageService:
 
     async def serve(self) -> None:
         group = self.node.group
+        interval_s = self.interval_ms / 1000
+        failures = 0
         while True:
-            await trio.sleep(self.interval_ms / 1000)
+            # A failed round is tried again after interval * 2^failures (at most a minute, or the interval): one that
+            # fails every time must not log, and retry, at every interval (10 ms at the least).
+            await trio.sleep(min(interval_s * 2 ** min(failures, 16), max(interval_s, _BACKOFF_MAX_S)))
             if not group.is_ready_leader:
+                failures = 0
                 continue
             try:
-                while await self.check_round() >= CHECKS_PER_BATCH and group.is_ready_leader:
+                # Until a round finds nothing: one may end short of CHECKS_PER_BATCH because its entry was full.
+                while await self.check_round() and group.is_ready_leader:
                     await trio.sleep(0)
+                failures = 0
             except (RequestRejected, RaftMQError) as e:
                 # Nothing settled, or settled without the progress replicated: the next round (here or on the next
                 # leader) starts again from the replicated progress, and the op records tell what is settled.
-                log.info("transaction check round failed error=%s", getattr(e, "remark", e))
+                failures += 1
+                log.info("transaction check round failed failures=%d error=%s", failures, getattr(e, "remark", e))
             except Exception:
                 # A round's defect must not stop the broker: this task runs in the node's nursery, and every
-                # leader would meet the same half after it (as one that could not be re-stored once did).
-                log.exception("transaction check round failed")
+                # leader would meet the same half after it (as one that could not be re-stored once did). Its
+                # traceback once, then a line each time.
+                failures += 1
+                log.log(logging.ERROR if failures == 1 else logging.WARNING, "transaction check round failed "
+                        "unexpectedly failures=%d", failures, exc_info=failures == 1)
 
     async def check_round(self, now_ms: int | None = None) -> int:
         """One scan: re-store (and check) or discard the unsettled halves older than ``transaction_timeout_ms``, at
-        most ``CHECKS_PER_BATCH``, then replicate the progress; returns how many halves were checked or discarded."""
+        most ``CHECKS_PER_BATCH`` and what fits one DLedger entry (``entry_room``: a half's keys cost 12 bytes each
+        there, so 32 halves within the message limit could make an entry past it, and a round that fails so fails
+        every time), then replicate the progress; returns how many halves were checked or discarded."""
         await self._ready()
         node = self.node
         now = int(time.time() * 1000) if now_ms is None else now_ms
+        room = entry_room(node)
+        entry = 0
         progress = self._half_progress
         messages: list[MessageInput] = []
         halves: list[tuple[int, str]] = []  # (half queue offset, outcome of its op record)
+        ops: list[int] = []  # index in messages of each half's op record
         checked: list[tuple[int, str, str]] = []  # (index in messages, producer group, transaction id)
         for raw, offset in _read_queue(node.store, TRANS_HALF_TOPIC, progress, node.max_message_size):
             if offset in self._done:
@@ -445,8 +462,9 @@ class TransactionalMessageService:
             else:
                 topic, queue_id, outcome = TRANS_HALF_TOPIC, 0, RECHECK
                 props[PROPERTY_TRANSACTION_CHECK_TIMES] = str(times + 1)
-            again = stored_again(view, topic, queue_id, props)
-            if outcome == RECHECK and (problem := self._unstorable(again)) is not None:
+            again: MessageInput | None = stored_again(view, topic, queue_id, props)
+            cost, problem = self._entry_bytes(again, room)
+            if outcome == RECHECK and problem is not None:
                 # The count it would carry makes it too big to store (properties just under RocketMQ's 32,767
                 # bytes): re-stored anyway, the batch failed, the broker stopped, and every next leader with it.
                 log.error("half message cannot be re-stored for another check, discarded (%s) topic=%s "
@@ -454,11 +472,27 @@ class TransactionalMessageService:
                           props.get(PROPERTY_UNIQ_KEY), props.get(PROPERTY_PRODUCER_GROUP))
                 topic, queue_id, outcome = TRANS_CHECK_MAX_TIME_TOPIC, 0, DISCARD
                 again = stored_again(view, topic, queue_id, dict(view.properties))
+                cost, problem = self._entry_bytes(again, room)
+            if problem is not None:
+                # Not even as it was stored, so only after the group's entry limit was lowered: settled by its op
+                # record alone rather than fail every round; it stays readable in the half topic.
+                log.error("half message cannot be stored again, discarded and left in %s (%s) queue_offset=%d "
+                          "topic=%s transaction_id=%s producer_group=%s", TRANS_HALF_TOPIC, problem, offset,
+                          props.get(PROPERTY_REAL_TOPIC), props.get(PROPERTY_UNIQ_KEY),
+                          props.get(PROPERTY_PRODUCER_GROUP))
+                again, cost = None, 0
+            op = self._op_record(offset, outcome)
+            cost += alone_entry_bytes(node, op)
+            if halves and entry + cost > room:
+                break  # the next round goes on from here
+            entry += cost
             if outcome == RECHECK:
                 checked.append((len(messages), props.get(PROPERTY_PRODUCER_GROUP, ""),
                                 props.get(PROPERTY_UNIQ_KEY, "")))
-            messages.append(again)
-            messages.append(self._op_record(offset, outcome))
+            if again is not None:
+                messages.append(again)
+            ops.append(len(messages))
+            messages.append(op)
             halves.append((offset, outcome))
             self._busy.add(offset)  # an END for it now waits (SYSTEM_BUSY) until this batch settled it
             progress = offset + 1
@@ -470,8 +504,8 @@ class TransactionalMessageService:
                 self._busy.difference_update(half for half, _ in halves)
                 raise
             stored = await self._append_settling([half for half, _ in halves], messages)
-            for (half, outcome), op in zip(halves, stored[1::2]):
-                self._settled(half, op.queue_offset, outcome)
+            for (half, outcome), op_index in zip(halves, ops):
+                self._settled(half, stored[op_index].queue_offset, outcome)
             if checked:
                 last = stored[checked[-1][0]]
                 self._restored_end = max(self._restored_end, last.phy_offset + last.size)
@@ -483,13 +517,15 @@ class TransactionalMessageService:
             await self._advance(progress)
         return len(halves)
 
-    def _unstorable(self, message: MessageInput) -> str | None:
-        node = self.node
+    def _entry_bytes(self, message: MessageInput, room: int) -> tuple[int, str | None]:
+        """The entry bytes ``message`` takes appended alone, and why it cannot be stored (None if it can)."""
         try:
-            encode_batch([message], node.store_host, max_message_size=node.max_message_size)
+            cost = alone_entry_bytes(self.node, message)
         except MessageFormatError as e:
-            return str(e)
-        return None
+            return 0, str(e)
+        if cost > room:
+            return cost, f"it makes a DLedger entry of {cost} bytes alone, more than {room}"
+        return cost, None
 
     async def _advance(self, progress: int) -> None:
         """Move the check progress to ``progress`` (every half below it settled) and replicate it with the op

@@ -9,9 +9,9 @@ from __future__ import annotations
 from remoting.errors import FatalServerError, RaftMQError
 
 __all__ = ["CommitLogMovedError", "DLedgerError", "NotLeaderError", "LeaderChangedError", "AppendTimeoutError",
-           "AppendOutcomeUnknownError", "GroupBusyError", "RecordTooLargeError", "BatchRejectedError",
-           "LogMismatchError", "MembershipChangeError", "MemberDivergedError", "MemberFellBehindError",
-           "MemberStoreError", "TransferLeadershipError"]
+           "AppendOutcomeUnknownError", "GroupBusyError", "RecordTooLargeError", "PreparedEntryTooLargeError",
+           "BatchRejectedError", "LogMismatchError", "MembershipChangeError", "MemberDivergedError",
+           "MemberFellBehindError", "MemberStoreError", "TransferLeadershipError"]
 
 
 class DLedgerError(RaftMQError):
@@ -84,6 +84,21 @@ class RecordTooLargeError(DLedgerError):
         super().__init__(f"A record of {size} bytes does not fit in one DLedger entry (max {max_size} bytes).")
         self.size = size
         self.max_size = max_size
+
+
+class PreparedEntryTooLargeError(RecordTooLargeError):
+    """A record within ``max_record_bytes`` that the state machine's ``prepare_batch`` made into an entry past
+    ``max_entry_bytes`` (the message store adds a queue unit and an index entry per key to each message): proposed
+    alone, so it can never fit and must not be sent again as it is. Nothing was proposed."""
+
+    def __init__(self, group: str, size: int, entry_size: int, max_entry_bytes: int) -> None:
+        DLedgerError.__init__(self, f"A record of {size} bytes makes a DLedger entry of {entry_size} bytes once "
+                                    f"prepared, more than group {group}'s max_entry_bytes {max_entry_bytes}; "
+                                    f"it was not stored.")
+        self.group = group
+        self.size = size
+        self.entry_size = entry_size
+        self.max_size = max_entry_bytes
 
 
 class BatchRejectedError(DLedgerError):

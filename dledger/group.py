@@ -49,10 +49,11 @@ from pysyncobj import FAIL_REASON
 
 from dledger.catch_up import CatchUp, FetchRange
 from dledger.config import DLedgerConfig, MemberAddress
-from dledger.entry import encode_entry
+from dledger.entry import EntryTooLargeError, encode_entry
 from dledger.errors import (AppendOutcomeUnknownError, AppendTimeoutError, BatchRejectedError, DLedgerError,
                             GroupBusyError, LeaderChangedError, MembershipChangeError, MemberStoreError,
-                            NotLeaderError, RecordTooLargeError, TransferLeadershipError)
+                            NotLeaderError, PreparedEntryTooLargeError, RecordTooLargeError,
+                            TransferLeadershipError)
 from dledger.member import TABLES, RaftMember
 from dledger.patches import OUTCOME_UNKNOWN, JournalWriteError
 from dledger.pending import CallbackPending, Pending
@@ -628,7 +629,7 @@ class DLedgerGroup:
             self._slots.release()
             self._replan = True  # the state machine may hold a plan for this batch
             log.warning("batch not proposed group=%s records=%d error=%s", self.config.group, len(batch), e)
-            self._fail(batch, e)
+            self._fail(batch, self._entry_too_large(batch, e) if isinstance(e, EntryTooLargeError) else e)
             return
         self._replan = False
         self._last_store_timestamp = store_timestamp
@@ -638,6 +639,16 @@ class DLedgerGroup:
         if self._drained.is_set():
             self._drained = trio.Event()
         m.apply_entry(entry, callback=functools.partial(self._on_commit, batch, start, prepared.record_results))
+
+    def _entry_too_large(self, batch: list[Pending], error: EntryTooLargeError) -> DLedgerError:
+        """What the callers of a batch whose prepared entry is past ``max_entry_bytes`` are told. A record proposed
+        alone never fits: not retriable (a bare ValueError was answered as a broker defect, which producers retry).
+        Records proposed together may each fit in another entry: busy, nothing stored, so a retry cannot duplicate."""
+        group = self.config.group
+        if len(batch) == 1:
+            return PreparedEntryTooLargeError(group, len(batch[0].record), error.size, error.max_entry_bytes)
+        return GroupBusyError(group, f"the {len(batch)} records proposed together made an entry of {error.size} "
+                                     f"bytes, more than max_entry_bytes {error.max_entry_bytes}")
 
     def _on_commit(self, batch: list[Pending], start: int, results: tuple[Any, ...], res: Any, err: int) -> None:
         # pysyncobj's callback, on the trio thread: inside a tick (the tick task runs the completion once the

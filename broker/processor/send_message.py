@@ -28,14 +28,15 @@ from broker.processor.base import (I32, I64, RequestRejected, answer_from_task, 
                                    get_int, get_str, invalid, topic_not_writable, unexpected_response)
 from broker.topic_config import TopicConfigError, check_sendable_topic, validate_topic_name
 from dledger import DLedgerError, NotLeaderError
+from dledger.errors import PreparedEntryTooLargeError
 from remoting.codec import EncodedExt, Frame, make_response
 from remoting.codes import RequestCode, ResponseCode
-from broker.schedule import timer_property
+from broker.schedule import entry_size, timer_property
 from broker.transaction import prepared_sys_flag
 from remoting.message import (BATCH_HEAD, BATCH_MAGIC, ENTRY_HEAD, PROPERTY_DELAY, PROPERTY_TIMER_DELAY_MS,
                               PROPERTY_TIMER_DELAY_SEC, PROPERTY_TIMER_DELIVER_MS, PROPERTY_TRANSACTION_PREPARED,
-                              CheckedBatch, MessageFormatError, MessageInput, check_topic, encode_batch,
-                              encode_properties, encode_single_batch, scan_batch)
+                              CheckedBatch, MessageFormatError, MessageInput, batch_count, check_topic,
+                              encode_batch, encode_properties, encode_single_batch, scan_batch)
 
 if TYPE_CHECKING:
     from broker.node import BrokerNode
@@ -118,6 +119,8 @@ class SendMessageProcessor:
                 if not conn.closed:
                     conn.nursery.start_soon(self._append_and_answer, request, batch, conn)
                 return
+            elif isinstance(error, PreparedEntryTooLargeError):
+                response = error_response(node, request, self._entry_too_large(batch, error))
             elif isinstance(error, DLedgerError):
                 response = error_response(node, request, error)
             else:
@@ -135,7 +138,24 @@ class SendMessageProcessor:
         await answer_from_task(self.node, request, conn, functools.partial(self._append, request, batch))
 
     async def _append(self, request: Frame, batch: bytes) -> Frame:
-        return self._success(request, await self.node.append_messages(batch))
+        try:
+            return self._success(request, await self.node.append_messages(batch))
+        except PreparedEntryTooLargeError as e:
+            raise self._entry_too_large(batch, e) from None
+
+    def _entry_too_large(self, batch: bytes, error: PreparedEntryTooLargeError) -> RequestRejected:
+        """MESSAGE_ILLEGAL (not retriable: the same bytes never fit) for a send within ``max_message_size`` whose
+        entry the group refused: the limit bounds records, but the index costs 12 bytes per key on top, and a
+        batch of key-heavy messages can be six times its size in the entry. Measured again here, on this rare
+        path only, to name the index entries."""
+        count = batch_count(batch)
+        what = f"the batch of {count} messages" if count > 1 else "the message"
+        index = entry_size(self.node.store, batch).index_entries
+        return RequestRejected(ResponseCode.MESSAGE_ILLEGAL, (
+            f"{what} ({len(batch)} bytes) makes a DLedger entry of {error.entry_size} bytes, more than the "
+            f"{error.max_size} one entry holds (dledger.append_entries_batch_size_bytes): besides the records, its "
+            f"{index} index entries (one per UNIQ_KEY and per key of KEYS) take 12 bytes each; send fewer messages "
+            f"at once, or fewer keys"))
 
     def _success(self, request: Frame, results: Any) -> Frame:
         # The per-topic figures of the metrics: one dict lookup per request, whatever the batch holds. The topic is

@@ -56,7 +56,8 @@ class StandInNode:
 
     def __init__(self, store: MessageStore) -> None:
         self.config = SimpleNamespace(broker_name="broker-a", send_timeout_ms=3_000, transaction_timeout_ms=TIMEOUT_MS,
-                                      transaction_check_max=15, transaction_check_interval_ms=60_000)
+                                      transaction_check_max=15, transaction_check_interval_ms=60_000,
+                                      dledger=SimpleNamespace(max_entry_bytes=8 << 20))  # rounds fit one entry
         self.group = StandInGroup()
         self.store = store
         self.store_host = ("127.0.0.1", 10911)
