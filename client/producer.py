@@ -4,9 +4,12 @@ Sending rules (RocketMQ's ``DefaultMQProducerImpl.sendDefaultImpl``, adapted to 
 - Pick a queue round-robin, avoiding groups the fault tracker marks slow or failed, and on a retry the group
   that just failed, so a retry goes to another group where one exists.
 - A NOT_LEADER answer with a leader address is a *redirect*, not a failure: the same queue is tried at once at
-  that address (bounded by ``max_redirects``), and the route is refreshed in the background.
+  that address (bounded by ``max_redirects``), and the route is refreshed in the background. Once the redirects
+  run out, the answer is a retriable failure like any other: the retry picks a queue of another group.
 - A retriable failure (connection lost, timeout, busy, no leader yet) is retried up to ``retry_times`` times
   with a short growing pause, all within the send's deadline; anything else is raised at once.
+- ``send_oneway`` is not retried; it returns once its message is queued on the leader's connection, and raises
+  ``RequestTimeoutError`` if that takes longer than ``send_msg_timeout_ms`` (a stopped leader's queue stays full).
 - Concurrency is the caller's: start many ``send`` calls at once (from a nursery); they share
   one connection per node, with many requests in flight on it.
 - A single send (``send``, ``send_oneway``, a half message) whose body has at least ``compress_msg_body_over_howmuch``
@@ -74,7 +77,8 @@ from client.transaction import (TransactionListener, TransactionSendResult, Tran
 from remoting.codec import Frame
 from remoting.codes import RequestCode, ResponseCode
 from remoting.config import ConfigError, bounded
-from remoting.errors import ConnectError, ConnectionClosedError, NotLeaderError, RaftMQError, for_code
+from remoting.errors import (ConnectError, ConnectionClosedError, NotLeaderError, RaftMQError, RequestTimeoutError,
+                             for_code)
 from remoting.message import (BATCH_HEAD, COMPRESSED_FLAG, I32, MAX_PROPERTIES_SIZE, PROPERTY_PRODUCER_GROUP,
                               PROPERTY_TRANSACTION_PREPARED, TIMER_PROPERTIES, TRANSACTION_PREPARED_TYPE,
                               MessageFormatError,
@@ -161,6 +165,15 @@ class ProducerStatistics:
     retries: int = 0
     redirects: int = 0
     auto_batches: int = 0  # requests that carried auto-batched sends
+
+
+def _oneway_timeout(addr: str, code: int, timeout_s: float) -> RequestTimeoutError:
+    error = RequestTimeoutError(addr, timeout_s, code)
+    # Its own words: no answer was awaited, and nothing was sent.
+    error.args = (f"the oneway request code {int(code)} to {addr} was not sent within send_msg_timeout_ms "
+                  f"({timeout_s:g} s): no connection opened, or the connection's write queue stayed full (the node "
+                  f"reads nothing: stopped, or cut off)",)
+    return error
 
 
 class Producer:
@@ -320,7 +333,13 @@ class Producer:
                                      half.queue_offset, half.msg_ids, state, uniq)
 
     async def send_oneway(self, message: Message, *, queue: MessageQueue | None = None) -> None:
-        """Fire and forget: no acknowledgement, no retry; a lost connection loses the message."""
+        """Fire and forget: no acknowledgement, no retry; a lost connection loses the message. Returns once the
+        message is queued on the leader's connection; one not queued within ``send_msg_timeout_ms`` of the call
+        (no connection yet, or one whose peer stopped reading, its write queue full) raises the retriable
+        ``RequestTimeoutError`` having sent nothing, as RocketMQ's invokeOneway times out waiting for its
+        semaphore. (Unbounded, it blocked for as long as a stalled leader kept its connection open.)"""
+        timeout = self.config.send_msg_timeout_ms / 1000
+        deadline = trio.current_time() + timeout
         self._check(message)
         self._check_routing(message.topic, queue, None, None)
         body, sys_flag = self._single_body(message)
@@ -338,7 +357,12 @@ class Producer:
         addr = self._instance.master_addr(mq.broker_name)
         code = RequestCode.SEND_REPLY_MESSAGE if is_reply_message(message) else RequestCode.SEND_MESSAGE
         try:
-            await self._instance.invoke_oneway(addr, code, ext, body)
+            # The connection sees this deadline as its wait's (remoting/connection.py): a wait for room that runs
+            # out on a silent connection closes it, and meanwhile the leader watch counts the wait as a request.
+            with trio.move_on_at(deadline) as waited:
+                await self._instance.invoke_oneway(addr, code, ext, body)
+            if waited.cancelled_caught:
+                raise _oneway_timeout(addr, code, timeout)
         except RaftMQError as e:
             self._instance.on_error(e, message.topic, mq.broker_name, addr)
             raise
@@ -554,6 +578,7 @@ class Producer:
         last_error: BaseException | None = None
         attempts = 0
         redirects = 0
+        redirected = False  # the last attempt was answered NOT_LEADER and its hint is followed with the same queue
         auto_routed = False
         mq: MessageQueue | None = None
         while True:
@@ -569,8 +594,12 @@ class Producer:
                     if not qs:
                         info.select(None)  # raises NoRouteError naming the topic
                     mq = qs[zlib.crc32(sharding_key.encode()) % len(qs)]
-                elif mq is None or last_error is not None and not getattr(last_error, "leader_addr", None):
+                elif mq is None or not redirected:
+                    # Every attempt but a redirect picks again, avoiding the group that just failed: one whose
+                    # redirects ran out (two nodes naming each other as leader, a stale leader in a partition) is
+                    # left for another group, as a failed one is, instead of following the same hint again.
                     mq = info.select(faults, last_broker if not pinned else None)
+                redirected = False
                 addr = inst.master_addr(mq.broker_name)
             except RaftMQError as e:
                 last_error = e
@@ -603,6 +632,7 @@ class Producer:
                 hint = getattr(e, "leader_addr", None)
                 if hint and hint != addr and redirects < self.config.max_redirects:
                     redirects += 1
+                    redirected = True
                     self._stats.redirects += 1
                     continue
                 if e.retriable and isinstance(e, _LEADER_IN_FLUX) and (pinned or len(info.route.queue_datas) <= 1):

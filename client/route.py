@@ -13,6 +13,16 @@ Rules of this module:
 - A NOT_LEADER answer carries the leader's address; it is remembered as a *leader hint* for that group and
   wins over the cached route, because the name server learns of a new leader only when that leader registers.
   A hint is dropped when a request to it fails or the route agrees with it.
+- Every topic's route names the groups it spans with all their nodes, so one group appears in many routes, each
+  as fresh as its topic's last refresh. A group's nodes and master are taken from the route queried *last* that
+  names it (a query number taken as each name-server query goes out), whatever topic that was and whenever its
+  answer came: refreshing topic A after a failover must move every topic on the group, and topic B's stale copy
+  must not bring the dead leader back (it did: sends to A went to the dead node first, then were redirected,
+  until B's own refresh up to 30 s later). Routes carry no version, so query order stands in for one: one name
+  server answers one connection's requests in the order they were sent, so a later query never reads an older
+  table there (two name servers may disagree, as they may for one topic). A route answered late for a query
+  sent early (a slow name server, the next one asked after a failure) changes nothing its newer peers said.
+  A stand-in route (``install_default``) only fills in groups no route names yet.
 - Queue selection is round-robin over writable queues, skipping groups the fault tracker marks unavailable
   (RocketMQ's ``MQFaultStrategy``) and, on a retry, the group that just failed, falling back to any queue
   rather than failing when every group looks unavailable.
@@ -266,6 +276,9 @@ class RouteCache:
         self._publish: dict[str, TopicPublishInfo] = {}
         self._inflight: dict[str, _RouteFetch] = {}
         self._leader_hints: dict[str, str] = {}
+        # broker_name -> (query number, BrokerData) of the newest route naming the group (see the module rules).
+        self._groups: dict[str, tuple[int, BrokerData]] = {}
+        self._query_numbers = itertools.count()
         # broker_name -> master_addr(broker_name), asked at least once per send: kept until a route or a leader
         # hint changes, instead of searching the routes each time.
         self._masters: dict[str, str | None] = {}
@@ -312,8 +325,8 @@ class RouteCache:
                 return route
         fetch = self._inflight[topic] = _RouteFetch()
         try:
-            route = await self._fetch(topic)
-            self._install(route)
+            route, number = await self._fetch(topic)
+            self._install(route, number)
             fetch.finished = True
             return route
         except Exception as e:
@@ -324,7 +337,8 @@ class RouteCache:
             del self._inflight[topic]
             fetch.done.set()
 
-    async def _fetch(self, topic: str) -> TopicRouteData:
+    async def _fetch(self, topic: str) -> tuple[TopicRouteData, int]:
+        """The route and the number of the query that got it (taken as that query went out)."""
         # Name servers never talk to each other and learn brokers only from their registrations (every 30 s): one
         # restarted a moment ago answers "unknown" for topics the others route. So "unknown" from one is no more
         # final than a failed connection: ask the next. The topic is unknown only if no name server routes it.
@@ -333,6 +347,7 @@ class RouteCache:
         n = len(self.namesrv_addrs)
         for i in range(n):
             addr = self.namesrv_addrs[(self._ns_index + i) % n]
+            number = next(self._query_numbers)
             try:
                 data = await self._query(addr, topic)
                 route = None if data is None else parse_route(topic, data)  # a malformed one: ask the next
@@ -349,7 +364,7 @@ class RouteCache:
                 unknown_at.append(addr)
                 continue
             self._ns_index = (self._ns_index + i) % n
-            return route
+            return route, number
         last_error = next(reversed(errors.values()), None)
         if not errors:
             raise NoRouteError(f"no name server knows topic {topic!r} (asked {', '.join(unknown_at)})", topic=topic,
@@ -364,15 +379,28 @@ class RouteCache:
         raise NoRouteError(f"no name server answered for topic {topic!r} (tried {', '.join(self.namesrv_addrs)}): "
                            f"{last_error}", topic=topic) from last_error
 
-    def _install(self, route: TopicRouteData) -> None:
+    def _install(self, route: TopicRouteData, number: int | None) -> None:
+        """Cache ``route``, got by query ``number`` (None: a stand-in, which only fills in unknown groups)."""
         self._masters.clear()
         old = self._routes.get(route.topic)
         self._routes[route.topic] = route
         if old is None or old.write_queues() != route.write_queues() or old.broker_datas != route.broker_datas:
             self._publish[route.topic] = TopicPublishInfo(route)
+        groups = self._groups
         for b in route.broker_datas:
-            if b.master_addr and self._leader_hints.get(b.broker_name) == b.master_addr:
+            held = groups.get(b.broker_name)
+            if held is None or number is not None and number > held[0]:
+                groups[b.broker_name] = (-1 if number is None else number, b)
+            newest = groups[b.broker_name][1]
+            # Compared with the group's newest route, not this one: that is what master_addr falls back to once
+            # the hint is gone, and an older route agreeing with the hint says nothing about it.
+            if newest.master_addr and self._leader_hints.get(b.broker_name) == newest.master_addr:
                 del self._leader_hints[b.broker_name]
+        if old is not None:
+            for b in old.broker_datas:  # a group the topic left: forgotten once no route names it
+                if route.broker(b.broker_name) is None and b.broker_name in groups and not any(
+                        r.broker(b.broker_name) is not None for r in self._routes.values()):
+                    del groups[b.broker_name]
 
     def install_default(self, topic: str, brokers: Mapping[str, Mapping[int, str]], queue_nums: int,
                         cluster: str = "") -> TopicRouteData:
@@ -387,7 +415,7 @@ class RouteCache:
         if not route.write_queues():
             raise NoRouteError(f"topic {topic!r} is unknown and no broker group is registered to create it on",
                                topic=topic)
-        self._install(route)
+        self._install(route, None)
         return route
 
     def set_leader_hint(self, broker_name: str, addr: str | None) -> None:
@@ -409,11 +437,8 @@ class RouteCache:
             self._masters.pop(broker_name, None)
 
     def _broker(self, broker_name: str) -> BrokerData | None:
-        for route in self._routes.values():
-            b = route.broker(broker_name)
-            if b is not None:
-                return b
-        return None
+        held = self._groups.get(broker_name)
+        return None if held is None else held[1]
 
     def master_addr(self, broker_name: str) -> str | None:
         addr = self._masters.get(broker_name, _UNKNOWN)

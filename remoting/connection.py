@@ -17,7 +17,12 @@ too, as RocketMQ's broker does for transaction check-backs):
   come first served: a sender that arrives while others wait queues behind them, and each drain lets the
   longest waiter in. (Waking them all and letting the first to run win made the wait a lottery: with 4 MB
   frames one send in a hundred waited eight times as long as the average.) A request's timeout counts this
-  wait too.
+  wait too, and so does the deadline of a oneway request's caller (its cancel scope). A request waiting for room
+  with a deadline is a request in flight (``oldest_request_sent_at``), and one whose deadline passes there
+  counts for the silent close below as a request that timed out, if the socket also took nothing of ours
+  meanwhile: a peer that stopped reading (a stopped leader) fills the queue, after which every request waits
+  here, none is sent, and neither the client's leader watch nor the silent close saw any request waiting
+  (a ``send_oneway`` was still blocked after 20 s).
 * ``corked()``: synchronous code that answers many requests at once (a Raft commit's callbacks) queues its
   frames without waking any writer; when the outermost ``corked()`` block ends, each connection that got
   frames and whose writer is idle has its queue written straight to the socket with one non-blocking
@@ -158,6 +163,8 @@ class RemotingConnection:
         # The waiter let in but not yet run: it holds the room, so a newcomer queues behind it (seeing room and no
         # waiters, one went first, and the longest waiter's frame left after a newcomer's).
         self._admitted: trio.lowlevel.Task | None = None
+        # Requests among the waiters: task -> (waiting since, its deadline, request code), longest waiting first.
+        self._room_requests: dict[trio.lowlevel.Task, tuple[float, float, int]] = {}
         self._close_reason: str | None = None
         self._bad_frame = False  # closed for bytes that were no frame (ConnectionClosedError.bad_frame)
         self._on_close: Callable[[RemotingConnection], None] | None = None
@@ -196,12 +203,18 @@ class RemotingConnection:
         return self._last_received_at
 
     def oldest_request_sent_at(self, skip_codes: frozenset[int] = frozenset()) -> float | None:
-        """When (trio's clock) the longest-waiting request with a timeout was sent, requests whose code is in
-        ``skip_codes`` (long polls, answered late on purpose) aside; None if no such request waits."""
+        """When (trio's clock) the longest-waiting request with a timeout was sent, or began to wait for room in
+        the write queue, requests whose code is in ``skip_codes`` (long polls, answered late on purpose) aside;
+        None if no such request waits."""
+        oldest = None
         for _task, deadline, timeout_s, code in self._pending.values():  # a dict keeps insertion order: send order
             if timeout_s is not None and code not in skip_codes:
-                return deadline - timeout_s
-        return None
+                oldest = deadline - timeout_s
+                break
+        for since, deadline, code in self._room_requests.values():  # in arrival order too
+            if deadline != math.inf and code not in skip_codes:
+                return since if oldest is None or since < oldest else oldest
+        return oldest
 
     # ------------------------------------------------------------------------------------------ requests
 
@@ -223,7 +236,7 @@ class RemotingConnection:
         if (len(data) - 4 > self.max_frame_size or self._out_bytes > HIGH_WATER_BYTES or self._room_waiters
                 or self._admitted is not None or self._close_reason):
             with trio.move_on_at(deadline) as waiting:
-                await self._prepare_send(data)
+                await self._request_room(data, request.code)
             if waiting.cancelled_caught:  # the queue never had room for it: nothing was sent
                 raise RequestTimeoutError(self.remote_address, timeout_s or 0.0, request.code)
         if deadline != math.inf:
@@ -256,11 +269,15 @@ class RemotingConnection:
         return await trio.lowlevel.wait_task_rescheduled(abort)
 
     async def invoke_oneway(self, request: Frame) -> None:
-        """Queue ``request`` with the oneway flag; returns once it is queued (no response will come)."""
+        """Queue ``request`` with the oneway flag; returns once it is queued (no response will come). It may wait
+        for room in the write queue: bound it with a cancel scope (``send_oneway`` does, by its send timeout),
+        which also makes it count as a request in flight while it waits (see the module rules)."""
         data = encode(request, opaque=self._take_opaque()) if request.flag & FLAG_ONEWAY else encode(
             Frame(request.code, 0, request.flag | FLAG_ONEWAY, request.version, request.remark, request.ext,
                   request.body), opaque=self._take_opaque())
-        await self._prepare_send(data)
+        if (len(data) - 4 > self.max_frame_size or self._out_bytes > HIGH_WATER_BYTES or self._room_waiters
+                or self._admitted is not None or self._close_reason):
+            await self._request_room(data, request.code)
         self._enqueue(data)
         await trio.lowlevel.cancel_shielded_checkpoint()
 
@@ -301,6 +318,28 @@ class RemotingConnection:
         opaque = self._next_opaque
         self._next_opaque = opaque + 1 if opaque < MAX_HEADER_INT else 1
         return opaque
+
+    async def _request_room(self, data: bytes, code: int) -> None:
+        """``_prepare_send`` for a request, which counts as in flight while it waits (``_room_requests``). Its
+        deadline is its caller's (trio's effective deadline): past it, on a connection that received nothing
+        since the wait began, nor for SILENT_CLOSE_MIN_S, and whose socket took none of our bytes meanwhile (a
+        peer reading slowly is alive: only one that reads nothing leaves every write stuck), the connection is
+        closed as for a request that timed out unanswered (``_close_silent``)."""
+        task = trio.lowlevel.current_task()
+        since = self._clock.current_time()
+        deadline = trio.current_effective_deadline()
+        writes = self._send_calls
+        self._room_requests[task] = (since, deadline, code)
+        try:
+            await self._prepare_send(data)
+        except trio.Cancelled:
+            now = self._clock.current_time()
+            if (now >= deadline and self._send_calls == writes and self._last_received_at < since
+                    and now - self._last_received_at >= SILENT_CLOSE_MIN_S and self._close_reason is None):
+                self._close_silent(now, deadline - since)
+            raise
+        finally:
+            del self._room_requests[task]
 
     async def _prepare_send(self, data: bytes) -> None:
         if len(data) - 4 > self.max_frame_size:
