@@ -507,13 +507,18 @@ class BrokerNode:
         """UNLOCK_BATCH_MQ on the leader: release ``client_id``'s locks among ``queues``; returns those released."""
         async with self._queue_lock_mutex:
             await self._queue_locks_of_this_term()
-            mine = self.queue_locks.held_by(group, client_id, queues)
-            if not mine:
+            if not self.queue_locks.held_by(group, client_id, queues):
                 return []
             # The holder committed its last offsets before it unlocked, but they may still be pending here: a new
             # leader that knew of the unlock and not of them would let the next holder start before them, and it
             # would handle again, after their successors, messages the last one handled.
             await self._flush_offsets_once()
+            # Judged again after the flush's wait: the node may have lost and won back its leadership meanwhile,
+            # and the leader in between given these queues to another client, whose keys the delete would drop.
+            await self._queue_locks_of_this_term()
+            mine = self.queue_locks.held_by(group, client_id, queues)
+            if not mine:
+                return []
             await self._replicate(LOCK_TABLE, dict.fromkeys(_offset_key(group, t, q) for t, q in mine))
             return self.queue_locks.release(group, client_id, mine)
 
@@ -540,9 +545,12 @@ class BrokerNode:
 
     async def prune_queue_locks(self) -> None:
         """Drop lapsed locks from the table and the replicated table (a killed member's stay there otherwise)."""
-        if not self.is_leader() or self._queue_locks_term != self.group.term:
-            return
         async with self._queue_lock_mutex:
+            # Under the mutex, not before it: while a prune waited for it, the node could lose and win back its
+            # leadership, and the table is then a past term's: a lock lapsed there may have been given to another
+            # client by the leader in between, and deleting its key would let a third take the queue from it.
+            if not self.is_leader() or self._queue_locks_term != self.group.term:
+                return
             lapsed = self.queue_locks.take_lapsed()
             if not lapsed:
                 return

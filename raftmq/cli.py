@@ -14,7 +14,7 @@ import signal
 import sys
 
 from raftmq.runner import leaf_exceptions
-from remoting.config import ConfigError
+from remoting.config import ConfigError, check_text
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process Ctrl-C stopped
 # What a shell reports for a process that SIGPIPE killed; Python ignores SIGPIPE and gets BrokenPipeError instead.
@@ -61,6 +61,37 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+# Arguments whose text is taken as bytes, whatever the shell passed: send-message's --body (admin_messages encodes
+# it back with surrogateescape). Every other text argument must be UTF-8 (check_text_args).
+BYTES_ARGS = frozenset({"body"})
+
+
+def _flag(action: argparse.Action) -> str:
+    """How the usage names an argument: its long option, else its metavar or dest (``--value``, ``TOPIC``)."""
+    if action.option_strings:
+        return next((o for o in action.option_strings if o.startswith("--")), action.option_strings[0])
+    return action.metavar if isinstance(action.metavar, str) else action.dest.upper()
+
+
+def check_text_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse, naming it, a text argument of the command ``args`` holds that is not UTF-8 (``check_text``): every
+    command's and sub-command's, names, keys, values and paths alike, so none reaches a codec, a signature or a
+    file written for a child process as surrogate escapes. Done once here, for every command there is or will be,
+    rather than by each command for the arguments it remembered."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            chosen = action.choices.get(getattr(args, action.dest, None))
+            if chosen is not None:
+                check_text_args(chosen, args)
+            continue
+        if action.dest in BYTES_ARGS:
+            continue
+        value = getattr(args, action.dest, None)
+        for item in value if isinstance(value, (list, tuple)) else (value,):
+            if isinstance(item, (str, os.PathLike)):
+                check_text(_flag(action), os.fspath(item))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser(command_in(argv))
@@ -68,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
+        check_text_args(parser, args)
         return int(args.func(args) or 0)
     except ConfigError as e:
         if getattr(args, "json", False):  # the one JSON line --json promises, for a bad argument too

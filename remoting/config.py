@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 __all__ = ["ConfigError", "load_config", "read_config_data", "config_from_mapping", "apply_overrides", "bounded",
-           "check_fields", "parse_host_port", "name_problem", "metrics_listen_problem", "blank_dir_problem"]
+           "check_fields", "check_field", "check_text", "parse_host_port", "name_problem", "metrics_listen_problem",
+           "blank_dir_problem"]
 
 T = TypeVar("T")
 
@@ -54,6 +55,32 @@ def check_fields(config: Any) -> None:
         value = getattr(config, field.name)
         _convert(hints[field.name], value, field.name)  # only for its refusal: the value is kept as given
         _check(field, value, field.name)
+
+
+def check_field(cls: type, name: str, value: Any) -> None:
+    """Judge ``value`` as ``check_fields`` judges field ``name`` of config class ``cls``, its type and its
+    ``bounded`` metadata, without building a whole config: for a tool that checks one value before it sends it to
+    a server that builds the config (``raftmq admin update-broker-config``). Checks across fields are not made."""
+    field = next((f for f in dataclasses.fields(cls) if f.name == name), None)
+    if field is None:
+        raise ConfigError(f"unknown config key {name!r}")
+    _convert(typing.get_type_hints(cls)[name], value, name)
+    _check(field, value, name)
+
+
+def check_text(name: str, value: str) -> str:
+    """``value`` if it is text that can be encoded as UTF-8, else the ConfigError naming ``name`` (an option, an
+    argument, a variable) and the bytes. A shell passes bytes that are not UTF-8 as surrogate escapes, which went
+    on until something encoded them (CBOR, the ACL signature, a TOML file) and raised a UnicodeEncodeError there."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        try:
+            shown = repr(value.encode("utf-8", errors="surrogateescape"))
+        except UnicodeEncodeError:  # a surrogate no shell produces (from Python, or an escape in a file)
+            shown = repr(value)
+        raise ConfigError(f"{name} must be UTF-8 text, got the bytes {shown}") from None
+    return value
 
 
 NAME_MAX_LENGTH = 127

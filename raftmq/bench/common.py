@@ -32,7 +32,7 @@ from rich.table import Table
 from client.instance import (ACCESS_KEY_ENV, NAMESRV_ADDR_ENV, SECRET_KEY_ENV, TLS_CA_FILE_ENV, TLS_ENABLE_ENV,
                              tls_settings)
 from raftmq.runner import leaf_exceptions, run_interruptible
-from remoting.config import ConfigError, parse_host_port
+from remoting.config import ConfigError, check_text, parse_host_port
 from remoting.tls import client_context
 
 T = TypeVar("T")
@@ -185,6 +185,8 @@ def check_credentials(args: Any) -> None:
             sources[name] = flag
             if not value.strip():
                 raise ConfigError(f"{flag} must not be empty (leave it out for no ACL credentials)")
+        # Signed as UTF-8 with every request: bytes that are not raised a UnicodeEncodeError from the signer.
+        check_text(sources[name], value)
         setattr(args, name, value)
     if bool(args.access_key) != bool(args.secret_key):
         given, missing = ("access_key", "secret_key") if args.access_key else ("secret_key", "access_key")

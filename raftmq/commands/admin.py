@@ -62,7 +62,7 @@ from client.admin import UPDATABLE_PERMS, AdminClient
 from client.admin_messages import MAX_QUERY_NUM
 from client.instance import DEFAULT_NAMESRV_ADDR, NAMESRV_ADDR_ENV
 from client.route import PERM_INHERIT, PERM_READ, PERM_WRITE, TopicRouteData
-from remoting.config import ConfigError, name_problem, parse_host_port
+from remoting.config import ConfigError, check_field, name_problem, parse_host_port
 from raftmq.bench.common import (add_credential_args, check_credentials, check_namesrv_arg, exported_credentials,
                                  namesrv_from_env, print_json_error)
 from raftmq.commands import admin_groups, admin_messages
@@ -247,9 +247,16 @@ def _check(args: argparse.Namespace) -> None:
         admin_groups.check(args)
     if args.admin_command == "update-broker-config":
         # Here, not at the top: broker.config brings in the Raft stack, which every other command does without.
-        from broker.config import check_runtime_key
+        from broker.config import BrokerConfig, check_runtime_key, parse_runtime_value
 
         check_runtime_key(args.key)  # a ConfigError naming it and the keys that can change: exit 2, nothing sent
+        # The value read and judged as every node reads and judges it (its type, bounds and choices): a bad one was
+        # sent, refused by each node, and reported as "not changed on 3 of 3 node(s)... run the command again once
+        # it is back". Checks across keys depend on each node's own config: they stay on the nodes.
+        try:
+            check_field(BrokerConfig, args.key, parse_runtime_value(args.key, args.value))
+        except ConfigError as e:
+            raise ConfigError(f"--value {args.value!r} refused: {e}") from None
     if args.admin_command in ("status", "delay-offsets", "broker-config", "update-broker-config") \
             and args.addr is not None:
         # An empty --addr was taken as none given: the group leaders answered instead of the node meant.
