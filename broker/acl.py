@@ -63,12 +63,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-import cbor2
-
 from broker.pop import BatchAckBodyError, ReceiptHandle, ReceiptHandleError, batch_ack_texts
 from broker.topic_config import TopicConfigError, group_problem, validate_topic_name
 from remoting.acl import ACCESS_KEY, SIGNATURE, request_signature
-from remoting.codec import Frame
+from remoting.codec import BodyFormatError, Frame, decode_body
 from remoting.codes import RequestCode
 from remoting.config import ConfigError
 from remoting.message import (PROPERTY_REAL_TOPIC, PROPERTY_RETRY_TOPIC, RETRY_GROUP_TOPIC_PREFIX, TRANS_HALF_TOPIC,
@@ -463,8 +461,8 @@ def _data(request: Frame) -> Any:
     if not request.body:
         return request.ext
     try:
-        return cbor2.loads(request.body)
-    except Exception:  # noqa: BLE001 - garbage: the processor refuses it, naming the body
+        return decode_body(request.body)
+    except BodyFormatError:  # garbage, a tag, too deep: the processor refuses it, naming the body
         return None
 
 

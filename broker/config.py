@@ -242,7 +242,11 @@ class BrokerConfig:
 
     @property
     def broker_id(self) -> int:
-        """1-based position of this node in the group's members (0 means "master" in routes)."""
+        """1-based position of this node in the group's members (0 means "master" in routes). Every node of a group
+        must list ``dledger.members`` in the same order: two that disagree may take one id, and a name server
+        refuses the second while the first is registered (docs/operations.md). The position stays the rule, not
+        the sorted ids: any other would renumber the nodes of a running group whose list is not sorted, and
+        during a rolling upgrade old and new numbering would collide."""
         ids = [m.id for m in self.dledger.members]  # type: ignore[union-attr]
         return ids.index(self.dledger.self_id) + 1  # type: ignore[union-attr]
 

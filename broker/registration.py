@@ -16,11 +16,19 @@ unconsumed; ``raftmq admin create-topic`` asking it found no group, or only thos
 registered with again within ``RECONNECT_INTERVAL_S`` once its connection closes (it stopped or restarted; the
 name server evicts a node whose registration connection closes, the same signal the other way round) and, after
 a failed registration, every ``RECONNECT_INTERVAL_S`` until one succeeds, instead of at the next period.
+
+Rounds overlap (the periodic or triggered one, the reconnect task's, one run inline by a topic change or a
+permission update), and two of them waiting on the same reconnect are woken in either order: a snapshot taken as
+FOLLOWER at term 6 could reach a name server after the one taken as LEADER at term 7, which then routed the group
+without its master until the next period (30 s). So every snapshot is numbered as it is taken
+(``registration_sequence``, counted per process), and a name server ignores a registration numbered below the
+last one it took from the node over the same connection.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import ssl
 from collections.abc import Callable
@@ -101,6 +109,8 @@ class RegistrationService:
         self._failing: dict[str, int] = {}
         # The topic table's data_version that the last round carried (None before the first round).
         self.registered_data_version: int | None = None
+        # Numbers each snapshot in the order taken; the name servers keep the newest (module docstring).
+        self._sequence = itertools.count(1)
         self.registered_once = trio.Event()
 
     def statistics(self) -> RegistrationStatistics:
@@ -138,21 +148,27 @@ class RegistrationService:
                 if addr not in self._failing:
                     log.info("connection to a name server closed, registering again namesrv=%s", addr)
                     self._registered.discard(addr)
-            snap = self._snapshot()
+            snap, sequence = self._numbered_snapshot()
             async with trio.open_nursery() as nursery:
                 for addr in lost:
-                    nursery.start_soon(self._register_one, addr, snap)
+                    nursery.start_soon(self._register_one, addr, snap, sequence)
+
+    def _numbered_snapshot(self) -> tuple[RegistrationSnapshot, int]:
+        # Taken and numbered in one step, with no checkpoint between: the numbers follow the snapshots' order.
+        return self._snapshot(), next(self._sequence)
 
     async def register_all(self) -> None:
-        snap = self._snapshot()
+        snap, sequence = self._numbered_snapshot()
         self._rounds += 1
         self.registered_data_version = snap.data_version
         async with trio.open_nursery() as nursery:
             for addr in self._addrs:
-                nursery.start_soon(self._register_one, addr, snap)
+                nursery.start_soon(self._register_one, addr, snap, sequence)
 
-    async def _register_one(self, addr: str, snap: RegistrationSnapshot) -> None:
-        request = make_request(RequestCode.REGISTER_BROKER, ext=snap.ext(), body=snap.body())
+    async def _register_one(self, addr: str, snap: RegistrationSnapshot, sequence: int) -> None:
+        ext = snap.ext()
+        ext["registration_sequence"] = sequence
+        request = make_request(RequestCode.REGISTER_BROKER, ext=ext, body=snap.body())
         try:
             response = await self._client.invoke(addr, request, timeout_s=self._timeout_s)
         except RaftMQError as e:

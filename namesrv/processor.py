@@ -16,7 +16,7 @@ import trio
 
 from namesrv.requests import (InvalidRequestError, TopicConfigCache, parse_register_broker, parse_topic,
                               parse_unregister_broker)
-from namesrv.route_info import RouteConflictError, RouteInfoManager
+from namesrv.route_info import EvictedNode, RouteConflictError, RouteInfoManager
 from remoting.codec import Frame, make_response
 from remoting.codes import RequestCode, ResponseCode
 
@@ -70,20 +70,37 @@ class NamesrvProcessor:
 
     def connection_closed(self, conn: Any) -> None:
         # The table logs each eviction with its reason.
-        self.route_info.connection_closed(conn)
+        self._forget(self.route_info.connection_closed(conn))
+
+    def scan_not_active(self, now_ms: int) -> list[EvictedNode]:
+        """The table's expiry scan (``serve_namesrv`` runs it every ``scan_interval_ms``), forgetting what the
+        processor cached for the nodes it evicts."""
+        return self._forget(self.route_info.scan_not_active(now_ms))
+
+    def _forget(self, evicted: list[EvictedNode]) -> list[EvictedNode]:
+        # The cache holds only nodes in the table: one entry per node that left was how a client that registered
+        # and dropped big topic sets grew a name server with an empty table past 2 GB.
+        for node in evicted:
+            self._topic_config_cache.forget((node.broker_name, node.broker_id))
+        return evicted
 
     # ---- one method per request code ---------------------------------------------------------------------
 
     def _register_broker(self, request: Frame, conn: Any) -> Frame:
         registration = parse_register_broker(request.ext, request.body, self._topic_config_cache)
         result = self.route_info.register_broker(registration, now_ms=self._clock_ms(), conn_key=conn)
+        # Cached only now that the table took it: a refused registration's body stays out (and cannot replace the
+        # entry of the node that holds the id).
+        self._topic_config_cache.store((registration.broker_name, registration.broker_id), request.body,
+                                       registration.topic_configs)
         ext = {k: v for k, v in result.to_wire().items() if v is not None}
         return make_response(request, ResponseCode.SUCCESS, ext=ext)
 
     def _unregister_broker(self, request: Frame, conn: Any) -> Frame:
         cluster_name, broker_name, broker_id, broker_addr = parse_unregister_broker(request.ext)
         removed = self.route_info.unregister_broker(cluster_name, broker_name, broker_id, broker_addr)
-        self._topic_config_cache.forget((broker_name, broker_id))
+        if removed is not None:  # an old incarnation's late unregister leaves its successor's entry alone
+            self._forget([removed])
         return make_response(request, ResponseCode.SUCCESS, ext={"removed": removed is not None})
 
     def _get_route_info_by_topic(self, request: Frame, conn: Any) -> Frame:

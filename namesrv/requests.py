@@ -13,6 +13,7 @@ from typing import Any
 import cbor2
 
 from namesrv.route_info import ROLES, Registration, TopicConfig
+from remoting.codec import BodyFormatError, decode_body
 from remoting.config import ConfigError, name_problem, parse_host_port
 from remoting.message import I64, MessageFormatError, check_topic, ip_bytes
 
@@ -113,9 +114,9 @@ def decode_topic_configs(body: bytes) -> dict[str, TopicConfig]:
     if not body:
         return {}
     try:
-        data = cbor2.loads(body)
-    except Exception as e:  # cbor2 raises several unrelated types on garbage
-        raise InvalidRequestError("body", f"request body is not valid CBOR: {e}") from None
+        data = decode_body(body)
+    except BodyFormatError as e:
+        raise InvalidRequestError("body", f"request body is not plain CBOR data: {e}") from None
     if not isinstance(data, Mapping):
         raise InvalidRequestError("body",
                                   f"request body must be a CBOR map of topic configs, got {type(data).__name__}")
@@ -184,30 +185,57 @@ def encode_topic_configs(configs: Mapping[str, TopicConfig]) -> bytes:
 
 
 class TopicConfigCache:
-    """The last decoded body per node: a heartbeat that re-sends the same topic set (the usual case) costs a
-    byte comparison instead of a CBOR decode, and hands the route table the same dict, which it then compares
-    by identity. Bounded: past ``max_nodes`` entries it starts over."""
+    """The last decoded body per registered node: a heartbeat that re-sends the same topic set (the usual case)
+    costs a byte comparison instead of a CBOR decode, and hands the route table the same dict, which it then
+    compares by identity.
 
-    def __init__(self, max_nodes: int = 4096) -> None:
-        self.max_nodes = max_nodes
+    An entry is stored only once the table accepted its registration (``store``), and dropped when the node leaves
+    the table (``forget``, on every eviction): before, a refused registration was cached too, and so was every
+    node evicted by its connection closing or by expiry, so one client registering and dropping big topic sets
+    grew a name server with an empty table past 2 GB. The dict is the node's own in the table, so what the cache
+    adds is the body bytes, held to ``max_bytes`` in all: past it the entries stored longest ago go first, and
+    their nodes' next heartbeat is decoded again."""
+
+    def __init__(self, max_bytes: int = 64 * 1024 * 1024) -> None:
+        if max_bytes <= 0:
+            raise ValueError(f"max_bytes must be > 0, got {max_bytes}")
+        self.max_bytes = max_bytes
         self._last: dict[tuple[str, int], tuple[bytes, dict[str, TopicConfig]]] = {}
+        self._bytes = 0
 
-    def decode(self, node: tuple[str, int], body: bytes) -> dict[str, TopicConfig]:
+    @property
+    def cached_bytes(self) -> int:
+        return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._last)
+
+    def lookup(self, node: tuple[str, int], body: bytes) -> dict[str, TopicConfig] | None:
+        """The topic set ``node`` last registered, if ``body`` is byte for byte what it sent then."""
         hit = self._last.get(node)
-        if hit is not None and hit[0] == body:
-            return hit[1]
-        configs = decode_topic_configs(body)
-        if len(self._last) >= self.max_nodes:
-            self._last.clear()
+        return hit[1] if hit is not None and hit[0] == body else None
+
+    def store(self, node: tuple[str, int], body: bytes, configs: dict[str, TopicConfig]) -> None:
+        """Remember ``configs`` as ``node``'s decoded ``body``: call it once the registration was accepted."""
+        self.forget(node)
+        if len(body) > self.max_bytes:
+            return
+        while self._bytes + len(body) > self.max_bytes:
+            oldest = next(iter(self._last))
+            self.forget(oldest)
         self._last[node] = (bytes(body), configs)
-        return configs
+        self._bytes += len(body)
 
     def forget(self, node: tuple[str, int]) -> None:
-        self._last.pop(node, None)
+        hit = self._last.pop(node, None)
+        if hit is not None:
+            self._bytes -= len(hit[0])
 
 
 def parse_register_broker(ext: Mapping[str, Any], body: bytes, cache: TopicConfigCache | None = None
                           ) -> Registration:
+    """The registration ``ext`` and ``body`` carry; ``cache`` is only read (the processor stores the decoded body
+    once the table accepted it)."""
     role = _require(ext, "role")
     if role not in ROLES:
         raise InvalidRequestError("role", f"request field 'role' must be one of {', '.join(ROLES)}, got {role!r}")
@@ -222,9 +250,15 @@ def parse_register_broker(ext: Mapping[str, Any], body: bytes, cache: TopicConfi
     timeout = ext.get("heartbeat_timeout_ms")
     heartbeat_timeout_ms = (_int_field(timeout, "heartbeat_timeout_ms", lo=1, hi=HEARTBEAT_TIMEOUT_MAX_MS)
                             if timeout is not None else None)
-    configs = cache.decode((broker_name, broker_id), body) if cache else decode_topic_configs(body)
+    # Optional: brokers before 2026-11-29 do not send it, and their registrations are taken in arrival order.
+    sequence = ext.get("registration_sequence")
+    registration_sequence = (_int_field(sequence, "registration_sequence", lo=0, hi=I64[1])
+                             if sequence is not None else None)
+    configs = cache.lookup((broker_name, broker_id), body) if cache is not None else None
+    if configs is None:
+        configs = decode_topic_configs(body)
     return Registration(cluster_name, broker_name, broker_id, broker_addr, role, term, data_version, configs,
-                        heartbeat_timeout_ms)
+                        heartbeat_timeout_ms, registration_sequence)
 
 
 def parse_unregister_broker(ext: Mapping[str, Any]) -> tuple[str, str, int, str | None]:

@@ -23,6 +23,14 @@ Rules this module keeps (design §1):
   ``MAX_NODES_PER_CONNECTION`` nodes (a registration of one more is refused): the table is then bounded by the
   open connections, each of which evicts its nodes when it closes. Before, one connection registering a fresh
   broker name each time, each with a heartbeat timeout of a day, grew the table for a day.
+* A node id belongs to one address at a time. A registration of an id that another address holds, over a live
+  connection and unexpired, is refused (``RouteConflictError`` on ``broker_id``): the two are different nodes
+  whose configs list ``dledger.members`` in different orders, and each used to overwrite the other's entry, so a
+  live group lost its master in routes. Only a leader claim that would be master takes the id over (the group
+  must keep its master in routes; the node it displaces is refused in turn until it is gone).
+* Over one connection, a registration whose ``registration_sequence`` is below the node's last one is older news
+  that overtook it in the broker (two rounds waiting on one reconnect wake in either order): it keeps the node
+  alive but changes nothing else. A new connection starts the count afresh (a restarted broker counts from 1).
 
 Nothing here reads a clock or a socket: callers pass ``now_ms`` and an opaque, hashable ``conn_key``.
 """
@@ -73,6 +81,9 @@ class Registration:
     topic_configs: Mapping[str, TopicConfig]
     # Evict the node after this long without a registration; None: the name server's broker_expired_ms.
     heartbeat_timeout_ms: int | None = None
+    # Grows with every snapshot the broker process registers (brokers before 2026-11-29 send none): over one
+    # connection, a registration numbered below the node's last one is older news that arrived late.
+    registration_sequence: int | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -197,6 +208,7 @@ class _Node:
     last_update_ms: int
     conn_key: Hashable | None
     heartbeat_timeout_ms: int
+    registration_sequence: int | None = None
 
 
 @dataclasses.dataclass(slots=True)
@@ -250,6 +262,22 @@ class RouteInfoManager:
                 f"this connection already registered {len(linked)} broker nodes, the most one may; node "
                 f"{reg.broker_id} of {reg.broker_name!r} must register over a connection of its own")
         group = self._groups.get(reg.broker_name)
+        holder = group.nodes.get(reg.broker_id) if group is not None else None
+        if holder is not None:
+            assert group is not None
+            if holder.broker_addr != reg.broker_addr:
+                self._check_id_holder(group, holder, reg, now_ms, conn_key)
+            if (conn_key is not None and holder.conn_key == conn_key and reg.registration_sequence is not None
+                    and holder.registration_sequence is not None
+                    and reg.registration_sequence < holder.registration_sequence):
+                log.debug("older registration ignored broker_name=%s broker_id=%d registration_sequence=%d "
+                          "latest=%d", reg.broker_name, reg.broker_id, reg.registration_sequence,
+                          holder.registration_sequence)
+                holder.last_update_ms = now_ms  # it still shows the process is alive
+                self._registrations += 1
+                master = group.master()
+                return (RegisterResult(None, None, None) if master is None
+                        else RegisterResult(master.broker_addr, master.broker_id, master.term))
         if group is not None and group.cluster_name != reg.cluster_name:
             others = set(group.nodes) - {reg.broker_id}
             if others:
@@ -272,7 +300,7 @@ class RouteInfoManager:
         if node is None:
             node = group.nodes[reg.broker_id] = _Node(
                 reg.broker_id, reg.broker_addr, reg.role, reg.term, reg.data_version, reg.topic_configs,
-                now_ms, conn_key, timeout_ms)
+                now_ms, conn_key, timeout_ms, reg.registration_sequence)
             self._generation += 1
             log.info("node registered broker_name=%s broker_id=%d broker_addr=%s role=%s term=%d",
                      reg.broker_name, reg.broker_id, reg.broker_addr, reg.role, reg.term)
@@ -286,6 +314,7 @@ class RouteInfoManager:
             node.broker_addr, node.role, node.term = reg.broker_addr, reg.role, reg.term
             node.data_version, node.topic_configs = reg.data_version, reg.topic_configs
             node.last_update_ms, node.conn_key, node.heartbeat_timeout_ms = now_ms, conn_key, timeout_ms
+            node.registration_sequence = reg.registration_sequence
         if conn_key is not None:
             self._by_conn.setdefault(conn_key, set()).add((reg.broker_name, reg.broker_id))
         if reg.role == "LEADER" and reg.term > group.leader_term_seen:
@@ -299,6 +328,33 @@ class RouteInfoManager:
         if master is None:
             return RegisterResult(None, None, None)
         return RegisterResult(master.broker_addr, master.broker_id, master.term)
+
+    def _check_id_holder(self, group: _Group, holder: _Node, reg: Registration, now_ms: int,
+                         conn_key: Hashable | None) -> None:
+        """Refuse ``reg``, which names ``holder``'s id from another address, while ``holder`` is live: registered
+        over another connection that is open (the table forgets a node whose connection closed) and not expired.
+        A holder registered without a connection (an embedding that passes none) has no liveness to judge: its
+        address follows the newest registration, as before."""
+        if now_ms - holder.last_update_ms > holder.heartbeat_timeout_ms:
+            return  # silent past its timeout: gone, not yet scanned
+        if holder.conn_key is None or holder.conn_key == conn_key:
+            return  # no connection to judge, or the same one (the same process: its address changed)
+        would_master = (reg.role == "LEADER" and reg.term >= group.leader_term_seen
+                        and not (holder.role == "LEADER" and holder.term >= reg.term))
+        if would_master:
+            log.warning("node id taken over by a leader claim broker_name=%s broker_id=%d broker_addr=%s term=%d "
+                        "previous_addr=%s previous_role=%s; list dledger.members in the same order on every node",
+                        reg.broker_name, reg.broker_id, reg.broker_addr, reg.term, holder.broker_addr, holder.role)
+            return
+        age_ms = max(0, now_ms - holder.last_update_ms)
+        raise RouteConflictError(
+            "broker_id",
+            f"broker_id {reg.broker_id} of group {reg.broker_name!r} is held by {holder.broker_addr} (registered "
+            f"{age_ms} ms ago over a live connection), so {reg.broker_addr} cannot register it: a node's broker_id "
+            f"is its 1-based position in dledger.members, so list the members in the same order in every node's "
+            f"config and restart the nodes whose order differs (if {holder.broker_addr} is gone, the name server "
+            f"forgets it when its connection closes or {holder.heartbeat_timeout_ms} ms after its last "
+            f"registration)")
 
     def unregister_broker(self, cluster_name: str, broker_name: str, broker_id: int,
                           broker_addr: str | None = None) -> EvictedNode | None:

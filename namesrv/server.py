@@ -39,7 +39,7 @@ async def serve_namesrv(config: NamesrvConfig, *, route_info: RouteInfoManager |
             tls_mode=config.tls_mode,
             # The files as they are at each TLS connection accepted: a certificate replaced on disk serves the next.
             tls_context=None if config.tls_mode == "disabled" else ServerContextReloader(config.tls_server_context)))
-        nursery.start_soon(_scan_not_active, route_info, config.scan_interval_ms)
+        nursery.start_soon(_scan_not_active, processor, config.scan_interval_ms)
         metrics = "off"
         if config.metrics_listen:
             registry = namesrv_metrics_registry(processor, node_id=f"{bound[0]}:{bound[1]}")
@@ -52,8 +52,8 @@ async def serve_namesrv(config: NamesrvConfig, *, route_info: RouteInfoManager |
         task_status.started(bound)
 
 
-async def _scan_not_active(route_info: RouteInfoManager, scan_interval_ms: int) -> None:
+async def _scan_not_active(processor: NamesrvProcessor, scan_interval_ms: int) -> None:
     while True:
         await trio.sleep(scan_interval_ms / 1000)
-        # The table logs each eviction with its reason.
-        route_info.scan_not_active(int(trio.current_time() * 1000))
+        # The table logs each eviction with its reason; the processor forgets what it cached of those nodes.
+        processor.scan_not_active(int(trio.current_time() * 1000))

@@ -33,11 +33,12 @@ from typing import Any, Final
 
 import cbor2
 
-from remoting.errors import FrameTooLargeError, ProtocolError
+from remoting.errors import FrameTooLargeError, ProtocolError, RemotingError
 
 __all__ = [
-    "DEFAULT_MAX_FRAME_SIZE", "EncodedExt", "FLAG_ONEWAY", "FLAG_RESPONSE", "Frame", "FrameDecoder",
-    "MAX_REMARK_LENGTH", "NEED_DATA", "cut_remark", "encode", "make_request", "make_response",
+    "BodyFormatError", "DEFAULT_MAX_FRAME_SIZE", "EncodedExt", "FLAG_ONEWAY", "FLAG_RESPONSE", "Frame",
+    "FrameDecoder", "MAX_BODY_DEPTH", "MAX_REMARK_LENGTH", "NEED_DATA", "cut_remark", "decode_body", "encode",
+    "make_request", "make_response",
 ]
 
 FLAG_RESPONSE: Final = 0x1
@@ -329,6 +330,54 @@ def _ext_after(header: bytes, start: int) -> dict[str, Any] | None:
     if pair[1] != _SENTINEL_VALUE or type(ext) is not dict or not _str_keys(ext):
         return None
     return ext
+
+
+# A request body that is CBOR (registrations, heartbeats, lock and admin requests) is held to the header's rules
+# for tags and nesting: plain data, no tags, nesting bounded. With tags allowed, a bignum (tag 2/3) of 5000
+# digits reached a remark's repr() and Python's int-to-str limit raised there: SYSTEM_ERROR with a traceback
+# where INVALID_REQUEST naming the body belonged, on the name server and the broker alike.
+MAX_BODY_DEPTH: Final = 32
+
+
+class BodyFormatError(RemotingError):
+    """A request body that is not one plain CBOR item; the server answers INVALID_REQUEST naming ``body`` and the
+    connection lives on (unlike a bad header, the frame boundaries are intact)."""
+
+
+class _BodyTagRefused(Exception):
+    pass
+
+
+def _refuse_body_tag(number: int) -> Any:
+    def refuse(decoder: Any, *args: Any) -> Any:
+        raise _BodyTagRefused(f"CBOR tag {number} is not allowed in a request body (it is plain data: no "
+                              f"bignums, dates, sets or shared references)")
+    return refuse
+
+
+def _refuse_unknown_body_tag(*args: Any) -> Any:
+    # cbor2 6 calls it with (tag, immutable), 5 with (decoder, tag): the tag is whichever argument is one.
+    number = next((a.tag for a in args if isinstance(a, cbor2.CBORTag)), "?")
+    raise _BodyTagRefused(f"CBOR tag {number} is not allowed in a request body (it is plain data)")
+
+
+_REFUSED_BODY_TAGS = {t: _refuse_body_tag(t) for t in _REFUSED_TAGS}
+
+
+def decode_body(body: bytes | bytearray | memoryview) -> Any:
+    """The one CBOR item of a request body, decoded as a header is (tags refused, nesting at most
+    ``MAX_BODY_DEPTH``) but for map keys: integer keys stay allowed, as bodies (queue id → offset maps, a newer
+    peer's extra fields) had them. ``BodyFormatError`` says what is wrong. Every server's body decoding goes
+    through here; replicated and stored data, which only the group itself wrote, do not."""
+    try:
+        return cbor2.loads(body, semantic_decoders=_REFUSED_BODY_TAGS, tag_hook=_refuse_unknown_body_tag,
+                           max_depth=MAX_BODY_DEPTH)
+    except _BodyTagRefused as e:
+        raise BodyFormatError(str(e)) from None
+    except Exception as e:  # cbor2 raises several unrelated types on garbage, all meaning the same here
+        if isinstance(e.__cause__, _BodyTagRefused):
+            raise BodyFormatError(str(e.__cause__)) from None
+        raise BodyFormatError(f"not valid CBOR ({e})") from None
 
 
 def _frame_from_header(header: dict[str, Any], body: bytes) -> Frame:

@@ -12,12 +12,10 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-import cbor2
-
 from broker.topic_config import TopicConfigError, validate_group_name, validate_topic_name
 from dledger import (AppendTimeoutError, BatchRejectedError, DLedgerError, GroupBusyError, LeaderChangedError,
                      NotLeaderError, RecordTooLargeError)
-from remoting.codec import Frame, cut_remark, make_response
+from remoting.codec import BodyFormatError, Frame, cut_remark, decode_body, make_response
 from remoting.codes import ResponseCode
 from remoting.errors import RaftMQError
 from remoting.message import I32, I64
@@ -40,13 +38,14 @@ def invalid(field: str, problem: str) -> RequestRejected:
 
 def request_data(request: Frame) -> Any:
     """What a request carries as one CBOR item: its body, or (a small request may inline it, as heartbeats do) its
-    ext. Garbage in the body is INVALID_REQUEST naming ``body``; the caller checks the shape."""
+    ext. Garbage in the body, a CBOR tag (a bignum) or nesting past ``MAX_BODY_DEPTH`` is INVALID_REQUEST naming
+    ``body`` (``remoting.codec.decode_body``, the header's rules); the caller checks the shape."""
     if not request.body:
         return request.ext
     try:
-        return cbor2.loads(request.body)
-    except Exception as e:  # cbor2 raises several unrelated types on garbage
-        raise invalid("body", f"is not valid CBOR: {e}") from None
+        return decode_body(request.body)
+    except BodyFormatError as e:
+        raise invalid("body", f"is not plain CBOR data: {e}") from None
 
 
 def topic_not_exist(node: Any, topic: str) -> RequestRejected:

@@ -356,7 +356,8 @@ def test_generation_moves_only_when_routes_can_change():
     assert table.generation == g
     for change in (lambda: table.register_broker(reg(3, "LEADER", 3), now_ms=7),          # master moves
                    lambda: table.register_broker(reg(3, "LEADER", 3, topics={"B": RW}), now_ms=8),  # topics
-                   lambda: table.register_broker(reg(2, addr="127.0.0.1:1"), now_ms=9),    # address
+                   lambda: table.register_broker(reg(2, addr="127.0.0.1:1"), now_ms=9,     # address
+                                                 conn_key="conn-2"),
                    lambda: table.unregister_broker("DefaultCluster", "broker-a", 1)):      # membership
         change()
         assert table.generation > g
@@ -364,19 +365,26 @@ def test_generation_moves_only_when_routes_can_change():
 
 
 def test_topic_config_cache_decodes_a_repeated_body_once():
-    cache = TopicConfigCache(max_nodes=2)
+    cache = TopicConfigCache()
     body = encode_topic_configs({"TopicA": RW, "TopicB": RW})
-    first = cache.decode(("broker-a", 1), body)
+    first = parse_register_broker(_ext(), body, cache).topic_configs
     assert first == {"TopicA": RW, "TopicB": RW}
     assert first["TopicA"] is first["TopicB"]                # equal settings share one TopicConfig
-    assert cache.decode(("broker-a", 1), bytes(body)) is first
-    assert cache.decode(("broker-a", 2), body) is not first  # per node
-    changed = cache.decode(("broker-a", 1), encode_topic_configs({"TopicA": RW}))
-    assert changed == {"TopicA": RW}
+    assert parse_register_broker(_ext(), bytes(body), cache).topic_configs is not first  # not stored yet
+    cache.store(("broker-a", 1), body, first)                # the processor stores it once the table took it
+    assert parse_register_broker(_ext(), bytes(body), cache).topic_configs is first
+    assert parse_register_broker(_ext(broker_id=2), body, cache).topic_configs is not first  # per node
+    changed = encode_topic_configs({"TopicA": RW})
+    assert parse_register_broker(_ext(), changed, cache).topic_configs == {"TopicA": RW}
     cache.forget(("broker-a", 1))
-    assert cache.decode(("broker-a", 1), body) is not first
+    assert parse_register_broker(_ext(), body, cache).topic_configs is not first
     with pytest.raises(InvalidRequestError):
-        cache.decode(("broker-a", 3), b"\xff")
+        parse_register_broker(_ext(broker_id=3), b"\xff", cache)
+
+
+def _ext(**changes) -> dict:
+    return {"cluster_name": "DefaultCluster", "broker_name": "broker-a", "broker_id": 1,
+            "broker_addr": "127.0.0.1:10911", "role": "LEADER", "term": 1, "data_version": 1, **changes}
 
 
 @settings(max_examples=60, deadline=None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import trio
+import trio.testing
 
 from broker.registration import RegistrationService, RegistrationSnapshot
 from remoting.codec import make_response
@@ -45,3 +46,47 @@ async def test_a_round_cancelled_midway_is_registered_again_by_the_reconnect_tas
             await service.registered_once.wait()
         nursery.cancel_scope.cancel()
     assert client.calls == 2 and service.statistics().successes == 1
+
+
+class GatedNameServer:
+    """A pooled client in front of an in-process name server: every REGISTER_BROKER waits on one gate (a
+    reconnect), so the rounds waiting there are woken together, in whichever order trio runs them."""
+
+    def __init__(self) -> None:
+        from namesrv.processor import NamesrvProcessor
+        from namesrv.route_info import RouteInfoManager
+        self.table = RouteInfoManager()
+        self.processor = NamesrvProcessor(self.table, clock_ms=lambda: 0)
+        self.gate = trio.Event()
+        self.arrived: list[str] = []
+
+    async def invoke(self, addr, request, timeout_s=3.0):
+        await self.gate.wait()
+        self.arrived.append(request.ext["role"])
+        return await self.processor.handle(request, "the-connection")
+
+    def connections(self) -> dict:
+        return {}
+
+
+async def test_rounds_woken_in_reverse_order_leave_the_newest_snapshot_registered():
+    # S1 (FOLLOWER, term 6) and S2 (LEADER, term 7) wait on one reconnect; trio wakes them in either order, and a
+    # name server that took S1 last routed the group without its master until the next period (30 s).
+    reversed_seen = 0
+    for _ in range(24):  # trio reverses a batch half of the time: some rounds arrive S2 then S1
+        client = GatedNameServer()
+        snapshots = iter([
+            RegistrationSnapshot("C", "broker-a", 1, "127.0.0.1:10911", "FOLLOWER", 6, 7, {}, 120_000),
+            RegistrationSnapshot("C", "broker-a", 1, "127.0.0.1:10911", "LEADER", 7, 7, {}, 120_000)])
+        service = RegistrationService(client, ("127.0.0.1:9876",), lambda: next(snapshots), interval_ms=30_000,
+                                      timeout_ms=3_000)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(service.register_all)
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(service.register_all)
+            await trio.testing.wait_all_tasks_blocked()
+            client.gate.set()
+        reversed_seen += client.arrived == ["LEADER", "FOLLOWER"]
+        (node,) = client.table.cluster_info(0).nodes["broker-a"]
+        assert (node.role, node.term, node.is_master) == ("LEADER", 7, True), client.arrived
+    assert reversed_seen > 0
