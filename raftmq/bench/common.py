@@ -39,9 +39,9 @@ T = TypeVar("T")
 
 __all__ = [
     "BenchError", "LatencySummary", "ReadyProcess", "add_credential_args", "add_tls_args", "check_credentials",
-    "check_namesrv_arg", "check_range", "check_tls_args", "exported_credentials", "make_dir", "namesrv_from_env",
-    "percentile", "print_json", "print_json_error", "print_table", "run_bench", "show_progress", "spawn_ready_process",
-    "summarize_latencies", "tls_context_from_args",
+    "check_namesrv_arg", "check_range", "check_tls_args", "exported_credentials", "format_value", "json_safe",
+    "make_dir", "namesrv_from_env", "percentile", "print_json", "print_json_error", "print_table", "run_bench",
+    "show_progress", "spawn_ready_process", "summarize_latencies", "tls_context_from_args",
 ]
 
 
@@ -294,15 +294,39 @@ def print_table(console: Console, title: str, rows: Sequence[tuple[str, Any]]) -
     table.add_column("metric")
     table.add_column("value", justify="right")
     for name, value in rows:
-        table.add_row(name, f"{value:,.3f}" if isinstance(value, float) else f"{value:,}"
-                      if isinstance(value, int) else str(value))
+        table.add_row(name, format_value(value))
     console.print(table)
 
 
+def format_value(value: Any) -> str:
+    """A table cell: floats to 3 places, integers with thousands separators, a flag as true/false (as in the
+    JSON line; a bool is an int to Python, and ``live`` or ``auto_batch`` printed as 1 and 0)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:,.3f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with every float that is not finite (a percentile of no samples, a rate over no time) replaced by
+    None: ``json.dumps`` wrote them as ``NaN``/``Infinity``, which is not JSON, and strict parsers (jq, JavaScript)
+    refuse the whole line."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
 def print_json(**fields: Any) -> None:
-    """One JSON line on stdout, for scripts and tests (``--json``)."""
-    print(json.dumps({k: asdict(v) if hasattr(v, "__dataclass_fields__") else v for k, v in fields.items()}),
-          flush=True)
+    """One JSON line on stdout, for scripts and tests (``--json``); a figure that is not a number is ``null``."""
+    line = {k: asdict(v) if hasattr(v, "__dataclass_fields__") else v for k, v in fields.items()}
+    print(json.dumps(json_safe(line), allow_nan=False), flush=True)
 
 
 def print_json_error(messages: Sequence[str], exit_status: int) -> None:

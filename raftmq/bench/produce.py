@@ -6,7 +6,7 @@ the latency of one send at a time; ``--auto-batch`` turns on the producer's auto
 share batch requests, each still acknowledged on its own; the report counts the requests). Without
 ``--namesrv`` the bench uses the name servers ``NAMESRV_ADDR`` names, and without either it starts its own cluster
 (``raftmq dev`` in a temporary directory) and stops it afterwards. Every loop is bounded by ``--seconds`` and
-``--messages``.
+``--messages``. Only a send answered SEND_OK is acknowledged; what the figures count is ``SendLoad``'s to say.
 
 The report ends with the CPU time per message over the measured window: each broker node's process (as it
 reports it in GET_BROKER_RUNTIME_INFO) and this client process (progress bar included), and their total. On a
@@ -22,13 +22,13 @@ import dataclasses
 import logging
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import trio
 from rich.console import Console
 
 from broker.topic_config import TopicConfigError, check_sendable_topic, validate_topic_name
-from client import Message, SendFailedError, open_admin, open_producer
+from client import Message, SendFailedError, SendResult, SendStatus, open_admin, open_producer
 from raftmq.bench.common import (BenchError, LatencySummary, add_credential_args, check_credentials,
                                  check_namesrv_arg, check_range, exported_credentials, machine_speed,
                                  namesrv_from_env, print_json, print_table, run_bench, show_progress,
@@ -97,6 +97,9 @@ class BenchReport:
     cpu_us_per_msg: dict[str, float] = dataclasses.field(default_factory=dict)
     # machine_speed() just before the run: how fast this machine was when the figures were taken.
     machine: dict[str, float] = dataclasses.field(default_factory=dict)
+    # Failed sends of the warm-up, apart: ``errors`` counts only the measured window's.
+    warmup_errors: int = 0
+    warmup_error_kinds: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def msgs_per_s(self) -> float:
@@ -111,12 +114,15 @@ def report(r: BenchReport, *, as_json: bool = False) -> None:
     if as_json:
         print_json(kind=r.kind, params=r.params, messages=r.messages, elapsed_s=r.elapsed_s,
                    msgs_per_s=r.msgs_per_s, mb_per_s=r.mb_per_s, latency=r.latency, errors=r.errors,
-                   error_kinds=r.error_kinds, cpu_us_per_msg=r.cpu_us_per_msg, machine=r.machine)
+                   error_kinds=r.error_kinds, warmup_errors=r.warmup_errors, warmup_error_kinds=r.warmup_error_kinds,
+                   cpu_us_per_msg=r.cpu_us_per_msg, machine=r.machine)
         return
     rows = [*((k, v) for k, v in r.params.items()), ("messages", r.messages), ("seconds", r.elapsed_s),
             ("msgs/s", r.msgs_per_s), ("MB/s", r.mb_per_s), ("latency p50 ms", r.latency.p50_ms),
             ("latency p99 ms", r.latency.p99_ms), ("latency max ms", r.latency.max_ms), ("errors", r.errors),
             *((f"errors: {kind}", n) for kind, n in sorted(r.error_kinds.items())),
+            *((("warm-up errors", r.warmup_errors),) if r.warmup_errors else ()),
+            *((f"warm-up errors: {kind}", n) for kind, n in sorted(r.warmup_error_kinds.items())),
             *((f"CPU µs/msg {label}", us) for label, us in r.cpu_us_per_msg.items()),
             *((f"machine {name}", value) for name, value in r.machine.items())]
     print_table(Console(), f"raftmq bench {r.kind}", rows)
@@ -188,7 +194,8 @@ def register(subparsers) -> None:
                         help="producer auto_batch=True: concurrent single sends share batch requests")
     parser.add_argument("--send-timeout-ms", type=int, default=None,
                         help="the producer's send_msg_timeout_ms (default the producer's, 3000)")
-    parser.add_argument("--messages", type=int, default=10_000_000, help="stop after this many messages")
+    parser.add_argument("--messages", type=int, default=10_000_000,
+                        help="stop after exactly this many acknowledged messages (the window ends with the last)")
     parser.add_argument("--warmup-seconds", type=float, default=1.0, help="sends before measuring (default 1)")
     parser.set_defaults(func=run)
 
@@ -261,54 +268,125 @@ async def ensure_topic(namesrv: str, topic: str, queues: int, timeout_s: float =
                      f"{timeout_s:g} s; last error: {last or 'none (each attempt was still waiting)'}")
 
 
+# A sender whose send failed pauses before its next one, doubling from the first to the last: a cluster that
+# refuses everything was asked as fast as the loop could spin, and the failures crowded out the measurement.
+ERROR_PAUSE_FIRST_S = 0.01
+ERROR_PAUSE_MAX_S = 1.0
+
+
+@dataclasses.dataclass
+class SendTally:
+    """What the sends of one phase (warm-up or measured window) saw. Acknowledged means answered SEND_OK: a
+    FLUSH_SLAVE_TIMEOUT (the broker's Raft commit timed out) or another status leaves the outcome unknown, and is
+    counted with the errors under its status name, as a failed send is under its error's class."""
+
+    acked: int = 0
+    latencies: list[int] = dataclasses.field(default_factory=list)  # ns, one per acknowledged send
+    errors: int = 0
+    error_kinds: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
+
+    def failed(self, kind: str) -> None:
+        self.errors += 1
+        self.error_kinds[kind] += 1
+
+
+class SendLoad:
+    """The senders of ``bench produce``, apart from the producer: ``send(n)`` makes one send of ``n`` messages
+    (a single send, or a batch of ``n``) and returns its SendResult or raises.
+
+    The rules the figures rest on: a phase's time ends when its last sender has returned (the window of a run
+    bounded by ``limit`` ends with its last acknowledgement, not at ``seconds``); a sender reserves its messages
+    before it sends them and gives back what was not acknowledged, so a run stops at exactly ``limit`` messages
+    (the last send of a batch run may be a partial batch); only SEND_OK counts as acknowledged; after a failure
+    a sender pauses (``ERROR_PAUSE_FIRST_S`` doubling up to ``ERROR_PAUSE_MAX_S``, never past the phase's end)."""
+
+    def __init__(self, send: Callable[[int], Awaitable[SendResult]], *, batch: int) -> None:
+        self.send = send
+        self.batch = batch
+
+    async def run(self, concurrency: int, seconds: float, *, limit: int | None = None,
+                  progress_label: str | None = None) -> tuple[SendTally, float]:
+        """``concurrency`` senders for ``seconds`` (or until ``limit`` messages are acknowledged); the tally and
+        the seconds from the start to the last sender's return."""
+        tally = SendTally()
+        reserved = 0  # messages acknowledged or in flight
+
+        async def sender(deadline: float) -> None:
+            nonlocal reserved
+            pause = 0.0
+            while trio.current_time() < deadline:
+                n = self.batch
+                if limit is not None:
+                    n = min(n, limit - reserved)
+                    if n <= 0:
+                        return
+                    reserved += n
+                started = time.perf_counter_ns()
+                try:
+                    result = await self.send(n)
+                    kind = None if result.send_status is SendStatus.SEND_OK else result.send_status.name
+                except (SendFailedError, RaftMQError) as e:
+                    kind = type(getattr(e, "last_error", None) or e).__name__
+                    log.debug("send failed: %s", e)
+                if kind is None:
+                    tally.latencies.append(time.perf_counter_ns() - started)
+                    tally.acked += n
+                    pause = 0.0
+                    continue
+                if limit is not None:
+                    reserved -= n
+                tally.failed(kind)
+                pause = min(max(2 * pause, ERROR_PAUSE_FIRST_S), ERROR_PAUSE_MAX_S)
+                await trio.sleep(min(pause, max(0.0, deadline - trio.current_time())))
+
+        started = trio.current_time()
+        async with trio.open_nursery() as nursery:
+            if progress_label is not None:
+                nursery.start_soon(progress, progress_label, seconds, lambda: tally.acked)
+            async with trio.open_nursery() as senders:
+                for _ in range(concurrency):
+                    senders.start_soon(sender, started + seconds)
+            elapsed = trio.current_time() - started
+            nursery.cancel_scope.cancel()  # the progress bar: it would hold the window open until ``seconds``
+        return tally, elapsed
+
+
+def error_summary(kinds: collections.Counter[str] | dict[str, int]) -> str:
+    return ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
 async def produce(namesrv: str, args: argparse.Namespace) -> BenchReport:
     machine = machine_speed()
     await ensure_topic(namesrv, args.topic, args.queues)
     body = b"x" * args.size
-    latencies: list[int] = []
-    counters = {"sent": 0, "errors": 0, "measuring": False}
-    error_kinds: collections.Counter[str] = collections.Counter()
     options = {} if args.send_timeout_ms is None else {"send_msg_timeout_ms": args.send_timeout_ms}
     async with open_producer(namesrv, producer_group="bench_producer", auto_batch=args.auto_batch,
                              **options) as producer:
-        async def worker(deadline: float) -> None:
-            while time.monotonic() < deadline and counters["sent"] < args.messages:
-                started = time.perf_counter_ns()
-                try:
-                    if args.batch > 1:
-                        await producer.send_batch([Message(args.topic, body) for _ in range(args.batch)])
-                    else:
-                        await producer.send(Message(args.topic, body))
-                except (SendFailedError, RaftMQError) as e:
-                    counters["errors"] += 1
-                    error_kinds[type(getattr(e, "last_error", None) or e).__name__] += 1
-                    log.debug("send failed: %s", e)
-                    continue
-                if counters["measuring"]:
-                    latencies.append(time.perf_counter_ns() - started)
-                    counters["sent"] += args.batch
+        async def send(n: int) -> SendResult:
+            if args.batch > 1:
+                return await producer.send_batch([Message(args.topic, body) for _ in range(n)])
+            return await producer.send(Message(args.topic, body))
 
+        load = SendLoad(send, batch=args.batch)
+        warmup = SendTally()
         if args.warmup_seconds > 0:
-            async with trio.open_nursery() as nursery:
-                for _ in range(min(args.concurrency, 64)):
-                    nursery.start_soon(worker, time.monotonic() + args.warmup_seconds)
+            warmup, _ = await load.run(min(args.concurrency, 64), args.warmup_seconds)
         cpu_before = await cpu_sample(namesrv)
-        counters["measuring"] = True
-        started = time.monotonic()
-        async with trio.open_nursery() as nursery:
-            deadline = started + args.seconds
-            for _ in range(args.concurrency):
-                nursery.start_soon(worker, deadline)
-            nursery.start_soon(progress, "producing", args.seconds, lambda: counters["sent"])
-        elapsed = time.monotonic() - started
-        cpu = cpu_per_message(cpu_before, await cpu_sample(namesrv), counters["sent"])
+        tally, elapsed = await load.run(args.concurrency, args.seconds, limit=args.messages,
+                                        progress_label="producing")
+        # Taken as the last sender returns: a run that reached --messages was charged CPU (and seconds) up to
+        # --seconds, idle time included.
+        cpu = cpu_per_message(cpu_before, await cpu_sample(namesrv), tally.acked)
         params = {"size": args.size, "concurrency": args.concurrency, "batch": args.batch}
         if args.auto_batch:
             params["auto_batch"] = True
             params["requests (with warm-up)"] = producer.statistics().auto_batches
-    return BenchReport("produce", counters["sent"], counters["sent"] * args.size, elapsed,
-                       summarize_latencies(latencies), counters["errors"], params, dict(error_kinds),
-                       cpu_us_per_msg=cpu, machine=machine)
+    if not tally.acked:
+        raise BenchError(f"no send was acknowledged in the {elapsed:.1f} s measured: {tally.errors} failed "
+                         f"({error_summary(tally.error_kinds)})")
+    return BenchReport("produce", tally.acked, tally.acked * args.size, elapsed, summarize_latencies(tally.latencies),
+                       tally.errors, params, dict(tally.error_kinds), cpu_us_per_msg=cpu, machine=machine,
+                       warmup_errors=warmup.errors, warmup_error_kinds=dict(warmup.error_kinds))
 
 
 def run(args: argparse.Namespace) -> int:

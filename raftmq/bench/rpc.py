@@ -3,7 +3,9 @@
 An echo server runs in a separate process (``raftmq bench rpc-server``, spawned here and stopped by PID), the
 client runs in this process on ONE connection with ``--concurrency`` requests in flight, each an ECHO request
 with a ``--size``-byte body answered with the same body. This is the ceiling every other benchmark sits under:
-no store, no Raft, just frames, the codec and trio. A warm-up (not measured) precedes the ``--seconds`` window.
+no store, no Raft, just frames, the codec and trio. A warm-up (not measured) precedes the ``--seconds`` window;
+a request that failed is counted in the phase it started in (``errors`` for the window, which make the exit status
+1; ``warmup_errors`` apart).
 
 Example: ``raftmq bench rpc --size 1024 --concurrency 256 --seconds 10``
 """
@@ -61,16 +63,19 @@ class EchoHandler:
 class RpcResult:
     requests: int
     errors: int
+    """Requests started in the measured window that failed; the exit status is 1 when there are any."""
     seconds: float
     requests_per_s: float
     latency: LatencySummary
-    client_cpu_us_per_request: float
-    """CPU time of this (client) process per request over the measured window."""
+    client_cpu_us_per_request: float | None
+    """CPU time of this (client) process per request over the measured window; None when it was not sampled."""
     server_cpu_us_per_request: float | None
     """The same for the server process; None when its PID is unknown (``--server``)."""
     cpu_bound_requests_per_s: float | None
     """1 s / the busier side's CPU per request: the rate if each process had a core to itself. On a shared
     machine this says more about the code than requests_per_s does."""
+    warmup_errors: int = 0
+    """Requests started during the warm-up that failed: reported apart, they do not fail the run."""
 
 
 def _process_cpu_s(pid: int | None) -> float | None:
@@ -89,7 +94,7 @@ async def run_rpc_client(addr: str, *, size: int, concurrency: int, seconds: flo
     body = os.urandom(size)
     request = make_request(RequestCode.ECHO, body=body)
     latencies: list[int] = []
-    errors = 0
+    errors = warmup_errors = 0
     completed = 0
     async with open_remoting_client() as client:
         conn = await client.get_connection(addr)
@@ -101,8 +106,16 @@ async def run_rpc_client(addr: str, *, size: int, concurrency: int, seconds: flo
         measure_start = perf_ns() + int(warmup_s * 1e9)
         end = measure_start + int(seconds * 1e9)
 
+        def failed(t0: int) -> None:
+            # A failure belongs to the phase its request started in: the warm-up's are not the window's.
+            nonlocal errors, warmup_errors
+            if t0 >= measure_start:
+                errors += 1
+            else:
+                warmup_errors += 1
+
         async def worker() -> None:
-            nonlocal errors, completed
+            nonlocal completed
             invoke, record = conn.invoke, latencies.append
             while True:
                 t0 = perf_ns()
@@ -111,15 +124,15 @@ async def run_rpc_client(addr: str, *, size: int, concurrency: int, seconds: flo
                 try:
                     response = await invoke(request, REQUEST_TIMEOUT_S)
                 except Exception as e:  # counted, and the first one is shown: a bench must finish its report
-                    if not errors:
+                    if not errors + warmup_errors:
                         log.warning("request failed: %s", e)
-                    errors += 1
+                    failed(t0)
                     if conn.closed:
                         return
                     continue
                 t1 = perf_ns()
                 if response.code != ResponseCode.SUCCESS or len(response.body) != size:
-                    errors += 1
+                    failed(t0)
                     continue
                 if t0 >= measure_start:
                     record(t1 - t0)
@@ -154,9 +167,8 @@ async def run_rpc_client(addr: str, *, size: int, concurrency: int, seconds: flo
     if server_pid is not None and cpu.get("server1") is not None and cpu.get("server0") is not None:
         server_us = (cpu["server1"] - cpu["server0"]) / done * 1e6
     busiest = max(u for u in (client_us, server_us, 0.0) if u is not None)
-    return RpcResult(completed, errors, seconds, completed / seconds, summarize_latencies(latencies),
-                     client_us if client_us is not None else float("nan"), server_us,
-                     1e6 / busiest if busiest > 0 else None)
+    return RpcResult(completed, errors, seconds, completed / seconds, summarize_latencies(latencies), client_us,
+                     server_us, 1e6 / busiest if busiest > 0 else None, warmup_errors)
 
 
 def register(kinds: Any) -> None:
@@ -215,7 +227,9 @@ def run(args: argparse.Namespace) -> int:
                     [("requests/s", round(result.requests_per_s)), ("p50 latency ms", lat.p50_ms),
                      ("p90 latency ms", lat.p90_ms), ("p99 latency ms", lat.p99_ms),
                      ("max latency ms", lat.max_ms), ("requests", result.requests), ("errors", result.errors),
-                     ("client CPU µs/request", result.client_cpu_us_per_request),
+                     ("warm-up errors", result.warmup_errors),
+                     ("client CPU µs/request", "n/a" if result.client_cpu_us_per_request is None
+                      else result.client_cpu_us_per_request),
                      ("server CPU µs/request", "n/a" if result.server_cpu_us_per_request is None
                       else result.server_cpu_us_per_request),
                      ("requests/s if CPU-bound", "n/a" if result.cpu_bound_requests_per_s is None

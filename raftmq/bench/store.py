@@ -1,8 +1,9 @@
 """``raftmq bench store``: the message store alone, in this process: append, dispatch, read, recovery.
 
 For each flush mode a fresh store in a temporary directory (removed afterwards) receives ``--messages``
-messages of ``--size`` bytes in batches of ``--batch`` (``append_batch``, as the Raft apply path calls it),
-spread over ``--queues`` queues of one topic, each message with TAGS, KEYS and UNIQ_KEY properties:
+messages of ``--size`` bytes in batches of ``--batch`` (``append_batch``, as the Raft apply path calls it; the
+remainder of ``--messages`` over ``--batch`` goes in one last, shorter batch), spread over ``--queues`` queues of
+one topic, each message with TAGS, KEYS and UNIQ_KEY properties:
 
 * append: ASYNC_FLUSH appends back to back while a flusher thread runs ``flush_all`` every
   ``flush_interval_ms`` (what ``serve`` does). SYNC_FLUSH adds a group-commit thread that fdatasyncs whatever
@@ -93,9 +94,9 @@ def _rss_mb() -> float:
     return psutil.Process().memory_info().rss / _MB
 
 
-def _batches(size: int, batch: int, queues: int) -> list[bytes]:
+def _batches(size: int, batch: int, queues: int, count: int = _DISTINCT_BATCHES) -> list[bytes]:
     out = []
-    for b in range(_DISTINCT_BATCHES):
+    for b in range(count):
         msgs = []
         for i in range(batch):
             n = b * batch + i
@@ -173,9 +174,12 @@ def bench_mode(mode: str, *, size: int, batch: int, messages: int, queues: int, 
     try:
         cfg = StoreConfig(store_dir=root, segment_size_bytes=segment_size_mb * _MB, flush_disk_type=mode,
                           max_message_size=max(size, 1024))
+        # Whole batches, then what is left in one short batch: rounding --messages down to a multiple of --batch
+        # measured fewer messages than asked for (and --messages below --batch were a whole batch).
         batches = _batches(size, batch, queues)
-        rounds = max(1, messages // batch)
-        total = rounds * batch
+        rounds, rest = divmod(messages, batch)
+        tail = [_batches(size, rest, queues, 1)[0]] if rest else []
+        total = messages
         rss0 = _rss_mb()
         store = MessageStore.open(cfg)
         sync = mode == "SYNC_FLUSH"
@@ -183,10 +187,10 @@ def bench_mode(mode: str, *, size: int, batch: int, messages: int, queues: int, 
         with _Flusher(store, cfg.flush_interval_ms / 1000.0):
             with _GroupCommit(store) if sync else contextlib.nullcontext() as group:
                 pending: deque[int] = deque()
+                plan = [batches[r % _DISTINCT_BATCHES] for r in range(rounds)] + tail
                 t0, c0 = time.perf_counter(), time.process_time()
-                for r in range(rounds):
-                    result = store.append_batch(batches[r % _DISTINCT_BATCHES], 1_700_000_000_000 + r,
-                                                store.max_phy_offset)
+                for r, encoded in enumerate(plan):
+                    result = store.append_batch(encoded, 1_700_000_000_000 + r, store.max_phy_offset)
                     if not result.ok:
                         raise RuntimeError(f"append failed: {result.status.value} {result.remark}")
                     if group is not None:

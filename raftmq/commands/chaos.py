@@ -18,8 +18,13 @@ follower or on a random node:
 
 Each round reports the gap from the fault to the first acknowledgement stored by another node (after a leader
 fault: the clients found the new leader) and the longest pause between two acknowledgements. Then the senders
-stop, and within ``--drain-seconds`` every acknowledged message must be consumed and the three commit logs must
-be identical (crc32c per segment, as ``raftmq verify``). Delivery is at least once, as in RocketMQ, so
+stop, and within ``--drain-seconds`` every acknowledged message must be consumed, and the three members must
+report the same non-zero applied end with identical commit logs (crc32c per segment, as ``raftmq verify``).
+Consumption proves delivery, not that the group kept a message: then every queue of the topic is read back from
+its min offset (pulls of a fresh group, within another ``--drain-seconds``) and every acknowledged message must
+be there; one that is not is lost, and counted apart when it had been consumed. Acknowledged means answered
+SEND_OK: a send answered otherwise (FLUSH_SLAVE_TIMEOUT, the Raft commit timed out) has an unknown outcome, is
+counted apart, and is neither acknowledged nor missing. Delivery is at least once, as in RocketMQ, so
 duplicates are counted, not failed.
 
 With ``--tls`` the whole cluster serves TLS only, as ``raftmq dev --tls-dir`` (``raftmq/commands/dev_tls.py``):
@@ -28,7 +33,7 @@ and verify requests) then connect over TLS, verifying against the directory's ``
 Without it everything is plain, and ``--set`` may make the brokers serve TLS with ``tls_mode = "permissive"`` only
 (``"enforcing"`` or ``tls_client_enable`` would cut them off from the plain name server: refused as a bad option).
 
-Exit status 0 when nothing acknowledged was lost, the logs are identical, acknowledgements resumed after
+Exit status 0 when nothing acknowledged was missing or lost, the logs are identical, acknowledgements resumed after
 every fault and every node stopped with SIGTERM exited 0; 1 otherwise (the data directory is then kept for its
 logs); 2 for a bad option.
 """
@@ -38,6 +43,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import collections
+import dataclasses
 import logging
 import os
 import random
@@ -47,6 +53,7 @@ import statistics
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +61,8 @@ import trio
 from rich.console import Console
 from rich.table import Table
 
-from client import Message, SendFailedError, open_admin, open_producer, open_push_consumer
+from client import (Message, PullStatus, SendFailedError, SendResult, SendStatus, open_admin, open_producer,
+                    open_pull_consumer, open_push_consumer)
 from dledger.service import get_raft_status
 from raftmq.bench.common import add_tls_args, check_range, check_tls_args, print_json
 from raftmq.commands.dev import (GROUP, NODE_IDS, DevClusterError, LocalCluster, check_base_port, check_overrides,
@@ -103,7 +111,8 @@ def register(subparsers) -> None:
                         help="pause of each sender after an acknowledgement (default 2; 0 sends flat out)")
     parser.add_argument("--size", type=int, default=256, help="message body bytes (default 256)")
     parser.add_argument("--drain-seconds", type=float, default=60.0,
-                        help="longest wait for the consumer to catch up and the logs to agree (default 60)")
+                        help="longest wait for the consumer to catch up and the logs to agree, and again for "
+                             "reading the topic back (default 60)")
     parser.add_argument("--seed", type=int, default=None, help="seed of the random choices (default: random)")
     parser.add_argument("--data-dir", type=Path, default=None,
                         help="where the cluster lives; must be new or empty (default: a new temporary directory)")
@@ -163,16 +172,32 @@ def check_args(args: argparse.Namespace) -> None:
 
 class Ledger:
     """What the load saw: every acknowledged message (unique id, time, the node that stored it), every failed
-    send by error class, and how often each id was consumed."""
+    send by error class, every send of unknown outcome, and how often each id was consumed.
+
+    Acknowledged means answered SEND_OK. Any other status (FLUSH_SLAVE_TIMEOUT: the leader's Raft commit did not
+    finish in time) leaves the outcome unknown: the message may be committed later, and consumed, or never. It is
+    counted under ``failed`` by its status name and kept in ``unknown``; it is neither acknowledged nor lost, and
+    never reported missing."""
 
     def __init__(self) -> None:
         self.acked: set[str] = set()
         self.ack_times: list[float] = []  # time.monotonic() of each acknowledgement, in order
         self.ack_nodes: list[str] = []    # the address of the node that stored it, same order
         self.failed: collections.Counter[str] = collections.Counter()
+        self.unknown: set[str] = set()
         self.consumed: collections.Counter[str] = collections.Counter()
 
+    def record(self, result: SendResult) -> None:
+        """A send's answer: an acknowledgement when SEND_OK, an unknown outcome otherwise."""
+        if result.send_status is SendStatus.SEND_OK:
+            self.ack(result.msg_id, result.offset_msg_id)
+        else:
+            self.failed[result.send_status.name] += 1
+            self.unknown.add(result.msg_id)
+
     def ack(self, msg_id: str, offset_msg_id: str) -> None:
+        if not offset_msg_id:  # only a SEND_OK names where the message was stored
+            raise ValueError(f"acknowledgement of {msg_id!r} without the id of the stored message (offset_msg_id)")
         (ip, port), _ = parse_msg_id(offset_msg_id)
         self.acked.add(msg_id)
         self.ack_times.append(time.monotonic())
@@ -200,7 +225,13 @@ class Ledger:
         return max((b - a, a) for a, b in zip(edges, edges[1:]))
 
     def missing(self) -> set[str]:
+        """Acknowledged and never consumed (what the drain waits for)."""
         return self.acked - self.consumed.keys()
+
+    def lost(self, stored: set[str]) -> set[str]:
+        """Acknowledged and not among the ids read back from the topic after the drain: consumption during the
+        run proves delivery, not that the group kept the message (one lost after it was consumed passed)."""
+        return self.acked - stored
 
     def duplicates(self) -> int:
         return sum(n - 1 for n in self.consumed.values() if n > 1)
@@ -217,7 +248,10 @@ async def _send_until(producer: Any, ledger: Ledger, stop: trio.Event, k: int, b
             ledger.failed[type(getattr(e, "last_error", None) or e).__name__] += 1
             await trio.sleep(0.01)
             continue
-        ledger.ack(result.msg_id, result.offset_msg_id)
+        ledger.record(result)
+        if result.send_status is not SendStatus.SEND_OK:
+            await trio.sleep(0.01)
+            continue
         if pause_s:
             await trio.sleep(pause_s)
 
@@ -303,7 +337,9 @@ class Chaos:
                 while ledger.missing():
                     await trio.sleep(0.2)
             logs = await self._verify_logs(drain_deadline)
-        return self._report(rounds, logs)
+        self._say("reading every queue of the topic back")
+        readback = await read_back(namesrv, self.client_tls, timeout_s=args.drain_seconds)
+        return self._report(rounds, logs, readback)
 
     async def _round(self, rpc: Any, number: int) -> dict[str, Any]:
         args, ledger = self.args, self.ledger
@@ -388,15 +424,30 @@ class Chaos:
         return out
 
     async def _verify_logs(self, deadline: float) -> dict[str, Any]:
-        """Compare the members' commit logs until they agree or ``deadline``: a member back from a fault may
-        still be catching up on the last sends."""
+        """Compare the members' commit logs until every member reports the same non-zero applied end and every
+        segment agrees, or ``deadline``: a member back from a fault may still be catching up on the last sends.
+        With the load stopped nothing is in flight, so any difference in the ends is a member behind; accepting
+        the comparison up to the smallest end passed a member that was empty (compared up to offset 0) or far
+        behind. At the deadline the report names the member behind, in ``error`` and ``behind``."""
         addresses = list(self.addr_of.values())
+        nid_of = {addr: nid for nid, addr in self.addr_of.items()}
         report: dict[str, Any] = {"identical": False, "error": "not compared"}
         while True:
             try:
-                report = await verify_group(GROUP, addresses, timeout_s=5.0, tls_context=self.tls_context)
+                report = await verify_group(GROUP, addresses, timeout_s=5.0, tls_context=self.tls_context,
+                                            max_lag_bytes=0)
             except (RaftMQError, OSError) as e:
                 report = {"identical": False, "error": str(e)}
+            else:
+                behind = {nid_of.get(addr, addr): end for addr, end in report["lagging"].items()}
+                error = None
+                if behind:
+                    error = "; ".join(f"member {nid} has applied up to {end:,}, another up to "
+                                      f"{report['furthest']:,}" for nid, end in sorted(behind.items()))
+                elif report["up_to"] == 0:
+                    error = "every member's commit log is empty"
+                report = {**report, "behind": behind, "error": error,
+                          "identical": report["identical"] and error is None}
             if report["identical"] or trio.current_time() >= deadline:
                 return report
             await trio.sleep(0.5)
@@ -409,25 +460,85 @@ class Chaos:
                 pass
             self.stopped.discard(pid)
 
-    def _report(self, rounds: list[dict[str, Any]], logs: dict[str, Any]) -> dict[str, Any]:
+    def _report(self, rounds: list[dict[str, Any]], logs: dict[str, Any], readback: ReadBack) -> dict[str, Any]:
         ledger = self.ledger
         missing = ledger.missing()
+        lost = ledger.lost(readback.ids)
+        lost_after_consumed = lost & ledger.consumed.keys()
         gaps = [r["first_ack_by_another_s"] for r in rounds if r["first_ack_by_another_s"] is not None]
         resumed = all(r["acks_resumed"] for r in rounds)
         clean_exits = all(r.get("exit_status", 0) == 0 for r in rounds)
         return {
             "fault": self.args.fault, "target": self.args.target, "tls": self.cluster.tls is not None, "rounds": rounds,
             "acked": len(ledger.acked), "failed_sends": sum(ledger.failed.values()),
-            "failed_kinds": dict(ledger.failed), "consumed": len(ledger.consumed),
+            "failed_kinds": dict(ledger.failed), "unknown_outcome": len(ledger.unknown),
+            "unknown_outcome_consumed": len(ledger.unknown & ledger.consumed.keys()),
+            "consumed": len(ledger.consumed),
             "duplicates": ledger.duplicates(), "missing": len(missing), "missing_sample": sorted(missing)[:5],
+            "read_back": len(readback.ids), "read_back_error": readback.error, "lost": len(lost),
+            "lost_sample": sorted(lost)[:5], "lost_after_consumed": len(lost_after_consumed),
             "median_first_ack_by_another_s": round(statistics.median(gaps), 3) if gaps else None,
             "max_pause_s": max(r["longest_pause_s"] for r in rounds),
             "logs_identical": bool(logs.get("identical")),
             "logs_compared_up_to": logs.get("up_to"), "logs_error": logs.get("error"),
+            "logs_behind": logs.get("behind", {}),
             "divergent_segments": [start for start, _ in logs.get("divergent", [])],
             "acks_resumed_after_every_fault": resumed, "clean_exits": clean_exits,
-            "ok": not missing and bool(logs.get("identical")) and resumed and clean_exits and bool(ledger.acked),
+            "ok": (not missing and not lost and readback.error is None and bool(logs.get("identical")) and resumed
+                   and clean_exits and bool(ledger.acked)),
         }
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadBack:
+    """The message ids found in the topic after the drain, and why the reading stopped short (None: every queue
+    was read from its min to its max offset)."""
+
+    ids: set[str]
+    error: str | None
+
+
+# Messages per pull of the read-back: the most a broker hands out per pull by default.
+READ_BACK_BATCH = 32
+
+
+async def read_back(namesrv: str, client_tls: dict[str, Any], *, timeout_s: float) -> ReadBack:
+    """Every message id stored in the topic, each queue read from its min offset to its max with pulls of a fresh
+    group (the pull consumer reads from the group's leader, and commits nothing), within ``timeout_s``. Run after
+    the drain, with the load stopped: a message acknowledged and missing here was lost, consumed or not. A pull
+    that fails is retried every 0.2 s until the bound (a member may still be settling); the bound reached is
+    reported, as a proof not finished."""
+    ids: set[str] = set()
+    problems: list[str] = []
+
+    async def read_queue(consumer: Any, mq: Any) -> None:
+        offset, end = await consumer.min_offset(mq), await consumer.max_offset(mq)
+        while offset < end:
+            try:
+                result = await consumer.pull(mq, offset, READ_BACK_BATCH)
+            except RaftMQError as e:
+                log.info("read-back pull of %s at %d failed, retrying: %s", mq, offset, e)
+                await trio.sleep(0.2)
+                continue
+            if result.status is PullStatus.FOUND:
+                ids.update(msg.msg_id for msg in result.messages)
+            elif result.status is PullStatus.OFFSET_ILLEGAL or result.next_begin_offset <= offset:
+                # Below min (retention) or nothing where messages should be: the proof cannot be finished.
+                problems.append(f"queue {mq.queue_id} answered {result.status.value} at offset {offset} of "
+                                f"{result.min_offset}..{result.max_offset} (expected messages up to {end})")
+                return
+            offset = result.next_begin_offset
+
+    with trio.move_on_after(timeout_s) as scope:
+        async with open_pull_consumer(namesrv, consumer_group=f"chaos_readback_{uuid.uuid4().hex[:8]}",
+                                      **client_tls) as consumer:
+            queues = await consumer.fetch_queues(TOPIC)
+            async with trio.open_nursery() as nursery:
+                for mq in queues:
+                    nursery.start_soon(read_queue, consumer, mq)
+    if scope.cancelled_caught:
+        problems.append(f"not every queue was read back within {timeout_s:g} s")
+    return ReadBack(ids, "; ".join(problems) or None)
 
 
 async def _create_topic(namesrv: str, client_tls: dict[str, Any], timeout_s: float = 30.0) -> None:
@@ -468,6 +579,14 @@ def print_report(console: Console, report: dict[str, Any], data_dir: Path | None
     console.print(f"acknowledged {report['acked']:,}, failed sends {report['failed_sends']:,}"
                   f"{f' ({kinds})' if kinds else ''}, consumed {report['consumed']:,} distinct, duplicates "
                   f"{report['duplicates']:,}, missing {report['missing']:,}", highlight=False, soft_wrap=True)
+    if report["unknown_outcome"]:
+        console.print(f"outcome unknown (answered, not SEND_OK; neither acknowledged nor lost): "
+                      f"{report['unknown_outcome']:,}, {report['unknown_outcome_consumed']:,} of them consumed",
+                      highlight=False, soft_wrap=True)
+    console.print(f"read back from the topic: {report['read_back']:,} distinct, acknowledged and not stored "
+                  f"{report['lost']:,} ({report['lost_after_consumed']:,} of them consumed before)"
+                  f"{'' if report['read_back_error'] is None else '; ' + report['read_back_error']}",
+                  highlight=False, soft_wrap=True)
     console.print(f"median gap to the first ack by another node: {'-' if median is None else f'{median:.3f} s'}; "
                   f"longest pause {report['max_pause_s']:.3f} s", highlight=False, soft_wrap=True)
     if report["logs_identical"]:
@@ -481,6 +600,12 @@ def print_report(console: Console, report: dict[str, Any], data_dir: Path | None
         if report["missing"]:
             reasons.append(f"{report['missing']} acknowledged messages never consumed, e.g. "
                            f"{', '.join(report['missing_sample'])}")
+        if report["lost"]:
+            reasons.append(f"{report['lost']} acknowledged messages not in the topic afterwards "
+                           f"({report['lost_after_consumed']} of them consumed before), e.g. "
+                           f"{', '.join(report['lost_sample'])}")
+        if report["read_back_error"] is not None:
+            reasons.append(f"the topic was not read back: {report['read_back_error']}")
         if not report["logs_identical"]:
             reasons.append("the commit logs differ")
         if not report["acks_resumed_after_every_fault"]:

@@ -2,8 +2,13 @@
 
 Asks every member (its remoting address) for its Raft status, takes the smallest applied end offset among
 them as the common prefix, then asks each for crc32c checksums per segment up to that offset and compares
-them segment by segment. Prints one line per member and one per diverging segment; exit status 0 when
-identical, 1 on divergence, 2 when a member cannot be asked. Members serving TLS (``tls_mode = "enforcing"``)
+them segment by segment. A prefix proves nothing about what a member lacks, so a member is also a failure when its
+applied end is behind the furthest member's by more than ``--max-lag-bytes`` (default 16 MiB: entries committed
+and in flight to a follower under load stay well within it, the largest entry is ~8 MiB and a leader queues at
+most 4 MiB for a follower before it skips it a round), and always when it is empty while another member holds
+data (compared up to offset 0, it passed with nothing compared). Prints one line per member, one per diverging
+segment and one per member behind; exit status 0 when identical, 1 on divergence or a member behind, 2 when a
+member cannot be asked. Members serving TLS (``tls_mode = "enforcing"``)
 take ``--tls`` / ``--tls-ca-file PEM`` (or $RAFTMQ_TLS_ENABLE / $RAFTMQ_TLS_CA_FILE), as ``raftmq admin``.
 """
 
@@ -24,6 +29,9 @@ from remoting.transport import open_remoting_client
 
 log = logging.getLogger(__name__)
 
+# How far a member's applied end may trail the furthest member's before verify fails it: see the module docstring.
+DEFAULT_MAX_LAG_BYTES = 16 * 1024 * 1024
+
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser("verify", help="compare the commit logs of a DLedger group's members",
@@ -33,14 +41,21 @@ def register(subparsers) -> None:
     parser.add_argument("--members", required=True, metavar="HOST:PORT,...",
                         help="remoting addresses of the members, comma-separated")
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds per request (default 10)")
+    parser.add_argument("--max-lag-bytes", type=int, default=DEFAULT_MAX_LAG_BYTES, metavar="BYTES",
+                        help="fail when a member's applied end is further behind the furthest member's (default "
+                             "16 MiB, what may be in flight under load; 0 for a group at rest: every end equal). An "
+                             "empty member while another holds data always fails")
     add_tls_args(parser)
     parser.set_defaults(func=run)
 
 
 async def verify_group(group: str, addresses: list[str], *, timeout_s: float = 10.0,
-                       tls_context: ssl.SSLContext | None = None) -> dict[str, Any]:
-    """The comparison as data: ``{"up_to", "members": {addr: status}, "divergent": [(start, {addr: crc})],
-    "identical": bool}``; ``tls_context`` (``remoting.tls.client_context``) for members that serve TLS."""
+                       tls_context: ssl.SSLContext | None = None,
+                       max_lag_bytes: int = DEFAULT_MAX_LAG_BYTES) -> dict[str, Any]:
+    """The comparison as data: ``{"up_to", "furthest", "members": {addr: status}, "segments", "divergent":
+    [(start, {addr: crc})], "lagging": {addr: end_offset}, "identical": bool}``; ``identical`` only when no segment
+    differs and no member is behind (``lagging_members``); ``tls_context`` (``remoting.tls.client_context``) for
+    members that serve TLS."""
     async with open_remoting_client(tls_context=tls_context) as client:
         statuses = {}
         for addr in addresses:
@@ -56,13 +71,26 @@ async def verify_group(group: str, addresses: list[str], *, timeout_s: float = 1
                 raise ConfigError(f"--members names member {member_id} twice ({seen[member_id]} and {addr}); "
                                   f"name each member once")
             seen[member_id] = addr
-        up_to = min(int(s["end_offset"]) for s in statuses.values())
+        ends = {addr: int(s["end_offset"]) for addr, s in statuses.items()}
+        up_to = min(ends.values())
         sums = {}
         for addr in addresses:
             _, sums[addr] = await get_raft_status(client, addr, group, checksum_up_to=up_to, timeout_s=timeout_s)
     segments, divergent = compare_checksums(sums)
-    return {"up_to": up_to, "members": statuses, "segments": segments, "divergent": divergent,
-            "identical": not divergent}
+    lagging = lagging_members(ends, max_lag_bytes)
+    return {"up_to": up_to, "furthest": max(ends.values()), "members": statuses, "segments": segments,
+            "divergent": divergent, "lagging": lagging, "identical": not divergent and not lagging}
+
+
+def lagging_members(ends: dict[str, int], max_lag_bytes: int) -> dict[str, int]:
+    """``{member: end_offset}`` of the members whose applied end is behind the furthest member's by more than
+    ``max_lag_bytes``, and of every empty member while another holds data: the comparison stops at the smallest
+    end, so what such a member lacks (all of it, for an empty one) was never compared."""
+    if max_lag_bytes < 0:
+        raise ValueError(f"max_lag_bytes must be >= 0, got {max_lag_bytes!r}")
+    furthest = max(ends.values(), default=0)
+    return {addr: end for addr, end in ends.items()
+            if furthest - end > max_lag_bytes or (end == 0 and furthest > 0)}
 
 
 def compare_checksums(sums: dict[str, list[tuple[int, int, int]]]) -> tuple[int, list[tuple[int, dict[str, int]]]]:
@@ -88,11 +116,12 @@ def run(args: argparse.Namespace) -> int:
     if repeated:
         raise ConfigError(f"--members names {', '.join(repeated)} more than once; name each member once")
     check_range("--timeout", args.timeout, 0.1, 3600)
+    check_range("--max-lag-bytes", args.max_lag_bytes, 0, 2**62)
     check_tls_args(args)
     tls_context = tls_context_from_args(args)
     try:
         report = run_interruptible(lambda: verify_group(args.group, addresses, timeout_s=args.timeout,
-                                                        tls_context=tls_context))
+                                                        tls_context=tls_context, max_lag_bytes=args.max_lag_bytes))
     except (RaftMQError, OSError) as e:
         print(f"verify: could not ask every member of group {args.group}: {e}", file=sys.stderr)
         return 2
@@ -101,6 +130,13 @@ def run(args: argparse.Namespace) -> int:
               f"end_offset={status['end_offset']} committed_index={status['committed_index']}")
     for start, crcs in report["divergent"]:
         print(f"DIVERGENT segment at {start}: " + " ".join(f"{a}={c:#010x}" for a, c in crcs.items()))
-    verdict = "identical" if report["identical"] else "DIVERGENT"
-    print(f"group {args.group}: {report['segments']} segment(s) up to offset {report['up_to']} are {verdict}")
+    for addr, end in report["lagging"].items():
+        member = report["members"][addr].get("self_id", "?")
+        why = "empty while another member holds data" if end == 0 else \
+            f"more than --max-lag-bytes {args.max_lag_bytes} behind"
+        print(f"BEHIND: member {member} at {addr} has end_offset {end}, the furthest member {report['furthest']} "
+              f"({why}): its log past {end} was not compared")
+    verdict = "DIVERGENT" if report["divergent"] else "identical"
+    print(f"group {args.group}: {report['segments']} segment(s) up to offset {report['up_to']} are {verdict}"
+          + (f"; {len(report['lagging'])} member(s) behind" if report["lagging"] else ""))
     return 0 if report["identical"] else 1
