@@ -31,7 +31,7 @@ import dataclasses
 import itertools
 import logging
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import cbor2
@@ -59,7 +59,8 @@ class RegistrationSnapshot:
     role: str
     term: int
     data_version: int
-    topic_configs: dict[str, dict[str, Any]]
+    # Read-only: the node shares one object between its rounds until its topic table changes.
+    topic_configs: Mapping[str, dict[str, Any]]
     heartbeat_timeout_ms: int
     broker_permission: int = PERM_READ_WRITE
 
@@ -111,6 +112,10 @@ class RegistrationService:
         self.registered_data_version: int | None = None
         # Numbers each snapshot in the order taken; the name servers keep the newest (module docstring).
         self._sequence = itertools.count(1)
+        # (topic_configs, broker_permission, body) of the last body encoded: rounds share it while the node's topic
+        # table, and so the snapshot's topic_configs object, is the same. Encoding 40,000 topics took 50 ms, once
+        # per name server and round before.
+        self._body: tuple[Mapping[str, dict[str, Any]], int, bytes] | None = None
         self.registered_once = trio.Event()
 
     def statistics(self) -> RegistrationStatistics:
@@ -168,7 +173,7 @@ class RegistrationService:
     async def _register_one(self, addr: str, snap: RegistrationSnapshot, sequence: int) -> None:
         ext = snap.ext()
         ext["registration_sequence"] = sequence
-        request = make_request(RequestCode.REGISTER_BROKER, ext=ext, body=snap.body())
+        request = make_request(RequestCode.REGISTER_BROKER, ext=ext, body=self._body_of(snap))
         try:
             response = await self._client.invoke(addr, request, timeout_s=self._timeout_s)
         except RaftMQError as e:
@@ -195,6 +200,14 @@ class RegistrationService:
                      snap.term)
             self._last_master = master
         self.registered_once.set()
+
+    def _body_of(self, snap: RegistrationSnapshot) -> bytes:
+        cached = self._body
+        if cached is not None and cached[0] is snap.topic_configs and cached[1] == snap.broker_permission:
+            return cached[2]
+        body = snap.body()
+        self._body = (snap.topic_configs, snap.broker_permission, body)
+        return body
 
     def _failed(self, addr: str, reason: str) -> None:
         self._failures += 1

@@ -251,7 +251,7 @@ class DLedgerGroup:
         for m in self.config.members:
             if m.id == member_id:
                 return m
-        extra = self.member.metadata(MEMBERS_TABLE).get(member_id)
+        extra = self.member.metadata_get(MEMBERS_TABLE, member_id)
         if extra:
             return MemberAddress(id=member_id, raft_address=extra[0], service_address=extra[1])
         return None
@@ -260,7 +260,7 @@ class DLedgerGroup:
         found = self.config.member_by_raft_address(raft_address)
         if found is not None:
             return found
-        for member_id, (raft, service) in self.member.metadata(MEMBERS_TABLE).items():
+        for member_id, (raft, service) in self.member.metadata_view(MEMBERS_TABLE).items():
             if raft == raft_address:
                 return MemberAddress(id=member_id, raft_address=raft, service_address=service)
         return None
@@ -733,8 +733,22 @@ class DLedgerGroup:
         return outcome
 
     def metadata(self, table: str) -> dict[str, Any]:
-        """This member's applied copy of a metadata table."""
+        """A copy of this member's applied metadata table: for a caller that keeps it, or changes it. It costs the
+        table's size; ``metadata_get`` and ``metadata_view`` read without copying."""
         return self.member.metadata(table)
+
+    def metadata_get(self, table: str, key: str, default: Any = None) -> Any:
+        """One key of this member's applied metadata table, without copying the table (a consumer offset lookup
+        copied a table of every group's offsets, 200k keys: 3.8 ms a commit)."""
+        return self.member.metadata_get(table, key, default)
+
+    def metadata_view(self, table: str) -> Mapping[str, Any]:
+        """This member's applied metadata table itself, read-only, not a copy. Valid until the next tick applies a
+        change (ticks run on the trio thread, between tasks): read it with no checkpoint in between, never keep it
+        or its values (nor change a value), and copy (``metadata``) what must outlive the read. A table nothing was
+        ever put in answers an empty view, which does not follow later puts; a snapshot load replaces every
+        table."""
+        return self.member.metadata_view(table)
 
     def metadata_generation(self, table: str) -> int:
         """Moves whenever ``table`` may have changed: compare it to tell whether a copy is still current."""

@@ -27,9 +27,10 @@ import pickle
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import crc32c
@@ -109,6 +110,8 @@ def _catching_bind_failure() -> Iterator[_BindFailureCatcher]:
 # Snapshot file: magic(8) | crc32c(4, BE) of body | body = pickle5({"version", "group", "end_offset",
 # "metadata", "raft"}), where "raft" is the tuple pysyncobj hands its serializer (last entries, cluster).
 SNAPSHOT_MAGIC = b"RMQDLSN1"
+# What ``metadata_view`` answers for a table nothing was ever put in.
+_NO_ROWS: Mapping[str, Any] = MappingProxyType({})
 # The table name of a change of several metadata tables in one entry (``put_metadata``); no table is so named.
 TABLES = "\x00tables"
 _CRC = struct.Struct(">I")
@@ -277,6 +280,14 @@ class RaftMember(SyncObj):
 
     def metadata(self, table: str) -> dict[str, Any]:
         return dict(self._metadata.get(table, {}))
+
+    def metadata_get(self, table: str, key: str, default: Any = None) -> Any:
+        rows = self._metadata.get(table)
+        return default if rows is None else rows.get(key, default)
+
+    def metadata_view(self, table: str) -> Mapping[str, Any]:
+        rows = self._metadata.get(table)
+        return _NO_ROWS if rows is None else MappingProxyType(rows)
 
     @property
     def metadata_applied(self) -> int:

@@ -39,6 +39,12 @@ class Group:
     def metadata(self, table: str) -> dict[str, Any]:
         return dict(self.tables.get(table, {}))
 
+    def metadata_view(self, table: str) -> dict[str, Any]:
+        return self.tables.get(table, {})
+
+    def metadata_get(self, table: str, key: str, default: Any = None) -> Any:
+        return self.tables.get(table, {}).get(key, default)
+
     def metadata_generation(self, table: str) -> int:
         return 0
 

@@ -41,6 +41,12 @@ class NewLeaderGroup:
     def metadata(self, table: str) -> dict[str, Any]:
         return dict(self.tables.get(table, {}))
 
+    def metadata_view(self, table: str) -> dict[str, Any]:
+        return self.tables.get(table, {})
+
+    def metadata_get(self, table: str, key: str, default: Any = None) -> Any:
+        return self.tables.get(table, {}).get(key, default)
+
     async def put_metadata(self, table: str, items: dict[str, Any], *, timeout_s: float) -> int:
         self.written.append(items)
         await self._ready.wait()

@@ -41,6 +41,12 @@ class StandInGroup:
     def metadata(self, table: str) -> dict[str, Any]:
         return dict(self.tables.get(table, {}))
 
+    def metadata_view(self, table: str) -> dict[str, Any]:
+        return self.tables.get(table, {})
+
+    def metadata_get(self, table: str, key: str, default: Any = None) -> Any:
+        return self.tables.get(table, {}).get(key, default)
+
     def member_address(self, member_id: str) -> Any:
         return None
 
