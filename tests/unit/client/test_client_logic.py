@@ -382,8 +382,10 @@ async def test_failing_pulls_are_logged_at_warning_without_flooding_the_log(clus
 
     async with open_push_consumer(NAMESRV, topic="T", handler=handler, pull_time_delay_ms_when_exception=10):
         with trio.fail_after(600):
+            # Looked at every virtual half second: every 10 ms, the scan of a log growing with each pull took
+            # 10 s of real CPU over the 300 virtual seconds the refused pulls need.
             while sum("pull failed 100 time(s)" in r.getMessage() for r in caplog.records) < 4:
-                await trio.sleep(0.01)
+                await trio.sleep(0.5)
     failed = [r for r in caplog.records if "pull failed" in r.getMessage()]
     warned = [r.getMessage() for r in failed if r.levelno == logging.WARNING]
     streaks = sorted(int(m.split("pull failed ")[1].split(" ")[0]) for m in warned)
