@@ -16,13 +16,14 @@ from broker.topic_config import TopicConfig
 from dledger import DLedgerStatistics, Role
 from remoting.config import config_from_mapping
 from tests.metrics_scrape import parse_samples, value
+from tests.unit.broker.stand_in import MetadataReads
 from tests.unit.store.helpers import fill, small_config
 
 MEMBERS = [{"id": f"n{i}", "raft_address": f"127.0.0.1:{20911 + i}", "service_address": f"127.0.0.1:{10911 + i}"}
            for i in (1, 2, 3)]
 
 
-class Group:
+class Group(MetadataReads):
     """What the collector asks of a DLedger group: its statistics and its replicated tables."""
 
     def __init__(self, tables: dict[str, dict[str, Any]], stats: DLedgerStatistics) -> None:
@@ -35,15 +36,6 @@ class Group:
 
     def statistics(self) -> DLedgerStatistics:
         return self.stats
-
-    def metadata(self, table: str) -> dict[str, Any]:
-        return dict(self.tables.get(table, {}))
-
-    def metadata_view(self, table: str) -> dict[str, Any]:
-        return self.tables.get(table, {})
-
-    def metadata_get(self, table: str, key: str, default: Any = None) -> Any:
-        return self.tables.get(table, {}).get(key, default)
 
     def metadata_generation(self, table: str) -> int:
         return 0

@@ -13,11 +13,12 @@ from broker.node import TOPIC_TABLE, BrokerNode
 from broker.topic_config import TopicConfig
 from dledger import Role
 from remoting.config import config_from_mapping
+from tests.unit.broker.stand_in import MetadataReads
 
 MEMBERS = [{"id": "n1", "raft_address": "127.0.0.1:20911", "service_address": "127.0.0.1:10911"}]
 
 
-class NewLeaderGroup:
+class NewLeaderGroup(MetadataReads):
     """A leader whose no-op is not applied until ``apply_earlier_term()``: ``metadata()`` answers the table it had
     applied so far, ``put_metadata`` applies a change after the earlier term's, as the Raft log orders them."""
 
@@ -37,15 +38,6 @@ class NewLeaderGroup:
 
     async def wait_ready_leader(self) -> None:
         await self._ready.wait()
-
-    def metadata(self, table: str) -> dict[str, Any]:
-        return dict(self.tables.get(table, {}))
-
-    def metadata_view(self, table: str) -> dict[str, Any]:
-        return self.tables.get(table, {})
-
-    def metadata_get(self, table: str, key: str, default: Any = None) -> Any:
-        return self.tables.get(table, {}).get(key, default)
 
     async def put_metadata(self, table: str, items: dict[str, Any], *, timeout_s: float) -> int:
         self.written.append(items)

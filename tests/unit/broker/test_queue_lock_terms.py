@@ -18,6 +18,7 @@ import trio.testing
 from broker.node import LOCK_TABLE, OFFSET_TABLE, BrokerNode, _offset_key
 from broker.offset_manager import ConsumerOffsetTable
 from broker.rebalance_lock import RebalanceLockManager
+from tests.unit.broker.stand_in import MetadataReads
 
 GROUP, TOPIC = "orderly_group", "OrderT"
 QUEUE = (TOPIC, 0)
@@ -25,7 +26,7 @@ KEY = _offset_key(GROUP, TOPIC, 0)
 LIFE_MS = 1_000
 
 
-class StandInGroup:
+class StandInGroup(MetadataReads):
     """The Raft group as the node's lock code sees it: a term, leadership, and the replicated tables. A put to a
     table in ``held`` waits for that event first (a commit that takes a while)."""
 
@@ -37,15 +38,6 @@ class StandInGroup:
         self.tables: dict[str, dict[str, Any]] = {}
         self.held: dict[str, trio.Event] = {}
         self.puts: list[tuple[str, dict[str, Any]]] = []
-
-    def metadata(self, table: str) -> dict[str, Any]:
-        return dict(self.tables.get(table, {}))
-
-    def metadata_view(self, table: str) -> dict[str, Any]:
-        return self.tables.get(table, {})
-
-    def metadata_get(self, table: str, key: str, default: Any = None) -> Any:
-        return self.tables.get(table, {}).get(key, default)
 
     def member_address(self, member_id: str) -> Any:
         return None
