@@ -71,7 +71,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from broker.processor.base import RequestRejected
-from broker.schedule import alone_entry_bytes, entry_room, stored_again
+from broker.schedule import alone_entry_bytes, entry_room, log_unexpected_round_failure, stored_again
 from broker.subscription_group import DEFAULT_RETRY_MAX_TIMES, DEFAULT_RETRY_QUEUE_NUMS
 from broker.topic_config import PERM_READ_WRITE, PERM_WRITE, TopicConfig
 from dledger import DLedgerError
@@ -604,11 +604,10 @@ class PopService:
             except (RequestRejected, DLedgerError, RaftMQError) as e:
                 log.info("pop revive round stopped, retried next round error=%s", e)
             except Exception:
-                # A defect outside one checkpoint's revive (or met as the leadership went) must not stop the broker:
-                # this task runs in the node's nursery. Backed off as a checkpoint is; its traceback once.
+                # A defect outside one checkpoint's revive (or met as the leadership went); backed off as a
+                # checkpoint is.
                 failures += 1
-                log.log(logging.ERROR if failures == 1 else logging.WARNING, "pop revive round failed unexpectedly "
-                        "failures=%d", failures, exc_info=failures == 1)
+                log_unexpected_round_failure(log, "pop revive", failures)
 
     async def revive_expired(self, now: int | None = None) -> int:
         """Revive every checkpoint expired at ``now`` (ms; default the clock), each on its own: one that fails waits

@@ -61,7 +61,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["SCHEDULE_TABLE", "schedule_properties", "with_real_destination", "restored_message", "stored_again",
            "delay_level_of", "timer_property", "timer_deliver_ms", "EntrySize", "entry_size", "entry_room",
-           "alone_entry_bytes", "ScheduleMessageService"]
+           "alone_entry_bytes", "log_unexpected_round_failure", "ScheduleMessageService"]
 
 SCHEDULE_TABLE = "broker.schedule_offset"
 ROUND_INTERVAL_S = 0.1
@@ -97,6 +97,14 @@ def entry_room(node: BrokerNode) -> int:
     """The entry bytes one append of a broker service may fill: a sum of ``alone_entry_bytes`` up to this fits."""
     assert node.config.dledger is not None
     return node.config.dledger.max_entry_bytes - ENTRY_SLACK_BYTES
+
+
+def log_unexpected_round_failure(logger: logging.Logger, what: str, failures: int) -> None:
+    """In the ``except Exception`` of a leader's background round (delivery, transaction checks, POP revive): a
+    defect must not stop the broker (the task runs in the node's nursery, and every next leader would meet the same
+    messages), so the round is logged, its traceback the first time only, and tried again backed off."""
+    logger.log(logging.ERROR if failures == 1 else logging.WARNING, "%s round failed unexpectedly failures=%d",
+               what, failures, exc_info=failures == 1)
 
 
 def alone_entry_bytes(node: BrokerNode, message: MessageInput) -> int:
@@ -300,12 +308,10 @@ class ScheduleMessageService:
                 failures += 1
                 log.info("scheduled delivery round failed failures=%d error=%s", failures, getattr(e, "remark", e))
             except Exception:
-                # A round's defect must not stop the broker: this task runs in the node's nursery, the progress did
-                # not move, and every next leader would meet the same messages and stop too (as an entry past
-                # max_entry_bytes once did). Its traceback once, then a line each time.
+                # The progress did not move, and every next leader would meet the same messages (as an entry past
+                # max_entry_bytes once made them all stop).
                 failures += 1
-                log.log(logging.ERROR if failures == 1 else logging.WARNING, "scheduled delivery round failed "
-                        "unexpectedly failures=%d", failures, exc_info=failures == 1)
+                log_unexpected_round_failure(log, "scheduled delivery", failures)
 
     async def deliver_due(self, now_ms: int | None = None) -> int:
         """One round: append what is due (at most one batch: deliveries, and timer messages parked again for the

@@ -50,7 +50,8 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from broker.processor.base import RequestRejected, invalid
-from broker.schedule import alone_entry_bytes, entry_room, restored_message, stored_again, with_real_destination
+from broker.schedule import (alone_entry_bytes, entry_room, log_unexpected_round_failure, restored_message,
+                             stored_again, with_real_destination)
 from broker.store.results import GetMessageStatus
 from broker.topic_config import PERM_READ, TopicConfig
 from dledger import BatchRejectedError, GroupBusyError, LeaderChangedError, RecordTooLargeError
@@ -419,12 +420,9 @@ class TransactionalMessageService:
                 failures += 1
                 log.info("transaction check round failed failures=%d error=%s", failures, getattr(e, "remark", e))
             except Exception:
-                # A round's defect must not stop the broker: this task runs in the node's nursery, and every
-                # leader would meet the same half after it (as one that could not be re-stored once did). Its
-                # traceback once, then a line each time.
+                # Every leader would meet the same half after it (as one that could not be re-stored once did).
                 failures += 1
-                log.log(logging.ERROR if failures == 1 else logging.WARNING, "transaction check round failed "
-                        "unexpectedly failures=%d", failures, exc_info=failures == 1)
+                log_unexpected_round_failure(log, "transaction check", failures)
 
     async def check_round(self, now_ms: int | None = None) -> int:
         """One scan: re-store (and check) or discard the unsettled halves older than ``transaction_timeout_ms``, at
