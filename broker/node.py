@@ -46,7 +46,7 @@ from broker.dispatcher import BrokerDispatcher
 from broker.long_polling import PullRequestHoldService
 from broker.metrics import broker_metrics_registry
 from broker.offset_manager import ConsumerOffsetTable
-from broker.pop import POP_TABLE, PopService, plan_reset
+from broker.pop import PopService, plan_reset
 from broker.processor.base import RequestRejected
 from broker.processor.pull_message import check_pullable
 from broker.pull_stats import PullStats
@@ -446,12 +446,6 @@ class BrokerNode:
             raise self.not_leader()
         await self.group.put_metadata(table, items, timeout_s=self.config.send_timeout_ms / 1000)
 
-    async def _replicate_tables(self, changes: dict[str, dict[str, Any]]) -> None:
-        """``_replicate`` of several tables in one entry: applied together or not at all."""
-        if not self.is_leader():
-            raise self.not_leader()
-        await self.group.put_metadata_tables(changes, timeout_s=self.config.send_timeout_ms / 1000)
-
     # --- messages ------------------------------------------------------------------------------------------
     async def append_messages(self, batch: bytes) -> Sequence[Any]:
         """Replicate one encoded batch; returns the per-message results (msg_id, queue_id, queue_offset...)."""
@@ -520,17 +514,13 @@ class BrokerNode:
         group's online members to drop what they cached of those queues and pull from there; returns their ids.
         A commit a member sends after that carries the new offsets (it re-commits them on the notification). A POP
         group reads its pop offsets first: those of the queues move too (``broker.pop.plan_reset``), under the queues'
-        POP locks, so a POP running meanwhile neither reads the old one nor writes its successor back, and in the
-        same replicated entry as the offsets: a failure between two writes left them disagreeing."""
+        POP locks, so a POP running meanwhile neither reads the old one nor writes its successor back."""
         async with self.pop.queue_locks(group, topic, offsets):
             async with self._offset_lock:
                 for queue_id, offset in offsets.items():
                     self.offsets.commit(group, topic, queue_id, offset)  # also overrides an older pending commit
-                changes = {OFFSET_TABLE: {_offset_key(group, topic, q): o for q, o in offsets.items()}}
-                pop_items = self.pop.writable(plan_reset(self.pop.table(), group, topic, offsets))
-                if pop_items:
-                    changes[POP_TABLE] = pop_items
-                await self._replicate_tables(changes)
+                await self._replicate(OFFSET_TABLE, {_offset_key(group, topic, q): o for q, o in offsets.items()})
+            await self.pop.write(plan_reset(self.pop.table(), group, topic, offsets))
         info = self.clients.consumer_groups.get(group)
         channels = list(info.channels.values()) if info is not None else []
         if channels and self._nursery is not None:

@@ -534,20 +534,16 @@ class PopService:
     async def write(self, items: dict[str, Any]) -> bool:
         """Replicate ``items``, less the keys of a group or topic being deleted (``forgetting``); False when any was
         left out. A writer that must not act on a change nobody recorded (a POP handing messages out) reads it."""
-        kept = self.writable(items)
-        if kept:
-            await self.node._replicate(POP_TABLE, kept)
-        return len(kept) == len(items)
-
-    def writable(self, items: dict[str, Any]) -> dict[str, Any]:
-        """``items`` less the keys of a group or topic being deleted (``forgetting``): what a write of the POP table
-        may replicate now (``write``, and a reset's write of several tables)."""
-        if not self._forgetting:
-            return items
-        kept = {key: value for key, value in items.items() if not self.being_forgotten(*_key_scope(key))}
-        if len(kept) != len(items):
-            log.debug("pop write of a group or topic being deleted left out keys=%d", len(items) - len(kept))
-        return kept
+        if self._forgetting:
+            kept = {key: value for key, value in items.items() if not self.being_forgotten(*_key_scope(key))}
+            if len(kept) != len(items):
+                log.debug("pop write of a group or topic being deleted left out keys=%d", len(items) - len(kept))
+                if kept:
+                    await self.node._replicate(POP_TABLE, kept)
+                return False
+        if items:
+            await self.node._replicate(POP_TABLE, items)
+        return True
 
     def being_forgotten(self, group: str, topic: str) -> bool:
         """Whether a delete running now removes the state of (group, topic)."""

@@ -54,7 +54,7 @@ from dledger.errors import (AppendOutcomeUnknownError, AppendTimeoutError, Batch
                             GroupBusyError, LeaderChangedError, MembershipChangeError, MemberStoreError,
                             NotLeaderError, PreparedEntryTooLargeError, RecordTooLargeError,
                             TransferLeadershipError)
-from dledger.member import TABLES, RaftMember
+from dledger.member import RaftMember
 from dledger.patches import OUTCOME_UNKNOWN, JournalWriteError
 from dledger.pending import CallbackPending, Pending
 from dledger.snapshot import SnapshotWriter
@@ -700,19 +700,6 @@ class DLedgerGroup:
     async def put_metadata(self, table: str, items: dict[str, Any], *, timeout_s: float = 3.0) -> int:
         """Replicate key/value changes of a metadata table (None deletes a key); leader only. Held while a leadership
         transfer runs, then refused with NOT_LEADER if the leadership moved."""
-        if table == TABLES:
-            raise ValueError("put_metadata_tables changes several tables; no table is named TABLES")
-        return await self._put_metadata(table, items, timeout_s)
-
-    async def put_metadata_tables(self, changes: Mapping[str, dict[str, Any]], *, timeout_s: float = 3.0) -> int:
-        """``put_metadata`` of several tables (table -> changes) in one entry: every member applies all of them or
-        none, so a change that spans tables (an offset reset moving consumer offsets and POP offsets) is never
-        seen, nor left by a failure, half done."""
-        if TABLES in changes:
-            raise ValueError("put_metadata_tables changes several tables; no table is named TABLES")
-        return await self._put_metadata(TABLES, dict(changes), timeout_s)
-
-    async def _put_metadata(self, table: str, items: dict[str, Any], timeout_s: float) -> int:
         if not self.is_leader:
             raise self._not_leader()
         if self._transferring:

@@ -60,7 +60,7 @@ patches.apply_patches()
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RaftMember", "RaftPortError", "SNAPSHOT_MAGIC", "TABLES", "read_snapshot"]
+__all__ = ["RaftMember", "RaftPortError", "SNAPSHOT_MAGIC", "read_snapshot"]
 
 
 class RaftPortError(OSError):
@@ -112,8 +112,6 @@ def _catching_bind_failure() -> Iterator[_BindFailureCatcher]:
 SNAPSHOT_MAGIC = b"RMQDLSN1"
 # What ``metadata_view`` answers for a table nothing was ever put in.
 _NO_ROWS: Mapping[str, Any] = MappingProxyType({})
-# The table name of a change of several metadata tables in one entry (``put_metadata``); no table is so named.
-TABLES = "\x00tables"
 _CRC = struct.Struct(">I")
 
 
@@ -257,22 +255,14 @@ class RaftMember(SyncObj):
 
     @replicated
     def put_metadata(self, table: str, items: dict[str, Any]) -> int:
-        """Set keys of a metadata table (a value of None deletes the key); returns the table size. ``TABLES``
-        as the table: ``items`` maps table names to their changes, applied together, as one entry (returns the
-        sum of their sizes). Through this one method rather than a second ``@replicated`` one: pysyncobj numbers
-        those methods in order, and a new one would renumber the entries of journals already written."""
-        self._metadata_applied += 1
-        if table != TABLES:
-            return self._put_items(table, items)
-        return sum(self._put_items(name, changes) for name, changes in items.items())
-
-    def _put_items(self, table: str, items: dict[str, Any]) -> int:
+        """Set keys of a metadata table (a value of None deletes the key); returns the table size."""
         target = self._metadata.setdefault(table, {})
         for key, value in items.items():
             if value is None:
                 target.pop(key, None)
             else:
                 target[key] = value
+        self._metadata_applied += 1
         self._metadata_changed_at[table] = self._metadata_applied
         return len(target)
 

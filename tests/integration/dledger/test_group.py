@@ -10,7 +10,6 @@ import trio
 from pysyncobj.monotonic import monotonic
 
 from dledger import NotLeaderError, Role, open_dledger_group
-from dledger.member import TABLES
 from remoting.codes import RequestCode
 from tests.integration.dledger.helpers import (MemberRunner, leader_alone, make_configs, open_groups, open_log,
                                               ready_leader, wait_ends)
@@ -45,33 +44,6 @@ async def test_append_replicates_byte_identical(tmp_path):
     contents = [log.path.read_bytes() for log in logs]
     assert contents[0] == contents[1] == contents[2]
     assert sorted(d for _, d in logs[0].read_records()) == sorted(b"record-%05d" % i for i in range(500))
-    for log in logs:
-        log.close()
-
-
-async def test_put_metadata_tables_changes_several_tables_in_one_entry(tmp_path):
-    async with AsyncExitStack() as stack:
-        _configs, logs, groups = await open_groups(stack, tmp_path)
-        leader = await ready_leader(groups)
-        await leader.put_metadata("offsets", {"stale": 1})
-        with trio.fail_after(5):
-            while any(g.metadata("offsets") != {"stale": 1} for g in groups):
-                await trio.sleep(0.02)
-        applied = [g.member.metadata_applied for g in groups]
-        generations = [(g.metadata_generation("offsets"), g.metadata_generation("pop")) for g in groups]
-        await leader.put_metadata_tables({"offsets": {"stale": None, "k": 7}, "pop": {"p": 3}})
-        with trio.fail_after(5):
-            while any(g.metadata("offsets") != {"k": 7} or g.metadata("pop") != {"p": 3} for g in groups):
-                await trio.sleep(0.02)
-        # One entry applied by each member, moving both tables' generations; the reserved name is no table.
-        assert [g.member.metadata_applied for g in groups] == [n + 1 for n in applied]
-        for g, (offsets_before, pop_before) in zip(groups, generations):
-            assert g.metadata_generation("offsets") > offsets_before and g.metadata_generation("pop") > pop_before
-            assert g.metadata(TABLES) == {}
-        for bad in (lambda: leader.put_metadata(TABLES, {"offsets": {"k": 1}}),
-                    lambda: leader.put_metadata_tables({TABLES: {}})):
-            with pytest.raises(ValueError, match="no table is named TABLES"):
-                await bad()
     for log in logs:
         log.close()
 

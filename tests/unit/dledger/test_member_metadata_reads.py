@@ -12,7 +12,7 @@ from dledger.member import RaftMember
 
 def _member() -> SimpleNamespace:
     member = SimpleNamespace(_metadata={"t": {"a": 1}}, _metadata_applied=1, _metadata_changed_at={})
-    for name in ("metadata", "metadata_get", "metadata_view", "_put_items"):
+    for name in ("metadata", "metadata_get", "metadata_view"):
         setattr(member, name, getattr(RaftMember, name).__get__(member))
     return member
 
@@ -20,7 +20,9 @@ def _member() -> SimpleNamespace:
 def test_the_view_is_the_applied_table_itself_and_read_only():
     member = _member()
     view = member.metadata_view("t")
-    member._put_items("t", {"b": 2, "a": None})
+    rows = member._metadata["t"]  # as put_metadata applies an entry: in place
+    rows["b"] = 2
+    del rows["a"]
     assert dict(view) == {"b": 2} and member.metadata_get("t", "b") == 2 and member.metadata_get("t", "a") is None
     with pytest.raises(TypeError):
         view["c"] = 3  # type: ignore[index]
