@@ -20,9 +20,10 @@ too, as RocketMQ's broker does for transaction check-backs):
   wait too, and so does the deadline of a oneway request's caller (its cancel scope). A request waiting for room
   with a deadline is a request in flight (``oldest_request_sent_at``), and one whose deadline passes there
   counts for the silent close below as a request that timed out, if the socket also took nothing of ours
-  meanwhile: a peer that stopped reading (a stopped leader) fills the queue, after which every request waits
-  here, none is sent, and neither the client's leader watch nor the silent close saw any request waiting
-  (a ``send_oneway`` was still blocked after 20 s).
+  meanwhile (counted per slice of a long write: ``WRITE_SLICE_BYTES``; counted per whole write, a peer reading
+  1.3 MB/s took 3 s a 4 MB queue and was closed as silent): a peer that stopped reading (a stopped leader) fills
+  the queue, after which every request waits here, none is sent, and neither the client's leader watch nor the
+  silent close saw any request waiting (a ``send_oneway`` was still blocked after 20 s).
 * ``corked()``: synchronous code that answers many requests at once (a Raft commit's callbacks) queues its
   frames without waking any writer; when the outermost ``corked()`` block ends, each connection that got
   frames and whose writer is idle has its queue written straight to the socket with one non-blocking
@@ -79,6 +80,10 @@ log = logging.getLogger(__name__)
 RECEIVE_SIZE = 128 * 1024
 FRAMES_PER_YIELD = 64
 HIGH_WATER_BYTES = 4 * 1024 * 1024
+# The writer hands a queue larger than this to the socket in slices of it, each counted (``_write_progress``):
+# large enough that a frame or a usual coalesced queue is one send_all, small enough that a peer reading slowly
+# shows progress well within a request's timeout.
+WRITE_SLICE_BYTES = 256 * 1024
 # How long a connection whose peer went away keeps trying to flush responses already queued.
 DRAIN_TIMEOUT_S = 0.5
 # Request timeouts fire up to this much late; coarser buckets mean fewer timer wake-ups.
@@ -170,6 +175,9 @@ class RemotingConnection:
         self._on_close: Callable[[RemotingConnection], None] | None = None
         self._frames_received = self._frames_sent = self._bytes_received = self._bytes_sent = 0
         self._send_calls = 0
+        # Moves whenever the socket takes bytes of ours, also in the middle of a long write (the writer sends a big
+        # queue in slices of WRITE_SLICE_BYTES): what tells a peer that reads slowly from one that reads nothing.
+        self._write_progress = 0
         self._corked = False
         # The descriptor for writes that bypass the writer task (``corked``; trio keeps it non-blocking); None for
         # a stream that is not a plain socket (TLS, a test's in-memory stream), whose frames always use the writer.
@@ -328,13 +336,13 @@ class RemotingConnection:
         task = trio.lowlevel.current_task()
         since = self._clock.current_time()
         deadline = trio.current_effective_deadline()
-        writes = self._send_calls
+        writes = self._write_progress
         self._room_requests[task] = (since, deadline, code)
         try:
             await self._prepare_send(data)
         except trio.Cancelled:
             now = self._clock.current_time()
-            if (now >= deadline and self._send_calls == writes and self._last_received_at < since
+            if (now >= deadline and self._write_progress == writes and self._last_received_at < since
                     and now - self._last_received_at >= SILENT_CLOSE_MIN_S and self._close_reason is None):
                 self._close_silent(now, deadline - since)
             raise
@@ -407,6 +415,7 @@ class RemotingConnection:
                 sent = 0
             if sent:
                 self._send_calls += 1
+                self._write_progress += 1
                 self._bytes_sent += sent
             if sent == len(data):
                 self._frames_sent += len(out)
@@ -658,8 +667,18 @@ class RemotingConnection:
                 self._out_bytes = 0
                 self._admit_waiter()  # the queue has room again while this is sent: keep the socket busy
                 self._sending = True
-                await stream.send_all(data)
+                if len(data) <= WRITE_SLICE_BYTES:
+                    await stream.send_all(data)
+                else:
+                    # In slices, each counted as it leaves: one send_all of a 4 MB queue to a peer reading 1.3 MB/s
+                    # took 3 s, and a request waiting for room meanwhile took the connection for silent and closed it
+                    # (with every oneway frame queued on it).
+                    view = memoryview(data)
+                    for at in range(0, len(data), WRITE_SLICE_BYTES):
+                        await stream.send_all(view[at:at + WRITE_SLICE_BYTES])
+                        self._write_progress += 1
                 self._sending = False
+                self._write_progress += 1
                 self._send_calls += 1
                 self._bytes_sent += len(data)
                 self._drained.unpark_all()

@@ -77,3 +77,36 @@ async def test_a_wait_for_room_given_up_early_or_on_a_peer_heard_from_meanwhile_
         await trio.sleep(3.0)
         assert not conn.closed and conn.oldest_request_sent_at() is None
         nursery.cancel_scope.cancel()
+
+
+async def test_a_peer_that_reads_slowly_keeps_its_connection_under_oneway_sends_that_wait_for_room(autojump_clock):
+    # A writer's one send_all of a 4 MB queue to a peer reading 1.3 MB/s took 3 s, and nothing counted the bytes
+    # leaving meanwhile: a oneway send waiting for room past its 3 s took the connection for silent and closed it,
+    # dropping every oneway frame queued on it (a review's probe, on the real writer).
+    client_end, server_end = trio.testing.lockstep_stream_pair()
+    conn = ClientConnection(client_end, "peer:1", None)
+    read = 0
+
+    async def slow_reader() -> None:
+        nonlocal read
+        while True:
+            data = await server_end.receive_some(64 * 1024)
+            if not data:
+                return
+            read += len(data)
+            await trio.sleep(0.05)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(conn._run)
+        nursery.start_soon(slow_reader)
+        body = b"x" * (1 << 20)
+        sent = given_up = 0
+        began = trio.current_time()
+        while trio.current_time() - began < 30 and not conn.closed:
+            with trio.move_on_after(3.0) as waiting:  # send_oneway's deadline
+                await conn.invoke_oneway(make_request(RequestCode.SEND_MESSAGE, body=body))
+                sent += 1
+            given_up += waiting.cancelled_caught
+        assert not conn.closed, conn.close_reason
+        assert given_up >= 1 and sent >= 20 and read >= 20 << 20  # waits ran out, and the peer kept reading
+        nursery.cancel_scope.cancel()
