@@ -17,9 +17,13 @@ group's dead-letter topic instead. The rules this module keeps:
   arriving meanwhile at another group is found by the next ``receive``). NOT_LEADER is followed to the leader it
   names, a lost connection to the next node, as the other consumers do.
 * **No readable queue is a wait, not an answer.** When no subscribed topic has a readable queue in the cached routes
-  (made write-only, routed with no queues), ``receive`` asks the name servers for the routes again (at most once a
-  second, however many receives ask) until one has, for up to ``await_duration_ms``, before it returns []: a loop
-  of receives must yield to the heartbeats and route refreshes, and see read permission come back.
+  (made write-only, routed with no queues), ``receive`` has the routes asked for again (at most once a second,
+  however many receives ask, and never while a refresh is still out) until one has, for up to
+  ``await_duration_ms``, before it returns []: a loop of receives must yield to the heartbeats and route refreshes,
+  and see read permission come back. The refresh runs in the consumer's background, not in the receive: a name
+  server that drops requests makes each query wait its request timeout, which no receive's wait may take on, and
+  a refresh a short receive gave up would never land. The receive looks at the cached routes each time it wakes
+  (the refresh landed, the next one is due, its deadline), as any refresh may have brought a readable queue.
 * **One ack or many.** ``ack(msg)`` acks one message and raises what went wrong; ``ack_batch(msgs)`` acks many with
   one BATCH_ACK_MESSAGE per broker group (one replicated write there, where each ``ack`` is one) and returns, per
   message, None or the error ``ack`` would have raised for it: one refused or expired handle must not hide whether
@@ -47,6 +51,7 @@ from typing import Any
 import cbor2
 import trio
 
+from client.errors import ClientClosedError
 from client.filter import TAG, MessageSelector, Subscription, parse_subscription
 from client.instance import (ClientConfig, ClientInstance, build_config, open_client_nursery, open_remoting,
                              raise_for_response)
@@ -103,6 +108,7 @@ class SimpleConsumer:
         self._subs = dict(subscriptions)
         self._turn = itertools.count()
         self._next_refresh_at = -math.inf  # when _wait_for_targets may ask the name servers again
+        self._refreshed: trio.Event | None = None  # set once the last refresh _wait_for_targets started is over
 
     @property
     def client_id(self) -> str:
@@ -122,6 +128,8 @@ class SimpleConsumer:
         ``invisible_duration_ms``; an empty list when none came within ``await_duration_ms``."""
         check_int_arg("max_messages", max_messages, 1, MAX_RECEIVE)
         check_int_arg("invisible_duration_ms", invisible_duration_ms, 1, I32_MAX)
+        if self._instance.closed:
+            raise ClientClosedError("the simple consumer is closed")
         poll_time_ms = self.config.await_duration_ms
         targets = await self._targets()
         if not targets:
@@ -157,35 +165,54 @@ class SimpleConsumer:
     async def _targets(self) -> list[tuple[str, str]]:
         """The (topic, broker group) pairs holding readable queues of the subscribed topics, in a stable order."""
         routes = self._instance.routes
+        for topic in sorted(self._subs):
+            if routes.cached(topic) is None:
+                await routes.get(topic)
+        return self._cached_targets()
+
+    def _cached_targets(self) -> list[tuple[str, str]]:
+        """``_targets`` from the cached routes only: a topic not routed yet has no readable queue known."""
+        routes = self._instance.routes
         out = []
         for topic in sorted(self._subs):
-            route = routes.cached(topic) or await routes.get(topic)
-            out.extend((topic, name) for name in sorted({mq.broker_name for mq in route.read_queues()}))
+            route = routes.cached(topic)
+            if route is not None:
+                out.extend((topic, name) for name in sorted({mq.broker_name for mq in route.read_queues()}))
         return out
 
     async def _wait_for_targets(self, deadline: float) -> list[tuple[str, str]]:
         """No subscribed topic has a readable queue in the cached routes (made write-only, or routed with no
-        queues): ask the name servers again, at most every ``_NO_QUEUE_REFRESH_S`` across receives, until one has,
-        or until ``deadline``. Always yields to trio at least once."""
-        routes = self._instance.routes
+        queues): have the routes refreshed, at most every ``_NO_QUEUE_REFRESH_S`` across receives and one refresh
+        at a time, until one has, or until ``deadline``. Always yields to trio at least once."""
         while True:
-            now = trio.current_time()
-            if now >= self._next_refresh_at:
-                self._next_refresh_at = now + min(_NO_QUEUE_REFRESH_S,
-                                                  self.config.poll_name_server_interval_ms / 1000)
-                for topic in sorted(self._subs):
-                    try:
-                        await routes.refresh(topic)
-                    except RaftMQError as e:  # the cached route stands; the next refresh asks again
-                        log.info("route refresh for a topic with no readable queue failed topic=%s error=%s",
-                                 topic, e)
-                targets = await self._targets()
-                if targets:
-                    return targets
-            if trio.current_time() >= deadline:
-                await trio.lowlevel.checkpoint()  # await_duration_ms=0, refresh not due: still yield
-                return []
-            await trio.sleep_until(min(deadline, self._next_refresh_at))
+            refreshed = self._refreshed
+            if (refreshed is None or refreshed.is_set()) and trio.current_time() >= self._next_refresh_at:
+                self._next_refresh_at = trio.current_time() + min(_NO_QUEUE_REFRESH_S,
+                                                                  self.config.poll_name_server_interval_ms / 1000)
+                if self._instance.closed:  # while this receive waited: its background takes no more tasks
+                    raise ClientClosedError("the simple consumer is closed")
+                refreshed = self._refreshed = trio.Event()
+                self._instance.nursery.start_soon(self._refresh_routes, refreshed)
+            with trio.move_on_at(deadline):  # past already with await_duration_ms=0: then one checkpoint
+                if refreshed is not None and not refreshed.is_set():
+                    await refreshed.wait()
+                else:
+                    await trio.sleep_until(self._next_refresh_at)
+            targets = self._cached_targets()
+            if targets or trio.current_time() >= deadline:
+                return targets
+
+    async def _refresh_routes(self, refreshed: trio.Event) -> None:
+        routes = self._instance.routes
+        try:
+            for topic in sorted(self._subs):
+                try:
+                    await routes.refresh(topic)
+                except RaftMQError as e:  # the cached route stands; the next refresh asks again
+                    log.info("route refresh for a topic with no readable queue failed topic=%s error=%s",
+                             topic, e)
+        finally:
+            refreshed.set()
 
     async def _pop(self, topic: str, broker_name: str, max_messages: int, invisible_duration_ms: int,
                    poll_time_ms: int) -> list[ReceivedMessage]:

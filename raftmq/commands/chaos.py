@@ -505,21 +505,30 @@ READ_BACK_BATCH = 32
 async def read_back(namesrv: str, client_tls: dict[str, Any], *, timeout_s: float) -> ReadBack:
     """Every message id stored in the topic, each queue read from its min offset to its max with pulls of a fresh
     group (the pull consumer reads from the group's leader, and commits nothing), within ``timeout_s``. Run after
-    the drain, with the load stopped: a message acknowledged and missing here was lost, consumed or not. A pull
-    that fails is retried every 0.2 s until the bound (a member may still be settling); the bound reached is
-    reported, as a proof not finished."""
+    the drain, with the load stopped: a message acknowledged and missing here was lost, consumed or not. Every
+    request (the route, a queue's min and max offsets, a pull) that fails is retried every 0.2 s until the bound (a
+    member may still be settling, a connection may close under us); the bound reached is reported with the last
+    failure, as a proof not finished, so one failed request never costs the run its report."""
     ids: set[str] = set()
     problems: list[str] = []
+    last_failure: str | None = None
+
+    async def answered(what: str, request: Any, *args: Any) -> Any:
+        nonlocal last_failure
+        while True:
+            try:
+                return await request(*args)
+            except RaftMQError as e:
+                log.info("read-back %s failed, retrying: %s", what, e)
+                last_failure = f"{what}: {e}"
+                await trio.sleep(0.2)
 
     async def read_queue(consumer: Any, mq: Any) -> None:
-        offset, end = await consumer.min_offset(mq), await consumer.max_offset(mq)
+        offset = await answered(f"min offset of queue {mq.queue_id}", consumer.min_offset, mq)
+        end = await answered(f"max offset of queue {mq.queue_id}", consumer.max_offset, mq)
         while offset < end:
-            try:
-                result = await consumer.pull(mq, offset, READ_BACK_BATCH)
-            except RaftMQError as e:
-                log.info("read-back pull of %s at %d failed, retrying: %s", mq, offset, e)
-                await trio.sleep(0.2)
-                continue
+            result = await answered(f"pull of queue {mq.queue_id} at {offset}", consumer.pull, mq, offset,
+                                    READ_BACK_BATCH)
             if result.status is PullStatus.FOUND:
                 ids.update(msg.msg_id for msg in result.messages)
             elif result.status is PullStatus.OFFSET_ILLEGAL or result.next_begin_offset <= offset:
@@ -532,12 +541,13 @@ async def read_back(namesrv: str, client_tls: dict[str, Any], *, timeout_s: floa
     with trio.move_on_after(timeout_s) as scope:
         async with open_pull_consumer(namesrv, consumer_group=f"chaos_readback_{uuid.uuid4().hex[:8]}",
                                       **client_tls) as consumer:
-            queues = await consumer.fetch_queues(TOPIC)
+            queues = await answered(f"route of {TOPIC}", consumer.fetch_queues, TOPIC)
             async with trio.open_nursery() as nursery:
                 for mq in queues:
                     nursery.start_soon(read_queue, consumer, mq)
     if scope.cancelled_caught:
-        problems.append(f"not every queue was read back within {timeout_s:g} s")
+        last = f" (last failure: {last_failure})" if last_failure else ""
+        problems.append(f"not every queue was read back within {timeout_s:g} s{last}")
     return ReadBack(ids, "; ".join(problems) or None)
 
 

@@ -3,10 +3,12 @@
 A TLS directory holds three files under fixed names: ``ca.pem`` (the CA clients verify the servers against),
 ``server.pem`` (the certificate chain every server of the cluster presents; it must name 127.0.0.1, the address
 clients and brokers dial) and ``server.key`` (its unencrypted key). When all three are there they are used as they
-are. When none is there, a CA and a server certificate for 127.0.0.1 and localhost are made there with the
-``cryptography`` package (the CA's key kept beside them as ``ca.key``, both keys readable by their owner only), and
-the next run finds and reuses them. Some but not all of them is refused: making the missing ones would overwrite
-the others or pair them with a CA that did not sign them.
+are. When none is there, nor ``ca.key``, a CA and a server certificate for 127.0.0.1 and localhost are made there
+with the ``cryptography`` package (the CA's key kept beside them as ``ca.key``, both keys readable by their owner
+only), and the next run finds and reuses them. Some but not all of them is refused: making the missing ones would
+overwrite the others or pair them with a CA that did not sign them. ``ca.key`` without the three is refused too,
+naming it: a run making them writes it first, so it is what an interrupted one leaves, but it may as well be the key
+of a CA of the user's, and a private key is never overwritten on a guess; the refusal says to remove it.
 
 The files are checked before any process starts: that each loads (``remoting.tls``: a ConfigError naming the key
 and the file) and that a client trusting ``ca.pem`` completes a handshake with ``server.pem`` for 127.0.0.1, in
@@ -87,7 +89,9 @@ def open_tls_dir(value: str | Path, flag: str = "--tls-dir") -> DevTLS:
     if directory.exists() and not directory.is_dir():
         raise ConfigError(f"{flag} {str(value)!r} is not a directory")
     names = (CA_FILE, CERT_FILE, KEY_FILE)
-    present = [name for name in names if (directory / name).exists()]
+    # ca.key counts: a run making them writes it first, so an interrupted one leaves it, and making them over it
+    # would fail on its O_EXCL open ("cannot write ca.key: File exists") instead of saying what is wrong.
+    present = [name for name in (*names, CA_KEY_FILE) if (directory / name).exists()]
     generated = False
     if not present:
         try:
@@ -96,10 +100,11 @@ def open_tls_dir(value: str | Path, flag: str = "--tls-dir") -> DevTLS:
             raise ConfigError(f"{flag} {str(value)!r} cannot be made: {e.strerror or e}") from None
         generate_tls_files(directory, flag)
         generated = True
-    elif len(present) < len(names):
-        missing = [name for name in names if name not in present]
+    elif missing := [name for name in names if name not in present]:
+        interrupted = (f" (a run making them writes {CA_KEY_FILE} first: if one was interrupted, remove "
+                       f"{', '.join(present)} and the next run makes them all)") if CA_KEY_FILE in present else ""
         raise ConfigError(f"{flag} {str(value)!r} holds {', '.join(present)} but not {', '.join(missing)}: give all "
-                          f"of {', '.join(names)}, or an empty directory to have them made")
+                          f"of {', '.join(names)}, or an empty directory to have them made{interrupted}")
     tls = DevTLS(directory / CA_FILE, directory / CERT_FILE, directory / KEY_FILE, generated)
     _check_pair(tls, flag)
     return tls

@@ -192,3 +192,77 @@ async def test_the_logs_are_compared_once_every_member_has_the_same_end(monkeypa
     report = await chaos._verify_logs(start + 10)
     assert report["identical"] is True and report["up_to"] == 8192 and report["error"] is None
     assert trio.current_time() - start >= 3
+
+
+class _ReadBackConsumer:
+    """A pull consumer whose every request fails with a retriable error the first time (or always): a member
+    settling after the drain, a connection closed under the read-back."""
+
+    def __init__(self, *, always: bool = False) -> None:
+        self.always = always
+        self.failed: set[str] = set()
+
+    def _fail_once(self, what: str) -> None:
+        from remoting.errors import ConnectionClosedError, NotLeaderError
+
+        if self.always or what not in self.failed:
+            self.failed.add(what)
+            if what == "pull":
+                raise NotLeaderError("the member is settling")
+            raise ConnectionClosedError("127.0.0.1:1", f"closed under the {what}")
+
+    async def fetch_queues(self, topic):
+        from client import MessageQueue
+
+        self._fail_once("route")
+        return [MessageQueue(topic, "broker-a", 0)]
+
+    async def min_offset(self, mq):
+        self._fail_once("min")
+        return 0
+
+    async def max_offset(self, mq):
+        self._fail_once("max")
+        return 2
+
+    async def pull(self, mq, offset, max_nums):
+        import types
+
+        from client import PullStatus
+
+        self._fail_once("pull")
+        return types.SimpleNamespace(status=PullStatus.FOUND, next_begin_offset=2, min_offset=0, max_offset=2,
+                                     messages=(types.SimpleNamespace(msg_id="m0"), types.SimpleNamespace(msg_id="m1")))
+
+
+def _open_consumer(monkeypatch, consumer: _ReadBackConsumer) -> None:
+    import contextlib
+
+    from raftmq.commands import chaos
+
+    @contextlib.asynccontextmanager
+    async def open_pull_consumer(namesrv, **options):
+        yield consumer
+
+    monkeypatch.setattr(chaos, "open_pull_consumer", open_pull_consumer)
+
+
+async def test_the_read_back_retries_every_request_that_fails_retriably(monkeypatch, autojump_clock):
+    # Only the pulls were retried: a failed route or min/max offset escaped as an ExceptionGroup and the run lost
+    # its whole report.
+    from raftmq.commands.chaos import read_back
+
+    consumer = _ReadBackConsumer()
+    _open_consumer(monkeypatch, consumer)
+    result = await read_back("127.0.0.1:1", {}, timeout_s=30)
+    assert consumer.failed == {"route", "min", "max", "pull"}
+    assert result.ids == {"m0", "m1"} and result.error is None
+
+
+async def test_a_read_back_that_keeps_failing_reports_the_bound_and_the_last_failure(monkeypatch, autojump_clock):
+    from raftmq.commands.chaos import read_back
+
+    _open_consumer(monkeypatch, _ReadBackConsumer(always=True))
+    result = await read_back("127.0.0.1:1", {}, timeout_s=5)
+    assert result.ids == set()
+    assert result.error.startswith("not every queue was read back within 5 s (last failure: route of ChaosTopic: ")

@@ -203,6 +203,23 @@ def test_a_tls_dir_that_is_incomplete_or_mismatched_is_refused_naming_it(pairs, 
         open_tls_dir(tmp_path / "file")
 
 
+def test_a_tls_dir_left_with_only_ca_key_by_an_interrupted_run_is_refused_saying_so(tmp_path):
+    # Making them writes ca.key first: an interrupted run left only it, which counted as "none there", and making
+    # them again failed on it with "cannot write ca.key: File exists".
+    made = tmp_path / "made"
+    open_tls_dir(made)
+    for name in ("ca.pem", "server.pem", "server.key"):
+        (made / name).unlink()
+    key = (made / "ca.key").read_bytes()
+    with pytest.raises(ConfigError, match=r"holds ca.key but not ca.pem, server.pem, server.key: give all of .* \(a "
+                                          r"run making them writes ca.key first: if one was interrupted, remove "
+                                          r"ca.key and the next run makes them all\)"):
+        open_tls_dir(made)
+    assert sorted(p.name for p in made.iterdir()) == ["ca.key"] and (made / "ca.key").read_bytes() == key
+    (made / "ca.key").unlink()  # as the refusal says
+    assert open_tls_dir(made).generated
+
+
 def test_dev_refuses_a_tls_key_set_beside_tls_dir(tmp_path, capsys):
     from raftmq.cli import main
     with pytest.raises(SystemExit) as exit_info:

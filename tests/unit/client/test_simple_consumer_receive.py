@@ -9,7 +9,7 @@ import trio
 import trio.testing
 
 import client.simple_consumer
-from client import open_simple_consumer
+from client import ClientClosedError, open_simple_consumer
 from remoting.codec import make_response
 from remoting.codes import RequestCode, ResponseCode
 from tests.unit.client.fake_cluster import NAMESRV, FakeConnection, FakeGroup, FakeRemoting, fake_remoting_ctx
@@ -99,6 +99,7 @@ async def test_with_no_readable_queue_and_no_await_a_receive_still_yields_and_as
         assert _count(cluster, RequestCode.GET_ROUTEINFO_BY_TOPIC) - queries == 1
         await trio.sleep(1)
         assert await consumer.receive() == []
+        await trio.testing.wait_all_tasks_blocked()  # the refresh it started runs in the consumer's background
         assert _count(cluster, RequestCode.GET_ROUTEINFO_BY_TOPIC) - queries == 2
 
 
@@ -115,3 +116,73 @@ async def test_a_pop_the_leader_holds_is_a_long_poll_not_silence(cluster, autoju
         assert cluster.pops[-1][2] == pytest.approx(3.0 + 5.0)
         assert _count(cluster, RequestCode.GET_ROUTEINFO_BY_TOPIC) == queries
         assert _count(cluster, RequestCode.GET_BROKER_RUNTIME_INFO) == 0
+
+
+async def test_a_name_server_dropping_requests_does_not_hold_a_receive_past_its_await_duration(
+        cluster, autojump_clock):
+    # The routes were refreshed in the receive, topic after topic, each query waiting out its request timeout
+    # (3 s) against a name server that answers nothing: a 200 ms receive took 6 s.
+    cluster.perm = WRITE_ONLY
+    answered = []
+    invoke = cluster.invoke
+
+    async def invoke_noting_route_answers(addr, request, timeout_s=3.0):
+        try:
+            return await invoke(addr, request, timeout_s)
+        finally:
+            if request.code == RequestCode.GET_ROUTEINFO_BY_TOPIC:
+                answered.append(request.ext["topic"])
+
+    cluster.invoke = invoke_noting_route_answers
+    async with open_simple_consumer(NAMESRV, consumer_group="G", subscriptions={"T": "*", "U": "*"},
+                                    await_duration_ms=200) as consumer:
+        answered.clear()
+        cluster.hung.add(NAMESRV)
+        queries = _count(cluster, RequestCode.GET_ROUTEINFO_BY_TOPIC)
+        start = trio.current_time()
+        assert await consumer.receive() == []
+        assert trio.current_time() - start >= 0.2
+        assert answered == []  # it returned with the query still out, not when the name server gave up on it
+        # The query still out is not asked again by the next receives, however many.
+        for _ in range(3):
+            assert await consumer.receive() == []
+        assert _count(cluster, RequestCode.GET_ROUTEINFO_BY_TOPIC) - queries == 1 and answered == []
+
+
+async def test_a_receive_looks_at_the_routes_each_time_it_wakes(cluster, autojump_clock):
+    # Woken by its deadline with no refresh due, it returned [] without looking: a readable queue another refresh
+    # had brought meanwhile waited for the next receive.
+    cluster.perm = WRITE_ONLY
+    async with open_simple_consumer(NAMESRV, consumer_group="G", subscriptions={"T": "*"},
+                                    await_duration_ms=1_500) as consumer:
+        async def refresh_elsewhere() -> None:
+            await trio.sleep(1.2)  # after the receive's second refresh (at 1 s), before its deadline
+            cluster.perm = READ_WRITE
+            await consumer._instance.routes.refresh("T")
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(refresh_elsewhere)
+            assert await consumer.receive() == []
+        # At its deadline it saw the queues, and asked each group's leader without waiting.
+        assert [(addr, poll) for addr, poll, _ in cluster.pops] == [("a:1", 0), ("b:1", 0)]
+        cluster.perm = WRITE_ONLY  # closed, it waited for routes it could no longer ask for, and returned []
+        await consumer._instance.routes.refresh("T")
+    with pytest.raises(ClientClosedError, match="the simple consumer is closed"):
+        await consumer.receive()
+
+
+async def test_a_receive_waiting_when_its_consumer_closes_raises_that_it_is_closed(cluster, autojump_clock):
+    cluster.perm = WRITE_ONLY
+    raised = []
+
+    async def receive(consumer) -> None:
+        with pytest.raises(ClientClosedError, match="the simple consumer is closed") as error:
+            await consumer.receive()
+        raised.append(error.value)
+
+    async with trio.open_nursery() as nursery:
+        async with open_simple_consumer(NAMESRV, consumer_group="G", subscriptions={"T": "*"},
+                                        await_duration_ms=5_000) as consumer:
+            nursery.start_soon(receive, consumer)
+            await trio.sleep(0.5)  # between two route refreshes of the receive
+    assert len(raised) == 1
