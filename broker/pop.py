@@ -71,7 +71,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from broker.processor.base import RequestRejected
-from broker.schedule import alone_entry_bytes, entry_room, log_unexpected_round_failure, stored_again
+from broker.schedule import alone_entry_bytes, entry_limit, entry_room, log_unexpected_round_failure, stored_again
 from broker.subscription_group import DEFAULT_RETRY_MAX_TIMES, DEFAULT_RETRY_QUEUE_NUMS
 from broker.topic_config import PERM_READ_WRITE, PERM_WRITE, TopicConfig
 from dledger import DLedgerError
@@ -676,8 +676,8 @@ class PopService:
             if again is not None:
                 message, to_dlq, cost = again
                 # A checkpoint's messages (up to 32 of max_message_size, their keys 12 bytes each besides) need
-                # not fit one entry: appended in as many as they need, the checkpoint removed after the last. A
-                # leader lost in between revives them all again: duplicates, never a loss.
+                # not fit one entry: appended in as many as they need (one past entry_room alone), the checkpoint
+                # removed after the last. A leader lost in between revives them all again: duplicates, never a loss.
                 if appends[-1] and entry + cost > room:
                     appends.append([])
                     entry = 0
@@ -702,7 +702,7 @@ class PopService:
         """The copy of ``view`` revive stores, whether it goes to the dead-letter topic, and the entry bytes it takes
         appended alone; None for a message that cannot be stored again at all (logged)."""
         node = self.node
-        room = entry_room(node)
+        limit = entry_limit(node)  # judged alone: _revive appends one past entry_room by itself
         stored_props = dict(view.properties)
         for name in (PROPERTY_DELAY, PROPERTY_REAL_TOPIC, PROPERTY_REAL_QUEUE_ID):
             stored_props.pop(name, None)
@@ -716,7 +716,7 @@ class PopService:
                                                          retry_queue_nums, retry_queue_nums, PERM_READ_WRITE))
             again = stored_again(view, target.topic_name, random.randrange(max(1, target.write_queue_nums)), props,
                                  reconsume_times=reconsume_times, prepared_transaction_offset=0)
-            cost, problem = self._entry_bytes(again, room)
+            cost, problem = self._entry_bytes(again, limit)
             if problem is None:
                 return again, False, cost
             # Its properties were near the limit and the ones revive adds tipped them over: to the dead-letter topic
@@ -729,30 +729,31 @@ class PopService:
                                                   PERM_WRITE))
         again = stored_again(view, dlq.topic_name, 0, props, reconsume_times=reconsume_times,
                              prepared_transaction_offset=0)
-        cost, problem = self._entry_bytes(again, room)
+        cost, problem = self._entry_bytes(again, limit)
         if problem is not None and props is not stored_props:
             props = stored_props
             again = stored_again(view, dlq.topic_name, 0, props, reconsume_times=reconsume_times,
                                  prepared_transaction_offset=0)
-            cost, problem = self._entry_bytes(again, room)
+            cost, problem = self._entry_bytes(again, limit)
         if problem is not None:
-            # Stored once, so short of a limit lowered since: it stays readable where it was, not redelivered.
+            # As stored but for its topic (%DLQ%group may be longer) or after a limit lowered since: it stays
+            # readable where it was, not redelivered.
             log.error("popped message cannot be stored again, not even in the dead-letter topic; dropped from its "
                       "checkpoint group=%s topic=%s queue_id=%d offset=%d error=%s", ck.consumer_group, ck.topic,
                       ck.queue_id, view.queue_offset, problem)
             return None
         return again, True, cost
 
-    def _entry_bytes(self, message: MessageInput, room: int) -> tuple[int, str | None]:
+    def _entry_bytes(self, message: MessageInput, limit: int) -> tuple[int, str | None]:
         """The entry bytes ``message`` takes appended alone, and why it cannot be stored (None if it can): a
-        message past the format's limits, or one past what one entry holds (possible only after the group's
-        limit was lowered: it was stored once)."""
+        message past the format's limits, or one whose entry alone is past ``limit`` (``entry_limit``: the send
+        path's limit, so only for a copy bigger than what was stored, or after the limit was lowered)."""
         try:
             cost = alone_entry_bytes(self.node, message)
         except MessageFormatError as e:
             return 0, str(e)
-        if cost > room:
-            return cost, f"it makes a DLedger entry of {cost} bytes alone, more than {room}"
+        if cost > limit:
+            return cost, f"it makes a DLedger entry of {cost} bytes alone, more than max_entry_bytes {limit}"
         return cost, None
 
     def _message(self, topic: str, queue_id: int, offset: int) -> MessageView | None:

@@ -60,8 +60,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 __all__ = ["SCHEDULE_TABLE", "schedule_properties", "with_real_destination", "restored_message", "stored_again",
-           "delay_level_of", "timer_property", "timer_deliver_ms", "EntrySize", "entry_size", "entry_room",
-           "alone_entry_bytes", "log_unexpected_round_failure", "ScheduleMessageService"]
+           "delay_level_of", "timer_property", "timer_deliver_ms", "EntrySize", "entry_size", "entry_limit",
+           "entry_room", "alone_entry_bytes", "log_unexpected_round_failure", "ScheduleMessageService"]
 
 SCHEDULE_TABLE = "broker.schedule_offset"
 ROUND_INTERVAL_S = 0.1
@@ -70,9 +70,12 @@ ROUND_INTERVAL_S = 0.1
 ROUND_BACKOFF_MAX_S = 10.0
 DELIVER_MAX_MESSAGES = 64
 _MAX_TIMER_DIGITS = 18  # a Java long's decimal digits, less one: int() of it is never past I64
-# Kept below max_entry_bytes by rounds sized with ``alone_entry_bytes``: their entry may cross a segment end where
-# the lone builds did not, 24 bytes a crossing (a blank's header, one more piece). The lone builds each count an
-# entry header, a payload head, a queue and a piece, which covers that from two messages on; this is for one.
+# Kept below max_entry_bytes by a round of two or more messages sized with ``alone_entry_bytes``: their entry may
+# cross a segment end where the lone builds did not, 24 bytes a crossing (a blank's header, one more piece). A
+# message going alone is judged against max_entry_bytes itself (``entry_limit``), as the send path judged it when
+# it stored the message: its build is exact at the end it was measured at, and should sends move the end across a
+# segment meanwhile, the group refuses the entry (nothing stored) and the round is tried again, measured anew. Held
+# to this slack too, a message the send path had stored was dropped, sent to the DLQ or discarded for 64 bytes.
 ENTRY_SLACK_BYTES = 64
 
 
@@ -93,10 +96,17 @@ def entry_size(store: MessageStore, batch: bytes) -> EntrySize:
     return EntrySize(ENTRY_HEADER.size + len(encode_payload(built)), len(built.hint.index))
 
 
-def entry_room(node: BrokerNode) -> int:
-    """The entry bytes one append of a broker service may fill: a sum of ``alone_entry_bytes`` up to this fits."""
+def entry_limit(node: BrokerNode) -> int:
+    """The entry bytes a message appended alone may make (``alone_entry_bytes``): ``max_entry_bytes``, the limit
+    the send path's entries are held to. Past it, the message can never be appended (as it now is)."""
     assert node.config.dledger is not None
-    return node.config.dledger.max_entry_bytes - ENTRY_SLACK_BYTES
+    return node.config.dledger.max_entry_bytes
+
+
+def entry_room(node: BrokerNode) -> int:
+    """The entry bytes one append of a broker service may fill with two or more messages: a sum of their
+    ``alone_entry_bytes`` up to this fits. The first message of an append is judged by ``entry_limit``."""
+    return entry_limit(node) - ENTRY_SLACK_BYTES
 
 
 def log_unexpected_round_failure(logger: logging.Logger, what: str, failures: int) -> None:
@@ -107,11 +117,12 @@ def log_unexpected_round_failure(logger: logging.Logger, what: str, failures: in
                what, failures, exc_info=failures == 1)
 
 
-def alone_entry_bytes(node: BrokerNode, message: MessageInput) -> int:
-    """The entry bytes ``message`` takes appended alone (``entry_size``); raises ``MessageFormatError`` as
-    ``encode_batch`` does for a message that cannot be stored at all. A broker service that stores messages again
-    (delivery, transaction checks, POP revive) sizes each append by the sum of these, never by record bytes."""
-    batch = encode_batch([message], node.store_host, max_message_size=node.max_message_size)
+def alone_entry_bytes(node: BrokerNode, message: MessageInput, *more: MessageInput) -> int:
+    """The entry bytes ``message`` (with ``more``: the messages together) takes appended alone (``entry_size``);
+    raises ``MessageFormatError`` as ``encode_batch`` does for a message that cannot be stored at all. A broker
+    service that stores messages again (delivery, transaction checks, POP revive) sizes each append by the sum of
+    these, never by record bytes."""
+    batch = encode_batch([message, *more], node.store_host, max_message_size=node.max_message_size)
     return entry_size(node.store, batch).entry_bytes
 
 
@@ -317,13 +328,15 @@ class ScheduleMessageService:
         """One round: append what is due (at most one batch: deliveries, and timer messages parked again for the
         time they still have to wait), then replicate the progress; returns how many messages were appended (the
         caller goes on at once while rounds are full). A round holds at most ``DELIVER_MAX_MESSAGES``, records of
-        ``max_message_size`` bytes, and what fits one DLedger entry (``entry_room``): records are not all an entry
-        carries, keys cost 12 bytes each, and a round past the entry limit would fail every time."""
+        ``max_message_size`` bytes, and what fits one DLedger entry (a message alone up to ``entry_limit``, more
+        up to ``entry_room``): records are not all an entry carries, keys cost 12 bytes each, and a round past the
+        entry limit would fail every time."""
         node = self.node
         store = node.store
         now = int(time.time() * 1000) if now_ms is None else now_ms
         done = self.offsets()
         max_bytes = node.max_message_size
+        limit = entry_limit(node)
         room = entry_room(node)
         batch: list[MessageInput] = []
         size = 0
@@ -354,10 +367,10 @@ class ScheduleMessageService:
                 hop = False
                 remaining = self._timer_remaining_ms(view, now)
                 if remaining > 0:
-                    measured = self._parked_again(view, remaining, room)
+                    measured = self._parked_again(view, remaining, limit)
                     hop = measured is not None
                 if measured is None:
-                    measured = self._delivered(view, room)
+                    measured = self._delivered(view, limit)
                 if measured is not None:
                     message, cost = measured
                     if batch and entry + cost > room:
@@ -391,7 +404,7 @@ class ScheduleMessageService:
             return 0
         return int(value) - now_ms
 
-    def _parked_again(self, view: MessageView, remaining_ms: int, room: int) -> tuple[MessageInput, int] | None:
+    def _parked_again(self, view: MessageView, remaining_ms: int, limit: int) -> tuple[MessageInput, int] | None:
         """A timer message found due in its level before its time, as appended to its next level: the very
         record, DELAY changed (its time, destination and UNIQ_KEY kept), and the entry bytes it takes alone. None
         if it cannot be written so."""
@@ -404,13 +417,16 @@ class ScheduleMessageService:
             log.error("timer message cannot be parked again, delivered %d ms early phy_offset=%d error=%s",
                       remaining_ms, view.phy_offset, e)
             return None
-        if cost > room:
+        if cost > limit:
+            # The very record, DELAY changed: past only if the limit was lowered since it was stored, or DELAY
+            # gained a digit (message_delay_level changed meanwhile).
             log.error("timer message cannot be parked again, delivered %d ms early phy_offset=%d error=it makes a "
-                      "DLedger entry of %d bytes, more than %d", remaining_ms, view.phy_offset, cost, room)
+                      "DLedger entry of %d bytes alone, more than max_entry_bytes %d", remaining_ms, view.phy_offset,
+                      cost, limit)
             return None
         return message, cost
 
-    def _delivered(self, view: MessageView, room: int) -> tuple[MessageInput, int] | None:
+    def _delivered(self, view: MessageView, limit: int) -> tuple[MessageInput, int] | None:
         """The message a due record stands for in its real topic, and the entry bytes it takes alone; None (and
         counted in ``dropped``) for one that can never be stored."""
         try:
@@ -422,11 +438,11 @@ class ScheduleMessageService:
             self.dropped += 1
             log.error("scheduled message not deliverable, skipped phy_offset=%d error=%s", view.phy_offset, e)
             return None
-        if cost > room:
-            # Stored once, so only after the group's entry limit was lowered: it would fail every round.
+        if cost > limit:
+            # It would fail every round. The copy is the stored record in its real topic, DELAY dropped: a real
+            # topic name longer than SCHEDULE_TOPIC_XXXX can make it bigger, and so can a limit lowered since.
             self.dropped += 1
             log.error("scheduled message not deliverable, skipped phy_offset=%d error=it makes a DLedger entry of "
-                      "%d bytes alone, more than %d (dledger.append_entries_batch_size_bytes)", view.phy_offset,
-                      cost, room)
+                      "%d bytes alone, more than max_entry_bytes %d", view.phy_offset, cost, limit)
             return None
         return message, cost

@@ -50,8 +50,8 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from broker.processor.base import RequestRejected, invalid
-from broker.schedule import (alone_entry_bytes, entry_room, log_unexpected_round_failure, restored_message,
-                             stored_again, with_real_destination)
+from broker.schedule import (alone_entry_bytes, entry_limit, entry_room, log_unexpected_round_failure,
+                             restored_message, stored_again, with_real_destination)
 from broker.store.results import GetMessageStatus
 from broker.topic_config import PERM_READ, TopicConfig
 from dledger import BatchRejectedError, GroupBusyError, LeaderChangedError, RecordTooLargeError
@@ -428,10 +428,13 @@ class TransactionalMessageService:
         """One scan: re-store (and check) or discard the unsettled halves older than ``transaction_timeout_ms``, at
         most ``CHECKS_PER_BATCH`` and what fits one DLedger entry (``entry_room``: a half's keys cost 12 bytes each
         there, so 32 halves within the message limit could make an entry past it, and a round that fails so fails
-        every time), then replicate the progress; returns how many halves were checked or discarded."""
+        every time), then replicate the progress; returns how many halves were checked or discarded. A half and its
+        op record share an entry (a leader lost between them would leave the half settled without its copy):
+        measured together, the first pair of a round up to ``entry_limit``, the next ones up to ``entry_room``."""
         await self._ready()
         node = self.node
         now = int(time.time() * 1000) if now_ms is None else now_ms
+        limit = entry_limit(node)
         room = entry_room(node)
         entry = 0
         progress = self._half_progress
@@ -461,7 +464,8 @@ class TransactionalMessageService:
                 topic, queue_id, outcome = TRANS_HALF_TOPIC, 0, RECHECK
                 props[PROPERTY_TRANSACTION_CHECK_TIMES] = str(times + 1)
             again: MessageInput | None = stored_again(view, topic, queue_id, props)
-            cost, problem = self._entry_bytes(again, room)
+            op = self._op_record(offset, outcome)
+            cost, problem = self._entry_bytes(again, op, limit)
             if outcome == RECHECK and problem is not None:
                 # The count it would carry makes it too big to store (properties just under RocketMQ's 32,767
                 # bytes): re-stored anyway, the batch failed, the broker stopped, and every next leader with it.
@@ -470,17 +474,17 @@ class TransactionalMessageService:
                           props.get(PROPERTY_UNIQ_KEY), props.get(PROPERTY_PRODUCER_GROUP))
                 topic, queue_id, outcome = TRANS_CHECK_MAX_TIME_TOPIC, 0, DISCARD
                 again = stored_again(view, topic, queue_id, dict(view.properties))
-                cost, problem = self._entry_bytes(again, room)
+                op = self._op_record(offset, outcome)
+                cost, problem = self._entry_bytes(again, op, limit)
             if problem is not None:
-                # Not even as it was stored, so only after the group's entry limit was lowered: settled by its op
-                # record alone rather than fail every round; it stays readable in the half topic.
+                # Not even as it was stored: a half within an op record's size of the limit (or one stored before
+                # the limit was lowered) cannot share an entry with its op record. Settled by its op record alone
+                # rather than fail every round; it stays readable in the half topic.
                 log.error("half message cannot be stored again, discarded and left in %s (%s) queue_offset=%d "
                           "topic=%s transaction_id=%s producer_group=%s", TRANS_HALF_TOPIC, problem, offset,
                           props.get(PROPERTY_REAL_TOPIC), props.get(PROPERTY_UNIQ_KEY),
                           props.get(PROPERTY_PRODUCER_GROUP))
-                again, cost = None, 0
-            op = self._op_record(offset, outcome)
-            cost += alone_entry_bytes(node, op)
+                again, cost = None, alone_entry_bytes(node, op)
             if halves and entry + cost > room:
                 break  # the next round goes on from here
             entry += cost
@@ -515,14 +519,16 @@ class TransactionalMessageService:
             await self._advance(progress)
         return len(halves)
 
-    def _entry_bytes(self, message: MessageInput, room: int) -> tuple[int, str | None]:
-        """The entry bytes ``message`` takes appended alone, and why it cannot be stored (None if it can)."""
+    def _entry_bytes(self, message: MessageInput, op: MessageInput, limit: int) -> tuple[int, str | None]:
+        """The entry bytes ``message`` and its ``op`` record take appended alone, together, and why they cannot be
+        stored (None if they can): past the format's limits, or past ``limit`` (``entry_limit``)."""
         try:
-            cost = alone_entry_bytes(self.node, message)
+            cost = alone_entry_bytes(self.node, message, op)
         except MessageFormatError as e:
             return 0, str(e)
-        if cost > room:
-            return cost, f"it makes a DLedger entry of {cost} bytes alone, more than {room}"
+        if cost > limit:
+            return cost, (f"with its op record it makes a DLedger entry of {cost} bytes, more than max_entry_bytes "
+                          f"{limit}")
         return cost, None
 
     async def _advance(self, progress: int) -> None:

@@ -189,8 +189,8 @@ class DLedgerConfig:
     def join_overhead_bytes(self) -> int:
         """Room kept for the entry header and what a state machine's ``prepare_batch`` may add besides doubling
         the records (8 bytes per record plus 64). The message store adds 40 bytes of record header, a 20-byte
-        ConsumeQueue unit and 12 bytes per index key to each message; a batch of tiny messages that still grows
-        past ``max_entry_bytes`` is refused with ``EntryTooLargeError``, nothing is written."""
+        ConsumeQueue unit and 12 bytes per index key to each message; a batch that still grows past
+        ``max_entry_bytes`` is proposed in parts by the group (only a record too large alone is refused)."""
         return ENTRY_HEADER.size + 64 + 8 * self.max_batch_messages
 
     @property

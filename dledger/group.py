@@ -6,9 +6,12 @@ Rules of this module (the essay the rest of ``dledger`` leans on):
   one entry (up to ``max_batch_messages`` / ``max_batch_bytes``; when batches are already in flight it waits up
   to ``max_batch_delay_ms`` for more; a batch waiting for a slot takes what is queued meanwhile) and proposes it
   with ONE pysyncobj call. A record bigger than ``max_batch_bytes`` (up to ``max_record_bytes``, e.g. one 4 MiB
-  message) is proposed alone. At most ``max_in_flight_batches`` entries are in flight. Few Raft calls keep
-  pysyncobj's work per message small (it is ticked on this thread, between trio tasks), and so keep the term from
-  moving under load.
+  message) is proposed alone. Records are packed by their own bytes, but a state machine may prepare an entry
+  several times their size: a batch past ``max_entry_bytes`` is proposed in parts, in order, the rest put back at
+  the head of the queue (with entries in flight, the whole batch waits for them to drain: the state machine's plan
+  counted it), so only a record too large alone ever fails so (``PreparedEntryTooLargeError``). At most
+  ``max_in_flight_batches`` entries are in flight. Few Raft calls keep pysyncobj's work per message small (it is
+  ticked on this thread, between trio tasks), and so keep the term from moving under load.
 - **Planned offsets.** Each entry carries the commit-log offset it expects to start at: the state machine's end
   when nothing is in flight, else the planned end of the previous in-flight entry. The state machine builds the
   payload once, here (``prepare_batch``), and knows every record's result before the entry is proposed. A leader
@@ -165,6 +168,7 @@ class DLedgerGroup:
         self._drained = trio.Event()
         self._drained.set()
         self._replan = True
+        self._split_batches = 0  # batches whose prepared entry was too large, proposed in parts (_fewer)
         self._planned_end = 0
         self._last_store_timestamp = 0
         # A record bigger than max_batch_bytes is proposed alone (the batcher never adds one to a non-empty
@@ -617,19 +621,36 @@ class DLedgerGroup:
         fresh = self._in_flight == 0 or self._replan
         start = self._sm.end_offset if fresh else self._planned_end
         store_timestamp = max(int(time.time() * 1000), self._last_store_timestamp)
-        try:
-            prepared = self._sm.prepare_batch([p.record for p in batch], start, store_timestamp, fresh=fresh)
-            if prepared.payload is None:  # every record refused: nothing to replicate
-                self._slots.release()
-                self._finish(batch, 0, prepared.record_results)
-                return
-            entry = encode_entry(start, store_timestamp, prepared.payload,
-                                 max_entry_bytes=self.config.max_entry_bytes)
-        except Exception as e:
+        while True:
+            try:
+                prepared = self._sm.prepare_batch([p.record for p in batch], start, store_timestamp, fresh=fresh)
+                if prepared.payload is None:  # every record refused: nothing to replicate
+                    self._slots.release()
+                    self._finish(batch, 0, prepared.record_results)
+                    return
+                entry = encode_entry(start, store_timestamp, prepared.payload,
+                                     max_entry_bytes=self.config.max_entry_bytes)
+                break
+            except EntryTooLargeError as e:
+                if len(batch) > 1 and fresh:
+                    batch = self._fewer(batch, e)
+                    continue  # prepared afresh, which drops the plan of the records that did not fit
+                if len(batch) > 1:
+                    # The state machine's plan now counts these records, so nothing may be planned after the
+                    # entries in flight: back at the head of the queue, proposed (and split) once they drained.
+                    self._queue.extendleft(reversed(batch))
+                    self._slots.release()
+                    self._replan = True
+                    self._log_split(len(batch), e)
+                    return
+                error: Exception = e
+            except Exception as e:
+                error = e
             self._slots.release()
             self._replan = True  # the state machine may hold a plan for this batch
-            log.warning("batch not proposed group=%s records=%d error=%s", self.config.group, len(batch), e)
-            self._fail(batch, self._entry_too_large(batch, e) if isinstance(e, EntryTooLargeError) else e)
+            log.warning("batch not proposed group=%s records=%d error=%s", self.config.group, len(batch), error)
+            self._fail(batch, self._entry_too_large(batch[0], error) if isinstance(error, EntryTooLargeError)
+                       else error)
             return
         self._replan = False
         self._last_store_timestamp = store_timestamp
@@ -640,15 +661,30 @@ class DLedgerGroup:
             self._drained = trio.Event()
         m.apply_entry(entry, callback=functools.partial(self._on_commit, batch, start, prepared.record_results))
 
-    def _entry_too_large(self, batch: list[Pending], error: EntryTooLargeError) -> DLedgerError:
-        """What the callers of a batch whose prepared entry is past ``max_entry_bytes`` are told. A record proposed
-        alone never fits: not retriable (a bare ValueError was answered as a broker defect, which producers retry).
-        Records proposed together may each fit in another entry: busy, nothing stored, so a retry cannot duplicate."""
-        group = self.config.group
-        if len(batch) == 1:
-            return PreparedEntryTooLargeError(group, len(batch[0].record), error.size, error.max_entry_bytes)
-        return GroupBusyError(group, f"the {len(batch)} records proposed together made an entry of {error.size} "
-                                     f"bytes, more than max_entry_bytes {error.max_entry_bytes}")
+    def _fewer(self, batch: list[Pending], error: EntryTooLargeError) -> list[Pending]:
+        """The first records of ``batch``, whose prepared entry was past ``max_entry_bytes``, that are proposed
+        instead (their share of the entry the limit holds, fewer each time, one at least); the others go back to
+        the head of the queue in their order. Records are packed by their own bytes, but a state machine may make
+        an entry several times that (the message store adds 12 bytes of index per key): senders whose records each
+        fit one entry were all answered busy, and packed together again when they retried."""
+        keep = max(1, min(len(batch) - 1, len(batch) * error.max_entry_bytes // error.size))
+        self._queue.extendleft(reversed(batch[keep:]))
+        self._log_split(len(batch), error)
+        return batch[:keep]
+
+    def _log_split(self, records: int, error: EntryTooLargeError) -> None:
+        # Once loud: a group that splits often packs by too many record bytes for what its entries carry.
+        self._split_batches += 1
+        log.log(logging.WARNING if self._split_batches == 1 else logging.DEBUG,
+                "batch proposed in parts, its entry too large group=%s records=%d entry_bytes=%d "
+                "max_entry_bytes=%d splits=%d (frequent: lower dledger.max_batch_bytes)", self.config.group, records,
+                error.size, error.max_entry_bytes, self._split_batches)
+
+    def _entry_too_large(self, pending: Pending, error: EntryTooLargeError) -> DLedgerError:
+        """What the caller of a record proposed alone whose prepared entry is past ``max_entry_bytes`` is told: it
+        never fits, so not retriable (a bare ValueError was answered as a broker defect, which producers retry).
+        Records proposed together are never failed so: the batch is split (``_fewer``)."""
+        return PreparedEntryTooLargeError(self.config.group, len(pending.record), error.size, error.max_entry_bytes)
 
     def _on_commit(self, batch: list[Pending], start: int, results: tuple[Any, ...], res: Any, err: int) -> None:
         # pysyncobj's callback, on the trio thread: inside a tick (the tick task runs the completion once the

@@ -90,9 +90,11 @@ class NamesrvProcessor:
         registration = parse_register_broker(request.ext, request.body, self._topic_config_cache)
         result = self.route_info.register_broker(registration, now_ms=self._clock_ms(), conn_key=conn)
         # Cached only now that the table took it: a refused registration's body stays out (and cannot replace the
-        # entry of the node that holds the id).
-        self._topic_config_cache.store((registration.broker_name, registration.broker_id), request.body,
-                                       registration.topic_configs)
+        # entry of the node that holds the id), and so does an older one that arrived late: the table kept the
+        # newer topic set, and the cache holding the stale body decoded the node's next heartbeat again.
+        if not result.ignored:
+            self._topic_config_cache.store((registration.broker_name, registration.broker_id), request.body,
+                                           registration.topic_configs)
         ext = {k: v for k, v in result.to_wire().items() if v is not None}
         return make_response(request, ResponseCode.SUCCESS, ext=ext)
 

@@ -88,11 +88,14 @@ class Registration:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class RegisterResult:
-    """What the name server answers a registering node: who it considers the master of the node's group."""
+    """What the name server answers a registering node: who it considers the master of the node's group.
+    ``ignored`` (not on the wire: the node is answered as usual) says the table kept the node's newer registration
+    and took this one only as a sign of life, so what it carried must not be cached as the node's."""
 
     master_addr: str | None
     master_id: int | None
     master_term: int | None
+    ignored: bool = False
 
     def to_wire(self) -> dict[str, Any]:
         return {"master_addr": self.master_addr, "master_id": self.master_id, "master_term": self.master_term}
@@ -276,8 +279,8 @@ class RouteInfoManager:
                 holder.last_update_ms = now_ms  # it still shows the process is alive
                 self._registrations += 1
                 master = group.master()
-                return (RegisterResult(None, None, None) if master is None
-                        else RegisterResult(master.broker_addr, master.broker_id, master.term))
+                return (RegisterResult(None, None, None, ignored=True) if master is None
+                        else RegisterResult(master.broker_addr, master.broker_id, master.term, ignored=True))
         if group is not None and group.cluster_name != reg.cluster_name:
             others = set(group.nodes) - {reg.broker_id}
             if others:

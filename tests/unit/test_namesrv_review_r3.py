@@ -177,3 +177,26 @@ def test_an_older_registration_over_the_same_connection_changes_nothing():
     # Brokers that send no sequence are taken in arrival order, as before.
     table.register_broker(reg(1, "10.0.0.1:10911", "LEADER", 9), now_ms=7, conn_key="c1-new")
     assert route_addrs(table) == {0: "10.0.0.1:10911"}
+
+
+async def test_an_older_registration_arriving_late_leaves_the_newer_body_cached():
+    # The table ignores it (registration_sequence), so the cache must too: holding the stale body, it had the
+    # node's next heartbeat, which re-sends the newer topic set, decoded again into a dict the table never held.
+    table = RouteInfoManager()
+    processor = NamesrvProcessor(table, clock_ms=lambda: 0)
+    newer = encode_topic_configs({"T": RW, "U": RW})
+    older = encode_topic_configs({"T": RW})
+
+    def registration(body: bytes, sequence: int):
+        return make_request(RequestCode.REGISTER_BROKER, body=body, ext=dict(
+            cluster_name="C", broker_name="broker-a", broker_id=1, broker_addr="10.0.0.1:10911", role="LEADER",
+            term=7, data_version=1, registration_sequence=sequence))
+
+    assert (await processor.handle(registration(newer, 2), "c1")).code == ResponseCode.SUCCESS
+    late = await processor.handle(registration(older, 1), "c1")
+    assert late.code == ResponseCode.SUCCESS and late.ext["master_addr"] == "10.0.0.1:10911"
+    assert "ignored" not in late.ext  # the wire is as before
+    assert sorted(table.topic_list()) == ["T", "U"]
+    cache = processor._topic_config_cache
+    assert cache.lookup(("broker-a", 1), older) is None
+    assert cache.lookup(("broker-a", 1), newer) is not None

@@ -38,8 +38,8 @@ async def _serve(nursery, config) -> tuple[BrokerNode, str]:
 
 
 async def _send(client, addr: str, topic: str, body: bytes, **properties: str) -> None:
-    # One at a time: sent together, the group would commit several in one entry, past the limit (answered
-    # SYSTEM_BUSY: docs/architecture.md, "Message size").
+    # Awaited one by one (sent together, the group would propose them in as many entries as they need:
+    # docs/architecture.md, "Message size").
     r = await call(client, addr, RequestCode.SEND_MESSAGE,
                    {"producer_group": "pg", "topic": topic, "queue_id": 0, "properties": {"KEYS": KEYS, **properties}},
                    body)

@@ -21,7 +21,7 @@ from broker.schedule import ROUND_INTERVAL_S, ScheduleMessageService, alone_entr
 from broker.store import MessageStore
 from broker.transaction import TransactionalMessageService
 from dledger.entry import EntryTooLargeError, encode_entry
-from dledger.errors import GroupBusyError, PreparedEntryTooLargeError, RecordTooLargeError
+from dledger.errors import PreparedEntryTooLargeError, RecordTooLargeError
 from dledger.group import DLedgerGroup
 from dledger.pending import Pending
 from remoting.message import MessageInput, encode_batch
@@ -55,19 +55,16 @@ def _pending(record: bytes) -> Pending:
     return Pending(record, 3.0, 0.0)  # (in a task: a pending append parks its caller's)
 
 
-async def test_an_entry_too_large_is_not_retriable_for_a_record_alone_and_busy_for_records_proposed_together():
+async def test_an_entry_too_large_for_a_record_alone_is_not_retriable():
     group = DLedgerGroup.__new__(DLedgerGroup)  # the mapping reads only the config
     group.config = SimpleNamespace(group="broker-a")
-    alone = group._entry_too_large([_pending(b"x" * 100)], EntryTooLargeError(9000, 8000))
-    # A RecordTooLargeError: the broker answers MESSAGE_ILLEGAL, which a producer does not retry.
+    alone = group._entry_too_large(_pending(b"x" * 100), EntryTooLargeError(9000, 8000))
+    # A RecordTooLargeError: the broker answers MESSAGE_ILLEGAL, which a producer does not retry. (Records proposed
+    # together are never failed so: the group splits them, tests/integration/dledger/test_entry_split.py.)
     assert isinstance(alone, PreparedEntryTooLargeError) and isinstance(alone, RecordTooLargeError)
     assert not alone.retriable and (alone.size, alone.entry_size, alone.max_size) == (100, 9000, 8000)
     assert str(alone) == ("A record of 100 bytes makes a DLedger entry of 9000 bytes once prepared, more than group "
                           "broker-a's max_entry_bytes 8000; it was not stored.")
-    together = group._entry_too_large([_pending(b"x"), _pending(b"y")], EntryTooLargeError(9000, 8000))
-    assert isinstance(together, GroupBusyError) and together.retriable
-    assert "the 2 records proposed together made an entry of 9000 bytes, more than max_entry_bytes 8000" in str(
-        together)
 
 
 class _Group:
