@@ -29,6 +29,10 @@ def _now_ms() -> int:
     return int(trio.current_time() * 1000)
 
 
+# At most one WARNING a minute per field for refused registrations (``_say_refusal``).
+REFUSAL_WARNING_INTERVAL_MS = 60_000
+
+
 class NamesrvProcessor:
     """The remoting handler of a name server; ``route_info`` is its whole state."""
 
@@ -43,6 +47,9 @@ class NamesrvProcessor:
         # GET_ROUTEINFO_BY_TOPIC answered, and of those TOPIC_NOT_EXIST: the metrics' routes served.
         self.route_queries = 0
         self.route_misses = 0
+        # Refused registrations by field: (when the last one was said at WARNING, ms; refusals since). A refused
+        # node registers again every second until its config is mended, and each refusal was a WARNING.
+        self._refusals_said: dict[str, tuple[int, int]] = {}
         self._handlers: dict[int, Callable[[Frame, Any], Frame]] = {
             RequestCode.REGISTER_BROKER: self._register_broker,
             RequestCode.UNREGISTER_BROKER: self._unregister_broker,
@@ -63,10 +70,22 @@ class NamesrvProcessor:
                 response = make_response(request, ResponseCode.INVALID_REQUEST, remark=str(e),
                                          ext={"field": e.field})
             except RouteConflictError as e:
-                log.warning("registration rejected: %s", e)
+                self._say_refusal(e)
                 response = make_response(request, ResponseCode.INVALID_REQUEST, remark=str(e),
                                          ext={"field": e.field})
         return None if request.is_oneway else response
+
+    def _say_refusal(self, error: RouteConflictError) -> None:
+        """A refused registration at WARNING the first time and then once a minute per field, with how many were
+        refused since (the others at DEBUG): the node retries every second."""
+        now = self._clock_ms()
+        said_at, since = self._refusals_said.get(error.field, (None, 0))
+        if said_at is not None and now - said_at < REFUSAL_WARNING_INTERVAL_MS:
+            self._refusals_said[error.field] = (said_at, since + 1)
+            log.debug("registration rejected: %s", error)
+            return
+        self._refusals_said[error.field] = (now, 0)
+        log.warning("registration rejected (%d more on %s since the last warning): %s", since, error.field, error)
 
     def connection_closed(self, conn: Any) -> None:
         # The table logs each eviction with its reason.

@@ -200,3 +200,26 @@ async def test_an_older_registration_arriving_late_leaves_the_newer_body_cached(
     cache = processor._topic_config_cache
     assert cache.lookup(("broker-a", 1), older) is None
     assert cache.lookup(("broker-a", 1), newer) is not None
+
+
+async def test_a_node_refused_again_every_second_is_warned_of_once_a_minute(caplog):
+    # A node whose id another address holds registers again every second until its config is mended: each
+    # refusal was a WARNING, one a second in the name server's log.
+    now = [0]
+    processor = NamesrvProcessor(RouteInfoManager(), clock_ms=lambda: now[0])
+
+    def request(addr: str):
+        ext = dict(cluster_name="C", broker_name="broker-a", broker_id=1, broker_addr=addr, role="FOLLOWER",
+                   term=1, data_version=1)
+        return make_request(RequestCode.REGISTER_BROKER, ext=ext, body=encode_topic_configs(TOPICS))
+
+    caplog.set_level(logging.DEBUG, logger="namesrv.processor")
+    assert (await processor.handle(request("10.0.0.1:10911"), "c1")).code == ResponseCode.SUCCESS
+    for second in range(61):
+        now[0] = second * 1000
+        await processor.handle(request("10.0.0.1:10911"), "c1")
+        assert (await processor.handle(request("10.0.0.2:10911"), "c2")).code == ResponseCode.INVALID_REQUEST
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "rejected" in r.getMessage()]
+    assert len(warned) == 2, warned  # at 0 s and at 60 s
+    assert "(0 more on broker_id" in warned[0] and "(59 more on broker_id" in warned[1]
+    assert sum("rejected" in r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG) == 59
