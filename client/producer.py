@@ -9,7 +9,9 @@ Sending rules (RocketMQ's ``DefaultMQProducerImpl.sendDefaultImpl``, adapted to 
 - A retriable failure (connection lost, timeout, busy, no leader yet) is retried up to ``retry_times`` times
   with a short growing pause, all within the send's deadline; anything else is raised at once.
 - ``send_oneway`` is not retried; it returns once its message is queued on the leader's connection, and raises
-  ``RequestTimeoutError`` if that takes longer than ``send_msg_timeout_ms`` (a stopped leader's queue stays full).
+  ``RequestTimeoutError`` if that takes longer than ``send_msg_timeout_ms`` (a stopped leader's queue stays full);
+  the time it took, or its failure, is told to the fault tracker as a send's is, so the next oneway avoids a group
+  whose leader left one waiting.
 - Concurrency is the caller's: start many ``send`` calls at once (from a nursery); they share
   one connection per node, with many requests in flight on it.
 - A single send (``send``, ``send_oneway``, a half message) whose body has at least ``compress_msg_body_over_howmuch``
@@ -351,11 +353,13 @@ class Producer:
             groups = {mq.broker_name: mq.queue_id + 1 for mq in info.queues}  # queue ids run 0..n-1 per group
             raise ValueError(f"queue {queue} is not a write queue of topic {message.topic!r} (its route has "
                              f"{', '.join(f'{n} on {b}' for b, n in sorted(groups.items())) or 'none'})")
-        mq = queue or info.select(self._instance.faults if self.config.send_latency_fault_enable else None)
+        faults = self._instance.faults if self.config.send_latency_fault_enable else None
+        mq = queue or info.select(faults)
         ext = ext_fields(self.config.producer_group, message.topic, mq.queue_id, now_ms(), message.flag, props, False)
         ext["sys_flag"] = sys_flag
         addr = self._instance.master_addr(mq.broker_name)
         code = RequestCode.SEND_REPLY_MESSAGE if is_reply_message(message) else RequestCode.SEND_MESSAGE
+        started = trio.current_time()  # trio's clock, as the deadline
         try:
             # The connection sees this deadline as its wait's (remoting/connection.py): a wait for room that runs
             # out on a silent connection closes it, and meanwhile the leader watch counts the wait as a request.
@@ -364,8 +368,15 @@ class Producer:
             if waited.cancelled_caught:
                 raise _oneway_timeout(addr, code, timeout)
         except RaftMQError as e:
+            # Told to the fault tracker as a send's failure is (RocketMQ's sendDefaultImpl does for oneway too):
+            # the next oneway picked a group whose leader had just left a send waiting its whole timeout.
+            if faults is not None:
+                faults.update(mq.broker_name, (trio.current_time() - started) * 1000,
+                              isolation=bool(e.refresh_route) and not getattr(e, "leader_addr", None))
             self._instance.on_error(e, message.topic, mq.broker_name, addr)
             raise
+        if faults is not None:
+            faults.update(mq.broker_name, (trio.current_time() - started) * 1000, isolation=False)
 
     async def request(self, message: Message, *, timeout_s: float | None = None) -> MessageExt:
         """Send ``message`` as a request and return its reply (RocketMQ's DefaultMQProducer.request): the consumer

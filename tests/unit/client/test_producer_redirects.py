@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import trio
 
 import client.producer
 from client import Message, MessageQueue, SendFailedError, open_producer
@@ -51,3 +52,29 @@ async def test_a_queue_the_caller_pinned_stays_pinned_when_its_redirects_run_out
         with pytest.raises(SendFailedError, match="NOT_LEADER"):
             await p.send(Message("T", b"x"), queue=MessageQueue("T", "broker-a", 1))
     assert not any(addr.startswith("b:") for addr, code in cluster.calls if code == RequestCode.SEND_MESSAGE)
+
+
+async def test_a_oneway_send_that_timed_out_keeps_the_next_ones_off_its_group(cluster, autojump_clock):
+    # A oneway left waiting its whole timeout (a leader that stopped reading) told nobody: the fault tracker kept
+    # picking that group for the next oneway sends, each of which waited its whole timeout too.
+    from remoting.errors import RequestTimeoutError
+
+    answer = cluster.invoke_oneway
+    stuck: list[str] = []
+
+    async def invoke_oneway(addr, request):
+        if addr.startswith("a:"):
+            stuck.append(addr)
+            await trio.sleep_forever()  # the write queue of a leader that stopped reading never has room
+        return await answer(addr, request)
+
+    cluster.invoke_oneway = invoke_oneway
+    async with open_producer(NAMESRV, send_msg_timeout_ms=3000) as p:
+        outcomes = []
+        for i in range(8):
+            try:
+                await p.send_oneway(Message("T", b"x%d" % i))
+                outcomes.append("sent")
+            except RequestTimeoutError:
+                outcomes.append("timed out")
+    assert outcomes.count("timed out") == 1 and len(stuck) == 1, (outcomes, stuck)
