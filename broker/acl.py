@@ -68,7 +68,7 @@ from broker.topic_config import TopicConfigError, group_problem, validate_topic_
 from remoting.acl import ACCESS_KEY, SIGNATURE, request_signature
 from remoting.codec import BodyFormatError, Frame, decode_body
 from remoting.codes import RequestCode
-from remoting.config import ConfigError
+from remoting.config import ConfigError, read_named_file
 from remoting.message import (PROPERTY_REAL_TOPIC, PROPERTY_RETRY_TOPIC, RETRY_GROUP_TOPIC_PREFIX, TRANS_HALF_TOPIC,
                               MessageFormatError, parse_msg_id, split_pop_retry_topic)
 
@@ -363,15 +363,7 @@ def parse_acl_rules(data: Mapping[str, Any]) -> AclRules:
 
 
 def _read(path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except FileNotFoundError:
-        raise ConfigError(f"ACL file {str(path)!r} does not exist (acl_enable is on: create it, or set acl_file)") \
-            from None
-    except IsADirectoryError:
-        raise ConfigError(f"ACL file {str(path)!r} is a directory, not a file") from None
-    except (OSError, ValueError) as e:  # ValueError: a NUL in the name
-        raise ConfigError(f"ACL file {str(path)!r} cannot be read: {getattr(e, 'strerror', None) or e}") from None
+    return read_named_file("ACL file", path, missing=" (acl_enable is on: create it, or set acl_file)")
 
 
 def _parse_bytes(path: Path, raw: bytes) -> AclRules:

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 __all__ = ["ConfigError", "load_config", "read_config_data", "config_from_mapping", "apply_overrides", "bounded",
-           "check_fields", "check_field", "check_text", "parse_host_port", "name_problem", "metrics_listen_problem",
-           "blank_dir_problem"]
+           "check_fields", "check_field", "read_named_file", "check_text", "parse_host_port", "name_problem",
+           "metrics_listen_problem", "blank_dir_problem"]
 
 T = TypeVar("T")
 
@@ -140,6 +140,22 @@ def metrics_listen_problem(value: str) -> str | None:
     return None
 
 
+def read_named_file(label: str, path: str | Path, *, missing: str = "") -> bytes:
+    """The bytes of ``path``, or the ConfigError a CLI prints as one line, naming the file by ``label`` (``config
+    file``, ``ACL file``, ``tls_cert_file``...): missing (``missing`` adds what to do), a directory, or unreadable
+    (a NUL in the name too). ``open`` and ``read_bytes`` raised these as tracebacks."""
+    name = str(path)
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise ConfigError(f"{label} {name!r} does not exist{missing}") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{label} {name!r} is a directory, not a file") from None
+    except (OSError, ValueError) as e:  # ValueError: a NUL in the name
+        raise ConfigError(f"{label} {name!r} cannot be read: {getattr(e, 'strerror', None) or e}") from None
+
+
 def load_config(cls: type[T], path: str | Path | None = None, *, overrides: Mapping[str, Any] | None = None) -> T:
     """Read ``path`` (TOML) into ``cls``; ``overrides`` (dotted keys, e.g. ``{"store.segment_size_bytes": 1}``)
     win over the file. With no path the defaults apply."""
@@ -155,17 +171,11 @@ def read_config_data(path: str | Path | None = None, *, overrides: Mapping[str, 
             raise ConfigError(f"config file must be named, got {name!r}")
         # Every way a file cannot be read as TOML text is one ConfigError naming it (the CLI's one line and exit
         # 2): a directory, an unreadable file or bytes that are not UTF-8 raised from open/tomllib as tracebacks.
+        raw = read_named_file("config file", path)
         try:
-            with open(path, "rb") as f:
-                text = f.read().decode("utf-8")
-        except FileNotFoundError:
-            raise ConfigError(f"config file {name!r} does not exist") from None
-        except IsADirectoryError:
-            raise ConfigError(f"config file {name!r} is a directory, not a file") from None
+            text = raw.decode("utf-8")
         except UnicodeDecodeError as e:
             raise ConfigError(f"config file {name!r} is not valid TOML: not UTF-8 text (byte {e.start})") from None
-        except OSError as e:
-            raise ConfigError(f"config file {name!r} cannot be read: {e.strerror or e}") from None
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:

@@ -37,7 +37,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from pathlib import Path
 
-from remoting.config import ConfigError
+from remoting.config import ConfigError, read_named_file
 
 __all__ = ["HANDSHAKE_TIMEOUT_S", "TLS_HANDSHAKE_RECORD", "TLS_MODES", "ServerContextReloader", "client_context",
            "is_tls_start", "server_context", "server_context_for_mode"]
@@ -63,14 +63,7 @@ def _read_pem(key: str, path: str | Path, marker: str, what: str) -> None:
     name = str(path)
     if not name.strip():
         raise ConfigError(f"{key} must name a file, got {name!r}")
-    try:
-        text = Path(path).read_bytes()
-    except FileNotFoundError:
-        raise ConfigError(f"{key} {name!r} does not exist") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{key} {name!r} is a directory, not a file") from None
-    except OSError as e:
-        raise ConfigError(f"{key} {name!r} cannot be read: {e.strerror or e}") from None
+    text = read_named_file(key, path)
     if marker.encode() not in text:
         raise ConfigError(f"{key} {name!r} holds no PEM {what} (no '{marker}' line)")
 
