@@ -71,7 +71,8 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from broker.processor.base import RequestRejected
-from broker.schedule import alone_entry_bytes, entry_limit, entry_room, log_unexpected_round_failure, stored_again
+from broker.schedule import stored_again
+from broker.service_rounds import alone_entry_bytes, entry_limit, entry_room, log_unexpected_round_failure
 from broker.subscription_group import DEFAULT_RETRY_MAX_TIMES, DEFAULT_RETRY_QUEUE_NUMS
 from broker.topic_config import PERM_READ_WRITE, PERM_WRITE, TopicConfig
 from dledger import DLedgerError

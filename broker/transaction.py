@@ -50,8 +50,8 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from broker.processor.base import RequestRejected, invalid
-from broker.schedule import (alone_entry_bytes, entry_limit, entry_room, log_unexpected_round_failure,
-                             restored_message, stored_again, with_real_destination)
+from broker.schedule import restored_message, stored_again, with_real_destination
+from broker.service_rounds import alone_entry_bytes, entry_limit, entry_room, log_unexpected_round_failure
 from broker.store.results import GetMessageStatus
 from broker.topic_config import PERM_READ, TopicConfig
 from dledger import BatchRejectedError, GroupBusyError, LeaderChangedError, RecordTooLargeError

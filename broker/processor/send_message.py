@@ -31,7 +31,8 @@ from dledger import DLedgerError, NotLeaderError
 from dledger.errors import PreparedEntryTooLargeError
 from remoting.codec import EncodedExt, Frame, make_response
 from remoting.codes import RequestCode, ResponseCode
-from broker.schedule import entry_size, timer_property
+from broker.schedule import timer_property
+from broker.service_rounds import entry_size
 from broker.transaction import prepared_sys_flag
 from remoting.message import (BATCH_HEAD, BATCH_MAGIC, ENTRY_HEAD, PROPERTY_DELAY, PROPERTY_TIMER_DELAY_MS,
                               PROPERTY_TIMER_DELAY_SEC, PROPERTY_TIMER_DELIVER_MS, PROPERTY_TRANSACTION_PREPARED,

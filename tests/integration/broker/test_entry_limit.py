@@ -19,7 +19,7 @@ import trio
 
 from broker.node import BrokerNode, serve_broker
 from broker.pop import now_ms
-from broker.schedule import alone_entry_bytes, entry_room
+from broker.service_rounds import alone_entry_bytes, entry_room
 from remoting.codes import RequestCode, ResponseCode
 from remoting.message import MessageInput, decode_record, encode_batch, iter_records
 from remoting.transport import open_remoting_client

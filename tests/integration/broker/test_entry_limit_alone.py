@@ -16,7 +16,8 @@ import trio
 
 from broker.node import BrokerNode, serve_broker
 from broker.pop import now_ms
-from broker.schedule import alone_entry_bytes, entry_limit, entry_room, restored_message, stored_again
+from broker.schedule import restored_message, stored_again
+from broker.service_rounds import alone_entry_bytes, entry_limit, entry_room
 from remoting.codes import RequestCode, ResponseCode
 from remoting.message import (PROPERTY_DELAY, PROPERTY_ORIGIN_MESSAGE_ID, PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC,
                               PROPERTY_RETRY_TOPIC, PROPERTY_TRANSACTION_CHECK_TIMES, SCHEDULE_TOPIC, TRANS_HALF_TOPIC,

@@ -17,7 +17,8 @@ import trio
 
 from broker.commit_log_machine import CommitLogMachine
 from broker.pop import PopService
-from broker.schedule import ROUND_INTERVAL_S, ScheduleMessageService, alone_entry_bytes, entry_size
+from broker.schedule import ROUND_INTERVAL_S, ScheduleMessageService
+from broker.service_rounds import alone_entry_bytes, entry_size
 from broker.store import MessageStore
 from broker.transaction import TransactionalMessageService
 from dledger.entry import EntryTooLargeError, encode_entry
