@@ -65,7 +65,7 @@ import dataclasses
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -556,33 +556,33 @@ class PopService:
         writes of their keys are left out from now on (see ``write``), and once the POPs, acks, changes and revives
         already at one of their queues' locks are done, the body runs (it ends with ``forget``). Enter it holding
         no lock: the queue locks are waited for one at a time, and a revive holding one may want the topic lock."""
-        if (group is None) == (topic is None):
-            raise ValueError("forgetting takes one of group and topic")
-        scope = _Forgetting(group, topic)
-        self._forgetting.append(scope)
-        try:
+        with self._marked("forgetting", group, topic) as scope:
             for key in [key for key in self._locks if scope.covers(key[0], key[1])]:
                 async with self.queue_lock(*key):
                     pass  # its holder, and whoever waited before this, are done; the next ones find scope set
             yield
-        finally:
-            self._forgetting.remove(scope)
 
     async def forget(self, *, group: str | None = None, topic: str | None = None) -> int:
         """Remove every pop offset and checkpoint of ``group`` or of ``topic`` (a deleted group or topic), replicated
         before this returns; the number of keys removed. Called inside ``forgetting``, no write can bring one back;
         its own mark alone keeps out only the writes planned after it."""
-        if (group is None) == (topic is None):
-            raise ValueError("forget takes one of group and topic")
-        scope = _Forgetting(group, topic)
-        self._forgetting.append(scope)
-        try:
+        with self._marked("forget", group, topic):
             items = plan_forget(self.table(), group=group, topic=topic)
             if items:
                 await self.node._replicate(POP_TABLE, items)
+        return len(items)
+
+    @contextlib.contextmanager
+    def _marked(self, what: str, group: str | None, topic: str | None) -> Iterator[_Forgetting]:
+        """``group``'s or ``topic``'s keys left out of every write while inside (``write``, revive)."""
+        if (group is None) == (topic is None):
+            raise ValueError(f"{what} takes one of group and topic")
+        scope = _Forgetting(group, topic)
+        self._forgetting.append(scope)
+        try:
+            yield scope
         finally:
             self._forgetting.remove(scope)
-        return len(items)
 
     # --- revive ------------------------------------------------------------------------------------------------
     async def serve(self) -> None:
