@@ -9,8 +9,8 @@ With ``acl_enable``, every request a client sends is judged here before any proc
 3. An account with a ``white_remote_address`` is usable from matching addresses only. (RocketMQ lets a request from
    there through without the checks below, the global list's job; raftmq makes the account's address a restriction.)
 4. The admin requests (``ADMIN_CODES``: topic create/update/delete, broker config read and change, subscription
-   group create/update/delete, offset resets and clones, and the looks into other clients: a consumer's running
-   info, a producer group's connections) need ``admin = true``.
+   group create/update/delete, offset resets and clones, the looks into other clients: a consumer's running
+   info, a producer group's connections, and a leadership transfer not signed by a member) need ``admin = true``.
 5. Each resource the request names needs its permission: sends PUB on the topic; pulls, offset and consumer-list
    requests, heartbeats, queue locks and POP SUB on the consumer group (and on the topic, where they name one; a
    BATCH_ACK_MESSAGE on the topic each of its receipt handles names, as its processor reads them). A retry
@@ -37,9 +37,11 @@ processor refuses it whole.
 A refusal is NO_PERMISSION whose remark names the request, its resources (the first ``DESCRIBED_RESOURCES``, and how
 many more; before the signature holds, the topic and group its ext names) and the account (never a secret); it is
 logged at INFO (WARNING for a oneway request, whose sender learns nothing), at most once per ``REFUSAL_LOG_INTERVAL_S``
-for an (account, request code), saying how many were not logged meanwhile. What is not a client's request is not
-judged: DLedger's requests between members (FETCH_COMMIT_LOG, GET_RAFT_STATUS, TRANSFER_LEADERSHIP; the Raft port has
-its own authentication), and the name servers, which hold no ACL.
+for an (account, request code), saying how many were not logged meanwhile. DLedger's requests between members are
+not judged here: FETCH_COMMIT_LOG is served to members only, ACL or not (it must carry their MemberSignature,
+keyed by the group's ``dledger.secret``: ``dledger.member_auth``); GET_RAFT_STATUS, a status lookup, is served to
+anyone; TRANSFER_LEADERSHIP signed by a member goes through, and one that is not is an admin request (in
+``ADMIN_CODES``). Nor are the name servers, which hold no ACL.
 
 The file (TOML, RocketMQ's ``plain_acl.yml`` in snake_case) is checked whole when loaded, every error naming the
 entry at fault. It is read again when it changes on disk, looked at no more than every ``WATCH_INTERVAL_S`` by the
@@ -106,6 +108,8 @@ ADMIN_CODES: Final = frozenset({
     RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, RequestCode.DELETE_SUBSCRIPTIONGROUP,
     RequestCode.INVOKE_BROKER_TO_RESET_OFFSET, RequestCode.CLONE_GROUP_OFFSET, RequestCode.GET_CONSUMER_RUNNING_INFO,
     RequestCode.GET_PRODUCER_CONNECTION_LIST, RequestCode.GET_BROKER_CONFIG,
+    # DLedger's, when a member did not sign it (the dispatcher lets a member's through unjudged): moving the master.
+    RequestCode.TRANSFER_LEADERSHIP,
 })
 
 # RocketMQ's rule for both keys (AclConstants.ACCESS_KEY_MIN_LENGTH): longer than 6 characters.
@@ -536,7 +540,8 @@ def _describe(request: Frame, resources: list[Resource]) -> str:
         # An admin request's resource needs no permission of its own, and a request whose signature does not hold
         # is not looked into; the refusal still says what its ext says it is about.
         topic = ext.get("topic")
-        group = ext.get("consumer_group") or ext.get("group_name") or ext.get("group")
+        group = ext.get("consumer_group") or ext.get("group_name") or \
+            (ext.get("group") if code != RequestCode.TRANSFER_LEADERSHIP else None)  # there, the Raft group
         parts = ([f"topic {topic[:_NAME_CHARS]!r}"] if isinstance(topic, str) and topic else []) + \
             ([f"consumer group {group[:_NAME_CHARS]!r}"] if isinstance(group, str) and group else [])
     more = f" and {len(resources) - DESCRIBED_RESOURCES} more" if len(resources) > DESCRIBED_RESOURCES else ""

@@ -127,7 +127,7 @@ class BrokerDispatcher:
         if handler is None:
             return reply(request, ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
                          f"request code {request.code} is not supported by broker node {self.node.broker_addr}")
-        if self.acl is not None and request.code not in DLedgerService.CODES:
+        if self.acl is not None and self._judged(request):
             refusal = self.acl.check(request, getattr(conn, "remote_address", ""))
             if refusal is not None:
                 # The checker logged it, rate-limited; reply() would log a oneway refusal again, at every one.
@@ -136,6 +136,15 @@ class BrokerDispatcher:
             return await handler(request, conn)
         except (RequestRejected, DLedgerError) as e:
             return error_response(self.node, request, e)
+
+    def _judged(self, request: Frame) -> bool:
+        """Whether the ACL judges ``request``: every client request, and a leadership transfer not signed by a
+        member (an admin request then). FETCH_COMMIT_LOG is the DLedger service's own to refuse (members only,
+        ACL or not), and GET_RAFT_STATUS is a status lookup `raftmq verify` and `raftmq chaos` make unsigned."""
+        code = request.code
+        if code not in DLedgerService.CODES:
+            return True
+        return code == RequestCode.TRANSFER_LEADERSHIP and not self.dledger.members.verify(request)
 
     def connection_closed(self, conn: Any) -> None:
         self.node.clients.connection_closed(conn)

@@ -829,7 +829,8 @@ async def serve_broker(config: BrokerConfig, *, on_serving: Callable[[BrokerNode
                                             tls_context=config.tls_client_context()) as client:
                 dledger_config = await _rejoin_if_rebuilt(config.dledger, store, client)
                 async with open_dledger_group(dledger_config, machine,
-                                              fetch_range=remote_fetch_range(client, config.broker_name),
+                                              fetch_range=remote_fetch_range(client, config.broker_name,
+                                                                             dledger_config.secret),
                                               completion_context=corked) as group:
                     node = BrokerNode(config, store, group, client, file_config=file_config)
                     dispatcher = BrokerDispatcher(node)

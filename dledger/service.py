@@ -5,7 +5,8 @@ Requests (ext keys are short text, bodies raw bytes; see ``docs/architecture.md`
 - ``FETCH_COMMIT_LOG`` ext ``{group, phy_offset, max_bytes}`` -> SUCCESS, body = stored bytes from
   ``phy_offset`` (whole records, never past this member's applied end), ext ``{crc32c, end_offset}``.
   The fetching side checks the crc32c of the body before handing it to ``write_raw`` (which validates each
-  record again).
+  record again). Served to the group's members only: the request must carry their ``MemberSignature``
+  (``dledger.member_auth``, keyed by ``dledger.secret``), else NO_PERMISSION, whatever else it says.
 - ``GET_RAFT_STATUS`` ext ``{group}`` and optionally ``checksum_up_to`` -> SUCCESS, ext ``{role, term,
   leader_id, committed_index, last_applied_index, end_offset, serving_reads, snapshots_loaded, catch_up_bytes,
   connected_peers, in_flight_batches, pending_records, busy_records, rejoining}`` (``connected_peers``: ids of
@@ -35,6 +36,7 @@ import trio
 from dledger.config import DLedgerConfig, MemberAddress
 from dledger.errors import CommitLogMovedError, NotLeaderError, TransferLeadershipError
 from dledger.group import DLedgerGroup, FetchRange
+from dledger.member_auth import MemberSigner
 from remoting.codec import Frame, make_request, make_response
 from remoting.codes import RequestCode, ResponseCode
 from remoting.errors import RaftMQError, for_code
@@ -74,6 +76,7 @@ class DLedgerService:
 
     def __init__(self, group: DLedgerGroup) -> None:
         self.group = group
+        self.members = MemberSigner(group.config.secret)
         # One checksum computation at a time: a second verify waits instead of taking another core's worth of I/O.
         self._checksum_limiter = trio.CapacityLimiter(1)
 
@@ -81,6 +84,13 @@ class DLedgerService:
         return code in self.CODES
 
     async def handle(self, request: Frame, conn: Any) -> Frame | None:
+        if request.code == RequestCode.FETCH_COMMIT_LOG and not self.members.verify(request):
+            # Judged before anything else of it is read: its fields' errors would tell a stranger about the log.
+            group = self.group.config.group
+            return make_response(request, ResponseCode.NO_PERMISSION,
+                                 remark=f"FETCH_COMMIT_LOG is served to the members of group {group!r} only: the "
+                                        f"request carries no valid MemberSignature (signed with the group's "
+                                        f"dledger.secret)")
         try:
             group_name = request.ext.get("group")
             if group_name != self.group.config.group:
@@ -168,12 +178,14 @@ def _error_for(response: Frame) -> RaftMQError:
     return for_code(response.code, response.remark, **fields)
 
 
-def remote_fetch_range(client: Any, group: str) -> FetchRange:
-    """A ``fetch_range`` for ``open_dledger_group`` that asks peers' ``DLedgerService`` over remoting."""
+def remote_fetch_range(client: Any, group: str, secret: str) -> FetchRange:
+    """A ``fetch_range`` for ``open_dledger_group`` that asks peers' ``DLedgerService`` over remoting, signing each
+    request with the group's ``secret`` (``dledger.member_auth``)."""
+    members = MemberSigner(secret)
 
     async def fetch(peer: MemberAddress, offset: int, max_bytes: int) -> bytes:
-        request = make_request(RequestCode.FETCH_COMMIT_LOG,
-                               ext={"group": group, "phy_offset": offset, "max_bytes": max_bytes})
+        request = members.sign(make_request(RequestCode.FETCH_COMMIT_LOG,
+                                            ext={"group": group, "phy_offset": offset, "max_bytes": max_bytes}))
         response = await client.invoke(peer.service_address, request, timeout_s=5.0)
         if response.code == ResponseCode.PULL_OFFSET_MOVED:
             low, end = response.ext.get("min_offset"), response.ext.get("end_offset")

@@ -127,7 +127,8 @@ async def serve_dledger_node(config: DLedgerNodeConfig, *,
             if store is not None:
                 await nursery.start(store.serve)
             async with open_remoting_client(max_frame_size=config.max_frame_size_bytes) as client, \
-                    open_dledger_group(ledger, machine, fetch_range=remote_fetch_range(client, ledger.group)) as group:
+                    open_dledger_group(ledger, machine,
+                                       fetch_range=remote_fetch_range(client, ledger.group, ledger.secret)) as group:
                 handler = NodeHandler(group, DLedgerService(group), message_store=store is not None)
                 async with trio.open_nursery() as inner:
                     bound = await inner.start(functools.partial(serve_remoting, handler, host, port,

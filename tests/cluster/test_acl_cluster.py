@@ -6,21 +6,25 @@ with a wrong secret or with DENY on the topic is refused NO_PERMISSION naming th
 serving; a consumer with SUB consumes (heartbeats, rebalance, pulls and offset commits all pass the ACL); a
 transaction is settled by its producer's END_TRANSACTION and by a check-back; a send-back is judged by the message
 stored at its offset and an offset clone needs an admin; an account added to the file on disk works without a
-restart; a broker whose ACL file is bad does not start."""
+restart; the members' own requests (commit-log copies: members only; a leadership transfer: a member or an admin)
+are refused to others; a broker whose ACL file is bad does not start."""
 
 from __future__ import annotations
 
 import json
 import subprocess
+import tomllib
 
 import pytest
 import trio
 
 from client import Message, SendFailedError, TransactionState, open_producer, open_push_consumer
+from dledger.member_auth import MemberSigner
+from dledger.service import get_raft_status
 from remoting.acl import RequestSigner
 from remoting.codec import make_request
 from remoting.codes import RequestCode, ResponseCode
-from remoting.message import parse_msg_id
+from remoting.message import iter_records, parse_msg_id
 from remoting.transport import open_remoting_client
 from tests.cluster.test_admin_cli import _admin
 from tests.cluster.test_e2e_produce_consume import Cluster
@@ -210,6 +214,48 @@ async def test_an_account_added_to_the_file_works_without_a_restart(acl_cluster)
                         await trio.sleep(0.2)
     finally:
         acl_path.write_text(ACL)
+
+
+async def test_members_own_requests_are_theirs_alone_and_a_transfer_needs_an_admin_or_a_member(acl_cluster):
+    # FETCH_COMMIT_LOG and TRANSFER_LEADERSHIP were served to anyone reaching a service port, ACL or not: a stranger
+    # read every stored message and moved the master at will.
+    cluster, _ = acl_cluster
+    await _create_topic(cluster.namesrv)
+    async with open_producer(cluster.namesrv, **PRODUCER) as producer:
+        await producer.send(Message(TOPIC, b"for members' eyes"))
+    leader = await cluster.leader_addr()
+    secret = tomllib.loads(cluster.paths["n1"].read_text())["dledger"]["secret"]
+    admin, member = RequestSigner(ADMIN["access_key"], ADMIN["secret_key"]), MemberSigner(secret)
+    fetch = make_request(RequestCode.FETCH_COMMIT_LOG, ext={"group": "broker-a", "phy_offset": 0, "max_bytes": 4096})
+    async with open_remoting_client() as rpc:
+        with trio.fail_after(60):
+            for stranger in (fetch, admin.sign(fetch), MemberSigner("a secret of some other group").sign(fetch)):
+                r = await rpc.invoke(leader, stranger, timeout_s=5)
+                assert r.code == ResponseCode.NO_PERMISSION and not r.body, (r.code, r.remark)
+                assert "served to the members of group 'broker-a' only" in r.remark, r.remark
+            r = await rpc.invoke(leader, member.sign(fetch), timeout_s=5)
+            assert r.code == ResponseCode.SUCCESS, (r.code, r.remark)
+            assert b"for members' eyes" in b"".join(v.body for v in iter_records(r.body))
+            # The status lookup stays open (raftmq verify, raftmq chaos ask it with nothing to sign with).
+            assert (await get_raft_status(rpc, leader, "broker-a"))[0]["role"] == "LEADER"
+
+            to = next(nid for nid in cluster.addr_of if cluster.addr_of[nid] != leader)
+            transfer = make_request(RequestCode.TRANSFER_LEADERSHIP,
+                                    ext={"group": "broker-a", "to": to, "timeout_ms": 5000})
+            r = await rpc.invoke(leader, transfer, timeout_s=10)
+            assert r.code == ResponseCode.NO_PERMISSION and "carries no AccessKey" in r.remark, r.remark
+            r = await rpc.invoke(leader, RequestSigner(PRODUCER["access_key"], PRODUCER["secret_key"]).sign(transfer),
+                                 timeout_s=10)
+            assert r.code == ResponseCode.NO_PERMISSION, r.remark
+            assert "TRANSFER_LEADERSHIP (code 1003): account 'producer1' is not an admin account" in r.remark, r.remark
+            assert (await get_raft_status(rpc, leader, "broker-a"))[0]["role"] == "LEADER"  # nothing moved
+            r = await rpc.invoke(leader, admin.sign(transfer), timeout_s=10)
+            assert r.code == ResponseCode.SUCCESS and r.ext["leader_id"] == to, (r.code, r.remark)
+            # A member's (a node handing over before a restart) needs no account; back to where it was.
+            back = make_request(RequestCode.TRANSFER_LEADERSHIP,
+                                ext={"group": "broker-a", "to": cluster.node_at(leader), "timeout_ms": 5000})
+            r = await rpc.invoke(cluster.addr_of[to], member.sign(back), timeout_s=10)
+            assert r.code == ResponseCode.SUCCESS and r.ext["leader_id"] == cluster.node_at(leader), (r.code, r.remark)
 
 
 def test_a_bad_acl_file_stops_a_broker_before_it_starts(acl_cluster, tmp_path):

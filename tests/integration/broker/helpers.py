@@ -11,6 +11,7 @@ import trio
 
 from broker.config import BrokerConfig
 from broker.node import serve_broker
+from dledger.member_auth import MemberSigner
 from namesrv import NamesrvConfig, serve_namesrv
 from remoting.codec import make_request
 from remoting.codes import RequestCode, ResponseCode
@@ -58,6 +59,13 @@ async def start_broker(nursery: trio.Nursery, config: BrokerConfig) -> str:
 async def call(client: Any, addr: str, code: int, ext: dict | None = None, body: bytes = b"",
                timeout_s: float = 5.0):
     return await client.invoke(addr, make_request(code, ext=ext or {}, body=body), timeout_s=timeout_s)
+
+
+async def member_call(client: Any, addr: str, code: int, ext: dict | None = None, timeout_s: float = 5.0):
+    """``call`` signed as a member of the group (``MemberSignature`` with ``SECRET``): FETCH_COMMIT_LOG is served to
+    members only."""
+    request = MemberSigner(SECRET).sign(make_request(code, ext=ext or {}))
+    return await client.invoke(addr, request, timeout_s=timeout_s)
 
 
 async def wait_leader(client: Any, addr: str) -> None:

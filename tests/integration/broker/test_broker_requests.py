@@ -11,7 +11,8 @@ from remoting.codec import make_request
 from remoting.codes import RequestCode, ResponseCode
 from remoting.message import MessageInput, encode_batch, iter_records
 from remoting.transport import open_connection, open_remoting_client
-from tests.integration.broker.helpers import broker_configs, call, start_broker, start_namesrv, wait_leader
+from tests.integration.broker.helpers import (broker_configs, call, member_call, start_broker, start_namesrv,
+                                               wait_leader)
 from tests.integration.broker.test_broker_node import _send
 
 
@@ -881,13 +882,17 @@ async def test_fetch_commit_log_inside_a_record_is_refused_and_the_node_keeps_se
         group = config.dledger.group
         with trio.fail_after(10):
             for offset in (1, 2):
-                r = await call(client, addr, RequestCode.FETCH_COMMIT_LOG,
-                               {"group": group, "phy_offset": offset, "max_bytes": 100})
+                r = await member_call(client, addr, RequestCode.FETCH_COMMIT_LOG,
+                                      {"group": group, "phy_offset": offset, "max_bytes": 100})
                 assert r.code == ResponseCode.INVALID_REQUEST and not r.body, (offset, r.code, len(r.body))
                 assert f"phy_offset {offset} is not the start of a record" in r.remark, r.remark
+            r = await member_call(client, addr, RequestCode.FETCH_COMMIT_LOG, {"group": group, "phy_offset": 0,
+                                                                               "max_bytes": 100})
+            assert r.code == ResponseCode.SUCCESS and next(iter_records(r.body)).phy_offset == 0
+            # Not to a client, who reaches this port too: members only (the request carries no MemberSignature).
             r = await call(client, addr, RequestCode.FETCH_COMMIT_LOG, {"group": group, "phy_offset": 0,
                                                                         "max_bytes": 100})
-            assert r.code == ResponseCode.SUCCESS and next(iter_records(r.body)).phy_offset == 0
+            assert r.code == ResponseCode.NO_PERMISSION and not r.body, (r.code, r.remark)
             assert (await _send(client, addr, body=b"still here")).code == ResponseCode.SUCCESS
 
 

@@ -15,7 +15,7 @@ from remoting.config import ConfigError
 from remoting.message import (TRANSACTION_COMMIT_TYPE, TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE,
                               MessageInput, decode_record, encode_batch, iter_records, parse_msg_id)
 from remoting.transport import open_connection, open_remoting_client
-from tests.integration.broker.helpers import broker_configs, call, start_broker, wait_leader
+from tests.integration.broker.helpers import broker_configs, call, member_call, start_broker, wait_leader
 
 GROUP = "tx_group"
 
@@ -136,8 +136,8 @@ async def test_a_half_waits_unseen_then_commit_delivers_it_once_and_rollback_nev
 async def pull_op(client, addr):
     # The op topic is not pullable (below): its records are read from the whole commit log.
     end = await commit_log_end(client, addr)
-    r = await call(client, addr, RequestCode.FETCH_COMMIT_LOG, {"phy_offset": 0, "max_bytes": end,
-                                                                "group": "broker-a"})
+    r = await member_call(client, addr, RequestCode.FETCH_COMMIT_LOG, {"phy_offset": 0, "max_bytes": end,
+                                                                       "group": "broker-a"})
     assert r.code == ResponseCode.SUCCESS, r.remark
     return [v for v in iter_records(r.body) if v.topic == "RMQ_SYS_TRANS_OP_HALF_TOPIC"], r
 

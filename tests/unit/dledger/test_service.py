@@ -8,6 +8,7 @@ import cbor2
 import pytest
 
 from dledger import ByteLog
+from dledger.member_auth import MEMBER_SIGNATURE, MemberSigner
 from dledger.service import DLedgerService, get_raft_status, peer_with_history
 from dledger.state_machine import CHECKSUM_CHUNK_BYTES
 from remoting.codec import make_request, make_response
@@ -19,8 +20,11 @@ from remoting.errors import BrokerSystemError
 def service(tmp_path):
     log = ByteLog(tmp_path / "byte.log")
     log.apply_batch(log.prepare_batch([b"a" * 100, b"b" * 100], 0, 1, fresh=True).payload, 1, 0)
-    yield DLedgerService(SimpleNamespace(config=SimpleNamespace(group="g"), _sm=log))
+    yield DLedgerService(SimpleNamespace(config=SimpleNamespace(group="g", secret=SECRET), _sm=log))
     log.close()
+
+
+SECRET = "a group secret of twenty-four"
 
 
 @pytest.mark.parametrize("code, ext, field", [
@@ -36,9 +40,28 @@ def service(tmp_path):
 async def test_a_malformed_field_is_named_in_remark_and_ext(service, code, ext, field):
     # ext.field, which remoting/codes.py promises for INVALID_REQUEST (and InvalidRequestError carries), was
     # never set: a client could only parse the remark.
-    response = await service.handle(make_request(code, ext=ext), None)
+    response = await service.handle(MemberSigner(SECRET).sign(make_request(code, ext=ext)), None)
     assert response.code == ResponseCode.INVALID_REQUEST, response
     assert response.ext.get("field") == field and field in response.remark, response
+
+
+async def test_commit_log_bytes_are_served_to_requests_signed_with_the_group_secret_only(service):
+    # FETCH_COMMIT_LOG shares the service port every client reaches, and no ACL judges it: unsigned, it handed
+    # anyone there every stored message. Now only a member, who holds the group's dledger.secret, is served.
+    ask = make_request(RequestCode.FETCH_COMMIT_LOG, ext={"group": "g", "phy_offset": 0, "max_bytes": 4096})
+    signed = MemberSigner(SECRET).sign(ask)
+    response = await service.handle(signed, None)
+    assert response.code == ResponseCode.SUCCESS and response.body.count(b"a" * 100) == 1, response
+    assert signed.ext[MEMBER_SIGNATURE] and MEMBER_SIGNATURE not in ask.ext  # a new frame, the asked one unchanged
+    changed = dict(signed.ext, phy_offset=0, max_bytes=8192)  # what the signature covers, changed on the way
+    forged = [ask, MemberSigner("another group's secret").sign(ask),
+              make_request(RequestCode.FETCH_COMMIT_LOG, ext=changed),
+              make_request(RequestCode.FETCH_COMMIT_LOG, ext=dict(signed.ext, **{MEMBER_SIGNATURE: 7})),
+              make_request(RequestCode.FETCH_COMMIT_LOG, ext={**signed.ext, "group": "other"})]
+    for request in forged:
+        response = await service.handle(request, None)
+        assert response.code == ResponseCode.NO_PERMISSION and not response.body, (request.ext, response)
+        assert "members of group 'g' only" in response.remark and "dledger.secret" in response.remark, response
 
 
 @pytest.fixture
@@ -60,7 +83,7 @@ def slow_disk_service(tmp_path, monkeypatch):
         return fast(data, value, *args)
 
     monkeypatch.setattr(crc32c, "crc32c", slow)
-    yield DLedgerService(SimpleNamespace(config=SimpleNamespace(group="g"), _sm=log,
+    yield DLedgerService(SimpleNamespace(config=SimpleNamespace(group="g", secret=SECRET), _sm=log,
                                          statistics=lambda: _statistics(log))), log, chunks, fast
     log.close()
 
@@ -211,7 +234,7 @@ async def test_only_a_moved_answer_a_peer_that_deleted_the_log_could_give_starts
     from dledger.service import remote_fetch_range
     from remoting.errors import PullOffsetMovedError
 
-    fetch = remote_fetch_range(_Moved({"min_offset": low, "end_offset": end}), "g")
+    fetch = remote_fetch_range(_Moved({"min_offset": low, "end_offset": end}), "g", SECRET)
     peer = MemberAddress(id="n1", raft_address="127.0.0.1:10001", service_address="127.0.0.1:10002")
     with pytest.raises(CommitLogMovedError if moved else PullOffsetMovedError):
         await fetch(peer, 0, 100)
