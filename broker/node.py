@@ -68,7 +68,7 @@ from remoting.config import parse_host_port
 from remoting.errors import RaftMQError
 from remoting.message import decode_record, split_pop_retry_topic
 from remoting.metrics_http import serve_metrics
-from remoting.tls import ServerContextReloader
+from remoting.tls import ContextReloader
 from remoting.transport import corked, open_remoting_client, serve_remoting
 
 log = logging.getLogger(__name__)
@@ -114,7 +114,7 @@ class BrokerNode:
         self.registration = RegistrationService(client, config.namesrv_addrs, self.registration_snapshot,
                                                 interval_ms=config.register_interval_ms,
                                                 timeout_ms=config.register_timeout_ms,
-                                                tls_context=config.tls_client_context())
+                                                tls_context=_client_tls(config))
         self._topic_lock = trio.Lock()
         self._unregistrable_topics: set[tuple[str, str]] = set()  # (topic, problem) warned about once each
         # Held by the offset flusher around take-and-replicate and by a reset around its own replication, so a
@@ -805,12 +805,21 @@ async def _rejoin_if_rebuilt(config: DLedgerConfig, store: MessageStore, client:
     return config.replace(rejoin=True)
 
 
-def _server_tls(node: BrokerNode) -> ServerContextReloader | None:
+def _server_tls(node: BrokerNode) -> ContextReloader | None:
     """The TLS context source of the node's remoting server: its config's files as they are at each connection
     accepted (remoting/tls.py), from ``node.config`` as it is then. None with tls_mode "disabled"."""
     if node.config.tls_mode == "disabled":
         return None
-    return ServerContextReloader(lambda: node.config.tls_server_context())
+    return ContextReloader(lambda: node.config.tls_server_context())
+
+
+def _client_tls(config: BrokerConfig) -> ContextReloader | None:
+    """The TLS context source of the node's own client (catch-up fetches to its peers, registration with the name
+    servers): its files as they are at each connection it makes, so a certificate or CA rotated on disk is used
+    without a restart, as the server's is. None without ``tls_client_enable``."""
+    if not config.tls_client_enable:
+        return None
+    return ContextReloader(config.tls_client_context)  # type: ignore[arg-type]
 
 
 async def serve_broker(config: BrokerConfig, *, on_serving: Callable[[BrokerNode], None] | None = None,
@@ -825,8 +834,8 @@ async def serve_broker(config: BrokerConfig, *, on_serving: Callable[[BrokerNode
         config = load_runtime_config(file_config)
         async with trio.open_nursery() as outer:
             await outer.start(store.serve)
-            async with open_remoting_client(max_frame_size=config.max_frame_size,
-                                            tls_context=config.tls_client_context()) as client:
+            client_tls = _client_tls(config)
+            async with open_remoting_client(max_frame_size=config.max_frame_size, tls_context=client_tls) as client:
                 dledger_config = await _rejoin_if_rebuilt(config.dledger, store, client)
                 async with open_dledger_group(dledger_config, machine,
                                               fetch_range=remote_fetch_range(client, config.broker_name,

@@ -91,7 +91,8 @@ class RegistrationStatistics:
 
 class RegistrationService:
     def __init__(self, client: Any, namesrv_addrs: tuple[str, ...], snapshot: Callable[[], RegistrationSnapshot],
-                 *, interval_ms: int, timeout_ms: int, tls_context: ssl.SSLContext | None = None) -> None:
+                 *, interval_ms: int, timeout_ms: int,
+                 tls_context: ssl.SSLContext | Callable[[], ssl.SSLContext] | None = None) -> None:
         self._client = client
         # The pooled client's TLS (the node's tls_client_enable), for unregister_all's connections of their own.
         self._tls_context = tls_context

@@ -44,7 +44,7 @@ from remoting.codes import RequestCode, ResponseCode
 from remoting.config import ConfigError, bounded, check_fields, config_from_mapping, parse_host_port
 from remoting.errors import ConnectError, ConnectionClosedError, RaftMQError, for_code
 from remoting.message import CLIENT_ID_MAX_LENGTH, MessageFormatError, ip_bytes
-from remoting.tls import client_context
+from remoting.tls import ContextReloader, client_context
 
 __all__ = ["ClientConfig", "ClientInstance", "build_config", "raise_for_response", "open_remoting",
            "open_client_nursery", "ServerRequests", "check_instance_name", "detect_client_ip",
@@ -401,9 +401,13 @@ def open_remoting(config: ClientConfig, handler: ServerRequests | None = None) -
     from remoting.transport import open_remoting_client  # the trio shell; imported where sockets are needed
 
     signer = RequestSigner(config.access_key, config.secret_key).sign if config.access_key else None
+    tls: Any = client_tls_context(config)
+    if tls is not None and config.tls_verify:
+        # Its files as they are at each connection: a CA or client certificate rotated on disk is used without a
+        # restart (remoting/tls.py). Not without verification, whose every build warns again (and has no CA to follow).
+        tls = ContextReloader(functools.partial(client_tls_context, config))
     return open_remoting_client(handler=handler, max_frame_size=config.max_frame_size_bytes,
-                                connect_timeout_s=config.connect_timeout_ms / 1000, signer=signer,
-                                tls_context=client_tls_context(config))
+                                connect_timeout_s=config.connect_timeout_ms / 1000, signer=signer, tls_context=tls)
 
 
 def client_tls_context(config: ClientConfig) -> ssl.SSLContext | None:

@@ -14,7 +14,7 @@ from namesrv.metrics import namesrv_metrics_registry
 from namesrv.processor import NamesrvProcessor
 from namesrv.route_info import RouteInfoManager
 from remoting.metrics_http import serve_metrics
-from remoting.tls import ServerContextReloader
+from remoting.tls import ContextReloader
 from remoting.transport import serve_remoting
 
 log = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ async def serve_namesrv(config: NamesrvConfig, *, route_info: RouteInfoManager |
             serve_remoting, processor, host, port, max_frame_size=config.max_frame_size_bytes,
             tls_mode=config.tls_mode,
             # The files as they are at each TLS connection accepted: a certificate replaced on disk serves the next.
-            tls_context=None if config.tls_mode == "disabled" else ServerContextReloader(config.tls_server_context)))
+            tls_context=None if config.tls_mode == "disabled" else ContextReloader(config.tls_server_context)))
         nursery.start_soon(_scan_not_active, processor, config.scan_interval_ms)
         metrics = "off"
         if config.metrics_listen:

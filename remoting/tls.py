@@ -15,10 +15,11 @@ Rules (RocketMQ's ``tls.server.mode`` and ``tls.enable``, docs/operations.md "TL
   reads; the system's CA paths for a client without a CA file) and shared: a config checked at load and served at
   start reads its files once, and one that fails is refused again without reading them until a file changes.
   Shared contexts are never changed after they are built.
-* A server's files are looked at again for each TLS connection it accepts (``ServerContextReloader``, a few
-  ``stat`` calls): a certificate replaced on disk, as RocketMQ's FileWatchService notices, serves every connection
-  accepted after it, and the connections open keep theirs. Replacements that do not load (a key written before its
-  certificate) keep the last good context, with a WARNING once per change, until the files agree.
+* A server's files are looked at again for each TLS connection it accepts, and a client's (a broker's, dialing its
+  peers and the name servers; an application's) for each connection it makes (``ContextReloader``, a few ``stat``
+  calls): a certificate or CA file replaced on disk, as RocketMQ's FileWatchService notices, is used by every
+  connection from then on, and the connections open keep theirs. Replacements that do not load (a key written
+  before its certificate) keep the last good context, with a WARNING once per change, until the files agree.
 * A client verifies the server's certificate and name unless told not to (``verify=False``), which logs a WARNING
   each time a context is built: it gives encryption without authentication. Given a CA file, it trusts only that
   file's CAs, not the system's too.
@@ -39,7 +40,7 @@ from pathlib import Path
 
 from remoting.config import ConfigError, read_named_file
 
-__all__ = ["HANDSHAKE_TIMEOUT_S", "TLS_HANDSHAKE_RECORD", "TLS_MODES", "ServerContextReloader", "client_context",
+__all__ = ["HANDSHAKE_TIMEOUT_S", "TLS_HANDSHAKE_RECORD", "TLS_MODES", "ContextReloader", "client_context",
            "is_tls_start", "server_context", "server_context_for_mode"]
 
 log = logging.getLogger(__name__)
@@ -220,16 +221,17 @@ def _built_once(settings: Hashable, files: tuple[str | Path | None, ...],
     return found
 
 
-class ServerContextReloader:
-    """What ``serve_remoting`` calls for the context of each TLS connection it accepts: ``build()`` (a config's
-    ``tls_server_context``, asked again each time) returns the context of the files as they are now, built only
-    when one changed. A build that fails keeps the last good context and logs a WARNING once per failure; at
-    construction it raises, so a server never starts on files that do not load."""
+class ContextReloader:
+    """What ``serve_remoting`` calls for the context of each TLS connection it accepts, and a client pool for each
+    it makes: ``build()`` (a config's ``tls_server_context`` or ``tls_client_context``, asked again each time)
+    returns the context of the files as they are now, built only when one changed. A build that fails keeps the last
+    good context and logs a WARNING once per failure; at construction it raises, so a process never starts on files
+    that do not load."""
 
     def __init__(self, build: Callable[[], ssl.SSLContext | None]) -> None:
         context = build()
         if context is None:
-            raise ValueError("ServerContextReloader needs a server TLS context: tls_mode is \"disabled\"")
+            raise ValueError("ContextReloader needs a TLS context: this config has TLS off")
         self._build = build
         self._current = context
         self._problem: str | None = None
@@ -243,10 +245,10 @@ class ServerContextReloader:
                 log.warning("TLS files changed but do not load; new connections keep the previous certificate "
                             "reason=%s", e)
             return self._current
-        if context is None:  # tls_mode is fixed at start: a server cannot stop serving TLS under its clients
+        if context is None:  # TLS on or off is fixed at start: a server cannot stop serving it under its clients
             return self._current
         if context is not self._current:
-            log.info("TLS files changed: connections accepted from now on get the reloaded certificate")
+            log.info("TLS files changed: connections made or accepted from now on use the reloaded files")
             self._current = context
         self._problem = None
         return context

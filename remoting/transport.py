@@ -63,7 +63,7 @@ async def open_listeners(host: str, port: int) -> tuple[list[trio.SocketListener
 @dataclass(frozen=True, slots=True)
 class _ServerTLS:
     mode: str  # "permissive" or "enforcing" (remoting/tls.py)
-    # Asked for each TLS connection: a ServerContextReloader hands out the certificate as it is on disk now.
+    # Asked for each TLS connection: a ContextReloader hands out the certificate as it is on disk now.
     context: Callable[[], ssl.SSLContext]
     handshake_timeout_s: float
 
@@ -76,7 +76,7 @@ async def serve_remoting(handler: RequestHandler, host: str, port: int, *,
     """Listen on ``host:port`` (0: any free port), report ``(host, bound_port)`` through ``task_status`` and
     serve every connection with ``handler`` until cancelled. ``tls_mode`` (remoting/tls.py): "disabled" (plain
     only), "enforcing" (TLS only) or "permissive" (both on this port), with ``tls_context``
-    (``remoting.tls.server_context``, or a callable such as ``remoting.tls.ServerContextReloader`` asked for each TLS
+    (``remoting.tls.server_context``, or a callable such as ``remoting.tls.ContextReloader`` asked for each TLS
     connection) for the last two; a handshake not done within ``tls_handshake_timeout_s`` closes its connection."""
     FrameDecoder(max_frame_size)  # validates the size now rather than on the first connection
     if tls_mode not in TLS_MODES:
@@ -176,9 +176,11 @@ async def background_nursery() -> AsyncIterator[trio.Nursery]:
 
 
 async def _open_stream(addr: str, connect_timeout_s: float,
-                       tls_context: ssl.SSLContext | None = None) -> trio.SocketStream | trio.SSLStream:
+                       tls_context: ssl.SSLContext | Callable[[], ssl.SSLContext] | None = None
+                       ) -> trio.SocketStream | trio.SSLStream:
     """A connected stream to ``addr``; with ``tls_context``, TLS with its handshake done. The connect timeout
-    covers both."""
+    covers both. A callable ``tls_context`` (a ``ContextReloader``) is asked now, for this connection: a certificate
+    or CA file replaced on disk is used from the next connection on, and the connections open keep theirs."""
     try:
         host, port = parse_host_port(addr, key="remote address")
     except ConfigError as e:
@@ -195,7 +197,8 @@ async def _open_stream(addr: str, connect_timeout_s: float,
             raise ConnectError(addr, reason) from e
         if tls_context is None:
             return stream
-        secure = trio.SSLStream(stream, tls_context, server_hostname=host, https_compatible=True)
+        context = tls_context if isinstance(tls_context, ssl.SSLContext) else tls_context()
+        secure = trio.SSLStream(stream, context, server_hostname=host, https_compatible=True)
         done = False
         try:
             await secure.do_handshake()
@@ -222,10 +225,11 @@ async def _start_connection(stream: trio.SocketStream | trio.SSLStream, addr: st
 async def open_connection(addr: str, *, handler: RequestHandler | None = None,
                           max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
                           connect_timeout_s: float = 3.0,
-                          tls_context: ssl.SSLContext | None = None) -> AsyncIterator[ClientConnection]:
+                          tls_context: ssl.SSLContext | Callable[[], ssl.SSLContext] | None = None
+                          ) -> AsyncIterator[ClientConnection]:
     """One connection to ``addr`` ("host:port"), closed on exit. It does not reconnect: use
     ``open_remoting_client`` for that. Raises ``ConnectError`` when it cannot connect (or its TLS handshake, with
-    ``tls_context`` from ``remoting.tls.client_context``, fails)."""
+    ``tls_context`` from ``remoting.tls.client_context`` or a ``ContextReloader``, fails)."""
     FrameDecoder(max_frame_size)
     stream = await _open_stream(addr, connect_timeout_s, tls_context)
     async with background_nursery() as nursery:
@@ -266,7 +270,7 @@ class RemotingClient:
 
     def __init__(self, nursery: trio.Nursery, *, handler: RequestHandler | None, max_frame_size: int,
                  connect_timeout_s: float, signer: Callable[[Frame], Frame] | None = None,
-                 tls_context: ssl.SSLContext | None = None) -> None:
+                 tls_context: ssl.SSLContext | Callable[[], ssl.SSLContext] | None = None) -> None:
         self._nursery = nursery
         self._tls_context = tls_context
         self._handler = handler
@@ -377,11 +381,13 @@ async def open_remoting_client(*, handler: RequestHandler | None = None,
                                max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
                                connect_timeout_s: float = 3.0,
                                signer: Callable[[Frame], Frame] | None = None,
-                               tls_context: ssl.SSLContext | None = None) -> AsyncIterator[RemotingClient]:
+                               tls_context: ssl.SSLContext | Callable[[], ssl.SSLContext] | None = None
+                               ) -> AsyncIterator[RemotingClient]:
     """A ``RemotingClient``; every connection it opened is closed on exit. ``handler`` answers requests
     that servers send to this client (without one they get REQUEST_CODE_NOT_SUPPORTED). ``signer`` (ACL:
     ``remoting.acl.RequestSigner.sign``) turns each request into the one sent; responses are not signed.
-    ``tls_context`` (``remoting.tls.client_context``): every connection is TLS, its handshake part of connecting."""
+    ``tls_context`` (``remoting.tls.client_context``, or a callable such as ``remoting.tls.ContextReloader`` asked for
+    each connection): every connection is TLS, its handshake part of connecting."""
     FrameDecoder(max_frame_size)
     if not connect_timeout_s > 0:
         raise ValueError(f"connect_timeout_s must be > 0, got {connect_timeout_s!r}")

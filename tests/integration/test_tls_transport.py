@@ -207,3 +207,48 @@ async def test_verify_reaches_enforcing_members_over_tls(nursery, tls_files):
     assert report["identical"] and report["up_to"] == 100
     with pytest.raises(ConnectionClosedError, match="if the server enforces TLS"):
         await verify_group("broker-a", addrs, timeout_s=10)
+
+
+async def test_a_client_follows_its_ca_file_replaced_on_disk_without_a_restart(nursery, tmp_path):
+    # A client's context was built once, at open: after a CA rotation (servers given certificates of the new CA,
+    # the client's CA file replaced), a long-lived producer or consumer failed every new connection ("certificate
+    # verify failed") until restarted, while servers already followed their own files.
+    from client.instance import ClientConfig, open_remoting
+
+    one, two = make_tls_files(tmp_path / "one"), make_tls_files(tmp_path / "two")
+    ca = tmp_path / "ca.pem"
+    ca.write_bytes(one.ca_file.read_bytes())
+    _, old = await _serve(nursery, one, "enforcing")
+    config = ClientConfig(namesrv_addrs=("127.0.0.1:1",), tls_enable=True, tls_ca_file=str(ca))
+    async with open_remoting(config) as client:
+        ping = make_request(RequestCode.ECHO, body=b"ping")
+        assert (await client.invoke(old, ping, timeout_s=10)).body == b"ping"
+        _, new = await _serve(nursery, two, "enforcing")  # a server of the new CA
+        staged = tmp_path / "ca.pem.new"
+        staged.write_bytes(two.ca_file.read_bytes())
+        staged.replace(ca)  # as a secret's rotation does: renamed over the old file
+        assert (await client.invoke(new, ping, timeout_s=10)).body == b"ping"
+        # The connection open keeps the context it was made with.
+        assert (await client.invoke(old, ping, timeout_s=10)).body == b"ping"
+
+
+def test_a_brokers_own_client_context_follows_its_files(tmp_path):
+    # The broker's client (catch-up fetches to its peers, registration with the name servers) is given a reloader,
+    # as its server is: each connection it makes gets the files as they are then.
+    from broker.node import _client_tls
+    from tests.integration.broker.helpers import broker_configs
+
+    one, two = make_tls_files(tmp_path / "one"), make_tls_files(tmp_path / "two")
+    ca = tmp_path / "ca.pem"
+    ca.write_bytes(one.ca_file.read_bytes())
+    (plain,) = broker_configs(tmp_path / "plain", "127.0.0.1:1")
+    assert _client_tls(plain) is None  # tls_client_enable off
+    (config,) = broker_configs(tmp_path / "node", "127.0.0.1:1", tls_client_enable=True, tls_ca_file=str(ca))
+    reloader = _client_tls(config)
+    before = reloader()
+    assert reloader() is before
+    staged = tmp_path / "ca.pem.new"
+    staged.write_bytes(two.ca_file.read_bytes())
+    staged.replace(ca)
+    after = reloader()
+    assert after is not before and after.get_ca_certs() != before.get_ca_certs()

@@ -17,7 +17,7 @@ from raftmq.bench.common import tls_context_from_args
 from raftmq.commands.dev_tls import open_tls_dir
 from remoting import tls
 from remoting.config import ConfigError
-from remoting.tls import ServerContextReloader, client_context, server_context
+from remoting.tls import ContextReloader, client_context, server_context
 from tests.tls_certs import make_tls_files
 
 
@@ -106,7 +106,7 @@ def test_files_that_do_not_load_are_refused_again_without_reading_them(live, loa
 
 def test_the_reloader_serves_the_files_as_they_are_and_keeps_the_last_good_context(pairs, live, caplog):
     cert, key = live
-    reloader = ServerContextReloader(lambda: server_context(cert, key))
+    reloader = ContextReloader(lambda: server_context(cert, key))
     first = reloader()
     assert reloader() is first
     with caplog.at_level(logging.INFO, logger="remoting.tls"):
@@ -118,13 +118,13 @@ def test_the_reloader_serves_the_files_as_they_are_and_keeps_the_last_good_conte
         _replace(key, pairs[1].key_file)
         second = reloader()
     assert second is not first and reloader() is second
-    assert any("TLS files changed: connections accepted from now on" in r.getMessage() for r in caplog.records)
+    assert any("TLS files changed: connections made or accepted from now on" in r.getMessage() for r in caplog.records)
 
 
 def test_the_reloader_refuses_files_that_do_not_load_at_start(live):
     cert, _ = live
     with pytest.raises(ConfigError, match="holds no PEM private key"):
-        ServerContextReloader(lambda: server_context(cert, cert))
+        ContextReloader(lambda: server_context(cert, cert))
 
 
 def test_a_client_without_a_ca_file_follows_the_system_store_it_is_given(pairs, tmp_path, monkeypatch):
