@@ -735,10 +735,12 @@ class DLedgerGroup:
 
     async def put_metadata(self, table: str, items: dict[str, Any], *, timeout_s: float = 3.0) -> int:
         """Replicate key/value changes of a metadata table (None deletes a key); leader only. Held while a leadership
-        transfer runs, then refused with NOT_LEADER if the leadership moved."""
+        transfer runs, then refused with NOT_LEADER if the leadership moved, and with LeaderChangedError if it moved
+        and came back (the caller decided on what it read in the earlier term)."""
         if not self.is_leader:
             raise self._not_leader()
         if self._transferring:
+            term = self.term
             # Held like the batcher's entries: one appended after the TimeoutNow leaves the target a log shorter
             # than this member's, so the target loses the election it was asked to hold and this member, stepping
             # down, wins it back (seen under load, most likely a broker's periodic consumer-offset flush: its clean
@@ -750,6 +752,11 @@ class DLedgerGroup:
                 raise GroupBusyError(self.config.group, f"a leadership transfer held the change for {timeout_s:g} s")
             if not self.is_leader:
                 raise self._not_leader()
+            if self.term != term:
+                # Led again in a later term, after another member may have led and changed the table: a lock
+                # grant or offset decided on the earlier term's table would land over that member's changes.
+                raise LeaderChangedError(self.config.group, f"the leadership moved and came back (term {term} to "
+                                                            f"{self.term}) while a transfer held the change")
             timeout_s = max(deadline - trio.current_time(), 0.001)
         outcome = await self._call_replicated(lambda cb: self.member.put_metadata(table, items, callback=cb),
                                               timeout_s)

@@ -468,6 +468,44 @@ async def test_a_metadata_put_during_a_transfer_waits_for_it_and_does_not_cost_t
         log.close()
 
 
+async def test_a_metadata_put_held_across_a_lost_and_regained_leadership_is_refused(tmp_path):
+    """A put held by a transfer re-checked only that its member led when the transfer ended: one that had led
+    another member meanwhile and then this one again (a later term) proposed a change decided on the earlier term's
+    table, over whatever the other leader changed (a queue lock granted twice). Here the leadership goes to another
+    member and back while a put waits."""
+    from dledger import LeaderChangedError
+
+    async with AsyncExitStack() as stack:
+        configs, logs, groups = await open_groups(stack, tmp_path)
+        leader = await ready_leader(groups)
+        other = next(g for g in groups if not g.is_leader)
+        term = leader.term
+        leader._transferring += 1  # a transfer under way: the put below waits for it
+        outcome: list[object] = []
+
+        async def put_once() -> None:
+            try:
+                outcome.append(await leader.put_metadata("locks", {"q": "client-1"}, timeout_s=20))
+            except LeaderChangedError as e:
+                outcome.append(e)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(put_once)
+            await trio.sleep(0.05)
+            assert not outcome  # held
+            await leader.transfer_leadership(other.config.self_id, timeout_s=5)
+            await other.put_metadata("locks", {"q": "client-2"})  # the other leader's grant
+            await other.transfer_leadership(leader.config.self_id, timeout_s=5)
+            assert leader.is_leader and leader.term > term
+            leader._transferring -= 1
+            leader._transfer_done.set()
+        assert len(outcome) == 1 and isinstance(outcome[0], LeaderChangedError), outcome
+        assert f"term {term} to {leader.term}" in str(outcome[0])
+        assert leader.metadata_get("locks", "q") == "client-2"  # the later term's grant stands
+    for log in logs:
+        log.close()
+
+
 async def test_a_transfer_whose_timeout_now_went_unheeded_asks_again(tmp_path):
     """pysyncobj's transferLeadership reports success once its TimeoutNow is handed to the transport, which drops
     it on a connection it judges dead; the transfer then waited out its whole timeout for an election that never
