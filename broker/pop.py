@@ -27,9 +27,13 @@ A POP hands a consumer up to ``max_msg_nums`` messages of a queue and makes them
   ``<topic>`` read it too), or, once the stored copy's ``reconsume_times`` reached the subscription group's
   ``retry_max_times``, in its dead-letter topic ``%DLQ%<group>`` (as a send-back does), and only then removes the
   checkpoint. A leader killed between the two revives it again: a duplicate, never a loss (at-least-once, as
-  RocketMQ). Why a retry topic per (group, topic) rather than the push consumers' ``%RETRY%<group>``: a POP names
-  one topic, with its own filter, and reads its retry topic with it; sharing one per group would make a POP of topic
-  A read (and skip for good, past its pop offset) the revived messages of topic B. The '+' is outside the names'
+  RocketMQ). A round starts once dispatch has caught up with the commit log (at most ``REVIVE_DISPATCH_WAIT_S``,
+  else the next round), and a message its queue does not hold yet keeps its checkpoint (``RevivePendingError``):
+  only one retention removed is skipped. A leader just elected over another's pops read the messages it had not
+  dispatched yet as removed, dropped the checkpoint, and they were never delivered again. Why a retry topic per
+  (group, topic) rather than the push consumers' ``%RETRY%<group>``: a POP names one topic, with its own filter,
+  and reads its retry topic with it; sharing one per group would make a POP of topic A read (and skip for good,
+  past its pop offset) the revived messages of topic B. The '+' is outside the names'
   charset, so the name is nobody else's (v1's ``%RETRY%<group>_<topic>`` was also a push group's retry topic, and
   ``a_b_c`` two (group, topic) pairs'); no client may send to it, pull it or pop it as a topic.
 * **One checkpoint never holds up the others.** Each is revived in its own try: one that fails (its retry topic
@@ -73,6 +77,7 @@ import trio
 from broker.processor.base import RequestRejected
 from broker.schedule import stored_again
 from broker.service_rounds import alone_entry_bytes, entry_limit, entry_room, log_unexpected_round_failure
+from broker.store.results import GetMessageStatus
 from broker.subscription_group import DEFAULT_RETRY_MAX_TIMES, DEFAULT_RETRY_QUEUE_NUMS
 from broker.topic_config import PERM_READ_WRITE, PERM_WRITE, TopicConfig
 from dledger import DLedgerError
@@ -97,6 +102,12 @@ _OFFSET_PREFIX = "o\x01"
 _CK_PREFIX = "c\x01"
 # A checkpoint whose revive failed waits pop_revive_interval_ms * 2^failures before the next try, at most this long.
 REVIVE_BACKOFF_MAX_MS = 60_000
+# How long a revive round waits for dispatch to catch up with the commit log before it is left to the next round.
+REVIVE_DISPATCH_WAIT_S = 1.0
+# A popped offset reads so once retention took it: the message is gone (it is not revived). Any other miss is a unit
+# this node has not dispatched yet (a new leader, a burst, a retried dispatch error): the checkpoint waits for it.
+_REMOVED = frozenset({GetMessageStatus.OFFSET_TOO_SMALL, GetMessageStatus.MESSAGE_WAS_REMOVING,
+                      GetMessageStatus.OFFSET_FOUND_NULL})
 _REVIVE_WARN_EVERY = 20  # failures of one checkpoint between its WARNINGs (the first one is always logged)
 # Most receipt handles of one BATCH_ACK_MESSAGE: 32 full POPs, and the one write stays far below a Raft entry's limit
 # (~300 KB when each handle is a checkpoint of 32 of its own). The ACL reads no longer body either (broker/acl.py).
@@ -158,6 +169,10 @@ class CheckPoint:
     def handle(self, broker_name: str, queue_offset: int) -> ReceiptHandle:
         return ReceiptHandle(broker_name, self.consumer_group, self.topic, self.queue_id, queue_offset,
                              self.start_offset, self.pop_time_ms, self.invisible_time_ms)
+
+
+class RevivePendingError(Exception):
+    """A checkpoint's message is not in this node's consume queue yet: the revive waits for it (``_message``)."""
 
 
 class ReceiptHandleError(ValueError):
@@ -613,6 +628,16 @@ class PopService:
         def clock() -> int:
             return now_ms() if now is None else now
 
+        # A checkpoint names queue offsets, which read as missing on a node whose dispatch trails its commit log
+        # (a leader just elected over another's pops): they must be in its consume queues before a revive looks.
+        store = self.node.store
+        end = store.max_phy_offset
+        with trio.move_on_after(REVIVE_DISPATCH_WAIT_S):
+            await store.wait_dispatched(end)
+        if store.dispatched_phy_offset < end:
+            log.info("pop revive round left to the next: dispatch is behind the commit log dispatched=%d end=%d",
+                     store.dispatched_phy_offset, end)
+            return 0
         table = self.table()
         for key in [k for k in self._backoff if k not in table]:
             del self._backoff[key]  # acked, revived or forgotten since
@@ -644,7 +669,7 @@ class PopService:
         failures = self._backoff.get(ck.key, (0, 0))[1] + 1
         delay_ms = min(self.node.config.pop_revive_interval_ms << min(failures, 16), REVIVE_BACKOFF_MAX_MS)
         self._backoff[ck.key] = (now_ms() + delay_ms, failures)
-        expected = isinstance(error, (RequestRejected, DLedgerError, RaftMQError))
+        expected = isinstance(error, (RequestRejected, DLedgerError, RaftMQError, RevivePendingError))
         level = logging.WARNING if failures == 1 or failures % _REVIVE_WARN_EVERY == 0 else logging.DEBUG
         # An unexpected error is a bug: its traceback, once.
         log.log(level, "pop checkpoint not revived, retried in %d ms; the others go on group=%s topic=%s queue_id=%d "
@@ -758,7 +783,13 @@ class PopService:
         return cost, None
 
     def _message(self, topic: str, queue_id: int, offset: int) -> MessageView | None:
+        """The popped message at ``offset``; None once retention removed it. Raises ``RevivePendingError`` for one
+        this node cannot read yet (its checkpoint is kept, and tried again after its back-off): read as gone, it
+        was never delivered again, as nothing else holds its offset."""
         result = self.node.store.get_messages(topic, queue_id, offset, 1, 1 << 30)
         if not result.messages or result.queue_offsets[0] != offset:
-            return None
+            if result.status in _REMOVED or (result.messages and result.queue_offsets[0] > offset):
+                return None  # below the queue's min offset, or its unit's commit-log segment is gone
+            raise RevivePendingError(f"popped message not readable here yet topic={topic} queue_id={queue_id} "
+                                     f"offset={offset} status={result.status.value} max_offset={result.max_offset}")
         return decode_record(result.messages[0], check_crc=False)

@@ -13,9 +13,10 @@ import trio.testing
 
 from broker.long_polling import PullRequestHoldService
 from broker.pop import (MAX_BATCH_ACK, BatchAckBodyError, CheckPoint, CheckpointIndex, PopService, ReceiptHandle,
-                        ReceiptHandleError, batch_ack_texts, checkpoints_of_queue, expired_checkpoints, plan_ack,
-                        plan_acks, plan_change, plan_forget, plan_reset, pop_offset_key, pop_retry_topic_problem,
-                        superseded_by)
+                        ReceiptHandleError, RevivePendingError, batch_ack_texts, checkpoints_of_queue,
+                        expired_checkpoints, plan_ack, plan_acks, plan_change, plan_forget, plan_reset,
+                        pop_offset_key, pop_retry_topic_problem, superseded_by)
+from broker.store.results import GetMessageResult, GetMessageStatus
 from broker.topic_config import TopicConfigError, check_sendable_topic, validate_topic_name
 from namesrv.requests import _legal_topic
 from remoting.message import MessageFormatError, check_topic, pop_retry_topic, split_pop_retry_topic
@@ -471,3 +472,22 @@ def test_producers_may_not_send_to_a_pop_retry_topic():
     with pytest.raises(TopicConfigError, match="reserved for the broker .*POP retry topic of consumer group 'g'"):
         check_sendable_topic("%RETRY%g+TopicA")
     check_sendable_topic("%RETRY%g_TopicA")  # a push group's retry topic: sent to by send-backs, not refused here
+
+
+@pytest.mark.parametrize("status, removed", [
+    (GetMessageStatus.OFFSET_TOO_SMALL, True), (GetMessageStatus.MESSAGE_WAS_REMOVING, True),
+    (GetMessageStatus.OFFSET_FOUND_NULL, True), (GetMessageStatus.OFFSET_OVERFLOW_ONE, False),
+    (GetMessageStatus.OFFSET_OVERFLOW_BADLY, False), (GetMessageStatus.NO_MESSAGE_IN_QUEUE, False),
+    (GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, False),
+])
+def test_a_popped_message_is_skipped_only_once_retention_took_it(status, removed):
+    # Every miss read as "gone (retention)": a message this node had not dispatched yet lost its checkpoint and,
+    # behind the pop offset, was never delivered again. Now such a miss keeps the checkpoint for a later round.
+    result = GetMessageResult(status, next_begin_offset=7, min_offset=5 if removed else 0, max_offset=7)
+    store = type("Store", (), {"get_messages": lambda self, *args: result})()
+    service = PopService(node=type("Node", (), {"store": store})())  # type: ignore[arg-type]
+    if removed:
+        assert service._message("T", 0, 4) is None
+    else:
+        with pytest.raises(RevivePendingError, match=f"offset=9 status={status.value} max_offset=7"):
+            service._message("T", 0, 9)
