@@ -381,7 +381,9 @@ class BrokerNode:
         and would sit past the cut, unreachable until the name is created again, then served as the new topic's
         (64 acknowledged sends of each round in a probe). Once the config is gone no send is admitted, and the
         group's queue is first in, first out, so the second record lands behind every admitted one. A producer's
-        auto-create of the same name waits on the topic lock, so its messages land after both."""
+        auto-create of the same name waits on the topic lock, so its messages land after both. Messages of the topic
+        still waiting elsewhere go too: a delayed one is not delivered (``broker.schedule``), and a transaction's
+        COMMIT is a rollback (``broker.transaction``)."""
         async with self._topic_lock:
             await self.wait_ready_leader()  # as update_topic
             await self.append_messages(self._deletion_record(topic))

@@ -15,7 +15,10 @@ Rules this module keeps:
   RocketMQ, never a loss.
 * **What is delivered.** The message as it was sent: body, flag, sys flag, born time and host, reconsume times
   and every property (keys, tags, UNIQ_KEY: the same message id) but DELAY; REAL_TOPIC and REAL_QID stay, as
-  RocketMQ leaves them. It gets a queue offset in its real topic and is indexed there like any message.
+  RocketMQ leaves them. It gets a queue offset in its real topic and is indexed there like any message. A message
+  whose real topic was deleted while it waited (its topic gone, or deleted and created again since it was parked)
+  is not delivered: it went with its topic (logged, counted in ``dropped``). Delivered, it would land behind the
+  deletion's cut and be served as a topic created again under the name's first messages.
 * **Timer messages hop through the levels.** A message with TIMER_DELIVER_MS (ms since the epoch), TIMER_DELAY_MS or
   TIMER_DELAY_SEC (from the broker's receipt; RocketMQ 5's names, the first present of SEC, MS, DELIVER wins, as
   there) is kept with its absolute time in TIMER_DELIVER_MS and parked in the level with the longest delay not past
@@ -369,7 +372,14 @@ class ScheduleMessageService:
 
     def _delivered(self, view: MessageView, limit: int) -> tuple[MessageInput, int] | None:
         """The message a due record stands for in its real topic, and the entry bytes it takes alone; None (and
-        counted in ``dropped``) for one that can never be stored."""
+        counted in ``dropped``) for one that can never be stored, or whose topic was deleted while it waited."""
+        topic = view.properties.get(PROPERTY_REAL_TOPIC)
+        if topic is not None and (self.node.topic(topic) is None
+                                  or self.node.store.deleted_with_topic(topic, view.phy_offset)):
+            self.dropped += 1
+            log.info("scheduled message not delivered: its topic was deleted while it waited topic=%s phy_offset=%d",
+                     topic, view.phy_offset)
+            return None
         try:
             message = restored_message(view, (PROPERTY_DELAY,))
             cost = alone_entry_bytes(self.node, message)

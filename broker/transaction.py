@@ -11,7 +11,10 @@ Rules this module keeps:
   ``d``, body the half's queue offset in decimal (RocketMQ's), property TRAN_OUTCOME saying why: ``commit``,
   ``rollback``, ``discard`` (checked ``transaction_check_max`` times) or ``recheck`` (re-stored for a check, below).
   A COMMIT appends the real message *and* its op record in one batch, one Raft entry: a leader kill leaves both
-  or neither. A ROLLBACK appends the op record only. UNKNOWN appends nothing.
+  or neither. A ROLLBACK appends the op record only. UNKNOWN appends nothing. A COMMIT of a half whose real topic
+  was deleted since it was sent (gone, or deleted and created again) is a ROLLBACK, answered TOPIC_NOT_EXIST: its
+  message went with the topic, and stored it would land behind the deletion's cut, served as the first message of
+  a topic created again under the name.
 * **Each half ends once.** The leader holds, per term, the outcome of every half at or above the check progress
   (read from the op queue when its term starts, then kept as it appends), and refuses to act on a half that is
   being ended, or whose ending append had an unknown outcome (a timeout: the entry may still commit) until its op
@@ -324,6 +327,11 @@ class TransactionalMessageService:
 
     async def _append_end(self, half_offset: int, view: MessageView, state: int) -> EndOutcome:
         outcome = COMMIT if state == TRANSACTION_COMMIT_TYPE else ROLLBACK
+        topic = view.properties.get(PROPERTY_REAL_TOPIC)
+        gone = outcome == COMMIT and topic is not None and (
+            self.node.topic(topic) is None or self.node.store.deleted_with_topic(topic, view.phy_offset))
+        if gone:
+            outcome = ROLLBACK  # settled, so no check asks again for a message that cannot be delivered
         messages = [self._op_record(half_offset, outcome)]
         if outcome == COMMIT:
             try:
@@ -343,6 +351,11 @@ class TransactionalMessageService:
             return EndOutcome(ResponseCode.SUCCESS, "committed", msg_id=first.msg_id, queue_id=first.queue_id,
                               queue_offset=first.queue_offset)
         self.rolled_back += 1
+        if gone:
+            log.info("transaction commit of a deleted topic rolled back topic=%s half_offset=%d", topic, half_offset)
+            return EndOutcome(ResponseCode.TOPIC_NOT_EXIST, "rolled back",
+                              f"topic {topic!r} was deleted after the half message at tran_state_table_offset "
+                              f"{half_offset} was sent: its message went with it, the transaction is rolled back")
         return EndOutcome(ResponseCode.SUCCESS, "rolled back")
 
     async def _append_settling(self, halves: list[int], messages: list[MessageInput]) -> Any:

@@ -6,7 +6,8 @@ half's queue offset in RMQ_SYS_TRANS_HALF_TOPIC), ``commit_log_offset`` (the hal
 (8 COMMIT, 12 ROLLBACK, 0 unknown: RocketMQ's MessageSysFlag values), ``from_transaction_check``, ``msg_id`` and
 ``transaction_id`` (the half's UNIQ_KEY; checked against it when given). Leader only, like a send. Answers:
 SUCCESS (ext ``outcome``: ``committed`` with the message's ``msg_id``, ``queue_id``, ``queue_offset``; ``rolled
-back``; ``unknown``), TRANSACTION_SHOULD_COMMIT / TRANSACTION_SHOULD_ROLLBACK when it was ended before (nothing
+back``; ``unknown``), TOPIC_NOT_EXIST (ext ``outcome`` ``rolled back``) for a COMMIT of a half whose topic was
+deleted since it was sent, TRANSACTION_SHOULD_COMMIT / TRANSACTION_SHOULD_ROLLBACK when it was ended before (nothing
 changes), TRANSACTION_STATE_UNKNOW when it was settled so long ago that the outcome is no longer held, NO_MESSAGE
 when no half message is at those offsets, TRANSACTION_STATE_GROUP_WRONG for another group's half, SYSTEM_BUSY
 while the same half is being ended (or the copy a check re-stored is not in the half queue yet), INVALID_REQUEST

@@ -90,6 +90,35 @@ async def test_a_delayed_message_waits_its_level_then_arrives_with_its_propertie
         assert status.code == ResponseCode.SUCCESS
 
 
+async def test_a_delayed_message_whose_topic_was_deleted_while_it_waited_is_not_delivered(nursery, tmp_path):
+    # It was delivered behind the deletion's cut: once the name was created again (before or after it fell due),
+    # it was served as that new topic's first message.
+    (config,) = broker_configs(tmp_path, None, message_delay_level=LEVELS)
+    addr = await start_broker(nursery, config)
+    async with open_remoting_client() as client:
+        await wait_leader(client, addr)
+        for topic in ("DelGone", "DelAgain", "DelKept"):
+            r = await call(client, addr, RequestCode.UPDATE_AND_CREATE_TOPIC, {"topic_name": topic})
+            assert r.code == ResponseCode.SUCCESS, r.remark
+            r = await call(client, addr, RequestCode.SEND_MESSAGE,
+                           {"topic": topic, "queue_id": 0, "properties": {"DELAY": "2"}}, topic.encode())
+            assert r.code == ResponseCode.SUCCESS, r.remark
+        for topic in ("DelGone", "DelAgain"):
+            r = await call(client, addr, RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": topic})
+            assert r.code == ResponseCode.SUCCESS, r.remark
+        r = await call(client, addr, RequestCode.UPDATE_AND_CREATE_TOPIC, {"topic_name": "DelAgain"})
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        with trio.fail_after(10):  # the level's round passes all three: the kept topic's arrives
+            while (await _delay_offsets(client, addr))[1][2] < 3:
+                await trio.sleep(0.05)
+        assert [m.body for m in await _pull(client, addr, "DelKept", 0)] == [b"DelKept"]
+        r = await call(client, addr, RequestCode.UPDATE_AND_CREATE_TOPIC, {"topic_name": "DelGone"})
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        assert await _pull(client, addr, "DelGone", 0) == [] and await _pull(client, addr, "DelAgain", 0) == []
+        status = cbor2.loads((await call(client, addr, RequestCode.GET_BROKER_RUNTIME_INFO)).body)
+        assert (status["scheduled_delivered"], status["scheduled_dropped"]) == (1, 2)
+
+
 async def test_bad_delay_levels_are_refused_naming_the_property_and_batches_may_not_delay(nursery, tmp_path):
     (config,) = broker_configs(tmp_path, None, message_delay_level=LEVELS)
     addr = await start_broker(nursery, config)

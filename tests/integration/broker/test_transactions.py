@@ -334,3 +334,35 @@ async def test_a_half_too_big_to_carry_one_more_check_count_is_discarded_not_fat
         # Settled (and passed by the check progress): nothing is committed.
         assert r.code == ResponseCode.TRANSACTION_STATE_UNKNOW and "settled" in r.remark, (r.code, r.remark)
         assert (await pull(client, addr, "TxT", 1))[0] == []
+
+
+async def test_a_commit_of_a_half_whose_topic_was_deleted_is_rolled_back_not_stored(nursery, tmp_path):
+    # The commit stored the message behind the deletion's cut: once the name was created again, it was that new
+    # topic's first message (and END_TRANSACTION said "committed" for a topic that no longer existed).
+    (config,) = broker_configs(tmp_path, None)
+    addr = await start_broker(nursery, config)
+    async with open_remoting_client() as client:
+        await wait_leader(client, addr)
+        halves = {}
+        for topic in ("TxGone", "TxAgain"):
+            r = await call(client, addr, RequestCode.UPDATE_AND_CREATE_TOPIC, {"topic_name": topic})
+            assert r.code == ResponseCode.SUCCESS, r.remark
+            halves[topic] = await send_half(client, addr, topic, topic=topic, queue_id=0)
+            r = await call(client, addr, RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": topic})
+            assert r.code == ResponseCode.SUCCESS, r.remark
+        # TxAgain exists again (a new topic under the name) by the time its old transaction commits.
+        r = await call(client, addr, RequestCode.UPDATE_AND_CREATE_TOPIC, {"topic_name": "TxAgain"})
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        for topic, half in halves.items():
+            r = await call(client, addr, RequestCode.END_TRANSACTION, end_ext(half, TRANSACTION_COMMIT_TYPE))
+            assert r.code == ResponseCode.TOPIC_NOT_EXIST and r.ext["outcome"] == "rolled back", (topic, r.remark)
+            assert f"topic {topic!r} was deleted after the half message" in r.remark, r.remark
+            # Settled: a repeated END (or the check's answer) is told the outcome, nothing is stored.
+            r = await call(client, addr, RequestCode.END_TRANSACTION, end_ext(half, TRANSACTION_COMMIT_TYPE))
+            assert r.code == ResponseCode.TRANSACTION_SHOULD_ROLLBACK, (topic, r.code, r.remark)
+        r = await call(client, addr, RequestCode.UPDATE_AND_CREATE_TOPIC, {"topic_name": "TxGone"})
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        for topic in halves:
+            assert (await pull(client, addr, topic, 0))[0] == [], topic
+        ops, _ = await pull_op(client, addr)
+        assert [m.properties["TRAN_OUTCOME"] for m in ops] == ["rollback", "rollback"]
