@@ -9,8 +9,8 @@ Transactional messages: ``open_producer(..., transaction_listener=...)`` and ``s
 RocketMQ 5's simple consumer (receive, then ack or change each message's invisible time, on the brokers' POP):
 ``open_simple_consumer`` (``client/simple_consumer.py``).
 
-Message trace: ``enable_msg_trace=True`` on a producer or push consumer, ``AdminClient.query_msg_trace``
-(``client/trace.py``).
+Message trace: ``enable_msg_trace=True`` on a producer, push consumer or lite pull consumer,
+``AdminClient.query_msg_trace`` (``client/trace.py``).
 
 A push consumer's handler says how a message went by returning (None or ``ConsumeStatus``) or raising
 (``ReconsumeLater``, RocketMQ's RECONSUME_LATER with its delay level or suspend time): ``client/push_consumer.py``.

@@ -75,6 +75,11 @@ The rules:
   like any other (by the next auto-commit or ``commit``). ``assign`` replaces the assignment: queues no longer
   assigned stop prefetching and drop their cache (their positions, already stored by auto-commit or ``commit``,
   are sent at once); queues kept keep their cache, position and pause.
+- **Message trace** (``enable_msg_trace``, RocketMQ's DefaultLitePullConsumer enableMsgTrace; ``client/trace.py``
+  states the rules): ``poll`` records, per queue of what it returns, a SubBefore and then a SubAfter (success) per
+  message before it returns, as RocketMQ's poll runs its consume hook's before and after; the application's own
+  work on them is not seen. The contexts go to ``trace_topic`` through an inner producer opened before the
+  consumer and flushed after it closes. Off, ``poll`` pays one attribute test per queue it takes from.
 
 Layout: subscribe mode (``subscribe``, ``unsubscribe``, the rebalance, the heartbeat) and the assign/subscribe mode
 choice are ``LitePullSubscribe``, the base class of ``LitePullConsumer``, in ``client/lite_pull_subscribe.py``; what
@@ -108,9 +113,10 @@ from client.rebalance import (DEFAULT_ALLOCATE_STRATEGY, AllocateStrategy, alloc
                               resolve_allocate_strategy)
 from client.consume_hook import ConsumeHook, told_pull
 from client.running_info import attach_lite_pull_consumer
+from client.trace import TRACE_TOPIC, ConsumeTracer, open_trace_dispatcher
 from remoting.config import bounded
 from remoting.errors import RaftMQError
-from remoting.message import group_problem
+from remoting.message import group_problem, topic_problem
 
 __all__ = ["LitePullConsumerConfig", "LitePullConsumer", "LitePullStatistics", "open_lite_pull_consumer"]
 
@@ -158,6 +164,10 @@ class LitePullConsumerConfig(ClientConfig):
         doc="subscribe mode: how the group's members split each topic's queues, by a RocketMQ strategy's name "
             "(client.rebalance.ALLOCATE_STRATEGIES) or a function like client.rebalance.allocate_average; every member "
             "of a group must use the same")
+    # RocketMQ's enableMsgTrace / customizedTraceTopic, as the push consumer's (client/trace.py).
+    enable_msg_trace: bool = bounded(False, doc="record the trace of each message poll returns (SubBefore, then "
+                                                "SubAfter) and send it to trace_topic")
+    trace_topic: str = bounded(TRACE_TOPIC, check=topic_problem, doc="the topic traces go to")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -199,7 +209,8 @@ class _AssignedQueue:
 
 
 class LitePullConsumer(LitePullSubscribe):
-    def __init__(self, config: LitePullConsumerConfig, instance: ClientInstance, nursery: trio.Nursery) -> None:
+    def __init__(self, config: LitePullConsumerConfig, instance: ClientInstance, nursery: trio.Nursery, *,
+                 tracer: ConsumeTracer | None = None) -> None:
         self.config = config
         self._instance = instance
         self._nursery = nursery
@@ -234,6 +245,8 @@ class LitePullConsumer(LitePullSubscribe):
         # Told of every pull and of what poll hands out (client/consume_hook.py); None until something
         # subscribes (consume_hook()).
         self._hook: ConsumeHook | None = None
+        if tracer is not None:  # enable_msg_trace (client/trace.py): SubBefore/SubAfter per message poll returns
+            tracer.subscribe_to(self.consume_hook())
         # Nothing is sent until subscribe(): an assign-mode consumer is no member of its group.
         instance.heartbeat_data = self._heartbeat_data
 
@@ -467,7 +480,12 @@ class LitePullConsumer(LitePullSubscribe):
             self._cached -= n
             self._cached_bytes -= size
             if n and self._hook is not None:
-                self._hook.handed_out(aq.mq, n)
+                hook = self._hook
+                hook.handed_out(aq.mq, n)
+                if hook.holds_heard:
+                    # Held and consumed at once, as RocketMQ's poll runs its hook's before and after: what the
+                    # application does with them next is its own.
+                    hook.hold_ended(hook.hold_started(aq.mq, out[-n:]))
             if msgs:  # its turn again after the others'
                 aq.in_ready = True
                 ready.append(aq)
@@ -692,13 +710,26 @@ async def open_lite_pull_consumer(namesrv: str | Sequence[str] | None = None,
     if namesrv is not None:
         options["namesrv"] = namesrv
     config: LitePullConsumerConfig = build_config(LitePullConsumerConfig, options)
+    async with contextlib.AsyncExitStack() as stack:
+        # Outside the consumer: closed after it, so the traces of its last polls are sent too.
+        tracer = None
+        if config.enable_msg_trace:
+            dispatcher = await stack.enter_async_context(open_trace_dispatcher(config, config.trace_topic))
+            tracer = ConsumeTracer(dispatcher, config.consumer_group, config.client_ip)
+        async with _open_consumer(config, tracer) as consumer:
+            yield consumer
+
+
+@contextlib.asynccontextmanager
+async def _open_consumer(config: LitePullConsumerConfig, tracer: ConsumeTracer | None
+                         ) -> AsyncIterator[LitePullConsumer]:
     server_requests = ServerRequests()
     async with open_remoting(config, server_requests) as remoting:
         async with open_client_nursery() as nursery:
             # The instance refreshes routes and watches leaders; it heartbeats only once subscribe() made the
             # consumer a member of its group (assign mode: no heartbeat data, none sent).
             instance = ClientInstance(config, remoting, nursery)
-            consumer = LitePullConsumer(config, instance, nursery)
+            consumer = LitePullConsumer(config, instance, nursery, tracer=tracer)
             server_requests.on_consumer_ids_changed = (
                 lambda group: consumer.trigger_rebalance() if group in (None, config.consumer_group) else None)
             server_requests.on_consumer_running_info = attach_lite_pull_consumer(consumer)  # consumer-status

@@ -130,7 +130,7 @@ from client.push_consumer_config import (CONSUME_FROM, ConsumerStatistics, Handl
                                          check_handler, check_orderly, claim_offset_file, local_offset_store)
 from client.push_rebalance import LOCK_RETRY_S, PushRebalance
 from client.rebalance import resolve_allocate_strategy
-from client.consume_hook import ConsumeHook, told_pull
+from client.consume_hook import ConsumeCall, ConsumeHook, told_pull
 from client.running_info import attach_push_consumer
 from client.trace import ConsumeTracer, open_trace_dispatcher
 from remoting.config import ConfigError
@@ -174,8 +174,8 @@ class PushConsumer(PushRebalance):
         # Told of every pull and handler call by their call sites (client/consume_hook.py); None until
         # something subscribes (consume_hook()), so until then a call pays one attribute test.
         self._hook: ConsumeHook | None = None
-        if tracer is not None:  # enable_msg_trace (client/trace.py): SubBefore/SubAfter contexts per handler call
-            self.consume_hook().subscribe(call_started=tracer.call_started, call_ended=tracer.call_ended)
+        if tracer is not None:  # enable_msg_trace (client/trace.py): SubBefore/SubAfter per handler call or hold
+            tracer.subscribe_to(self.consume_hook())
         if config.message_model == "BROADCASTING":
             self._offsets: Any = local_offsets if local_offsets is not None else local_offset_store(config)
         else:
@@ -188,6 +188,8 @@ class PushConsumer(PushRebalance):
         # The last message the iterator returned and its queue, acknowledged on the next __anext__.
         self._pending_pq: ProcessQueue | None = None
         self._pending_msg: MessageExt | None = None
+        # Its hold as the hook's hold listeners (message trace) know it; None when nothing listens.
+        self._pending_hold: ConsumeCall | None = None
         # The task iterating (one at a time, see the module docstring) and whether it waits in __anext__.
         self._iter_task: trio.lowlevel.Task | None = None
         self._iter_waiting = False
@@ -298,6 +300,8 @@ class PushConsumer(PushRebalance):
             self._consumed(pq, self._pending_msg)  # type: ignore[arg-type]
             if self._hook is not None:
                 self._hook.handed_out(pq.mq, 1)
+                if self._pending_hold is not None:
+                    self._end_hold(pq)
         batch = self._batch
         while True:
             while not batch:
@@ -316,6 +320,9 @@ class PushConsumer(PushRebalance):
                 self._pending_pq = pq
                 self._pending_msg = msg
                 self._delivered += 1
+                hook = self._hook
+                if hook is not None and hook.holds_heard:
+                    self._pending_hold = hook.hold_started(pq.mq, (msg,))
                 return msg
             batch.clear()
 
@@ -338,11 +345,22 @@ class PushConsumer(PushRebalance):
             self._consumed(pq, self._pending_msg)  # type: ignore[arg-type]
             if self._hook is not None:
                 self._hook.handed_out(pq.mq, 1)
+                if self._pending_hold is not None:
+                    self._end_hold(pq)
 
     def forget_pending(self) -> None:
         """Leave the last message the iterator returned unconsumed: its queue's offset stays before it."""
         self._pending_pq = None
         self._pending_msg = None
+        self._pending_hold = None  # never ended: its SubBefore stays alone, as a cancelled handler call's
+
+    def _end_hold(self, pq: ProcessQueue) -> None:
+        """The pending message, from ``pq``, was acknowledged: its hold ends, unless ``pq`` was dropped meanwhile (its
+        queue taken away, reset or closed), where the acknowledgement commits nothing and the message comes again."""
+        hold, self._pending_hold = self._pending_hold, None
+        if not pq.dropped:
+            assert self._hook is not None and hold is not None
+            self._hook.hold_ended(hold)
 
     def _consumed(self, pq: ProcessQueue, msg: MessageExt) -> None:
         offset = pq.remove(msg.queue_offset)
@@ -616,9 +634,9 @@ async def open_push_consumer(namesrv: str | Sequence[str] | None = None, *, topi
     server_requests = ServerRequests()
     with claim_offset_file(local_offsets, config):
         async with contextlib.AsyncExitStack() as stack:
-            # Outside the consumer: closed after it, so the traces of its last handler calls are sent too.
+            # Outside the consumer: closed after it, so the traces of its last handler calls or messages are sent too.
             tracer = None
-            if config.enable_msg_trace and (handler is not None or batch_handler is not None):
+            if config.enable_msg_trace:
                 dispatcher = await stack.enter_async_context(open_trace_dispatcher(config, config.trace_topic))
                 tracer = ConsumeTracer(dispatcher, config.consumer_group, config.client_ip)
             async with _open_consumer(config, server_requests, parsed, handler, batch_handler, local_offsets,

@@ -110,9 +110,9 @@ class PushConsumerConfig(ClientConfig):
             "(client.rebalance.ALLOCATE_STRATEGIES) or a function like client.rebalance.allocate_average; every member "
             "of a group must use the same")
     # RocketMQ's enableMsgTrace / customizedTraceTopic (client/trace.py): each handler call's trace goes to
-    # trace_topic. The iterator form has no handler call to trace.
-    enable_msg_trace: bool = bounded(False, doc="handler form: record each handler call's trace and send it to "
-                                                "trace_topic")
+    # trace_topic; in the iterator form each message's, from __anext__ handing it out to its acknowledgement.
+    enable_msg_trace: bool = bounded(False, doc="record each handler call's trace (iterator form: each message's, "
+                                                "handed out and acknowledged) and send it to trace_topic")
     trace_topic: str = bounded(TRACE_TOPIC, check=topic_problem, doc="the topic traces go to")
 
     def __post_init__(self) -> None:

@@ -1,28 +1,42 @@
 """Message trace (RocketMQ's msg trace): who sent a message, where it was stored, who consumed it and how it went.
 
-A producer or push consumer opened with ``enable_msg_trace=True`` records a *trace context* for each message it
-sends or hands to its handler, and sends them, batched, to the trace topic (``trace_topic``, RocketMQ's
-``RMQ_SYS_TRACE_TOPIC`` by default) through an inner producer of its own, so ``raftmq admin query-msg-trace
---msg-id ID`` finds them by the traced message's id (``AdminClient.query_msg_trace``). The rules:
+A producer, push consumer or lite pull consumer opened with ``enable_msg_trace=True`` records a *trace context*
+for each message it sends or hands to its handler or its caller, and sends them, batched, to the trace topic
+(``trace_topic``, RocketMQ's ``RMQ_SYS_TRACE_TOPIC`` by default) through an inner producer of its own, so ``raftmq
+admin query-msg-trace --msg-id ID`` finds them by the traced message's id (``AdminClient.query_msg_trace``). The rules:
 
 - **What is recorded.** A send that returned a ``SendResult`` (``send``, auto-batched or not, a reply, each message
-  of ``send_batch``, the half of ``send_in_transaction``) records a ``Pub`` context: producer group, topic, msg id,
-  tags, keys, store host, body length, cost, message type, offset msg id, success (``SEND_OK``) and client host;
-  ``send_in_transaction`` adds an ``EndTransaction`` one with the local transaction's outcome. A send that raised
-  records nothing, as RocketMQ's hook (its caller never learnt the id a trace would be found by). ``send_oneway``
+  of ``send_batch``, the half of ``send_in_transaction``, the request message of ``request``) records a ``Pub``
+  context: producer group, topic, msg id, tags, keys, store host, body length, cost, message type, offset msg id,
+  success (``SEND_OK``) and client host; ``send_in_transaction`` adds an ``EndTransaction`` one with the local
+  transaction's outcome. A request's Pub is its send's, once that send succeeded: its own ids, the send's cost (not
+  the wait for the reply), whether a reply came or not. A send that raised records nothing, as RocketMQ's hook (its
+  caller never learnt the id a trace would be found by), nor does a request whose send raised. ``send_oneway``
   records one with success true (handed to the connection: nothing comes back) and no store host, its id given to
-  the message before it goes. A handler call of a push consumer (concurrent, batch or orderly) records a
-  ``SubBefore`` context per message as it starts (consumer group, request id, msg id, reconsume times, keys,
+  the message before it goes. A transaction check-back the producer answers records an ``EndTransaction`` context
+  with ``from_transaction_check`` true (RocketMQ's ``checkTransactionState``): the state its listener's ``check``
+  answered, the half's msg id (also the transaction id) and store host, the producer group; recorded as the answer
+  is sent, delivered or not, as RocketMQ's. A handler call of a push consumer (concurrent, batch or orderly) records
+  a ``SubBefore`` context per message as it starts (consumer group, request id, msg id, reconsume times, keys,
   client host) and a ``SubAfter`` one as it ends (cost, success, ``ConsumeReturnType`` code); a call cancelled
-  (its queue taken away) leaves its SubBefore alone, as the message is delivered again. The consumer's tracer is a
-  subscriber of its ``ConsumeHook`` (``client/consume_hook.py``), as the running info's statistics are: both are
-  told of the same calls, with the same count of messages consumed (a batch's head, up to ``ack_index``; a handler
-  of one message fails its message whatever ``ack_index`` it raised). Messages of the trace topic itself are never
-  traced, nor is anything the inner producer sends.
+  (its queue taken away) leaves its SubBefore alone, as the message is delivered again. Messages handed to the
+  caller's own code are *held* rather than handled (``ConsumeHook.hold_started`` / ``hold_ended``): the iterator
+  form's ``async for`` records a SubBefore as ``__anext__`` hands a message out and a SubAfter (success, cost: the
+  time the caller held it) once it is acknowledged (the next ``__anext__``, ``ack_pending``, the block ended
+  normally); one never acknowledged (its queue taken away meanwhile, the block left by an exception) leaves its
+  SubBefore alone, as a cancelled call does. A lite pull consumer's ``poll`` records, per queue of what it
+  returns, a SubBefore and then a SubAfter (success) per message before it returns, as RocketMQ's
+  DefaultLitePullConsumer runs its consume hook in ``poll``. The consumer's tracer is a subscriber of its
+  ``ConsumeHook`` (``client/consume_hook.py``), as the running info's statistics are: both are told of the same
+  calls, with the same count of messages consumed (a batch's head, up to ``ack_index``; a handler of one message
+  fails its message whatever ``ack_index`` it raised); holds are the tracer's alone, the statistics counting what
+  was consumed through ``handed_out`` as before. Messages of the trace topic itself are never traced, nor is
+  anything the inner producer sends.
 - **The path stays fast.** Recording is ``TraceDispatcher.append``: no wait, no I/O. Its queue is bounded
   (``max_queued``): when full, the context is dropped and counted (``statistics().dropped``), never waited for.
-  Off (the default), a producer is the plain ``Producer``, and a consumer's hook has no trace subscriber: its
-  handler calls pay an empty loop for it.
+  Off (the default), a producer is the plain ``Producer`` (``request`` and a check's answer included), and a
+  consumer's hook has no trace subscriber: its handler calls pay an empty loop for it, and the messages the
+  iterator or ``poll`` hands out one attribute test (``ConsumeHook.holds_heard``).
 - **Batching.** A background task sends what is queued once ``batch_size`` contexts wait or the oldest has waited
   ``flush_interval_ms``, as trace messages of at most ``max_message_bytes`` of text and ``MAX_KEYS_BYTES`` of keys;
   closing the client flushes the rest (shielded, at most ``CLOSE_FLUSH_S``). A trace message that cannot be sent
@@ -63,14 +77,14 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from client.message import Message, MessageExt, SendResult, new_uniq_key
+from client.message import Message, MessageExt, new_uniq_key
 from remoting.errors import RaftMQError
 from remoting.message import KEY_SEPARATOR, TIMER_PROPERTIES, MessageFormatError, parse_msg_id, topic_problem
 
 if TYPE_CHECKING:
     from client.instance import ClientConfig
     from client.listener import ReconsumeLater
-    from client.consume_hook import ConsumeCall
+    from client.consume_hook import ConsumeCall, ConsumeHook
 
 __all__ = ["TRACE_TOPIC", "TRACE_PRODUCER_GROUP_PREFIX", "CONTENT_SEPARATOR", "FIELD_SEPARATOR", "DEFAULT_REGION_ID",
            "TraceType", "TraceMessageType", "ConsumeReturnType", "TraceContext", "TraceStatistics", "TraceDispatcher",
@@ -312,7 +326,7 @@ def _message_type(message: Message) -> TraceMessageType:
     return TraceMessageType.NORMAL
 
 
-def _keys_text(message: Message) -> str:
+def _keys_text(message: Message | MessageExt) -> str:
     keys = message.keys
     if not keys:
         return ""
@@ -329,12 +343,13 @@ def pub_context(group: str, client_host: str, message: Message, msg_id: str, off
                         offset_msg_id=offset_msg_id, success=success)
 
 
-def end_transaction_context(group: str, message: Message, result: SendResult, transaction_id: str, state: str,
-                            *, from_check: bool = False) -> TraceContext:
-    """The EndTransaction context of a transaction ended with ``state`` (``TransactionState.value``)."""
-    return TraceContext(TraceType.END_TRANSACTION, int(time.time() * 1000), group, result.msg_id,
+def end_transaction_context(group: str, message: Message | MessageExt, msg_id: str, offset_msg_id: str,
+                            transaction_id: str, state: str, *, from_check: bool = False) -> TraceContext:
+    """The EndTransaction context of a transaction ended with ``state`` (``TransactionState.value``): ``msg_id``
+    and ``offset_msg_id`` are the half's (its send's result; a check-back's message, ``from_check``)."""
+    return TraceContext(TraceType.END_TRANSACTION, int(time.time() * 1000), group, msg_id,
                         topic=message.topic, tags=message.tags or "", keys=_keys_text(message),
-                        store_host=store_host_of(result.offset_msg_id), msg_type=TraceMessageType.TRANS_COMMIT,
+                        store_host=store_host_of(offset_msg_id), msg_type=TraceMessageType.TRANS_COMMIT,
                         transaction_id=transaction_id, transaction_state=_TRANSACTION_STATES.get(state, state),
                         from_transaction_check=from_check)
 
@@ -466,6 +481,7 @@ async def open_trace_dispatcher(config: ClientConfig, trace_topic: str) -> Async
     (``CLOSE_FLUSH_S`` at most) and the producer closed."""
     # Here, not at the top: the producer module imports this one.
     from client.instance import ClientConfig as _ClientConfig
+    from client.instance import open_client_nursery
     from client.producer import ProducerConfig, open_producer_from_config
 
     shared = {f.name: getattr(config, f.name) for f in dataclasses.fields(_ClientConfig)}
@@ -475,7 +491,9 @@ async def open_trace_dispatcher(config: ClientConfig, trace_topic: str) -> Async
     async with open_producer_from_config(producer_config) as producer:
         dispatcher = TraceDispatcher(trace_topic, producer.send)
         try:
-            async with trio.open_nursery() as nursery:
+            # The client's nursery, not a plain one: what the caller's block raises comes out as it was raised,
+            # as from an untraced client, not wrapped in an ExceptionGroup.
+            async with open_client_nursery() as nursery:
                 await nursery.start(dispatcher.serve)
                 try:
                     yield dispatcher
@@ -505,22 +523,33 @@ class _Call:
 
 
 class ConsumeTracer:
-    """A push consumer's SubBefore and SubAfter contexts (RocketMQ's ConsumeMessageTraceHookImpl): ``before`` as a
-    handler call starts, ``after`` with how it ended. A consumer's ``ConsumeHook`` (client/consume_hook.py) tells it
-    through ``call_started`` and ``call_ended``."""
+    """A consumer's SubBefore and SubAfter contexts (RocketMQ's ConsumeMessageTraceHookImpl): ``before`` as a
+    handler call starts or messages are handed to the caller, ``after`` with how the call ended or once the caller
+    is done with them. A consumer's ``ConsumeHook`` (client/consume_hook.py) tells it through ``call_started`` and
+    ``call_ended`` (handler calls), ``call_started`` and ``hold_ended`` (holds: the iterator's, a lite pull poll's);
+    ``subscribe_to`` subscribes it to all four."""
 
     def __init__(self, dispatcher: TraceDispatcher, consumer_group: str, client_host: str) -> None:
         self.dispatcher = dispatcher
         self._group = consumer_group
         self._client_host = client_host
 
+    def subscribe_to(self, hook: ConsumeHook) -> None:
+        """Hear ``hook``'s handler calls and holds from now on (a consumer opened with ``enable_msg_trace``)."""
+        hook.subscribe(call_started=self.call_started, call_ended=self.call_ended, hold_started=self.call_started,
+                       hold_ended=self.hold_ended)
+
     def call_started(self, call: ConsumeCall) -> None:
-        """``ConsumeHook.call_started``'s subscriber."""
+        """``ConsumeHook.call_started``'s and ``hold_started``'s subscriber."""
         call.trace = self.before(call.msgs)
 
     def call_ended(self, call: ConsumeCall, failure: ReconsumeLater | None, ok: int) -> None:
         """``ConsumeHook.call_ended``'s subscriber: ``ok`` (the hook's count) says which messages succeeded."""
         self.after(call.trace, failure, call.timeout_s, acked=ok)
+
+    def hold_ended(self, call: ConsumeCall) -> None:
+        """``ConsumeHook.hold_ended``'s subscriber: the caller consumed the messages it held, all of them."""
+        self.after(call.trace, None)
 
     def before(self, msgs: Sequence[MessageExt]) -> _Call | None:
         """Record a SubBefore per message (those of the trace topic excepted); None if none was."""

@@ -1,7 +1,9 @@
 """``TracedProducer``: the producer ``open_producer(..., enable_msg_trace=True)`` returns (RocketMQ's
 SendMessageTraceHookImpl and EndTransactionTraceHookImpl). Each send method runs as ``Producer``'s and then records
-its trace contexts (``client/trace.py`` has the rules: what is recorded, and when not); a plain ``Producer`` has no
-hook to test, so tracing off costs the send path nothing.
+its trace contexts (``client/trace.py`` has the rules: what is recorded, and when not); so do ``request``'s send
+(``_send_request``: the Pub of the request message, whatever the reply) and the answer to a transaction check
+(``_end_checked``: an EndTransaction from the check, recorded before the answer goes, as RocketMQ's). A plain
+``Producer`` has no hook to test, so tracing off costs the send path nothing.
 """
 
 from __future__ import annotations
@@ -12,10 +14,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from client.instance import ClientInstance
-from client.message import PROPERTY_UNIQ_KEY, Message, MessageQueue, SendResult, SendStatus, new_uniq_key
+from client.message import PROPERTY_UNIQ_KEY, Message, MessageExt, MessageQueue, SendResult, SendStatus, new_uniq_key
 from client.producer import Producer, ProducerConfig
+from client.send_ext import SendExt
 from client.trace import TraceDispatcher, TraceMessageType, end_transaction_context, pub_context
-from client.transaction import TransactionListener, TransactionSendResult
+from client.transaction import TransactionListener, TransactionSendResult, TransactionState
 
 __all__ = ["TracedProducer"]
 
@@ -86,6 +89,26 @@ class TracedProducer(Producer):
             self._pub(message, result.msg_id, result.offset_msg_id, result.send_status is SendStatus.SEND_OK,
                       started_ms, started, TraceMessageType.TRANS_HALF)
             self.trace_dispatcher.append(end_transaction_context(
-                self.config.producer_group, message, result, result.transaction_id,
+                self.config.producer_group, message, result.msg_id, result.offset_msg_id, result.transaction_id,
                 result.local_transaction_state.value))
         return result
+
+    async def _send_request(self, message: Message, ext: SendExt, body: bytes, uniq: str, queue: MessageQueue | None,
+                            timeout_s: float) -> SendResult:
+        # Timed here, around the send alone: the wait for the reply that follows is no part of the Pub's cost.
+        started_ms, started = _now_ms(), time.monotonic()
+        result = await super()._send_request(message, ext, body, uniq, queue, timeout_s)
+        if self._traced(message):
+            self._pub(message, result.msg_id, result.offset_msg_id, result.send_status is SendStatus.SEND_OK,
+                      started_ms, started)
+        return result
+
+    async def _end_checked(self, broker_name: str, half_offset: int, message: MessageExt,
+                           state: TransactionState) -> None:
+        # The check's message is the half as its consumers will see it (real topic); its ids are the half's, and its
+        # msg id is the transaction id the answer names.
+        if message.topic != self.trace_dispatcher.trace_topic:
+            self.trace_dispatcher.append(end_transaction_context(
+                self.config.producer_group, message, message.msg_id, message.offset_msg_id, message.msg_id,
+                state.value, from_check=True))
+        await super()._end_checked(broker_name, half_offset, message, state)

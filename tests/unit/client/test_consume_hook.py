@@ -1,18 +1,21 @@
 """A consumer's one instrumentation hook (``ConsumeHook``, ``client/consume_hook.py``): what it tells its subscribers
-and in which order; a tracer's SubAfter of a batch whose head holds a message of the trace topic; and, on the
-in-memory fake cluster, a push consumer with running info and message trace both on: nothing of it is replaced, and
-both hear the same handler calls with the same outcome (one message or a batch)."""
+and in which order, holds included; a tracer's SubAfter of a batch whose head holds a message of the trace topic;
+and, on the in-memory fake cluster, a push consumer with running info and message trace both on: nothing of it is
+replaced, and both hear the same handler calls with the same outcome (one message or a batch); an iterating push
+consumer's and a lite pull consumer's messages traced as holds, the running info counting them as before."""
 
 from __future__ import annotations
 
 import math
 
 import pytest
+import trio
 
-from client import MessageQueue, ReconsumeLater, open_push_consumer
+import client.lite_pull_consumer
+from client import MessageQueue, ReconsumeLater, open_lite_pull_consumer, open_push_consumer
 from client.consume_hook import ConsumeCall, ConsumeHook
 from client.trace import TRACE_TOPIC, ConsumeReturnType, ConsumeTracer, TraceDispatcher, TraceType, decode_trace_data
-from tests.unit.client.fake_cluster import NAMESRV, send_numbered, wait_until
+from tests.unit.client.fake_cluster import NAMESRV, fake_remoting_ctx, send_numbered, wait_until
 from tests.unit.client.test_concurrent_handlers import FIRST
 from tests.unit.client.test_running_info import _ask, push_cluster  # noqa: F401 - push_cluster is a fixture
 from tests.unit.client.test_trace import _ext, _Sink, _traces
@@ -56,6 +59,32 @@ def test_the_hook_tells_each_subscriber_its_events_in_the_order_they_subscribed(
                      ("started", "second", MQ, 101.0, 60.0), ("ended", "first", batch, failure, 1),
                      ("handed_out", "second", MQ, 2)]
     assert call.trace == "mine"
+
+
+def test_holds_are_told_to_their_own_subscribers_and_holds_heard_says_whether_any_listens():
+    clock = _Clock()
+    hook = ConsumeHook(clock)
+    heard: list[tuple] = []
+    hook.subscribe(call_started=lambda call: heard.append(("call_started", call.msgs)),
+                   call_ended=lambda call, failure, ok: heard.append(("call_ended", call.msgs)))
+    assert not hook.holds_heard  # a call site builds no hold: nobody would hear it
+    quiet = hook.hold_started(MQ, (_ext("A"),))
+    hook.hold_ended(quiet)
+    assert heard == []  # a hold is no handler call: their subscribers hear nothing of it
+
+    def started(call: ConsumeCall) -> None:
+        call.trace = "held"
+        heard.append(("hold_started", call.mq, call.msgs, call.started, call.timeout_s))
+
+    hook.subscribe(hold_started=started, hold_ended=lambda call: heard.append(("hold_ended", call.trace)))
+    assert hook.holds_heard
+    clock.now = 102.0
+    held = (_ext("B"),)
+    call = hook.hold_started(MQ, held)
+    hook.hold_ended(call)
+    assert heard == [("hold_started", MQ, held, 102.0, math.inf), ("hold_ended", "held")]
+    with pytest.raises(TypeError, match="hold_ended must be callable, got 'x'"):
+        hook.subscribe(hold_ended="x")  # type: ignore[arg-type]
 
 
 def test_subscribing_nothing_or_something_not_callable_is_refused():
@@ -135,3 +164,72 @@ async def test_running_info_and_trace_hear_the_same_calls_and_outcomes_through_t
     assert _outcomes(push_cluster, "g2") == {
         **{(ids[b], 0): True for b in (b"0", b"1", b"4")}, (ids[b"2"], 0): False, (ids[b"3"], 0): False,
         (ids[b"2"], 1): True, (ids[b"3"], 1): True}
+
+
+class _Left(Exception):
+    pass
+
+
+def _held(fake, group: str) -> list[tuple]:
+    """``group``'s contexts in order: (type, msg id, request id, success)."""
+    return [(c.trace_type, c.msg_id, c.request_id, c.success) for c in _traces(fake) if c.group == group]
+
+
+async def test_an_iterating_consumer_traces_each_message_from_handed_out_to_acknowledged(push_cluster):
+    """SubBefore as ``__anext__`` hands a message out; SubAfter (success, cost: the time the loop held it) once the
+    next ``__anext__`` or ``ack_pending`` acknowledges it. None for a message whose queue was taken away before its
+    acknowledgement, nor for one whose block was left by an exception: delivered again, as a cancelled handler
+    call's. The running info still counts what the loop took, untimed."""
+    await send_numbered(4)
+    async with open_push_consumer(NAMESRV, topic="T", enable_msg_trace=True, client_ip="10.0.0.9",
+                                  **FIRST) as consumer:
+        first = await consumer.__anext__()
+        await trio.sleep(0.05)
+        second = await consumer.__anext__()  # acknowledges the first
+        consumer.ack_pending()
+        info = await _ask(push_cluster.server_requests[0], consumer.client_id)
+        third = await consumer.__anext__()
+        await consumer.unsubscribe("T")  # its queue taken away: the acknowledgement on close commits nothing
+    assert info.status["T"].consume_ok_tps > 0 and info.status["T"].consume_rt_ms == 0.0
+    with pytest.raises(_Left):
+        async with open_push_consumer(NAMESRV, topic="T", enable_msg_trace=True,
+                                      **dict(FIRST, consumer_group="g2")) as consumer:
+            left = await consumer.__anext__()
+            raise _Left
+    assert first.body == left.body == b"0"
+    contexts = _held(push_cluster, "g")
+    ids = [first.msg_id, second.msg_id, third.msg_id]
+    # The next __anext__ acknowledges a message before it hands out the next one.
+    assert [(t, msg_id, success) for t, msg_id, _, success in contexts] == [
+        (TraceType.SUB_BEFORE, ids[0], None), (TraceType.SUB_AFTER, ids[0], True), (TraceType.SUB_BEFORE, ids[1], None),
+        (TraceType.SUB_AFTER, ids[1], True), (TraceType.SUB_BEFORE, ids[2], None)]
+    assert contexts[0][2] == contexts[1][2] != contexts[2][2] == contexts[3][2]  # one request id a message
+    after_first = next(c for c in _traces(push_cluster) if c.trace_type is TraceType.SUB_AFTER)
+    assert after_first.cost_ms >= 50 and after_first.client_host == "10.0.0.9"
+    assert after_first.context_code == ConsumeReturnType.SUCCESS
+    assert [(t, msg_id) for t, msg_id, _, _ in _held(push_cluster, "g2")] == [(TraceType.SUB_BEFORE, left.msg_id)]
+
+
+async def test_a_lite_pull_poll_traces_each_message_it_returns(push_cluster, monkeypatch):
+    """As RocketMQ's poll runs its consume hook's before and after: a SubBefore, then a SubAfter (success), per
+    message returned, one request id per queue's share; a message left in the cache is not traced. Off, the
+    consumer's hook hears no holds."""
+    monkeypatch.setattr(client.lite_pull_consumer, "open_remoting",
+                        lambda config, handler=None: fake_remoting_ctx(push_cluster))
+    await send_numbered(3)
+    t0 = MessageQueue("T", "broker-a", 0)
+    async with open_lite_pull_consumer(NAMESRV, consumer_group="plain") as consumer:
+        assert not consumer.consume_hook().holds_heard
+    async with open_lite_pull_consumer(NAMESRV, consumer_group="LG", consume_from_where="CONSUME_FROM_FIRST_OFFSET",
+                                       enable_msg_trace=True, client_ip="10.0.0.9") as consumer:
+        consumer.assign([t0])
+        polled = await consumer.poll(timeout_s=10, max_messages=2)
+        assert [m.body for m in polled] == [b"0", b"1"]
+        while consumer.statistics().cached < 1:
+            await trio.sleep(0.01)
+    contexts = [c for c in _traces(push_cluster) if c.group == "LG"]
+    a, b = (m.msg_id for m in polled)
+    assert [(c.trace_type, c.msg_id, c.success) for c in contexts] == [
+        (TraceType.SUB_BEFORE, a, None), (TraceType.SUB_BEFORE, b, None), (TraceType.SUB_AFTER, a, True),
+        (TraceType.SUB_AFTER, b, True)]
+    assert len({c.request_id for c in contexts}) == 1 and {c.client_host for c in contexts} == {"10.0.0.9"}

@@ -1,18 +1,23 @@
 """Message trace's pure parts (client/trace.py): RocketMQ's TraceDataEncoder text, golden and round trip, the
 trace message keys, the dispatcher's bounds (drop when full, batches by count and size, flush at close), the
-consumer's SubBefore/SubAfter; and, on the in-memory fake cluster, a traced producer and push consumer end to end."""
+consumer's SubBefore/SubAfter; and, on the in-memory fake cluster, a traced producer and push consumer end to end, a
+traced request's send and a traced answer to a transaction check."""
 
 from __future__ import annotations
 
 import math
+import time
+import types
 
 import pytest
 import trio
 import trio.testing
 
 import client.trace as trace_module
-from client import Message, Producer, ReconsumeLater, open_producer, open_push_consumer
+import client.trace_producer
+from client import Message, Producer, ReconsumeLater, TransactionState, open_producer, open_push_consumer
 from client.errors import ConfigError
+from client.lite_pull_consumer import LitePullConsumerConfig
 from client.listener import ReconsumeLater as _ReconsumeLater
 from client.message import MessageExt
 from client.producer import ProducerConfig
@@ -20,9 +25,11 @@ from client.push_consumer_config import PushConsumerConfig
 from client.trace import (TRACE_TOPIC, ConsumeReturnType, ConsumeTracer, TraceContext, TraceDispatcher,
                           TraceMessageType, TraceType, decode_trace_data, encode_trace_context, trace_keys,
                           trace_producer_group)
-from remoting.errors import ConnectError
-from remoting.message import decode_record
-from tests.unit.client.fake_cluster import NAMESRV, recording_fake
+from remoting.codec import make_request, make_response
+from remoting.codes import RequestCode, ResponseCode
+from remoting.errors import ConnectError, RaftMQError
+from remoting.message import MessageInput, decode_record, encode_record, record_size
+from tests.unit.client.fake_cluster import NAMESRV, recording_fake, wait_until
 
 PUB = TraceContext(TraceType.PUB, 1700000000123, "PG", "AC1100010000", topic="T", tags="TagA", keys="k1 k2",
                    store_host="127.0.0.1:10911", client_host="10.0.0.7", body_length=5, cost_ms=3,
@@ -97,8 +104,12 @@ def test_trace_topics_are_checked_as_topic_names():
         ProducerConfig(trace_topic="bad topic")
     with pytest.raises(ConfigError, match="trace_topic"):
         PushConsumerConfig(trace_topic="")
+    with pytest.raises(ConfigError, match="trace_topic"):
+        LitePullConsumerConfig(trace_topic="a/b")
     assert ProducerConfig().trace_topic == PushConsumerConfig().trace_topic == TRACE_TOPIC
-    assert not ProducerConfig().enable_msg_trace and not PushConsumerConfig().enable_msg_trace
+    assert LitePullConsumerConfig().trace_topic == TRACE_TOPIC
+    assert not (ProducerConfig().enable_msg_trace or PushConsumerConfig().enable_msg_trace
+                or LitePullConsumerConfig().enable_msg_trace)
     with pytest.raises(ValueError, match="max_queued must be an integer >= 1"):
         TraceDispatcher("T", _Sink(), max_queued=0)
 
@@ -305,3 +316,104 @@ async def test_traced_sends_and_handler_calls_reach_the_trace_topic(monkeypatch,
                     (TraceType.SUB_BEFORE, 1, None), (TraceType.SUB_AFTER, 0, True)]
     assert {(c.group, c.client_host) for c in subs} == {("CG", "10.0.0.8")}
     assert len({c.msg_id for c in subs}) == 5  # the untraced message is consumed, and traced, too
+
+
+class _Monotonic:
+    """``time.monotonic`` as the traced producer reads it, moved on by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_a_requests_send_is_traced_at_its_own_cost_and_a_failed_one_not_at_all(monkeypatch):
+    """RocketMQ's send hook sees a request's send: one Pub with the request's ids and the send's cost, not the
+    wait for the reply. A request whose send failed records nothing, as a failed send."""
+    fake = recording_fake(monkeypatch, 2)
+    clock = _Monotonic()
+    monkeypatch.setattr(client.trace_producer, "time", types.SimpleNamespace(time=time.time, monotonic=clock))
+    answer = fake.invoke
+    requests: list[dict] = []
+
+    async def invoke(addr, request, timeout_s=3.0):
+        response = await answer(addr, request, timeout_s)
+        if request.code == RequestCode.SEND_MESSAGE and request.ext["topic"] == "T":
+            requests.append(request.ext["properties"])
+            clock.now += 7  # the send took 7 s
+        return response
+
+    fake.invoke = invoke
+
+    async def prepared(topic: str):
+        return "DefaultCluster", None
+
+    async with open_producer(NAMESRV, producer_group="PG", enable_msg_trace=True, client_ip="10.0.0.7") as producer:
+        producer._prepare_request = prepared  # the fake has no cluster to name; the heartbeats are not the point
+        replies = []
+
+        async def ask() -> None:
+            replies.append(await producer.request(Message("T", b"question", tags="TagQ", keys=["q1"]),
+                                                  timeout_s=30))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ask)
+            await wait_until(lambda: requests, timeout_s=10)
+            clock.now += 100  # the reply takes long: none of it is the send's
+            assert producer._pending.complete(requests[0]["CORRELATION_ID"], _ext("REPLY"))
+        with pytest.raises(RaftMQError):
+            await producer.request(Message("T", b"refused", properties={"reject": "yes"}), timeout_s=30)
+    [pub] = _traces(fake)
+    assert replies and (pub.trace_type, pub.group, pub.msg_id, pub.topic, pub.tags, pub.keys) == (
+        TraceType.PUB, "PG", requests[0]["UNIQ_KEY"], "T", "TagQ", "q1")
+    assert (pub.cost_ms, pub.success, pub.body_length, pub.client_host, pub.msg_type) == (
+        7000, True, 8, "10.0.0.7", TraceMessageType.NORMAL)
+    assert pub.offset_msg_id.startswith("broker-a-")  # the fake broker's offset msg id of the stored request
+
+
+def _check_request(group: str, offset: int, uniq: str) -> object:
+    """A broker's CHECK_TRANSACTION_STATE for the half message ``uniq`` of topic T, stored at ``offset``."""
+    props = {"TRAN_MSG": "true", "PGROUP": group, "UNIQ_KEY": uniq, "REAL_TOPIC": "T", "REAL_QID": "0",
+             "TAGS": "TagH", "KEYS": "order-1"}
+    half = MessageInput("RMQ_SYS_TRANS_HALF_TOPIC", 0, b"half", props, sys_flag=0x4)
+    buf = bytearray(record_size(4, len(half.topic), 200))
+    size = encode_record(buf, 0, half, queue_offset=offset, phy_offset=4096, store_timestamp=1,
+                         store_host=("127.0.0.1", 10911))
+    return make_request(RequestCode.CHECK_TRANSACTION_STATE, {
+        "producer_group": group, "broker_name": "broker-a", "tran_state_table_offset": offset}, bytes(buf[:size]))
+
+
+async def test_a_check_back_answer_is_traced_as_an_end_transaction_from_the_check(monkeypatch):
+    """RocketMQ's checkTransactionState runs the end-transaction hook: an EndTransaction context with
+    fromTransactionCheck true, the state answered, the half's ids, the producer group."""
+    fake = recording_fake(monkeypatch, 2)
+    answer = fake.invoke
+    ends: list[dict] = []
+
+    async def invoke(addr, request, timeout_s=3.0):
+        if request.code == RequestCode.END_TRANSACTION:
+            ends.append(request.ext)
+            return make_response(request, ResponseCode.SUCCESS)
+        return await answer(addr, request, timeout_s)
+
+    fake.invoke = invoke
+
+    class Listener:
+        async def execute(self, msg, arg):
+            return TransactionState.COMMIT
+
+        async def check(self, msg):
+            return TransactionState.ROLLBACK
+
+    async with open_producer(NAMESRV, producer_group="PG", transaction_listener=Listener(),
+                             enable_msg_trace=True) as producer:
+        await producer.fetch_publish_queues("T")  # the route names broker-a's leader, where the answer goes
+        producer._on_check(_check_request("PG", 3, "HALF-1"))
+        await wait_until(lambda: ends, timeout_s=10)
+    [end] = _traces(fake)
+    assert ends[0]["transaction_id"] == end.transaction_id == end.msg_id == "HALF-1"
+    assert (end.trace_type, end.group, end.topic, end.tags, end.keys, end.store_host) == (
+        TraceType.END_TRANSACTION, "PG", "T", "TagH", "order-1", "127.0.0.1:10911")
+    assert (end.transaction_state, end.from_transaction_check, end.msg_type) == (
+        "ROLLBACK_MESSAGE", True, TraceMessageType.TRANS_COMMIT)
