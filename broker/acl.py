@@ -10,7 +10,8 @@ With ``acl_enable``, every request a client sends is judged here before any proc
    there through without the checks below, the global list's job; raftmq makes the account's address a restriction.)
 4. The admin requests (``ADMIN_CODES``: topic create/update/delete, broker config read and change, subscription
    group create/update/delete, offset resets and clones, the looks into other clients: a consumer's running
-   info, a producer group's connections, and a leadership transfer not signed by a member) need ``admin = true``.
+   info, a producer group's connections, and a leadership transfer or a log checksum not signed by a member) need
+   ``admin = true``.
 5. Each resource the request names needs its permission: sends PUB on the topic; pulls, offset and consumer-list
    requests, heartbeats, queue locks and POP SUB on the consumer group (and on the topic, where they name one; a
    BATCH_ACK_MESSAGE on the topic each of its receipt handles names, as its processor reads them). A retry
@@ -39,9 +40,10 @@ many more; before the signature holds, the topic and group its ext names) and th
 logged at INFO (WARNING for a oneway request, whose sender learns nothing), at most once per ``REFUSAL_LOG_INTERVAL_S``
 for an (account, request code), saying how many were not logged meanwhile. DLedger's requests between members are
 not judged here: FETCH_COMMIT_LOG is served to members only, ACL or not (it must carry their MemberSignature,
-keyed by the group's ``dledger.secret``: ``dledger.member_auth``); GET_RAFT_STATUS, a status lookup, is served to
-anyone; TRANSFER_LEADERSHIP signed by a member goes through, and one that is not is an admin request (in
-``ADMIN_CODES``). Nor are the name servers, which hold no ACL.
+keyed by the group's ``dledger.secret``: ``dledger.member_auth``); TRANSFER_LEADERSHIP, and GET_RAFT_STATUS asking
+checksums of the log (``checksum_up_to``: the crc32c of each prefix a caller names gives the log's bytes away, one
+query a byte), signed by a member go through, and ones that are not are admin requests (``needs_admin``); a plain
+GET_RAFT_STATUS (role, term, offsets) is served to anyone. Nor are the name servers, which hold no ACL.
 
 The file (TOML, RocketMQ's ``plain_acl.yml`` in snake_case) is checked whole when loaded, every error naming the
 entry at fault. It is read again when it changes on disk, looked at no more than every ``WATCH_INTERVAL_S`` by the
@@ -76,8 +78,8 @@ from remoting.message import (PROPERTY_REAL_TOPIC, PROPERTY_RETRY_TOPIC, RETRY_G
 
 __all__ = ["ACL_FILE_NAME", "AclChecker", "AclRules", "Account", "AddressPattern", "ADMIN_CODES", "DENY",
            "DESCRIBED_RESOURCES", "PUB", "REFUSAL_LOG_INTERVAL_S", "SETTLE_S", "SUB", "StoredMessage",
-           "WATCH_INTERVAL_S", "acl_file_path", "load_acl_file", "parse_acl_rules", "parse_perm", "permits",
-           "request_resources"]
+           "WATCH_INTERVAL_S", "acl_file_path", "load_acl_file", "needs_admin", "parse_acl_rules", "parse_perm",
+           "permits", "request_resources"]
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +113,18 @@ ADMIN_CODES: Final = frozenset({
     # DLedger's, when a member did not sign it (the dispatcher lets a member's through unjudged): moving the master.
     RequestCode.TRANSFER_LEADERSHIP,
 })
+
+
+# DLedger's requests, whose ext "group" is the Raft group (the broker), not a consumer group.
+_RAFT_CODES: Final = frozenset({RequestCode.FETCH_COMMIT_LOG, RequestCode.GET_RAFT_STATUS,
+                                RequestCode.TRANSFER_LEADERSHIP})
+
+
+def needs_admin(request: Frame) -> bool:
+    """Whether ``request`` needs an admin account: an admin code, or a GET_RAFT_STATUS asking checksums of the log
+    (``checksum_up_to``): the crc32c of every prefix a caller names reads the log back a byte a query."""
+    code = request.code
+    return code in ADMIN_CODES or code == RequestCode.GET_RAFT_STATUS and "checksum_up_to" in request.ext
 
 # RocketMQ's rule for both keys (AclConstants.ACCESS_KEY_MIN_LENGTH): longer than 6 characters.
 _KEY_MIN_LENGTH = 7
@@ -541,7 +555,7 @@ def _describe(request: Frame, resources: list[Resource]) -> str:
         # is not looked into; the refusal still says what its ext says it is about.
         topic = ext.get("topic")
         group = ext.get("consumer_group") or ext.get("group_name") or \
-            (ext.get("group") if code != RequestCode.TRANSFER_LEADERSHIP else None)  # there, the Raft group
+            (ext.get("group") if code not in _RAFT_CODES else None)  # there, the Raft group
         parts = ([f"topic {topic[:_NAME_CHARS]!r}"] if isinstance(topic, str) and topic else []) + \
             ([f"consumer group {group[:_NAME_CHARS]!r}"] if isinstance(group, str) and group else [])
     more = f" and {len(resources) - DESCRIBED_RESOURCES} more" if len(resources) > DESCRIBED_RESOURCES else ""
@@ -640,7 +654,7 @@ class AclChecker:
         if white is not None and not white.matches(ip):
             return self._refusal(request, resources, f"account {account.access_key!r} may not be used from "
                                                      f"{ip or remote_address} (white_remote_address {white.text!r})")
-        if request.code in ADMIN_CODES and not account.admin:
+        if needs_admin(request) and not account.admin:
             return self._refusal(request, resources, f"account {account.access_key!r} is not an admin account "
                                                      f"(admin = true is needed)")
         if account.admin and not account.topic_perms and not account.group_perms:

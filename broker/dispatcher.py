@@ -138,13 +138,17 @@ class BrokerDispatcher:
             return error_response(self.node, request, e)
 
     def _judged(self, request: Frame) -> bool:
-        """Whether the ACL judges ``request``: every client request, and a leadership transfer not signed by a
-        member (an admin request then). FETCH_COMMIT_LOG is the DLedger service's own to refuse (members only,
-        ACL or not), and GET_RAFT_STATUS is a status lookup `raftmq verify` and `raftmq chaos` make unsigned."""
+        """Whether the ACL judges ``request``: every client request, and a leadership transfer or a log checksum not
+        signed by a member (admin requests then: ``broker.acl.needs_admin``). FETCH_COMMIT_LOG is the DLedger
+        service's own to refuse (members only, ACL or not), and a plain GET_RAFT_STATUS (role, term, offsets) is a
+        status lookup `raftmq chaos` makes unsigned."""
         code = request.code
         if code not in DLedgerService.CODES:
             return True
-        return code == RequestCode.TRANSFER_LEADERSHIP and not self.dledger.members.verify(request)
+        if code == RequestCode.FETCH_COMMIT_LOG or code == RequestCode.GET_RAFT_STATUS and \
+                "checksum_up_to" not in request.ext:
+            return False
+        return not self.dledger.members.verify(request)
 
     def connection_closed(self, conn: Any) -> None:
         self.node.clients.connection_closed(conn)

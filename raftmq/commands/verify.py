@@ -9,7 +9,9 @@ most 4 MiB for a follower before it skips it a round), and always when it is emp
 data (compared up to offset 0, it passed with nothing compared). Prints one line per member, one per diverging
 segment and one per member behind; exit status 0 when identical, 1 on divergence or a member behind, 2 when a
 member cannot be asked. Members serving TLS (``tls_mode = "enforcing"``)
-take ``--tls`` / ``--tls-ca-file PEM`` (or $RAFTMQ_TLS_ENABLE / $RAFTMQ_TLS_CA_FILE), as ``raftmq admin``.
+take ``--tls`` / ``--tls-ca-file PEM`` (or $RAFTMQ_TLS_ENABLE / $RAFTMQ_TLS_CA_FILE), and brokers with ACL on
+``--access-key`` / ``--secret-key`` of an admin account (or $RAFTMQ_ACCESS_KEY / $RAFTMQ_SECRET_KEY), as
+``raftmq admin``: checksums of a broker's log are an admin request there (they would give its bytes away).
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ import sys
 from typing import Any
 
 from dledger.service import get_raft_status
-from raftmq.bench.common import add_tls_args, check_range, check_tls_args, tls_context_from_args
+from raftmq.bench.common import add_credential_args, check_credentials, check_range, tls_context_from_args
 from raftmq.runner import run_interruptible
+from remoting.acl import RequestSigner
 from remoting.config import ConfigError, parse_host_port
 from remoting.errors import RaftMQError
 from remoting.transport import open_remoting_client
@@ -45,18 +48,18 @@ def register(subparsers) -> None:
                         help="fail when a member's applied end is further behind the furthest member's (default "
                              "16 MiB, what may be in flight under load; 0 for a group at rest: every end equal). An "
                              "empty member while another holds data always fails")
-    add_tls_args(parser)
+    add_credential_args(parser)  # with --tls / --tls-ca-file
     parser.set_defaults(func=run)
 
 
 async def verify_group(group: str, addresses: list[str], *, timeout_s: float = 10.0,
-                       tls_context: ssl.SSLContext | None = None,
-                       max_lag_bytes: int = DEFAULT_MAX_LAG_BYTES) -> dict[str, Any]:
+                       tls_context: ssl.SSLContext | None = None, max_lag_bytes: int = DEFAULT_MAX_LAG_BYTES,
+                       signer: RequestSigner | None = None) -> dict[str, Any]:
     """The comparison as data: ``{"up_to", "furthest", "members": {addr: status}, "segments", "divergent":
     [(start, {addr: crc})], "lagging": {addr: end_offset}, "identical": bool}``; ``identical`` only when no segment
     differs and no member is behind (``lagging_members``); ``tls_context`` (``remoting.tls.client_context``) for
-    members that serve TLS."""
-    async with open_remoting_client(tls_context=tls_context) as client:
+    members that serve TLS; ``signer`` (an admin account's) for brokers with ACL on."""
+    async with open_remoting_client(tls_context=tls_context, signer=signer.sign if signer else None) as client:
         statuses = {}
         for addr in addresses:
             statuses[addr], _ = await get_raft_status(client, addr, group, timeout_s=timeout_s)
@@ -117,11 +120,13 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--members names {', '.join(repeated)} more than once; name each member once")
     check_range("--timeout", args.timeout, 0.1, 3600)
     check_range("--max-lag-bytes", args.max_lag_bytes, 0, 2**62)
-    check_tls_args(args)
+    check_credentials(args)  # and the TLS flags
     tls_context = tls_context_from_args(args)
+    signer = RequestSigner(args.access_key, args.secret_key) if args.access_key else None
     try:
         report = run_interruptible(lambda: verify_group(args.group, addresses, timeout_s=args.timeout,
-                                                        tls_context=tls_context, max_lag_bytes=args.max_lag_bytes))
+                                                        tls_context=tls_context, max_lag_bytes=args.max_lag_bytes,
+                                                        signer=signer))
     except (RaftMQError, OSError) as e:
         print(f"verify: could not ask every member of group {args.group}: {e}", file=sys.stderr)
         return 2

@@ -236,8 +236,28 @@ async def test_members_own_requests_are_theirs_alone_and_a_transfer_needs_an_adm
             r = await rpc.invoke(leader, member.sign(fetch), timeout_s=5)
             assert r.code == ResponseCode.SUCCESS, (r.code, r.remark)
             assert b"for members' eyes" in b"".join(v.body for v in iter_records(r.body))
-            # The status lookup stays open (raftmq verify, raftmq chaos ask it with nothing to sign with).
+            # The status lookup stays open (raftmq chaos asks it with nothing to sign with); checksums of the log do
+            # not: the crc32c of each prefix a caller names read the log back a byte a query.
             assert (await get_raft_status(rpc, leader, "broker-a"))[0]["role"] == "LEADER"
+            sums = make_request(RequestCode.GET_RAFT_STATUS, ext={"group": "broker-a", "checksum_up_to": 1})
+            for stranger, why in ((sums, "carries no AccessKey"),
+                                  (RequestSigner(PRODUCER["access_key"], PRODUCER["secret_key"]).sign(sums),
+                                   "GET_RAFT_STATUS (code 1002): account 'producer1' is not an admin account")):
+                r = await rpc.invoke(leader, stranger, timeout_s=5)
+                assert r.code == ResponseCode.NO_PERMISSION and not r.body and why in r.remark, (r.code, r.remark)
+            for allowed in (admin.sign(sums), member.sign(sums)):
+                r = await rpc.invoke(leader, allowed, timeout_s=5)
+                assert r.code == ResponseCode.SUCCESS and r.body, (r.code, r.remark)
+            # So `raftmq verify` needs an admin account here.
+            members = ",".join(cluster.addr_of.values())
+            verify = ["verify", "--group", "broker-a", "--members", members, "--max-lag-bytes", str(1 << 30)]
+            refused = await trio.to_thread.run_sync(lambda: subprocess.run(raftmq_argv(*verify), capture_output=True,
+                                                                           text=True, timeout=30))
+            assert refused.returncode == 2 and "NO_PERMISSION" in refused.stderr, refused
+            done = await trio.to_thread.run_sync(lambda: subprocess.run(
+                raftmq_argv(*verify, "--access-key", ADMIN["access_key"], "--secret-key", ADMIN["secret_key"]),
+                capture_output=True, text=True, timeout=30))
+            assert done.returncode == 0 and "are identical" in done.stdout, (done.stdout, done.stderr)
 
             to = next(nid for nid in cluster.addr_of if cluster.addr_of[nid] != leader)
             transfer = make_request(RequestCode.TRANSFER_LEADERSHIP,
