@@ -176,7 +176,7 @@ def test_verify_takes_the_tls_flags(files, tmp_path, monkeypatch, capsys):
     assert f"--tls-ca-file '{tmp_path / 'missing.pem'}' does not exist" in capsys.readouterr().err
     contexts = []
 
-    async def fake_verify(group, addresses, *, timeout_s, tls_context, max_lag_bytes):
+    async def fake_verify(group, addresses, *, timeout_s, tls_context, max_lag_bytes, signer):
         contexts.append(tls_context)
         return {"up_to": 0, "furthest": 0, "members": {}, "segments": 0, "divergent": [], "lagging": {},
                 "identical": True}
