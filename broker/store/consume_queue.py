@@ -12,13 +12,17 @@ an all-zero unit is a hole.
 
 Units below ``min_offset`` are kept but never served: they point into commit-log segments retention deleted, or
 below the queue's ``cut``, the commit-log offset at which its topic was deleted (``apply_cut``, called by the
-dispatcher when it reaches the deletion record).
+dispatcher when it reaches the deletion record). Retention keeps a queue's newest file, so a queue whose records
+are all gone still knows its max offset; a queue of a deleted topic left with nothing past its cut is deleted
+whole (``destroy``) once its records are gone, the dispatcher keeping its max offset.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import shutil
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -290,6 +294,23 @@ class ConsumeQueue:
             deleted += 1
         self.correct_min_offset(commit_log_min)
         return deleted
+
+    def destroy(self) -> None:
+        """Close and delete every file of the queue and its directory, and its topic's directory once no queue is
+        left in it (a queue deleted with its topic)."""
+        for f in self._files.values():
+            f.destroy()
+        self._files.clear()
+        self._dirty.clear()
+        try:
+            shutil.rmtree(self.dir)
+        except FileNotFoundError:
+            pass
+        try:
+            self.dir.parent.rmdir()
+        except OSError as e:
+            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT):
+                raise
 
     def close(self) -> None:
         for f in self._files.values():

@@ -12,6 +12,13 @@ offset: units before it are no longer served (``ConsumeQueue.apply_cut``), so a 
 same name starts empty. The cut is ordered with the topic's own records by construction (dispatch follows the
 commit log), it is the same on every replica (byte-identical logs), and it needs no file of its own: after a
 restart the cuts are read back from ``TOPIC_DELETE_LOG``'s ConsumeQueue, rebuilt like any other.
+
+Queue offsets are never given twice, whatever files go. Once retention removed every record of a deleted topic's
+queue, the queue is closed and its directory deleted (``drop_deleted_topic_queues``), but its max offset is kept
+in ``deleted_queues`` first: a topic created again under the name continues from there, as it did while the
+files stayed. And a rebuild of every queue from the commit log (``drop_queues``, ``restore_offsets``) gives back
+each queue it knew whose records retention removed as an empty queue at its old max offset, rather than
+forgetting it and starting its next message at 0 below what consumers committed.
 """
 
 from __future__ import annotations
@@ -20,8 +27,11 @@ import collections
 import logging
 import os
 import shutil
+import struct
 from collections.abc import Callable
 from pathlib import Path
+
+from crc32c import crc32c
 
 from remoting.message import BLANK_MAGIC, BODY_LEN, MESSAGE_MAGIC, PROPS_LEN, RECORD_HEAD, MessageFormatError, \
     check_topic, decode_record
@@ -43,11 +53,63 @@ DispatchListener = Callable[[str, int, int], None]
 TOPIC_DELETE_LOG = "rmq_sys_TOPIC_DELETE_LOG"
 _TOPIC_DELETE_LOG = TOPIC_DELETE_LOG.encode("ascii")
 
+# ``<store_dir>/deleted_queues``: the max offset of every queue deleted with its topic (its files removed once
+# retention passed its records), so that the queue continues from there should the topic be created again. Not
+# derived (those records are gone), so it lives outside ``consumequeue/``, which may be removed and rebuilt.
+# Replaced whole (written beside it, fsynced, renamed over it). Big-endian:
+#
+#   | magic "RMDQ" 4 | version 1 (4) | count 4 | count entries | crc32c of every byte before it 4 |
+#   entry: | queue_id 4 | max_offset 8 | topic_len 1 | topic (ASCII) |
+DELETED_QUEUES_HEAD = struct.Struct(">III")
+DELETED_QUEUE_ENTRY = struct.Struct(">iqB")
+_DELETED_QUEUES_MAGIC = 0x524D4451  # "RMDQ"
+_DELETED_QUEUES_VERSION = 1
+_CRC = struct.Struct(">I")
+
+
+def encode_deleted_queues(deleted: dict[tuple[bytes, int], int]) -> bytes:
+    """The bytes of ``deleted_queues`` for ``{(topic, queue_id): max_offset}`` (sorted, so deterministic)."""
+    out = bytearray(DELETED_QUEUES_HEAD.pack(_DELETED_QUEUES_MAGIC, _DELETED_QUEUES_VERSION, len(deleted)))
+    for (topic, queue_id), max_offset in sorted(deleted.items()):
+        out += DELETED_QUEUE_ENTRY.pack(queue_id, max_offset, len(topic)) + topic
+    out += _CRC.pack(crc32c(out))
+    return bytes(out)
+
+
+def decode_deleted_queues(data: bytes, path: Path) -> dict[tuple[bytes, int], int]:
+    """The inverse of ``encode_deleted_queues``; ``StoreCorruptedError`` naming ``path`` for bytes it did not
+    write. Nothing else holds these offsets (the records are gone), so a damaged file is not guessed around."""
+    def damaged(why: str) -> StoreCorruptedError:
+        return StoreCorruptedError(
+            f"{path} is damaged ({why}): it holds the queue offsets of deleted topics whose messages expired. "
+            f"Removing it makes a topic created again under such a name start its queues at offset 0")
+    if len(data) < DELETED_QUEUES_HEAD.size + _CRC.size:
+        raise damaged(f"{len(data)} bytes")
+    if _CRC.unpack_from(data, len(data) - _CRC.size)[0] != crc32c(data[:-_CRC.size]):
+        raise damaged("its CRC does not match")
+    magic, version, count = DELETED_QUEUES_HEAD.unpack_from(data)
+    if magic != _DELETED_QUEUES_MAGIC or version != _DELETED_QUEUES_VERSION:
+        raise damaged(f"magic {magic:#x}, version {version}")
+    deleted: dict[tuple[bytes, int], int] = {}
+    pos, end = DELETED_QUEUES_HEAD.size, len(data) - _CRC.size
+    for _ in range(count):
+        if pos + DELETED_QUEUE_ENTRY.size > end:
+            raise damaged(f"it ends inside entry {len(deleted)} of {count}")
+        queue_id, max_offset, topic_len = DELETED_QUEUE_ENTRY.unpack_from(data, pos)
+        pos += DELETED_QUEUE_ENTRY.size
+        deleted[(bytes(data[pos:pos + topic_len]), queue_id)] = max_offset
+        pos += topic_len
+    if pos != end:
+        raise damaged(f"{end - pos} bytes follow its {count} entries")
+    return deleted
+
 
 class Dispatcher:
-    def __init__(self, commit_log: CommitLog, cq_root: Path, units_per_file: int, index: IndexService) -> None:
+    def __init__(self, commit_log: CommitLog, cq_root: Path, units_per_file: int, index: IndexService, *,
+                 deleted_queues_path: Path) -> None:
         self.commit_log = commit_log
         self.cq_root = cq_root
+        self.deleted_queues_path = deleted_queues_path
         self.units_per_file = units_per_file
         self.index = index
         self.queues: dict[tuple[bytes, int], ConsumeQueue] = {}
@@ -59,9 +121,22 @@ class Dispatcher:
         self.mark = (0, 0)
         self._hints: collections.deque[DispatchHint] = collections.deque()
         self.cuts: dict[str, int] = {}  # topic -> commit-log offset of its latest deletion record
+        # (topic, queue_id) -> max offset of a queue deleted with its topic (deleted_queues_path). A queue of the
+        # same key created again takes the entry over (``_queue``); ``queue_units`` counts both alike.
+        self.deleted: dict[tuple[bytes, int], int] = {}
+        # Entries of deleted_queues whose queue was created again (its files reach past them), as loaded: what
+        # the checkpoint counted for the queue while dispatch stood before its first new unit.
+        self._taken_over: dict[tuple[bytes, int], int] = {}
+        self._leftovers: list[ConsumeQueue] = []  # files of deleted queues a crash left, for delete_leftovers
 
     def load_queues(self, commit_log_min: int, commit_log_end: int) -> None:
         self.cq_root.mkdir(parents=True, exist_ok=True)
+        path = self.deleted_queues_path
+        try:
+            deleted = decode_deleted_queues(path.read_bytes(), path)
+        except FileNotFoundError:
+            deleted = {}
+        self.deleted = {}
         for topic in sorted(os.listdir(self.cq_root)):
             topic_dir = self.cq_root / topic
             if not topic_dir.is_dir():
@@ -70,9 +145,39 @@ class Dispatcher:
                 if qdir.isdigit():
                     cq = self._queue(topic.encode(), int(qdir))
                     cq.load(commit_log_min, commit_log_end)
+        for key in list(deleted):
+            cq = self.queues.get(key)
+            if cq is None:
+                continue
+            if cq.max_offset > deleted[key]:
+                self._taken_over[key] = deleted.pop(key)  # its topic created again: the files win
+            else:
+                # Files left by a crash while deleting them, after the entry was written: the entry wins, and
+                # delete_leftovers finishes the job (the deletion record that made the queue go may be gone with
+                # the segment retention deleted, so retention would not).
+                self._forget(cq)
+                cq.close()
+                self._leftovers.append(cq)
+        self.deleted = deleted
+
+    def delete_leftovers(self) -> None:
+        """Delete the files ``load_queues`` found of queues deleted with their topic, once recovery went through
+        (a refused start writes nothing)."""
+        leftovers, self._leftovers = self._leftovers, []
+        for cq in leftovers:
+            if (cq.topic.encode("ascii"), cq.queue_id) not in self.queues:  # not dispatched into again meanwhile
+                cq.destroy()
+                log.info("consume queue of a deleted topic deleted after an interrupted deletion topic=%s "
+                         "queue_id=%d", cq.topic, cq.queue_id)
 
     def has_queue_files(self) -> bool:
         return any(cq.max_offset for cq in self.queues.values())
+
+    def deleted_offset(self, topic: str, queue_id: int) -> int:
+        """The max offset of a queue deleted with its topic (``drop_deleted_topic_queues``), else 0."""
+        if not topic.isascii():
+            return 0  # no topic is, and a reader may ask for anything
+        return self.deleted.get((topic.encode("ascii"), queue_id), 0)
 
     def queue_damage(self, dispatched: int | None, queue_units: int | None) -> str | None:
         """Why the loaded ConsumeQueue files cannot be trusted, or None. Appends take each queue's next offset
@@ -84,7 +189,12 @@ class Dispatcher:
             if gap is not None:
                 return f"consume queue {cq.topic}:{cq.queue_id} lacks its file {file_name(gap * cq.file_size)}"
         if dispatched is not None and queue_units is not None:
-            held = sum(cq.max_offset_at(dispatched) for cq in self.queues.values())
+            taken_over = self._taken_over
+            held = sum(self.deleted.values())
+            for key, cq in self.queues.items():
+                # Before its first new unit, a queue created again was counted at its offset in deleted_queues
+                # (its files hold only holes below that unit, which max_offset_at takes for a queue begun there).
+                held += max(cq.max_offset_at(dispatched), taken_over.get(key, 0))
             if held != queue_units:
                 return (f"the consume queues hold {held} units before dispatched offset {dispatched}, the checkpoint "
                         f"counted {queue_units}")
@@ -124,18 +234,104 @@ class Dispatcher:
                 pos += size
         return pos
 
-    def drop_queues(self) -> None:
-        """Delete every ConsumeQueue file, for recovery to rebuild them from the commit log."""
-        for cq in self.queues.values():
+    def drop_queues(self) -> dict[tuple[bytes, int], tuple[int, tuple[int, int, int]]]:
+        """Delete every ConsumeQueue file, for recovery to rebuild them from the commit log; returns each queue's
+        max offset and last unit as loaded, for ``restore_offsets`` after the rebuild."""
+        held = {}
+        for key, cq in self.queues.items():
+            last = cq.unit(cq.max_offset - 1) if cq.max_offset else None
+            if last is not None and last[1]:
+                held[key] = (cq.max_offset, last)
             cq.close()
         self.queues.clear()
         self.by_topic.clear()
         shutil.rmtree(self.cq_root)
         self.cq_root.mkdir(parents=True)
+        return held
+
+    def restore_offsets(self, held: dict[tuple[bytes, int], tuple[int, tuple[int, int, int]]],
+                        commit_log_min: int) -> int:
+        """After a rebuild from the commit log: give back each queue of ``held`` (``drop_queues``) that came back
+        lower, or not at all, because retention removed its records. It is an empty queue at its old max offset
+        again (its old last unit, pointing before ``commit_log_min``, is written back, so a restart finds it
+        too): forgotten, its next message took offset 0 below offsets its consumers had committed. Returns how
+        many queues; where the rebuild found more, the rebuild wins."""
+        restored = 0
+        for key, (max_offset, (phy, size, tags_code)) in held.items():
+            cq = self.queues.get(key)
+            if cq is not None and cq.max_offset >= max_offset:
+                continue
+            if phy >= commit_log_min:
+                # Its last unit names a record still in the log, which the rebuild did not find at that offset:
+                # the file disagreed with the commit log, and the commit log is the truth.
+                log.warning("consume queue not restored: its last unit names a record the commit log does not "
+                            "hold there topic=%s queue_id=%d max_offset=%d phy_offset=%d", key[0].decode("ascii"),
+                            key[1], max_offset, phy)
+                continue
+            cq = self._queue(*key)
+            self.queue_units += cq.put(max_offset - 1, phy, size, tags_code)
+            cq.correct_min_offset(commit_log_min)
+            restored += 1
+            log.info("consume queue restored empty after a rebuild topic=%s queue_id=%d offset=%d", cq.topic,
+                     cq.queue_id, max_offset)
+        return restored
+
+    def drop_deleted_topic_queues(self, commit_log_min: int) -> int:
+        """Close and delete each queue of a deleted topic that holds no unit at or past its topic's latest
+        deletion and whose records retention removed; returns how many. Kept, every topic ever deleted held its
+        queues open (two descriptors each) and on disk for good. Their max offsets are written to
+        ``deleted_queues_path`` before any file goes (a crash in between leaves both, and the files win)."""
+        doomed = []
+        for topic, cut in self.cuts.items():
+            if topic == TOPIC_DELETE_LOG:
+                continue  # recovery reads every cut back from this queue
+            for cq in self.by_topic.get(topic, {}).values():
+                last = cq.unit(cq.max_offset - 1) if cq.max_offset else None
+                if last is not None and last[1] and last[0] < min(cut, commit_log_min):
+                    doomed.append(cq)
+        if not doomed:
+            return 0
+        for cq in doomed:
+            self.deleted[(cq.topic.encode("ascii"), cq.queue_id)] = cq.max_offset
+        self._write_deleted()
+        for cq in doomed:
+            self._forget(cq)
+            cq.destroy()
+            log.info("consume queue of a deleted topic deleted topic=%s queue_id=%d max_offset=%d", cq.topic,
+                     cq.queue_id, cq.max_offset)
+        return len(doomed)
+
+    def _forget(self, cq: ConsumeQueue) -> None:
+        """Take ``cq`` out of the dispatcher (its caller destroys it)."""
+        del self.queues[(cq.topic.encode("ascii"), cq.queue_id)]
+        same_topic = self.by_topic[cq.topic]
+        del same_topic[cq.queue_id]
+        if not same_topic:
+            del self.by_topic[cq.topic]
+
+    def _write_deleted(self) -> None:
+        """Replace the ``deleted_queues`` file with ``self.deleted``, durably (entries a queue took over since
+        stay in it until then: the queue's files win over them at load)."""
+        path = self.deleted_queues_path
+        tmp = path.with_name(path.name + ".tmp")
+        try:
+            with open(tmp, "wb") as f:
+                f.write(encode_deleted_queues(self.deleted))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def reset_mark(self) -> None:
         """Count the queues' units afresh and mark the current dispatch position (recovery, ``start_at``)."""
-        self.queue_units = sum(cq.max_offset for cq in self.queues.values())
+        self.queue_units = sum(cq.max_offset for cq in self.queues.values()) + sum(self.deleted.values())
         self.mark = (self.dispatched, self.queue_units)
 
     def _queue(self, topic: bytes, queue_id: int) -> ConsumeQueue:
@@ -143,6 +339,10 @@ class Dispatcher:
         if cq is None:
             name = topic.decode("ascii")
             cq = ConsumeQueue(self.cq_root, name, queue_id, self.units_per_file)
+            # A queue deleted with its topic, its topic created again: it continues where it stood (its units
+            # then come at that offset), and its offset stays counted once in queue_units. Loading files sets
+            # the offsets again from them.
+            cq.max_offset = cq.min_offset = self.deleted.pop((topic, queue_id), 0)
             self.queues[(topic, queue_id)] = cq
             self.by_topic.setdefault(name, {})[queue_id] = cq
         return cq
@@ -151,8 +351,11 @@ class Dispatcher:
         return self.by_topic.get(topic, {}).get(queue_id)
 
     def queue_offsets(self) -> dict[tuple[bytes, int], int]:
-        """The next queue offset of every queue, the state appends continue from."""
-        return {key: cq.max_offset for key, cq in self.queues.items() if cq.max_offset}
+        """The next queue offset of every queue (those deleted with their topic too), the state appends continue
+        from."""
+        offsets = dict(self.deleted)
+        offsets.update((key, cq.max_offset) for key, cq in self.queues.items() if cq.max_offset)
+        return offsets
 
     def add_hint(self, hint: DispatchHint) -> None:
         """What an append built for ``[hint.start, hint.end)`` (any thread; called in log order)."""
@@ -184,10 +387,11 @@ class Dispatcher:
     def _dispatch_hint(self, hint: DispatchHint, touched: dict[tuple[bytes, int], ConsumeQueue]) -> int:
         queues = self.queues
         deletions: list[int] = []
-        grown = 0
         for key, first, units in hint.queues:
             cq = queues.get(key) or self._queue(*key)
-            grown += cq.put_units(first, units)
+            # Counted at once: a later step of the round may fail (out of descriptors creating a file) and the
+            # round be retried, when these units are in already and put_units says 0 for them.
+            self.queue_units += cq.put_units(first, units)
             touched[key] = cq
             if key[0] == _TOPIC_DELETE_LOG:
                 deletions += [phy for phy, _, _ in CQ_UNIT.iter_unpack(units)]
@@ -220,7 +424,6 @@ class Dispatcher:
                 i += 1
             index_file.end_phy_offset = hint.last_phy
             index_file.end_timestamp = ts
-        self.queue_units += grown
         self.dispatched = hint.end
         return hint.count
 
@@ -254,7 +457,6 @@ class Dispatcher:
         head_size = RECORD_HEAD.size
         seg_size = cl.segment_size
         count = 0
-        grown = 0
         seg = None
         while pos < stop:
             if seg is None or not seg.start <= pos < seg.start + seg_size:
@@ -294,7 +496,7 @@ class Dispatcher:
                 tags, raw_keys, uniq = scan_properties(bytes(props))
                 if tags:
                     code = tags_code_of(tags)
-            grown += cq.put(queue_offset, pos, size, code)
+            self.queue_units += cq.put(queue_offset, pos, size, code)  # at once, as in _dispatch_hint
             touched[key] = cq
             if topic == _TOPIC_DELETE_LOG:
                 self._cut_at(pos)
@@ -312,7 +514,6 @@ class Dispatcher:
             count += 1
         if count:
             cl.note_touched(seg.start, pos - self.dispatched)
-        self.queue_units += grown
         self.dispatched = pos
         return count
 

@@ -66,7 +66,8 @@ class MessageStore:
         self.dispatcher = Dispatcher(self.commit_log, config.store_dir / "consumequeue",
                                      config.consume_queue_units_per_file,
                                      IndexService(config.store_dir / "index", config.index_hash_slots,
-                                                  config.index_max_entries))
+                                                  config.index_max_entries),
+                                     deleted_queues_path=config.store_dir / "deleted_queues")
         self.retention = Retention(self, disk_usage_fn or _disk_usage_ratio, now_fn or time.time)
         self._checkpoint: StoreCheckpoint | None = None
         self._queue_offsets: dict[tuple[bytes, int], int] = {}
@@ -127,10 +128,11 @@ class MessageStore:
         d.load_queues(cl.min_phy_offset, end)
         d.index.load(end)
         damage = d.queue_damage(self._checkpoint.dispatched, self._checkpoint.queue_units)
+        held = {}
         if damage is not None:
             log.warning("consume queues do not match the commit log, rebuilding them from it dir=%s reason=%s",
                         cfg.store_dir, damage)
-            d.drop_queues()
+            held = d.drop_queues()
         damage = d.index_damage()
         if damage is not None:
             log.warning("index files do not match the commit log, rebuilding them from it dir=%s reason=%s",
@@ -155,6 +157,10 @@ class MessageStore:
             raise StoreCorruptedError(f"{e}. The checkpoint vouched for them: remove {self._checkpoint.path}, and "
                                       f"recovery verifies the last segments and ends the log before the damage (a "
                                       f"group member then gets the rest from its peers)") from None
+        # A queue whose records retention removed is not in the commit log any more: rebuilt from it alone, it
+        # would be gone, and its next message would take offset 0 (appends continue from _queue_offsets below).
+        d.restore_offsets(held, cl.min_phy_offset)
+        d.delete_leftovers()
         d.load_cuts()
         d.reset_mark()
         self._queue_offsets = d.queue_offsets()
@@ -498,8 +504,12 @@ class MessageStore:
         consumer re-checks on the real tag, as in RocketMQ."""
         cq = self.dispatcher.queue(topic, queue_id)
         if cq is None:
-            return GetMessageResult(GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, 0, 0, 0)
-        mn, mx = cq.min_offset, cq.max_offset
+            # A queue deleted with its topic reads as it did before its files went: empty at its max offset.
+            mn = mx = self.dispatcher.deleted_offset(topic, queue_id)
+            if not mx:
+                return GetMessageResult(GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, 0, 0, 0)
+        else:
+            mn, mx = cq.min_offset, cq.max_offset
         if mx == 0:
             return GetMessageResult(GetMessageStatus.NO_MESSAGE_IN_QUEUE, 0, mn, mx)
         if offset < mn:
@@ -578,13 +588,14 @@ class MessageStore:
 
     def get_min_offset_in_queue(self, topic: str, queue_id: int) -> int:
         cq = self.dispatcher.queue(topic, queue_id)
-        return cq.min_offset if cq is not None else 0
+        return cq.min_offset if cq is not None else self.dispatcher.deleted_offset(topic, queue_id)
 
     def get_max_offset_in_queue(self, topic: str, queue_id: int) -> int:
         cq = self.dispatcher.queue(topic, queue_id)
-        return cq.max_offset if cq is not None else 0
+        return cq.max_offset if cq is not None else self.dispatcher.deleted_offset(topic, queue_id)
 
     def queue_ids(self, topic: str) -> list[int]:
+        """The queues of ``topic`` the store holds (not those deleted with it once their records expired)."""
         return sorted(self.dispatcher.by_topic.get(topic, {}))
 
     def _store_timestamp(self, phy: int) -> int | None:
@@ -596,7 +607,7 @@ class MessageStore:
         every message is older."""
         cq = self.dispatcher.queue(topic, queue_id)
         if cq is None:
-            return 0
+            return self.dispatcher.deleted_offset(topic, queue_id)
         lo, hi = cq.min_offset, cq.max_offset
         while lo < hi:
             mid = (lo + hi) // 2

@@ -10,8 +10,10 @@ Per pass (every ``clean_interval_ms``), with ``u`` the disk usage of the store d
 
 The newest ``min_retained_segments`` segments are never deleted, nor one not yet dispatched to its end, and one
 pass deletes at most ``delete_segments_per_pass``. After the commit log shrinks, ConsumeQueue and IndexFile
-files that only point into deleted segments go too. ``disk_usage_fn`` and ``now_fn`` are injectable, so tests
-use a small fake disk.
+files that only point into deleted segments go too, and so does every queue of a deleted topic with nothing
+after the deletion once its last record is gone (closed, its directory deleted, its max offset kept:
+``Dispatcher.drop_deleted_topic_queues``). ``disk_usage_fn`` and ``now_fn`` are injectable, so tests use a small
+fake disk.
 """
 
 from __future__ import annotations
@@ -98,12 +100,14 @@ class Retention:
         return deleted
 
     def delete_derived_files(self) -> None:
-        """ConsumeQueue and IndexFile files that only point before the commit log's new start."""
+        """ConsumeQueue and IndexFile files that only point before the commit log's new start, and the queues of
+        deleted topics left with nothing to serve."""
         cl_min = self.store.commit_log.min_phy_offset
         d = self.store.dispatcher
         with self.store._files_lock:
             cq_files = sum(cq.delete_files_before(cl_min) for cq in list(d.queues.values()))
             index_files = d.index.delete_files_before(cl_min)
-        if cq_files or index_files:
-            log.info("retention deleted derived files consume_queue_files=%d index_files=%d min_phy_offset=%d",
-                     cq_files, index_files, cl_min)
+            queues = d.drop_deleted_topic_queues(cl_min)
+        if cq_files or index_files or queues:
+            log.info("retention deleted derived files consume_queue_files=%d index_files=%d "
+                     "deleted_topic_queues=%d min_phy_offset=%d", cq_files, index_files, queues, cl_min)

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
 import shutil
 
 import pytest
 
-from broker.store import GetMessageStatus, MessageStore, decode_record
+from broker.store import GetMessageStatus, MessageInput, MessageStore, decode_record, encode_batch
+from broker.store.consume_queue import ConsumeQueue
 from broker.store.index_file import INDEX_HEADER
 
-from .helpers import fill, make_batch, small_config, tree_bytes
+from .helpers import STORE_HOST, fill, make_batch, small_config, tree_bytes
 
 
 def _assert_derived_agree(store: MessageStore) -> None:
@@ -323,6 +326,92 @@ def test_lost_consume_queue_files_are_rebuilt_from_the_commit_log(tmp_path, lost
         assert sorted(m.queue_offset for m in result.messages) == [200, 200, 200, 200, 201, 201, 201, 201]
     with MessageStore.open(cfg) as s:
         _assert_derived_agree(s)
+
+
+def test_a_rebuild_keeps_the_offsets_of_a_queue_whose_records_retention_removed(tmp_path, caplog):
+    # The rebuild re-dispatched only the records still in the commit log: Old:0, whose 40 records retention had
+    # removed (min = max = 40), was gone, and its next message took queue offset 0, below the 40 its consumers
+    # had committed, which never saw offsets 0..39.
+    cfg = small_config(tmp_path / "s", file_reserved_hours=0.0, disk_clean_early_ratio=0.0,
+                       disk_clean_forcibly_ratio=0.5, disk_reject_ratio=0.9)
+    with MessageStore.open(cfg, disk_usage_fn=lambda path: 0.1) as s:
+        fill(s, 5, topic="Old", queues=1)  # Old:0 offsets 0..39, in the first segment
+        seq = 0
+        while s.max_phy_offset < 3 * cfg.segment_size_bytes:
+            fill(s, 1, start_seq=seq, topic="New")
+            seq += 1
+        s.dispatch_pending()
+        assert s.retention.clean_once() > 0
+        assert (s.get_min_offset_in_queue("Old", 0), s.get_max_offset_in_queue("Old", 0)) == (40, 40)
+    shutil.rmtree(tmp_path / "s" / "consumequeue" / "New" / "3")  # any queue's loss rebuilds them all
+    with caplog.at_level(logging.WARNING), MessageStore.open(cfg, disk_usage_fn=lambda path: 0.1) as s:
+        assert "consume queues do not match" in caplog.text
+        assert (s.get_min_offset_in_queue("Old", 0), s.get_max_offset_in_queue("Old", 0)) == (40, 40)
+        assert s.queue_ids("Old") == [0]
+        result = s.append_batch(make_batch(99, count=1, topic="Old", queues=1), 1_800_000_000_000, s.max_phy_offset)
+        assert result.queue_offsets == [40]
+        s.dispatch_pending()
+        pulled = s.get_messages("Old", 0, 40, 32, 1 << 20)
+        assert pulled.status is GetMessageStatus.FOUND and pulled.queue_offsets == [40]
+        _assert_derived_agree(s)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING), MessageStore.open(cfg, disk_usage_fn=lambda path: 0.1) as s:
+        assert "consume queues do not match" not in caplog.text
+        assert (s.get_min_offset_in_queue("Old", 0), s.get_max_offset_in_queue("Old", 0)) == (40, 41)
+
+
+def test_a_dispatch_round_retried_after_a_failure_counts_its_units_once(tmp_path, monkeypatch, caplog):
+    # queue_units took a round's growth only at its end: a round that failed after writing units (out of
+    # descriptors creating the next queue's file) and was retried, as the reput task does, found those units
+    # already in (put says 0 for them), the count stayed short, and the next start rebuilt every queue.
+    cfg = small_config(tmp_path / "s")
+    with MessageStore.open(cfg) as s:
+        fill(s, 4)
+        s.dispatch_pending()
+        mixed = encode_batch([MessageInput("TopicTest", 0, b"x" * 50, {}), MessageInput("Other", 0, b"y" * 50, {})],
+                             STORE_HOST)
+        assert s.append_batch(mixed, 1_700_000_010_000, s.max_phy_offset).ok
+        create = ConsumeQueue._create
+        failures = [OSError(errno.EMFILE, "Too many open files")]
+
+        def create_or_fail(cq, idx):
+            if cq.topic == "Other" and failures:
+                raise failures.pop()
+            return create(cq, idx)
+
+        monkeypatch.setattr(ConsumeQueue, "_create", create_or_fail)
+        with pytest.raises(OSError):
+            s.dispatch_pending()
+        s.dispatch_pending()
+        assert s.dispatcher.queue_units == sum(cq.max_offset for cq in s.dispatcher.queues.values()) == 34
+    with caplog.at_level(logging.WARNING), MessageStore.open(cfg) as s:
+        assert "consume queues do not match" not in caplog.text
+        assert s.get_max_offset_in_queue("TopicTest", 0) == 9 and s.get_max_offset_in_queue("Other", 0) == 1
+
+
+def test_a_queue_deleted_with_its_topic_and_created_again_before_a_crash_is_counted_without_a_rebuild(
+        tmp_path, caplog):
+    # The checkpoint counted the deleted queue at its kept offset (3); the files of the queue created again
+    # hold holes below its first new unit, which the count before that unit took for a queue begun there (0).
+    cfg = small_config(tmp_path / "s", segment_size_bytes=64 * 1024, file_reserved_hours=0.0,
+                       disk_clean_early_ratio=0.0, disk_clean_forcibly_ratio=0.5, disk_reject_ratio=0.9)
+    delete_log = "rmq_sys_TOPIC_DELETE_LOG"
+    with MessageStore.open(cfg, disk_usage_fn=lambda path: 0.1) as s:
+        for batch in ([MessageInput("Gone", 0, b"x", {})] * 3, [MessageInput(delete_log, 0, b"Gone", {})]):
+            assert s.append_batch(encode_batch(batch, STORE_HOST), 1_700_000_000_000, s.max_phy_offset).ok
+        while s.max_phy_offset < 4 * cfg.segment_size_bytes:
+            fill(s, 1, topic="Live", queues=1)
+        s.dispatch_pending()
+        assert s.retention.clean_once() > 0 and s.queue_ids("Gone") == []
+    s = MessageStore.open(cfg, disk_usage_fn=lambda path: 0.1)
+    result = s.append_batch(encode_batch([MessageInput("Gone", 0, b"again", {})], STORE_HOST), 1_800_000_000_000,
+                            s.max_phy_offset)
+    assert result.queue_offsets == [3]
+    s.dispatch_pending()
+    _die(s)  # the unit is in the file, the checkpoint still from before it
+    with caplog.at_level(logging.WARNING), MessageStore.open(cfg, disk_usage_fn=lambda path: 0.1) as s:
+        assert "consume queues do not match" not in caplog.text
+        assert (s.get_min_offset_in_queue("Gone", 0), s.get_max_offset_in_queue("Gone", 0)) == (3, 4)
 
 
 def test_checkpoint_golden_bytes_and_a_version_1_checkpoint_is_still_read(tmp_path):
