@@ -493,7 +493,7 @@ class BrokerNode:
         """The raw commit-log record at ``phy_offset`` (what PULL_MESSAGE sends), or None."""
         if not self.store.min_phy_offset <= phy_offset < self.store.max_phy_offset:
             return None
-        raw = self.store.commit_log.record_at(phy_offset)
+        raw = self.store.look_record_by_offset(phy_offset)
         return bytes(raw) if raw is not None else None
 
     def message_at(self, topic: str, queue_id: int, queue_offset: int) -> Any:

@@ -17,6 +17,10 @@ Rules this module keeps:
 * Recovery trusts what a checkpoint says was made durable and verifies (size, magic, offset, CRC) every record
   after it; the first record that fails ends the log, and the torn tail behind it is zeroed so a later crash
   can never resurrect stale bytes.
+* A message body may hold any bytes, a whole record head among them, so bytes that read as a record at an offset
+  do not make one. ``record_at`` serves offsets the store derived itself (ConsumeQueue units, index entries,
+  dispatch); an offset from outside (a message id, a request) is read with ``record_written_at``, which also
+  checks that the log wrote a record starting there.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from remoting.message import (BATCH_HEAD, BLANK_MAGIC, BODY_LEN, ENTRY_HEAD, MAX
                               MESSAGE_MAGIC, PROPS_LEN, RECORD_HEAD, record_size)
 
 from .config import END_FILE_MIN_BLANK_LENGTH, StoreConfig
-from .consume_queue import CQ_UNIT
+from .consume_queue import CQ_UNIT, ConsumeQueue
 from .dispatch_info import DispatchHint, index_hashes, scan_properties, tags_code_of
 from .errors import StoreCorruptedError
 from .mapped_file import MappedFile, file_name, parse_file_name, pwrite_all
@@ -413,7 +417,8 @@ class CommitLog:
 
     def record_at(self, phy_offset: int) -> memoryview | None:
         """The whole record starting at ``phy_offset`` (None for a blank, an unpublished or a removed offset, or
-        an offset inside a record)."""
+        an offset inside a record's head), for an offset the store derived itself: bytes inside a body that read as
+        a record head pass, so an offset from outside goes through ``record_written_at``."""
         if phy_offset < self.min_phy_offset:
             return None
         seg = self._segments.get(phy_offset - phy_offset % self.segment_size)
@@ -424,6 +429,40 @@ class CommitLog:
             return None
         off = phy_offset - seg.start
         return seg.mv[off:off + size]
+
+    def record_written_at(self, phy_offset: int, dispatched: int,
+                          queues: Mapping[tuple[bytes, int], ConsumeQueue]) -> memoryview | None:
+        """``record_at`` for an offset from outside (a message id, a request's commit-log offset): the record only if
+        the log itself wrote one starting there, None otherwise. ``dispatched`` and ``queues`` are the dispatcher's.
+
+        ``record_at`` alone takes any offset whose bytes read as a record head naming that offset, and a producer
+        writes whatever it likes in a body: a head planted there passed for a record of any topic, spanning the
+        records after it (a lookup by id served them under the planted topic, the ACL judged a request naming it
+        on that topic, a send-back re-stored it as a message of that topic). Dispatch reaches every record the log
+        wrote, record after record, and writes its ConsumeQueue unit at the queue and queue offset its own head
+        names: below ``dispatched``, that unit must name this offset and size (one unit read, whatever the topic:
+        system, retry, schedule and half topics are dispatched alike), and a planted head names a unit that is
+        another record's, or none. At or past ``dispatched`` (appended a moment ago), the record must be reached by
+        walking record heads from ``dispatched``, a record start: as many as dispatch is behind."""
+        raw = self.record_at(phy_offset)
+        if raw is None:
+            return None
+        if phy_offset < dispatched:
+            head = RECORD_HEAD.unpack_from(raw, 0)
+            t = RECORD_HEAD.size + 4 + BODY_LEN.unpack_from(raw, RECORD_HEAD.size)[0]
+            if not RECORD_HEAD.size + 4 <= t < len(raw):
+                return None
+            cq = queues.get((bytes(raw[t + 1:t + 1 + raw[t]]), head[3]))
+            unit = cq.unit(head[5]) if cq is not None else None
+            return raw if unit is not None and unit[0] == phy_offset and unit[1] == len(raw) else None
+        pos, end = dispatched, self.end
+        while pos < phy_offset:
+            seg = self._segments.get(pos - pos % self.segment_size)
+            size = self._unit_size(seg, pos, end) if seg is not None else None
+            if size is None:
+                return None
+            pos += size
+        return raw if pos == phy_offset else None
 
     def _unit_size(self, seg: Any, pos: int, end: int, *, blank: bool = True) -> int | None:
         """The size of the record or (with ``blank``) blank that starts at ``pos`` (inside ``seg``, below

@@ -4,7 +4,9 @@ It tails committed commit-log bytes (never past the published end) and, per reco
 unit at the record's own queue offset and, unless the index already covers the record, the index entries for
 its UNIQ_KEY and each of its KEYS. Both writes are idempotent, so recovery may re-dispatch from any point at or
 before the checkpoint; deleting every derived file and dispatching from the start of the commit log rebuilds
-them byte-identical.
+them: the same units at the same queue offsets (queues whose records retention removed given back at their old
+offsets, ``restore_offsets``), and every record indexed once under each key, though index file names and
+boundaries may differ from the files dispatch wrote (docs/store-format.md, "IndexFile").
 
 Deleting a topic is a record too: the broker appends one to ``TOPIC_DELETE_LOG`` whose body names the topic,
 through the group's log like any message. Dispatching it *cuts* the topic's queues at the record's own

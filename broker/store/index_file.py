@@ -9,12 +9,22 @@ File layout (big-endian), ``40 + slots * 4 + max_entries * 20`` bytes, created s
 
 ``key_hash`` is ``crc32c("topic#key") & 0x7fffffff`` (RocketMQ hashes with Java's ``String.hashCode``; any
 deterministic hash will do since a lookup re-checks the record). ``time_diff_s`` is seconds since
-``begin_timestamp``. A file is named by the phy offset of the first record dispatched into it, so rebuilding the
-index from the commit log yields the same names and bytes.
+``begin_timestamp``.
 
 ``end_phy_offset``/``end_timestamp`` are the last record dispatched while the file was the current one, written
 after its entries: every record at or before ``end_phy_offset`` is indexed, which makes re-dispatch after a crash
-skip what is already there instead of chaining duplicates.
+skip what is already there instead of chaining duplicates. A file may fill up in the middle of a record's keys:
+the first ones stay in it, past its ``end_phy_offset``, and the record begins the next file. So retention deletes
+a file only once its newest entry too is before the commit log's start, and a lookup by time skips a file only
+when its newest entry too is older than the window.
+
+A file is named by its ``begin_phy_offset``, where dispatch began it once the one before was full, and that
+depends on how the records were dispatched: a batch's ``DispatchHint`` begins it at the batch's start (a record
+without keys, or the blank before a record that did not fit its segment), parsing at the first record of a
+dispatch round or at the record whose key did not fit. Names, boundaries, header times and bytes may therefore
+differ between the members of a group and after a rebuild from the commit log. Every record is indexed once
+under each of its keys, in commit-log order, either way, and a lookup re-checks each record (topic, key, store
+timestamp), so lookups find the same records on every member and after a rebuild.
 """
 
 from __future__ import annotations
@@ -74,6 +84,31 @@ class IndexFile:
     @staticmethod
     def file_bytes(slots: int, max_entries: int) -> int:
         return INDEX_HEADER.size + slots * INDEX_SLOT.size + max_entries * INDEX_ENTRY.size
+
+    def _newest_entry(self) -> tuple[int, int, int, int] | None:
+        if self.index_count <= 1:
+            return None
+        return INDEX_ENTRY.unpack_from(self.file.mm, self.entries_at + (self.index_count - 1) * INDEX_ENTRY.size)
+
+    @property
+    def last_phy_offset(self) -> int:
+        """The highest phy offset the file names: its newest entry's (entries go in commit-log order) or its
+        ``end_phy_offset``, whichever is higher (a file split in a record's keys holds some past its end)."""
+        newest = self._newest_entry()
+        return self.end_phy_offset if newest is None else max(newest[1], self.end_phy_offset)
+
+    def may_hold_from(self, begin_ts: int) -> bool:
+        """Whether the file may hold an entry of a record stored at or after ``begin_ts``: by its ``end_timestamp``,
+        or by its newest entry's second. The first keys of a record split over two files stay here, past
+        ``end_phy_offset``, and the record may be later than ``end_timestamp``: by the header alone, a lookup of
+        those keys within a window after it skipped the file and missed the record."""
+        if self.end_timestamp >= begin_ts:
+            return True
+        newest = self._newest_entry()
+        if newest is None:
+            return False
+        diff = newest[2]
+        return diff == 0x7FFFFFFF or self.begin_timestamp + diff * 1000 + 999 >= begin_ts
 
     @property
     def full(self) -> bool:
@@ -268,8 +303,7 @@ class IndexService:
         reads depends on how many the records' own check lets through. Take them before the next dispatch."""
         h = key_hash(topic, key)
         for f in reversed(list(self.files)):
-            if f.index_count > 1 and f.begin_timestamp <= end_ts and (f.end_timestamp >= begin_ts
-                                                                      or f is self.files[-1]):
+            if f.index_count > 1 and f.begin_timestamp <= end_ts and (f is self.files[-1] or f.may_hold_from(begin_ts)):
                 yield from f.lookup(h, begin_ts, end_ts)
 
     def flush(self) -> None:
@@ -291,8 +325,12 @@ class IndexService:
                 f.file.release(f.file.size)
 
     def delete_files_before(self, commit_log_min: int) -> int:
+        """Delete the oldest files none of whose entries point at or past ``commit_log_min`` (never the current
+        one); returns how many. ``end_phy_offset`` alone does not say: a file that filled up in the middle of a
+        record's keys holds that record's first keys past its end (``_undo_split_record``), and deleted with the
+        segment before the record, it took them away while the record stayed (found by its later KEYS only)."""
         deleted = 0
-        while len(self.files) > 1 and self.files[0].end_phy_offset < commit_log_min:
+        while len(self.files) > 1 and self.files[0].last_phy_offset < commit_log_min:
             dead = self.files.pop(0)
             self._dirty.discard(dead)
             dead.file.destroy()

@@ -625,8 +625,14 @@ class MessageStore:
         starts from an offset (an index hit, a message id) asks this; pulls never see it (the queues are cut)."""
         return phy_offset < self.dispatcher.cut_of(topic)
 
+    def look_record_by_offset(self, phy_offset: int) -> memoryview | None:
+        """The record at ``phy_offset``, an offset from outside (a message id, a request's commit-log offset): None
+        unless the commit log wrote a record starting there (``CommitLog.record_written_at``), whatever the bytes
+        there read as: a body may hold a planted record head naming its own offset."""
+        return self.commit_log.record_written_at(phy_offset, self.dispatcher.dispatched, self.dispatcher.queues)
+
     def look_message_by_offset(self, phy_offset: int) -> MessageView | None:
-        raw = self.commit_log.record_at(phy_offset)
+        raw = self.look_record_by_offset(phy_offset)
         if raw is None:
             return None
         return decode_record(raw, check_crc=False)

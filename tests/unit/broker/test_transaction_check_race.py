@@ -81,6 +81,9 @@ class StandInNode:
     async def ensure_topic(self, config: Any) -> None:
         pass
 
+    def topic(self, topic: str) -> Any:
+        return SimpleNamespace(topic_name=topic)  # every topic exists: none is deleted here
+
     async def append_messages(self, batch: bytes) -> Any:
         if self.gate is not None:
             await self.gate.wait()
