@@ -264,6 +264,14 @@ class SubscriptionGroupManager:
                                       f"consume_broadcast_enable is false on broker {name}",
                                       ext={"consumer_group": group})
 
+    def check_offset_commit(self, group: str) -> None:
+        """Raise the refusal an offset commit of ``group`` gets: a group not in the table that may not be created
+        (auto-create off, or no room for it), as RocketMQ 5's SUBSCRIPTION_GROUP_NOT_EXIST; an unknown one that may
+        is created, as by a pull. Unchecked, commits under made-up names each stored an offset for good (in every
+        snapshot), past the bound ``max_subscription_group_count`` sets on groups."""
+        if group not in self.table:
+            self._unknown_pulled(group)
+
     def _unknown_pulled(self, group: str) -> SubscriptionGroupConfig:
         """The config a pull of a group not in the table is served with (the defaults), its creation started on the
         leader; or the refusal."""

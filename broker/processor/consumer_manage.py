@@ -3,6 +3,9 @@ DELETE_SUBSCRIPTIONGROUP and CLONE_GROUP_OFFSET.
 
 Updates are accepted by the leader only (NOT_LEADER elsewhere, with ``leader_addr``) and replicated in batches
 (``broker/offset_manager.py``); a group's first offset of a queue before the answer (``BrokerNode.commit_offset``).
+An update for a consumer group this broker has no subscription group config of is served as a pull is: the config is
+auto-created, or, with ``auto_create_subscription_group`` false (or no room under ``max_subscription_group_count``),
+the update is refused SUBSCRIPTION_GROUP_NOT_EXIST, as RocketMQ 5 refuses it.
 Queries too are answered by the leader only, once its no-op is applied (``BrokerNode.wait_ready_leader``): the
 answer is where a consumer resumes, and only that table holds every replicated commit. A group that never committed
 an offset for the queue gets QUERY_NOT_FOUND, and the client then starts from its ``consume_from_where`` (RocketMQ
@@ -79,6 +82,7 @@ class ConsumerManageProcessor:
             raise self.node.not_leader()
         group, topic, queue_id = self._key(request)
         offset = get_int(request.ext, "commit_offset", lo=0)
+        self.node.subscription_groups.check_offset_commit(group)
         await self.node.commit_offset(group, topic, queue_id, offset)
         return None if request.is_oneway else make_response(request, ResponseCode.SUCCESS)
 

@@ -36,8 +36,9 @@ async def test_a_dead_groups_offsets_are_deleted_and_a_live_one_is_refused(nurse
                                {"consumer_group": group, "topic": "TopicTest", "queue_id": queue_id,
                                 "commit_offset": 1})
                 assert r.code == ResponseCode.SUCCESS, r.remark
-        with trio.fail_after(5):  # liveness: the flusher replicates them
-            while len(replicated("cg")) < 2 or len(replicated("other")) < 2:
+        with trio.fail_after(5):  # liveness: the flusher replicates them, and the first commits create the groups
+            while len(replicated("cg")) < 2 or len(replicated("other")) < 2 or \
+                    not all(g in nodes[0].subscription_groups.table for g in ("cg", "other")):
                 await trio.sleep(0.02)
 
         hb = {"client_id": "c1", "consumers": [{"consumer_group": "cg", "subscriptions": [{"topic": "TopicTest"}]}]}
@@ -52,13 +53,16 @@ async def test_a_dead_groups_offsets_are_deleted_and_a_live_one_is_refused(nurse
                                           {"consumer_group": "cg"})).body or b"\xa0").get("consumer_id_list"):
                 await trio.sleep(0.02)
 
-        r = await call(client, addr, RequestCode.DELETE_SUBSCRIPTIONGROUP, {"group_name": "cg", "clean_offset": False})
+        # A group with no config (one that never pulled nor committed here) would lose nothing but its offsets.
+        r = await call(client, addr, RequestCode.DELETE_SUBSCRIPTIONGROUP,
+                       {"group_name": "never-seen", "clean_offset": False})
         assert r.code == ResponseCode.INVALID_REQUEST and r.ext["field"] == "clean_offset"
         r = await call(client, addr, RequestCode.DELETE_SUBSCRIPTIONGROUP, {"group_name": "c g"})
         assert r.code == ResponseCode.INVALID_REQUEST and r.ext["field"] == "group_name"
 
         r = await call(client, addr, RequestCode.DELETE_SUBSCRIPTIONGROUP, {"group_name": "cg"})
         assert r.code == ResponseCode.SUCCESS and r.ext["removed"] == 2
+        assert r.ext["config_removed"] is True  # auto-created by its first commit, as by a pull
         assert replicated("cg") == {} and len(replicated("other")) == 2
         r = await call(client, addr, RequestCode.QUERY_CONSUMER_OFFSET,
                        {"consumer_group": "cg", "topic": "TopicTest", "queue_id": 0})

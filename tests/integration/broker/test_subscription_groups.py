@@ -166,6 +166,13 @@ async def test_auto_create_off_refuses_unknown_groups_until_created(nursery, tmp
         r = await call(client, addr, RequestCode.CONSUMER_SEND_MSG_BACK,
                        {"offset": 0, "group": "unknown", "origin_topic": "T", "max_reconsume_times": 16})
         assert r.code == ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST
+        # So is an offset commit: made-up group names each stored an offset for good, past the group count's bound.
+        commit = {"consumer_group": "unknown", "topic": "T", "queue_id": 0, "commit_offset": 1}
+        r = await call(client, addr, RequestCode.UPDATE_CONSUMER_OFFSET, commit)
+        assert r.code == ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST and "auto_create_subscription_group is false" \
+            in r.remark, (r.code, r.remark)
+        r = await call(client, addr, RequestCode.QUERY_CONSUMER_OFFSET, {k: commit[k] for k in list(commit)[:3]})
+        assert r.code == ResponseCode.QUERY_NOT_FOUND, (r.code, r.remark)
         assert sent.code == ResponseCode.SUCCESS
         # RocketMQ's tools group is created all the same (raftmq admin consume-message pulls under it).
         assert (await _pull(client, addr, "TOOLS_CONSUMER")).code == ResponseCode.SUCCESS
@@ -175,6 +182,7 @@ async def test_auto_create_off_refuses_unknown_groups_until_created(nursery, tmp
         assert (await _update(client, addr, group_name="unknown")).code == ResponseCode.SUCCESS
         r = await _pull(client, addr, "unknown")
         assert r.code == ResponseCode.SUCCESS and [m.body for m in iter_records(r.body)] == [b"m0"]
+        assert (await call(client, addr, RequestCode.UPDATE_CONSUMER_OFFSET, commit)).code == ResponseCode.SUCCESS
         # Deleted, it is unknown again.
         r = await call(client, addr, RequestCode.DELETE_SUBSCRIPTIONGROUP, {"group_name": "unknown"})
         assert r.code == ResponseCode.SUCCESS and r.ext["config_removed"] is True
@@ -191,6 +199,9 @@ async def test_the_group_count_is_bounded(nursery, tmp_path):
         r = await _update(client, addr, group_name="g3")
         assert r.code == ResponseCode.INVALID_REQUEST and "max_subscription_group_count is 2" in r.remark
         r = await _pull(client, addr, "g3")
+        assert r.code == ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST and "not auto-created" in r.remark
+        r = await call(client, addr, RequestCode.UPDATE_CONSUMER_OFFSET,
+                       {"consumer_group": "g3", "topic": "T", "queue_id": 0, "commit_offset": 1})
         assert r.code == ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST and "not auto-created" in r.remark
         # Known groups are served and updated as before.
         assert (await _update(client, addr, group_name="g2", retry_max_times=1)).code == ResponseCode.SUCCESS
