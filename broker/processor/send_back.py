@@ -9,7 +9,10 @@ consumed from, kept from the first failure on) and ORIGIN_MESSAGE_ID:
 * while the stored copy's ``reconsume_times`` is below ``max_reconsume_times`` (and ``delay_level`` >= 0), to the
   group's retry topic ``%RETRY%<group>``, delayed by ``delay_level`` or, when 0, by level 3 + reconsume_times
   (RocketMQ's backoff: 10 s, 30 s, 1 m, ... with the default levels), capped at the last level;
-* else (or with ``delay_level`` -1) at once to the group's dead-letter topic ``%DLQ%<group>``.
+* else (or with ``delay_level`` -1) at once to the group's dead-letter topic ``%DLQ%<group>``;
+* a message whose properties, near the limit, cannot take the ones added (RETRY_TOPIC, ORIGIN_MESSAGE_ID, the
+  schedule's) goes at once to the dead-letter topic as it was stored (answered ``dead``), as POP's revive does:
+  refused, its consumer retried it locally without end and its queue's offset never passed it.
 
 The group's subscription group (``broker/subscription_group.py``, auto-created here as by a pull) gives the limit
 when the request carries no ``max_reconsume_times`` (its ``retry_max_times``, 16 by default; raftmq's consumers
@@ -25,6 +28,7 @@ A node whose ``broker_permission`` lacks write refuses it with NO_PERMISSION, as
 
 from __future__ import annotations
 
+import logging
 import random
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +44,8 @@ from remoting.message import (PROPERTY_DELAY, PROPERTY_ORIGIN_MESSAGE_ID,
 
 if TYPE_CHECKING:
     from broker.node import BrokerNode
+
+log = logging.getLogger(__name__)
 
 DLQ_QUEUE_NUMS = 1  # RocketMQ's DLQ_NUMS_PER_GROUP
 _FIRST_RETRY_LEVEL = 3  # RocketMQ: delay level 3 + reconsume_times when the consumer names none
@@ -86,8 +92,8 @@ class SendBackProcessor:
             # outcome, a delayed message not due yet. Sent back, its copy would be consumed early or unsettled.
             raise invalid("offset", f"{offset} holds a record of the broker's own topic {view.topic!r}, not a "
                                     f"consumed message; nothing was sent back")
-        props = dict(view.properties)
-        first_topic = props.get(PROPERTY_RETRY_TOPIC, view.topic)
+        stored_props = dict(view.properties)
+        first_topic = stored_props.get(PROPERTY_RETRY_TOPIC, view.topic)
         if origin_topic and origin_topic not in (view.topic, first_topic):
             # A stale or wrong offset would otherwise retry (or bury in the DLQ) some other topic's message.
             raise invalid("offset", f"{offset} holds a message of topic {view.topic!r}, not of origin_topic "
@@ -96,28 +102,46 @@ class SendBackProcessor:
         if max_reconsume_times is None:
             max_reconsume_times = sub_group.retry_max_times
         reconsume_times = view.reconsume_times
-        levels = len(node.config.delay_levels_ms)
         dead = reconsume_times >= max_reconsume_times or delay_level < 0
-        target = dlq_topic(group) if dead else retry_topic(group)
+        for name in (PROPERTY_DELAY, PROPERTY_REAL_TOPIC, PROPERTY_REAL_QUEUE_ID):
+            stored_props.pop(name, None)
+        props = dict(stored_props)
         props[PROPERTY_RETRY_TOPIC] = first_topic
         props[PROPERTY_ORIGIN_MESSAGE_ID] = (origin_msg_id or props.get(PROPERTY_UNIQ_KEY)
                                              or create_msg_id(view.store_host, view.phy_offset))
-        for name in (PROPERTY_DELAY, PROPERTY_REAL_TOPIC, PROPERTY_REAL_QUEUE_ID):
-            props.pop(name, None)
-        queue_nums = DLQ_QUEUE_NUMS if dead else sub_group.retry_queue_nums
+        try:
+            target, batch = await self._copy(view, group, dead, props, delay_level, sub_group.retry_queue_nums)
+        except MessageFormatError as e:
+            # Properties near the limit, tipped over by the ones added here: refused, the consumer retried it locally
+            # without end and its queue's offset never passed it. To the dead letters as stored instead (as POP's
+            # revive does), where an operator finds it.
+            try:
+                dead = True
+                target, batch = await self._copy(view, group, dead, stored_props, delay_level, 0)
+            except MessageFormatError:
+                raise RequestRejected(ResponseCode.MESSAGE_ILLEGAL, f"the message at offset {offset} cannot be "
+                                                                    f"sent back: {e}") from None
+            log.warning("message cannot be sent back with the retry properties; to the dead-letter topic as stored "
+                        "group=%s offset=%d error=%s", group, offset, e)
+        (stored,) = await node.append_messages(batch)
+        return make_response(request, ResponseCode.SUCCESS, ext={
+            "topic": target, "msg_id": stored.msg_id, "reconsume_times": reconsume_times + 1, "dead": dead})
+
+    async def _copy(self, view: Any, group: str, dead: bool, props: dict[str, str], delay_level: int,
+                    retry_queue_nums: int) -> tuple[str, bytes]:
+        """The topic a send-back of ``view`` goes to (the group's retry or dead-letter topic, created if need be) and
+        the batch that stores its copy with ``props`` (a retry through the schedule topic, delayed); raises
+        MessageFormatError for a copy the format cannot hold."""
+        node = self.node
+        target = dlq_topic(group) if dead else retry_topic(group)
+        queue_nums = DLQ_QUEUE_NUMS if dead else retry_queue_nums
         created = await node.ensure_topic(TopicConfig(target, queue_nums, queue_nums,
                                                       PERM_WRITE if dead else PERM_READ_WRITE))
         topic, queue_id = target, 0 if dead else random.randrange(min(queue_nums, created.write_queue_nums))
         if not dead:
-            level = min(delay_level or _FIRST_RETRY_LEVEL + reconsume_times, levels)
+            levels = len(node.config.delay_levels_ms)
+            level = min(delay_level or _FIRST_RETRY_LEVEL + view.reconsume_times, levels)
             topic, queue_id, props = SCHEDULE_TOPIC, level - 1, schedule_properties(target, queue_id, props, level)
-        message = stored_again(view, topic, queue_id, props, reconsume_times=reconsume_times + 1,
+        message = stored_again(view, topic, queue_id, props, reconsume_times=view.reconsume_times + 1,
                                prepared_transaction_offset=0)
-        try:
-            batch = encode_batch([message], node.store_host, max_message_size=node.max_message_size)
-        except MessageFormatError as e:
-            raise RequestRejected(ResponseCode.MESSAGE_ILLEGAL, f"the message at offset {offset} cannot be sent "
-                                                                f"back: {e}") from None
-        (stored,) = await node.append_messages(batch)
-        return make_response(request, ResponseCode.SUCCESS, ext={
-            "topic": target, "msg_id": stored.msg_id, "reconsume_times": reconsume_times + 1, "dead": dead})
+        return target, encode_batch([message], node.store_host, max_message_size=node.max_message_size)

@@ -123,3 +123,29 @@ async def test_send_back_refuses_bad_input_naming_the_field_and_stores_nothing(n
             r = await call(client, addr, RequestCode.CONSUMER_SEND_MSG_BACK, {**good, "offset": offset})
             assert r.code == ResponseCode.NO_MESSAGE and f"offset {offset}" in r.remark
         assert not {t for t in await _topics(client, addr) if t.startswith("%")}
+
+
+async def test_a_message_whose_properties_cannot_take_the_retry_ones_goes_to_the_dead_letters_as_stored(
+        nursery, tmp_path):
+    # Refused MESSAGE_ILLEGAL (its properties past the limit with RETRY_TOPIC and ORIGIN_MESSAGE_ID added), the
+    # consumer retried it locally without end: its queue's offset never passed it, and it never reached the DLQ.
+    (config,) = broker_configs(tmp_path, None, message_delay_level=LEVELS)
+    addr = await start_broker(nursery, config)
+    async with open_remoting_client() as client:
+        await wait_leader(client, addr)
+        big = "x" * 32_710  # stored in 32,730 bytes of properties; the two the send-back adds take 45 more
+        r = await call(client, addr, RequestCode.SEND_MESSAGE,
+                       {"topic": "BigProps", "queue_id": 0, "properties": {"UNIQ_KEY": "U-big", "big": big}}, b"body")
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        _, (stored,) = await _pull_all(client, addr, "BigProps")
+        for max_reconsume_times in (16, 0):  # a retry's copy and a dead letter's alike
+            r = await call(client, addr, RequestCode.CONSUMER_SEND_MSG_BACK,
+                           {"offset": stored.phy_offset, "group": "big-g", "origin_topic": "BigProps",
+                            "max_reconsume_times": max_reconsume_times})
+            assert r.code == ResponseCode.SUCCESS and r.ext["dead"] is True, (r.code, r.remark)
+            assert r.ext["topic"] == "%DLQ%big-g" and r.ext["reconsume_times"] == 1
+            viewed = await call(client, addr, RequestCode.VIEW_MESSAGE_BY_ID, {"msg_id": r.ext["msg_id"]})
+            copy = decode_record(viewed.body)
+            assert (copy.topic, copy.body, copy.reconsume_times) == ("%DLQ%big-g", b"body", 1)
+            assert copy.properties["big"] == big and copy.properties["UNIQ_KEY"] == "U-big"
+            assert "RETRY_TOPIC" not in copy.properties and "ORIGIN_MESSAGE_ID" not in copy.properties
