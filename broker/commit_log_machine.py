@@ -28,7 +28,8 @@
   clears them. A plan made against a state that did not happen (a zombie entry applied meanwhile) has a start
   offset that no longer matches, so it is REJECTED everywhere, never half applied.
 - Catch-up copies use the store's raw commit-log read/append (whole records and end-of-segment blanks, every
-  record checked before anything is written).
+  record checked before anything is written). A member rebuilt empty that begins its log at a peer's min offset
+  gets the queue offsets there with it (``start_state`` / ``start_at``: ``MessageStore.start_state``).
 """
 
 from __future__ import annotations
@@ -219,8 +220,11 @@ class CommitLogMachine:
     def min_offset(self) -> int:
         return self.store.min_phy_offset
 
-    def start_at(self, offset: int) -> None:
-        self.store.start_at(offset)
+    def start_state(self, offset: int) -> bytes:
+        return self.store.start_state(offset)
+
+    def start_at(self, offset: int, state: bytes | None) -> None:
+        self.store.start_at(offset, state)
 
     def read_raw(self, offset: int, max_bytes: int) -> bytes:
         return self.store.read_commit_log(offset, max_bytes)

@@ -101,7 +101,10 @@ class ByteLog:
     def min_offset(self) -> int:
         return 0  # a ByteLog keeps its whole log
 
-    def start_at(self, offset: int) -> None:
+    def start_state(self, offset: int) -> bytes:
+        return b""  # the records are the whole state
+
+    def start_at(self, offset: int, state: bytes | None) -> None:
         raise ValueError("a ByteLog always starts at offset 0 (it deletes nothing, so a peer never needs to "
                          f"start past it); asked to start at {offset}")
 

@@ -122,14 +122,16 @@ class CatchUp:
                     # Empty (a rebuilt member): begin the log where that peer's log begins. Not empty: our log
                     # ends where every peer's log has been deleted, and the gap cannot be filled.
                     try:
-                        self._sm.start_at(first.min_offset)
+                        # With the state that peer sent with its min offset: what the bytes from there do not say.
+                        self._sm.start_at(first.min_offset, first.state)
                     except ValueError as e:  # not empty, or not a start this store can take (a segment's)
                         log.error("catch-up: the commit log cannot begin at member %s's min offset %d: %s",
                                   first.peer_id, first.min_offset, e)
                         raise MemberFellBehindError(self.config.group, self.config.self_id, end,
                                                     first.min_offset) from None
-                    log.warning("catch-up: empty commit log starts at offset %d, member %s's min offset",
-                                first.min_offset, first.peer_id)
+                    log.warning("catch-up: empty commit log starts at offset %d, member %s's min offset "
+                                "start_state_bytes=%s", first.min_offset, first.peer_id,
+                                "none (a member of an older version)" if first.state is None else len(first.state))
                     if first.min_offset > target:
                         # Past the snapshot's end: copy up to the peer's end instead. The entries after the
                         # snapshot that precede it are then in the log already and apply as duplicates, as

@@ -181,14 +181,18 @@ class MemberFellBehindError(DLedgerError, FatalServerError):
 
 class CommitLogMovedError(DLedgerError):
     """A peer no longer keeps the commit log from the offset a catching-up member asked for: it begins at
-    ``min_offset`` (retention). What the member does depends on whether it is empty (``dledger.group``)."""
+    ``min_offset`` (retention). What the member does depends on whether it is empty (``dledger.catch_up``).
+    ``state`` is the peer's state machine's ``start_state(min_offset)``, what an empty member starting its log
+    there passes to ``start_at``; None from a peer that sends none (an older version)."""
 
-    def __init__(self, peer_id: str, offset: int, min_offset: int, end_offset: int) -> None:
+    def __init__(self, peer_id: str, offset: int, min_offset: int, end_offset: int, *,
+                 state: bytes | None = None) -> None:
         super().__init__(f"member {peer_id} keeps the commit log only from offset {min_offset}, not from {offset}")
         self.peer_id = peer_id
         self.offset = offset
         self.min_offset = min_offset
         self.end_offset = end_offset
+        self.state = state
 
 
 class MemberStoreError(DLedgerError, FatalServerError):

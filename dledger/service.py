@@ -5,8 +5,12 @@ Requests (ext keys are short text, bodies raw bytes; see ``docs/architecture.md`
 - ``FETCH_COMMIT_LOG`` ext ``{group, phy_offset, max_bytes}`` -> SUCCESS, body = stored bytes from
   ``phy_offset`` (whole records, never past this member's applied end), ext ``{crc32c, end_offset}``.
   The fetching side checks the crc32c of the body before handing it to ``write_raw`` (which validates each
-  record again). Served to the group's members only: the request must carry their ``MemberSignature``
-  (``dledger.member_auth``, keyed by ``dledger.secret``), else NO_PERMISSION, whatever else it says.
+  record again). Below this member's min offset (retention deleted it) -> PULL_OFFSET_MOVED, ext
+  ``{min_offset, end_offset, crc32c}``, body = the state machine's ``start_state(min_offset)`` (what an empty
+  member starting its log there needs besides the bytes, opaque here) and ``crc32c`` its checksum; a member of an
+  older version sends no body and no ``crc32c``. Served to the group's members only: the request must carry their
+  ``MemberSignature`` (``dledger.member_auth``, keyed by ``dledger.secret``), else NO_PERMISSION, whatever else it
+  says.
 - ``GET_RAFT_STATUS`` ext ``{group}`` and optionally ``checksum_up_to`` -> SUCCESS, ext ``{role, term,
   leader_id, committed_index, last_applied_index, end_offset, serving_reads, snapshots_loaded, catch_up_bytes,
   connected_peers, in_flight_batches, pending_records, busy_records, rejoining}`` (``connected_peers``: ids of
@@ -110,10 +114,14 @@ class DLedgerService:
         offset = _int_field(request, "phy_offset")
         max_bytes = min(_int_field(request, "max_bytes", minimum=1), MAX_FETCH_BYTES)
         sm = self.group._sm
-        if offset < sm.min_offset:
-            return make_response(request, ResponseCode.PULL_OFFSET_MOVED,
-                                 ext={"min_offset": sm.min_offset, "end_offset": sm.end_offset},
-                                 remark=f"phy_offset {offset} is below this member's min offset {sm.min_offset} "
+        low = sm.min_offset
+        if offset < low:
+            # In the same step as min_offset, on the trio thread where retention runs too: the state is the one at
+            # this min offset, which no deletion can move in between.
+            state = sm.start_state(low)
+            return make_response(request, ResponseCode.PULL_OFFSET_MOVED, body=state,
+                                 ext={"min_offset": low, "end_offset": sm.end_offset, "crc32c": crc32c.crc32c(state)},
+                                 remark=f"phy_offset {offset} is below this member's min offset {low} "
                                         f"(retention deleted the segments before it)")
         try:
             data = sm.read_raw(offset, max_bytes)
@@ -194,7 +202,13 @@ def remote_fetch_range(client: Any, group: str, secret: str) -> FetchRange:
             # else is that peer's failed fetch: a negative min ended the member as "fell behind", a huge one
             # started its log where no member's is and it never served again.
             if type(low) is int and type(end) is int and offset < low <= end:
-                raise CommitLogMovedError(peer.id, offset, low, end)
+                state = None  # a peer of an older version sends no start state
+                if "crc32c" in response.ext:
+                    if crc32c.crc32c(response.body) != response.ext["crc32c"]:
+                        raise CatchUpDataError(f"the start state from {peer.id} at offset {low} fails its crc32c "
+                                               f"check")
+                    state = response.body
+                raise CommitLogMovedError(peer.id, offset, low, end, state=state)
         if response.code != ResponseCode.SUCCESS:
             raise _error_for(response)
         if crc32c.crc32c(response.body) != response.ext.get("crc32c"):

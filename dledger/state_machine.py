@@ -108,9 +108,16 @@ class StateMachine(Protocol):
     def min_offset(self) -> int:
         """The first offset still stored (retention may have deleted what was before it)."""
 
-    def start_at(self, offset: int) -> None:
+    def start_state(self, offset: int) -> bytes:
+        """What a member beginning its empty log at ``offset`` (this one's ``min_offset``) needs besides the log
+        bytes from there, opaque to dledger (``b""`` when nothing): the broker's store sends the queue offsets its
+        copy cannot derive from the records. Called on the trio thread together with ``min_offset``."""
+
+    def start_at(self, offset: int, state: bytes | None) -> None:
         """Begin an *empty* log at ``offset`` (a peer's ``min_offset``) instead of 0, so an empty member can
-        copy a log whose beginning no peer keeps; raises ``ValueError`` if not empty or not supported."""
+        copy a log whose beginning no peer keeps; ``state`` is that peer's ``start_state(offset)``, None when the
+        peer sent none (an older version). Raises ``ValueError`` if not empty, not supported or the state is
+        malformed."""
 
     def read_raw(self, offset: int, max_bytes: int) -> bytes:
         """Up to ``max_bytes`` stored bytes from ``offset`` (empty at the end); ``offset`` below

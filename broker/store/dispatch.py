@@ -20,7 +20,9 @@ queue, the queue is closed and its directory deleted (``drop_deleted_topic_queue
 in ``deleted_queues`` first: a topic created again under the name continues from there, as it did while the
 files stayed. And a rebuild of every queue from the commit log (``drop_queues``, ``restore_offsets``) gives back
 each queue it knew whose records retention removed as an empty queue at its old max offset, rather than
-forgetting it and starting its next message at 0 below what consumers committed.
+forgetting it and starting its next message at 0 below what consumers committed. So does a replica rebuilt empty
+that begins its log at a peer's min offset (``MessageStore.start_at``): the peer's ``start_state`` gives it each
+queue's offset at that point and the peer's ``deleted_queues``, which its copy of the log from there cannot.
 """
 
 from __future__ import annotations
@@ -104,6 +106,89 @@ def decode_deleted_queues(data: bytes, path: Path) -> dict[tuple[bytes, int], in
     if pos != end:
         raise damaged(f"{end - pos} bytes follow its {count} entries")
     return deleted
+
+
+# The start state (``Dispatcher.start_state``): what a replica that begins an empty commit log at a peer's min
+# offset (``MessageStore.start_at``) cannot derive from the records it copies from there. Per queue holding a unit
+# before ``phy_offset``: its max offset at that point and its last unit before it (written back as is, an empty
+# queue at that offset, as ``restore_offsets`` does); then the peer's ``deleted_queues`` entries. Sent in the
+# PULL_OFFSET_MOVED answer of FETCH_COMMIT_LOG (docs/protocol.md). Big-endian:
+#
+#   | magic "RMSS" 4 | version 1 (4) | phy_offset 8 | queue_count 4 | deleted_count 4 |
+#   | queue_count queue entries | deleted_count deleted entries | crc32c of every byte before it 4 |
+#   queue entry:   | queue_id 4 | max_offset 8 | unit phy_offset 8 | unit size 4 | unit tags_code 8 | topic_len 1 |
+#                  | topic (ASCII) |
+#   deleted entry: | queue_id 4 | max_offset 8 | topic_len 1 | topic (ASCII) |      (a deleted_queues entry)
+START_STATE_HEAD = struct.Struct(">IIqII")
+START_STATE_QUEUE = struct.Struct(">iqqiqB")
+_START_STATE_MAGIC = 0x524D5353  # "RMSS"
+_START_STATE_VERSION = 1
+# (topic, queue_id) -> (max_offset, its last unit (phy_offset, size, tags_code)), the queue part of a start state.
+StartQueues = dict[tuple[bytes, int], tuple[int, tuple[int, int, int]]]
+
+
+def encode_start_state(phy_offset: int, queues: StartQueues, deleted: dict[tuple[bytes, int], int]) -> bytes:
+    """The bytes of a start state (sorted, so deterministic)."""
+    out = bytearray(START_STATE_HEAD.pack(_START_STATE_MAGIC, _START_STATE_VERSION, phy_offset, len(queues),
+                                          len(deleted)))
+    for (topic, queue_id), (max_offset, unit) in sorted(queues.items()):
+        out += START_STATE_QUEUE.pack(queue_id, max_offset, *unit, len(topic)) + topic
+    for (topic, queue_id), max_offset in sorted(deleted.items()):
+        out += DELETED_QUEUE_ENTRY.pack(queue_id, max_offset, len(topic)) + topic
+    out += _CRC.pack(crc32c(out))
+    return bytes(out)
+
+
+def decode_start_state(data: bytes, phy_offset: int) -> tuple[StartQueues, dict[tuple[bytes, int], int]]:
+    """The inverse of ``encode_start_state`` for a store beginning at ``phy_offset``; ``ValueError`` saying what
+    is wrong for bytes it did not write, or of a state at another offset, or one naming a queue twice, an illegal
+    topic, an offset below 1 or a unit that is not one of a record before ``phy_offset``."""
+    def bad(why: str) -> ValueError:
+        return ValueError(f"the peer's start state ({len(data)} bytes) is malformed: {why}")
+    if len(data) < START_STATE_HEAD.size + _CRC.size:
+        raise bad(f"{len(data)} bytes are fewer than its head and CRC")
+    if _CRC.unpack_from(data, len(data) - _CRC.size)[0] != crc32c(data[:-_CRC.size]):
+        raise bad("its CRC does not match")
+    magic, version, at, n_queues, n_deleted = START_STATE_HEAD.unpack_from(data)
+    if magic != _START_STATE_MAGIC or version != _START_STATE_VERSION:
+        raise bad(f"magic {magic:#x}, version {version}")
+    if at != phy_offset:
+        raise bad(f"it is the state at phy_offset {at}, not at {phy_offset} where this store begins")
+    queues: StartQueues = {}
+    deleted: dict[tuple[bytes, int], int] = {}
+    pos, end = START_STATE_HEAD.size, len(data) - _CRC.size
+    for i in range(n_queues + n_deleted):
+        entry = START_STATE_QUEUE if i < n_queues else DELETED_QUEUE_ENTRY
+        what = f"queue entry {i}" if i < n_queues else f"deleted entry {i - n_queues}"
+        if pos + entry.size > end:
+            raise bad(f"it ends inside {what} of {n_queues} + {n_deleted}")
+        fields = entry.unpack_from(data, pos)
+        pos += entry.size
+        queue_id, max_offset, topic_len = fields[0], fields[1], fields[-1]
+        if pos + topic_len > end:
+            raise bad(f"it ends inside the topic of {what}")
+        topic = bytes(data[pos:pos + topic_len])
+        pos += topic_len
+        try:
+            check_topic(topic.decode("ascii"))
+        except (UnicodeDecodeError, MessageFormatError):
+            raise bad(f"{what} names an illegal topic {topic!r}") from None
+        key = (topic, queue_id)
+        if key in queues or key in deleted:
+            raise bad(f"{what} names queue {key[0].decode()}:{queue_id} again")
+        if queue_id < 0 or max_offset < 1:
+            raise bad(f"{what} gives queue {key[0].decode()}:{queue_id} max offset {max_offset}")
+        if i < n_queues:
+            unit = fields[2:5]
+            if unit[0] < 0 or unit[1] <= 0 or unit[0] + unit[1] > phy_offset:
+                raise bad(f"{what} gives queue {key[0].decode()}:{queue_id} a last unit {unit} that is no record "
+                          f"before phy_offset {phy_offset}")
+            queues[key] = (max_offset, unit)
+        else:
+            deleted[key] = max_offset
+    if pos != end:
+        raise bad(f"{end - pos} bytes follow its {n_queues} + {n_deleted} entries")
+    return queues, deleted
 
 
 class Dispatcher:
@@ -277,6 +362,38 @@ class Dispatcher:
             log.info("consume queue restored empty after a rebuild topic=%s queue_id=%d offset=%d", cq.topic,
                      cq.queue_id, max_offset)
         return restored
+
+    def start_state(self, phy_offset: int) -> bytes:
+        """The start state at ``phy_offset`` (dispatched past it) for a replica that begins its log there: each
+        queue's max offset at that point with its last unit before it, and ``deleted``. A queue without a unit
+        there (its first unit at or past it, or its unit before it in a file retention deleted) is left out: its
+        records from ``phy_offset`` on set where it begins on that replica."""
+        queues: StartQueues = {}
+        for key, cq in self.queues.items():
+            max_offset = cq.max_offset_at(phy_offset)
+            unit = cq.unit(max_offset - 1) if max_offset else None
+            if unit is not None and unit[1]:
+                queues[key] = (max_offset, unit)
+        return encode_start_state(phy_offset, queues, self.deleted)
+
+    def start_at(self, phy_offset: int, queues: StartQueues, deleted: dict[tuple[bytes, int], int]) -> None:
+        """Dispatch of a store that begins its empty log at ``phy_offset``, with a peer's start state there
+        (``decode_start_state``; both empty when the peer sent none). Each queue of ``queues`` is an empty queue
+        at its max offset, its unit written (a restart finds it, as after ``restore_offsets``), and ``deleted``
+        replaces ``deleted_queues``. Queues and entries an earlier ``start_at`` of the same empty log left go
+        first: they were the state at another offset."""
+        for cq in list(self.queues.values()):
+            self._forget(cq)
+            cq.destroy()
+        self.deleted = dict(deleted)
+        if deleted or self.deleted_queues_path.exists():
+            self._write_deleted()
+        for key, (max_offset, (phy, size, tags_code)) in queues.items():
+            cq = self._queue(*key)
+            cq.put(max_offset - 1, phy, size, tags_code)
+            cq.correct_min_offset(phy_offset)
+        self.dispatched = phy_offset
+        self.reset_mark()
 
     def drop_deleted_topic_queues(self, commit_log_min: int) -> int:
         """Close and delete each queue of a deleted topic that holds no unit at or past its topic's latest

@@ -34,7 +34,7 @@ from .checkpoint import StoreCheckpoint
 from .commit_log import BuiltBatch, CommitLog
 from .config import StoreConfig
 from .consume_queue import CQ_UNIT
-from .dispatch import Dispatcher, DispatchListener
+from .dispatch import Dispatcher, DispatchListener, decode_start_state
 from .dispatch_info import DispatchHint
 from .errors import StoreClosedError, StoreCorruptedError
 from .index_file import IndexService
@@ -322,26 +322,52 @@ class MessageStore:
                 rest.append((phy + held, o + held, n - held))
         return rest
 
-    def start_at(self, phy_offset: int) -> None:
+    def start_at(self, phy_offset: int, state: bytes | None = None) -> None:
         """Begin an empty store's commit log at ``phy_offset`` (a segment start) instead of 0: a member rebuilt
-        empty after its peers' retention deleted the segments before that offset. Each queue then begins at
-        the queue offset of its first record copied (``append_commit_log_raw``)."""
+        empty after its peers' retention deleted the segments before that offset. ``state`` is the peer's
+        ``start_state(phy_offset)``: each queue that holds records before it becomes an empty queue at its offset
+        there, kept on disk (a restart before any record is copied still knows it), and the peer's
+        ``deleted_queues`` become this store's. A queue whose records all lie before ``phy_offset`` is known from
+        that alone: unknown, its next message took offset 0 below what the other replicas hold and consumers
+        committed. Without a state (a peer of an older version) each queue begins at the queue offset of its
+        first record copied (``append_commit_log_raw``), and such idle queues stay unknown (logged).
+
+        "Empty" means no commit-log byte is stored: queues an earlier ``start_at`` left are replaced."""
         if self._closed:
             raise StoreClosedError("the message store is closed")
         cl = self.commit_log
+        d = self.dispatcher
         if type(phy_offset) is not int or phy_offset < 0 or phy_offset % cl.segment_size:
             raise ValueError(f"phy_offset {phy_offset!r} is not a segment start (a multiple of "
                              f"segment_size_bytes {cl.segment_size})")
+        queues, deleted = decode_start_state(state, phy_offset) if state is not None else ({}, {})
         with self._write_lock:
-            if cl.end != cl.min_phy_offset or cl.segments() or self.dispatcher.queues:
+            readable = sum(cq.min_offset < cq.max_offset for cq in d.queues.values())
+            if cl.end != cl.min_phy_offset or cl.segments() or readable:
                 raise ValueError(f"start_at needs an empty store; this one holds the commit log "
-                                 f"[{cl.min_phy_offset}, {cl.end}) and {len(self.dispatcher.queues)} queues")
+                                 f"[{cl.min_phy_offset}, {cl.end}) and {readable} queues with messages")
             cl.end = cl.min_phy_offset = phy_offset
-            self.dispatcher.dispatched = phy_offset
-            self.dispatcher.reset_mark()
+            d.start_at(phy_offset, queues, deleted)
+            self._queue_offsets = d.queue_offsets()
             self._flushed = phy_offset
-        log.info("empty store starts its commit log at phy_offset=%d", phy_offset)
+        if state is None:
+            log.warning("empty store starts its commit log at phy_offset=%d without the peer's queue offsets there "
+                        "(a peer of an older version): a queue whose records all lie before it is unknown, and its "
+                        "next message takes queue offset 0", phy_offset)
+        else:
+            log.info("empty store starts its commit log at phy_offset=%d queues=%d deleted_queues=%d", phy_offset,
+                     len(queues), len(deleted))
         self.flush_all()  # the checkpoint remembers the start until the first segment exists
+
+    def start_state(self, phy_offset: int) -> bytes:
+        """What a replica beginning its empty log at ``phy_offset`` (``start_at``) needs besides the records from
+        there: the queue offsets at that point (``Dispatcher.start_state``; layout in docs/store-format.md).
+        ``phy_offset`` must lie within what is dispatched and still stored."""
+        d = self.dispatcher
+        if type(phy_offset) is not int or not self.commit_log.min_phy_offset <= phy_offset <= d.dispatched:
+            raise ValueError(f"phy_offset {phy_offset!r} is outside the dispatched commit log "
+                             f"[{self.commit_log.min_phy_offset}, {d.dispatched}]")
+        return d.start_state(phy_offset)
 
     def read_commit_log(self, phy_offset: int, max_bytes: int) -> bytes:
         """Raw commit-log bytes from ``phy_offset`` for a catching-up replica: whole records and end-of-segment

@@ -67,7 +67,7 @@ async def test_a_peer_a_fetch_failed_from_is_asked_after_the_others(caplog):
 class _EmptyStore(_Log):
     """An empty log that can begin past 0 (a rebuilt member's store), at segment starts of 1000 bytes."""
 
-    def start_at(self, offset: int) -> None:
+    def start_at(self, offset: int, state: bytes | None) -> None:
         if offset < 0 or offset % 1000:
             raise ValueError(f"phy_offset {offset} is not a segment start")
         self.end_offset = offset
