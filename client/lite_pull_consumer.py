@@ -32,7 +32,13 @@ The rules:
   starts at the group's offset. Members that briefly disagree both pull a queue for a moment.
   ``await unsubscribe(topic)`` takes the topic's queues away the same way; the consumer stays a member. Closing
   commits, then unregisters, so the others take its queues at once. ``assignment()``, ``pause``, ``seek``,
-  ``commit`` and the rest work on the queues this member holds now.
+  ``commit`` and the rest work on the queues this member holds now. An offset reset (``raftmq admin reset-offset``,
+  ``clone-group-offset``: the broker sets the group's offsets, then tells its members, RESET_CONSUMER_CLIENT_OFFSET)
+  moves each queue it names that this member holds as a seek does (its cache dropped, poll hands out from the new
+  offset), and the new offset is stored and committed at once, so no later commit of positions undoes it (RocketMQ's
+  client does this for push consumers only). A queue being given up when told commits the reset offset instead of
+  its stored one, also when told while that commit is on its way. Assign mode is no member: the broker tells it
+  nothing.
 - **One prefetch task per assigned queue**, long polling the broker group (``broker_suspend_max_time_ms``), following
   leader changes through ``PullAPI`` (a pull falls back to the followers while the leader cannot be reached), and
   pausing ``pull_time_delay_ms_when_exception`` after a failed pull (refusals in a row: doubling, up to 3 s). A
@@ -242,6 +248,7 @@ class LitePullConsumer(LitePullSubscribe):
         self._allocate = resolve_allocate_strategy(config.allocate_strategy)
         self._stray_queues: set[MessageQueue] = set()  # named by the strategy, not in the route (warned once each)
         self._rebalances = 0
+        self._resets_pending: dict[MessageQueue, int] = {}  # subscribe mode: offset resets told, not yet applied
         # Told of every pull and of what poll hands out (client/consume_hook.py); None until something
         # subscribes (consume_hook()).
         self._hook: ConsumeHook | None = None
@@ -667,7 +674,7 @@ class LitePullConsumer(LitePullSubscribe):
         self._arrived.set()  # a poll waiting in another task wakes up to a ClientClosedError
         with trio.move_on_after(CLOSE_COMMIT_S) as scope:
             scope.shield = True
-            failed = await self._offsets.persist_all()
+            failed = await self._commit_leaving()  # persist_all, a reset told meanwhile winning
             if self._mode == SUBSCRIBE:
                 # After the commits: the others, told at once, start the queues at the offsets just sent.
                 await self._instance.unregister(None, self.config.consumer_group)
@@ -732,6 +739,7 @@ async def _open_consumer(config: LitePullConsumerConfig, tracer: ConsumeTracer |
             consumer = LitePullConsumer(config, instance, nursery, tracer=tracer)
             server_requests.on_consumer_ids_changed = (
                 lambda group: consumer.trigger_rebalance() if group in (None, config.consumer_group) else None)
+            server_requests.on_reset_offset = consumer.offsets_reset  # subscribe mode only
             server_requests.on_consumer_running_info = attach_lite_pull_consumer(consumer)  # consumer-status
             instance.start_background()
             # Both stopped before close() sends the last offsets itself (and leaves the group).

@@ -1,7 +1,7 @@
 """The lite pull consumer's subscribe mode: its membership of the group (``subscribe``, ``unsubscribe``, the
-rebalance that shares each subscribed topic's queues out, the heartbeat it sends) and the choice between assign and
-subscribe mode (RocketMQ's SubscriptionType), which the first call of either fixes. ``client/lite_pull_consumer.py``
-states the rules of both modes.
+rebalance that shares each subscribed topic's queues out, the heartbeat it sends, the offset resets the brokers
+tell it) and the choice between assign and subscribe mode (RocketMQ's SubscriptionType), which the first call of
+either fixes. ``client/lite_pull_consumer.py`` states the rules of both modes.
 
 ``LitePullSubscribe`` is a base class of ``client.lite_pull_consumer.LitePullConsumer``, not an object of its own:
 a rebalance starts and drops the very queues, caches and offsets that assign mode, poll and the prefetch tasks work
@@ -59,6 +59,9 @@ class LitePullSubscribe:
     _allocate: AllocateStrategy
     _stray_queues: set[MessageQueue]
     _rebalances: int
+    _nursery: trio.Nursery
+    # Offset resets the brokers told and not yet applied to (or committed over) the queue they name.
+    _resets_pending: dict[MessageQueue, int]
     # and LitePullConsumer's _check_open, _start, _drop, _space_freed, _start_offset, _forget_unassigned and
     # _restart_pulls are called
     client_id: str
@@ -194,7 +197,7 @@ class LitePullSubscribe:
         if not queues:
             return
         try:
-            await self._offsets.persist_all(queues)
+            await self._commit_leaving(queues)
         finally:
             # Kept to be sent again, a commit the leader did not take (it was moving) went out later from
             # serve_commits for a queue another member consumes now, and set that member's progress back; and were
@@ -203,6 +206,55 @@ class LitePullSubscribe:
                 if mq not in self._queues:
                     self._offsets.remove(mq)
             self._forget_unassigned()
+
+    # -- offset resets --------------------------------------------------------------------------------------------
+    def offsets_reset(self, consumer_group: str, topic: str, broker_name: str, offsets: dict[int, int]) -> None:
+        """The broker reset the group's offsets of ``topic`` on ``broker_name`` (``raftmq admin reset-offset``,
+        ``clone-group-offset``; RESET_CONSUMER_CLIENT_OFFSET). Subscribe mode: the queues this member holds seek
+        there (``_reset_queues``). Noted at once, before that runs under the consumer's lock: a queue given up
+        meanwhile (a rebalance holding the lock, close) commits the reset offset, not its stored offset
+        (``_commit_leaving``). Assign mode joins no group, and a broker never tells it."""
+        if consumer_group != self.config.consumer_group or self._mode != SUBSCRIBE:
+            return
+        resets = {MessageQueue(topic, broker_name, q): o for q, o in offsets.items()}
+        self._resets_pending.update(resets)  # also while closing: close's commits are maybe on their way
+        if not self._closed:
+            self._nursery.start_soon(self._reset_queues, resets)
+
+    async def _reset_queues(self, resets: dict[MessageQueue, int]) -> None:
+        # As the push consumer's (RocketMQ's resetOffset): what is cached of the queue is dropped and its next pull
+        # and poll start at the new offset, as after a seek (no bounds asked: the broker has just checked them),
+        # and the offset is stored and committed at once: the next auto-commit stores the position, the new offset
+        # until poll hands out more, and a commit of an older one already on its way cannot stay the last word.
+        async with self._lock:
+            for mq, offset in sorted(resets.items()):
+                if self._closed:
+                    return  # close commits the pending resets of its queues
+                if self._resets_pending.get(mq) == offset:
+                    del self._resets_pending[mq]
+                aq = self._queues.get(mq)
+                if aq is None:
+                    continue  # another member's queue (it resets its own), or one given up under this lock
+                self._drop(aq)
+                self._start(mq, offset)
+                self._offsets.update(mq, offset)
+                log.info("offset reset group=%s mq=%s offset=%d", self.config.consumer_group, mq, offset)
+                await self._offsets.persist(mq)
+            self._space_freed()
+
+    async def _commit_leaving(self, queues: Sequence[MessageQueue] | None = None) -> int:
+        """Commit the stored offsets not committed yet (of ``queues``, given up; None: every one, on close); returns
+        how many failed. A reset told for one of them and not applied yet wins over its stored offset: the reset
+        offset is committed instead, and the commits are sent again when a reset is told while they are on their
+        way (the broker may have taken them after its reset, which it set before telling)."""
+        while True:
+            named = list(self._offsets.snapshot()) if queues is None else queues
+            resets = {mq: self._resets_pending[mq] for mq in named if mq in self._resets_pending}
+            for mq, offset in resets.items():
+                self._offsets.update(mq, offset)
+            failed = await self._offsets.persist_all(queues)
+            if all(self._resets_pending.get(mq) == resets.get(mq) for mq in named):
+                return failed
 
     async def _start_offsets(self, queues: Sequence[MessageQueue]) -> dict[MessageQueue, int]:
         """Where each new queue starts, found before the rebalance returns (so ``subscribe`` from the last offset

@@ -14,7 +14,8 @@ therefore consumes a queue only while it holds the queue's lock on the queue's b
   before anyone else can get it. A member consumes no message without a trusted lock; a renewal refused (the lock
   lapsed and another member took it) drops the queue at once.
 - A queue taken away is unlocked only after its in-flight message is handled and its offset committed
-  (``PushConsumer`` does that, then calls ``unlock``).
+  (``PushConsumer`` does that, then calls ``unlock``); an admin reset told meanwhile wins: the reset offset is
+  committed instead of the position.
 
 Requests to one broker group go one at a time (a renewal computed before an unlock and sent after it would take
 the queue back), and each renews only queues still held when it is sent.
@@ -255,6 +256,7 @@ class OrderlyService:
             pq.finished.set()
             if self.releasing.get(pq.mq) is pq:
                 del self.releasing[pq.mq]
+                self._consumer.reset_settled(pq.mq)  # committed by the release, or too late for it
                 self._released.set()
                 self._released = trio.Event()
 
@@ -314,15 +316,17 @@ class OrderlyService:
         return True
 
     async def _release(self, pq: ProcessQueue) -> None:
-        """Commit what ``pq``'s handler finished, then unlock its queue: its next holder starts there. The commit
-        is retried while the lock is still trusted; failing that, the lock is not given back but left to lapse on
-        the broker: given back, the next holder would start before messages handled here."""
+        """Commit what ``pq``'s handler finished (or the offset an admin reset told meanwhile set: the reset wins,
+        ``PushRebalance._commit_leaving``), then unlock its queue: its next holder starts there. The commit is
+        retried while the lock is still trusted; failing that, the lock is not given back but left to lapse on the
+        broker: given back, the next holder would start before messages handled here."""
         mq = pq.mq
-        self._consumer._flush_offset(pq)
-        committed = await self._offsets.persist(mq)
+        consumer = self._consumer
+        consumer._flush_offset(pq)
+        committed = not await consumer._commit_leaving([mq])
         while not committed and self.locks is not None and self.locks.trusted(mq):
             await trio.sleep(self._config.suspend_current_queue_time_ms / 1000)
-            committed = await self._offsets.persist(mq)
+            committed = not await consumer._commit_leaving([mq])
         if mq not in self._pqs:
             self._consumer.forget_offset(mq)
         if self.locks is None:

@@ -82,7 +82,8 @@ How it works (RocketMQ's DefaultMQPushConsumer, as trio tasks):
   queue is pulled and consumed only while this member holds its lock on the broker (``client/orderly.py``), so no
   two members handle one queue at once, even while they disagree about the allocation. A queue taken away (or
   whose lock was lost, or on close) stops pulling at once, finishes the message in its handler, commits its offset
-  and only then is unlocked; its next holder starts from that offset. A handler that fails suspends its queue for
+  (or the offset an admin reset told meanwhile set: the reset wins) and only then is unlocked; its next holder
+  starts from that offset. A handler that fails suspends its queue for
   ``suspend_current_queue_time_ms`` (this time's ``ReconsumeLater.suspend_ms``, if given) and gets the same message
   again with ``reconsume_times`` counted up, without end by default (``max_reconsume_times`` -1: unlimited, as
   RocketMQ's orderly service); once it fails after ``max_reconsume_times`` retries, or at once with
@@ -219,6 +220,8 @@ class PushConsumer(PushRebalance):
         # SQL92 subscriptions not every broker group of their topic could be asked about yet (no route, no node
         # answered): each rebalance asks again, before it allocates the topic's queues.
         self._unchecked: dict[str, Subscription] = {}
+        # Offset resets the brokers told and not yet applied to (or committed over) their queue (push_rebalance.py).
+        self._resets_pending: dict[MessageQueue, int] = {}
         self._orderly = (OrderlyService(self, config, self._api, instance.client_id, self._offsets)
                          if config.orderly else None)
         self._concurrent = (ConcurrentConsumeService(self, config.max_concurrent_handlers, batch_handler,
@@ -402,7 +405,8 @@ class PushConsumer(PushRebalance):
             pq.drop()
         with trio.move_on_after(3) as scope:
             scope.shield = True
-            await self._offsets.persist_all()
+            # Every offset not committed yet; a reset told meanwhile wins over the position of its queue.
+            await self._commit_leaving(sorted(set(self._pqs) | set(self._offsets.dirty())), dirty_only=True)
             await self._instance.unregister(None, self.config.consumer_group)
         self._pqs.clear()
         self._send.close()

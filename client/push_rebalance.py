@@ -25,8 +25,13 @@ RebalancePushImpl, with the subscription table its RebalanceImpl keeps).
   running; ``subscribe`` changes nothing. A topic with no route yet (or a group none of whose nodes answered) is
   not checked then, as RocketMQ's; each rebalance asks again before it allocates the topic's queues, and leaves the
   topic out, logged at ERROR, while refused. Tag subscriptions send nothing.
-- **Offset resets** (``raftmq admin reset-offset``): the broker tells every online member; each drops the named
-  queues it holds, commits the new offsets at once and pulls from them.
+- **Offset resets** (``raftmq admin reset-offset``, ``clone-group-offset``): the broker sets the offsets, then tells
+  every online member; each drops the named queues it holds, commits the new offsets at once and pulls from them.
+  A reset wins over the position of a queue this member is giving up (taken away, unsubscribed, its lock lost, or
+  closing: ``_commit_leaving``): the reset offset is committed instead of the position, also when the reset is told
+  while that commit is on its way (the broker may have taken it after the reset), so the next holder starts at the
+  reset offset. An orderly queue whose handler still finishes a message when told commits the reset offset on
+  release, once the handler is done.
 
 ``PushRebalance`` is a base class of ``client.push_consumer.PushConsumer``, not an object of its own: it works on
 the consumer's queues, subscriptions, lock and offset store (declared below), which the pull loop reads on every
@@ -92,6 +97,8 @@ class PushRebalance:
     _stray_queues: set[MessageQueue]
     _unchecked: dict[str, Subscription]
     _orderly: OrderlyService | None
+    # Offset resets told (offsets_reset) and not yet applied to, or committed over, the queue they name.
+    _resets_pending: dict[MessageQueue, int]
     client_id: str  # and PushConsumer's _check_open, _add_queue and _flush_offset are called
 
     # -- subscriptions --------------------------------------------------------------------------------------------
@@ -301,7 +308,7 @@ class PushRebalance:
         pq = self._pqs.pop(mq)
         pq.drop()
         self._flush_offset(pq)
-        await self._offsets.persist(mq)
+        await self._commit_leaving([mq])
         self.forget_offset(mq)
 
     def forget_offset(self, mq: MessageQueue) -> None:
@@ -351,11 +358,41 @@ class PushRebalance:
 
     # -- offset resets --------------------------------------------------------------------------------------------
     def offsets_reset(self, consumer_group: str, topic: str, broker_name: str, offsets: dict[int, int]) -> None:
-        """The broker reset the group's offsets of ``topic`` on ``broker_name`` (``raftmq admin reset-offset``)."""
-        if consumer_group != self.config.consumer_group or topic not in self._subs or self._nursery is None:
+        """The broker reset the group's offsets of ``topic`` on ``broker_name`` (``raftmq admin reset-offset``,
+        ``clone-group-offset``). Noted at once, before the reset runs under the consumer's lock: a queue given up
+        meanwhile (a rebalance holding the lock, an orderly release, close) commits the reset offset, not its
+        position (``_commit_leaving``)."""
+        if consumer_group != self.config.consumer_group or self._nursery is None:
             return
-        self._nursery.start_soon(self._reset_queues, {MessageQueue(topic, broker_name, q): o
-                                                      for q, o in offsets.items()})
+        # Any topic, not only those subscribed: an unsubscribed topic's queues may still be on their way out.
+        resets = {MessageQueue(topic, broker_name, q): o for q, o in offsets.items()}
+        self._resets_pending.update(resets)
+        self._nursery.start_soon(self._reset_queues, resets)
+
+    def reset_settled(self, mq: MessageQueue, offset: int | None = None) -> None:
+        """``mq``'s pending reset (to ``offset``; None: whichever) is applied or committed: forget it."""
+        if offset is None or self._resets_pending.get(mq) == offset:
+            self._resets_pending.pop(mq, None)
+
+    async def _commit_leaving(self, queues: Sequence[MessageQueue], *, dirty_only: bool = False) -> int:
+        """Commit the offsets of ``queues``, which this member gives up (taken away, or on close; their positions
+        flushed to the offset store already), so whoever consumes them next starts there: each one (``dirty_only``:
+        those not committed yet). Returns how many commits failed. A reset told for one of them and not applied yet
+        wins over its position: the reset offset is committed instead, and the commits are sent again when a reset
+        is told while they are on their way (the broker may have taken them after its reset, which it set before
+        telling): a position from before a reset is never the last word."""
+        while True:
+            resets = {mq: self._resets_pending[mq] for mq in queues if mq in self._resets_pending}
+            for mq, offset in resets.items():
+                self._offsets.update(mq, offset)  # also back: the reset may move the group back
+            if dirty_only:
+                failed = await self._offsets.persist_all(queues)
+            else:
+                failed = 0
+                for mq in queues:
+                    failed += not await self._offsets.persist(mq)
+            if all(self._resets_pending.get(mq) == resets.get(mq) for mq in queues):
+                return failed
 
     async def _reset_queues(self, offsets: dict[MessageQueue, int]) -> None:
         # RocketMQ's resetOffset: drop the queue (its pull, its cached messages, its handler), store the new offset
@@ -363,9 +400,16 @@ class PushRebalance:
         # already on its way to the broker cannot stay the last word.
         async with self._lock:
             for mq, offset in sorted(offsets.items()):
+                if self._closing:
+                    return  # close commits the pending resets of its queues (_commit_leaving)
                 pq = self._pqs.pop(mq, None)
-                if pq is None or self._closing:
-                    continue  # another member's queue (it resets its own), or we are leaving
+                if pq is None:
+                    # An orderly queue being released commits the reset when its handler is done (and forgets
+                    # it then); a concurrent one taken away did under this lock; another member's resets its own.
+                    if self._orderly is None or mq not in self._orderly.releasing:
+                        self.reset_settled(mq, offset)
+                    continue
+                self.reset_settled(mq, offset)
                 # Orderly: the handler stops too, and the queue keeps its lock for the new start (no commit of the
                 # old position, no unlock).
                 pq.reset = True
