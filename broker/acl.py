@@ -68,6 +68,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from broker.pop import BatchAckBodyError, ReceiptHandle, ReceiptHandleError, batch_ack_texts
+from broker.processor.base import MAX_DATA_BODY_BYTES
 from broker.topic_config import TopicConfigError, group_problem, validate_topic_name
 from remoting.acl import ACCESS_KEY, SIGNATURE, request_signature
 from remoting.codec import BodyFormatError, Frame, decode_body
@@ -470,6 +471,8 @@ def _data(request: Frame) -> Any:
     # As processor.base.request_data: the body's CBOR, or the ext when there is no body.
     if not request.body:
         return request.ext
+    if len(request.body) > MAX_DATA_BODY_BYTES:
+        return None  # the processor refuses it, naming the body, without decoding it
     try:
         return decode_body(request.body)
     except BodyFormatError:  # garbage, a tag, too deep: the processor refuses it, naming the body

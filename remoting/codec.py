@@ -15,9 +15,15 @@ ignored so a newer peer may add some; CBOR tags are refused (a header is plain d
 references, no sets) and so is anything after the map inside the header bytes.
 
 Rules of the decoder, after h11: ``feed`` bytes in any split, call ``next_frame`` until it returns
-``NEED_DATA``. A frame over ``max_frame_size`` is refused as soon as its 4-byte length arrives, before any
-of it is buffered. Any error leaves the decoder failed: every later call raises the same error, because
-after a bad frame the byte stream has no trustworthy frame boundary left.
+``NEED_DATA``. A frame over ``max_frame_size`` is refused as soon as its 4-byte length arrives, and a header
+over ``MAX_HEADER_SIZE`` as soon as its own length does, before any of it is buffered. Any error leaves the
+decoder failed: every later call raises the same error, because after a bad frame the byte stream has no
+trustworthy frame boundary left.
+
+Decoded CBOR is many times larger than its bytes: an empty map is one byte on the wire and a 64-byte dict in
+Python, so 16 MiB of ``[{}, {}, ...]`` made a 1.2 GB list in 1.5 s with the event loop (and the GIL) held, before
+anyone knew who sent it. The header is bounded by its length (``MAX_HEADER_SIZE``); a request body, which may be
+megabytes, by the maps and arrays its decoding makes (``decode_body``).
 
 The header's fixed part is encoded by hand: cbor2 spends ~3.5 µs on a 4-key map, the hand-written encoder
 ~1 µs, and the bytes are identical to ``cbor2.dumps`` of the same map (a test pins it).
@@ -25,6 +31,7 @@ The header's fixed part is encoded by hand: cbor2 spends ~3.5 µs on a 4-key map
 
 from __future__ import annotations
 
+import gc
 import re
 import struct
 from collections.abc import Iterator, Mapping
@@ -36,14 +43,20 @@ import cbor2
 from remoting.errors import FrameTooLargeError, ProtocolError, RemotingError
 
 __all__ = [
-    "BodyFormatError", "DEFAULT_MAX_FRAME_SIZE", "EncodedExt", "FLAG_ONEWAY", "FLAG_RESPONSE", "Frame",
-    "FrameDecoder", "MAX_BODY_DEPTH", "MAX_REMARK_LENGTH", "NEED_DATA", "cut_remark", "decode_body", "encode",
-    "make_request", "make_response",
+    "BODY_BYTES_PER_CONTAINER", "BodyFormatError", "DEFAULT_MAX_FRAME_SIZE", "EncodedExt", "FLAG_ONEWAY",
+    "FLAG_RESPONSE", "Frame", "FrameDecoder", "MAX_BODY_DEPTH", "MAX_HEADER_SIZE", "MAX_REMARK_LENGTH", "NEED_DATA",
+    "cut_remark", "decode_body", "encode", "make_request", "make_response",
 ]
 
 FLAG_RESPONSE: Final = 0x1
 FLAG_ONEWAY: Final = 0x2
 DEFAULT_MAX_FRAME_SIZE: Final = 16 * 1024 * 1024
+# The largest header our own code sends is a send's at the properties limit (MAX_PROPERTIES_SIZE, 32767 bytes as
+# stored): 33,283 bytes with the longest topic and group. Next come a POP answer's 32 receipt handles of the longest
+# names (19,817) and a remark cut at MAX_REMARK_LENGTH of 4-byte characters (16,573). Eight times the largest leaves
+# room for fields to come; a larger header is refused as a bad frame, before any of it is buffered, because it
+# decodes to as much as 70 bytes of Python objects per byte (a list of empty maps) before anything can judge it.
+MAX_HEADER_SIZE: Final = 256 * 1024
 # The four fixed header fields are Java ints in RocketMQ; keeping them below 2**31 keeps us compatible in spirit.
 MAX_HEADER_INT: Final = 2**31 - 1
 
@@ -364,18 +377,95 @@ def _refuse_unknown_body_tag(*args: Any) -> Any:
 _REFUSED_BODY_TAGS = {t: _refuse_body_tag(t) for t in _REFUSED_TAGS}
 
 
+# What a request body may decode to. CBOR is dense: an empty map or array is one byte and a 56 to 64-byte Python
+# object, so 16 MiB of ``[{}, {}, ...]`` was a 1.2 GB list built in 1.5 s, the GIL held throughout (and arrays,
+# which the garbage collector walks again and again while they pile up, took longer still). Real bodies hold few
+# containers for their size: a lock batch one per 47 bytes, a heartbeat one per ~85, a broker registration one
+# per 70 to 93. So a body larger than _WATCH_CHUNK may make at most one map or array per BODY_BYTES_PER_CONTAINER
+# bytes of it read so far, plus _BODY_CONTAINERS_SLACK. Containers are counted where the interpreter counts them:
+# every map or array cbor2 makes is a garbage-collected object, whose allocation adds one to
+# ``gc.get_count()[0]`` while collection is paused (it is, for the decode: no collection can reset the count, and
+# none walks the half-built result over and over, which made arrays of empty arrays 3x slower). The count is read
+# each time cbor2 asks for the next _WATCH_CHUNK (a seekable file is read ``read_size`` bytes at a time), so a body
+# is refused within a chunk of where it went wrong, having cost milliseconds. It is process-wide: another thread
+# may allocate meanwhile, which the slack absorbs. (Between chunks cbor2 is back in Python code, where a thread
+# waiting for the GIL gets it: a 250 ms decode kept another thread from running for 235 ms, now for 21.)
+# What remains is the cost of scalars, which no counter sees: 16 MiB of small strings, ints or map entries with
+# shared one-character keys still decodes to 8-25 bytes per byte in 0.5-0.8 s (a broker registration of that size:
+# 6.5 bytes per byte, 0.3 s).
+BODY_BYTES_PER_CONTAINER: Final = 16
+_BODY_CONTAINERS_SLACK = 16384
+_WATCH_CHUNK = 64 * 1024
+
+
+class _BodyTooDense(Exception):
+    pass
+
+
+class _WatchedBody:
+    """A body as the file cbor2's decoder reads, in ``_WATCH_CHUNK`` pieces, each handed out only while the maps
+    and arrays made since decoding began are within what the bytes handed out so far may make (collection must be
+    paused meanwhile, see above)."""
+
+    __slots__ = ("_data", "_pos", "_count_at_start")
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+        self._pos = 0
+        self._count_at_start = gc.get_count()[0]
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self._pos = (0, self._pos, len(self._data))[whence] + offset
+        return self._pos
+
+    def read(self, size: int = -1) -> bytes:
+        pos = self._pos
+        containers = gc.get_count()[0] - self._count_at_start
+        allowed = pos // BODY_BYTES_PER_CONTAINER + _BODY_CONTAINERS_SLACK
+        if containers > allowed:
+            raise _BodyTooDense(f"its first {pos} bytes decode to {containers} maps and arrays, more than the "
+                                f"{allowed} a request body may hold (one per {BODY_BYTES_PER_CONTAINER} bytes, plus "
+                                f"{_BODY_CONTAINERS_SLACK})")
+        end = len(self._data) if size < 0 else min(len(self._data), pos + size)
+        self._pos = end
+        return self._data[pos:end]
+
+
 def decode_body(body: bytes | bytearray | memoryview) -> Any:
     """The one CBOR item of a request body, decoded as a header is (tags refused, nesting at most
     ``MAX_BODY_DEPTH``) but for map keys: integer keys stay allowed, as bodies (queue id → offset maps, a newer
-    peer's extra fields) had them. ``BodyFormatError`` says what is wrong. Every server's body decoding goes
-    through here; replicated and stored data, which only the group itself wrote, do not."""
+    peer's extra fields) had them. A body over 64 KiB is refused once it has made more than one map or array per
+    16 of its bytes (``BODY_BYTES_PER_CONTAINER``) plus 16384; garbage collection is paused while it decodes.
+    ``BodyFormatError`` says what is wrong. Every server's body decoding goes through here; replicated and stored
+    data, which only the group itself wrote, do not."""
     try:
-        return cbor2.loads(body, semantic_decoders=_REFUSED_BODY_TAGS, tag_hook=_refuse_unknown_body_tag,
-                           max_depth=MAX_BODY_DEPTH)
-    except _BodyTagRefused as e:
+        if len(body) <= _WATCH_CHUNK:
+            return cbor2.loads(body, semantic_decoders=_REFUSED_BODY_TAGS, tag_hook=_refuse_unknown_body_tag,
+                               max_depth=MAX_BODY_DEPTH)
+        paused = gc.isenabled()
+        if paused:
+            gc.disable()
+        try:
+            watched = _WatchedBody(body if type(body) is bytes else bytes(body))
+            return cbor2.CBORDecoder(watched, semantic_decoders=_REFUSED_BODY_TAGS,
+                                     tag_hook=_refuse_unknown_body_tag, max_depth=MAX_BODY_DEPTH,
+                                     read_size=_WATCH_CHUNK).decode()
+        finally:
+            if paused:
+                gc.enable()
+    except (_BodyTagRefused, _BodyTooDense) as e:
         raise BodyFormatError(str(e)) from None
     except Exception as e:  # cbor2 raises several unrelated types on garbage, all meaning the same here
-        if isinstance(e.__cause__, _BodyTagRefused):
+        if isinstance(e.__cause__, (_BodyTagRefused, _BodyTooDense)):
             raise BodyFormatError(str(e.__cause__)) from None
         raise BodyFormatError(f"not valid CBOR ({e})") from None
 
@@ -467,6 +557,9 @@ class FrameDecoder:
         if header_length == 0 or header_length > total - 4:
             self._fail(ProtocolError(f"bad frame: header_length {header_length} does not fit in total_length "
                                      f"{total} (must be 1..{total - 4})"))
+        if header_length > MAX_HEADER_SIZE:
+            self._fail(ProtocolError(f"frame header of {header_length} bytes exceeds the maximum header size of "
+                                     f"{MAX_HEADER_SIZE} bytes (large data belongs in the body)"))
         end = pos + 4 + total
         if len(buf) < end:
             return NEED_DATA

@@ -41,6 +41,9 @@ too, as RocketMQ's broker does for transaction check-backs):
   runs, and the pool forgets the connection so the next invoke reconnects.
 * A bad frame (garbage, oversize, malformed header) closes that connection only, with a WARNING naming the
   peer and the reason; the decoder refuses an oversize length before buffering any of it.
+* Every TCP connection, accepted or dialled, plain or TLS, has TCP_NODELAY and keepalive (``KEEPALIVE_IDLE_S``,
+  ``KEEPALIVE_INTERVAL_S``, ``KEEPALIVE_COUNT``): a peer that vanished without a FIN or RST (host powered off, link
+  cut) breaks the connection after about two minutes of silence instead of never.
 """
 from __future__ import annotations
 
@@ -95,6 +98,36 @@ SILENT_CLOSE_MIN_S = 1.0
 # A client connection closed before any answer within this long of connecting may have been refused (TLS, in
 # ``_refused_hint``); later, it more likely lost its server.
 REFUSED_WITHIN_S = 1.0
+# TCP keepalive, on every connection at both ends. A peer whose host lost power or was cut off sends no FIN or RST,
+# and a connection that waits for the peer's next request (a name server's, a broker's for an idle client) sends
+# nothing that could fail: without probes it stayed ESTABLISHED forever, with its descriptor and tasks. After
+# KEEPALIVE_IDLE_S without a packet the kernel probes every KEEPALIVE_INTERVAL_S, and KEEPALIVE_COUNT probes
+# unanswered break the connection: two minutes in all, as long as RocketMQ's server leaves an idle channel open
+# (serverChannelMaxIdleTimeSeconds, 120 s). A live peer's kernel answers the probes, however busy the process is.
+# Read when each connection is made (a test may shorten them).
+KEEPALIVE_IDLE_S = 60
+KEEPALIVE_INTERVAL_S = 10
+KEEPALIVE_COUNT = 6
+
+
+def _tune_socket(stream: trio.abc.Stream) -> None:
+    """TCP_NODELAY and keepalive on the TCP socket under ``stream``, below TLS too (setsockopt is the socket's, not
+    the SSLStream's); nothing for a stream that is no TCP socket (a test's in-memory or UNIX stream)."""
+    raw = stream.transport_stream if isinstance(stream, trio.SSLStream) else stream
+    if not isinstance(raw, trio.SocketStream) or raw.socket.family not in (socket.AF_INET, socket.AF_INET6):
+        return
+    sock = raw.socket
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        # Linux has all three; a platform without one keeps its system default for it.
+        for name, value in (("TCP_KEEPIDLE", KEEPALIVE_IDLE_S), ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL_S),
+                            ("TCP_KEEPCNT", KEEPALIVE_COUNT)):
+            option = getattr(socket, name, None)
+            if option is not None:
+                sock.setsockopt(socket.IPPROTO_TCP, option, value)
+    except OSError:
+        pass  # reset before we got to it: the reader meets the same error and says so
 
 
 # Connections that queued frames inside the current ``corked()`` block (None: not corked). The trio thread is
@@ -182,12 +215,7 @@ class RemotingConnection:
         # The descriptor for writes that bypass the writer task (``corked``; trio keeps it non-blocking); None for
         # a stream that is not a plain socket (TLS, a test's in-memory stream), whose frames always use the writer.
         self._fd: int | None = stream.socket.fileno() if isinstance(stream, trio.SocketStream) else None
-        try:
-            stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # type: ignore[union-attr]
-        except (OSError, AttributeError):
-            # Not TCP (a test's in-memory or UNIX stream): nothing to tune. TLS (no setsockopt): the socket below
-            # it is trio's SocketStream, which set TCP_NODELAY itself.
-            pass
+        _tune_socket(stream)
 
     def __repr__(self) -> str:
         state = "open" if self._close_reason is None else f"closed ({self._close_reason})"

@@ -36,12 +36,23 @@ def invalid(field: str, problem: str) -> RequestRejected:
     return RequestRejected(ResponseCode.INVALID_REQUEST, f"request field {field!r} {problem}", ext={"field": field})
 
 
+# The largest CBOR body a broker decodes (a heartbeat, a lock batch, a group's config): a lock batch of 20k queues
+# takes 0.94 MB. decode_body bounds what a body expands to, but a body of plain values within that bound still
+# decodes at ~20-50 ms a MiB on the trio thread, which also ticks Raft: 16 MiB of them stalled a leader 0.8 s, past
+# its followers' election timeout, and three deposed it. Message bodies are never decoded and are not bound by it.
+MAX_DATA_BODY_BYTES = 4 << 20
+
+
 def request_data(request: Frame) -> Any:
     """What a request carries as one CBOR item: its body, or (a small request may inline it, as heartbeats do) its
     ext. Garbage in the body, a CBOR tag (a bignum) or nesting past ``MAX_BODY_DEPTH`` is INVALID_REQUEST naming
-    ``body`` (``remoting.codec.decode_body``, the header's rules); the caller checks the shape."""
+    ``body`` (``remoting.codec.decode_body``, the header's rules), and so is a body past ``MAX_DATA_BODY_BYTES``;
+    the caller checks the shape."""
     if not request.body:
         return request.ext
+    if len(request.body) > MAX_DATA_BODY_BYTES:
+        raise invalid("body", f"is {len(request.body)} bytes, more than the {MAX_DATA_BODY_BYTES} a broker decodes "
+                              f"as a request's data")
     try:
         return decode_body(request.body)
     except BodyFormatError as e:

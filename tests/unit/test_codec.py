@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import gc
 import struct
 
 import cbor2
@@ -10,17 +12,22 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from remoting.codec import (
+    BODY_BYTES_PER_CONTAINER,
     FLAG_ONEWAY,
     FLAG_RESPONSE,
+    MAX_BODY_DEPTH,
+    MAX_HEADER_SIZE,
     NEED_DATA,
+    BodyFormatError,
     EncodedExt,
     Frame,
     FrameDecoder,
+    decode_body,
     encode,
     make_request,
     make_response,
 )
-from remoting.codec import _decode_header, _frame_from_header
+from remoting.codec import _BODY_CONTAINERS_SLACK, _WATCH_CHUNK, _decode_header, _frame_from_header
 from remoting.codes import RequestCode, ResponseCode
 from remoting.errors import FrameTooLargeError, ProtocolError
 
@@ -425,3 +432,113 @@ def test_an_encoded_ext_is_written_as_it_is_and_reads_as_its_map(frame):
     assert repr(encoded) == repr(frame.ext) and EncodedExt(encoded.cbor) == encoded
     key = next(iter(frame.ext))
     assert encoded[key] == frame.ext[key] and encoded.get(key) == frame.ext[key] and key in encoded
+
+
+
+# ---------------------------------------------------------------------------------------------- what CBOR expands to
+
+
+def _header_with_ext_value(value: bytes) -> bytes:
+    """A header whose ext is ``{"x": value}``, the value given as its CBOR bytes (as a hostile peer writes them)."""
+    return b"\xa5" + cbor2.dumps(GOOD_HEADER)[1:] + cbor2.dumps("ext") + b"\xa1" + cbor2.dumps("x") + value
+
+
+def test_a_header_over_the_limit_is_refused_from_the_length_prefix_alone():
+    # 16 MiB of ``[{}, {}, ...]`` in an ext was a legal frame that decoded to 1.2 GB in 1.5 s. It is refused on its
+    # 8-byte prefix: nothing of the header is buffered, let alone decoded.
+    header_length = MAX_HEADER_SIZE + 1
+    decoder = FrameDecoder(max_frame_size=16 * 1024 * 1024)
+    decoder.feed(struct.pack(">II", 4 + header_length, header_length))
+    with pytest.raises(ProtocolError, match=f"frame header of {header_length} bytes exceeds the maximum header "
+                                            f"size of {MAX_HEADER_SIZE} bytes"):
+        decoder.next_frame()
+    assert decoder.buffered_bytes == 0
+    bomb = _header_with_ext_value(b"\x9f" + b"\xa0" * (4 * MAX_HEADER_SIZE) + b"\xff")
+    _expect_failure(_frame_bytes(bomb), "exceeds the maximum header size", max_frame_size=16 * 1024 * 1024)
+
+
+@pytest.mark.parametrize("head", [b"\x7a", b"\x7b"], ids=["fast-path", "general-path"])
+def test_a_header_of_exactly_the_limit_is_accepted(head):
+    # Eight times what raftmq sends (a send at the properties limit: 33 KB), and a frame like any other. A 4-byte
+    # string length is what cbor2 writes (the ext fast path); an 8-byte one is not, and takes the general path.
+    size = 4 if head == b"\x7a" else 8
+    text_length = MAX_HEADER_SIZE - len(_header_with_ext_value(head + bytes(size)))
+    header = _header_with_ext_value(head + text_length.to_bytes(size, "big") + b"v" * text_length)
+    assert len(header) == MAX_HEADER_SIZE
+    decoder = FrameDecoder()
+    decoder.feed(_frame_bytes(header, b"body"))
+    assert decoder.next_frame() == Frame(code=10, opaque=1, ext={"x": "v" * text_length}, body=b"body")
+
+
+def _lock_batch(queues: int) -> dict:
+    # The densest real body: one map per 47 bytes.
+    return {"consumer_group": "cg", "client_id": "192.168.0.1@1234#abc",
+            "mq_set": [{"topic": f"Topic{i // 16}", "broker_name": "broker-a", "queue_id": i % 16}
+                       for i in range(queues)]}
+
+
+def _registration(topics: int) -> dict:
+    return {f"t{i}": {"read_queue_nums": 8, "write_queue_nums": 8, "perm": 6, "topic_sys_flag": 0, "order": False}
+            for i in range(topics)}
+
+
+def _arrays_every(step: int, count: int) -> bytes:
+    """``[[], 0, 0, ..., [], 0, ...]``: an empty array every ``step`` bytes, ``count`` of them."""
+    return b"\x9f" + (b"\x80" + b"\x00" * (step - 1)) * count + b"\xff"
+
+
+@pytest.mark.parametrize("body", [
+    b"\x9f" + b"\xa0" * (1 << 20) + b"\xff",                      # [{}, {}, ...]: the 1.2 GB body, a 16th of it
+    b"\x9a" + (1 << 20).to_bytes(4, "big") + b"\x80" * (1 << 20),   # [[], [], ...], of a definite length
+    b"\x9f" + b"\x81\x80" * (1 << 19) + b"\xff",                    # [[[]], [[]], ...]
+    cbor2.dumps(["x" * 200_000, [{"": 0}] * 300_000]),               # dense after a sparse start
+    _arrays_every(BODY_BYTES_PER_CONTAINER // 2, 200_000),           # twice what the size allows
+], ids=["maps", "arrays", "nested-arrays", "dense-tail", "twice-the-limit"])
+def test_a_body_with_more_maps_and_arrays_than_its_size_allows_is_refused(body):
+    with pytest.raises(BodyFormatError, match=r"its first \d+ bytes decode to \d+ maps and arrays, more than the "
+                                              r"\d+ a request body may hold \(one per 16 bytes, plus 16384\)"):
+        decode_body(body)
+    assert gc.isenabled()  # paused for the decode only
+
+
+@pytest.mark.parametrize("data", [
+    _registration(40_000), _lock_batch(20_000), _lock_batch(3_000), [0] * 500_000, ["x" * 100] * 10_000,
+    [[]] * (_WATCH_CHUNK - 3),
+], ids=["registration-40k-topics", "lock-batch-20k-queues", "lock-batch-3k-queues", "small-ints", "strings",
+        "small-enough-to-go-unwatched"])
+def test_real_bodies_decode_as_cbor2_decodes_them(data):
+    body = cbor2.dumps(data)
+    assert decode_body(body) == data == cbor2.loads(body)
+    assert decode_body(bytearray(body)) == data and decode_body(memoryview(body)) == data
+    assert gc.isenabled()
+
+
+def test_a_body_at_the_limit_is_accepted_and_collection_is_left_as_the_caller_had_it():
+    count = 400_000
+    body = _arrays_every(BODY_BYTES_PER_CONTAINER, count)
+    assert count + 1 > _BODY_CONTAINERS_SLACK + _WATCH_CHUNK // BODY_BYTES_PER_CONTAINER  # really watched
+    expected = ([[]] + [0] * (BODY_BYTES_PER_CONTAINER - 1)) * count
+    assert decode_body(body) == expected
+    gc.disable()
+    try:
+        assert decode_body(body) == expected
+        with pytest.raises(BodyFormatError):
+            decode_body(_arrays_every(1, count))
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+@pytest.mark.parametrize("bad, text", [
+    (cbor2.CBORTag(2, b"\x01" * 20), "tag 2"),
+    (cbor2.CBORTag(4660, 1), "tag 4660"),
+    ({"a": {1, 2}}, "tag 258"),
+    (functools.reduce(lambda inner, _: [inner], range(MAX_BODY_DEPTH), 0), "nesting depth"),
+], ids=["bignum", "unknown-tag", "set", "too-deep"])
+def test_a_watched_body_is_held_to_the_rules_of_a_small_one(bad, text):
+    body = cbor2.dumps({"pad": "x" * (2 * _WATCH_CHUNK), "bad": bad})
+    with pytest.raises(BodyFormatError, match=text):
+        decode_body(body)
+    with pytest.raises(BodyFormatError, match="not valid CBOR"):
+        decode_body(body[:-1])
+    assert gc.isenabled()
