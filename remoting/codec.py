@@ -51,11 +51,13 @@ __all__ = [
 FLAG_RESPONSE: Final = 0x1
 FLAG_ONEWAY: Final = 0x2
 DEFAULT_MAX_FRAME_SIZE: Final = 16 * 1024 * 1024
-# The largest header our own code sends is a send's at the properties limit (MAX_PROPERTIES_SIZE, 32767 bytes as
-# stored): 33,283 bytes with the longest topic and group. Next come a POP answer's 32 receipt handles of the longest
-# names (19,817) and a remark cut at MAX_REMARK_LENGTH of 4-byte characters (16,573). Eight times the largest leaves
-# room for fields to come; a larger header is refused as a bad frame, before any of it is buffered, because it
-# decodes to as much as 70 bytes of Python objects per byte (a list of empty maps) before anything can judge it.
+# What a server takes from whoever connects. The largest request header our own code sends is a send's at the
+# properties limit (MAX_PROPERTIES_SIZE, 32767 bytes as stored): 33,283 bytes with the longest topic and group; a
+# remark cut at MAX_REMARK_LENGTH of 4-byte characters takes 16,573. Eight times the largest leaves room for fields
+# to come; a larger header is refused as a bad frame, before any of it is buffered, because it decodes to as much
+# as 70 bytes of Python objects per byte (a list of empty maps) before anything can judge it. Answers can be larger
+# (a batch send's answer lists every message id: 33 bytes each), so a client reads them bounded by its frame size
+# only (``FrameDecoder``'s ``max_header_size``).
 MAX_HEADER_SIZE: Final = 256 * 1024
 # The four fixed header fields are Java ints in RocketMQ; keeping them below 2**31 keeps us compatible in spirit.
 MAX_HEADER_INT: Final = 2**31 - 1
@@ -502,12 +504,17 @@ _CONCAT_LIMIT = 512 * 1024
 class FrameDecoder:
     """Incremental decoder: ``feed(data)``, then ``next_frame()`` until it returns ``NEED_DATA``."""
 
-    __slots__ = ("max_frame_size", "_buf", "_pos", "_error")
+    __slots__ = ("max_frame_size", "max_header_size", "_buf", "_pos", "_error")
 
-    def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
+    def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, *,
+                 max_header_size: int = MAX_HEADER_SIZE) -> None:
         if type(max_frame_size) is not int or max_frame_size < 16:
             raise ValueError(f"max_frame_size must be an int >= 16, got {max_frame_size!r}")
         self.max_frame_size = max_frame_size
+        # A server's guard against whoever connects (the default); a client reading the answers of the servers it
+        # chose to dial passes its frame size: a batch send's answer holds every message id in its header (33
+        # bytes each with an IPv4 store host), past 256 KiB for a batch over ~7,900 messages.
+        self.max_header_size = max_header_size
         # The usual receive holds whole frames only: it is kept as the immutable bytes it arrived in (no copy)
         # and sliced; a bytearray appears only while a frame straddles two receives.
         self._buf: bytes | bytearray = b""
@@ -557,9 +564,9 @@ class FrameDecoder:
         if header_length == 0 or header_length > total - 4:
             self._fail(ProtocolError(f"bad frame: header_length {header_length} does not fit in total_length "
                                      f"{total} (must be 1..{total - 4})"))
-        if header_length > MAX_HEADER_SIZE:
+        if header_length > self.max_header_size:
             self._fail(ProtocolError(f"frame header of {header_length} bytes exceeds the maximum header size of "
-                                     f"{MAX_HEADER_SIZE} bytes (large data belongs in the body)"))
+                                     f"{self.max_header_size} bytes (large data belongs in the body)"))
         end = pos + 4 + total
         if len(buf) < end:
             return NEED_DATA

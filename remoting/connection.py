@@ -174,6 +174,10 @@ class ConnectionStatistics:
 class RemotingConnection:
     """One TCP connection, either end. Built by ``serve_remoting`` or a client, never directly."""
 
+    @staticmethod
+    def _decoder_limits(max_frame_size: int) -> dict[str, int]:
+        return {}  # a server's: MAX_HEADER_SIZE
+
     def __init__(self, stream: trio.SocketStream | trio.SSLStream, remote_address: str,
                  handler: RequestHandler | None, *, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
         self.remote_address = remote_address
@@ -181,7 +185,9 @@ class RemotingConnection:
         self.nursery: trio.Nursery | None = None
         self._stream = stream
         self._handler = handler
-        self._decoder = FrameDecoder(max_frame_size)
+        # A server bounds the headers of requests from whoever connects; a client the answers of servers it dialled
+        # by its frame size alone (``FrameDecoder``).
+        self._decoder = FrameDecoder(max_frame_size, **self._decoder_limits(max_frame_size))
         # opaque -> (task, deadline, timeout_s, request code); a plain tuple is cheapest to build
         self._pending: dict[int, tuple[trio.lowlevel.Task, float, float | None, int]] = {}
         self._wheel: dict[int, list[int]] = {}
@@ -722,4 +728,8 @@ class ServerConnection(RemotingConnection):
 
 class ClientConnection(RemotingConnection):
     """A connection opened by a client (``open_connection`` or the pool of ``open_remoting_client``)."""
+
+    @staticmethod
+    def _decoder_limits(max_frame_size: int) -> dict[str, int]:
+        return {"max_header_size": max_frame_size}
 

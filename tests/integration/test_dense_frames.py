@@ -88,3 +88,24 @@ async def test_a_dense_heartbeat_body_is_refused_and_the_broker_serves_on(nurser
         assert r.code == ResponseCode.SUCCESS, r.remark
         r = await call(client, addr, RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumer_group": "cg"})
         assert cbor2.loads(r.body)["consumer_id_list"] == ["c1"]
+
+
+async def test_a_client_reads_an_answer_whose_header_is_past_the_request_bound(nursery):
+    # A batch send's answer lists every message id in its header (33 bytes each): past 256 KiB for ~7,900 messages.
+    # Refused by the client as a bad frame, the connection closed, the producer retried the stored batch till its
+    # deadline: 17 copies stored, and the send failed.
+    import functools
+
+    from remoting.codec import make_response
+    from remoting.transport import serve_remoting
+
+    ids = ",".join(f"{i:032X}" for i in range(9_000))  # 9,000 message ids, 297 KB
+
+    class Handler:
+        async def handle(self, request, conn):
+            return make_response(request, ResponseCode.SUCCESS, ext={"msg_id": ids})
+
+    host, port = await nursery.start(functools.partial(serve_remoting, Handler(), "127.0.0.1", 0))
+    async with open_remoting_client() as client:
+        r = await client.invoke(f"{host}:{port}", make_request(RequestCode.SEND_BATCH_MESSAGE), timeout_s=10)
+    assert len(ids) > MAX_HEADER_SIZE and r.code == ResponseCode.SUCCESS and r.ext["msg_id"] == ids
