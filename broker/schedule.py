@@ -307,6 +307,9 @@ class ScheduleMessageService:
                 if batch and (size + len(raw) > max_bytes or len(batch) >= DELIVER_MAX_MESSAGES):
                     full = True
                     break
+                if self._topic_gone(view):
+                    progress[str(level)] = queue_offset + 1
+                    continue
                 measured = None
                 hop = False
                 remaining = self._timer_remaining_ms(view, now)
@@ -348,6 +351,20 @@ class ScheduleMessageService:
             return 0
         return int(value) - now_ms
 
+    def _topic_gone(self, view: MessageView) -> bool:
+        """Whether the real topic of the due record ``view`` was deleted while it waited (gone, or cut after this
+        record: deleted and created again), so that it is neither delivered nor parked again (counted in
+        ``dropped``). Judged at every hop: a copy parked after the deletion would be past the cut, and deliver into
+        a topic created again under the name."""
+        topic = view.properties.get(PROPERTY_REAL_TOPIC)
+        if topic is None or (self.node.topic(topic) is not None
+                             and not self.node.store.deleted_with_topic(topic, view.phy_offset)):
+            return False
+        self.dropped += 1
+        log.info("scheduled message not delivered: its topic was deleted while it waited topic=%s phy_offset=%d",
+                 topic, view.phy_offset)
+        return True
+
     def _parked_again(self, view: MessageView, remaining_ms: int, limit: int) -> tuple[MessageInput, int] | None:
         """A timer message found due in its level before its time, as appended to its next level: the very
         record, DELAY changed (its time, destination and UNIQ_KEY kept), and the entry bytes it takes alone. None
@@ -372,14 +389,7 @@ class ScheduleMessageService:
 
     def _delivered(self, view: MessageView, limit: int) -> tuple[MessageInput, int] | None:
         """The message a due record stands for in its real topic, and the entry bytes it takes alone; None (and
-        counted in ``dropped``) for one that can never be stored, or whose topic was deleted while it waited."""
-        topic = view.properties.get(PROPERTY_REAL_TOPIC)
-        if topic is not None and (self.node.topic(topic) is None
-                                  or self.node.store.deleted_with_topic(topic, view.phy_offset)):
-            self.dropped += 1
-            log.info("scheduled message not delivered: its topic was deleted while it waited topic=%s phy_offset=%d",
-                     topic, view.phy_offset)
-            return None
+        counted in ``dropped``) for one that can never be stored."""
         try:
             message = restored_message(view, (PROPERTY_DELAY,))
             cost = alone_entry_bytes(self.node, message)

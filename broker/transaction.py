@@ -14,7 +14,8 @@ Rules this module keeps:
   or neither. A ROLLBACK appends the op record only. UNKNOWN appends nothing. A COMMIT of a half whose real topic
   was deleted since it was sent (gone, or deleted and created again) is a ROLLBACK, answered TOPIC_NOT_EXIST: its
   message went with the topic, and stored it would land behind the deletion's cut, served as the first message of
-  a topic created again under the name.
+  a topic created again under the name; a check round rolls such a half back by its op record rather than re-store
+  it for a check (the copy would sit past the cut, and a COMMIT of it pass the check above).
 * **Each half ends once.** The leader holds, per term, the outcome of every half at or above the check progress
   (read from the op queue when its term starts, then kept as it appends), and refuses to act on a half that is
   being ended, or whose ending append had an unknown outcome (a timeout: the entry may still commit) until its op
@@ -465,6 +466,23 @@ class TransactionalMessageService:
             if view.store_timestamp + self.timeout_ms > now:
                 break
             props = dict(view.properties)
+            real = props.get(PROPERTY_REAL_TOPIC)
+            if real is not None and (node.topic(real) is None or node.store.deleted_with_topic(real, view.phy_offset)):
+                # Its topic was deleted while it waited: rolled back here, by its op record alone. Re-stored for a
+                # check, the copy sat past the deletion's cut, and a COMMIT of it landed in a topic created again.
+                log.info("half message of a deleted topic rolled back topic=%s transaction_id=%s producer_group=%s",
+                         real, props.get(PROPERTY_UNIQ_KEY), props.get(PROPERTY_PRODUCER_GROUP))
+                op = self._op_record(offset, ROLLBACK)
+                cost = alone_entry_bytes(node, op)
+                if halves and entry + cost > room:
+                    break
+                entry += cost
+                ops.append(len(messages))
+                messages.append(op)
+                halves.append((offset, ROLLBACK))
+                self._busy.add(offset)
+                progress = offset + 1
+                continue
             times = props.get(PROPERTY_TRANSACTION_CHECK_TIMES, "0")
             times = int(times) if times.isdecimal() else 0
             if times >= self.check_max:
@@ -513,7 +531,7 @@ class TransactionalMessageService:
             progress = offset + 1
         if messages:
             try:
-                if len(checked) < len(halves):
+                if any(outcome == DISCARD for _, outcome in halves):
                     await node.ensure_topic(TopicConfig(TRANS_CHECK_MAX_TIME_TOPIC, 1, 1, PERM_READ))
             except BaseException:
                 self._busy.difference_update(half for half, _ in halves)
@@ -527,7 +545,9 @@ class TransactionalMessageService:
             for index, group, transaction_id in checked:
                 self._send_check(stored[index], group, transaction_id)
             self.checks += len(checked)
-            self.discarded += len(halves) - len(checked)
+            rolled = sum(1 for _, outcome in halves if outcome == ROLLBACK)
+            self.rolled_back += rolled
+            self.discarded += len(halves) - len(checked) - rolled
         if progress != self._half_progress:
             await self._advance(progress)
         return len(halves)

@@ -119,8 +119,17 @@ class DLedgerService:
             # In the same step as min_offset, on the trio thread where retention runs too: the state is the one at
             # this min offset, which no deletion can move in between.
             state = sm.start_state(low)
-            return make_response(request, ResponseCode.PULL_OFFSET_MOVED, body=state,
-                                 ext={"min_offset": low, "end_offset": sm.end_offset, "crc32c": crc32c.crc32c(state)},
+            ext = {"min_offset": low, "end_offset": sm.end_offset, "crc32c": crc32c.crc32c(state)}
+            if len(state) > MAX_FETCH_BYTES:
+                # Past what a fetch answer may hold (~8 MiB: ~180k queues, or as many deleted ones): sent, it would
+                # pass the fetching client's frame size and fail every fetch, the member never starting. Left out,
+                # the member starts as one of a previous version's peers would start it, without them.
+                log.warning("start state not sent to a member starting empty: %d bytes, more than a fetch answer's "
+                            "%d; its idle queues' offsets will be unknown to it min_offset=%d", len(state),
+                            MAX_FETCH_BYTES, low)
+                state = b""
+                del ext["crc32c"]
+            return make_response(request, ResponseCode.PULL_OFFSET_MOVED, body=state, ext=ext,
                                  remark=f"phy_offset {offset} is below this member's min offset {low} "
                                         f"(retention deleted the segments before it)")
         try:

@@ -119,6 +119,35 @@ async def test_a_delayed_message_whose_topic_was_deleted_while_it_waited_is_not_
         assert (status["scheduled_delivered"], status["scheduled_dropped"]) == (1, 2)
 
 
+async def test_a_timer_message_whose_topic_was_deleted_is_not_parked_again_past_the_cut(nursery, tmp_path):
+    # Its next hop stored it again after the deletion record, where the cut no longer covered it: once the name was
+    # created again, it was delivered there.
+    (config,) = broker_configs(tmp_path, None, message_delay_level=LEVELS)
+    addr = await start_broker(nursery, config)
+    async with open_remoting_client() as client:
+        await wait_leader(client, addr)
+        r = await call(client, addr, RequestCode.UPDATE_AND_CREATE_TOPIC, {"topic_name": "HopT"})
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        r = await call(client, addr, RequestCode.SEND_MESSAGE,
+                       {"topic": "HopT", "queue_id": 0, "properties": {"TIMER_DELAY_MS": "2500"}}, b"old-timer")
+        assert r.code == ResponseCode.SUCCESS, r.remark  # parked in the 1 s level, then hops
+        for code, ext in ((RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": "HopT"}),
+                          (RequestCode.UPDATE_AND_CREATE_TOPIC, {"topic_name": "HopT"})):
+            r = await call(client, addr, code, ext)
+            assert r.code == ResponseCode.SUCCESS, r.remark
+
+        async def runtime():
+            return cbor2.loads((await call(client, addr, RequestCode.GET_BROKER_RUNTIME_INFO)).body)
+
+        with trio.fail_after(10):  # its first hop judges it, then the round's progress is replicated
+            while (await runtime())["scheduled_dropped"] < 1 or \
+                    any(delivered < end for _, _, delivered, end in await _delay_offsets(client, addr)):
+                await trio.sleep(0.05)
+        offsets = await _delay_offsets(client, addr)
+        assert [end for _, _, _, end in offsets] == [0, 0, 1], offsets  # not parked again: its first copy only
+        assert (await runtime())["scheduled_delivered"] == 0 and await _pull(client, addr, "HopT", 0) == []
+
+
 async def test_bad_delay_levels_are_refused_naming_the_property_and_batches_may_not_delay(nursery, tmp_path):
     (config,) = broker_configs(tmp_path, None, message_delay_level=LEVELS)
     addr = await start_broker(nursery, config)

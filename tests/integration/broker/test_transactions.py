@@ -366,3 +366,31 @@ async def test_a_commit_of_a_half_whose_topic_was_deleted_is_rolled_back_not_sto
             assert (await pull(client, addr, topic, 0))[0] == [], topic
         ops, _ = await pull_op(client, addr)
         assert [m.properties["TRAN_OUTCOME"] for m in ops] == ["rollback", "rollback"]
+
+
+async def test_a_half_whose_topic_was_deleted_is_rolled_back_by_the_check_not_restored_past_the_cut(
+        nursery, tmp_path):
+    # The check round re-stored it past the deletion record; the producer's COMMIT then named the new copy, which no
+    # cut covered, and the message landed in the topic created again under the name.
+    (config,) = broker_configs(tmp_path, None, transaction_timeout_ms=300, transaction_check_interval_ms=100)
+    addr = await start_broker(nursery, config)
+    async with open_remoting_client() as client:
+        await wait_leader(client, addr)
+        r = await call(client, addr, RequestCode.UPDATE_AND_CREATE_TOPIC, {"topic_name": "TxR"})
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        half = await send_half(client, addr, "k1", topic="TxR", queue_id=0)
+        r = await call(client, addr, RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": "TxR"})
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        with trio.fail_after(10):  # the next check round settles it
+            while cbor2.loads((await call(client, addr, RequestCode.GET_BROKER_RUNTIME_INFO)).body)[
+                    "transactions_rolled_back"] < 1:
+                await trio.sleep(0.05)
+        r = await call(client, addr, RequestCode.UPDATE_AND_CREATE_TOPIC, {"topic_name": "TxR"})
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        r = await call(client, addr, RequestCode.END_TRANSACTION, end_ext(half, TRANSACTION_COMMIT_TYPE))
+        # Settled as rolled back (or, the check progress past it, no longer held): nothing is committed.
+        assert r.code in (ResponseCode.TRANSACTION_SHOULD_ROLLBACK, ResponseCode.TRANSACTION_STATE_UNKNOW), \
+            (r.code, r.remark)
+        assert (await pull(client, addr, "TxR", 0))[0] == []
+        info = cbor2.loads((await call(client, addr, RequestCode.GET_BROKER_RUNTIME_INFO)).body)
+        assert (info["transactions_committed"], info["transactions_rolled_back"]) == (0, 1)

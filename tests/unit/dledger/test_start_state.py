@@ -124,3 +124,17 @@ async def test_an_empty_member_starts_its_log_with_the_state_the_peer_sent(older
         nursery.cancel_scope.cancel()
     assert empty.started == [(3 * SEGMENT, None if older else b"queue offsets at 3000")]
     assert empty.end_offset == 4 * SEGMENT
+
+
+async def test_a_start_state_past_a_fetch_answer_is_left_out_rather_than_fail_every_fetch(caplog):
+    # Sent whole past the fetching client's frame size (16 MiB by default: ~400k queues, or a broker's deleted
+    # topics' queues over its life), every fetch failed on the length alone and the member never started.
+    from dledger.service import MAX_FETCH_BYTES
+
+    peer = _Trimmed(3 * SEGMENT, 5 * SEGMENT)
+    peer.start_state = lambda offset: b"q" * (MAX_FETCH_BYTES + 1)
+    with pytest.raises(CommitLogMovedError) as caught:
+        await remote_fetch_range(_Wire(_service(peer)), "g", SECRET)(PEER, 0, 100)
+    assert caught.value.state is None and caught.value.min_offset == 3 * SEGMENT
+    assert any("start state not sent" in r.getMessage() and f"{MAX_FETCH_BYTES + 1} bytes" in r.getMessage()
+               for r in caplog.records)
