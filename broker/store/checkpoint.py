@@ -8,8 +8,10 @@ Layout (big-endian, 40 bytes, rewritten in place then fdatasync'd)::
 
 ``commit_log_flushed``: every commit-log byte before it was fdatasync'd (always a record boundary).
 ``dispatched``: every record before it has its ConsumeQueue unit and index entries flushed. ``queue_units``: the
-sum of every ConsumeQueue's max offset when dispatch stood at ``dispatched``; recovery counts the units its files
-hold below ``dispatched`` and rebuilds the queues from the commit log when they fall short (a lost file). A torn
+sum of every ConsumeQueue's max offset when dispatch stood at ``dispatched``, the queues deleted with their topics
+counted at the offsets ``deleted_queues`` keeps (``broker.store.dispatch``); recovery counts the units its files
+hold below ``dispatched`` (and those offsets) and rebuilds the queues from the commit log when they fall short (a
+lost file). A torn
 or missing checkpoint is not an error: recovery then verifies the last segments and re-dispatches from the last
 record the index header names as dispatched, else from the start of the commit log (both idempotent). Version 1
 (32 bytes, no ``queue_units``) is still read.
