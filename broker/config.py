@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import socket
 import ssl
 import tomllib
@@ -36,6 +35,7 @@ from broker.store.config import StoreConfig
 from broker.topic_config import PERM_READ, PERM_READ_WRITE, PERM_WRITE
 from dledger.config import DLedgerConfig
 from dledger.service import MAX_FETCH_BYTES
+from dledger.snapshot import replace_file
 from remoting.config import (ConfigError, bounded, check_fields, config_from_mapping, metrics_listen_problem,
                              name_problem, parse_host_port, read_config_data)
 from remoting.message import BATCH_HEAD, MAX_PROPERTIES_SIZE, MAX_TOPIC_LENGTH, record_size, topic_problem
@@ -425,20 +425,6 @@ def read_runtime_overrides(config: BrokerConfig) -> tuple[BrokerConfig, dict[str
 
 
 def write_runtime_overrides(path: Path, values: Mapping[str, Any]) -> None:
-    """Replace the overrides file whole: written beside it, fsynced, renamed over it, then its directory fsynced,
-    so a crash at any point leaves the old file or the new one, never a part of one."""
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(json.dumps(dict(sorted(values.items())), indent=2) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    """Replace the overrides file whole (``dledger.snapshot.replace_file``: a crash at any point leaves the old file
+    or the new one, never a part of one)."""
+    replace_file(path, (json.dumps(dict(sorted(values.items())), indent=2) + "\n").encode("utf-8"))

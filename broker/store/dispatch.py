@@ -37,6 +37,7 @@ from pathlib import Path
 
 from crc32c import crc32c
 
+from dledger.snapshot import replace_file
 from remoting.message import BLANK_MAGIC, BODY_LEN, MESSAGE_MAGIC, PROPS_LEN, RECORD_HEAD, MessageFormatError, \
     check_topic, decode_record
 
@@ -431,22 +432,7 @@ class Dispatcher:
     def _write_deleted(self) -> None:
         """Replace the ``deleted_queues`` file with ``self.deleted``, durably (entries a queue took over since
         stay in it until then: the queue's files win over them at load)."""
-        path = self.deleted_queues_path
-        tmp = path.with_name(path.name + ".tmp")
-        try:
-            with open(tmp, "wb") as f:
-                f.write(encode_deleted_queues(self.deleted))
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        replace_file(self.deleted_queues_path, encode_deleted_queues(self.deleted))
 
     def reset_mark(self) -> None:
         """Count the queues' units afresh and mark the current dispatch position (recovery, ``start_at``)."""
