@@ -68,6 +68,17 @@ async def member_call(client: Any, addr: str, code: int, ext: dict | None = None
     return await client.invoke(addr, request, timeout_s=timeout_s)
 
 
+async def ready_leader_among(nodes: dict[str, Any], scopes: dict[str, trio.CancelScope]) -> str:
+    """The id of the node of ``nodes`` (in-process ``BrokerNode``s, each run in its cancel scope of ``scopes``) that
+    leads with its no-op applied, of those not cancelled; at most 15 s."""
+    with trio.fail_after(15):
+        while True:
+            for nid, node in nodes.items():
+                if not scopes[nid].cancel_called and node.group.is_ready_leader:
+                    return nid
+            await trio.sleep(0.05)
+
+
 async def wait_leader(client: Any, addr: str) -> None:
     """Until the node at ``addr`` reports itself LEADER (GET_BROKER_RUNTIME_INFO), at most 10 s."""
     with trio.fail_after(10):

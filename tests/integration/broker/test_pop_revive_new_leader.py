@@ -12,7 +12,7 @@ from broker.node import BrokerNode, serve_broker
 from remoting.codes import RequestCode, ResponseCode
 from remoting.message import iter_records
 from remoting.transport import open_remoting_client
-from tests.integration.broker.helpers import broker_configs, call
+from tests.integration.broker.helpers import broker_configs, call, ready_leader_among
 
 TOPIC, GROUP = "PopT", "pop-g"
 
@@ -36,13 +36,8 @@ async def test_a_new_leader_revives_popped_messages_it_had_not_dispatched_yet(nu
         host, port = await nursery.start(run, config)
         addrs[config.dledger.self_id] = f"{host}:{port}"
 
-    async def ready_leader() -> str:
-        with trio.fail_after(15):
-            while True:
-                for nid, node in nodes.items():
-                    if not scopes[nid].cancel_called and node.group.is_ready_leader:
-                        return nid
-                await trio.sleep(0.05)
+    def ready_leader():
+        return ready_leader_among(nodes, scopes)
 
     async def send(client, addr: str, body: bytes) -> None:
         r = await call(client, addr, RequestCode.SEND_MESSAGE,

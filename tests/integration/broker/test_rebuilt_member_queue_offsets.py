@@ -12,7 +12,7 @@ import trio
 from broker.node import BrokerNode, serve_broker
 from remoting.codes import RequestCode, ResponseCode
 from remoting.transport import open_remoting_client
-from tests.integration.broker.helpers import broker_configs, call
+from tests.integration.broker.helpers import broker_configs, call, ready_leader_among
 
 SEGMENT = 64 * 1024
 RETENTION = {"store.segment_size_bytes": SEGMENT, "store.max_message_size": 8192, "store.file_reserved_hours": 0.0,
@@ -43,13 +43,8 @@ async def test_a_rebuilt_member_that_leads_continues_a_queue_whose_records_reten
         host, port = await nursery.start(run, config)
         addrs[nid] = f"{host}:{port}"
 
-    async def ready_leader() -> str:
-        with trio.fail_after(15):
-            while True:
-                for nid, node in nodes.items():
-                    if not scopes[nid].cancel_called and node.group.is_ready_leader:
-                        return nid
-                await trio.sleep(0.05)
+    def ready_leader():
+        return ready_leader_among(nodes, scopes)
 
     async def send(client, nid: str, topic: str, queue_id: int, body: bytes) -> int:
         r = await call(client, addrs[nid], RequestCode.SEND_MESSAGE,
