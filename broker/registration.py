@@ -7,8 +7,13 @@ leader as master within one round trip, not a period) and once the node's replic
 the one it last registered (on a follower too: while its group has no master, a name server routes the group's
 topics from the followers' registrations); a change of ``broker_permission`` (UPDATE_BROKER_CONFIG) registers
 with every name server before it is answered. Name servers never talk
-to each other, so a failure to reach one does not delay the others: each round registers with all of them
-concurrently, each under its own timeout. A clean shutdown unregisters.
+to each other, so a failure to reach one does not delay the others: each name server has a registration task of
+its own (its own period, woken by ``trigger()``, its own ``register_timeout_ms``), and a round run inline by a
+change waits for them together at most ``INLINE_WAIT_S``, the ones not answered by then going on in the background.
+(One round for all of them made a name server that hangs, a paused VM or a host dropping packets, stretch every
+period by ``register_timeout_ms``, past the others' ``broker_not_active_timeout_ms`` so that they evicted the node,
+delay a role change's registration, and hold every auto-created topic's first send until the producer's timeout,
+though the message was stored.) A clean shutdown unregisters.
 
 A name server keeps nothing on disk: restarted, it knows no node until each registers again, and until then it
 routes a cluster's topics on the groups that did (a client that asks it leaves the others' queues unused and
@@ -46,6 +51,9 @@ from remoting.transport import open_connection
 log = logging.getLogger(__name__)
 
 RECONNECT_INTERVAL_S = 1.0
+# How long a round run inline (a topic change, a permission update) waits for the name servers before it answers:
+# well below a producer's send timeout (3 s), above a healthy name server's few milliseconds.
+INLINE_WAIT_S = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,7 +108,8 @@ class RegistrationService:
         self._snapshot = snapshot
         self._interval_s = interval_ms / 1000
         self._timeout_s = timeout_ms / 1000
-        self._wake = trio.Event()
+        self._wakes = {addr: trio.Event() for addr in namesrv_addrs}  # each name server's task's
+        self._nursery: trio.Nursery | None = None  # serve's: inline rounds' registrations outlive their callers
         self._rounds = 0
         self._successes = 0
         self._failures = 0
@@ -123,21 +132,31 @@ class RegistrationService:
         return RegistrationStatistics(self._rounds, self._successes, self._failures, self._last_master)
 
     def trigger(self) -> None:
-        """Register with every name server now (safe to call often; rounds coalesce)."""
-        self._wake.set()
+        """Register with every name server now (safe to call often; rounds coalesce per name server)."""
+        for wake in self._wakes.values():
+            wake.set()
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
         if not self._addrs:
+            task_status.started()
             log.warning("no name server configured (namesrv_addrs is empty); clients will not find this node")
             await trio.sleep_forever()
         async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
             nursery.start_soon(self._serve_reconnect)
-            while True:
-                self._wake = trio.Event()
-                await self.register_all()
-                with trio.move_on_after(self._interval_s):
-                    await self._wake.wait()
+            for addr in self._addrs:
+                nursery.start_soon(self._serve_one, addr)
+
+    async def _serve_one(self, addr: str) -> None:
+        """Register with ``addr`` every ``register_interval_ms``, and at once when triggered."""
+        while True:
+            self._wakes[addr] = trio.Event()
+            snap, sequence = self._numbered_snapshot()
+            self._rounds += 1
+            await self._register_one(addr, snap, sequence)
+            with trio.move_on_after(self._interval_s):
+                await self._wakes[addr].wait()
 
     async def _serve_reconnect(self) -> None:
         """Register again with each name server whose last registration failed or whose connection has closed
@@ -161,15 +180,36 @@ class RegistrationService:
 
     def _numbered_snapshot(self) -> tuple[RegistrationSnapshot, int]:
         # Taken and numbered in one step, with no checkpoint between: the numbers follow the snapshots' order.
-        return self._snapshot(), next(self._sequence)
+        snap = self._snapshot()
+        self.registered_data_version = snap.data_version
+        return snap, next(self._sequence)
 
     async def register_all(self) -> None:
+        """Register with every name server now, for a change that is answered once it is registered: waits for them
+        all, at most ``INLINE_WAIT_S`` once the service serves (the rest go on in its nursery, not cancelled)."""
         snap, sequence = self._numbered_snapshot()
         self._rounds += 1
-        self.registered_data_version = snap.data_version
-        async with trio.open_nursery() as nursery:
-            for addr in self._addrs:
-                nursery.start_soon(self._register_one, addr, snap, sequence)
+        if self._nursery is None:  # not serving (a test, or before start): wait for them all
+            async with trio.open_nursery() as nursery:
+                for addr in self._addrs:
+                    nursery.start_soon(self._register_one, addr, snap, sequence)
+            return
+        pending = len(self._addrs)
+        done = trio.Event()
+
+        async def one(addr: str) -> None:
+            nonlocal pending
+            try:
+                await self._register_one(addr, snap, sequence)
+            finally:
+                pending -= 1
+                if not pending:
+                    done.set()
+
+        for addr in self._addrs:
+            self._nursery.start_soon(one, addr)
+        with trio.move_on_after(INLINE_WAIT_S):
+            await done.wait()
 
     async def _register_one(self, addr: str, snap: RegistrationSnapshot, sequence: int) -> None:
         ext = snap.ext()

@@ -106,3 +106,49 @@ async def test_a_restarted_name_server_learns_the_nodes_again_within_seconds(nur
             await trio.sleep(down_s)
             scope = await start_namesrv_at()
             await wait_registered(client, 5)
+
+
+async def _hung_name_server(task_status=trio.TASK_STATUS_IGNORED):
+    """A name server that accepts and reads, and never answers (SIGSTOPped, its VM paused, its replies dropped)."""
+    async def handler(stream):
+        try:
+            while await stream.receive_some(65536):
+                pass
+        except trio.BrokenResourceError:
+            pass
+
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    task_status.started(f"127.0.0.1:{listeners[0].socket.getsockname()[1]}")
+    await trio.serve_listeners(handler, listeners)
+
+
+async def test_a_hung_name_server_holds_up_neither_the_others_rounds_nor_a_topic_change(nursery, tmp_path):
+    # One round for every name server waited out the hung one's register_timeout_ms (3 s): each period was that
+    # much longer, so the healthy name server evicted the node between registrations (broker_not_active_timeout_ms
+    # 2 s, twice the period), and an auto-create waited for it before the message was stored: the producer's 3 s
+    # send timeout ran out first, and the send was reported failed although the message was stored.
+    from client import Message, open_producer
+    from namesrv.route_info import RouteInfoManager
+
+    route_info = RouteInfoManager()
+    host, port = await nursery.start(functools.partial(serve_namesrv, NamesrvConfig(listen="127.0.0.1:0",
+                                                                                    scan_interval_ms=200),
+                                                       route_info=route_info))
+    healthy = f"{host}:{port}"
+    hung = await nursery.start(_hung_name_server)
+    (config,) = broker_configs(tmp_path, [healthy, hung], register_interval_ms=1000,
+                               broker_not_active_timeout_ms=2000)
+    h, p = await nursery.start(functools.partial(serve_broker, config))
+    async with open_remoting_client() as client:
+        await _leader(client, [f"{h}:{p}"])
+    with trio.fail_after(10):
+        while route_info.statistics().nodes == 0:
+            await trio.sleep(0.05)
+    absent = 0
+    for _ in range(60):  # 6 s: four periods of the hung name server's rounds as they were
+        absent += route_info.statistics().nodes == 0
+        await trio.sleep(0.1)
+    assert absent == 0 and route_info.statistics().removals.get("expired", 0) == 0, route_info.statistics()
+    async with open_producer(healthy, send_msg_timeout_ms=3000, retry_times_when_send_failed=0) as producer:
+        result = await producer.send(Message("AutoCreated", b"first"))  # the broker creates the topic
+    assert result.msg_id
