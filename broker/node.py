@@ -314,7 +314,11 @@ class BrokerNode:
             config = self.topics.get(topic)
         return config
 
-    async def topic_for_send(self, topic: str) -> TopicConfig:
+    async def topic_for_send(self, topic: str, queue_nums: int | None = None) -> TopicConfig:
+        """The config of ``topic`` a send writes to, auto-created if unknown (``auto_create_topic_enable``) with
+        ``default_topic_queue_nums`` queues, or ``queue_nums`` if the sender asked for fewer (the SEND ext's
+        ``default_topic_queue_nums``, RocketMQ's defaultTopicQueueNums: the producer's stand-in route has that many,
+        so its sends and ordered keys keep to queues the topic has)."""
         config = self.topic(topic)
         if config is not None:
             return config
@@ -329,8 +333,9 @@ class BrokerNode:
             raise RequestRejected(ResponseCode.TOPIC_NOT_EXIST,
                                   f"topic {topic!r} does not exist on broker {self.config.broker_name} and "
                                   f"auto_create_topic_enable is false", ext={"topic": topic})
-        return await self.ensure_topic(auto_create_config(topic, self.config.default_topic_queue_nums),
-                                       "auto-created")
+        default = self.config.default_topic_queue_nums
+        return await self.ensure_topic(auto_create_config(topic, default if queue_nums is None else
+                                                          min(queue_nums, default)), "auto-created")
 
     async def ensure_topic(self, config: TopicConfig, how: str = "created") -> TopicConfig:
         """The config of ``config.topic_name``, created as ``config`` if it does not exist: an auto-created topic,
@@ -436,7 +441,8 @@ class BrokerNode:
 
     async def _register_topic_change(self) -> None:
         """Register a topic change before answering it, so a client's next route query already shows it (each
-        name server under register_timeout_ms; one that is down does not hold the others up). Outside the topic
+        name server under register_timeout_ms; one that is down or hangs holds the answer at most
+        ``registration.INLINE_WAIT_S``, and the others not at all). Outside the topic
         lock: a registration at 40,000 topics took ~1 s, and every other topic change (a producer's auto-create
         too) waited that long behind it. Nothing is lost by it: the snapshot is taken as the round starts, after
         this change applied here, and a name server keeps the highest-numbered registration (its snapshot holds

@@ -7,9 +7,17 @@ Sending rules (RocketMQ's ``DefaultMQProducerImpl.sendDefaultImpl``, adapted to 
   that address (bounded by ``max_redirects``), and the route is refreshed in the background. Once the redirects
   run out, the answer is a retriable failure like any other: the retry picks a queue of another group.
 - A retriable failure (connection lost, timeout, busy, no leader yet) is retried up to ``retry_times`` times
-  with a short growing pause, all within the send's deadline; anything else is raised at once.
+  with a short growing pause, all within the send's deadline; anything else is raised at once. The one exception:
+  when the only group the send may use (its queue pinned by ``queue`` or ``sharding_key``, or the only group with
+  writable queues) is electing a leader (NOT_LEADER without a hint, connection refused or lost), the send waits
+  for the new leader, trying every ``retry_backoff_ms`` until its deadline; those tries are counted apart ("N of
+  them waiting for a leader to be elected" in ``SendFailedError``) and spend no retry.
+- The deadline (``send_msg_timeout_ms`` or ``timeout_s``) covers the route too: the name-server query of a topic
+  not cached yet, and the cluster-info query of the stand-in route of a topic no name server knows (which the
+  first send creates on the brokers). A deadline that passes there raises ``SendFailedError`` as any other.
 - ``send_oneway`` is not retried; it returns once its message is queued on the leader's connection, and raises
-  ``RequestTimeoutError`` if that takes longer than ``send_msg_timeout_ms`` (a stopped leader's queue stays full);
+  ``RequestTimeoutError`` if that (its route fetched first, a stand-in route for a topic no name server knows, as
+  ``send``'s) takes longer than ``send_msg_timeout_ms`` (a stopped leader's queue stays full);
   the time it took, or its failure, is told to the fault tracker as a send's is, so the next oneway avoids a group
   whose leader left one waiting.
 - Concurrency is the caller's: start many ``send`` calls at once (from a nursery); they share
@@ -72,6 +80,7 @@ from client.message import (MAX_INFLATED_BODY, PROPERTY_UNIQ_KEY, Message, Messa
                             is_reply_message, new_uniq_key)
 # Request-reply's parts that need no producer; PendingRequests and read_reply re-exported, as they were defined here.
 from client.request_reply import PendingRequests, prepare_request, read_reply
+from client.route import TopicPublishInfo
 from client.send_ext import SendExt, SendExtEncoder, ext_fields
 from client.trace import TRACE_TOPIC, open_trace_dispatcher
 from client.transaction import (TransactionListener, TransactionSendResult, TransactionState, end_transaction_ext,
@@ -123,7 +132,8 @@ class ProducerConfig(ClientConfig):
     max_message_size_bytes: int = bounded(4 * 1024 * 1024, min=1, max=MAX_INFLATED_BODY)  # as a store's max
     send_latency_fault_enable: bool = True
     default_topic_queue_nums: int = bounded(4, min=1, max=1024,
-                                            doc="queues per group of a topic created by its first send")
+                                            doc="queues per group of a topic created by its first send (at most "
+                                                "the broker's default_topic_queue_nums)")
     # RocketMQ 5's autoBatch (client/accumulator.py): concurrent send() calls share batch requests.
     auto_batch: bool = False
     auto_batch_max_messages: int = bounded(64, min=1, max=1024, doc="messages per auto batch")
@@ -176,6 +186,13 @@ def _oneway_timeout(addr: str, code: int, timeout_s: float) -> RequestTimeoutErr
                   f"({timeout_s:g} s): no connection opened, or the connection's write queue stayed full (the node "
                   f"reads nothing: stopped, or cut off)",)
     return error
+
+
+def _route_timeout(topic: str, timeout_s: float, what: str) -> trio.TooSlowError:
+    """What a send reports (as ``SendFailedError.last_error``) when its deadline passed while the name servers were
+    asked for ``what`` it needed."""
+    return trio.TooSlowError(f"send timed out after {timeout_s:.3f}s while fetching {what} of topic {topic!r} from "
+                             f"the name servers")
 
 
 class Producer:
@@ -337,9 +354,10 @@ class Producer:
     async def send_oneway(self, message: Message, *, queue: MessageQueue | None = None) -> None:
         """Fire and forget: no acknowledgement, no retry; a lost connection loses the message. Returns once the
         message is queued on the leader's connection; one not queued within ``send_msg_timeout_ms`` of the call
-        (no connection yet, or one whose peer stopped reading, its write queue full) raises the retriable
+        (no route yet, no connection yet, or one whose peer stopped reading, its write queue full) raises the retriable
         ``RequestTimeoutError`` having sent nothing, as RocketMQ's invokeOneway times out waiting for its
-        semaphore. (Unbounded, it blocked for as long as a stalled leader kept its connection open.)"""
+        semaphore. (Unbounded, it blocked for as long as a stalled leader kept its connection open.) A topic no
+        name server knows is sent to as ``send`` sends to it, so that the broker creates it."""
         timeout = self.config.send_msg_timeout_ms / 1000
         deadline = trio.current_time() + timeout
         self._check(message)
@@ -347,7 +365,7 @@ class Producer:
         body, sys_flag = self._single_body(message)
         props = message.wire_properties()
         props.setdefault(PROPERTY_UNIQ_KEY, new_uniq_key())
-        info = await self.routes.publish_info(message.topic)
+        info = await self._oneway_publish_info(message.topic, deadline, timeout)
         if queue is not None and queue not in info.queues:
             # No answer comes back to refuse it: the broker would drop the message without a word.
             groups = {mq.broker_name: mq.queue_id + 1 for mq in info.queues}  # queue ids run 0..n-1 per group
@@ -357,6 +375,8 @@ class Producer:
         mq = queue or info.select(faults)
         ext = ext_fields(self.config.producer_group, message.topic, mq.queue_id, now_ms(), message.flag, props, False)
         ext["sys_flag"] = sys_flag
+        if info.stand_in:  # as send's (_send_with_retries); with no answer to wait for, no refresh follows
+            ext["default_topic_queue_nums"] = self.config.default_topic_queue_nums
         addr = self._instance.master_addr(mq.broker_name)
         code = RequestCode.SEND_REPLY_MESSAGE if is_reply_message(message) else RequestCode.SEND_MESSAGE
         started = trio.current_time()  # trio's clock, as the deadline
@@ -377,6 +397,29 @@ class Producer:
             raise
         if faults is not None:
             faults.update(mq.broker_name, (trio.current_time() - started) * 1000, isolation=False)
+
+    async def _oneway_publish_info(self, topic: str, deadline: float, timeout_s: float) -> TopicPublishInfo:
+        """The route of a oneway send, fetched within its ``deadline`` (trio's clock): a topic no name server knows
+        gets the stand-in route ``send`` gives it (``install_default_route``), so the oneway send creates it, as
+        RocketMQ's sendOneway does. Raises ``RequestTimeoutError`` (as a oneway not queued in time) if the name
+        servers take the whole deadline."""
+        routes = self._instance.routes
+        info = routes.cached_publish_info(topic)
+        if info is not None:
+            return info
+        with trio.move_on_at(deadline):
+            try:
+                return await routes.publish_info(topic)
+            except NoRouteError:
+                if routes.cached(topic) is not None:
+                    raise  # routed, with no writable queue: nothing to create
+                await self._instance.install_default_route(topic, self.config.default_topic_queue_nums)
+                return await routes.publish_info(topic)
+        addrs = ",".join(routes.namesrv_addrs)
+        error = RequestTimeoutError(addrs, timeout_s, RequestCode.GET_ROUTEINFO_BY_TOPIC)
+        error.args = (f"the oneway send to topic {topic!r} was not sent within send_msg_timeout_ms ({timeout_s:g} "
+                      f"s): the name servers ({addrs}) did not give its route in time",)
+        raise error
 
     async def request(self, message: Message, *, timeout_s: float | None = None) -> MessageExt:
         """Send ``message`` as a request and return its reply (RocketMQ's DefaultMQProducer.request): the consumer
@@ -602,6 +645,7 @@ class Producer:
         last_broker: str | None = None
         last_error: BaseException | None = None
         attempts = 0
+        leader_waits = 0  # attempts that failed while the only group this send may use had no leader
         redirects = 0
         redirected = False  # the last attempt was answered NOT_LEADER and its hint is followed with the same queue
         auto_routed = False
@@ -611,7 +655,16 @@ class Producer:
             if remaining <= 0:
                 break
             try:
-                info = inst.routes.cached_publish_info(topic) or await inst.routes.publish_info(topic)
+                info = inst.routes.cached_publish_info(topic)
+                if info is None:
+                    # The deadline covers the route: a silent name server held a send its request timeout (3 s)
+                    # per name server, whatever the send's own deadline.
+                    with trio.move_on_after(remaining):
+                        info = await inst.routes.publish_info(topic)
+                    if info is None:
+                        # An earlier attempt's error, if any, says more than the lookup that outlived the deadline.
+                        last_error = last_error or _route_timeout(topic, timeout, "the route")
+                        break
                 if queue is not None:
                     mq = queue
                 elif sharding_key is not None:
@@ -631,7 +684,11 @@ class Producer:
                 if isinstance(e, NoRouteError) and not auto_routed and inst.routes.cached(topic) is None:
                     auto_routed = True
                     try:
-                        await inst.install_default_route(topic, self.config.default_topic_queue_nums)
+                        with trio.move_on_after(max(deadline - time.monotonic(), 0)) as waited:
+                            await inst.install_default_route(topic, self.config.default_topic_queue_nums)
+                        if waited.cancelled_caught:
+                            last_error = _route_timeout(topic, timeout, "the cluster info, to auto-create the topic")
+                            break
                         continue
                     except RaftMQError as e2:
                         last_error = e2
@@ -641,9 +698,15 @@ class Producer:
                 await self._backoff(attempts, deadline)
                 continue
             started = time.monotonic()
+            stand_in = info.stand_in
             try:
-                frame = await inst.invoke(addr, code, ext.for_queue(mq.queue_id), body_for(mq, addr),
-                                          timeout_s=remaining)
+                # On a stand-in route, the broker creates the topic with at most our default_topic_queue_nums: with
+                # its own (larger) one, sends went to queues it had not got; with a smaller one, ordered keys moved.
+                attempt_ext = (ext.for_stand_in(mq.queue_id, self.config.default_topic_queue_nums) if stand_in
+                               else ext.for_queue(mq.queue_id))
+                frame = await inst.invoke(addr, code, attempt_ext, body_for(mq, addr), timeout_s=remaining)
+                if stand_in:
+                    inst.refresh_soon(topic)  # answered: the broker holds the topic now, and has registered it
                 status = _SEND_STATUS.get(frame.code)
                 if status is None:
                     raise_for_response(frame, topic=topic, broker_name=mq.broker_name)
@@ -660,10 +723,13 @@ class Producer:
                     redirected = True
                     self._stats.redirects += 1
                     continue
-                if e.retriable and isinstance(e, _LEADER_IN_FLUX) and (pinned or len(info.route.queue_datas) <= 1):
+                if e.retriable and isinstance(e, _LEADER_IN_FLUX) and (
+                        pinned or len({q.broker_name for q in info.queues}) <= 1):
                     # The only group we may use is electing a leader: a new one usually answers within a second
                     # or two, so wait for it until the deadline instead of spending the retry budget in
-                    # milliseconds.
+                    # milliseconds. Only groups with writable queues count: a read-only group in the route (or one
+                    # with no queues) is no other group to retry on, and the send failed in 150 ms.
+                    leader_waits += 1
                     self._stats.retries += 1
                     await trio.sleep(min(self.config.retry_backoff_ms / 1000, max(deadline - time.monotonic(), 0)))
                     continue
@@ -683,9 +749,10 @@ class Producer:
             last_error = trio.TooSlowError(f"send timed out after {timeout:.3f}s")
         if isinstance(last_error, RaftMQError) and not last_error.retriable:
             raise last_error
-        raise SendFailedError(f"sending to topic {topic!r} failed after {attempts} attempt(s) and {redirects} "
-                              f"redirect(s): {last_error}", attempts=attempts, last_error=last_error,
-                              topic=topic) from last_error
+        waits = f" ({leader_waits} of them waiting for a leader to be elected)" if leader_waits else ""
+        raise SendFailedError(f"sending to topic {topic!r} failed after {attempts + leader_waits} attempt(s){waits} "
+                              f"and {redirects} redirect(s): {last_error}", attempts=attempts + leader_waits,
+                              last_error=last_error, topic=topic) from last_error
 
     async def _backoff(self, attempt: int, deadline: float) -> None:
         pause = min(attempt * self.config.retry_backoff_ms / 1000, max(deadline - time.monotonic(), 0))

@@ -223,6 +223,9 @@ class TopicPublishInfo:
     def __init__(self, route: TopicRouteData) -> None:
         self.route = route
         self.queues: list[MessageQueue] = route.write_queues()
+        # A stand-in route (RouteCache.install_default): its sends ask the broker to create the topic with the
+        # producer's default_topic_queue_nums, and the first answer has the real route fetched at once.
+        self.stand_in = False
         self._counter = itertools.count(random.randrange(1 << 16))
 
     def select(self, faults: FaultTracker | None, last_broker: str | None = None) -> MessageQueue:
@@ -386,6 +389,8 @@ class RouteCache:
         self._routes[route.topic] = route
         if old is None or old.write_queues() != route.write_queues() or old.broker_datas != route.broker_datas:
             self._publish[route.topic] = TopicPublishInfo(route)
+        # Set on the kept one too: a real route equal to the stand-in it replaces is no stand-in any more.
+        self._publish[route.topic].stand_in = number is None
         groups = self._groups
         for b in route.broker_datas:
             held = groups.get(b.broker_name)

@@ -5,7 +5,10 @@ docs/protocol.md), most with the same value every time: ``cbor2.dumps`` of that 
 and the codec then checked its keys again. Here the fixed parts are encoded once (per producer, and per topic)
 and the values that change are spliced in, to the very bytes ``cbor2.dumps`` writes for the map (a test
 compares them over random messages); the frame carries them as an ``EncodedExt``. The queue id is spliced in
-per attempt: a retry may pick another queue. A topic that cannot be encoded (a lone surrogate; a message's
+per attempt: a retry may pick another queue. An attempt made on a stand-in route (a topic no name server knows
+yet, which the send creates) adds a tenth field, ``default_topic_queue_nums``, last (``SendExt.for_stand_in``):
+the broker creates the topic with at most that many queues, as RocketMQ's ``defaultTopicQueueNums``; the usual
+send's bytes stay the nine fields. A topic that cannot be encoded (a lone surrogate; a message's
 properties cannot hold one, ``Message.validate`` refuses it) is left to the codec in a plain map, which
 refuses it where and as it refuses any other ext.
 """
@@ -42,6 +45,8 @@ def _int(value: int) -> bytes:
 
 
 _MAP9 = b"\xa9"
+_MAP10 = b"\xaa"
+_KEY_DEFAULT_QUEUE_NUMS = cbor2.dumps("default_topic_queue_nums")
 _KEY_QUEUE_ID = cbor2.dumps("queue_id")
 _SYS_FLAG_TO_BORN = cbor2.dumps("sys_flag") + _int(0) + cbor2.dumps("born_timestamp")
 _KEY_FLAG = cbor2.dumps("flag")
@@ -69,6 +74,17 @@ class SendExt:
         if head is None:
             return {**self._fields, "queue_id": queue_id}  # type: ignore[dict-item]
         return EncodedExt(b"".join((head, _int(queue_id), self._rest)))  # type: ignore[arg-type]
+
+    def for_stand_in(self, queue_id: int, default_topic_queue_nums: int) -> EncodedExt | dict[str, Any]:
+        """``for_queue`` plus ``default_topic_queue_nums``, for an attempt made on a stand-in route: the queues per
+        group the producer wants the topic it creates to have (the broker takes at most its own default)."""
+        head = self._head
+        if head is None:
+            return {**self._fields, "queue_id": queue_id,  # type: ignore[dict-item]
+                    "default_topic_queue_nums": default_topic_queue_nums}
+        # The head opens the nine-field map: the same map with one more field, appended after the nine.
+        return EncodedExt(b"".join((_MAP10, head[1:], _int(queue_id), self._rest,  # type: ignore[arg-type]
+                                    _KEY_DEFAULT_QUEUE_NUMS, _int(default_topic_queue_nums))))
 
 
 class SendExtEncoder:

@@ -24,6 +24,9 @@ group's dead-letter topic instead. The rules this module keeps:
   server that drops requests makes each query wait its request timeout, which no receive's wait may take on, and
   a refresh a short receive gave up would never land. The receive looks at the cached routes each time it wakes
   (the refresh landed, the next one is due, its deadline), as any refresh may have brought a readable queue.
+  A subscribed topic no name server routes (not created yet) keeps no other from being received: it is asked for
+  in the background every ``poll_name_server_interval_ms``, and ``receive`` raises ``NoRouteError`` only when no
+  subscribed topic has a route.
 * **One ack or many.** ``ack(msg)`` acks one message and raises what went wrong; ``ack_batch(msgs)`` acks many with
   one BATCH_ACK_MESSAGE per broker group (one replicated write there, where each ``ack`` is one) and returns, per
   message, None or the error ``ack`` would have raised for it: one refused or expired handle must not hide whether
@@ -109,6 +112,7 @@ class SimpleConsumer:
         self._turn = itertools.count()
         self._next_refresh_at = -math.inf  # when _wait_for_targets may ask the name servers again
         self._refreshed: trio.Event | None = None  # set once the last refresh _wait_for_targets started is over
+        self._unrouted_retry_at: dict[str, float] = {}  # subscribed topic with no route -> when to ask again
 
     @property
     def client_id(self) -> str:
@@ -163,11 +167,38 @@ class SimpleConsumer:
         return await self._pop(topic, broker_name, max_messages, invisible_duration_ms, poll_time_ms)
 
     async def _targets(self) -> list[tuple[str, str]]:
-        """The (topic, broker group) pairs holding readable queues of the subscribed topics, in a stable order."""
+        """The (topic, broker group) pairs holding readable queues of the subscribed topics, in a stable order.
+
+        A topic not routed yet is asked for here once; if that fails (not created yet, name servers silent) it is
+        asked for again in the background (``refresh_soon``) every ``poll_name_server_interval_ms``, and the other
+        topics are received meanwhile: one subscribed topic that did not exist yet made every receive raise, so
+        no other topic was ever received. Only when no subscribed topic has a route is each asked here again, and
+        the last failure raised."""
         routes = self._instance.routes
-        for topic in sorted(self._subs):
-            if routes.cached(topic) is None:
-                await routes.get(topic)
+        topics = sorted(self._subs)
+        nothing_routed = all(routes.cached(topic) is None for topic in topics)
+        now = trio.current_time()
+        interval_s = self.config.poll_name_server_interval_ms / 1000
+        failed: RaftMQError | None = None
+        for topic in topics:
+            if routes.cached(topic) is not None:
+                continue
+            retry_at = self._unrouted_retry_at.get(topic)
+            if retry_at is None or nothing_routed:
+                try:
+                    await routes.get(topic)
+                    continue
+                except RaftMQError as e:
+                    failed = e
+                    if retry_at is None or now >= retry_at:  # logged once per interval, however many receives
+                        log.warning("subscribed topic has no route (not created yet?); the others are received, it is "
+                                    "asked for again every %g s topic=%s error=%s", interval_s, topic, e)
+                        self._unrouted_retry_at[topic] = now + interval_s
+            elif now >= retry_at:
+                self._unrouted_retry_at[topic] = now + interval_s
+                self._instance.refresh_soon(topic)
+        if failed is not None and all(routes.cached(topic) is None for topic in topics):
+            raise failed
         return self._cached_targets()
 
     def _cached_targets(self) -> list[tuple[str, str]]:

@@ -76,7 +76,12 @@ class SendMessageProcessor:
                 if "reserved" in str(e):
                     raise RequestRejected(ResponseCode.NO_PERMISSION, str(e)) from None
                 raise RequestRejected(ResponseCode.INVALID_REQUEST, str(e), ext={"field": "topic"}) from None
-            config = await node.topic_for_send(topic)
+            # Read only here, off the hot path: a producer sending on a stand-in route says how many queues per
+            # group it expects the topic it creates to have (the node creates at most its own default).
+            queue_nums = ext.get("default_topic_queue_nums")
+            if queue_nums is not None:
+                queue_nums = get_int(ext, "default_topic_queue_nums", lo=1, hi=I32[1])
+            config = await node.topic_for_send(topic, queue_nums)
         if not config.writable:
             raise topic_not_writable(node, topic, config)
         queue_id = get_int(ext, "queue_id", default=-1, lo=-1, hi=I32[1])
@@ -84,8 +89,12 @@ class SendMessageProcessor:
             queue_id = self._round_robin % config.write_queue_nums
             self._round_robin += 1
         elif queue_id >= config.write_queue_nums:
-            raise invalid("queue_id", f"must be below topic {topic!r}'s write_queue_nums "
-                                      f"{config.write_queue_nums}, got {queue_id}")
+            if ext.get("default_topic_queue_nums") is None:
+                raise invalid("queue_id", f"must be below topic {topic!r}'s write_queue_nums "
+                                          f"{config.write_queue_nums}, got {queue_id}")
+            # Sent on a stand-in route, whose queues were the producer's guess (more than this node created): stored
+            # in a queue the topic has, which the answer names, instead of refused until the producer's refresh.
+            queue_id %= config.write_queue_nums
         max_size = node.max_message_size
         is_batch = request.code == RequestCode.SEND_BATCH_MESSAGE or get_bool(ext, "batch")
         if is_batch:
