@@ -123,6 +123,7 @@ def plan_ports(data_dir: Path, base_port: int | None) -> dict[str, Any]:
                  "raft": [free_port() for _ in NODE_IDS]}
     else:
         ports = _fixed_ports(9876 if base_port is None else base_port)
+    _refuse_moving_raft_ports(data_dir, state_path, ports["raft"])
     secret_path = data_dir / "secret"
     if secret_path.exists():
         secret = secret_path.read_text().strip()
@@ -133,6 +134,25 @@ def plan_ports(data_dir: Path, base_port: int | None) -> dict[str, Any]:
     state = {"ports": ports, "secret_file": str(secret_path)}
     state_path.write_text(json.dumps(state, indent=2) + "\n")
     return state
+
+
+def _refuse_moving_raft_ports(data_dir: Path, state_path: Path, raft_ports: list[int]) -> None:
+    """A ConfigError when ``raft_ports`` would move the Raft ports of a group that has Raft data in ``data_dir``:
+    each member's Raft snapshot names the group's members by their Raft addresses, and a member restarted on new
+    ones dials the stored ones, so no two ever connected again and no leader was ever elected."""
+    held = [nid for nid in NODE_IDS
+            if any((data_dir / GROUP / nid / "dledger" / name).exists() for name in ("raft.journal", "raft.snapshot"))]
+    if not held or not state_path.exists():
+        return
+    try:
+        old = _read_state(state_path)["ports"]["raft"]
+    except ConfigError:
+        old = None
+    if old != raft_ports:
+        raise ConfigError(f"--base-port would move the Raft ports of the group whose Raft data is in {data_dir} "
+                          f"(members {', '.join(held)}; from {old} to {raft_ports}): its members know each other "
+                          f"by those addresses and would never connect again. Run without --base-port to reuse "
+                          f"the ports of {state_path}, or remove {data_dir} (make clean-dev) to start over")
 
 
 def _read_state(state_path: Path) -> dict[str, Any]:

@@ -52,3 +52,26 @@ def test_a_refused_start_lets_go_of_the_data_dir(tmp_path, capsys):
     assert exit_info.value.code == 2
     assert "cannot be read as JSON" in capsys.readouterr().err
     DirectoryLock(data_dir, "--data-dir", "dev.lock").release()
+
+
+def test_base_port_may_not_move_the_raft_ports_of_a_group_with_raft_data(tmp_path, capsys):
+    # Each member's Raft snapshot names the group by its Raft addresses: re-run with --base-port on that data, the
+    # members dialled the old ports, never connected, and no leader was ever elected (every send failed).
+    from remoting.config import ConfigError
+
+    data_dir = tmp_path / "dev"
+    data_dir.mkdir()
+    write_broker_configs(data_dir, plan_ports(data_dir, 20000))
+    assert plan_ports(data_dir, 0)["ports"]["raft"] != plan_ports(data_dir, 20000)["ports"]["raft"]  # no Raft data
+    (data_dir / GROUP / "n2" / "dledger").mkdir(parents=True)
+    (data_dir / GROUP / "n2" / "dledger" / "raft.snapshot").write_bytes(b"a snapshot")
+    assert plan_ports(data_dir, 20000)["ports"]["raft"] == [31035, 31045, 31055]  # the same ports: fine
+    before = _state_files(data_dir)
+    with pytest.raises(ConfigError, match="would move the Raft ports of the group whose Raft data"):
+        plan_ports(data_dir, 20100)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["dev", "--data-dir", str(data_dir), "--base-port", "0"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "(members n2; from [31035, 31045, 31055] to [" in err and "Run without --base-port" in err, err
+    assert _state_files(data_dir) == before  # cluster.json kept: a run without --base-port still works
