@@ -225,12 +225,20 @@ class _Single:
 
 
 async def _receive_request(stream: trio.SocketStream, conn: h11.Connection) -> h11.Request | None:
-    """The next request's head, or None once the client closed the connection."""
+    """The next request's head, or None once the client closed the connection. A head whose bytes pass
+    ``MAX_REQUEST_HEAD_BYTES`` is refused 431: h11's own bound is checked only while a head is incomplete, so one
+    that completed within the receive that passed it (up to ~12 KiB read 4 KiB at a time) was answered."""
+    received = 0
     while True:
         event = conn.next_event()
         if event is h11.NEED_DATA:
-            conn.receive_data(await stream.receive_some(RECEIVE_CHUNK_BYTES))
+            data = await stream.receive_some(RECEIVE_CHUNK_BYTES)
+            received += len(data)
+            conn.receive_data(data)
         elif isinstance(event, h11.Request):
+            if received > MAX_REQUEST_HEAD_BYTES:
+                raise h11.RemoteProtocolError("request head too long",
+                                              error_status_hint=http.HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE)
             return event
         elif isinstance(event, h11.ConnectionClosed):
             return None
