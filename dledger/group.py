@@ -168,6 +168,10 @@ class DLedgerGroup:
         self._drained = trio.Event()
         self._drained.set()
         self._replan = True
+        # The entries in flight (their batches, by id) and the no-op index of the leadership that proposed them:
+        # see _drop_stale_flights.
+        self._flights: dict[int, list[Pending]] = {}
+        self._flights_noop: int | None = None
         self._split_batches = 0  # batches whose prepared entry was too large, proposed in parts (_fewer)
         self._planned_end = 0
         self._last_store_timestamp = 0
@@ -464,6 +468,8 @@ class DLedgerGroup:
                 self._metadata_applied()
             if self._completions:
                 self._run_completions()
+            if self._flights and m.noop_index != self._flights_noop and self._can_propose():
+                self._drop_stale_flights()
             if m.commit_notice_due:
                 now = trio.current_time()
                 if self._notice_at is None:
@@ -486,6 +492,31 @@ class DLedgerGroup:
         finally:
             self._ticking = False
         return wait_s
+
+    def _drop_stale_flights(self) -> None:
+        """This member leads again, its new term's no-op applied, with entries of an earlier leadership still
+        counted in flight. Every entry up to the no-op is applied by now, so theirs lay above it: overwritten by
+        another leader's while this member followed (pysyncobj answers such a callback only once its index is
+        written again, by whoever leads), and never committed, as no later log holding this term's no-op can hold
+        them. Counted in flight, they held the batcher in its wait for a drain before it replans, and every append
+        was refused busy until unrelated writes filled those indexes (a cut-off leader that rejoined, then led
+        again). Their callers are answered as a leader change (nothing applied); a callback that still comes is
+        for a batch no longer counted, and is dropped (``_committed``)."""
+        stale = list(self._flights.values())
+        self._flights.clear()
+        for _ in stale:
+            self._slots.release()
+        self._in_flight = 0
+        self._records_in_flight_since_drain = 0
+        self._drained.set()
+        self._replan = True
+        log.warning("entries of an earlier leadership never committed, their callers told so group=%s batches=%d "
+                    "records=%d", self.config.group, len(stale), sum(len(b) for b in stale))
+        error = LeaderChangedError(self.config.group, "its entry was overwritten while this member followed another "
+                                                      "leader")
+        self._failed_batches += len(stale)
+        for batch in stale:
+            self._fail(batch, error)
 
     def _metadata_applied(self) -> None:
         for listener in list(self._metadata_listeners):
@@ -593,7 +624,8 @@ class DLedgerGroup:
         self._busy_records += len(batch)
         self._fail(batch, GroupBusyError(
             self.config.group, f"{len(batch)} records waited {self.config.max_queue_wait_ms} ms (max_queue_wait_ms) "
-                               f"for the {self.config.max_in_flight_batches} batches in flight to commit"))
+                               f"for the {self._in_flight} batches in flight to commit (at most "
+                               f"{self.config.max_in_flight_batches})"))
 
     async def _transfers_done(self) -> None:
         """Until no leadership transfer runs: what is proposed meanwhile waits for it (the batcher, metadata)."""
@@ -657,6 +689,8 @@ class DLedgerGroup:
         self._planned_end = prepared.end_offset
         self._in_flight += 1
         self._records_in_flight_since_drain += len(batch)
+        self._flights[id(batch)] = batch
+        self._flights_noop = m.noop_index
         if self._drained.is_set():
             self._drained = trio.Event()
         m.apply_entry(entry, callback=functools.partial(self._on_commit, batch, start, prepared.record_results))
@@ -698,6 +732,8 @@ class DLedgerGroup:
                 pass
 
     def _committed(self, batch: list[Pending], start: int, results: tuple[Any, ...], res: Any, err: int) -> None:
+        if self._flights.pop(id(batch), None) is None:
+            return  # dropped as stale (_drop_stale_flights): its callers were told, and it is counted no more
         self._in_flight -= 1
         self._slots.release()
         if self._in_flight == 0:
