@@ -770,7 +770,7 @@ class BrokerNode:
             # group's topics from the followers' registrations: a topic created since their last one dropped out
             # of the route, and clients that refreshed then stopped using the group until their next refresh.
             if self.topics.data_version != self.registration.registered_data_version:
-                self.registration.trigger()
+                self.registration.trigger_behind(self.topics.data_version)
 
     async def create_trace_topic(self) -> None:
         """``trace_topic_enable`` (RocketMQ's traceTopicEnable): ``msg_trace_topic_name`` created with one queue, as

@@ -118,8 +118,8 @@ class RegistrationService:
         # the name server went away), and the failures in a row of the others.
         self._registered: set[str] = set()
         self._failing: dict[str, int] = {}
-        # The topic table's data_version that the last round carried (None before the first round).
-        self.registered_data_version: int | None = None
+        # The topic table's data_version each name server was last sent (registered_data_version).
+        self._sent_versions: dict[str, int] = {}
         # Numbers each snapshot in the order taken; the name servers keep the newest (module docstring).
         self._sequence = itertools.count(1)
         # (topic_configs, broker_permission, body) of the last body encoded: rounds share it while the node's topic
@@ -131,6 +131,23 @@ class RegistrationService:
     def statistics(self) -> RegistrationStatistics:
         return RegistrationStatistics(self._rounds, self._successes, self._failures, self._last_master)
 
+    @property
+    def registered_data_version(self) -> int | None:
+        """The oldest topic table's data_version a name server was last sent (None until each was sent one): the
+        node triggers a round while it trails its table. Per name server: one kept by the reconnect task or its own
+        task would otherwise vouch for the others, which then waited out their period with the old table."""
+        if len(self._sent_versions) < len(self._addrs):
+            return None
+        return min(self._sent_versions.values())
+
+    def trigger_behind(self, data_version: int) -> None:
+        """Register now with each name server last sent a topic table other than ``data_version`` (or none): the
+        others, up to date, are left to their period (a hung one, behind for as long as it hangs, would otherwise
+        have every other name server registered with again at every look)."""
+        for addr in self._addrs:
+            if self._sent_versions.get(addr) != data_version:
+                self._wakes[addr].set()
+
     def trigger(self) -> None:
         """Register with every name server now (safe to call often; rounds coalesce per name server)."""
         for wake in self._wakes.values():
@@ -141,12 +158,15 @@ class RegistrationService:
             task_status.started()
             log.warning("no name server configured (namesrv_addrs is empty); clients will not find this node")
             await trio.sleep_forever()
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            task_status.started()
-            nursery.start_soon(self._serve_reconnect)
-            for addr in self._addrs:
-                nursery.start_soon(self._serve_one, addr)
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                task_status.started()
+                nursery.start_soon(self._serve_reconnect)
+                for addr in self._addrs:
+                    nursery.start_soon(self._serve_one, addr)
+        finally:
+            self._nursery = None  # closed: a round run inline after it (a change finishing at shutdown) waits itself
 
     async def _serve_one(self, addr: str) -> None:
         """Register with ``addr`` every ``register_interval_ms``, and at once when triggered."""
@@ -180,9 +200,7 @@ class RegistrationService:
 
     def _numbered_snapshot(self) -> tuple[RegistrationSnapshot, int]:
         # Taken and numbered in one step, with no checkpoint between: the numbers follow the snapshots' order.
-        snap = self._snapshot()
-        self.registered_data_version = snap.data_version
-        return snap, next(self._sequence)
+        return self._snapshot(), next(self._sequence)
 
     async def register_all(self) -> None:
         """Register with every name server now, for a change that is answered once it is registered: waits for them
@@ -212,6 +230,7 @@ class RegistrationService:
             await done.wait()
 
     async def _register_one(self, addr: str, snap: RegistrationSnapshot, sequence: int) -> None:
+        self._sent_versions[addr] = snap.data_version
         ext = snap.ext()
         ext["registration_sequence"] = sequence
         request = make_request(RequestCode.REGISTER_BROKER, ext=ext, body=self._body_of(snap))
