@@ -206,6 +206,8 @@ class Producer:
         self._ext = SendExtEncoder(config.producer_group)
         self._accumulator = ProduceAccumulator(self, instance.nursery) if config.auto_batch else None
         self._pending = PendingRequests(config.max_pending_requests)
+        # Per topic on a stand-in route, the groups that answered a send on it (_stand_in_answered).
+        self._stand_in_groups: dict[str, set[str]] = {}
         instance.heartbeat_data = lambda: {"producers": [{"producer_group": config.producer_group}],
                                            "consumers": []}
 
@@ -397,6 +399,19 @@ class Producer:
             raise
         if faults is not None:
             faults.update(mq.broker_name, (trio.current_time() - started) * 1000, isolation=False)
+
+    def _stand_in_answered(self, info: TopicPublishInfo, topic: str, broker_name: str) -> None:
+        """A send on ``topic``'s stand-in route was answered by group ``broker_name``, which now holds the topic.
+        The route is refreshed once every group of the stand-in has answered one: refreshed at the first answer, it
+        named that group alone, and a producer sending slowly never created the topic on the others (all of its
+        capacity on one group)."""
+        if len(self._stand_in_groups) > 1024 and topic not in self._stand_in_groups:
+            self._stand_in_groups.clear()  # stand-ins the periodic refresh replaced meanwhile: none is kept for long
+        groups = self._stand_in_groups.setdefault(topic, set())
+        groups.add(broker_name)
+        if groups >= {mq.broker_name for mq in info.queues}:
+            del self._stand_in_groups[topic]
+            self._instance.refresh_soon(topic)
 
     async def _oneway_publish_info(self, topic: str, deadline: float, timeout_s: float) -> TopicPublishInfo:
         """The route of a oneway send, fetched within its ``deadline`` (trio's clock): a topic no name server knows
@@ -698,6 +713,10 @@ class Producer:
                 await self._backoff(attempts, deadline)
                 continue
             started = time.monotonic()
+            remaining = deadline - started  # what the route lookup left of it
+            if remaining <= 0:
+                last_error = last_error or _route_timeout(topic, timeout, "the route")
+                break
             stand_in = info.stand_in
             try:
                 # On a stand-in route, the broker creates the topic with at most our default_topic_queue_nums: with
@@ -706,7 +725,7 @@ class Producer:
                                else ext.for_queue(mq.queue_id))
                 frame = await inst.invoke(addr, code, attempt_ext, body_for(mq, addr), timeout_s=remaining)
                 if stand_in:
-                    inst.refresh_soon(topic)  # answered: the broker holds the topic now, and has registered it
+                    self._stand_in_answered(info, topic, mq.broker_name)
                 status = _SEND_STATUS.get(frame.code)
                 if status is None:
                     raise_for_response(frame, topic=topic, broker_name=mq.broker_name)

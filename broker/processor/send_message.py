@@ -89,6 +89,8 @@ class SendMessageProcessor:
             queue_id = self._round_robin % config.write_queue_nums
             self._round_robin += 1
         elif queue_id >= config.write_queue_nums:
+            if ext.get("default_topic_queue_nums") is not None:
+                get_int(ext, "default_topic_queue_nums", lo=1, hi=I32[1])  # its presence re-maps: a real one only
             if ext.get("default_topic_queue_nums") is None:
                 raise invalid("queue_id", f"must be below topic {topic!r}'s write_queue_nums "
                                           f"{config.write_queue_nums}, got {queue_id}")

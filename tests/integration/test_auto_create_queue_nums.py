@@ -42,3 +42,54 @@ async def test_a_producer_wanting_fewer_queues_gets_them_and_its_ordered_keys_st
             assert await _route_queue_nums(producer, "Narrow") == 2
             after = {k: (await producer.send(Message("Narrow", b"2"), sharding_key=k)).message_queue for k in keys}
     assert before == after
+
+
+async def test_a_topic_auto_created_by_a_slow_producer_is_created_on_every_group(nursery, tmp_path):
+    # The route was refreshed at the first answer on the stand-in route: it then named that group alone, and a
+    # producer sending a message at a time never created the topic on the other.
+    from tests.integration.broker.helpers import broker_configs, start_broker, start_namesrv, wait_leader
+    from remoting.transport import open_remoting_client
+
+    namesrv = await start_namesrv(nursery)
+    addrs = []
+    for group in ("broker-a", "broker-b"):
+        (config,) = broker_configs(tmp_path / group, namesrv, **{"dledger.group": group})
+        addrs.append(await start_broker(nursery, config))
+    async with open_remoting_client() as client:
+        for addr in addrs:
+            await wait_leader(client, addr)
+    from client import open_admin
+    async with open_admin(namesrv) as admin:
+        with trio.fail_after(10):  # both groups registered, with their masters
+            while True:
+                info = await admin.cluster_info()
+                if all(info.master_addr(g) for g in ("broker-a", "broker-b")):
+                    break
+                await trio.sleep(0.1)
+    async with open_producer(namesrv) as producer:
+        sent = []
+        for i in range(8):
+            sent.append((await producer.send(Message("Spread", b"m%d" % i))).message_queue.broker_name)
+            await trio.sleep(0.2)
+        route = await producer.routes.refresh("Spread")
+    assert sorted({q.broker_name for q in route.queue_datas}) == ["broker-a", "broker-b"], sent
+
+
+async def test_a_malformed_default_topic_queue_nums_is_refused_not_taken_as_a_stand_in_send(nursery, tmp_path):
+    # Its mere presence re-mapped a queue id past the topic's queues, whatever its value.
+    from remoting.codes import RequestCode, ResponseCode
+    from remoting.transport import open_remoting_client
+    from tests.integration.broker.helpers import call
+
+    namesrv, broker = await start_leading_node(nursery, tmp_path)
+    async with open_remoting_client() as client:
+        r = await call(client, broker, RequestCode.UPDATE_AND_CREATE_TOPIC,
+                       {"topic_name": "T4", "read_queue_nums": 4, "write_queue_nums": 4})
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        for bad in ("garbage", 0, -5):
+            r = await call(client, broker, RequestCode.SEND_MESSAGE,
+                           {"topic": "T4", "queue_id": 7, "default_topic_queue_nums": bad}, b"x")
+            assert r.code == ResponseCode.INVALID_REQUEST and "default_topic_queue_nums" in r.remark, (bad, r.remark)
+        r = await call(client, broker, RequestCode.SEND_MESSAGE,
+                       {"topic": "T4", "queue_id": 7, "default_topic_queue_nums": 8}, b"x")
+        assert r.code == ResponseCode.SUCCESS and r.ext["queue_id"] == 3, (r.code, r.remark)

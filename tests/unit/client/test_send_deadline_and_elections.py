@@ -75,6 +75,30 @@ async def test_the_deadline_of_a_send_covers_its_route_lookup(monkeypatch, autoj
     assert caught.value.retriable is False and caught.value.attempts == 0
 
 
+async def test_what_the_route_lookup_took_is_not_given_again_to_the_send(monkeypatch):
+    # The attempt's timeout was the time left before the lookup: a 0.5 s lookup and a silent leader made a 1 s send
+    # take 1.5 s. (The send's deadline is on the real clock, so this runs on it: ~1 s.)
+    fake = _patch(monkeypatch, FakeRemoting([FakeGroup("broker-a", ["a:1"])]))
+    answer = fake.invoke
+    given: list[float] = []
+
+    async def slow_routes(addr, request, timeout_s=3.0):
+        if request.code == RequestCode.GET_ROUTEINFO_BY_TOPIC:
+            await trio.sleep(0.5)
+        elif request.code == RequestCode.SEND_MESSAGE:
+            given.append(timeout_s)
+        return await answer(addr, request, timeout_s)
+
+    fake.invoke = slow_routes
+    async with open_producer(NAMESRV, send_msg_timeout_ms=1000, retry_times_when_send_failed=0) as p:
+        fake.hung.add("a:1")
+        with pytest.raises(SendFailedError):
+            await p.send(Message("T", b"x"))
+        fake.hung.discard("a:1")
+    # What the lookup left of the second: it can only be less than this, never the whole second again.
+    assert given and given[0] <= 0.5 + 1e-3, given
+
+
 async def test_the_deadline_of_a_send_covers_the_cluster_info_of_an_auto_created_topic(monkeypatch, autojump_clock):
     fake = _patch(monkeypatch, FakeRemoting([FakeGroup("broker-a", ["a:1"])]))
     fake.unknown_topics.add("New")
