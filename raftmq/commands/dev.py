@@ -144,10 +144,13 @@ def _refuse_moving_raft_ports(data_dir: Path, state_path: Path, raft_ports: list
             if any((data_dir / GROUP / nid / "dledger" / name).exists() for name in ("raft.journal", "raft.snapshot"))]
     if not held or not state_path.exists():
         return
-    try:
-        old = _read_state(state_path)["ports"]["raft"]
-    except ConfigError:
-        old = None
+    try:  # the ports alone: a missing secret file is no matter of ports (the start names it after)
+        old = json.loads(state_path.read_text())["ports"]["raft"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"{state_path} cannot be read ({e}), so whether --base-port would move the Raft ports of "
+                          f"the group whose Raft data is in {data_dir} (members {', '.join(held)}) cannot be told: "
+                          f"its members know each other by those addresses. Restore {state_path.name}, or remove "
+                          f"{data_dir} (make clean-dev) to start over") from None
     if old != raft_ports:
         raise ConfigError(f"--base-port would move the Raft ports of the group whose Raft data is in {data_dir} "
                           f"(members {', '.join(held)}; from {old} to {raft_ports}): its members know each other "

@@ -75,3 +75,19 @@ def test_base_port_may_not_move_the_raft_ports_of_a_group_with_raft_data(tmp_pat
     err = capsys.readouterr().err
     assert "(members n2; from [31035, 31045, 31055] to [" in err and "Run without --base-port" in err, err
     assert _state_files(data_dir) == before  # cluster.json kept: a run without --base-port still works
+
+
+def test_base_port_on_raft_data_reads_only_the_ports_of_cluster_json(tmp_path):
+    # A missing secret file (no matter of ports) made the refusal say the ports would move "from None".
+    from remoting.config import ConfigError
+
+    data_dir = tmp_path / "dev"
+    data_dir.mkdir()
+    write_broker_configs(data_dir, plan_ports(data_dir, 20000))
+    (data_dir / GROUP / "n1" / "dledger").mkdir(parents=True)
+    (data_dir / GROUP / "n1" / "dledger" / "raft.journal").write_bytes(b"a journal")
+    (data_dir / "secret").unlink()  # the same ports: allowed (a new secret is made, as before)
+    assert plan_ports(data_dir, 20000)["ports"]["raft"] == [31035, 31045, 31055]
+    (data_dir / "cluster.json").write_text("{nope")
+    with pytest.raises(ConfigError, match="cannot be read .*whether --base-port would move the Raft ports"):
+        plan_ports(data_dir, 20000)
