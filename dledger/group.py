@@ -468,8 +468,6 @@ class DLedgerGroup:
                 self._metadata_applied()
             if self._completions:
                 self._run_completions()
-            if self._flights and m.noop_index != self._flights_noop and self._can_propose():
-                self._drop_stale_flights()
             if m.commit_notice_due:
                 now = trio.current_time()
                 if self._notice_at is None:
@@ -482,6 +480,9 @@ class DLedgerGroup:
             else:
                 self._notice_at = None
             self._refresh_role()
+            # After the role is published (_can_propose reads it): a tick may win an election and apply its no-op.
+            if self._flights and m.noop_index != self._flights_noop and self._can_propose():
+                self._drop_stale_flights()
         except FatalServerError as e:  # the state machine failed to apply an entry (dledger.member)
             self._fatal = e
         except JournalWriteError as e:
@@ -650,6 +651,10 @@ class DLedgerGroup:
             self._fail(batch, self._not_leader())
             return
         m = self.member
+        if self._flights and m.noop_index != self._flights_noop:
+            # Proposed before a tick saw this leadership's no-op applied: its entries would be planned after (and
+            # this proposal would make them look like) the earlier leadership's.
+            self._drop_stale_flights()
         fresh = self._in_flight == 0 or self._replan
         start = self._sm.end_offset if fresh else self._planned_end
         store_timestamp = max(int(time.time() * 1000), self._last_store_timestamp)

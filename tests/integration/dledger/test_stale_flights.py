@@ -51,3 +51,94 @@ async def test_a_leader_again_counts_no_entry_another_leader_overwrote_and_takes
         assert isinstance(outcomes["after"], int), outcomes["after"]
         assert all(name in outcomes for name in (f"in-flight-{i}" for i in range(4))), outcomes  # all answered
         nursery.cancel_scope.cancel()
+
+
+async def test_stale_flights_are_dropped_by_a_proposal_made_before_a_tick_saw_the_new_no_op(tmp_path, monkeypatch):
+    # The tick checked for stale flights before it published the role: when one tick won the election and applied
+    # its no-op (followers' acks read within it, as between processes), a proposal before the next tick took the
+    # stale flights for this leadership's, and they stayed counted for ever again. Here the metadata puts make the
+    # new leader's entries overwrite no flight (so nothing answers one DISCARDED and forces a replan).
+    import time
+
+    async with trio.open_nursery() as nursery:
+        leader, runners, _logs = await leader_cut_off(nursery, tmp_path, leader_fallback_timeout_ms=1000,
+                                                      connection_timeout_ms=1000, max_batch_delay_ms=1)
+        cut_off = leader.config.self_id
+        outcomes: dict[str, BaseException | int] = {}
+
+        async def append(name: str, timeout_s: float) -> None:
+            try:
+                outcomes[name] = (await leader.append(name.encode(), timeout_s=timeout_s)).index
+            except DLedgerError as e:
+                outcomes[name] = e
+
+        async def put() -> None:
+            try:
+                await leader.put_metadata("t", {"k": 1}, timeout_s=1.0)
+            except DLedgerError:
+                pass
+
+        for _ in range(3):
+            nursery.start_soon(put)
+            await trio.sleep(0.05)
+        for i in range(3):  # fewer than max_in_flight_batches: a slot stays free
+            nursery.start_soon(append, f"in-flight-{i}", 1.0)
+            await trio.sleep(0.05)
+        member = leader.member
+        member._SyncObj__transport.send = lambda *args, **kwargs: False
+        with trio.fail_after(10):
+            while leader.is_leader:
+                await trio.sleep(0.05)
+        others = [await runner.start() for nid, runner in runners.items() if nid != cut_off]
+        new_leader = await ready_leader(others)
+        with trio.fail_after(10):
+            while leader.leader_id != new_leader.config.self_id or \
+                    leader.member.raftLastApplied < new_leader.member.raftLastApplied:
+                await trio.sleep(0.05)
+        del member._SyncObj__transport.send
+        await trio.sleep(1.5)
+
+        # The tick that makes it leader also reads the followers' acks and applies the no-op; then the Raft socket
+        # stays quiet for a tick interval, so the batcher proposes before the next tick.
+        original_tick, followers = member.tick, [g.member for g in others]
+        idle = [False]
+
+        def tick():
+            more = original_tick()
+            if member._isLeader() and member.noop_index is not None and member.raftLastApplied < member.noop_index:
+                end = time.monotonic() + 2
+                while member.raftLastApplied < member.noop_index and time.monotonic() < end:
+                    for follower in followers:
+                        follower.tick()
+                    time.sleep(0.002)
+                    original_tick()
+                member.tick = original_tick
+                idle[0] = True
+            return more
+
+        member.tick = tick
+        original_wait_readable, fd = trio.lowlevel.wait_readable, member.tick_fd
+
+        async def wait_readable(f):
+            if f == fd and idle[0]:
+                idle[0] = False
+                await trio.sleep(1)  # cut to the tick interval by the tick loop
+            return await original_wait_readable(f)
+
+        monkeypatch.setattr(trio.lowlevel, "wait_readable", wait_readable)
+
+        async def append_once_leader() -> None:
+            while not leader.is_leader:
+                await leader.wait_changed()
+            await append("first", 3.0)
+
+        nursery.start_soon(append_once_leader)
+        await new_leader.transfer_leadership(cut_off, timeout_s=5)
+        await leader.wait_ready_leader()
+        with trio.fail_after(10):
+            while "first" not in outcomes:
+                await trio.sleep(0.05)
+        await append("after", 3.0)
+        assert isinstance(outcomes["first"], int) and isinstance(outcomes["after"], int), outcomes
+        assert leader.statistics().in_flight_batches == 0
+        nursery.cancel_scope.cancel()
