@@ -35,9 +35,8 @@ from broker.store.config import StoreConfig
 from broker.topic_config import PERM_READ, PERM_READ_WRITE, PERM_WRITE
 from dledger.config import DLedgerConfig
 from dledger.service import MAX_FETCH_BYTES
-from dledger.snapshot import replace_file
 from remoting.config import (ConfigError, bounded, check_fields, config_from_mapping, metrics_listen_problem,
-                             name_problem, parse_host_port, read_config_data)
+                             name_problem, parse_host_port, read_config_data, replace_file)
 from remoting.message import BATCH_HEAD, MAX_PROPERTIES_SIZE, MAX_TOPIC_LENGTH, record_size, topic_problem
 from remoting.tls import TLS_MODES, client_context, server_context_for_mode
 
@@ -425,6 +424,6 @@ def read_runtime_overrides(config: BrokerConfig) -> tuple[BrokerConfig, dict[str
 
 
 def write_runtime_overrides(path: Path, values: Mapping[str, Any]) -> None:
-    """Replace the overrides file whole (``dledger.snapshot.replace_file``: a crash at any point leaves the old file
+    """Replace the overrides file whole (``remoting.config.replace_file``: a crash at any point leaves the old file
     or the new one, never a part of one)."""
     replace_file(path, (json.dumps(dict(sorted(values.items())), indent=2) + "\n").encode("utf-8"))

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PendingSnapshot", "SnapshotWriter", "fsync_path", "replace_file"]
+__all__ = ["PendingSnapshot", "SnapshotWriter", "fsync_path"]
 
 
 def fsync_path(path: Path) -> None:
@@ -54,23 +54,6 @@ def fsync_path(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def replace_file(path: Path, data: bytes) -> None:
-    """Replace the file at ``path`` whole with ``data``: written beside it, fsynced, renamed over it, then its
-    directory fsynced, so a crash at any point leaves the old file or the new one, never a part of one (a failed
-    write removes its partial copy and raises)."""
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_path(path.parent)
 
 
 @dataclass(slots=True)

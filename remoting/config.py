@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import tomllib
 import types
 import typing
@@ -26,7 +27,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-__all__ = ["ConfigError", "load_config", "read_config_data", "config_from_mapping", "apply_overrides", "bounded",
+__all__ = ["ConfigError", "replace_file", "load_config", "read_config_data", "config_from_mapping", "apply_overrides", "bounded",
            "check_fields", "check_field", "read_named_file", "check_text", "parse_host_port", "name_problem",
            "metrics_listen_problem", "blank_dir_problem"]
 
@@ -138,6 +139,27 @@ def metrics_listen_problem(value: str) -> str | None:
     if value:
         parse_host_port(value, key="metrics_listen")
     return None
+
+
+def replace_file(path: Path, data: bytes) -> None:
+    """Replace the file at ``path`` whole with ``data``: written beside it, fsynced, renamed over it, then its
+    directory fsynced, so a crash at any point leaves the old file or the new one, never a part of one (a failed
+    write removes its partial copy and raises)."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def read_named_file(label: str, path: str | Path, *, missing: str = "") -> bytes:

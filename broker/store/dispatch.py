@@ -37,7 +37,7 @@ from pathlib import Path
 
 from crc32c import crc32c
 
-from dledger.snapshot import replace_file
+from remoting.config import replace_file
 from remoting.message import BLANK_MAGIC, BODY_LEN, MESSAGE_MAGIC, PROPS_LEN, RECORD_HEAD, MessageFormatError, \
     check_topic, decode_record
 
