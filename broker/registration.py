@@ -136,8 +136,8 @@ class RegistrationService:
         """The oldest topic table's data_version a name server was last sent (None until each was sent one): the
         node triggers a round while it trails its table. Per name server: one kept by the reconnect task or its own
         task would otherwise vouch for the others, which then waited out their period with the old table."""
-        if len(self._sent_versions) < len(self._addrs):
-            return None
+        if not self._sent_versions or len(self._sent_versions) < len(self._addrs):
+            return None  # one not sent yet (or no name server at all: nothing to register with)
         return min(self._sent_versions.values())
 
     def trigger_behind(self, data_version: int) -> None:
