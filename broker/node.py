@@ -66,7 +66,7 @@ from remoting.codec import make_request
 from remoting.codes import RequestCode, ResponseCode
 from remoting.config import parse_host_port
 from remoting.errors import RaftMQError
-from remoting.message import decode_record, split_pop_retry_topic
+from remoting.message import PROPERTY_REAL_TOPIC, MessageView, decode_record, split_pop_retry_topic
 from remoting.metrics_http import serve_metrics
 from remoting.tls import ContextReloader
 from remoting.transport import corked, open_remoting_client, serve_remoting
@@ -313,6 +313,17 @@ class BrokerNode:
             self.refresh_metadata()
             config = self.topics.get(topic)
         return config
+
+    def deleted_real_topic(self, view: MessageView) -> str | None:
+        """The topic a record waiting in a broker topic (a delayed or timer message, a half message) is bound for
+        (REAL_TOPIC), if it was deleted since the record was stored: gone, or cut after the record (deleted and
+        created again). None otherwise. Such a message went with its topic: delivered or committed, it would land
+        behind the deletion's cut and be served as a topic created again under the name's first message."""
+        topic = view.properties.get(PROPERTY_REAL_TOPIC)
+        if topic is None or (self.topic(topic) is not None
+                             and not self.store.deleted_with_topic(topic, view.phy_offset)):
+            return None
+        return topic
 
     async def topic_for_send(self, topic: str, queue_nums: int | None = None) -> TopicConfig:
         """The config of ``topic`` a send writes to, auto-created if unknown (``auto_create_topic_enable``) with

@@ -356,9 +356,8 @@ class ScheduleMessageService:
         record: deleted and created again), so that it is neither delivered nor parked again (counted in
         ``dropped``). Judged at every hop: a copy parked after the deletion would be past the cut, and deliver into
         a topic created again under the name."""
-        topic = view.properties.get(PROPERTY_REAL_TOPIC)
-        if topic is None or (self.node.topic(topic) is not None
-                             and not self.node.store.deleted_with_topic(topic, view.phy_offset)):
+        topic = self.node.deleted_real_topic(view)
+        if topic is None:
             return False
         self.dropped += 1
         log.info("scheduled message not delivered: its topic was deleted while it waited topic=%s phy_offset=%d",

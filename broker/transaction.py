@@ -328,9 +328,8 @@ class TransactionalMessageService:
 
     async def _append_end(self, half_offset: int, view: MessageView, state: int) -> EndOutcome:
         outcome = COMMIT if state == TRANSACTION_COMMIT_TYPE else ROLLBACK
-        topic = view.properties.get(PROPERTY_REAL_TOPIC)
-        gone = outcome == COMMIT and topic is not None and (
-            self.node.topic(topic) is None or self.node.store.deleted_with_topic(topic, view.phy_offset))
+        topic = self.node.deleted_real_topic(view) if outcome == COMMIT else None
+        gone = topic is not None
         if gone:
             outcome = ROLLBACK  # settled, so no check asks again for a message that cannot be delivered
         messages = [self._op_record(half_offset, outcome)]
@@ -466,8 +465,8 @@ class TransactionalMessageService:
             if view.store_timestamp + self.timeout_ms > now:
                 break
             props = dict(view.properties)
-            real = props.get(PROPERTY_REAL_TOPIC)
-            if real is not None and (node.topic(real) is None or node.store.deleted_with_topic(real, view.phy_offset)):
+            real = node.deleted_real_topic(view)
+            if real is not None:
                 # Its topic was deleted while it waited: rolled back here, by its op record alone. Re-stored for a
                 # check, the copy sat past the deletion's cut, and a COMMIT of it landed in a topic created again.
                 log.info("half message of a deleted topic rolled back topic=%s transaction_id=%s producer_group=%s",

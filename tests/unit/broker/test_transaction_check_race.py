@@ -81,8 +81,8 @@ class StandInNode:
     async def ensure_topic(self, config: Any) -> None:
         pass
 
-    def topic(self, topic: str) -> Any:
-        return SimpleNamespace(topic_name=topic)  # every topic exists: none is deleted here
+    def deleted_real_topic(self, view: Any) -> None:
+        return None  # every topic exists: none is deleted here
 
     async def append_messages(self, batch: bytes) -> Any:
         if self.gate is not None:
