@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from broker.acl import AclChecker, StoredMessage, acl_file_path
+from broker.acl import AclChecker, StoredMessage, acl_file_path, needs_admin
 from broker.processor.admin import AdminProcessor
 from broker.processor.base import RequestRejected, error_response, reply
 from broker.processor.client_manage import ClientManageProcessor
@@ -142,13 +142,10 @@ class BrokerDispatcher:
         signed by a member (admin requests then: ``broker.acl.needs_admin``). FETCH_COMMIT_LOG is the DLedger
         service's own to refuse (members only, ACL or not), and a plain GET_RAFT_STATUS (role, term, offsets) is a
         status lookup `raftmq chaos` makes unsigned."""
-        code = request.code
-        if code not in DLedgerService.CODES:
+        if request.code not in DLedgerService.CODES:
             return True
-        if code == RequestCode.FETCH_COMMIT_LOG or code == RequestCode.GET_RAFT_STATUS and \
-                "checksum_up_to" not in request.ext:
-            return False
-        return not self.dledger.members.verify(request)
+        # Of DLedger's requests, needs_admin holds for exactly those two; the others are not the ACL's.
+        return needs_admin(request) and not self.dledger.members.verify(request)
 
     def connection_closed(self, conn: Any) -> None:
         self.node.clients.connection_closed(conn)
