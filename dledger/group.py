@@ -164,12 +164,11 @@ class DLedgerGroup:
         self._max_queue_wait_s = config.max_queue_wait_ms / 1000
         self._busy_records = 0  # refused or dropped with GroupBusyError
         self._slots = trio.Semaphore(config.max_in_flight_batches)
-        self._in_flight = 0
         self._drained = trio.Event()
         self._drained.set()
         self._replan = True
-        # The entries in flight (their batches, by id) and the no-op index of the leadership that proposed them:
-        # see _drop_stale_flights.
+        # The entries in flight (their batches, by id: ``_in_flight`` counts them) and the no-op index of the
+        # leadership that proposed them: see _drop_stale_flights.
         self._flights: dict[int, list[Pending]] = {}
         self._flights_noop: int | None = None
         self._split_batches = 0  # batches whose prepared entry was too large, proposed in parts (_fewer)
@@ -347,6 +346,11 @@ class DLedgerGroup:
                 self._role_listeners.remove(send)
             send.close()
 
+    @property
+    def _in_flight(self) -> int:
+        """Entries proposed here and not yet answered (``_flights``)."""
+        return len(self._flights)
+
     def _can_propose(self) -> bool:
         m = self.member
         noop = m.noop_index
@@ -507,7 +511,6 @@ class DLedgerGroup:
         self._flights.clear()
         for _ in stale:
             self._slots.release()
-        self._in_flight = 0
         self._records_in_flight_since_drain = 0
         self._drained.set()
         self._replan = True
@@ -692,7 +695,6 @@ class DLedgerGroup:
         self._replan = False
         self._last_store_timestamp = store_timestamp
         self._planned_end = prepared.end_offset
-        self._in_flight += 1
         self._records_in_flight_since_drain += len(batch)
         self._flights[id(batch)] = batch
         self._flights_noop = m.noop_index
@@ -739,7 +741,6 @@ class DLedgerGroup:
     def _committed(self, batch: list[Pending], start: int, results: tuple[Any, ...], res: Any, err: int) -> None:
         if self._flights.pop(id(batch), None) is None:
             return  # dropped as stale (_drop_stale_flights): its callers were told, and it is counted no more
-        self._in_flight -= 1
         self._slots.release()
         if self._in_flight == 0:
             self._drained.set()
