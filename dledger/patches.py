@@ -1,8 +1,10 @@
 """Containment of pysyncobj 0.3.17's measured defects (see ``docs/architecture.md``, "Replication (dledger)").
 
-Every fix here is a small wrapper around one pysyncobj internal, applied once by ``apply_patches()`` when
+Every fix is a small wrapper around one pysyncobj internal, applied once by ``apply_patches()`` when
 ``dledger.member`` is imported, and each has a regression test in ``tests/unit/dledger/test_patches.py`` that
-fails without it. The wrappers reach into name-mangled attributes (``_SyncObj__raftNextIndex``), which is only
+fails without it. The rules below number them all; the TCP layer's (1, 12-14, 18, 26's write buffer) live in
+``dledger.wire_patches``, the journal's and snapshot files' (5, 7, 17, 21-25) in ``dledger.journal_patches``, and
+the Raft logic's here. The wrappers reach into name-mangled attributes (``_SyncObj__raftNextIndex``), which is only
 safe for the exact version they were written against: ``check_version()`` refuses any other version at import,
 so a silent upgrade cannot quietly disable a fix.
 
@@ -264,20 +266,12 @@ replacing pysyncobj's whole ``__sendAppendEntries`` loop, and chunking buys noth
 from __future__ import annotations
 
 import _socket
-import errno
-import hmac
 import logging
 import math
-import os
-import pickle
 import queue
 import socket
-import struct
-from pathlib import Path
 from typing import Any
 
-import blake3
-import pysyncobj.config as pso_config
 import pysyncobj.journal as pso_journal
 import pysyncobj.pickle as pso_pickle
 import pysyncobj.serializer as pso_serializer
@@ -286,25 +280,24 @@ import pysyncobj.tcp_connection as pso_tcp
 import pysyncobj.tcp_server as pso_tcp_server
 import pysyncobj.transport as pso_transport
 from pysyncobj.monotonic import monotonic as monotonic_time
-from pysyncobj.poller import POLL_EVENT_TYPE
 from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
 
+from dledger import journal_patches as journal
+from dledger import wire_patches as wire
+from dledger.journal_patches import JournalWriteError, SnapshotWriteError
 from dledger.poller import EpollPoller
-from dledger.snapshot import fsync_path
-from remoting.errors import RESOURCE_ERRNOS
+from dledger.wire_patches import WIRE_PICKLE_PROTOCOL, FrameAuthenticator, encode_frame, resume_accepting
 
 log = logging.getLogger(__name__)
 
+# The wire's and the journal's names are re-exported: ``dledger.patches`` is where the rest of dledger finds them.
 __all__ = ["PINNED_VERSION", "check_version", "apply_patches", "FrameAuthenticator", "WIRE_PICKLE_PROTOCOL",
-           "OUTCOME_UNKNOWN"]
+           "OUTCOME_UNKNOWN", "encode_frame", "resume_accepting", "JournalWriteError", "SnapshotWriteError"]
 
 PINNED_VERSION = "0.3.17"
-WIRE_PICKLE_PROTOCOL = 5
 # 16: the error code a commit callback gets when a snapshot covered its entry. Not one of pysyncobj's FAIL_REASON
 # values (0..6), so it cannot be taken for one.
 OUTCOME_UNKNOWN = 100
-_TAG_SIZE = 32
-_LENGTH = struct.Struct("i")  # pysyncobj's own length prefix (native int); both ends run this code
 _patched = False
 
 
@@ -319,189 +312,6 @@ def check_version(found: str = PYSYNCOBJ_VERSION) -> None:
             f"pin pysyncobj=={PINNED_VERSION} or re-validate every fix in dledger/patches.py")
 
 
-# The tag's key is derived from the cluster secret in this context: a new context is a new wire version.
-_KEY_CONTEXT = "raftmq-dledger-v4 2026-11-28 raft frame MAC key"
-
-
-class FrameAuthenticator:
-    """Authenticates each frame body: keyed BLAKE3, its key derived from the cluster secret, over the
-    connection's random key and the BLAKE3 digest of the body (hash, then MAC).
-
-    The random key (pysyncobj's handshake, one per connection and direction) ties a frame to its connection, so
-    a frame recorded on one connection is refused on any other before it is unpickled. Hashing first lets a
-    leader hash an append_entries body once for all its followers, who usually get the same bytes: the sender
-    keeps the digest of the last body it tagged. The body hash is BLAKE3 rather than SHA-256 because every
-    replicated byte passes through it on every member: SHA-256 (1.3-1.5 GB/s here, with SHA-NI) cost ~0.8 µs
-    per 1 KiB message on the leader and again on each follower, BLAKE3 (4.5-6.5 GB/s) ~0.2 µs. Both are
-    collision-resistant 256-bit hashes, which is what hash-then-MAC needs of the inner hash. The MAC is BLAKE3's
-    keyed mode (a PRF, as HMAC is) rather than HMAC-SHA256 because OpenSSL 3's one-shot HMAC, cheap in a loop
-    (1.3 µs), took ~10 µs a call inside a member that wakes for each frame, and every Raft hop pays two: the
-    change cut one-at-a-time send latency by ~12 % (docs/benchmarks.md, twenty-fourth session). Stands where
-    pysyncobj expects its Fernet encryptor (its truthiness turns on the random-key handshake); only
-    ``tag``/``verify`` are used, by the frame codec below.
-    """
-
-    def __init__(self, secret: str) -> None:
-        if not secret:
-            raise ValueError("a DLedger member needs a non-empty cluster secret")
-        # v4: keyed BLAKE3 instead of HMAC-SHA256 (v3; v2 also hashed bodies with SHA-256); a member of another
-        # version fails authentication.
-        self._key = blake3.blake3(secret.encode(), derive_key_context=_KEY_CONTEXT).digest()
-        self._last: tuple[bytes, bytes] = (b"", blake3.blake3(b"").digest())  # one tuple: swapped atomically
-
-    def tag(self, body: bytes, rand_key: bytes | None = None) -> bytes:
-        last_body, digest = self._last
-        if body is not last_body and body != last_body:
-            digest = blake3.blake3(body).digest()
-            self._last = (body, digest)
-        return blake3.blake3((rand_key or b"") + digest, key=self._key).digest()
-
-    def verify(self, tag: bytes, body: bytes | memoryview, rand_key: bytes | None = None) -> bool:
-        expected = blake3.blake3((rand_key or b"") + blake3.blake3(body).digest(), key=self._key).digest()
-        return hmac.compare_digest(tag, expected)
-
-    def __bool__(self) -> bool:
-        return True
-
-
-def encode_frame(auth: FrameAuthenticator, message: Any, rand_key: bytes | None = None) -> bytes:
-    body = pickle.dumps(message, protocol=WIRE_PICKLE_PROTOCOL)
-    return _LENGTH.pack(_TAG_SIZE + len(body)) + auth.tag(body, rand_key) + body
-
-
-def _send(self: Any, message: Any) -> None:
-    auth = self.encryptor
-    if not auth:
-        # Never reached in dledger (the member refuses to start without a secret); refuse rather than
-        # fall back to an unauthenticated wire.
-        raise RuntimeError("pysyncobj connection without an authenticator")
-    # 12: judge the connection's silence before this send counts as talking. 13: a connection that was dropped
-    # here loses the message, as pysyncobj's own disconnect does; its reconnect must begin with the handshake.
-    if _connection_timed_out(self):
-        return
-    self._dledger_last_send = monotonic_time()
-    # pysyncobj wraps the message as (sendRandKey, message); here the key goes into the tag instead.
-    frame = encode_frame(auth, message, self.sendRandKey)
-    buf = self._TcpConnection__writeBuffer
-    if not buf:
-        # 26: the usual case, nothing waiting: the frame itself goes to the socket, not a copy of it.
-        self._TcpConnection__writeBuffer = frame
-    else:
-        if type(buf) is not bytearray:
-            buf = self._TcpConnection__writeBuffer = bytearray(buf)
-        buf += frame
-    self._TcpConnection__trySendBuffer()
-
-
-def _process_send(self: Any) -> bool:
-    """26: stock ``__processSend``, cutting what the socket took from the front of the buffer in place."""
-    buf = self._TcpConnection__writeBuffer
-    if not buf:
-        return False
-    try:
-        res = self._TcpConnection__socket.send(buf)
-    except OSError as e:
-        if e.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
-            self.disconnect()
-        return False
-    if res < 0:
-        self.disconnect()
-        return False
-    if res == 0:
-        return False
-    if type(buf) is bytearray:
-        del buf[:res]
-    elif res == len(buf):
-        self._TcpConnection__writeBuffer = b""
-    else:
-        # What the socket did not take is copied once into a bytearray, then cut from its front in place.
-        self._TcpConnection__writeBuffer = bytearray(memoryview(buf)[res:])
-    return True
-
-
-def _transport_send(self: Any, node: Any, message: Any) -> bool:
-    """13: an outgoing connection is not connected for Raft messages until the peer's key arrived."""
-    conn = self._connections.get(node)
-    if conn is not None and conn.sendRandKey is None and self._syncObj.encryptor:
-        return False
-    return _original_transport_send(self, node, message)
-
-
-def _try_read_buffer(self: Any) -> None:
-    """14: read until the socket is empty, as pysyncobj does, but no more than one receive buffer per event.
-    The buffer is made a ``bytearray`` first (pysyncobj resets it to ``bytes()`` on every (re)connect): stock
-    ``__processRead``'s ``+=`` then appends in place, and ``_parse_message`` cuts frames from its front."""
-    buf = self._TcpConnection__readBuffer
-    if type(buf) is not bytearray:
-        buf = self._TcpConnection__readBuffer = bytearray(buf)
-    budget = len(buf) + self._TcpConnection__recvBufferSize
-    while self._TcpConnection__processRead() and len(self._TcpConnection__readBuffer) < budget:
-        pass
-    self._TcpConnection__lastReadTime = monotonic_time()
-
-
-def _connection_timed_out(self: Any) -> bool:
-    """12: pysyncobj's read timeout (nothing read for ``timeout``), counted only while this side is talking: it
-    sent within the timeout, as a leader does to a follower that stopped answering. A connected link quiet both
-    ways (two followers') is idle, not dead: its clock restarts. Still applies while connecting. Returns
-    whether it disconnected."""
-    now = monotonic_time()
-    timeout = self._TcpConnection__timeout
-    if now - self._TcpConnection__lastReadTime <= timeout:
-        return False
-    if (self._TcpConnection__state == pso_tcp.CONNECTION_STATE.CONNECTED
-            and now - getattr(self, "_dledger_last_send", float("-inf")) > timeout):
-        self._TcpConnection__lastReadTime = now
-        return False
-    self.disconnect()
-    return True
-
-
-def _parse_message(self: Any) -> Any:
-    buf = self._TcpConnection__readBuffer
-    if len(buf) < 4:
-        return None
-    (length,) = _LENGTH.unpack_from(buf, 0)
-    if length < _TAG_SIZE:
-        log.warning("raft frame rejected reason=short_frame length=%d", length)
-        self.disconnect()
-        return None
-    if len(buf) - 4 < length:
-        return None
-    auth = self.encryptor
-    tag = bytes(buf[4:4 + _TAG_SIZE])
-    # No copy of a frame that may be 512 KiB. The views are released before the frame is cut from the buffer
-    # (a bytearray cannot shrink while exported); unpickling copies every bytes object out of them.
-    whole = memoryview(buf)
-    body = whole[4 + _TAG_SIZE:4 + length]
-    try:
-        if not auth or not auth.verify(tag, body, self.recvRandKey):
-            # The only path to pickle.loads goes through this check: an unauthenticated peer, or a frame replayed
-            # from another connection, never gets a byte unpickled.
-            log.warning("raft frame rejected reason=bad_authentication")
-            self.disconnect()
-            return None
-        try:
-            message = pickle.loads(body)
-        except Exception as e:  # an authenticated peer sent nonsense: drop the connection, keep the node
-            log.warning("raft frame rejected reason=%s", e)
-            self.disconnect()
-            return None
-    finally:
-        body.release()
-        whole.release()
-    if type(buf) is bytearray:
-        del buf[:4 + length]  # in place: CPython moves the start of a bytearray, it copies nothing
-    else:
-        self._TcpConnection__readBuffer = buf[4 + length:]
-    return message
-
-
-_original_parse_message = pso_tcp.TcpConnection._TcpConnection__processParseMessage
-_original_process_connection_timeout = pso_tcp.TcpConnection._TcpConnection__processConnectionTimeout
-_original_send = pso_tcp.TcpConnection.send
-_original_transport_send = pso_transport.TCPTransport.send
-_original_try_read_buffer = pso_tcp.TcpConnection._TcpConnection__tryReadBuffer
 _LEADER = pso_syncobj._RAFT_STATE.LEADER
 _FOLLOWER = pso_syncobj._RAFT_STATE.FOLLOWER
 _original_on_message = pso_syncobj.SyncObj._SyncObj__onMessageReceived
@@ -510,7 +320,6 @@ _original_on_tick = pso_syncobj.SyncObj._onTick
 _original_send_next_node_idx = pso_syncobj.SyncObj._SyncObj__sendNextNodeIdx
 _original_send_append_entries = pso_syncobj.SyncObj._SyncObj__sendAppendEntries
 _original_get_entries = pso_syncobj.SyncObj._SyncObj__getEntries
-_original_process_send = pso_tcp.TcpConnection._TcpConnection__processSend
 CATCH_UP_FRAME_BYTES = 1 << 20
 BACKLOG_BYTES = 4 << 20
 SEND_ROUND_BUDGET_S = 0.01
@@ -760,7 +569,7 @@ def _backlogged_nodes(self: Any, nodes: Any) -> set:
         if conn is not None and len(conn._TcpConnection__writeBuffer) >= BACKLOG_BYTES:
             # Skipping counts as talking (12): a follower that stopped reading is still dropped once its
             # connection has been silent for the timeout.
-            if not _connection_timed_out(conn):
+            if not wire._connection_timed_out(conn):
                 conn._dledger_last_send = monotonic_time()
             backlogged.add(node)
     return backlogged
@@ -828,356 +637,6 @@ def _load_dump_file_releasing_callbacks(self: Any, clearJournal: bool) -> None:
             callback(None, OUTCOME_UNKNOWN)
 
 
-def _get_meta_closed(self: Any) -> dict:
-    try:
-        with open(self.getPath(), "rb") as f:
-            return pso_journal.loads(f.read())
-    except Exception:
-        return {}
-
-
-_original_get_transmission = pso_serializer.Serializer.getTransmissionData
-_original_cancel_transmission = pso_serializer.Serializer.cancelTransmisstion
-
-
-def _close_finished_transmission(self: Any, transmission_id: Any, before: Any) -> None:
-    if before is not None and transmission_id not in self._Serializer__transmissions and "file" in before:
-        before["file"].close()
-
-
-def _get_transmission_closed(self: Any, transmission_id: Any) -> Any:
-    # A snapshot file is never empty, so the call that opens a transmission is never the one that ends it.
-    before = self._Serializer__transmissions.get(transmission_id)
-    result = _original_get_transmission(self, transmission_id)
-    _close_finished_transmission(self, transmission_id, before)
-    return result
-
-
-_original_set_transmission = pso_serializer.Serializer.setTransmissionData
-
-
-def _set_transmission_data_synced(self: Any, data: Any) -> bool:
-    """22: the last chunk of a received snapshot is fsync'd before stock renames the file into place, and the
-    directory after; only then does it report the snapshot complete (and pysyncobj load it)."""
-    incoming = self._Serializer__incomingTransmissionFile
-    file_name = self._Serializer__fileName
-    if data is None or not data[2] or data[1] or incoming is None or file_name is None:
-        return _original_set_transmission(self, data)
-    try:
-        incoming.write(data[0])
-        incoming.flush()
-        os.fsync(incoming.fileno())
-        done = _original_set_transmission(self, (b"", False, True))  # closes and renames
-        if done:
-            fsync_path(Path(file_name).parent)
-    except OSError as e:
-        if incoming is self._Serializer__incomingTransmissionFile:
-            incoming.close()
-            self._Serializer__incomingTransmissionFile = None
-        if e.errno in RESOURCE_ERRNOS:
-            log.warning("a snapshot received from the leader could not be synced; not loaded, the leader sends it "
-                        "again error=%s", e)
-            return False
-        raise SnapshotWriteError(e.errno, f"syncing the snapshot received at {file_name} failed: "
-                                          f"{e.strerror or e}") from e
-    return done
-
-
-def _cancel_transmission_closed(self: Any, transmission_id: Any) -> None:
-    before = self._Serializer__transmissions.get(transmission_id)
-    _original_cancel_transmission(self, transmission_id)
-    _close_finished_transmission(self, transmission_id, before)
-
-
-_original_check_serializing = pso_serializer.Serializer.checkSerializing
-_original_serialize = pso_serializer.Serializer.serialize
-
-
-def _serialize_handing_over(self: Any, data: Any, id: Any) -> None:  # noqa: A002 (pysyncobj's name)
-    """21: with a ``serializeChecker``, the serializer writes and puts its file in place itself, and the checker
-    reports when it has; without one, stock."""
-    if self._Serializer__serializeChecker is None or self._Serializer__fileName is None:
-        _original_serialize(self, data, id)
-        return
-    if self._Serializer__pid != 0:
-        return
-    self._Serializer__currentID = id
-    if self._Serializer__serializer(self._Serializer__fileName + ".tmp", data[1:]):
-        self._Serializer__pid = -1  # as stock's forked serializer: no other snapshot, no transmission meanwhile
-
-
-def _check_serializing_closing(self: Any) -> Any:
-    # A finished snapshot replaces the transmissions table (``self.__transmissions = {}``), dropping the files
-    # of snapshots still being streamed to lagging followers; they restart from the new snapshot.
-    before = self._Serializer__transmissions
-    result = _original_check_serializing(self)
-    if self._Serializer__serializeChecker is not None and result[0] == pso_config.SERIALIZER_STATE.SUCCESS:
-        self._Serializer__transmissions = {}  # 21: stock does so for its own serializers only
-    if self._Serializer__transmissions is not before:
-        for transmission in before.values():
-            if "file" in transmission:
-                transmission["file"].close()
-    return result
-
-
-_RECORD_HEAD = struct.Struct("<IQQ")  # pysyncobj journal record: size, idx, term | command | size
-_RECORD_TAIL = struct.Struct("<I")
-_original_journal_add = pso_journal.FileJournal.add
-
-
-class JournalWriteError(OSError):
-    """The Raft journal could not be written (17); ``dledger.group`` stops the member on it."""
-
-    action = "write its Raft journal"
-
-
-class SnapshotWriteError(JournalWriteError):
-    """A snapshot received from the leader could not be stored (22)."""
-
-    action = "store the Raft snapshot it received"
-
-
-def _journal_add_in_place(self: Any, command: Any, idx: int, term: int) -> None:
-    data = pso_journal.to_bytes(command)
-    size = 16 + len(data)
-    offset = self._FileJournal__currentOffset
-    journal_file = self._FileJournal__journalFile
-    try:
-        # Tail first: the file grows once to its final size, then the head and the command fill it.
-        journal_file.write(offset + 4 + size, _RECORD_TAIL.pack(size))
-        journal_file.write(offset, _RECORD_HEAD.pack(size, idx, term))
-        journal_file.write(offset + _RECORD_HEAD.size, data)
-    except OSError as e:
-        raise JournalWriteError(e.errno, f"Raft journal write at offset {offset} failed: {e.strerror or e}") from e
-    # Into the in-memory log only once it is in the file: a failed write leaves no entry that pysyncobj could
-    # acknowledge and a restart would not find.
-    self._FileJournal__journal.append((command, idx, term))
-    self._FileJournal__currentOffset = offset + size + 8
-    self._FileJournal__setLastRecordOffset(self._FileJournal__currentOffset)
-
-
-_original_delete_entries_to = pso_journal.FileJournal.deleteEntriesTo
-
-
-def _delete_entries_to_replacing(self: Any, entry_to: int) -> None:
-    """23: with ``_dledger_sync`` (set by ``RaftMember`` for SYNC_FLUSH), the entries kept go to a new file that
-    replaces the journal once it is on disk; otherwise stock's rewrite in place."""
-    if not getattr(self, "_dledger_sync", False):
-        _original_delete_entries_to(self, entry_to)
-        return
-    kept = self._FileJournal__journal[entry_to:]
-    old = self._FileJournal__journalFile
-    path = old._ResizableFile__fileName
-    tmp = path + ".tmp"
-    offset = pso_journal.FIRST_RECORD_OFFSET
-    replaced = False
-    try:
-        with open(tmp, "wb") as f:
-            f.write(self._FileJournal__getDefaultHeader())
-            for command, idx, term in kept:
-                data = pso_journal.to_bytes(command)
-                size = 16 + len(data)
-                f.write(_RECORD_HEAD.pack(size, idx, term))
-                f.write(data)
-                f.write(_RECORD_TAIL.pack(size))
-                offset += size + 8
-            f.seek(pso_journal.LAST_RECORD_OFFSET_OFFSET)
-            f.write(_RECORD_TAIL.pack(offset))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        replaced = True
-        fsync_path(Path(path).parent)
-        new = pso_journal.ResizableFile(path)
-    except OSError as e:
-        if e.errno in RESOURCE_ERRNOS and not replaced:
-            log.warning("the Raft journal could not be rewritten without the entries its snapshot covers; kept "
-                        "whole until the next compaction error=%s", e)
-            return
-        raise JournalWriteError(e.errno, f"rewriting the Raft journal {path} without the entries its snapshot "
-                                         f"covers failed: {e.strerror or e}") from e
-    # The old mapping's inode is gone from the directory: closed without a flush, nothing of it is read again.
-    old._ResizableFile__mm.close()
-    old._ResizableFile__f.close()
-    self._FileJournal__journalFile = new
-    self._FileJournal__journal = list(kept)
-    self._FileJournal__currentOffset = offset
-
-
-_original_resizable_write = pso_journal.ResizableFile.write
-
-
-def _resizable_write_allocated(self: Any, offset: int, values: bytes) -> None:
-    """17: ``ResizableFile.write`` with the blocks allocated before the mapping is written, so a full disk is an
-    OSError (the file and the mapping as they were), not a SIGBUS. The file grows as stock does (by its resize
-    factor, or to the end of the write), through ``mmap.resize`` (Linux has no need of stock's fallback)."""
-    mm = self._ResizableFile__mm
-    end = offset + len(values)
-    if end > getattr(self, "_dledger_allocated", 0):
-        mapped = len(mm)
-        target = mapped if end <= mapped else max(int(mapped * self._ResizableFile__resizeFactor), end)
-        # From the start: the file's initial size is sparse too, and allocated ranges cost nothing again.
-        os.posix_fallocate(self._ResizableFile__f.fileno(), 0, target)
-        if target > mapped:
-            mm.resize(target)
-        self._dledger_allocated = target
-    mm[offset:end] = values
-
-
-_original_store_meta = pso_journal.MetaStorer.storeMeta
-_original_file_journal_init = pso_journal.FileJournal.__init__
-
-
-def _store_meta_synced(self: Any, meta: dict) -> None:
-    """24: stock ``MetaStorer.storeMeta`` with the new file fsync'd before it is renamed over the old one."""
-    path = self.getPath()
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(pso_journal.dumps(meta))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _load_whole_records(self: Any) -> None:
-    """25: the records of a journal file up to the first one a torn append left (see the module's rules)."""
-    journal_file = self._FileJournal__journalFile
-    mm = journal_file._ResizableFile__mm
-    header_end = self._FileJournal__getLastRecordOffset()
-    end = min(header_end, len(mm))
-    records = self._FileJournal__journal
-    offset = pso_journal.FIRST_RECORD_OFFSET
-    prev_idx = prev_term = None
-    why = None
-    while offset < end:
-        if offset + _RECORD_HEAD.size > end:
-            why = "a record head cut short"
-            break
-        size, idx, term = _RECORD_HEAD.unpack_from(mm, offset)
-        if size < 16 or offset + size + 8 > end:
-            why = f"a record size of {size} bytes"
-            break
-        if _RECORD_TAIL.unpack_from(mm, offset + 4 + size)[0] != size:
-            why = "a record whose trailer does not repeat its size"
-            break
-        if prev_idx is not None and (idx != prev_idx + 1 or term < prev_term):
-            why = f"record {idx} (term {term}) after record {prev_idx} (term {prev_term})"
-            break
-        records.append((mm[offset + _RECORD_HEAD.size:offset + 4 + size], idx, term))
-        prev_idx, prev_term = idx, term
-        offset += size + 8
-    self._FileJournal__currentOffset = offset
-    if offset != header_end:
-        log.warning("the Raft journal ends with a torn append (a power loss during its sync): kept %d records, "
-                    "dropped %d bytes from offset %d at %s; the leader sends what follows", len(records),
-                    header_end - offset, offset, why or "the end of the file")
-        self._FileJournal__setLastRecordOffset(offset)
-
-
-def _file_journal_init_checked(self: Any, journal_file: str) -> None:
-    """25: stock ``FileJournal.__init__`` with the records loaded by ``_load_whole_records``."""
-    self._FileJournal__journalFile = pso_journal.ResizableFile(journal_file,
-                                                               defaultContent=self._FileJournal__getDefaultHeader())
-    self._FileJournal__journal = []
-    self._FileJournal__metaStorer = pso_journal.MetaStorer(journal_file + ".meta")
-    self._FileJournal__meta = self._FileJournal__metaStorer.getMeta()
-    self._FileJournal__metaSaved = True
-    _load_whole_records(self)
-
-
-_original_set_current_term = pso_journal.FileJournal.setCurrentTerm
-
-
-def _set_current_term_or_stop(self: Any, term: int, voted_for: Any) -> None:
-    """17: a term and vote that cannot be stored stop the member (``JournalWriteError``), unless only a
-    descriptor or memory was missing for a moment: then stock behaviour, and the timer stores them again."""
-    try:
-        _original_set_current_term(self, term, voted_for)
-        # 24: the rename on disk before the vote (or the request for one) goes out.
-        fsync_path(Path(self._FileJournal__metaStorer.getPath()).parent)
-    except OSError as e:
-        if e.errno in RESOURCE_ERRNOS:
-            self._FileJournal__metaSaved = False  # stored again by onOneSecondTimer
-            raise
-        raise JournalWriteError(e.errno, f"storing the Raft term {term} and vote failed: {e.strerror or e}") \
-            from e
-
-
-ACCEPT_PAUSE_S = 0.1
-_original_on_new_connection = pso_tcp_server.TcpServer._TcpServer__onNewConnection
-
-
-def _on_new_connection_kept(self: Any, descr: Any, event: int) -> None:
-    """18: stock ``TcpServer.__onNewConnection``, except that a failed accept leaves the listener listening."""
-    if event & POLL_EVENT_TYPE.READ:
-        try:
-            sock, _addr = self._TcpServer__socket.accept()
-        except OSError as e:
-            if e.errno in RESOURCE_ERRNOS:
-                _pause_accepting(self, e)
-            elif e.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
-                log.warning("raft listener: an accept failed; still listening error=%s", e)
-        else:
-            pauses = getattr(self, "_dledger_accept_pauses", 0)
-            if pauses:
-                self._dledger_accept_pauses = 0
-                log.info("raft listener: accepting again after %d pause(s)", pauses)
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self._TcpServer__sendBufferSize)
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self._TcpServer__recvBufferSize)
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                sock.setblocking(False)
-                conn = pso_tcp_server.TcpConnection(
-                    poller=self._TcpServer__poller, socket=sock, timeout=self._TcpServer__connectionTimeout,
-                    sendBufferSize=self._TcpServer__sendBufferSize, recvBufferSize=self._TcpServer__recvBufferSize,
-                    keepalive=self._TcpServer__keepalive)
-            except OSError as e:  # the peer reset it already, or no descriptor for the connection's timer
-                sock.close()
-                log.warning("raft listener: an accepted connection failed to set up error=%s", e)
-            else:
-                self._TcpServer__onNewConnectionCallback(conn)
-    if event & POLL_EVENT_TYPE.ERROR:
-        self.unbind()
-
-
-def _pause_accepting(server: Any, error: OSError) -> None:
-    fileno = server._TcpServer__fileno
-    if fileno is None:
-        return
-    server._TcpServer__poller.unsubscribe(fileno)
-    server._dledger_accept_resume_at = monotonic_time() + ACCEPT_PAUSE_S
-    pauses = getattr(server, "_dledger_accept_pauses", 0)
-    server._dledger_accept_pauses = pauses + 1
-    if not pauses:
-        log.warning("raft listener: accept failed (%s); not accepting for %.0f ms at a time until it succeeds",
-                    error, ACCEPT_PAUSE_S * 1000)
-
-
-def resume_accepting(server: Any) -> None:
-    """Poll a listener paused by a failed accept again once its pause is over (18). Called after every tick."""
-    resume_at = getattr(server, "_dledger_accept_resume_at", None)
-    if resume_at is None or monotonic_time() < resume_at:
-        return
-    server._dledger_accept_resume_at = None
-    fileno = server._TcpServer__fileno
-    if fileno is not None and server._TcpServer__state == pso_tcp_server.SERVER_STATE.BINDED:
-        server._TcpServer__poller.subscribe(fileno, server._TcpServer__onNewConnection,
-                                            POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.ERROR)
-
-
-_original_bind = pso_tcp_server.TcpServer.bind
-
-
-def _bind_closing_on_failure(self: Any) -> None:
-    try:
-        _original_bind(self)
-    except Exception:
-        sock = getattr(self, "_TcpServer__socket", None)
-        if sock is not None:
-            sock.close()
-        raise
-
-
 _original_create_poller = pso_syncobj.createPoller
 
 
@@ -1194,35 +653,35 @@ def apply_patches() -> None:
     socket.inet_ntop = _socket.inet_ntop
     if _patched:
         return
-    pso_tcp.TcpConnection.send = _send
-    pso_transport.TCPTransport.send = _transport_send
-    pso_tcp.TcpConnection._TcpConnection__tryReadBuffer = _try_read_buffer
-    pso_tcp.TcpConnection._TcpConnection__processParseMessage = _parse_message
-    pso_tcp.TcpConnection._TcpConnection__processConnectionTimeout = _connection_timed_out
+    pso_tcp.TcpConnection.send = wire._send
+    pso_transport.TCPTransport.send = wire._transport_send
+    pso_tcp.TcpConnection._TcpConnection__tryReadBuffer = wire._try_read_buffer
+    pso_tcp.TcpConnection._TcpConnection__processParseMessage = wire._parse_message
+    pso_tcp.TcpConnection._TcpConnection__processConnectionTimeout = wire._connection_timed_out
     pso_syncobj.SyncObj._SyncObj__onMessageReceived = _on_message
     pso_syncobj.SyncObj._checkCommandsToApply = _check_commands_to_apply_as_leader
     pso_syncobj.SyncObj._onTick = _on_tick_pre_vote
     pso_syncobj.SyncObj._SyncObj__sendNextNodeIdx = _send_next_node_idx_flushed
     pso_syncobj.SyncObj._SyncObj__sendAppendEntries = _send_append_entries_flushed
     pso_syncobj.SyncObj._SyncObj__getEntries = _get_entries_capped
-    pso_tcp.TcpConnection._TcpConnection__processSend = _process_send
+    pso_tcp.TcpConnection._TcpConnection__processSend = wire._process_send
     pso_syncobj.SyncObj._SyncObj__applyLogEntries = _apply_log_entries_gated
     pso_syncobj.SyncObj._SyncObj__loadDumpFile = _load_dump_file_patched
-    pso_journal.MetaStorer.getMeta = _get_meta_closed
-    pso_journal.MetaStorer.storeMeta = _store_meta_synced
-    pso_journal.FileJournal.__init__ = _file_journal_init_checked
-    pso_journal.FileJournal.setCurrentTerm = _set_current_term_or_stop
-    pso_journal.FileJournal.add = _journal_add_in_place
-    pso_journal.FileJournal.deleteEntriesTo = _delete_entries_to_replacing
-    pso_journal.ResizableFile.write = _resizable_write_allocated
-    pso_tcp_server.TcpServer.bind = _bind_closing_on_failure
-    pso_tcp_server.TcpServer._TcpServer__onNewConnection = _on_new_connection_kept
+    pso_journal.MetaStorer.getMeta = journal._get_meta_closed
+    pso_journal.MetaStorer.storeMeta = journal._store_meta_synced
+    pso_journal.FileJournal.__init__ = journal._file_journal_init_checked
+    pso_journal.FileJournal.setCurrentTerm = journal._set_current_term_or_stop
+    pso_journal.FileJournal.add = journal._journal_add_in_place
+    pso_journal.FileJournal.deleteEntriesTo = journal._delete_entries_to_replacing
+    pso_journal.ResizableFile.write = journal._resizable_write_allocated
+    pso_tcp_server.TcpServer.bind = wire._bind_closing_on_failure
+    pso_tcp_server.TcpServer._TcpServer__onNewConnection = wire._on_new_connection_kept
     pso_syncobj.createPoller = _create_poller
-    pso_serializer.Serializer.getTransmissionData = _get_transmission_closed
-    pso_serializer.Serializer.cancelTransmisstion = _cancel_transmission_closed
-    pso_serializer.Serializer.checkSerializing = _check_serializing_closing
-    pso_serializer.Serializer.serialize = _serialize_handing_over
-    pso_serializer.Serializer.setTransmissionData = _set_transmission_data_synced
+    pso_serializer.Serializer.getTransmissionData = journal._get_transmission_closed
+    pso_serializer.Serializer.cancelTransmisstion = journal._cancel_transmission_closed
+    pso_serializer.Serializer.checkSerializing = journal._check_serializing_closing
+    pso_serializer.Serializer.serialize = journal._serialize_handing_over
+    pso_serializer.Serializer.setTransmissionData = journal._set_transmission_data_synced
     # Module global read by pysyncobj.pickle.dumps (not name-mangled: it is a module, not a class).
     setattr(pso_pickle, "__protocol", WIRE_PICKLE_PROTOCOL)
     _patched = True
@@ -1230,27 +689,27 @@ def apply_patches() -> None:
 
 
 ORIGINALS = {
-    "journal_add": _original_journal_add,
-    "delete_entries_to": _original_delete_entries_to,
-    "parse_message": _original_parse_message,
-    "process_connection_timeout": _original_process_connection_timeout,
-    "send": _original_send,
-    "transport_send": _original_transport_send,
-    "try_read_buffer": _original_try_read_buffer,
+    "journal_add": journal._original_journal_add,
+    "delete_entries_to": journal._original_delete_entries_to,
+    "parse_message": wire._original_parse_message,
+    "process_connection_timeout": wire._original_process_connection_timeout,
+    "send": wire._original_send,
+    "transport_send": wire._original_transport_send,
+    "try_read_buffer": wire._original_try_read_buffer,
     "on_message": _original_on_message,
     "check_commands_to_apply": _original_check_commands_to_apply,
     "on_tick": _original_on_tick,
     "send_next_node_idx": _original_send_next_node_idx,
     "send_append_entries": _original_send_append_entries,
     "get_entries": _original_get_entries,
-    "process_send": _original_process_send,
+    "process_send": wire._original_process_send,
     "apply_log_entries": _original_apply_log_entries,
     "load_dump_file": _original_load_dump_file,
-    "serialize": _original_serialize,
-    "set_transmission_data": _original_set_transmission,
-    "resizable_write": _original_resizable_write,
-    "set_current_term": _original_set_current_term,
-    "store_meta": _original_store_meta,
-    "file_journal_init": _original_file_journal_init,
-    "on_new_connection": _original_on_new_connection,
+    "serialize": journal._original_serialize,
+    "set_transmission_data": journal._original_set_transmission,
+    "resizable_write": journal._original_resizable_write,
+    "set_current_term": journal._original_set_current_term,
+    "store_meta": journal._original_store_meta,
+    "file_journal_init": journal._original_file_journal_init,
+    "on_new_connection": wire._original_on_new_connection,
 }

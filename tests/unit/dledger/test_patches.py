@@ -25,7 +25,7 @@ import pysyncobj.syncobj as pso_syncobj
 import pysyncobj.tcp_connection as pso_tcp
 import pytest
 
-from dledger import patches
+from dledger import patches, wire_patches
 from dledger.member import RaftMember  # noqa: F401  (importing it applies the patches)
 from dledger.poller import EpollPoller
 
@@ -128,13 +128,13 @@ def test_a_frame_is_only_accepted_on_the_connection_it_was_tagged_for(tmp_path):
                                  (frame_b, None, False), (patches.encode_frame(auth, message), key_a, False)):
         conn = _fake_connection(frame, encryptor=auth)
         conn.recvRandKey = key
-        assert (patches._parse_message(conn) == message) is accepted
+        assert (wire_patches._parse_message(conn) == message) is accepted
         assert conn.disconnected is not accepted
     target = tmp_path / "pwned-replay"
     evil = patches.encode_frame(auth, _CreatesFile(str(target)), key_a)
     conn = _fake_connection(evil, encryptor=auth)
     conn.recvRandKey = key_b
-    assert patches._parse_message(conn) is None and not target.exists()  # refused before unpickling
+    assert wire_patches._parse_message(conn) is None and not target.exists()  # refused before unpickling
 
 
 def test_pysyncobj_command_pickles_use_protocol_5():
@@ -358,14 +358,14 @@ def test_catch_up_frames_are_capped_and_the_write_buffer_is_cut_in_place():
             return n
 
     conn = SimpleNamespace(_TcpConnection__socket=_Socket(), _TcpConnection__writeBuffer=b"ab" * 1500)
-    assert patches._process_send(conn)
+    assert wire_patches._process_send(conn)
     buf = conn._TcpConnection__writeBuffer
     assert type(buf) is bytearray and buf == b"ab" * 1000  # the rest, copied once
-    while patches._process_send(conn):
+    while wire_patches._process_send(conn):
         pass
     assert b"".join(taken) == b"ab" * 1500 and conn._TcpConnection__writeBuffer is buf and not buf
     conn._TcpConnection__writeBuffer = b"whole"
-    assert patches._process_send(conn) and conn._TcpConnection__writeBuffer == b""
+    assert wire_patches._process_send(conn) and conn._TcpConnection__writeBuffer == b""
 
 
 def test_a_snapshot_load_calls_the_commit_callbacks_of_the_entries_it_covers(monkeypatch):
@@ -621,7 +621,7 @@ def test_a_full_disk_is_a_journal_write_error_and_keeps_nothing_of_the_entry(tmp
     def no_space(*_args) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(patches.os, "posix_fallocate", no_space)
+    monkeypatch.setattr(os, "posix_fallocate", no_space)
     with pytest.raises(patches.JournalWriteError) as info:
         journal.add(b"\x01" + b"y" * 300_000, 2, 1)
     assert info.value.errno == errno.ENOSPC and "No space left on device" in str(info.value)
@@ -1031,7 +1031,7 @@ def test_a_send_that_finds_its_connection_dead_does_not_go_out_on_the_reconnecti
         conn._TcpConnection__writeBuffer = b""
 
     conn.disconnect = disconnect_and_reconnect
-    patches._send(conn, {"type": "append_entries", "term": 3})
+    wire_patches._send(conn, {"type": "append_entries", "term": 3})
     assert conn._TcpConnection__state == pso_tcp.CONNECTION_STATE.CONNECTING  # it was dropped and reconnecting
     assert conn._TcpConnection__writeBuffer == b"" and sent == []  # and the new connection carries nothing yet
 
@@ -1047,9 +1047,9 @@ def test_raft_messages_wait_for_the_key_handshake_of_an_outgoing_connection():
     vote = {"type": "request_vote", "term": 4}
     assert patches.ORIGINALS["transport_send"](transport, node, vote) is True and got == [vote]  # the defect
     got.clear()
-    assert patches._transport_send(transport, node, vote) is False and got == []
+    assert wire_patches._transport_send(transport, node, vote) is False and got == []
     conn.sendRandKey = b"k" * 32  # the peer's key arrived: the handshake is done
-    assert patches._transport_send(transport, node, vote) is True and got == [vote]
+    assert wire_patches._transport_send(transport, node, vote) is True and got == [vote]
 
 
 def test_one_readable_event_reads_once_instead_of_until_the_socket_is_empty():
