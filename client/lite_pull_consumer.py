@@ -23,13 +23,13 @@ The rules:
   ``await subscribe(topic, expression)`` (a tag expression or ``MessageSelector.by_sql``; a SQL92 one is first
   checked with CHECK_CLIENT_CONFIG, and a refusal raises ``SubscriptionRefusedError`` with nothing changed) sends a
   heartbeat (consume type ``CONSUME_ACTIVELY``, RocketMQ's "PULL"; no retry topic, since a lite pull consumer sends
-  nothing back, as RocketMQ's) and rebalances before it returns, the new queues' starts found. A rebalance every
-  ``rebalance_interval_ms``, and at once on NOTIFY_CONSUMER_IDS_CHANGED, shares each topic's readable queues out by
-  ``allocate_strategy``: a queue taken away stops prefetching, drops its cache and has its *stored* offset (what
-  auto-commit or ``commit`` took) committed before the rebalance goes on, so the next member starts there (what
-  poll handed out since comes again: at least once); then its offset is forgotten, taken or not (as RocketMQ's): a
-  commit resent later would set back the progress of the member that has the queue now, and a queue given back
-  starts at the group's offset. Members that briefly disagree both pull a queue for a moment.
+  nothing back, as RocketMQ's) and rebalances before it returns, the new queues' starts found (and committed, see
+  below). A rebalance every ``rebalance_interval_ms``, and at once on NOTIFY_CONSUMER_IDS_CHANGED, shares each
+  topic's readable queues out by ``allocate_strategy``: a queue taken away stops prefetching, drops its cache and
+  has its *stored* offset (what auto-commit or ``commit`` took) committed before the rebalance goes on, so the next
+  member starts there (what poll handed out since comes again: at least once); then its offset is forgotten, taken
+  or not (as RocketMQ's): a commit resent later would set back the progress of the member that has the queue now,
+  and a queue given back starts at the group's offset. Members that briefly disagree both pull a queue for a moment.
   ``await unsubscribe(topic)`` takes the topic's queues away the same way; the consumer stays a member. Closing
   commits, then unregisters, so the others take its queues at once. ``assignment()``, ``pause``, ``seek``,
   ``commit`` and the rest work on the queues this member holds now. An offset reset (``raftmq admin reset-offset``,
@@ -43,9 +43,14 @@ The rules:
   leader changes through ``PullAPI`` (a pull falls back to the followers while the leader cannot be reached), and
   pausing ``pull_time_delay_ms_when_exception`` after a failed pull (refusals in a row: doubling, up to 3 s). A
   queue's first pull starts at the group's committed offset, or where ``consume_from_where`` says if the group has
-  none (as RocketMQ's
-  computePullFromWhere; ``await position(mq)`` waits until that start is found). With auto-commit, a start found so
-  is committed at once. Every message is pulled (``*``), unless ``set_sub_expression_for_assign`` gives a topic a
+  none (as RocketMQ's computePullFromWhere; ``await position(mq)`` waits until that start is found). A start found
+  so is committed at once: in subscribe mode before the queue's first pull (and before ``subscribe`` returns), with
+  or without auto-commit, as the push consumer's, so a member gone before its first commit, or a queue moved to
+  another member, skips nothing stored in between; in assign mode with auto-commit only, in the background. In subscribe
+  mode from the last offset, a queue not among its topic's read queues when the topic was subscribed (a topic no
+  name server knew then, or queues added to it since) starts at its min offset, as the push consumer's: all it
+  holds was sent after the subscription, and from its max offset what was sent before a rebalance found the queue
+  was never consumed. Every message is pulled (``*``), unless ``set_sub_expression_for_assign`` gives a topic a
   tag expression or a ``MessageSelector.by_sql`` (RocketMQ 5's setSubExpressionForAssign). A new expression for a
   topic (``set_sub_expression_for_assign`` or ``subscribe`` again) applies at once: the pulls of its queues in
   flight are cancelled and sent again with it, as the push consumer's (held on the broker with the old expression,
@@ -60,7 +65,8 @@ The rules:
   ``pull_threshold_size_for_queue_mib`` MiB of bodies not yet polled, or while the whole consumer caches
   ``pull_threshold_for_all`` messages or ``pull_threshold_size_for_all_mib`` MiB (the application picks the queues,
   and a thousand of them under the per-queue bounds alone could cache 100 GiB); one pull may go past a bound by
-  its size. A paused queue is not pulled either. A body stored compressed is inflated up to
+  its size. A paused queue is not pulled either. Whatever drops cached messages (``unsubscribe``, a rebalance, a
+  seek, ``assign``, an offset reset) wakes the queues waiting for space. A body stored compressed is inflated up to
   ``max_inflated_body_size_bytes`` (4 MiB): one that would inflate further is logged and handed out as stored.
 - **poll** hands out at most ``max_messages`` (``poll_max_messages``, 32) messages of the assigned queues that are
   not paused, each queue's in offset order, taking the queues that have messages in turn (a queue that still has
@@ -249,6 +255,8 @@ class LitePullConsumer(LitePullSubscribe):
         self._stray_queues: set[MessageQueue] = set()  # named by the strategy, not in the route (warned once each)
         self._rebalances = 0
         self._resets_pending: dict[MessageQueue, int] = {}  # subscribe mode: offset resets told, not yet applied
+        # Subscribe mode: each topic's read queues when it was subscribed (empty: no name server knew it then).
+        self._first_queues: dict[str, frozenset[MessageQueue]] = {}
         # Told of every pull and of what poll hands out (client/consume_hook.py); None until something
         # subscribes (consume_hook()).
         self._hook: ConsumeHook | None = None
@@ -305,7 +313,6 @@ class LitePullConsumer(LitePullSubscribe):
         if removed:
             # Their last stored positions go now: whoever consumes them next starts there.
             self._commit_now.set()
-        self._space_freed()
 
     def assignment(self) -> frozenset[MessageQueue]:
         self._check_open("assignment")
@@ -375,7 +382,6 @@ class LitePullConsumer(LitePullSubscribe):
         self._drop(self._queues[mq])
         self._start(mq, offset)
         log.info("seek group=%s mq=%s offset=%d", self.config.consumer_group, mq, offset)
-        self._space_freed()
 
     async def position(self, mq: MessageQueue) -> int:
         """The offset of the next message ``poll`` hands out of ``mq``; waits until its start is found."""
@@ -515,6 +521,9 @@ class LitePullConsumer(LitePullSubscribe):
         self._cached_bytes -= aq.msg_bytes
         aq.msgs.clear()
         aq.msg_bytes = 0
+        # Here, not in the callers: the other queues may wait for the consumer-wide bounds, which these messages
+        # filled; unsubscribe once dropped a full cache without it, and they never pulled again.
+        self._space_freed()
 
     def _restart_pulls(self, topic: str, old: Subscription | None, new: Subscription) -> None:
         """``topic``'s expression went from ``old`` (None: none set, its pulls take ``*``) to ``new`` (``_subs``
@@ -558,12 +567,17 @@ class LitePullConsumer(LitePullSubscribe):
         if offset is not None:
             return offset
         where = self.config.consume_from_where
-        if where == "CONSUME_FROM_FIRST_OFFSET":
-            return await self._api.min_offset(mq)
-        if where == "CONSUME_FROM_TIMESTAMP":
+        if where == "CONSUME_FROM_FIRST_OFFSET" or (where == "CONSUME_FROM_LAST_OFFSET"
+                                                    and self._created_since_subscribed(mq)):
+            offset = await self._api.min_offset(mq)
+        elif where == "CONSUME_FROM_TIMESTAMP":
             ts = self.config.consume_timestamp_ms or int(time.time() * 1000) - 30 * 60 * 1000
-            return await self._api.search_offset(mq, ts)
-        return await self._api.max_offset(mq)
+            offset = await self._api.search_offset(mq, ts)
+        else:
+            offset = await self._api.max_offset(mq)
+        if self._mode == SUBSCRIBE:
+            await self._commit_start(mq, offset)
+        return offset
 
     async def _prefetch(self, aq: _AssignedQueue) -> None:
         cfg = self.config
@@ -577,9 +591,10 @@ class LitePullConsumer(LitePullSubscribe):
                     log.info("cannot find start offset mq=%s error=%s", mq, e)
                     await trio.sleep(delay)
             if self.config.auto_commit and self._offsets.read_cached(mq) is None:
-                # A start found from consume_from_where is committed at once, as the push consumer's: else, until
-                # the first auto-commit, each start is found again, and from the last offset that is the queue's end
-                # *then*, past the messages sent in between.
+                # Assign mode (subscribe mode committed it in _start_offset already): a start found from
+                # consume_from_where is committed at once, as the push consumer's: else, until the first auto-commit,
+                # each start is found again, and from the last offset that is the queue's end *then*, past the
+                # messages sent in between.
                 self._offsets.update(mq, aq.pull_offset)
                 self._commit_now.set()
             aq.started.set()

@@ -56,26 +56,29 @@ class LitePullSubscribe:
     _mode: str | None
     _lock: trio.Lock
     _rebalance_now: trio.Event
+    _commit_now: trio.Event
     _allocate: AllocateStrategy
     _stray_queues: set[MessageQueue]
     _rebalances: int
     _nursery: trio.Nursery
     # Offset resets the brokers told and not yet applied to (or committed over) the queue they name.
     _resets_pending: dict[MessageQueue, int]
-    # and LitePullConsumer's _check_open, _start, _drop, _space_freed, _start_offset, _forget_unassigned and
-    # _restart_pulls are called
+    # Each subscribed topic's read queues when it was subscribed (``_created_since_subscribed``).
+    _first_queues: dict[str, frozenset[MessageQueue]]
+    # and LitePullConsumer's _check_open, _start, _drop, _start_offset, _forget_unassigned and _restart_pulls are
+    # called
     client_id: str
 
     # -- subscribe mode -------------------------------------------------------------------------------------------
     async def subscribe(self, topic: str, expression: str | MessageSelector = "*") -> None:
         """Join the group as a member consuming ``topic`` with ``expression`` (a tag expression or
         ``MessageSelector.by_sql(...)``; RocketMQ's DefaultLitePullConsumer.subscribe): a heartbeat tells the
-        brokers, and a rebalance takes this member's share of the topic's queues, their starts found, before this
-        returns. A topic already subscribed takes ``expression`` at once: its pulls in flight (long polls held on the
-        broker with the old one) are cancelled and sent again with it; what is cached already stays. A SQL92
-        expression is first checked with a node of each broker group serving the topic: ``SubscriptionRefusedError``
-        (nothing changed) if one refuses it. ``RuntimeError`` in assign mode; ``ValueError`` for a bad topic or
-        expression."""
+        brokers, and a rebalance takes this member's share of the topic's queues, their starts found (and committed,
+        if from ``consume_from_where``), before this returns. A topic already subscribed takes ``expression`` at
+        once: its pulls in flight (long polls held on the broker with the old one) are cancelled and sent again with
+        it; what is cached already stays. A SQL92 expression is first checked with a node of each broker group
+        serving the topic: ``SubscriptionRefusedError`` (nothing changed) if one refuses it. ``RuntimeError`` in
+        assign mode; ``ValueError`` for a bad topic or expression."""
         self._check_open("subscribe")
         self._check_mode(SUBSCRIBE, f"subscribe({topic!r})")
         # RocketMQ's subVersion, the time: the brokers keep the group's newest subscription of each topic.
@@ -92,10 +95,15 @@ class LitePullSubscribe:
             else:
                 self._unchecked[topic] = sub  # no route yet: the next poll asks
             try:
-                # Its route names the broker nodes the heartbeat must reach.
-                await self._instance.routes.get(topic)
+                # Its route names the broker nodes the heartbeat must reach, and the queues that were there before
+                # the subscription (kept from the first subscribe of the topic).
+                route = await self._instance.routes.get(topic)
             except RaftMQError as e:
                 log.warning("no route for subscribed topic yet topic=%s error=%s", topic, e)
+                if getattr(e, "topic_unknown", False):
+                    self._first_queues.setdefault(topic, frozenset())
+            else:
+                self._first_queues.setdefault(topic, frozenset(route.read_queues()))
         log.info("subscribed group=%s topic=%s type=%s expression=%s was=%s", self.config.consumer_group, topic,
                  sub.expression_type, sub.expression, old.expression if old is not None else None)
         await self._instance.send_heartbeat_to_all()
@@ -116,6 +124,7 @@ class LitePullSubscribe:
                 raise ValueError(f"topic {topic!r} is not subscribed (subscribed: {subscribed})")
             del self._subs[topic]
             self._unchecked.pop(topic, None)
+            self._first_queues.pop(topic, None)
             await self._take_away(sorted(mq for mq in self._queues if mq.topic == topic))
         log.info("unsubscribed group=%s topic=%s", self.config.consumer_group, topic)
         await self._instance.send_heartbeat_to_all()
@@ -148,7 +157,8 @@ class LitePullSubscribe:
     async def rebalance(self) -> None:
         """Subscribe mode: share each subscribed topic's readable queues out among the group's members by
         ``allocate_strategy``, drop the queues gone to others (their stored offsets committed first) and start the
-        new ones (each from the group's committed offset, else ``consume_from_where``). Assign mode: nothing."""
+        new ones (each from the group's committed offset, else ``consume_from_where``, that start committed at
+        once: ``_start_offset``). Assign mode: nothing."""
         async with self._lock:
             if self._mode != SUBSCRIBE:
                 return
@@ -162,6 +172,9 @@ class LitePullSubscribe:
                     log.info("rebalance skipped topic=%s error=%s", topic, e)
                     continue
                 mqs = route.read_queues()
+                # Its route could not be read when subscribed (a name server down, not "unknown"): these queues,
+                # the first known, were there before the subscription as far as anyone can tell.
+                self._first_queues.setdefault(topic, frozenset(mqs))
                 cids = await member_ids(self._instance, group, topic, self.client_id)
                 if not cids:
                     log.info("no group members known yet group=%s topic=%s", group, topic)
@@ -183,7 +196,6 @@ class LitePullSubscribe:
                 for mq in diff.added:
                     if not self._closed and mq not in self._queues:
                         self._start(mq, starts.get(mq))
-                self._space_freed()
 
     async def _take_away(self, queues: Sequence[MessageQueue]) -> None:
         """Stop consuming ``queues``, commit their stored offsets, so whoever takes them next starts there, and
@@ -240,7 +252,6 @@ class LitePullSubscribe:
                 self._offsets.update(mq, offset)
                 log.info("offset reset group=%s mq=%s offset=%d", self.config.consumer_group, mq, offset)
                 await self._offsets.persist(mq)
-            self._space_freed()
 
     async def _commit_leaving(self, queues: Sequence[MessageQueue] | None = None) -> int:
         """Commit the stored offsets not committed yet (of ``queues``, given up; None: every one, on close); returns
@@ -257,11 +268,30 @@ class LitePullSubscribe:
                 return failed
 
     async def _start_offsets(self, queues: Sequence[MessageQueue]) -> dict[MessageQueue, int]:
-        """Where each new queue starts, found before the rebalance returns (so ``subscribe`` from the last offset
-        misses nothing sent after it returned); one not found now is left to its prefetch task, which retries."""
+        """Where each new queue starts, found and committed before the rebalance returns, so ``subscribe`` from the
+        last offset misses nothing sent after it returned, even should the member go before its first commit, and a
+        queue that appeared after it (``_created_since_subscribed``) nothing at all. One not found now is left to
+        its prefetch task, which retries."""
         if not queues or self._closed:
             return {}
         return await find_start_offsets(queues, self._start_offset, log)
+
+    def _created_since_subscribed(self, mq: MessageQueue) -> bool:
+        """Whether ``mq`` is not among its topic's read queues when the topic was subscribed (none if no name
+        server knew the topic): a new topic, or queues added to it. All it holds was sent after the subscription,
+        so from the last offset it starts at its min offset, as the push consumer's: from its max offset, whatever
+        was sent to it before a rebalance found it was never consumed. Assign mode: never."""
+        return mq not in self._first_queues.get(mq.topic, (mq,))
+
+    async def _commit_start(self, mq: MessageQueue, offset: int) -> None:
+        """Commit ``offset``, where ``mq`` starts from ``consume_from_where`` (the group has no offset for it),
+        before its first pull, as the push consumer's ``_compute_pull_from``: until the group has an offset, each
+        start is found again, and from the last offset that is the queue's end at that moment. A member gone before
+        its first commit (or, committing by hand, with none), or a queue moved to another member before it, skipped
+        every message stored in between. A commit not taken is sent again by ``serve_commits``."""
+        self._offsets.update(mq, offset)
+        if not await self._offsets.persist(mq):
+            self._commit_now.set()
 
     def _heartbeat_data(self) -> dict[str, Any]:
         if self._mode != SUBSCRIBE:
