@@ -5,17 +5,25 @@ Clustering consumers keep offsets on the broker group (replicated through Raft, 
 ones with UPDATE_CONSUMER_OFFSET. Broadcasting consumers keep them locally in a JSON file
 (``LocalFileOffsetStore``), written atomically (tmp + rename). Both only ever hold offsets of messages that
 were fully processed, so a crash replays (duplicates), never skips.
+
+A local file is one member's alone: each write replaces it whole with the writer's offsets, so a second writer
+(another process with the same group, instance_name and directory) left a file whose offsets the first member, on
+its next start, took as its own and skipped what it never handled. ``lock()`` holds the file for one store until
+``close()`` through an ``flock`` on ``<file>.lock`` beside it (``remoting.dirlock``), not on the file itself: a
+write renames a new file into its place, and a lock on the old one would not be seen by the next opener.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 
-from client.message import MessageQueue
+from client.message import I64_MAX, MessageQueue, check_int_arg, check_queue
+from remoting.dirlock import DirectoryInUseError, DirectoryLock
 
 __all__ = ["OffsetStore", "RemoteOffsetStore", "LocalFileOffsetStore"]
 
@@ -99,23 +107,16 @@ class RemoteOffsetStore(OffsetStore):
 
 
 class LocalFileOffsetStore(OffsetStore):
-    """Offsets in one JSON file, for broadcasting consumers (each member tracks every queue itself)."""
+    """Offsets in one JSON file, for broadcasting consumers (each member tracks every queue itself); between
+    ``lock()`` and ``close()`` no other store may hold it (the module docstring)."""
 
     def __init__(self, path: str | Path) -> None:
         """Loads the file if it exists and creates its directory: a file or directory that cannot be used fails
         here, when the consumer opens, rather than in the first background persist."""
         super().__init__()
         self.path = Path(path)
-        if self.path.exists():
-            try:
-                data = json.loads(self.path.read_text(encoding="utf-8"))
-                for entry in data["offsets"]:
-                    mq = MessageQueue(entry["topic"], entry["broker_name"], int(entry["queue_id"]))
-                    self._offsets[mq] = int(entry["offset"])
-            except (ValueError, KeyError, TypeError) as e:
-                raise ValueError(f"offset file {str(self.path)!r} is malformed: {e}") from None
-            except OSError as e:
-                raise ValueError(f"offset file {str(self.path)!r} cannot be read: {e}") from None
+        self._lock: DirectoryLock | None = None
+        self._load()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -123,6 +124,64 @@ class LocalFileOffsetStore(OffsetStore):
                 from None
         if not os.access(self.path.parent, os.W_OK | os.X_OK):
             raise ValueError(f"directory {str(self.path.parent)!r} for the offset file is not writable")
+
+    def _load(self) -> None:
+        """Every entry checked as the consumer would use it: an offset of -5 was taken, and the first pull of its
+        queue then raised inside the consumer's task and took the consumer down with an error naming no file."""
+        self._offsets.clear()
+        self._dirty.clear()
+        if not self.path.exists():
+            return
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+            if not isinstance(data, dict) or not isinstance(data.get("offsets"), list):
+                raise ValueError("it must be an object whose \"offsets\" is a list")
+            for entry in data["offsets"]:
+                if not isinstance(entry, dict):
+                    raise ValueError(f"entry {entry!r} must be an object")
+                mq = check_queue("entry", MessageQueue(entry["topic"], entry["broker_name"], entry["queue_id"]))
+                try:
+                    check_int_arg("offset", entry["offset"], 0, I64_MAX)
+                except ValueError as e:
+                    raise ValueError(f"entry {mq!r}: {e}") from None
+                self._offsets[mq] = entry["offset"]
+        except KeyError as e:
+            raise ValueError(f"offset file {str(self.path)!r} is malformed: an entry has no {e}") from None
+        except ValueError as e:  # json.JSONDecodeError is one
+            raise ValueError(f"offset file {str(self.path)!r} is malformed: {e}") from None
+        except OSError as e:
+            raise ValueError(f"offset file {str(self.path)!r} cannot be read: {e}") from None
+
+    def lock(self) -> None:
+        """Holds the file for this store alone until ``close()``, and loads it again under the lock (a holder that
+        closed meanwhile wrote its last offsets after this store first read them; so it is called before any
+        ``update``). ``DirectoryInUseError`` naming the file if another store holds it, in this process or another;
+        a holder killed has released it."""
+        if self._lock is not None:
+            return
+        lock_name = self.path.name + ".lock"
+        try:
+            self._lock = DirectoryLock(self.path.parent, "offset_store_dir", lock_name)
+        except DirectoryInUseError:
+            holder = ""
+            with contextlib.suppress(OSError):  # the holder's pid, which DirectoryLock writes in it
+                holder = (self.path.parent / lock_name).read_text(encoding="ascii", errors="replace").strip()
+            raise DirectoryInUseError(f"offset file {str(self.path)!r} is held by another consumer (process "
+                                      f"{holder or 'unknown'}, lock file {lock_name!r})") from None
+        except OSError as e:
+            raise ValueError(f"lock file {lock_name!r} of offset file {str(self.path)!r} cannot be opened: {e}") \
+                from None
+        try:
+            self._load()
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Lets the file go (idempotent); the consumer has persisted its offsets before."""
+        if self._lock is not None:
+            lock, self._lock = self._lock, None
+            lock.release()
 
     async def read_from_store(self, mq: MessageQueue) -> int | None:
         return self._offsets.get(mq)

@@ -25,6 +25,7 @@ from client.offset_store import LocalFileOffsetStore
 from client.rebalance import DEFAULT_ALLOCATE_STRATEGY, AllocateStrategy, allocate_strategy_problem
 from client.trace import TRACE_TOPIC
 from remoting.config import ConfigError, blank_dir_problem, bounded
+from remoting.dirlock import DirectoryInUseError
 from remoting.message import group_problem, topic_problem
 
 __all__ = ["PushConsumerConfig", "ConsumerStatistics", "CONSUME_FROM", "Handler", "local_offset_store",
@@ -169,25 +170,39 @@ def local_offset_store(config: PushConsumerConfig) -> LocalFileOffsetStore:
 
 
 # The offset files of this process's open BROADCASTING consumers: two members of a group with one instance_name
-# (the default "DEFAULT" for both) wrote one file, each overwriting the other's offsets.
+# (the default "DEFAULT" for both) wrote one file, each overwriting the other's offsets. The store's lock refuses
+# them too; this set names the cause more plainly.
 _claimed_offset_files: set[Path] = set()
 
 
 @contextlib.contextmanager
 def claim_offset_file(store: LocalFileOffsetStore | None, config: PushConsumerConfig) -> Iterator[None]:
+    """Holds a BROADCASTING member's offset file for it while the block runs (``LocalFileOffsetStore.lock``, an OS
+    lock a member in another process is refused by too, and that a killed member's exit releases), and lets it go
+    when the block ends however it ends; ``ConfigError`` naming the file if another member holds it."""
     if store is None:
         yield
         return
     path = store.path.resolve()
+    advice = f"give each member its own instance_name (now {config.instance_name!r}) or offset_store_dir"
     if path in _claimed_offset_files:
         raise ConfigError(f"another BROADCASTING consumer of group {config.consumer_group!r} in this process keeps its "
-                          f"offsets in {str(path)!r}: give each member its own instance_name (now "
-                          f"{config.instance_name!r})")
+                          f"offsets in {str(path)!r}: {advice}")
+    try:
+        store.lock()
+    except DirectoryInUseError as e:
+        # Members in separate processes of one host, which the set above cannot see. Not kept apart by naming the
+        # file after the pid: a member's file must outlive its restarts, so it is named after instance_name.
+        raise ConfigError(f"{e}: each BROADCASTING member of group {config.consumer_group!r} on a host needs a file "
+                          f"of its own, {advice}") from None
+    except ValueError as e:
+        raise ConfigError(f"offset_store_dir {config.offset_store_dir!r} cannot keep the offsets: {e}") from None
     _claimed_offset_files.add(path)
     try:
         yield
     finally:
         _claimed_offset_files.discard(path)
+        store.close()
 
 
 def check_orderly(config: PushConsumerConfig, handler: Handler | None) -> None:

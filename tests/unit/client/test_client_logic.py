@@ -343,7 +343,9 @@ async def test_a_broadcasting_members_offset_file_outlives_a_new_address_and_an_
         async with open_push_consumer(NAMESRV, instance_name=name, client_ip=ip, **opts) as c:
             assert c._offsets.path == tmp_path / f"bc@{name}.json"
             assert await c._offsets.read_from_store(MessageQueue("T", "broker-a", 0)) == offset
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["bc@m1.json", "bc@m2.json"]
+    # Each offset file has its lock beside it (held while its consumer is open; client/offset_store.py).
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bc@m1.json", "bc@m1.json.lock", "bc@m2.json",
+                                                         "bc@m2.json.lock"]
 
 async def test_batch_and_pull_consumer_roundtrip(cluster):
     async with open_producer(NAMESRV) as p:

@@ -260,7 +260,7 @@ async def test_broadcasting_keeps_an_unsubscribed_topics_offsets_in_its_file(fak
         await _send("U", ["u1", "u2"])
         await wait_until(lambda: len(got.messages) == 2)
         await consumer.unsubscribe("U")
-        [path] = tmp_path.iterdir()
+        [path] = tmp_path.glob("*.json")  # beside it: its lock file
         offsets = {(e["topic"], e["queue_id"]): e["offset"] for e in json.loads(path.read_text())["offsets"]}
         assert offsets[("U", 0)] == 1 and offsets[("U", 1)] == 1
         await _send("U", ["u3", "u4"])
