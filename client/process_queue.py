@@ -19,6 +19,10 @@ The rules:
   line and the count bound already holds the span (1000 + one pull, under the default 2000).
 - **The conditions are checked when a pull is about to go**, and again each time a message leaves while a pull
   waits: whatever moved the span (messages put, a filtered-out range passed, messages consumed) is seen.
+- **Dropped** (``drop``: taken away, reset, closed), a queue stops its pull and wakes a pull waiting for space, but
+  keeps its cache: an orderly handler finishing its message after the drop finds the offset past it there (its
+  release commits that). The iterator form's queue (``_IteratedQueue`` in ``client/push_consumer.py``) lets go of
+  its cache at once instead: nothing reads it after the drop, and it was a whole threshold's worth per drop.
 """
 
 from __future__ import annotations

@@ -20,9 +20,13 @@ How it works (RocketMQ's DefaultMQPushConsumer, as trio tasks):
 - **Suspend** (``suspend()`` / ``resume()``, RocketMQ's): no queue is pulled in between (pulls in flight are
   cancelled: they took nothing), but cached messages are still delivered, rebalances, heartbeats and offset commits
   go on; ``statistics().suspended`` says so.
-- **Delivery**: in iterator form all queues feed one channel, so messages of one queue come out in queue order;
-  a message counts as consumed when the loop asks for the next one, or when the ``async with`` block ends
-  normally (after a ``break``); one the block was left by an exception on is delivered again. In handler form
+- **Delivery**: in iterator form the loop takes each queue's messages from its ``ProcessQueue`` in queue order, the
+  queues with messages taking turns a message each, so a queue with a deep backlog holds back no other. What waits
+  for the loop is the queues' caches, which flow control bounds and ``statistics().cached`` counts; a queue taken
+  away, reset or closed lets go of the messages it had not handed out at once (it left a whole cache behind each
+  time, in a channel of pulled batches, until the loop reached it). A message counts as consumed when the loop asks
+  for the next one, or when the ``async with`` block ends normally (after a ``break``); one the block was left by an
+  exception on is delivered again. In handler form
   (``client/consume_service.py``, RocketMQ's ConsumeMessageConcurrentlyService) messages of every queue go to one
   pool of at most ``max_concurrent_handlers`` (20) handler calls at once, RocketMQ's consumeThreadMax: a queue's
   calls start in offset order but run side by side and finish in any order, so nothing is guaranteed about the
@@ -182,10 +186,11 @@ class PushConsumer(PushRebalance):
         else:
             self._offsets = RemoteOffsetStore(self._api.fetch_consume_offset, self._api.commit_consume_offset)
         self._pqs: dict[MessageQueue, ProcessQueue] = {}
-        # Pull tasks hand over whole pulled batches: one channel operation per pull, not per message.
-        self._send, self._recv = trio.open_memory_channel[tuple[ProcessQueue, Sequence[MessageExt]]](math.inf)
-        self._batch: collections.deque[MessageExt] = collections.deque()
-        self._batch_pq: ProcessQueue | None = None
+        # Iterator form: the queues with messages the loop has not taken yet, each once, in turn (_IteratedQueue);
+        # _arrived wakes the loop waiting for one, _round_closed (close) ends it.
+        self._round: collections.deque[_IteratedQueue] = collections.deque()
+        self._arrived = trio.Event()
+        self._round_closed = False
         # The last message the iterator returned and its queue, acknowledged on the next __anext__.
         self._pending_pq: ProcessQueue | None = None
         self._pending_msg: MessageExt | None = None
@@ -305,29 +310,32 @@ class PushConsumer(PushRebalance):
                 self._hook.handed_out(pq.mq, 1)
                 if self._pending_hold is not None:
                     self._end_hold(pq)
-        batch = self._batch
-        while True:
-            while not batch:
-                self._iter_waiting = True
-                try:
-                    self._batch_pq, msgs = await self._recv.receive()
-                except (trio.EndOfChannel, trio.ClosedResourceError):
-                    raise StopAsyncIteration from None
-                finally:
-                    self._iter_waiting = False
-                batch.extend(msgs)
-            pq = self._batch_pq
-            assert pq is not None
-            msg = batch.popleft()
-            if not pq.dropped:
-                self._pending_pq = pq
-                self._pending_msg = msg
-                self._delivered += 1
-                hook = self._hook
-                if hook is not None and hook.holds_heard:
-                    self._pending_hold = hook.hold_started(pq.mq, (msg,))
-                return msg
-            batch.clear()
+        round_ = self._round
+        while not round_ or self._round_closed:
+            if self._round_closed:
+                raise StopAsyncIteration  # also past a queue a rebalance racing close added: nothing after close
+            self._iter_waiting = True
+            try:
+                self._arrived = arrived = trio.Event()
+                await arrived.wait()
+            finally:
+                self._iter_waiting = False
+        # A queue in the round is not dropped and has a message to hand out (_IteratedQueue); its next one comes after
+        # every other queue's next one.
+        pq = round_.popleft()
+        msgs = pq.undelivered
+        msg = msgs.popleft()
+        if msgs:
+            round_.append(pq)
+        else:
+            pq.in_round = False
+        self._pending_pq = pq
+        self._pending_msg = msg
+        self._delivered += 1
+        hook = self._hook
+        if hook is not None and hook.holds_heard:
+            self._pending_hold = hook.hold_started(pq.mq, (msg,))
+        return msg
 
     def _take_iteration(self, task: trio.lowlevel.Task) -> None:
         """Let ``task`` iterate, unless another task still does: one waiting in ``__anext__`` or holding the message
@@ -409,7 +417,8 @@ class PushConsumer(PushRebalance):
             await self._commit_leaving(sorted(set(self._pqs) | set(self._offsets.dirty())), dirty_only=True)
             await self._instance.unregister(None, self.config.consumer_group)
         self._pqs.clear()
-        self._send.close()
+        self._round_closed = True
+        self._arrived.set()
 
     async def _serve_persist(self) -> None:
         while True:
@@ -422,8 +431,14 @@ class PushConsumer(PushRebalance):
         cfg = self.config
         # The span bound is the concurrent handler form's alone: the iterator and orderly consumption take a queue's
         # messages in order, so their span is held by the count bound already (client/process_queue.py).
-        pq = ProcessQueue(mq, cfg.pull_threshold_for_queue, cfg.pull_threshold_size_for_queue_mib << 20,
-                          cfg.consume_concurrently_max_span if self._concurrent is not None else None)
+        threshold_bytes = cfg.pull_threshold_size_for_queue_mib << 20
+        pq: ProcessQueue
+        if self._concurrent is not None:
+            pq = ProcessQueue(mq, cfg.pull_threshold_for_queue, threshold_bytes, cfg.consume_concurrently_max_span)
+        elif self._orderly is not None:
+            pq = ProcessQueue(mq, cfg.pull_threshold_for_queue, threshold_bytes)
+        else:
+            pq = _IteratedQueue(mq, self._round, cfg.pull_threshold_for_queue, threshold_bytes)
         self._pqs[mq] = pq
         if self._orderly is not None:
             self._nursery.start_soon(self._orderly.run_queue, pq, start_offset, after)
@@ -434,11 +449,13 @@ class PushConsumer(PushRebalance):
         # One cancel scope per queue stops its pull (and its handler calls) the moment the queue is taken away.
         with pq.cancel_scope:
             if self._concurrent is None:
-                await self._pull_loop(pq, self._send, start_offset)
+                await self._pull_loop(pq, None, start_offset)
             else:
                 await self._concurrent.run_queue(pq, start_offset)
 
-    async def _pull_loop(self, pq: ProcessQueue, send: trio.MemorySendChannel, offset: int | None) -> None:
+    async def _pull_loop(self, pq: ProcessQueue, send: trio.MemorySendChannel | None, offset: int | None) -> None:
+        """Pull ``pq``'s queue into it until it is dropped. Each pulled batch also goes to ``send``, the handler
+        form's; without (the iterator form, ``pq`` an ``_IteratedQueue``) into the consumer's round."""
         cfg = self.config
         delay = cfg.pull_time_delay_ms_when_exception / 1000
         sub = self._subs.get(pq.mq.topic)
@@ -466,12 +483,20 @@ class PushConsumer(PushRebalance):
                 await trio.sleep(failed.record(log, pq.mq, offset, e))
                 continue
             failed.clear()
+            if pq.dropped:
+                # Dropped while the answer was on its way (the task ran on before its cancelled scope stopped it): the
+                # answer is for a queue gone, whose messages were let go of and whose offset is no longer this one's.
+                return
             if result.status is PullStatus.FOUND:
                 msgs = result.messages
                 if pq.mq.topic == self._retry_topic:
                     msgs = _restore_retry_topic(msgs)
                 pq.put(msgs)
-                send.send_nowait((pq, msgs))
+                if send is not None:
+                    send.send_nowait((pq, msgs))
+                else:
+                    assert isinstance(pq, _IteratedQueue)
+                    self._hand_out(pq, msgs)
             elif result.status is PullStatus.OFFSET_ILLEGAL:
                 log.warning("pull offset moved mq=%s offset=%d next=%d", pq.mq, offset,
                             result.next_begin_offset)
@@ -496,6 +521,14 @@ class PushConsumer(PushRebalance):
             offset = max(offset, result.next_begin_offset)
             if pause_s:
                 await trio.sleep(pause_s)
+
+    def _hand_out(self, pq: _IteratedQueue, msgs: Sequence[MessageExt]) -> None:
+        """Iterator form: ``msgs``, just cached in ``pq``, wait for the loop; ``pq`` joins the round if it was out."""
+        pq.undelivered.extend(msgs)
+        if not pq.in_round:
+            pq.in_round = True
+            self._round.append(pq)
+            self._arrived.set()
 
     async def _pull_unless_suspended(self, pq: ProcessQueue, offset: int, sub: Subscription) -> PullResult | None:
         """One pull of ``pq``'s queue from ``offset``, sent once the consumer is not suspended; None if ``suspend()``
@@ -586,6 +619,32 @@ class PushConsumer(PushRebalance):
                         msg.queue_offset, msg.msg_id, e)
             return False
         return True
+
+
+class _IteratedQueue(ProcessQueue):
+    """A queue of the iterator form: its cache (``msgs``, what flow control counts, the message the loop holds
+    included until acknowledged) and, of it, the messages the loop has not taken yet (``undelivered``, in offset
+    order), with which the queue waits for its turn in the consumer's round (``in_round``). Dropped (taken away, reset,
+    closed), it lets go of all of them at once and leaves the round: nothing of a queue gone waits in memory for the
+    loop to reach it, and a queue dropped and added again caches one threshold's worth, not one more each time."""
+
+    def __init__(self, mq: MessageQueue, round_: collections.deque[_IteratedQueue], threshold: int,
+                 threshold_bytes: int) -> None:
+        super().__init__(mq, threshold, threshold_bytes)
+        self.undelivered: collections.deque[MessageExt] = collections.deque()
+        self.in_round = False
+        self._round = round_
+
+    def drop(self) -> None:
+        super().drop()
+        # The message the loop holds, if it is this queue's, is acknowledged for nothing now (PushConsumer._consumed:
+        # no offset moves), so whoever pulls the queue next gets it again: nothing here needs the cache any more.
+        self.undelivered.clear()
+        self.msgs.clear()
+        self.msg_bytes = 0
+        if self.in_round:
+            self.in_round = False
+            self._round.remove(self)
 
 
 def _restore_retry_topic(msgs: Sequence[MessageExt]) -> tuple[MessageExt, ...]:
