@@ -2,6 +2,8 @@
 
 Each module in ``COMMAND_MODULES`` exposes ``register(subparsers)``, which adds its parser and sets
 ``func=run`` where ``run(args) -> int`` is the exit status. Only this module configures logging handlers.
+Whatever the command: a bad argument is exit 2 (with ``--json``, for a command that takes it, also one JSON line:
+``Parser``), Ctrl-C 130, and a reader of stdout that went away 141, without a traceback, even from inside trio.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import logging
 import os
 import signal
 import sys
+from typing import NoReturn
 
 from raftmq.runner import leaf_exceptions
 from remoting.config import ConfigError, check_text
@@ -49,9 +52,26 @@ def command_in(argv: list[str]) -> str | None:
     return None
 
 
-def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, whose usage errors keep ``--json``'s promise too: with ``json_errors`` set (``main`` sets
+    it on every parser of a command run with ``--json``), a bad argument argparse itself refuses (``--read-queues
+    abc``, a missing one) is also the one JSON line ``print_json_error`` prints, exit status 2, where a script
+    reading stdout got nothing to parse. The usage and the message still go to stderr. The sub-commands' parsers
+    are of this class too: ``add_subparsers`` makes them of its parser's class."""
+
+    json_errors = False
+
+    def error(self, message: str) -> NoReturn:
+        if self.json_errors:
+            from raftmq.bench.common import print_json_error
+
+            print_json_error([message], 2)
+        super().error(message)
+
+
+def build_parser(command: str | None = None) -> Parser:
     """The parser of every command, or of ``command`` only."""
-    parser = argparse.ArgumentParser(prog="raftmq", description="RocketMQ's architecture on Raft groups, in Python.")
+    parser = Parser(prog="raftmq", description="RocketMQ's architecture on Raft groups, in Python.")
     parser.add_argument("--log-level", default="INFO", type=str.upper,
                         choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="logging level (default INFO)")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -92,9 +112,41 @@ def check_text_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -
                 check_text(_flag(action), os.fspath(item))
 
 
+def _parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """``parser`` and the parsers of its sub-commands, however deep."""
+    out = [parser]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for chosen in action.choices.values():
+                out += _parsers(chosen)
+    return out
+
+
+def _json_requested(parser: argparse.ArgumentParser, argv: list[str]) -> bool:
+    """Whether ``argv``, which ``parser`` may yet refuse, runs a command that takes ``--json`` with ``--json``: an
+    argument before any ``--`` that argparse reads as it (``--json``, or an abbreviation such as ``--js``), and a
+    command whose parsers define it (a command without ``--json`` promises no JSON line)."""
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    chosen = commands.choices.get(command_in(argv))
+    if chosen is None or not any("--json" in a.option_strings for p in _parsers(chosen) for a in p._actions):
+        return False
+    options = argv[:argv.index("--")] if "--" in argv else argv
+    return any(len(arg) > 2 and "--json".startswith(arg) for arg in options)
+
+
+def _broken_pipe() -> int:
+    """Whoever read our output went away (``raftmq admin topics | head -1``): nothing more to say, and no traceback
+    for it. Points stdout at /dev/null so the interpreter's final flush does not fail again."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return EXIT_BROKEN_PIPE
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser(command_in(argv))
+    if _json_requested(parser, argv):
+        for each in _parsers(parser):
+            each.json_errors = True
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -112,14 +164,18 @@ def main(argv: list[str] | None = None) -> int:
         # Ctrl-C inside trio.run comes out wrapped in the groups of the nurseries it went through, possibly beside
         # errors it caused (a connection closed under a task it cancelled): the user asked to stop, so 130 all
         # the same, not the traceback of a group that was neither all interrupts nor all errors.
-        if any(isinstance(e, KeyboardInterrupt) for e in leaf_exceptions(group)):
+        leaves = leaf_exceptions(group)
+        if any(isinstance(e, KeyboardInterrupt) for e in leaves):
             return EXIT_INTERRUPTED
+        # A print inside trio.run (a server's ready line, `raftmq dev`'s banner) to a reader that went away comes
+        # out in the groups of the nurseries it went through. Only a group of nothing else is the quiet 141: the
+        # tasks a closed pipe ends are cancelled, and Cancelled never leaves a nursery, so an error beside it is one
+        # of its own (a child that failed to stop), which 141 without a word would hide; its traceback shows both.
+        if all(isinstance(e, BrokenPipeError) for e in leaves):
+            return _broken_pipe()
         raise
     except BrokenPipeError:
-        # Whoever read our output went away (``raftmq admin topics | head -1``): nothing more to say, and no
-        # traceback for it. Point stdout at /dev/null so the interpreter's final flush does not fail again.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_BROKEN_PIPE
+        return _broken_pipe()
 
 
 if __name__ == "__main__":

@@ -37,14 +37,17 @@ Without ``--namesrv``, the name servers ``NAMESRV_ADDR`` names (as mqadmin), els
 A cluster with ACL on takes ``--access-key`` / ``--secret-key`` (or $RAFTMQ_ACCESS_KEY / $RAFTMQ_SECRET_KEY); one
 serving TLS takes ``--tls`` and ``--tls-ca-file PEM`` (or $RAFTMQ_TLS_ENABLE / $RAFTMQ_TLS_CA_FILE).
 Every command takes ``--json`` (one JSON line on stdout). Exit status: 0 done, 1 the cluster refused or could not
-be reached (the message says which and why), 2 a bad argument (named).
+be reached (the message says which and why), 2 a bad argument (named), 141 whoever read stdout went away
+(``| head -1``; ``raftmq.cli.EXIT_BROKEN_PIPE``).
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import functools
 import json
+import os
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -478,9 +481,19 @@ _COMMANDS: dict[str, Callable[[AdminClient, argparse.Namespace], Awaitable[dict[
 }
 
 
+class PipeConsole(Console):
+    """rich's Console, but a reader that went away (``raftmq admin cluster | head -1``) ends the command as a
+    ``print`` to it does: BrokenPipeError, which ``raftmq.cli`` turns into exit 141 (``EXIT_BROKEN_PIPE``). rich's
+    own ``on_broken_pipe`` raises SystemExit(1), and 1 is this command's "the cluster refused"."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True  # nothing more is written where nobody reads
+        raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+
+
 def _print(command: str, data: dict[str, Any]) -> None:
     # Piped output (scripts, grep) gets whole rows, not the 80 columns rich assumes without a terminal.
-    console = Console() if sys.stdout.isatty() else Console(width=200)
+    console = PipeConsole() if sys.stdout.isatty() else PipeConsole(width=200)
     if command == "cluster":
         table = Table(title="broker groups", header_style="bold")
         for column in ("cluster", "group", "id", "address", "role", "term", "last heartbeat"):

@@ -39,7 +39,7 @@ from typing import Any, Literal
 import trio
 
 from broker.commit_log_machine import CommitLogMachine
-from broker.store import MessageStore, StoreConfig
+from broker.store import MessageStore, StoreConfig, StoreCorruptedError
 from dledger import (AppendTimeoutError, ByteLog, DLedgerConfig, DLedgerError, DLedgerGroup, NotLeaderError,
                      RecordTooLargeError, open_dledger_group)
 from dledger.service import DLedgerService, remote_fetch_range
@@ -153,7 +153,9 @@ def run(args: argparse.Namespace) -> int:
     async def main(nursery: trio.Nursery) -> None:
         try:
             host, port = await nursery.start(functools.partial(serve_dledger_node, config))
-        except* OSError as group:
+        # StoreCorruptedError: message-store files that do not fit the config (a changed segment size), as the
+        # broker reports them, where a traceback was.
+        except* (OSError, StoreCorruptedError) as group:
             raise start_error(f"dledger-node {config.dledger.self_id} (listen "
                               f"{config.dledger.self_member.service_address}, raft "
                               f"{config.dledger.self_member.raft_address}) could not start", group) from None
