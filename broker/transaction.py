@@ -6,7 +6,8 @@ Rules this module keeps:
 * **Half message.** A single send whose properties hold TRAN_MSG=true (and PGROUP, the producer group, and
   UNIQ_KEY, the transaction id) is stored, as sent, in ``RMQ_SYS_TRANS_HALF_TOPIC`` queue 0 with sys flag
   PREPARED and its real topic and queue in REAL_TOPIC / REAL_QID (``half_destination``; the schedule service's
-  helpers). No consumer reads that topic. A transactional message may not be delayed, nor sent in a batch.
+  helpers). No consumer reads that topic. A transactional message may not be delayed, nor sent in a batch, nor
+  carry TRAN_PREPARED_QUEUE_OFFSET (the broker's, below).
 * **Done means an op record.** A half is ended by an op record in ``RMQ_SYS_TRANS_OP_HALF_TOPIC`` queue 0: tag
   ``d``, body the half's queue offset in decimal (RocketMQ's), property TRAN_OUTCOME saying why: ``commit``,
   ``rollback``, ``discard`` (checked ``transaction_check_max`` times) or ``recheck`` (re-stored for a check, below).
@@ -27,14 +28,26 @@ Rules this module keeps:
   queue offset from which every op of a half at or above it is found). A half with an op record is settled; the
   scan stops at the first unsettled half younger than ``transaction_timeout_ms``. An older one is re-stored at the
   end of the half queue with TRANSACTION_CHECK_TIMES + 1, in one batch with the op record (``recheck``) of the old
-  copy, so exactly one live copy exists whatever fails; then one connected producer of its group is sent
+  copy, so exactly one live copy exists whatever fails. The copy carries TRAN_PREPARED_QUEUE_OFFSET (RocketMQ's
+  property): the half queue offset of the half its transaction's copies descend from, the sent one (a copy of a
+  copy keeps it; a half without it is its own first). Then one connected producer of its group is sent
   CHECK_TRANSACTION_STATE naming the new copy. At ``transaction_check_max`` checks it is moved to
   ``TRANS_CHECK_MAX_TIME_TOPIC`` instead (with op ``discard``), where an operator finds it. Checks count whether
   or not a producer of the group is connected, as RocketMQ's. The progress is replicated after the batch: a leader
   killed in between makes its successor rescan halves that the op records already show settled.
 * **A late END for a re-stored half** (the producer answered after the broker re-stored it for a check) goes to
-  the newest copy, found by its transaction id once the half queue holds every copy re-stored so far: an unsettled
-  copy is ended, a settled one answers the outcome decided (the answer to the check may have come first).
+  the newest copy *of that half*: the last half past it with its TRAN_PREPARED_QUEUE_OFFSET, found once the half
+  queue holds every copy re-stored so far. An unsettled copy is ended, a settled one answers the outcome decided
+  (the answer to the check may have come first). Not by UNIQ_KEY: a producer sets it (a forwarded message carries
+  one, a half send retried after a lost answer stores two halves with one), so the last half with the END's
+  transaction id could be another transaction's, even another group's, and was settled in its stead. The copy's
+  PGROUP and transaction id are checked as the named half's were. A half re-stored by a broker before this
+  property existed has no copy that says it descends from it: its late END is answered TRANSACTION_STATE_UNKNOW
+  and changes nothing (the live copy's check asks the producer again) rather than guess by transaction id.
+* **The ready leader only.** END_TRANSACTION waits for this node's no-op to be applied (``wait_ready_leader``, at
+  most a second, then NOT_LEADER, which the producer retries) before it looks the half up: a leader just elected
+  has not yet applied what earlier terms committed, and an acknowledged half not in its store yet was answered
+  NO_MESSAGE, which ends no retry, and the producer's decision was dropped.
 * **When a committed transaction is checked anyway.** A round checks only halves with no op record that no append
   is ending: an END that reached the leader before the round started, applied or still replicating, is never
   checked back. One that comes after its half is older than ``transaction_timeout_ms`` may find a round re-stored
@@ -76,19 +89,33 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TRANSACTION_TABLE", "PROPERTY_TRANSACTION_OUTCOME", "EndOutcome", "TransactionalMessageService",
-           "prepared_sys_flag"]
+__all__ = ["TRANSACTION_TABLE", "PROPERTY_TRANSACTION_OUTCOME", "PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET",
+           "EndOutcome", "TransactionalMessageService", "prepared_sys_flag"]
 
 TRANSACTION_TABLE = "broker.transaction_offset"
 PROPERTY_TRANSACTION_OUTCOME = "TRAN_OUTCOME"
+# On a re-stored copy: the half queue offset of the half its transaction's copies descend from (RocketMQ's name).
+PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET = "TRAN_PREPARED_QUEUE_OFFSET"
 OP_TAG = "d"  # RocketMQ's TransactionalMessageUtil.REMOVE_TAG
 COMMIT, ROLLBACK, DISCARD, RECHECK = "commit", "rollback", "discard", "recheck"
 CHECKS_PER_BATCH = 32  # halves re-stored (or discarded) in one append
 READ_MAX_MESSAGES = 64
-# Properties a committed message does not keep (RocketMQ's endMessageTransaction clears the destination).
-_NOT_DELIVERED = (PROPERTY_REAL_TOPIC, PROPERTY_REAL_QUEUE_ID, PROPERTY_PRODUCER_GROUP)
+# Properties a committed message does not keep (RocketMQ's endMessageTransaction clears the destination and the
+# lineage; a committed message sent again as a half would otherwise pass for a copy of another half).
+_NOT_DELIVERED = (PROPERTY_REAL_TOPIC, PROPERTY_REAL_QUEUE_ID, PROPERTY_PRODUCER_GROUP,
+                  PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET)
 _CATCH_UP_TIMEOUT_S = 1.0
 _BACKOFF_MAX_S = 60.0
+
+
+def _first_half(view: MessageView, half_offset: int) -> int:
+    """The half queue offset of the half that ``view``, stored at ``half_offset`` of the half queue, was copied from
+    (through any number of copies): its TRAN_PREPARED_QUEUE_OFFSET, or ``half_offset`` for a half sent by a producer
+    (or re-stored by a broker that did not write the property)."""
+    value = view.properties.get(PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET)
+    if type(value) is str and value.isascii() and value.isdecimal() and int(value) < half_offset:
+        return int(value)
+    return half_offset
 
 
 def prepared_sys_flag(sys_flag: int) -> int:
@@ -175,6 +202,11 @@ class TransactionalMessageService:
                       f"{group!r}"
         elif type(properties.get(PROPERTY_UNIQ_KEY)) is not str or not properties[PROPERTY_UNIQ_KEY]:
             problem = f"{PROPERTY_UNIQ_KEY!r} (the transaction id) is required in a transactional message"
+        elif PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET in properties:
+            # The broker's mark of a copy: sent with it, a half would pass for a copy of the half it names.
+            problem = f"{PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET!r} is set by the broker on the copies it " \
+                      f"re-stores for a check; a producer may not send it, got " \
+                      f"{properties[PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET]!r}"
         if problem:
             raise invalid("properties", problem)
         return TRANS_HALF_TOPIC, 0, with_real_destination(properties, topic, queue_id)
@@ -258,9 +290,42 @@ class TransactionalMessageService:
                   transaction_id: str) -> EndOutcome:
         """END_TRANSACTION on the leader: ``state`` is TRANSACTION_COMMIT_TYPE, TRANSACTION_ROLLBACK_TYPE or
         TRANSACTION_NOT_TYPE (unknown: nothing is done)."""
+        # Ready first: a leader just elected applies what earlier terms committed after its election, and a half
+        # acknowledged then is not in its store yet (NO_MESSAGE, which no producer retries, was the answer).
+        await self._ready()
         view = await self._half_at(half_offset, commit_log_offset)
         # From here to the append nothing waits: what this leader knows of the half cannot change in between.
         await self._ready()
+        self._check_owner(view, producer_group, transaction_id, commit_log_offset)
+        if state not in (TRANSACTION_COMMIT_TYPE, TRANSACTION_ROLLBACK_TYPE):
+            return EndOutcome(ResponseCode.SUCCESS, "unknown", "state unknown: the broker checks back later")
+        self._refuse_if_in_flight(half_offset)
+        decided = self._done.get(half_offset)
+        if decided is not None and decided[1] == RECHECK or decided is None and half_offset < self._half_progress:
+            # Re-stored for a check after this half was sent (or settled long ago): its newest copy says.
+            found = await self._newest_copy(half_offset, view)
+            if found is None and decided is not None:
+                return EndOutcome(ResponseCode.TRANSACTION_STATE_UNKNOW, "settled",
+                                  f"the half message at tran_state_table_offset {half_offset} was re-stored for a "
+                                  f"check by a broker that did not mark which half its copy came from; nothing was "
+                                  f"done: the check of the copy asks the producer again")
+            if found is None:
+                return EndOutcome(ResponseCode.TRANSACTION_STATE_UNKNOW, "settled",
+                                  f"the half message at tran_state_table_offset {half_offset} was settled before "
+                                  f"the broker's check progress; its outcome is no longer held, nothing was done")
+            half_offset, view = found
+            # Its copies keep its properties; checked all the same, as the half named was.
+            self._check_owner(view, producer_group, transaction_id, view.phy_offset)
+            self._refuse_if_in_flight(half_offset)
+            decided = self._done.get(half_offset)
+        if decided is not None:
+            return self._decided_before(half_offset, decided[1], state)
+        return await self._append_end(half_offset, view, state)
+
+    @staticmethod
+    def _check_owner(view: MessageView, producer_group: str, transaction_id: str, commit_log_offset: int) -> None:
+        """Refuse an END of ``producer_group`` (naming ``transaction_id``, if any) for a half of another group or
+        another transaction."""
         group = view.properties.get(PROPERTY_PRODUCER_GROUP)
         if group != producer_group:
             raise RequestRejected(ResponseCode.TRANSACTION_STATE_GROUP_WRONG,
@@ -271,23 +336,6 @@ class TransactionalMessageService:
         if transaction_id and transaction_id != uniq:
             raise invalid("transaction_id", f"{transaction_id!r} is not the transaction id of the half message at "
                                             f"commit_log_offset {commit_log_offset} ({uniq!r})")
-        if state not in (TRANSACTION_COMMIT_TYPE, TRANSACTION_ROLLBACK_TYPE):
-            return EndOutcome(ResponseCode.SUCCESS, "unknown", "state unknown: the broker checks back later")
-        self._refuse_if_in_flight(half_offset)
-        decided = self._done.get(half_offset)
-        if decided is not None and decided[1] == RECHECK or decided is None and half_offset < self._half_progress:
-            # Re-stored for a check after this half was sent (or settled long ago): its newest copy says.
-            found = await self._newest_copy(uniq)
-            if found is None:
-                return EndOutcome(ResponseCode.TRANSACTION_STATE_UNKNOW, "settled",
-                                  f"the half message at tran_state_table_offset {half_offset} was settled before "
-                                  f"the broker's check progress; its outcome is no longer held, nothing was done")
-            half_offset, view = found
-            self._refuse_if_in_flight(half_offset)
-            decided = self._done.get(half_offset)
-        if decided is not None:
-            return self._decided_before(half_offset, decided[1], state)
-        return await self._append_end(half_offset, view, state)
 
     def _decided_before(self, half_offset: int, outcome: str, state: int) -> EndOutcome:
         asked = "COMMIT" if state == TRANSACTION_COMMIT_TYPE else "ROLLBACK"
@@ -299,17 +347,19 @@ class TransactionalMessageService:
                                                       f"tran_state_table_offset {half_offset} was already {done}; "
                                                       f"this {asked} changed nothing")
 
-    async def _newest_copy(self, transaction_id: str | None) -> tuple[int, MessageView] | None:
-        """The newest half of ``transaction_id`` at or past the progress, settled or not: the copy a check re-stored
-        last, which holds the transaction's outcome once either END (the producer's own, or its answer to the
-        check) came.
+    async def _newest_copy(self, half_offset: int, view: MessageView) -> tuple[int, MessageView] | None:
+        """The newest copy of the half ``view`` stored at ``half_offset``, at or past the progress, settled or not:
+        the last half past it that descends from the same first half (TRAN_PREPARED_QUEUE_OFFSET, ``_first_half``),
+        which holds the transaction's outcome once either END (the producer's own, or its answer to the check) came.
+        Copies of one half form one line (each half is settled once, by at most one ``recheck``), so the last one
+        descends from this very half. By UNIQ_KEY, which producers set, the last half with the transaction id was
+        found, another transaction's (of any group) as well as this one's.
 
         A copy is appended in the batch whose op record settles its predecessor, but reaches the half queue only
         once dispatched: an END right after that batch found no copy, answered that nothing was done, and the
         producer's decision was dropped (the commit then rested on the answer to the check). So the half queue is
         caught up with the last re-store first, and what this leader knows is read again after that wait."""
-        if not transaction_id:
-            return None
+        first = _first_half(view, half_offset)
         store = self.node.store
         with trio.move_on_after(_CATCH_UP_TIMEOUT_S):
             # Again after each wait: a round may have re-stored more meanwhile.
@@ -320,10 +370,11 @@ class TransactionalMessageService:
             raise RequestRejected(ResponseCode.SYSTEM_BUSY, f"broker {self.node.config.broker_name} is still "
                                                             f"dispatching the halves it re-stored; retry")
         found = None
-        for raw, offset in _read_queue(store, TRANS_HALF_TOPIC, self._half_progress, self.node.max_message_size):
-            view = decode_record(raw, check_crc=False)
-            if view.properties.get(PROPERTY_UNIQ_KEY) == transaction_id:
-                found = (offset, view)
+        for raw, offset in _read_queue(store, TRANS_HALF_TOPIC, max(self._half_progress, half_offset + 1),
+                                       self.node.max_message_size):
+            copy = decode_record(raw, check_crc=False)
+            if _first_half(copy, offset) == first:
+                found = (offset, copy)
         return found
 
     async def _append_end(self, half_offset: int, view: MessageView, state: int) -> EndOutcome:
@@ -493,12 +544,14 @@ class TransactionalMessageService:
             else:
                 topic, queue_id, outcome = TRANS_HALF_TOPIC, 0, RECHECK
                 props[PROPERTY_TRANSACTION_CHECK_TIMES] = str(times + 1)
+                props[PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET] = str(_first_half(view, offset))
             again: MessageInput | None = stored_again(view, topic, queue_id, props)
             op = self._op_record(offset, outcome)
             cost, problem = self._entry_bytes(again, op, limit)
             if outcome == RECHECK and problem is not None:
-                # The count it would carry makes it too big to store (properties just under RocketMQ's 32,767
-                # bytes): re-stored anyway, the batch failed, the broker stopped, and every next leader with it.
+                # The count (and first half) it would carry make it too big to store (properties just under
+                # RocketMQ's 32,767 bytes): re-stored anyway, the batch failed, the broker stopped, and every next
+                # leader with it.
                 log.error("half message cannot be re-stored for another check, discarded (%s) topic=%s "
                           "transaction_id=%s producer_group=%s", problem, props.get(PROPERTY_REAL_TOPIC),
                           props.get(PROPERTY_UNIQ_KEY), props.get(PROPERTY_PRODUCER_GROUP))

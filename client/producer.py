@@ -246,7 +246,8 @@ class Producer:
             ext, uniq = self._ext.single(message, now_ms())
         return await self._send_with_retries(message.topic,
                                              RequestCode.SEND_REPLY_MESSAGE if reply else RequestCode.SEND_MESSAGE,
-                                             ext, lambda mq, addr: body, (uniq,), queue, sharding_key, timeout_s)
+                                             ext, lambda mq, addr: body, (uniq,), queue, sharding_key, timeout_s,
+                                             parked=_parked(message))
 
     async def send_batch(self, messages: Sequence[Message], *, queue: MessageQueue | None = None,
                          timeout_s: float | None = None) -> SendResult:
@@ -342,7 +343,7 @@ class Producer:
         fields = ext_fields(group, message.topic, 0, now_ms(), message.flag, props, False)
         fields["sys_flag"] = TRANSACTION_PREPARED_TYPE | sys_flag
         half = await self._send_with_retries(message.topic, RequestCode.SEND_MESSAGE, SendExt(None, None, fields),
-                                             lambda mq, addr: body, (uniq,), None, None, timeout_s, half=True)
+                                             lambda mq, addr: body, (uniq,), None, None, timeout_s, parked=True)
         state = await self._local_state(self._listener.execute, message, arg)
         ext = end_transaction_ext(group, uniq, half.offset_msg_id, half.queue_offset, state, from_check=False)
         try:
@@ -651,7 +652,7 @@ class Producer:
 
     async def _send_with_retries(self, topic: str, code: int, ext: SendExt, body_for, uniqs: tuple[str, ...],
                                  queue: MessageQueue | None, sharding_key: str | None,
-                                 timeout_s: float | None, *, half: bool = False) -> SendResult:
+                                 timeout_s: float | None, *, parked: bool = False) -> SendResult:
         inst = self._instance
         timeout = timeout_s if timeout_s is not None else self.config.send_msg_timeout_ms / 1000
         deadline = time.monotonic() + timeout
@@ -762,7 +763,7 @@ class Producer:
             if faults is not None:
                 faults.update(mq.broker_name, (time.monotonic() - started) * 1000, isolation=False)
             self._stats.sent += len(uniqs)
-            return self._result(frame, status, mq, uniqs, half)
+            return self._result(frame, status, mq, uniqs, parked)
         self._stats.failed += len(uniqs)
         if last_error is None:
             last_error = trio.TooSlowError(f"send timed out after {timeout:.3f}s")
@@ -779,7 +780,13 @@ class Producer:
             await trio.sleep(pause)
 
     @staticmethod
-    def _result(frame, status: SendStatus, mq: MessageQueue, uniqs: tuple[str, ...], half: bool = False) -> SendResult:
+    def _result(frame, status: SendStatus, mq: MessageQueue, uniqs: tuple[str, ...],
+                parked: bool = False) -> SendResult:
+        """The SendResult of the answer ``frame`` to a send to ``mq``. Its queue is the answer's ``queue_id`` (a
+        broker may place a message elsewhere in its topic), unless the message is ``parked``: a half message, a
+        delayed or a timer one waits in a queue of a system topic (the half queue, a schedule queue), whose id the
+        broker answers, and is bound for ``mq``, as RocketMQ's SendResult names it. Its ``queue_offset`` is the
+        one answered: the offset in that system queue."""
         ext = frame.ext
         offset_msg_id = ext.get("msg_id") or ""
         if type(offset_msg_id) is list and all(type(i) is str for i in offset_msg_id):
@@ -791,10 +798,17 @@ class Producer:
             raise for_code(ResponseCode.SYSTEM_ERROR, f"malformed answer to a send from broker group "
                                                       f"{mq.broker_name!r}: msg_id {offset_msg_id!r}, queue_id "
                                                       f"{queue_id!r}, queue_offset {queue_offset!r}")
-        if queue_id != mq.queue_id and not half:  # a half is stored in the half queue, bound for ``mq``
+        if queue_id != mq.queue_id and not parked:
             mq = MessageQueue(mq.topic, mq.broker_name, queue_id)
         return _NewSendResult(status, ",".join(uniqs) if len(uniqs) > 1 else uniqs[0], offset_msg_id, mq,
                               queue_offset, uniqs)
+
+
+def _parked(message: Message) -> bool:
+    """Whether the broker parks ``message`` in a schedule queue until due (a delay level, a timer property): the
+    answer to its send names that queue, not the topic's queue it is bound for. A timer already due is stored where
+    it was sent, the answer naming that queue anyway."""
+    return bool(message.delay_level) or any(name in message.properties for name in TIMER_PROPERTIES)
 
 
 @contextlib.asynccontextmanager

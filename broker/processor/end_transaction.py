@@ -4,11 +4,14 @@ when the broker checked back (RocketMQ's EndTransactionProcessor; the rules are 
 ext, RocketMQ's EndTransactionRequestHeader in snake_case: ``producer_group``, ``tran_state_table_offset`` (the
 half's queue offset in RMQ_SYS_TRANS_HALF_TOPIC), ``commit_log_offset`` (the half's), ``commit_or_rollback``
 (8 COMMIT, 12 ROLLBACK, 0 unknown: RocketMQ's MessageSysFlag values), ``from_transaction_check``, ``msg_id`` and
-``transaction_id`` (the half's UNIQ_KEY; checked against it when given). Leader only, like a send. Answers:
+``transaction_id`` (the half's UNIQ_KEY; checked against it when given). Ready leader only: NOT_LEADER from a
+follower, and from a leader whose no-op is not applied within a second (until then an acknowledged half of an
+earlier term may not be in its store: NO_MESSAGE would be wrong, and final). Answers:
 SUCCESS (ext ``outcome``: ``committed`` with the message's ``msg_id``, ``queue_id``, ``queue_offset``; ``rolled
 back``; ``unknown``), TOPIC_NOT_EXIST (ext ``outcome`` ``rolled back``) for a COMMIT of a half whose topic was
 deleted since it was sent, TRANSACTION_SHOULD_COMMIT / TRANSACTION_SHOULD_ROLLBACK when it was ended before (nothing
-changes), TRANSACTION_STATE_UNKNOW when it was settled so long ago that the outcome is no longer held, NO_MESSAGE
+changes), TRANSACTION_STATE_UNKNOW when it was settled so long ago that the outcome is no longer held (or was
+re-stored for a check by a broker that did not mark its copies' first half), NO_MESSAGE
 when no half message is at those offsets, TRANSACTION_STATE_GROUP_WRONG for another group's half, SYSTEM_BUSY
 while the same half is being ended (or the copy a check re-stored is not in the half queue yet), INVALID_REQUEST
 naming a missing or malformed field.
@@ -45,8 +48,7 @@ class EndTransactionProcessor:
 
     async def _end(self, request: Frame) -> Frame:
         node = self.node
-        if not node.is_leader():
-            raise node.not_leader()
+        await node.wait_ready_leader()  # NOT_LEADER, retried by the producer, rather than a NO_MESSAGE it believes
         ext = request.ext
         producer_group = get_group(ext, "producer_group")
         half_offset = get_int(ext, "tran_state_table_offset", lo=0)
