@@ -513,9 +513,10 @@ def print_message(console: Console, m: dict[str, Any]) -> None:
 
 def print_result(console: Console, command: str, data: dict[str, Any]) -> None:
     if command == "send-message":
-        # The brokers answer a delayed send with where it waits: the queue and offset are its schedule queue's.
-        delayed = (f" with delay level {data['delay_level']} (queue and offset: of the schedule queue it waits in "
-                   f"until due)" if data["delay_level"] else "")
+        # A delayed send's result names the topic's queue it was sent to (SendResult keeps it) and the offset in the
+        # schedule queue it waits in: its offset in the topic is known only once it is delivered.
+        delayed = (f" with delay level {data['delay_level']} (queue: the topic's queue it is delivered to; queue "
+                   f"offset: in the schedule queue it waits in until due)" if data["delay_level"] else "")
         table = Table(title=f"{len(data['sent'])} message(s) sent to {data['topic']}{delayed}", header_style="bold")
         for column in ("#", "status", "msg id", "offset msg id", "group", "queue", "queue offset"):
             table.add_column(column, justify="right" if column in ("#", "queue", "queue offset") else "left")
