@@ -74,8 +74,8 @@ from remoting.acl import ACCESS_KEY, SIGNATURE, request_signature
 from remoting.codec import BodyFormatError, Frame, decode_body
 from remoting.codes import RequestCode
 from remoting.config import ConfigError, read_named_file
-from remoting.message import (PROPERTY_REAL_TOPIC, PROPERTY_RETRY_TOPIC, RETRY_GROUP_TOPIC_PREFIX, TRANS_HALF_TOPIC,
-                              MessageFormatError, parse_msg_id, split_pop_retry_topic)
+from remoting.message import (PROPERTY_REAL_TOPIC, RETRY_GROUP_TOPIC_PREFIX, TRANS_HALF_TOPIC, MessageFormatError,
+                              first_topic, parse_msg_id, split_pop_retry_topic)
 
 __all__ = ["ACL_FILE_NAME", "AclChecker", "AclRules", "Account", "AddressPattern", "ADMIN_CODES", "DENY",
            "DESCRIBED_RESOURCES", "PUB", "REFUSAL_LOG_INTERVAL_S", "SETTLE_S", "SUB", "StoredMessage",
@@ -450,17 +450,19 @@ def _offset(value: Any) -> int | None:
 
 
 def _stored_topics(stored_message: Callable[[int], StoredMessage | None], offset: int | None) -> list[Resource]:
-    """SUB on what the record at ``offset`` holds: the topic it is stored in and the one it came from, RETRY_TOPIC
-    (a sent-back copy's first topic, which send-back itself keeps) or REAL_TOPIC (a delayed or half message's
-    destination). A reader of a retry copy of topic T in its own group's retry topic holds both already. No record
-    there: the ("topic", "", SUB) marker, which no account is granted."""
+    """SUB on what the record at ``offset`` holds: the topic it is stored in and the one it came from
+    (``remoting.message.first_topic``): a retry copy's RETRY_TOPIC (its first topic, which send-back itself keeps),
+    else REAL_TOPIC of a record the broker parked (a delayed or half message's destination). Those properties are
+    read from those records only: on any other, a producer wrote them, and judged by them a send-back needed SUB
+    on whatever topic the producer named, and was refused for ever. A reader of a retry copy of topic T in its own
+    group's retry topic holds both already. No record there: the ("topic", "", SUB) marker, which no account is
+    granted."""
     found = stored_message(offset) if offset is not None else None
     if found is None:
         return [("topic", "", SUB)]
     topic, properties = found
     needs = _topic(topic, SUB)
-    origin = properties.get(PROPERTY_RETRY_TOPIC) or properties.get(PROPERTY_REAL_TOPIC)
-    return list(dict.fromkeys(needs + _topic(origin, SUB)))
+    return list(dict.fromkeys(needs + _topic(first_topic(topic, properties), SUB)))
 
 
 def _group(name: Any) -> list[Resource]:

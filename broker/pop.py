@@ -85,7 +85,7 @@ from remoting.errors import RaftMQError
 from remoting.message import (MAX_TOPIC_LENGTH, PROPERTY_DELAY, PROPERTY_ORIGIN_MESSAGE_ID, PROPERTY_REAL_QUEUE_ID,
                               PROPERTY_REAL_TOPIC, PROPERTY_RETRY_TOPIC, PROPERTY_UNIQ_KEY, MessageFormatError,
                               MessageInput, MessageView, create_msg_id, decode_record, dlq_topic, encode_batch,
-                              pop_retry_topic, split_pop_retry_topic)
+                              pop_retry_topic, record_properties, split_pop_retry_topic)
 
 if TYPE_CHECKING:
     from broker.node import BrokerNode
@@ -732,7 +732,7 @@ class PopService:
         stored_props = dict(view.properties)
         for name in (PROPERTY_DELAY, PROPERTY_REAL_TOPIC, PROPERTY_REAL_QUEUE_ID):
             stored_props.pop(name, None)
-        props = dict(stored_props)
+        props: dict[str, str] | None = dict(stored_props)
         props[PROPERTY_RETRY_TOPIC] = first_topic
         props[PROPERTY_ORIGIN_MESSAGE_ID] = (props.get(PROPERTY_ORIGIN_MESSAGE_ID) or props.get(PROPERTY_UNIQ_KEY)
                                              or create_msg_id(view.store_host, view.phy_offset))
@@ -745,20 +745,26 @@ class PopService:
             cost, problem = self._entry_bytes(again, limit)
             if problem is None:
                 return again, False, cost
-            # Its properties were near the limit and the ones revive adds tipped them over: to the dead-letter topic
-            # as it was stored, rather than kept invisible (and its checkpoint's other messages with it) for ever.
+            # Its properties were near the limit and the ones revive adds tipped them over (or its stored block
+            # cannot be written again from its decoded properties, below): to the dead-letter topic as it was
+            # stored, rather than kept invisible (and its checkpoint's other messages with it) for ever.
             log.warning("popped message cannot be stored again with the retry properties; to the dead-letter topic "
                         "as stored group=%s topic=%s queue_id=%d offset=%d error=%s", ck.consumer_group, ck.topic,
                         ck.queue_id, view.queue_offset, problem)
-            props = stored_props
+            props = None
         dlq = await node.ensure_topic(TopicConfig(dlq_topic(ck.consumer_group), DLQ_QUEUE_NUMS, DLQ_QUEUE_NUMS,
                                                   PERM_WRITE))
-        again = stored_again(view, dlq.topic_name, 0, props, reconsume_times=reconsume_times,
-                             prepared_transaction_offset=0)
-        cost, problem = self._entry_bytes(again, limit)
-        if problem is not None and props is not stored_props:
-            props = stored_props
+        if props is not None:
             again = stored_again(view, dlq.topic_name, 0, props, reconsume_times=reconsume_times,
+                                 prepared_transaction_offset=0)
+            cost, problem = self._entry_bytes(again, limit)
+        if props is None or problem is not None:
+            # As stored: its properties block copied, not decoded and written again, which fails for a block a
+            # broker took from a batch before it refused those encode_properties does not write (an empty name, a
+            # value with \x01): dropped from its checkpoint, the message was lost to the group.
+            raw = node.store.look_record_by_offset(view.phy_offset)
+            as_stored = record_properties(raw) if raw is not None else stored_props
+            again = stored_again(view, dlq.topic_name, 0, as_stored, reconsume_times=reconsume_times,
                                  prepared_transaction_offset=0)
             cost, problem = self._entry_bytes(again, limit)
         if problem is not None:

@@ -24,8 +24,8 @@ from remoting.message import (BATCH_HEAD, COMPRESSED_FLAG, COMPRESSION_TYPE_MASK
                               KEY_SEPARATOR, MAX_PROPERTIES_SIZE, PROPERTY_DELAY,
                               PROPERTY_KEYS, PROPERTY_PRODUCER_GROUP, PROPERTY_TAGS, PROPERTY_TIMER_DELAY_MS,
                               PROPERTY_TIMER_DELIVER_MS, PROPERTY_TRANSACTION_PREPARED, TIMER_PROPERTIES,
-                              PROPERTY_UNIQ_KEY, MessageFormatError, check_topic, create_msg_id, decode_properties,
-                              encode_properties, encode_uniform_batch, split_keys)
+                              PROPERTY_UNIQ_KEY, SYSTEM_PROPERTIES, MessageFormatError, check_topic, create_msg_id,
+                              decode_properties, encode_properties, encode_uniform_batch, split_keys)
 from remoting.message import (PROPERTY_CLUSTER, PROPERTY_CORRELATION_ID, PROPERTY_MESSAGE_REPLY_TO_CLIENT,
                               PROPERTY_MESSAGE_TTL, PROPERTY_MESSAGE_TYPE, REPLY_MESSAGE_FLAG, reply_topic)
 
@@ -56,6 +56,19 @@ def new_uniq_key() -> str:
 
 # What the UNIQ_KEY a send adds takes of the properties' MAX_PROPERTIES_SIZE bytes.
 _UNIQ_PROPERTY_SIZE = len(_UNIQ_PROPERTY_HEAD) + len(_UNIQ_PREFIX) + 2 * _UNIQ_SUFFIX.size + 1
+
+
+# RocketMQ's system property names (SYSTEM_PROPERTIES) a user may still set in Message.properties, because this
+# client takes them there on purpose: UNIQ_KEY (a message's own id, kept by send; the trace producer sets it), the
+# delivery times (Message.deliver_time_ms / delay_ms store them there) and a request's and reply's names
+# (create_reply_message builds the reply from them, and takes a Message built by hand from a request's
+# properties). The rest are refused: RETRY_TOPIC set by hand showed the handler of its retry another topic, and
+# under ACL made its send-back need permissions on that topic; TAGS, KEYS, DELAY, TRAN_MSG and PGROUP say which
+# attribute or call to use instead.
+_USER_SETTABLE = frozenset({PROPERTY_UNIQ_KEY, *TIMER_PROPERTIES, PROPERTY_CORRELATION_ID,
+                            PROPERTY_MESSAGE_REPLY_TO_CLIENT, PROPERTY_MESSAGE_TTL, PROPERTY_MESSAGE_TYPE,
+                            PROPERTY_CLUSTER})
+_RESERVED_PROPERTIES = SYSTEM_PROPERTIES - _USER_SETTABLE
 
 
 def _property_size(field: str, text: str) -> int:
@@ -149,7 +162,8 @@ def _check_str(name: str, value: Any) -> None:
 
 @dataclasses.dataclass(slots=True)
 class Message:
-    """A message to send. ``body`` is bytes; ``properties`` are user string properties. ``delay_level`` (1-based
+    """A message to send. ``body`` is bytes; ``properties`` are user string properties, none of the names RocketMQ
+    reserves but UNIQ_KEY, the delivery times and request-reply's (ValueError naming it). ``delay_level`` (1-based
     into the broker's ``message_delay_level``, "1s 5s 10s 30s 1m ..." by default; 0: none) delivers the message
     to its topic that long after the broker stored it (RocketMQ's setDelayTimeLevel); not in ``send_batch``.
     ``deliver_time_ms`` (ms since the epoch) or ``delay_ms`` (from the broker's receipt) deliver it at that time
@@ -226,6 +240,10 @@ class Message:
             # a property skipped the attribute's checks (TRAN_MSG by hand made a half message nothing would end).
             if name in self.properties:
                 raise ValueError(f"Message.properties must not set {name!r}: {how} instead")
+        if not _RESERVED_PROPERTIES.isdisjoint(self.properties):
+            name = next(name for name in self.properties if name in _RESERVED_PROPERTIES)
+            raise ValueError(f"Message.properties must not set {name!r}: RocketMQ reserves the name for the broker "
+                             f"and the client (as its putUserProperty refuses it)")
         if self.properties:
             _check_timer(self)
         _check_wire_properties(self)

@@ -44,7 +44,7 @@ __all__ = [
     "encode_batch", "encode_single_batch", "decode_batch", "validate_batch", "scan_batch", "batch_count",
     "CheckedBatch",
     "batch_store_host",
-    "encode_record", "decode_record", "iter_records", "decode_records", "record_size",
+    "encode_record", "decode_record", "iter_records", "decode_records", "record_size", "record_properties",
     "encode_properties", "decode_properties", "encode_uniform_batch", "create_msg_id", "parse_msg_id", "tags_code",
     "create_msg_ids", "ip_bytes", "MAX_TAG_EXPRESSION_LENGTH", "I32", "I64",
     "check_topic", "TOPIC_CHARS", "TOPIC_RE", "group_problem", "topic_problem", "GROUP_MAX_LENGTH",
@@ -56,7 +56,8 @@ __all__ = [
     "PROPERTY_ORIGIN_MESSAGE_ID", "SCHEDULE_TOPIC", "RETRY_GROUP_TOPIC_PREFIX", "DLQ_GROUP_TOPIC_PREFIX",
     "PROPERTY_TIMER_DELIVER_MS", "PROPERTY_TIMER_DELAY_MS", "PROPERTY_TIMER_DELAY_SEC", "TIMER_PROPERTIES",
     "retry_topic", "dlq_topic", "pop_retry_topic", "split_pop_retry_topic", "POP_RETRY_SEPARATOR",
-    "RETRY_GROUP_MAX_LENGTH",
+    "RETRY_GROUP_MAX_LENGTH", "REAL_TOPIC_HOLDERS", "BROKER_PROPERTIES", "RETRY_COPY_PROPERTIES", "SYSTEM_PROPERTIES",
+    "destination_topic", "first_topic", "refused_property", "refused_property_reason", "property_block_problem",
     "PROPERTY_TRANSACTION_PREPARED", "PROPERTY_PRODUCER_GROUP", "PROPERTY_TRANSACTION_CHECK_TIMES",
     "TRANS_HALF_TOPIC", "TRANS_OP_HALF_TOPIC", "TRANS_CHECK_MAX_TIME_TOPIC",
     "TRANSACTION_NOT_TYPE", "TRANSACTION_PREPARED_TYPE", "TRANSACTION_COMMIT_TYPE", "TRANSACTION_ROLLBACK_TYPE",
@@ -134,6 +135,34 @@ DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
 # The longest consumer group whose retry and dead-letter topic names are both legal: a clustering consumer
 # subscribes to %RETRY%<group>, and the broker creates both topics on its first send-back.
 RETRY_GROUP_MAX_LENGTH = MAX_TOPIC_LENGTH - max(len(RETRY_GROUP_TOPIC_PREFIX), len(DLQ_GROUP_TOPIC_PREFIX))
+# The broker's topics whose records it wrote itself with REAL_TOPIC / REAL_QID naming where they go (or went): a
+# delayed or timer message waiting for its time, a half message waiting for its END_TRANSACTION, a half discarded
+# after its last check. No producer may send to them (broker/topic_config.py), so only there is REAL_TOPIC the
+# broker's word; anywhere else it is whatever a sender wrote.
+REAL_TOPIC_HOLDERS = frozenset({SCHEDULE_TOPIC, TRANS_HALF_TOPIC, TRANS_CHECK_MAX_TIME_TOPIC})
+# Properties the broker reads back from what it stored to decide where a message goes or whose it is, which a
+# producer therefore may not set (a send carrying one is MESSAGE_ILLEGAL, see refused_property): REAL_TOPIC
+# and REAL_QID (a parked message's destination), TRANSACTION_CHECK_TIMES (a half's checks so far), and, except on a
+# retry topic, RETRY_TOPIC and ORIGIN_MESSAGE_ID (a retry copy's first topic and id: a consumer that sends a failed
+# message back itself, to its group's %RETRY% topic, as RocketMQ's client does when CONSUMER_SEND_MSG_BACK fails,
+# sets both).
+BROKER_PROPERTIES = (PROPERTY_REAL_TOPIC, PROPERTY_REAL_QUEUE_ID, PROPERTY_TRANSACTION_CHECK_TIMES)
+RETRY_COPY_PROPERTIES = (PROPERTY_RETRY_TOPIC, PROPERTY_ORIGIN_MESSAGE_ID)
+# RocketMQ's MessageConst.STRING_HASH_SET (5.x), the names its putUserProperty refuses, plus TIMER_DELAY_MS (our
+# Message.delay_ms) and TRANSACTION_CHECK_TIMES, which it leaves out: a client keeps from users all but the ones it
+# takes through properties on purpose (client/message.py).
+SYSTEM_PROPERTIES = frozenset({
+    "TRACE_ON", "MSG_REGION", PROPERTY_KEYS, PROPERTY_TAGS, "WAIT", PROPERTY_DELAY, PROPERTY_RETRY_TOPIC,
+    PROPERTY_REAL_TOPIC, PROPERTY_REAL_QUEUE_ID, PROPERTY_TRANSACTION_PREPARED, PROPERTY_PRODUCER_GROUP, "MIN_OFFSET",
+    "MAX_OFFSET", "BUYER_ID", PROPERTY_ORIGIN_MESSAGE_ID, "TRANSFER_FLAG", "CORRECTION_FLAG", "MQ2_FLAG",
+    "RECONSUME_TIME", PROPERTY_UNIQ_KEY, "MAX_RECONSUME_TIMES", "CONSUME_START_TIME", "POP_CK", "POP_CK_OFFSET",
+    "1ST_POP_TIME", "TRAN_PREPARED_QUEUE_OFFSET", "DUP_INFO", "EXTEND_UNIQ_INFO", "INSTANCE_ID",
+    PROPERTY_CORRELATION_ID, PROPERTY_MESSAGE_REPLY_TO_CLIENT, PROPERTY_MESSAGE_TTL, PROPERTY_REPLY_MESSAGE_ARRIVE_TIME,
+    "PUSH_REPLY_TIME", PROPERTY_CLUSTER, PROPERTY_MESSAGE_TYPE, "INNER_MULTI_QUEUE_OFFSET", PROPERTY_TIMER_DELAY_SEC,
+    PROPERTY_TIMER_DELIVER_MS, PROPERTY_TIMER_DELAY_MS, "TIMER_ENQUEUE_MS", "TIMER_DEQUEUE_MS", "TIMER_ROLL_TIMES",
+    "TIMER_OUT_MS", "TIMER_DEL_UNIQKEY", "TIMER_DELAY_LEVEL", "__BORNHOST", "BORN_TIMESTAMP",
+    PROPERTY_TRANSACTION_CHECK_TIMES,
+})
 
 
 def retry_topic(group: str) -> str:
@@ -170,6 +199,46 @@ def dlq_topic(group: str) -> str:
     return DLQ_GROUP_TOPIC_PREFIX + group
 
 
+def destination_topic(topic: str, properties: Mapping[str, str]) -> str:
+    """The topic a stored record is bound for: its REAL_TOPIC if it waits in one of the broker's REAL_TOPIC_HOLDERS
+    (and names one), else the topic it is stored in."""
+    if topic in REAL_TOPIC_HOLDERS:
+        return properties.get(PROPERTY_REAL_TOPIC) or topic
+    return topic
+
+
+def first_topic(topic: str, properties: Mapping[str, str]) -> str:
+    """The topic a stored record was first consumed from: the RETRY_TOPIC of a retry copy (a record bound for a
+    ``%RETRY%`` topic, ``destination_topic``), else the topic it is bound for. Only a retry copy's RETRY_TOPIC was
+    written by the broker (or by a consumer sending back); on any other record it is a sender's word, and read
+    there it showed a handler another topic and made send-back need permissions on it."""
+    destination = destination_topic(topic, properties)
+    if destination.startswith(RETRY_GROUP_TOPIC_PREFIX):
+        return properties.get(PROPERTY_RETRY_TOPIC) or destination
+    return destination
+
+
+def refused_property(topic: str, properties: Mapping[str, object]) -> str | None:
+    """The first property a producer's message for ``topic`` may not carry (BROKER_PROPERTIES anywhere,
+    RETRY_COPY_PROPERTIES outside a ``%RETRY%`` topic); None if it carries none."""
+    for name in BROKER_PROPERTIES:
+        if name in properties:
+            return name
+    if not topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
+        for name in RETRY_COPY_PROPERTIES:
+            if name in properties:
+                return name
+    return None
+
+
+def refused_property_reason(name: str, topic: str) -> str:
+    """Why a producer's message for ``topic`` may not carry property ``name`` (one ``refused_property`` found)."""
+    if name in RETRY_COPY_PROPERTIES:
+        return (f"property {name!r} is set by the broker on a retry copy; a producer may set it only on a message for "
+                f"a {RETRY_GROUP_TOPIC_PREFIX}<group> topic, not for topic {topic!r}")
+    return f"property {name!r} is set by the broker itself; a producer may not set it (topic {topic!r})"
+
+
 def reply_topic(cluster: str) -> str:
     """A cluster's reply topic (RocketMQ's MixAll.getReplyTopic): every group leader of the cluster creates it."""
     return cluster + REPLY_TOPIC_SUFFIX
@@ -199,12 +268,14 @@ class MessageFormatError(ValueError):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class MessageInput:
-    """One message as a producer hands it over; ``properties`` carries TAGS, KEYS and UNIQ_KEY."""
+    """One message as a producer hands it over; ``properties`` carries TAGS, KEYS and UNIQ_KEY. As ``bytes``,
+    ``properties`` is a stored record's block (``record_properties``), written again as it is: a message the broker
+    stores again as it was, whose block ``encode_properties`` may not write (``property_block_problem``)."""
 
     topic: str
     queue_id: int
     body: bytes
-    properties: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    properties: Mapping[str, str] | bytes = dataclasses.field(default_factory=dict)
     flag: int = 0
     sys_flag: int = 0
     born_timestamp: int = 0
@@ -328,6 +399,21 @@ def encode_properties(properties: Mapping[str, str]) -> bytes:
     return data
 
 
+def property_block_problem(data: bytes) -> str | None:
+    """Why ``data`` (UTF-8 properties bytes) is not a block ``encode_properties`` writes (None if it is): the one
+    rule of a well-formed block, whatever path a message came by. A block it does not write (an empty name, a pair
+    without \\x01 or with two, a name twice) reads back as other properties (``decode_properties``), which
+    ``encode_properties`` refuses or writes otherwise: every path that stores the message again (send-back, POP
+    revive, delayed delivery) failed on it, or changed it."""
+    try:
+        again = encode_properties(decode_properties(data))
+    except MessageFormatError as e:
+        return str(e)
+    if again != data:
+        return "they are not name\\x01value\\x02 pairs with a non-empty name each, no name twice"
+    return None
+
+
 def decode_properties(data: bytes | memoryview) -> dict[str, str]:
     # A broker refuses properties that are not UTF-8 (scan_batch); bytes stored before it did, or damaged on
     # disk (the CRC covers only the body), read with U+FFFD in their place, as RocketMQ's Java decoding does,
@@ -365,7 +451,7 @@ def encode_batch(messages: Sequence[MessageInput], store_host: tuple[str, int], 
             raise MessageFormatError("body", f"body must be bytes, got {type(body).__name__}")
         if len(body) > max_message_size:
             raise MessageFormatError("body", f"body of {len(body)} bytes exceeds max_message_size {max_message_size}")
-        props = encode_properties(m.properties) if m.properties else b""
+        props = _input_properties(m)
         born_ip, born_port = _host_bytes(m.born_host, "born_host")
         entry_size = ENTRY_HEAD.size + _TAIL_FIXED + len(body) + len(topic) + len(props)
         out += ENTRY_HEAD.pack(entry_size, _int_field(m.queue_id, "queue_id", 0, I32[1]),
@@ -380,6 +466,16 @@ def encode_batch(messages: Sequence[MessageInput], store_host: tuple[str, int], 
         out += PROPS_LEN.pack(len(props))
         out += props
     return bytes(out)
+
+
+def _input_properties(message: MessageInput) -> bytes:
+    properties = message.properties
+    if type(properties) is not bytes:
+        return encode_properties(properties) if properties else b""
+    if len(properties) > MAX_PROPERTIES_SIZE:  # a record's block never is; checked as the layout needs it
+        raise MessageFormatError("properties", f"properties take {len(properties)} bytes, more than "
+                                               f"{MAX_PROPERTIES_SIZE}")
+    return properties
 
 
 # A one-message batch's fixed part in one pack: BATCH_HEAD, ENTRY_HEAD and the body length, as drawn above.
@@ -456,8 +552,11 @@ def scan_batch(batch: bytes | memoryview, *, max_message_size: int = DEFAULT_MAX
 
     ``from_producer``: also refuse what a single send refuses of a producer, a negative ``born_timestamp`` or
     ``reconsume_times`` (field named so, with the message index), a DELAY property (field ``delay``), a
-    transaction type in ``sys_flag`` (field ``transaction``), or properties not ending with ``\x02`` as every pair
-    does (field ``properties``: recovery would take such a record, last in the log, for a torn tail). Only
+    transaction type in ``sys_flag`` (field ``transaction``), properties not ending with ``\x02`` as every pair
+    does (field ``properties``: recovery would take such a record, last in the log, for a torn tail), properties
+    ``encode_properties`` would not write (field ``properties``, ``property_block_problem``: the single send's
+    rule), or a property a producer may not set on the batch's topic (field ``properties``, ``refused_property``).
+    Only
     for bytes a producer just sent: the store's and replication's checks of written batches leave it off, so
     records stored before this rule (or by an older broker) stay readable and replicable."""
     if not isinstance(batch, bytes):
@@ -476,7 +575,9 @@ def scan_batch(batch: bytes | memoryview, *, max_message_size: int = DEFAULT_MAX
     unpack_h = PROPS_LEN.unpack_from
     head = ENTRY_HEAD.size
     good_topics = _GOOD_TOPICS
-    delay_head = _DELAY_HEAD
+    producer_block = _PRODUCER_BLOCK.fullmatch
+    retry_block = _PRODUCER_RETRY_BLOCK.fullmatch
+    retry_prefix = _RETRY_PREFIX
     all_in_queue = True
     for i in range(count):
         if pos + head + _TAIL_FIXED > n:
@@ -534,20 +635,50 @@ def scan_batch(batch: bytes | memoryview, *, max_message_size: int = DEFAULT_MAX
                 except UnicodeDecodeError as e:
                     raise MessageFormatError("properties", f"message {i} properties are not UTF-8 ({e.reason} at "
                                                            f"byte {e.start})") from None
-            # A delayed message waits in its level's queue, not in the batch's (RocketMQ's MessageBatch refuses it).
-            # (find: about half the cost of `in` on these short bytes; ~0.1 us per message measured)
-            if from_producer and props.find(delay_head) >= 0 and (props.startswith(delay_head)
-                                                                   or _DELAY_PAIR in props):
-                raise MessageFormatError("delay", f"message {i} of the batch is delayed (property "
-                                                  f"{PROPERTY_DELAY}); delayed messages are sent one by one")
+            # One C pass for the usual block: pairs as encode_properties writes them, with no DELAY (a delayed
+            # message waits in its level's queue, not in the batch's, as RocketMQ's MessageBatch refuses it) and no
+            # property the broker keeps to itself (refused_property). A name twice needs a split to see; anything
+            # else goes to _refuse_properties, which says what it is.
+            if from_producer and ((retry_block if entry_topic.startswith(retry_prefix) else producer_block)(props)
+                                  is None or (props.count(2) > 1 and _names_repeat(props))):
+                _refuse_properties(props, entry_topic, i)
         pos = end
     if pos != n:
         raise MessageFormatError("batch", f"batch has {n - pos} trailing bytes after {count} messages")
     return count, all_in_queue
 
 
-_DELAY_HEAD = PROPERTY_DELAY.encode("ascii") + b"\x01"  # a DELAY property first, or after a pair's \x02
-_DELAY_PAIR = b"\x02" + _DELAY_HEAD
+def _producer_block(refused: Sequence[str]) -> re.Pattern[bytes]:
+    """A fullmatch of name\\x01value\\x02 pairs, none of whose names is in ``refused``."""
+    names = b"|".join(re.escape(name.encode("ascii")) for name in refused)
+    return re.compile(rb"(?:(?!(?:" + names + rb")\x01)[^\x01\x02]+\x01[^\x01\x02]*\x02)*")
+
+
+_PRODUCER_BLOCK = _producer_block((PROPERTY_DELAY, *BROKER_PROPERTIES, *RETRY_COPY_PROPERTIES))
+_PRODUCER_RETRY_BLOCK = _producer_block((PROPERTY_DELAY, *BROKER_PROPERTIES))  # a %RETRY% topic's: a send-back
+_RETRY_PREFIX = RETRY_GROUP_TOPIC_PREFIX.encode("ascii")
+
+
+def _names_repeat(props: bytes) -> bool:
+    # Names are non-empty (the pattern held), so the empty piece after the last \x02 repeats none of them.
+    pieces = props.split(b"\x02")
+    return len({piece.partition(b"\x01")[0] for piece in pieces}) != len(pieces)
+
+
+def _refuse_properties(props: bytes, topic: bytes, index: int) -> None:
+    """Raise the MessageFormatError for message ``index``'s ``props``, which failed scan_batch's fast check."""
+    problem = property_block_problem(props)
+    if problem is not None:
+        raise MessageFormatError("properties", f"message {index} properties are malformed: {problem}")
+    properties = decode_properties(props)
+    if PROPERTY_DELAY in properties:
+        raise MessageFormatError("delay", f"message {index} of the batch is delayed (property "
+                                          f"{PROPERTY_DELAY}); delayed messages are sent one by one")
+    name = refused_property(topic.decode("ascii"), properties)
+    if name is None:  # the fast check and this one disagree: a defect, never the producer's fault
+        raise AssertionError(f"message {index} properties failed the batch check for no reason found: {props!r}")
+    raise MessageFormatError("properties", f"message {index} of the batch: "
+                                           f"{refused_property_reason(name, topic.decode('ascii'))}")
 _GOOD_TOPICS: set[bytes] = set()  # topics already found legal: the check is then one set lookup
 # What scan_batch reads of an entry in one unpack: ENTRY_HEAD's entry_size and queue_id, the low byte of sys_flag
 # (offset 15: its transaction type bits), the first (sign) byte of born_timestamp (offset 16) and of reconsume_times
@@ -610,6 +741,15 @@ def _split_tail(mv: memoryview, pos: int) -> tuple[bytes, str, memoryview]:
     return bytes(mv[b:t]), topic, mv[p + 2:p + 2 + props_len]
 
 
+def record_properties(data: bytes | memoryview) -> bytes:
+    """The properties block of the record ``data`` starts with (a valid one: the store's), as stored, not decoded:
+    what a message stored again as it was carries (``MessageInput.properties`` as bytes). A block a broker took
+    from a batch before scan_batch refused the ones ``encode_properties`` does not write reads back as properties
+    that cannot be encoded again."""
+    mv = memoryview(data)
+    return bytes(_split_tail(mv[:RECORD_HEAD.unpack_from(mv, 0)[0]], RECORD_HEAD.size)[2])
+
+
 def record_size(body_len: int, topic_len: int, properties_len: int) -> int:
     return RECORD_HEAD.size + _TAIL_FIXED + body_len + topic_len + properties_len
 
@@ -619,7 +759,7 @@ def encode_record(buf: bytearray | memoryview, offset: int, message: MessageInpu
     """Write one record of ``message`` at ``buf[offset:]``; returns its size. The store's hot path copies
     batch tails instead; this is the reference the tests and tools use."""
     topic = check_topic(message.topic)
-    props = encode_properties(message.properties) if message.properties else b""
+    props = _input_properties(message)
     body = bytes(message.body)
     size = record_size(len(body), len(topic), len(props))
     born_ip, born_port = _host_bytes(message.born_host, "born_host")

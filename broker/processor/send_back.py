@@ -4,15 +4,18 @@ RocketMQ's SendMessageProcessor.consumerSendMsgBack, on the leader. The request 
 commit-log offset (``offset``; ext as RocketMQ's ConsumerSendMsgBackRequestHeader: ``offset``, ``group``,
 ``delay_level``, ``origin_msg_id``, ``origin_topic``, ``max_reconsume_times``). The broker reads the message from
 its own store and appends a copy with ``reconsume_times`` + 1 and properties RETRY_TOPIC (the topic it was first
-consumed from, kept from the first failure on) and ORIGIN_MESSAGE_ID:
+consumed from, kept from the first failure on: read only from a retry copy, ``remoting.message.first_topic``) and
+ORIGIN_MESSAGE_ID:
 
 * while the stored copy's ``reconsume_times`` is below ``max_reconsume_times`` (and ``delay_level`` >= 0), to the
   group's retry topic ``%RETRY%<group>``, delayed by ``delay_level`` or, when 0, by level 3 + reconsume_times
   (RocketMQ's backoff: 10 s, 30 s, 1 m, ... with the default levels), capped at the last level;
 * else (or with ``delay_level`` -1) at once to the group's dead-letter topic ``%DLQ%<group>``;
 * a message whose properties, near the limit, cannot take the ones added (RETRY_TOPIC, ORIGIN_MESSAGE_ID, the
-  schedule's) goes at once to the dead-letter topic as it was stored (answered ``dead``), as POP's revive does:
-  refused, its consumer retried it locally without end and its queue's offset never passed it.
+  schedule's), or whose stored block cannot be written again from its decoded properties (an empty name, a value
+  with \x01: taken from a batch before the broker refused such blocks), goes at once to the dead-letter topic as it
+  was stored, its properties block copied (answered ``dead``), as POP's revive does: refused, its consumer retried
+  it locally without end and its queue's offset never passed it.
 
 The group's subscription group (``broker/subscription_group.py``, auto-created here as by a pull) gives the limit
 when the request carries no ``max_reconsume_times`` (its ``retry_max_times``, 16 by default; raftmq's consumers
@@ -40,7 +43,8 @@ from remoting.codes import ResponseCode
 from remoting.message import (PROPERTY_DELAY, PROPERTY_ORIGIN_MESSAGE_ID,
                               PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC, PROPERTY_RETRY_TOPIC, PROPERTY_UNIQ_KEY,
                               RETRY_GROUP_MAX_LENGTH, SCHEDULE_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC,
-                              MessageFormatError, create_msg_id, dlq_topic, encode_batch, retry_topic)
+                              MessageFormatError, MessageView, create_msg_id, decode_record, dlq_topic,
+                              encode_batch, first_topic, record_properties, retry_topic)
 
 if TYPE_CHECKING:
     from broker.node import BrokerNode
@@ -80,7 +84,8 @@ class SendBackProcessor:
         if origin_topic:
             legal_topic("origin_topic", origin_topic)
         store = node.store
-        view = store.look_message_by_offset(offset) if store.min_phy_offset <= offset < store.max_phy_offset else None
+        found = self._look(offset) if store.min_phy_offset <= offset < store.max_phy_offset else None
+        view, as_stored = found if found is not None else (None, b"")
         if view is None or store.deleted_with_topic(view.topic, offset):
             raise RequestRejected(ResponseCode.NO_MESSAGE,
                                   f"no message starts at commit-log offset {offset} on broker "
@@ -93,8 +98,10 @@ class SendBackProcessor:
             raise invalid("offset", f"{offset} holds a record of the broker's own topic {view.topic!r}, not a "
                                     f"consumed message; nothing was sent back")
         stored_props = dict(view.properties)
-        first_topic = stored_props.get(PROPERTY_RETRY_TOPIC, view.topic)
-        if origin_topic and origin_topic not in (view.topic, first_topic):
+        # A retry copy's RETRY_TOPIC only: on another record it is whatever its producer wrote (a broker that
+        # took it from producers stored it), and trusted it sent the retry to that topic's handler.
+        first = first_topic(view.topic, stored_props)
+        if origin_topic and origin_topic not in (view.topic, first):
             # A stale or wrong offset would otherwise retry (or bury in the DLQ) some other topic's message.
             raise invalid("offset", f"{offset} holds a message of topic {view.topic!r}, not of origin_topic "
                                     f"{origin_topic!r}")
@@ -106,7 +113,7 @@ class SendBackProcessor:
         for name in (PROPERTY_DELAY, PROPERTY_REAL_TOPIC, PROPERTY_REAL_QUEUE_ID):
             stored_props.pop(name, None)
         props = dict(stored_props)
-        props[PROPERTY_RETRY_TOPIC] = first_topic
+        props[PROPERTY_RETRY_TOPIC] = first
         props[PROPERTY_ORIGIN_MESSAGE_ID] = (origin_msg_id or props.get(PROPERTY_UNIQ_KEY)
                                              or create_msg_id(view.store_host, view.phy_offset))
         try:
@@ -114,10 +121,12 @@ class SendBackProcessor:
         except MessageFormatError as e:
             # Properties near the limit, tipped over by the ones added here: refused, the consumer retried it locally
             # without end and its queue's offset never passed it. To the dead letters as stored instead (as POP's
-            # revive does), where an operator finds it.
+            # revive does), where an operator finds it: its properties block copied, not decoded and written again,
+            # which fails for a block a broker took from a batch before it refused those encode_properties does not
+            # write (an empty name, a value with \x01).
             try:
                 dead = True
-                target, batch = await self._copy(view, group, dead, stored_props, delay_level, 0)
+                target, batch = await self._copy(view, group, dead, as_stored, delay_level, 0)
             except MessageFormatError:
                 raise RequestRejected(ResponseCode.MESSAGE_ILLEGAL, f"the message at offset {offset} cannot be "
                                                                     f"sent back: {e}") from None
@@ -127,11 +136,20 @@ class SendBackProcessor:
         return make_response(request, ResponseCode.SUCCESS, ext={
             "topic": target, "msg_id": stored.msg_id, "reconsume_times": reconsume_times + 1, "dead": dead})
 
-    async def _copy(self, view: Any, group: str, dead: bool, props: dict[str, str], delay_level: int,
+    def _look(self, offset: int) -> tuple[MessageView, bytes] | None:
+        """The record at ``offset`` decoded, and its properties block as stored; None if no record starts there.
+        Bytes, not the store's view of them: a send-back awaits, and a view held meanwhile would pin the segment."""
+        raw = self.node.store.look_record_by_offset(offset)
+        if raw is None:
+            return None
+        return decode_record(raw, check_crc=False), record_properties(raw)
+
+    async def _copy(self, view: Any, group: str, dead: bool, props: dict[str, str] | bytes, delay_level: int,
                     retry_queue_nums: int) -> tuple[str, bytes]:
         """The topic a send-back of ``view`` goes to (the group's retry or dead-letter topic, created if need be) and
-        the batch that stores its copy with ``props`` (a retry through the schedule topic, delayed); raises
-        MessageFormatError for a copy the format cannot hold."""
+        the batch that stores its copy with ``props`` (a retry through the schedule topic, delayed; bytes: a
+        record's block, for a dead letter as stored); raises MessageFormatError for a copy the format cannot
+        hold."""
         node = self.node
         target = dlq_topic(group) if dead else retry_topic(group)
         queue_nums = DLQ_QUEUE_NUMS if dead else retry_queue_nums
