@@ -53,7 +53,8 @@ def announce_ready(kind: str, **fields: Any) -> None:
     print("ready " + " ".join(parts), flush=True)
 
 
-def run_until_signalled(main: Callable[[trio.Nursery], Awaitable[Drain | None]]) -> int:
+def run_until_signalled(main: Callable[[trio.Nursery], Awaitable[Drain | None]], *,
+                        stop_while_starting: bool = False) -> int:
     """Run ``main(nursery)`` (which starts the servers and returns) until SIGTERM or SIGINT, then cancel
     everything and return 0. Servers do their final flush in their own shielded ``finally`` blocks. A
     ``FatalServerError`` stops everything the same way and returns ``EXIT_FATAL`` after logging it.
@@ -63,21 +64,32 @@ def run_until_signalled(main: Callable[[trio.Nursery], Awaitable[Drain | None]])
     ends with its one line and exit status 2 as for any other config error.
 
     ``main`` may return a *drain*: an async function run on the signal while everything still serves (a broker
-    leader hands its leadership over), for at most ``DRAIN_TIMEOUT_S``; a second signal cuts it short."""
+    leader hands its leadership over), for at most ``DRAIN_TIMEOUT_S``; a second signal cuts it short.
+
+    A signal that comes while ``main`` runs is held until it returns, unless ``stop_while_starting``: then ``main`` is
+    cancelled at once (a supervisor such as ``raftmq dev``, whose start waits a minute and more for its children,
+    stops what it started in its own ``except``/``finally``), and SIGINT ends with KeyboardInterrupt once trio has
+    returned (the CLI's exit 130, as ``run_interruptible``), SIGTERM with 0."""
 
     raise_open_files_limit()
+    started = False
+    interrupted = False
 
     async def _run() -> None:
+        nonlocal started, interrupted
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with trio.open_nursery() as nursery:
-                drain = await main(nursery)
-                tune_gc()
+                drain: Drain | None = None
 
                 async def _wait_signal() -> None:
+                    nonlocal interrupted
                     received = signals.__aiter__()
                     signum = await received.__anext__()
-                    log.info("shutting down signal=%s", signal.Signals(signum).name)
-                    if drain is not None:
+                    log.info("shutting down signal=%s%s", signal.Signals(signum).name,
+                             "" if started else " (while starting)")
+                    if not started:
+                        interrupted = signum == signal.SIGINT
+                    elif drain is not None:
                         async with trio.open_nursery() as draining:
                             async def _cut_short() -> None:
                                 again = await received.__anext__()
@@ -90,10 +102,19 @@ def run_until_signalled(main: Callable[[trio.Nursery], Awaitable[Drain | None]])
                             draining.cancel_scope.cancel()
                     nursery.cancel_scope.cancel()
 
-                nursery.start_soon(_wait_signal)
-                parent = _supervisor_pid()
-                if parent is not None:
-                    nursery.start_soon(_exit_with_parent, parent, nursery.cancel_scope)
+                def _watch() -> None:
+                    nursery.start_soon(_wait_signal)
+                    parent = _supervisor_pid()
+                    if parent is not None:
+                        nursery.start_soon(_exit_with_parent, parent, nursery.cancel_scope)
+
+                if stop_while_starting:
+                    _watch()
+                drain = await main(nursery)
+                started = True
+                tune_gc()
+                if not stop_while_starting:
+                    _watch()
 
     try:
         trio.run(_run)
@@ -110,6 +131,8 @@ def run_until_signalled(main: Callable[[trio.Nursery], Awaitable[Drain | None]])
         sys.stdout.flush()
         return EXIT_FATAL
     sys.stdout.flush()
+    if interrupted:
+        raise KeyboardInterrupt
     return 0
 
 

@@ -364,7 +364,9 @@ class ReadyProcess:
 
 def spawn_ready_process(args: Sequence[str], *, ready_timeout_s: float = 30.0) -> ReadyProcess:
     """Start ``python -m raftmq ARGS`` and wait for its ``ready ...`` line (see ``raftmq.runner``). Its
-    stderr goes to ours, so its warnings stay visible; it is killed if it is not ready in time."""
+    stderr goes to ours, so its warnings stay visible (its own error line among them); it is killed if it is not
+    ready in time. One that exits or is killed before it is ready is a ``BenchError`` (``run_bench``'s one line,
+    not a traceback)."""
     argv = [sys.executable, "-m", "raftmq", *args]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, bufsize=0)
     assert proc.stdout is not None
@@ -385,9 +387,10 @@ def spawn_ready_process(args: Sequence[str], *, ready_timeout_s: float = 30.0) -
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not sel.select(remaining):
                 ReadyProcess(proc, {}).stop()
-                raise RuntimeError(f"{' '.join(argv)} printed no ready line within {ready_timeout_s:g} s")
+                raise BenchError(f"{' '.join(argv)} printed no ready line within {ready_timeout_s:g} s")
             chunk = os.read(fd, 65536)
             if not chunk:
                 code = proc.wait(10)
-                raise RuntimeError(f"{' '.join(argv)} exited with status {code} before it was ready")
+                proc.stdout.close()
+                raise BenchError(f"{' '.join(argv)} exited with status {code} before it was ready")
             received += chunk

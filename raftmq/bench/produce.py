@@ -164,6 +164,11 @@ def check_cluster_args(args: argparse.Namespace) -> None:
     if args.tls and args.namesrv is None:
         raise ConfigError("--tls needs --namesrv (or $NAMESRV_ADDR): the cluster a bench starts for itself serves "
                           "plain TCP")
+    if args.namesrv is None:
+        # The cluster started for the run takes free ports from $RAFTMQ_PORT_RANGE: a malformed one is named now
+        # (exit 2), not as a child that exited before it was ready.
+        from raftmq.commands.dev import check_base_port
+        check_base_port(0)
 
 
 @contextlib.asynccontextmanager

@@ -64,7 +64,7 @@ from rich.table import Table
 from client import (Message, PullStatus, SendFailedError, SendResult, SendStatus, open_admin, open_producer,
                     open_pull_consumer, open_push_consumer)
 from dledger.service import get_raft_status
-from raftmq.bench.common import add_tls_args, check_range, check_tls_args, print_json
+from raftmq.bench.common import add_tls_args, check_range, check_tls_args, make_dir, print_json
 from raftmq.commands.dev import (GROUP, NODE_IDS, DevClusterError, LocalCluster, check_base_port, check_overrides,
                                  plan_ports)
 from raftmq.commands.dev_tls import DevTLS, open_tls_dir, refuse_tls_overrides
@@ -153,7 +153,7 @@ def check_args(args: argparse.Namespace) -> None:
         refuse_tls_overrides(args.set, "--tls")
         if args.tls_dir is not None:
             args.tls_dir = open_tls_dir(args.tls_dir)  # checked (made when empty) before the data directory
-    check_overrides(args.set)
+    check_overrides(args.set, args.data_dir)
     from raftmq.commands.broker import parse_overrides
     tls = parse_overrides(args.set)
     if tls.get("tls_mode") == "enforcing" or tls.get("tls_client_enable") is True:
@@ -302,7 +302,9 @@ class Chaos:
 
     async def run(self) -> dict[str, Any]:
         args, cluster, ledger = self.args, self.cluster, self.ledger
-        await trio.to_thread.run_sync(cluster.start_all)
+        # Abandoned on Ctrl-C (run_interruptible): run's finally stops what it started (LocalCluster.stop_all), and
+        # that ends the wait; waited for, a node that never became ready held the Ctrl-C for a minute.
+        await trio.to_thread.run_sync(cluster.start_all, abandon_on_cancel=True)
         assert cluster.namesrv is not None
         namesrv = cluster.namesrv.fields["listen"]
         self.addr_of = {nid: child.fields["listen"] for nid, child in cluster.nodes.items()}
@@ -380,7 +382,7 @@ class Chaos:
         if args.fault in ("kill", "rebuild", "restart"):
             child.stop(self.cluster.stop_timeout_s)  # already dead: closes its log and output reader
             restarted = self.cluster.start_node(victim)
-            await trio.to_thread.run_sync(restarted.wait_ready, 60.0)
+            await trio.to_thread.run_sync(restarted.wait_ready, 60.0, abandon_on_cancel=True)
         else:
             os.kill(child.pid, signal.SIGCONT)
             self.stopped.discard(child.pid)
@@ -632,7 +634,7 @@ def run(args: argparse.Namespace) -> int:
     check_args(args)
     temporary = args.data_dir is None
     data_dir: Path = Path(tempfile.mkdtemp(prefix="raftmq-chaos-")) if temporary else args.data_dir
-    data_dir.mkdir(parents=True, exist_ok=True)
+    make_dir(data_dir, "--data-dir")
     console = Console(stderr=args.json)
     if logging.getLogger().level >= logging.INFO:
         # The client's INFO lines narrate every failover (refused connections, moved routes): the report tells

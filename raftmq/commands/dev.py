@@ -13,9 +13,10 @@ With ``--tls-dir DIR`` every process serves TLS only (``tls_mode = "enforcing"``
 made there when it is empty (``raftmq/commands/dev_tls.py`` names the files), and the brokers dial the name server
 and each other over TLS; the client settings to use are printed at start.
 
-Shutdown on Ctrl-C / SIGTERM: every child gets SIGTERM by PID (brokers unregister and flush), then SIGKILL after
-``--stop-timeout`` seconds if it lingers. A child that dies on its own is reported and left dead (the others keep
-serving: that is a failover, and a good way to watch one).
+Shutdown on Ctrl-C / SIGTERM, while starting too: every child gets SIGTERM by PID (brokers unregister and flush),
+then SIGKILL if it lingers ``--stop-timeout`` seconds after it (the brokers at once, then the name server). Stopped
+while starting, it exits 130 on Ctrl-C, 0 on SIGTERM. A child that dies on its own is reported and left dead (the
+others keep serving: that is a failover, and a good way to watch one).
 """
 
 from __future__ import annotations
@@ -25,10 +26,12 @@ import json
 import logging
 import os
 import secrets
+import shlex
 import signal
 import subprocess
 import sys
 import threading
+import time
 import tomllib
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,7 +40,7 @@ from typing import Any
 import trio
 
 from raftmq.bench.common import check_range, make_dir
-from raftmq.commands.dev_tls import DevTLS, open_tls_dir, refuse_tls_overrides
+from raftmq.commands.dev_tls import DevTLS, open_tls_dir, refuse_tls_overrides, toml_string
 from raftmq.ports import free_port, port_range
 from raftmq.runner import PARENT_PID_ENV, announce_ready, run_until_signalled
 from remoting.config import ConfigError, apply_overrides, blank_dir_problem, config_from_mapping
@@ -52,6 +55,10 @@ NODE_IDS = ("n1", "n2", "n3")
 # three made them claim one identity, port or directory, and it ended in a bind error from the second node.
 PER_NODE_KEYS = ("listen", "metrics_listen", "store.store_dir", "dledger.self_id", "dledger.data_dir",
                  "dledger.members")
+# The keys ``_broker_toml`` writes the same in every node and the dev cluster depends on: ``raftmq dev`` prints and
+# ``raftmq chaos`` asks the group GROUP (another made chaos wait 30 s for a leader of broker-a), both dial their own
+# name server, and the secret is the one kept in the data directory for the next run.
+CLUSTER_KEYS = ("namesrv_addrs", "dledger.group", "dledger.secret")
 
 
 def register(subparsers) -> None:
@@ -67,8 +74,8 @@ def register(subparsers) -> None:
     parser.add_argument("--stop-timeout", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="broker config override passed to every node, e.g. --set store.flush_disk_type="
-                             '\'"SYNC_FLUSH"\' (not the keys dev sets per node: '
-                             + ", ".join(PER_NODE_KEYS) + ")")
+                             '\'"SYNC_FLUSH"\' (not the keys dev sets itself: '
+                             + ", ".join(PER_NODE_KEYS + CLUSTER_KEYS) + ")")
     parser.add_argument("--acl-file", metavar="PATH", default=None,
                         help="turn ACL on in every node with this ACL file (TOML, re-read when it changes; "
                              "docs/operations.md, 'Access control (ACL)')")
@@ -89,7 +96,7 @@ def acl_overrides(acl_file: str | None) -> list[str]:
         raise ConfigError(f"--acl-file must name a file, got {acl_file!r}")
     path = Path(acl_file).resolve()  # absolute: each node is given it as it is
     load_acl_file(path)
-    return ["acl_enable=true", f"acl_file={json.dumps(str(path))}"]
+    return ["acl_enable=true", f"acl_file={toml_string(path)}"]
 
 
 def check_base_port(base_port: int | None) -> None:
@@ -192,7 +199,8 @@ def write_broker_configs(data_dir: Path, state: dict[str, Any], *, hosts: dict[s
         node_dir = (data_dir / GROUP / nid).resolve()
         node_dir.mkdir(parents=True, exist_ok=True)
         path = data_dir / f"{GROUP}-{nid}.toml"
-        path.write_text(_broker_toml(nid, node_dir, state["ports"], secret, hosts or {}, namesrv_host))
+        path.write_text(_broker_toml(nid, node_dir, state["ports"], secret, hosts or {}, namesrv_host),
+                        encoding="utf-8")
         path.chmod(0o600)
         paths.append(path)
     return paths
@@ -200,24 +208,34 @@ def write_broker_configs(data_dir: Path, state: dict[str, Any], *, hosts: dict[s
 
 def _broker_toml(nid: str, node_dir: Path, ports: dict[str, Any], secret: str, hosts: dict[str, str],
                  namesrv_host: str) -> str:
+    # Every string through toml_string: the directories come from --data-dir, the secret from a file the user may
+    # have written, and a bare one with a backslash or a quote put a node's data elsewhere or broke the file.
+    q = toml_string
     host = {n: hosts.get(n, "127.0.0.1") for n in NODE_IDS}
     members = ", ".join(
-        f'{{ id = "{n}", raft_address = "{host[n]}:{ports["raft"][i]}", '
-        f'service_address = "{host[n]}:{ports["service"][i]}" }}' for i, n in enumerate(NODE_IDS))
-    return (f'# Generated by `raftmq dev`; edited copies are overwritten on the next run.\n'
-            f'cluster_name = "DefaultCluster"\n'
-            f'namesrv_addrs = ["{namesrv_host}:{ports["namesrv"]}"]\n'
-            f'metrics_listen = "{host[nid]}:0"\n\n'
-            f'[store]\nstore_dir = "{node_dir / "store"}"\n\n'
-            f'[dledger]\ngroup = "{GROUP}"\nself_id = "{nid}"\nsecret = "{secret}"\n'
-            f'data_dir = "{node_dir / "dledger"}"\nmembers = [{members}]\n')
+        f"{{ id = {q(n)}, raft_address = {q(host[n] + ':' + str(ports['raft'][i]))}, "
+        f"service_address = {q(host[n] + ':' + str(ports['service'][i]))} }}" for i, n in enumerate(NODE_IDS))
+    namesrv = q(f"{namesrv_host}:{ports['namesrv']}")
+    return (f"# Generated by `raftmq dev`; edited copies are overwritten on the next run.\n"
+            f"cluster_name = {q('DefaultCluster')}\n"
+            f"namesrv_addrs = [{namesrv}]\n"
+            f"metrics_listen = {q(host[nid] + ':0')}\n\n"
+            f"[store]\nstore_dir = {q(node_dir / 'store')}\n\n"
+            f"[dledger]\ngroup = {q(GROUP)}\nself_id = {q(nid)}\nsecret = {q(secret)}\n"
+            f"data_dir = {q(node_dir / 'dledger')}\nmembers = [{members}]\n")
 
 
-def check_overrides(overrides: Sequence[str]) -> None:
+def check_overrides(overrides: Sequence[str], data_dir: Path | None = None) -> None:
     """Refuse a bad ``--set`` before anything is made or started: checked on a config like the ones
     ``write_broker_configs`` writes, so it fails here as it would in every node (ConfigError naming the key,
-    exit 2), not as three brokers exiting one after the other. A key of ``PER_NODE_KEYS`` (or a table holding
-    one, or a key under one) is refused too: it is valid in each node's config, and wrong in all three at once."""
+    exit 2), not as three brokers exiting one after the other. A key of ``PER_NODE_KEYS`` or ``CLUSTER_KEYS`` (or a
+    table holding one, or a key under one) is refused too: it is valid in each node's config, and wrong in all three
+    at once, or in what dev and chaos expect of the cluster.
+
+    With ACL on (``acl_enable``), the ACL file each node would read (``broker.acl.acl_file_path``: ``acl_file``, else
+    ``plain_acl.toml`` in the node's store directory under ``data_dir``) is loaded as the node loads it: a missing or
+    bad one is the ConfigError naming the key that turned ACL on or named the file. ``data_dir`` None stands for a
+    directory made new, whose store directories hold no ACL file."""
     if not overrides:
         return
     from broker.config import BrokerConfig  # the broker stack only when there is something to check
@@ -225,18 +243,42 @@ def check_overrides(overrides: Sequence[str]) -> None:
 
     parsed = parse_overrides(list(overrides))
     for key in parsed:
-        for per_node in PER_NODE_KEYS:
-            if key == per_node or key.startswith(per_node + "."):
-                raise ConfigError(f"--set {key}: raftmq dev sets this per node (each node its own identity, "
-                                  f"addresses and directories); a different layout needs configs of its own, run "
-                                  f"with raftmq broker")
-            if per_node.startswith(key + "."):
-                raise ConfigError(f"--set {key}: raftmq dev sets {per_node} in it per node, and this replaces the "
+        for dev_key in PER_NODE_KEYS + CLUSTER_KEYS:
+            per_node = dev_key in PER_NODE_KEYS
+            if key == dev_key or key.startswith(dev_key + "."):
+                what = ("per node (each node its own identity, addresses and directories)" if per_node
+                        else f"for the whole cluster (its group {GROUP}, its name server, its secret)")
+                raise ConfigError(f"--set {key}: raftmq dev sets this {what}; a different layout needs configs of "
+                                  f"its own, run with raftmq broker")
+            if dev_key.startswith(key + "."):
+                raise ConfigError(f"--set {key}: raftmq dev sets {dev_key} in it "
+                                  f"{'per node' if per_node else 'for the whole cluster'}, and this replaces the "
                                   f"whole table; set its other keys one by one ({key}.KEY=VALUE)")
     data = tomllib.loads(_broker_toml(NODE_IDS[0], Path("/raftmq-dev-check") / GROUP / NODE_IDS[0],
                                       _fixed_ports(9876), "0" * 32, {}, "127.0.0.1"))
     apply_overrides(data, parsed)
-    config_from_mapping(BrokerConfig, data)
+    config = config_from_mapping(BrokerConfig, data)
+    if config.acl_enable:
+        _check_acl_file(config, "acl_file" if "acl_file" in parsed else "acl_enable", data_dir)
+
+
+def _check_acl_file(config: Any, key: str, data_dir: Path | None) -> None:
+    """The ACL file every node would read with ``config`` loaded now (``check_overrides``); the broker's own
+    ConfigError, prefixed with ``--set KEY``, when one would fail: the nodes started, then exited one by one."""
+    from broker.acl import ACL_FILE_NAME, acl_file_path, load_acl_file
+
+    if config.acl_file:
+        paths = [acl_file_path(config)]
+    elif data_dir is None:
+        raise ConfigError(f"--set {key}: ACL is on without acl_file, so each node would read {ACL_FILE_NAME} in its "
+                          f"store directory, made new by this run; give the ACL file (raftmq dev: --acl-file PATH)")
+    else:
+        paths = [(data_dir / GROUP / nid / "store").resolve() / ACL_FILE_NAME for nid in NODE_IDS]
+    for path in paths:
+        try:
+            load_acl_file(path)
+        except ConfigError as e:
+            raise ConfigError(f"--set {key}: {e}; raftmq dev: --acl-file PATH gives every node one") from None
 
 
 def check_data_dir(value: str) -> Path:
@@ -245,6 +287,18 @@ def check_data_dir(value: str) -> Path:
     if problem := blank_dir_problem(value):
         raise ConfigError(f"--data-dir {problem}, got {value!r}")
     return Path(value)
+
+
+def check_tls_dir_for_ready_line(value: str) -> None:
+    """Refuse a ``--tls-dir`` whose absolute path holds whitespace (ConfigError, exit 2), before its files are
+    made: the ready line's ``tls_ca_file=`` names ``ca.pem`` in it, and every reader of a ready line
+    (``Child``, ``spawn_ready_process``, the tests' process fixtures) splits it at whitespace into ``key=value``
+    fields, as it does every other ready line, whose values hold none; the path came out cut short there."""
+    path = str(Path(value).resolve())
+    if any(c.isspace() for c in path):
+        shown = repr(value) if path == value else f"{value!r} ({path!r})"
+        raise ConfigError(f"--tls-dir {shown} holds whitespace, which the ready line's space-separated "
+                          f"key=value fields cannot carry (tls_ca_file=); use a directory without")
 
 
 def lock_data_dir(data_dir: Path) -> DirectoryLock:
@@ -296,7 +350,7 @@ class Child:
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      env=env, start_new_session=True)
         self.pid = self.proc.pid
-        self._terminated = False
+        self._terminated_at: float | None = None  # time.monotonic() of our SIGTERM
         self._reader = threading.Thread(target=self._read, name=f"dev-{name}", daemon=True)
         self._reader.start()
 
@@ -330,20 +384,25 @@ class Child:
     def terminate(self) -> None:
         # Exactly one SIGTERM: a second one can land after the child's trio run has put the default handler
         # back, and would kill it in the middle of its final flush.
-        if self.proc.poll() is None and not self._terminated:
-            self._terminated = True
+        if self.proc.poll() is None and self._terminated_at is None:
+            self._terminated_at = time.monotonic()
             os.kill(self.pid, signal.SIGTERM)
 
     def stop(self, timeout_s: float) -> int | None:
+        """SIGTERM (unless ``terminate`` sent it already), then SIGKILL if the process has not exited ``timeout_s``
+        seconds later; its exit status."""
         if self.proc.poll() is None:
             self.terminate()
             try:
                 self.proc.wait(timeout_s)
             except subprocess.TimeoutExpired:
-                log.warning("%s (pid %d) ignored SIGTERM for %.0fs; killing it", self.name, self.pid, timeout_s)
+                waited = time.monotonic() - (self._terminated_at or time.monotonic())
+                log.warning("%s (pid %d) ignored SIGTERM for %.1fs; killing it", self.name, self.pid, waited)
                 os.kill(self.pid, signal.SIGKILL)
                 self.proc.wait(10)
         self._reader.join(2)
+        if self.proc.stdout is not None and not self._reader.is_alive():
+            self.proc.stdout.close()  # else left to the garbage collector, with a ResourceWarning
         self._log.close()
         return self.proc.returncode
 
@@ -354,7 +413,12 @@ def _raftmq(*args: str) -> list[str]:
 
 class LocalCluster:
     """The processes of ``raftmq dev``: the name server and the group's three nodes, each a ``Child`` started here
-    and stopped by PID. ``raftmq chaos`` kills and restarts single nodes of one."""
+    and stopped by PID. ``raftmq chaos`` kills and restarts single nodes of one.
+
+    ``start_all`` runs in a worker thread and waits a minute and more for the children to be ready; a signal
+    meanwhile abandons that thread and calls ``stop_all``, which from then on refuses every start (DevClusterError),
+    so no child is started after the children were stopped, and stopping them ends the waits for their ready lines
+    (their output ends)."""
 
     def __init__(self, data_dir: Path, state: dict[str, Any], *, overrides: Sequence[str] = (),
                  stop_timeout_s: float = 10.0, tls: DevTLS | None = None) -> None:
@@ -367,13 +431,15 @@ class LocalCluster:
         self._namesrv_args: list[str] = []
         if tls is not None:
             namesrv_toml = data_dir / "namesrv.toml"
-            namesrv_toml.write_text(tls.namesrv_toml())
+            namesrv_toml.write_text(tls.namesrv_toml(), encoding="utf-8")
             self._namesrv_args = ["--config", str(namesrv_toml)]
             overrides = [*overrides, *tls.broker_overrides()]
         self._overrides = [a for s in overrides for a in ("--set", s)]
         self.stop_timeout_s = stop_timeout_s
         self.namesrv: Child | None = None
         self.nodes: dict[str, Child] = {}
+        self._starting = threading.Lock()  # a child is started, or the cluster set to stopping, one at a time
+        self._stopping = False
 
     @property
     def children(self) -> list[Child]:
@@ -386,40 +452,60 @@ class LocalCluster:
 
     def start_node(self, nid: str) -> Child:
         """Start node ``nid`` on its data (again, after a kill) without waiting for it to be ready."""
-        child = Child(f"{GROUP}/{nid}", _raftmq("broker", "--config", str(self.paths[nid]), *self._overrides),
-                      self.logs / f"{GROUP}-{nid}.log")
-        self.nodes[nid] = child
+        with self._starting:
+            self._refuse_when_stopping(f"{GROUP}/{nid}")
+            child = Child(f"{GROUP}/{nid}", _raftmq("broker", "--config", str(self.paths[nid]), *self._overrides),
+                          self.logs / f"{GROUP}-{nid}.log")
+            self.nodes[nid] = child
         return child
 
     def start_all(self) -> None:
-        self.namesrv = Child("namesrv", _raftmq("namesrv", *self._namesrv_args,
-                                                "--listen", f"127.0.0.1:{self.ports['namesrv']}",
-                                                "--metrics-listen", "127.0.0.1:0"), self.logs / "namesrv.log")
+        with self._starting:
+            self._refuse_when_stopping("namesrv")
+            self.namesrv = Child("namesrv", _raftmq("namesrv", *self._namesrv_args,
+                                                    "--listen", f"127.0.0.1:{self.ports['namesrv']}",
+                                                    "--metrics-listen", "127.0.0.1:0"), self.logs / "namesrv.log")
         self.namesrv.wait_ready(30)
         for nid in NODE_IDS:
             self.start_node(nid)
         for nid in NODE_IDS:
             self.nodes[nid].wait_ready(60)
 
+    def _refuse_when_stopping(self, name: str) -> None:
+        if self._stopping:
+            raise DevClusterError(f"{name} not started: the cluster is stopping")
+
     def stop_all(self) -> None:
-        # Brokers first, all at once (each unregisters from the name server), the name server last.
-        for child in self.nodes.values():
+        """Stop every child, brokers first, all at once (each unregisters from the name server), the name server
+        last; each gets SIGKILL if it has not exited ``stop_timeout_s`` after its SIGTERM. The brokers' waits share
+        one deadline: waited one after the other with the whole timeout each, hung ones were killed at T, 2T, 3T."""
+        with self._starting:
+            self._stopping = True
+        nodes = list(self.nodes.values())
+        for child in nodes:
             child.terminate()
-        for child in reversed(self.children):
-            rc = child.stop(self.stop_timeout_s)
-            log.info("stopped %s pid=%d rc=%s", child.name, child.pid, rc)
+        deadline = time.monotonic() + self.stop_timeout_s
+        for child in reversed(nodes):
+            self._log_stopped(child, child.stop(max(0.0, deadline - time.monotonic())))
+        if self.namesrv is not None:
+            self._log_stopped(self.namesrv, self.namesrv.stop(self.stop_timeout_s))
+
+    @staticmethod
+    def _log_stopped(child: Child, rc: int | None) -> None:
+        log.info("stopped %s pid=%d rc=%s", child.name, child.pid, rc)
 
 
 def run(args: argparse.Namespace) -> int:
     check_range("--stop-timeout", args.stop_timeout, 0.1, 3600)
     check_base_port(args.base_port)
     args.set = [*args.set, *acl_overrides(args.acl_file)]
+    data_dir = check_data_dir(args.data_dir)
     tls = None
     if args.tls_dir is not None:
         refuse_tls_overrides(args.set, "--tls-dir")
+        check_tls_dir_for_ready_line(args.tls_dir)
         tls = open_tls_dir(args.tls_dir)  # checked (or made) before anything else is written
-    check_overrides([*args.set, *(tls.broker_overrides() if tls else [])])
-    data_dir = check_data_dir(args.data_dir)
+    check_overrides([*args.set, *(tls.broker_overrides() if tls else [])], data_dir)
     make_dir(data_dir, "--data-dir")
     lock = lock_data_dir(data_dir)
     try:
@@ -442,10 +528,13 @@ def _run_locked(args: argparse.Namespace, data_dir: Path, tls: DevTLS | None) ->
                     child.proc.returncode, logs)
 
     failed: list[str] = []
+    started: list[bool] = []
 
     async def main(nursery: trio.Nursery) -> None:
         try:
-            await trio.to_thread.run_sync(start_all)
+            # Abandoned on a signal (run_until_signalled's stop_while_starting): stop_all below stops what it
+            # started, and refuses it every further start.
+            await trio.to_thread.run_sync(start_all, abandon_on_cancel=True)
         except DevClusterError as e:
             stop_all()
             failed.append(str(e))
@@ -457,6 +546,7 @@ def _run_locked(args: argparse.Namespace, data_dir: Path, tls: DevTLS | None) ->
         children = cluster.children
         namesrv_addr = children[0].fields["listen"]
         brokers = [c.fields["listen"] for c in children[1:]]
+        started.append(True)
         print(f"raftmq dev: name server {namesrv_addr}; group {GROUP} nodes {', '.join(brokers)}; "
               f"data {data_dir.resolve()}", flush=True)
         # Each child's /metrics address, in the order of brokers= (keys of their own: parsers of the other keys
@@ -472,7 +562,7 @@ def _run_locked(args: argparse.Namespace, data_dir: Path, tls: DevTLS | None) ->
         if tls is not None:
             made = "made now" if tls.generated else "found"
             print(f"  TLS only (certificates {made} in {tls.cert_file.parent}): clients take {tls.client_flags()}, "
-                  f"or $RAFTMQ_TLS_ENABLE=true and $RAFTMQ_TLS_CA_FILE={tls.ca_file}, or in code "
+                  f"or $RAFTMQ_TLS_ENABLE=true and $RAFTMQ_TLS_CA_FILE={shlex.quote(str(tls.ca_file))}, or in code "
                   f"tls_enable=True, tls_ca_file={str(tls.ca_file)!r}", flush=True)
         print(f"  use it: point a client at namesrv {namesrv_addr}, e.g. "
               f"raftmq bench produce --namesrv {namesrv_addr}{flags} --seconds 10\n"
@@ -488,8 +578,14 @@ def _run_locked(args: argparse.Namespace, data_dir: Path, tls: DevTLS | None) ->
         for child in children:
             nursery.start_soon(watch, child)
 
-    rc = run_until_signalled(main)
+    try:
+        rc = run_until_signalled(main, stop_while_starting=True)
+    except KeyboardInterrupt:
+        print("raftmq dev: interrupted while starting; every process it started is stopped", file=sys.stderr)
+        raise
     if failed:
         print(f"raftmq dev: error: {failed[0]}", file=sys.stderr)
         return 1
+    if not started and rc == 0:
+        print("raftmq dev: stopped while starting (SIGTERM); every process it started is stopped", file=sys.stderr)
     return rc
