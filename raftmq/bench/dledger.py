@@ -31,13 +31,13 @@ from typing import Any
 import psutil
 import trio
 from rich.console import Console
-
 from broker.commit_log_machine import CommitLogMachine
 from broker.store import MessageInput, MessageStore, StoreConfig, encode_batch
 from dledger import ByteLog, DLedgerConfig, MemberAddress, open_dledger_group
 from dledger.service import DLedgerService, get_raft_status, transfer_leadership
 from raftmq.bench.common import (check_range, make_dir, print_json, print_table, show_progress, spawn_ready_process,
                                  summarize_latencies)
+from raftmq.console import PipeConsole
 from raftmq.ports import free_port, port_range
 from raftmq.runner import run_interruptible
 from remoting.config import ConfigError, parse_host_port
@@ -298,7 +298,7 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--data-dir {str(args.data_dir)!r} is not empty: the bench starts a new group of its "
                               f"own and cannot run on what an earlier one left there")
         make_dir(args.data_dir, "--data-dir")
-    console = Console()
+    console = PipeConsole()
     base_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="raftmq-bench-dledger-"))
     try:
         result = run_interruptible(_bench, args, base_dir, console)

@@ -25,7 +25,6 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import trio
-from rich.console import Console
 
 from broker.topic_config import TopicConfigError, check_sendable_topic, validate_topic_name
 from client import Message, SendFailedError, SendResult, SendStatus, open_admin, open_producer
@@ -33,6 +32,7 @@ from raftmq.bench.common import (BenchError, LatencySummary, add_credential_args
                                  check_namesrv_arg, check_range, exported_credentials, machine_speed,
                                  namesrv_from_env, print_json, print_table, run_bench, show_progress,
                                  spawn_ready_process, summarize_latencies)
+from raftmq.console import PipeConsole
 from remoting.config import ConfigError
 from remoting.errors import ConnectionClosedError, RaftMQError, RemotingError
 
@@ -125,13 +125,13 @@ def report(r: BenchReport, *, as_json: bool = False) -> None:
             *((f"warm-up errors: {kind}", n) for kind, n in sorted(r.warmup_error_kinds.items())),
             *((f"CPU µs/msg {label}", us) for label, us in r.cpu_us_per_msg.items()),
             *((f"machine {name}", value) for name, value in r.machine.items())]
-    print_table(Console(), f"raftmq bench {r.kind}", rows)
+    print_table(PipeConsole(), f"raftmq bench {r.kind}", rows)
 
 
 async def progress(label: str, seconds: float, done: Callable[[], int]) -> None:
     """The shared progress bar, stopped after ``seconds``."""
     with trio.move_on_after(seconds):
-        await show_progress(Console(stderr=True), label, seconds, done)
+        await show_progress(PipeConsole(stderr=True), label, seconds, done)
 
 
 def add_cluster_args(parser: argparse.ArgumentParser) -> None:

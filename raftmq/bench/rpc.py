@@ -23,7 +23,6 @@ from typing import Any
 import psutil
 import trio
 from rich.console import Console
-
 from raftmq.bench.common import (
     BenchError,
     LatencySummary,
@@ -35,6 +34,7 @@ from raftmq.bench.common import (
     spawn_ready_process,
     summarize_latencies,
 )
+from raftmq.console import PipeConsole
 from raftmq.runner import announce_ready, leaf_exceptions, run_until_signalled, start_error
 from remoting.codec import DEFAULT_MAX_FRAME_SIZE, Frame, make_request, make_response
 from remoting.codes import RequestCode, ResponseCode
@@ -196,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
     check_range("--warmup-seconds", args.warmup_seconds, 0, 600)
     if args.server is not None:
         parse_host_port(args.server, key="--server", dial=True)
-    console = Console(stderr=args.json)
+    console = PipeConsole(stderr=args.json)
     server = None
     try:
         if args.server is None:

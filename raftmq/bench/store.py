@@ -37,10 +37,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
-from rich.console import Console
 
 from broker.store import GetMessageStatus, MessageInput, MessageStore, StoreConfig, encode_batch
 from raftmq.bench.common import check_range, print_json, print_table
+from raftmq.console import PipeConsole
 from remoting.config import ConfigError, blank_dir_problem
 
 __all__ = ["register", "run", "StoreBenchResult", "bench_mode"]
@@ -260,7 +260,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--dir {problem}, got {args.dir!r}")
     if args.dir is not None and not Path(args.dir).is_dir():  # was a traceback from tempfile.mkdtemp
         raise ConfigError(f"--dir {str(args.dir)!r} is not an existing directory")
-    console = Console()
+    console = PipeConsole()
     for mode in modes:
         result = bench_mode(mode, size=args.size, batch=args.batch, messages=args.messages, queues=args.queues,
                             segment_size_mb=args.segment_size_mb, parent=args.dir,

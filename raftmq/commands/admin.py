@@ -44,10 +44,8 @@ be reached (the message says which and why), 2 a bad argument (named), 141 whoev
 from __future__ import annotations
 
 import argparse
-import errno
 import functools
 import json
-import os
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -75,6 +73,7 @@ from raftmq.commands.admin_groups import (LATEST_MS, Refused as _Refused, add_ta
 # Shared with the message commands, under the names this module has always used.
 from raftmq.commands.admin_messages import (check_body_file as _check_body_file, message_data as _message_data,
                                             print_message as _print_message, utc as _utc)
+from raftmq.console import PipeConsole
 from raftmq.runner import leaf_exceptions, run_interruptible
 from remoting.errors import RaftMQError
 from remoting.message import KEY_SEPARATOR, MessageFormatError, parse_msg_id
@@ -479,16 +478,6 @@ _COMMANDS: dict[str, Callable[[AdminClient, argparse.Namespace], Awaitable[dict[
     "query-msg-key": _query_msg_key,
     **admin_messages.COMMANDS,
 }
-
-
-class PipeConsole(Console):
-    """rich's Console, but a reader that went away (``raftmq admin cluster | head -1``) ends the command as a
-    ``print`` to it does: BrokenPipeError, which ``raftmq.cli`` turns into exit 141 (``EXIT_BROKEN_PIPE``). rich's
-    own ``on_broken_pipe`` raises SystemExit(1), and 1 is this command's "the cluster refused"."""
-
-    def on_broken_pipe(self) -> None:
-        self.quiet = True  # nothing more is written where nobody reads
-        raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
 
 
 def _print(command: str, data: dict[str, Any]) -> None:

@@ -69,6 +69,7 @@ from raftmq.commands.dev import (GROUP, NODE_IDS, DevClusterError, LocalCluster,
                                  plan_ports)
 from raftmq.commands.dev_tls import DevTLS, open_tls_dir, refuse_tls_overrides
 from raftmq.commands.verify import verify_group
+from raftmq.console import PipeConsole
 from raftmq.runner import leaf_exceptions, run_interruptible
 from remoting.config import ConfigError
 from remoting.errors import RaftMQError
@@ -635,7 +636,7 @@ def run(args: argparse.Namespace) -> int:
     temporary = args.data_dir is None
     data_dir: Path = Path(tempfile.mkdtemp(prefix="raftmq-chaos-")) if temporary else args.data_dir
     make_dir(data_dir, "--data-dir")
-    console = Console(stderr=args.json)
+    console = PipeConsole(stderr=args.json)
     if logging.getLogger().level >= logging.INFO:
         # The client's INFO lines narrate every failover (refused connections, moved routes): the report tells
         # it better. --log-level DEBUG brings them back.

@@ -39,3 +39,11 @@ def test_an_admin_table_written_to_a_closed_pipe_exits_141(spawn):
     done = _into_closed_pipe("admin", "--namesrv", namesrv, "cluster")  # a table, without rows
     assert done.returncode == EXIT_BROKEN_PIPE, done.stderr[-2000:]
     assert "Traceback" not in done.stderr and "BrokenPipeError" not in done.stderr
+
+
+def test_a_bench_table_written_to_a_closed_pipe_exits_141(tmp_path):
+    # The benches and chaos print through rich too (raftmq/console.py): its SystemExit(1) said "a target was
+    # missed" or "nothing was acknowledged" to a script that only took the first lines.
+    done = _into_closed_pipe("bench", "store", "--messages", "2000", "--modes", "ASYNC_FLUSH", "--dir", str(tmp_path))
+    assert done.returncode == EXIT_BROKEN_PIPE, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and "BrokenPipeError" not in done.stderr
