@@ -113,12 +113,13 @@ class AdminClient(GroupAdmin, MessageAdmin):
                                 broker_names: Sequence[str] | None = None) -> list[TopicPermUpdate]:
         """RocketMQ's updateTopicPerm: set ``topic``'s permission to ``perm`` (2 write, 4 read, 6 both) on every
         group of ``cluster`` (default: all) or of ``broker_names`` that has it. Each group's own config is read
-        from its leader (GET_ALL_TOPIC_CONFIG) and written back (UPDATE_AND_CREATE_TOPIC: replicated, then
-        re-registered with the name servers) with only ``perm`` changed: its queue counts, order flag, filter
-        type and sys flag stay. ``create_topic`` with a perm sets every field, so the defaults (8 queues) replaced
-        the counts the topic had. Works for the broker's retry and dead-letter topics (``%DLQ%group`` is created
-        write-only; 6 makes its messages readable). A group where the topic already has ``perm`` is left alone.
-        Returns what was done per group, by name; a topic on none of the groups asked is TopicNotExistError.
+        from its leader (GET_ALL_TOPIC_CONFIG naming the topic) and written back (UPDATE_AND_CREATE_TOPIC:
+        replicated, then re-registered with the name servers) with only ``perm`` changed: its queue counts, order
+        flag, filter type and sys flag stay. ``create_topic`` with a perm sets every field, so the defaults (8
+        queues) replaced the counts the topic had. Works for the broker's retry and dead-letter topics
+        (``%DLQ%group`` is created write-only; 6 makes its messages readable). A group where the topic already has
+        ``perm`` is left alone. Returns what was done per group, by name; a topic on none of the groups asked is
+        TopicNotExistError.
 
         The read and the write are two requests: a change made to the topic by someone else between them is
         overwritten, as with mqadmin."""
@@ -153,12 +154,14 @@ class AdminClient(GroupAdmin, MessageAdmin):
         return [updates[name] for name in sorted(updates)]
 
     async def _topic_configs(self, masters: Mapping[str, str], topic: str) -> dict[str, dict[str, Any]]:
-        """``topic``'s config on each group of ``masters`` (name -> leader) that has it, from GET_ALL_TOPIC_CONFIG."""
-        frames = await self._to_leaders(masters, RequestCode.GET_ALL_TOPIC_CONFIG, {})
+        """``topic``'s config on each group of ``masters`` (name -> leader) that has it, from GET_ALL_TOPIC_CONFIG
+        naming it (ext ``topic``): the whole table may be more than one answer carries."""
+        tables = await self._leader_tables(masters, RequestCode.GET_ALL_TOPIC_CONFIG, "topic_configs",
+                                           {"topic": topic})
         found = {}
-        for name, frame in frames.items():
+        for name, table in tables.items():
             with _reading("GET_ALL_TOPIC_CONFIG", f"broker group {name!r}"):
-                config = cbor2.loads(frame.body)["topic_configs"].get(topic)
+                config = table.get(topic)
                 if config is None:
                     continue
                 order = config.get("order", False)

@@ -2,7 +2,9 @@
 two ways a request reaches the broker groups: to each group's leader at once, following NOT_LEADER (``_to_leaders``,
 for changes: replicated there through Raft), or to any node of a group, the leader first (``_read_from_group``, for
 reads: every node's commit log is byte-identical). ``client/admin.py`` assembles ``AdminClient`` from this base and
-the group and message parts (``client/admin_groups.py``, ``client/admin_messages.py``)."""
+the group and message parts (``client/admin_groups.py``, ``client/admin_messages.py``). The leaders' topic and
+subscription group tables are read one entry or one page at a time (``_leader_tables``): a whole table may be more
+than one frame carries."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import logging
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
+import cbor2
 import trio
 
 from client.admin_types import ClusterInfo
@@ -22,6 +25,12 @@ from remoting.codes import RequestCode, ResponseCode
 from remoting.errors import RaftMQError
 
 log = logging.getLogger(__name__)
+
+# The most an entry of a listed table takes: a subscription group's is ~710 bytes (a 255-character name, as key and
+# field, and its fields), a topic's ~360. A page of (max_frame_size_bytes - LISTING_HEADROOM_BYTES) // this entries
+# fits in a frame this client takes; the broker also ends a page where its own frame would end.
+LISTING_ENTRY_MAX_BYTES = 1024
+LISTING_HEADROOM_BYTES = 4096
 
 
 class AdminBase:
@@ -93,6 +102,41 @@ class AdminBase:
 
         await each_group(masters.items(), _one)
         return answers
+
+    async def _leader_tables(self, masters: Mapping[str, str], code: RequestCode, key: str,
+                             one: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
+        """Table ``key`` (name -> config map) of each group of ``masters`` (name -> leader), from its leader by
+        ``code`` (GET_ALL_TOPIC_CONFIG, GET_ALL_SUBSCRIPTIONGROUP_CONFIG). With ``one`` (the ext naming one entry,
+        ``{"topic": name}`` or ``{"group_name": name}``), that entry alone; else the whole table, a page at a time
+        (ext ``after``, ``limit``) until the broker's ``next_after`` is null. An older broker ignores both and
+        answers its whole table at once, so the caller still picks ``one``'s entry from what comes. The pages are
+        not one snapshot: an entry created or deleted while they are read may be missed or listed."""
+        limit = max(1, (self._instance.config.max_frame_size_bytes - LISTING_HEADROOM_BYTES)
+                    // LISTING_ENTRY_MAX_BYTES)
+        tables: dict[str, dict[str, Any]] = {}
+
+        async def _one(name: str, addr: str) -> None:
+            table: dict[str, Any] = {}
+            ext: dict[str, Any] = dict(one) if one else {"after": "", "limit": limit}
+            while True:
+                frame = (await self._to_leaders({name: addr}, code, ext))[name]
+                with _reading(code.name, f"broker group {name!r}"):
+                    data = cbor2.loads(frame.body)
+                    page = data[key]
+                    if not isinstance(page, Mapping):
+                        raise TypeError(f"{key} {page!r} is not a map")
+                    next_after = None if one else data.get("next_after")
+                    # A name not after the last one would ask the same page again, for ever.
+                    if next_after is not None and (not isinstance(next_after, str) or next_after <= ext["after"]):
+                        raise ValueError(f"next_after {next_after!r} is not a name after {ext['after']!r}")
+                table.update(page)
+                if next_after is None:
+                    tables[name] = table
+                    return
+                ext = {"after": next_after, "limit": limit}
+
+        await each_group(masters.items(), _one)
+        return tables
 
     async def _route_masters(self, topic: str, info: ClusterInfo | None = None) -> dict[str, str]:
         """The registered leader of every group that routes ``topic``."""

@@ -313,17 +313,16 @@ class GroupAdmin(AdminBase):
     async def subscription_groups(self, consumer_group: str | None = None, *, cluster: str | None = None,
                                   broker_names: Sequence[str] | None = None) -> list[SubscriptionGroup]:
         """The subscription groups of every group of ``cluster`` (default: all) or of ``broker_names``, from each
-        leader (GET_ALL_SUBSCRIPTIONGROUP_CONFIG), sorted by consumer group then broker group; only
-        ``consumer_group``'s if given. A consumer group gets one when a member's heartbeat reaches a group's leader,
-        or on its first pull there (``auto_create_subscription_group``), or from ``update_subscription_group``."""
+        leader (GET_ALL_SUBSCRIPTIONGROUP_CONFIG: page by page, or naming ``consumer_group`` when given, for its
+        alone), sorted by consumer group then broker group. A consumer group gets one when a member's heartbeat
+        reaches a group's leader, or on its first pull there (``auto_create_subscription_group``), or from
+        ``update_subscription_group``."""
         masters = await self._target_masters(cluster, broker_names)
-        frames = await self._to_leaders(masters, RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG, {})
+        tables = await self._leader_tables(masters, RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG, "subscription_groups",
+                                           None if consumer_group is None else {"group_name": consumer_group})
         found = []
-        for name, frame in frames.items():
+        for name, table in tables.items():
             with _reading("GET_ALL_SUBSCRIPTIONGROUP_CONFIG", f"broker group {name!r}"):
-                table = cbor2.loads(frame.body)["subscription_groups"]
-                if not isinstance(table, Mapping):
-                    raise TypeError(f"subscription_groups {table!r} is not a map")
                 found += [_subscription_group(name, data) for group, data in table.items()
                           if consumer_group is None or group == consumer_group]
         return sorted(found, key=lambda g: (g.group_name, g.broker_name))

@@ -6,20 +6,29 @@ re-registers with every name server at once, so a route query right after the an
 Subscription group changes are leader-only and replicated before the answer too (``broker/subscription_group.py``);
 any node lists its own copy.
 Offset reads (min/max, by timestamp, earliest store time) are served by any node from its own store.
+
+The two table listings (GET_ALL_TOPIC_CONFIG, GET_ALL_SUBSCRIPTIONGROUP_CONFIG) never answer more than one frame
+carries: a table may hold 200,000 entries (``max_topic_count``, ``max_subscription_group_count``), and at ~23,600
+groups with 255-character names the whole of it was past 16 MiB, so every listing failed for good. A request names
+one entry (ext ``topic`` / ``group_name``) and gets that entry alone, or pages (ext ``after``, ``limit``) through
+the table in name order; one that does neither, as older clients send, gets the whole table when it fits and a
+refusal naming ``limit`` when it does not (a first page would pass for the whole table with them).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import heapq
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import cbor2
 
 from broker.config import RuntimeConfigError, check_runtime_key, parse_runtime_value
-from broker.processor.base import (I64, RequestRejected, existing_topic_config, get_existing_topic, get_int, get_str,
-                                   get_topic_queue, invalid, request_data)
+from broker.processor.base import (I32, I64, RequestRejected, existing_topic_config, get_existing_topic, get_int,
+                                   get_str, get_topic_queue, invalid, request_data)
 from broker.subscription_group import SubscriptionGroupConfig, SubscriptionGroupError
 from broker.topic_config import SYSTEM_TOPIC_PREFIX, TopicConfig, TopicConfigError, is_reserved_topic, is_system_topic
 from remoting.codec import Frame, make_response
@@ -27,6 +36,10 @@ from remoting.codes import ResponseCode
 
 if TYPE_CHECKING:
     from broker.node import BrokerNode
+
+# Room a listing's page leaves in the frame for the response header and the body's other keys (data_version, a
+# next_after of up to 255 characters) take a few hundred bytes; 4096 leaves room to spare.
+LISTING_HEADROOM_BYTES = 4096
 
 
 class AdminProcessor:
@@ -66,7 +79,16 @@ class AdminProcessor:
         return make_response(request, ResponseCode.SUCCESS)
 
     async def get_all_topic_config(self, request: Frame, conn: Any) -> Frame:
-        body = cbor2.dumps({"data_version": self.node.topics.data_version, "topic_configs": self.node.topics.to_wire()})
+        """RocketMQ's getAllTopicConfig (ext ``topic``: its getTopicConfig): ``{"data_version", "topic_configs":
+        {topic: config}, "next_after"}``, this node's copy; one topic, a page or the whole table (``_listing``)."""
+        topics = self.node.topics
+
+        def wire(topic: str) -> dict[str, Any] | None:
+            config = topics.get(topic)
+            return None if config is None else config.to_wire()
+
+        body = self._listing(request, "topic_configs", "topic", "topic", topics.data_version, wire,
+                             lambda: [c.topic_name for c in topics.all()], topics.to_wire)
         return make_response(request, ResponseCode.SUCCESS, body=body)
 
     # --- subscription groups -------------------------------------------------------------------------------
@@ -86,10 +108,73 @@ class AdminProcessor:
 
     async def get_all_subscription_group_config(self, request: Frame, conn: Any) -> Frame:
         """This node's copy of the group's subscription groups: ``{"data_version", "subscription_groups": {name:
-        config}}``. A follower's may be a replication behind its leader's."""
+        config}, "next_after"}``; one group (ext ``group_name``), a page or the whole table (``_listing``). A
+        follower's may be a replication behind its leader's."""
         table = self.node.subscription_groups.table
-        return make_response(request, ResponseCode.SUCCESS, body=cbor2.dumps(
-            {"data_version": table.data_version, "subscription_groups": table.to_wire()}))
+
+        def wire(group: str) -> dict[str, Any] | None:
+            config = table.get(group)
+            return None if config is None else config.to_wire()
+
+        body = self._listing(request, "subscription_groups", "group_name", "subscription group", table.data_version,
+                             wire, lambda: [c.group_name for c in table.all()], table.to_wire)
+        return make_response(request, ResponseCode.SUCCESS, body=body)
+
+    def _listing(self, request: Frame, key: str, name_field: str, noun: str, data_version: int,
+                 wire: Callable[[str], dict[str, Any] | None], names: Callable[[], list[str]],
+                 whole: Callable[[], Mapping[str, Any]]) -> bytes:
+        """The body of a table listing: ``{"data_version", key: {name: config}, "next_after"}``.
+
+        - ext ``name_field`` (a name): that entry alone, or an empty map; ``next_after`` null.
+        - ext ``after`` (a name, "" for the start) and/or ``limit`` (1..I32 max): the entries named after ``after``
+          in code point order, at most ``limit`` and at most what fits in this node's ``max_frame_size``;
+          ``next_after`` is the last name answered when more follow (the next page's ``after``), else null.
+        - neither (an older client): the whole table when it fits, else INVALID_REQUEST naming ``limit``.
+
+        The entries are taken as a list first: ``all()`` copies them in one step, where a generator over the table
+        would meet a change applied meanwhile on the Raft thread (the topic table's)."""
+        ext = request.ext
+        paged = ext.get("after") is not None or ext.get("limit") is not None
+        budget = self.node.config.max_frame_size - LISTING_HEADROOM_BYTES
+        if ext.get(name_field) is not None:
+            name = get_str(ext, name_field)
+            if paged:
+                raise invalid(name_field, "names one entry and cannot go with 'after' or 'limit', which page "
+                                          "through the whole table")
+            config = wire(name)
+            return cbor2.dumps({"data_version": data_version, key: {} if config is None else {name: config},
+                                "next_after": None})
+        if not paged:
+            table = whole()
+            size = 0
+            # Measured entry by entry, to stop at the budget: 200,000 topics took 1.2 s to encode whole, on the
+            # thread that serves every other request.
+            for name, config in table.items():
+                size += len(cbor2.dumps(name)) + len(cbor2.dumps(config))
+                if size > budget:
+                    raise invalid("limit", f"is required: this node's {len(table)} {noun}s take more than the "
+                                           f"{budget} bytes one answer carries (max_frame_size "
+                                           f"{self.node.config.max_frame_size}); ask page by page with 'after' and "
+                                           f"'limit' (raftmq admin does)")
+            return cbor2.dumps({"data_version": data_version, key: table, "next_after": None})
+        after = get_str(ext, "after", default="", allow_empty=True)
+        limit = get_int(ext, "limit", default=I32[1], lo=1, hi=I32[1])
+        # One more name than asked tells whether another page follows.
+        candidates = heapq.nsmallest(limit + 1, (n for n in names() if n > after))
+        page: dict[str, Any] = {}
+        size = 0
+        last = None  # the last name looked at: the next page starts after it
+        for name in candidates[:limit]:
+            config = wire(name)
+            if config is not None:  # else deleted since names() was taken
+                entry_bytes = len(cbor2.dumps(name)) + len(cbor2.dumps(config))
+                if page and size + entry_bytes > budget:
+                    break
+                page[name] = config
+                size += entry_bytes
+            last = name
+        more = last is not None and last < candidates[-1]
+        return cbor2.dumps({"data_version": data_version, key: page, "next_after": last if more else None})
 
     # --- queue offsets -------------------------------------------------------------------------------------
     def _queue(self, request: Frame) -> tuple[str, int]:
