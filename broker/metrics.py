@@ -14,7 +14,9 @@ Rules this module keeps:
   a master and its slaves) and ``member_id`` (which member of the group's Raft group: ours).
 * **Counted once per group.** A send is acknowledged, and so counted, by the leader only, and the consumer lag
   is exported by the leader only: summed over a group's three members, each message and each queue counts once.
-  A pull is counted by the member that served it (followers serve reads).
+  A pull is counted by the member that served it (followers serve reads), under a group that member's
+  subscription-group table holds: a group deleted takes its pull series, and pulls under a name the table does not
+  hold are exported once the group's config is applied there (``broker/pull_stats.py``).
 
 docs/operations.md ("Metrics") lists every family with its meaning.
 """
@@ -184,7 +186,8 @@ class BrokerCollector:
         yield messages_in
         yield bytes_in
         messages_out = f.counter("rocketmq_messages_out_total", "messages this member returned to the consumer "
-                                                                "group's pulls of the topic",
+                                                                "group's pulls of the topic (groups in its "
+                                                                "subscription-group table)",
                                  labels=["topic", "consumer_group"])
         bytes_out = f.counter("rocketmq_throughput_out_total", "bytes of those messages (whole stored records)",
                               labels=["topic", "consumer_group"])

@@ -155,7 +155,9 @@ class BrokerNode:
         self._offset_keys_generation: int | None = None
         # Set while a clean stop hands the leadership over: offset commits are refused meanwhile (commit_offset).
         self._handing_over = False
-        self.subscription_groups = SubscriptionGroupManager(self)
+        # The pull figures follow the subscription-group table as _forget_deleted_topics makes them follow the
+        # topic table: a group gone takes its own, and a group's pulls served before its config came count then.
+        self.subscription_groups = SubscriptionGroupManager(self, on_groups_changed=self.pull_stats.groups_changed)
         group.on_metadata_applied(self._metadata_applied)
         self.refresh_metadata()
 

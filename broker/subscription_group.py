@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -217,8 +217,11 @@ class SubscriptionGroupManager:
     """The node's side: the mirror of the replicated table, the pull and send-back lookups, and the changes, which
     are made on a ready leader one at a time (``_lock``), each from a complete table."""
 
-    def __init__(self, node: BrokerNode) -> None:
+    def __init__(self, node: BrokerNode, *,
+                 on_groups_changed: Callable[[Callable[[str], bool], set[str]], None] | None = None) -> None:
         self.node = node
+        # Told after each change of the table is applied here: (whether the table holds a group, the groups it lost).
+        self._on_groups_changed = on_groups_changed
         self.table = SubscriptionGroupTable()
         self._generation = -1
         self._lock = trio.Lock()
@@ -229,14 +232,19 @@ class SubscriptionGroupManager:
     def metadata_applied(self) -> None:
         """Refresh the mirror if the replicated table changed; the pulls held for a group that may consume less now
         are answered again (the resume refuses them, or holds them again for their time left), and only those:
-        waking every held pull of the node re-ran each pull of every other group, to hold it again."""
+        waking every held pull of the node re-ran each pull of every other group, to hold it again. Then
+        ``on_groups_changed`` is told, on every node (the node's pull figures follow the table with it,
+        ``broker/pull_stats.py``)."""
         generation = self.node.group.metadata_generation(SUBSCRIPTION_GROUP_TABLE)
         if generation == self._generation:
             return
         self._generation = generation
-        narrowed = self.table.restore(self.node.group.metadata(SUBSCRIPTION_GROUP_TABLE))
+        table = self.table
+        narrowed = table.restore(self.node.group.metadata(SUBSCRIPTION_GROUP_TABLE))
         if narrowed:
             self.node.hold.release_groups(narrowed)
+        if self._on_groups_changed is not None:
+            self._on_groups_changed(table.__contains__, {group for group in narrowed if group not in table})
 
     def get(self, group: str) -> SubscriptionGroupConfig | None:
         return self.table.get(group)

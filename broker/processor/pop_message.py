@@ -184,7 +184,8 @@ class PopMessageProcessor:
             return None, waits
         body = b"".join(records)
         node.pulled_messages += len(records)
-        node.pull_stats.add(args.consumer_group, args.topic, len(records), len(body))
+        node.pull_stats.add(args.consumer_group, args.topic, len(records), len(body),
+                            known=args.consumer_group in node.subscription_groups.table)  # as pull_message's
         return make_response(request, ResponseCode.SUCCESS, body=body, ext={
             "receipt_handles": handles, "pop_time_ms": pop_time, "invisible_time_ms": args.invisible_time_ms}), []
 

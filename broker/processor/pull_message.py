@@ -229,7 +229,11 @@ class PullMessageProcessor:
         if status == "FOUND":
             node.pulled_messages += len(result.messages)
             body = b"".join(result.messages)
-            node.pull_stats.add(args["consumer_group"], args["topic"], len(result.messages), len(body))
+            group = args["consumer_group"]
+            # A group the table lacks (a made-up name, or one whose config is not replicated here yet) is counted
+            # apart, bounded, until its config comes (broker/pull_stats.py).
+            node.pull_stats.add(group, args["topic"], len(result.messages), len(body),
+                                known=group in node.subscription_groups.table)
             return make_response(request, ResponseCode.SUCCESS, ext=ext, body=body), 0
         if status in ("NO_MESSAGE_IN_QUEUE", "NO_MATCHED_LOGIC_QUEUE") and args["queue_offset"] > 0:
             # An empty (or never written) queue and a consumer past 0: its offset is beyond the end.

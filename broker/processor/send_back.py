@@ -26,7 +26,12 @@ writable ones it has, should it have been created with fewer). An unknown group 
 (every member of the group subscribes to it); the DLQ has one queue, write-only, so no consumer reads it by
 accident; lookups by key or id (``raftmq admin``) do not need read permission.
 
-A node whose ``broker_permission`` lacks write refuses it with NO_PERMISSION, as RocketMQ does: it is a write.
+A node whose ``broker_permission`` lacks write refuses it with NO_PERMISSION, as RocketMQ does: it is a write. So
+does a retry or dead-letter topic whose ``perm`` an admin set without write (RocketMQ's "the topic[%RETRY%G] sending
+message is forbidden"), as a send to it is refused: the push consumer keeps a message whose send-back is refused and
+consumes it again after ``reconsume_delay_ms`` (``client/consume_service.py``). RocketMQ checks only the retry
+topic's perm; the dead letters are checked here too, since raftmq's send path holds every topic's perm, and a refusal
+loses nothing (the message stays with its consumer until the topic takes writes again).
 """
 
 from __future__ import annotations
@@ -35,7 +40,8 @@ import logging
 import random
 from typing import TYPE_CHECKING, Any
 
-from broker.processor.base import I32, RequestRejected, get_group, get_int, get_str, invalid, legal_topic
+from broker.processor.base import (I32, RequestRejected, get_group, get_int, get_str, invalid, legal_topic,
+                                   topic_not_writable)
 from broker.schedule import schedule_properties, stored_again
 from broker.topic_config import PERM_READ_WRITE, PERM_WRITE, TopicConfig
 from remoting.codec import Frame, make_response
@@ -155,6 +161,10 @@ class SendBackProcessor:
         queue_nums = DLQ_QUEUE_NUMS if dead else retry_queue_nums
         created = await node.ensure_topic(TopicConfig(target, queue_nums, queue_nums,
                                                       PERM_WRITE if dead else PERM_READ_WRITE))
+        if not created.writable:
+            # An admin took write off the topic: the copy is refused as a send to it is (stored, it went into a topic
+            # that takes no writes), and the consumer keeps the message, consuming it again later.
+            raise topic_not_writable(node, target, created)
         topic, queue_id = target, 0 if dead else random.randrange(min(queue_nums, created.write_queue_nums))
         if not dead:
             levels = len(node.config.delay_levels_ms)
