@@ -3,8 +3,9 @@ since the node started, the ``rocketmq_messages_out_total`` and ``rocketmq_throu
 
 RocketMQ's consumerProgress reports a group's consume TPS from the broker's per-group pull counters
 (``BrokerStatsManager``'s GROUP_GET_NUMS). Here every pull that returns messages adds its count to the current
-10-second bucket of its (group, topic); a rate is what the buckets of the last minute hold, divided by the
-time they span (less than a minute for a group that started pulling a moment ago). The same pull adds its
+10-second bucket of its (group, topic); a rate is what the buckets begun in the last minute hold, divided by the
+time they span (from the oldest one's start: less than a minute just after a bucket left the window, or for a group
+that started pulling a moment ago). The same pull adds its
 messages and bytes to the (group, topic)'s totals, which the window does not prune (a counter must not go back).
 Two dict lookups per pull, not per message.
 
@@ -41,9 +42,8 @@ class PullStats:
             raise ValueError(f"max_pending must be >= 0, got {max_pending}")
         self._clock = clock
         self._max_pending = max_pending
-        # (group, topic) -> deque of [bucket start, messages], oldest first; plus when counting began
+        # (group, topic) -> deque of [bucket start, messages], oldest first
         self._buckets: dict[tuple[str, str], collections.deque[list[float]]] = {}
-        self._since: dict[tuple[str, str], float] = {}
         self._totals: dict[tuple[str, str], list[int]] = {}  # (group, topic) -> [messages, bytes] since start
         # Pairs of _totals whose group the table did not hold at their first pull -> when that was; oldest first.
         self._pending: dict[tuple[str, str], float] = {}
@@ -65,7 +65,6 @@ class PullStats:
         buckets = self._buckets.get(key)
         if buckets is None:
             buckets = self._buckets[key] = collections.deque()
-            self._since[key] = now
         if buckets and now - buckets[-1][0] < BUCKET_S:
             buckets[-1][1] += messages
             return
@@ -80,9 +79,16 @@ class PullStats:
         buckets = self._buckets.get(key)
         if not buckets:
             return 0.0
-        recent = sum(count for start, count in buckets if now - start < WINDOW_S)
-        span = min(WINDOW_S, max(1.0, now - self._since[key]))
-        return recent / span
+        recent = 0
+        oldest = now
+        for start, count in buckets:
+            if now - start < WINDOW_S:
+                recent += count
+                oldest = min(oldest, start)
+        # Over the time the kept buckets span, not a full minute: a bucket that began 60 s ago is dropped whole
+        # (its last seconds fall inside the minute), and divided by 60 s a steady rate read up to 1/6 low, in a
+        # 10-second saw-tooth. A group that started a moment ago: at least a second.
+        return recent / max(1.0, now - oldest)
 
     def totals(self) -> dict[tuple[str, str], tuple[int, int]]:
         """``{(group, topic): (messages, bytes)}`` pulled since the node started, of the groups the table holds
@@ -113,7 +119,6 @@ class PullStats:
         now = self._clock()
         for key in [k for k, b in self._buckets.items() if not b or now - b[-1][0] >= WINDOW_S + BUCKET_S]:
             del self._buckets[key]
-            del self._since[key]
         expired = []
         for key, first_pull in self._pending.items():  # oldest first: stops at the first one still young
             if now - first_pull < PENDING_S:
@@ -126,4 +131,3 @@ class PullStats:
         del self._totals[key]
         self._pending.pop(key, None)
         self._buckets.pop(key, None)
-        self._since.pop(key, None)
