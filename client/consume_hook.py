@@ -26,7 +26,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from client.message import MessageExt, MessageQueue, PullResult
+from client.message import MessageExt, MessageQueue, PullResult, PullStatus
 
 if TYPE_CHECKING:
     from client.listener import ReconsumeLater
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 __all__ = ["ConsumeCall", "ConsumeHook", "told_pull"]
 
 # A ConsumeHook's subscribers, one plain callback per event (the hook's methods of the same names say when).
-PulledListener = Callable[[MessageQueue, float, int], None]
+PulledListener = Callable[[MessageQueue, float, "int | None"], None]
 CallStartedListener = Callable[["ConsumeCall"], None]
 CallEndedListener = Callable[["ConsumeCall", "ReconsumeLater | None", int], None]
 HandedOutListener = Callable[[MessageQueue, int], None]
@@ -105,9 +105,10 @@ class ConsumeHook:
         if hold_ended is not None:
             self._hold_ended += (hold_ended,)
 
-    def pulled(self, mq: MessageQueue, started: float, messages: int) -> None:
-        """A pull of ``mq`` sent at ``started`` was answered with ``messages`` messages (a failed or cancelled one
-        is not told)."""
+    def pulled(self, mq: MessageQueue, started: float, messages: int | None) -> None:
+        """A pull of ``mq`` sent at ``started`` was answered: it found ``messages`` messages (FOUND; 0 if the
+        client's tag check left none), or None if it found none (no new message, none matched, an offset moved). A
+        failed or cancelled one is not told."""
         for listener in self._pulled:
             listener(mq, started, messages)
 
@@ -152,5 +153,5 @@ async def told_pull(hook: ConsumeHook | None, mq: MessageQueue, pull: Awaitable[
         return await pull
     started = hook.clock()
     result = await pull
-    hook.pulled(mq, started, len(result.messages))
+    hook.pulled(mq, started, len(result.messages) if result.status is PullStatus.FOUND else None)
     return result

@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from client.listener import ConsumeStatus, ReconsumeLater, grouped_failure
+from client.listener import ConsumeStatus, FailureCause, ReconsumeLater, failure_of, grouped_failure
 from client.message import MessageExt
 
 if TYPE_CHECKING:
@@ -369,7 +369,7 @@ class ConcurrentConsumeService:
         """``PushConsumer._call_handler`` for a batch: None if the batch handler consumed it all (returned None or
         ``ConsumeStatus.SUCCESS``), else the failure as a ``ReconsumeLater`` (the handler's own, which may carry
         ``ack_index``; a plain one, all failed, when it raised anything else, returned anything else, or ran past
-        ``timeout_s`` and was cancelled)."""
+        ``timeout_s`` and was cancelled; its ``cause`` says which of the first two, for message trace)."""
         assert self._batch_handler is not None
         first, last = batch[0].queue_offset, batch[-1].queue_offset
         with trio.move_on_after(timeout_s) as scope:
@@ -385,7 +385,7 @@ class ConcurrentConsumeService:
                     exc_info=rest))
             except Exception:
                 log.exception("batch handler failed mq=%s offsets=%d..%d messages=%d", pq.mq, first, last, len(batch))
-                return ReconsumeLater()
+                return failure_of(FailureCause.RAISED)
         if scope.cancelled_caught:
             log.warning("batch handler cancelled after consume_timeout_min=%d, its messages count as failed topic=%s "
                         "broker_name=%s queue_id=%d offsets=%d..%d messages=%d",
@@ -394,6 +394,7 @@ class ConcurrentConsumeService:
             return ReconsumeLater()
         if result is None or result is ConsumeStatus.SUCCESS:
             return None
-        if result is not ConsumeStatus.RECONSUME_LATER:
-            self._consumer._unknown_result(result, pq, batch[0])
-        return ReconsumeLater()
+        if result is ConsumeStatus.RECONSUME_LATER:
+            return ReconsumeLater()
+        self._consumer._unknown_result(result, pq, batch[0])
+        return failure_of(FailureCause.NO_STATUS)

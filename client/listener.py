@@ -10,8 +10,8 @@ import trio
 
 from client.message import I32_MAX
 
-__all__ = ["ConsumeStatus", "ReconsumeLater", "CONCURRENT_MAX_RECONSUME_TIMES", "ORDERLY_MAX_RECONSUME_TIMES",
-           "asked_reconsume_later", "grouped_failure"]
+__all__ = ["ConsumeStatus", "ReconsumeLater", "FailureCause", "CONCURRENT_MAX_RECONSUME_TIMES",
+           "ORDERLY_MAX_RECONSUME_TIMES", "asked_reconsume_later", "grouped_failure", "failure_of"]
 
 # What max_reconsume_times -1 means, as RocketMQ's getMaxReconsumeTimes: 16 for concurrent consumption (its retries
 # then take the broker's backoff levels 3 to 18, the last), unlimited for orderly (a queue's later messages may need
@@ -32,6 +32,18 @@ class ConsumeStatus(enum.Enum):
     RECONSUME_LATER = "RECONSUME_LATER"
 
 
+class FailureCause(enum.Enum):
+    """How a failed handler call failed, a ``ReconsumeLater``'s ``cause``: what message trace tells as the call's
+    ConsumeReturnType (``client/trace.py``, as RocketMQ's consume services set it). A call past its consume timeout is
+    told by how long it took, whatever its cause."""
+
+    ASKED = "asked"  # raised ReconsumeLater or returned RECONSUME_LATER: RocketMQ's FAILED
+    RAISED = "raised"  # raised anything else: RocketMQ's EXCEPTION (its listener threw)
+    # Returned what is no ConsumeStatus: RocketMQ's RETURNNULL (a Java listener's one way to answer no status; None
+    # is success here).
+    NO_STATUS = "no_status"
+
+
 class ReconsumeLater(Exception):
     """Raised by a handler: this message failed, consume it again later (``RECONSUME_LATER`` with the settings
     RocketMQ's listener puts in its context).
@@ -50,7 +62,10 @@ class ReconsumeLater(Exception):
     of its batch that was consumed: messages ``0..ack_index`` count as consumed, the ones after it failed (sent back,
     or retried here, as any failure). None or -1: the whole batch failed; an index at or past the batch's last
     message: none failed (RocketMQ clamps it so). A handler of one message at a time ignores it (what it raises is
-    about its one message), as orderly consumption does."""
+    about its one message), as orderly consumption does.
+
+    ``cause`` (``FailureCause``, not an argument): ``ASKED`` for a handler's own; the consumer's failures for a
+    handler that raised anything else or returned no status say so (``failure_of``), for message trace's code."""
 
     def __init__(self, reason: str = "", *, delay_level: int | None = None, suspend_ms: int | None = None,
                  ack_index: int | None = None) -> None:
@@ -69,6 +84,19 @@ class ReconsumeLater(Exception):
         self.delay_level = delay_level
         self.suspend_ms = None if suspend_ms is None else min(max(suspend_ms, SUSPEND_MS_MIN), SUSPEND_MS_MAX)
         self.ack_index = ack_index
+        self.cause = FailureCause.ASKED  # the consumer's own failures say otherwise (``failure_of``)
+
+
+_CAUSE_REASONS = {FailureCause.RAISED: "the handler raised",
+                  FailureCause.NO_STATUS: "the handler returned no ConsumeStatus"}
+
+
+def failure_of(cause: FailureCause) -> ReconsumeLater:
+    """The failure the consumer makes of a handler call that did not raise ``ReconsumeLater`` itself: a plain one
+    (no settings) with ``cause``."""
+    failure = ReconsumeLater(_CAUSE_REASONS.get(cause, ""))
+    failure.cause = cause
+    return failure
 
 
 def asked_reconsume_later(group: BaseExceptionGroup) -> ReconsumeLater | None:
@@ -91,8 +119,9 @@ def asked_reconsume_later(group: BaseExceptionGroup) -> ReconsumeLater | None:
 def grouped_failure(group: BaseExceptionGroup, log_failure: Callable[[BaseExceptionGroup], None]) -> ReconsumeLater:
     """The failure a handler's grouped exceptions stand for (a handler with a nursery of its own raises grouped):
     the ``ReconsumeLater`` they ask for if that is all they hold (its settings kept), else a plain one, the rest
-    given to ``log_failure``. A Cancelled in the group (the call's timeout, or its queue going away) is raised as
-    one, which the cancelling scope takes: raised as the group, the other errors in it ended the whole consumer."""
+    given to ``log_failure`` and the failure's cause ``RAISED``. A Cancelled in the group (the call's timeout, or its
+    queue going away) is raised as one, which the cancelling scope takes: raised as the group, the other errors in it
+    ended the whole consumer."""
     cancelled, rest = group.split(trio.Cancelled)
     if rest is not None:
         asked = asked_reconsume_later(rest)
@@ -101,4 +130,4 @@ def grouped_failure(group: BaseExceptionGroup, log_failure: Callable[[BaseExcept
         log_failure(rest)
     if cancelled is not None:
         raise cancelled from None
-    return ReconsumeLater()
+    return failure_of(FailureCause.RAISED)

@@ -124,7 +124,7 @@ from client.errors import ClientClosedError
 from client.filter import MessageSelector, Subscription, parse_subscription
 from client.instance import ClientInstance, ServerRequests, build_config, now_ms, open_client_nursery, open_remoting
 from client.listener import (CONCURRENT_MAX_RECONSUME_TIMES, ORDERLY_MAX_RECONSUME_TIMES, ConsumeStatus,
-                             ReconsumeLater, grouped_failure)
+                             FailureCause, ReconsumeLater, failure_of, grouped_failure)
 from client.message import MessageExt, MessageQueue, PullResult, PullStatus
 from client.offset_store import LocalFileOffsetStore, RemoteOffsetStore
 from client.orderly import OrderlyService
@@ -567,7 +567,8 @@ class PushConsumer(PushRebalance):
                             timeout_s: float = math.inf) -> ReconsumeLater | None:
         """Call the handler on ``msg`` once: None if it consumed it (returned None or ``ConsumeStatus.SUCCESS``),
         else the failure as a ``ReconsumeLater`` carrying what the handler asked for (a plain one when it raised
-        something else, returned anything else, or ran past ``timeout_s`` and was cancelled)."""
+        something else, returned anything else, or ran past ``timeout_s`` and was cancelled; its ``cause`` says which
+        of the first two, for message trace)."""
         assert self._handler is not None
         with trio.move_on_after(timeout_s) as scope:
             try:
@@ -585,7 +586,7 @@ class PushConsumer(PushRebalance):
             except Exception:
                 log.exception("handler failed mq=%s offset=%d reconsume_times=%d", pq.mq, msg.queue_offset,
                               msg.reconsume_times)
-                return ReconsumeLater()
+                return failure_of(FailureCause.RAISED)
         if scope.cancelled_caught:
             log.warning("handler cancelled after consume_timeout_min=%d, the message counts as failed topic=%s "
                         "broker_name=%s queue_id=%d offset=%d msg_id=%s", self.config.consume_timeout_min,
@@ -593,9 +594,10 @@ class PushConsumer(PushRebalance):
             return ReconsumeLater()
         if result is None or result is ConsumeStatus.SUCCESS:
             return None
-        if result is not ConsumeStatus.RECONSUME_LATER:
-            self._unknown_result(result, pq, msg)
-        return ReconsumeLater()
+        if result is ConsumeStatus.RECONSUME_LATER:
+            return ReconsumeLater()
+        self._unknown_result(result, pq, msg)
+        return failure_of(FailureCause.NO_STATUS)
 
     def _unknown_result(self, result: object, pq: ProcessQueue, msg: MessageExt) -> None:
         # A failure, so nothing is lost; said at ERROR once per type (every message of a ported listener returns

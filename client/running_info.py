@@ -14,9 +14,11 @@ The rules:
 - **Read, never changed, never waited for.** The answer is drawn from the consumer's state as it is when asked, in
   the reader of the connection the request came on: nothing in it awaits.
 - **Rates over the last minute** (RocketMQ's ConsumerStatsManager): pull TPS (messages pulled a second) and RT (a
-  long poll's included, as RocketMQ's), consume OK and failed TPS (handler calls' messages) and RT (a call's), and
-  the messages that failed over the last hour. ``ConsumeStatsRecorder`` counts them per topic in one-second buckets,
-  bounded by the window.
+  pull's), both of the pulls that found messages only, as RocketMQ's incPullTPS and incPullRT (a long poll that
+  found none is held up to its suspend time: counted, it showed an idle consumer's pull RT in seconds; every
+  answered pull still sets when its queue was last pulled); consume OK and failed TPS (handler calls' messages) and
+  RT (a call's), and the messages that failed over the last hour. ``ConsumeStatsRecorder`` counts them per topic in
+  one-second buckets, bounded by the window.
 - **Counted through the consumer's hook** (``client/consume_hook.py``): ``attach_push_consumer`` /
   ``attach_lite_pull_consumer`` subscribe the recorder to it when the consumer is opened; message trace subscribes
   its tracer to the same hook.
@@ -64,7 +66,8 @@ def _client_version() -> str:
 
 class _TopicStats:
     """One topic's buckets: ``seconds`` ``[second, pulls, pulled, pull_rt_s, calls, consume_rt_s, ok, failed]`` of the
-    last ``WINDOW_S`` seconds, ``minutes`` ``[minute, failed]`` of the last hour."""
+    last ``WINDOW_S`` seconds (``pulls``: those that found messages), ``minutes`` ``[minute, failed]`` of the last
+    hour."""
 
     __slots__ = ("seconds", "minutes")
 
@@ -113,14 +116,17 @@ class ConsumeStatsRecorder:
             stats = self._topics[topic] = _TopicStats()
         return stats
 
-    def pulled(self, mq: MessageQueue, started: float, messages: int) -> None:
-        """A pull of ``mq`` sent at ``started`` (``clock``) was answered with ``messages`` messages."""
+    def pulled(self, mq: MessageQueue, started: float, messages: int | None) -> None:
+        """A pull of ``mq`` sent at ``started`` (``clock``) was answered, having found ``messages`` messages (None:
+        none found, so it is not timed nor counted, only when ``mq`` was last pulled is)."""
         now = self.clock()
+        self.last_pull[mq] = now
+        if messages is None:
+            return
         bucket = self._stats(mq.topic).bucket(now)
         bucket[1] += 1
         bucket[2] += messages
         bucket[3] += now - started
-        self.last_pull[mq] = now
 
     def consumed(self, mq: MessageQueue, started: float | None, ok: int, failed: int) -> None:
         """A handler call on messages of ``mq`` started at ``started`` (None: not timed) consumed ``ok`` of them and

@@ -18,7 +18,10 @@ admin query-msg-trace --msg-id ID`` finds them by the traced message's id (``Adm
   answered, the half's msg id (also the transaction id) and store host, the producer group; recorded as the answer
   is sent, delivered or not, as RocketMQ's. A handler call of a push consumer (concurrent, batch or orderly) records
   a ``SubBefore`` context per message as it starts (consumer group, request id, msg id, reconsume times, keys,
-  client host) and a ``SubAfter`` one as it ends (cost, success, ``ConsumeReturnType`` code); a call cancelled
+  client host) and a ``SubAfter`` one as it ends (cost, success, ``ConsumeReturnType`` code: a failed message's is
+  TIME_OUT if its call ran past the consume timeout, else EXCEPTION if the handler raised, FAILED if it asked to be
+  called again (``ReconsumeLater``, ``RECONSUME_LATER``), RETURN_NULL if it returned what is no ``ConsumeStatus``,
+  as RocketMQ's consume services for a listener that threw, returned RECONSUME_LATER, returned null); a call cancelled
   (its queue taken away) leaves its SubBefore alone, as the message is delivered again. Messages handed to the
   caller's own code are *held* rather than handled (``ConsumeHook.hold_started`` / ``hold_ended``): the iterator
   form's ``async for`` records a SubBefore as ``__anext__`` hands a message out and a SubAfter (success, cost: the
@@ -37,10 +40,13 @@ admin query-msg-trace --msg-id ID`` finds them by the traced message's id (``Adm
   Off (the default), a producer is the plain ``Producer`` (``request`` and a check's answer included), and a
   consumer's hook has no trace subscriber: its handler calls pay an empty loop for it, and the messages the
   iterator or ``poll`` hands out one attribute test (``ConsumeHook.holds_heard``).
-- **Batching.** A background task sends what is queued once ``batch_size`` contexts wait or the oldest has waited
-  ``flush_interval_ms``, as trace messages of at most ``max_message_bytes`` of text and ``MAX_KEYS_BYTES`` of keys;
-  closing the client flushes the rest (shielded, at most ``CLOSE_FLUSH_S``). A trace message that cannot be sent
-  is logged and counted, not retried beyond its producer's own retries: traces are best effort, as RocketMQ's.
+- **Batching.** A background task sends trace messages of at most ``batch_size`` contexts, ``max_message_bytes`` of
+  text and ``MAX_KEYS_BYTES`` of keys: one as soon as ``batch_size`` contexts wait, one of fewer only once the
+  oldest of them has waited ``flush_interval_ms`` (what arrives while a message is sent waits its turn, so a busy
+  client's contexts go ``batch_size`` to a message); closing the client flushes the rest (shielded, at most
+  ``CLOSE_FLUSH_S``). A trace message that cannot be sent is counted (``statistics().failed_contexts``) and logged
+  the first and every 100th time, not retried beyond its producer's own retries: traces are best effort, as
+  RocketMQ's, and a trace topic missing fails every one.
 - **Where it goes.** A trace message's KEYS are the msg ids it traces and their messages' keys, so the brokers'
   index finds it by either (``query_message``); its producer group is ``_INNER_TRACE_PRODUCER-<trace_topic>``.
 
@@ -77,6 +83,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from client.listener import FailureCause
 from client.message import Message, MessageExt, new_uniq_key
 from remoting.errors import RaftMQError
 from remoting.message import KEY_SEPARATOR, TIMER_PROPERTIES, MessageFormatError, parse_msg_id, topic_problem
@@ -136,6 +143,10 @@ class ConsumeReturnType(enum.IntEnum):
     RETURN_NULL = 3
     FAILED = 4
 
+
+# A failed call's ConsumeReturnType by how it failed, as RocketMQ's consume services set it.
+_RETURN_TYPES = {FailureCause.ASKED: ConsumeReturnType.FAILED, FailureCause.RAISED: ConsumeReturnType.EXCEPTION,
+                 FailureCause.NO_STATUS: ConsumeReturnType.RETURN_NULL}
 
 # RocketMQ's LocalTransactionState names, by client.transaction.TransactionState value.
 _TRANSACTION_STATES = {"COMMIT": "COMMIT_MESSAGE", "ROLLBACK": "ROLLBACK_MESSAGE", "UNKNOWN": "UNKNOW"}
@@ -387,13 +398,15 @@ class TraceDispatcher:
         self._batch_size = batch_size
         self._max_message_bytes = max_message_bytes
         self._interval_s = flush_interval_ms / 1000
-        self._queue: deque[TraceContext] = deque()
+        # Each context with when it arrived (trio's clock): the oldest's wait decides when a short batch goes.
+        self._queue: deque[tuple[float, TraceContext]] = deque()
         self._arrived = trio.Event()  # set once something waits in the queue
         self._full = trio.Event()  # set once batch_size contexts wait
         self._recorded = 0
         self._dropped = 0
         self._sent_messages = 0
         self._sent_contexts = 0
+        self._failed_messages = 0
         self._failed_contexts = 0
 
     def append(self, ctx: TraceContext) -> bool:
@@ -406,7 +419,7 @@ class TraceDispatcher:
                             "trace_topic=%s max_queued=%d dropped=%d", self.trace_topic, self._max_queued,
                             self._dropped)
             return False
-        queue.append(ctx)
+        queue.append((trio.current_time(), ctx))
         self._recorded += 1
         self._arrived.set()
         if len(queue) >= self._batch_size:
@@ -418,45 +431,60 @@ class TraceDispatcher:
                                self._sent_contexts, self._failed_contexts)
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Send what is queued, a batch at a time, until cancelled (``flush`` sends what is left after)."""
+        """Send what is queued until cancelled: a trace message as soon as ``batch_size`` contexts wait, fewer only
+        once the oldest of them has waited ``flush_interval_ms`` (``flush`` sends what is left after)."""
         task_status.started()
+        queue = self._queue
         while True:
             await self._arrived.wait()
-            with trio.move_on_after(self._interval_s):
+            with trio.move_on_at(queue[0][0] + self._interval_s):
                 await self._full.wait()
-            await self.flush()
+            # What arrived during a send waits its turn: sent at once, however little, it made a trace message of
+            # every few contexts under load (as many messages as the traced client's own).
+            while queue and (len(queue) >= self._batch_size
+                             or trio.current_time() - queue[0][0] >= self._interval_s):
+                await self._send_next()
 
     async def flush(self) -> None:
         """Send every context queued now (and those queued meanwhile), in trace messages. A context leaves the
         queue once its message was sent or given up, so a flush cancelled mid-send leaves it for the next one."""
+        while self._queue:
+            await self._send_next()
+
+    async def _send_next(self) -> None:
+        """Send the trace message the head of the queue makes, then take its contexts off the queue."""
         queue = self._queue
-        while queue:
-            contexts, body = self._next_message()
-            try:
-                # Built here, not before the try: contexts come from messages anyone may have sent, and what no
-                # check above foresaw must cost their traces, never the producer or consumer this task serves.
-                message = Message(self.trace_topic, body.encode(), keys=trace_keys(contexts) or None)
-                await self._send(message)
-            except (RaftMQError, ValueError) as e:  # ValueError: MessageFormatError, a Message refused
-                self._failed_contexts += len(contexts)
-                log.warning("trace message not sent, its contexts are lost trace_topic=%s contexts=%d error=%s",
-                            self.trace_topic, len(contexts), e)
-            else:
-                self._sent_messages += 1
-                self._sent_contexts += len(contexts)
-            for _ in contexts:
-                queue.popleft()
-            if len(queue) < self._batch_size:
-                self._full = trio.Event()
-            if not queue:
-                self._arrived = trio.Event()
+        contexts, body = self._next_message()
+        try:
+            # Built here, not before the try: contexts come from messages anyone may have sent, and what no
+            # check above foresaw must cost their traces, never the producer or consumer this task serves.
+            message = Message(self.trace_topic, body.encode(), keys=trace_keys(contexts) or None)
+            await self._send(message)
+        except (RaftMQError, ValueError) as e:  # ValueError: MessageFormatError, a Message refused
+            self._failed_messages += 1
+            self._failed_contexts += len(contexts)
+            # Not every time: a trace topic missing fails each trace message, a few a second for as long as the
+            # client runs.
+            if self._failed_messages % 100 == 1:
+                log.warning("trace message not sent, its contexts are lost (said the first and every 100th time) "
+                            "trace_topic=%s contexts=%d failed_messages=%d failed_contexts=%d error=%s",
+                            self.trace_topic, len(contexts), self._failed_messages, self._failed_contexts, e)
+        else:
+            self._sent_messages += 1
+            self._sent_contexts += len(contexts)
+        for _ in contexts:
+            queue.popleft()
+        if len(queue) < self._batch_size:
+            self._full = trio.Event()
+        if not queue:
+            self._arrived = trio.Event()
 
     def _next_message(self) -> tuple[list[TraceContext], str]:
         """The contexts at the head of the queue one trace message takes (at least one), and its body text."""
         contexts: list[TraceContext] = []
         lines: list[str] = []
         size = keys_size = 0
-        for ctx in self._queue:
+        for _, ctx in self._queue:
             line = encode_trace_context(ctx)
             ctx_keys = sum(len(k.encode()) + 1 for k in trace_keys((ctx,)))
             if contexts and (len(contexts) >= self._batch_size or size + len(line) > self._max_message_bytes
@@ -572,7 +600,8 @@ class ConsumeTracer:
               acked: int | None = None) -> None:
         """Record a SubAfter per message of ``call``: the first ``acked`` of the call's messages succeeded, the
         rest failed (``acked`` None: all unless ``failure``, else those up to its ``ack_index``, a batch handler's
-        answer); the call's cost shared among its messages, as RocketMQ's."""
+        answer), with the code ``failure.cause`` names (TIME_OUT first: the module's rules); the call's cost shared
+        among its messages, as RocketMQ's."""
         if call is None:
             return
         elapsed = time.monotonic() - call.started
@@ -581,8 +610,10 @@ class ConsumeTracer:
         if failure is None:
             code, head = ConsumeReturnType.SUCCESS, math.inf
         else:
-            # A call past its consume timeout was cancelled, and returned a plain failure.
-            code = ConsumeReturnType.TIME_OUT if elapsed >= timeout_s else ConsumeReturnType.FAILED
+            # TIME_OUT first, where RocketMQ tells a listener that threw first: its listener runs on past the
+            # timeout, so what it threw was its own, while a call here is cancelled at its timeout, and a handler
+            # that raised past it most likely made an error of the cancellation.
+            code = ConsumeReturnType.TIME_OUT if elapsed >= timeout_s else _RETURN_TYPES[failure.cause]
             head = acked if acked is not None else (0 if failure.ack_index is None else failure.ack_index + 1)
         now = int(time.time() * 1000)
         positions = call.positions
