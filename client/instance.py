@@ -303,6 +303,24 @@ def answer_data(frame: Frame) -> Any:
     return cbor2.loads(frame.body) if frame.body else frame.ext
 
 
+# The field of a name server's answer that is empty while no broker has registered there (restarted a moment ago).
+_REGISTERED_FIELDS = {RequestCode.GET_BROKER_CLUSTER_INFO: "broker_addr_table",
+                      RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER: "topic_list"}
+
+
+def _knows_nothing(code: int, frame: Frame) -> bool:
+    """Whether a name server's answer to request ``code`` has nothing in it (see ``invoke_namesrv``)."""
+    if frame.code == ResponseCode.TOPIC_NOT_EXIST:
+        return True
+    field = _REGISTERED_FIELDS.get(code)
+    if field is None:
+        return False
+    try:
+        return not answer_data(frame).get(field)
+    except (cbor2.CBORError, AttributeError, TypeError, ValueError):
+        return False  # malformed: the caller reads it and says so, naming the request
+
+
 def build_config(cls: type, options: Mapping[str, Any]) -> Any:
     """``cls`` from keyword options, validated like a TOML file; ``namesrv`` may be "a:1;b:2" or a list."""
     data = dict(options)
@@ -454,7 +472,8 @@ class ClientInstance:
         self._refreshing: set[str] = set()
         self._probe = 0
         # addr -> the connection the last heartbeat there was answered on: a broker knows a client by the
-        # connection its heartbeat came on, so a new connection (a restarted node) needs one again.
+        # connection its heartbeat came on, so a new connection (a restarted node) needs one again. Pruned by
+        # send_heartbeat_to_all.
         self._heartbeat_conns: dict[str, Any] = {}
 
     @property
@@ -478,19 +497,27 @@ class ClientInstance:
 
     async def invoke_namesrv(self, code: int, ext: Mapping[str, Any] | None = None, body: bytes = b"",
                              *, ok: Iterable[int] = (ResponseCode.SUCCESS,)) -> Frame:
-        """Ask the name servers in turn until one answers (any answer in ``ok``, else its error)."""
-        last: BaseException | None = None
-        for addr in self.config.namesrv_addrs:
-            try:
-                frame = await self.invoke(addr, code, ext, body)
-            except RaftMQError as e:
-                if not e.retriable:
-                    raise
-                last = e
-                continue
+        """Ask the name servers as routes are asked (``RouteCache.ask_namesrvs``, with its memory: the one that
+        answered last first, those that failed lately last) and return the first answer in ``ok`` with something
+        in it. An answer with nothing in it (TOPIC_NOT_EXIST, a cluster info naming no broker, an empty topic list:
+        a name server restarted a moment ago, with no registration yet) or a retriable error sends on to the next,
+        as a failure does. Not a merge: each name server's tables are one consistent view, and a route, like the
+        cluster info, is taken from one. When none has anything, the last empty answer (TOPIC_NOT_EXIST raised as
+        its error); when none answers, the last failure. An error that is not retriable is raised as it comes."""
+        ok = tuple(ok)
+
+        async def ask(addr: str) -> Frame:
+            frame = await self.invoke(addr, code, ext, body)
+            if frame.code == ResponseCode.TOPIC_NOT_EXIST:
+                return frame  # knows nothing of the topic: judged by _knows_nothing
             return raise_for_response(frame, ok=ok)
-        assert last is not None
-        raise last
+
+        answers = await self.routes.ask_namesrvs(ask, functools.partial(_knows_nothing, code), f"request code {code}")
+        if answers.answered_by is not None:
+            return answers.answer
+        if answers.empty:
+            return raise_for_response(answers.empty[-1][1], ok=ok)
+        raise next(reversed(answers.errors.values()))
 
     async def _query_route(self, addr: str, topic: str) -> Mapping[str, Any] | None:
         frame = await self.invoke(addr, RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": topic})
@@ -677,7 +704,14 @@ class ClientInstance:
                 await trio.sleep(self.config.heartbeat_broker_interval_ms / 1000)
 
     async def send_heartbeat_to_all(self) -> None:
-        await self.send_heartbeat({addr for addrs in self.routes.all_broker_addrs().values() for addr in addrs})
+        addrs = {addr for addrs in self.routes.all_broker_addrs().values() for addr in addrs}
+        # Pruned each round: an entry whose connection is not the pool's any more (closed, replaced) or whose node
+        # no route names says nothing heartbeat_needed can use, and kept, every node that ever answered held its
+        # last connection for the client's life.
+        conns = self.remoting.connections()
+        self._heartbeat_conns = {addr: conn for addr, conn in self._heartbeat_conns.items()
+                                 if addr in addrs and conns.get(addr) is conn}
+        await self.send_heartbeat(addrs)
 
     async def send_heartbeat(self, addrs: Iterable[str]) -> None:
         """HEART_BEAT to each of ``addrs`` at once; a failure is only logged (the next round tries again)."""

@@ -6,6 +6,13 @@ Rules of this module:
 - A name server that does not know a topic is asked no more than one that cannot be reached: the next is asked
   (one restarted less than a registration interval ago knows only the brokers that re-registered since). Only
   when no name server routes the topic is it unknown (``NoRouteError`` with ``topic_unknown=True``).
+- Name servers are asked one at a time (``RouteCache.ask_namesrvs``, which ``ClientInstance.invoke_namesrv`` uses
+  too, sharing its memory): first the one that last answered with something (a route, a cluster info naming a
+  broker; RocketMQ's ``namesrvAddrChoosed``), then the others in turn, those that failed within
+  ``NAMESRV_ISOLATION_MS`` (refused, timed out, an error answer) last. Once one has answered that it knows
+  nothing, each of the rest is a second opinion, waited for ``SECOND_OPINION_TIMEOUT_S`` at most: a hung name
+  server (a stopped process still accepts connections) held every lookup of an unknown topic its whole request
+  timeout, which is a send's whole deadline, so no send to a new topic got as far as creating it.
 - Routes are cached per topic and refreshed every ``poll_name_server_interval_ms`` and *at once* when a broker
   says NOT_LEADER, a connection fails, or a group's leader falls silent with requests waiting (the leader
   watch in ``client/instance.py``) (``RouteCache.refresh``). Concurrent refreshes of one topic share one
@@ -33,6 +40,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import math
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -44,6 +52,7 @@ import trio
 from client.errors import NoRouteError
 from client.message import MessageQueue
 from remoting.config import parse_host_port
+from remoting.errors import RequestTimeoutError
 
 __all__ = [
     "PERM_READ", "PERM_WRITE", "PERM_INHERIT", "MASTER_ID", "QueueData", "BrokerData", "TopicRouteData",
@@ -251,6 +260,30 @@ class TopicPublishInfo:
 
 _UNKNOWN: Any = object()
 
+# How long a name server that failed is asked after the others: a registration interval, by which a restarted one
+# knows every broker again. Asked last, not skipped: it is still asked when the others fail or know nothing.
+NAMESRV_ISOLATION_MS = 30_000
+# How long a name server is waited for once another has answered that it knows nothing. A working one answers in
+# milliseconds; a hung one would hold the lookup for its request timeout (3 s, a send's whole deadline). One that
+# does not answer in time is taken as failed (asked last from then on), and what the others said stands.
+SECOND_OPINION_TIMEOUT_S = 0.5
+
+
+def _namesrv_failure(error: Exception) -> bool:
+    """Whether ``error`` from asking one name server means: ask the next (else it is raised as it is)."""
+    return bool(getattr(error, "retriable", False) or getattr(error, "refresh_route", False)
+                or isinstance(error, OSError))
+
+
+@dataclasses.dataclass
+class NamesrvAnswers:
+    """What the name servers said to one question (``RouteCache.ask_namesrvs``), in the order they were asked."""
+
+    answer: Any = None  # the first answer with something in it, None if none had
+    answered_by: str | None = None
+    empty: list[tuple[str, Any]] = dataclasses.field(default_factory=list)  # (address, answer) knowing nothing
+    errors: dict[str, Exception] = dataclasses.field(default_factory=dict)  # address -> why it gave no answer
+
 
 class _RouteFetch:
     """One query of the name servers for a topic, awaited by every caller that needs it meanwhile."""
@@ -267,7 +300,8 @@ class RouteCache:
     """Routes per topic from the name servers, with leader hints per broker group.
 
     ``query(addr, topic) -> Mapping | None`` asks one name server (None: topic unknown there); it is injected
-    so this class stays testable without sockets.
+    so this class stays testable without sockets. It also keeps which name server to ask first and which failed
+    lately (``ask_namesrvs``), for every question the client asks the name servers.
     """
 
     def __init__(self, namesrv_addrs: Sequence[str], query: Callable[[str, str], Any]) -> None:
@@ -285,7 +319,10 @@ class RouteCache:
         # broker_name -> master_addr(broker_name), asked at least once per send: kept until a route or a leader
         # hint changes, instead of searching the routes each time.
         self._masters: dict[str, str | None] = {}
+        # The name server that last answered with something, asked first (a random one to begin with, as
+        # RocketMQ's clients pick, so that a fleet's clients spread over them).
         self._ns_index = random.randrange(len(self.namesrv_addrs))
+        self._namesrv_faults = FaultTracker(isolation_ms=NAMESRV_ISOLATION_MS)
         self.refresh_count = 0
 
     @property
@@ -340,34 +377,77 @@ class RouteCache:
             del self._inflight[topic]
             fetch.done.set()
 
+    def namesrv_order(self) -> list[str]:
+        """The name servers in the order to ask them: the one that answered last, the others in turn after it,
+        those that failed within ``NAMESRV_ISOLATION_MS`` last."""
+        n = len(self.namesrv_addrs)
+        ring = [self.namesrv_addrs[(self._ns_index + i) % n] for i in range(n)]
+        available = [addr for addr in ring if self._namesrv_faults.is_available(addr)]
+        return available + [addr for addr in ring if addr not in available]
+
+    async def ask_namesrvs(self, ask: Callable[[str], Any], knows_nothing: Callable[[Any], bool],
+                           what: str) -> NamesrvAnswers:
+        """Ask the name servers (``namesrv_order``) for ``what`` (named in the log) one at a time with
+        ``ask(addr)`` until one answers with something (not ``knows_nothing(answer)``); that one is asked first
+        next time. A failure (an error that is retriable, asks for a route refresh, or is an ``OSError``) or an
+        answer knowing nothing sends on to the next: name servers never talk to each other and learn brokers only
+        from registrations, so one restarted a moment ago knows nothing the others know. Once one knew nothing,
+        each of the rest is waited for ``SECOND_OPINION_TIMEOUT_S`` at most, one after the other (a fixed asking
+        order, as before). Any other error is raised as it is."""
+        answers = NamesrvAnswers()
+        for addr in self.namesrv_order():
+            started = time.monotonic()
+            wait_s = SECOND_OPINION_TIMEOUT_S if answers.empty else math.inf
+            try:
+                with trio.move_on_after(wait_s) as waited:
+                    answer = await ask(addr)
+            except trio.Cancelled:
+                # The caller gave up (its deadline, a closing client): after a long wait, that is this name
+                # server's slowness, and it is asked after the others for a while (FaultTracker's latency steps).
+                waited_ms = (time.monotonic() - started) * 1000
+                if waited_ms >= FaultTracker.LATENCY_MAX_MS[2]:
+                    self._namesrv_faults.update(addr, waited_ms, isolation=False)
+                raise
+            except Exception as e:  # noqa: BLE001 - any name server failure means: try the next one
+                if not _namesrv_failure(e):
+                    raise
+                log.debug("name server query failed namesrv=%s what=%s error=%s", addr, what, e)
+                self._namesrv_faults.update(addr, 0, isolation=True)
+                answers.errors[addr] = e
+                continue
+            if waited.cancelled_caught:
+                log.debug("name server gave no second opinion in time namesrv=%s what=%s wait_s=%s", addr, what,
+                          wait_s)
+                self._namesrv_faults.update(addr, 0, isolation=True)
+                answers.errors[addr] = RequestTimeoutError(addr, wait_s)
+                continue
+            self._namesrv_faults.update(addr, (time.monotonic() - started) * 1000, isolation=False)
+            if knows_nothing(answer):
+                log.debug("a name server knows nothing of it, asking the next namesrv=%s what=%s", addr, what)
+                answers.empty.append((addr, answer))
+                continue
+            self._ns_index = self.namesrv_addrs.index(addr)
+            answers.answer, answers.answered_by = answer, addr
+            return answers
+        return answers
+
     async def _fetch(self, topic: str) -> tuple[TopicRouteData, int]:
         """The route and the number of the query that got it (taken as that query went out)."""
-        # Name servers never talk to each other and learn brokers only from their registrations (every 30 s): one
-        # restarted a moment ago answers "unknown" for topics the others route. So "unknown" from one is no more
-        # final than a failed connection: ask the next. The topic is unknown only if no name server routes it.
-        errors: dict[str, BaseException] = {}
-        unknown_at: list[str] = []
-        n = len(self.namesrv_addrs)
-        for i in range(n):
-            addr = self.namesrv_addrs[(self._ns_index + i) % n]
-            number = next(self._query_numbers)
-            try:
-                data = await self._query(addr, topic)
-                route = None if data is None else parse_route(topic, data)  # a malformed one: ask the next
-            except Exception as e:  # noqa: BLE001 - any name server failure means: try the next one
-                if not getattr(e, "retriable", False) and not getattr(e, "refresh_route", False):
-                    if not isinstance(e, OSError):
-                        raise
-                log.debug("route query failed namesrv=%s topic=%s error=%s", addr, topic, e)
-                errors[addr] = e
-                continue
+        # "Unknown" from one name server is no more final than a failed connection (see ask_namesrvs): the topic
+        # is unknown only if no name server routes it.
+        numbers: dict[str, int] = {}
+
+        async def ask(addr: str) -> TopicRouteData | None:
+            numbers[addr] = next(self._query_numbers)
+            data = await self._query(addr, topic)
             self.refresh_count += 1
-            if data is None:
-                log.debug("topic unknown to a name server, asking the next namesrv=%s topic=%s", addr, topic)
-                unknown_at.append(addr)
-                continue
-            self._ns_index = (self._ns_index + i) % n
-            return route, number
+            return None if data is None else parse_route(topic, data)  # a malformed one: ask the next
+
+        answers = await self.ask_namesrvs(ask, lambda route: route is None, f"the route of topic {topic!r}")
+        if answers.answered_by is not None:
+            return answers.answer, numbers[answers.answered_by]
+        errors = answers.errors
+        unknown_at = [addr for addr, _ in answers.empty]
         last_error = next(reversed(errors.values()), None)
         if not errors:
             raise NoRouteError(f"no name server knows topic {topic!r} (asked {', '.join(unknown_at)})", topic=topic,
