@@ -84,7 +84,9 @@ class BrokerConfig:
                                         doc="the topic trace_topic_enable creates")
     # Every registration carries the whole topic table. Unbounded, a client sending to ever new names (auto-create
     # is on by default) grew it past a name server's frame limit (16 MiB: ~80k topics with 127-character names),
-    # after which every registration of the group was refused and it fell out of every route.
+    # after which every registration of the group was refused and it fell out of every route. The count alone does
+    # not hold it below that with long names: creation also stops at the registration's byte budget, what
+    # max_frame_size leaves (broker.registration.registration_body_budget, node._check_topic_room).
     max_topic_count: int = bounded(50_000, min=1, max=200_000,
                                    doc="topics this group holds; creating (or auto-creating) one more is refused")
     # RocketMQ's autoCreateSubscriptionGroup (broker/subscription_group.py): off, a consumer group's pulls are

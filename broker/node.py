@@ -51,7 +51,8 @@ from broker.processor.base import RequestRejected
 from broker.processor.pull_message import check_pullable
 from broker.pull_stats import PullStats
 from broker.rebalance_lock import QueueKey, RebalanceLockManager
-from broker.registration import RegistrationService, RegistrationSnapshot
+from broker.registration import (REGISTRATION_HEADROOM_BYTES, RegistrationService, RegistrationSnapshot,
+                                  registration_body_budget)
 from broker.runtime_config import apply_config_update, load_runtime_config
 from broker.schedule import ScheduleMessageService
 from broker.status import registration_snapshot, runtime_info
@@ -114,7 +115,8 @@ class BrokerNode:
         self.registration = RegistrationService(client, config.namesrv_addrs, self.registration_snapshot,
                                                 interval_ms=config.register_interval_ms,
                                                 timeout_ms=config.register_timeout_ms,
-                                                tls_context=_client_tls(config))
+                                                tls_context=_client_tls(config),
+                                                max_body_bytes=registration_body_budget(config.max_frame_size))
         self._topic_lock = trio.Lock()
         self._unregistrable_topics: set[tuple[str, str]] = set()  # (topic, problem) warned about once each
         # Held by the offset flusher around take-and-replicate and by a reset around its own replication, so a
@@ -363,7 +365,7 @@ class BrokerNode:
             existing = self.topic(config.topic_name)
             if existing is not None:
                 return existing
-            self._check_topic_room(config.topic_name, how)
+            self._check_topic_room(config, how)
             log.info("topic %s topic=%s queues=%d perm=%d", how, config.topic_name, config.write_queue_nums,
                      config.perm)
             await self._put_topics({config.topic_name: config.to_wire()})
@@ -374,20 +376,35 @@ class BrokerNode:
         async with self._topic_lock:
             # Decided from a complete table (see topic_for_send): its data version too, which the change raises.
             await self.wait_ready_leader()
-            if self.topic(config.topic_name) is None:
-                self._check_topic_room(config.topic_name, "created")
+            self._check_topic_room(config, "created" if self.topic(config.topic_name) is None else "updated")
             await self._put_topics({config.topic_name: config.to_wire()})
         await self._register_topic_change()
 
-    def _check_topic_room(self, topic: str, what: str) -> None:
-        """Refuse a new topic once the group holds ``max_topic_count`` (the table rides in every registration)."""
+    def _check_topic_room(self, config: TopicConfig, what: str) -> None:
+        """Refuse a new topic once the group holds ``max_topic_count``, and a topic change (``what``: "created",
+        "auto-created", "updated") that would take the registration body past ``registration_body_budget``: the
+        table rides in every registration, and one frame too large for a name server had every registration
+        refused, the group out of every route. The bytes bound holds whatever the names (~80k topics of 127
+        characters filled 16 MiB, under max_topic_count's 200,000) and whatever the frame limit. A change that does
+        not grow the body passes even over the budget (a table stored under a larger max_frame_size)."""
+        topic = config.topic_name
+        code = ResponseCode.TOPIC_NOT_EXIST if what == "auto-created" else ResponseCode.INVALID_REQUEST
         limit = self.config.max_topic_count
         held = len(self.topics)
-        if held >= limit:
-            code = ResponseCode.TOPIC_NOT_EXIST if what == "auto-created" else ResponseCode.INVALID_REQUEST
+        if what != "updated" and held >= limit:
             raise RequestRejected(code, f"topic {topic!r} not {what}: broker {self.config.broker_name} holds {held} "
                                         f"topics, its max_topic_count is {limit} (delete unused topics, or raise it)",
                                   ext={"topic": topic})
+        budget = registration_body_budget(self.config.max_frame_size)
+        now = self.topics.registration_body_bytes
+        after = self.topics.registration_body_bytes_with(config)
+        if after > budget and after > now:
+            raise RequestRejected(code, f"topic {topic!r} not {what}: the registration of broker "
+                                        f"{self.config.broker_name} would carry {after} bytes of topic configs, over "
+                                        f"its budget of {budget} (max_frame_size {self.config.max_frame_size} less "
+                                        f"{REGISTRATION_HEADROOM_BYTES}); it carries {now} bytes for {held} topics "
+                                        f"now (delete unused topics, or raise max_frame_size and the name servers' "
+                                        f"max_frame_size_bytes)", ext={"topic": topic})
 
     async def delete_topic(self, topic: str) -> None:
         """RocketMQ's deleteTopic: the config, the consumer offsets, the POP state (pop offsets and checkpoints) and

@@ -28,6 +28,13 @@ FOLLOWER at term 6 could reach a name server after the one taken as LEADER at te
 without its master until the next period (30 s). So every snapshot is numbered as it is taken
 (``registration_sequence``, counted per process), and a name server ignores a registration numbered below the
 last one it took from the node over the same connection.
+
+The body carries the whole topic table, so its size is bounded where topics are created, not here: the node refuses
+a topic that would take the body past ``registration_body_budget(max_frame_size)`` (``node._check_topic_room``),
+and name servers must take frames at least as large as the node's ``max_frame_size`` (both 16 MiB by default).
+Past a name server's frame limit, every registration of the node was refused and the group left every route. A
+table already past the budget (stored under a larger ``max_frame_size``) is still registered whole, with a warning
+once it is: a name server whose limit it passes refuses it, and no topic is created until enough are deleted.
 """
 
 from __future__ import annotations
@@ -54,6 +61,16 @@ RECONNECT_INTERVAL_S = 1.0
 # How long a round run inline (a topic change, a permission update) waits for the name servers before it answers:
 # well below a producer's send timeout (3 s), above a healthy name server's few milliseconds.
 INLINE_WAIT_S = 1.0
+# What a REGISTER_BROKER frame holds besides its body: the 8-byte prefix and the header (code, opaque, flag, version
+# and an ext of two names of at most 127 characters, an IPv4 address and port, a role and a few integers: under
+# 600 bytes), with room for fields to come.
+REGISTRATION_HEADROOM_BYTES = 4096
+
+
+def registration_body_budget(max_frame_size: int) -> int:
+    """The largest registration body a node with ``max_frame_size`` sends within its frame limit: what its topic
+    table may take (``TopicConfigTable.registration_body_bytes``)."""
+    return max_frame_size - REGISTRATION_HEADROOM_BYTES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,8 +117,12 @@ class RegistrationStatistics:
 class RegistrationService:
     def __init__(self, client: Any, namesrv_addrs: tuple[str, ...], snapshot: Callable[[], RegistrationSnapshot],
                  *, interval_ms: int, timeout_ms: int,
-                 tls_context: ssl.SSLContext | Callable[[], ssl.SSLContext] | None = None) -> None:
+                 tls_context: ssl.SSLContext | Callable[[], ssl.SSLContext] | None = None,
+                 max_body_bytes: int | None = None) -> None:
         self._client = client
+        # registration_body_budget of the node: a body past it is still sent, with a warning as it goes past.
+        self._max_body_bytes = max_body_bytes
+        self._over_budget = False
         # The pooled client's TLS (the node's tls_client_enable), for unregister_all's connections of their own.
         self._tls_context = tls_context
         self._addrs = namesrv_addrs
@@ -267,6 +288,16 @@ class RegistrationService:
             return cached[2]
         body = snap.body()
         self._body = (snap.topic_configs, snap.broker_permission, body)
+        over = self._max_body_bytes is not None and len(body) > self._max_body_bytes
+        if over and not self._over_budget:
+            log.warning("registration body is %d bytes with %d topics, over its budget of %d (max_frame_size less "
+                        "%d): it is still sent, but a name server with a smaller frame limit refuses every "
+                        "registration, and no topic is created until topics are deleted", len(body),
+                        len(snap.topic_configs), self._max_body_bytes, REGISTRATION_HEADROOM_BYTES)
+        elif self._over_budget and not over:
+            log.info("registration body is %d bytes, within its budget of %d again", len(body),
+                     self._max_body_bytes)
+        self._over_budget = over
         return body
 
     def _failed(self, addr: str, reason: str) -> None:

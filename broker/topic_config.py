@@ -18,6 +18,8 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import cbor2
+
 from remoting.message import MAX_TOPIC_LENGTH, TOPIC_RE, group_problem, split_pop_retry_topic
 
 log = logging.getLogger(__name__)
@@ -179,6 +181,27 @@ class TopicConfig:
 
 
 _WIRE_FIELDS = tuple(field.name for field in dataclasses.fields(TopicConfig))
+# What a registration says of a topic (``RegistrationSnapshot.body``, broker/registration.py): the CBOR map of
+# these fields under its name. Its bytes with every integer at 0, which CBOR encodes in one byte as any below 24.
+REGISTRATION_FIELDS = ("read_queue_nums", "write_queue_nums", "perm", "topic_sys_flag", "order")
+_REGISTRATION_ENTRY_BYTES = len(cbor2.dumps({**dict.fromkeys(REGISTRATION_FIELDS, 0), "order": False}))
+
+
+def cbor_head_size(n: int) -> int:
+    """The bytes of a CBOR item's head whose argument is ``n`` (an integer, or a string's or map's length):
+    RFC 8949 3.1, as cbor2 encodes it; a negative integer's argument is -1 - n."""
+    if n < 0:
+        n = -1 - n
+    return 1 if n < 24 else 2 if n < 1 << 8 else 3 if n < 1 << 16 else 5 if n < 1 << 32 else 9
+
+
+def registration_entry_size(config: TopicConfig) -> int:
+    """The bytes ``RegistrationSnapshot.body`` spends on ``config``: its name and its map, counted without encoding
+    them. The node's ``broker_permission`` ANDed into perm changes nothing (perm stays below 24, one byte)."""
+    name = len(config.topic_name.encode("utf-8", "surrogatepass"))
+    return (cbor_head_size(name) + name + _REGISTRATION_ENTRY_BYTES - 4 + cbor_head_size(config.read_queue_nums)
+            + cbor_head_size(config.write_queue_nums) + cbor_head_size(config.perm)
+            + cbor_head_size(config.topic_sys_flag))
 
 
 def registration_problem(config: TopicConfig) -> str | None:
@@ -198,10 +221,10 @@ class TopicConfigTable:
     """The topics of one broker group. Mutated only by the ``apply_*`` methods and ``restore``, which run in
     Raft-log order on every node; ``data_version`` counts changes so the name server can tell a stale registration.
 
-    What is derived per topic (may producers send to it, its wire form, would a name server refuse it) is kept
-    beside each config and judged only when that config comes in: a broker group holds up to ``max_topic_count``
-    (50,000) topics, and judging them all again for every change or registration took a second at 40,000 topics,
-    on the trio thread."""
+    What is derived per topic (may producers send to it, its wire form, would a name server refuse it, its bytes
+    in a registration) is kept beside each config and judged only when that config comes in: a broker group holds
+    up to ``max_topic_count`` (50,000) topics, and judging them all again for every change or registration took a
+    second at 40,000 topics, on the trio thread."""
 
     def __init__(self, configs: Iterable[TopicConfig] = ()) -> None:
         self._configs: dict[str, TopicConfig] = {}
@@ -214,6 +237,10 @@ class TopicConfigTable:
         self._problems: dict[str, str] = {}  # topic -> registration_problem(config), where there is one
         # registration_topics' answer, until the next change.
         self._registration: tuple[Mapping[str, dict[str, Any]], Mapping[str, str]] | None = None
+        # registration_entry_size of every topic registered (none with a problem), and their sum: the body's size
+        # is known at every change, without encoding the table (node._check_topic_room asks it at every create).
+        self._entry_sizes: dict[str, int] = {}
+        self._entry_bytes = 0
         for config in configs:
             self._put(config)
         self.data_version = 0
@@ -255,6 +282,19 @@ class TopicConfigTable:
             self._registration = (wires, problems)
         return self._registration
 
+    @property
+    def registration_body_bytes(self) -> int:
+        """The size of the registration body of ``registration_topics`` (``RegistrationSnapshot.body``)."""
+        return cbor_head_size(len(self._entry_sizes)) + self._entry_bytes
+
+    def registration_body_bytes_with(self, config: TopicConfig) -> int:
+        """What ``registration_body_bytes`` would be once ``config`` is applied (created, or replacing its topic's)."""
+        name = config.topic_name
+        old = self._entry_sizes.get(name)
+        new = registration_entry_size(config) if registration_problem(config) is None else None
+        count = len(self._entry_sizes) + (new is not None) - (old is not None)
+        return cbor_head_size(count) + self._entry_bytes + (new or 0) - (old or 0)
+
     def apply_update(self, config: TopicConfig) -> bool:
         """Create or replace; returns False when nothing changed (replays and repeated auto-creates)."""
         if self._configs.get(config.topic_name) == config:
@@ -292,6 +332,7 @@ class TopicConfigTable:
         """Replace the whole table (every config parsed again; ``apply_stored`` mirrors a change)."""
         configs = [TopicConfig.from_wire(t, stored=True) for t in snap.get("topics", ())]
         self._configs, self._sendable, self._wire, self._problems = {}, {}, {}, {}
+        self._entry_sizes, self._entry_bytes = {}, 0
         for config in configs:
             self._put(config)
         self.data_version = int(snap.get("data_version", 0))
@@ -306,8 +347,11 @@ class TopicConfigTable:
             self._sendable.pop(name, None)
         self._wire[name] = config.to_wire()
         problem = registration_problem(config)
+        self._entry_bytes -= self._entry_sizes.pop(name, 0)
         if problem is None:
             self._problems.pop(name, None)
+            size = self._entry_sizes[name] = registration_entry_size(config)
+            self._entry_bytes += size
         else:
             self._problems[name] = problem
         self._registration = None
@@ -318,6 +362,7 @@ class TopicConfigTable:
         self._sendable.pop(topic, None)
         self._wire.pop(topic, None)
         self._problems.pop(topic, None)
+        self._entry_bytes -= self._entry_sizes.pop(topic, 0)
         self._registration = None
         return True
 
