@@ -51,6 +51,10 @@ def register(subparsers) -> None:
     # A fresh topic per run unless one is named: the consumer starts at the first offset, and on a cluster that
     # served earlier benches a shared topic would hand it their (older, colder) messages, not its backlog.
     parser.set_defaults(func=run, topic=None)
+    for action in parser._actions:
+        if action.dest == "topic":
+            action.help = ("topic (created if no name server routes it, else used as it is; default: a fresh topic "
+                           "per run; a named topic's older messages are consumed too)")
 
 
 async def _produce(namesrv: str, args: argparse.Namespace, sent: dict) -> None:

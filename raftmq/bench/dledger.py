@@ -3,8 +3,8 @@
 Member n0 runs inside the benchmark process, as a broker's member would: its trio loop runs the load
 (``--concurrency`` appends of one ``--size``-byte message in flight: ``append_nowait`` chains answered in the
 commit callback, as the broker's send path does; ``--api task`` runs a trio task per in-flight append awaiting
-``group.append`` instead) while its
-pysyncobj tick thread replicates, so the GIL sharing between them is part of what is measured. Members n1 and
+``group.append`` instead) and pysyncobj's tick task (no tick thread: ``dledger.group`` ticks it from trio), so
+what is measured is the load and the replication sharing one thread, as in a broker. Members n1 and
 n2 are ``raftmq dledger-node`` processes. n0 starts first and so wins the first election (its deadline has
 passed when the first peer connects).
 

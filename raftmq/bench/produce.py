@@ -1,4 +1,5 @@
-"""``raftmq bench produce``: acknowledged sends per second, MB/s and send latency percentiles.
+"""``raftmq bench produce``: acknowledged sends per second, MB/s and send latency percentiles (of the sends
+answered SEND_OK, one per request: with ``--batch``, per batch; failed sends are counted apart, in ``errors``).
 
 ``--concurrency`` sends are in flight at once (each a task looping send → ack → send), all over the producer's
 shared connections; ``--batch N`` makes each send a ``send_batch`` of N messages; ``--concurrency 1`` measures
@@ -34,7 +35,7 @@ from raftmq.bench.common import (BenchError, LatencySummary, add_credential_args
                                  spawn_ready_process, summarize_latencies)
 from raftmq.console import PipeConsole
 from remoting.config import ConfigError
-from remoting.errors import ConnectionClosedError, RaftMQError, RemotingError
+from remoting.errors import ConnectionClosedError, RaftMQError, RemotingError, TopicNotExistError
 
 log = logging.getLogger(__name__)
 
@@ -117,9 +118,20 @@ def report(r: BenchReport, *, as_json: bool = False) -> None:
                    error_kinds=r.error_kinds, warmup_errors=r.warmup_errors, warmup_error_kinds=r.warmup_error_kinds,
                    cpu_us_per_msg=r.cpu_us_per_msg, machine=r.machine)
         return
+    # Latencies are of the requests answered with success only (a failed or timed-out one is counted in errors),
+    # one per request: with --batch, per batch.
+    # bench consume's (--live) are end to end, from the born time to the handler, of the messages consumed.
+    batch = r.params.get("batch", 1)
+    if r.kind != "produce":
+        what = "(consumed, end to end)"
+    elif isinstance(batch, int) and batch > 1:
+        what = f"(acknowledged batches of {batch})"
+    else:
+        what = "(acknowledged)"
     rows = [*((k, v) for k, v in r.params.items()), ("messages", r.messages), ("seconds", r.elapsed_s),
-            ("msgs/s", r.msgs_per_s), ("MB/s", r.mb_per_s), ("latency p50 ms", r.latency.p50_ms),
-            ("latency p99 ms", r.latency.p99_ms), ("latency max ms", r.latency.max_ms), ("errors", r.errors),
+            ("msgs/s", r.msgs_per_s), ("MB/s", r.mb_per_s), (f"latency p50 ms {what}", r.latency.p50_ms),
+            (f"latency p99 ms {what}", r.latency.p99_ms), (f"latency max ms {what}", r.latency.max_ms),
+            ("errors", r.errors),
             *((f"errors: {kind}", n) for kind, n in sorted(r.error_kinds.items())),
             *((("warm-up errors", r.warmup_errors),) if r.warmup_errors else ()),
             *((f"warm-up errors: {kind}", n) for kind, n in sorted(r.warmup_error_kinds.items())),
@@ -138,8 +150,10 @@ def add_cluster_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--namesrv", default=None,
                         help="name server HOST:PORT; default: $NAMESRV_ADDR, else start a cluster (raftmq dev) for "
                              "the run")
-    parser.add_argument("--topic", default="BenchTopic", help="topic (created if missing; default BenchTopic)")
-    parser.add_argument("--queues", type=int, default=8, help="queues of the topic when created (default 8)")
+    parser.add_argument("--topic", default="BenchTopic",
+                        help="topic (created if no name server routes it, else used as it is; default BenchTopic)")
+    parser.add_argument("--queues", type=int, default=8,
+                        help="queues of the topic when the bench creates it (default 8)")
     parser.add_argument("--json", action="store_true", help="print the result as one JSON line")
     add_credential_args(parser)
 
@@ -223,7 +237,8 @@ def _check(args: argparse.Namespace) -> None:
 
 async def ensure_topic(namesrv: str, topic: str, queues: int, timeout_s: float = 30.0, *,
                        namesrv_grace_s: float = 5.0, log_every_s: float = 5.0) -> None:
-    """Create ``topic`` (``queues`` queues) on every broker group, retrying for up to ``timeout_s``: a cluster
+    """Create ``topic`` (``queues`` queues) on every broker group unless a name server routes it already (then it
+    is left as it is: refused if it takes no sends), retrying for up to ``timeout_s``: a cluster
     just started answers before its groups have elected and registered. A name server that has not answered at
     all within ``namesrv_grace_s`` (nothing listens, or it stays silent), or that answers in another protocol,
     is no starting cluster: the bench ends then, not after 30 s. The waiting is logged when its reason changes
@@ -262,6 +277,27 @@ async def ensure_topic(namesrv: str, topic: str, queues: int, timeout_s: float =
                     except RaftMQError:
                         pass  # an error response is an answer: create_topic reports it below
                     answered = True
+                try:
+                    route = await admin.get_route(topic)
+                except TopicNotExistError:
+                    route = None
+                except RaftMQError as e:
+                    last = e
+                    note(f"the route of topic {topic}", e)
+                    await trio.sleep(0.3)
+                    continue
+                if route is not None and route.queue_datas:
+                    # An existing topic is measured as it is: created again, it was rewritten with --queues queues,
+                    # read-write and unordered (a read-only topic took the bench's messages, and those in queues
+                    # past --queues were left to no consumer).
+                    if not route.write_queues():
+                        raise BenchError(f"topic {topic!r} exists and takes no sends (no writable queue in its "
+                                         f"route): name another --topic, or make it writable")
+                    counts = sorted({q.write_queue_nums for q in route.queue_datas})
+                    if counts != [queues]:
+                        log.info("topic %s exists with %s write queues per group; --queues %d applies only to a "
+                                 "topic the bench creates", topic, "/".join(map(str, counts)), queues)
+                    return
                 try:
                     await admin.create_topic(topic, read_queue_nums=queues, write_queue_nums=queues)
                     return
