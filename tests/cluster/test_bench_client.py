@@ -75,8 +75,10 @@ def test_bench_produce_and_consume_report_rates_latencies_and_cpu(spawn, tmp_pat
     # loaded machine (make test's other worker) the leader can be silent past SILENT_CLOSE_MIN_S while sends time
     # out: the client then closes that connection, a reconnect does not fit in 1 ms (ConnectError), and asking a
     # follower where the leader is answers NOT_LEADER (seen once: 1 and 1 of 230). Each is still the error that
-    # ended its send, which is what is checked here.
-    assert "RequestTimeoutError" in hurried["error_kinds"], hurried["error_kinds"]
+    # ended its send, which is what is checked here. Under heavier load a 1 ms deadline can pass before any attempt
+    # on every send, the route cached or not (TooSlowError: 30 of 48 in one snapshot run beside seven other
+    # engineers' test runs, no RequestTimeoutError), so one of the two timeouts must be among them, not a given one.
+    assert {"RequestTimeoutError", "TooSlowError"} & set(hurried["error_kinds"]), hurried["error_kinds"]
     assert set(hurried["error_kinds"]) <= {"RequestTimeoutError", "TooSlowError", "ConnectError", "NotLeaderError"}, \
         hurried["error_kinds"]
     assert single["error_kinds"] == {}
