@@ -44,10 +44,12 @@ from broker.store.commit_log import BuiltBatch
 from broker.store.consume_queue import CQ_UNIT_SIZE
 from broker.store.dispatch_info import DispatchHint
 from dledger import ApplyStatus, BatchResult, LogMismatchError, PreparedBatch
+from dledger.entry import ENTRY_HEADER
 from dledger.state_machine import ChecksumWork, checksum_views
-from remoting.message import batch_store_host
+from remoting.message import BATCH_HEAD, ENTRY_HEAD, RECORD_HEAD, batch_store_host
 
-__all__ = ["CommitLogMachine", "RecordResult", "encode_payload", "decode_payload", "PAYLOAD_VERSION"]
+__all__ = ["CommitLogMachine", "RecordResult", "encode_payload", "decode_payload", "least_entry_bytes",
+           "PAYLOAD_VERSION"]
 
 PAYLOAD_VERSION = 2
 _HEAD = struct.Struct(">BHIIIQ")
@@ -66,6 +68,18 @@ def encode_payload(built: BuiltBatch) -> bytes:
     parts += starmap(_INDEX.pack, hint.index)  # C-level loop: one entry per message
     parts.append(built.data)
     return b"".join(parts)
+
+
+def least_entry_bytes(batch_bytes: int, count: int, topic_length: int, index_keys: int) -> int:
+    """The fewest bytes of the DLedger entry ``prepare_batch`` makes of one encoded batch of ``batch_bytes``
+    holding ``count`` messages of one topic (``topic_length`` bytes) in one queue, with ``index_keys`` IndexFile
+    keys (``remoting.message.batch_index_keys``), as ``encode_entry`` holds it to ``max_entry_bytes``: the entry
+    header, the payload head, one piece, the queue's head and a unit per message, the index, and the records (each
+    its batch entry plus the record header's extra fields). Exact when the build crosses no segment end; each end
+    crossed adds a blank and a piece (24 bytes), which depends on where the log will end. From sizes alone, nothing
+    built: a sender can be refused an entry that cannot fit before the leader spends its Raft thread building it."""
+    return (ENTRY_HEADER.size + _HEAD.size + _PIECE.size + 1 + topic_length + _QUEUE.size + count * CQ_UNIT_SIZE
+            + index_keys * _INDEX.size + batch_bytes - BATCH_HEAD.size + count * (RECORD_HEAD.size - ENTRY_HEAD.size))
 
 
 def decode_payload(payload: bytes, expected_start: int, store_timestamp: int) -> tuple[

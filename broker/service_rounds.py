@@ -2,7 +2,9 @@
 revive; ``broker/schedule.py``, ``broker/transaction.py``, ``broker/pop.py``) share about their rounds: how many
 bytes of a DLedger entry a message makes, measured by the state machine's own build (a message's record is what
 the send limit bounds, but each key costs 12 bytes of index on top), how much one append may hold, and how a round
-that failed in a way nobody foresaw is logged. The send path uses ``entry_size`` too, for its refusals."""
+that failed in a way nobody foresaw is logged. The send path never builds an entry to judge a send: it takes the
+least size from the batch's bytes (``broker.commit_log_machine.least_entry_bytes``), and the group's sizes once the
+group refused one."""
 
 from __future__ import annotations
 
@@ -41,7 +43,7 @@ def entry_size(store: MessageStore, batch: bytes) -> EntrySize:
     ``CommitLogMachine.prepare_batch`` makes of it at the commit log's end (records, ConsumeQueue units, index
     entries), plus the entry header. A message's record is what the send limit bounds, but its keys cost 12
     bytes each on top (up to 6 times what they take in KEYS), so only this tells whether an append fits one entry.
-    It builds the batch once more: for broker services and refusals, not for every send."""
+    It builds the batch once more: for broker services' rounds, never on the send path."""
     built = store.prepare_append([(batch, batch_count(batch))], store.max_phy_offset, 0, {})
     return EntrySize(ENTRY_HEADER.size + len(encode_payload(built)), len(built.hint.index))
 

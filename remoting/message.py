@@ -42,6 +42,7 @@ from crc32c import crc32c
 __all__ = [
     "MessageInput", "MessageView", "MessageFormatError",
     "encode_batch", "encode_single_batch", "decode_batch", "validate_batch", "scan_batch", "batch_count",
+    "scan_producer_batch", "batch_index_keys",
     "CheckedBatch",
     "batch_store_host",
     "encode_record", "decode_record", "iter_records", "decode_records", "record_size", "record_properties",
@@ -249,6 +250,59 @@ def split_keys(raw: str | None) -> list[str]:
     (``broker/store/dispatch.py`` splits the same way on bytes), so a key a message reports is a key it can be
     found by."""
     return [k for k in raw.split(KEY_SEPARATOR) if k] if raw else []
+
+
+_KEYS_PAIR = PROPERTY_KEYS.encode("ascii") + b"\x01"
+_UNIQ_PAIR = PROPERTY_UNIQ_KEY.encode("ascii") + b"\x01"
+
+
+def _pair_value(props: bytes, pair: bytes) -> bytes:
+    """The value of the pair named ``pair`` (``name\x01``) in a block of ``name\x01value\x02`` pairs, b"" when
+    absent. A name starts the block or follows a \x02, so a longer name ending in it (``MYKEYS``) is not it."""
+    if props.startswith(pair):
+        at = len(pair)
+    else:
+        at = props.find(b"\x02" + pair)
+        if at < 0:
+            return b""
+        at += 1 + len(pair)
+    end = props.find(b"\x02", at)
+    return props[at:end] if end >= 0 else props[at:]
+
+
+def batch_index_keys(batch: bytes | memoryview) -> int:
+    """The IndexFile entries the messages of ``batch`` (valid: ``scan_batch``) make: one per non-empty UNIQ_KEY
+    and one per non-empty key of KEYS split on single spaces, the store's rule (``broker.store.dispatch_info``,
+    whose entries the state machine builds into each DLedger entry at 12 bytes a key). Exact for properties whose
+    names do not repeat, as ``scan_producer_batch`` holds a producer's. A walk of the headers with C-level searches and
+    counts, nothing hashed: the broker's send path asks it only of batches whose properties could hold many keys
+    (``scan_producer_batch``'s ``properties_bytes``)."""
+    batch = bytes(batch)
+    unpack = _ENTRY_SIZE_AND_BODY_LEN.unpack_from
+    unpack_h = PROPS_LEN.unpack_from
+    head = ENTRY_HEAD.size + BODY_LEN.size
+    pos = BATCH_HEAD.size
+    n = 0
+    for _ in range(batch_count(batch)):
+        entry_size, body_len = unpack(batch, pos)
+        p = pos + head + body_len
+        p += 1 + batch[p]
+        props_len = unpack_h(batch, p)[0]
+        if props_len:
+            props = batch[p + 2:p + 2 + props_len]
+            if _pair_value(props, _UNIQ_PAIR):
+                n += 1
+            keys = _pair_value(props, _KEYS_PAIR)
+            if keys:
+                spaces = keys.count(b" ")
+                if spaces == 0 or (keys[0] != 32 and keys[-1] != 32 and b"  " not in keys):
+                    n += spaces + 1
+                else:  # empty pieces (leading, trailing or doubled spaces) make no entry
+                    pieces = keys.split(b" ")
+                    n += len(pieces) - pieces.count(b"")
+        pos += entry_size
+    return n
+
 
 # RocketMQ's topic charset (TopicValidator), the one rule of every check of a topic or group name: client,
 # broker and name server. Use ``TOPIC_RE.fullmatch``: ``re.match`` with "$" lets a trailing newline through.
@@ -548,7 +602,8 @@ def scan_batch(batch: bytes | memoryview, *, max_message_size: int = DEFAULT_MAX
                from_producer: bool = False) -> tuple[int, bool]:
     """``validate_batch`` that also holds every message to one ``topic`` (a mismatch is a MessageFormatError
     with field ``batch_topic``) and tells whether every message already names ``queue_id``: one pass for a
-    broker taking a SEND_BATCH_MESSAGE. Returns ``(count, all_in_queue)``.
+    broker taking a SEND_BATCH_MESSAGE. Returns ``(count, all_in_queue)``; ``scan_producer_batch`` also sums the
+    properties' lengths.
 
     ``from_producer``: also refuse what a single send refuses of a producer, a negative ``born_timestamp`` or
     ``reconsume_times`` (field named so, with the message index), a DELAY property (field ``delay``), a
@@ -559,6 +614,22 @@ def scan_batch(batch: bytes | memoryview, *, max_message_size: int = DEFAULT_MAX
     Only
     for bytes a producer just sent: the store's and replication's checks of written batches leave it off, so
     records stored before this rule (or by an older broker) stay readable and replicable."""
+    count, all_in_queue, _ = _scan_batch(batch, max_message_size, topic, queue_id, from_producer)
+    return count, all_in_queue
+
+
+def scan_producer_batch(batch: bytes | memoryview, *, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+                        topic: bytes | None = None, queue_id: int | None = None) -> tuple[int, bool, int]:
+    """``scan_batch`` with ``from_producer``, in the same pass summing the messages' properties lengths: returns
+    ``(count, all_in_queue, properties_bytes)``. Half of ``properties_bytes`` bounds the batch's index keys
+    (``batch_index_keys``): a key of KEYS takes two bytes at least (itself and a separator), a UNIQ_KEY pair eleven,
+    so a broker counts them exactly only for a batch whose bound is high, and its usual batch pays one addition a
+    message."""
+    return _scan_batch(batch, max_message_size, topic, queue_id, True)
+
+
+def _scan_batch(batch: bytes | memoryview, max_message_size: int, topic: bytes | None, queue_id: int | None,
+                from_producer: bool) -> tuple[int, bool, int]:
     if not isinstance(batch, bytes):
         batch = bytes(batch)
     n = len(batch)
@@ -579,6 +650,7 @@ def scan_batch(batch: bytes | memoryview, *, max_message_size: int = DEFAULT_MAX
     retry_block = _PRODUCER_RETRY_BLOCK.fullmatch
     retry_prefix = _RETRY_PREFIX
     all_in_queue = True
+    properties_bytes = 0
     for i in range(count):
         if pos + head + _TAIL_FIXED > n:
             raise MessageFormatError("batch", f"batch ends inside message {i} header")
@@ -623,6 +695,7 @@ def scan_batch(batch: bytes | memoryview, *, max_message_size: int = DEFAULT_MAX
         # Properties are stored as sent and read as UTF-8: bytes that are not would come back altered (U+FFFD,
         # see decode_properties), so they are refused here. ASCII, the usual case, is checked in C.
         if props_len:
+            properties_bytes += props_len
             props = batch[p + 2:end]
             # RocketMQ's encoding ends every pair with \x02, and the commit log's recovery reads a record whose last
             # byte is 0 with nothing after it as a torn tail: stored, such a record could be cut after a crash.
@@ -645,7 +718,7 @@ def scan_batch(batch: bytes | memoryview, *, max_message_size: int = DEFAULT_MAX
         pos = end
     if pos != n:
         raise MessageFormatError("batch", f"batch has {n - pos} trailing bytes after {count} messages")
-    return count, all_in_queue
+    return count, all_in_queue, properties_bytes
 
 
 def _producer_block(refused: Sequence[str]) -> re.Pattern[bytes]:
@@ -688,7 +761,8 @@ _GOOD_TOPICS: set[bytes] = set()  # topics already found legal: the check is the
 # costs no allocation; and one unpack instead of two pays for the two ORs of the check.
 _ENTRY_CHECKED = struct.Struct(">ii7xBb15xb11xi")
 _ENTRY_CHECKED_STORED = struct.Struct(">ii7xBB15xB11xi")
-assert _ENTRY_CHECKED.size == ENTRY_HEAD.size + BODY_LEN.size
+_ENTRY_SIZE_AND_BODY_LEN = struct.Struct(">i40xi")  # ENTRY_HEAD's entry_size, then the body length after the head
+assert _ENTRY_CHECKED.size == _ENTRY_SIZE_AND_BODY_LEN.size == ENTRY_HEAD.size + BODY_LEN.size
 
 
 def _negative_field(batch: bytes, pos: int, index: int) -> None:

@@ -6,9 +6,10 @@ out of write traffic, ``raftmq admin update-broker-config``), topic name (INVALI
 topic (NO_PERMISSION), topic existence or auto-creation (TOPIC_NOT_EXIST), write permission (NO_PERMISSION), queue id
 (INVALID_REQUEST naming ``queue_id``), message size and properties (MESSAGE_ILLEGAL: a block ``encode_properties``
 would not write, or a property only the broker sets, ``remoting.message.refused_property``), batch structure
-(INVALID_REQUEST naming ``body``). Only then is the message encoded (single send) or taken as is (a batch body
-already is the batch layout of ``remoting/message.py``; the broker rewrites only the 8-byte store host) and
-handed to the group's batcher, which answers after the Raft commit and the local apply.
+(INVALID_REQUEST naming ``body``), a batch's index keys (MESSAGE_ILLEGAL: its DLedger entry cannot fit
+``max_entry_bytes``, or it holds more than ``MAX_BATCH_INDEX_KEYS``). Only then is the message encoded (single send)
+or taken as is (a batch body already is the batch layout of ``remoting/message.py``; the broker rewrites only the
+8-byte store host) and handed to the group's batcher, which answers after the Raft commit and the local apply.
 
 The response carries ``msg_id`` (comma-separated for a batch, as RocketMQ's MessageBatch), ``queue_id`` and
 ``queue_offset`` (of the first message of a batch).
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import cbor2
 
+from broker.commit_log_machine import least_entry_bytes
 from broker.processor.base import (I32, I64, RequestRejected, answer_from_task, error_response, get_bool, get_group,
                                    get_int, get_str, invalid, topic_not_writable, unexpected_response)
 from broker.topic_config import TopicConfigError, check_sendable_topic, validate_topic_name
@@ -33,13 +35,12 @@ from dledger.errors import PreparedEntryTooLargeError
 from remoting.codec import EncodedExt, Frame, make_response
 from remoting.codes import RequestCode, ResponseCode
 from broker.schedule import timer_property
-from broker.service_rounds import entry_size
 from broker.transaction import prepared_sys_flag
 from remoting.message import (BATCH_HEAD, BATCH_MAGIC, ENTRY_HEAD, PROPERTY_DELAY, PROPERTY_TIMER_DELAY_MS,
                               PROPERTY_TIMER_DELAY_SEC, PROPERTY_TIMER_DELIVER_MS, PROPERTY_TRANSACTION_PREPARED,
-                              CheckedBatch, MessageFormatError, MessageInput, batch_count, check_topic,
-                              encode_batch, encode_properties, encode_single_batch, refused_property,
-                              refused_property_reason, scan_batch)
+                              CheckedBatch, MessageFormatError, MessageInput, batch_count, batch_index_keys,
+                              check_topic, encode_batch, encode_properties, encode_single_batch, refused_property,
+                              refused_property_reason, scan_producer_batch)
 
 if TYPE_CHECKING:
     from broker.node import BrokerNode
@@ -47,6 +48,15 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _QUEUE_ID = struct.Struct(">i")
+
+# The most IndexFile keys (a UNIQ_KEY, each key of KEYS) one send may hold. The leader builds a send's DLedger entry
+# (a CRC32C hash and 12 bytes a key) on the trio thread that also ticks Raft, so keys are time its followers do not
+# hear from it: measured on a 2-core machine, 32,722 keys took 21-23 ms to build and 4 ms to apply, well within
+# the smallest election timeout (election_timeout_min_ms 400 by default; a heartbeat is due every 50 ms); 64
+# messages of 15,000 keys (960,064: 1.9 MB of batch, a 13.4 MB entry) took 0.53 s, and each such send cost the
+# group 2-4 elections. Twice the most one message holds (16,381 keys of one character in 32 KiB of properties), so
+# any message alone is taken.
+MAX_BATCH_INDEX_KEYS = 32_768
 
 
 class SendMessageProcessor:
@@ -57,6 +67,8 @@ class SendMessageProcessor:
         self._store_bytes: tuple[bytes, int] | None = None
         self._sync_flush = node.config.store.flush_disk_type == "SYNC_FLUSH"
         self._timeout_s = node.config.send_timeout_ms / 1000
+        assert node.config.dledger is not None  # BrokerConfig requires it
+        self._max_entry_bytes = node.config.dledger.max_entry_bytes
 
     async def process(self, request: Frame, conn: Any) -> Frame | None:
         node = self.node
@@ -159,17 +171,11 @@ class SendMessageProcessor:
 
     def _entry_too_large(self, batch: bytes, error: PreparedEntryTooLargeError) -> RequestRejected:
         """MESSAGE_ILLEGAL (not retriable: the same bytes never fit) for a send within ``max_message_size`` whose
-        entry the group refused: the limit bounds records, but the index costs 12 bytes per key on top, and a
-        batch of key-heavy messages can be six times its size in the entry. Measured again here, on this rare
-        path only, to name the index entries."""
-        count = batch_count(batch)
-        what = f"the batch of {count} messages" if count > 1 else "the message"
-        index = entry_size(self.node.store, batch).index_entries
-        return RequestRejected(ResponseCode.MESSAGE_ILLEGAL, (
-            f"{what} ({len(batch)} bytes) makes a DLedger entry of {error.entry_size} bytes, more than the "
-            f"{error.max_size} one entry holds (dledger.append_entries_batch_size_bytes): besides the records, its "
-            f"{index} index entries (one per UNIQ_KEY and per key of KEYS) take 12 bytes each; send fewer messages "
-            f"at once, or fewer keys"))
+        entry the group refused once built: a single send (its keys are not counted before), or a batch whose
+        entry crossed a segment end it was not judged with (``_check_index_keys``). The sizes are the group's;
+        the index keys are counted in the batch's properties, not built again."""
+        return RequestRejected(ResponseCode.MESSAGE_ILLEGAL, _entry_remark(
+            batch_count(batch), len(batch), str(error.entry_size), error.max_size, batch_index_keys(batch)))
 
     def _success(self, request: Frame, results: Any) -> Frame:
         # The per-topic figures of the metrics: one dict lookup per request, whatever the batch holds. The topic is
@@ -256,8 +262,8 @@ class SendMessageProcessor:
         # checks the structure and the topic, and tells whether the queue ids need rewriting (a client that
         # picked the queue already wrote it into every message).
         try:
-            count, in_queue = scan_batch(body, max_message_size=max_size, topic=topic.encode("ascii"),
-                                         queue_id=queue_id, from_producer=True)
+            count, in_queue, properties_bytes = scan_producer_batch(body, max_message_size=max_size,
+                                                                    topic=topic.encode("ascii"), queue_id=queue_id)
         except MessageFormatError as e:
             if e.field == "body" and "exceeds" in str(e):
                 raise RequestRejected(ResponseCode.MESSAGE_ILLEGAL, str(e)) from None
@@ -270,6 +276,12 @@ class SendMessageProcessor:
         if count > self.node.config.max_batch_messages:
             raise invalid("body", f"holds {count} messages; at most {self.node.config.max_batch_messages} "
                                   f"are accepted in one batch")
+        # Half the properties' bytes bounds the index keys (scan_producer_batch): the usual batch is judged by that
+        # bound, only one that could hold many keys has them counted.
+        keys_most = properties_bytes // 2
+        if (keys_most > MAX_BATCH_INDEX_KEYS
+                or least_entry_bytes(len(body), count, len(topic), keys_most) > self._max_entry_bytes):
+            self._check_index_keys(body, topic, count)
         ip, port = self.node.store_host
         head = BATCH_HEAD.pack(BATCH_MAGIC, count, socket.inet_aton(ip), port)
         out = bytearray(body)
@@ -280,6 +292,33 @@ class SendMessageProcessor:
                 _QUEUE_ID.pack_into(out, pos + 4, queue_id)
                 pos += ENTRY_HEAD.unpack_from(out, pos)[0]
         return CheckedBatch(out, count)
+
+    def _check_index_keys(self, body: bytes, topic: str, count: int) -> None:
+        """Refuse (MESSAGE_ILLEGAL, not retriable) a batch whose DLedger entry cannot fit ``max_entry_bytes``, or
+        that holds more than ``MAX_BATCH_INDEX_KEYS`` index keys, before the leader builds anything: the group
+        learnt an entry was too large only once it had built it, on the thread that ticks Raft (0.5 s for 960,064
+        keys, and as long again to name them in the refusal), and its followers elected another leader meanwhile.
+        The entry is judged by its least size (``least_entry_bytes``: as if it crossed no segment end), so what
+        could fit goes on to the group, which refuses the rest (``_entry_too_large``)."""
+        keys = batch_index_keys(body)
+        least = least_entry_bytes(len(body), count, len(topic), keys)
+        if least > self._max_entry_bytes:
+            raise RequestRejected(ResponseCode.MESSAGE_ILLEGAL, _entry_remark(
+                count, len(body), f"at least {least}", self._max_entry_bytes, keys))
+        if keys > MAX_BATCH_INDEX_KEYS:
+            raise RequestRejected(ResponseCode.MESSAGE_ILLEGAL, (
+                f"the batch of {count} messages ({len(body)} bytes) holds {keys} index keys (one per UNIQ_KEY and "
+                f"per key of KEYS), more than the {MAX_BATCH_INDEX_KEYS} one send may hold (the leader builds each "
+                f"into the DLedger entry on the thread that keeps its Raft group); send fewer messages at once, or "
+                f"fewer keys"))
+
+
+def _entry_remark(count: int, size: int, entry: str, max_entry_bytes: int, index_keys: int) -> str:
+    what = f"the batch of {count} messages" if count > 1 else "the message"
+    return (f"{what} ({size} bytes) makes a DLedger entry of {entry} bytes, more than the {max_entry_bytes} one "
+            f"entry holds (dledger.append_entries_batch_size_bytes): besides the records, its {index_keys} index "
+            f"entries (one per UNIQ_KEY and per key of KEYS) take 12 bytes each; send fewer messages at once, or "
+            f"fewer keys")
 
 
 # A send's answer, as cbor2.dumps writes {"msg_id", "queue_id", "queue_offset", "region_id", "trace_on"}: the keys
