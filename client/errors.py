@@ -67,7 +67,9 @@ class UnknownBrokerError(ClientError):
 
 
 class ClientClosedError(ClientError):
-    """The producer or consumer was used after it was closed."""
+    """The producer or consumer was used after it was closed (or began closing), or closed before a send's message
+    left: that message was not sent. A send whose request was out, unanswered, when its producer finished closing
+    gets ``SendFailedError`` instead, its outcome unknown (the message may be stored)."""
 
 
 class MessageTooLargeError(ClientError):

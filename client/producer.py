@@ -22,6 +22,12 @@ Sending rules (RocketMQ's ``DefaultMQProducerImpl.sendDefaultImpl``, adapted to 
   whose leader left one waiting.
 - Concurrency is the caller's: start many ``send`` calls at once (from a nursery); they share
   one connection per node, with many requests in flight on it.
+- Closing (leaving ``open_producer``'s block) refuses new sends at once (``ClientClosedError``: not sent), then waits
+  up to ``send_msg_timeout_ms`` (shielded: also when the block ends by cancellation) for the sends already in flight,
+  auto batches included, to be answered, and only then closes the connections. A send whose request went out and
+  was still unanswered then fails with ``SendFailedError`` saying its outcome is unknown (it may be stored): not
+  ``ClientClosedError``, which a caller reads as "not sent", and sends again (300 sends closed 20 ms after they
+  began: 44 got "closed", all 300 were stored).
 - A single send (``send``, ``send_oneway``, a half message) whose body has at least ``compress_msg_body_over_howmuch``
   bytes (4 KiB) carries it zlib-compressed (``compress_level`` 5) with sys_flag COMPRESSED_FLAG, if that is smaller
   (RocketMQ's tryToCompressMessage). The store keeps it so, on every node; consumers inflate it. A batch, and an
@@ -139,6 +145,9 @@ class ProducerConfig(ClientConfig):
     auto_batch_max_messages: int = bounded(64, min=1, max=1024, doc="messages per auto batch")
     auto_batch_max_bytes: int = bounded(64 * 1024, min=1024, max=4 * 1024 * 1024,
                                         doc="bodies + properties per auto batch; a bigger message goes alone")
+    auto_batch_max_keys: int = bounded(1024, min=1, max=1 << 20,
+                                       doc="index keys (each message's UNIQ_KEY and keys of KEYS) per auto batch; a "
+                                           "message with more goes in a batch of its own")
     auto_batch_max_in_flight: int = bounded(2, min=1, max=64,
                                             doc="batches of one topic/queue in flight before messages wait")
     auto_batch_max_delay_ms: int = bounded(10, min=0, max=10_000,
@@ -206,6 +215,9 @@ class Producer:
         self._ext = SendExtEncoder(config.producer_group)
         self._accumulator = ProduceAccumulator(self, instance.nursery) if config.auto_batch else None
         self._pending = PendingRequests(config.max_pending_requests)
+        self._closing = False  # close() began: new sends are refused, those in flight finish
+        self._sending = 0  # calls in _send_with_retries
+        self._idle: trio.Event | None = None  # set when the last send in flight ends, while close waits for it
         # Per topic on a stand-in route, the groups that answered a send on it (_stand_in_answered).
         self._stand_in_groups: dict[str, set[str]] = {}
         instance.heartbeat_data = lambda: {"producers": [{"producer_group": config.producer_group}],
@@ -524,7 +536,7 @@ class Producer:
     def _check(self, message: Message) -> None:
         """The message's own rules. The body's size is that of the body given, compressed or not, as RocketMQ's
         Validators.checkMessage: so no consumer ever inflates a body past the limit its producer had."""
-        if self._instance.closed:
+        if self._closing or self._instance.closed:
             raise ClientClosedError("the producer is closed")
         if not isinstance(message, Message):
             raise TypeError(f"send expects a Message, got {type(message).__name__}")
@@ -653,6 +665,34 @@ class Producer:
     async def _send_with_retries(self, topic: str, code: int, ext: SendExt, body_for, uniqs: tuple[str, ...],
                                  queue: MessageQueue | None, sharding_key: str | None,
                                  timeout_s: float | None, *, parked: bool = False) -> SendResult:
+        # Counted, so that closing waits for it (_wait_sends).
+        self._sending += 1
+        try:
+            return await self._send_attempts(topic, code, ext, body_for, uniqs, queue, sharding_key, timeout_s,
+                                             parked)
+        finally:
+            self._sending -= 1
+            self._send_ended()
+
+    def _send_ended(self) -> None:
+        """A send (or an auto batch) ended: wakes a close waiting for the last of them."""
+        if self._idle is not None and not self._sending and not (self._accumulator and self._accumulator.busy):
+            self._idle.set()
+
+    async def _wait_sends(self) -> None:
+        """Refuse new sends, and wait until those in flight (auto batches included, their waiting messages sent at
+        once) are answered or fail. The caller bounds it."""
+        self._closing = True
+        if self._accumulator is not None:
+            self._accumulator.close()
+        while self._sending or (self._accumulator is not None and self._accumulator.busy):
+            self._idle = trio.Event()
+            await self._idle.wait()
+        self._idle = None
+
+    async def _send_attempts(self, topic: str, code: int, ext: SendExt, body_for, uniqs: tuple[str, ...],
+                             queue: MessageQueue | None, sharding_key: str | None,
+                             timeout_s: float | None, parked: bool) -> SendResult:
         inst = self._instance
         timeout = timeout_s if timeout_s is not None else self.config.send_msg_timeout_ms / 1000
         deadline = time.monotonic() + timeout
@@ -664,6 +704,7 @@ class Producer:
         leader_waits = 0  # attempts that failed while the only group this send may use had no leader
         redirects = 0
         redirected = False  # the last attempt was answered NOT_LEADER and its hint is followed with the same queue
+        unanswered = False  # an attempt went out and got no answer (it may be stored)
         auto_routed = False
         mq: MessageQueue | None = None
         while True:
@@ -729,8 +770,14 @@ class Producer:
                     self._stand_in_answered(info, topic, mq.broker_name)
                 status = _SEND_STATUS.get(frame.code)
                 if status is None:
-                    raise_for_response(frame, topic=topic, broker_name=mq.broker_name)
+                    # The field a refusal names (INVALID_REQUEST's ``field``) too: an auto batch tells by it whether
+                    # the broker refused the batch or a message of it (client/accumulator.py).
+                    field = frame.ext.get("field")
+                    raise_for_response(frame, topic=topic, broker_name=mq.broker_name,
+                                       **({"field": field} if type(field) is str else {}))
             except RaftMQError as e:
+                if isinstance(e, (ConnectionClosedError, RequestTimeoutError)):
+                    unanswered = True
                 latency_ms = (time.monotonic() - started) * 1000
                 isolation = bool(e.refresh_route) and not getattr(e, "leader_addr", None)
                 if faults is not None:
@@ -767,6 +814,14 @@ class Producer:
         self._stats.failed += len(uniqs)
         if last_error is None:
             last_error = trio.TooSlowError(f"send timed out after {timeout:.3f}s")
+        if unanswered and inst.closed:
+            # Closing waited send_msg_timeout_ms for this send; an attempt's request went out and was not answered:
+            # "closed" would read as "not sent", and sending it again could store it twice.
+            raise SendFailedError(f"sending to topic {topic!r}: the producer closed before an attempt's request was "
+                                  f"answered, send_msg_timeout_ms after it began closing: the outcome is unknown (the "
+                                  f"message may be stored; sent again, it may be stored twice)",
+                                  attempts=attempts + leader_waits, last_error=last_error,
+                                  topic=topic) from last_error
         if isinstance(last_error, RaftMQError) and not last_error.retriable:
             raise last_error
         waits = f" ({leader_waits} of them waiting for a leader to be elected)" if leader_waits else ""
@@ -864,6 +919,12 @@ async def _open(config: ProducerConfig, transaction_listener: TransactionListene
                 yield producer
             finally:
                 instance.stop_background()
+                # New sends are refused at once (ClientClosedError: not sent); those in flight are answered first, as
+                # closing under them told "closed" to callers whose messages were stored. Shielded, as the block may
+                # end by cancellation, and bounded as one send is.
+                with trio.move_on_after(config.send_msg_timeout_ms / 1000) as scope:
+                    scope.shield = True
+                    await producer._wait_sends()
                 with trio.move_on_after(1) as scope:
                     scope.shield = True
                     await instance.unregister(config.producer_group, None)

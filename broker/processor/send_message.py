@@ -175,7 +175,8 @@ class SendMessageProcessor:
         entry crossed a segment end it was not judged with (``_check_index_keys``). The sizes are the group's;
         the index keys are counted in the batch's properties, not built again."""
         return RequestRejected(ResponseCode.MESSAGE_ILLEGAL, _entry_remark(
-            batch_count(batch), len(batch), str(error.entry_size), error.max_size, batch_index_keys(batch)))
+            batch_count(batch), len(batch), str(error.entry_size), error.max_size, batch_index_keys(batch)),
+            ext=_BATCH_FIELD)
 
     def _success(self, request: Frame, results: Any) -> Frame:
         # The per-topic figures of the metrics: one dict lookup per request, whatever the batch holds. The topic is
@@ -257,7 +258,8 @@ class SendMessageProcessor:
     def _check_batch(self, body: bytes, topic: str, queue_id: int, max_size: int) -> bytes:
         # The whole batch is one dledger record: like RocketMQ's producer, its body is held to the message limit.
         if len(body) > max_size:
-            raise RequestRejected(ResponseCode.MESSAGE_ILLEGAL, self._too_large("batch body", len(body), max_size))
+            raise RequestRejected(ResponseCode.MESSAGE_ILLEGAL, self._too_large("batch body", len(body), max_size),
+                                  ext={"field": "body"})
         # Every message of a batch goes to the topic and queue named in the header, as in RocketMQ: one pass
         # checks the structure and the topic, and tells whether the queue ids need rewriting (a client that
         # picked the queue already wrote it into every message).
@@ -304,13 +306,19 @@ class SendMessageProcessor:
         least = least_entry_bytes(len(body), count, len(topic), keys)
         if least > self._max_entry_bytes:
             raise RequestRejected(ResponseCode.MESSAGE_ILLEGAL, _entry_remark(
-                count, len(body), f"at least {least}", self._max_entry_bytes, keys))
+                count, len(body), f"at least {least}", self._max_entry_bytes, keys), ext=_BATCH_FIELD)
         if keys > MAX_BATCH_INDEX_KEYS:
             raise RequestRejected(ResponseCode.MESSAGE_ILLEGAL, (
                 f"the batch of {count} messages ({len(body)} bytes) holds {keys} index keys (one per UNIQ_KEY and "
                 f"per key of KEYS), more than the {MAX_BATCH_INDEX_KEYS} one send may hold (the leader builds each "
                 f"into the DLedger entry on the thread that keeps its Raft group); send fewer messages at once, or "
-                f"fewer keys"))
+                f"fewer keys"), ext=_BATCH_FIELD)
+
+
+# Ext ``field`` of the refusals that are the batch's as a whole (its DLedger entry, its index keys): a client that
+# packed single sends into it (client/accumulator.py) sends them again in smaller batches, which may pass.
+# MESSAGE_ILLEGAL of one message's problem names no field; ``body`` is the whole body past max_message_size.
+_BATCH_FIELD = {"field": "batch"}
 
 
 def _entry_remark(count: int, size: int, entry: str, max_entry_bytes: int, index_keys: int) -> str:

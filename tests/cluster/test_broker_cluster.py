@@ -264,7 +264,7 @@ async def test_four_mib_message_is_replicated_and_pulled_from_a_follower(start, 
         halves = [MessageInput(topic=TOPIC, queue_id=0, body=b"b" * (MAX_MESSAGE_SIZE // 2)) for _ in range(2)]
         batch = encode_batch(halves, ("127.0.0.1", 0), max_message_size=MAX_MESSAGE_SIZE)
         r = await _call(client, leader, RequestCode.SEND_BATCH_MESSAGE, {"topic": TOPIC, "queue_id": 0}, batch)
-        assert r.code == ResponseCode.MESSAGE_ILLEGAL and "batch body of" in r.remark
+        assert r.code == ResponseCode.MESSAGE_ILLEGAL and "batch body of" in r.remark and r.ext.get("field") == "body"
         assert f"exceeds max_message_size {MAX_MESSAGE_SIZE} bytes" in r.remark
         batch = encode_batch(halves[:1] + [MessageInput(topic=TOPIC, queue_id=0, body=b"c" * 1000)],
                              ("127.0.0.1", 0), max_message_size=MAX_MESSAGE_SIZE)

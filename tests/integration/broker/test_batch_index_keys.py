@@ -71,6 +71,8 @@ async def test_a_batch_with_more_index_keys_than_one_send_may_hold_is_refused_be
         assert len(body) < node.max_message_size
         r = await _send_batch(client, addr, "KeysT", body)
         assert r.code == ResponseCode.MESSAGE_ILLEGAL, (r.code, r.remark)
+        # The batch's as a whole: a client that packed single sends into it sends them again in smaller batches.
+        assert r.ext.get("field") == "batch", r.ext
         assert r.remark == (f"the batch of 3 messages ({len(body)} bytes) holds 49143 index keys (one per UNIQ_KEY "
                             f"and per key of KEYS), more than the {MAX_BATCH_INDEX_KEYS} one send may hold (the "
                             f"leader builds each into the DLedger entry on the thread that keeps its Raft group); "
@@ -95,6 +97,8 @@ async def test_a_batch_whose_entry_cannot_fit_is_refused_before_it_is_built_nami
         assert len(body) < node.max_message_size
         r = await _send_batch(client, addr, "EntryT", body)
         assert r.code == ResponseCode.MESSAGE_ILLEGAL, (r.code, r.remark)
+        # The batch's as a whole: a client that packed single sends into it sends them again in smaller batches.
+        assert r.ext.get("field") == "batch", r.ext
         assert builds[0] == 0
         least = len(body) - 16 + 10 * (40 + 20 + 12 * 2000) + 21 + 23 + 16 + 1 + len("EntryT") + 16
         assert r.remark.startswith(f"the batch of 10 messages ({len(body)} bytes) makes a DLedger entry of at least "
@@ -117,6 +121,8 @@ async def test_a_single_send_past_the_entry_is_refused_after_one_build_naming_th
                        {"producer_group": "pg", "topic": "SingleT", "queue_id": 0,
                         "properties": {"KEYS": "k " * 16_000}}, b"x")
         assert r.code == ResponseCode.MESSAGE_ILLEGAL, (r.code, r.remark)
+        # The batch's as a whole: a client that packed single sends into it sends them again in smaller batches.
+        assert r.ext.get("field") == "batch", r.ext
         assert r.remark.startswith("the message (") and "makes a DLedger entry of " in r.remark, r.remark
         assert f"more than the {config.dledger.max_entry_bytes} one entry holds" in r.remark, r.remark
         assert "its 16000 index entries" in r.remark, r.remark
