@@ -15,10 +15,11 @@ A POP hands a consumer up to ``max_msg_nums`` messages of a queue and makes them
   new leader therefore never hands out again what was popped (no pop offset behind a checkpoint), and knows every
   message still invisible (no pop offset ahead of a missing checkpoint, which would lose them). An ACK removes its
   offset from the checkpoint (the checkpoint goes with its last offset); a CHANGE moves one offset into a new
-  checkpoint with the new deadline; each is one write. A BATCH_ACK acks up to 1,024 messages, of any queues of the
-  group, in one write too (``plan_acks``): a Raft round per request, not per message, is what bounds a consumer's
-  rate. RocketMQ writes checkpoints and acks to a revive topic and pairs them up again in its revive service;
-  raftmq's Raft-replicated table says the same in fewer moving parts.
+  checkpoint with the new deadline, marked with the POP that handed the message out (only such a checkpoint
+  answers an ack of an older handle "superseded"); each is one write. A BATCH_ACK acks up to 1,024 messages, of
+  any queues of the group, in one write too (``plan_acks``): a Raft round per request, not per message, is what
+  bounds a consumer's rate. RocketMQ writes checkpoints and acks to a revive topic and pairs them up again in its
+  revive service; raftmq's Raft-replicated table says the same in fewer moving parts.
 * **Deadlines are wall-clock.** ``pop_time_ms + invisible_time_ms``, taken by the leader that popped; a new leader
   judges them by its own clock (RocketMQ's rule too: brokers are assumed NTP-synced).
 * **Revive on the ready leader.** Every ``pop_revive_interval_ms`` the leader takes each checkpoint whose deadline
@@ -142,6 +143,11 @@ class CheckPoint:
     pop_time_ms: int
     invisible_time_ms: int
     offsets: tuple[int, ...]
+    # A checkpoint a CHANGE made: (start_offset, pop_time_ms) of the POP's checkpoint its message was first handed
+    # out in, carried along a chain of CHANGEs; None for a POP's. Only such a checkpoint supersedes a handle
+    # (``supersedes``): the message handed out again after an offset reset is in a POP's checkpoint too, and a
+    # retried ack of the first delivery was answered "superseded ... changed at" with no CHANGE made.
+    changed_from: tuple[int, int] | None = None
 
     @property
     def key(self) -> str:
@@ -153,13 +159,36 @@ class CheckPoint:
         return self.pop_time_ms + self.invisible_time_ms
 
     def to_wire(self) -> dict[str, Any]:
-        return {"g": self.consumer_group, "t": self.topic, "q": self.queue_id, "s": self.start_offset,
-                "p": self.pop_time_ms, "i": self.invisible_time_ms, "o": list(self.offsets)}
+        wire: dict[str, Any] = {"g": self.consumer_group, "t": self.topic, "q": self.queue_id,
+                                "s": self.start_offset, "p": self.pop_time_ms, "i": self.invisible_time_ms,
+                                "o": list(self.offsets)}
+        if self.changed_from is not None:
+            # Only when set: a POP's checkpoint is written as before, and one written before "f" existed (or by a
+            # node that does not know it, which ignores it) reads as a POP's.
+            wire["f"] = list(self.changed_from)
+        return wire
 
     @classmethod
     def from_wire(cls, data: Mapping[str, Any]) -> CheckPoint:
+        changed_from = data.get("f")
         return cls(str(data["g"]), str(data["t"]), int(data["q"]), int(data["s"]), int(data["p"]), int(data["i"]),
-                   tuple(int(o) for o in data["o"]))
+                   tuple(int(o) for o in data["o"]),
+                   None if changed_from is None else (int(changed_from[0]), int(changed_from[1])))
+
+    def supersedes(self, handle: ReceiptHandle) -> bool:
+        """Whether this checkpoint holds ``handle``'s message because a CHANGE of that handle (or of one a CHANGE
+        of it returned, and so on) moved it here. Not so for a POP's checkpoint holding the same offset (handed out
+        again after an offset reset), nor for one a CHANGE of such a later delivery made: ``handle`` was acked
+        already (a retried ack), or its invisible time is over, and is answered so."""
+        if self.changed_from is None or self.key == handle.checkpoint_key or handle.queue_offset not in self.offsets:
+            return False
+        if self.changed_from == (handle.start_offset, handle.pop_time_ms):
+            return True  # the POP's handle, changed once or more since
+        # A handle a CHANGE returned (its checkpoint starts at its message; that checkpoint is gone once changed
+        # again, and with it where it came from): superseded by a later CHANGE of the delivery it belongs to, one
+        # popped no later than the handle was made. A delivery popped after it (a reset) is another.
+        return (handle.start_offset == handle.queue_offset
+                and self.changed_from[1] <= handle.pop_time_ms < self.pop_time_ms)
 
     def without(self, offset: int) -> CheckPoint | None:
         """This checkpoint once ``offset`` is acked (or moved to another): None when nothing is left."""
@@ -368,11 +397,10 @@ def plan_acks(table: Mapping[str, Any], handles: Iterable[ReceiptHandle]) -> tup
 
 
 def superseded_by(table: Mapping[str, Any], handle: ReceiptHandle) -> CheckPoint | None:
-    """The checkpoint other than ``handle``'s that holds its message (a CHANGE moved it there), if any. Scans the
+    """The checkpoint a CHANGE of ``handle`` moved its message to, if any (``CheckPoint.supersedes``). Scans the
     table, which is fine for one handle; a batch's handles are looked up in one ``CheckpointIndex`` instead."""
-    mine = handle.checkpoint_key
     for ck in checkpoints_of_queue(table, handle.consumer_group, handle.topic, handle.queue_id):
-        if ck.key != mine and handle.queue_offset in ck.offsets:
+        if ck.supersedes(handle):
             return ck
     return None
 
@@ -414,9 +442,8 @@ class CheckpointIndex:
         if handle.consumer_group != self.group or handle.queue_offset not in self._wanted.get(head, ()):
             raise ValueError(f"receipt handle of consumer group {handle.consumer_group!r}, message {handle.topic}:"
                              f"{handle.queue_id}:{handle.queue_offset} is not of this index")
-        mine = handle.checkpoint_key
         for ck in self._holding.get((head, handle.queue_offset), ()):
-            if ck.key != mine:
+            if ck.supersedes(handle):
                 return ck
         return None
 
@@ -424,13 +451,16 @@ class CheckpointIndex:
 def plan_change(table: Mapping[str, Any], handle: ReceiptHandle, invisible_time_ms: int,
                 now: int) -> tuple[dict[str, Any], CheckPoint] | None:
     """The table change that makes ``handle``'s message invisible for ``invisible_time_ms`` from ``now``: out of its
-    checkpoint, into a new one of its own. None when the handle is not current (see ``plan_ack``)."""
+    checkpoint, into a new one of its own, which names the POP that first handed it out (``changed_from``). None
+    when the handle is not current (see ``plan_ack``)."""
     items, current = plan_ack(table, handle)
     if not current:
         return None
+    old = CheckPoint.from_wire(table[handle.checkpoint_key])
     pop_time = now
     new = CheckPoint(handle.consumer_group, handle.topic, handle.queue_id, handle.queue_offset, pop_time,
-                     invisible_time_ms, (handle.queue_offset,))
+                     invisible_time_ms, (handle.queue_offset,),
+                     old.changed_from or (handle.start_offset, handle.pop_time_ms))
     while new.key in table or new.key in items:  # another change of the same message within the same ms
         pop_time += 1
         new = dataclasses.replace(new, pop_time_ms=pop_time)

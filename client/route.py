@@ -16,7 +16,13 @@ Rules of this module:
 - Routes are cached per topic and refreshed every ``poll_name_server_interval_ms`` and *at once* when a broker
   says NOT_LEADER, a connection fails, or a group's leader falls silent with requests waiting (the leader
   watch in ``client/instance.py``) (``RouteCache.refresh``). Concurrent refreshes of one topic share one
-  name-server query.
+  name-server query. A refresh that fails keeps the cached route, but not for ever when the topic is unknown
+  (deleted): once every refresh for ``UNKNOWN_TOPIC_GRACE_S`` found it so, its route is dropped, and the topic is
+  as one never routed to every user (a send looks it up again or auto-creates it, a rebalance skips it, a simple
+  consumer asks for it in the background and receives its other topics). A cached route to a deleted topic sent
+  every POP, pull and send there for the client's life, to be refused TOPIC_NOT_EXIST each time. Not at the first
+  "unknown": a name server restarted a moment ago (the only one, or the only one answering) knows no topic until
+  the brokers register again, at most ``register_interval_ms`` (up to 60 s) later.
 - A NOT_LEADER answer carries the leader's address; it is remembered as a *leader hint* for that group and
   wins over the cached route, because the name server learns of a new leader only when that leader registers.
   A hint is dropped when a request to it fails or the route agrees with it.
@@ -267,6 +273,10 @@ NAMESRV_ISOLATION_MS = 30_000
 # milliseconds; a hung one would hold the lookup for its request timeout (3 s, a send's whole deadline). One that
 # does not answer in time is taken as failed (asked last from then on), and what the others said stands.
 SECOND_OPINION_TIMEOUT_S = 0.5
+# How long the name servers must have said a cached topic is unknown before its route is dropped: two of the longest
+# registration interval (the brokers' register_interval_ms, at most 60 s), by which a restarted name server knows
+# every broker, and so every topic, again, with a refresh's timing to spare (the name servers' own broker_expired_ms).
+UNKNOWN_TOPIC_GRACE_S = 120.0
 
 
 def _namesrv_failure(error: Exception) -> bool:
@@ -319,6 +329,8 @@ class RouteCache:
         # broker_name -> master_addr(broker_name), asked at least once per send: kept until a route or a leader
         # hint changes, instead of searching the routes each time.
         self._masters: dict[str, str | None] = {}
+        # topic -> when (trio's clock) a refresh first found its cached route's topic unknown, since the last route.
+        self._unknown_since: dict[str, float] = {}
         # The name server that last answered with something, asked first (a random one to begin with, as
         # RocketMQ's clients pick, so that a fleet's clients spread over them).
         self._ns_index = random.randrange(len(self.namesrv_addrs))
@@ -370,6 +382,8 @@ class RouteCache:
             fetch.finished = True
             return route
         except Exception as e:
+            if getattr(e, "topic_unknown", False):
+                self._unknown(topic)
             fetch.error = e
             fetch.finished = True
             raise
@@ -462,9 +476,34 @@ class RouteCache:
         raise NoRouteError(f"no name server answered for topic {topic!r} (tried {', '.join(self.namesrv_addrs)}): "
                            f"{last_error}", topic=topic) from last_error
 
+    def _unknown(self, topic: str) -> None:
+        """A refresh found ``topic`` unknown to every name server that answered: its cached route, if any, is dropped
+        once that has lasted ``UNKNOWN_TOPIC_GRACE_S`` (see the module rules)."""
+        if topic not in self._routes:
+            return
+        now = trio.current_time()
+        since = self._unknown_since.setdefault(topic, now)
+        if now - since < UNKNOWN_TOPIC_GRACE_S:
+            return
+        log.warning("topic unknown to the name servers for %.0f s (deleted?), its cached route dropped topic=%s",
+                    now - since, topic)
+        del self._unknown_since[topic]
+        old = self._routes.pop(topic)
+        self._publish.pop(topic, None)
+        self._masters.clear()
+        self._forget_groups(old)
+
+    def _forget_groups(self, old: TopicRouteData) -> None:
+        """Forget the groups ``old`` (a route replaced or dropped) named that no cached route names any more."""
+        groups = self._groups
+        for b in old.broker_datas:
+            if b.broker_name in groups and not any(r.broker(b.broker_name) is not None for r in self._routes.values()):
+                del groups[b.broker_name]
+
     def _install(self, route: TopicRouteData, number: int | None) -> None:
         """Cache ``route``, got by query ``number`` (None: a stand-in, which only fills in unknown groups)."""
         self._masters.clear()
+        self._unknown_since.pop(route.topic, None)
         old = self._routes.get(route.topic)
         self._routes[route.topic] = route
         if old is None or old.write_queues() != route.write_queues() or old.broker_datas != route.broker_datas:
@@ -482,10 +521,7 @@ class RouteCache:
             if newest.master_addr and self._leader_hints.get(b.broker_name) == newest.master_addr:
                 del self._leader_hints[b.broker_name]
         if old is not None:
-            for b in old.broker_datas:  # a group the topic left: forgotten once no route names it
-                if route.broker(b.broker_name) is None and b.broker_name in groups and not any(
-                        r.broker(b.broker_name) is not None for r in self._routes.values()):
-                    del groups[b.broker_name]
+            self._forget_groups(old)  # a group the topic left: forgotten once no route names it
 
     def install_default(self, topic: str, brokers: Mapping[str, Mapping[int, str]], queue_nums: int,
                         cluster: str = "") -> TopicRouteData:

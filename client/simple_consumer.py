@@ -16,6 +16,10 @@ group's dead-letter topic instead. The rules this module keeps:
   ``await_duration_ms`` at the pair whose turn it is (RocketMQ's SimpleConsumer long-polls one queue too; a message
   arriving meanwhile at another group is found by the next ``receive``). NOT_LEADER is followed to the leader it
   names, a lost connection to the next node, as the other consumers do.
+* **One failing pair stops no other.** A pair that fails in the quick pass (a retriable error, or its topic
+  refused there: TOPIC_NOT_EXIST once deleted, NO_PERMISSION once not readable) is passed over, its route
+  refreshed, and the long poll goes to the next pair that answered; ``receive`` raises only when every pair failed.
+  A deleted topic made every receive raise, for good, and its other subscribed topics were never received.
 * **No readable queue is a wait, not an answer.** When no subscribed topic has a readable queue in the cached routes
   (made write-only, routed with no queues), ``receive`` has the routes asked for again (at most once a second,
   however many receives ask, and never while a refresh is still out) until one has, for up to
@@ -24,9 +28,10 @@ group's dead-letter topic instead. The rules this module keeps:
   server that drops requests makes each query wait its request timeout, which no receive's wait may take on, and
   a refresh a short receive gave up would never land. The receive looks at the cached routes each time it wakes
   (the refresh landed, the next one is due, its deadline), as any refresh may have brought a readable queue.
-  A subscribed topic no name server routes (not created yet) keeps no other from being received: it is asked for
-  in the background every ``poll_name_server_interval_ms``, and ``receive`` raises ``NoRouteError`` only when no
-  subscribed topic has a route.
+  A subscribed topic no name server routes (not created yet; deleted, once its cached route is dropped:
+  ``client/route.py``) keeps no other from being received: it is asked for in the background every
+  ``poll_name_server_interval_ms``, and ``receive`` raises ``NoRouteError`` only when no subscribed topic has a
+  route.
 * **One ack or many.** ``ack(msg)`` acks one message and raises what went wrong; ``ack_batch(msgs)`` acks many with
   one BATCH_ACK_MESSAGE per broker group (one replicated write there, where each ``ack`` is one) and returns, per
   message, None or the error ``ack`` would have raised for it: one refused or expired handle must not hide whether
@@ -146,34 +151,44 @@ class SimpleConsumer:
                 return []
         first = next(self._turn)
         failed: RaftMQError | None = None
-        failures = 0
+        answered: list[tuple[str, str]] = []  # the targets that did not fail, in turn
         for i in range(len(targets)):
             topic, broker_name = targets[(first + i) % len(targets)]
             try:
                 got = await self._pop(topic, broker_name, max_messages, invisible_duration_ms, 0)
             except RaftMQError as e:
-                if not e.retriable:
+                if not _target_failure(e):
                     raise
                 log.debug("receive failed topic=%s broker_name=%s error=%s", topic, broker_name, e)
-                failed, failures = e, failures + 1
+                failed = e
                 continue
             if got:
                 return got
-        if failed is not None and failures == len(targets):
+            answered.append((topic, broker_name))
+        if not answered:
+            assert failed is not None
             raise failed  # no group answered: waiting at one would only fail again
         if poll_time_ms <= 0:
             return []
-        topic, broker_name = targets[first % len(targets)]
-        return await self._pop(topic, broker_name, max_messages, invisible_duration_ms, poll_time_ms)
+        topic, broker_name = answered[0]  # the one whose turn it is, or the next that answered
+        try:
+            return await self._pop(topic, broker_name, max_messages, invisible_duration_ms, poll_time_ms)
+        except RaftMQError as e:
+            if not _target_refused(e):
+                raise
+            # Deleted, or read permission taken, since the quick pass: the others answered, so this is no failure
+            # of the receive; the next one's quick pass finds the target failing and polls another.
+            log.debug("receive long poll refused topic=%s broker_name=%s error=%s", topic, broker_name, e)
+            return []
 
     async def _targets(self) -> list[tuple[str, str]]:
         """The (topic, broker group) pairs holding readable queues of the subscribed topics, in a stable order.
 
-        A topic not routed yet is asked for here once; if that fails (not created yet, name servers silent) it is
-        asked for again in the background (``refresh_soon``) every ``poll_name_server_interval_ms``, and the other
-        topics are received meanwhile: one subscribed topic that did not exist yet made every receive raise, so
-        no other topic was ever received. Only when no subscribed topic has a route is each asked here again, and
-        the last failure raised."""
+        A topic not routed yet (or whose route was dropped, deleted: ``client/route.py``) is asked for here once; if
+        that fails (not created yet, name servers silent) it is asked for again in the background (``refresh_soon``)
+        every ``poll_name_server_interval_ms``, and the other topics are received meanwhile: one subscribed topic
+        that did not exist yet made every receive raise, so no other topic was ever received. Only when no subscribed
+        topic has a route is each asked here again, and the last failure raised."""
         routes = self._instance.routes
         topics = sorted(self._subs)
         nothing_routed = all(routes.cached(topic) is None for topic in topics)
@@ -239,7 +254,7 @@ class SimpleConsumer:
             for topic in sorted(self._subs):
                 try:
                     await routes.refresh(topic)
-                except RaftMQError as e:  # the cached route stands; the next refresh asks again
+                except RaftMQError as e:  # the route stands (a deleted topic's for a while); asked again next
                     log.info("route refresh for a topic with no readable queue failed topic=%s error=%s",
                              topic, e)
         finally:
@@ -345,6 +360,19 @@ class SimpleConsumer:
                     raise
                 if not getattr(e, "leader_addr", None):
                     await trio.sleep(0.1)  # an election in progress: no node names a leader yet
+
+
+def _target_refused(error: RaftMQError) -> bool:
+    """Whether ``error`` refuses the topic at that broker group only: deleted (TOPIC_NOT_EXIST, which is not
+    retriable) or not readable there (NO_PERMISSION). The route is refreshed (``on_error``); the other topics and
+    groups are received meanwhile."""
+    return getattr(error, "code", None) in (ResponseCode.TOPIC_NOT_EXIST, ResponseCode.NO_PERMISSION)
+
+
+def _target_failure(error: RaftMQError) -> bool:
+    """Whether ``error`` from one (topic, broker group) leaves the others to be asked: it is retriable, or refuses
+    that topic there only (``_target_refused``). Anything else (the group unknown, a bad request) is raised."""
+    return bool(error.retriable) or _target_refused(error)
 
 
 def _received(msg: MessageExt, handle: str) -> ReceivedMessage:
