@@ -57,8 +57,8 @@ __all__ = [
     "PROPERTY_ORIGIN_MESSAGE_ID", "SCHEDULE_TOPIC", "RETRY_GROUP_TOPIC_PREFIX", "DLQ_GROUP_TOPIC_PREFIX",
     "PROPERTY_TIMER_DELIVER_MS", "PROPERTY_TIMER_DELAY_MS", "PROPERTY_TIMER_DELAY_SEC", "TIMER_PROPERTIES",
     "retry_topic", "dlq_topic", "pop_retry_topic", "split_pop_retry_topic", "POP_RETRY_SEPARATOR",
-    "RETRY_GROUP_MAX_LENGTH", "REAL_TOPIC_HOLDERS", "BROKER_PROPERTIES", "RETRY_COPY_PROPERTIES", "SYSTEM_PROPERTIES",
-    "destination_topic", "first_topic", "refused_property", "refused_property_reason", "property_block_problem",
+    "RETRY_GROUP_MAX_LENGTH", "REAL_TOPIC_HOLDERS", "SYSTEM_PROPERTIES",
+    "destination_topic", "first_topic", "property_block_problem",
     "PROPERTY_TRANSACTION_PREPARED", "PROPERTY_PRODUCER_GROUP", "PROPERTY_TRANSACTION_CHECK_TIMES",
     "TRANS_HALF_TOPIC", "TRANS_OP_HALF_TOPIC", "TRANS_CHECK_MAX_TIME_TOPIC",
     "TRANSACTION_NOT_TYPE", "TRANSACTION_PREPARED_TYPE", "TRANSACTION_COMMIT_TYPE", "TRANSACTION_ROLLBACK_TYPE",
@@ -141,14 +141,12 @@ RETRY_GROUP_MAX_LENGTH = MAX_TOPIC_LENGTH - max(len(RETRY_GROUP_TOPIC_PREFIX), l
 # after its last check. No producer may send to them (broker/topic_config.py), so only there is REAL_TOPIC the
 # broker's word; anywhere else it is whatever a sender wrote.
 REAL_TOPIC_HOLDERS = frozenset({SCHEDULE_TOPIC, TRANS_HALF_TOPIC, TRANS_CHECK_MAX_TIME_TOPIC})
-# Properties the broker reads back from what it stored to decide where a message goes or whose it is, which a
-# producer therefore may not set (a send carrying one is MESSAGE_ILLEGAL, see refused_property): REAL_TOPIC
-# and REAL_QID (a parked message's destination), TRANSACTION_CHECK_TIMES (a half's checks so far), and, except on a
-# retry topic, RETRY_TOPIC and ORIGIN_MESSAGE_ID (a retry copy's first topic and id: a consumer that sends a failed
-# message back itself, to its group's %RETRY% topic, as RocketMQ's client does when CONSUMER_SEND_MSG_BACK fails,
-# sets both).
-BROKER_PROPERTIES = (PROPERTY_REAL_TOPIC, PROPERTY_REAL_QUEUE_ID, PROPERTY_TRANSACTION_CHECK_TIMES)
-RETRY_COPY_PROPERTIES = (PROPERTY_RETRY_TOPIC, PROPERTY_ORIGIN_MESSAGE_ID)
+# The properties the broker reads back from what it stored to decide where a record goes or whose it is (REAL_TOPIC,
+# a retry copy's RETRY_TOPIC) are trusted only on the records the broker wrote them on (destination_topic,
+# first_topic), not refused from producers: RocketMQ's broker takes them, its consumer's fallback send-back (a
+# producer send to %RETRY%<group> when CONSUMER_SEND_MSG_BACK fails) copies a delivered message's properties,
+# REAL_TOPIC and REAL_QID of every delayed or retried one included, and a tool republishing a delivered message
+# does the same. (Refused for a while: every such send was MESSAGE_ILLEGAL.)
 # RocketMQ's MessageConst.STRING_HASH_SET (5.x), the names its putUserProperty refuses, plus TIMER_DELAY_MS (our
 # Message.delay_ms) and TRANSACTION_CHECK_TIMES, which it leaves out: a client keeps from users all but the ones it
 # takes through properties on purpose (client/message.py).
@@ -217,27 +215,6 @@ def first_topic(topic: str, properties: Mapping[str, str]) -> str:
     if destination.startswith(RETRY_GROUP_TOPIC_PREFIX):
         return properties.get(PROPERTY_RETRY_TOPIC) or destination
     return destination
-
-
-def refused_property(topic: str, properties: Mapping[str, object]) -> str | None:
-    """The first property a producer's message for ``topic`` may not carry (BROKER_PROPERTIES anywhere,
-    RETRY_COPY_PROPERTIES outside a ``%RETRY%`` topic); None if it carries none."""
-    for name in BROKER_PROPERTIES:
-        if name in properties:
-            return name
-    if not topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
-        for name in RETRY_COPY_PROPERTIES:
-            if name in properties:
-                return name
-    return None
-
-
-def refused_property_reason(name: str, topic: str) -> str:
-    """Why a producer's message for ``topic`` may not carry property ``name`` (one ``refused_property`` found)."""
-    if name in RETRY_COPY_PROPERTIES:
-        return (f"property {name!r} is set by the broker on a retry copy; a producer may set it only on a message for "
-                f"a {RETRY_GROUP_TOPIC_PREFIX}<group> topic, not for topic {topic!r}")
-    return f"property {name!r} is set by the broker itself; a producer may not set it (topic {topic!r})"
 
 
 def reply_topic(cluster: str) -> str:
@@ -610,9 +587,7 @@ def scan_batch(batch: bytes | memoryview, *, max_message_size: int = DEFAULT_MAX
     transaction type in ``sys_flag`` (field ``transaction``), properties not ending with ``\x02`` as every pair
     does (field ``properties``: recovery would take such a record, last in the log, for a torn tail), properties
     ``encode_properties`` would not write (field ``properties``, ``property_block_problem``: the single send's
-    rule), or a property a producer may not set on the batch's topic (field ``properties``, ``refused_property``).
-    Only
-    for bytes a producer just sent: the store's and replication's checks of written batches leave it off, so
+    rule). Only for bytes a producer just sent: the store's and replication's checks of written batches leave it off, so
     records stored before this rule (or by an older broker) stay readable and replicable."""
     count, all_in_queue, _ = _scan_batch(batch, max_message_size, topic, queue_id, from_producer)
     return count, all_in_queue
@@ -647,8 +622,6 @@ def _scan_batch(batch: bytes | memoryview, max_message_size: int, topic: bytes |
     head = ENTRY_HEAD.size
     good_topics = _GOOD_TOPICS
     producer_block = _PRODUCER_BLOCK.fullmatch
-    retry_block = _PRODUCER_RETRY_BLOCK.fullmatch
-    retry_prefix = _RETRY_PREFIX
     all_in_queue = True
     properties_bytes = 0
     for i in range(count):
@@ -709,12 +682,11 @@ def _scan_batch(batch: bytes | memoryview, max_message_size: int, topic: bytes |
                     raise MessageFormatError("properties", f"message {i} properties are not UTF-8 ({e.reason} at "
                                                            f"byte {e.start})") from None
             # One C pass for the usual block: pairs as encode_properties writes them, with no DELAY (a delayed
-            # message waits in its level's queue, not in the batch's, as RocketMQ's MessageBatch refuses it) and no
-            # property the broker keeps to itself (refused_property). A name twice needs a split to see; anything
-            # else goes to _refuse_properties, which says what it is.
-            if from_producer and ((retry_block if entry_topic.startswith(retry_prefix) else producer_block)(props)
-                                  is None or (props.count(2) > 1 and _names_repeat(props))):
-                _refuse_properties(props, entry_topic, i)
+            # message waits in its level's queue, not in the batch's, as RocketMQ's MessageBatch refuses it). A name
+            # twice needs a split to see; anything else goes to _refuse_properties, which says what it is.
+            if from_producer and (producer_block(props) is None
+                                  or (props.count(2) > 1 and _names_repeat(props))):
+                _refuse_properties(props, i)
         pos = end
     if pos != n:
         raise MessageFormatError("batch", f"batch has {n - pos} trailing bytes after {count} messages")
@@ -727,9 +699,7 @@ def _producer_block(refused: Sequence[str]) -> re.Pattern[bytes]:
     return re.compile(rb"(?:(?!(?:" + names + rb")\x01)[^\x01\x02]+\x01[^\x01\x02]*\x02)*")
 
 
-_PRODUCER_BLOCK = _producer_block((PROPERTY_DELAY, *BROKER_PROPERTIES, *RETRY_COPY_PROPERTIES))
-_PRODUCER_RETRY_BLOCK = _producer_block((PROPERTY_DELAY, *BROKER_PROPERTIES))  # a %RETRY% topic's: a send-back
-_RETRY_PREFIX = RETRY_GROUP_TOPIC_PREFIX.encode("ascii")
+_PRODUCER_BLOCK = _producer_block((PROPERTY_DELAY,))
 
 
 def _names_repeat(props: bytes) -> bool:
@@ -738,20 +708,15 @@ def _names_repeat(props: bytes) -> bool:
     return len({piece.partition(b"\x01")[0] for piece in pieces}) != len(pieces)
 
 
-def _refuse_properties(props: bytes, topic: bytes, index: int) -> None:
+def _refuse_properties(props: bytes, index: int) -> None:
     """Raise the MessageFormatError for message ``index``'s ``props``, which failed scan_batch's fast check."""
     problem = property_block_problem(props)
     if problem is not None:
         raise MessageFormatError("properties", f"message {index} properties are malformed: {problem}")
-    properties = decode_properties(props)
-    if PROPERTY_DELAY in properties:
-        raise MessageFormatError("delay", f"message {index} of the batch is delayed (property "
-                                          f"{PROPERTY_DELAY}); delayed messages are sent one by one")
-    name = refused_property(topic.decode("ascii"), properties)
-    if name is None:  # the fast check and this one disagree: a defect, never the producer's fault
+    if PROPERTY_DELAY not in decode_properties(props):  # the fast check and this one disagree: a defect
         raise AssertionError(f"message {index} properties failed the batch check for no reason found: {props!r}")
-    raise MessageFormatError("properties", f"message {index} of the batch: "
-                                           f"{refused_property_reason(name, topic.decode('ascii'))}")
+    raise MessageFormatError("delay", f"message {index} of the batch is delayed (property {PROPERTY_DELAY}); delayed "
+                                      f"messages are sent one by one")
 _GOOD_TOPICS: set[bytes] = set()  # topics already found legal: the check is then one set lookup
 # What scan_batch reads of an entry in one unpack: ENTRY_HEAD's entry_size and queue_id, the low byte of sys_flag
 # (offset 15: its transaction type bits), the first (sign) byte of born_timestamp (offset 16) and of reconsume_times

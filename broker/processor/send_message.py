@@ -5,7 +5,7 @@ up): leadership (NOT_LEADER + ``leader_addr``), the node's ``broker_permission``
 out of write traffic, ``raftmq admin update-broker-config``), topic name (INVALID_REQUEST naming ``topic``), reserved
 topic (NO_PERMISSION), topic existence or auto-creation (TOPIC_NOT_EXIST), write permission (NO_PERMISSION), queue id
 (INVALID_REQUEST naming ``queue_id``), message size and properties (MESSAGE_ILLEGAL: a block ``encode_properties``
-would not write, or a property only the broker sets, ``remoting.message.refused_property``), batch structure
+would not write), batch structure
 (INVALID_REQUEST naming ``body``), a batch's index keys (MESSAGE_ILLEGAL: its DLedger entry cannot fit
 ``max_entry_bytes``, or it holds more than ``MAX_BATCH_INDEX_KEYS``). Only then is the message encoded (single send)
 or taken as is (a batch body already is the batch layout of ``remoting/message.py``; the broker rewrites only the
@@ -39,8 +39,8 @@ from broker.transaction import prepared_sys_flag
 from remoting.message import (BATCH_HEAD, BATCH_MAGIC, ENTRY_HEAD, PROPERTY_DELAY, PROPERTY_TIMER_DELAY_MS,
                               PROPERTY_TIMER_DELAY_SEC, PROPERTY_TIMER_DELIVER_MS, PROPERTY_TRANSACTION_PREPARED,
                               CheckedBatch, MessageFormatError, MessageInput, batch_count, batch_index_keys,
-                              check_topic, encode_batch, encode_properties, encode_single_batch, refused_property,
-                              refused_property_reason, scan_producer_batch)
+                              check_topic, encode_batch, encode_properties, encode_single_batch,
+                              scan_producer_batch)
 
 if TYPE_CHECKING:
     from broker.node import BrokerNode
@@ -204,11 +204,6 @@ class SendMessageProcessor:
             raise invalid("properties", f"must be a map of strings, got {type(properties).__name__}")
         half = False
         if properties:
-            # Properties the broker reads back to decide where a record goes or whose it is (REAL_TOPIC, a retry
-            # copy's RETRY_TOPIC, ...) are the broker's: a producer's would send a retry to another topic's handler,
-            # or make its send-back need permissions on a topic the producer named. Same rule as scan_batch's.
-            if (refused := refused_property(topic, properties)) is not None:
-                raise RequestRejected(ResponseCode.MESSAGE_ILLEGAL, refused_property_reason(refused, topic))
             # The lookups a message with properties pays: a half message waits in the transaction half queue for
             # its END_TRANSACTION, a delayed one in its level's schedule queue, a timer one in the level it hops
             # through first (broker/schedule.py).
