@@ -65,24 +65,39 @@ async def test_a_batch_with_more_index_keys_than_one_send_may_hold_is_refused_be
     async with open_remoting_client() as client:
         await wait_leader(client, addr)
         builds = _count_builds(node, monkeypatch)
-        # Three full messages: 49,143 keys, a 0.7 MB entry that fits max_entry_bytes (8 MiB) but would hold the
-        # leader's Raft thread ~35 ms.
-        body = _batch("KeysT", MOST_KEYS, 3)
+        # Seven full messages: 114,667 keys, a 1.6 MB entry that fits max_entry_bytes (8 MiB) but would hold the
+        # leader's Raft thread ~75 ms.
+        body = _batch("KeysT", MOST_KEYS, 7)
         assert len(body) < node.max_message_size
         r = await _send_batch(client, addr, "KeysT", body)
         assert r.code == ResponseCode.MESSAGE_ILLEGAL, (r.code, r.remark)
         # The batch's as a whole: a client that packed single sends into it sends them again in smaller batches.
         assert r.ext.get("field") == "batch", r.ext
-        assert r.remark == (f"the batch of 3 messages ({len(body)} bytes) holds 49143 index keys (one per UNIQ_KEY "
+        assert r.remark == (f"the batch of 7 messages ({len(body)} bytes) holds 114667 index keys (one per UNIQ_KEY "
                             f"and per key of KEYS), more than the {MAX_BATCH_INDEX_KEYS} one send may hold (the "
                             f"leader builds each into the DLedger entry on the thread that keeps its Raft group); "
                             f"send fewer messages at once, or fewer keys")
         assert builds[0] == 0 and await _stored(client, addr, "KeysT") == 0
-        # Any message alone is taken, and two of them together (32,762 keys) too.
-        for count in (1, 2):
+        # Any message alone is taken, and six of them together (98,286 keys) too.
+        for count in (1, 6):
             r = await _send_batch(client, addr, "KeysT", _batch("KeysT", MOST_KEYS, count))
             assert r.code == ResponseCode.SUCCESS, r.remark
-        assert await _stored(client, addr, "KeysT") == 3
+        assert await _stored(client, addr, "KeysT") == 7
+
+
+async def test_a_batch_of_as_many_plain_messages_as_max_batch_messages_allows_is_taken(nursery, tmp_path):
+    # Each message's UNIQ_KEY is an index key: a cap of 32,768 refused 40,000 plain messages that the largest
+    # max_batch_messages (65,536) allowed (found by review).
+    (config,) = broker_configs(tmp_path, None, max_batch_messages=65_536)
+    node, addr = await _serve(nursery, config)
+    async with open_remoting_client() as client:
+        await wait_leader(client, addr)
+        body = encode_batch([MessageInput("ManyT", 0, b"x", {"UNIQ_KEY": "%032X" % i}) for i in range(40_000)],
+                            ("127.0.0.1", 1))
+        assert len(body) < node.max_message_size
+        r = await _send_batch(client, addr, "ManyT", body)
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        assert await _stored(client, addr, "ManyT") == 40_000
 
 
 async def test_a_batch_whose_entry_cannot_fit_is_refused_before_it_is_built_naming_the_counts(
