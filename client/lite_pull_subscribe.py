@@ -100,7 +100,8 @@ class LitePullSubscribe:
                 route = await self._instance.routes.get(topic)
             except RaftMQError as e:
                 log.warning("no route for subscribed topic yet topic=%s error=%s", topic, e)
-                if getattr(e, "topic_unknown", False):
+                # Not when a name server the lookup cut short may know it (as the push consumer's).
+                if getattr(e, "topic_unknown", False) and getattr(e, "unknown_for_sure", True):
                     self._first_queues.setdefault(topic, frozenset())
             else:
                 self._first_queues.setdefault(topic, frozenset(route.read_queues()))

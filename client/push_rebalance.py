@@ -208,7 +208,9 @@ class PushRebalance:
             # topic exists only once a member sent a message back.
             log.log(logging.INFO if topic == self._retry_topic else logging.WARNING,
                     "no route for subscribed topic yet topic=%s error=%s", topic, e)
-            if getattr(e, "topic_unknown", False):
+            # Not when a name server the route lookup cut short may know it (NoRouteError.unknown_for_sure): the
+            # next rebalance takes the queues it finds as those of before the subscription.
+            if getattr(e, "topic_unknown", False) and getattr(e, "unknown_for_sure", True):
                 self._first_queues[topic] = frozenset()
         else:
             self._first_queues[topic] = frozenset(route.read_queues())

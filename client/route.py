@@ -293,6 +293,8 @@ class NamesrvAnswers:
     answered_by: str | None = None
     empty: list[tuple[str, Any]] = dataclasses.field(default_factory=list)  # (address, answer) knowing nothing
     errors: dict[str, Exception] = dataclasses.field(default_factory=dict)  # address -> why it gave no answer
+    # Of errors, those a second opinion's bound cut short (alive, maybe, and only slow): not "down".
+    cut_short: list[str] = dataclasses.field(default_factory=list)
 
 
 class _RouteFetch:
@@ -382,7 +384,7 @@ class RouteCache:
             fetch.finished = True
             return route
         except Exception as e:
-            if getattr(e, "topic_unknown", False):
+            if getattr(e, "topic_unknown", False) and getattr(e, "unknown_for_sure", True):
                 self._unknown(topic)
             fetch.error = e
             fetch.finished = True
@@ -434,6 +436,7 @@ class RouteCache:
                           wait_s)
                 self._namesrv_faults.update(addr, 0, isolation=True)
                 answers.errors[addr] = RequestTimeoutError(addr, wait_s)
+                answers.cut_short.append(addr)
                 continue
             self._namesrv_faults.update(addr, (time.monotonic() - started) * 1000, isolation=False)
             if knows_nothing(answer):
@@ -465,14 +468,19 @@ class RouteCache:
         last_error = next(reversed(errors.values()), None)
         if not errors:
             raise NoRouteError(f"no name server knows topic {topic!r} (asked {', '.join(unknown_at)})", topic=topic,
-                               topic_unknown=True)
+                               topic_unknown=True, unknown_for_sure=True)
         if unknown_at:
             # Those that answered all said unknown; the silent ones may know better, but nothing routes the topic
             # now. Still "unknown": a consumer subscribed before the topic exists must take it from its first
             # message once it appears, name server down or not (at worst it consumes an existing topic's history).
+            # One the second opinion's bound cut short may be only slow (a first connection, a far link) and know
+            # the topic: unknown still, for a producer's auto-create, which needs an answer within its send's
+            # deadline; but ``unknown_for_sure`` is false, and a consumer does not take the topic for one created
+            # after its subscription (it would consume an existing topic's whole history).
             failed = "; ".join(f"{a} did not answer: {e}" for a, e in errors.items())
             raise NoRouteError(f"no name server that answered knows topic {topic!r} ({', '.join(unknown_at)}; "
-                               f"{failed})", topic=topic, topic_unknown=True) from last_error
+                               f"{failed})", topic=topic, topic_unknown=True,
+                               unknown_for_sure=not answers.cut_short) from last_error
         raise NoRouteError(f"no name server answered for topic {topic!r} (tried {', '.join(self.namesrv_addrs)}): "
                            f"{last_error}", topic=topic) from last_error
 

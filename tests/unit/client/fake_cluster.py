@@ -71,6 +71,7 @@ class FakeRemoting:
         self.hung: set[str] = set()
         # name servers that know no broker yet (restarted, no registration received): every topic is unknown
         self.empty_namesrvs: set[str] = set()
+        self.namesrv_route_delay_s = 0.0  # NAMESRV's answer to a route query comes this late (a far or busy one)
         self._request_ids = itertools.count()
 
     def connections(self) -> dict[str, FakeConnection]:
@@ -115,6 +116,7 @@ class FakeRemoting:
                 await trio.sleep(timeout_s)
                 raise RequestTimeoutError(addr, timeout_s, code)
             if code == RequestCode.GET_ROUTEINFO_BY_TOPIC:
+                await trio.sleep(self.namesrv_route_delay_s)
                 # A group's retry topic exists only once a member sent a message back, as on a real cluster.
                 if ext["topic"] in self.unknown_topics or ext["topic"].startswith("%RETRY%"):
                     return make_response(request, ResponseCode.TOPIC_NOT_EXIST, remark="no route")

@@ -599,6 +599,19 @@ async def test_a_name_server_without_registrations_yet_is_not_taken_as_the_last_
         assert len(c.assigned_queues()) == 8
         assert c._first_queues["T"] == frozenset(c.assigned_queues())
 
+async def test_a_slow_name_server_cut_short_does_not_make_an_existing_topic_look_new(cluster, monkeypatch):
+    """Found by review: once a name server (restarted, no registration yet) said it knows nothing, the others are
+    waited for 0.5 s each; one that routes the topic but answered later was cut short, the topic taken for unknown,
+    and a new group from its last offset took it for one created after it subscribed: every queue from its min
+    offset, the topic's whole history."""
+    cluster.empty_namesrvs.add("ns-restarted:9876")
+    cluster.namesrv_route_delay_s = 0.8
+    monkeypatch.setattr(client.route.random, "randrange", lambda n: 0)  # the restarted one is asked first
+    namesrv = f"ns-restarted:9876;{NAMESRV}"
+    async with open_push_consumer(namesrv, topic="T", consumer_group="g6", rebalance_interval_ms=60_000) as c:
+        assert c._first_queues.get("T") != frozenset()
+
+
 async def test_a_topic_created_after_subscribing_is_consumed_from_its_first_message(cluster):
     """Found by probing: a group subscribed (from its last offset, the default) before the topic existed started
     each queue at its max offset when the next rebalance found it, so what was sent in between, the topic's first
