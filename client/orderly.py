@@ -14,11 +14,16 @@ therefore consumes a queue only while it holds the queue's lock on the queue's b
   before anyone else can get it. A member consumes no message without a trusted lock; a renewal refused (the lock
   lapsed and another member took it) drops the queue at once.
 - A queue taken away is unlocked only after its in-flight message is handled and its offset committed
-  (``PushConsumer`` does that, then calls ``unlock``); an admin reset told meanwhile wins: the reset offset is
-  committed instead of the position.
+  (``OrderlyService._release`` does that, then calls ``unlock``); an admin reset told meanwhile wins: the reset
+  offset is committed instead of the position. A release is bounded (twice the request timeout): one whose commit
+  did not go through in time, or that was cut short, stops renewing the lock without giving it back
+  (``forget``, ``abandon``): the lock lapses on the broker after its life, and the next holder waits that long
+  (kept renewed, the queue would be nobody's for this member's life; given back, its next holder would start
+  before messages handled here).
 
 Requests to one broker group go one at a time (a renewal computed before an unlock and sent after it would take
-the queue back), and each renews only queues still held when it is sent.
+the queue back), and each renews only queues still held when it is sent; its answer trusts again only those still
+held when it comes back.
 
 Handling, per queue, one message at a time (also in broadcasting mode, which needs no lock: every member consumes
 every queue), as RocketMQ's ConsumeMessageOrderlyService: a handler that fails (raises, returns
@@ -94,40 +99,47 @@ class QueueLocks:
 
     async def renew(self) -> None:
         """Renew every held lock; a queue refused is no longer held (``on_lost``). One that cannot be asked keeps
-        its trust until that runs out."""
+        its trust until that runs out. One abandoned while its renewal was on its way stays abandoned."""
         for broker_name in sorted({mq.broker_name for mq in self._trusted_until}):
             async with self._request_lock(broker_name):
                 queues = sorted(mq for mq in self._trusted_until if mq.broker_name == broker_name)
                 if not queues:
                     continue
                 try:
-                    locked = await self._request(queues)
+                    locked, trusted_until = await self._request(queues)
                 except RaftMQError as e:
                     log.info("queue locks not renewed broker_name=%s queues=%d error=%s", broker_name, len(queues), e)
                     continue
                 for mq in queues:
-                    if mq not in locked:
+                    if mq not in self._trusted_until:
+                        continue  # abandoned meanwhile: trusted again, it would be renewed for the member's life
+                    if mq in locked:
+                        self._trusted_until[mq] = trusted_until
+                    else:
+                        del self._trusted_until[mq]
                         log.warning("queue lock lost (another member holds it) mq=%s", mq)
                         self._on_lost(mq)
 
     async def _ask(self, broker_name: str, queues: list[MessageQueue]) -> set[MessageQueue]:
         try:
-            return await self._request(queues)
+            locked, trusted_until = await self._request(queues)
         except RaftMQError as e:
             log.info("queues not locked broker_name=%s queues=%d error=%s", broker_name, len(queues), e)
             return set()
+        for mq in queues:
+            if mq in locked:
+                self._trusted_until[mq] = trusted_until
+            else:
+                self._trusted_until.pop(mq, None)  # another member's now
+        return locked
 
-    async def _request(self, queues: list[MessageQueue]) -> set[MessageQueue]:
+    async def _request(self, queues: list[MessageQueue]) -> tuple[set[MessageQueue], float]:
+        """LOCK_BATCH_MQ of ``queues``: those locked, and until when (trio clock) their locks are trusted."""
         asked_at = trio.current_time()
         locked, life_ms = await self._api.lock_batch(self._client_id, queues)
         life_s = life_ms / 1000
         self._shortest_life_s = min(self._shortest_life_s, life_s)
-        for mq in queues:
-            if mq in locked:
-                self._trusted_until[mq] = asked_at + life_s / 2
-            else:
-                self._trusted_until.pop(mq, None)  # another member's now
-        return locked
+        return locked, asked_at + life_s / 2
 
     async def unlock(self, mqs: Iterable[MessageQueue]) -> None:
         """Give ``mqs`` back. They are no longer held here whether or not the broker could be told: a lock it was
@@ -146,6 +158,11 @@ class QueueLocks:
         """Stop renewing ``mq`` without telling the broker: its lock lapses there after its life."""
         async with self._request_lock(mq.broker_name):  # not while a renewal of it is in flight
             self._trusted_until.pop(mq, None)
+
+    def abandon(self, mq: MessageQueue) -> None:
+        """``forget`` at once, for a release cut short that cannot wait for its group's requests: a renewal of
+        ``mq`` on its way does not make it held again (``renew``), and only ``lock`` asks for it again."""
+        self._trusted_until.pop(mq, None)
 
     def renew_interval_s(self) -> float:
         return min(self._renew_interval_s, self._shortest_life_s / 3)
@@ -251,7 +268,16 @@ class OrderlyService:
                 return
             with trio.move_on_after(2 * self._timeout_s) as scope:
                 scope.shield = True  # a close under cancellation still commits and unlocks
-                await self._release(pq)
+                await self._release(pq, scope.deadline)
+            if scope.cancelled_caught:
+                # Cut short, its commit perhaps never sent: the lock must not stay held (renewed for the member's
+                # life, the queue nobody's) nor be given back ahead of the offset. It lapses on the broker.
+                log.warning("queue release timed out, offset perhaps not committed, queue lock left to lapse on "
+                            "the broker mq=%s", pq.mq)
+                if pq.mq not in self._pqs:
+                    self._consumer.forget_offset(pq.mq)
+                if self.locks is not None:
+                    self.locks.abandon(pq.mq)
         finally:
             pq.finished.set()
             if self.releasing.get(pq.mq) is pq:
@@ -315,20 +341,23 @@ class OrderlyService:
         pq.unflushed_offset = pq.remove(msg.queue_offset)
         return True
 
-    async def _release(self, pq: ProcessQueue) -> None:
+    async def _release(self, pq: ProcessQueue, deadline: float) -> None:
         """Commit what ``pq``'s handler finished (or the offset an admin reset told meanwhile set: the reset wins,
         ``PushRebalance._commit_leaving``), then unlock its queue: its next holder starts there. The commit is
-        retried while the lock is still trusted; failing that, the lock is not given back but left to lapse on the
+        retried while the lock is still trusted and a request timeout is left before ``deadline`` (trio clock, when
+        the release is cut short) for the unlock; failing that, the lock is not given back but left to lapse on the
         broker: given back, the next holder would start before messages handled here."""
         mq = pq.mq
         consumer = self._consumer
         consumer._flush_offset(pq)
         committed = not await consumer._commit_leaving([mq])
-        while not committed and self.locks is not None and self.locks.trusted(mq):
-            await trio.sleep(self._config.suspend_current_queue_time_ms / 1000)
+        pause_s = self._config.suspend_current_queue_time_ms / 1000
+        while not committed and self.locks is not None and self.locks.trusted(mq) and \
+                trio.current_time() + pause_s <= deadline - self._timeout_s:
+            await trio.sleep(pause_s)
             committed = not await consumer._commit_leaving([mq])
         if mq not in self._pqs:
-            self._consumer.forget_offset(mq)
+            consumer.forget_offset(mq)
         if self.locks is None:
             return
         if committed:
@@ -350,10 +379,14 @@ class OrderlyService:
                 pq.handler_scope.cancel()
             with trio.move_on_after(2 * self._timeout_s + 1):
                 await self._wait_released()
-            if self.locks is not None and self.locks.held():
-                # Locked by a rebalance that raced the close, never consumed: nothing to commit.
-                with trio.move_on_after(self._timeout_s):
-                    await self.locks.unlock(self.locks.held())
+            # Locked by a rebalance that raced the close, never consumed: nothing to commit. Not a queue still
+            # releasing (its handler deaf to the cancel): its offset is not committed yet, and its own task
+            # unlocks it after the commit, or leaves it to lapse.
+            if self.locks is not None:
+                idle = [mq for mq in self.locks.held() if mq not in self.releasing]
+                if idle:
+                    with trio.move_on_after(self._timeout_s):
+                        await self.locks.unlock(idle)
 
     async def _wait_released(self) -> None:
         while self.releasing:

@@ -69,7 +69,8 @@ class PushConsumerConfig(ClientConfig):
     # A Java int on the wire: the broker refused every send-back of a member asking for more, INVALID_REQUEST. -1
     # is never sent: PushConsumer.max_reconsume_times turns it into the count it means.
     max_reconsume_times: int = bounded(-1, min=-1, max=I32_MAX,
-                                       doc="failures before the dead letters; -1: 16 (concurrent), unlimited (orderly)")
+                                       doc="retries of a failed message before the dead letters (so this + 1 failures "
+                                           "in all); -1: 16 (concurrent), unlimited (orderly)")
     # RocketMQ's consumeTimeout (minutes, 15). A day at most: a handler call longer than that is stuck, not slow.
     consume_timeout_min: int = bounded(15, min=1, max=1440,
                                        doc="concurrent handler form: a call running longer is cancelled and its "
