@@ -208,9 +208,9 @@ def claim_offset_file(store: LocalFileOffsetStore | None, config: PushConsumerCo
 
 def check_orderly(config: PushConsumerConfig, handler: Handler | None) -> None:
     if config.orderly and handler is None:
-        # The iterator hands out messages of every queue through one channel and counts one as consumed only when
-        # the next is asked for: it cannot hold a queue until its message is handled, nor retry it before the
-        # next one, so it could not keep the promise.
+        # The iterator hands out every queue's messages to one loop, the queues taking turns, and counts one as
+        # consumed only when the next is asked for: it cannot hold a queue until its message is handled, nor retry
+        # it before the next one, so it could not keep the promise.
         raise ValueError("orderly=True needs a handler (open_push_consumer(..., handler=async_fn, orderly=True)): "
                          "the iterator form cannot consume in order around a rebalance")
 
