@@ -212,7 +212,6 @@ def _parse_message(self: Any) -> Any:
     return message
 
 
-
 _original_parse_message = pso_tcp.TcpConnection._TcpConnection__processParseMessage
 _original_process_connection_timeout = pso_tcp.TcpConnection._TcpConnection__processConnectionTimeout
 _original_send = pso_tcp.TcpConnection.send
