@@ -823,6 +823,13 @@ class Producer:
                                   attempts=attempts + leader_waits, last_error=last_error,
                                   topic=topic) from last_error
         if isinstance(last_error, RaftMQError) and not last_error.retriable:
+            if unanswered:
+                # Refused now, but an earlier attempt went out unanswered and may be stored: the refusal is not the
+                # outcome (an auto batch refused as a batch would be sent again in halves, and stored twice).
+                raise SendFailedError(f"sending to topic {topic!r}: an earlier attempt's request was not answered (the "
+                                      f"message may be stored), and the last attempt was refused: {last_error}",
+                                      attempts=attempts + leader_waits, last_error=last_error,
+                                      topic=topic) from last_error
             raise last_error
         waits = f" ({leader_waits} of them waiting for a leader to be elected)" if leader_waits else ""
         raise SendFailedError(f"sending to topic {topic!r} failed after {attempts + leader_waits} attempt(s){waits} "

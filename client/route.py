@@ -386,6 +386,11 @@ class RouteCache:
         except Exception as e:
             if getattr(e, "topic_unknown", False) and getattr(e, "unknown_for_sure", True):
                 self._unknown(topic)
+            else:
+                # The grace counts an unbroken run of "unknown": a refresh no name server answered, or one cut short,
+                # ends it (else name servers down for 2 minutes, then restarted, dropped the route at their first
+                # "unknown", before the brokers registered again).
+                self._unknown_since.pop(topic, None)
             fetch.error = e
             fetch.finished = True
             raise

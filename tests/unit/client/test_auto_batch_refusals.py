@@ -7,6 +7,7 @@ any number of index keys; closing told ClientClosedError ("not sent") to callers
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 
@@ -19,6 +20,7 @@ from client import Message, MessageQueue, SendStatus, open_producer
 from client.errors import ClientClosedError, MessageIllegalError, SendFailedError
 from remoting.codec import make_response
 from remoting.codes import RequestCode, ResponseCode
+from remoting.errors import ConnectionClosedError
 from remoting.message import decode_batch, decode_record
 from tests.unit.client.fake_cluster import NAMESRV, FakeGroup, FakeRemoting, fake_remoting_ctx
 
@@ -216,3 +218,42 @@ async def test_a_send_unanswered_when_closing_ends_has_an_unknown_outcome_not_cl
                     await trio.testing.wait_all_tasks_blocked()
         assert outcomes == ["unknown"] * 5, (auto_batch, outcomes)
     assert not _stored_bodies(cluster)
+
+
+async def test_a_refusal_after_an_unanswered_attempt_is_not_sent_again_in_halves(cluster):
+    """Found by review: an auto batch stored on broker-a whose answer was lost, then refused as a batch by broker-b
+    (a lower max_batch_messages), was taken for never stored and sent again in halves: every message stored twice,
+    every caller told SEND_OK. The refusal after an unanswered attempt is not the outcome: unknown."""
+    original = cluster.invoke
+    lost = []
+
+    async def invoke(addr, request, timeout_s=3.0):
+        if request.code == RequestCode.SEND_BATCH_MESSAGE:
+            count = len(decode_batch(request.body)[1])
+            group = cluster.by_addr[addr]
+            if group.name == "broker-b" and count > 4:  # broker-b's max_batch_messages is 4
+                return make_response(request, ResponseCode.INVALID_REQUEST, ext={"field": "body"},
+                                     remark=f"request field 'body' holds {count} messages; at most 4 are accepted")
+            if group.name == "broker-a" and not lost and count > 1:
+                lost.append(count)
+                await original(addr, request, timeout_s)  # stored on broker-a...
+                raise ConnectionClosedError(addr, "connection reset")  # ...and its answer lost
+        return await original(addr, request, timeout_s)
+
+    cluster.invoke = invoke
+    outcomes: dict[int, object] = {}
+    async with open_producer(NAMESRV, auto_batch=True, auto_batch_max_in_flight=1, auto_batch_max_delay_ms=1000) as p:
+        async def one(i: int) -> None:
+            try:
+                outcomes[i] = await p.send(Message("T", b"m-%02d" % i))
+            except SendFailedError as e:
+                outcomes[i] = e
+
+        async with trio.open_nursery() as nursery:
+            for i in range(20):
+                nursery.start_soon(one, i)
+    stored = collections.Counter(decode_record(r).body for g in cluster.groups for records in g.logs.values()
+                                 for r in records)
+    assert lost and not {body: n for body, n in stored.items() if n > 1}, stored
+    unknown = [e for e in outcomes.values() if isinstance(e, SendFailedError)]
+    assert len(unknown) == lost[0] and all("may be stored" in str(e) for e in unknown), outcomes

@@ -94,3 +94,34 @@ async def test_name_servers_that_do_not_answer_drop_no_route(autojump_clock):
             await cache.refresh("T")
         await trio.sleep(UNKNOWN_TOPIC_GRACE_S)
     assert cache.cached("T") is not None
+
+
+async def test_the_grace_counts_an_unbroken_run_of_unknown_only(autojump_clock):
+    """Found by review: one "unknown", then name servers down for 150 s, then back restarted (one "unknown" before
+    the brokers register again) dropped the route at once: the grace was counted from the first "unknown"."""
+    state = {"mode": "ok"}
+
+    async def query(addr, topic):
+        await trio.lowlevel.checkpoint()
+        if state["mode"] == "down":
+            raise OSError("connection refused")
+        return None if state["mode"] == "empty" else _route("broker-tx")
+
+    cache = RouteCache([NS1, NS2], query)
+    await cache.refresh("T")
+    state["mode"] = "empty"
+    with pytest.raises(NoRouteError):
+        await cache.refresh("T")
+    state["mode"] = "down"
+    for _ in range(5):
+        await trio.sleep(30)
+        with pytest.raises(NoRouteError, match="no name server answered"):
+            await cache.refresh("T")
+    state["mode"] = "empty"
+    with pytest.raises(NoRouteError):
+        await cache.refresh("T")
+    assert cache.cached("T") is not None
+    await trio.sleep(UNKNOWN_TOPIC_GRACE_S + 1)  # an unbroken run of "unknown" past the grace still drops it
+    with pytest.raises(NoRouteError):
+        await cache.refresh("T")
+    assert cache.cached("T") is None
