@@ -209,7 +209,12 @@ class TransactionalMessageService:
                       f"{properties[PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET]!r}"
         if problem:
             raise invalid("properties", problem)
-        return TRANS_HALF_TOPIC, 0, with_real_destination(properties, topic, queue_id)
+        stored = with_real_destination(properties, topic, queue_id)
+        # A half starts at no check: the count is the broker's (the check round discards a half at
+        # transaction_check_max). A producer's, a committed message's republished as a transaction, had it
+        # discarded at the first round, its producer never asked.
+        stored.pop(PROPERTY_TRANSACTION_CHECK_TIMES, None)
+        return TRANS_HALF_TOPIC, 0, stored
 
     # --- the leader's view of what is settled -------------------------------------------------------------
     async def _ready(self) -> None:
