@@ -15,11 +15,13 @@ A POP hands a consumer up to ``max_msg_nums`` messages of a queue and makes them
   new leader therefore never hands out again what was popped (no pop offset behind a checkpoint), and knows every
   message still invisible (no pop offset ahead of a missing checkpoint, which would lose them). An ACK removes its
   offset from the checkpoint (the checkpoint goes with its last offset); a CHANGE moves one offset into a new
-  checkpoint with the new deadline, marked with the POP that handed the message out (only such a checkpoint
-  answers an ack of an older handle "superseded"); each is one write. A BATCH_ACK acks up to 1,024 messages, of
-  any queues of the group, in one write too (``plan_acks``): a Raft round per request, not per message, is what
-  bounds a consumer's rate. RocketMQ writes checkpoints and acks to a revive topic and pairs them up again in its
-  revive service; raftmq's Raft-replicated table says the same in fewer moving parts.
+  checkpoint with the new deadline, marked with the POP that handed the message out and the pop times of the
+  chain's earlier CHANGEs (only such a checkpoint answers an ack of a handle of its chain "superseded"; every
+  checkpoint is marked "v", and one without it, written before, is judged as then); each is one write. A BATCH_ACK
+  acks up to 1,024 messages, of any queues of the group, in one write too (``plan_acks``): a Raft round per
+  request, not per message, is what bounds a consumer's rate. RocketMQ writes checkpoints and acks to a revive
+  topic and pairs them up again in its revive service; raftmq's Raft-replicated table says the same in fewer moving
+  parts.
 * **Deadlines are wall-clock.** ``pop_time_ms + invisible_time_ms``, taken by the leader that popped; a new leader
   judges them by its own clock (RocketMQ's rule too: brokers are assumed NTP-synced).
 * **Revive on the ready leader.** Every ``pop_revive_interval_ms`` the leader takes each checkpoint whose deadline
@@ -93,9 +95,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MAX_BATCH_ACK", "POP_TABLE", "BatchAckBodyError", "CheckPoint", "CheckpointIndex", "ReceiptHandle",
-           "ReceiptHandleError", "PopService", "batch_ack_texts", "pop_offset_key", "expired_checkpoints",
-           "checkpoints_of_queue", "plan_ack", "plan_acks", "plan_reset", "plan_forget"]
+__all__ = ["CHANGE_CHAIN_KEPT", "CHECKPOINT_VERSION", "MAX_BATCH_ACK", "POP_TABLE", "BatchAckBodyError", "CheckPoint",
+           "CheckpointIndex", "ReceiptHandle", "ReceiptHandleError", "PopService", "batch_ack_texts", "pop_offset_key",
+           "expired_checkpoints", "checkpoints_of_queue", "plan_ack", "plan_acks", "plan_reset", "plan_forget"]
 
 POP_TABLE = "broker.pop"
 DLQ_QUEUE_NUMS = 1  # RocketMQ's DLQ_NUMS_PER_GROUP, as a send-back's
@@ -113,6 +115,12 @@ _REVIVE_WARN_EVERY = 20  # failures of one checkpoint between its WARNINGs (the 
 # Most receipt handles of one BATCH_ACK_MESSAGE: 32 full POPs, and the one write stays far below a Raft entry's limit
 # (~300 KB when each handle is a checkpoint of 32 of its own). The ACL reads no longer body either (broker/acl.py).
 MAX_BATCH_ACK = 1024
+# The marker "v" of a checkpoint written by a node that knows it (``CheckPoint.legacy``).
+CHECKPOINT_VERSION = 1
+# Most pop times of a CHANGE chain's earlier checkpoints a CHANGE's checkpoint keeps (``CheckPoint.changes``): a
+# chain's handles older than these are no longer superseded. 32 CHANGEs of one delivery is far past any consumer's
+# use, and the checkpoint stays ~300 bytes.
+CHANGE_CHAIN_KEPT = 32
 
 
 def pop_retry_topic_problem(group: str, topic: str) -> str | None:
@@ -148,6 +156,14 @@ class CheckPoint:
     # (``supersedes``): the message handed out again after an offset reset is in a POP's checkpoint too, and a
     # retried ack of the first delivery was answered "superseded ... changed at" with no CHANGE made.
     changed_from: tuple[int, int] | None = None
+    # The pop times of the chain's earlier CHANGE checkpoints (the last CHANGE_CHAIN_KEPT, oldest first): the handles
+    # those CHANGEs returned, which name only their own checkpoint (gone since), are known by them. A POP's handle
+    # of a message first in its checkpoint looks the same (start_offset == queue_offset) and may be later than the
+    # chain's start (a reset handed the message out again): only the pop time tells them apart.
+    changes: tuple[int, ...] = ()
+    # Written by a node before the marker "v" existed (read from a checkpoint without it): judged by that node's
+    # rule (``supersedes``), and written back without the marker by an ack of another of its offsets.
+    legacy: bool = False
 
     @property
     def key(self) -> str:
@@ -162,33 +178,49 @@ class CheckPoint:
         wire: dict[str, Any] = {"g": self.consumer_group, "t": self.topic, "q": self.queue_id,
                                 "s": self.start_offset, "p": self.pop_time_ms, "i": self.invisible_time_ms,
                                 "o": list(self.offsets)}
+        if not self.legacy:
+            # Every checkpoint this version writes is marked, so that one without the marker is known to be older
+            # (a POP's and a CHANGE's looked the same before "f"). Nodes before it ignore the key.
+            wire["v"] = CHECKPOINT_VERSION
         if self.changed_from is not None:
-            # Only when set: a POP's checkpoint is written as before, and one written before "f" existed (or by a
-            # node that does not know it, which ignores it) reads as a POP's.
-            wire["f"] = list(self.changed_from)
+            # Only for a CHANGE's: [start_offset, pop_time_ms, *changes]. A node that reads just the first two
+            # (before "changes" existed) still reads it; one before "f" ignores it and reads a POP's checkpoint.
+            wire["f"] = [*self.changed_from, *self.changes]
         return wire
 
     @classmethod
     def from_wire(cls, data: Mapping[str, Any]) -> CheckPoint:
-        changed_from = data.get("f")
+        chain = data.get("f")
         return cls(str(data["g"]), str(data["t"]), int(data["q"]), int(data["s"]), int(data["p"]), int(data["i"]),
                    tuple(int(o) for o in data["o"]),
-                   None if changed_from is None else (int(changed_from[0]), int(changed_from[1])))
+                   None if chain is None else (int(chain[0]), int(chain[1])),
+                   () if chain is None else tuple(int(t) for t in chain[2:]),
+                   "v" not in data)
 
     def supersedes(self, handle: ReceiptHandle) -> bool:
         """Whether this checkpoint holds ``handle``'s message because a CHANGE of that handle (or of one a CHANGE
         of it returned, and so on) moved it here. Not so for a POP's checkpoint holding the same offset (handed out
         again after an offset reset), nor for one a CHANGE of such a later delivery made: ``handle`` was acked
-        already (a retried ack), or its invisible time is over, and is answered so."""
-        if self.changed_from is None or self.key == handle.checkpoint_key or handle.queue_offset not in self.offsets:
+        already (a retried ack), or its invisible time is over, and is answered so.
+
+        A checkpoint without the marker ("v", ``legacy``) is judged by the rule of the node that wrote it: without
+        "f" it may be a CHANGE's (they were not marked), so it supersedes every handle of another checkpoint naming
+        its offset, as then; with "f" (a CHANGE's, its chain's pop times unknown) a handle of its chain's POP, or one
+        a CHANGE returned popped between that POP and it."""
+        if self.key == handle.checkpoint_key or handle.queue_offset not in self.offsets:
             return False
+        if self.changed_from is None:
+            return self.legacy
         if self.changed_from == (handle.start_offset, handle.pop_time_ms):
             return True  # the POP's handle, changed once or more since
-        # A handle a CHANGE returned (its checkpoint starts at its message; that checkpoint is gone once changed
-        # again, and with it where it came from): superseded by a later CHANGE of the delivery it belongs to, one
-        # popped no later than the handle was made. A delivery popped after it (a reset) is another.
-        return (handle.start_offset == handle.queue_offset
-                and self.changed_from[1] <= handle.pop_time_ms < self.pop_time_ms)
+        # A handle a CHANGE returned names a checkpoint that starts at its message (gone once changed again).
+        if handle.start_offset != handle.queue_offset:
+            return False
+        if self.legacy:
+            return self.changed_from[1] <= handle.pop_time_ms < self.pop_time_ms
+        # Past CHANGE_CHAIN_KEPT changes of one chain, a handle of an older one is no longer known as the chain's:
+        # its ack answers "acked already" while the message stays held by the chain's newest checkpoint.
+        return handle.pop_time_ms in self.changes
 
     def without(self, offset: int) -> CheckPoint | None:
         """This checkpoint once ``offset`` is acked (or moved to another): None when nothing is left."""
@@ -451,16 +483,21 @@ class CheckpointIndex:
 def plan_change(table: Mapping[str, Any], handle: ReceiptHandle, invisible_time_ms: int,
                 now: int) -> tuple[dict[str, Any], CheckPoint] | None:
     """The table change that makes ``handle``'s message invisible for ``invisible_time_ms`` from ``now``: out of its
-    checkpoint, into a new one of its own, which names the POP that first handed it out (``changed_from``). None
+    checkpoint, into a new one of its own, which names the POP that first handed it out (``changed_from``) and the
+    chain's earlier CHANGE checkpoints (``changes``, the last ``CHANGE_CHAIN_KEPT``). None
     when the handle is not current (see ``plan_ack``)."""
     items, current = plan_ack(table, handle)
     if not current:
         return None
     old = CheckPoint.from_wire(table[handle.checkpoint_key])
     pop_time = now
+    if old.changed_from is None:
+        # A chain starts at this POP's checkpoint (or, for one without the marker, which may be a CHANGE's, here).
+        changed_from, changes = (handle.start_offset, handle.pop_time_ms), ()
+    else:
+        changed_from, changes = old.changed_from, (*old.changes, old.pop_time_ms)[-CHANGE_CHAIN_KEPT:]
     new = CheckPoint(handle.consumer_group, handle.topic, handle.queue_id, handle.queue_offset, pop_time,
-                     invisible_time_ms, (handle.queue_offset,),
-                     old.changed_from or (handle.start_offset, handle.pop_time_ms))
+                     invisible_time_ms, (handle.queue_offset,), changed_from, changes)
     while new.key in table or new.key in items:  # another change of the same message within the same ms
         pop_time += 1
         new = dataclasses.replace(new, pop_time_ms=pop_time)

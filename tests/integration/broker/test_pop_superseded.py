@@ -1,6 +1,7 @@
 """Which checkpoint answers an ack or a change "superseded" (broker/pop.py ``CheckPoint.supersedes``): only one a
 CHANGE of that handle (or of one a CHANGE of it returned) made. A message handed out again after an offset reset is
-in another checkpoint too, but a retried ack of its first delivery was acked already, and is answered so.
+in another checkpoint too, but a retried ack of its first delivery was acked already, and is answered so. A checkpoint
+written before checkpoints were marked ("v") is judged as then.
 """
 
 from __future__ import annotations
@@ -72,3 +73,56 @@ async def test_every_handle_before_a_change_of_the_delivery_is_superseded(nurser
         assert [e["code"] for e in entries] == [ResponseCode.NO_MESSAGE] * 2
         assert all("superseded" in e["remark"] for e in entries)
         assert (await _ack(client, addr, "g", "T", chain[-1])).ext["acked"] is True
+
+
+async def test_a_retried_ack_of_a_redelivery_first_in_its_checkpoint_is_not_taken_for_the_chains(nursery, tmp_path):
+    # The re-delivery's handle starts its checkpoint at its message, as a CHANGE's does, and was popped after the
+    # chain began: only the chain's kept pop times tell it is not one of the chain's.
+    node, addr = await _broker(nursery, tmp_path)
+    async with open_remoting_client() as client:
+        await wait_leader(client, addr)
+        for i in range(2):
+            await _send(client, addr, "T", f"m{i}".encode())
+        _h0, h1 = (h for _m, h in await _pop(client, addr, "g", "T"))
+        await trio.sleep(0.002)
+        r = await _change(client, addr, h1)
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        changed = r.ext["receipt_handle"]
+        await trio.sleep(0.002)
+        await node.reset_offsets("g", "T", {0: 1})
+        again = [h for _m, h in await _pop(client, addr, "g", "T")]
+        redelivered = ReceiptHandle.decode(again[0])
+        assert (redelivered.queue_offset, redelivered.start_offset) == (1, 1)
+        assert (await _ack(client, addr, "g", "T", again[0])).ext["acked"] is True
+        await trio.sleep(0.002)
+        r = await _change(client, addr, changed)  # the chain's CHANGE, later than the re-delivery's pop
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        r = await _ack(client, addr, "g", "T", again[0])
+        assert r.code == ResponseCode.SUCCESS and r.ext["acked"] is False, r.remark
+        _r, entries = await _batch_ack(client, addr, "g", [again[0]])
+        assert entries == [{"code": 0, "acked": False}]
+        # The chain's own handles are still superseded.
+        for old in (h1, changed):
+            r = await _ack(client, addr, "g", "T", old)
+            assert r.code == ResponseCode.NO_MESSAGE and "superseded" in r.remark, r.remark
+
+
+async def test_a_change_checkpoint_written_before_the_marker_still_supersedes(nursery, tmp_path):
+    node, addr = await _broker(nursery, tmp_path)
+    async with open_remoting_client() as client:
+        await wait_leader(client, addr)
+        for i in range(2):
+            await _send(client, addr, "T", f"m{i}".encode())
+        _h0, h1 = (h for _m, h in await _pop(client, addr, "g", "T"))
+        await trio.sleep(0.002)
+        r = await _change(client, addr, h1)
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        changed = r.ext["receipt_handle"]
+        key = ReceiptHandle.decode(changed).checkpoint_key
+        # The CHANGE's checkpoint as a node before "f" wrote it (or a snapshot it took holds it): no "f", no "v".
+        await node.pop.write({key: {k: v for k, v in node.pop.table()[key].items() if k not in ("f", "v")}})
+        r = await _ack(client, addr, "g", "T", h1)
+        assert r.code == ResponseCode.NO_MESSAGE and "superseded" in r.remark, r.remark
+        _r, entries = await _batch_ack(client, addr, "g", [h1])
+        assert entries[0]["code"] == ResponseCode.NO_MESSAGE and "superseded" in entries[0]["remark"]
+        assert (await _ack(client, addr, "g", "T", changed)).ext["acked"] is True
