@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import trio
 
-from remoting.codes import RequestCode, ResponseCode
+from remoting.codes import ResponseCode
 from remoting.transport import open_remoting_client
-from tests.integration.broker.helpers import broker_configs, call, start_broker, wait_leader
-from tests.integration.broker.test_transactions import GROUP, RawProducer, pull, send_half
+from tests.integration.broker.helpers import broker_configs, start_broker, wait_leader
+from tests.integration.broker.test_transactions import RawProducer, heartbeat_producer, pull, send_half
 
 
 async def test_a_producers_check_count_on_a_half_is_not_the_brokers(nursery, tmp_path):
@@ -19,9 +19,7 @@ async def test_a_producers_check_count_on_a_half_is_not_the_brokers(nursery, tmp
     producer = RawProducer()
     async with open_remoting_client(handler=producer) as client:
         await wait_leader(client, addr)
-        r = await call(client, addr, RequestCode.HEART_BEAT,
-                       {"client_id": "raw-producer", "producers": [{"producer_group": GROUP}], "consumers": []})
-        assert r.code == ResponseCode.SUCCESS
+        await heartbeat_producer(client, addr)
         r = await send_half(client, addr, "x1", TRANSACTION_CHECK_TIMES="2")
         assert r.code == ResponseCode.SUCCESS, r.remark
         # Checked transaction_check_max times (nobody answers), then discarded: asked, not set aside at once.

@@ -13,7 +13,7 @@ from remoting.codes import RequestCode, ResponseCode
 from remoting.message import TRANSACTION_COMMIT_TYPE, TRANSACTION_ROLLBACK_TYPE
 from remoting.transport import open_remoting_client
 from tests.integration.broker.helpers import broker_configs, call, wait_leader
-from tests.integration.broker.test_transactions import GROUP, RawProducer, end_ext, pull, send_half
+from tests.integration.broker.test_transactions import RawProducer, end_ext, heartbeat_producer, pull, send_half
 
 
 async def test_a_late_rollback_does_not_roll_back_another_transaction_with_the_same_key(nursery, tmp_path):
@@ -23,9 +23,7 @@ async def test_a_late_rollback_does_not_roll_back_another_transaction_with_the_s
     producer = RawProducer()
     async with open_remoting_client(handler=producer) as client:
         await wait_leader(client, addr)
-        r = await call(client, addr, RequestCode.HEART_BEAT,
-                       {"client_id": "raw-producer", "producers": [{"producer_group": GROUP}], "consumers": []})
-        assert r.code == ResponseCode.SUCCESS
+        await heartbeat_producer(client, addr)
         a = await send_half(client, addr, "a", UNIQ_KEY="SHARED-KEY")
         with trio.fail_after(10):
             await producer.arrived.wait()  # A re-stored for a check

@@ -20,6 +20,13 @@ from tests.integration.broker.helpers import broker_configs, call, member_call, 
 GROUP = "tx_group"
 
 
+async def heartbeat_producer(client, addr: str) -> None:
+    """Make ``client`` a producer of GROUP on ``addr``, which then asks it (``RawProducer``) for check-backs."""
+    r = await call(client, addr, RequestCode.HEART_BEAT,
+                   {"client_id": "raw-producer", "producers": [{"producer_group": GROUP}], "consumers": []})
+    assert r.code == ResponseCode.SUCCESS
+
+
 async def send_half(client, addr: str, key: str, *, topic: str = "TxT", queue_id: int = 1, group: str = GROUP,
                     **extra: str):
     props = {"TRAN_MSG": "true", "PGROUP": group, "UNIQ_KEY": f"U-{key}", "KEYS": key, **extra}
@@ -256,9 +263,7 @@ async def test_a_half_not_ended_is_checked_each_interval_and_discarded_after_the
     producer = RawProducer()
     async with open_remoting_client(handler=producer) as client:
         await wait_leader(client, addr)
-        r = await call(client, addr, RequestCode.HEART_BEAT,
-                       {"client_id": "raw-producer", "producers": [{"producer_group": GROUP}], "consumers": []})
-        assert r.code == ResponseCode.SUCCESS
+        await heartbeat_producer(client, addr)
         answered = await send_half(client, addr, "a1")
         await send_half(client, addr, "f1")
         with trio.fail_after(10):
